@@ -1,0 +1,1 @@
+"""Export to ONNX and TensorRT, installed as ``vit_fast.export``; every artifact is verified."""

@@ -1,0 +1,27 @@
+"""vit-fast: Vision Transformers on fast Triton kernels, with verified export and honest benchmarks."""
+
+from __future__ import annotations
+
+from importlib import metadata as _metadata
+
+from .config import PRESETS, ViTConfig
+from .convert import from_hf, from_timm, load_checkpoint, load_model, optimize, save_checkpoint
+from .model import VisionTransformer
+
+try:
+    __version__ = _metadata.version("vit-fast")
+except _metadata.PackageNotFoundError:  # running from a source tree that was not installed
+    __version__ = "0.0.0+unknown"
+
+__all__ = [
+    "PRESETS",
+    "ViTConfig",
+    "VisionTransformer",
+    "from_hf",
+    "from_timm",
+    "optimize",
+    "load_checkpoint",
+    "save_checkpoint",
+    "load_model",
+    "__version__",
+]

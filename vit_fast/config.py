@@ -1,0 +1,183 @@
+"""Model configuration: one dataclass, named presets, and validation with clear messages."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+_GLOBAL_POOLS = ("token", "avg")
+_ACTS = ("gelu", "gelu_tanh")
+
+
+def _pair(value: int | tuple[int, int] | list[int], name: str) -> tuple[int, int]:
+    if isinstance(value, int):
+        return (value, value)
+    if isinstance(value, (tuple, list)) and len(value) == 2 and all(isinstance(v, int) for v in value):
+        return (int(value[0]), int(value[1]))
+    raise ValueError(f"{name} must be an int or a pair of ints (height, width), got {value!r}")
+
+
+@dataclass
+class ViTConfig:
+    """Architecture of a Vision Transformer, in timm's vocabulary.
+
+    ``img_size`` and ``patch_size`` are pixels (an int means a square). ``num_classes=0``
+    makes the model return pooled features ``[B, embed_dim]``. ``init_values`` enables
+    LayerScale; ``fc_norm=None`` follows timm (a norm after pooling exactly when
+    ``global_pool == "avg"``). ``no_embed_class=True`` means the position embedding covers
+    the patches only, as in timm's register-token models.
+    """
+
+    img_size: int | tuple[int, int] = 224
+    patch_size: int = 16
+    in_chans: int = 3
+    embed_dim: int = 768
+    depth: int = 12
+    num_heads: int = 12
+    mlp_ratio: float = 4.0
+    qkv_bias: bool = True
+    class_token: bool = True
+    reg_tokens: int = 0
+    global_pool: str = "token"
+    num_classes: int = 1000
+    layer_norm_eps: float = 1e-6
+    init_values: float | None = None
+    pre_norm: bool = False
+    fc_norm: bool | None = None
+    act: str = "gelu"
+    dynamic_img_size: bool = False
+    no_embed_class: bool = False
+
+    # derived in __post_init__
+    grid_size: tuple[int, int] = field(init=False, repr=False)
+    num_patches: int = field(init=False, repr=False)
+    num_prefix_tokens: int = field(init=False, repr=False)
+    num_tokens: int = field(init=False, repr=False)
+    head_dim: int = field(init=False, repr=False)
+    mlp_hidden_dim: int = field(init=False, repr=False)
+    use_fc_norm: bool = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        h, w = _pair(self.img_size, "img_size")
+        self.img_size = h if h == w else (h, w)
+        for name in ("patch_size", "in_chans", "embed_dim", "depth", "num_heads"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if h < 1 or w < 1:
+            raise ValueError(f"img_size must be positive, got {self.img_size!r}")
+        if h % self.patch_size or w % self.patch_size:
+            raise ValueError(
+                f"img_size {h}x{w} is not divisible by patch_size {self.patch_size}: "
+                f"use a multiple of {self.patch_size}, e.g. "
+                f"{max(1, round(h / self.patch_size)) * self.patch_size}x"
+                f"{max(1, round(w / self.patch_size)) * self.patch_size}"
+            )
+        if self.embed_dim % self.num_heads:
+            raise ValueError(
+                f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads} "
+                f"({self.embed_dim} / {self.num_heads} = {self.embed_dim / self.num_heads:.3g}); "
+                "every head needs the same whole head_dim"
+            )
+        if not self.mlp_ratio > 0:
+            raise ValueError(f"mlp_ratio must be > 0, got {self.mlp_ratio}")
+        if int(self.reg_tokens) != self.reg_tokens or self.reg_tokens < 0:
+            raise ValueError(f"reg_tokens must be an int >= 0, got {self.reg_tokens!r}")
+        if int(self.num_classes) != self.num_classes or self.num_classes < 0:
+            raise ValueError(f"num_classes must be an int >= 0 (0 = pooled features), got {self.num_classes!r}")
+        if self.global_pool not in _GLOBAL_POOLS:
+            raise ValueError(f"global_pool must be one of {_GLOBAL_POOLS}, got {self.global_pool!r}")
+        if self.global_pool == "token" and not self.class_token:
+            raise ValueError(
+                "global_pool='token' needs a class token, but class_token=False: "
+                "use global_pool='avg' or class_token=True"
+            )
+        if self.act not in _ACTS:
+            raise ValueError(f"act must be one of {_ACTS}, got {self.act!r}")
+        if not self.layer_norm_eps > 0:
+            raise ValueError(f"layer_norm_eps must be > 0, got {self.layer_norm_eps}")
+        if self.init_values is not None and not self.init_values > 0:
+            raise ValueError(f"init_values (LayerScale) must be > 0 or None, got {self.init_values}")
+
+        self.grid_size = (h // self.patch_size, w // self.patch_size)
+        self.num_patches = self.grid_size[0] * self.grid_size[1]
+        self.num_prefix_tokens = int(self.class_token) + int(self.reg_tokens)
+        self.num_tokens = self.num_patches + self.num_prefix_tokens
+        self.head_dim = self.embed_dim // self.num_heads
+        self.mlp_hidden_dim = int(self.embed_dim * self.mlp_ratio)
+        self.use_fc_norm = self.global_pool == "avg" if self.fc_norm is None else bool(self.fc_norm)
+
+    @property
+    def img_hw(self) -> tuple[int, int]:
+        """Native image size as (height, width) in pixels."""
+        return _pair(self.img_size, "img_size")
+
+    @property
+    def pos_embed_len(self) -> int:
+        """Rows of the learned position embedding."""
+        return self.num_patches if self.no_embed_class else self.num_tokens
+
+    def replace(self, **changes: Any) -> ViTConfig:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The constructor fields only, JSON-ready."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+        if isinstance(out["img_size"], tuple):
+            out["img_size"] = list(out["img_size"])
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ViTConfig:
+        names = {f.name for f in dataclasses.fields(cls) if f.init}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"unknown ViTConfig field(s) {unknown}; known: {sorted(names)}")
+        data = dict(data)
+        if isinstance(data.get("img_size"), list):
+            data["img_size"] = tuple(data["img_size"])
+        return cls(**data)
+
+    @classmethod
+    def from_name(cls, name: str, **overrides: Any) -> ViTConfig:
+        """A preset from :data:`PRESETS` by its timm name, with optional field overrides."""
+        if name not in PRESETS:
+            import difflib
+
+            close = difflib.get_close_matches(name, PRESETS, n=3)
+            hint = f" Did you mean {', '.join(close)}?" if close else ""
+            raise KeyError(f"unknown preset {name!r}.{hint} Known presets: {', '.join(sorted(PRESETS))}")
+        return cls(**{**PRESETS[name], **overrides})
+
+
+def _vit(patch: int, dim: int, depth: int, heads: int, img: int = 224, **extra: Any) -> dict[str, Any]:
+    return dict(img_size=img, patch_size=patch, embed_dim=dim, depth=depth, num_heads=heads, **extra)
+
+
+#: Named architectures, keyed by timm's model names; values are ViTConfig keyword arguments.
+PRESETS: dict[str, dict[str, Any]] = {
+    "vit_tiny_patch16_224": _vit(16, 192, 12, 3),
+    "vit_small_patch16_224": _vit(16, 384, 12, 6),
+    "vit_base_patch16_224": _vit(16, 768, 12, 12),
+    "vit_large_patch16_224": _vit(16, 1024, 24, 16),
+    "vit_huge_patch14_224": _vit(14, 1280, 32, 16),
+    "vit_base_patch32_224": _vit(32, 768, 12, 12),
+    "vit_base_patch16_384": _vit(16, 768, 12, 12, img=384),
+    "deit_tiny_patch16_224": _vit(16, 192, 12, 3),
+    "deit_small_patch16_224": _vit(16, 384, 12, 6),
+    "deit_base_patch16_224": _vit(16, 768, 12, 12),
+    # register tokens, no class token, average pooling (timm's vit_base_patch16_reg4_gap_256)
+    "vit_base_patch16_reg4_gap_256": _vit(
+        16, 768, 12, 12, img=256, class_token=False, reg_tokens=4, no_embed_class=True, global_pool="avg"
+    ),
+    # DINOv2 with registers: LayerScale, class + 4 register tokens, pooled features
+    "vit_small_patch14_reg4_dinov2": _vit(
+        14, 384, 12, 6, img=518, reg_tokens=4, no_embed_class=True, init_values=1e-5, num_classes=0
+    ),
+}

@@ -1,0 +1,250 @@
+"""The Vision Transformer module.
+
+Parameter names are timm's (``patch_embed.proj``, ``blocks.N.attn.qkv``, ``ls1.gamma``, ...),
+so a timm ``state_dict`` loads as it is. The ``"torch"`` backend below is plain PyTorch: the
+reference every kernel is judged against, and the path export traces. The ``"triton"``
+backend runs the same parameters through our fused kernels (``vit_fast.triton_path``).
+"""
+
+from __future__ import annotations
+
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ViTConfig
+
+BACKENDS = ("auto", "torch", "triton")
+
+
+def resample_pos_embed(
+    pos_embed: torch.Tensor,
+    new_grid: tuple[int, int],
+    old_grid: tuple[int, int],
+    num_prefix_tokens: int,
+) -> torch.Tensor:
+    """Resize a learned position embedding ``[1, prefix + gh*gw, D]`` to another patch grid.
+
+    Bicubic with antialiasing in float32, as timm's ``resample_abs_pos_embed`` does; prefix rows
+    (class / register tokens) are kept as they are.
+    """
+    if tuple(new_grid) == tuple(old_grid):
+        return pos_embed
+    prefix, grid = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
+    dim = pos_embed.shape[-1]
+    grid = grid.float().reshape(1, old_grid[0], old_grid[1], dim).permute(0, 3, 1, 2)
+    grid = F.interpolate(grid, size=tuple(new_grid), mode="bicubic", antialias=True, align_corners=False)
+    grid = grid.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], dim).to(pos_embed.dtype)
+    return torch.cat([prefix, grid], dim=1) if num_prefix_tokens else grid
+
+
+class PatchEmbed(nn.Module):
+    """Image ``[B, C, H, W]`` to patch tokens ``[B, H/p * W/p, D]`` (a strided convolution)."""
+
+    def __init__(self, cfg: ViTConfig) -> None:
+        super().__init__()
+        self.patch_size = cfg.patch_size
+        self.proj = nn.Conv2d(cfg.in_chans, cfg.embed_dim, cfg.patch_size, cfg.patch_size, bias=not cfg.pre_norm)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x).flatten(2).transpose(1, 2)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ViTConfig) -> None:
+        super().__init__()
+        self.num_heads = cfg.num_heads
+        self.head_dim = cfg.head_dim
+        self.scale = cfg.head_dim**-0.5
+        self.qkv = nn.Linear(cfg.embed_dim, 3 * cfg.embed_dim, bias=cfg.qkv_bias)
+        self.proj = nn.Linear(cfg.embed_dim, cfg.embed_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, D = x.shape
+        qkv = self.qkv(x).reshape(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)  # [B, H, T, Dh]
+        attn = (q * self.scale) @ k.transpose(-2, -1)
+        attn = attn.softmax(dim=-1)
+        x = (attn @ v).transpose(1, 2).reshape(B, T, D)
+        return self.proj(x)
+
+
+class LayerScale(nn.Module):
+    def __init__(self, dim: int, init_values: float) -> None:
+        super().__init__()
+        self.gamma = nn.Parameter(init_values * torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gamma
+
+
+class Mlp(nn.Module):
+    def __init__(self, cfg: ViTConfig) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(cfg.embed_dim, cfg.mlp_hidden_dim)
+        self.act = nn.GELU(approximate="tanh" if cfg.act == "gelu_tanh" else "none")
+        self.fc2 = nn.Linear(cfg.mlp_hidden_dim, cfg.embed_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ViTConfig) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(cfg.embed_dim, eps=cfg.layer_norm_eps)
+        self.attn = Attention(cfg)
+        self.ls1 = LayerScale(cfg.embed_dim, cfg.init_values) if cfg.init_values else nn.Identity()
+        self.norm2 = nn.LayerNorm(cfg.embed_dim, eps=cfg.layer_norm_eps)
+        self.mlp = Mlp(cfg)
+        self.ls2 = LayerScale(cfg.embed_dim, cfg.init_values) if cfg.init_values else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.ls1(self.attn(self.norm1(x)))
+        return x + self.ls2(self.mlp(self.norm2(x)))
+
+
+class VisionTransformer(nn.Module):
+    """A ViT that computes what timm's ``VisionTransformer`` computes for the same config.
+
+    ``forward(x)`` takes images ``[B, C, H, W]`` in the weights' dtype and device and returns
+    logits ``[B, num_classes]`` (pooled features ``[B, embed_dim]`` when ``num_classes == 0``).
+    ``forward_features(x)`` returns all tokens ``[B, T, embed_dim]`` after the final norm.
+    ``backend`` is ``"torch"``, ``"triton"`` or ``"auto"`` (triton for CUDA inputs, torch
+    otherwise); it is chosen here and nowhere else.
+    """
+
+    def __init__(self, cfg: ViTConfig, backend: str = "auto") -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.num_prefix_tokens = cfg.num_prefix_tokens
+        self.patch_embed = PatchEmbed(cfg)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.embed_dim)) if cfg.class_token else None
+        self.reg_token = nn.Parameter(torch.zeros(1, cfg.reg_tokens, cfg.embed_dim)) if cfg.reg_tokens else None
+        self.pos_embed = nn.Parameter(torch.zeros(1, cfg.pos_embed_len, cfg.embed_dim))
+        self.norm_pre = nn.LayerNorm(cfg.embed_dim, eps=cfg.layer_norm_eps) if cfg.pre_norm else nn.Identity()
+        self.blocks = nn.Sequential(*[Block(cfg) for _ in range(cfg.depth)])
+        self.norm = nn.Identity() if cfg.use_fc_norm else nn.LayerNorm(cfg.embed_dim, eps=cfg.layer_norm_eps)
+        self.fc_norm = nn.LayerNorm(cfg.embed_dim, eps=cfg.layer_norm_eps) if cfg.use_fc_norm else nn.Identity()
+        self.head = nn.Linear(cfg.embed_dim, cfg.num_classes) if cfg.num_classes else nn.Identity()
+        self.backend = "auto"
+        self.set_backend(backend)
+        self.init_weights()
+
+    # ------------------------------------------------------------------ set-up
+    def init_weights(self, seed: int | None = None) -> None:
+        """timm-like initialisation: truncated normal (std 0.02) weights, zero biases."""
+        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name.endswith(".gamma"):
+                    p.fill_(self.cfg.init_values)
+                elif p.ndim == 1 and ("norm" in name) and name.endswith(".weight"):
+                    p.fill_(1.0)
+                elif p.ndim == 1:
+                    p.zero_()
+                else:
+                    p.copy_(torch.nn.init.trunc_normal_(torch.empty_like(p, device="cpu"), std=0.02, generator=gen))
+
+    def set_backend(self, backend: str) -> VisionTransformer:
+        """Choose ``"torch"``, ``"triton"`` or ``"auto"`` for every later call; returns self."""
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if backend == "triton":
+            from . import runtime
+
+            runtime.require_triton()
+        self.backend = backend
+        return self
+
+    def resolved_backend(self, x: torch.Tensor) -> str:
+        """The backend a call with input ``x`` runs on."""
+        if self.backend == "auto":
+            return "triton" if x.is_cuda and _triton_usable() else "torch"
+        return self.backend
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.pos_embed.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.pos_embed.device
+
+    # ------------------------------------------------------------------ checks
+    def check_input(self, x: torch.Tensor) -> tuple[int, int]:
+        """Raise a ValueError that says what is wrong with ``x`` and how to fix it.
+
+        Returns the patch grid ``(H / p, W / p)``. Runs before any compute.
+        """
+        from .validation import check_image_batch
+
+        return check_image_batch(self, x)
+
+    # ------------------------------------------------------------------ forward
+    def _pos_embed(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        pos_embed = self.pos_embed
+        if tuple(grid) != tuple(self.cfg.grid_size):
+            keep = 0 if self.cfg.no_embed_class else self.num_prefix_tokens
+            pos_embed = resample_pos_embed(pos_embed, grid, self.cfg.grid_size, keep)
+        prefix = []
+        if self.cls_token is not None:
+            prefix.append(self.cls_token.expand(x.shape[0], -1, -1))
+        if self.reg_token is not None:
+            prefix.append(self.reg_token.expand(x.shape[0], -1, -1))
+        if self.cfg.no_embed_class:
+            x = x + pos_embed
+            return torch.cat([*prefix, x], dim=1) if prefix else x
+        x = torch.cat([*prefix, x], dim=1) if prefix else x
+        return x + pos_embed
+
+    def _features_torch(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        x = self._pos_embed(self.patch_embed(x), grid)
+        x = self.norm_pre(x)
+        x = self.blocks(x)
+        return self.norm(x)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Tokens ``[B, T, D]`` after the final norm (T = prefix tokens + patches)."""
+        grid = self.check_input(x)
+        if self.resolved_backend(x) == "triton":
+            from .triton_path import features_triton
+
+            return features_triton(self, x, grid)
+        return self._features_torch(x, grid)
+
+    def forward_head(self, tokens: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Pool ``[B, T, D]`` tokens (class token or average of patch tokens) and apply the head."""
+        if self.cfg.global_pool == "avg":
+            x = tokens[:, self.num_prefix_tokens :].mean(dim=1)
+        else:
+            x = tokens[:, 0]
+        x = self.fc_norm(x)
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    def extra_repr(self) -> str:
+        return f"backend={self.backend!r}, tokens={self.cfg.num_tokens}"
+
+
+def _triton_usable() -> bool:
+    from . import runtime
+
+    return runtime.triton_available()
+
+
+def count_flops(cfg: ViTConfig) -> int:
+    """Multiply-add FLOPs (2 per MAC) of one image's forward at the native size."""
+    T, D, P = cfg.num_tokens, cfg.embed_dim, cfg.num_patches
+    patch = 2 * P * D * cfg.in_chans * cfg.patch_size**2
+    attn_lin = 2 * T * D * 3 * D + 2 * T * D * D
+    attn_core = 2 * 2 * T * T * D
+    mlp = 2 * 2 * T * D * cfg.mlp_hidden_dim
+    head = 2 * D * cfg.num_classes
+    return patch + cfg.depth * (attn_lin + attn_core + mlp) + head
+
+
+__all__ = ["VisionTransformer", "resample_pos_embed", "count_flops", "BACKENDS"]

@@ -1,0 +1,40 @@
+"""What can run here: Triton, CUDA, the interpreter. Nothing here touches a GPU at import time."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+
+
+def interpreter_enabled() -> bool:
+    """True when TRITON_INTERPRET=1: Triton kernels run on the CPU through NumPy."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@functools.cache
+def triton_importable() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def triton_available() -> bool:
+    """Triton kernels can run: triton is installed and there is a GPU or the interpreter."""
+    return triton_importable() and (cuda_available() or interpreter_enabled())
+
+
+def require_triton() -> None:
+    """Raise a RuntimeError that says why the triton backend cannot run here."""
+    if not triton_importable():
+        raise RuntimeError("the triton backend needs the 'triton' package: pip install triton (Linux only)")
+    if not (cuda_available() or interpreter_enabled()):
+        raise RuntimeError(
+            "the triton backend needs a CUDA GPU; on a CPU-only machine set TRITON_INTERPRET=1 "
+            "before importing vit_fast to run the kernels in Triton's (slow) interpreter, "
+            "or use backend='torch'"
+        )

@@ -1,0 +1,66 @@
+"""Input checks that run before any compute, with messages that say how to fix the input."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from .model import VisionTransformer
+
+
+def _nearest_multiple(n: int, p: int) -> int:
+    return max(p, int(round(n / p)) * p)
+
+
+def check_image_batch(model: VisionTransformer, x: torch.Tensor) -> tuple[int, int]:
+    """Validate an image batch for ``model``; return its patch grid ``(H / p, W / p)``."""
+    cfg = model.cfg
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"expected a torch.Tensor image batch [B, C, H, W], got {type(x).__name__}")
+    if x.dim() != 4:
+        hint = " Add a batch dimension with x.unsqueeze(0)." if x.dim() == 3 else ""
+        raise ValueError(
+            f"expected a 4-D image batch [B, C, H, W], got a {x.dim()}-D tensor of shape {tuple(x.shape)}.{hint}"
+        )
+    B, C, H, W = x.shape
+    if C != cfg.in_chans:
+        if x.shape[-1] == cfg.in_chans:
+            hint = " It looks like channels-last (NHWC): pass x.permute(0, 3, 1, 2)."
+        elif C == 4 and cfg.in_chans == 3:
+            hint = " It looks like RGBA: drop the alpha channel with x[:, :3]."
+        elif x.shape[-1] == 4 and cfg.in_chans == 3:
+            hint = " It looks like channels-last RGBA: pass x[..., :3].permute(0, 3, 1, 2)."
+        else:
+            hint = ""
+        raise ValueError(
+            f"expected {cfg.in_chans} channels in dim 1 of [B, C, H, W], got shape {tuple(x.shape)}.{hint}"
+        )
+    p = cfg.patch_size
+    if H % p or W % p:
+        raise ValueError(
+            f"image size {H}x{W} is not divisible by the patch size {p}; the nearest valid size is "
+            f"{_nearest_multiple(H, p)}x{_nearest_multiple(W, p)}"
+            + ("" if cfg.dynamic_img_size else f" (this model takes {cfg.img_hw[0]}x{cfg.img_hw[1]} only)")
+        )
+    if not cfg.dynamic_img_size and (H, W) != cfg.img_hw:
+        eh, ew = cfg.img_hw
+        raise ValueError(
+            f"expected {eh}x{ew} images (a {cfg.grid_size[0]}x{cfg.grid_size[1]} grid of {p}-px patches), "
+            f"got {H}x{W}: resize to {eh}x{ew}, or build the model with dynamic_img_size=True to accept any "
+            f"size that is a multiple of {p} (nearest: {_nearest_multiple(H, p)}x{_nearest_multiple(W, p)})"
+        )
+    if B == 0:
+        raise ValueError(f"empty batch: got shape {tuple(x.shape)}; pass at least one image")
+    if x.dtype != model.dtype:
+        raise ValueError(
+            f"input dtype {x.dtype} differs from the weights' {model.dtype}: pass x.to({model.dtype}) "
+            f"or convert the model with model.to({x.dtype})"
+        )
+    if x.device != model.device:
+        raise ValueError(
+            f"input is on {x.device} but the weights are on {model.device}: pass x.to('{model.device}') "
+            f"or move the model with model.to('{x.device}')"
+        )
+    return (H // p, W // p)
