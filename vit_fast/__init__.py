@@ -25,3 +25,11 @@ __all__ = [
     "load_model",
     "__version__",
 ]
+
+
+def __getattr__(name: str):  # lazy: the CUDA-graph runner pulls in nothing at import time
+    if name == "CUDAGraphRunner":
+        from .graphs import CUDAGraphRunner
+
+        return CUDAGraphRunner
+    raise AttributeError(f"module 'vit_fast' has no attribute {name!r}")
