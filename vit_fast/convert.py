@@ -58,12 +58,12 @@ def _load_converted(
     return model
 
 
-def _grid_from_pos_embed(pos_embed: torch.Tensor, num_prefix: int) -> tuple[int, int]:
+def _grid_from_pos_embed(pos_embed: torch.Tensor, num_prefix: int) -> tuple[int, int] | None:
+    """The square patch grid a position embedding was made for, or None when it is not square
+    (then the shape check names the mismatch)."""
     n = pos_embed.shape[1] - num_prefix
-    side = int(round(n**0.5))
-    if side * side != n:
-        raise ValueError(f"position embedding with {n} patch rows is not a square grid; pass the source grid")
-    return (side, side)
+    side = int(round(max(n, 0) ** 0.5))
+    return (side, side) if n > 0 and side * side == n else None
 
 
 # --------------------------------------------------------------------------- Hugging Face
@@ -370,20 +370,19 @@ def load_model(spec: str, backend: str = "auto", seed: int = 0) -> VisionTransfo
     errors = []
     try:
         import timm
-
-        return from_timm(timm.create_model(spec, pretrained=True), backend=backend).eval()
     except ImportError:
         errors.append("timm is not installed")
-    except Exception as err:  # unknown name, no weights offline, ...
-        errors.append(f"timm: {err}")
-    try:
-        from transformers import AutoModel
-
-        return optimize(AutoModel.from_pretrained(spec), backend=backend).eval()
-    except ImportError:
-        errors.append("transformers is not installed")
-    except Exception as err:
-        errors.append(f"transformers: {err}")
+    else:
+        if spec in timm.list_models():
+            return from_timm(timm.create_model(spec, pretrained=True), backend=backend).eval()
+        errors.append("not a timm model name")
+    if "/" in spec or Path(spec).is_dir():  # a Hugging Face hub id ("org/name") or a saved model folder
+        try:
+            from transformers import AutoModel
+        except ImportError:
+            errors.append("transformers is not installed")
+        else:
+            return optimize(AutoModel.from_pretrained(spec), backend=backend).eval()
     raise ValueError(
         f"cannot resolve model {spec!r}: it is not 'default', a preset ({', '.join(sorted(PRESETS))}), "
         f"or an existing checkpoint file; " + "; ".join(errors)

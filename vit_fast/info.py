@@ -58,7 +58,9 @@ def collect_info() -> dict[str, Any]:
         backends["triton"] = "yes, under TRITON_INTERPRET=1 (slow; for tests)"
     else:
         backends["triton"] = "no GPU here: set TRITON_INTERPRET=1 to run the kernels in the interpreter"
-    backends["onnxruntime"] = f"yes ({', '.join(ort_providers)})" if ort_providers else "no: pip install 'vit-fast[onnx]'"
+    backends["onnxruntime"] = (
+        f"yes ({', '.join(ort_providers)})" if ort_providers else "no: pip install 'vit-fast[onnx]'"
+    )
     backends["tensorrt"] = (
         "yes" if info["tensorrt"] and runtime.cuda_available() else "no: needs the tensorrt package and a CUDA GPU"
     )

@@ -8,7 +8,6 @@ backend runs the same parameters through our fused kernels (``vit_fast.triton_pa
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -134,7 +133,10 @@ class VisionTransformer(nn.Module):
 
     # ------------------------------------------------------------------ set-up
     def init_weights(self, seed: int | None = None) -> None:
-        """timm-like initialisation: truncated normal (std 0.02) weights, zero biases."""
+        """timm-like initialisation: normal (std 0.02, clipped at +-2 as timm's truncated normal)
+        weights, zero biases, unit norm scales; ``seed`` makes it reproducible."""
+        if self.pos_embed.is_meta:
+            return
         gen = torch.Generator().manual_seed(seed) if seed is not None else None
         with torch.no_grad():
             for name, p in self.named_parameters():
@@ -145,7 +147,7 @@ class VisionTransformer(nn.Module):
                 elif p.ndim == 1:
                     p.zero_()
                 else:
-                    p.copy_(torch.nn.init.trunc_normal_(torch.empty_like(p, device="cpu"), std=0.02, generator=gen))
+                    p.copy_((torch.randn(p.shape, generator=gen) * 0.02).clamp_(-2.0, 2.0))
 
     def set_backend(self, backend: str) -> VisionTransformer:
         """Choose ``"torch"``, ``"triton"`` or ``"auto"`` for every later call; returns self."""

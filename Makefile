@@ -1,0 +1,35 @@
+# One-command set-up on a fresh Linux machine. On a CPU-only machine torch is pinned to the CPU build
+# (an unpinned torch pulls multi-GB CUDA packages); on a GPU machine set TORCH_SPEC=torch.
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+EXTRAS ?= onnx,test,bench,demo,dev
+BIN := $(VENV)/bin
+
+.PHONY: setup demo test lint wheel-check clean
+
+$(BIN)/activate:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/activate
+	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
+	touch $@
+
+setup: $(VENV)/.installed  ## create .venv and install vit-fast with its extras
+
+demo: setup  ## the main job: vit-fast demo on the embedded default model
+	$(BIN)/vit-fast demo
+
+test: setup  ## the whole CPU test suite (Triton kernels run in the interpreter)
+	$(BIN)/python -m pytest -q
+
+lint: setup
+	$(BIN)/ruff check .
+
+wheel-check: setup  ## build a wheel, install it into a fresh venv, import vit_fast.kernels and vit_fast.export
+	VENV=$(VENV) bash .ci/check_wheel.sh
+
+clean:
+	rm -rf $(VENV) build dist wheelhouse *.egg-info .pytest_cache

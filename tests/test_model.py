@@ -1,0 +1,252 @@
+"""The torch-backend model: input checks, state dicts in timm names, checkpoints, image sizes."""
+
+import pytest
+import torch
+
+import vit_fast
+from vit_fast import VisionTransformer, ViTConfig
+from vit_fast.convert import load_checkpoint, save_checkpoint
+
+from .util import TINY, tiny_model
+
+
+# ----------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize(
+    "shape, message",
+    [
+        ((3, 32, 32), r"expected a 4-D image batch \[B, C, H, W\], got a 3-D tensor.*x.unsqueeze\(0\)"),
+        ((1, 1, 3, 32, 32), r"got a 5-D tensor of shape \(1, 1, 3, 32, 32\)"),
+        ((2, 32, 32, 3), r"expected 3 channels.*channels-last \(NHWC\): pass x.permute\(0, 3, 1, 2\)"),
+        ((2, 4, 32, 32), r"expected 3 channels.*RGBA: drop the alpha channel with x\[:, :3\]"),
+        ((2, 32, 32, 4), r"channels-last RGBA"),
+        ((2, 1, 32, 32), r"expected 3 channels in dim 1 of \[B, C, H, W\], got shape \(2, 1, 32, 32\)\.$"),
+        ((2, 3, 40, 32), r"expected 32x32 images \(a 4x4 grid of 8-px patches\), got 40x32.*dynamic_img_size=True"),
+        ((2, 3, 33, 32), r"image size 33x32 is not divisible by the patch size 8; the nearest valid size is 32x32"),
+        ((0, 3, 32, 32), r"empty batch: got shape \(0, 3, 32, 32\)"),
+    ],
+)
+def test_bad_input_shapes(shape, message):
+    model = tiny_model()
+    with pytest.raises(ValueError, match=message):
+        model(torch.randn(shape))
+
+
+def test_bad_dtype_and_device():
+    model = tiny_model()
+    with pytest.raises(ValueError, match=r"input dtype torch.float16 differs from the weights' torch.float32"):
+        model(torch.randn(1, 3, 32, 32, dtype=torch.float16))
+    with pytest.raises(ValueError, match=r"input is on meta but the weights are on cpu"):
+        model(torch.randn(1, 3, 32, 32, device="meta"))
+    with pytest.raises(TypeError, match=r"expected a torch.Tensor"):
+        model([[1.0]])
+
+
+def test_dynamic_size_error_names_nearest_valid_size():
+    model = tiny_model(dynamic_img_size=True)
+    with pytest.raises(ValueError, match=r"nearest valid size is 40x24$"):
+        model(torch.randn(1, 3, 39, 25))
+
+
+def test_bad_backend():
+    with pytest.raises(ValueError, match=r"backend must be one of \('auto', 'torch', 'triton'\), got 'cuda'"):
+        tiny_model().set_backend("cuda")
+
+
+# ----------------------------------------------------------------------------- forward
+@pytest.mark.parametrize(
+    "overrides, tokens",
+    [
+        ({}, 17),
+        (dict(reg_tokens=3), 20),
+        (dict(reg_tokens=2, class_token=False, global_pool="avg", no_embed_class=True), 18),
+        (dict(init_values=1e-2, pre_norm=True, act="gelu_tanh"), 17),
+        (dict(num_classes=0), 17),
+    ],
+)
+def test_forward_shapes(overrides, tokens):
+    model = tiny_model(**overrides)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        feats = model.forward_features(x)
+        out = model(x)
+    assert feats.shape == (2, tokens, TINY["embed_dim"])
+    assert out.shape == (2, model.cfg.num_classes or TINY["embed_dim"])
+    assert torch.isfinite(out).all()
+
+
+def test_auto_backend_is_torch_on_cpu():
+    model = tiny_model()
+    assert model.resolved_backend(torch.randn(1, 3, 32, 32)) == "torch"
+
+
+def test_dynamic_img_size_identical_at_native_size_and_runs_other_sizes():
+    fixed = tiny_model()
+    dynamic = tiny_model(dynamic_img_size=True)
+    dynamic.load_state_dict(fixed.state_dict())
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(fixed(x), dynamic(x))
+        for h, w in [(48, 32), (16, 40), (64, 64)]:
+            feats = dynamic.forward_features(torch.randn(1, 3, h, w))
+            assert feats.shape == (1, 1 + (h // 8) * (w // 8), TINY["embed_dim"])
+            assert torch.isfinite(feats).all()
+
+
+def test_avg_pool_uses_patch_tokens_only():
+    model = tiny_model(reg_tokens=2, global_pool="avg")
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        tokens = model.forward_features(x)
+        expected = model.head(model.fc_norm(tokens[:, 3:].mean(1)))
+        torch.testing.assert_close(model(x), expected)
+
+
+def test_training_mode_backward():
+    model = tiny_model().train()
+    model(torch.randn(2, 3, 32, 32)).sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+# ----------------------------------------------------------------------------- timm names
+def _timm_keys(depth, *, reg=False, cls=True, ls=False, pre_norm=False, fc_norm=False, head=True):
+    keys = ["pos_embed", "patch_embed.proj.weight"]
+    keys += ["cls_token"] if cls else []
+    keys += ["reg_token"] if reg else []
+    keys += [] if pre_norm else ["patch_embed.proj.bias"]
+    keys += ["norm_pre.weight", "norm_pre.bias"] if pre_norm else []
+    for i in range(depth):
+        b = f"blocks.{i}."
+        keys += [b + s for s in ("norm1.weight", "norm1.bias", "attn.qkv.weight", "attn.qkv.bias",
+                                 "attn.proj.weight", "attn.proj.bias", "norm2.weight", "norm2.bias",
+                                 "mlp.fc1.weight", "mlp.fc1.bias", "mlp.fc2.weight", "mlp.fc2.bias")]
+        keys += [b + "ls1.gamma", b + "ls2.gamma"] if ls else []
+    keys += ["fc_norm.weight", "fc_norm.bias"] if fc_norm else ["norm.weight", "norm.bias"]
+    keys += ["head.weight", "head.bias"] if head else []
+    return sorted(keys)
+
+
+def test_timm_key_names_and_shapes_vit_base():
+    with torch.device("meta"):
+        model = VisionTransformer(ViTConfig.from_name("vit_base_patch16_224", depth=2))
+    state = model.state_dict()
+    assert sorted(state) == _timm_keys(2)
+    shapes = {k: tuple(v.shape) for k, v in state.items()}
+    assert shapes["cls_token"] == (1, 1, 768)
+    assert shapes["pos_embed"] == (1, 197, 768)
+    assert shapes["patch_embed.proj.weight"] == (768, 3, 16, 16)
+    assert shapes["blocks.0.attn.qkv.weight"] == (2304, 768)
+    assert shapes["blocks.1.mlp.fc1.weight"] == (3072, 768)
+    assert shapes["blocks.1.mlp.fc2.weight"] == (768, 3072)
+    assert shapes["head.weight"] == (1000, 768)
+
+
+def test_timm_key_names_register_avg_layerscale_prenorm():
+    with torch.device("meta"):
+        reg = VisionTransformer(ViTConfig.from_name("vit_base_patch16_reg4_gap_256", depth=1))
+        dino = VisionTransformer(ViTConfig.from_name("vit_small_patch14_reg4_dinov2", depth=1))
+        clip = VisionTransformer(ViTConfig(depth=1, pre_norm=True, embed_dim=64, num_heads=2, img_size=32))
+    assert sorted(reg.state_dict()) == _timm_keys(1, reg=True, cls=False, fc_norm=True)
+    assert tuple(reg.state_dict()["pos_embed"].shape) == (1, 256, 768)  # no_embed_class: patches only
+    assert sorted(dino.state_dict()) == _timm_keys(1, reg=True, ls=True, head=False)
+    assert tuple(dino.state_dict()["reg_token"].shape) == (1, 4, 384)
+    assert sorted(clip.state_dict()) == _timm_keys(1, pre_norm=True)
+
+
+def test_state_dict_round_trip():
+    a = tiny_model(seed=1, reg_tokens=2, init_values=0.1)
+    b = tiny_model(seed=2, reg_tokens=2, init_values=0.1)
+    x = torch.randn(2, 3, 32, 32)
+    b.load_state_dict(a.state_dict())
+    with torch.no_grad():
+        assert torch.equal(a(x), b(x))
+
+
+# ----------------------------------------------------------------------------- checkpoints
+def test_safetensors_round_trip_carries_config(tmp_path):
+    model = tiny_model(reg_tokens=1, global_pool="avg")
+    path = save_checkpoint(model, tmp_path / "m.safetensors")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.safetensors"]
+    loaded = load_checkpoint(path).eval()
+    assert loaded.cfg == model.cfg
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), model(x))
+    assert isinstance(vit_fast.load_model(str(path)), VisionTransformer)
+
+
+def test_pth_loaded_with_weights_only(tmp_path):
+    model = tiny_model()
+    path = tmp_path / "m.pth"
+    torch.save({"state_dict": model.state_dict(), "config": model.cfg.to_dict()}, path)
+    loaded = load_checkpoint(path).eval()
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), model(x))
+    plain = tmp_path / "plain.pth"
+    torch.save(model.state_dict(), plain)
+    with pytest.raises(ValueError, match=r"carries no vit-fast config: pass cfg="):
+        load_checkpoint(plain)
+    assert load_checkpoint(plain, cfg=model.cfg).cfg == model.cfg
+
+
+def test_pth_with_code_is_refused(tmp_path):
+    path = tmp_path / "evil.pth"
+    torch.save({"state_dict": {}, "payload": _Unsafe()}, path)
+    with pytest.raises(ValueError, match=r"weights_only=True"):
+        load_checkpoint(path, cfg=ViTConfig(**TINY))
+
+
+class _Unsafe:
+    pass
+
+
+def test_checkpoint_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"nope.safetensors"):
+        load_checkpoint(tmp_path / "nope.safetensors")
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"not a safetensors file")
+    with pytest.raises(ValueError, match=r"cannot read .*bad.safetensors.* as safetensors"):
+        load_checkpoint(bad)
+    other = tmp_path / "w.npz"
+    other.write_bytes(b"x")
+    with pytest.raises(ValueError, match=r"unsupported checkpoint type '.npz'"):
+        load_checkpoint(other)
+
+
+def test_wrong_shapes_and_keys_are_named(tmp_path):
+    model = tiny_model()
+    path = save_checkpoint(model, tmp_path / "m.safetensors")
+    with pytest.raises(ValueError, match=r"blocks.0.attn.qkv.weight: \(144, 48\) in .*, \(192, 64\) expected"):
+        load_checkpoint(path, cfg=ViTConfig(**{**TINY, "embed_dim": 64, "num_heads": 4}))
+    with pytest.raises(ValueError, match=r"missing keys: \['reg_token'\]"):
+        load_checkpoint(path, cfg=ViTConfig(**{**TINY, "reg_tokens": 1, "no_embed_class": True}))
+    with pytest.raises(ValueError, match=r"unexpected keys: \['blocks.1.attn.proj.bias'"):
+        load_checkpoint(path, cfg=ViTConfig(**{**TINY, "depth": 1}))
+
+
+def test_pos_embed_resampled_for_another_image_size(tmp_path):
+    """Weights made at 32 px load into a 48 px model; the grid part is resampled bicubically."""
+    model = tiny_model()
+    path = save_checkpoint(model, tmp_path / "m.safetensors")
+    big = load_checkpoint(path, cfg=ViTConfig(**{**TINY, "img_size": 48})).eval()
+    pe = big.pos_embed
+    assert pe.shape == (1, 1 + 36, TINY["embed_dim"])
+    assert torch.equal(pe[:, :1], model.pos_embed[:, :1])  # class-token row kept as is
+    expected = vit_fast.model.resample_pos_embed(model.pos_embed, (6, 6), (4, 4), 1)
+    assert torch.equal(pe, expected)
+    assert big(torch.randn(1, 3, 48, 48)).shape == (1, 7)
+
+
+def test_load_model_by_preset_is_seeded():
+    a = vit_fast.load_model("vit_tiny_patch16_224", backend="torch")
+    b = vit_fast.load_model("vit_tiny_patch16_224", backend="torch")
+    assert torch.equal(a.pos_embed, b.pos_embed) and a.pos_embed.abs().sum() > 0
+    with pytest.raises(ValueError, match=r"cannot resolve model 'not_a_model'"):
+        vit_fast.load_model("not_a_model")
+
+
+def test_optimize_keeps_our_model_and_rejects_others():
+    model = tiny_model()
+    assert vit_fast.optimize(model) is model
+    with pytest.raises(TypeError, match=r"optimize\(\) does not know torch.nn.modules.linear.Linear"):
+        vit_fast.optimize(torch.nn.Linear(2, 2))
