@@ -163,8 +163,13 @@ def convert_hf_state_dict(state: Mapping[str, torch.Tensor], depth: int | None =
     return out
 
 
-def from_hf(hf_model: nn.Module, backend: str = "auto") -> VisionTransformer:
+def from_hf(
+    hf_model: nn.Module, backend: str = "auto", img_size: int | tuple[int, int] | None = None
+) -> VisionTransformer:
     """Convert a transformers ``ViTModel`` or ``ViTForImageClassification``.
+
+    ``img_size`` builds the model for another image size; the position embedding is then
+    resampled bicubically, as timm does.
 
     The result keeps the source's device and dtype. ``forward_features`` equals the source's
     ``last_hidden_state``; for ``ViTForImageClassification``, ``forward`` equals its logits.
@@ -180,8 +185,11 @@ def from_hf(hf_model: nn.Module, backend: str = "auto") -> VisionTransformer:
     hf_config = hf_model.config
     num_classes = hf_config.num_labels if name == "ViTForImageClassification" else 0
     cfg = hf_config_to_vit(hf_config, num_classes)
+    src_grid = cfg.grid_size
+    if img_size is not None:
+        cfg = cfg.replace(img_size=img_size)
     state = {k: v for k, v in hf_model.state_dict().items() if not k.endswith("mask_token")}
-    model = _load_converted(cfg, convert_hf_state_dict(state), f"{name} state_dict")
+    model = _load_converted(cfg, convert_hf_state_dict(state), f"{name} state_dict", src_grid)
     ref = next(hf_model.parameters())
     return model.to(device=ref.device).set_backend(backend)
 
@@ -240,11 +248,20 @@ def timm_config(timm_model: nn.Module) -> ViTConfig:
     )
 
 
-def from_timm(timm_model: nn.Module, backend: str = "auto") -> VisionTransformer:
-    """Convert a timm ``VisionTransformer`` (ViT, DeiT without distillation, register models)."""
+def from_timm(
+    timm_model: nn.Module, backend: str = "auto", img_size: int | tuple[int, int] | None = None
+) -> VisionTransformer:
+    """Convert a timm ``VisionTransformer`` (ViT, DeiT without distillation, register models).
+
+    ``img_size`` builds the model for another image size; the position embedding is then
+    resampled bicubically, as timm does.
+    """
     cfg = timm_config(timm_model)
+    src_grid = cfg.grid_size
+    if img_size is not None:
+        cfg = cfg.replace(img_size=img_size)
     state = dict(timm_model.state_dict())
-    model = _load_converted(cfg, state, f"timm {type(timm_model).__name__} state_dict")
+    model = _load_converted(cfg, state, f"timm {type(timm_model).__name__} state_dict", src_grid)
     ref = next(timm_model.parameters())
     return model.to(device=ref.device).set_backend(backend)
 
