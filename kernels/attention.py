@@ -1,0 +1,323 @@
+"""Flash-style multi-head attention forward, reading the fused qkv GEMM output in place.
+
+``attention(qkv, num_heads)`` takes ``qkv`` of shape ``[B, T, 3 * H * Dh]`` (the output of a
+ViT block's qkv ``nn.Linear``), views it by strides as ``[B, T, 3, H, Dh]`` and writes
+``softmax(q k^T * scale) v`` straight into ``[B, T, H * Dh]``, the layout the proj GEMM reads:
+no permute and no contiguous copies. The softmax is the online (streaming) one, in fp32, with
+fp32 accumulation.
+
+Top to bottom: the autotune configs, the kernel, the launcher (input checks, grid), the
+``torch.library`` custom op ``vit_fast::attention`` (fake implementation + autograd), the
+public ``attention`` and the eager reference ``attention_ref``.
+"""
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from vit_fast.kernels._common import check_device
+from vit_fast.runtime import interpreter_enabled
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
+LOG2E = math.log2(math.e)
+
+
+def _attention_configs() -> list[triton.Config]:
+    """Autotune candidates. Built from the environment only (never a device query), so importing
+    this module touches no GPU driver. The interpreter cannot time configs: it gets one."""
+    if interpreter_enabled():
+        # BLOCK_M != BLOCK_N on purpose: a query-tail mask swapped with a key-tail mask fails tests
+        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 64}, num_warps=4, num_stages=1)]
+    return [
+        triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=num_warps, num_stages=num_stages)
+        for block_m in (64, 128)
+        for block_n in (32, 64, 128)
+        for num_stages in (2, 3)
+        for num_warps in (4, 8)
+        if not (block_m == 128 and num_warps == 4)  # 128 rows of fp32 state spill with 4 warps
+    ]
+
+
+def _prune_attention_configs(configs, named_args, **kwargs):
+    """Wide heads (Dh > 128, padded to 256) keep the q tile and the accumulator in registers only
+    with 64-row tiles and key blocks of at most 64."""
+    block_d = kwargs.get("BLOCK_D", named_args.get("BLOCK_D"))
+    if block_d is None or block_d <= 128:
+        return configs
+    kept = [c for c in configs if c.kwargs["BLOCK_M"] == 64 and c.kwargs["BLOCK_N"] <= 64]
+    return kept or configs[:1]
+
+
+@triton.jit
+def _to_bf16_rtne(x):
+    """fp32 -> bf16, round to nearest even, by hand. Only for the interpreter: its fp32 -> bf16
+    cast truncates (twice eager's error); compiled, ``.to(tl.bfloat16)`` already rounds."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits += 0x7FFF + ((bits >> 16) & 1)
+    return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.autotune(
+    configs=_attention_configs(),
+    key=["T", "HEAD_DIM"],
+    prune_configs_by={"early_config_prune": _prune_attention_configs},
+)
+@triton.jit
+def _attention_fwd_kernel(
+    qkv_ptr,  # [B, T, 3, H, Dh] fused q|k|v viewed by strides; unit stride along Dh
+    out_ptr,  # [B, T, H * Dh] attention output, unit stride along its last dim
+    qk_scale,  # softmax scale * log2(e): exp2 of scaled logits equals exp of the unscaled ones
+    T,  # tokens per image (rows of q, k and v)
+    H,  # number of heads
+    HEAD_DIM,  # Dh, the true head dim (BLOCK_D is it rounded up to a power of two)
+    stride_qkv_b,  # elements between images in qkv
+    stride_qkv_t,  # elements between tokens in qkv (3 * H * Dh when qkv is contiguous)
+    stride_out_b,  # elements between images in out
+    stride_out_t,  # elements between tokens in out
+    UPCAST_DOT: tl.constexpr,  # cast dot operands to fp32 (interpreter: its bf16 tl.dot is wrong)
+    ROUND_BF16: tl.constexpr,  # round the bf16 store by hand (interpreter: its bf16 cast truncates)
+    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 operands (compiled tl.dot defaults to TF32)
+    BLOCK_D: tl.constexpr,  # head dim padded to a power of two >= 16; padding lanes are masked
+    BLOCK_M: tl.constexpr,  # query rows per program
+    BLOCK_N: tl.constexpr,  # key/value rows per inner step
+):
+    # one flat grid axis over (query block, image * head): grid axis 1 caps at 65535, which B * H
+    # passes at batch ~5.5k for 12 heads. Query blocks vary fastest, so programs running together
+    # share one head's k and v in L2.
+    num_m_blocks = tl.cdiv(T, BLOCK_M)
+    pid_m = tl.program_id(0) % num_m_blocks
+    pid_bh = tl.program_id(0) // num_m_blocks
+    off_b = pid_bh // H
+    off_h = pid_bh % H
+    embed_dim = H * HEAD_DIM
+    # int64 batch offset: B * T * 3 * D overflows int32 for large serving batches
+    q_base = qkv_ptr + off_b.to(tl.int64) * stride_qkv_b + off_h * HEAD_DIM
+    k_base = q_base + embed_dim
+    v_base = q_base + 2 * embed_dim
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    row_mask = offs_m < T
+
+    # zero-filled padding lanes of q and k add nothing to q k^T; those of v give output lanes
+    # that are never stored
+    q = tl.load(
+        q_base + offs_m[:, None] * stride_qkv_t + offs_d[None, :], mask=row_mask[:, None] & d_mask[None, :], other=0.0
+    )
+    if UPCAST_DOT:
+        q = q.to(tl.float32)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running row max (log2 units)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running softmax denominator
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    for start_n in range(0, T, BLOCK_N):
+        cols = start_n + offs_n
+        col_mask = cols < T
+        kv_offsets = cols[:, None] * stride_qkv_t + offs_d[None, :]
+        kv_mask = col_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_base + kv_offsets, mask=kv_mask, other=0.0)
+        v = tl.load(v_base + kv_offsets, mask=kv_mask, other=0.0)
+        if UPCAST_DOT:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        # key tail -> -inf, so exp2 gives exactly 0. The first block always holds key 0, so m_new
+        # is finite for every row (padded query rows included) and no inf - inf NaN can arise.
+        s = tl.where(col_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.math.exp2(m_i - m_new)  # rescales what was summed under the old max
+        p = tl.math.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    acc = acc / l_i[:, None]
+    out_ptrs = (
+        out_ptr
+        + off_b.to(tl.int64) * stride_out_b
+        + offs_m[:, None] * stride_out_t
+        + off_h * HEAD_DIM
+        + offs_d[None, :]
+    )
+    out = _to_bf16_rtne(acc) if ROUND_BF16 else acc.to(out_ptr.dtype.element_ty)
+    tl.store(out_ptrs, out, mask=row_mask[:, None] & d_mask[None, :])
+
+
+# ---------------------------------------------------------------------------------- launcher
+def _check_attention_inputs(qkv: torch.Tensor, num_heads: int, scale: float | None) -> int:
+    """Raise a clear error if the kernel cannot take these inputs; return head_dim. No launch."""
+    if not isinstance(qkv, torch.Tensor):
+        raise TypeError(f"attention: qkv must be a torch.Tensor, got {type(qkv).__name__}")
+    if qkv.dim() != 3:
+        raise ValueError(
+            f"attention: qkv must have shape [B, T, 3 * num_heads * head_dim], got {tuple(qkv.shape)}; "
+            "pass the qkv GEMM output before any reshape"
+        )
+    if qkv.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(
+            f"attention: qkv dtype {qkv.dtype} is not supported; use float16, bfloat16 or float32 "
+            "(e.g. qkv.to(torch.float16))"
+        )
+    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
+        raise ValueError(f"attention: num_heads must be a positive int, got {num_heads!r}")
+    width = qkv.shape[-1]
+    if width % (3 * num_heads) != 0:
+        raise ValueError(
+            f"attention: qkv's last dim {width} is not 3 * num_heads * head_dim with num_heads={num_heads}; "
+            "check num_heads, or that qkv is the fused [q | k | v] projection"
+        )
+    head_dim = width // (3 * num_heads)
+    if not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM:
+        raise ValueError(
+            f"attention: head_dim {head_dim} (= {width} / (3 * {num_heads})) is outside the supported range "
+            f"{MIN_HEAD_DIM}..{MAX_HEAD_DIM}; use the torch backend for this model"
+        )
+    if qkv.shape[1] == 0:
+        raise ValueError("attention: qkv has T = 0 tokens; attention needs at least one token")
+    if qkv.stride(-1) != 1:
+        raise ValueError(
+            f"attention: qkv's last dim must be contiguous (stride 1), got stride {qkv.stride(-1)}; "
+            "call qkv.contiguous() first"
+        )
+    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale)):
+        raise ValueError(f"attention: scale must be a finite float or None, got {scale!r}")
+    check_device("attention", qkv)
+    return head_dim
+
+
+def launch_attention(
+    qkv: torch.Tensor, num_heads: int, scale: float | None = None, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Check the inputs, then run the kernel once (no autograd, no custom op).
+
+    ``out``, if given, must be ``[B, T, H * Dh]`` in qkv's dtype and device with a unit-stride last
+    dim; tests pass a NaN-filled one so an element the kernel leaves unwritten is caught.
+    """
+    head_dim = _check_attention_inputs(qkv, num_heads, scale)
+    batch, tokens, width = qkv.shape
+    embed_dim = width // 3
+    if out is None:
+        out = torch.empty((batch, tokens, embed_dim), dtype=qkv.dtype, device=qkv.device)
+    elif (
+        tuple(out.shape) != (batch, tokens, embed_dim)
+        or out.dtype != qkv.dtype
+        or out.device != qkv.device
+        or out.stride(-1) != 1
+    ):
+        raise ValueError(
+            f"attention: out must be [{batch}, {tokens}, {embed_dim}] {qkv.dtype} on {qkv.device} with a "
+            f"contiguous last dim, got {tuple(out.shape)} {out.dtype} on {out.device} stride {tuple(out.stride())}"
+        )
+    if batch == 0:
+        return out
+    scale = head_dim**-0.5 if scale is None else float(scale)
+    # the interpreter's bf16 is wrong in two ways (KERNELS.md): tl.dot gives garbage, so the operands
+    # go in as fp32 (exact); and fp32 -> bf16 casts truncate, so the store rounds by hand
+    interpret_bf16 = interpreter_enabled() and qkv.dtype == torch.bfloat16
+    dot_precision = "ieee" if (qkv.dtype == torch.float32 or interpret_bf16) else "tf32"  # tf32: no-op on half operands
+    block_d = max(16, triton.next_power_of_2(head_dim))
+
+    def grid(meta):
+        return (triton.cdiv(tokens, meta["BLOCK_M"]) * batch * num_heads,)
+
+    _attention_fwd_kernel[grid](
+        qkv,
+        out,
+        scale * LOG2E,
+        tokens,
+        num_heads,
+        head_dim,
+        qkv.stride(0),
+        qkv.stride(1),
+        out.stride(0),
+        out.stride(1),
+        UPCAST_DOT=interpret_bf16,
+        ROUND_BF16=interpret_bf16,
+        DOT_PRECISION=dot_precision,
+        BLOCK_D=block_d,
+    )
+    return out
+
+
+# ---------------------------------------------------------------------------------- custom op
+@torch.library.custom_op("vit_fast::attention", mutates_args=())
+def _attention_op(qkv: torch.Tensor, num_heads: int, scale: float) -> torch.Tensor:
+    return launch_attention(qkv, num_heads, scale)
+
+
+@_attention_op.register_fake
+def _attention_fake(qkv: torch.Tensor, num_heads: int, scale: float) -> torch.Tensor:
+    batch, tokens, width = qkv.shape
+    return qkv.new_empty((batch, tokens, width // 3))
+
+
+def _attention_setup_context(ctx, inputs, output) -> None:
+    qkv, num_heads, scale = inputs
+    ctx.save_for_backward(qkv)
+    ctx.num_heads = num_heads
+    ctx.scale = scale
+
+
+def _attention_backward(ctx, grad_out: torch.Tensor):
+    # No backward kernel yet: recompute through the eager reference (fp32 for half inputs).
+    (qkv,) = ctx.saved_tensors
+    with torch.enable_grad():
+        qkv_leaf = qkv.detach().requires_grad_(True)
+        out = attention_ref(qkv_leaf, ctx.num_heads, ctx.scale, upcast=True)
+        (grad_qkv,) = torch.autograd.grad(out, qkv_leaf, grad_out)
+    return grad_qkv, None, None
+
+
+_attention_op.register_autograd(_attention_backward, setup_context=_attention_setup_context)
+
+
+def attention(qkv: torch.Tensor, num_heads: int, scale: float | None = None) -> torch.Tensor:
+    """Multi-head self-attention on the fused qkv projection, without copies.
+
+    Args:
+        qkv: ``[B, T, 3 * H * Dh]`` float16 / bfloat16 / float32, CUDA (or CPU under
+            ``TRITON_INTERPRET=1``); its last dim must have stride 1, other dims may be strided
+            (e.g. a slice of a larger buffer). Read as ``[B, T, 3, H, Dh]``: q, then k, then v.
+        num_heads: H. ``Dh = qkv.shape[-1] / (3 * H)`` must lie in 16..256.
+        scale: softmax scale; ``Dh ** -0.5`` when None.
+
+    Returns:
+        ``[B, T, H * Dh]`` in qkv's dtype, heads side by side (timm's ``transpose(1, 2).reshape``).
+
+    A ``torch.library`` custom op (``vit_fast::attention``) with a fake implementation, so it
+    traces under ``torch.compile(fullgraph=True)``. Backward is supported but not fused: it
+    recomputes the forward through ``attention_ref`` (fp32 for half inputs) and differentiates
+    that, so it costs eager attention's time and memory.
+    """
+    head_dim = _check_attention_inputs(qkv, num_heads, scale)
+    return _attention_op(qkv, num_heads, head_dim**-0.5 if scale is None else float(scale))
+
+
+# ---------------------------------------------------------------------------------- reference
+def attention_ref(qkv: torch.Tensor, num_heads: int, scale: float | None = None, upcast: bool = False) -> torch.Tensor:
+    """Eager attention, written as timm's ``Attention.forward``: ``[B, T, 3HDh] -> [B, T, HDh]``.
+
+    ``upcast=False`` computes in qkv's dtype (what eager PyTorch does: the error a kernel is
+    judged against). ``upcast=True`` computes float16 / bfloat16 inputs in float32 and casts the
+    result back; float32 and float64 inputs are computed as they are. For a float64 reference,
+    pass ``qkv.double()``.
+    """
+    batch, tokens, width = qkv.shape
+    head_dim = width // (3 * num_heads)
+    scale = head_dim**-0.5 if scale is None else scale
+    dtype = qkv.dtype
+    if upcast and dtype in (torch.float16, torch.bfloat16):
+        qkv = qkv.float()
+    q, k, v = qkv.reshape(batch, tokens, 3, num_heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+    attn = ((q * scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+    out = (attn @ v).transpose(1, 2).reshape(batch, tokens, num_heads * head_dim)
+    return out.to(dtype)
+
+
+__all__ = ["attention", "attention_ref", "launch_attention"]

@@ -1,0 +1,385 @@
+"""GEMM with fused epilogues: ``y = act(x @ W^T + b)``, then ``residual + gamma * y``.
+
+One kernel covers every linear layer of a ViT block: qkv (+bias), proj (+bias +residual
++LayerScale), fc1 (+bias +GELU) and fc2 (+bias +residual +LayerScale). Accumulation and the
+whole epilogue are fp32; the output is rounded once, to x's dtype.
+
+Top to bottom: the autotune configs, the kernel, the launcher (input checks, grid), the
+``torch.library`` custom op ``vit_fast::linear`` (fake implementation + autograd), the public
+``linear`` and the eager reference ``linear_ref``.
+"""
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from vit_fast.kernels._common import check_device
+from vit_fast.runtime import interpreter_enabled
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+ACTIVATIONS = (None, "gelu", "gelu_tanh")
+_ACTIVATION_CODE = {None: 0, "gelu": 1, "gelu_tanh": 2}
+
+
+def _linear_configs() -> list[triton.Config]:
+    """Autotune candidates. Built from the environment only (never a device query), so importing
+    this module touches no GPU driver. The interpreter cannot time configs: it gets one."""
+    if interpreter_enabled():
+        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 4}, num_warps=4, num_stages=1)]
+    return [
+        triton.Config(
+            {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": 8},
+            num_warps=8 if block_m * block_n >= 128 * 128 else 4,
+            num_stages=num_stages,
+        )
+        for block_m in (64, 128)
+        for block_n in (64, 128, 256)
+        for block_k in (32, 64)
+        for num_stages in (3, 4)
+        # fp16 tiles of both operands, one per stage, must fit in shared memory (H100: 228 KB)
+        if (block_m + block_n) * block_k * 2 * num_stages <= 160 * 1024
+    ]
+
+
+def _prune_linear_configs(configs, named_args, **kwargs):
+    """Drop tiles far larger than the problem (e.g. BLOCK_N 256 for N = 64): they only add masked work."""
+
+    def fits(config: triton.Config) -> bool:
+        kw = config.kwargs
+        return (
+            kw["BLOCK_M"] <= max(64, triton.next_power_of_2(named_args["M"]))
+            and kw["BLOCK_N"] <= max(64, triton.next_power_of_2(named_args["N"]))
+            and kw["BLOCK_K"] <= max(32, triton.next_power_of_2(named_args["K"]))
+        )
+
+    return [c for c in configs if fits(c)] or configs[:1]
+
+
+@triton.jit
+def _to_bf16_rtne(x):
+    """fp32 -> bf16, round to nearest even, by hand. Only for the interpreter: its fp32 -> bf16
+    cast truncates (twice eager's error); compiled, ``.to(tl.bfloat16)`` already rounds."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits += 0x7FFF + ((bits >> 16) & 1)
+    return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.autotune(
+    configs=_linear_configs(),
+    key=["M", "N", "K"],
+    prune_configs_by={"early_config_prune": _prune_linear_configs},
+)
+@triton.jit
+def _linear_kernel(
+    x_ptr,  # [M, K] activations; unit stride along K
+    w_ptr,  # [N, K] weight in nn.Linear layout; unit stride along K
+    bias_ptr,  # [N] bias, read only when HAS_BIAS
+    residual_ptr,  # [M, N] residual stream, read only when HAS_RESIDUAL; unit stride along N
+    gamma_ptr,  # [N] LayerScale, read only when HAS_GAMMA
+    out_ptr,  # [M, N] output, unit stride along N
+    M,  # rows: all leading dims of x flattened (B * T: rarely a multiple of the tile)
+    N,  # output features
+    K,  # input features
+    stride_xm,  # elements between rows of x
+    stride_wn,  # elements between rows of weight
+    stride_rm,  # elements between rows of residual
+    stride_om,  # elements between rows of out
+    ACTIVATION: tl.constexpr,  # 0: none, 1: exact (erf) GELU, 2: tanh GELU
+    HAS_BIAS: tl.constexpr,  # add bias before the activation
+    HAS_RESIDUAL: tl.constexpr,  # out = residual + (gamma *) y
+    HAS_GAMMA: tl.constexpr,  # scale y by gamma before the residual add
+    UPCAST_DOT: tl.constexpr,  # cast dot operands to fp32 (interpreter: its bf16 tl.dot is wrong)
+    ROUND_BF16: tl.constexpr,  # round the bf16 store by hand (interpreter: its bf16 cast truncates)
+    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 operands (compiled tl.dot defaults to TF32)
+    BLOCK_M: tl.constexpr,  # rows of the output tile
+    BLOCK_N: tl.constexpr,  # columns of the output tile
+    BLOCK_K: tl.constexpr,  # depth of one step along K
+    GROUP_M: tl.constexpr,  # output-tile rows walked together, so a weight tile is reused from L2
+):
+    # grouped ordering: consecutive programs share weight columns while they are hot in L2
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_pid_in_group = GROUP_M * num_pid_n
+    group_id = pid // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+    pid_n = (pid % num_pid_in_group) // group_size_m
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    # rows/columns past the tail wrap onto valid ones: loads stay in bounds without an M or N
+    # mask, and the store below drops them. int64: M * K overflows int32 at large batch.
+    rows = (offs_m % M).to(tl.int64)
+    cols = (offs_n % N).to(tl.int64)
+    x_ptrs = x_ptr + rows[:, None] * stride_xm + offs_k[None, :]
+    w_ptrs = w_ptr + cols[None, :] * stride_wn + offs_k[:, None]  # W^T tile [BLOCK_K, BLOCK_N]
+
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        # the K tail must read zeros: unlike M and N it feeds every output element
+        k_mask = offs_k < K - k0
+        a = tl.load(x_ptrs, mask=k_mask[None, :], other=0.0)
+        b = tl.load(w_ptrs, mask=k_mask[:, None], other=0.0)
+        if UPCAST_DOT:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+
+    n_mask = offs_n < N
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    if ACTIVATION == 1:
+        acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))
+    elif ACTIVATION == 2:
+        # 0.5 * (1 + tanh(z)) == sigmoid(2z): no tanh needed. The clamp keeps exp finite (e^80 < fp32 max)
+        # where the result is already x / 5e34, i.e. -0 to fp32 rounding at any x that gets there
+        inner = 0.7978845608028654 * (acc + 0.044715 * acc * acc * acc)
+        acc = acc / (1.0 + tl.exp(tl.minimum(-2.0 * inner, 80.0)))
+    out_mask = (offs_m[:, None] < M) & n_mask[None, :]
+    if HAS_RESIDUAL:
+        if HAS_GAMMA:
+            acc = acc * tl.load(gamma_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        residual = tl.load(residual_ptr + rows[:, None] * stride_rm + offs_n[None, :], mask=out_mask, other=0.0)
+        acc += residual.to(tl.float32)
+    out_ptrs = out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+    out = _to_bf16_rtne(acc) if ROUND_BF16 else acc.to(out_ptr.dtype.element_ty)
+    tl.store(out_ptrs, out, mask=out_mask)
+
+
+# ---------------------------------------------------------------------------------- launcher
+def _check_linear_inputs(x, weight, bias, activation, residual, gamma) -> None:
+    """Raise a clear error if the kernel cannot take these inputs. No launch."""
+    for name, tensor in (("x", x), ("weight", weight)):
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"linear: {name} must be a torch.Tensor, got {type(tensor).__name__}")
+    if x.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(
+            f"linear: x dtype {x.dtype} is not supported; use float16, bfloat16 or float32 (e.g. x.to(torch.float16))"
+        )
+    if x.dim() < 1:
+        raise ValueError("linear: x must have at least one dim [..., K], got a scalar")
+    if weight.dim() != 2:
+        raise ValueError(
+            f"linear: weight must be 2-D [N, K] (nn.Linear layout: out_features x in_features), "
+            f"got shape {tuple(weight.shape)}"
+        )
+    n_out, k_in = weight.shape
+    if x.shape[-1] != k_in:
+        raise ValueError(
+            f"linear: x's last dim {x.shape[-1]} != weight's in_features {k_in} (weight is {tuple(weight.shape)}); "
+            "weight must be [out_features, in_features] as in nn.Linear (not transposed)"
+        )
+    if k_in == 0 or n_out == 0:
+        raise ValueError(f"linear: weight {tuple(weight.shape)} has an empty dim")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"linear: activation must be one of {ACTIVATIONS}, got {activation!r}")
+    if gamma is not None and residual is None:
+        raise ValueError("linear: gamma (LayerScale) is applied with the residual add only; pass residual= as well")
+    optional = {"bias": (bias, (n_out,)), "residual": (residual, (*x.shape[:-1], n_out)), "gamma": (gamma, (n_out,))}
+    for name, (tensor, shape) in optional.items():
+        if tensor is None:
+            continue
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"linear: {name} must be a torch.Tensor or None, got {type(tensor).__name__}")
+        if tuple(tensor.shape) != tuple(shape):
+            raise ValueError(f"linear: {name} must have shape {tuple(shape)}, got {tuple(tensor.shape)}")
+    named = {"x": x, "weight": weight, **{name: t for name, (t, _) in optional.items() if t is not None}}
+    for name, tensor in named.items():
+        if tensor.dtype != x.dtype:
+            raise TypeError(
+                f"linear: dtypes differ: x is {x.dtype} but {name} is {tensor.dtype}; "
+                f"cast them to one dtype (e.g. {name}.to({x.dtype}) or model.to(dtype))"
+            )
+        if tensor.device != x.device:
+            raise ValueError(f"linear: devices differ: x is on {x.device} but {name} is on {tensor.device}")
+        if tensor.numel() > 0 and tensor.stride(-1) != 1:
+            raise ValueError(
+                f"linear: {name}'s last dim must be contiguous (stride 1), got stride {tensor.stride(-1)}; "
+                f"call {name}.contiguous() first"
+            )
+    check_device("linear", x)
+
+
+def launch_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str | None = None,
+    residual: torch.Tensor | None = None,
+    gamma: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Check the inputs, then run the kernel once (no autograd, no custom op).
+
+    ``out``, if given, must be a contiguous ``[..., N]`` tensor in x's dtype and device; tests pass
+    a NaN-filled one so an element the kernel leaves unwritten is caught.
+    """
+    _check_linear_inputs(x, weight, bias, activation, residual, gamma)
+    n_out, k_in = weight.shape
+    out_shape = (*x.shape[:-1], n_out)
+    if out is None:
+        out = torch.empty(out_shape, dtype=x.dtype, device=x.device)
+    elif tuple(out.shape) != out_shape or out.dtype != x.dtype or out.device != x.device or not out.is_contiguous():
+        raise ValueError(
+            f"linear: out must be a contiguous {out_shape} {x.dtype} tensor on {x.device}, "
+            f"got {tuple(out.shape)} {out.dtype} on {out.device} (contiguous={out.is_contiguous()})"
+        )
+    rows = out.numel() // n_out
+    if rows == 0:
+        return out
+    # flattening the leading dims is free for the usual [B, T, K] (a view); odd strides copy once
+    x2d = x.reshape(rows, k_in)
+    residual2d = residual.reshape(rows, n_out) if residual is not None else None
+    # the interpreter's bf16 is wrong in two ways (KERNELS.md): tl.dot gives garbage, so the operands
+    # go in as fp32 (exact); and fp32 -> bf16 casts truncate, so the store rounds by hand
+    interpret_bf16 = interpreter_enabled() and x.dtype == torch.bfloat16
+    dot_precision = "ieee" if (x.dtype == torch.float32 or interpret_bf16) else "tf32"  # tf32: no-op on half operands
+
+    def grid(meta):
+        return (triton.cdiv(rows, meta["BLOCK_M"]) * triton.cdiv(n_out, meta["BLOCK_N"]),)
+
+    _linear_kernel[grid](
+        x2d,
+        weight,
+        bias if bias is not None else x2d,  # never read: HAS_BIAS is False
+        residual2d if residual2d is not None else x2d,  # never read: HAS_RESIDUAL is False
+        gamma if gamma is not None else x2d,  # never read: HAS_GAMMA is False
+        out,
+        rows,
+        n_out,
+        k_in,
+        x2d.stride(0),
+        weight.stride(0),
+        residual2d.stride(0) if residual2d is not None else 0,
+        n_out,
+        ACTIVATION=_ACTIVATION_CODE[activation],
+        HAS_BIAS=bias is not None,
+        HAS_RESIDUAL=residual is not None,
+        HAS_GAMMA=gamma is not None,
+        UPCAST_DOT=interpret_bf16,
+        ROUND_BF16=interpret_bf16,
+        DOT_PRECISION=dot_precision,
+    )
+    return out
+
+
+# ---------------------------------------------------------------------------------- custom op
+@torch.library.custom_op("vit_fast::linear", mutates_args=())
+def _linear_op(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    activation: str | None,
+    residual: torch.Tensor | None,
+    gamma: torch.Tensor | None,
+) -> torch.Tensor:
+    return launch_linear(x, weight, bias, activation, residual, gamma)
+
+
+@_linear_op.register_fake
+def _linear_fake(x, weight, bias, activation, residual, gamma) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def _linear_setup_context(ctx, inputs, output) -> None:
+    x, weight, bias, activation, residual, gamma = inputs
+    ctx.save_for_backward(x, weight, bias, residual, gamma)
+    ctx.activation = activation
+
+
+def _linear_backward(ctx, grad_out: torch.Tensor):
+    # No backward kernel yet: recompute through the eager reference (fp32 for half inputs).
+    x, weight, bias, residual, gamma = ctx.saved_tensors
+    needs = ctx.needs_input_grad
+    leaves = [
+        t.detach().requires_grad_(bool(needs[i])) if t is not None else None
+        for i, t in ((0, x), (1, weight), (2, bias), (4, residual), (5, gamma))
+    ]
+    wanted = [t for t in leaves if t is not None and t.requires_grad]
+    grads = iter(())
+    if wanted:
+        with torch.enable_grad():
+            out = linear_ref(leaves[0], leaves[1], leaves[2], ctx.activation, leaves[3], leaves[4], upcast=True)
+            grads = iter(torch.autograd.grad(out, wanted, grad_out))
+    grad_x, grad_w, grad_b, grad_r, grad_g = (
+        next(grads) if t is not None and t.requires_grad else None for t in leaves
+    )
+    return grad_x, grad_w, grad_b, None, grad_r, grad_g
+
+
+_linear_op.register_autograd(_linear_backward, setup_context=_linear_setup_context)
+
+
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str | None = None,
+    residual: torch.Tensor | None = None,
+    gamma: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``act(x @ weight^T + bias)``, then ``residual + gamma * that`` when residual is given.
+
+    Args:
+        x: ``[..., K]`` float16 / bfloat16 / float32, CUDA (or CPU under ``TRITON_INTERPRET=1``),
+            unit stride along K.
+        weight: ``[N, K]``, nn.Linear layout, x's dtype and device, unit stride along K.
+        bias: ``[N]`` or None.
+        activation: None, ``"gelu"`` (exact, erf: ``nn.GELU()``) or ``"gelu_tanh"``
+            (``nn.GELU(approximate="tanh")``).
+        residual: ``[..., N]`` (x's leading dims) or None; added after the activation.
+        gamma: ``[N]`` LayerScale or None; multiplies the activation output before the residual
+            add, so only with ``residual``.
+
+    Returns:
+        ``[..., N]`` in x's dtype. Accumulation and epilogue in fp32, one rounding at the end.
+
+    A ``torch.library`` custom op (``vit_fast::linear``) with a fake implementation, so it traces
+    under ``torch.compile(fullgraph=True)``. Backward is supported but not fused: it recomputes
+    the forward through ``linear_ref`` (fp32 for half inputs) and differentiates that.
+    """
+    _check_linear_inputs(x, weight, bias, activation, residual, gamma)
+    return _linear_op(x, weight, bias, activation, residual, gamma)
+
+
+# ---------------------------------------------------------------------------------- reference
+def linear_ref(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str | None = None,
+    residual: torch.Tensor | None = None,
+    gamma: torch.Tensor | None = None,
+    upcast: bool = False,
+) -> torch.Tensor:
+    """Eager ``linear``, written as timm's block computes it (``x + ls(mlp(...))``).
+
+    ``upcast=False`` computes in the inputs' dtype, rounding after every op as eager PyTorch
+    does (the error a kernel is judged against). ``upcast=True`` computes float16 / bfloat16
+    inputs in float32 and casts the result back; float32 and float64 inputs are computed as they
+    are. For a float64 reference, pass float64 inputs.
+    """
+    dtype = x.dtype
+    if upcast and dtype in (torch.float16, torch.bfloat16):
+        x, weight, bias, residual, gamma = (
+            t.float() if t is not None else None for t in (x, weight, bias, residual, gamma)
+        )
+    y = F.linear(x, weight, bias)
+    if activation == "gelu":
+        y = F.gelu(y)
+    elif activation == "gelu_tanh":
+        y = F.gelu(y, approximate="tanh")
+    elif activation is not None:
+        raise ValueError(f"linear_ref: activation must be one of {ACTIVATIONS}, got {activation!r}")
+    if residual is not None:
+        y = residual + (y * gamma if gamma is not None else y)
+    return y.to(dtype)
+
+
+__all__ = ["linear", "linear_ref", "launch_linear", "ACTIVATIONS"]

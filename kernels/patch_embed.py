@@ -1,0 +1,468 @@
+"""Fused patch embedding: image ``[B, C, H, W]`` to tokens ``[B, T, D]``, written once.
+
+One kernel does what timm does in five steps (Conv2d, flatten, transpose, cat of the class and
+register tokens, position-embedding add): im2col by address arithmetic (no unfold tensor is
+ever materialised), a GEMM with float32 accumulation, bias and position embedding in the
+epilogue, and the prefix tokens written by the same kernel. Optionally a uint8 image is
+normalised on the fly (``(x / 255 - mean[c]) / std[c]``), so the float image never exists.
+
+Read top to bottom: the Triton kernel, the launcher (checks, allocation, grid), the
+``torch.library`` custom op with its fake implementation and autograd, then the eager reference
+:func:`patch_embed_ref`. Backward is not a kernel: it recomputes the forward through the eager
+reference with autograd on (``_backward``): exact, but an eager forward + backward per call.
+
+Importing this module never touches a GPU driver.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import triton
+import triton.language as tl
+
+from vit_fast.kernels._common import check_device
+from vit_fast.runtime import interpreter_enabled
+
+_WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _configs() -> list[triton.Config]:
+    if interpreter_enabled():
+        # the autotuner needs a GPU to time configs; and under the interpreter, few wide programs are fastest
+        return [triton.Config({"BLOCK_M": 64, "BLOCK_D": 128, "BLOCK_K": 64}, num_warps=4)]
+    return [
+        triton.Config({"BLOCK_M": bm, "BLOCK_D": bd, "BLOCK_K": bk}, num_warps=w, num_stages=s)
+        for bm in (64, 128)
+        for bd in (64, 128)
+        for bk in (32, 64)
+        for w, s in ((4, 3), (8, 3))
+        if not (bm == 128 and bd == 128 and w == 4)
+    ]
+
+
+@triton.autotune(configs=_configs(), key=["D", "K"])
+@triton.jit
+def _patch_embed_fwd_kernel(
+    X,  # image [B, C, H, W], any strides; uint8 or the weight's float dtype
+    W,  # [D, K] conv weight, K = C*p*p in (c, i, j) order, columns contiguous
+    BIAS,  # [D] conv bias (read only if HAS_BIAS)
+    POS,  # [L, D] position embedding; token t reads row t - pos_offset when that is >= 0
+    CLS,  # [D] class token (read only if HAS_CLS)
+    REG,  # [R, D] register tokens, rows contiguous (read only when num_reg > 0)
+    MEAN,  # [C] per-channel mean, 0..1 units (read only if NORMALIZE)
+    STD,  # [C] per-channel std, 0..1 units (read only if NORMALIZE)
+    OUT,  # [B*T, D] tokens out, contiguous, in W's dtype
+    stride_xb,  # elements between images of X
+    stride_xc,  # elements between channels of X
+    stride_xh,  # elements between pixel rows of X
+    stride_xw,  # elements between pixel columns of X
+    stride_wd,  # elements between rows (output features) of W
+    stride_pos,  # elements between rows of POS
+    M,  # B*T: output rows (tokens of all images)
+    T,  # tokens per image: num_prefix + grid_h*grid_w
+    D,  # embedding dim
+    K,  # C*p*p: the GEMM reduction length
+    patch,  # p: patch size in pixels
+    grid_w,  # patches per image row (W / p)
+    num_prefix,  # class + register tokens before the patches
+    num_reg,  # register tokens
+    pos_offset,  # 0 if the position embedding covers the prefix tokens, else num_prefix
+    BLOCK_M: tl.constexpr,  # tokens per program
+    BLOCK_D: tl.constexpr,  # output features per program
+    BLOCK_K: tl.constexpr,  # reduction step
+    HAS_BIAS: tl.constexpr,  # BIAS is given
+    HAS_CLS: tl.constexpr,  # token 0 is the class token
+    NORMALIZE: tl.constexpr,  # apply (x [/ 255] - MEAN[c]) / STD[c] to the pixels
+    IS_UINT8: tl.constexpr,  # X is uint8 pixels in 0..255 (divide by 255 before MEAN/STD)
+    DOT_IN_FP32: tl.constexpr,  # upcast dot operands to fp32: fp32 weights, or bf16 under the interpreter
+):
+    pid_m = tl.program_id(0)
+    pid_d = tl.program_id(1)
+    # rows run over all images' tokens at once, so T = 197 does not waste most of a 64-row tile
+    rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    feats = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    row_ok = rows < M
+    feat_ok = feats < D
+    img = rows // T
+    tok = (rows - img * T).to(tl.int32)
+    patch_idx = tok - num_prefix  # negative for prefix tokens
+    is_patch = row_ok & (patch_idx >= 0)
+    patch_idx = tl.maximum(patch_idx, 0)
+    gy = patch_idx // grid_w
+    gx = patch_idx - gy * grid_w
+    # top-left pixel of each row's patch: the im2col "row" is an address, never a tensor
+    row_base = img * stride_xb + (gy * patch).to(tl.int64) * stride_xh + (gx * patch).to(tl.int64) * stride_xw
+    pp = patch * patch
+
+    acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_ok = ks < K
+        ch = ks // pp
+        rem = ks - ch * pp
+        di = rem // patch
+        dj = rem - di * patch
+        col_off = ch.to(tl.int64) * stride_xc + di.to(tl.int64) * stride_xh + dj.to(tl.int64) * stride_xw
+        a_mask = is_patch[:, None] & k_ok[None, :]
+        a = tl.load(X + row_base[:, None] + col_off[None, :], mask=a_mask, other=0)
+        if NORMALIZE:
+            a = a.to(tl.float32)
+            if IS_UINT8:
+                a = a / 255.0
+            mu = tl.load(MEAN + ch, mask=k_ok, other=0.0).to(tl.float32)
+            sd = tl.load(STD + ch, mask=k_ok, other=1.0).to(tl.float32)
+            # masked pixels must stay 0 after the shift, or prefix rows and K tails pick up -mean/std
+            a = tl.where(a_mask, (a - mu[None, :]) / sd[None, :], 0.0)
+        a = a.to(W.dtype.element_ty)
+        w = tl.load(
+            W + feats[None, :].to(tl.int64) * stride_wd + ks[:, None], mask=k_ok[:, None] & feat_ok[None, :], other=0.0
+        )
+        if DOT_IN_FP32:
+            # fp32 weights: IEEE, not TF32, to stay within 2x of eager. Interpreter: its bf16 dot is garbage
+            # (triton issue 11584); products of 16-bit floats are exact in fp32, so this matches the GPU's dot
+            acc = tl.dot(a.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, w, acc)
+
+    if HAS_BIAS:
+        bias = tl.load(BIAS + feats, mask=feat_ok, other=0.0).to(tl.float32)
+        acc += tl.where(is_patch[:, None], bias[None, :], 0.0)
+    # prefix rows: the GEMM left them 0, so they become cls / reg (+ pos below when it covers them)
+    if HAS_CLS:
+        cls = tl.load(CLS + feats, mask=feat_ok, other=0.0).to(tl.float32)
+        acc += tl.where((row_ok & (tok == 0))[:, None], cls[None, :], 0.0)
+        reg_idx = tok - 1
+    else:
+        reg_idx = tok
+    is_reg = row_ok & (reg_idx >= 0) & (reg_idx < num_reg)
+    reg = tl.load(
+        REG + tl.maximum(reg_idx, 0)[:, None] * D + feats[None, :], mask=is_reg[:, None] & feat_ok[None, :], other=0.0
+    )
+    acc += reg.to(tl.float32)
+    pos_row = tok - pos_offset
+    has_pos = row_ok & (pos_row >= 0)
+    pos = tl.load(
+        POS + tl.maximum(pos_row, 0).to(tl.int64)[:, None] * stride_pos + feats[None, :],
+        mask=has_pos[:, None] & feat_ok[None, :],
+        other=0.0,
+    )
+    acc += pos.to(tl.float32)
+    tl.store(
+        OUT + rows[:, None] * D + feats[None, :], acc.to(OUT.dtype.element_ty), mask=row_ok[:, None] & feat_ok[None, :]
+    )
+
+
+# ---------------------------------------------------------------------------------------- launcher
+def _as_channel_stats(v, name: str, x: torch.Tensor) -> torch.Tensor | None:
+    """Accept mean/std as a tensor or a sequence of floats (e.g. ImageNet's (0.485, 0.456, 0.406))."""
+    if v is None or isinstance(v, torch.Tensor):
+        return v
+    if isinstance(v, Sequence) and all(isinstance(e, (int, float)) for e in v):
+        return torch.tensor([float(e) for e in v], dtype=torch.float32, device=x.device)
+    raise TypeError(f"{name} must be a tensor [C] or a sequence of C floats, got {type(v).__name__}")
+
+
+def _check_patch_embed_inputs(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    pos_embed: torch.Tensor,
+    cls_token: torch.Tensor | None,
+    reg_token: torch.Tensor | None,
+    mean: torch.Tensor | None,
+    std: torch.Tensor | None,
+    no_embed_class: bool,
+    device_check: bool = True,
+) -> tuple[int, int, int, int, int]:
+    """Raise a clear error, before any launch, when the inputs do not fit. Returns (B, T, D, K, p)."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 4:
+        got = f"shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"x must be an image batch [B, C, H, W], got {got}")
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 4 or weight.shape[-1] != weight.shape[-2]:
+        got = f"shape {tuple(weight.shape)}" if isinstance(weight, torch.Tensor) else type(weight).__name__
+        raise ValueError(f"weight must be a square Conv2d kernel [D, C, p, p], got {got}")
+    if weight.dtype not in _WEIGHT_DTYPES:
+        raise TypeError(f"weight has dtype {weight.dtype}; patch_embed supports float32, float16 and bfloat16 weights")
+    B, C, H, W = x.shape
+    D, Cw, p, _ = weight.shape
+    if C != Cw:
+        raise ValueError(
+            f"x has {C} channels (shape {tuple(x.shape)}) but weight expects {Cw} (shape {tuple(weight.shape)})"
+        )
+    if H % p or W % p:
+        raise ValueError(
+            f"image size {H}x{W} is not divisible by the patch size {p}: resize or crop to "
+            f"{max(p, H // p * p)}x{max(p, W // p * p)}"
+        )
+    if x.dtype == torch.uint8:
+        if mean is None or std is None:
+            raise ValueError(
+                "x is uint8: pass mean and std per channel in 0..1 units (e.g. mean=(0.485, 0.456, 0.406), "
+                "std=(0.229, 0.224, 0.225)) so the kernel can normalise it, or pass a float image"
+            )
+    elif x.dtype != weight.dtype:
+        raise TypeError(
+            f"x has dtype {x.dtype} but weight has {weight.dtype}: pass x.to({weight.dtype}) "
+            "(or uint8 pixels with mean and std)"
+        )
+    if (mean is None) != (std is None):
+        raise ValueError("pass both mean and std, or neither")
+    for name, t in (("mean", mean), ("std", std)):
+        if t is not None:
+            if tuple(t.shape) != (C,):
+                raise ValueError(f"{name} has shape {tuple(t.shape)}; it must be [C] = [{C}], one value per channel")
+            if not t.is_floating_point():
+                raise TypeError(f"{name} has dtype {t.dtype}; pass a float tensor")
+    gh, gw = H // p, W // p
+    num_reg = reg_token.shape[1] if reg_token is not None else 0
+    num_prefix = int(cls_token is not None) + num_reg
+    T = num_prefix + gh * gw
+    L = gh * gw + (0 if no_embed_class else num_prefix)
+    for name, t, shape in (
+        ("bias", bias, (D,)),
+        ("cls_token", cls_token, (1, 1, D)),
+        ("reg_token", reg_token, (1, num_reg, D)),
+    ):
+        if t is not None and tuple(t.shape) != shape:
+            raise ValueError(f"{name} has shape {tuple(t.shape)}; with weight {tuple(weight.shape)} it must be {shape}")
+    if not isinstance(pos_embed, torch.Tensor) or pos_embed.dim() != 3 or pos_embed.shape[0] != 1:
+        got = f"shape {tuple(pos_embed.shape)}" if isinstance(pos_embed, torch.Tensor) else type(pos_embed).__name__
+        raise ValueError(f"pos_embed must be [1, L, D], got {got}")
+    if pos_embed.shape[2] != D:
+        raise ValueError(f"pos_embed has dim {pos_embed.shape[2]} but weight has D = {D}")
+    if pos_embed.shape[1] != L:
+        covered = "patches only (no_embed_class=True)" if no_embed_class else f"{num_prefix} prefix tokens + patches"
+        raise ValueError(
+            f"pos_embed has {pos_embed.shape[1]} rows but a {H}x{W} image is a {gh}x{gw} grid of {p}-px patches, "
+            f"so it needs {L} rows ({covered}): resample it to this grid first with "
+            "vit_fast.model.resample_pos_embed, or check no_embed_class"
+        )
+    for name, t in (("bias", bias), ("pos_embed", pos_embed), ("cls_token", cls_token), ("reg_token", reg_token)):
+        if t is not None and t.dtype != weight.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but weight has {weight.dtype}: pass {name}.to({weight.dtype})")
+    for name, t in (
+        ("weight", weight),
+        ("bias", bias),
+        ("pos_embed", pos_embed),
+        ("cls_token", cls_token),
+        ("reg_token", reg_token),
+        ("mean", mean),
+        ("std", std),
+    ):
+        if t is not None and t.device != x.device:
+            raise ValueError(f"{name} is on {t.device} but x is on {x.device}: put all inputs on one device")
+    if device_check:
+        check_device("patch_embed", x)
+    return B, T, D, C * p * p, p
+
+
+def patch_embed_fwd(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    pos_embed: torch.Tensor,
+    cls_token: torch.Tensor | None = None,
+    reg_token: torch.Tensor | None = None,
+    *,
+    no_embed_class: bool = False,
+    mean: torch.Tensor | None = None,
+    std: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The launcher: check, allocate (or fill ``out``, a contiguous ``[B, T, D]`` buffer), launch."""
+    if reg_token is not None and reg_token.dim() == 3 and reg_token.shape[1] == 0:
+        reg_token = None
+    B, T, D, K, p = _check_patch_embed_inputs(
+        x, weight, bias, pos_embed, cls_token, reg_token, mean, std, no_embed_class
+    )
+    if out is None:
+        out = torch.empty((B, T, D), dtype=weight.dtype, device=x.device)
+    elif out.shape != (B, T, D) or out.dtype != weight.dtype or out.device != x.device or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous {weight.dtype} tensor of shape {(B, T, D)} on {x.device}")
+    if out.numel() == 0:
+        return out
+    num_reg = reg_token.shape[1] if reg_token is not None else 0
+    num_prefix = int(cls_token is not None) + num_reg
+    w2 = weight.reshape(D, K)
+    if w2.stride(1) != 1:
+        w2 = w2.contiguous()
+    pos2 = pos_embed[0]
+    if pos2.stride(1) != 1:
+        pos2 = pos2.contiguous()
+    cls = cls_token.reshape(D).contiguous() if cls_token is not None else w2
+    reg = reg_token.reshape(num_reg, D).contiguous() if reg_token is not None else w2
+    M = B * T
+    grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), triton.cdiv(D, meta["BLOCK_D"]))  # noqa: E731
+    # unused pointers get w2: any valid tensor does, the constexpr flags keep the kernel off them
+    _patch_embed_fwd_kernel[grid](
+        x,
+        w2,
+        bias if bias is not None else w2,
+        pos2,
+        cls,
+        reg,
+        mean if mean is not None else w2,
+        std if std is not None else w2,
+        out,
+        *x.stride(),
+        w2.stride(0),
+        pos2.stride(0),
+        M,
+        T,
+        D,
+        K,
+        p,
+        x.shape[3] // p,
+        num_prefix,
+        num_reg,
+        0 if not no_embed_class else num_prefix,
+        HAS_BIAS=bias is not None,
+        HAS_CLS=cls_token is not None,
+        NORMALIZE=mean is not None,
+        IS_UINT8=x.dtype == torch.uint8,
+        DOT_IN_FP32=weight.dtype == torch.float32 or interpreter_enabled(),
+    )
+    return out
+
+
+# ---------------------------------------------------------------------------------- custom op
+@torch.library.custom_op("vit_fast::patch_embed", mutates_args=())
+def _patch_embed_op(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    pos_embed: torch.Tensor,
+    cls_token: torch.Tensor | None,
+    reg_token: torch.Tensor | None,
+    mean: torch.Tensor | None,
+    std: torch.Tensor | None,
+    no_embed_class: bool,
+) -> torch.Tensor:
+    return patch_embed_fwd(
+        x, weight, bias, pos_embed, cls_token, reg_token, no_embed_class=no_embed_class, mean=mean, std=std
+    )
+
+
+@_patch_embed_op.register_fake
+def _(x, weight, bias, pos_embed, cls_token, reg_token, mean, std, no_embed_class):
+    B, T, D, _, _ = _check_patch_embed_inputs(
+        x, weight, bias, pos_embed, cls_token, reg_token, mean, std, no_embed_class, device_check=False
+    )
+    return x.new_empty((B, T, D), dtype=weight.dtype)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    *tensors, no_embed_class = inputs
+    ctx.no_embed_class = no_embed_class
+    ctx.save_for_backward(*tensors)
+
+
+def _backward(ctx, grad_out):
+    """Recompute the forward through the eager reference, autograd on, and differentiate that.
+
+    Exact (eager's own backward, in the inputs' dtype) but not fused: costs one eager forward
+    (Conv2d) and backward per call. uint8 images get no gradient.
+    """
+    tensors = ctx.saved_tensors
+    needs = ctx.needs_input_grad[: len(tensors)]
+    leaves = [
+        t.detach().requires_grad_(need and t.is_floating_point()) if t is not None else None
+        for t, need in zip(tensors, needs, strict=True)
+    ]
+    x, weight, bias, pos_embed, cls_token, reg_token, mean, std = leaves
+    wanted = [t for t in leaves if t is not None and t.requires_grad]
+    if not wanted:
+        return (None,) * (len(tensors) + 1)
+    with torch.enable_grad():
+        out = patch_embed_ref(
+            x, weight, bias, pos_embed, cls_token, reg_token, no_embed_class=ctx.no_embed_class, mean=mean, std=std
+        )
+        got = iter(torch.autograd.grad(out, wanted, grad_out, allow_unused=True))
+    return (*(next(got) if t is not None and t.requires_grad else None for t in leaves), None)
+
+
+_patch_embed_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def patch_embed(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    pos_embed: torch.Tensor,
+    cls_token: torch.Tensor | None = None,
+    reg_token: torch.Tensor | None = None,
+    *,
+    no_embed_class: bool = False,
+    mean: torch.Tensor | Sequence[float] | None = None,
+    std: torch.Tensor | Sequence[float] | None = None,
+) -> torch.Tensor:
+    """Tokens ``[B, T, D]`` = ``[cls, reg_0..reg_{R-1}, patches row-major]`` + position embedding.
+
+    ``x``: images ``[B, C, H, W]`` in ``weight``'s dtype, or uint8 pixels (0..255) with ``mean``
+    and ``std`` (``[C]``, 0..1 units, torchvision's convention): the kernel feeds the GEMM
+    ``(x / 255 - mean[c]) / std[c]``. ``mean``/``std`` may also come with a float image already
+    in 0..1 units: then ``(x - mean[c]) / std[c]``. Normalisation is computed in float32, then
+    rounded to ``weight``'s dtype, as the reference does.
+    ``weight [D, C, p, p]`` and ``bias [D]`` are the Conv2d's (patch size p = stride = kernel).
+    ``pos_embed [1, L, D]``: ``L = (H/p)*(W/p)`` with ``no_embed_class=True`` (patches only), else
+    ``L`` also counts the prefix tokens (pos[0] to cls, pos[1:1+R] to the registers); resample it
+    to this image's grid beforehand (``vit_fast.model.resample_pos_embed``).
+    ``cls_token [1, 1, D]`` and ``reg_token [1, R, D]`` are optional. The output is in
+    ``weight``'s dtype; ``T = [cls] + R + (H/p)*(W/p)``.
+    """
+    mean = _as_channel_stats(mean, "mean", x)
+    std = _as_channel_stats(std, "std", x)
+    if reg_token is not None and reg_token.dim() == 3 and reg_token.shape[1] == 0:
+        reg_token = None
+    return torch.ops.vit_fast.patch_embed(x, weight, bias, pos_embed, cls_token, reg_token, mean, std, no_embed_class)
+
+
+# ---------------------------------------------------------------------------------- reference
+def patch_embed_ref(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    pos_embed: torch.Tensor,
+    cls_token: torch.Tensor | None = None,
+    reg_token: torch.Tensor | None = None,
+    *,
+    no_embed_class: bool = False,
+    mean: torch.Tensor | Sequence[float] | None = None,
+    std: torch.Tensor | Sequence[float] | None = None,
+    upcast: bool = False,
+) -> torch.Tensor:
+    """Eager PyTorch, timm's way: Conv2d, flatten, transpose, cat prefix tokens, add pos_embed.
+
+    With ``upcast=True`` the math runs in float32 and the result is cast back to ``weight``'s dtype;
+    pass float64 tensors for a float64 reference.
+    """
+    mean = _as_channel_stats(mean, "mean", x)
+    std = _as_channel_stats(std, "std", x)
+    out_dtype = weight.dtype
+    dtype = torch.float32 if upcast and weight.dtype != torch.float64 else weight.dtype
+    if mean is not None:
+        norm_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        v = x.to(norm_dtype)
+        if x.dtype == torch.uint8:
+            v = v / 255
+        v = (v - mean.to(norm_dtype).view(-1, 1, 1)) / std.to(norm_dtype).view(-1, 1, 1)
+        # rounded to the weight's dtype first, as the kernel's GEMM sees it
+        x = v.to(weight.dtype).to(dtype)
+    else:
+        x = x.to(dtype)
+    p = weight.shape[-1]
+    cast = lambda t: t.to(dtype) if t is not None else None  # noqa: E731
+    tokens = torch.nn.functional.conv2d(x, cast(weight), cast(bias), stride=p).flatten(2).transpose(1, 2)
+    prefix = [t.to(dtype).expand(x.shape[0], -1, -1) for t in (cls_token, reg_token) if t is not None]
+    if no_embed_class:
+        tokens = tokens + cast(pos_embed)
+        tokens = torch.cat([*prefix, tokens], dim=1) if prefix else tokens
+    else:
+        tokens = torch.cat([*prefix, tokens], dim=1) if prefix else tokens
+        tokens = tokens + cast(pos_embed)
+    return tokens.to(out_dtype)
+
+
+__all__ = ["patch_embed", "patch_embed_fwd", "patch_embed_ref"]
