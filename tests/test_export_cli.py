@@ -1,0 +1,169 @@
+"""``vit-fast export`` and ``vit-fast verify`` through vit_fast.cli.main, on a saved tiny checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import types
+
+import pytest
+import torch
+
+pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
+
+import vit_fast  # noqa: E402
+from vit_fast.cli import main  # noqa: E402
+
+CFG = dict(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=5, reg_tokens=1)
+
+
+def _model(seed: int) -> vit_fast.VisionTransformer:
+    torch.manual_seed(seed)
+    model = vit_fast.VisionTransformer(vit_fast.ViTConfig(**CFG), backend="torch").eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    return model
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """A tiny checkpoint, exported and verified through the CLI once: (folder, checkpoint, onnx, rc)."""
+    folder = tmp_path_factory.mktemp("cli")
+    ckpt = vit_fast.save_checkpoint(_model(0), folder / "tiny.safetensors")
+    out = folder / "tiny.onnx"
+    rc = main(
+        [
+            "export",
+            "onnx",
+            str(ckpt),
+            "--out",
+            str(out),
+            "--exporter",
+            "torchscript",
+            "--batch",
+            "1",
+            "4",
+            "--report",
+            str(folder / "export-report.json"),
+            "--quiet",
+        ]
+    )
+    return folder, ckpt, out, rc
+
+
+def test_export_onnx(exported, capsys):
+    folder, ckpt, out, rc = exported
+    assert rc == 0
+    assert sorted(os.listdir(folder)) == ["export-report.json", "tiny.onnx", "tiny.onnx.json", "tiny.safetensors"]
+    report = json.loads((folder / "export-report.json").read_text())
+    assert report["passed"] and [r["batch"] for r in report["rows"]] == [1, 3, 4]
+    meta = json.loads((folder / "tiny.onnx.json").read_text())
+    assert meta["source"] == str(ckpt.resolve()) and meta["batch"] == [1, 4]
+
+
+def test_verify(exported, tmp_path, capsys):
+    folder, ckpt, out, _ = exported
+    assert main(["verify", str(ckpt), str(out), "--json", str(tmp_path / "v.json"), "--batches", "2", "4"]) == 0
+    assert "PASSED" in capsys.readouterr().out
+    assert [r["batch"] for r in json.loads((tmp_path / "v.json").read_text())["rows"]] == [2, 4]
+
+
+def test_verify_failure_exits_1(exported, tmp_path, capsys):
+    folder, ckpt, out, _ = exported
+    other = vit_fast.save_checkpoint(_model(1), tmp_path / "other.safetensors")
+    assert main(["verify", str(other), str(out)]) == 1
+    captured = capsys.readouterr()
+    assert "FAILED" in captured.out and "worst is output 'logits' at batch" in captured.err
+
+
+def test_verify_bad_artifact(exported, tmp_path, capsys):
+    _, ckpt, _, _ = exported
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x00garbage")
+    assert main(["verify", str(ckpt), str(bad)]) == 1
+    assert "bad.onnx" in capsys.readouterr().err
+
+
+def test_verify_default_reports_accuracy(exported, monkeypatch, capsys):
+    """MODEL "default" loads the labelled held-out set lazily (stubbed here: the asset is not ours)."""
+    _, ckpt, out, _ = exported
+    model = vit_fast.load_checkpoint(ckpt, backend="torch").eval()
+    images = torch.randn(6, 3, 32, 32)
+    labels = model(images).argmax(-1)
+    assets = types.ModuleType("vit_fast.assets")
+    assets.load_default_eval_set = lambda: (images, labels)
+    monkeypatch.setitem(sys.modules, "vit_fast.assets", assets)
+    monkeypatch.setattr(vit_fast.convert, "load_model", lambda spec, backend="auto", seed=0: model)
+    assert main(["verify", "default", str(out)]) == 0
+    assert "labelled data (6 images): eager accuracy 100.00%, artifact accuracy 100.00%" in capsys.readouterr().out
+
+
+def test_export_errors(exported, tmp_path, capsys):
+    _, ckpt, _, _ = exported
+    out = str(tmp_path / "m.onnx")
+    assert main(["export", "onnx", str(ckpt), "--out", out, "--batch", "4", "2"]) == 1
+    assert "min 4 > max 2" in capsys.readouterr().err
+    assert main(["export", "onnx", str(ckpt), "--out", str(tmp_path / "no" / "m.onnx")]) == 1
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["export", "onnx", str(ckpt), "--out", out, "--dtype", "bf16"]) == 1
+    assert "bf16 ONNX files cannot be verified here" in capsys.readouterr().err
+    assert main(["export", "onnx", "no_such_preset", "--out", out]) == 1
+    assert "cannot resolve model 'no_such_preset'" in capsys.readouterr().err
+    assert main(["export", "onnx", str(ckpt), "--out", out, "--exporter", "torchscript", "--attention", "fused"]) == 1
+    assert "needs exporter='dynamo'" in capsys.readouterr().err
+    assert os.listdir(tmp_path) == []
+
+
+def test_export_that_fails_verification_is_removed(exported, tmp_path, monkeypatch, capsys):
+    _, ckpt, _, _ = exported
+    verify_module = sys.modules["vit_fast.export.verify"]
+
+    def failing(*args, **kwargs):
+        raise verify_module.VerificationError("verification of 'm.onnx' failed: worst is ...", None)
+
+    monkeypatch.setattr(verify_module, "verify", failing)
+    out = tmp_path / "m.onnx"
+    assert main(["export", "onnx", str(ckpt), "--out", str(out), "--exporter", "torchscript", "--quiet"]) == 1
+    assert "failed verification" in capsys.readouterr().err
+    assert os.listdir(tmp_path) == []
+
+
+def test_export_bf16_without_verification(exported, tmp_path, capsys):
+    _, ckpt, _, _ = exported
+    out = tmp_path / "m.onnx"
+    args = ["export", "onnx", str(ckpt), "--out", str(out), "--dtype", "bf16", "--exporter", "torchscript"]
+    assert main([*args, "--no-verify", "--quiet"]) == 0
+    assert "not verified" in capsys.readouterr().out
+    assert json.loads((tmp_path / "m.onnx.json").read_text())["dtype"] == "bf16"
+
+
+def test_export_tensorrt_checks_first(exported, tmp_path, capsys):
+    _, _, out, _ = exported
+    plan = str(tmp_path / "m.plan")
+    assert main(["export", "tensorrt", str(out), "--out", plan, "--batch", "4", "2", "8"]) == 1
+    assert "min 4 > opt 2" in capsys.readouterr().err
+    assert main(["export", "tensorrt", str(out), "--out", plan, "--batch", "1", "2", "8"]) == 1
+    assert "outside the ONNX file's exported batch range [1, 4]" in capsys.readouterr().err
+    assert main(["export", "tensorrt", str(tmp_path / "none.onnx"), "--out", plan]) == 1
+    assert "none.onnx' does not exist" in capsys.readouterr().err
+    try:
+        import tensorrt  # noqa: F401
+    except ImportError:
+        assert main(["export", "tensorrt", str(out), "--out", plan, "--batch", "1", "2", "4"]) == 1
+        assert "TensorRT is not installed" in capsys.readouterr().err
+    assert os.listdir(tmp_path) == []
+
+
+def test_help(capsys):
+    for argv in (
+        ["export", "--help"],
+        ["export", "onnx", "--help"],
+        ["export", "tensorrt", "--help"],
+        ["verify", "--help"],
+    ):
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 0
+    assert "--attention" in capsys.readouterr().out

@@ -1,0 +1,181 @@
+"""TensorRT engine building: every check that runs without TensorRT, and engine tests where it is importable."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("onnx", reason="the onnx extra is not installed")
+
+import vit_fast  # noqa: E402
+from vit_fast import export  # noqa: E402
+from vit_fast.export import tensorrt as trt_export  # noqa: E402
+
+CFG = dict(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=5)
+
+
+def _tensorrt_missing() -> str | None:
+    try:
+        import tensorrt  # noqa: F401
+    except ImportError as err:
+        return f"tensorrt is not importable here ({err})"
+    if not torch.cuda.is_available():
+        return "TensorRT engines need a CUDA GPU; none is visible"
+    return None
+
+
+needs_tensorrt = pytest.mark.skipif(_tensorrt_missing() is not None, reason=str(_tensorrt_missing()))
+
+
+@pytest.fixture(scope="module")
+def model() -> vit_fast.VisionTransformer:
+    torch.manual_seed(0)
+    return vit_fast.VisionTransformer(vit_fast.ViTConfig(**CFG), backend="torch").eval()
+
+
+@pytest.fixture(scope="module")
+def onnx_files(tmp_path_factory, model) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("trt")
+    return {
+        dtype: export.to_onnx(
+            model,
+            folder / f"m-{dtype}.onnx",
+            batch=(1, 16),
+            dtype=dtype,
+            exporter="torchscript",
+            source=None,
+            progress=False,
+        )
+        for dtype in ("fp32", "fp16")
+    }
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(precision="int8"), ValueError, r"precision must be one of \('fp16', 'bf16', 'fp32'\)"),
+        (dict(batch=(4, 2, 8)), ValueError, r"min 4 > opt 2"),
+        (dict(batch=(1, 8, 4)), ValueError, r"opt 8 > max 4"),
+        (dict(batch=(0, 1, 2)), ValueError, r"min must be >= 1"),
+        (dict(batch=(1, 2)), ValueError, r"3-tuple of ints \(min, opt, max\)"),
+        (dict(batch=(1, 2.0, 4)), ValueError, r"opt must be an int"),
+        (dict(batch=(1, 8, 32)), ValueError, r"outside the ONNX file's exported batch range \[1, 16\]"),
+    ],
+)
+def test_bad_arguments(onnx_files, tmp_path, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        export.to_tensorrt(onnx_files["fp32"], tmp_path / "m.plan", **kwargs)
+    assert os.listdir(tmp_path) == []
+
+
+def test_bad_files(onnx_files, tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"ONNX file '.*missing.onnx' does not exist"):
+        export.to_tensorrt(tmp_path / "missing.onnx", tmp_path / "m.plan")
+    corrupt = tmp_path / "corrupt.onnx"
+    corrupt.write_bytes(b"\xff\xfe not an onnx file")
+    with pytest.raises(export.ArtifactError, match=r"corrupt.onnx"):
+        export.to_tensorrt(corrupt, tmp_path / "m.plan")
+    with pytest.raises(ValueError, match=r"output folder .* does not exist"):
+        export.to_tensorrt(onnx_files["fp32"], tmp_path / "no" / "m.plan")
+    with pytest.raises(ValueError, match=r"is a fp16 model, built strongly typed: precision must be 'fp16'"):
+        export.to_tensorrt(onnx_files["fp16"], tmp_path / "m.plan", precision="fp32")
+    with pytest.raises(ValueError, match=r"timing cache folder .* does not exist"):
+        export.to_tensorrt(onnx_files["fp32"], tmp_path / "m.plan", timing_cache=tmp_path / "no" / "t.cache")
+    with pytest.raises(ValueError, match=r"cannot verify the engine: pass model="):
+        export.to_tensorrt(onnx_files["fp32"], tmp_path / "m.plan", batch=(1, 4, 16))
+    assert sorted(os.listdir(tmp_path)) == ["corrupt.onnx"]
+
+
+@pytest.mark.skipif(_tensorrt_missing() is None, reason="tensorrt is importable here")
+def test_missing_tensorrt_is_reported(onnx_files, model, tmp_path):
+    with pytest.raises(RuntimeError, match=r"TensorRT is not installed here.*pip install tensorrt"):
+        export.to_tensorrt(onnx_files["fp32"], tmp_path / "m.plan", batch=(1, 4, 16), model=model)
+    plan = tmp_path / "m.plan"
+    plan.write_bytes(b"engine bytes")
+    with pytest.raises(RuntimeError, match=r"TensorRT is not installed here"):
+        export.verify(model, plan)
+    assert sorted(os.listdir(tmp_path)) == ["m.plan"]
+
+
+def test_engine_metadata_mismatch_says_what_to_rebuild():
+    meta = {"tensorrt_version": "10.3.0", "gpu_sm": "sm_90", "gpu_name": "NVIDIA H100", "onnx": "m.onnx"}
+    trt_export.check_engine_compat(meta, "m.plan", "10.3.0", "sm_90")
+    with pytest.raises(
+        export.ArtifactError,
+        match=r"built with TensorRT 10.3.0, this machine has TensorRT 10.9.0.*"
+        r"rebuild it here: vit-fast export tensorrt m.onnx --out m.plan",
+    ):
+        trt_export.check_engine_compat(meta, "m.plan", "10.9.0", "sm_90")
+    with pytest.raises(export.ArtifactError, match=r"built for GPU sm_90 \(NVIDIA H100\), this GPU is sm_80.*rebuild"):
+        trt_export.check_engine_compat(meta, "m.plan", "10.3.0", "sm_80")
+
+
+def test_batch_outside_profile():
+    trt_export.check_batch_in_profile(8, (1, 8, 16), "m.plan")
+    with pytest.raises(
+        export.ArtifactError,
+        match=r"batch 32 is outside engine 'm.plan'.s profile \(min 1, opt 8, "
+        r"max 16\): rebuild with --batch 1 8 32",
+    ):
+        trt_export.check_batch_in_profile(32, (1, 8, 16), "m.plan")
+
+
+def test_attention_fused_from_inspector_layers():
+    assert trt_export.attention_fused([{"Name": "myl0_1", "TacticName": "_gemm_mha_v2_fp16"}])
+    assert trt_export.attention_fused(["{ForeignNode[/blocks.0/attn/Attention]}"])
+    assert not trt_export.attention_fused(
+        [
+            {"Name": "/blocks.0/attn/MatMul", "LayerType": "MatrixMultiply"},
+            {"Name": "/blocks.0/attn/Softmax", "LayerType": "SoftMax"},
+        ]
+    )
+
+
+def test_default_timing_cache_is_per_version_and_gpu(tmp_path):
+    path = trt_export.default_timing_cache(tmp_path / "m.plan", "10.3.0", "sm_90")
+    assert path == tmp_path / "vit-fast-trt10.3.0-sm_90.timing-cache"
+
+
+# --------------------------------------------------------------------------- with TensorRT and a GPU
+@pytest.mark.tensorrt
+@needs_tensorrt
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_build_and_verify_engine(onnx_files, model, tmp_path, precision):
+    cache = tmp_path / "timing.cache"
+    plan = export.to_tensorrt(
+        onnx_files["fp32"],
+        tmp_path / "m.plan",
+        batch=(1, 4, 16),
+        precision=precision,
+        timing_cache=cache,
+        model=model,
+        progress=False,
+    )
+    meta = json.loads(Path(str(plan) + ".json").read_text())
+    assert meta["precision"] == precision and meta["verification"]["passed"]
+    assert meta["profiles"][0]["max"] == [16, 3, 32, 32] and cache.stat().st_size > 0
+    report = export.verify(model, plan, print_table=False)
+    assert report.passed and [r.batch for r in report.rows] == [1, 3, 16]
+    with pytest.raises(export.ArtifactError, match=r"batch 17 is outside engine"):
+        export.verify(model, plan, batches=[17])
+
+
+@pytest.mark.tensorrt
+@needs_tensorrt
+def test_engine_failing_verification_is_not_left(onnx_files, tmp_path):
+    torch.manual_seed(1)
+    other = vit_fast.VisionTransformer(vit_fast.ViTConfig(**CFG), backend="torch").eval()
+    with pytest.raises(export.VerificationError):
+        export.to_tensorrt(
+            onnx_files["fp32"],
+            tmp_path / "m.plan",
+            batch=(1, 4, 16),
+            model=other,
+            timing_cache=tmp_path / "t.cache",
+            progress=False,
+        )
+    assert sorted(os.listdir(tmp_path)) == ["t.cache"]
