@@ -1,6 +1,8 @@
-"""Run an exported artifact (ONNX file or TensorRT engine) and compare it with the eager model.
+"""Run an exported artifact (ONNX file or TensorRT engine), or our triton backend, and compare it
+with the eager model.
 
   vit-fast verify MODEL ARTIFACT [--json report.json] [--batches 1 3 64] [--seed 0]
+  vit-fast verify MODEL triton   (our Triton kernels; on a CPU-only machine set TRITON_INTERPRET=1)
 
 Inputs are fresh random images at batch 1, an odd batch and the maximum batch (the batch range
 comes from ARTIFACT.json when present). The artifact passes when its max |error| against the
@@ -20,7 +22,9 @@ _ERRORS = (ValueError, TypeError, KeyError, FileNotFoundError, RuntimeError, Ass
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``vit-fast verify``'s arguments."""
     parser.add_argument("model", metavar="MODEL", help='"default", a preset name, or a checkpoint path')
-    parser.add_argument("artifact", metavar="ARTIFACT", help="an .onnx file, or a TensorRT .plan / .engine")
+    parser.add_argument(
+        "artifact", metavar="ARTIFACT", help="an .onnx file, a TensorRT .plan / .engine, or 'triton' for our kernels"
+    )
     parser.add_argument("--json", metavar="OUT", default=None, help="write the report as JSON")
     parser.add_argument("--batches", type=int, nargs="+", default=None, help="batch sizes (default: 1, odd, max)")
     parser.add_argument("--seed", type=int, default=None, help="seed of the random inputs (default: fresh)")

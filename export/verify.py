@@ -37,6 +37,10 @@ ONNX_SUFFIXES = (".onnx",)
 ENGINE_SUFFIXES = (".plan", ".engine", ".trt")
 
 
+#: names that verify() runs as a backend of the model itself rather than as a file
+BACKEND_ARTIFACTS = ("triton",)
+
+
 class VerificationError(AssertionError):
     """An artifact's error exceeded its bound; ``.report`` holds every row."""
 
@@ -174,6 +178,33 @@ class OrtRunner:
         return torch.from_numpy(out)
 
 
+class BackendRunner:
+    """One of our own backends (``"triton"``) run like an artifact, so it is judged by the same rule.
+
+    It runs on CUDA when there is a GPU, else on the CPU (the triton backend then needs
+    ``TRITON_INTERPRET=1`` set before triton is imported; ``set_backend`` says so otherwise).
+    """
+
+    fixed_batch = None
+    batch_range = None
+    output_name = "output"
+
+    def __init__(self, model: nn.Module, backend: str, dtype: torch.dtype) -> None:
+        from vit_fast.runtime import interpreter_enabled
+
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.dtype = dtype
+        self.model = _copy(model, dtype, self.device, False).set_backend(backend)
+        where = "CUDA" if self.device == "cuda" else "CPU" + (" (Triton interpreter)" if interpreter_enabled() else "")
+        self.runtime = f"vit_fast {backend} backend on {where}"
+
+    def check_batch(self, batch: int) -> None:
+        pass
+
+    def run(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x.to(self.device)).cpu()
+
+
 def open_artifact(artifact: str | os.PathLike, provider: str | None = None) -> Any:
     """A runner for ``artifact``: ONNX Runtime for ``.onnx``, TensorRT for ``.plan`` / ``.engine``."""
     path = check_readable_file(artifact, "artifact")
@@ -266,7 +297,8 @@ def verify(
     print_table: bool = True,
     raise_on_failure: bool = True,
 ) -> VerifyReport:
-    """Run ``artifact`` (``.onnx``, or a TensorRT ``.plan`` / ``.engine``) and compare it with ``model``.
+    """Run ``artifact`` (``.onnx``, a TensorRT ``.plan`` / ``.engine``, or ``"triton"`` for our kernels
+    backend) and compare it with ``model``.
 
     - ``batches``: default batch 1, an odd batch and the maximum of the batch range in the
       metadata beside the artifact (``(1, 8)`` without metadata, or the engine's profile).
@@ -282,8 +314,12 @@ def verify(
     fails (``raise_on_failure``). Unreadable artifacts raise before any work, naming the file.
     """
     model = _as_model(model)
-    meta = read_metadata(artifact)
-    runner = open_artifact(artifact, provider)
+    if str(artifact) in BACKEND_ARTIFACTS:
+        meta = None
+        runner = BackendRunner(model, str(artifact), parse_dtype(dtype) if dtype is not None else model.dtype)
+    else:
+        meta = read_metadata(artifact)
+        runner = open_artifact(artifact, provider)
     if dtype is not None and parse_dtype(dtype) != runner.dtype:
         raise ValueError(
             f"{str(artifact)!r} holds a {DTYPE_NAMES[runner.dtype]} model, not {DTYPE_NAMES[parse_dtype(dtype)]}"

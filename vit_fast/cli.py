@@ -10,7 +10,7 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("vit_fast.demo", "the main job on the embedded default model: accuracy, backends, export, timing"),
     "export": ("vit_fast.export.cli_export", "build an ONNX or TensorRT artifact, verify it, write a report"),
-    "verify": ("vit_fast.export.cli_verify", "compare backends and artifacts with the eager model"),
+    "verify": ("vit_fast.export.cli_verify", "compare an ONNX file, TensorRT engine or the triton backend with eager"),
     "bench": ("vit_fast.bench", "time backends side by side; write JSON, Markdown and a PNG plot"),
 }
 

@@ -1,0 +1,42 @@
+"""verify() judges our triton backend by the same rule as an exported artifact."""
+
+import pytest
+
+from vit_fast import cli, export
+
+from .util import tiny_model
+
+
+def test_verify_triton_backend_passes():
+    model = tiny_model(reg_tokens=1, init_values=0.1)
+    report = export.verify(model, "triton", batches=[1, 3], seed=0, print_table=False)
+    assert report.passed and len(report.rows) == 2
+    assert "triton backend" in report.runtime
+    assert all(r.max_abs_err <= r.bound for r in report.rows)
+    assert model.backend == "torch"  # the caller's model is left as it was
+
+
+def test_verify_triton_backend_catches_a_wrong_kernel(monkeypatch):
+    import vit_fast.triton_path as tp
+
+    real = tp.features_triton
+    monkeypatch.setattr(tp, "features_triton", lambda m, x, grid: real(m, x, grid) * 1.01)
+    with pytest.raises(export.VerificationError, match=r"worst is output 'output' at batch"):
+        export.verify(tiny_model(), "triton", batches=[2], seed=0, print_table=False)
+
+
+def test_verify_cli_triton(tmp_path, capsys):
+    from vit_fast import save_checkpoint
+
+    path = save_checkpoint(tiny_model(), tmp_path / "m.safetensors")
+    assert cli.main(["verify", str(path), "triton", "--batches", "2", "--seed", "1"]) == 0
+    assert "triton backend" in capsys.readouterr().out
+
+
+def test_verify_triton_needs_gpu_or_interpreter(monkeypatch):
+    from vit_fast import runtime
+
+    monkeypatch.setattr(runtime, "interpreter_enabled", lambda: False)
+    monkeypatch.setattr(runtime, "cuda_available", lambda: False)
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+        export.verify(tiny_model(), "triton", batches=[1], print_table=False)
