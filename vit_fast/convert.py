@@ -378,9 +378,9 @@ def load_model(spec: str, backend: str = "auto", seed: int = 0) -> VisionTransfo
 
         return load_default_model(backend=backend)
     if spec in PRESETS:
-        torch.manual_seed(seed)
-        model = VisionTransformer(ViTConfig.from_name(spec), backend=backend)
-        model.init_weights(seed=seed)
+        with torch.random.fork_rng(devices=[]):  # seeded weights without touching the caller's RNG
+            torch.manual_seed(seed)
+            model = VisionTransformer(ViTConfig.from_name(spec), backend=backend)
         return model.eval()
     if Path(spec).suffix.lower() in (".safetensors", ".pth", ".pt", ".bin", ".ckpt") or Path(spec).exists():
         return load_checkpoint(spec, backend=backend).eval()

@@ -1,0 +1,330 @@
+"""`vit-fast bench` and its harness (vit_fast.benchmark): runs on CPU, in seconds."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from vit_fast import benchmark as bm
+from vit_fast.cli import main
+
+# every row, whatever its status, carries these; ok rows also carry RESULT_FIELDS
+ROW_FIELDS = (
+    "backend", "label", "status", "model", "dtype", "batch", "tokens", "gelu", "graph_mode", "device",
+    "device_name", "driver_version", "torch", "triton", "onnxruntime", "tensorrt", "git_commit", "flops_per_image",
+    "params", "timer", "floor_ms", "floor_bound",
+)
+RESULT_FIELDS = (
+    "median_ms", "p90_ms", "p99_ms", "mean_ms", "iters", "images_per_s", "tflops", "max_abs_err_vs_torch",
+    "torch_max_abs_err_vs_fp32", "vs_best", "best_peer", "vs_floor",
+)
+FAST = ["--device", "cpu", "--iters", "3", "--warmup", "1", "--threads", "1", "--quiet"]  # CPU tests, GPU or not
+
+
+def _load(out: Path, stem: str) -> tuple[dict, str, bytes]:
+    report = json.loads((out / f"{stem}.json").read_text())
+    return report, (out / f"{stem}.md").read_text(), (out / f"{stem}.png").read_bytes()
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    import vit_fast
+
+    cfg = vit_fast.ViTConfig(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=10)
+    model = vit_fast.VisionTransformer(cfg, backend="torch")
+    model.init_weights(seed=3)
+    return vit_fast.save_checkpoint(model, tmp_path_factory.mktemp("ckpt") / "tiny.safetensors")
+
+
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory) -> tuple[int, Path]:
+    """The CI command: vit_tiny at batch 1 and 2 on the torch backend."""
+    out = tmp_path_factory.mktemp("bench")
+    rc = main(["bench", "vit_tiny_patch16_224", "--batch", "1,2", "--backends", "torch", "--out", str(out), *FAST])
+    return rc, out
+
+
+# --------------------------------------------------------------------------- the CPU run
+def test_cpu_bench_writes_json_markdown_png(cpu_run):
+    rc, out = cpu_run
+    assert rc == 0
+    report, md, png = _load(out, "bench_vit_tiny_patch16_224")
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = report["rows"]
+    assert [(r["backend"], r["dtype"], r["batch"]) for r in rows] == [("torch", "fp32", 1), ("torch", "fp32", 2)]
+    for r in rows:
+        assert r["status"] == "ok", r
+        missing = [f for f in (*ROW_FIELDS, *RESULT_FIELDS) if f not in r]
+        assert not missing, f"row lacks {missing}"
+        assert r["driver_version"] == "n/a" and r["device"] == "cpu"
+        assert r["tokens"] == 197 and r["gelu"] == "gelu" and r["graph_mode"] == "none"
+        assert r["timer"] == "perf_counter"
+        assert r["median_ms"] > 0 and r["p90_ms"] >= r["median_ms"] and r["p99_ms"] >= r["p90_ms"]
+        assert r["images_per_s"] == pytest.approx(r["batch"] / (r["median_ms"] / 1e3))
+        assert r["tflops"] == pytest.approx(r["flops_per_image"] * r["batch"] / (r["median_ms"] / 1e3) / 1e12)
+        assert r["max_abs_err_vs_torch"] == 0.0  # the torch backend against itself
+        assert r["vs_best"] == pytest.approx(1.0) and r["floor_ms"] > 0 and r["vs_floor"] > 0
+    env = report["environment"]
+    assert env["device_name"].startswith("CPU") and env["torch"] == torch.__version__
+    assert report["ceilings"]["bandwidth"]["GBps"] > 0 and "CPU" in report["ceilings"]["bandwidth"]["method"]
+    assert report["ceilings"]["matrix"]["fp32"]["TFLOPs"] > 0
+    assert report["unavailable"] == []
+    assert "| backend | graph | dtype | batch | median |" in md
+    assert md.count("\n| torch | - | fp32 |") == 2
+    assert "measured bandwidth" in md and "CPU" in md
+
+
+def test_cpu_bench_lists_unavailable_backends_with_reasons(tiny_checkpoint, tmp_path):
+    rc = main(["bench", str(tiny_checkpoint), "--batch", "1,2", "--out", str(tmp_path), "--graph", "--h2d",
+               "--backends", "torch,triton,triton-graph,tensorrt,timm,compile-reduce-overhead", "--no-ceilings", *FAST])
+    assert rc == 0
+    report, md, _ = _load(tmp_path, "bench_tiny")
+    by_label = {}
+    for r in report["rows"]:
+        by_label.setdefault(r["label"], []).append(r)
+    assert {r["status"] for r in by_label["torch"]} == {"ok"}
+    for label in ("triton", "triton-graph", "tensorrt", "compile-reduce-overhead", "torch+graph"):
+        rows = by_label[label]
+        assert [r["batch"] for r in rows] == [1, 2], label  # listed, never dropped
+        assert all(r["status"] == "unavailable" and r["reason"] for r in rows), rows
+    assert "GPU" in by_label["triton"][0]["reason"] and "interpreter" in by_label["triton"][0]["reason"]
+    assert "tensorrt" in by_label["tensorrt"][0]["reason"].lower()
+    assert "CUDA graphs" in by_label["torch+graph"][0]["reason"]
+    listed = {u["label"] for u in report["unavailable"]}
+    assert {"triton", "triton-graph", "tensorrt", "compile-reduce-overhead", "torch+graph"} <= listed
+    assert "Not run:" in md and "**triton**" in md and "**tensorrt**" in md
+    assert report["rows"][0]["floor_ms"] is None  # --no-ceilings: no floor, and no crash
+    assert report["transfers"] and report["transfers"][0]["median_ms"] is None  # --h2d on CPU: n/a, said so
+
+
+def test_onnxruntime_backend_runs_and_is_checked(tiny_checkpoint, tmp_path):
+    pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
+    rc = main(["bench", str(tiny_checkpoint), "--batch", "1,3", "--out", str(tmp_path), "--dtype", "fp32,bf16",
+               "--backends", "torch,onnxruntime", "--onnx-exporter", "torchscript", "--no-ceilings", *FAST])
+    assert rc == 0
+    report, md, _ = _load(tmp_path, "bench_tiny")
+    ort_rows = [r for r in report["rows"] if r["backend"] == "onnxruntime"]
+    fp32 = [r for r in ort_rows if r["dtype"] == "fp32"]
+    assert [r["status"] for r in fp32] == ["ok", "ok"], fp32
+    assert all(r["max_abs_err_vs_torch"] < 1e-4 for r in fp32)
+    assert "CPU EP" in fp32[0]["notes"]
+    bf16 = [r for r in ort_rows if r["dtype"] == "bf16"]
+    assert all(r["status"] == "unavailable" and "bfloat16" in r["reason"] for r in bf16)
+    assert "| onnxruntime | - | fp32 | 1 |" in md
+
+
+def test_backend_failure_is_reported_and_others_continue(tiny_checkpoint, tmp_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("exporter exploded")
+
+    monkeypatch.setattr(bm, "export_onnx", broken)
+    rc = main(["bench", str(tiny_checkpoint), "--batch", "1", "--out", str(tmp_path), "--backends",
+               "onnxruntime,torch", "--no-ceilings", *FAST])
+    assert rc == 0
+    report, md, _ = _load(tmp_path, "bench_tiny")
+    status = {r["backend"]: r for r in report["rows"]}
+    assert status["onnxruntime"]["status"] == "error"
+    assert "exporter exploded" in status["onnxruntime"]["error"]
+    assert status["torch"]["status"] == "ok"
+    assert "exporter exploded" in md
+    assert main(["bench", str(tiny_checkpoint), "--batch", "1", "--out", str(tmp_path), "--backends",
+                 "onnxruntime,torch", "--no-ceilings", "--strict", *FAST]) == 1
+
+
+def test_a_wrong_backend_output_is_visible(tiny_checkpoint, tmp_path, monkeypatch):
+    original = bm.Harness._build
+
+    def wrong(self, variant, ref_model, dtype_name, workdir):
+        backend = original(self, variant, ref_model, dtype_name, workdir)
+        if variant.backend == "compile":  # stand in a fast wrong model for torch.compile
+            backend.module = lambda x: torch.zeros(x.shape[0], 10)
+        return backend
+
+    monkeypatch.setattr(bm.Harness, "_build", wrong)
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: model)
+    rc = main(["bench", str(tiny_checkpoint), "--batch", "2", "--out", str(tmp_path), "--backends", "torch,compile",
+               "--no-ceilings", *FAST])
+    assert rc == 0
+    rows = {r["backend"]: r for r in json.loads((tmp_path / "bench_tiny.json").read_text())["rows"]}
+    assert rows["compile"]["max_abs_err_vs_torch"] > 0.01
+    assert rows["torch"]["max_abs_err_vs_torch"] == 0.0
+
+
+@pytest.mark.slow
+def test_torch_compile_on_cpu(tiny_checkpoint, tmp_path):
+    rc = main(["bench", str(tiny_checkpoint), "--batch", "2", "--out", str(tmp_path), "--backends", "torch,compile",
+               "--no-ceilings", *FAST])
+    assert rc == 0
+    rows = {r["backend"]: r for r in json.loads((tmp_path / "bench_tiny.json").read_text())["rows"]}
+    assert rows["compile"]["status"] == "ok", rows["compile"]
+    assert rows["compile"]["max_abs_err_vs_torch"] < 1e-4
+
+
+# --------------------------------------------------------------------------- bad arguments
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--batch", "1,x"], "'x'"),
+        (["--batch", "1,,2"], "empty entry"),
+        (["--batch", "0"], ">= 1"),
+        (["--batch", "2,2"], "twice"),
+        (["--backends", "torch,trition"], "unknown backend 'trition' (did you mean 'triton'?)"),
+        (["--dtype", "fp8"], "unknown dtype 'fp8'"),
+        (["--iters", "0"], "must be >= 1"),
+    ],
+)
+def test_bad_arguments_give_clear_errors(args, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "vit_tiny_patch16_224", "--out", str(tmp_path), *args])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_unsupported_dtype_on_device_is_a_clear_error(tmp_path, capsys, monkeypatch):
+    real = torch.nn.functional.conv2d
+
+    def no_bf16(x, *args, **kwargs):
+        if x.dtype == torch.bfloat16:
+            raise RuntimeError("\"slow_conv2d_cpu\" not implemented for 'BFloat16'")
+        return real(x, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "conv2d", no_bf16)
+    rc = main(["bench", "vit_tiny_patch16_224", "--dtype", "bf16", "--out", str(tmp_path), "--device", "cpu", *FAST])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "bf16 is not supported on cpu" in err and "fp32" in err
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only message")
+def test_cuda_device_without_gpu_is_a_clear_error(tmp_path, capsys):
+    assert main(["bench", "vit_tiny_patch16_224", "--out", str(tmp_path), *FAST, "--device", "cuda"]) == 2
+    assert "no CUDA GPU" in capsys.readouterr().err
+
+
+def test_unknown_model_is_a_clear_error(tmp_path, capsys):
+    assert main(["bench", str(tmp_path / "missing.safetensors"), "--out", str(tmp_path), *FAST]) == 2
+    assert "missing.safetensors" in capsys.readouterr().err
+
+
+def test_help_describes_backends(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    out = capsys.readouterr().out
+    for name in bm.BACKENDS:
+        assert name in out
+    assert "--flush-l2" in out and "--h2d" in out and "--graph" in out
+
+
+# --------------------------------------------------------------------------- helpers
+def test_percentiles_on_known_data():
+    data = [float(v) for v in range(1, 11)]  # numpy.percentile(1..10, q): 5.5, 9.1, 9.91
+    assert bm.percentile(data, 50) == pytest.approx(5.5)
+    assert bm.percentile(data, 90) == pytest.approx(9.1)
+    assert bm.percentile(data, 99) == pytest.approx(9.91)
+    assert bm.percentile(list(reversed(data)), 0) == 1.0 and bm.percentile(data, 100) == 10.0
+    assert bm.percentile([7.0], 99) == 7.0
+    with pytest.raises(ValueError):
+        bm.percentile([], 50)
+    with pytest.raises(ValueError):
+        bm.percentile(data, 101)
+
+
+def test_summarize_on_known_data():
+    s = bm.summarize([3.0, 1.0, 2.0, 4.0, 100.0])
+    assert s["n"] == 5 and s["median_ms"] == 3.0 and s["min_ms"] == 1.0 and s["max_ms"] == 100.0
+    assert s["mean_ms"] == pytest.approx(22.0)
+    assert s["p90_ms"] == pytest.approx(4.0 + 0.6 * 96.0)
+    assert s["p99_ms"] == pytest.approx(4.0 + 0.96 * 96.0)
+    assert s["std_ms"] == pytest.approx(math.sqrt(sum((v - 22.0) ** 2 for v in (3, 1, 2, 4, 100)) / 4))
+    assert bm.summarize([2.0])["std_ms"] == 0.0
+    with pytest.raises(ValueError):
+        bm.summarize([])
+
+
+def test_parsers():
+    assert bm.parse_batches("1, 8,64") == [1, 8, 64]
+    assert bm.parse_dtypes("bf16,float16,fp16") == ["bf16", "fp16"]
+    assert bm.parse_backends("all") == list(bm.BACKENDS)
+    assert bm.parse_backends("timm,torch") == ["timm", "torch"]
+    with pytest.raises(bm.BenchError, match="not an int"):
+        bm.parse_batches("1.5")
+
+
+def test_time_callable_counts_and_caps():
+    calls = []
+    times = bm.time_callable(lambda: calls.append(1), torch.device("cpu"), warmup=2, iters=7)
+    assert len(times) == 7 and len(calls) == 9 and all(t >= 0 for t in times)
+    import time
+
+    slow = bm.time_callable(lambda: time.sleep(0.01), torch.device("cpu"), warmup=0, iters=1000,
+                            max_seconds=0.05, min_iters=2)
+    assert 2 <= len(slow) <= 10
+
+
+def test_floor_and_ratios():
+    ceilings = {"bandwidth": {"GBps": 1000.0}, "matrix": {"bf16": {"TFLOPs": 1000.0}}}
+    assert bm.floor_ms(10**9, 2e12, ceilings, "bf16") == (pytest.approx(2.0), "compute")
+    assert bm.floor_ms(4 * 10**9, 2e12, ceilings, "bf16") == (pytest.approx(4.0), "memory")
+    assert bm.floor_ms(1, 1, ceilings, "fp16") is None
+    rows = [
+        {"status": "ok", "label": "a", "dtype": "bf16", "batch": 1, "median_ms": 2.0, "flops_per_image": 1e12,
+         "floor_ms": 1.0},
+        {"status": "ok", "label": "b", "dtype": "bf16", "batch": 1, "median_ms": 1.0, "flops_per_image": 1e12,
+         "floor_ms": 1.0},
+        {"status": "error", "label": "c", "dtype": "bf16", "batch": 1, "error": "boom", "backend": "c"},
+    ]
+    bm.add_ratios(rows)
+    assert rows[0]["vs_best"] == 2.0 and rows[0]["best_peer"] == "b" and rows[1]["vs_best"] == 1.0
+    assert rows[0]["vs_floor"] == 2.0 and rows[0]["tflops"] == pytest.approx(500.0)
+    assert "vs_best" not in rows[2]
+
+
+def test_plan_variants():
+    labels = [v.label for v in bm.plan_variants(["torch", "triton", "onnxruntime"], graph=True)]
+    assert labels == ["torch", "triton", "onnxruntime", "torch+graph", "triton-graph"]
+    assert [v.label for v in bm.plan_variants(["torch"], graph=False)] == ["torch"]
+
+
+def test_write_atomic_leaves_no_temporaries(tmp_path):
+    path = bm.write_atomic(tmp_path / "sub" / "r.json", "{}")
+    bm.write_atomic(path, b"[1]")
+    assert path.read_text() == "[1]"
+    assert [p.name for p in path.parent.iterdir()] == ["r.json"]
+
+
+def test_non_finite_outputs_are_flagged_not_hidden():
+    assert math.isnan(bm._max_abs_err(torch.tensor([float("nan"), 1.0]), torch.zeros(2)))
+    assert bm._json_clean({"a": [float("nan"), float("inf"), 1.5]}) == {"a": ["nan", "inf", 1.5]}
+    with pytest.raises(RuntimeError, match="differs from the torch backend's"):
+        bm._max_abs_err(torch.zeros(2, 3), torch.zeros(2, 4))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_bench_paths(tiny_checkpoint, tmp_path):
+    """The CUDA paths: events, L2 flush, host-copy timing, CUDA graphs, the triton backend, inductor graphs."""
+    rc = main(["bench", str(tiny_checkpoint), "--device", "cuda", "--batch", "1,2", "--dtype", "fp16",
+               "--backends", "torch,triton,triton-graph,compile-reduce-overhead,timm,onnxruntime", "--graph", "--h2d",
+               "--flush-l2", "--iters", "20", "--warmup", "3", "--max-seconds", "0.5", "--out", str(tmp_path),
+               "--onnx-exporter", "torchscript", "--quiet"])
+    assert rc == 0
+    report = json.loads((tmp_path / "bench_tiny.json").read_text())
+    rows = {(r["label"], r["batch"]): r for r in report["rows"]}
+    for label in ("torch", "triton", "triton-graph", "torch+graph"):
+        for batch in (1, 2):
+            r = rows[(label, batch)]
+            assert r["status"] == "ok", r
+            assert r["timer"] == "cuda-events" and r["driver_version"] != "n/a" and r["flush_l2"]
+            assert r["max_abs_err_vs_torch"] < 5e-2
+    assert rows[("triton-graph", 1)]["graph_mode"].startswith("cuda-graph")
+    assert rows[("compile-reduce-overhead", 1)]["status"] == "ok", rows[("compile-reduce-overhead", 1)]
+    assert rows[("compile-reduce-overhead", 2)]["status"] == "skipped"
+    for label in ("timm", "onnxruntime"):
+        assert rows[(label, 1)]["status"] in ("ok", "unavailable"), rows[(label, 1)]
+    assert all(t["median_ms"] > 0 for t in report["transfers"])
+    assert report["ceilings"]["bandwidth"]["GBps"] > 100 and report["ceilings"]["matrix"]["fp16"]["TFLOPs"] > 1
