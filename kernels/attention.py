@@ -185,8 +185,11 @@ def _check_attention_inputs(qkv: torch.Tensor, num_heads: int, scale: float | No
             f"attention: qkv's last dim must be contiguous (stride 1), got stride {qkv.stride(-1)}; "
             "call qkv.contiguous() first"
         )
-    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale)):
-        raise ValueError(f"attention: scale must be a finite float or None, got {scale!r}")
+    # not while compiling: a scale that changed between compiled calls arrives as a symbolic float
+    # (automatic dynamic), and math.isfinite on it would break the graph; eager calls still check it
+    if scale is not None and not torch.compiler.is_compiling():
+        if not (isinstance(scale, (int, float)) and math.isfinite(scale)):
+            raise ValueError(f"attention: scale must be a finite float or None, got {scale!r}")
     check_device("attention", qkv)
     return head_dim
 

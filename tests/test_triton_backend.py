@@ -120,6 +120,20 @@ def test_torch_compile_fullgraph_on_triton_backend():
     torch.testing.assert_close(dparams_c, dparams, rtol=1e-6, atol=1e-6)
 
 
+def test_torch_compile_two_models_with_different_head_dims():
+    """A second compiled model with another head_dim makes Dynamo treat the attention scale as a
+    symbolic float; the kernels must still compile with no graph break (a regression seen in CI)."""
+    torch._dynamo.reset()
+    x = torch.randn(2, 3, 32, 32)
+    for heads in (3, 2, 1):  # head_dim 16, 24, 48 -> three different scales
+        model = tiny_model(embed_dim=48, num_heads=heads).set_backend("triton")
+        compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+        with torch.no_grad():
+            got = compiled(x)
+            expected = model.set_backend("torch")(x)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
 def test_gradients_flow_like_torch_backend():
     model, x = _model_and_input("reg4-avg-layerscale-gelutanh")
     model.train()
@@ -149,3 +163,10 @@ def test_set_backend_triton_without_gpu_or_interpreter_says_why(monkeypatch):
     with pytest.raises(RuntimeError, match="needs a CUDA GPU.*TRITON_INTERPRET=1.*backend='torch'"):
         model.set_backend("triton")
     assert model.backend == "torch", "a refused set_backend must leave the backend as it was"
+
+
+def test_set_backend_triton_rejects_unsupported_head_dim():
+    model = tiny_model(embed_dim=48, num_heads=4)  # head_dim 12
+    with pytest.raises(ValueError, match=r"head dims 16..256, this model's is 12 .*use backend='torch'"):
+        model.set_backend("triton")
+    assert model.backend == "torch"

@@ -157,13 +157,21 @@ class VisionTransformer(nn.Module):
             from . import runtime
 
             runtime.require_triton()
+            if not _head_dim_supported(self.cfg.head_dim):
+                from .kernels.attention import MAX_HEAD_DIM, MIN_HEAD_DIM
+
+                raise ValueError(
+                    f"the triton backend's attention takes head dims {MIN_HEAD_DIM}..{MAX_HEAD_DIM}, this model's is "
+                    f"{self.cfg.head_dim} (embed_dim {self.cfg.embed_dim} / {self.cfg.num_heads} heads): "
+                    "use backend='torch'"
+                )
         self.backend = backend
         return self
 
     def resolved_backend(self, x: torch.Tensor) -> str:
         """The backend a call with input ``x`` runs on."""
         if self.backend == "auto":
-            return "triton" if x.is_cuda and _triton_usable() else "torch"
+            return "triton" if x.is_cuda and _triton_usable() and _head_dim_supported(self.cfg.head_dim) else "torch"
         return self.backend
 
     @property
@@ -230,6 +238,12 @@ class VisionTransformer(nn.Module):
 
     def extra_repr(self) -> str:
         return f"backend={self.backend!r}, tokens={self.cfg.num_tokens}"
+
+
+def _head_dim_supported(head_dim: int) -> bool:
+    from .kernels.attention import MAX_HEAD_DIM, MIN_HEAD_DIM
+
+    return MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM
 
 
 def _triton_usable() -> bool:
