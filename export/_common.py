@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from vit_fast._atomic import write_atomic
+
 #: names a user may give for each supported artifact dtype
 DTYPES: dict[str, torch.dtype] = {
     "fp32": torch.float32,
@@ -185,16 +187,7 @@ def commit(staged: Sequence[Path], folder: Path) -> list[Path]:
 
 def write_json_atomic(data: dict[str, Any], path: str | os.PathLike) -> Path:
     """Write ``data`` as indented JSON to ``path`` through a temporary file in the same folder."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent if str(path.parent) else ".")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=True, default=str)
-            f.write("\n")
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
-    return path
+    return write_atomic(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
 
 
 # --------------------------------------------------------------------------- progress

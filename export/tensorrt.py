@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from vit_fast._atomic import write_atomic
+
 from ._common import (
     ArtifactError,
     ExportError,
@@ -282,7 +284,7 @@ def to_tensorrt(
         serialized = builder.build_serialized_network(network, config)
     if serialized is None:
         raise ExportError(f"TensorRT could not build an engine from {str(onnx_path)!r} (see its log above)")
-    _write_bytes_atomic(bytes(config.get_timing_cache().serialize()), cache_path)
+    write_atomic(cache_path, bytes(config.get_timing_cache().serialize()))
 
     runtime = trt.Runtime(logger)
     engine = runtime.deserialize_cuda_engine(serialized)
@@ -324,15 +326,6 @@ def to_tensorrt(
             metadata_path(staged).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
         commit([staged, metadata_path(staged)], engine_path.parent)
     return engine_path
-
-
-def _write_bytes_atomic(data: bytes, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 __all__ = [

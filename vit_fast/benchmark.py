@@ -43,6 +43,8 @@ from typing import Any
 
 import torch
 
+from ._atomic import write_atomic
+
 BACKENDS: tuple[str, ...] = (
     "torch",
     "triton",
@@ -1096,21 +1098,6 @@ def unavailable_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 # =========================================================================== reports
-def write_atomic(path: Path, data: str | bytes) -> Path:
-    """Write to a temporary file beside ``path`` and rename it over ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-    return path
-
-
 def _fmt(v: Any, spec: str = ".3g", none: str = "-") -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return none if v is None else "nan"

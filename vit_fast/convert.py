@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ._atomic import finish_atomic
 from .config import PRESETS, ViTConfig
 from .model import VisionTransformer, resample_pos_embed
 
@@ -300,7 +301,7 @@ def save_checkpoint(model: VisionTransformer, path: str | os.PathLike, extra: Ma
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, str(tmp), meta)
-        os.replace(tmp, path)
+        finish_atomic(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
     return path

@@ -1,0 +1,98 @@
+"""`vit-fast demo` end to end on the CPU: exit code, report files, sane values."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+pytest.importorskip("sklearn", reason="the demo needs scikit-learn (pip install 'vit-fast[demo]')")
+
+from vit_fast.cli import main  # noqa: E402
+
+HAVE_ORT = importlib.util.find_spec("onnxruntime") is not None and importlib.util.find_spec("onnx") is not None
+HAVE_TRITON = importlib.util.find_spec("triton") is not None
+
+
+def _report(out) -> dict:
+    report = json.loads((out / "report.json").read_text())
+    assert (out / "report.md").read_text().startswith("# vit-fast demo")
+    assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
+    return report
+
+
+@pytest.mark.slow
+def test_demo_end_to_end(tmp_path, capsys):
+    out = tmp_path / "demo"
+    # --device cpu: the same steps on every machine (the GPU steps are code paths for GPU machines)
+    code = main(["demo", "--out", str(out), "--device", "cpu", "--subset", "4", "--repeats", "3"])
+    printed = capsys.readouterr()
+    report = _report(out)
+    steps = {s["name"]: s for s in report["steps"]}
+    assert code == report["exit_code"]
+    assert code == 0, printed.out + printed.err
+    assert report["ok"] and report["failed"] == []
+    assert set(steps) == {"accuracy", "triton", "onnx", "timing", "cuda graph", "vit-b/16 latency"}
+    # the summary table went to stdout, progress to stderr
+    assert "accuracy" in printed.out and "status" in printed.out
+    assert "[vit-fast demo] 1/5" in printed.err
+
+    acc = steps["accuracy"]
+    assert acc["status"] == "ok" and acc["images"] == 360
+    assert 0.95 <= acc["accuracy"] <= 1.0 and abs(acc["delta_pp"]) <= 0.5
+
+    tri = steps["triton"]
+    if HAVE_TRITON:
+        assert tri["status"] == "ok", tri["summary"]
+        assert tri["mode"] == "interpreter" and tri["images"] == 4
+        assert tri["top1_agreement"] == 1.0 and 0 <= tri["max_abs_err"] <= tri["bound"] < 1e-3
+    else:
+        assert tri["status"] == "skipped"
+
+    onnx = steps["onnx"]
+    if HAVE_ORT:
+        assert onnx["status"] == "ok", onnx["summary"]
+        assert (out / "digits_vit.onnx").is_file()
+        assert onnx["top1_agreement"] == 1.0 and onnx["max_abs_err"] < 1e-4 and abs(onnx["accuracy_delta_pp"]) < 1e-9
+        assert onnx["verify_passed"] is True
+    timing = steps["timing"]
+    assert timing["status"] == "ok" and timing["clock"] == "CPU wall-clock"
+    for batch in ("1", "360"):
+        assert 0 < timing["cases"][batch]["torch"]["median_ms"] < 60_000
+        if HAVE_ORT:
+            assert 0 < timing["cases"][batch]["onnxruntime"]["median_ms"] < 60_000
+    for name in ("cuda graph", "vit-b/16 latency"):
+        assert steps[name]["status"] == "skipped"  # GPU steps are guarded by torch.cuda.is_available()
+
+
+def test_demo_skips_are_reported_and_exit_zero(tmp_path, capsys):
+    out = tmp_path / "skip"
+    code = main(["demo", "--out", str(out), "--skip-triton", "--skip-onnx", "--skip-timing"])
+    capsys.readouterr()
+    report = _report(out)
+    steps = {s["name"]: s for s in report["steps"]}
+    assert code == 0
+    assert steps["accuracy"]["status"] == "ok"
+    assert steps["triton"] == {"name": "triton", "status": "skipped", "summary": "--skip-triton"}
+    assert steps["onnx"]["status"] == steps["timing"]["status"] == "skipped"
+
+
+@pytest.mark.skipif(not HAVE_TRITON, reason="triton is not installed")
+def test_demo_reports_a_failed_triton_step_without_numbers_and_exits_nonzero(tmp_path, capsys):
+    out = tmp_path / "fail"
+    code = main(["demo", "--out", str(out), "--device", "cpu", "--skip-onnx", "--skip-timing",
+                 "--triton-timeout", "0.01"])
+    capsys.readouterr()
+    report = _report(out)
+    tri = next(s for s in report["steps"] if s["name"] == "triton")
+    assert code == 1 and report["exit_code"] == 1 and report["failed"] == ["triton"]
+    assert tri["status"] == "failed" and "longer than" in tri["summary"]
+    assert "max_abs_err" not in tri and "top1_agreement" not in tri
+
+
+def test_demo_rejects_bad_arguments(tmp_path, capsys):
+    assert main(["demo", "--out", str(tmp_path), "--subset", "0"]) == 2
+    with pytest.raises(SystemExit):
+        main(["demo", "--device", "tpu"])
+    capsys.readouterr()
