@@ -1,9 +1,11 @@
 """TensorRT engines from our ONNX files, written against TensorRT 10's Python API.
 
 Building: an fp32 ONNX file is parsed into a weakly typed network and built with the FP16 or
-BF16 builder flag, with every normalization and softmax layer pinned to fp32
-(``OBEY_PRECISION_CONSTRAINTS``), since their reductions overflow in fp16. An fp16/bf16 ONNX
-file is built STRONGLY_TYPED (the graph's own types rule; ``precision`` must match). One
+BF16 builder flag, with every normalization, softmax and floating-point reduction layer pinned
+to fp32 (``OBEY_PRECISION_CONSTRAINTS``), since their reductions overflow in fp16; ``"fp32"``
+clears the TF32 flag TensorRT sets by default. An fp16/bf16 ONNX file is built STRONGLY_TYPED
+(the graph's own types rule; ``precision`` must match). TensorRT 11 has no weakly typed builds:
+there an fp32 ONNX file builds only as an fp32 engine. One
 optimization profile from ``batch=(min, opt, max)``; a timing cache file is read before and
 written after each build so later builds reuse the measured tactics. The engine inspector's
 layer list tells whether attention became one fused layer. The engine is verified against eager
@@ -42,6 +44,14 @@ from ._common import (
 PRECISIONS = ("fp16", "bf16", "fp32")
 _ONNX_DTYPES = {1: "fp32", 10: "fp16", 16: "bf16"}
 _FUSED_ATTENTION_MARKS = ("mha", "attention", "fmha", "flash")
+#: layer types kept in fp32 in a weakly typed fp16/bf16 build. TensorRT 10's ONNX parser imports
+#: ``LayerNormalization`` (opset >= 17) as one INormalizationLayer (LayerType.NORMALIZATION) and
+#: ``Softmax`` as ISoftMaxLayer (LayerType.SOFTMAX); a LayerNorm decomposed by an older opset, and
+#: mean pooling, are ReduceMean -> LayerType.REDUCE.
+FP32_PINNED_LAYER_TYPES = ("NORMALIZATION", "SOFTMAX", "REDUCE")
+_FLOAT_TYPE_NAMES = ("FLOAT", "HALF", "BF16")
+#: torch dtypes of the engine I/O tensor types we run (``trt.DataType`` member names)
+TORCH_DTYPES: dict[str, torch.dtype] = {"FLOAT": torch.float32, "HALF": torch.float16, "BF16": torch.bfloat16}
 
 
 def require_tensorrt() -> Any:
@@ -64,6 +74,48 @@ def gpu_sm() -> str:
         return "none"
     major, minor = torch.cuda.get_device_capability()
     return f"sm_{major}{minor}"
+
+
+def trt_dtype_name(dtype: Any) -> str:
+    """The member name of a ``trt.DataType`` (``"FLOAT"``, ``"HALF"``, ``"BF16"``, ...).
+
+    pybind11 enums have ``.name``; ``str()`` of one is ``"DataType.HALF"``, used as a fallback.
+    """
+    name = getattr(dtype, "name", None)
+    return name if isinstance(name, str) else str(dtype).rsplit(".", 1)[-1]
+
+
+def torch_dtype(dtype: Any, tensor: str, engine_path: str | os.PathLike) -> torch.dtype:
+    """The torch dtype for an engine I/O tensor's ``trt.DataType``; an ArtifactError for others."""
+    name = trt_dtype_name(dtype)
+    if name not in TORCH_DTYPES:
+        raise ArtifactError(
+            f"engine {str(engine_path)!r}: tensor {tensor!r} has TensorRT type {name}; vit-fast runs engines whose "
+            f"inputs and outputs are {', '.join(TORCH_DTYPES)}"
+        )
+    return TORCH_DTYPES[name]
+
+
+def pins_fp32(layer_type: str, output_types: list[str]) -> bool:
+    """Whether a layer (``trt.LayerType`` name, its outputs' ``trt.DataType`` names) is pinned to fp32 in a
+    weakly typed fp16/bf16 build: normalization, softmax and reductions, and only when every output is a
+    floating-point tensor (a reduction over a shape tensor stays integer)."""
+    return layer_type in FP32_PINNED_LAYER_TYPES and all(t in _FLOAT_TYPE_NAMES for t in output_types)
+
+
+def weak_typing_flags(builder_flag: Any, precision: str, trt_version: str) -> list[Any]:
+    """The ``trt.BuilderFlag`` members for a weakly typed ``precision`` build (FP16 or BF16, plus
+    OBEY_PRECISION_CONSTRAINTS so the fp32 pins hold), or an ExportError when this TensorRT has none:
+    TensorRT 11 removed every weak-typing flag (networks are always strongly typed there)."""
+    names = ("FP16" if precision == "fp16" else "BF16", "OBEY_PRECISION_CONSTRAINTS")
+    missing = [n for n in names if not hasattr(builder_flag, n)]
+    if missing:
+        raise ExportError(
+            f"TensorRT {trt_version} has no BuilderFlag.{'/'.join(missing)} (TensorRT 11 removed weakly typed "
+            f"builds), so an fp32 ONNX file cannot be built as a {precision} engine here: export a {precision} ONNX "
+            f"file (to_onnx(dtype={precision!r})), which is built strongly typed, or install tensorrt>=10,<11"
+        )
+    return [getattr(builder_flag, n) for n in names]
 
 
 def check_tensorrt_args(
@@ -151,7 +203,7 @@ def attention_fused(layers: list[Any]) -> bool:
 class TensorRTRunner:
     """A serialized engine, checked against its metadata and run on the GPU with torch tensors."""
 
-    _DTYPES = {"FLOAT": torch.float32, "HALF": torch.float16, "BF16": torch.bfloat16}
+    _DTYPES = TORCH_DTYPES
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
@@ -163,6 +215,8 @@ class TensorRTRunner:
         self.trt = trt
         logger = trt.Logger(trt.Logger.WARNING)
         self.runtime_obj = trt.Runtime(logger)
+        # Runtime.deserialize_cuda_engine returns None (and logs the reason) for a corrupt plan or one built by
+        # another TensorRT version / for another GPU; "require a non-null engine" is NVIDIA's advice.
         try:
             self.engine = self.runtime_obj.deserialize_cuda_engine(self.path.read_bytes())
         except Exception as err:
@@ -174,14 +228,28 @@ class TensorRTRunner:
             )
         names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
         inputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
-        outputs = [n for n in names if n not in inputs]
+        outputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
+        if len(inputs) != 1 or not outputs:
+            raise ArtifactError(
+                f"engine {str(self.path)!r} has inputs {inputs} and outputs {outputs}; vit-fast engines have one "
+                "image input and at least one output"
+            )
         self.input_name, self.output_name = inputs[0], outputs[0]
-        self.dtype = self._DTYPES[self.engine.get_tensor_dtype(self.input_name).name]
+        self.output_names = outputs
+        self.dtype = torch_dtype(self.engine.get_tensor_dtype(self.input_name), self.input_name, self.path)
+        self.output_dtypes = {n: torch_dtype(self.engine.get_tensor_dtype(n), n, self.path) for n in outputs}
+        # get_tensor_profile_shape(name, profile_index) -> [min, opt, max] (TensorRT 10 Python API)
         lo, opt, hi = (tuple(s) for s in self.engine.get_tensor_profile_shape(self.input_name, 0))
         self.profile = (lo[0], opt[0], hi[0])
+        self.image_shape = opt[1:]
         self.batch_range = (lo[0], hi[0])
         self.fixed_batch = None
         self.context = self.engine.create_execution_context()
+        if self.context is None:
+            raise ArtifactError(f"TensorRT could not create an execution context for {str(self.path)!r}")
+        # enqueueV3 on the legacy default stream makes TensorRT add cudaStreamSynchronize calls (it warns
+        # "Using default stream in enqueueV3() may lead to performance issues"): run on a stream of our own.
+        self.stream = torch.cuda.Stream()
         self.runtime = f"tensorrt {trt.__version__} {torch.cuda.get_device_name()}"
 
     def check_batch(self, batch: int) -> None:
@@ -190,17 +258,52 @@ class TensorRTRunner:
     def run(self, x: torch.Tensor) -> torch.Tensor:
         self.check_batch(x.shape[0])
         x = x.to(device="cuda", dtype=self.dtype).contiguous()
-        self.context.set_input_shape(self.input_name, tuple(x.shape))
-        shape = tuple(self.context.get_tensor_shape(self.output_name))
-        out_dtype = self._DTYPES[self.engine.get_tensor_dtype(self.output_name).name]
-        out = torch.full(shape, float("nan"), dtype=out_dtype, device="cuda")
-        self.context.set_tensor_address(self.input_name, x.data_ptr())
-        self.context.set_tensor_address(self.output_name, out.data_ptr())
-        stream = torch.cuda.current_stream()
-        if not self.context.execute_async_v3(stream.cuda_stream):
+        # set_input_shape / set_tensor_address / execute_async_v3 return False (with a logged error) on failure
+        if not self.context.set_input_shape(self.input_name, tuple(x.shape)):
+            raise ArtifactError(
+                f"engine {str(self.path)!r} rejects input shape {tuple(x.shape)}: it was built for images "
+                f"{self.image_shape} and batch min/opt/max {self.profile}"
+            )
+        outs = {}
+        for name in self.output_names:
+            shape = tuple(self.context.get_tensor_shape(name))
+            outs[name] = torch.full(shape, float("nan"), dtype=self.output_dtypes[name], device="cuda")
+        for name, t in [(self.input_name, x), *outs.items()]:
+            if not self.context.set_tensor_address(name, t.data_ptr()):
+                raise RuntimeError(f"TensorRT rejected the buffer for tensor {name!r} of {str(self.path)!r}")
+        current = torch.cuda.current_stream()
+        self.stream.wait_stream(current)  # x and the outputs were written on the current stream
+        if not self.context.execute_async_v3(self.stream.cuda_stream):
             raise RuntimeError(f"TensorRT execution of {str(self.path)!r} failed")
-        stream.synchronize()
-        return out.cpu()
+        self.stream.synchronize()
+        return outs[self.output_name].cpu()
+
+
+def _attach_timing_cache(config: Any, cache_path: Path) -> tuple[Any, str | None]:
+    """Attach the timing cache read from ``cache_path`` (an empty one when there is none) to ``config``.
+
+    ``create_timing_cache(b"")`` makes an empty cache; ``set_timing_cache(cache, ignore_mismatch=False)``
+    returns False for a cache from another device. A cache TensorRT will not take (corrupt, another
+    TensorRT version or GPU) is replaced by an empty one, and the note says so; it is overwritten after
+    the build. Returns (the attached cache, the note or None).
+    """
+    note = None
+    data = cache_path.read_bytes() if cache_path.is_file() else b""
+    cache = None
+    if data:
+        try:
+            cache = config.create_timing_cache(data)
+        except Exception:  # a corrupt blob: start afresh
+            cache = None
+        if cache is not None and not config.set_timing_cache(cache, ignore_mismatch=False):
+            cache = None
+        if cache is None:
+            note = f"timing cache {str(cache_path)!r} does not fit this TensorRT/GPU: starting an empty one"
+    if cache is None:
+        cache = config.create_timing_cache(b"")
+        if cache is None or not config.set_timing_cache(cache, ignore_mismatch=False):
+            raise ExportError("TensorRT could not create an empty timing cache")
+    return cache, note
 
 
 def to_tensorrt(
@@ -218,7 +321,8 @@ def to_tensorrt(
 
     - ``batch=(min, opt, max)``: the optimization profile (images ``[B, C, H, W]`` at the
       model's native size); must lie inside the ONNX file's exported batch range.
-    - ``precision``: ``"fp16"`` / ``"bf16"`` (normalization and softmax kept in fp32) or ``"fp32"``.
+    - ``precision``: ``"fp16"`` / ``"bf16"`` (normalization, softmax and reductions kept in fp32) or
+      ``"fp32"`` (TF32 off).
     - ``timing_cache``: a file read before and written after the build (default: one per
       TensorRT version and GPU in the engine's folder).
     - ``model``: the :class:`vit_fast.VisionTransformer` (or its name) to verify against;
@@ -244,24 +348,37 @@ def to_tensorrt(
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
     strongly_typed = onnx_dtype in ("fp16", "bf16")
+    weak_flags = weak_typing_flags(trt.BuilderFlag, precision, trt.__version__) if (
+        not strongly_typed and precision != "fp32") else []
+    # TensorRT 10: networks are always explicit-batch (EXPLICIT_BATCH is deprecated and ignored), so the
+    # only creation flag is STRONGLY_TYPED, passed as a bit mask.
     flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED) if strongly_typed else 0
     network = builder.create_network(flags)
     parser = trt.OnnxParser(network, logger)
     with stages.step(f"parsing {onnx_path}"):
+        # parse_from_file (not parse(bytes)) so weights stored beside the file as external data are found
         if not parser.parse_from_file(str(onnx_path)):
             errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
             raise ExportError(f"TensorRT's ONNX parser rejected {str(onnx_path)!r}: {errors}")
     config = builder.create_builder_config()
-    config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
+    config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED  # the inspector lists layer details only then
     if workspace_gib:
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_gib * (1 << 30)))
+    # BuilderFlag.TF32 is on by default: fp32 matmuls would round their inputs to 10-bit mantissas, which an
+    # "fp32" engine must not do (verification compares it with true fp32 eager PyTorch).
+    tf32 = precision != "fp32"
+    if not tf32 and hasattr(trt.BuilderFlag, "TF32"):
+        config.clear_flag(trt.BuilderFlag.TF32)
     pinned = 0
-    if not strongly_typed and precision != "fp32":
-        config.set_flag(trt.BuilderFlag.FP16 if precision == "fp16" else trt.BuilderFlag.BF16)
-        config.set_flag(trt.BuilderFlag.OBEY_PRECISION_CONSTRAINTS)
+    if weak_flags:
+        for flag in weak_flags:
+            config.set_flag(flag)
+        # In a weakly typed network layer.precision / set_output_type are constraints that
+        # OBEY_PRECISION_CONSTRAINTS makes binding (both are deprecated from TensorRT 10.12 on, still honoured).
         for i in range(network.num_layers):
             layer = network.get_layer(i)
-            if layer.type in (trt.LayerType.NORMALIZATION, trt.LayerType.SOFTMAX):
+            out_types = [trt_dtype_name(layer.get_output(j).dtype) for j in range(layer.num_outputs)]
+            if pins_fp32(trt_dtype_name(layer.type), out_types):
                 layer.precision = trt.float32
                 for j in range(layer.num_outputs):
                     layer.set_output_type(j, trt.float32)
@@ -278,21 +395,29 @@ def to_tensorrt(
     profile = builder.create_optimization_profile()
     profile.set_shape(inp.name, (batch[0], *chw), (batch[1], *chw), (batch[2], *chw))
     config.add_optimization_profile(profile)
-    cache = config.create_timing_cache(cache_path.read_bytes() if cache_path.is_file() else b"")
-    config.set_timing_cache(cache, ignore_mismatch=False)
+    cache, cache_note = _attach_timing_cache(config, cache_path)
+    if cache_note:
+        stages.note(cache_note)
     with stages.step(f"building a {precision} engine for batch {batch} on {torch.cuda.get_device_name()} ({sm})"):
+        # returns an IHostMemory, or None on failure (the reason goes to the logger)
         serialized = builder.build_serialized_network(network, config)
     if serialized is None:
         raise ExportError(f"TensorRT could not build an engine from {str(onnx_path)!r} (see its log above)")
-    write_atomic(cache_path, bytes(config.get_timing_cache().serialize()))
+    # the attached cache gained the tactics timed in this build; serialize() returns an IHostMemory (a buffer)
+    write_atomic(cache_path, bytes((config.get_timing_cache() or cache).serialize()))
 
     runtime = trt.Runtime(logger)
     engine = runtime.deserialize_cuda_engine(serialized)
+    if engine is None:
+        raise ExportError(f"TensorRT built an engine from {str(onnx_path)!r} but cannot load it (see its log above)")
     inspector = engine.create_engine_inspector()
+    # get_engine_information returns a JSON string {"Layers": [...], "Bindings": [...]}: each layer a dict
+    # with ProfilingVerbosity.DETAILED (set above), only its name (a string) with LAYER_NAMES_ONLY.
     try:
         layers = json.loads(inspector.get_engine_information(trt.LayerInformationFormat.JSON)).get("Layers", [])
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, TypeError):
         layers = []
+    del inspector, engine, runtime  # free the inspected copy before verification loads its own
     meta = {
         "format": "tensorrt",
         "onnx": str(onnx_path),
@@ -304,6 +429,7 @@ def to_tensorrt(
         "precision": precision,
         "strongly_typed": strongly_typed,
         "fp32_pinned_layers": pinned,
+        "tf32": tf32,
         "profiles": [{"input": inp.name, "min": [batch[0], *chw], "opt": [batch[1], *chw], "max": [batch[2], *chw]}],
         "batch": [batch[0], batch[2]],
         "num_layers": len(layers),
@@ -336,6 +462,10 @@ __all__ = [
     "check_engine_compat",
     "check_tensorrt_args",
     "gpu_sm",
+    "pins_fp32",
     "require_tensorrt",
     "to_tensorrt",
+    "torch_dtype",
+    "trt_dtype_name",
+    "weak_typing_flags",
 ]

@@ -179,3 +179,85 @@ def test_engine_failing_verification_is_not_left(onnx_files, tmp_path):
             progress=False,
         )
     assert sorted(os.listdir(tmp_path)) == ["t.cache"]
+
+
+# --------------------------------------------------------------------------- pure-Python TensorRT helpers
+class _FakeEnum:
+    """Stands in for a pybind11 enum member: ``.name``, and ``str()`` as ``"DataType.HALF"``."""
+
+    def __init__(self, name: str, with_name: bool = True) -> None:
+        self._name = name
+        if with_name:
+            self.name = name
+
+    def __str__(self) -> str:
+        return f"DataType.{self._name}"
+
+
+def test_trt_dtype_names_map_to_torch():
+    assert trt_export.trt_dtype_name(_FakeEnum("HALF")) == "HALF"
+    assert trt_export.trt_dtype_name(_FakeEnum("BF16", with_name=False)) == "BF16"
+    assert trt_export.torch_dtype(_FakeEnum("FLOAT"), "x", "m.plan") is torch.float32
+    assert trt_export.torch_dtype(_FakeEnum("HALF"), "x", "m.plan") is torch.float16
+    assert trt_export.torch_dtype(_FakeEnum("BF16"), "x", "m.plan") is torch.bfloat16
+    with pytest.raises(export.ArtifactError, match=r"engine 'm.plan': tensor 'logits' has TensorRT type INT64"):
+        trt_export.torch_dtype(_FakeEnum("INT64"), "logits", "m.plan")
+
+
+def test_fp32_pins_cover_norm_softmax_and_float_reductions():
+    assert trt_export.pins_fp32("NORMALIZATION", ["FLOAT"])
+    assert trt_export.pins_fp32("SOFTMAX", ["FLOAT"])
+    assert trt_export.pins_fp32("REDUCE", ["FLOAT"])  # a decomposed LayerNorm's ReduceMean, mean pooling
+    assert not trt_export.pins_fp32("REDUCE", ["INT64"])  # a reduction over a shape tensor stays integer
+    assert not trt_export.pins_fp32("MATRIX_MULTIPLY", ["FLOAT"])
+    assert not trt_export.pins_fp32("ELEMENTWISE", ["FLOAT"])
+
+
+def test_weak_typing_flags_and_their_absence_in_tensorrt_11():
+    from types import SimpleNamespace
+
+    trt10 = SimpleNamespace(FP16="fp16-flag", BF16="bf16-flag", OBEY_PRECISION_CONSTRAINTS="obey-flag")
+    assert trt_export.weak_typing_flags(trt10, "fp16", "10.3.0") == ["fp16-flag", "obey-flag"]
+    assert trt_export.weak_typing_flags(trt10, "bf16", "10.3.0") == ["bf16-flag", "obey-flag"]
+    trt11 = SimpleNamespace(TF32="tf32-flag")
+    with pytest.raises(export.ExportError, match=r"TensorRT 11.0.0 has no BuilderFlag.FP16/OBEY_PRECISION_CONSTRAINTS"
+                       r".*export a fp16 ONNX file \(to_onnx\(dtype='fp16'\)\).*tensorrt>=10,<11"):
+        trt_export.weak_typing_flags(trt11, "fp16", "11.0.0")
+
+
+class _FakeConfig:
+    """The timing-cache part of an IBuilderConfig: accepts caches whose bytes start with ``ok``."""
+
+    def __init__(self) -> None:
+        self.attached = None
+
+    def create_timing_cache(self, data: bytes):
+        if data.startswith(b"corrupt"):
+            return None
+        return {"data": bytes(data)}
+
+    def set_timing_cache(self, cache, ignore_mismatch: bool) -> bool:
+        assert ignore_mismatch is False
+        if not (cache["data"] == b"" or cache["data"].startswith(b"ok")):
+            return False
+        self.attached = cache
+        return True
+
+
+@pytest.mark.parametrize(
+    "content, data, note",
+    [
+        (None, b"", None),  # no file: an empty cache
+        (b"ok cache", b"ok cache", None),
+        (b"other gpu", b"", "does not fit this TensorRT/GPU: starting an empty one"),
+        (b"corrupt", b"", "does not fit"),
+    ],
+)
+def test_timing_cache_is_read_or_replaced(tmp_path, content, data, note):
+    path = tmp_path / "t.cache"
+    if content is not None:
+        path.write_bytes(content)
+    config = _FakeConfig()
+    cache, got_note = trt_export._attach_timing_cache(config, path)
+    assert cache is config.attached and cache["data"] == data
+    assert (got_note is None) if note is None else (note in got_note and "t.cache" in got_note)

@@ -104,6 +104,9 @@ def test_triton_path_does_not_fall_back(monkeypatch):
 
 def test_torch_compile_fullgraph_on_triton_backend():
     """No graph breaks (fullgraph=True), the same output, and the same gradients through the compiled graph."""
+    # a fresh Dynamo: compiles earlier in the process at other image sizes would make H and W symbolic
+    # (automatic dynamic), and PyTorch's antialiased-bicubic backward then fails on symbolic sizes
+    torch._dynamo.reset()
     model, x = _model_and_input("dynamic-24x40-cls-reg1")
     model.set_backend("triton")
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")

@@ -676,7 +676,8 @@ class TensorRTBackend(Backend):
         self.runtime = trt.Runtime(self.logger)
         self.engine = None
         self.context = None
-        self.notes = f"engine per batch (min=opt=max), precision={dtype_name}, execute_async_v3 on torch's stream"
+        self.notes = (f"engine per batch (min=opt=max), precision={dtype_name}, execute_async_v3 on its own "
+                      "stream, ordered with torch's current stream")
 
     def prepare(self, x: torch.Tensor) -> Case:
         trt = self.trt
@@ -696,20 +697,30 @@ class TensorRTBackend(Backend):
             raise RuntimeError(f"expected one input and some outputs; engine inputs {inputs}, outputs {outputs}")
         in_dtype = _TRT_TORCH_DTYPES[self.engine.get_tensor_dtype(inputs[0]).name]
         xin = x.to(in_dtype).contiguous()
-        self.context.set_input_shape(inputs[0], tuple(xin.shape))
-        self.context.set_tensor_address(inputs[0], xin.data_ptr())
+        # set_input_shape / set_tensor_address return False (and log why) on failure
+        if not self.context.set_input_shape(inputs[0], tuple(xin.shape)):
+            raise RuntimeError(f"TensorRT engine {engine_path} rejects input shape {tuple(xin.shape)}")
         buffers = [xin]
         for name in outputs:
             shape = tuple(self.context.get_tensor_shape(name))
-            buf = torch.empty(shape, dtype=_TRT_TORCH_DTYPES[self.engine.get_tensor_dtype(name).name], device=x.device)
-            self.context.set_tensor_address(name, buf.data_ptr())
-            buffers.append(buf)
+            buffers.append(torch.empty(shape, dtype=_TRT_TORCH_DTYPES[self.engine.get_tensor_dtype(name).name],
+                                       device=x.device))
+        for name, buf in zip([inputs[0], *outputs], buffers, strict=True):
+            if not self.context.set_tensor_address(name, buf.data_ptr()):
+                raise RuntimeError(f"TensorRT rejected the buffer for tensor {name!r} of {engine_path}")
         out = buffers[1]
         context = self.context
+        # enqueueV3 on the legacy default stream makes TensorRT add cudaStreamSynchronize calls ("Using default
+        # stream in enqueueV3() may lead to performance issues"), which would be timed too: run on a stream of
+        # our own, ordered after the current stream's work and before its later work (the timing events).
+        stream = torch.cuda.Stream(device=x.device)
 
         def run() -> torch.Tensor:
-            if not context.execute_async_v3(torch.cuda.current_stream().cuda_stream):
+            current = torch.cuda.current_stream(x.device)
+            stream.wait_stream(current)
+            if not context.execute_async_v3(stream.cuda_stream):
                 raise RuntimeError("TensorRT execute_async_v3 returned False")
+            current.wait_stream(stream)
             _ = buffers  # keep the bound buffers alive
             return out
 
