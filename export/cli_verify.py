@@ -16,6 +16,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+#: the interpreter runs about one image a second: the whole held-out set would take minutes
+INTERPRETER_LIMIT = 32
+
 _ERRORS = (ValueError, TypeError, KeyError, FileNotFoundError, RuntimeError, AssertionError, OSError)
 
 
@@ -29,6 +32,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=None, help="batch sizes (default: 1, odd, max)")
     parser.add_argument("--seed", type=int, default=None, help="seed of the random inputs (default: fresh)")
     parser.add_argument("--provider", default=None, help="ONNX Runtime provider (default: CUDA if present, else CPU)")
+    parser.add_argument(
+        "--limit",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"labelled images used for accuracy with MODEL 'default' (default: all of them; "
+        f"{INTERPRETER_LIMIT} when the triton backend runs in Triton's slow CPU interpreter)",
+    )
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _default_eval_set() -> tuple | None:
@@ -51,6 +68,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         model = load_model(args.model, backend="torch")
         data = _default_eval_set() if args.model in ("default", "embedded") else None
+        limit = args.limit
+        if limit is None and args.artifact == "triton" and not _cuda():
+            limit = INTERPRETER_LIMIT
+        if limit is not None:
+            if limit < 1:
+                raise ValueError(f"--limit must be >= 1, got {limit}")
+            if data is not None and limit < len(data[1]):
+                print(f"note: accuracy on the first {limit} of {len(data[1])} labelled images", file=sys.stderr)
+                data = (data[0][:limit], data[1][:limit])
         verify(
             model,
             args.artifact,

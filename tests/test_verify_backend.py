@@ -40,3 +40,16 @@ def test_verify_triton_needs_gpu_or_interpreter(monkeypatch):
     monkeypatch.setattr(runtime, "cuda_available", lambda: False)
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
         export.verify(tiny_model(), "triton", batches=[1], print_table=False)
+
+
+def test_verify_cli_default_triton_caps_the_labelled_set_in_the_interpreter(capsys):
+    pytest.importorskip("sklearn", reason="scikit-learn rebuilds the held-out set (pip install 'vit-fast[demo]')")
+    assert cli.main(["verify", "default", "triton", "--batches", "1", "--seed", "0", "--limit", "8"]) == 0
+    captured = capsys.readouterr()
+    assert "accuracy on the first 8 of 360 labelled images" in captured.err
+    assert "labelled data (8 images)" in captured.out
+
+
+def test_verify_cli_rejects_bad_limit(capsys):
+    assert cli.main(["verify", "default", "triton", "--limit", "0"]) == 1
+    assert "--limit must be >= 1, got 0" in capsys.readouterr().err
