@@ -23,6 +23,7 @@ __all__ = [
     "load_checkpoint",
     "save_checkpoint",
     "load_model",
+    "CUDAGraphRunner",
     "__version__",
 ]
 
