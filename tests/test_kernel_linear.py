@@ -10,10 +10,6 @@ run the compiled kernel with real bf16 dots.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -242,21 +238,3 @@ def test_cpu_tensor_without_interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(RuntimeError, match=r"need a CUDA tensor.*\.cuda\(\).*TRITON_INTERPRET=1"):
         linear(**_good("cpu"))
-
-
-def test_import_touches_no_gpu_driver():
-    """Importing the module (compiled mode: full autotune list) and refusing a CPU tensor work on a
-    machine with no GPU driver: no device query at import or in the checks."""
-    code = (
-        "import torch, vit_fast.kernels.linear as m\n"
-        "assert len(m._linear_kernel.configs) > 1\n"
-        "try:\n"
-        "    m.linear(torch.randn(5, 16), torch.randn(8, 16))\n"
-        "except RuntimeError as e:\n"
-        "    assert 'CUDA tensor' in str(e)\n"
-        "else:\n"
-        "    raise AssertionError('a CPU tensor was accepted without TRITON_INTERPRET')\n"
-    )
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr

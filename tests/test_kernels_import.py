@@ -1,0 +1,42 @@
+"""Nothing touches a GPU driver at import time, and a CPU tensor is refused before any launch when
+the interpreter is off. Run in a fresh process without TRITON_INTERPRET, so the kernels are in
+compiled mode (full autotune lists) on a machine that may have no GPU driver at all."""
+
+import os
+import subprocess
+import sys
+
+CODE = """
+import torch
+import vit_fast, vit_fast.triton_path
+import vit_fast.kernels.attention as attention
+import vit_fast.kernels.layer_norm as layer_norm
+import vit_fast.kernels.linear as linear
+import vit_fast.kernels.patch_embed as patch_embed
+
+assert len(attention._attention_fwd_kernel.configs) > 1
+assert len(linear._linear_kernel.configs) > 1
+calls = {
+    "attention": lambda: attention.attention(torch.randn(1, 5, 96), 2),
+    "linear": lambda: linear.linear(torch.randn(3, 8), torch.randn(4, 8)),
+    "layer_norm": lambda: layer_norm.layer_norm(torch.randn(3, 8), torch.ones(8), torch.zeros(8), 1e-6),
+    "patch_embed": lambda: patch_embed.patch_embed(
+        torch.randn(1, 3, 8, 8), torch.randn(4, 3, 4, 4), torch.zeros(4), torch.zeros(1, 5, 4), torch.zeros(1, 1, 4)
+    ),
+}
+for name, call in calls.items():
+    try:
+        call()
+    except RuntimeError as err:
+        assert "CUDA tensor" in str(err) and "TRITON_INTERPRET=1" in str(err), (name, str(err))
+    else:
+        raise AssertionError(f"{name}: a CPU tensor was accepted without TRITON_INTERPRET")
+print("ok")
+"""
+
+
+def test_import_touches_no_gpu_driver_and_cpu_tensors_are_refused():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-c", CODE], env=env, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
