@@ -41,13 +41,31 @@ def _attention_configs() -> list[triton.Config]:
     ]
 
 
+# H100's shared memory per block (227 KB); smaller GPUs' OutOfResources is left to the autotuner
+_MAX_SHARED_BYTES = 227 * 1024
+
+
+def _attention_shared_bytes(config: triton.Config, block_d: int, elem_bytes: int) -> int:
+    """Shared memory of a config as Triton 3.9 lays it out on sm_90, never above what it reports
+    (benchmarks/compile_check.py): 2 * num_stages - 1 k/v tiles, plus the q tile at 128 rows."""
+    block_m, block_n = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]
+    kv = (2 * config.num_stages - 1) * block_n * block_d * elem_bytes
+    return kv + (block_m * block_d * elem_bytes if block_m > 64 else 0)
+
+
 def _prune_attention_configs(configs, named_args, **kwargs):
     """Wide heads (Dh > 128, padded to 256) keep the q tile and the accumulator in registers only
-    with 64-row tiles and key blocks of at most 64."""
+    with 64-row tiles and key blocks of at most 64. fp32 tiles past H100's shared memory (large
+    key blocks at Dh > 64) are dropped: they cannot launch."""
     block_d = kwargs.get("BLOCK_D", named_args.get("BLOCK_D"))
-    if block_d is None or block_d <= 128:
+    if block_d is None:
         return configs
-    kept = [c for c in configs if c.kwargs["BLOCK_M"] == 64 and c.kwargs["BLOCK_N"] <= 64]
+    kept = configs
+    if block_d > 128:
+        kept = [c for c in kept if c.kwargs["BLOCK_M"] == 64 and c.kwargs["BLOCK_N"] <= 64]
+    qkv = named_args.get("qkv_ptr")
+    elem_bytes = qkv.element_size() if isinstance(qkv, torch.Tensor) else 2
+    kept = [c for c in kept if _attention_shared_bytes(c, block_d, elem_bytes) <= _MAX_SHARED_BYTES]
     return kept or configs[:1]
 
 

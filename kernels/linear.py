@@ -42,15 +42,25 @@ def _linear_configs() -> list[triton.Config]:
     ]
 
 
+# H100's shared memory per block (227 KB); smaller GPUs' OutOfResources is left to the autotuner
+_MAX_SHARED_BYTES = 227 * 1024
+
+
 def _prune_linear_configs(configs, named_args, **kwargs):
-    """Drop tiles far larger than the problem (e.g. BLOCK_N 256 for N = 64): they only add masked work."""
+    """Drop tiles far larger than the problem (e.g. BLOCK_N 256 for N = 64): they only add masked work.
+    Also drop fp32 tiles past H100's shared memory: Triton 3.9 buffers at least num_stages - 1 tiles
+    of both operands (benchmarks/compile_check.py), and 64x256x64 fp32 with 4 stages needs 240 KB."""
+    x = named_args.get("x_ptr")
+    elem_bytes = x.element_size() if isinstance(x, torch.Tensor) else 2
 
     def fits(config: triton.Config) -> bool:
         kw = config.kwargs
+        shared = (config.num_stages - 1) * (kw["BLOCK_M"] + kw["BLOCK_N"]) * kw["BLOCK_K"] * elem_bytes
         return (
             kw["BLOCK_M"] <= max(64, triton.next_power_of_2(named_args["M"]))
             and kw["BLOCK_N"] <= max(64, triton.next_power_of_2(named_args["N"]))
             and kw["BLOCK_K"] <= max(32, triton.next_power_of_2(named_args["K"]))
+            and shared <= _MAX_SHARED_BYTES
         )
 
     return [c for c in configs if fits(c)] or configs[:1]
