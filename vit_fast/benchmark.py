@@ -1204,15 +1204,23 @@ def plot_report(report: dict[str, Any]) -> bytes:
         kw = {"marker": "o", "linestyle": dstyle.get(dtype, "-"), "color": color[label], "label": f"{label} {dtype}"}
         ax_lat.plot(xs, [r["median_ms"] for r in rs], **kw)
         ax_thr.plot(xs, [r["images_per_s"] for r in rs], **kw)
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
+
     batches = sorted(report["settings"]["batches"])
-    for ax, ylabel in ((ax_lat, "median latency (ms)"), (ax_thr, "images / s")):
+    for ax, ylabel, key in ((ax_lat, "median latency (ms)", "median_ms"), (ax_thr, "images / s", "images_per_s")):
         ax.set_xlabel("batch size")
         ax.set_ylabel(ylabel)
         ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
         ax.set_xticks(batches, [str(b) for b in batches])
-        ax.minorticks_off()
-        ax.grid(True, which="both", alpha=0.3)
+        ax.xaxis.set_minor_locator(NullLocator())
+        values = [r[key] for rs in series.values() for r in rs if r.get(key)]
+        # a log axis only pays off over a decade or more; inside one it would show no tick labels at all
+        if values and max(values) / min(values) >= 10:
+            ax.set_yscale("log")
+            ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.yaxis.set_minor_locator(NullLocator())
+        ax.grid(True, alpha=0.3)
     if series:
         ax_thr.legend(fontsize=8, loc="best")
     else:
