@@ -19,7 +19,7 @@ import sys
 #: the interpreter runs about one image a second: the whole held-out set would take minutes
 INTERPRETER_LIMIT = 32
 
-_ERRORS = (ValueError, TypeError, KeyError, FileNotFoundError, RuntimeError, AssertionError, OSError)
+_ERRORS = (ValueError, TypeError, KeyError, ImportError, FileNotFoundError, RuntimeError, AssertionError, OSError)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

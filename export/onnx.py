@@ -365,6 +365,8 @@ def _finish(
     if attention == "fused" and ops.count("Attention") != depth:
         raise ExportError(f"expected {depth} fused Attention nodes, found {ops.count('Attention')}")
     meta["op_counts"] = {op: ops.count(op) for op in sorted(set(ops))}
+    if external:  # recorded before the props are written, so the file and the JSON beside it agree
+        meta["external_data"] = path.name + ".data"
     del proto.metadata_props[:]
     for key, value in (
         (METADATA_PROP, json.dumps(meta, sort_keys=True)),
@@ -388,7 +390,6 @@ def _finish(
         data_name = path.name + ".data"
         onnx.save_model(proto, str(out), save_as_external_data=True, all_tensors_to_one_file=True, location=data_name)
         files.append(tmp / data_name)
-        meta["external_data"] = data_name
     else:
         onnx.save_model(proto, str(out))
     onnx.checker.check_model(str(out))

@@ -236,7 +236,11 @@ class TensorRTRunner:
             )
         self.input_name, self.output_name = inputs[0], outputs[0]
         self.output_names = outputs
-        self.dtype = torch_dtype(self.engine.get_tensor_dtype(self.input_name), self.input_name, self.path)
+        self.input_dtype = torch_dtype(self.engine.get_tensor_dtype(self.input_name), self.input_name, self.path)
+        # the precision the engine computes in, which verify() runs eager in and judges by: an fp16 engine
+        # built from an fp32 ONNX file keeps fp32 I/O but must be compared with eager fp16, not fp32
+        precision = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(str(meta.get("precision")))
+        self.dtype = precision or self.input_dtype
         self.output_dtypes = {n: torch_dtype(self.engine.get_tensor_dtype(n), n, self.path) for n in outputs}
         # get_tensor_profile_shape(name, profile_index) -> [min, opt, max] (TensorRT 10 Python API)
         lo, opt, hi = (tuple(s) for s in self.engine.get_tensor_profile_shape(self.input_name, 0))
@@ -257,7 +261,7 @@ class TensorRTRunner:
 
     def run(self, x: torch.Tensor) -> torch.Tensor:
         self.check_batch(x.shape[0])
-        x = x.to(device="cuda", dtype=self.dtype).contiguous()
+        x = x.to(device="cuda", dtype=self.input_dtype).contiguous()
         # set_input_shape / set_tensor_address / execute_async_v3 return False (with a logged error) on failure
         if not self.context.set_input_shape(self.input_name, tuple(x.shape)):
             raise ArtifactError(

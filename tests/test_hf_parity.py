@@ -131,3 +131,13 @@ def test_from_hf_at_another_image_size_resamples_pos_embed():
     expected = vit_fast.model.resample_pos_embed(hf.vit.embeddings.position_embeddings, (8, 8), (6, 6), 1)
     torch.testing.assert_close(model.pos_embed, expected, rtol=0, atol=0)
     assert torch.isfinite(model(torch.randn(1, 3, 64, 64))).all()
+
+
+def test_load_model_from_a_saved_hf_folder_keeps_the_classifier(tmp_path):
+    hf = _hf("cls", **CONFIGS["37tok_48px_p8"])
+    hf.save_pretrained(tmp_path / "hf_vit")
+    model = vit_fast.load_model(str(tmp_path / "hf_vit"), backend="torch")
+    assert model.cfg.num_classes == 11
+    x = torch.randn(2, 3, 48, 48)
+    with torch.no_grad():
+        _close(model(x), hf(pixel_values=x).logits)

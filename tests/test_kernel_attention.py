@@ -35,7 +35,7 @@ def _check(qkv, heads, scale=None, name="attention"):
 
 # ------------------------------------------------------------------------------ forward numerics
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("tokens", [1, 5, 50, 65, 196, 197, 257])
+@pytest.mark.parametrize("tokens", [1, 5, 50, 65, 196, 197, 257, 577])
 def test_token_counts(tokens, dtype, device):
     """Odd T at head_dim 64: one query block, query/key tails, several key blocks."""
     _check(_qkv(2, tokens, 1, 64, dtype, device), heads=1, name=f"T={tokens} {dtype}")

@@ -31,6 +31,7 @@ for name, call in calls.items():
         assert "CUDA tensor" in str(err) and "TRITON_INTERPRET=1" in str(err), (name, str(err))
     else:
         raise AssertionError(f"{name}: a CPU tensor was accepted without TRITON_INTERPRET")
+assert not torch.cuda.is_initialized(), "importing or checking initialised CUDA"
 print("ok")
 """
 

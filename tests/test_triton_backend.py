@@ -36,10 +36,15 @@ CONFIGS = {
 }
 
 
+def _device() -> str:
+    """The kernels run compiled on a GPU; without one, on CPU tensors in the interpreter (conftest)."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def _model_and_input(name: str, batch: int = 2):
     overrides, (H, W) = CONFIGS[name]
-    model = tiny_model(seed=sum(map(ord, name)), **overrides)
-    x = torch.randn(batch, model.cfg.in_chans, H, W)
+    model = tiny_model(seed=sum(map(ord, name)), **overrides).to(_device())
+    x = torch.randn(batch, model.cfg.in_chans, H, W, device=_device())
     return model, x
 
 
@@ -127,9 +132,9 @@ def test_torch_compile_two_models_with_different_head_dims():
     """A second compiled model with another head_dim makes Dynamo treat the attention scale as a
     symbolic float; the kernels must still compile with no graph break (a regression seen in CI)."""
     torch._dynamo.reset()
-    x = torch.randn(2, 3, 32, 32)
+    x = torch.randn(2, 3, 32, 32, device=_device())
     for heads in (3, 2, 1):  # head_dim 16, 24, 48 -> three different scales
-        model = tiny_model(embed_dim=48, num_heads=heads).set_backend("triton")
+        model = tiny_model(embed_dim=48, num_heads=heads).to(_device()).set_backend("triton")
         compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
         with torch.no_grad():
             got = compiled(x)
@@ -140,7 +145,7 @@ def test_torch_compile_two_models_with_different_head_dims():
 def test_gradients_flow_like_torch_backend():
     model, x = _model_and_input("reg4-avg-layerscale-gelutanh")
     model.train()
-    target = torch.randn(x.shape[0], model.cfg.num_classes)
+    target = torch.randn(x.shape[0], model.cfg.num_classes, device=x.device)
 
     def grads(m, inp, backend):
         m.set_backend(backend)

@@ -270,7 +270,10 @@ def from_timm(
 # --------------------------------------------------------------------------- any model
 def optimize(model: nn.Module, backend: str = "auto") -> VisionTransformer:
     """Any supported ViT (ours, timm, Hugging Face) as a :class:`VisionTransformer` on the same
-    device and dtype, with the given backend (``"auto"``: our kernels on CUDA)."""
+    device and dtype, with the given backend (``"auto"``: our kernels on CUDA).
+
+    timm and Hugging Face models are converted into a new module; one of ours is returned as it
+    is, with its backend set to ``backend``."""
     if isinstance(model, VisionTransformer):
         return model.set_backend(backend)
     module = type(model).__module__
@@ -383,7 +386,7 @@ def load_model(spec: str, backend: str = "auto", seed: int = 0) -> VisionTransfo
             torch.manual_seed(seed)
             model = VisionTransformer(ViTConfig.from_name(spec), backend=backend)
         return model.eval()
-    if Path(spec).suffix.lower() in (".safetensors", ".pth", ".pt", ".bin", ".ckpt") or Path(spec).exists():
+    if Path(spec).suffix.lower() in (".safetensors", ".pth", ".pt", ".bin", ".ckpt") or Path(spec).is_file():
         return load_checkpoint(spec, backend=backend).eval()
     errors = []
     try:
@@ -396,11 +399,14 @@ def load_model(spec: str, backend: str = "auto", seed: int = 0) -> VisionTransfo
         errors.append("not a timm model name")
     if "/" in spec or Path(spec).is_dir():  # a Hugging Face hub id ("org/name") or a saved model folder
         try:
-            from transformers import AutoModel
+            from transformers import AutoConfig, AutoModel, AutoModelForImageClassification
         except ImportError:
             errors.append("transformers is not installed")
         else:
-            return optimize(AutoModel.from_pretrained(spec), backend=backend).eval()
+            # a classification checkpoint keeps its head; anything else loads as the bare encoder
+            archs = getattr(AutoConfig.from_pretrained(spec), "architectures", None) or []
+            loader = AutoModelForImageClassification if any("ImageClassification" in a for a in archs) else AutoModel
+            return optimize(loader.from_pretrained(spec), backend=backend).eval()
     raise ValueError(
         f"cannot resolve model {spec!r}: it is not 'default', a preset ({', '.join(sorted(PRESETS))}), "
         f"or an existing checkpoint file; " + "; ".join(errors)
