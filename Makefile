@@ -27,6 +27,7 @@ test: setup  ## the whole CPU test suite (Triton kernels run in the interpreter)
 
 lint: setup
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 wheel-check: setup  ## build a wheel, install it into a fresh venv, import vit_fast.kernels and vit_fast.export
 	VENV=$(VENV) bash .ci/check_wheel.sh

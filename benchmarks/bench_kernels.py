@@ -27,8 +27,10 @@ import torch.nn.functional as F
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(),
-                       reason="needs a CUDA GPU: the kernels are timed compiled, never in Triton's interpreter"),
+    pytest.mark.skipif(
+        not torch.cuda.is_available(),
+        reason="needs a CUDA GPU: the kernels are timed compiled, never in Triton's interpreter",
+    ),
 ]
 
 DTYPE = torch.bfloat16
@@ -43,8 +45,16 @@ def _cuda_median_ms(fn: Callable[[], Any]) -> float:
     return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
 
 
-def _run(benchmark, group: str, impl: str, ours: Callable[[], Any], ref: Callable[[], Any], *,
-         flops: float = 0.0, nbytes: float = 0.0) -> None:
+def _run(
+    benchmark,
+    group: str,
+    impl: str,
+    ours: Callable[[], Any],
+    ref: Callable[[], Any],
+    *,
+    flops: float = 0.0,
+    nbytes: float = 0.0,
+) -> None:
     """Check the pair agree, time ``impl`` with pytest-benchmark and CUDA events, record rates."""
     fn = ours if impl == "vit_fast" else ref
     with torch.no_grad():
@@ -65,13 +75,15 @@ def _run(benchmark, group: str, impl: str, ours: Callable[[], Any], ref: Callabl
 
     benchmark.group = group
     ms = _cuda_median_ms(fn)
-    benchmark.extra_info.update({
-        "impl": impl,
-        "dtype": str(DTYPE).removeprefix("torch."),
-        "device": torch.cuda.get_device_name(),
-        "cuda_event_median_us": ms * 1e3,
-        "max_abs_diff_vit_fast_vs_torch": err,
-    })
+    benchmark.extra_info.update(
+        {
+            "impl": impl,
+            "dtype": str(DTYPE).removeprefix("torch."),
+            "device": torch.cuda.get_device_name(),
+            "cuda_event_median_us": ms * 1e3,
+            "max_abs_diff_vit_fast_vs_torch": err,
+        }
+    )
     if flops:
         benchmark.extra_info["TFLOP/s"] = flops / (ms * 1e-3) / 1e12
     if nbytes:
@@ -117,8 +129,15 @@ def test_patch_embed(benchmark, batch, impl):
     patches = (IMG // PATCH) ** 2
     flops = 2 * batch * patches * D * 3 * PATCH * PATCH
     nbytes = (x.numel() + weight.numel() + pos_embed.numel() + batch * T * D) * x.element_size()
-    _run(benchmark, f"patch_embed B={batch}", impl,
-         lambda: patch_embed(x, weight, bias, pos_embed, cls_token), ref, flops=flops, nbytes=nbytes)
+    _run(
+        benchmark,
+        f"patch_embed B={batch}",
+        impl,
+        lambda: patch_embed(x, weight, bias, pos_embed, cls_token),
+        ref,
+        flops=flops,
+        nbytes=nbytes,
+    )
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -135,8 +154,14 @@ def test_add_layer_norm(benchmark, batch, impl):
         return summed, F.layer_norm(summed, (D,), weight, bias, eps)
 
     nbytes = 4 * batch * T * D * x.element_size()  # read x and residual, write summed and normed
-    _run(benchmark, f"add_layer_norm B={batch}", impl, lambda: add_layer_norm(x, residual, weight, bias, eps), ref,
-         nbytes=nbytes)
+    _run(
+        benchmark,
+        f"add_layer_norm B={batch}",
+        impl,
+        lambda: add_layer_norm(x, residual, weight, bias, eps),
+        ref,
+        nbytes=nbytes,
+    )
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -152,8 +177,15 @@ def test_linear_gelu(benchmark, batch, impl):
 
     flops = 2 * batch * T * D * MLP
     nbytes = (x.numel() + weight.numel() + batch * T * MLP) * x.element_size()
-    _run(benchmark, f"linear_gelu (fc1) B={batch}", impl, lambda: linear(x, weight, bias, activation="gelu"), ref,
-         flops=flops, nbytes=nbytes)
+    _run(
+        benchmark,
+        f"linear_gelu (fc1) B={batch}",
+        impl,
+        lambda: linear(x, weight, bias, activation="gelu"),
+        ref,
+        flops=flops,
+        nbytes=nbytes,
+    )
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -169,5 +201,12 @@ def test_linear_residual(benchmark, batch, impl):
 
     flops = 2 * batch * T * MLP * D
     nbytes = (h.numel() + weight.numel() + 2 * residual.numel()) * h.element_size()
-    _run(benchmark, f"linear_residual (fc2) B={batch}", impl, lambda: linear(h, weight, bias, residual=residual), ref,
-         flops=flops, nbytes=nbytes)
+    _run(
+        benchmark,
+        f"linear_residual (fc2) B={batch}",
+        impl,
+        lambda: linear(h, weight, bias, residual=residual),
+        ref,
+        flops=flops,
+        nbytes=nbytes,
+    )

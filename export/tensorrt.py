@@ -352,8 +352,11 @@ def to_tensorrt(
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
     strongly_typed = onnx_dtype in ("fp16", "bf16")
-    weak_flags = weak_typing_flags(trt.BuilderFlag, precision, trt.__version__) if (
-        not strongly_typed and precision != "fp32") else []
+    weak_flags = (
+        weak_typing_flags(trt.BuilderFlag, precision, trt.__version__)
+        if (not strongly_typed and precision != "fp32")
+        else []
+    )
     # TensorRT 10: networks are always explicit-batch (EXPLICIT_BATCH is deprecated and ignored), so the
     # only creation flag is STRONGLY_TYPED, passed as a bit mask.
     flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED) if strongly_typed else 0

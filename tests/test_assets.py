@@ -108,8 +108,9 @@ def test_onnxruntime_fp32_matches_torch_top1_on_the_whole_held_out_split(model, 
 
     images, labels = eval_set
     path = tmp_path / "digits.onnx"
-    export.to_onnx(model, path, batch=(1, len(images)), dtype=torch.float32, opset=18, exporter="dynamo",
-                   progress=False)
+    export.to_onnx(
+        model, path, batch=(1, len(images)), dtype=torch.float32, opset=18, exporter="dynamo", progress=False
+    )
     report = export.verify(model, path, data=(images, labels), seed=0, print_table=False, raise_on_failure=False)
     assert report.passed, report.format_table()
     assert report.accuracy["top1_agreement"] == 1.0

@@ -14,13 +14,42 @@ from vit_fast.cli import main
 
 # every row, whatever its status, carries these; ok rows also carry RESULT_FIELDS
 ROW_FIELDS = (
-    "backend", "label", "status", "model", "dtype", "batch", "tokens", "gelu", "graph_mode", "device",
-    "device_name", "driver_version", "torch", "triton", "onnxruntime", "tensorrt", "git_commit", "flops_per_image",
-    "params", "timer", "floor_ms", "floor_bound",
+    "backend",
+    "label",
+    "status",
+    "model",
+    "dtype",
+    "batch",
+    "tokens",
+    "gelu",
+    "graph_mode",
+    "device",
+    "device_name",
+    "driver_version",
+    "torch",
+    "triton",
+    "onnxruntime",
+    "tensorrt",
+    "git_commit",
+    "flops_per_image",
+    "params",
+    "timer",
+    "floor_ms",
+    "floor_bound",
 )
 RESULT_FIELDS = (
-    "median_ms", "p90_ms", "p99_ms", "mean_ms", "iters", "images_per_s", "tflops", "max_abs_err_vs_torch",
-    "torch_max_abs_err_vs_fp32", "vs_best", "best_peer", "vs_floor",
+    "median_ms",
+    "p90_ms",
+    "p99_ms",
+    "mean_ms",
+    "iters",
+    "images_per_s",
+    "tflops",
+    "max_abs_err_vs_torch",
+    "torch_max_abs_err_vs_fp32",
+    "vs_best",
+    "best_peer",
+    "vs_floor",
 )
 FAST = ["--device", "cpu", "--iters", "3", "--warmup", "1", "--threads", "1", "--quiet"]  # CPU tests, GPU or not
 
@@ -79,8 +108,22 @@ def test_cpu_bench_writes_json_markdown_png(cpu_run):
 
 
 def test_cpu_bench_lists_unavailable_backends_with_reasons(tiny_checkpoint, tmp_path):
-    rc = main(["bench", str(tiny_checkpoint), "--batch", "1,2", "--out", str(tmp_path), "--graph", "--h2d",
-               "--backends", "torch,triton,triton-graph,tensorrt,timm,compile-reduce-overhead", "--no-ceilings", *FAST])
+    rc = main(
+        [
+            "bench",
+            str(tiny_checkpoint),
+            "--batch",
+            "1,2",
+            "--out",
+            str(tmp_path),
+            "--graph",
+            "--h2d",
+            "--backends",
+            "torch,triton,triton-graph,tensorrt,timm,compile-reduce-overhead",
+            "--no-ceilings",
+            *FAST,
+        ]
+    )
     assert rc == 0
     report, md, _ = _load(tmp_path, "bench_tiny")
     by_label = {}
@@ -103,8 +146,24 @@ def test_cpu_bench_lists_unavailable_backends_with_reasons(tiny_checkpoint, tmp_
 
 def test_onnxruntime_backend_runs_and_is_checked(tiny_checkpoint, tmp_path):
     pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
-    rc = main(["bench", str(tiny_checkpoint), "--batch", "1,3", "--out", str(tmp_path), "--dtype", "fp32,bf16",
-               "--backends", "torch,onnxruntime", "--onnx-exporter", "torchscript", "--no-ceilings", *FAST])
+    rc = main(
+        [
+            "bench",
+            str(tiny_checkpoint),
+            "--batch",
+            "1,3",
+            "--out",
+            str(tmp_path),
+            "--dtype",
+            "fp32,bf16",
+            "--backends",
+            "torch,onnxruntime",
+            "--onnx-exporter",
+            "torchscript",
+            "--no-ceilings",
+            *FAST,
+        ]
+    )
     assert rc == 0
     report, md, _ = _load(tmp_path, "bench_tiny")
     ort_rows = [r for r in report["rows"] if r["backend"] == "onnxruntime"]
@@ -122,8 +181,20 @@ def test_backend_failure_is_reported_and_others_continue(tiny_checkpoint, tmp_pa
         raise RuntimeError("exporter exploded")
 
     monkeypatch.setattr(bm, "export_onnx", broken)
-    rc = main(["bench", str(tiny_checkpoint), "--batch", "1", "--out", str(tmp_path), "--backends",
-               "onnxruntime,torch", "--no-ceilings", *FAST])
+    rc = main(
+        [
+            "bench",
+            str(tiny_checkpoint),
+            "--batch",
+            "1",
+            "--out",
+            str(tmp_path),
+            "--backends",
+            "onnxruntime,torch",
+            "--no-ceilings",
+            *FAST,
+        ]
+    )
     assert rc == 0
     report, md, _ = _load(tmp_path, "bench_tiny")
     status = {r["backend"]: r for r in report["rows"]}
@@ -131,8 +202,24 @@ def test_backend_failure_is_reported_and_others_continue(tiny_checkpoint, tmp_pa
     assert "exporter exploded" in status["onnxruntime"]["error"]
     assert status["torch"]["status"] == "ok"
     assert "exporter exploded" in md
-    assert main(["bench", str(tiny_checkpoint), "--batch", "1", "--out", str(tmp_path), "--backends",
-                 "onnxruntime,torch", "--no-ceilings", "--strict", *FAST]) == 1
+    assert (
+        main(
+            [
+                "bench",
+                str(tiny_checkpoint),
+                "--batch",
+                "1",
+                "--out",
+                str(tmp_path),
+                "--backends",
+                "onnxruntime,torch",
+                "--no-ceilings",
+                "--strict",
+                *FAST,
+            ]
+        )
+        == 1
+    )
 
 
 def test_a_wrong_backend_output_is_visible(tiny_checkpoint, tmp_path, monkeypatch):
@@ -146,8 +233,20 @@ def test_a_wrong_backend_output_is_visible(tiny_checkpoint, tmp_path, monkeypatc
 
     monkeypatch.setattr(bm.Harness, "_build", wrong)
     monkeypatch.setattr(torch, "compile", lambda model, **kw: model)
-    rc = main(["bench", str(tiny_checkpoint), "--batch", "2", "--out", str(tmp_path), "--backends", "torch,compile",
-               "--no-ceilings", *FAST])
+    rc = main(
+        [
+            "bench",
+            str(tiny_checkpoint),
+            "--batch",
+            "2",
+            "--out",
+            str(tmp_path),
+            "--backends",
+            "torch,compile",
+            "--no-ceilings",
+            *FAST,
+        ]
+    )
     assert rc == 0
     rows = {r["backend"]: r for r in json.loads((tmp_path / "bench_tiny.json").read_text())["rows"]}
     assert rows["compile"]["max_abs_err_vs_torch"] > 0.01
@@ -156,8 +255,20 @@ def test_a_wrong_backend_output_is_visible(tiny_checkpoint, tmp_path, monkeypatc
 
 @pytest.mark.slow
 def test_torch_compile_on_cpu(tiny_checkpoint, tmp_path):
-    rc = main(["bench", str(tiny_checkpoint), "--batch", "2", "--out", str(tmp_path), "--backends", "torch,compile",
-               "--no-ceilings", *FAST])
+    rc = main(
+        [
+            "bench",
+            str(tiny_checkpoint),
+            "--batch",
+            "2",
+            "--out",
+            str(tmp_path),
+            "--backends",
+            "torch,compile",
+            "--no-ceilings",
+            *FAST,
+        ]
+    )
     assert rc == 0
     rows = {r["backend"]: r for r in json.loads((tmp_path / "bench_tiny.json").read_text())["rows"]}
     assert rows["compile"]["status"] == "ok", rows["compile"]
@@ -261,8 +372,9 @@ def test_time_callable_counts_and_caps():
     assert len(times) == 7 and len(calls) == 9 and all(t >= 0 for t in times)
     import time
 
-    slow = bm.time_callable(lambda: time.sleep(0.01), torch.device("cpu"), warmup=0, iters=1000,
-                            max_seconds=0.05, min_iters=2)
+    slow = bm.time_callable(
+        lambda: time.sleep(0.01), torch.device("cpu"), warmup=0, iters=1000, max_seconds=0.05, min_iters=2
+    )
     assert 2 <= len(slow) <= 10
 
 
@@ -272,10 +384,24 @@ def test_floor_and_ratios():
     assert bm.floor_ms(4 * 10**9, 2e12, ceilings, "bf16") == (pytest.approx(4.0), "memory")
     assert bm.floor_ms(1, 1, ceilings, "fp16") is None
     rows = [
-        {"status": "ok", "label": "a", "dtype": "bf16", "batch": 1, "median_ms": 2.0, "flops_per_image": 1e12,
-         "floor_ms": 1.0},
-        {"status": "ok", "label": "b", "dtype": "bf16", "batch": 1, "median_ms": 1.0, "flops_per_image": 1e12,
-         "floor_ms": 1.0},
+        {
+            "status": "ok",
+            "label": "a",
+            "dtype": "bf16",
+            "batch": 1,
+            "median_ms": 2.0,
+            "flops_per_image": 1e12,
+            "floor_ms": 1.0,
+        },
+        {
+            "status": "ok",
+            "label": "b",
+            "dtype": "bf16",
+            "batch": 1,
+            "median_ms": 1.0,
+            "flops_per_image": 1e12,
+            "floor_ms": 1.0,
+        },
         {"status": "error", "label": "c", "dtype": "bf16", "batch": 1, "error": "boom", "backend": "c"},
     ]
     bm.add_ratios(rows)
@@ -308,10 +434,34 @@ def test_non_finite_outputs_are_flagged_not_hidden():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_bench_paths(tiny_checkpoint, tmp_path):
     """The CUDA paths: events, L2 flush, host-copy timing, CUDA graphs, the triton backend, inductor graphs."""
-    rc = main(["bench", str(tiny_checkpoint), "--device", "cuda", "--batch", "1,2", "--dtype", "fp16",
-               "--backends", "torch,triton,triton-graph,compile-reduce-overhead,timm,onnxruntime", "--graph", "--h2d",
-               "--flush-l2", "--iters", "20", "--warmup", "3", "--max-seconds", "0.5", "--out", str(tmp_path),
-               "--onnx-exporter", "torchscript", "--quiet"])
+    rc = main(
+        [
+            "bench",
+            str(tiny_checkpoint),
+            "--device",
+            "cuda",
+            "--batch",
+            "1,2",
+            "--dtype",
+            "fp16",
+            "--backends",
+            "torch,triton,triton-graph,compile-reduce-overhead,timm,onnxruntime",
+            "--graph",
+            "--h2d",
+            "--flush-l2",
+            "--iters",
+            "20",
+            "--warmup",
+            "3",
+            "--max-seconds",
+            "0.5",
+            "--out",
+            str(tmp_path),
+            "--onnx-exporter",
+            "torchscript",
+            "--quiet",
+        ]
+    )
     assert rc == 0
     report = json.loads((tmp_path / "bench_tiny.json").read_text())
     rows = {(r["label"], r["batch"]): r for r in report["rows"]}

@@ -81,8 +81,9 @@ def test_demo_skips_are_reported_and_exit_zero(tmp_path, capsys):
 @pytest.mark.skipif(not HAVE_TRITON, reason="triton is not installed")
 def test_demo_reports_a_failed_triton_step_without_numbers_and_exits_nonzero(tmp_path, capsys):
     out = tmp_path / "fail"
-    code = main(["demo", "--out", str(out), "--device", "cpu", "--skip-onnx", "--skip-timing",
-                 "--triton-timeout", "0.01"])
+    code = main(
+        ["demo", "--out", str(out), "--device", "cpu", "--skip-onnx", "--skip-timing", "--triton-timeout", "0.01"]
+    )
     capsys.readouterr()
     report = _report(out)
     tri = next(s for s in report["steps"] if s["name"] == "triton")

@@ -220,8 +220,11 @@ def test_weak_typing_flags_and_their_absence_in_tensorrt_11():
     assert trt_export.weak_typing_flags(trt10, "fp16", "10.3.0") == ["fp16-flag", "obey-flag"]
     assert trt_export.weak_typing_flags(trt10, "bf16", "10.3.0") == ["bf16-flag", "obey-flag"]
     trt11 = SimpleNamespace(TF32="tf32-flag")
-    with pytest.raises(export.ExportError, match=r"TensorRT 11.0.0 has no BuilderFlag.FP16/OBEY_PRECISION_CONSTRAINTS"
-                       r".*export a fp16 ONNX file \(to_onnx\(dtype='fp16'\)\).*tensorrt>=10,<11"):
+    with pytest.raises(
+        export.ExportError,
+        match=r"TensorRT 11.0.0 has no BuilderFlag.FP16/OBEY_PRECISION_CONSTRAINTS"
+        r".*export a fp16 ONNX file \(to_onnx\(dtype='fp16'\)\).*tensorrt>=10,<11",
+    ):
         trt_export.weak_typing_flags(trt11, "fp16", "11.0.0")
 
 

@@ -12,14 +12,36 @@ from vit_fast.convert import convert_hf_state_dict, load_checkpoint  # noqa: E40
 
 # name -> (transformers ViTConfig kwargs); token counts in the comments
 CONFIGS = {
-    "37tok_48px_p8": dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=3, intermediate_size=192,
-                          image_size=48, patch_size=8),  # 36 patches + cls = 37 tokens
-    "65tok_32px_p4_1ch": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
-                              image_size=32, patch_size=4, num_channels=1),  # 65 tokens
-    "2tok_16px_p16_noqkvbias": dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                                    intermediate_size=96, image_size=16, patch_size=16, qkv_bias=False),
-    "50tok_56px_p8_gelu_new": dict(hidden_size=80, num_hidden_layers=3, num_attention_heads=5,
-                                   intermediate_size=320, image_size=56, patch_size=8, hidden_act="gelu_new"),
+    "37tok_48px_p8": dict(
+        hidden_size=48, num_hidden_layers=2, num_attention_heads=3, intermediate_size=192, image_size=48, patch_size=8
+    ),  # 36 patches + cls = 37 tokens
+    "65tok_32px_p4_1ch": dict(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=128,
+        image_size=32,
+        patch_size=4,
+        num_channels=1,
+    ),  # 65 tokens
+    "2tok_16px_p16_noqkvbias": dict(
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        intermediate_size=96,
+        image_size=16,
+        patch_size=16,
+        qkv_bias=False,
+    ),
+    "50tok_56px_p8_gelu_new": dict(
+        hidden_size=80,
+        num_hidden_layers=3,
+        num_attention_heads=5,
+        intermediate_size=320,
+        image_size=56,
+        patch_size=8,
+        hidden_act="gelu_new",
+    ),
 }
 
 

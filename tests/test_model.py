@@ -116,9 +116,23 @@ def _timm_keys(depth, *, reg=False, cls=True, ls=False, pre_norm=False, fc_norm=
     keys += ["norm_pre.weight", "norm_pre.bias"] if pre_norm else []
     for i in range(depth):
         b = f"blocks.{i}."
-        keys += [b + s for s in ("norm1.weight", "norm1.bias", "attn.qkv.weight", "attn.qkv.bias",
-                                 "attn.proj.weight", "attn.proj.bias", "norm2.weight", "norm2.bias",
-                                 "mlp.fc1.weight", "mlp.fc1.bias", "mlp.fc2.weight", "mlp.fc2.bias")]
+        keys += [
+            b + s
+            for s in (
+                "norm1.weight",
+                "norm1.bias",
+                "attn.qkv.weight",
+                "attn.qkv.bias",
+                "attn.proj.weight",
+                "attn.proj.bias",
+                "norm2.weight",
+                "norm2.bias",
+                "mlp.fc1.weight",
+                "mlp.fc1.bias",
+                "mlp.fc2.weight",
+                "mlp.fc2.bias",
+            )
+        ]
         keys += [b + "ls1.gamma", b + "ls2.gamma"] if ls else []
     keys += ["fc_norm.weight", "fc_norm.bias"] if fc_norm else ["norm.weight", "norm.bias"]
     keys += ["head.weight", "head.bias"] if head else []

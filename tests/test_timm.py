@@ -37,8 +37,9 @@ def test_from_timm_matches(name):
 
 
 def test_timm_dynamic_img_size():
-    ref = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=64, depth=1,
-                            dynamic_img_size=True).eval()
+    ref = timm.create_model(
+        "vit_tiny_patch16_224", pretrained=False, img_size=64, depth=1, dynamic_img_size=True
+    ).eval()
     model = vit_fast.optimize(ref).eval()
     x = torch.randn(1, 3, 96, 80)
     with torch.no_grad():

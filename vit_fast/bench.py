@@ -90,33 +90,68 @@ def _pos_float(text: str) -> float:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", metavar="MODEL",
-                        help="a preset name (e.g. vit_base_patch16_224), 'default', or a checkpoint path")
-    parser.add_argument("--batch", type=_arg_type(_parse_batches), default=None, metavar="B[,B...]",
-                        help="batch sizes (default: 1,8,64,256 on a GPU, 1,8 on CPU)")
-    parser.add_argument("--dtype", type=_arg_type(_parse_dtypes), default=None, metavar="D[,D...]",
-                        help="bf16, fp16, fp32, comma-separated (default: bf16 on a GPU, fp32 on CPU)")
-    parser.add_argument("--backends", type=_arg_type(_parse_backends), default=None, metavar="NAME[,NAME...]",
-                        help="backends to time, comma-separated, or 'all' (default: all)")
+    parser.add_argument(
+        "model", metavar="MODEL", help="a preset name (e.g. vit_base_patch16_224), 'default', or a checkpoint path"
+    )
+    parser.add_argument(
+        "--batch",
+        type=_arg_type(_parse_batches),
+        default=None,
+        metavar="B[,B...]",
+        help="batch sizes (default: 1,8,64,256 on a GPU, 1,8 on CPU)",
+    )
+    parser.add_argument(
+        "--dtype",
+        type=_arg_type(_parse_dtypes),
+        default=None,
+        metavar="D[,D...]",
+        help="bf16, fp16, fp32, comma-separated (default: bf16 on a GPU, fp32 on CPU)",
+    )
+    parser.add_argument(
+        "--backends",
+        type=_arg_type(_parse_backends),
+        default=None,
+        metavar="NAME[,NAME...]",
+        help="backends to time, comma-separated, or 'all' (default: all)",
+    )
     parser.add_argument("--out", required=True, metavar="DIR", help="directory for bench_<model>.{json,md,png}")
     parser.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
-    parser.add_argument("--warmup", type=_nonneg_int, default=None,
-                        help="warm-up calls per case (default: 20 on a GPU, 2 on CPU)")
-    parser.add_argument("--iters", type=_pos_int, default=None,
-                        help="timed calls per case, at most (default: 200 on a GPU, 10 on CPU)")
-    parser.add_argument("--max-seconds", type=_pos_float, default=None,
-                        help="cut the timed calls of one case to about this long (default: 10 on a GPU, 3 on CPU)")
-    parser.add_argument("--flush-l2", action="store_true",
-                        help="write a buffer larger than the L2 / last-level cache before every timed call")
+    parser.add_argument(
+        "--warmup", type=_nonneg_int, default=None, help="warm-up calls per case (default: 20 on a GPU, 2 on CPU)"
+    )
+    parser.add_argument(
+        "--iters", type=_pos_int, default=None, help="timed calls per case, at most (default: 200 on a GPU, 10 on CPU)"
+    )
+    parser.add_argument(
+        "--max-seconds",
+        type=_pos_float,
+        default=None,
+        help="cut the timed calls of one case to about this long (default: 10 on a GPU, 3 on CPU)",
+    )
+    parser.add_argument(
+        "--flush-l2",
+        action="store_true",
+        help="write a buffer larger than the L2 / last-level cache before every timed call",
+    )
     parser.add_argument("--h2d", action="store_true", help="also time the host-to-device copy of each input")
-    parser.add_argument("--graph", action="store_true",
-                        help="also run every PyTorch-based backend captured in a CUDA graph (GPU only)")
-    parser.add_argument("--onnx-exporter", choices=("dynamo", "torchscript"), default="dynamo",
-                        help="torch.onnx exporter for the onnxruntime/tensorrt backends (default: dynamo)")
-    parser.add_argument("--no-ceilings", action="store_true",
-                        help="skip measuring bandwidth and matrix rate (no floor column)")
-    parser.add_argument("--threads", type=_pos_int, default=None,
-                        help="torch CPU threads (default: torch's own; 1 is steadiest on a shared machine)")
+    parser.add_argument(
+        "--graph", action="store_true", help="also run every PyTorch-based backend captured in a CUDA graph (GPU only)"
+    )
+    parser.add_argument(
+        "--onnx-exporter",
+        choices=("dynamo", "torchscript"),
+        default="dynamo",
+        help="torch.onnx exporter for the onnxruntime/tensorrt backends (default: dynamo)",
+    )
+    parser.add_argument(
+        "--no-ceilings", action="store_true", help="skip measuring bandwidth and matrix rate (no floor column)"
+    )
+    parser.add_argument(
+        "--threads",
+        type=_pos_int,
+        default=None,
+        help="torch CPU threads (default: torch's own; 1 is steadiest on a shared machine)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed for preset weights and inputs (default: 0)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar, no table on stdout")
     parser.add_argument("--strict", action="store_true", help="exit 1 when any backend fails with an error")

@@ -84,8 +84,9 @@ def parse_batches(text: str) -> list[int]:
         try:
             b = int(t)
         except ValueError:
-            raise BenchError(f"batch size {t!r} in {text!r} is not an int: give comma-separated positive ints, "
-                             "e.g. 1,8,64") from None
+            raise BenchError(
+                f"batch size {t!r} in {text!r} is not an int: give comma-separated positive ints, e.g. 1,8,64"
+            ) from None
         if b < 1:
             raise BenchError(f"batch size {b} in {text!r} must be >= 1")
         if b in out:
@@ -135,8 +136,9 @@ def resolve_device(spec: str | None) -> torch.device:
         raise BenchError(f"unknown device {spec!r}: use auto, cpu, cuda or cuda:N") from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise BenchError(f"device {spec!r} asked for, but no CUDA GPU is visible to torch {torch.__version__}: "
-                             "use --device cpu")
+            raise BenchError(
+                f"device {spec!r} asked for, but no CUDA GPU is visible to torch {torch.__version__}: use --device cpu"
+            )
         index = dev.index if dev.index is not None else torch.cuda.current_device()
         if index >= torch.cuda.device_count():
             raise BenchError(f"device {spec!r} does not exist: {torch.cuda.device_count()} GPU(s) visible")
@@ -159,8 +161,10 @@ def check_dtype_supported(device: torch.device, dtype_name: str) -> None:
             y = torch.nn.functional.layer_norm(y @ y.t(), (1,))
             y.softmax(-1)
     except Exception as err:  # e.g. "not implemented for 'BFloat16'"
-        raise BenchError(f"{dtype_name} is not supported on {device.type} here ({type(err).__name__}: {err}); "
-                         "choose another --dtype, e.g. fp32") from err
+        raise BenchError(
+            f"{dtype_name} is not supported on {device.type} here ({type(err).__name__}: {err}); "
+            "choose another --dtype, e.g. fp32"
+        ) from err
 
 
 # =========================================================================== statistics
@@ -298,10 +302,15 @@ def git_commit(path: str | os.PathLike | None = None) -> str:
     if not git:
         return os.environ.get("VIT_FAST_COMMIT", "unknown (git not found)")
     try:
-        head = subprocess.run([git, "-C", str(where), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run([git, "-C", str(where), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        head = subprocess.run(
+            [git, "-C", str(where), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            [git, "-C", str(where), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return os.environ.get("VIT_FAST_COMMIT", "unknown (not a git checkout)")
     return head + ("+dirty" if dirty else "")
@@ -386,8 +395,9 @@ def measure_bandwidth(device: torch.device, nbytes: int | None = None, iters: in
     }
 
 
-def measure_matrix_rate(device: torch.device, dtype_name: str, n: int | None = None,
-                        iters: int | None = None) -> dict[str, Any]:
+def measure_matrix_rate(
+    device: torch.device, dtype_name: str, n: int | None = None, iters: int | None = None
+) -> dict[str, Any]:
     """Matrix rate in TFLOP/s: an n x n x n matmul in the dtype, 2 n^3 FLOPs per product."""
     dtype = DTYPES[dtype_name]
     if n is None:
@@ -467,8 +477,10 @@ def static_unavailable(variant: Variant, device: torch.device, dtype_name: str) 
         if not runtime.triton_importable():
             return "the triton package is not installed"
         if not cuda:
-            return ("needs a CUDA GPU: on CPU the kernels only run in Triton's interpreter (TRITON_INTERPRET=1), "
-                    "which is far too slow to time")
+            return (
+                "needs a CUDA GPU: on CPU the kernels only run in Triton's interpreter (TRITON_INTERPRET=1), "
+                "which is far too slow to time"
+            )
     if b == "compile-reduce-overhead" and not cuda:
         return "mode='reduce-overhead' is CUDA graphs; needs a CUDA GPU"
     if b == "timm" and importlib.util.find_spec("timm") is None:
@@ -480,8 +492,10 @@ def static_unavailable(variant: Variant, device: torch.device, dtype_name: str) 
 
         providers = ort.get_available_providers()
         if cuda and "CUDAExecutionProvider" not in providers:
-            return (f"onnxruntime has no CUDAExecutionProvider here (providers: {', '.join(providers)}): install "
-                    "onnxruntime-gpu; CPU-EP timings would not compare with GPU backends")
+            return (
+                f"onnxruntime has no CUDAExecutionProvider here (providers: {', '.join(providers)}): install "
+                "onnxruntime-gpu; CPU-EP timings would not compare with GPU backends"
+            )
         if dtype_name == "bf16" and not cuda:
             return "bf16 cannot be fed to the CPU execution provider (it takes numpy arrays; numpy has no bfloat16)"
     if b == "tensorrt":
@@ -535,6 +549,7 @@ class ModuleBackend(Backend):
             return Case(run=runner.replay, fetch=lambda out: out.clone(), notes=self.notes)
         module = self.module
         if self.mark_step:
+
             def run() -> Any:
                 torch.compiler.cudagraph_mark_step_begin()
                 return module(x)
@@ -556,24 +571,46 @@ def build_timm(model: Any) -> Any:
     cfg = model.cfg
     act = functools.partial(torch.nn.GELU, approximate="tanh") if cfg.act == "gelu_tanh" else torch.nn.GELU
     timm_model = TimmViT(
-        img_size=cfg.img_size, patch_size=cfg.patch_size, in_chans=cfg.in_chans, num_classes=cfg.num_classes,
-        global_pool=cfg.global_pool, embed_dim=cfg.embed_dim, depth=cfg.depth, num_heads=cfg.num_heads,
-        mlp_ratio=cfg.mlp_ratio, qkv_bias=cfg.qkv_bias, init_values=cfg.init_values, class_token=cfg.class_token,
-        reg_tokens=cfg.reg_tokens, no_embed_class=cfg.no_embed_class, pre_norm=cfg.pre_norm, fc_norm=cfg.fc_norm,
-        dynamic_img_size=cfg.dynamic_img_size, act_layer=act,
+        img_size=cfg.img_size,
+        patch_size=cfg.patch_size,
+        in_chans=cfg.in_chans,
+        num_classes=cfg.num_classes,
+        global_pool=cfg.global_pool,
+        embed_dim=cfg.embed_dim,
+        depth=cfg.depth,
+        num_heads=cfg.num_heads,
+        mlp_ratio=cfg.mlp_ratio,
+        qkv_bias=cfg.qkv_bias,
+        init_values=cfg.init_values,
+        class_token=cfg.class_token,
+        reg_tokens=cfg.reg_tokens,
+        no_embed_class=cfg.no_embed_class,
+        pre_norm=cfg.pre_norm,
+        fc_norm=cfg.fc_norm,
+        dynamic_img_size=cfg.dynamic_img_size,
+        act_layer=act,
         norm_layer=functools.partial(torch.nn.LayerNorm, eps=cfg.layer_norm_eps),
     )
     timm_model.load_state_dict(model.state_dict(), strict=True)
     return timm_model.to(device=model.device, dtype=model.dtype).eval()
 
 
-def export_onnx(model: Any, path: Path, dtype_name: str, max_batch: int, exporter: str,
-                source: str | None = None) -> str:
+def export_onnx(
+    model: Any, path: Path, dtype_name: str, max_batch: int, exporter: str, source: str | None = None
+) -> str:
     """Write ``model`` (torch backend) as ONNX with a dynamic batch; returns how it was exported."""
     from .export import to_onnx
 
-    to_onnx(model, str(path), batch=(1, max(2, max_batch)), dtype=DTYPES[dtype_name], opset=18,
-            exporter=exporter, source=source, progress=False)
+    to_onnx(
+        model,
+        str(path),
+        batch=(1, max(2, max_batch)),
+        dtype=DTYPES[dtype_name],
+        opset=18,
+        exporter=exporter,
+        source=source,
+        progress=False,
+    )
     return f"vit_fast.export.to_onnx (exporter={exporter})"
 
 
@@ -625,10 +662,12 @@ class OnnxRuntimeBackend(Backend):
             out = torch.empty(self._output_shape(x.shape[0]), dtype=self.out_dtype, device=x.device)
             binding = session.io_binding()
             idx = self.device.index or 0
-            binding.bind_input(self.input_name, "cuda", idx, self._element_type(self.in_dtype), tuple(xin.shape),
-                               xin.data_ptr())
-            binding.bind_output(self.output_name, "cuda", idx, self._element_type(self.out_dtype), tuple(out.shape),
-                                out.data_ptr())
+            binding.bind_input(
+                self.input_name, "cuda", idx, self._element_type(self.in_dtype), tuple(xin.shape), xin.data_ptr()
+            )
+            binding.bind_output(
+                self.output_name, "cuda", idx, self._element_type(self.out_dtype), tuple(out.shape), out.data_ptr()
+            )
 
             def run() -> torch.Tensor:
                 _ = xin  # keep the bound input alive
@@ -640,8 +679,9 @@ class OnnxRuntimeBackend(Backend):
             raise RuntimeError("the CPU EP takes numpy inputs, and numpy has no bfloat16")
         feed = {self.input_name: x.detach().to(self.in_dtype).cpu().numpy()}
         names = [self.output_name]
-        return Case(run=lambda: session.run(names, feed)[0], fetch=lambda o: torch.from_numpy(np.asarray(o)),
-                    notes=self.notes)
+        return Case(
+            run=lambda: session.run(names, feed)[0], fetch=lambda o: torch.from_numpy(np.asarray(o)), notes=self.notes
+        )
 
     def _output_shape(self, batch: int) -> tuple[int, ...]:
         shape = self.session.get_outputs()[0].shape
@@ -677,8 +717,10 @@ class TensorRTBackend(Backend):
         self.runtime = trt.Runtime(self.logger)
         self.engine = None
         self.context = None
-        self.notes = (f"engine per batch (min=opt=max), precision={dtype_name}, execute_async_v3 on its own "
-                      "stream, ordered with torch's current stream")
+        self.notes = (
+            f"engine per batch (min=opt=max), precision={dtype_name}, execute_async_v3 on its own "
+            "stream, ordered with torch's current stream"
+        )
 
     def prepare(self, x: torch.Tensor) -> Case:
         trt = self.trt
@@ -687,8 +729,15 @@ class TensorRTBackend(Backend):
         self.context = self.engine = None
         # verify=False: every backend's output is already checked against the torch backend here, and
         # verify's float64 CPU reference would take minutes for ViT-L at batch 256
-        self.to_tensorrt(str(self.onnx_path), str(engine_path), batch=(batch, batch, batch),
-                         precision=self.precision, model=self.model, progress=False, verify=False)
+        self.to_tensorrt(
+            str(self.onnx_path),
+            str(engine_path),
+            batch=(batch, batch, batch),
+            precision=self.precision,
+            model=self.model,
+            progress=False,
+            verify=False,
+        )
         self.engine = self.runtime.deserialize_cuda_engine(engine_path.read_bytes())
         if self.engine is None:
             raise RuntimeError(f"TensorRT could not deserialize {engine_path}")
@@ -706,8 +755,9 @@ class TensorRTBackend(Backend):
         buffers = [xin]
         for name in outputs:
             shape = tuple(self.context.get_tensor_shape(name))
-            buffers.append(torch.empty(shape, dtype=_TRT_TORCH_DTYPES[self.engine.get_tensor_dtype(name).name],
-                                       device=x.device))
+            buffers.append(
+                torch.empty(shape, dtype=_TRT_TORCH_DTYPES[self.engine.get_tensor_dtype(name).name], device=x.device)
+            )
         for name, buf in zip([inputs[0], *outputs], buffers, strict=True):
             if not self.context.set_tensor_address(name, buf.data_ptr()):
                 raise RuntimeError(f"TensorRT rejected the buffer for tensor {name!r} of {engine_path}")
@@ -847,8 +897,11 @@ class Harness:
         b = variant.backend
         cuda = self.device.type == "cuda"
         if b == "torch":
-            return ModuleBackend(copy.deepcopy(ref_model).set_backend("torch"), variant.graph,
-                                 notes="eager PyTorch (vit_fast torch backend)")
+            return ModuleBackend(
+                copy.deepcopy(ref_model).set_backend("torch"),
+                variant.graph,
+                notes="eager PyTorch (vit_fast torch backend)",
+            )
         if b in ("triton", "triton-graph"):
             try:
                 importlib.import_module("vit_fast.triton_path")
@@ -860,13 +913,20 @@ class Harness:
             import torch._dynamo as dynamo
 
             dynamo.reset()  # each compiled variant starts from empty caches
-            mode = {"compile": None, "compile-max-autotune": "max-autotune",
-                    "compile-reduce-overhead": "reduce-overhead"}[b]
+            mode = {
+                "compile": None,
+                "compile-max-autotune": "max-autotune",
+                "compile-reduce-overhead": "reduce-overhead",
+            }[b]
             model = copy.deepcopy(ref_model).set_backend("torch")
             compiled = torch.compile(model, mode=mode, dynamic=False)
             graphed_by_inductor = cuda and mode in ("max-autotune", "reduce-overhead")
-            return ModuleBackend(compiled, variant.graph, mark_step=graphed_by_inductor,
-                                 notes=f"torch.compile(mode={mode!r}, dynamic=False) of the torch backend")
+            return ModuleBackend(
+                compiled,
+                variant.graph,
+                mark_step=graphed_by_inductor,
+                notes=f"torch.compile(mode={mode!r}, dynamic=False) of the torch backend",
+            )
         if b == "timm":
             timm_model = build_timm(ref_model)
             fused = getattr(getattr(timm_model.blocks[0], "attn", None), "fused_attn", "?")
@@ -909,13 +969,26 @@ class Harness:
         flusher = L2Flusher(device) if s.flush_l2 else None
 
         common = {
-            "model": s.model, "img_size": list(cfg.img_hw), "patch_size": cfg.patch_size, "tokens": cfg.num_tokens,
-            "gelu": cfg.act, "params": sum(p.numel() for p in base.parameters()), "flops_per_image": flops_img,
-            "device": str(device), "device_name": env["device_name"], "driver_version": env["driver_version"],
-            "cuda_runtime": env["cuda_runtime"], "torch": env["torch"], "triton": env["triton"],
-            "onnxruntime": env["onnxruntime"], "tensorrt": env["tensorrt"], "timm": env["timm"],
-            "git_commit": env["git_commit"], "timer": "cuda-events" if device.type == "cuda" else "perf_counter",
-            "flush_l2": bool(flusher), "warmup": self.opts["warmup"],
+            "model": s.model,
+            "img_size": list(cfg.img_hw),
+            "patch_size": cfg.patch_size,
+            "tokens": cfg.num_tokens,
+            "gelu": cfg.act,
+            "params": sum(p.numel() for p in base.parameters()),
+            "flops_per_image": flops_img,
+            "device": str(device),
+            "device_name": env["device_name"],
+            "driver_version": env["driver_version"],
+            "cuda_runtime": env["cuda_runtime"],
+            "torch": env["torch"],
+            "triton": env["triton"],
+            "onnxruntime": env["onnxruntime"],
+            "tensorrt": env["tensorrt"],
+            "timm": env["timm"],
+            "git_commit": env["git_commit"],
+            "timer": "cuda-events" if device.type == "cuda" else "perf_counter",
+            "flush_l2": bool(flusher),
+            "warmup": self.opts["warmup"],
         }
         rows: list[dict[str, Any]] = []
         transfers: list[dict[str, Any]] = []
@@ -941,18 +1014,34 @@ class Harness:
             "environment": env,
             "ceilings": ceilings,
             "settings": {
-                "batches": s.batches, "dtypes": s.dtypes, "backends": s.backends, "graph": s.graph,
-                "h2d": s.h2d, "flush_l2": flusher.describe() if flusher else False, "onnx_exporter": s.onnx_exporter,
-                "seed": s.seed, "threads": torch.get_num_threads() if device.type == "cpu" else None,
-                "threads_note": self.threads_note if device.type == "cpu" else None, **self.opts,
+                "batches": s.batches,
+                "dtypes": s.dtypes,
+                "backends": s.backends,
+                "graph": s.graph,
+                "h2d": s.h2d,
+                "flush_l2": flusher.describe() if flusher else False,
+                "onnx_exporter": s.onnx_exporter,
+                "seed": s.seed,
+                "threads": torch.get_num_threads() if device.type == "cpu" else None,
+                "threads_note": self.threads_note if device.type == "cpu" else None,
+                **self.opts,
             },
             "unavailable": unavailable_summary(rows),
             "transfers": transfers,
             "rows": rows,
         }
 
-    def _run_dtype(self, dtype_name: str, base: Any, common: dict[str, Any], ceilings: dict[str, Any],
-                   flusher: L2Flusher | None, workdir: Path, bar: Any, transfers: list[dict[str, Any]]) -> list[dict]:
+    def _run_dtype(
+        self,
+        dtype_name: str,
+        base: Any,
+        common: dict[str, Any],
+        ceilings: dict[str, Any],
+        flusher: L2Flusher | None,
+        workdir: Path,
+        bar: Any,
+        transfers: list[dict[str, Any]],
+    ) -> list[dict]:
         s, device = self.s, self.device
         dtype = DTYPES[dtype_name]
         ref_model = copy.deepcopy(base).to(device=device, dtype=dtype).set_backend("torch").eval()
@@ -974,8 +1063,12 @@ class Harness:
         out_rows = []
         for variant in self.variants:
             base_row = {
-                **common, "backend": variant.backend, "label": variant.label, "graph_mode": graph_mode(variant, device),
-                "dtype": dtype_name, "weight_bytes": weight_bytes,
+                **common,
+                "backend": variant.backend,
+                "label": variant.label,
+                "graph_mode": graph_mode(variant, device),
+                "dtype": dtype_name,
+                "weight_bytes": weight_bytes,
             }
             reason = static_unavailable(variant, device, dtype_name)
             backend: Backend | None = None
@@ -991,7 +1084,7 @@ class Harness:
             for b in s.batches:
                 row = {**base_row, "batch": b, "torch_max_abs_err_vs_fp32": fp32_err.get(b, 0.0)}
                 fl = floor_ms(weight_bytes, flops_img_total(common, b), ceilings, dtype_name)
-                row["floor_ms"], row["floor_bound"] = (fl if fl else (None, None))
+                row["floor_ms"], row["floor_bound"] = fl if fl else (None, None)
                 if b in h2d:
                     row["h2d_median_ms"] = h2d[b].get("median_ms")
                 if reason is not None:
@@ -1020,17 +1113,27 @@ class Harness:
             synchronize(device)
             err = _max_abs_err(out, ref)
             del out
-            times = time_callable(case.run, device, warmup=self.opts["warmup"], iters=self.opts["iters"],
-                                  flush=flusher, max_seconds=self.opts["max_seconds"],
-                                  min_iters=5 if device.type == "cuda" else 3)
+            times = time_callable(
+                case.run,
+                device,
+                warmup=self.opts["warmup"],
+                iters=self.opts["iters"],
+                flush=flusher,
+                max_seconds=self.opts["max_seconds"],
+                min_iters=5 if device.type == "cuda" else 3,
+            )
         except Exception as err:
             _release(device)
             return {"status": "error", "error": _short_error(err), "traceback": traceback.format_exc(limit=8)}
         stats = summarize(times)
         batch = int(x.shape[0])
         return {
-            "status": "ok", "max_abs_err_vs_torch": err, "iters": stats["n"], **stats,
-            "images_per_s": batch / (stats["median_ms"] * 1e-3), "notes": case.notes,
+            "status": "ok",
+            "max_abs_err_vs_torch": err,
+            "iters": stats["n"],
+            **stats,
+            "images_per_s": batch / (stats["median_ms"] * 1e-3),
+            "notes": case.notes,
         }
 
     def _time_h2d(self, x: torch.Tensor) -> dict[str, Any]:
@@ -1039,11 +1142,18 @@ class Harness:
             return {"bytes": nbytes, "median_ms": None, "note": "n/a on CPU: the input already lies in host memory"}
         host = x.cpu().pin_memory()
         dst = torch.empty_like(x)
-        times = time_callable(lambda: dst.copy_(host, non_blocking=True), self.device, warmup=3,
-                              iters=min(self.opts["iters"], 50))
+        times = time_callable(
+            lambda: dst.copy_(host, non_blocking=True), self.device, warmup=3, iters=min(self.opts["iters"], 50)
+        )
         st = summarize(times)
-        return {"bytes": nbytes, "median_ms": st["median_ms"], "p90_ms": st["p90_ms"], "p99_ms": st["p99_ms"],
-                "GBps": nbytes / (st["median_ms"] * 1e-3) / 1e9, "note": "pinned host -> device, non_blocking copy"}
+        return {
+            "bytes": nbytes,
+            "median_ms": st["median_ms"],
+            "p90_ms": st["p90_ms"],
+            "p99_ms": st["p99_ms"],
+            "GBps": nbytes / (st["median_ms"] * 1e-3) / 1e9,
+            "note": "pinned host -> device, non_blocking copy",
+        }
 
 
 class _NoBar:
@@ -1100,8 +1210,14 @@ def unavailable_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         key = (r["label"], r["status"], why)
         entry = seen.get(key)
         if entry is None:
-            entry = {"backend": r["backend"], "label": r["label"], "status": r["status"], "reason": why,
-                     "dtypes": [], "batches": []}
+            entry = {
+                "backend": r["backend"],
+                "label": r["label"],
+                "status": r["status"],
+                "reason": why,
+                "dtypes": [],
+                "batches": [],
+            }
             seen[key] = entry
             out.append(entry)
         if r["dtype"] not in entry["dtypes"]:
@@ -1169,16 +1285,25 @@ def markdown_report(report: dict[str, Any]) -> str:
     if not any(r.get("status") == "ok" for r in rows):
         lines.append("| (nothing ran) |||||||||||||| ")
     if report.get("transfers"):
-        lines += ["", "Host-to-device copy of the input (timed apart from the forward):", "",
-                  "| dtype | batch | MB | median ms | GB/s |", "|---|---:|---:|---:|---:|"]
+        lines += [
+            "",
+            "Host-to-device copy of the input (timed apart from the forward):",
+            "",
+            "| dtype | batch | MB | median ms | GB/s |",
+            "|---|---:|---:|---:|---:|",
+        ]
         for tr in report["transfers"]:
-            lines.append(f"| {tr['dtype']} | {tr['batch']} | {tr['bytes'] / 1e6:.2f} "
-                         f"| {_fmt(tr.get('median_ms'), '.4f')} | {_fmt(tr.get('GBps'), '.1f', tr.get('note', '-'))} |")
+            lines.append(
+                f"| {tr['dtype']} | {tr['batch']} | {tr['bytes'] / 1e6:.2f} "
+                f"| {_fmt(tr.get('median_ms'), '.4f')} | {_fmt(tr.get('GBps'), '.1f', tr.get('note', '-'))} |"
+            )
     if report["unavailable"]:
         lines += ["", "Not run:", ""]
         for u in report["unavailable"]:
-            lines.append(f"- **{u['label']}** ({','.join(u['dtypes'])}; batch {','.join(map(str, u['batches']))}): "
-                         f"{u['status']}: {u['reason']}")
+            lines.append(
+                f"- **{u['label']}** ({','.join(u['dtypes'])}; batch {','.join(map(str, u['batches']))}): "
+                f"{u['status']}: {u['reason']}"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -1229,8 +1354,9 @@ def plot_report(report: dict[str, Any]) -> bytes:
     else:
         ax_lat.text(0.5, 0.5, "no backend ran", ha="center", va="center", transform=ax_lat.transAxes)
     env = report["environment"]
-    fig.suptitle(f"{report['model']} on {env['device_name'][:80]}  (torch {env['torch']}, {env['git_commit'][:12]})",
-                 fontsize=10)
+    fig.suptitle(
+        f"{report['model']} on {env['device_name'][:80]}  (torch {env['torch']}, {env['git_commit'][:12]})", fontsize=10
+    )
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
@@ -1260,8 +1386,9 @@ def write_reports(report: dict[str, Any], out_dir: Path, stem: str) -> dict[str,
     """Write ``<stem>.json``, ``<stem>.md`` and ``<stem>.png`` into ``out_dir`` atomically; returns the paths."""
     out_dir = Path(out_dir)
     paths = {
-        "json": write_atomic(out_dir / f"{stem}.json",
-                             json.dumps(_json_clean(report), indent=2, default=_json_default) + "\n"),
+        "json": write_atomic(
+            out_dir / f"{stem}.json", json.dumps(_json_clean(report), indent=2, default=_json_default) + "\n"
+        ),
         "markdown": write_atomic(out_dir / f"{stem}.md", markdown_report(report)),
     }
     try:

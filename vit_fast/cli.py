@@ -32,14 +32,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"vit-fast {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    info = sub.add_parser("info", help="versions, GPU, and which backends can run here",
-                          description="Print versions of torch, triton, onnx, onnxruntime and tensorrt, the GPU's "
-                          "name and compute capability, and which backends can run on this machine.")
+    info = sub.add_parser(
+        "info",
+        help="versions, GPU, and which backends can run here",
+        description="Print versions of torch, triton, onnx, onnxruntime and tensorrt, the GPU's "
+        "name and compute capability, and which backends can run on this machine.",
+    )
     info.set_defaults(func=_info)
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         module = importlib.import_module(module_name)
-        p = sub.add_parser(name, help=help_text, description=(module.__doc__ or help_text).strip(),
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p = sub.add_parser(
+            name,
+            help=help_text,
+            description=(module.__doc__ or help_text).strip(),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         module.add_arguments(p)
         p.set_defaults(func=module.run)
     return parser

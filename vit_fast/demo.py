@@ -42,25 +42,49 @@ ACCURACY_TOLERANCE_PP = 0.5
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", default=DEFAULT_OUT, help=f"folder for report.json, report.md and the ONNX file "
-                        f"(default {DEFAULT_OUT})")
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                        help="where the triton and GPU steps run (auto: cuda when a GPU is visible)")
-    parser.add_argument("--subset", type=int, default=DEFAULT_SUBSET, metavar="N",
-                        help=f"held-out images for the triton step under the CPU interpreter (default "
-                        f"{DEFAULT_SUBSET}; ~1.5 s each on an idle 2-core CPU); on a GPU the whole set runs")
-    parser.add_argument("--triton-timeout", type=float, default=300.0, metavar="S",
-                        help="seconds the interpreter child process may take before the step fails (default 300)")
+    parser.add_argument(
+        "--out",
+        default=DEFAULT_OUT,
+        help=f"folder for report.json, report.md and the ONNX file (default {DEFAULT_OUT})",
+    )
+    parser.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="where the triton and GPU steps run (auto: cuda when a GPU is visible)",
+    )
+    parser.add_argument(
+        "--subset",
+        type=int,
+        default=DEFAULT_SUBSET,
+        metavar="N",
+        help=f"held-out images for the triton step under the CPU interpreter (default "
+        f"{DEFAULT_SUBSET}; ~1.5 s each on an idle 2-core CPU); on a GPU the whole set runs",
+    )
+    parser.add_argument(
+        "--triton-timeout",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="seconds the interpreter child process may take before the step fails (default 300)",
+    )
     parser.add_argument("--skip-triton", action="store_true", help="skip step 2")
     parser.add_argument("--skip-onnx", action="store_true", help="skip step 3 (and ONNX Runtime in step 4)")
     parser.add_argument("--skip-timing", action="store_true", help="skip step 4")
-    parser.add_argument("--exporter", choices=("dynamo", "torchscript"), default="dynamo",
-                        help="ONNX exporter (default dynamo)")
+    parser.add_argument(
+        "--exporter", choices=("dynamo", "torchscript"), default="dynamo", help="ONNX exporter (default dynamo)"
+    )
     parser.add_argument("--opset", type=int, default=18, help="ONNX opset (default 18)")
-    parser.add_argument("--repeats", type=int, default=15, metavar="R",
-                        help="timed runs per case (batch 1 runs 4x as many); default 15")
-    parser.add_argument("--threads", type=int, default=None, metavar="T",
-                        help="CPU threads for torch and ONNX Runtime (default: torch's current setting)")
+    parser.add_argument(
+        "--repeats", type=int, default=15, metavar="R", help="timed runs per case (batch 1 runs 4x as many); default 15"
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        metavar="T",
+        help="CPU threads for torch and ONNX Runtime (default: torch's current setting)",
+    )
 
 
 # --------------------------------------------------------------------------- helpers
@@ -85,10 +109,14 @@ def _compare(out: Any, eager: Any, ref: Any) -> dict[str, Any]:
 
     cmp = compare(out, eager, ref, torch.float32)
     vs_torch = float((out.double() - eager.double()).abs().max())
-    return {"max_abs_err": cmp["max_abs_err"], "max_abs_err_vs_torch": vs_torch,
-            "eager_max_abs_err": cmp["eager_max_abs_err"], "bound": cmp["bound"],
-            "top1_agreement": (out.argmax(-1) == eager.argmax(-1)).double().mean().item(),
-            "within_bound": cmp["passed"]}
+    return {
+        "max_abs_err": cmp["max_abs_err"],
+        "max_abs_err_vs_torch": vs_torch,
+        "eager_max_abs_err": cmp["eager_max_abs_err"],
+        "bound": cmp["bound"],
+        "top1_agreement": (out.argmax(-1) == eager.argmax(-1)).double().mean().item(),
+        "within_bound": cmp["passed"],
+    }
 
 
 def _median_ms(fn: Any, repeats: int, warmup: int = 2) -> dict[str, float]:
@@ -162,7 +190,9 @@ class _InterpreterChild:
         self.started = time.perf_counter()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "vit_fast.demo", "--triton-worker", str(subset), str(self.result_path)],
-            env=env, stdout=self.log, stderr=subprocess.STDOUT,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
         )
 
     def kill(self) -> None:
@@ -181,8 +211,14 @@ class _InterpreterChild:
             try:
                 self.proc.wait(timeout=left)
             except subprocess.TimeoutExpired:
-                return None, (f"the interpreter run of {self.subset} images took longer than {self.timeout:g} s "
-                              "(lower --subset or raise --triton-timeout)"), time.perf_counter() - self.started
+                return (
+                    None,
+                    (
+                        f"the interpreter run of {self.subset} images took longer than {self.timeout:g} s "
+                        "(lower --subset or raise --triton-timeout)"
+                    ),
+                    time.perf_counter() - self.started,
+                )
             wall = time.perf_counter() - self.started
             self.log.seek(0)
             tail = self.log.read()[-2000:]
@@ -206,8 +242,14 @@ def _triton_from_child(child: _InterpreterChild, model: Any, images: Any) -> dic
 
     result, error, wall = child.collect()
     if error is not None:
-        return _step("triton", "failed", f"triton (interpreter): {error}", mode="interpreter", wall_s=wall,
-                     traceback=child.traceback)
+        return _step(
+            "triton",
+            "failed",
+            f"triton (interpreter): {error}",
+            mode="interpreter",
+            wall_s=wall,
+            traceback=child.traceback,
+        )
     logits = torch.tensor(result["logits"], dtype=torch.float32)
     x = images[: logits.shape[0]]
     with torch.no_grad():
@@ -215,11 +257,22 @@ def _triton_from_child(child: _InterpreterChild, model: Any, images: Any) -> dic
         ref = _reference(model, x)
     cmp = _compare(logits, eager, ref)
     ok = cmp["within_bound"] and cmp["top1_agreement"] == 1.0
-    summary = (f"interpreter, {len(x)} images: max|err| {cmp['max_abs_err']:.2e} "
-               f"(torch {cmp['eager_max_abs_err']:.2e}, bound {cmp['bound']:.2e}), "
-               f"top-1 agreement {cmp['top1_agreement']:.0%}")
-    return _step("triton", "ok" if ok else "failed", summary, mode="interpreter", images=len(x),
-                 seconds=result["seconds"], wall_s=wall, triton_version=result.get("triton_version"), **cmp)
+    summary = (
+        f"interpreter, {len(x)} images: max|err| {cmp['max_abs_err']:.2e} "
+        f"(torch {cmp['eager_max_abs_err']:.2e}, bound {cmp['bound']:.2e}), "
+        f"top-1 agreement {cmp['top1_agreement']:.0%}"
+    )
+    return _step(
+        "triton",
+        "ok" if ok else "failed",
+        summary,
+        mode="interpreter",
+        images=len(x),
+        seconds=result["seconds"],
+        wall_s=wall,
+        triton_version=result.get("triton_version"),
+        **cmp,
+    )
 
 
 def _reference(model: Any, x: Any) -> Any:
@@ -251,11 +304,21 @@ def _triton_on_gpu(model: Any, images: Any, labels: Any) -> dict[str, Any]:
     cmp = _compare(out.cpu(), eager.cpu(), _reference(model, images))
     acc = (out.argmax(-1).cpu() == labels).double().mean().item()
     ok = cmp["within_bound"] and cmp["top1_agreement"] == 1.0
-    summary = (f"compiled on {torch.cuda.get_device_name()}, {len(images)} images: accuracy {acc:.2%}, "
-               f"max|err| {cmp['max_abs_err']:.2e} (bound {cmp['bound']:.2e}), top-1 agreement "
-               f"{cmp['top1_agreement']:.0%}")
-    return _step("triton", "ok" if ok else "failed", summary, mode="compiled", images=len(images), accuracy=acc,
-                 seconds=seconds, **cmp)
+    summary = (
+        f"compiled on {torch.cuda.get_device_name()}, {len(images)} images: accuracy {acc:.2%}, "
+        f"max|err| {cmp['max_abs_err']:.2e} (bound {cmp['bound']:.2e}), top-1 agreement "
+        f"{cmp['top1_agreement']:.0%}"
+    )
+    return _step(
+        "triton",
+        "ok" if ok else "failed",
+        summary,
+        mode="compiled",
+        images=len(images),
+        accuracy=acc,
+        seconds=seconds,
+        **cmp,
+    )
 
 
 # --------------------------------------------------------------------------- step 3: onnx
@@ -277,8 +340,16 @@ def _onnx_step(model: Any, images: Any, labels: Any, out_dir: Path, args: argpar
     logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
     t = time.perf_counter()
     try:
-        export.to_onnx(model, path, batch=(1, n), dtype=torch.float32, opset=args.opset, exporter=args.exporter,
-                       source="default", progress=False)
+        export.to_onnx(
+            model,
+            path,
+            batch=(1, n),
+            dtype=torch.float32,
+            opset=args.opset,
+            exporter=args.exporter,
+            source="default",
+            progress=False,
+        )
     except Exception as err:
         return _step("onnx", "failed", f"export failed: {_why(err)}")
     export_s = time.perf_counter() - t
@@ -298,14 +369,28 @@ def _onnx_step(model: Any, images: Any, labels: Any, out_dir: Path, args: argpar
     eager_acc = (eager.argmax(-1) == labels).double().mean().item()
     delta_pp = 100 * (ort_acc - eager_acc)
     ok = report.passed and cmp["within_bound"] and cmp["top1_agreement"] == 1.0
-    summary = (f"{args.exporter}, opset {args.opset}: accuracy {ort_acc:.2%} "
-               f"(delta {round(delta_pp, 2) + 0.0:+.2f} pp), "
-               f"max|err| {cmp['max_abs_err']:.2e} (bound {cmp['bound']:.2e}), top-1 agreement "
-               f"{cmp['top1_agreement']:.0%}; verify {'PASSED' if report.passed else 'FAILED'}")
-    return _step("onnx", "ok" if ok else "failed", summary, artifact=str(path), exporter=args.exporter,
-                 opset=args.opset, export_s=export_s, accuracy=ort_acc, eager_accuracy=eager_acc,
-                 accuracy_delta_pp=delta_pp, verify_passed=report.passed, verify_accuracy=acc,
-                 verify_worst_ratio=report.worst().ratio if report.rows else None, **cmp)
+    summary = (
+        f"{args.exporter}, opset {args.opset}: accuracy {ort_acc:.2%} "
+        f"(delta {round(delta_pp, 2) + 0.0:+.2f} pp), "
+        f"max|err| {cmp['max_abs_err']:.2e} (bound {cmp['bound']:.2e}), top-1 agreement "
+        f"{cmp['top1_agreement']:.0%}; verify {'PASSED' if report.passed else 'FAILED'}"
+    )
+    return _step(
+        "onnx",
+        "ok" if ok else "failed",
+        summary,
+        artifact=str(path),
+        exporter=args.exporter,
+        opset=args.opset,
+        export_s=export_s,
+        accuracy=ort_acc,
+        eager_accuracy=eager_acc,
+        accuracy_delta_pp=delta_pp,
+        verify_passed=report.passed,
+        verify_accuracy=acc,
+        verify_worst_ratio=report.worst().ratio if report.rows else None,
+        **cmp,
+    )
 
 
 def _ort_session(path: Path, threads: int | None) -> Any:
@@ -347,8 +432,14 @@ def _timing_step(model: Any, images: Any, onnx_path: Path | None, args: argparse
         parts.append(p)
     threads = args.threads or torch.get_num_threads()
     note = "" if session is not None else " (ONNX Runtime not timed: step 3 did not produce an artifact)"
-    return _step("timing", "ok", "CPU wall-clock, median: " + "; ".join(parts) + note, clock="CPU wall-clock",
-                 threads=threads, cases=cases)
+    return _step(
+        "timing",
+        "ok",
+        "CPU wall-clock, median: " + "; ".join(parts) + note,
+        clock="CPU wall-clock",
+        threads=threads,
+        cases=cases,
+    )
 
 
 # --------------------------------------------------------------------------- step 5: GPU only
@@ -392,10 +483,15 @@ def _cuda_graph_step(model: Any, images: Any) -> dict[str, Any]:
         graph_ms = _cuda_ms(runner.replay)
     err = float((out - eager).abs().max())
     ok = err <= 1e-5 * max(1.0, float(eager.abs().max()))
-    return _step("cuda graph", "ok" if ok else "failed",
-                 f"digits model, triton, batch 1: eager {eager_ms:.3f} ms, graph replay {graph_ms:.3f} ms "
-                 f"({eager_ms / graph_ms:.1f}x); max|graph - eager| {err:.1e}",
-                 eager_ms=eager_ms, graph_ms=graph_ms, max_abs_diff=err)
+    return _step(
+        "cuda graph",
+        "ok" if ok else "failed",
+        f"digits model, triton, batch 1: eager {eager_ms:.3f} ms, graph replay {graph_ms:.3f} ms "
+        f"({eager_ms / graph_ms:.1f}x); max|graph - eager| {err:.1e}",
+        eager_ms=eager_ms,
+        graph_ms=graph_ms,
+        max_abs_diff=err,
+    )
 
 
 def _vit_b16_step() -> dict[str, Any]:
@@ -421,8 +517,9 @@ def _vit_b16_step() -> dict[str, Any]:
         f"b={b}: torch {r['torch']:.3f} ms, triton {r['triton']:.3f} ms ({r['torch'] / r['triton']:.2f}x)"
         for b, r in cases.items()
     )
-    return _step("vit-b/16 latency", "ok", summary, dtype="bfloat16", cases_ms=cases,
-                 device=torch.cuda.get_device_name())
+    return _step(
+        "vit-b/16 latency", "ok", summary, dtype="bfloat16", cases_ms=cases, device=torch.cuda.get_device_name()
+    )
 
 
 def _guarded(name: str, fn: Any, *a: Any) -> dict[str, Any]:
@@ -460,8 +557,12 @@ def _markdown(report: dict[str, Any]) -> str:
     ]
     for s in report["steps"]:
         lines.append(f"| {s['name']} | {s['status']} | {s['summary'].replace('|', chr(92) + '|')} |")
-    lines += ["", f"**{'OK' if report['ok'] else 'FAILED'}** (exit code {report['exit_code']}), "
-              f"{report['wall_s']:.1f} s. Timings in the timing step are CPU wall-clock.", ""]
+    lines += [
+        "",
+        f"**{'OK' if report['ok'] else 'FAILED'}** (exit code {report['exit_code']}), "
+        f"{report['wall_s']:.1f} s. Timings in the timing step are CPU wall-clock.",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -479,10 +580,15 @@ def _environment() -> dict[str, Any]:
         except Exception:
             return "unknown"
 
-    return {"python": platform.python_version(), "platform": platform.platform(), "torch": torch.__version__,
-            "triton": version("triton"), "onnxruntime": version("onnxruntime"),
-            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-            "cpu_threads": torch.get_num_threads()}
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "triton": version("triton"),
+        "onnxruntime": version("onnxruntime"),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "cpu_threads": torch.get_num_threads(),
+    }
 
 
 # --------------------------------------------------------------------------- main
@@ -521,8 +627,10 @@ def run(args: argparse.Namespace) -> int:
     triton_child = None
     skip_triton = args.skip_triton or _triton_skip_reason()
     if not skip_triton and not use_gpu:  # start the slow interpreter run now; it overlaps the ONNX step
-        _progress(f"2/{n_steps} starting the triton interpreter on {args.subset} images in a child process "
-                  "(TRITON_INTERPRET=1)")
+        _progress(
+            f"2/{n_steps} starting the triton interpreter on {args.subset} images in a child process "
+            "(TRITON_INTERPRET=1)"
+        )
         triton_child = _InterpreterChild(min(args.subset, len(images)), args.triton_timeout)
     t = time.perf_counter()
     with torch.no_grad():
@@ -531,11 +639,19 @@ def run(args: argparse.Namespace) -> int:
     recorded = float(info["heldout_accuracy"])
     delta_pp = 100 * (acc - recorded)
     ok = abs(delta_pp) <= ACCURACY_TOLERANCE_PP
-    steps.append(_step(
-        "accuracy", "ok" if ok else "failed",
-        f"torch backend: {acc:.2%} on {len(labels)} held-out images (recorded {recorded:.2%}, "
-        f"delta {round(delta_pp, 2) + 0.0:+.2f} pp)", accuracy=acc, recorded_accuracy=recorded, delta_pp=delta_pp,
-        images=len(labels), seconds=time.perf_counter() - t))
+    steps.append(
+        _step(
+            "accuracy",
+            "ok" if ok else "failed",
+            f"torch backend: {acc:.2%} on {len(labels)} held-out images (recorded {recorded:.2%}, "
+            f"delta {round(delta_pp, 2) + 0.0:+.2f} pp)",
+            accuracy=acc,
+            recorded_accuracy=recorded,
+            delta_pp=delta_pp,
+            images=len(labels),
+            seconds=time.perf_counter() - t,
+        )
+    )
     _progress(f"  {steps[-1]['summary']}")
 
     try:
@@ -544,8 +660,7 @@ def run(args: argparse.Namespace) -> int:
         if args.skip_onnx:
             onnx_step = _step("onnx", "skipped", "--skip-onnx")
         else:
-            _progress(f"3/{n_steps} exporting to ONNX ({args.exporter}, opset {args.opset}), "
-                      "verifying on ONNX Runtime")
+            _progress(f"3/{n_steps} exporting to ONNX ({args.exporter}, opset {args.opset}), verifying on ONNX Runtime")
             onnx_step = _guarded("onnx", _onnx_step, model, images, labels, out_dir, args)
             _progress(f"  {onnx_step['summary']}")
 
@@ -591,9 +706,14 @@ def run(args: argparse.Namespace) -> int:
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "vit_fast_version": __version__,
         "environment": _environment(),
-        "model": {"name": info.get("name", "digits_vit"), "config": cfg.to_dict(), "tokens": cfg.num_tokens,
-                  "num_params": sum(p.numel() for p in model.parameters()),
-                  "recorded_heldout_accuracy": recorded, "heldout_size": len(labels)},
+        "model": {
+            "name": info.get("name", "digits_vit"),
+            "config": cfg.to_dict(),
+            "tokens": cfg.num_tokens,
+            "num_params": sum(p.numel() for p in model.parameters()),
+            "recorded_heldout_accuracy": recorded,
+            "heldout_size": len(labels),
+        },
         "args": {k: v for k, v in vars(args).items() if k != "func"},
         "steps": steps,
         "failed": failed,
@@ -605,8 +725,10 @@ def run(args: argparse.Namespace) -> int:
     write_atomic(out_dir / "report.json", json.dumps(report, indent=2, default=str) + "\n")
     write_atomic(out_dir / "report.md", _markdown(report))
     print(table)
-    print(f"\n{'OK' if not failed else 'FAILED: ' + ', '.join(failed)} in {report['wall_s']:.1f} s; "
-          f"report: {out_dir / 'report.json'}, {out_dir / 'report.md'}")
+    print(
+        f"\n{'OK' if not failed else 'FAILED: ' + ', '.join(failed)} in {report['wall_s']:.1f} s; "
+        f"report: {out_dir / 'report.json'}, {out_dir / 'report.md'}"
+    )
     return exit_code
 
 

@@ -40,8 +40,11 @@ def collect_info() -> dict[str, Any]:
         for i in range(torch.cuda.device_count()):
             props = torch.cuda.get_device_properties(i)
             info["gpus"].append(
-                {"name": props.name, "capability": f"{props.major}.{props.minor}",
-                 "memory_gib": round(props.total_memory / 2**30, 1)}
+                {
+                    "name": props.name,
+                    "capability": f"{props.major}.{props.minor}",
+                    "memory_gib": round(props.total_memory / 2**30, 1),
+                }
             )
     ort_providers: list[str] = []
     if info["onnxruntime"]:

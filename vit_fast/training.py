@@ -38,8 +38,17 @@ def model_config(embed_dim: int = 64, depth: int = 4, num_heads: int = 2):
     from .config import ViTConfig
 
     return ViTConfig(
-        img_size=IMG_SIZE, patch_size=4, in_chans=1, embed_dim=embed_dim, depth=depth, num_heads=num_heads,
-        mlp_ratio=4.0, qkv_bias=True, class_token=True, global_pool="token", num_classes=10,
+        img_size=IMG_SIZE,
+        patch_size=4,
+        in_chans=1,
+        embed_dim=embed_dim,
+        depth=depth,
+        num_heads=num_heads,
+        mlp_ratio=4.0,
+        qkv_bias=True,
+        class_token=True,
+        global_pool="token",
+        num_classes=10,
     )
 
 
@@ -121,7 +130,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     no_decay = [p for n, p in model.named_parameters() if not decays(n, p)]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.lr, betas=(0.9, 0.999),
+        lr=args.lr,
+        betas=(0.9, 0.999),
     )
     n = len(x_train)
     steps_per_epoch = math.ceil(n / args.batch_size)
@@ -156,8 +166,11 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     model.eval()
     test_acc = evaluate(model, x_test, y_test)
     train_acc = evaluate(model, x_train, y_train)
-    print(f"held-out accuracy {100 * test_acc:.2f}% ({len(y_test)} images); train {100 * train_acc:.2f}%; "
-          f"{train_time:.1f}s", file=sys.stderr)
+    print(
+        f"held-out accuracy {100 * test_acc:.2f}% ({len(y_test)} images); train {100 * train_acc:.2f}%; "
+        f"{train_time:.1f}s",
+        file=sys.stderr,
+    )
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -178,19 +191,35 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "heldout_size": len(y_test),
         "train_accuracy": round(train_acc, 6),
         "train_size": len(y_train),
-        "split": {"function": "sklearn.model_selection.train_test_split", "test_size": assets.TEST_SIZE,
-                  "stratify": "labels", "shuffle": True, "random_state": assets.SPLIT_SEED},
-        "preprocessing": {"pixels": "sklearn load_digits values 0..16, divided by 16",
-                          "resize": f"bilinear 8x8 -> {assets.IMG_SIZE}x{assets.IMG_SIZE}, align_corners=False",
-                          "mean": assets.DIGITS_MEAN, "std": assets.DIGITS_STD,
-                          "formula": "(x / 16 upsampled - mean) / std"},
-        "training": {"seed": args.seed, "epochs": args.epochs, "batch_size": args.batch_size,
-                     "optimizer": "AdamW", "lr": args.lr, "weight_decay": args.weight_decay,
-                     "schedule": f"linear warm-up {args.warmup_epochs} epochs, cosine to 1% of lr",
-                     "label_smoothing": args.label_smoothing, "grad_clip": 1.0,
-                     "pos_embed_init": args.pos_init,
-                     "augmentation": f"random shift of up to {args.shift} px (32x32 grid), background fill",
-                     "threads": args.threads, "deterministic": True},
+        "split": {
+            "function": "sklearn.model_selection.train_test_split",
+            "test_size": assets.TEST_SIZE,
+            "stratify": "labels",
+            "shuffle": True,
+            "random_state": assets.SPLIT_SEED,
+        },
+        "preprocessing": {
+            "pixels": "sklearn load_digits values 0..16, divided by 16",
+            "resize": f"bilinear 8x8 -> {assets.IMG_SIZE}x{assets.IMG_SIZE}, align_corners=False",
+            "mean": assets.DIGITS_MEAN,
+            "std": assets.DIGITS_STD,
+            "formula": "(x / 16 upsampled - mean) / std",
+        },
+        "training": {
+            "seed": args.seed,
+            "epochs": args.epochs,
+            "batch_size": args.batch_size,
+            "optimizer": "AdamW",
+            "lr": args.lr,
+            "weight_decay": args.weight_decay,
+            "schedule": f"linear warm-up {args.warmup_epochs} epochs, cosine to 1% of lr",
+            "label_smoothing": args.label_smoothing,
+            "grad_clip": 1.0,
+            "pos_embed_init": args.pos_init,
+            "augmentation": f"random shift of up to {args.shift} px (32x32 grid), background fill",
+            "threads": args.threads,
+            "deterministic": True,
+        },
         "command": "python -m vit_fast.training " + " ".join(shlex.quote(a) for a in args.argv),
         "train_time_s": round(train_time, 1),
         "torch": torch.__version__,
@@ -207,8 +236,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m vit_fast.training", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m vit_fast.training", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--out", default="vit_fast/assets", help="folder for the weights and the JSON record")
     p.add_argument("--epochs", type=int, default=80)
     p.add_argument("--batch-size", type=int, default=32)
@@ -220,8 +250,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--embed-dim", type=int, default=64)
     p.add_argument("--depth", type=int, default=4)
     p.add_argument("--heads", type=int, default=2)
-    p.add_argument("--pos-init", choices=("sincos", "trunc_normal"), default="sincos",
-                   help="initial position embedding (learned either way)")
+    p.add_argument(
+        "--pos-init",
+        choices=("sincos", "trunc_normal"),
+        default="sincos",
+        help="initial position embedding (learned either way)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads (results are reproducible per count)")
     p.add_argument("--log-every", type=int, default=5)

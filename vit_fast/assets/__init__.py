@@ -90,8 +90,12 @@ def load_digits_split(seed: int = SPLIT_SEED) -> dict[str, torch.Tensor]:
     x = preprocess(pixels)
     y = torch.as_tensor(labels, dtype=torch.int64)
     tr, te = torch.as_tensor(train_idx), torch.as_tensor(test_idx)
-    return {"x_train": x[tr].contiguous(), "y_train": y[tr].contiguous(),
-            "x_test": x[te].contiguous(), "y_test": y[te].contiguous()}
+    return {
+        "x_train": x[tr].contiguous(),
+        "y_train": y[tr].contiguous(),
+        "x_test": x[te].contiguous(),
+        "y_test": y[te].contiguous(),
+    }
 
 
 @cache
@@ -123,9 +127,7 @@ def load_default_model(backend: str = "auto"):
     from ..convert import load_checkpoint
 
     if not WEIGHTS_FILE.is_file():
-        raise FileNotFoundError(
-            f"{WEIGHTS_FILE} is missing: run `python -m vit_fast.training --out vit_fast/assets`"
-        )
+        raise FileNotFoundError(f"{WEIGHTS_FILE} is missing: run `python -m vit_fast.training --out vit_fast/assets`")
     return load_checkpoint(WEIGHTS_FILE, backend=backend).eval()
 
 
