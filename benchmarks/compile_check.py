@@ -264,7 +264,23 @@ def linear_launch(params):
     res = _empty((M, N), dtype) if has_res else x
     gamma = _empty((N,), dtype) if has_gamma else x
     out = _empty((M, N), dtype)
-    args = (x, w, bias, res, gamma, out, M, N, K, x.stride(0), w.stride(0), res.stride(0) if has_res else 0, N)
+    m_bucket = 1 << (M - 1).bit_length()  # as the launcher's triton.next_power_of_2(M)
+    args = (
+        x,
+        w,
+        bias,
+        res,
+        gamma,
+        out,
+        M,
+        N,
+        K,
+        x.stride(0),
+        w.stride(0),
+        res.stride(0) if has_res else 0,
+        N,
+        m_bucket,
+    )
     const = {
         "ACTIVATION": li._ACTIVATION_CODE[None if act == "none" else act],
         "HAS_BIAS": has_bias,

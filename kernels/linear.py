@@ -77,7 +77,7 @@ def _to_bf16_rtne(x):
 
 @triton.autotune(
     configs=_linear_configs(),
-    key=["M", "N", "K"],
+    key=["M_BUCKET", "N", "K"],
     prune_configs_by={"early_config_prune": _prune_linear_configs},
 )
 @triton.jit
@@ -95,6 +95,7 @@ def _linear_kernel(
     stride_wn,  # elements between rows of weight
     stride_rm,  # elements between rows of residual
     stride_om,  # elements between rows of out
+    M_BUCKET,  # next power of two >= M, never read: the autotune key, so a new batch size reuses its bucket's tuning
     ACTIVATION: tl.constexpr,  # 0: none, 1: exact (erf) GELU, 2: tanh GELU
     HAS_BIAS: tl.constexpr,  # add bias before the activation
     HAS_RESIDUAL: tl.constexpr,  # out = residual + (gamma *) y
@@ -268,6 +269,7 @@ def launch_linear(
         weight.stride(0),
         residual2d.stride(0) if residual2d is not None else 0,
         n_out,
+        triton.next_power_of_2(rows),
         ACTIVATION=_ACTIVATION_CODE[activation],
         HAS_BIAS=bias is not None,
         HAS_RESIDUAL=residual is not None,

@@ -31,7 +31,8 @@ def _load_converted(
 
     A position embedding made for another grid (``src_grid``) is resampled bicubically.
     """
-    model = VisionTransformer(cfg, backend="auto")
+    with torch.device("meta"):  # shapes only: the weights come from ``state``, no throwaway random init
+        model = VisionTransformer(cfg, backend="auto")
     state = dict(state)
     if "pos_embed" in state and src_grid is not None and tuple(src_grid) != tuple(cfg.grid_size):
         keep = 0 if cfg.no_embed_class else cfg.num_prefix_tokens
@@ -53,9 +54,10 @@ def _load_converted(
         if wrong:
             parts.append("wrong shapes: " + "; ".join(wrong))
         raise ValueError(f"weights from {source} do not fit ViTConfig({cfg}): " + " | ".join(parts))
-    dtype = next(iter(state.values())).dtype
-    model.to(dtype)
-    model.load_state_dict(state, strict=True)
+    dtype = state["pos_embed"].dtype
+    # copies (never the caller's tensors), in one dtype, assigned in place of the meta parameters
+    state = {k: v.detach().to(dtype=dtype, copy=True) for k, v in state.items()}
+    model.load_state_dict(state, strict=True, assign=True)
     return model
 
 
