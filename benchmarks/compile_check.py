@@ -144,6 +144,7 @@ def patch_embed_launch(params):
         "NORMALIZE": normalize,
         "IS_UINT8": image.startswith("uint8"),
         "DOT_IN_FP32": dtype == "fp32",  # as the launcher sets it when compiled
+        "ROUND_BF16": False,
     }
     return pe._patch_embed_fwd_kernel.fn, args, const
 
@@ -176,6 +177,7 @@ def layer_norm_launch(params):
         "HAS_RESIDUAL": params["res"],
         "HAS_WEIGHT": params["weight"],
         "HAS_BIAS": params["bias"],
+        "ROUND_BF16": False,
         "num_warps": num_warps,
     }
     return ln._add_layer_norm_fwd_kernel, args, const

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vit_fast.kernels._common import check_device
+from vit_fast.kernels._common import check_device, interpret_bf16, to_bf16_rtne
 from vit_fast.runtime import interpreter_enabled
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -67,15 +67,6 @@ def _prune_attention_configs(configs, named_args, **kwargs):
     elem_bytes = qkv.element_size() if isinstance(qkv, torch.Tensor) else 2
     kept = [c for c in kept if _attention_shared_bytes(c, block_d, elem_bytes) <= _MAX_SHARED_BYTES]
     return kept or configs[:1]
-
-
-@triton.jit
-def _to_bf16_rtne(x):
-    """fp32 -> bf16, round to nearest even, by hand. Only for the interpreter: its fp32 -> bf16
-    cast truncates (twice eager's error); compiled, ``.to(tl.bfloat16)`` already rounds."""
-    bits = x.to(tl.uint32, bitcast=True)
-    bits += 0x7FFF + ((bits >> 16) & 1)
-    return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
 
 
 @triton.autotune(
@@ -163,7 +154,7 @@ def _attention_fwd_kernel(
         + off_h * HEAD_DIM
         + offs_d[None, :]
     )
-    out = _to_bf16_rtne(acc) if ROUND_BF16 else acc.to(out_ptr.dtype.element_ty)
+    out = to_bf16_rtne(acc) if ROUND_BF16 else acc.to(out_ptr.dtype.element_ty)
     tl.store(out_ptrs, out, mask=row_mask[:, None] & d_mask[None, :])
 
 
@@ -248,8 +239,8 @@ def launch_attention(
     scale = head_dim**-0.5 if scale is None else float(scale)
     # the interpreter's bf16 is wrong in two ways (KERNELS.md): tl.dot gives garbage, so the operands
     # go in as fp32 (exact); and fp32 -> bf16 casts truncate, so the store rounds by hand
-    interpret_bf16 = interpreter_enabled() and qkv.dtype == torch.bfloat16
-    dot_precision = "ieee" if (qkv.dtype == torch.float32 or interpret_bf16) else "tf32"  # tf32: no-op on half operands
+    bf16_by_hand = interpret_bf16(qkv.dtype)
+    dot_precision = "ieee" if (qkv.dtype == torch.float32 or bf16_by_hand) else "tf32"  # tf32: no-op on half operands
     block_d = max(16, triton.next_power_of_2(head_dim))
 
     def grid(meta):
@@ -266,8 +257,8 @@ def launch_attention(
         qkv.stride(1),
         out.stride(0),
         out.stride(1),
-        UPCAST_DOT=interpret_bf16,
-        ROUND_BF16=interpret_bf16,
+        UPCAST_DOT=bf16_by_hand,
+        ROUND_BF16=bf16_by_hand,
         DOT_PRECISION=dot_precision,
         BLOCK_D=block_d,
     )

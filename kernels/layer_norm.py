@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vit_fast.kernels._common import check_device
+from vit_fast.kernels._common import check_device, interpret_bf16, to_bf16_rtne
 from vit_fast.runtime import interpreter_enabled
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -46,6 +46,7 @@ def _add_layer_norm_fwd_kernel(
     HAS_RESIDUAL: tl.constexpr,  # RES is given and SUMMED is written
     HAS_WEIGHT: tl.constexpr,  # W is given
     HAS_BIAS: tl.constexpr,  # B is given
+    ROUND_BF16: tl.constexpr,  # round bf16 stores by hand (interpreter: its fp32 -> bf16 cast truncates)
 ):
     # int64 row offsets: M * N can pass 2**31 at large batch
     rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
@@ -58,7 +59,11 @@ def _add_layer_norm_fwd_kernel(
     if HAS_RESIDUAL:
         res = tl.load(RES + rows[:, None] * stride_res + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         x += res
-        tl.store(SUMMED + rows[:, None] * stride_summed + cols[None, :], x.to(SUMMED.dtype.element_ty), mask=mask)
+        tl.store(
+            SUMMED + rows[:, None] * stride_summed + cols[None, :],
+            to_bf16_rtne(x) if ROUND_BF16 else x.to(SUMMED.dtype.element_ty),
+            mask=mask,
+        )
 
     # two-pass statistics on the registers (not E[x^2] - E[x]^2, which cancels badly)
     mean = tl.sum(x, axis=1) / N
@@ -72,7 +77,8 @@ def _add_layer_norm_fwd_kernel(
     if HAS_BIAS:
         b = tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)
         y = y + b[None, :]
-    tl.store(NORMED + rows[:, None] * stride_normed + cols[None, :], y.to(NORMED.dtype.element_ty), mask=mask)
+    y = to_bf16_rtne(y) if ROUND_BF16 else y.to(NORMED.dtype.element_ty)
+    tl.store(NORMED + rows[:, None] * stride_normed + cols[None, :], y, mask=mask)
 
 
 # ---------------------------------------------------------------------------------------- launcher
@@ -190,6 +196,7 @@ def add_layer_norm_fwd(
         HAS_RESIDUAL=residual is not None,
         HAS_WEIGHT=weight is not None,
         HAS_BIAS=bias is not None,
+        ROUND_BF16=interpret_bf16(x.dtype),
         num_warps=num_warps,
     )
     return summed, normed

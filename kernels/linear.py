@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from vit_fast.kernels._common import check_device
+from vit_fast.kernels._common import check_device, interpret_bf16, to_bf16_rtne
 from vit_fast.runtime import interpreter_enabled
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -64,15 +64,6 @@ def _prune_linear_configs(configs, named_args, **kwargs):
         )
 
     return [c for c in configs if fits(c)] or configs[:1]
-
-
-@triton.jit
-def _to_bf16_rtne(x):
-    """fp32 -> bf16, round to nearest even, by hand. Only for the interpreter: its fp32 -> bf16
-    cast truncates (twice eager's error); compiled, ``.to(tl.bfloat16)`` already rounds."""
-    bits = x.to(tl.uint32, bitcast=True)
-    bits += 0x7FFF + ((bits >> 16) & 1)
-    return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
 
 
 @triton.autotune(
@@ -159,7 +150,7 @@ def _linear_kernel(
         residual = tl.load(residual_ptr + rows[:, None] * stride_rm + offs_n[None, :], mask=out_mask, other=0.0)
         acc += residual.to(tl.float32)
     out_ptrs = out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
-    out = _to_bf16_rtne(acc) if ROUND_BF16 else acc.to(out_ptr.dtype.element_ty)
+    out = to_bf16_rtne(acc) if ROUND_BF16 else acc.to(out_ptr.dtype.element_ty)
     tl.store(out_ptrs, out, mask=out_mask)
 
 
@@ -255,8 +246,8 @@ def launch_linear(
     residual2d = residual.reshape(rows, n_out) if residual is not None else None
     # the interpreter's bf16 is wrong in two ways (KERNELS.md): tl.dot gives garbage, so the operands
     # go in as fp32 (exact); and fp32 -> bf16 casts truncate, so the store rounds by hand
-    interpret_bf16 = interpreter_enabled() and x.dtype == torch.bfloat16
-    dot_precision = "ieee" if (x.dtype == torch.float32 or interpret_bf16) else "tf32"  # tf32: no-op on half operands
+    bf16_by_hand = interpret_bf16(x.dtype)
+    dot_precision = "ieee" if (x.dtype == torch.float32 or bf16_by_hand) else "tf32"  # tf32: no-op on half operands
 
     def grid(meta):
         return (triton.cdiv(rows, meta["BLOCK_M"]) * triton.cdiv(n_out, meta["BLOCK_N"]),)
@@ -280,8 +271,8 @@ def launch_linear(
         HAS_BIAS=bias is not None,
         HAS_RESIDUAL=residual is not None,
         HAS_GAMMA=gamma is not None,
-        UPCAST_DOT=interpret_bf16,
-        ROUND_BF16=interpret_bf16,
+        UPCAST_DOT=bf16_by_hand,
+        ROUND_BF16=bf16_by_hand,
         DOT_PRECISION=dot_precision,
     )
     return out

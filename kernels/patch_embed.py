@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vit_fast.kernels._common import check_device
+from vit_fast.kernels._common import check_device, interpret_bf16, to_bf16_rtne
 from vit_fast.runtime import interpreter_enabled
 
 _WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -77,6 +77,7 @@ def _patch_embed_fwd_kernel(
     NORMALIZE: tl.constexpr,  # apply (x [/ 255] - MEAN[c]) / STD[c] to the pixels
     IS_UINT8: tl.constexpr,  # X is uint8 pixels in 0..255 (divide by 255 before MEAN/STD)
     DOT_IN_FP32: tl.constexpr,  # upcast dot operands to fp32: fp32 weights, or bf16 under the interpreter
+    ROUND_BF16: tl.constexpr,  # round bf16 conversions by hand (interpreter: its fp32 -> bf16 cast truncates)
 ):
     pid_m = tl.program_id(0)
     pid_d = tl.program_id(1)
@@ -115,7 +116,10 @@ def _patch_embed_fwd_kernel(
             sd = tl.load(STD + ch, mask=k_ok, other=1.0).to(tl.float32)
             # masked pixels must stay 0 after the shift, or prefix rows and K tails pick up -mean/std
             a = tl.where(a_mask, (a - mu[None, :]) / sd[None, :], 0.0)
-        a = a.to(W.dtype.element_ty)
+        if NORMALIZE and ROUND_BF16:  # normalised pixels are fp32 here; bf16 as the reference rounds them
+            a = to_bf16_rtne(a)
+        else:
+            a = a.to(W.dtype.element_ty)
         w = tl.load(
             W + feats[None, :].to(tl.int64) * stride_wd + ks[:, None], mask=k_ok[:, None] & feat_ok[None, :], other=0.0
         )
@@ -149,9 +153,8 @@ def _patch_embed_fwd_kernel(
         other=0.0,
     )
     acc += pos.to(tl.float32)
-    tl.store(
-        OUT + rows[:, None] * D + feats[None, :], acc.to(OUT.dtype.element_ty), mask=row_ok[:, None] & feat_ok[None, :]
-    )
+    out = to_bf16_rtne(acc) if ROUND_BF16 else acc.to(OUT.dtype.element_ty)
+    tl.store(OUT + rows[:, None] * D + feats[None, :], out, mask=row_ok[:, None] & feat_ok[None, :])
 
 
 # ---------------------------------------------------------------------------------------- launcher
@@ -323,6 +326,7 @@ def patch_embed_fwd(
         NORMALIZE=mean is not None,
         IS_UINT8=x.dtype == torch.uint8,
         DOT_IN_FP32=weight.dtype == torch.float32 or interpreter_enabled(),
+        ROUND_BF16=interpret_bf16(weight.dtype),
     )
     return out
 
