@@ -8,7 +8,6 @@ import contextlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -19,6 +18,7 @@ from typing import Any
 import torch
 
 from vit_fast._atomic import write_atomic
+from vit_fast.info import git_commit  # noqa: F401  (re-exported: export metadata records it)
 
 #: names a user may give for each supported artifact dtype
 DTYPES: dict[str, torch.dtype] = {
@@ -129,27 +129,6 @@ def vit_fast_version() -> str:
     from vit_fast import __version__
 
     return __version__
-
-
-def git_commit() -> str:
-    """The commit of the vit-fast source tree (with ``+dirty`` when modified), or ``"unknown"``."""
-    repo = Path(__file__).resolve().parent.parent
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True
-        )
-        commit = out.stdout.strip()
-        if len(commit) != 40:
-            return "unknown"
-        dirty = subprocess.run(
-            ["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-        )
-        return commit + ("+dirty" if dirty.returncode == 0 and dirty.stdout.strip() else "")
-    except Exception:  # no git, not a checkout, timeout, ...: metadata is best effort
-        return "unknown"
 
 
 # --------------------------------------------------------------------------- atomic writes

@@ -351,11 +351,16 @@ def test_default_batches():
 
 
 def test_git_commit_is_best_effort(monkeypatch):
+    import subprocess
+
     def no_git(*args, **kwargs):
         raise FileNotFoundError("git")
 
-    monkeypatch.setattr(_common.subprocess, "run", no_git)
+    monkeypatch.setattr(subprocess, "run", no_git)
+    monkeypatch.delenv("VIT_FAST_COMMIT", raising=False)
     assert _common.git_commit() == "unknown"
+    monkeypatch.setenv("VIT_FAST_COMMIT", "abc123")  # a copied tree without .git, e.g. on a GPU machine
+    assert _common.git_commit() == "abc123"
 
 
 def test_commit_rolls_back(tmp_path):

@@ -45,6 +45,7 @@ from typing import Any
 import torch
 
 from ._atomic import write_atomic
+from .info import git_commit, module_version
 
 BACKENDS: tuple[str, ...] = (
     "torch",
@@ -288,32 +289,7 @@ def time_callable(
 
 # =========================================================================== environment
 def _version(module: str) -> str:
-    try:
-        mod = importlib.import_module(module)
-    except Exception:  # absent, or broken: report it as not importable
-        return "not installed"
-    return str(getattr(mod, "__version__", "unknown"))
-
-
-def git_commit(path: str | os.PathLike | None = None) -> str:
-    """The commit of the repository holding ``path`` (default: this package), '+dirty' when modified; best effort."""
-    where = Path(path) if path else Path(__file__).resolve().parent
-    git = shutil.which("git")
-    if not git:
-        return os.environ.get("VIT_FAST_COMMIT", "unknown (git not found)")
-    try:
-        head = subprocess.run(
-            [git, "-C", str(where), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            [git, "-C", str(where), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return os.environ.get("VIT_FAST_COMMIT", "unknown (not a git checkout)")
-    return head + ("+dirty" if dirty else "")
+    return module_version(module) or "not installed"
 
 
 def cpu_name() -> str:
@@ -1431,6 +1407,5 @@ __all__ = [
     "run_benchmark",
     "summarize",
     "time_callable",
-    "write_atomic",
     "write_reports",
 ]

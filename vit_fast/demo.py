@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ._atomic import write_atomic
+from .info import module_version
 
 DEFAULT_OUT = "vit-fast-out/demo"
 DEFAULT_SUBSET = 16
@@ -567,25 +568,16 @@ def _markdown(report: dict[str, Any]) -> str:
 
 
 def _environment() -> dict[str, Any]:
-    import importlib.util
     import platform
 
     import torch
-
-    def version(mod: str) -> str | None:
-        if importlib.util.find_spec(mod) is None:
-            return None
-        try:
-            return str(__import__(mod).__version__)
-        except Exception:
-            return "unknown"
 
     return {
         "python": platform.python_version(),
         "platform": platform.platform(),
         "torch": torch.__version__,
-        "triton": version("triton"),
-        "onnxruntime": version("onnxruntime"),
+        "triton": module_version("triton"),
+        "onnxruntime": module_version("onnxruntime"),
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "cpu_threads": torch.get_num_threads(),
     }

@@ -2,19 +2,63 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
+import importlib.util
+import os
 import platform
+import subprocess
+from pathlib import Path
 from typing import Any
 
 from . import runtime
 
 
-def _version(module: str) -> str | None:
-    try:
-        mod = importlib.import_module(module)
-    except Exception:  # not installed, or broken in a way we report as absent
+@functools.cache
+def _distributions() -> dict[str, list[str]]:
+    from importlib import metadata
+
+    return metadata.packages_distributions()
+
+
+def module_version(module: str) -> str | None:
+    """The installed version of ``module`` (None when it is not installed), read from package metadata
+    where it can be (so tensorrt or onnxruntime are not imported just to be named), else from the module."""
+    from importlib import metadata
+
+    for dist in _distributions().get(module, []):  # onnxruntime may come from onnxruntime-gpu
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    if importlib.util.find_spec(module) is None:
         return None
-    return str(getattr(mod, "__version__", "unknown"))
+    try:
+        return str(getattr(importlib.import_module(module), "__version__", "unknown"))
+    except Exception:  # installed but broken: say so rather than fail the report
+        return "unknown (import failed)"
+
+
+def git_commit() -> str:
+    """The commit of the vit-fast source tree, ``+dirty`` when modified. Where the tree is no git
+    checkout (a copied tree, as on a benchmark machine), ``$VIT_FAST_COMMIT``; else ``"unknown"``."""
+    repo = Path(__file__).resolve().parent.parent
+    fallback = os.environ.get("VIT_FAST_COMMIT", "unknown")
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True
+        ).stdout.strip()
+        if len(commit) != 40:
+            return fallback
+        dirty = subprocess.run(
+            ["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+        return commit + ("+dirty" if dirty.returncode == 0 and dirty.stdout.strip() else "")
+    except Exception:  # no git, not a checkout, timeout, ...: provenance is best effort
+        return fallback
 
 
 def collect_info() -> dict[str, Any]:
@@ -28,12 +72,12 @@ def collect_info() -> dict[str, Any]:
         "platform": platform.platform(),
         "torch": torch.__version__,
         "cuda_runtime": torch.version.cuda,
-        "triton": _version("triton"),
-        "onnx": _version("onnx"),
-        "onnxruntime": _version("onnxruntime"),
-        "tensorrt": _version("tensorrt"),
-        "timm": _version("timm"),
-        "transformers": _version("transformers"),
+        "triton": module_version("triton"),
+        "onnx": module_version("onnx"),
+        "onnxruntime": module_version("onnxruntime"),
+        "tensorrt": module_version("tensorrt"),
+        "timm": module_version("timm"),
+        "transformers": module_version("transformers"),
         "gpus": [],
     }
     if torch.cuda.is_available():
