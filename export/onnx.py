@@ -167,53 +167,39 @@ def _run_exporter(
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", FutureWarning)
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
-        _call_exporter(m, x, out, exporter, opset, batch, dynamic_size, output_name, external_data)
-
-
-def _call_exporter(
-    m: nn.Module,
-    x: torch.Tensor,
-    out: Path,
-    exporter: str,
-    opset: int,
-    batch: tuple[int, int],
-    dynamic_size: bool,
-    output_name: str,
-    external_data: bool,
-) -> None:
-    p = m.cfg.patch_size
-    if exporter == "dynamo":
-        dims: dict[int, Any] = {0: torch.export.Dim("batch", min=1, max=max(2, batch[1]))}
-        if dynamic_size:
-            gh, gw = m.cfg.grid_size
-            dims[2] = p * torch.export.Dim("grid_h", min=1, max=max(64, 4 * gh))
-            dims[3] = p * torch.export.Dim("grid_w", min=1, max=max(64, 4 * gw))
-        torch.onnx.export(
-            m,
-            (x,),
-            str(out),
-            dynamo=True,
-            opset_version=opset,
-            input_names=[INPUT_NAME],
-            output_names=[output_name],
-            dynamic_shapes={"x": dims},
-            external_data=external_data,
-            verbose=False,
-        )
-    else:
-        axes = {0: "batch", 2: "height", 3: "width"} if dynamic_size else {0: "batch"}
-        with _bicubic_aa_symbolic(opset):
+        p = m.cfg.patch_size
+        if exporter == "dynamo":
+            dims: dict[int, Any] = {0: torch.export.Dim("batch", min=1, max=max(2, batch[1]))}
+            if dynamic_size:
+                gh, gw = m.cfg.grid_size
+                dims[2] = p * torch.export.Dim("grid_h", min=1, max=max(64, 4 * gh))
+                dims[3] = p * torch.export.Dim("grid_w", min=1, max=max(64, 4 * gw))
             torch.onnx.export(
                 m,
                 (x,),
                 str(out),
-                dynamo=False,
+                dynamo=True,
                 opset_version=opset,
                 input_names=[INPUT_NAME],
                 output_names=[output_name],
-                dynamic_axes={INPUT_NAME: axes, output_name: {0: "batch"}},
-                do_constant_folding=True,
+                dynamic_shapes={"x": dims},
+                external_data=external_data,
+                verbose=False,
             )
+        else:
+            axes = {0: "batch", 2: "height", 3: "width"} if dynamic_size else {0: "batch"}
+            with _bicubic_aa_symbolic(opset):
+                torch.onnx.export(
+                    m,
+                    (x,),
+                    str(out),
+                    dynamo=False,
+                    opset_version=opset,
+                    input_names=[INPUT_NAME],
+                    output_names=[output_name],
+                    dynamic_axes={INPUT_NAME: axes, output_name: {0: "batch"}},
+                    do_constant_folding=True,
+                )
 
 
 def _resize_bicubic_aa(g: Any, x: Any, output_size: Any, align_corners: Any, *scales: Any) -> Any:

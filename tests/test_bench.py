@@ -59,6 +59,26 @@ def _load(out: Path, stem: str) -> tuple[dict, str, bytes]:
     return report, (out / f"{stem}.md").read_text(), (out / f"{stem}.png").read_bytes()
 
 
+def _torch_and_compile_rows(checkpoint: Path, out: Path) -> dict[str, dict]:
+    """``vit-fast bench CHECKPOINT --backends torch,compile`` at batch 2; its JSON rows by backend."""
+    rc = main(
+        [
+            "bench",
+            str(checkpoint),
+            "--batch",
+            "2",
+            "--out",
+            str(out),
+            "--backends",
+            "torch,compile",
+            "--no-ceilings",
+            *FAST,
+        ]
+    )
+    assert rc == 0
+    return {r["backend"]: r for r in json.loads((out / "bench_tiny.json").read_text())["rows"]}
+
+
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory) -> Path:
     import vit_fast
@@ -233,44 +253,14 @@ def test_a_wrong_backend_output_is_visible(tiny_checkpoint, tmp_path, monkeypatc
 
     monkeypatch.setattr(bm.Harness, "_build", wrong)
     monkeypatch.setattr(torch, "compile", lambda model, **kw: model)
-    rc = main(
-        [
-            "bench",
-            str(tiny_checkpoint),
-            "--batch",
-            "2",
-            "--out",
-            str(tmp_path),
-            "--backends",
-            "torch,compile",
-            "--no-ceilings",
-            *FAST,
-        ]
-    )
-    assert rc == 0
-    rows = {r["backend"]: r for r in json.loads((tmp_path / "bench_tiny.json").read_text())["rows"]}
+    rows = _torch_and_compile_rows(tiny_checkpoint, tmp_path)
     assert rows["compile"]["max_abs_err_vs_torch"] > 0.01
     assert rows["torch"]["max_abs_err_vs_torch"] == 0.0
 
 
 @pytest.mark.slow
 def test_torch_compile_on_cpu(tiny_checkpoint, tmp_path):
-    rc = main(
-        [
-            "bench",
-            str(tiny_checkpoint),
-            "--batch",
-            "2",
-            "--out",
-            str(tmp_path),
-            "--backends",
-            "torch,compile",
-            "--no-ceilings",
-            *FAST,
-        ]
-    )
-    assert rc == 0
-    rows = {r["backend"]: r for r in json.loads((tmp_path / "bench_tiny.json").read_text())["rows"]}
+    rows = _torch_and_compile_rows(tiny_checkpoint, tmp_path)
     assert rows["compile"]["status"] == "ok", rows["compile"]
     assert rows["compile"]["max_abs_err_vs_torch"] < 1e-4
 

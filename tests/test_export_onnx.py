@@ -236,11 +236,13 @@ def test_failure_while_moving_into_place_rolls_back(models, tmp_path, monkeypatc
     assert os.listdir(tmp_path) == []
 
 
+# the stand-in exporter calls torch.onnx.export directly, outside vit-fast's own warning filter
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::torch.jit.TracerWarning")
 def test_fixed_batch_graph_is_refused(models, tmp_path, monkeypatch):
     def no_dynamic_axes(m, x, out, exporter, opset, *args):
         torch.onnx.export(m, (x,), str(out), dynamo=False, opset_version=opset, input_names=["images"])
 
-    monkeypatch.setattr(onnx_export, "_call_exporter", no_dynamic_axes)
+    monkeypatch.setattr(onnx_export, "_run_exporter", no_dynamic_axes)
     with pytest.raises(export.ExportError, match=r"input 'images' has a fixed batch dimension"):
         export.to_onnx(models["avg"], tmp_path / "m.onnx", batch=(1, 4), exporter="torchscript", progress=False)
     assert os.listdir(tmp_path) == []
