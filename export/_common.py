@@ -4,34 +4,17 @@ onnxruntime or tensorrt."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import shutil
-import sys
 import tempfile
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from vit_fast._atomic import write_atomic
-from vit_fast.info import git_commit  # noqa: F401  (re-exported: export metadata records it)
-
-#: names a user may give for each supported artifact dtype
-DTYPES: dict[str, torch.dtype] = {
-    "fp32": torch.float32,
-    "float32": torch.float32,
-    "float": torch.float32,
-    "fp16": torch.float16,
-    "float16": torch.float16,
-    "half": torch.float16,
-    "bf16": torch.bfloat16,
-    "bfloat16": torch.bfloat16,
-}
-DTYPE_NAMES: dict[torch.dtype, str] = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+from vit_fast.dtypes import DTYPE_NAMES, DTYPES, parse_dtype  # noqa: F401  (re-exported for export's modules)
+from vit_fast.env import git_commit  # noqa: F401  (re-exported: export metadata records it)
+from vit_fast.files import publish, staging_dir, write_json_atomic  # noqa: F401  (re-exported)
+from vit_fast.progress import Stages  # noqa: F401  (re-exported)
 
 METADATA_SUFFIX = ".json"
 
@@ -42,18 +25,6 @@ class ExportError(RuntimeError):
 
 class ArtifactError(ValueError):
     """An artifact (or the metadata beside it) cannot be read or does not fit this machine."""
-
-
-def parse_dtype(dtype: torch.dtype | str) -> torch.dtype:
-    """``torch.float32`` / ``"fp16"`` / ``"bfloat16"`` ... as a torch dtype (one of fp32, fp16, bf16)."""
-    if isinstance(dtype, torch.dtype):
-        if dtype in DTYPE_NAMES:
-            return dtype
-    elif isinstance(dtype, str) and dtype.lower().removeprefix("torch.") in DTYPES:
-        return DTYPES[dtype.lower().removeprefix("torch.")]
-    raise ValueError(
-        f"dtype must be one of torch.float32, torch.float16, torch.bfloat16 (or fp32/fp16/bf16), got {dtype!r}"
-    )
 
 
 def check_batch_range(batch: Any, names: Sequence[str] = ("min", "max")) -> tuple[int, ...]:
@@ -129,63 +100,3 @@ def vit_fast_version() -> str:
     from vit_fast import __version__
 
     return __version__
-
-
-# --------------------------------------------------------------------------- atomic writes
-@contextlib.contextmanager
-def staging_dir(target: Path) -> Iterator[Path]:
-    """A private temporary folder beside ``target``; removed with everything in it on exit.
-
-    Files are written there under their final names and moved into place with :func:`commit`
-    (``os.replace`` within one file system), so a failure leaves nothing at or beside the target.
-    """
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    try:
-        yield tmp
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def commit(staged: Sequence[Path], folder: Path) -> list[Path]:
-    """Move staged files into ``folder`` in order (data first, the model, its metadata last).
-
-    If a move fails, the files already moved are removed again, so the target is never half-written.
-    """
-    moved: list[Path] = []
-    try:
-        for src in staged:
-            dst = folder / src.name
-            os.replace(src, dst)
-            moved.append(dst)
-    except BaseException:
-        for dst in moved:
-            dst.unlink(missing_ok=True)
-        raise
-    return moved
-
-
-def write_json_atomic(data: dict[str, Any], path: str | os.PathLike) -> Path:
-    """Write ``data`` as indented JSON to ``path`` through a temporary file in the same folder."""
-    return write_atomic(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
-
-
-# --------------------------------------------------------------------------- progress
-class Stages:
-    """Progress as one line per step on stderr: ``[vit-fast export] tracing ... done (6.2 s)``."""
-
-    def __init__(self, prefix: str, enabled: bool = True) -> None:
-        self.prefix = prefix
-        self.enabled = enabled
-
-    @contextlib.contextmanager
-    def step(self, text: str) -> Iterator[None]:
-        start = time.perf_counter()
-        if self.enabled:
-            print(f"[{self.prefix}] {text} ...", file=sys.stderr, flush=True)
-        yield
-        if self.enabled:
-            print(f"[{self.prefix}] {text}: done ({time.perf_counter() - start:.1f} s)", file=sys.stderr, flush=True)
-
-    def note(self, text: str) -> None:
-        if self.enabled:
-            print(f"[{self.prefix}] {text}", file=sys.stderr, flush=True)

@@ -40,10 +40,10 @@ from ._common import (
     Stages,
     check_batch_range,
     check_output_path,
-    commit,
     git_commit,
     metadata_path,
     parse_dtype,
+    publish,
     staging_dir,
     vit_fast_version,
 )
@@ -60,7 +60,7 @@ _EXTERNAL_DATA_BYTES = 1_800_000_000
 
 
 class FusedAttention(nn.Module):
-    """Export stand-in for :class:`vit_fast.model.Attention`: the same parameters and math, with the
+    """Export stand-in for :class:`vit_fast.layers.Attention`: the same parameters and math, with the
     core written as ``scaled_dot_product_attention`` so the exporter emits one ONNX ``Attention``."""
 
     def __init__(self, attn: nn.Module) -> None:
@@ -319,7 +319,7 @@ def to_onnx(
                 ) from err
         with stages.step("checking the graph and writing metadata"):
             final = _finish(traced, tmp, path, meta, external, dynamic_size, attention, cfg.depth)
-        commit(final, path.parent)
+        publish(final, path.parent)
     stages.note(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB) and {metadata_path(path).name}")
     return path
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from vit_fast._atomic import write_atomic
+from vit_fast.files import write_atomic
 
 from ._common import (
     ArtifactError,
@@ -33,9 +33,9 @@ from ._common import (
     check_batch_range,
     check_output_path,
     check_readable_file,
-    commit,
     git_commit,
     metadata_path,
+    publish,
     read_metadata,
     staging_dir,
     vit_fast_version,
@@ -457,7 +457,7 @@ def to_tensorrt(
                 report = verify_artifact(model if model is not None else meta["source"], staged)
             meta["verification"] = {"passed": report.passed, "worst_ratio": report.worst().ratio}
             metadata_path(staged).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-        commit([staged, metadata_path(staged)], engine_path.parent)
+        publish([staged, metadata_path(staged)], engine_path.parent)
     return engine_path
 
 

@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vit_fast.runtime import interpreter_enabled
+from vit_fast.kernels._interpret import interpreter_enabled
 
 
 @triton.jit

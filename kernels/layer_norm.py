@@ -18,8 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vit_fast.kernels._common import check_device, interpret_bf16, to_bf16_rtne
-from vit_fast.runtime import interpreter_enabled
+from vit_fast.kernels._common import check_device, interpret_bf16, interpreter_enabled, to_bf16_rtne
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # the whole row lives in registers: beyond this the single-pass kernel would spill

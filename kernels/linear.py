@@ -14,8 +14,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from vit_fast.kernels._common import check_device, interpret_bf16, to_bf16_rtne
-from vit_fast.runtime import interpreter_enabled
+from vit_fast.kernels._common import check_device, interpret_bf16, interpreter_enabled, to_bf16_rtne
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 ACTIVATIONS = (None, "gelu", "gelu_tanh")

@@ -22,8 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vit_fast.kernels._common import check_device, interpret_bf16, to_bf16_rtne
-from vit_fast.runtime import interpreter_enabled
+from vit_fast.kernels._common import check_device, interpret_bf16, interpreter_enabled, to_bf16_rtne
 
 _WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -240,7 +239,7 @@ def _check_patch_embed_inputs(
         raise ValueError(
             f"pos_embed has {pos_embed.shape[1]} rows but a {H}x{W} image is a {gh}x{gw} grid of {p}-px patches, "
             f"so it needs {L} rows ({covered}): resample it to this grid first with "
-            "vit_fast.model.resample_pos_embed, or check no_embed_class"
+            "vit_fast.pos_embed.resample_pos_embed, or check no_embed_class"
         )
     for name, t in (("bias", bias), ("pos_embed", pos_embed), ("cls_token", cls_token), ("reg_token", reg_token)):
         if t is not None and t.dtype != weight.dtype:
@@ -412,7 +411,7 @@ def patch_embed(
     ``weight [D, C, p, p]`` and ``bias [D]`` are the Conv2d's (patch size p = stride = kernel).
     ``pos_embed [1, L, D]``: ``L = (H/p)*(W/p)`` with ``no_embed_class=True`` (patches only), else
     ``L`` also counts the prefix tokens (pos[0] to cls, pos[1:1+R] to the registers); resample it
-    to this image's grid beforehand (``vit_fast.model.resample_pos_embed``).
+    to this image's grid beforehand (``vit_fast.pos_embed.resample_pos_embed``).
     ``cls_token [1, 1, D]`` and ``reg_token [1, R, D]`` are optional. The output is in
     ``weight``'s dtype; ``T = [cls] + R + (H/p)*(W/p)``.
     """

@@ -410,7 +410,7 @@ def test_write_atomic_leaves_no_temporaries(tmp_path):
     import os
     import stat
 
-    from vit_fast._atomic import write_atomic
+    from vit_fast.files import write_atomic
 
     path = write_atomic(tmp_path / "sub" / "r.json", "{}")
     write_atomic(path, b"[1]")

@@ -350,27 +350,3 @@ def test_default_batches():
     assert default_batches((1, 2)) == [1, 2]
     assert default_batches((1, 1)) == [1]
     assert default_batches((4, 16)) == [4, 5, 16]
-
-
-def test_git_commit_is_best_effort(monkeypatch):
-    import subprocess
-
-    def no_git(*args, **kwargs):
-        raise FileNotFoundError("git")
-
-    monkeypatch.setattr(subprocess, "run", no_git)
-    monkeypatch.delenv("VIT_FAST_COMMIT", raising=False)
-    assert _common.git_commit() == "unknown"
-    monkeypatch.setenv("VIT_FAST_COMMIT", "abc123")  # a copied tree without .git, e.g. on a GPU machine
-    assert _common.git_commit() == "abc123"
-
-
-def test_commit_rolls_back(tmp_path):
-    staged = tmp_path / "stage"
-    staged.mkdir()
-    (staged / "a").write_text("a")
-    dest = tmp_path / "dest"
-    dest.mkdir()
-    with pytest.raises(FileNotFoundError):
-        _common.commit([staged / "a", staged / "missing"], dest)
-    assert os.listdir(dest) == []

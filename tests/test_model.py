@@ -246,7 +246,7 @@ def test_pos_embed_resampled_for_another_image_size(tmp_path):
     pe = big.pos_embed
     assert pe.shape == (1, 1 + 36, TINY["embed_dim"])
     assert torch.equal(pe[:, :1], model.pos_embed[:, :1])  # class-token row kept as is
-    expected = vit_fast.model.resample_pos_embed(model.pos_embed, (6, 6), (4, 4), 1)
+    expected = vit_fast.pos_embed.resample_pos_embed(model.pos_embed, (6, 6), (4, 4), 1)
     assert torch.equal(pe, expected)
     assert big(torch.randn(1, 3, 48, 48)).shape == (1, 7)
 

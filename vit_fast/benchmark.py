@@ -44,8 +44,8 @@ from typing import Any
 
 import torch
 
-from ._atomic import write_atomic
-from .info import git_commit, module_version
+from .env import git_commit, module_version
+from .files import write_atomic
 
 BACKENDS: tuple[str, ...] = (
     "torch",

@@ -16,7 +16,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 
 def _info(args: argparse.Namespace) -> int:
-    from .info import collect_info, format_info
+    from .env import collect_info, format_info
 
     print(format_info(collect_info()))
     return 0

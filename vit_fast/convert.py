@@ -16,9 +16,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._atomic import finish_atomic
 from .config import PRESETS, ViTConfig
-from .model import VisionTransformer, resample_pos_embed
+from .files import finish_atomic
+from .model import VisionTransformer
+from .pos_embed import resample_pos_embed
 
 CONFIG_METADATA_KEY = "vit_fast_config"
 

@@ -33,8 +33,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from ._atomic import write_atomic
-from .info import module_version
+from .env import module_version
+from .files import write_atomic
 
 DEFAULT_OUT = "vit-fast-out/demo"
 DEFAULT_SUBSET = 16

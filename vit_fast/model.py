@@ -9,99 +9,13 @@ backend runs the same parameters through our fused kernels (``vit_fast.triton_pa
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .config import ViTConfig
+from .layers import Block, PatchEmbed
+from .pos_embed import pos_embed_for_grid, resample_pos_embed
 
 BACKENDS = ("auto", "torch", "triton")
-
-
-def resample_pos_embed(
-    pos_embed: torch.Tensor,
-    new_grid: tuple[int, int],
-    old_grid: tuple[int, int],
-    num_prefix_tokens: int,
-) -> torch.Tensor:
-    """Resize a learned position embedding ``[1, prefix + gh*gw, D]`` to another patch grid.
-
-    Bicubic with antialiasing in float32, as timm's ``resample_abs_pos_embed`` does; prefix rows
-    (class / register tokens) are kept as they are.
-    """
-    if tuple(new_grid) == tuple(old_grid):
-        return pos_embed
-    prefix, grid = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
-    dim = pos_embed.shape[-1]
-    grid = grid.float().reshape(1, old_grid[0], old_grid[1], dim).permute(0, 3, 1, 2)
-    grid = F.interpolate(grid, size=tuple(new_grid), mode="bicubic", antialias=True, align_corners=False)
-    grid = grid.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], dim).to(pos_embed.dtype)
-    return torch.cat([prefix, grid], dim=1) if num_prefix_tokens else grid
-
-
-class PatchEmbed(nn.Module):
-    """Image ``[B, C, H, W]`` to patch tokens ``[B, H/p * W/p, D]`` (a strided convolution)."""
-
-    def __init__(self, cfg: ViTConfig) -> None:
-        super().__init__()
-        self.patch_size = cfg.patch_size
-        self.proj = nn.Conv2d(cfg.in_chans, cfg.embed_dim, cfg.patch_size, cfg.patch_size, bias=not cfg.pre_norm)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(x).flatten(2).transpose(1, 2)
-
-
-class Attention(nn.Module):
-    def __init__(self, cfg: ViTConfig) -> None:
-        super().__init__()
-        self.num_heads = cfg.num_heads
-        self.head_dim = cfg.head_dim
-        self.scale = cfg.head_dim**-0.5
-        self.qkv = nn.Linear(cfg.embed_dim, 3 * cfg.embed_dim, bias=cfg.qkv_bias)
-        self.proj = nn.Linear(cfg.embed_dim, cfg.embed_dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, D = x.shape
-        qkv = self.qkv(x).reshape(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.unbind(0)  # [B, H, T, Dh]
-        attn = (q * self.scale) @ k.transpose(-2, -1)
-        attn = attn.softmax(dim=-1)
-        x = (attn @ v).transpose(1, 2).reshape(B, T, D)
-        return self.proj(x)
-
-
-class LayerScale(nn.Module):
-    def __init__(self, dim: int, init_values: float) -> None:
-        super().__init__()
-        self.gamma = nn.Parameter(init_values * torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * self.gamma
-
-
-class Mlp(nn.Module):
-    def __init__(self, cfg: ViTConfig) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(cfg.embed_dim, cfg.mlp_hidden_dim)
-        self.act = nn.GELU(approximate="tanh" if cfg.act == "gelu_tanh" else "none")
-        self.fc2 = nn.Linear(cfg.mlp_hidden_dim, cfg.embed_dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.act(self.fc1(x)))
-
-
-class Block(nn.Module):
-    def __init__(self, cfg: ViTConfig) -> None:
-        super().__init__()
-        self.norm1 = nn.LayerNorm(cfg.embed_dim, eps=cfg.layer_norm_eps)
-        self.attn = Attention(cfg)
-        self.ls1 = LayerScale(cfg.embed_dim, cfg.init_values) if cfg.init_values else nn.Identity()
-        self.norm2 = nn.LayerNorm(cfg.embed_dim, eps=cfg.layer_norm_eps)
-        self.mlp = Mlp(cfg)
-        self.ls2 = LayerScale(cfg.embed_dim, cfg.init_values) if cfg.init_values else nn.Identity()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.ls1(self.attn(self.norm1(x)))
-        return x + self.ls2(self.mlp(self.norm2(x)))
 
 
 class VisionTransformer(nn.Module):
@@ -193,11 +107,13 @@ class VisionTransformer(nn.Module):
         return check_image_batch(self, x)
 
     # ------------------------------------------------------------------ forward
+    def pos_embed_at(self, grid: tuple[int, int]) -> torch.Tensor:
+        """The position embedding a forward at patch grid ``grid`` adds (resampled off the native grid)."""
+        cfg = self.cfg
+        return pos_embed_for_grid(self.pos_embed, grid, cfg.grid_size, self.num_prefix_tokens, cfg.no_embed_class)
+
     def _pos_embed(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
-        pos_embed = self.pos_embed
-        if tuple(grid) != tuple(self.cfg.grid_size):
-            keep = 0 if self.cfg.no_embed_class else self.num_prefix_tokens
-            pos_embed = resample_pos_embed(pos_embed, grid, self.cfg.grid_size, keep)
+        pos_embed = self.pos_embed_at(grid)
         prefix = []
         if self.cls_token is not None:
             prefix.append(self.cls_token.expand(x.shape[0], -1, -1))

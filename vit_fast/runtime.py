@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import os
 
-
-def interpreter_enabled() -> bool:
-    """True when TRITON_INTERPRET=1: Triton kernels run on the CPU through NumPy."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+from .kernels._interpret import interpreter_enabled
 
 
 @functools.cache

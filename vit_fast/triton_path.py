@@ -31,10 +31,11 @@ from vit_fast.kernels.layer_norm import layer_norm
 from vit_fast.kernels.linear import linear
 from vit_fast.kernels.patch_embed import patch_embed
 
-from .model import LayerScale, resample_pos_embed
+from .layers import LayerScale
 
 if TYPE_CHECKING:
-    from .model import Block, VisionTransformer
+    from .layers import Block
+    from .model import VisionTransformer
 
 
 def _norm(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -71,10 +72,7 @@ def features_triton(model: VisionTransformer, x: torch.Tensor, grid: tuple[int, 
     ``x [B, C, H, W]`` in the model's dtype and device, already validated; ``grid`` = ``(H/p, W/p)``.
     """
     cfg = model.cfg
-    pos_embed = model.pos_embed
-    if tuple(grid) != tuple(cfg.grid_size):
-        keep = 0 if cfg.no_embed_class else model.num_prefix_tokens
-        pos_embed = resample_pos_embed(pos_embed, grid, cfg.grid_size, keep)
+    pos_embed = model.pos_embed_at(grid)
     proj = model.patch_embed.proj
     tokens = patch_embed(
         x, proj.weight, proj.bias, pos_embed, model.cls_token, model.reg_token, no_embed_class=cfg.no_embed_class

@@ -1,0 +1,117 @@
+"""The shared leaf modules every layer uses: dtypes, files, numerics, env (the recorded commit)."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+
+import pytest
+import torch
+
+from vit_fast import dtypes, env, files, numerics
+
+
+# --------------------------------------------------------------------------- dtypes
+def test_dtype_spellings_map_to_one_name():
+    for text in ("fp16", "FP16", "float16", "half", "torch.float16"):
+        assert dtypes.parse_dtype(text) is torch.float16
+        assert dtypes.dtype_name(text) == "fp16"
+    assert dtypes.parse_dtype(torch.bfloat16) is torch.bfloat16
+    assert dtypes.parse_dtype_list("bf16, float16,bf16") == ["bf16", "fp16"]
+    with pytest.raises(ValueError, match=r"dtype must be one of fp32, fp16 or bf16"):
+        dtypes.parse_dtype("int8")
+    with pytest.raises(ValueError, match=r"unknown dtype 'fp8' in 'bf16,fp8': choose from fp32, fp16, bf16"):
+        dtypes.parse_dtype_list("bf16,fp8")
+
+
+# --------------------------------------------------------------------------- files
+def test_write_atomic_leaves_no_temporaries_and_ordinary_permissions(tmp_path):
+    path = files.write_atomic(tmp_path / "sub" / "r.json", "{}")
+    files.write_atomic(path, b"[1]")
+    assert path.read_bytes() == b"[1]"
+    assert sorted(os.listdir(path.parent)) == ["r.json"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask  # not mkstemp's 0600
+
+
+def test_publish_rolls_back_what_it_moved(tmp_path):
+    staged = tmp_path / "stage"
+    staged.mkdir()
+    (staged / "a").write_text("a")
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    with pytest.raises(FileNotFoundError):
+        files.publish([staged / "a", staged / "missing"], dest)
+    assert os.listdir(dest) == []
+
+
+def test_staging_dir_is_removed_and_stale_ones_are_cleaned(tmp_path):
+    target = tmp_path / "m.onnx"
+    stale = tmp_path / f".m.onnx{files.STAGING_MARK}dead"
+    stale.mkdir()
+    os.utime(stale, (0, 0))  # left by a run killed long ago
+    fresh = tmp_path / f".m.onnx{files.STAGING_MARK}live"
+    fresh.mkdir()  # another run's, still at work: left alone
+    with files.staging_dir(target) as stage:
+        assert stage.is_dir() and stage.parent == tmp_path
+        (stage / "x").write_text("x")
+    assert not stage.exists() and not stale.exists() and fresh.exists()
+
+
+# --------------------------------------------------------------------------- numerics
+def test_rule_passes_within_twice_eager_and_fails_beyond():
+    ref = torch.randn(4, 10, dtype=torch.float64)
+    eager = (ref + 1e-3).float()
+    ok = (ref + 2.0e-3).float()
+    bad = (ref + 5e-3).float()
+    assert numerics.compare(ok, eager, ref, torch.float32)["passed"]
+    row = numerics.compare(bad, eager, ref, torch.float32)
+    assert not row["passed"] and row["bound"] == pytest.approx(2e-3 + 1e-5 * numerics.scale_of(ref), rel=1e-3)
+    with pytest.raises(AssertionError, match=r"> 2.0x eager"):
+        numerics.assert_within_eager(bad, eager, ref)
+    nan = ok.clone()
+    nan[0, 0] = float("nan")
+    assert numerics.compare(nan, eager, ref, torch.float32)["max_abs_err"] == float("inf")
+
+
+# --------------------------------------------------------------------------- env
+def test_git_commit_is_best_effort(monkeypatch):
+    def no_git(*args, **kwargs):
+        raise FileNotFoundError("git")
+
+    monkeypatch.setattr(subprocess, "run", no_git)
+    monkeypatch.delenv("VIT_FAST_COMMIT", raising=False)
+    from vit_fast import __version__
+
+    assert env.git_commit() == f"vit-fast {__version__}"
+    monkeypatch.setenv("VIT_FAST_COMMIT", "abc123")  # a copied tree without .git, e.g. on a GPU machine
+    assert env.git_commit() == "abc123"
+
+
+def test_git_commit_never_records_another_repository(tmp_path, monkeypatch):
+    """vit-fast installed inside a user's own repository (a .venv in their project): the user's
+    HEAD must not be recorded as vit-fast's commit."""
+    user = tmp_path / "user-project"
+    site = user / ".venv" / "lib" / "site-packages"
+    site.mkdir(parents=True)
+    run = ["git", "-C", str(user)]
+    subprocess.run([*run, "init", "-q"], check=True)
+    (user / "x").write_text("x")
+    subprocess.run([*run, "add", "x"], check=True)
+    subprocess.run([*run, "-c", "user.name=u", "-c", "user.email=u@e", "commit", "-qm", "x"], check=True)
+    user_head = subprocess.run([*run, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    monkeypatch.delenv("VIT_FAST_COMMIT", raising=False)
+    monkeypatch.setattr(env, "SOURCE_ROOT", site)
+    assert user_head not in env.git_commit()
+    # the user's repository has a pyproject, but not vit-fast's: still not ours
+    (user / "pyproject.toml").write_text('[project]\nname = "their-app"\n')
+    monkeypatch.setattr(env, "SOURCE_ROOT", user)
+    assert user_head not in env.git_commit()
+
+
+def test_environment_records_what_a_result_needs():
+    rec = env.collect_environment(torch.device("cpu"))
+    for key in ("device_name", "driver_version", "torch", "triton", "onnxruntime", "git_commit", "torch_threads"):
+        assert key in rec

@@ -1,0 +1,76 @@
+"""The blocks a ViT is built of, with timm's module and parameter names (``attn.qkv``,
+``ls1.gamma``, ``mlp.fc1`` ...), so timm state dicts load as they are. Plain PyTorch: the
+reference path that the kernels are judged against and export traces."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .config import ViTConfig
+
+
+class PatchEmbed(nn.Module):
+    """Image ``[B, C, H, W]`` to patch tokens ``[B, H/p * W/p, D]`` (a strided convolution)."""
+
+    def __init__(self, cfg: ViTConfig) -> None:
+        super().__init__()
+        self.patch_size = cfg.patch_size
+        self.proj = nn.Conv2d(cfg.in_chans, cfg.embed_dim, cfg.patch_size, cfg.patch_size, bias=not cfg.pre_norm)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x).flatten(2).transpose(1, 2)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ViTConfig) -> None:
+        super().__init__()
+        self.num_heads = cfg.num_heads
+        self.head_dim = cfg.head_dim
+        self.scale = cfg.head_dim**-0.5
+        self.qkv = nn.Linear(cfg.embed_dim, 3 * cfg.embed_dim, bias=cfg.qkv_bias)
+        self.proj = nn.Linear(cfg.embed_dim, cfg.embed_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, D = x.shape
+        qkv = self.qkv(x).reshape(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)  # [B, H, T, Dh]
+        attn = (q * self.scale) @ k.transpose(-2, -1)
+        attn = attn.softmax(dim=-1)
+        x = (attn @ v).transpose(1, 2).reshape(B, T, D)
+        return self.proj(x)
+
+
+class LayerScale(nn.Module):
+    def __init__(self, dim: int, init_values: float) -> None:
+        super().__init__()
+        self.gamma = nn.Parameter(init_values * torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gamma
+
+
+class Mlp(nn.Module):
+    def __init__(self, cfg: ViTConfig) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(cfg.embed_dim, cfg.mlp_hidden_dim)
+        self.act = nn.GELU(approximate="tanh" if cfg.act == "gelu_tanh" else "none")
+        self.fc2 = nn.Linear(cfg.mlp_hidden_dim, cfg.embed_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ViTConfig) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(cfg.embed_dim, eps=cfg.layer_norm_eps)
+        self.attn = Attention(cfg)
+        self.ls1 = LayerScale(cfg.embed_dim, cfg.init_values) if cfg.init_values else nn.Identity()
+        self.norm2 = nn.LayerNorm(cfg.embed_dim, eps=cfg.layer_norm_eps)
+        self.mlp = Mlp(cfg)
+        self.ls2 = LayerScale(cfg.embed_dim, cfg.init_values) if cfg.init_values else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.ls1(self.attn(self.norm1(x)))
+        return x + self.ls2(self.mlp(self.norm2(x)))
