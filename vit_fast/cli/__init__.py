@@ -9,21 +9,21 @@ import sys
 # subcommand -> (module that defines add_arguments(parser) and run(args) -> int, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("vit_fast.demo", "the main job on the embedded default model: accuracy, backends, export, timing"),
-    "export": ("vit_fast.export.cli_export", "build an ONNX or TensorRT artifact, verify it, write a report"),
-    "verify": ("vit_fast.export.cli_verify", "compare an ONNX file, TensorRT engine or the triton backend with eager"),
-    "bench": ("vit_fast.bench", "time backends side by side; write JSON, Markdown and a PNG plot"),
+    "export": ("vit_fast.cli.export", "build an ONNX or TensorRT artifact, verify it, write a report"),
+    "verify": ("vit_fast.cli.verify", "compare an ONNX file, TensorRT engine or the triton backend with eager"),
+    "bench": ("vit_fast.cli.bench", "time backends side by side; write JSON, Markdown and a PNG plot"),
 }
 
 
 def _info(args: argparse.Namespace) -> int:
-    from .env import collect_info, format_info
+    from vit_fast.env import collect_info, format_info
 
     print(format_info(collect_info()))
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
+    from vit_fast import __version__
 
     parser = argparse.ArgumentParser(
         prog="vit-fast",

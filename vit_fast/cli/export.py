@@ -69,10 +69,9 @@ def _source_name(spec: str) -> str:
 
 def _run_onnx(args: argparse.Namespace) -> int:
     from vit_fast.convert import load_model
-
-    from ._common import check_output_path, metadata_path, parse_dtype
-    from .onnx import check_onnx_args, to_onnx
-    from .verify import verify
+    from vit_fast.export._common import check_output_path, metadata_path, parse_dtype
+    from vit_fast.export.onnx import check_onnx_args, to_onnx
+    from vit_fast.export.verify import verify
 
     out = check_output_path(args.out)
     dtype = parse_dtype(args.dtype)
@@ -111,7 +110,7 @@ def _run_onnx(args: argparse.Namespace) -> int:
 
 
 def _run_tensorrt(args: argparse.Namespace) -> int:
-    from .tensorrt import to_tensorrt
+    from vit_fast.export.tensorrt import to_tensorrt
 
     to_tensorrt(
         args.onnx,
