@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= onnx,test,bench,demo,dev
+TIMM_SPEC ?= timm>=1.0,<2
 BIN := $(VENV)/bin
 
 .PHONY: setup demo test lint wheel-check clean
@@ -12,9 +13,12 @@ $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(VENV)/.installed: pyproject.toml | $(BIN)/activate
+$(VENV)/.installed: pyproject.toml Makefile | $(BIN)/activate
 	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
+	# timm without its dependencies: its torchvision dependency would pull CUDA torch on a CPU machine;
+	# the tests import timm's model code through a torchvision stand-in (tests/_torchvision_standin.py)
+	$(BIN)/python -m pip install --quiet --no-deps "$(TIMM_SPEC)"
 	touch $@
 
 setup: $(VENV)/.installed  ## create .venv and install vit-fast with its extras

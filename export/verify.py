@@ -268,7 +268,7 @@ def _as_model(model: nn.Module | str) -> nn.Module:
     from vit_fast.model import VisionTransformer
 
     if isinstance(model, str):
-        from vit_fast.convert import load_model
+        from vit_fast.loading import load_model
 
         model = load_model(model, backend="torch")
     if not isinstance(model, VisionTransformer):

@@ -20,7 +20,7 @@ from vit_fast.assets import (  # noqa: E402
     load_default_model,
     load_digits_split,
 )
-from vit_fast.convert import CONFIG_METADATA_KEY, read_state_dict  # noqa: E402
+from vit_fast.checkpoints import CONFIG_METADATA_KEY, read_state_dict  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -61,13 +61,27 @@ def test_unknown_preset_suggests():
         (dict(global_pool="max"), r"global_pool must be one of \('token', 'avg'\), got 'max'"),
         (dict(class_token=False), r"global_pool='token' needs a class token"),
         (dict(act="relu"), r"act must be one of"),
-        (dict(depth=0), r"depth must be a positive int, got 0"),
-        (dict(reg_tokens=-1), r"reg_tokens must be an int >= 0, got -1"),
-        (dict(num_classes=-2), r"num_classes must be an int >= 0"),
-        (dict(layer_norm_eps=0.0), r"layer_norm_eps must be > 0"),
-        (dict(init_values=-1.0), r"init_values \(LayerScale\) must be > 0 or None"),
-        (dict(mlp_ratio=0), r"mlp_ratio must be > 0"),
+        (dict(depth=0), r"ViTConfig.depth must be an int >= 1, got 0"),
+        (dict(reg_tokens=-1), r"ViTConfig.reg_tokens must be an int >= 0, got -1"),
+        (dict(num_classes=-2), r"ViTConfig.num_classes must be an int >= 0"),
+        (dict(layer_norm_eps=0.0), r"ViTConfig.layer_norm_eps must be a number > 0"),
+        (dict(init_values=-1.0), r"ViTConfig.init_values must be None \(no LayerScale\) or a number > 0"),
+        (dict(mlp_ratio=0), r"ViTConfig.mlp_ratio must be a number > 0"),
         (dict(img_size=(1, 2, 3)), r"img_size must be an int or a pair"),
+        # wrong types are named with the field, never accepted as truthy or failing far away
+        (dict(qkv_bias="no"), r"ViTConfig.qkv_bias must be True or False, got 'no' \(str\)"),
+        (dict(class_token=1), r"ViTConfig.class_token must be True or False, got 1 \(int\)"),
+        (dict(dynamic_img_size=None), r"ViTConfig.dynamic_img_size must be True or False"),
+        (dict(fc_norm="yes"), r"ViTConfig.fc_norm must be True, False or None"),
+        (dict(mlp_ratio="4"), r"ViTConfig.mlp_ratio must be a number > 0, got '4' \(str\)"),
+        (dict(mlp_ratio=float("nan")), r"ViTConfig.mlp_ratio must be a number > 0"),
+        (dict(mlp_ratio=0.001), r"gives an MLP of 0 hidden units .* use mlp_ratio >= 0.0013"),
+        (dict(num_classes=10.0), r"ViTConfig.num_classes must be an int >= 0 .*got 10.0 \(float\)"),
+        (dict(embed_dim=True), r"ViTConfig.embed_dim must be an int >= 1, got True \(bool\)"),
+        (dict(patch_size=16.0), r"ViTConfig.patch_size must be an int >= 1, got 16.0 \(float\)"),
+        (dict(img_size="224"), r"ViTConfig.img_size must be an int or a pair of ints"),
+        (dict(layer_norm_eps="1e-6"), r"ViTConfig.layer_norm_eps must be a number > 0"),
+        (dict(init_values=float("inf")), r"ViTConfig.init_values must be None"),
     ],
 )
 def test_inconsistent_config_names_the_numbers(kwargs, message):
@@ -84,3 +98,13 @@ def test_fc_norm_follows_timm():
     assert ViTConfig(global_pool="avg").use_fc_norm
     assert not ViTConfig(global_pool="token").use_fc_norm
     assert not ViTConfig(global_pool="avg", fc_norm=False).use_fc_norm
+
+
+def test_model_constructor_takes_a_config_or_a_preset_name():
+    assert vit_fast.VisionTransformer("vit_tiny_patch16_224", backend="torch").cfg.embed_dim == 192
+    with pytest.raises(TypeError, match=r"takes a ViTConfig or a preset name, got a dict: pass ViTConfig\(\*\*d\)"):
+        vit_fast.VisionTransformer({"img_size": 32})
+    with pytest.raises(TypeError, match=r"takes a ViTConfig or a preset name .* got int"):
+        vit_fast.VisionTransformer(3)
+    with pytest.raises(KeyError, match=r"unknown preset 'vit_nope'"):
+        vit_fast.VisionTransformer("vit_nope")

@@ -95,7 +95,7 @@ def test_verify_default_reports_accuracy(exported, monkeypatch, capsys):
     assets = types.ModuleType("vit_fast.assets")
     assets.load_default_eval_set = lambda: (images, labels)
     monkeypatch.setitem(sys.modules, "vit_fast.assets", assets)
-    monkeypatch.setattr(vit_fast.convert, "load_model", lambda spec, backend="auto", seed=0: model)
+    monkeypatch.setattr(vit_fast.loading, "load_model", lambda spec, backend="auto", seed=0: model)
     assert main(["verify", "default", str(out)]) == 0
     assert "labelled data (6 images): eager accuracy 100.00%, artifact accuracy 100.00%" in capsys.readouterr().out
 

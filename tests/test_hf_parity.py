@@ -8,7 +8,8 @@ transformers = pytest.importorskip(
 )
 
 import vit_fast  # noqa: E402
-from vit_fast.convert import convert_hf_state_dict, load_checkpoint  # noqa: E402
+from vit_fast.checkpoints import load_checkpoint  # noqa: E402
+from vit_fast.convert import convert_hf_state_dict  # noqa: E402
 
 # name -> (transformers ViTConfig kwargs); token counts in the comments
 CONFIGS = {

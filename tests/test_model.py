@@ -5,7 +5,7 @@ import torch
 
 import vit_fast
 from vit_fast import VisionTransformer, ViTConfig
-from vit_fast.convert import load_checkpoint, save_checkpoint
+from vit_fast.checkpoints import load_checkpoint, save_checkpoint
 
 from .util import TINY, tiny_model
 
@@ -39,6 +39,12 @@ def test_bad_dtype_and_device():
         model(torch.randn(1, 3, 32, 32, device="meta"))
     with pytest.raises(TypeError, match=r"expected a torch.Tensor"):
         model([[1.0]])
+    # raw uint8 images: say how to convert and normalise, never "convert the model to uint8"
+    with pytest.raises(
+        ValueError, match=r"input dtype torch.uint8: .*x = \(\(x.float\(\) / 255 - mean\) / std\)"
+    ) as info:
+        model(torch.zeros(1, 3, 32, 32, dtype=torch.uint8))
+    assert "model.to(torch.uint8)" not in str(info.value)
 
 
 def test_dynamic_size_error_names_nearest_valid_size():
@@ -264,3 +270,24 @@ def test_optimize_keeps_our_model_and_rejects_others():
     assert vit_fast.optimize(model) is model
     with pytest.raises(TypeError, match=r"optimize\(\) does not know torch.nn.modules.linear.Linear"):
         vit_fast.optimize(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".pth", ".pt"])
+def test_save_checkpoint_round_trips_every_suffix_it_accepts(tmp_path, suffix):
+    model = tiny_model()
+    path = save_checkpoint(model, tmp_path / f"w{suffix}", extra={"note": "hello"})
+    again = load_checkpoint(path, backend="torch")
+    assert again.cfg == model.cfg
+    for (k, a), (_, b) in zip(model.state_dict().items(), again.state_dict().items(), strict=True):
+        assert torch.equal(a, b), k
+    from vit_fast.checkpoints import read_state_dict
+
+    assert read_state_dict(path)[1]["note"] == "hello"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"w{suffix}"]  # no temporary left
+
+
+@pytest.mark.parametrize("name", ["w.bin", "w.ckpt", "w", "w.onnx"])
+def test_save_checkpoint_refuses_other_suffixes_before_writing(tmp_path, name):
+    with pytest.raises(ValueError, match=r"cannot tell the format .* name it w.safetensors \(preferred\) or w.pth"):
+        save_checkpoint(tiny_model(), tmp_path / name)
+    assert list(tmp_path.iterdir()) == []

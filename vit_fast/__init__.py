@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from importlib import metadata as _metadata
 
+from .checkpoints import load_checkpoint, save_checkpoint
 from .config import PRESETS, ViTConfig
-from .convert import from_hf, from_timm, load_checkpoint, load_model, optimize, save_checkpoint
+from .convert import from_hf, from_timm, optimize
+from .loading import load_model
 from .model import VisionTransformer
 
 try:

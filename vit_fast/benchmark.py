@@ -926,7 +926,7 @@ class Harness:
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> dict[str, Any]:
-        from .convert import load_model
+        from .loading import load_model
         from .model import count_flops
 
         s, device = self.s, self.device

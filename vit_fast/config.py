@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,11 +13,62 @@ _ACTS = ("gelu", "gelu_tanh")
 
 
 def _pair(value: int | tuple[int, int] | list[int], name: str) -> tuple[int, int]:
-    if isinstance(value, int):
-        return (value, value)
-    if isinstance(value, (tuple, list)) and len(value) == 2 and all(isinstance(v, int) for v in value):
+    if _is_int(value):
+        return (int(value), int(value))
+    if isinstance(value, (tuple, list)) and len(value) == 2 and all(_is_int(v) for v in value):
         return (int(value[0]), int(value[1]))
     raise ValueError(f"{name} must be an int or a pair of ints (height, width), got {value!r}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _type_name(value: Any) -> str:
+    return type(value).__name__
+
+
+def _check_fields(cfg: ViTConfig) -> None:
+    """Every constructor field's type and range, each message naming the field and what to pass."""
+    for name in ("patch_size", "in_chans", "embed_dim", "depth", "num_heads"):
+        value = getattr(cfg, name)
+        if not _is_int(value) or value < 1:
+            raise ValueError(f"ViTConfig.{name} must be an int >= 1, got {value!r} ({_type_name(value)})")
+    for name in ("reg_tokens", "num_classes"):
+        value = getattr(cfg, name)
+        if not _is_int(value) or value < 0:
+            what = " (0 = pooled features)" if name == "num_classes" else ""
+            raise ValueError(f"ViTConfig.{name} must be an int >= 0{what}, got {value!r} ({_type_name(value)})")
+    for name in ("qkv_bias", "class_token", "pre_norm", "dynamic_img_size", "no_embed_class"):
+        value = getattr(cfg, name)
+        if not isinstance(value, bool):
+            raise ValueError(f"ViTConfig.{name} must be True or False, got {value!r} ({_type_name(value)})")
+    if cfg.fc_norm is not None and not isinstance(cfg.fc_norm, bool):
+        raise ValueError(f"ViTConfig.fc_norm must be True, False or None (timm's rule), got {cfg.fc_norm!r}")
+    if not _is_real(cfg.mlp_ratio) or not cfg.mlp_ratio > 0:
+        raise ValueError(
+            f"ViTConfig.mlp_ratio must be a number > 0, got {cfg.mlp_ratio!r} ({_type_name(cfg.mlp_ratio)})"
+        )
+    if int(cfg.embed_dim * cfg.mlp_ratio) < 1:
+        raise ValueError(
+            f"ViTConfig.mlp_ratio {cfg.mlp_ratio!r} gives an MLP of {int(cfg.embed_dim * cfg.mlp_ratio)} hidden units "
+            f"(embed_dim {cfg.embed_dim} x mlp_ratio): use mlp_ratio >= {1 / cfg.embed_dim:.3g}"
+        )
+    if not _is_real(cfg.layer_norm_eps) or not cfg.layer_norm_eps > 0:
+        raise ValueError(f"ViTConfig.layer_norm_eps must be a number > 0, got {cfg.layer_norm_eps!r}")
+    if cfg.init_values is not None and (not _is_real(cfg.init_values) or not cfg.init_values > 0):
+        raise ValueError(
+            f"ViTConfig.init_values must be None (no LayerScale) or a number > 0 (LayerScale's initial gamma; "
+            f"trained gammas come from the weights), got {cfg.init_values!r}"
+        )
+    for name, choices in (("global_pool", _GLOBAL_POOLS), ("act", _ACTS)):
+        value = getattr(cfg, name)
+        if value not in choices:
+            raise ValueError(f"ViTConfig.{name} must be one of {choices}, got {value!r}")
 
 
 @dataclass
@@ -60,14 +112,11 @@ class ViTConfig:
     use_fc_norm: bool = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        h, w = _pair(self.img_size, "img_size")
+        h, w = _pair(self.img_size, "ViTConfig.img_size")
         self.img_size = h if h == w else (h, w)
-        for name in ("patch_size", "in_chans", "embed_dim", "depth", "num_heads"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        _check_fields(self)
         if h < 1 or w < 1:
-            raise ValueError(f"img_size must be positive, got {self.img_size!r}")
+            raise ValueError(f"ViTConfig.img_size must be positive, got {self.img_size!r}")
         if h % self.patch_size or w % self.patch_size:
             raise ValueError(
                 f"img_size {h}x{w} is not divisible by patch_size {self.patch_size}: "
@@ -81,25 +130,11 @@ class ViTConfig:
                 f"({self.embed_dim} / {self.num_heads} = {self.embed_dim / self.num_heads:.3g}); "
                 "every head needs the same whole head_dim"
             )
-        if not self.mlp_ratio > 0:
-            raise ValueError(f"mlp_ratio must be > 0, got {self.mlp_ratio}")
-        if int(self.reg_tokens) != self.reg_tokens or self.reg_tokens < 0:
-            raise ValueError(f"reg_tokens must be an int >= 0, got {self.reg_tokens!r}")
-        if int(self.num_classes) != self.num_classes or self.num_classes < 0:
-            raise ValueError(f"num_classes must be an int >= 0 (0 = pooled features), got {self.num_classes!r}")
-        if self.global_pool not in _GLOBAL_POOLS:
-            raise ValueError(f"global_pool must be one of {_GLOBAL_POOLS}, got {self.global_pool!r}")
         if self.global_pool == "token" and not self.class_token:
             raise ValueError(
                 "global_pool='token' needs a class token, but class_token=False: "
                 "use global_pool='avg' or class_token=True"
             )
-        if self.act not in _ACTS:
-            raise ValueError(f"act must be one of {_ACTS}, got {self.act!r}")
-        if not self.layer_norm_eps > 0:
-            raise ValueError(f"layer_norm_eps must be > 0, got {self.layer_norm_eps}")
-        if self.init_values is not None and not self.init_values > 0:
-            raise ValueError(f"init_values (LayerScale) must be > 0 or None, got {self.init_values}")
 
         self.grid_size = (h // self.patch_size, w // self.patch_size)
         self.num_patches = self.grid_size[0] * self.grid_size[1]
@@ -135,6 +170,8 @@ class ViTConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ViTConfig:
+        if not isinstance(data, dict):
+            raise ValueError(f"a ViTConfig is read from a dict of its fields, got {type(data).__name__}")
         names = {f.name for f in dataclasses.fields(cls) if f.init}
         unknown = sorted(set(data) - names)
         if unknown:

@@ -1,27 +1,22 @@
-"""Weights from elsewhere: Hugging Face and timm models, safetensors and .pth checkpoints.
+"""Weights from elsewhere: Hugging Face and timm models converted to a :class:`VisionTransformer`.
 
-Every foreign layout is converted here, in one place; each tensor's shape is checked against
+Every foreign layout is converted here, in one place (checkpoint files are read in
+``vit_fast.checkpoints``, model names resolved in ``vit_fast.loading``); each tensor's shape is checked against
 the target model and any key that does not fit is named.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import re
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from .config import PRESETS, ViTConfig
-from .files import finish_atomic
+from .config import ViTConfig
 from .model import VisionTransformer
 from .pos_embed import resample_pos_embed
-
-CONFIG_METADATA_KEY = "vit_fast_config"
 
 
 # --------------------------------------------------------------------------- shared loading
@@ -199,53 +194,121 @@ def from_hf(
 
 
 # --------------------------------------------------------------------------- timm
-def timm_config(timm_model: nn.Module) -> ViTConfig:
-    """Read a :class:`ViTConfig` off a timm ``VisionTransformer`` (features we lack are named)."""
-    m = timm_model
-    blocks = list(m.blocks)
+#: timm LayerScale's default initial gamma; a converted model's gammas come from its weights
+TIMM_LAYER_SCALE_INIT = 1e-5
+
+
+def _is_identity(module: Any) -> bool:
+    return module is None or isinstance(module, nn.Identity)
+
+
+def _timm_unsupported(m: nn.Module) -> list[str]:
+    """The timm features this model uses that vit-fast does not implement, by name (empty: convertible)."""
+    out: list[str] = []
+    name = type(m).__name__
+    if name != "VisionTransformer":
+        out.append(f"model class {name} (vit-fast converts timm's VisionTransformer)")
+    blocks = list(getattr(m, "blocks", []) or [])
     if not blocks:
-        raise ValueError("timm model has no blocks")
-    b0 = blocks[0]
-    unsupported = []
+        return [*out, "no transformer blocks (model.blocks is missing or empty)"]
+    block_types = sorted({type(b).__name__ for b in blocks})
+    if block_types != ["Block"]:
+        return [*out, f"block type {', '.join(block_types)} (vit-fast runs timm's plain Block; no parallel blocks)"]
     if getattr(m, "attn_pool", None) is not None:
-        unsupported.append("attention pooling (global_pool='map')")
-    if m.global_pool not in ("token", "avg"):
-        unsupported.append(f"global_pool={m.global_pool!r}")
-    for attr in ("q_norm", "k_norm", "norm"):
-        mod = getattr(b0.attn, attr, None)
-        if mod is not None and not isinstance(mod, nn.Identity):
-            unsupported.append(f"attn.{attr} ({type(mod).__name__})")
-    if not isinstance(getattr(b0.mlp, "norm", nn.Identity()), nn.Identity):
-        unsupported.append("mlp.norm (scale_mlp_norm)")
-    if not hasattr(b0.mlp, "fc1"):
-        unsupported.append(f"MLP {type(b0.mlp).__name__} (gated MLPs such as SwiGLU)")
-    if type(b0).__name__ != "Block":
-        unsupported.append(f"block type {type(b0).__name__}")
-    act = getattr(b0.mlp, "act", None)
-    if not isinstance(act, nn.GELU):
-        unsupported.append(f"activation {type(act).__name__}")
+        out.append("attention pooling (global_pool='map')")
+    if getattr(m, "global_pool", None) not in ("token", "avg"):
+        out.append(f"global_pool={getattr(m, 'global_pool', None)!r}")
+    if getattr(m, "pos_embed", None) is None:
+        out.append("no position embedding (pos_embed_type='none' or rope)")
+    if getattr(m, "dist_token", None) is not None:
+        out.append("distillation token")
+    patch = getattr(m, "patch_embed", None)
+    if patch is None or not isinstance(getattr(patch, "proj", None), nn.Conv2d):
+        out.append(f"patch embedding {type(patch).__name__} (vit-fast takes a Conv2d patch projection)")
+    else:
+        if not _is_identity(getattr(patch, "norm", None)):
+            out.append("a norm after the patch embedding (embed_norm_layer)")
+        if getattr(patch, "dynamic_img_pad", False):
+            out.append("dynamic_img_pad")
+        k, st = patch.proj.kernel_size, patch.proj.stride
+        if k[0] != k[1] or tuple(k) != tuple(st):
+            out.append(
+                f"patch projection kernel {tuple(k)} / stride {tuple(st)} (vit-fast takes square, non-overlapping)"
+            )
+    if not _is_identity(getattr(m, "norm", None)) and not isinstance(m.norm, nn.LayerNorm):
+        out.append(f"final norm {type(m.norm).__name__}")
+    if _is_identity(getattr(m, "norm", None)) and _is_identity(getattr(m, "fc_norm", None)):
+        out.append("no final norm (final_norm=False)")
+    for i, b in enumerate(blocks):
+        where = f"blocks.{i}"
+        for norm in ("norm1", "norm2"):
+            if not isinstance(getattr(b, norm, None), nn.LayerNorm):
+                out.append(f"{where}.{norm} {type(getattr(b, norm, None)).__name__} (vit-fast takes LayerNorm)")
+        attn, mlp = getattr(b, "attn", None), getattr(b, "mlp", None)
+        if attn is None or not isinstance(getattr(attn, "qkv", None), nn.Linear):
+            out.append(f"{where}.attn {type(attn).__name__} without a fused qkv Linear")
+        else:
+            for attr in ("q_norm", "k_norm", "norm"):
+                if not _is_identity(getattr(attn, attr, None)):
+                    out.append(f"{where}.attn.{attr} ({type(getattr(attn, attr)).__name__})")
+            if getattr(attn, "qkv_bias_separate", False):
+                out.append(f"{where}.attn qkv_bias_separate")
+            if not isinstance(getattr(attn, "proj", None), nn.Linear) or attn.proj.bias is None:
+                out.append(f"{where}.attn.proj without bias (proj_bias=False)")
+        if mlp is None or not hasattr(mlp, "fc1") or not hasattr(mlp, "fc2"):
+            out.append(f"{where}.mlp {type(mlp).__name__} (gated MLPs such as SwiGLU)")
+        else:
+            if not _is_identity(getattr(mlp, "norm", None)):
+                out.append(f"{where}.mlp.norm (scale_mlp_norm)")
+            if not isinstance(getattr(mlp, "act", None), nn.GELU):
+                out.append(f"{where}.mlp activation {type(getattr(mlp, 'act', None)).__name__} (vit-fast runs GELU)")
+            if getattr(mlp.fc1, "bias", None) is None or getattr(mlp.fc2, "bias", None) is None:
+                out.append(f"{where}.mlp without bias")
+        for ls in ("ls1", "ls2"):
+            mod = getattr(b, ls, None)
+            if not _is_identity(mod) and not isinstance(getattr(mod, "gamma", None), torch.Tensor):
+                out.append(f"{where}.{ls} {type(mod).__name__}")
+        if i == 0:
+            continue
+        b0 = blocks[0]
+        if _is_identity(getattr(b, "ls1", None)) != _is_identity(getattr(b0, "ls1", None)):
+            out.append("LayerScale in some blocks only")
+    return sorted(set(out), key=out.index)
+
+
+def timm_config(timm_model: nn.Module) -> ViTConfig:
+    """Read a :class:`ViTConfig` off a timm ``VisionTransformer``; a ValueError names every feature we lack."""
+    m = timm_model
+    unsupported = _timm_unsupported(m)
     if unsupported:
-        raise ValueError(f"timm model {type(m).__name__} uses features vit-fast does not support: {unsupported}")
+        raise ValueError(
+            f"timm model {type(m).__name__} uses features vit-fast does not support: {'; '.join(unsupported)}. "
+            "Run it with timm itself, or pick a plain ViT / DeiT / register variant"
+        )
+    blocks = list(m.blocks)
+    b0 = blocks[0]
     proj = m.patch_embed.proj
-    norm = b0.norm1
-    img_size = tuple(m.patch_embed.img_size)
+    act = b0.mlp.act
+    has_layer_scale = not _is_identity(getattr(b0, "ls1", None))
     return ViTConfig(
-        img_size=img_size,
-        patch_size=proj.kernel_size[0],
-        in_chans=proj.in_channels,
-        embed_dim=m.embed_dim,
+        img_size=tuple(int(v) for v in m.patch_embed.img_size),
+        patch_size=int(proj.kernel_size[0]),
+        in_chans=int(proj.in_channels),
+        embed_dim=int(m.embed_dim),
         depth=len(blocks),
-        num_heads=b0.attn.num_heads,
+        num_heads=int(b0.attn.num_heads),
         mlp_ratio=b0.mlp.fc1.out_features / m.embed_dim,
         qkv_bias=b0.attn.qkv.bias is not None,
         class_token=m.cls_token is not None,
-        reg_tokens=getattr(m, "num_reg_tokens", 0),
+        reg_tokens=int(getattr(m, "num_reg_tokens", 0)),
         global_pool=m.global_pool,
-        num_classes=m.num_classes,
-        layer_norm_eps=norm.eps,
-        init_values=float(b0.ls1.gamma.flatten()[0]) if hasattr(b0.ls1, "gamma") else None,
-        pre_norm=not isinstance(m.norm_pre, nn.Identity),
-        fc_norm=not isinstance(m.fc_norm, nn.Identity),
+        num_classes=int(m.num_classes),
+        layer_norm_eps=float(b0.norm1.eps),
+        # LayerScale's presence is the config's business; its trained per-channel (possibly negative)
+        # gammas are weights and load with the state dict
+        init_values=TIMM_LAYER_SCALE_INIT if has_layer_scale else None,
+        pre_norm=not _is_identity(m.norm_pre),
+        fc_norm=not _is_identity(m.fc_norm),
         act="gelu_tanh" if act.approximate == "tanh" else "gelu",
         dynamic_img_size=bool(getattr(m, "dynamic_img_size", False)),
         no_embed_class=bool(getattr(m, "no_embed_class", False)),
@@ -291,126 +354,3 @@ def optimize(model: nn.Module, backend: str = "auto") -> VisionTransformer:
         )
     out.train(model.training)
     return out
-
-
-# --------------------------------------------------------------------------- checkpoints
-def _looks_hf(keys: list[str]) -> bool:
-    return any(k.startswith(("vit.", "embeddings.", "encoder.layer.", "layers.")) for k in keys)
-
-
-def save_checkpoint(model: VisionTransformer, path: str | os.PathLike, extra: Mapping[str, str] | None = None) -> Path:
-    """Write the weights as safetensors with the config in the file's metadata (atomically)."""
-    from safetensors.torch import save_file
-
-    path = Path(path)
-    meta = {CONFIG_METADATA_KEY: model.cfg.to_json(), **(extra or {})}
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, str(tmp), meta)
-        finish_atomic(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
-
-
-def read_state_dict(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Tensors and string metadata from a .safetensors file, or a .pth/.pt/.bin loaded with weights_only."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist or is not a file")
-    suffix = path.suffix.lower()
-    if suffix == ".safetensors":
-        from safetensors import safe_open
-
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                meta = dict(f.metadata() or {})
-                return {k: f.get_tensor(k) for k in f.keys()}, meta
-        except Exception as err:  # safetensors raises its own types for corrupt headers
-            raise ValueError(f"cannot read {str(path)!r} as safetensors: {err}") from err
-    if suffix in (".pth", ".pt", ".bin", ".ckpt"):
-        try:
-            obj = torch.load(str(path), map_location="cpu", weights_only=True)
-        except Exception as err:
-            raise ValueError(f"cannot load {str(path)!r} with torch.load(weights_only=True): {err}") from err
-        meta: dict[str, str] = {}
-        if isinstance(obj, Mapping):
-            if isinstance(obj.get("config"), Mapping):
-                meta[CONFIG_METADATA_KEY] = json.dumps(dict(obj["config"]))
-            for key in ("state_dict", "model", "module"):
-                if isinstance(obj.get(key), Mapping):
-                    obj = obj[key]
-                    break
-        if not isinstance(obj, Mapping) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-            raise ValueError(f"{str(path)!r} does not hold a state dict of tensors")
-        return dict(obj), meta
-    raise ValueError(f"unsupported checkpoint type {suffix!r} for {str(path)!r}: use .safetensors (preferred) or .pth")
-
-
-def load_checkpoint(
-    path: str | os.PathLike, cfg: ViTConfig | str | None = None, backend: str = "auto"
-) -> VisionTransformer:
-    """A :class:`VisionTransformer` from a checkpoint in timm or Hugging Face names.
-
-    The config comes from ``cfg`` (a :class:`ViTConfig` or preset name) or else from the
-    file's metadata as written by :func:`save_checkpoint`. A position embedding saved for
-    another image size is resampled to ``cfg``'s.
-    """
-    state, meta = read_state_dict(path)
-    if isinstance(cfg, str):
-        cfg = ViTConfig.from_name(cfg)
-    if cfg is None:
-        if CONFIG_METADATA_KEY not in meta:
-            raise ValueError(
-                f"{str(path)!r} carries no vit-fast config: pass cfg= (a ViTConfig or a preset name such as "
-                f"'vit_base_patch16_224'); presets: {', '.join(sorted(PRESETS))}"
-            )
-        cfg = ViTConfig.from_dict(json.loads(meta[CONFIG_METADATA_KEY]))
-    if _looks_hf(list(state)):
-        state = convert_hf_state_dict(state)
-    src_grid = None
-    if "pos_embed" in state:
-        keep = 0 if cfg.no_embed_class else cfg.num_prefix_tokens
-        if state["pos_embed"].shape[1] != cfg.pos_embed_len:
-            src_grid = _grid_from_pos_embed(state["pos_embed"], keep)
-    return _load_converted(cfg, state, repr(str(path)), src_grid).set_backend(backend)
-
-
-def load_model(spec: str, backend: str = "auto", seed: int = 0) -> VisionTransformer:
-    """A model by name: ``"default"`` (the embedded model), a preset (random weights, fixed
-    seed), a checkpoint path, or a timm / Hugging Face name where those libraries and the
-    weights are available."""
-    if spec in ("default", "embedded"):
-        from .assets import load_default_model
-
-        return load_default_model(backend=backend)
-    if spec in PRESETS:
-        with torch.random.fork_rng(devices=[]):  # seeded weights without touching the caller's RNG
-            torch.manual_seed(seed)
-            model = VisionTransformer(ViTConfig.from_name(spec), backend=backend)
-        return model.eval()
-    if Path(spec).suffix.lower() in (".safetensors", ".pth", ".pt", ".bin", ".ckpt") or Path(spec).is_file():
-        return load_checkpoint(spec, backend=backend).eval()
-    errors = []
-    try:
-        import timm
-    except ImportError:
-        errors.append("timm is not installed")
-    else:
-        if spec in timm.list_models():
-            return from_timm(timm.create_model(spec, pretrained=True), backend=backend).eval()
-        errors.append("not a timm model name")
-    if "/" in spec or Path(spec).is_dir():  # a Hugging Face hub id ("org/name") or a saved model folder
-        try:
-            from transformers import AutoConfig, AutoModel, AutoModelForImageClassification
-        except ImportError:
-            errors.append("transformers is not installed")
-        else:
-            # a classification checkpoint keeps its head; anything else loads as the bare encoder
-            archs = getattr(AutoConfig.from_pretrained(spec), "architectures", None) or []
-            loader = AutoModelForImageClassification if any("ImageClassification" in a for a in archs) else AutoModel
-            return optimize(loader.from_pretrained(spec), backend=backend).eval()
-    raise ValueError(
-        f"cannot resolve model {spec!r}: it is not 'default', a preset ({', '.join(sorted(PRESETS))}), "
-        f"or an existing checkpoint file; " + "; ".join(errors)
-    )

@@ -28,8 +28,19 @@ class VisionTransformer(nn.Module):
     otherwise); it is chosen here and nowhere else.
     """
 
-    def __init__(self, cfg: ViTConfig, backend: str = "auto") -> None:
+    def __init__(self, cfg: ViTConfig | str, backend: str = "auto") -> None:
         super().__init__()
+        if isinstance(cfg, str):
+            cfg = ViTConfig.from_name(cfg)
+        elif isinstance(cfg, dict):
+            raise TypeError(
+                "VisionTransformer takes a ViTConfig or a preset name, got a dict: pass ViTConfig(**d) "
+                "(or ViTConfig.from_dict(d))"
+            )
+        elif not isinstance(cfg, ViTConfig):
+            raise TypeError(
+                f"VisionTransformer takes a ViTConfig or a preset name (see vit_fast.PRESETS), got {type(cfg).__name__}"
+            )
         self.cfg = cfg
         self.num_prefix_tokens = cfg.num_prefix_tokens
         self.patch_embed = PatchEmbed(cfg)

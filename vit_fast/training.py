@@ -103,7 +103,7 @@ def lr_at(step: int, total: int, warmup: int, base: float, final_frac: float = 0
 
 def train(args: argparse.Namespace) -> dict[str, Any]:
     from . import assets
-    from .convert import save_checkpoint
+    from .checkpoints import save_checkpoint
     from .model import VisionTransformer
 
     torch.set_num_threads(args.threads)

@@ -53,6 +53,13 @@ def check_image_batch(model: VisionTransformer, x: torch.Tensor) -> tuple[int, i
         )
     if B == 0:
         raise ValueError(f"empty batch: got shape {tuple(x.shape)}; pass at least one image")
+    if not x.dtype.is_floating_point:
+        raise ValueError(
+            f"input dtype {x.dtype}: the model takes normalised float images in {model.dtype}. Convert and normalise "
+            f"first, e.g. x = ((x.float() / 255 - mean) / std).to({model.dtype}) with mean and std the "
+            "model's per-channel values as [1, C, 1, 1] tensors (ImageNet: mean 0.485, 0.456, 0.406; "
+            "std 0.229, 0.224, 0.225)"
+        )
     if x.dtype != model.dtype:
         raise ValueError(
             f"input dtype {x.dtype} differs from the weights' {model.dtype}: pass x.to({model.dtype}) "

@@ -124,7 +124,7 @@ def default_model_info() -> dict[str, Any]:
 
 def load_default_model(backend: str = "auto"):
     """The embedded digits ViT (fp32, CPU, eval mode) with the given backend."""
-    from ..convert import load_checkpoint
+    from ..checkpoints import load_checkpoint
 
     if not WEIGHTS_FILE.is_file():
         raise FileNotFoundError(f"{WEIGHTS_FILE} is missing: run `python -m vit_fast.training --out vit_fast/assets`")

@@ -61,8 +61,8 @@ def _default_eval_set() -> tuple | None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``vit-fast verify``; 0 when the artifact passes, 1 otherwise."""
-    from vit_fast.convert import load_model
     from vit_fast.export.verify import verify
+    from vit_fast.loading import load_model
 
     try:
         model = load_model(args.model, backend="torch")
