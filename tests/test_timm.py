@@ -92,3 +92,22 @@ def test_unsupported_timm_features_are_named(feature):
     with pytest.raises(ValueError, match="uses features vit-fast does not support") as info:
         vit_fast.optimize(ref)
     assert expected in str(info.value)
+
+
+def test_timm_conventions_are_kept():
+    ref = _trained_like(timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, depth=1), seed=3)
+    model = vit_fast.optimize(ref).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        feats_ours, feats_ref = model.forward_features(x), ref.forward_features(x)
+        torch.testing.assert_close(
+            model.forward_head(feats_ours, pre_logits=True), ref.forward_head(feats_ref, pre_logits=True)
+        )
+    assert model.num_classes == ref.num_classes == 1000
+    model.reset_classifier(0)
+    ref.reset_classifier(0)
+    assert model.num_classes == 0
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), ref(x), rtol=1e-5, atol=1e-5)
+    model.reset_classifier(7)
+    assert model(x).shape == (2, 7) and model.head.weight.dtype == model.dtype

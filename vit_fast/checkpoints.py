@@ -7,10 +7,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -105,30 +107,102 @@ def read_state_dict(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], d
     )
 
 
-def load_checkpoint(
-    path: str | os.PathLike, cfg: ViTConfig | str | None = None, backend: str = "auto"
-) -> VisionTransformer:
-    """A :class:`VisionTransformer` from a checkpoint in timm or Hugging Face names.
+def file_sha256(path: str | os.PathLike) -> str:
+    """Hex SHA-256 of a file's bytes (read in 1 MiB chunks)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
-    The config comes from ``cfg`` (a :class:`ViTConfig` or preset name) or else from the
-    file's metadata as written by :func:`save_checkpoint`. A position embedding saved for
-    another image size is resampled to ``cfg``'s.
+
+def _hf_config_dict_to_vit(data: dict, source: str) -> ViTConfig:
+    """A transformers ViT ``config.json`` (``model_type`` "vit") as a ViTConfig, without importing transformers."""
+    from .convert import hf_config_to_vit
+
+    labels = data.get("id2label") or {}
+    num_classes = int(data.get("num_labels") or len(labels) or 0)
+    archs = data.get("architectures") or []
+    if archs and not any("ImageClassification" in a for a in archs):
+        num_classes = 0
+    fields = dict(image_size=224, patch_size=16, num_channels=3, hidden_size=768, num_hidden_layers=12)
+    fields.update(num_attention_heads=12, intermediate_size=3072, layer_norm_eps=1e-12, hidden_act="gelu")
+    fields.update(qkv_bias=True)
+    fields.update({k: v for k, v in data.items() if k in fields})
+    try:
+        return hf_config_to_vit(SimpleNamespace(**fields), num_classes)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"Hugging Face config {source}: {err}") from err
+
+
+def resolve_config(config: ViTConfig | str | os.PathLike | dict) -> ViTConfig:
+    """A ViTConfig from a ViTConfig, a preset name, a dict of its fields, or a JSON file: vit-fast's own
+    (``ViTConfig.to_dict``), a Hugging Face ViT ``config.json``, or timm's (``architecture`` a preset name)."""
+    if isinstance(config, ViTConfig):
+        return config
+    if isinstance(config, dict):
+        return ViTConfig.from_dict(config)
+    text = str(config)
+    if text in PRESETS:
+        return ViTConfig.from_name(text)
+    path = Path(text)
+    if path.suffix.lower() != ".json" and not path.is_file():
+        return ViTConfig.from_name(text)  # a KeyError that lists the presets
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"config file {str(path)!r} does not exist")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"config {str(path)!r} cannot be read as JSON: {err}") from err
+    if not isinstance(data, dict):
+        raise ValueError(f"config {str(path)!r} holds a {type(data).__name__}, expected a JSON object")
+    if data.get("model_type") == "vit" or "hidden_size" in data:
+        return _hf_config_dict_to_vit(data, repr(str(path)))
+    if "architecture" in data:  # timm's config.json
+        arch = str(data["architecture"])
+        if arch not in PRESETS:
+            raise ValueError(
+                f"timm config {str(path)!r} names architecture {arch!r}, which is not a vit-fast preset: pass a "
+                f"preset with the same architecture instead ({', '.join(sorted(PRESETS))})"
+            )
+        return ViTConfig.from_name(
+            arch, num_classes=int(data.get("num_classes", PRESETS[arch].get("num_classes", 1000)))
+        )
+    return ViTConfig.from_dict(data)
+
+
+def load_checkpoint(
+    path: str | os.PathLike, cfg: ViTConfig | str | os.PathLike | None = None, backend: str = "auto"
+) -> VisionTransformer:
+    """A :class:`VisionTransformer` from a checkpoint in timm or Hugging Face names (detected).
+
+    The config comes from ``cfg`` (a :class:`ViTConfig`, a preset name, or a config.json: vit-fast's,
+    Hugging Face's or timm's) or else from the file's metadata as written by :func:`save_checkpoint`.
+    A position embedding saved for another image size is resampled to ``cfg``'s. The model's
+    ``weights_source`` records the file's name and SHA-256.
     """
     state, meta = read_state_dict(path)
-    if isinstance(cfg, str):
-        cfg = ViTConfig.from_name(cfg)
-    if cfg is None:
+    if cfg is not None:
+        cfg = resolve_config(cfg)
+    else:
         if CONFIG_METADATA_KEY not in meta:
             raise ValueError(
-                f"{str(path)!r} carries no vit-fast config: pass cfg= (a ViTConfig or a preset name such as "
-                f"'vit_base_patch16_224'); presets: {', '.join(sorted(PRESETS))}"
+                f"{str(path)!r} carries no vit-fast config (a plain timm or Hugging Face state dict): give its "
+                "config, a preset name such as 'vit_base_patch16_224' or a config.json (Python: cfg=...; "
+                f"command line: --config ...); presets: {', '.join(sorted(PRESETS))}"
             )
         cfg = ViTConfig.from_dict(json.loads(meta[CONFIG_METADATA_KEY]))
+    layout = "timm"
     if _looks_hf(list(state)):
         state = convert_hf_state_dict(state)
+        layout = "hf"
     src_grid = None
     if "pos_embed" in state:
         keep = 0 if cfg.no_embed_class else cfg.num_prefix_tokens
         if state["pos_embed"].shape[1] != cfg.pos_embed_len:
             src_grid = _grid_from_pos_embed(state["pos_embed"], keep)
-    return _load_converted(cfg, state, repr(str(path)), src_grid).set_backend(backend)
+    model = _load_converted(cfg, state, repr(str(path)), src_grid).set_backend(backend)
+    model.weights_source = {"kind": "file", "file": Path(path).name, "sha256": file_sha256(path), "layout": layout}
+    return model

@@ -189,6 +189,7 @@ def from_hf(
         cfg = cfg.replace(img_size=img_size)
     state = {k: v for k, v in hf_model.state_dict().items() if not k.endswith("mask_token")}
     model = _load_converted(cfg, convert_hf_state_dict(state), f"{name} state_dict", src_grid)
+    model.weights_source = {"kind": "hf", "name": getattr(hf_config, "_name_or_path", "") or name}
     ref = next(hf_model.parameters())
     return model.to(device=ref.device).set_backend(backend)
 
@@ -329,22 +330,28 @@ def from_timm(
         cfg = cfg.replace(img_size=img_size)
     state = dict(timm_model.state_dict())
     model = _load_converted(cfg, state, f"timm {type(timm_model).__name__} state_dict", src_grid)
+    name = getattr(getattr(timm_model, "pretrained_cfg", None) or {}, "get", lambda *_: None)("architecture")
+    model.weights_source = {"kind": "timm", "name": name or type(timm_model).__name__}
     ref = next(timm_model.parameters())
     return model.to(device=ref.device).set_backend(backend)
 
 
 # --------------------------------------------------------------------------- any model
 def optimize(model: nn.Module, backend: str = "auto") -> VisionTransformer:
-    """Any supported ViT (ours, timm, Hugging Face) as a :class:`VisionTransformer` on the same
+    """Any supported ViT (ours, timm, Hugging Face) as a drop-in :class:`VisionTransformer` on the same
     device and dtype, with the given backend (``"auto"``: our kernels on CUDA).
 
-    timm and Hugging Face models are converted into a new module; one of ours is returned as it
-    is, with its backend set to ``backend``."""
+    A Hugging Face model becomes a :class:`vit_fast.hf.HFViT`, called the Hugging Face way
+    (``model(pixel_values=x).logits``, its ``config`` and pooler kept); a timm model behaves as timm's
+    (``forward_features``, ``forward_head(pre_logits=)``, ``num_classes``, ``reset_classifier``).
+    One of ours is returned as it is, with its backend set to ``backend``."""
     if isinstance(model, VisionTransformer):
         return model.set_backend(backend)
     module = type(model).__module__
     if module.startswith("transformers."):
-        out = from_hf(model, backend=backend)
+        from .hf import hf_dropin
+
+        return hf_dropin(model, backend=backend)  # called the Hugging Face way, returning its output classes
     elif module.startswith("timm."):
         out = from_timm(model, backend=backend)
     else:

@@ -8,12 +8,15 @@ backend runs the same parameters through our fused kernels (``vit_fast.triton_pa
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 from torch import nn
 
 from .config import ViTConfig
 from .layers import Block, PatchEmbed
 from .pos_embed import pos_embed_for_grid, resample_pos_embed
+from .validation import finite_check_from_env, require_finite
 
 BACKENDS = ("auto", "torch", "triton")
 
@@ -53,6 +56,10 @@ class VisionTransformer(nn.Module):
         self.fc_norm = nn.LayerNorm(cfg.embed_dim, eps=cfg.layer_norm_eps) if cfg.use_fc_norm else nn.Identity()
         self.head = nn.Linear(cfg.embed_dim, cfg.num_classes) if cfg.num_classes else nn.Identity()
         self.backend = "auto"
+        #: where the weights came from (recorded by reports and artifacts); see :meth:`describe_weights`
+        self.weights_source: dict = {"kind": "random", "seed": None}
+        #: opt-in: name the first stage that goes non-finite (also ``VIT_FAST_CHECK_FINITE=1``)
+        self.check_finite = False
         self.set_backend(backend)
         self.init_weights()
 
@@ -62,6 +69,7 @@ class VisionTransformer(nn.Module):
         weights, zero biases, unit norm scales; ``seed`` makes it reproducible."""
         if self.pos_embed.is_meta:
             return
+        self.weights_source = {"kind": "random", "seed": seed}
         gen = torch.Generator().manual_seed(seed) if seed is not None else None
         with torch.no_grad():
             for name, p in self.named_parameters():
@@ -73,6 +81,50 @@ class VisionTransformer(nn.Module):
                     p.zero_()
                 else:
                     p.copy_((torch.randn(p.shape, generator=gen) * 0.02).clamp_(-2.0, 2.0))
+
+    def describe_weights(self) -> str:
+        """One line for reports: ``random (seed 0)``, ``w.safetensors sha256:1a2b3c4d5e6f`` ..."""
+        src = self.weights_source
+        kind = src.get("kind")
+        if kind == "random":
+            seed = src.get("seed")
+            return "random (unseeded)" if seed is None else f"random (seed {seed})"
+        if kind == "file":
+            return f"{src.get('file')} sha256:{str(src.get('sha256'))[:12]}"
+        return f"{kind}: {src.get('name', '?')}"
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):  # noqa: D102
+        result = super().load_state_dict(state_dict, strict=strict, assign=assign)
+        if self.weights_source.get("kind") == "random":
+            self.weights_source = {"kind": "state_dict", "name": "loaded with load_state_dict"}
+        return result
+
+    # ------------------------------------------------------------------ timm's classifier API
+    @property
+    def num_classes(self) -> int:
+        return self.cfg.num_classes
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """Replace the head as timm does (``num_classes=0``: pooled features); the new head is randomly initialised."""
+        changes = {"num_classes": num_classes}
+        if global_pool is not None:
+            changes["global_pool"] = global_pool
+        cfg = self.cfg.replace(**changes)
+        if cfg.use_fc_norm != self.cfg.use_fc_norm:
+            raise ValueError(
+                f"reset_classifier(global_pool={global_pool!r}) would change where the final norm sits "
+                "(fc_norm); build a new model with that config instead"
+            )
+        self.cfg = cfg
+        ref = self.pos_embed
+        if num_classes:
+            head = nn.Linear(cfg.embed_dim, num_classes, device=ref.device, dtype=ref.dtype)
+            with torch.no_grad():
+                head.weight.normal_(0.0, 0.02)
+                head.bias.zero_()
+            self.head = head
+        else:
+            self.head = nn.Identity()
 
     def set_backend(self, backend: str) -> VisionTransformer:
         """Choose ``"torch"``, ``"triton"`` or ``"auto"`` for every later call; returns self."""
@@ -142,8 +194,37 @@ class VisionTransformer(nn.Module):
         x = self.blocks(x)
         return self.norm(x)
 
+    def _stages_torch(self, x: torch.Tensor, grid: tuple[int, int]) -> Iterator[tuple[str, torch.Tensor]]:
+        x = self.norm_pre(self._pos_embed(self.patch_embed(x), grid))
+        yield "patch embedding", x
+        for i, block in enumerate(self.blocks):
+            x = block(x)
+            yield f"block {i}", x
+        yield "final norm", self.norm(x)
+
+    def forward_stages(self, x: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(stage, tokens [B, T, D])`` after the patch embedding, after each block, and after the final
+        norm, on the model's backend: what Hugging Face's ``output_hidden_states`` and the finite check read."""
+        grid = self.check_input(x)
+        if self.resolved_backend(x) == "triton":
+            from .triton_path import stages_triton
+
+            yield from stages_triton(self, x, grid)
+        else:
+            yield from self._stages_torch(x, grid)
+
+    def _features_checked(self, x: torch.Tensor) -> torch.Tensor:
+        require_finite("input", x, None)
+        previous = "input"
+        for stage, tokens in self.forward_stages(x):
+            require_finite(stage, tokens, previous)
+            previous = stage
+        return tokens
+
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Tokens ``[B, T, D]`` after the final norm (T = prefix tokens + patches)."""
+        if self.check_finite or finite_check_from_env():
+            return self._features_checked(x)
         grid = self.check_input(x)
         if self.resolved_backend(x) == "triton":
             from .triton_path import features_triton
@@ -158,7 +239,10 @@ class VisionTransformer(nn.Module):
         else:
             x = tokens[:, 0]
         x = self.fc_norm(x)
-        return x if pre_logits else self.head(x)
+        out = x if pre_logits else self.head(x)
+        if self.check_finite or finite_check_from_env():
+            require_finite("head", out, "final norm")
+        return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 import torch
@@ -71,3 +72,29 @@ def check_image_batch(model: VisionTransformer, x: torch.Tensor) -> tuple[int, i
             f"or move the model with model.to('{x.device}')"
         )
     return (H // p, W // p)
+
+
+class NonFiniteError(ValueError):
+    """A forward produced NaN or Inf; the message names the first stage where it appeared."""
+
+
+def finite_check_from_env() -> bool:
+    """``VIT_FAST_CHECK_FINITE=1`` turns the per-stage finite check on for every model."""
+    return os.environ.get("VIT_FAST_CHECK_FINITE", "0") not in ("", "0")
+
+
+def require_finite(stage: str, tensor: torch.Tensor, previous: str | None) -> None:
+    """Raise :class:`NonFiniteError` naming ``stage`` when ``tensor`` holds NaN or Inf."""
+    finite = torch.isfinite(tensor)
+    if bool(finite.all()):
+        return
+    nan, inf = int(torch.isnan(tensor).sum()), int(torch.isinf(tensor).sum())
+    first = tuple(int(i) for i in (~finite).nonzero()[0].tolist())
+    if previous is None:
+        where = "the input images already hold them: check the data and its preprocessing (decoding, normalisation)"
+    else:
+        where = f"everything up to {previous} was finite, so {stage} produced them"
+    raise NonFiniteError(
+        f"non-finite values first appear at {stage}: {nan} NaN and {inf} Inf of {tensor.numel()} values "
+        f"(first at index {first}); {where}"
+    )

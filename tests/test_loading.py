@@ -1,0 +1,139 @@
+"""Weights from anywhere: every form load_model resolves, with the source recorded and no network
+reached when a local file is given."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+import torch
+
+import vit_fast
+from vit_fast import loading
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Any attempt to open a socket fails the test: local files must never reach for the hub."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"network access attempted: {args}")
+
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+
+
+def test_preset_means_random_weights_and_says_so(no_network):
+    a = vit_fast.load_model("vit_tiny_patch16_224", backend="torch", seed=3)
+    b = vit_fast.load_model("preset:vit_tiny_patch16_224", backend="torch", seed=3)
+    assert a.describe_weights() == "random (seed 3)" and a.weights_source["preset"] == "vit_tiny_patch16_224"
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
+
+
+def test_default_records_the_file_and_its_hash(no_network):
+    model = vit_fast.load_model("default", backend="torch")
+    assert model.describe_weights().startswith("digits_vit.safetensors sha256:")
+    assert len(model.weights_source["sha256"]) == 64
+
+
+def _timm_like_state(cfg):
+    torch.manual_seed(0)
+    return {k: v.clone() for k, v in vit_fast.VisionTransformer(cfg, backend="torch").state_dict().items()}
+
+
+def test_plain_state_dict_needs_a_config_and_takes_preset_or_json(tmp_path, no_network):
+    from safetensors.torch import save_file
+
+    cfg = vit_fast.ViTConfig(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=5)
+    state = _timm_like_state(cfg)
+    path = tmp_path / "timm_state.safetensors"
+    save_file(state, str(path))
+    with pytest.raises(ValueError, match=r"carries no vit-fast config .*command line: --config"):
+        vit_fast.load_model(str(path))
+    (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
+    model = vit_fast.load_model(str(path), config=str(tmp_path / "config.json"), backend="torch")
+    assert model.cfg == cfg and model.weights_source["layout"] == "timm"
+    assert model.describe_weights().startswith("timm_state.safetensors sha256:")
+    pth = tmp_path / "timm_state.pth"
+    torch.save(state, pth)
+    assert vit_fast.load_model(str(pth), config=cfg, backend="torch").cfg == cfg
+
+
+def test_hf_state_dict_and_hf_config_json(tmp_path, no_network):
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    from safetensors.torch import save_file
+
+    hf_cfg = transformers.ViTConfig(
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        image_size=16,
+        patch_size=8,
+        num_labels=3,
+        architectures=["ViTForImageClassification"],
+    )
+    torch.manual_seed(0)
+    hf = transformers.ViTForImageClassification(hf_cfg).eval()
+    save_file({k: v.contiguous() for k, v in hf.state_dict().items()}, str(tmp_path / "hf.safetensors"))
+    hf_cfg.to_json_file(str(tmp_path / "config.json"))
+    model = vit_fast.load_model(str(tmp_path / "hf.safetensors"), config=str(tmp_path / "config.json"), backend="torch")
+    assert model.weights_source["layout"] == "hf" and model.cfg.num_classes == 3
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), hf(pixel_values=x).logits, rtol=1e-5, atol=1e-5)
+    # the save_pretrained folder itself
+    hf.save_pretrained(tmp_path / "folder")
+    folder = vit_fast.load_model(str(tmp_path / "folder"), backend="torch")
+    with torch.no_grad():
+        torch.testing.assert_close(folder(x), hf(pixel_values=x).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_timm_name_with_tag_and_local_weights(tmp_path, no_network):
+    timm = pytest.importorskip("timm", reason="timm is not installed (make setup installs it)")
+    from safetensors.torch import save_file
+
+    ref = timm.create_model("vit_tiny_patch16_224", pretrained=False).eval()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    weights = tmp_path / "tiny.safetensors"
+    save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, str(weights))
+    model = vit_fast.load_model("timm:vit_tiny_patch16_224.augreg_in21k_ft_in1k", weights=weights, backend="torch")
+    assert model.describe_weights().startswith("tiny.safetensors sha256:")
+    x = torch.randn(1, 3, 224, 224)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), ref(x), rtol=1e-5, atol=1e-5)
+    # a preset name with weights means timm's model of that name, not random weights
+    again = vit_fast.load_model("vit_tiny_patch16_224", weights=weights, backend="torch")
+    assert again.weights_source["kind"] == "file"
+    with pytest.raises(FileNotFoundError, match=r"weights file .*missing.safetensors"):
+        vit_fast.load_model("timm:vit_tiny_patch16_224.augreg_in21k", weights=tmp_path / "missing.safetensors")
+
+
+def test_offline_hub_names_fail_in_seconds(monkeypatch):
+    monkeypatch.setattr(loading, "_HUB_PROBE_TIMEOUT_S", 2.0)
+
+    def unreachable(*args, **kwargs):
+        raise OSError(101, "Network is unreachable")
+
+    monkeypatch.setattr(socket, "create_connection", unreachable)
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=r"cannot download Hugging Face model 'org/none-such': .*unreachable"):
+        vit_fast.load_model("hf:org/none-such")
+    assert time.perf_counter() - start < 10
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("", r"model name is empty"),
+        ("vit_tiny_patch16_22", r"did you mean vit_tiny_patch16_224"),
+        ("missing.safetensors", r"checkpoint 'missing.safetensors' does not exist"),
+    ],
+)
+def test_bad_names_say_what_to_give(spec, message):
+    with pytest.raises((ValueError, FileNotFoundError), match=message):
+        vit_fast.load_model(spec)
