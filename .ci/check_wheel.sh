@@ -17,7 +17,7 @@ import sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
 tops = sorted({n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")})
 assert tops == ["vit_fast"], f"unexpected top-level entries in the wheel: {tops}"
-for need in ("vit_fast/kernels/__init__.py", "vit_fast/export/__init__.py", "vit_fast/cli.py"):
+for need in ("vit_fast/kernels/__init__.py", "vit_fast/export/__init__.py", "vit_fast/cli/__init__.py"):
     assert need in names, f"{need} missing from the wheel"
 print("wheel contents ok:", len(names), "files")
 PY
