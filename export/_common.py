@@ -1,6 +1,7 @@
-"""Shared by ONNX export, TensorRT build and verification: argument checks, metadata beside an
-artifact, atomic writes into the target folder, progress lines. Nothing here imports onnx,
-onnxruntime or tensorrt."""
+"""Shared by ONNX export, TensorRT build, the runners and verification: the export errors, argument
+and path checks, and the metadata JSON beside an artifact. Nothing here imports onnx, onnxruntime or
+tensorrt. (dtypes, atomic writes, progress and the commit have their own homes: vit_fast.dtypes,
+vit_fast.files, vit_fast.progress, vit_fast.env.)"""
 
 from __future__ import annotations
 
@@ -10,11 +11,6 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-
-from vit_fast.dtypes import DTYPE_NAMES, DTYPES, parse_dtype  # noqa: F401  (re-exported for export's modules)
-from vit_fast.env import git_commit  # noqa: F401  (re-exported: export metadata records it)
-from vit_fast.files import publish, staging_dir, write_json_atomic  # noqa: F401  (re-exported)
-from vit_fast.progress import Stages  # noqa: F401  (re-exported)
 
 METADATA_SUFFIX = ".json"
 

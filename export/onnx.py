@@ -34,19 +34,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._common import (
-    DTYPE_NAMES,
-    ExportError,
-    Stages,
-    check_batch_range,
-    check_output_path,
-    git_commit,
-    metadata_path,
-    parse_dtype,
-    publish,
-    staging_dir,
-    vit_fast_version,
-)
+from vit_fast.dtypes import DTYPE_NAMES, parse_dtype
+from vit_fast.env import git_commit
+from vit_fast.files import publish, staging_dir
+from vit_fast.progress import Stages
+
+from ._common import ExportError, check_batch_range, check_output_path, metadata_path, vit_fast_version
 
 EXPORTERS = ("dynamo", "torchscript")
 ATTENTION = ("decomposed", "fused")

@@ -11,8 +11,9 @@ written after each build so later builds reuse the measured tactics. The engine 
 layer list tells whether attention became one fused layer. The engine is verified against eager
 PyTorch before it is moved to ``engine_path``; one that fails is not left there.
 
-Loading: the metadata beside an engine records the TensorRT version and GPU compute capability
-it was built for and its batch profile; a mismatch raises an error saying what to rebuild.
+The metadata beside an engine records the TensorRT version and GPU compute capability it was
+built for and its batch profile; ``runners.EngineRunner`` loads and runs engines, checking that
+metadata with ``trt_common.check_engine_compat`` (a mismatch says what to rebuild).
 """
 
 from __future__ import annotations
@@ -24,25 +25,25 @@ from typing import Any
 
 import torch
 
-from vit_fast.files import write_atomic
+from vit_fast.dtypes import DTYPE_NAMES, ONNX_ELEM_TYPES
+from vit_fast.env import git_commit
+from vit_fast.files import publish, staging_dir, write_atomic
+from vit_fast.progress import Stages
 
 from ._common import (
     ArtifactError,
     ExportError,
-    Stages,
     check_batch_range,
     check_output_path,
     check_readable_file,
-    git_commit,
     metadata_path,
-    publish,
     read_metadata,
-    staging_dir,
     vit_fast_version,
 )
+from .trt_common import gpu_sm, require_tensorrt, trt_dtype_name
+from .verify import verify as verify_artifact
 
 PRECISIONS = ("fp16", "bf16", "fp32")
-_ONNX_DTYPES = {1: "fp32", 10: "fp16", 16: "bf16"}
 _FUSED_ATTENTION_MARKS = ("mha", "attention", "fmha", "flash")
 #: layer types kept in fp32 in a weakly typed fp16/bf16 build. TensorRT 10's ONNX parser imports
 #: ``LayerNormalization`` (opset >= 17) as one INormalizationLayer (LayerType.NORMALIZATION) and
@@ -50,50 +51,6 @@ _FUSED_ATTENTION_MARKS = ("mha", "attention", "fmha", "flash")
 #: mean pooling, are ReduceMean -> LayerType.REDUCE.
 FP32_PINNED_LAYER_TYPES = ("NORMALIZATION", "SOFTMAX", "REDUCE")
 _FLOAT_TYPE_NAMES = ("FLOAT", "HALF", "BF16")
-#: torch dtypes of the engine I/O tensor types we run (``trt.DataType`` member names)
-TORCH_DTYPES: dict[str, torch.dtype] = {"FLOAT": torch.float32, "HALF": torch.float16, "BF16": torch.bfloat16}
-
-
-def require_tensorrt() -> Any:
-    """``import tensorrt``, or a RuntimeError that says it is missing and what it needs."""
-    try:
-        import tensorrt as trt
-    except ImportError as err:
-        raise RuntimeError(
-            "TensorRT is not installed here (import tensorrt failed: "
-            f"{err}); it needs an NVIDIA GPU and `pip install tensorrt` (TensorRT 10) from NVIDIA's index"
-        ) from err
-    if int(trt.__version__.split(".")[0]) < 10:
-        raise RuntimeError(f"vit-fast needs TensorRT >= 10, found {trt.__version__}")
-    return trt
-
-
-def gpu_sm() -> str:
-    """The current GPU's compute capability as ``"sm_90"``; ``"none"`` without a GPU."""
-    if not torch.cuda.is_available():
-        return "none"
-    major, minor = torch.cuda.get_device_capability()
-    return f"sm_{major}{minor}"
-
-
-def trt_dtype_name(dtype: Any) -> str:
-    """The member name of a ``trt.DataType`` (``"FLOAT"``, ``"HALF"``, ``"BF16"``, ...).
-
-    pybind11 enums have ``.name``; ``str()`` of one is ``"DataType.HALF"``, used as a fallback.
-    """
-    name = getattr(dtype, "name", None)
-    return name if isinstance(name, str) else str(dtype).rsplit(".", 1)[-1]
-
-
-def torch_dtype(dtype: Any, tensor: str, engine_path: str | os.PathLike) -> torch.dtype:
-    """The torch dtype for an engine I/O tensor's ``trt.DataType``; an ArtifactError for others."""
-    name = trt_dtype_name(dtype)
-    if name not in TORCH_DTYPES:
-        raise ArtifactError(
-            f"engine {str(engine_path)!r}: tensor {tensor!r} has TensorRT type {name}; vit-fast runs engines whose "
-            f"inputs and outputs are {', '.join(TORCH_DTYPES)}"
-        )
-    return TORCH_DTYPES[name]
 
 
 def pins_fp32(layer_type: str, output_types: list[str]) -> bool:
@@ -142,7 +99,8 @@ def check_tensorrt_args(
         raise ArtifactError(f"cannot read {str(onnx_path)!r} as an ONNX model: {type(err).__name__}: {err}") from err
     if not proto.graph.input:
         raise ArtifactError(f"{str(onnx_path)!r} is not an ONNX model (its graph has no inputs)")
-    onnx_dtype = _ONNX_DTYPES.get(proto.graph.input[0].type.tensor_type.elem_type, "unknown")
+    elem = ONNX_ELEM_TYPES.get(proto.graph.input[0].type.tensor_type.elem_type)
+    onnx_dtype = DTYPE_NAMES[elem] if elem is not None else "unknown"
     if onnx_dtype in ("fp16", "bf16") and precision != onnx_dtype:
         raise ValueError(
             f"{str(onnx_path)!r} is a {onnx_dtype} model, built strongly typed: precision must be {onnx_dtype!r}, "
@@ -164,33 +122,6 @@ def default_timing_cache(engine_path: Path, trt_version: str, sm: str) -> Path:
     return engine_path.parent / f"vit-fast-trt{trt_version}-{sm}.timing-cache"
 
 
-def check_engine_compat(meta: dict[str, Any], engine_path: str | os.PathLike, trt_version: str, sm: str) -> None:
-    """Raise an ArtifactError saying what to rebuild when ``meta`` is for another TensorRT or GPU."""
-    built_trt, built_sm = meta.get("tensorrt_version"), meta.get("gpu_sm")
-    onnx_src = meta.get("onnx", "the ONNX file")
-    rebuild = f"rebuild it here: vit-fast export tensorrt {onnx_src} --out {engine_path}"
-    if built_trt and built_trt != trt_version:
-        raise ArtifactError(
-            f"engine {str(engine_path)!r} was built with TensorRT {built_trt}, this machine has TensorRT "
-            f"{trt_version}; engines do not load across versions: {rebuild}"
-        )
-    if built_sm and built_sm != sm:
-        raise ArtifactError(
-            f"engine {str(engine_path)!r} was built for GPU {built_sm} ({meta.get('gpu_name', '?')}), this GPU is "
-            f"{sm}; engines are specific to the compute capability: {rebuild}"
-        )
-
-
-def check_batch_in_profile(batch: int, profile: tuple[int, int, int], engine_path: str | os.PathLike) -> None:
-    """Raise an ArtifactError when ``batch`` lies outside the engine's optimization profile."""
-    lo, opt, hi = profile
-    if not lo <= batch <= hi:
-        raise ArtifactError(
-            f"batch {batch} is outside engine {str(engine_path)!r}'s profile (min {lo}, opt {opt}, max {hi}): "
-            f"rebuild with --batch {min(lo, batch)} {opt} {max(hi, batch)} (to_tensorrt(batch=...)) to cover it"
-        )
-
-
 def attention_fused(layers: list[Any]) -> bool:
     """Whether an engine's layer list (inspector JSON ``Layers``) holds a fused attention layer."""
     for layer in layers:
@@ -198,89 +129,6 @@ def attention_fused(layers: list[Any]) -> bool:
         if any(mark in text for mark in _FUSED_ATTENTION_MARKS):
             return True
     return False
-
-
-class TensorRTRunner:
-    """A serialized engine, checked against its metadata and run on the GPU with torch tensors."""
-
-    _DTYPES = TORCH_DTYPES
-
-    def __init__(self, path: str | os.PathLike) -> None:
-        self.path = Path(path)
-        meta = read_metadata(self.path) or {}
-        trt = require_tensorrt()
-        if not torch.cuda.is_available():
-            raise RuntimeError(f"running TensorRT engine {str(self.path)!r} needs a CUDA GPU; none is visible")
-        check_engine_compat(meta, self.path, trt.__version__, gpu_sm())
-        self.trt = trt
-        logger = trt.Logger(trt.Logger.WARNING)
-        self.runtime_obj = trt.Runtime(logger)
-        # Runtime.deserialize_cuda_engine returns None (and logs the reason) for a corrupt plan or one built by
-        # another TensorRT version / for another GPU; "require a non-null engine" is NVIDIA's advice.
-        try:
-            self.engine = self.runtime_obj.deserialize_cuda_engine(self.path.read_bytes())
-        except Exception as err:
-            raise ArtifactError(f"TensorRT cannot load engine {str(self.path)!r}: {err}") from err
-        if self.engine is None:
-            raise ArtifactError(
-                f"TensorRT cannot load engine {str(self.path)!r} (corrupt, or built with another TensorRT version "
-                f"or GPU): rebuild it with vit-fast export tensorrt"
-            )
-        names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
-        inputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
-        outputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
-        if len(inputs) != 1 or not outputs:
-            raise ArtifactError(
-                f"engine {str(self.path)!r} has inputs {inputs} and outputs {outputs}; vit-fast engines have one "
-                "image input and at least one output"
-            )
-        self.input_name, self.output_name = inputs[0], outputs[0]
-        self.output_names = outputs
-        self.input_dtype = torch_dtype(self.engine.get_tensor_dtype(self.input_name), self.input_name, self.path)
-        # the precision the engine computes in, which verify() runs eager in and judges by: an fp16 engine
-        # built from an fp32 ONNX file keeps fp32 I/O but must be compared with eager fp16, not fp32
-        precision = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(str(meta.get("precision")))
-        self.dtype = precision or self.input_dtype
-        self.output_dtypes = {n: torch_dtype(self.engine.get_tensor_dtype(n), n, self.path) for n in outputs}
-        # get_tensor_profile_shape(name, profile_index) -> [min, opt, max] (TensorRT 10 Python API)
-        lo, opt, hi = (tuple(s) for s in self.engine.get_tensor_profile_shape(self.input_name, 0))
-        self.profile = (lo[0], opt[0], hi[0])
-        self.image_shape = opt[1:]
-        self.batch_range = (lo[0], hi[0])
-        self.fixed_batch = None
-        self.context = self.engine.create_execution_context()
-        if self.context is None:
-            raise ArtifactError(f"TensorRT could not create an execution context for {str(self.path)!r}")
-        # enqueueV3 on the legacy default stream makes TensorRT add cudaStreamSynchronize calls (it warns
-        # "Using default stream in enqueueV3() may lead to performance issues"): run on a stream of our own.
-        self.stream = torch.cuda.Stream()
-        self.runtime = f"tensorrt {trt.__version__} {torch.cuda.get_device_name()}"
-
-    def check_batch(self, batch: int) -> None:
-        check_batch_in_profile(batch, self.profile, self.path)
-
-    def run(self, x: torch.Tensor) -> torch.Tensor:
-        self.check_batch(x.shape[0])
-        x = x.to(device="cuda", dtype=self.input_dtype).contiguous()
-        # set_input_shape / set_tensor_address / execute_async_v3 return False (with a logged error) on failure
-        if not self.context.set_input_shape(self.input_name, tuple(x.shape)):
-            raise ArtifactError(
-                f"engine {str(self.path)!r} rejects input shape {tuple(x.shape)}: it was built for images "
-                f"{self.image_shape} and batch min/opt/max {self.profile}"
-            )
-        outs = {}
-        for name in self.output_names:
-            shape = tuple(self.context.get_tensor_shape(name))
-            outs[name] = torch.full(shape, float("nan"), dtype=self.output_dtypes[name], device="cuda")
-        for name, t in [(self.input_name, x), *outs.items()]:
-            if not self.context.set_tensor_address(name, t.data_ptr()):
-                raise RuntimeError(f"TensorRT rejected the buffer for tensor {name!r} of {str(self.path)!r}")
-        current = torch.cuda.current_stream()
-        self.stream.wait_stream(current)  # x and the outputs were written on the current stream
-        if not self.context.execute_async_v3(self.stream.cuda_stream):
-            raise RuntimeError(f"TensorRT execution of {str(self.path)!r} failed")
-        self.stream.synchronize()
-        return outs[self.output_name].cpu()
 
 
 def _attach_timing_cache(config: Any, cache_path: Path) -> tuple[Any, str | None]:
@@ -451,8 +299,6 @@ def to_tensorrt(
         staged.write_bytes(bytes(serialized))
         metadata_path(staged).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
         if verify:
-            from .verify import verify as verify_artifact
-
             with stages.step("verifying the engine against eager PyTorch"):
                 report = verify_artifact(model if model is not None else meta["source"], staged)
             meta["verification"] = {"passed": report.passed, "worst_ratio": report.worst().ratio}
@@ -463,16 +309,10 @@ def to_tensorrt(
 
 __all__ = [
     "PRECISIONS",
-    "TensorRTRunner",
     "attention_fused",
-    "check_batch_in_profile",
-    "check_engine_compat",
     "check_tensorrt_args",
-    "gpu_sm",
+    "default_timing_cache",
     "pins_fp32",
-    "require_tensorrt",
     "to_tensorrt",
-    "torch_dtype",
-    "trt_dtype_name",
     "weak_typing_flags",
 ]

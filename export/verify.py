@@ -1,10 +1,10 @@
-"""Run an exported artifact and judge it against eager PyTorch by the project's numerics rule.
+"""Judge an artifact against eager PyTorch by the project's numerics rule (vit_fast.numerics).
 
-Reference: the model in float64 on CPU. Eager error: the model in the artifact's dtype (torch
-backend; on the GPU where there is one). An artifact passes when, on every batch and image size,
-its max |error| against the reference is at most 2x eager's plus a floor (``FLOOR[dtype]`` times
-the reference's largest magnitude, at least 1). Relative error, cosine similarity and top-1
-agreement are reported beside it.
+The artifact is run by one of the runners in ``runners.py``. Reference: the model in float64 on
+CPU. Eager error: the model in the artifact's dtype (torch backend; on the GPU where there is one).
+An artifact passes when, on every batch and image size, its max |error| against the reference is
+at most 2x eager's plus a floor (``FLOOR[dtype]`` times the reference's largest magnitude, at
+least 1). Relative error, cosine similarity and top-1 agreement are reported beside it.
 """
 
 from __future__ import annotations
@@ -14,28 +14,17 @@ import json
 import os
 import sys
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from ._common import (
-    DTYPE_NAMES,
-    ArtifactError,
-    check_readable_file,
-    parse_dtype,
-    read_metadata,
-    write_json_atomic,
-)
+from vit_fast.dtypes import DTYPE_NAMES, parse_dtype
+from vit_fast.files import write_json_atomic
+from vit_fast.numerics import FACTOR, FLOOR, RULE, compare
 
-#: dtype -> absolute floor, relative to the reference's largest magnitude (same table as the kernel tests)
-FLOOR: dict[torch.dtype, float] = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
-#: the artifact may be at most this many times eager's error (plus the floor)
-FACTOR = 2.0
-ONNX_SUFFIXES = (".onnx",)
-ENGINE_SUFFIXES = (".plan", ".engine", ".trt")
-
+from ._common import ArtifactError, read_metadata
+from .runners import ModelRunner, Runner, open_artifact
 
 #: names that verify() runs as a backend of the model itself rather than as a file
 BACKEND_ARTIFACTS = ("triton",)
@@ -82,7 +71,7 @@ class VerifyReport:
     dtype: str
     rows: list[VerifyRow] = field(default_factory=list)
     accuracy: dict[str, Any] | None = None
-    rule: str = f"max|err| <= {FACTOR:g} x eager max|err| + floor x max(1, max|ref|)"
+    rule: str = RULE
     floor: float = 0.0
 
     @property
@@ -121,138 +110,6 @@ class VerifyReport:
             )
         lines.append(("PASSED" if self.passed else "FAILED") + f": {self.rule}, floor {self.floor:g}")
         return "\n".join(lines)
-
-
-# --------------------------------------------------------------------------- runners
-class OrtRunner:
-    """An ONNX file on ONNX Runtime: CUDAExecutionProvider where present, else CPU."""
-
-    _DTYPES = {"tensor(float)": torch.float32, "tensor(float16)": torch.float16, "tensor(bfloat16)": torch.bfloat16}
-
-    def __init__(self, path: str | os.PathLike, provider: str | None = None) -> None:
-        import onnx
-        import onnxruntime as ort
-
-        self.path = Path(path)
-        try:
-            proto = onnx.load(str(self.path), load_external_data=False)
-        except Exception as err:
-            msg = f"cannot read {str(self.path)!r} as an ONNX model: {type(err).__name__}: {err}"
-            raise ArtifactError(msg) from err
-        if not proto.graph.input or not proto.graph.output:
-            raise ArtifactError(f"{str(self.path)!r} is not an ONNX model (a graph with inputs and outputs)")
-        type_names = {1: "tensor(float)", 10: "tensor(float16)", 16: "tensor(bfloat16)"}
-        elem = proto.graph.input[0].type.tensor_type.elem_type
-        if type_names.get(elem) not in self._DTYPES:
-            raise ArtifactError(f"{str(self.path)!r}: input element type {elem} is not fp32, fp16 or bf16")
-        self.dtype = self._DTYPES[type_names[elem]]
-        available = ort.get_available_providers()
-        self.provider = provider or (
-            "CUDAExecutionProvider" if "CUDAExecutionProvider" in available else "CPUExecutionProvider"
-        )
-        if self.provider not in available:
-            raise ArtifactError(f"ONNX Runtime provider {self.provider} is not available here; available: {available}")
-        if self.dtype == torch.bfloat16:
-            raise ArtifactError(
-                f"{str(self.path)!r} is a bf16 model: ONNX Runtime's CPU provider has no bf16 Conv and its Python API "
-                "no bf16 arrays, so vit-fast cannot verify bf16 ONNX files on ONNX Runtime; verify the TensorRT "
-                "engine built from it instead (vit-fast export tensorrt ... --precision bf16), or export fp16/fp32"
-            )
-        try:
-            self.session = ort.InferenceSession(str(self.path), providers=[self.provider])
-        except Exception as err:
-            raise ArtifactError(f"ONNX Runtime cannot load {str(self.path)!r}: {err}") from err
-        self.input_name = self.session.get_inputs()[0].name
-        self.output_name = self.session.get_outputs()[0].name
-        self.provider = self.session.get_providers()[0]  # ORT falls back to CPU when CUDA cannot start
-        self.runtime = f"onnxruntime {ort.__version__} {self.provider}"
-        shape = self.session.get_inputs()[0].shape
-        self.fixed_batch = shape[0] if isinstance(shape[0], int) else None
-
-    def check_batch(self, batch: int) -> None:
-        if self.fixed_batch is not None and batch != self.fixed_batch:
-            raise ArtifactError(f"{str(self.path)!r} has a fixed batch of {self.fixed_batch}; cannot run batch {batch}")
-
-    def run(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.session.run([self.output_name], {self.input_name: x.detach().cpu().numpy()})[0]
-        return torch.from_numpy(out)
-
-
-class BackendRunner:
-    """One of our own backends (``"triton"``) run like an artifact, so it is judged by the same rule.
-
-    It runs on CUDA when there is a GPU, else on the CPU (the triton backend then needs
-    ``TRITON_INTERPRET=1`` set before triton is imported; ``set_backend`` says so otherwise).
-    """
-
-    fixed_batch = None
-    batch_range = None
-    output_name = "output"
-
-    def __init__(self, model: nn.Module, backend: str, dtype: torch.dtype) -> None:
-        from vit_fast.runtime import interpreter_enabled
-
-        self.device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.dtype = dtype
-        self.model = _copy(model, dtype, self.device, False).set_backend(backend)
-        where = "CUDA" if self.device == "cuda" else "CPU" + (" (Triton interpreter)" if interpreter_enabled() else "")
-        self.runtime = f"vit_fast {backend} backend on {where}"
-
-    def check_batch(self, batch: int) -> None:
-        pass
-
-    def run(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(x.to(self.device)).cpu()
-
-
-def open_artifact(artifact: str | os.PathLike, provider: str | None = None) -> Any:
-    """A runner for ``artifact``: ONNX Runtime for ``.onnx``, TensorRT for ``.plan`` / ``.engine``."""
-    path = check_readable_file(artifact, "artifact")
-    suffix = path.suffix.lower()
-    if suffix in ENGINE_SUFFIXES:
-        from .tensorrt import TensorRTRunner
-
-        return TensorRTRunner(path)
-    if suffix in ONNX_SUFFIXES:
-        return OrtRunner(path, provider)
-    raise ArtifactError(
-        f"cannot tell what {str(path)!r} is from its suffix {suffix!r}: "
-        f"use {', '.join(ONNX_SUFFIXES)} for ONNX or {', '.join(ENGINE_SUFFIXES)} for TensorRT engines"
-    )
-
-
-# --------------------------------------------------------------------------- comparison
-def compare(
-    out: torch.Tensor, eager: torch.Tensor, ref64: torch.Tensor, dtype: torch.dtype, logits: bool = True
-) -> dict[str, Any]:
-    """Errors of ``out`` (artifact) and ``eager`` (torch, same dtype) against ``ref64``; ``[B, N]`` tensors.
-
-    Top-1 agreement is computed only for ``logits`` (not for pooled features)."""
-    if tuple(out.shape) != tuple(ref64.shape):
-        raise ArtifactError(f"artifact output shape {tuple(out.shape)} differs from eager's {tuple(ref64.shape)}")
-    ref, o, e = ref64.double().cpu(), out.double().cpu(), eager.double().cpu()
-    scale = max(1.0, ref.abs().max().item())
-    err, eager_err = (o - ref).abs().max().item(), (e - ref).abs().max().item()
-    if not torch.isfinite(o).all():
-        err = float("inf")
-    bound = FACTOR * eager_err + FLOOR[dtype] * scale
-    norm = ref.norm().item() or 1.0
-    cosine = torch.nn.functional.cosine_similarity(o.flatten(1), ref.flatten(1), dim=1).min().item()
-    top1 = eager_top1 = None
-    if logits and ref.shape[-1] > 1:
-        top1 = (o.argmax(-1) == ref.argmax(-1)).double().mean().item()
-        eager_top1 = (e.argmax(-1) == ref.argmax(-1)).double().mean().item()
-    return dict(
-        max_abs_err=err,
-        eager_max_abs_err=eager_err,
-        bound=bound,
-        rel_err=(o - ref).norm().item() / norm,
-        eager_rel_err=(e - ref).norm().item() / norm,
-        cosine=cosine,
-        top1_agreement=top1,
-        eager_top1_agreement=eager_top1,
-        passed=err <= bound,
-    )
 
 
 def default_batches(batch_range: tuple[int, int]) -> list[int]:
@@ -316,7 +173,7 @@ def verify(
     model = _as_model(model)
     if str(artifact) in BACKEND_ARTIFACTS:
         meta = None
-        runner = BackendRunner(model, str(artifact), parse_dtype(dtype) if dtype is not None else model.dtype)
+        runner: Runner = ModelRunner(model, str(artifact), parse_dtype(dtype) if dtype is not None else model.dtype)
     else:
         meta = read_metadata(artifact)
         runner = open_artifact(artifact, provider)
@@ -336,10 +193,9 @@ def verify(
                 f"(artifact {[theirs.get(k) for k in diff]}, model {[ours.get(k) for k in diff]})"
             )
     dynamic = bool(meta and meta.get("dynamic_size"))
-    batch_range = tuple(meta["batch"]) if meta and meta.get("batch") else getattr(runner, "batch_range", None)
-    if batches is None:
-        fixed = getattr(runner, "fixed_batch", None)
-        batches = [fixed] if fixed else default_batches(batch_range or (1, 8))
+    batch_range = tuple(meta["batch"]) if meta and meta.get("batch") else runner.batch_range
+    if batches is None:  # what the runner itself takes (a fixed batch, an engine's profile) comes first
+        batches = default_batches(runner.batch_range or batch_range or (1, 8))
     for b in batches:
         if isinstance(b, bool) or not isinstance(b, int) or b < 1:
             raise ValueError(f"batches must be ints >= 1, got {batches!r}")
@@ -373,6 +229,8 @@ def verify(
             ref = ref_model(x.double())
             eager = eager_model(x.to(eager_device)).cpu()
             out = runner.run(x)
+            if tuple(out.shape) != tuple(ref.shape):
+                raise ArtifactError(f"artifact output shape {tuple(out.shape)} differs from eager's {tuple(ref.shape)}")
             report.rows.append(
                 VerifyRow(
                     output=runner.output_name,
@@ -400,7 +258,7 @@ def verify(
 
 
 def _accuracy(
-    runner: Any,
+    runner: Runner,
     eager_model: nn.Module,
     device: str,
     data: tuple[torch.Tensor, torch.Tensor],

@@ -1,4 +1,4 @@
-"""`vit-fast bench` and its harness (vit_fast.benchmark): runs on CPU, in seconds."""
+"""`vit-fast bench` and its harness (vit_fast.bench): runs on CPU, in seconds."""
 
 from __future__ import annotations
 
@@ -9,7 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from vit_fast import benchmark as bm
+from vit_fast import bench as bm
+from vit_fast.bench import backends as bench_backends
+from vit_fast.bench import harness as bench_harness
+from vit_fast.bench import report as bench_report
 from vit_fast.cli import main
 
 # every row, whatever its status, carries these; ok rows also carry RESULT_FIELDS
@@ -200,7 +203,7 @@ def test_backend_failure_is_reported_and_others_continue(tiny_checkpoint, tmp_pa
     def broken(*args, **kwargs):
         raise RuntimeError("exporter exploded")
 
-    monkeypatch.setattr(bm, "export_onnx", broken)
+    monkeypatch.setattr(bench_backends, "export_onnx", broken)
     rc = main(
         [
             "bench",
@@ -323,16 +326,13 @@ def test_help_describes_backends(capsys):
 
 # --------------------------------------------------------------------------- helpers
 def test_percentiles_on_known_data():
-    data = [float(v) for v in range(1, 11)]  # numpy.percentile(1..10, q): 5.5, 9.1, 9.91
-    assert bm.percentile(data, 50) == pytest.approx(5.5)
-    assert bm.percentile(data, 90) == pytest.approx(9.1)
-    assert bm.percentile(data, 99) == pytest.approx(9.91)
-    assert bm.percentile(list(reversed(data)), 0) == 1.0 and bm.percentile(data, 100) == 10.0
-    assert bm.percentile([7.0], 99) == 7.0
-    with pytest.raises(ValueError):
-        bm.percentile([], 50)
-    with pytest.raises(ValueError):
-        bm.percentile(data, 101)
+    data = [float(v) for v in range(1, 11)]  # percentiles of 1..10 (linear interpolation): 5.5, 9.1, 9.91
+    for order in (data, list(reversed(data))):
+        s = bm.summarize(order)
+        assert (s["median_ms"], s["p90_ms"], s["p99_ms"]) == pytest.approx((5.5, 9.1, 9.91))
+        assert s["min_ms"] == 1.0 and s["max_ms"] == 10.0
+    one = bm.summarize([7.0])
+    assert one["median_ms"] == one["p99_ms"] == 7.0 and one["n"] == 1
 
 
 def test_summarize_on_known_data():
@@ -422,10 +422,12 @@ def test_write_atomic_leaves_no_temporaries(tmp_path):
 
 
 def test_non_finite_outputs_are_flagged_not_hidden():
-    assert math.isnan(bm._max_abs_err(torch.tensor([float("nan"), 1.0]), torch.zeros(2)))
-    assert bm._json_clean({"a": [float("nan"), float("inf"), 1.5]}) == {"a": ["nan", "inf", 1.5]}
+    check = bench_harness.max_abs_err_vs_torch
+    assert math.isnan(check(torch.tensor([float("nan"), 1.0]), torch.zeros(2)))
+    assert check(torch.tensor([1.0, -2.5]), torch.zeros(2)) == 2.5
+    assert bench_report._json_clean({"a": [float("nan"), float("inf"), 1.5]}) == {"a": ["nan", "inf", 1.5]}
     with pytest.raises(RuntimeError, match="differs from the torch backend's"):
-        bm._max_abs_err(torch.zeros(2, 3), torch.zeros(2, 4))
+        check(torch.zeros(2, 3), torch.zeros(2, 4))
 
 
 @pytest.mark.gpu

@@ -21,7 +21,7 @@ import onnx  # noqa: E402
 
 import vit_fast  # noqa: E402
 from vit_fast import export  # noqa: E402
-from vit_fast.export import _common  # noqa: E402
+from vit_fast.export import _common, runners  # noqa: E402
 from vit_fast.export import onnx as onnx_export  # noqa: E402
 from vit_fast.export.verify import default_batches  # noqa: E402
 
@@ -344,6 +344,33 @@ def test_verify_argument_errors(models, artifacts):
 
 
 # --------------------------------------------------------------------------- small parts
+def test_runners_share_one_interface(models, artifacts):
+    """open_artifact picks ONNX Runtime for .onnx; run(x) and prepare(x)() agree; threads are set and recorded."""
+    model = models["cls37"]
+    x = torch.randn(3, 3, 48, 48)
+    ort = export.open_artifact(artifacts("cls37", "torchscript"), provider="CPUExecutionProvider", threads=1)
+    assert isinstance(ort, runners.OrtRunner) and ort.dtype == torch.float32 and ort.output_name == "logits"
+    assert ort.session.get_session_options().intra_op_num_threads == 1
+    assert "CPUExecutionProvider" in ort.runtime and "intra_op_num_threads=1" in ort.runtime
+    assert ort.batch_range is None  # a dynamic batch: the metadata beside the file says the range
+    ort.check_batch(64)
+    call = ort.prepare(x)
+    first, second = call(), call()
+    assert torch.equal(first, second) and torch.equal(ort.run(x), first)
+    with torch.no_grad():
+        eager = model(x)
+    assert first.shape == eager.shape and (first - eager).abs().max().item() < 1e-4
+    ours = runners.ModelRunner(model, "torch", torch.float32, device="cpu")
+    assert ours.runtime == "vit_fast torch backend on CPU" and ours.batch_range is None
+    assert torch.equal(ours.run(x), eager) and torch.equal(ours.prepare(x)(), eager)
+    with pytest.raises(ValueError, match=r"backend must be one of \('torch', 'triton'\)"):
+        runners.ModelRunner(model, "tensorrt", torch.float32)
+    with pytest.raises(ValueError, match=r"threads must be >= 1, got 0"):
+        runners.OrtRunner(artifacts("cls37", "torchscript"), threads=0)
+    with pytest.raises(export.ArtifactError, match=r"provider NoSuchExecutionProvider is not available here"):
+        runners.OrtRunner(artifacts("cls37", "torchscript"), provider="NoSuchExecutionProvider")
+
+
 def test_default_batches():
     assert default_batches((1, 64)) == [1, 3, 64]
     assert default_batches((1, 5)) == [1, 3, 5]

@@ -14,6 +14,7 @@ pytest.importorskip("onnx", reason="the onnx extra is not installed")
 import vit_fast  # noqa: E402
 from vit_fast import export  # noqa: E402
 from vit_fast.export import tensorrt as trt_export  # noqa: E402
+from vit_fast.export import trt_common  # noqa: E402
 
 CFG = dict(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=5)
 
@@ -103,25 +104,25 @@ def test_missing_tensorrt_is_reported(onnx_files, model, tmp_path):
 
 def test_engine_metadata_mismatch_says_what_to_rebuild():
     meta = {"tensorrt_version": "10.3.0", "gpu_sm": "sm_90", "gpu_name": "NVIDIA H100", "onnx": "m.onnx"}
-    trt_export.check_engine_compat(meta, "m.plan", "10.3.0", "sm_90")
+    trt_common.check_engine_compat(meta, "m.plan", "10.3.0", "sm_90")
     with pytest.raises(
         export.ArtifactError,
         match=r"built with TensorRT 10.3.0, this machine has TensorRT 10.9.0.*"
         r"rebuild it here: vit-fast export tensorrt m.onnx --out m.plan",
     ):
-        trt_export.check_engine_compat(meta, "m.plan", "10.9.0", "sm_90")
+        trt_common.check_engine_compat(meta, "m.plan", "10.9.0", "sm_90")
     with pytest.raises(export.ArtifactError, match=r"built for GPU sm_90 \(NVIDIA H100\), this GPU is sm_80.*rebuild"):
-        trt_export.check_engine_compat(meta, "m.plan", "10.3.0", "sm_80")
+        trt_common.check_engine_compat(meta, "m.plan", "10.3.0", "sm_80")
 
 
 def test_batch_outside_profile():
-    trt_export.check_batch_in_profile(8, (1, 8, 16), "m.plan")
+    trt_common.check_batch_in_profile(8, (1, 8, 16), "m.plan")
     with pytest.raises(
         export.ArtifactError,
         match=r"batch 32 is outside engine 'm.plan'.s profile \(min 1, opt 8, "
         r"max 16\): rebuild with --batch 1 8 32",
     ):
-        trt_export.check_batch_in_profile(32, (1, 8, 16), "m.plan")
+        trt_common.check_batch_in_profile(32, (1, 8, 16), "m.plan")
 
 
 def test_attention_fused_from_inspector_layers():
@@ -195,13 +196,13 @@ class _FakeEnum:
 
 
 def test_trt_dtype_names_map_to_torch():
-    assert trt_export.trt_dtype_name(_FakeEnum("HALF")) == "HALF"
-    assert trt_export.trt_dtype_name(_FakeEnum("BF16", with_name=False)) == "BF16"
-    assert trt_export.torch_dtype(_FakeEnum("FLOAT"), "x", "m.plan") is torch.float32
-    assert trt_export.torch_dtype(_FakeEnum("HALF"), "x", "m.plan") is torch.float16
-    assert trt_export.torch_dtype(_FakeEnum("BF16"), "x", "m.plan") is torch.bfloat16
+    assert trt_common.trt_dtype_name(_FakeEnum("HALF")) == "HALF"
+    assert trt_common.trt_dtype_name(_FakeEnum("BF16", with_name=False)) == "BF16"
+    assert trt_common.torch_dtype(_FakeEnum("FLOAT"), "x", "m.plan") is torch.float32
+    assert trt_common.torch_dtype(_FakeEnum("HALF"), "x", "m.plan") is torch.float16
+    assert trt_common.torch_dtype(_FakeEnum("BF16"), "x", "m.plan") is torch.bfloat16
     with pytest.raises(export.ArtifactError, match=r"engine 'm.plan': tensor 'logits' has TensorRT type INT64"):
-        trt_export.torch_dtype(_FakeEnum("INT64"), "logits", "m.plan")
+        trt_common.torch_dtype(_FakeEnum("INT64"), "logits", "m.plan")
 
 
 def test_fp32_pins_cover_norm_softmax_and_float_reductions():

@@ -33,7 +33,7 @@ import sys
 
 def _arg_type(parse):  # argparse type= wrapper: BenchError -> a clean "argument --x: ..." error
     def convert(text: str):
-        from vit_fast.benchmark import BenchError
+        from vit_fast.bench import BenchError
 
         try:
             return parse(text)
@@ -45,19 +45,19 @@ def _arg_type(parse):  # argparse type= wrapper: BenchError -> a clean "argument
 
 
 def _parse_batches(text: str):
-    from vit_fast.benchmark import parse_batches
+    from vit_fast.bench import parse_batches
 
     return parse_batches(text)
 
 
 def _parse_dtypes(text: str):
-    from vit_fast.benchmark import parse_dtypes
+    from vit_fast.bench import parse_dtypes
 
     return parse_dtypes(text)
 
 
 def _parse_backends(text: str):
-    from vit_fast.benchmark import parse_backends
+    from vit_fast.bench import parse_backends
 
     return parse_backends(text)
 
@@ -160,7 +160,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from vit_fast.benchmark import BACKENDS, BenchError, BenchSettings, markdown_report, resolve_device, run_benchmark
+    from vit_fast.bench import BACKENDS, BenchError, BenchSettings, markdown_report, resolve_device, run_benchmark
 
     def log(msg: str) -> None:
         if not args.quiet:

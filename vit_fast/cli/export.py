@@ -68,7 +68,8 @@ def _source_name(spec: str) -> str:
 
 
 def _run_onnx(args: argparse.Namespace) -> int:
-    from vit_fast.export._common import check_output_path, metadata_path, parse_dtype
+    from vit_fast.dtypes import parse_dtype
+    from vit_fast.export._common import check_output_path, metadata_path
     from vit_fast.export.onnx import check_onnx_args, to_onnx
     from vit_fast.export.verify import verify
     from vit_fast.loading import load_model

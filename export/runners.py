@@ -1,0 +1,336 @@
+"""The one way to run an artifact: ONNX Runtime for ``.onnx``, TensorRT for engines, and our own model
+backends run the same way, used by ``verify``, the benchmark and the demo.
+
+Every runner offers:
+
+- ``run(x) -> torch.Tensor``: one forward of images ``x`` ``[B, C, H, W]``; the first output
+  (``[B, num_classes]`` logits or ``[B, D]`` features) on the CPU. For verification.
+- ``prepare(x) -> call``: ``x`` moved to the runner's device and dtype and bound once, with the
+  output buffers; ``call()`` runs one forward and returns the output on the runner's device, with
+  no host copy on a GPU (a bound buffer that the next call overwrites: clone it to keep it). For timing.
+- ``dtype``: the precision the artifact computes in (what verify runs eager in); ``runtime``: a
+  description string (runtime, version, provider or GPU); ``output_name``; ``batch_range``:
+  ``(min, max)`` images the artifact takes, or None when it does not say; ``check_batch(b)``
+  raises an ArtifactError naming the file when it cannot run batch ``b``; ``close()``.
+
+:func:`open_artifact` picks the runner from the file's suffix. onnx, onnxruntime and tensorrt are
+imported only when a runner for them is opened.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from vit_fast.dtypes import ONNX_ELEM_TYPES, ORT_TYPES
+
+from ._common import ArtifactError, check_readable_file, read_metadata
+from .trt_common import check_batch_in_profile, check_engine_compat, gpu_sm, require_tensorrt, torch_dtype
+
+ONNX_SUFFIXES = (".onnx",)
+ENGINE_SUFFIXES = (".plan", ".engine", ".trt")
+CUDA_EP, CPU_EP = "CUDAExecutionProvider", "CPUExecutionProvider"
+
+
+class Runner:
+    """What every runner offers (see the module docstring); subclasses set the attributes and ``prepare``."""
+
+    dtype: torch.dtype
+    runtime: str
+    output_name: str = "output"
+    batch_range: tuple[int, int] | None = None
+
+    def check_batch(self, batch: int) -> None:
+        """Raise an ArtifactError when this runner cannot run ``batch`` images; the default takes any."""
+
+    def prepare(self, x: torch.Tensor) -> Callable[[], torch.Tensor]:
+        """Bind ``x`` ``[B, C, H, W]`` and the output buffers; the call returns the output on the runner's device."""
+        raise NotImplementedError
+
+    def run(self, x: torch.Tensor) -> torch.Tensor:
+        """One forward of ``x`` ``[B, C, H, W]``; the first output on the CPU."""
+        self.check_batch(int(x.shape[0]))
+        return self.prepare(x)().cpu()
+
+    def close(self) -> None:
+        """Drop the session / engine / model so its memory can be freed."""
+
+
+# --------------------------------------------------------------------------- ONNX Runtime
+class OrtRunner(Runner):
+    """An ONNX file on ONNX Runtime: the CUDA execution provider where present (inputs and outputs bound
+    to torch's GPU buffers, I/O binding), else the CPU provider.
+
+    ``provider``: an ONNX Runtime provider name (default CUDA when available, else CPU); ``threads``:
+    the CPU provider's intra-op threads (inter-op 1), default ONNX Runtime's own; ``device_id``: the GPU.
+    ``provider`` holds the provider the session really uses: ONNX Runtime falls back to the CPU when
+    the CUDA provider cannot start.
+    """
+
+    def __init__(
+        self, path: str | os.PathLike, provider: str | None = None, threads: int | None = None, device_id: int = 0
+    ) -> None:
+        import onnx
+        import onnxruntime as ort
+
+        self.path = Path(path)
+        try:
+            proto = onnx.load(str(self.path), load_external_data=False)
+        except Exception as err:
+            msg = f"cannot read {str(self.path)!r} as an ONNX model: {type(err).__name__}: {err}"
+            raise ArtifactError(msg) from err
+        if not proto.graph.input or not proto.graph.output:
+            raise ArtifactError(f"{str(self.path)!r} is not an ONNX model (a graph with inputs and outputs)")
+        elem = proto.graph.input[0].type.tensor_type.elem_type
+        if elem not in ONNX_ELEM_TYPES:
+            raise ArtifactError(f"{str(self.path)!r}: input element type {elem} is not fp32, fp16 or bf16")
+        self.dtype = ONNX_ELEM_TYPES[elem]
+        available = ort.get_available_providers()
+        provider = provider or (CUDA_EP if CUDA_EP in available else CPU_EP)
+        if provider not in available:
+            raise ArtifactError(f"ONNX Runtime provider {provider} is not available here; available: {available}")
+        self._refuse_bf16_on_cpu(provider)
+        if threads is not None and threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
+        opts = ort.SessionOptions()
+        if threads is not None:
+            opts.intra_op_num_threads = threads
+            opts.inter_op_num_threads = 1
+        self.threads = threads
+        self.device_id = device_id
+        providers: list[Any] = [(CUDA_EP, {"device_id": device_id}), CPU_EP] if provider == CUDA_EP else [provider]
+        try:
+            self.session = ort.InferenceSession(str(self.path), opts, providers=providers)
+        except Exception as err:
+            raise ArtifactError(f"ONNX Runtime cannot load {str(self.path)!r}: {err}") from err
+        self.provider = self.session.get_providers()[0]
+        self._refuse_bf16_on_cpu(self.provider)
+        inp, out = self.session.get_inputs()[0], self.session.get_outputs()[0]
+        self.input_name, self.output_name = inp.name, out.name
+        for what, t in (("input", inp.type), ("output", out.type)):
+            if t not in ORT_TYPES:
+                raise ArtifactError(f"{str(self.path)!r}: unsupported ONNX {what} type {t}")
+        self.input_dtype, self.output_dtype = ORT_TYPES[inp.type], ORT_TYPES[out.type]
+        self.fixed_batch = inp.shape[0] if isinstance(inp.shape[0], int) else None
+        self.batch_range = (self.fixed_batch, self.fixed_batch) if self.fixed_batch else None
+        threads_note = f" (intra_op_num_threads={threads})" if threads else ""
+        self.runtime = f"onnxruntime {ort.__version__} {self.provider}{threads_note}"
+
+    def _refuse_bf16_on_cpu(self, provider: str) -> None:
+        if self.dtype == torch.bfloat16 and provider == CPU_EP:
+            raise ArtifactError(
+                f"{str(self.path)!r} is a bf16 model: ONNX Runtime's CPU provider has no bf16 Conv and its Python API "
+                "no bf16 arrays, so vit-fast cannot verify bf16 ONNX files on ONNX Runtime; verify the TensorRT "
+                "engine built from it instead (vit-fast export tensorrt ... --precision bf16), or export fp16/fp32"
+            )
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.provider == CUDA_EP
+
+    def check_batch(self, batch: int) -> None:
+        if self.fixed_batch is not None and batch != self.fixed_batch:
+            raise ArtifactError(f"{str(self.path)!r} has a fixed batch of {self.fixed_batch}; cannot run batch {batch}")
+
+    def prepare(self, x: torch.Tensor) -> Callable[[], torch.Tensor]:
+        session = self.session
+        if not self.on_gpu:
+            feed = {self.input_name: x.detach().to(self.input_dtype).cpu().numpy()}
+            names = [self.output_name]
+            return lambda: torch.from_numpy(session.run(names, feed)[0])
+        device = torch.device("cuda", self.device_id)
+        xin = x.detach().to(device=device, dtype=self.input_dtype).contiguous()
+        out = torch.full(self._output_shape(int(x.shape[0])), float("nan"), dtype=self.output_dtype, device=device)
+        binding = session.io_binding()
+        binding.bind_input(
+            self.input_name, "cuda", self.device_id, _element_type(self.input_dtype), tuple(xin.shape), xin.data_ptr()
+        )
+        binding.bind_output(
+            self.output_name, "cuda", self.device_id, _element_type(self.output_dtype), tuple(out.shape), out.data_ptr()
+        )
+        # ONNX Runtime reads the bound input on its own stream: let torch's writes of it land first
+        torch.cuda.current_stream(device).synchronize()
+
+        def call() -> torch.Tensor:
+            _ = xin  # keep the bound input alive
+            session.run_with_iobinding(binding)  # blocks until the outputs are written
+            return out
+
+        return call
+
+    def _output_shape(self, batch: int) -> tuple[int, ...]:
+        shape = self.session.get_outputs()[0].shape
+        dims = [d if isinstance(d, int) else None for d in shape]
+        dims[0] = batch
+        if any(d is None for d in dims):
+            raise ArtifactError(f"cannot size the output buffer of {str(self.path)!r} from its ONNX shape {shape}")
+        return tuple(dims)
+
+    def close(self) -> None:
+        self.session = None
+
+
+def _element_type(dtype: torch.dtype) -> Any:
+    """The element type I/O binding takes: a numpy type, or the ONNX type number for bf16 (numpy has none)."""
+    import numpy as np
+
+    if dtype == torch.bfloat16:
+        return next(k for k, v in ONNX_ELEM_TYPES.items() if v == dtype)
+    return {torch.float16: np.float16, torch.float32: np.float32}[dtype]
+
+
+# --------------------------------------------------------------------------- TensorRT
+class EngineRunner(Runner):
+    """A serialized TensorRT engine, checked against its metadata and run on the GPU with torch tensors."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        meta = read_metadata(self.path) or {}
+        trt = require_tensorrt()
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"running TensorRT engine {str(self.path)!r} needs a CUDA GPU; none is visible")
+        check_engine_compat(meta, self.path, trt.__version__, gpu_sm())
+        self.trt_runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+        # Runtime.deserialize_cuda_engine returns None (and logs the reason) for a corrupt plan or one built by
+        # another TensorRT version / for another GPU; "require a non-null engine" is NVIDIA's advice.
+        try:
+            self.engine = self.trt_runtime.deserialize_cuda_engine(self.path.read_bytes())
+        except Exception as err:
+            raise ArtifactError(f"TensorRT cannot load engine {str(self.path)!r}: {err}") from err
+        if self.engine is None:
+            raise ArtifactError(
+                f"TensorRT cannot load engine {str(self.path)!r} (corrupt, or built with another TensorRT version "
+                f"or GPU): rebuild it with vit-fast export tensorrt"
+            )
+        names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
+        inputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
+        outputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
+        if len(inputs) != 1 or not outputs:
+            raise ArtifactError(
+                f"engine {str(self.path)!r} has inputs {inputs} and outputs {outputs}; vit-fast engines have one "
+                "image input and at least one output"
+            )
+        self.input_name, self.output_name = inputs[0], outputs[0]
+        self.output_names = outputs
+        self.input_dtype = torch_dtype(self.engine.get_tensor_dtype(self.input_name), self.input_name, self.path)
+        # the precision the engine computes in, which verify() runs eager in and judges by: an fp16 engine
+        # built from an fp32 ONNX file keeps fp32 I/O but must be compared with eager fp16, not fp32
+        precision = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(str(meta.get("precision")))
+        self.dtype = precision or self.input_dtype
+        self.output_dtypes = {n: torch_dtype(self.engine.get_tensor_dtype(n), n, self.path) for n in outputs}
+        # get_tensor_profile_shape(name, profile_index) -> [min, opt, max] (TensorRT 10 Python API)
+        lo, opt, hi = (tuple(s) for s in self.engine.get_tensor_profile_shape(self.input_name, 0))
+        self.profile = (lo[0], opt[0], hi[0])
+        self.image_shape = opt[1:]
+        self.batch_range = (lo[0], hi[0])
+        self.context = self.engine.create_execution_context()
+        if self.context is None:
+            raise ArtifactError(f"TensorRT could not create an execution context for {str(self.path)!r}")
+        # enqueueV3 on the legacy default stream makes TensorRT add cudaStreamSynchronize calls (it warns
+        # "Using default stream in enqueueV3() may lead to performance issues"): run on a stream of our own.
+        self.stream = torch.cuda.Stream()
+        self.runtime = f"tensorrt {trt.__version__} {torch.cuda.get_device_name()}"
+
+    def check_batch(self, batch: int) -> None:
+        check_batch_in_profile(batch, self.profile, self.path)
+
+    def prepare(self, x: torch.Tensor) -> Callable[[], torch.Tensor]:
+        """Bind ``x`` and NaN-filled outputs (an element the engine leaves unwritten shows); one binding at a time."""
+        self.check_batch(int(x.shape[0]))
+        device = self.stream.device
+        xin = x.detach().to(device=device, dtype=self.input_dtype).contiguous()
+        # set_input_shape / set_tensor_address / execute_async_v3 return False (with a logged error) on failure
+        if not self.context.set_input_shape(self.input_name, tuple(xin.shape)):
+            raise ArtifactError(
+                f"engine {str(self.path)!r} rejects input shape {tuple(xin.shape)}: it was built for images "
+                f"{self.image_shape} and batch min/opt/max {self.profile}"
+            )
+        buffers = {self.input_name: xin}
+        for name in self.output_names:
+            shape = tuple(self.context.get_tensor_shape(name))
+            buffers[name] = torch.full(shape, float("nan"), dtype=self.output_dtypes[name], device=device)
+        for name, t in buffers.items():
+            if not self.context.set_tensor_address(name, t.data_ptr()):
+                raise RuntimeError(f"TensorRT rejected the buffer for tensor {name!r} of {str(self.path)!r}")
+        context, stream, out, path = self.context, self.stream, buffers[self.output_name], self.path
+
+        def call() -> torch.Tensor:
+            _ = buffers  # keep the bound buffers alive
+            current = torch.cuda.current_stream(device)
+            stream.wait_stream(current)  # the input was written on the current stream
+            if not context.execute_async_v3(stream.cuda_stream):
+                raise RuntimeError(f"TensorRT execution of {str(path)!r} failed")
+            current.wait_stream(stream)  # later work on the current stream (a copy, a timing event) waits for it
+            return out
+
+        return call
+
+    def close(self) -> None:
+        self.context = self.engine = self.trt_runtime = None
+
+
+# --------------------------------------------------------------------------- our own backends
+class ModelRunner(Runner):
+    """One of our model's own backends (``"torch"`` or ``"triton"``) run like an artifact, so it is judged
+    by the same rule. A copy of the model in ``dtype`` runs on CUDA when there is a GPU, else on the CPU (the
+    triton backend then needs ``TRITON_INTERPRET=1`` set before triton is imported; ``set_backend`` says so).
+    """
+
+    BACKENDS = ("torch", "triton")
+
+    def __init__(self, model: nn.Module, backend: str, dtype: torch.dtype, device: str | None = None) -> None:
+        from vit_fast.runtime import interpreter_enabled
+
+        if backend not in self.BACKENDS:
+            raise ValueError(f"backend must be one of {self.BACKENDS}, got {backend!r}")
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.dtype = dtype
+        self.model = copy.deepcopy(model).to(device=self.device, dtype=dtype).eval().set_backend(backend)
+        cuda = torch.device(self.device).type == "cuda"
+        interpreted = backend == "triton" and interpreter_enabled()
+        where = "CUDA" if cuda else "CPU" + (" (Triton interpreter)" if interpreted else "")
+        self.runtime = f"vit_fast {backend} backend on {where}"
+
+    def prepare(self, x: torch.Tensor) -> Callable[[], torch.Tensor]:
+        model, xin = self.model, x.detach().to(device=self.device, dtype=self.dtype)
+
+        def call() -> torch.Tensor:
+            with torch.no_grad():
+                return model(xin)
+
+        return call
+
+    def close(self) -> None:
+        self.model = None
+
+
+def open_artifact(artifact: str | os.PathLike, provider: str | None = None, threads: int | None = None) -> Runner:
+    """A runner for ``artifact``: ONNX Runtime for ``.onnx`` (``provider``, CPU ``threads``), TensorRT for
+    ``.plan`` / ``.engine`` / ``.trt``. A missing or unreadable file, or an unknown suffix, raises naming it."""
+    path = check_readable_file(artifact, "artifact")
+    suffix = path.suffix.lower()
+    if suffix in ENGINE_SUFFIXES:
+        return EngineRunner(path)
+    if suffix in ONNX_SUFFIXES:
+        return OrtRunner(path, provider, threads)
+    raise ArtifactError(
+        f"cannot tell what {str(path)!r} is from its suffix {suffix!r}: "
+        f"use {', '.join(ONNX_SUFFIXES)} for ONNX or {', '.join(ENGINE_SUFFIXES)} for TensorRT engines"
+    )
+
+
+__all__ = [
+    "ENGINE_SUFFIXES",
+    "ONNX_SUFFIXES",
+    "EngineRunner",
+    "ModelRunner",
+    "OrtRunner",
+    "Runner",
+    "open_artifact",
+]

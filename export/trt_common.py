@@ -1,0 +1,90 @@
+"""TensorRT helpers shared by the engine builder (``tensorrt.py``) and the engine runner (``runners.py``).
+
+Importing tensorrt with a clear error, the GPU's compute capability, engine tensor types as torch
+dtypes, and the two checks made before an engine runs: that it was built for this TensorRT and GPU
+(from the metadata beside it), and that a batch lies inside its optimization profile. Nothing here
+imports tensorrt until :func:`require_tensorrt` is called.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from vit_fast.dtypes import TRT_TYPES
+
+from ._common import ArtifactError
+
+#: ``trt.DataType`` member names of the engine I/O tensors vit-fast runs -> torch dtype (floating types only)
+TORCH_DTYPES: dict[str, torch.dtype] = {name: dt for name, dt in TRT_TYPES.items() if dt.is_floating_point}
+
+
+def require_tensorrt() -> Any:
+    """``import tensorrt``, or a RuntimeError that says it is missing and what it needs."""
+    try:
+        import tensorrt as trt
+    except ImportError as err:
+        raise RuntimeError(
+            "TensorRT is not installed here (import tensorrt failed: "
+            f"{err}); it needs an NVIDIA GPU and `pip install tensorrt` (TensorRT 10) from NVIDIA's index"
+        ) from err
+    if int(trt.__version__.split(".")[0]) < 10:
+        raise RuntimeError(f"vit-fast needs TensorRT >= 10, found {trt.__version__}")
+    return trt
+
+
+def gpu_sm() -> str:
+    """The current GPU's compute capability as ``"sm_90"``; ``"none"`` without a GPU."""
+    if not torch.cuda.is_available():
+        return "none"
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm_{major}{minor}"
+
+
+def trt_dtype_name(dtype: Any) -> str:
+    """The member name of a ``trt.DataType`` (``"FLOAT"``, ``"HALF"``, ``"BF16"``, ...).
+
+    pybind11 enums have ``.name``; ``str()`` of one is ``"DataType.HALF"``, used as a fallback.
+    """
+    name = getattr(dtype, "name", None)
+    return name if isinstance(name, str) else str(dtype).rsplit(".", 1)[-1]
+
+
+def torch_dtype(dtype: Any, tensor: str, engine_path: str | os.PathLike) -> torch.dtype:
+    """The torch dtype for an engine I/O tensor's ``trt.DataType``; an ArtifactError for others."""
+    name = trt_dtype_name(dtype)
+    if name not in TORCH_DTYPES:
+        raise ArtifactError(
+            f"engine {str(engine_path)!r}: tensor {tensor!r} has TensorRT type {name}; vit-fast runs engines whose "
+            f"inputs and outputs are {', '.join(TORCH_DTYPES)}"
+        )
+    return TORCH_DTYPES[name]
+
+
+def check_engine_compat(meta: dict[str, Any], engine_path: str | os.PathLike, trt_version: str, sm: str) -> None:
+    """Raise an ArtifactError saying what to rebuild when ``meta`` is for another TensorRT or GPU."""
+    built_trt, built_sm = meta.get("tensorrt_version"), meta.get("gpu_sm")
+    onnx_src = meta.get("onnx", "the ONNX file")
+    rebuild = f"rebuild it here: vit-fast export tensorrt {onnx_src} --out {engine_path}"
+    if built_trt and built_trt != trt_version:
+        raise ArtifactError(
+            f"engine {str(engine_path)!r} was built with TensorRT {built_trt}, this machine has TensorRT "
+            f"{trt_version}; engines do not load across versions: {rebuild}"
+        )
+    if built_sm and built_sm != sm:
+        raise ArtifactError(
+            f"engine {str(engine_path)!r} was built for GPU {built_sm} ({meta.get('gpu_name', '?')}), this GPU is "
+            f"{sm}; engines are specific to the compute capability: {rebuild}"
+        )
+
+
+def check_batch_in_profile(batch: int, profile: tuple[int, int, int], engine_path: str | os.PathLike) -> None:
+    """Raise an ArtifactError when ``batch`` lies outside the engine's optimization profile ``(min, opt, max)``."""
+    lo, opt, hi = profile
+    if not lo <= batch <= hi:
+        raise ArtifactError(
+            f"batch {batch} is outside engine {str(engine_path)!r}'s profile (min {lo}, opt {opt}, max {hi}): "
+            f"rebuild with --batch {min(lo, batch)} {opt} {max(hi, batch)} (to_tensorrt(batch=...)) to cover it"
+        )

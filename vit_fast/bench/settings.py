@@ -1,0 +1,177 @@
+"""What a benchmark run is asked to do, and the checks on it: the backend names, the settings
+dataclass, the parsers of the ``--batch`` / ``--dtype`` / ``--backends`` lists, the device, and
+whether a dtype can run on it. Every bad request is a :class:`BenchError` that says what to change.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vit_fast.dtypes import DTYPES, parse_dtype_list
+
+BACKENDS: tuple[str, ...] = (
+    "torch",
+    "triton",
+    "triton-graph",
+    "compile",
+    "compile-max-autotune",
+    "compile-reduce-overhead",
+    "timm",
+    "onnxruntime",
+    "tensorrt",
+)
+#: backends that --graph also runs captured in a CUDA graph (triton's captured form is "triton-graph";
+#: compile-max-autotune and compile-reduce-overhead are graphed by inductor already)
+GRAPHABLE: tuple[str, ...] = ("torch", "triton", "compile", "timm")
+SCHEMA_VERSION = 1
+
+
+class BenchError(ValueError):
+    """A bad request (argument, device, dtype): the message says what to change."""
+
+
+class Unavailable(Exception):
+    """A backend that cannot run here; the message is the reason."""
+
+
+@dataclass
+class BenchSettings:
+    """One ``vit-fast bench`` run: which model, batch sizes, dtype names, backends, where to write."""
+
+    model: str
+    batches: list[int]
+    dtypes: list[str]
+    backends: list[str]
+    out_dir: Path
+    device: str = "auto"
+    warmup: int | None = None
+    iters: int | None = None
+    max_seconds: float | None = None
+    flush_l2: bool = False
+    h2d: bool = False
+    graph: bool = False
+    onnx_exporter: str = "dynamo"
+    seed: int = 0
+    progress: bool | None = None  # None: a bar only when stderr is a terminal
+    measure_ceilings: bool = True
+    threads: int | None = None  # CPU: torch.set_num_threads (None: torch's default)
+
+    def resolved(self, device: torch.device) -> dict[str, Any]:
+        """Warm-up calls, timed calls (at most) and seconds per case, with the device's defaults filled in."""
+        cuda = device.type == "cuda"
+        return {
+            "warmup": self.warmup if self.warmup is not None else (20 if cuda else 2),
+            "iters": self.iters if self.iters is not None else (200 if cuda else 10),
+            "max_seconds": self.max_seconds if self.max_seconds is not None else (10.0 if cuda else 3.0),
+        }
+
+
+def parse_batches(text: str) -> list[int]:
+    """``"1,8,64"`` -> ``[1, 8, 64]``: positive ints, no duplicates, order kept."""
+    items = [t.strip() for t in str(text).split(",")]
+    if not text or any(not t for t in items):
+        raise BenchError(f"batch list {text!r} has an empty entry: give comma-separated positive ints, e.g. 1,8,64")
+    out: list[int] = []
+    for t in items:
+        try:
+            b = int(t)
+        except ValueError:
+            raise BenchError(
+                f"batch size {t!r} in {text!r} is not an int: give comma-separated positive ints, e.g. 1,8,64"
+            ) from None
+        if b < 1:
+            raise BenchError(f"batch size {b} in {text!r} must be >= 1")
+        if b in out:
+            raise BenchError(f"batch size {b} appears twice in {text!r}")
+        out.append(b)
+    return out
+
+
+def parse_dtypes(text: str) -> list[str]:
+    """``"bf16,fp16"`` -> ``["bf16", "fp16"]`` (aliases such as ``float16`` accepted, duplicates dropped)."""
+    try:
+        return parse_dtype_list(text)
+    except ValueError as err:
+        raise BenchError(str(err)) from None
+
+
+def parse_backends(text: str) -> list[str]:
+    """``"torch,triton"`` -> ``["torch", "triton"]``; ``"all"`` means every backend."""
+    if str(text).strip() == "all":
+        return list(BACKENDS)
+    out: list[str] = []
+    for t in str(text).split(","):
+        name = t.strip()
+        if name not in BACKENDS:
+            close = difflib.get_close_matches(name, BACKENDS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise BenchError(f"unknown backend {name!r}{hint}: choose from {', '.join(BACKENDS)}, or 'all'")
+        if name not in out:
+            out.append(name)
+    return out
+
+
+def resolve_device(spec: str | None) -> torch.device:
+    """``"auto"`` (CUDA when available, else CPU), ``"cpu"``, ``"cuda"`` or ``"cuda:N"``."""
+    spec = (spec or "auto").strip()
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(spec)
+    except RuntimeError:
+        raise BenchError(f"unknown device {spec!r}: use auto, cpu, cuda or cuda:N") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise BenchError(
+                f"device {spec!r} asked for, but no CUDA GPU is visible to torch {torch.__version__}: use --device cpu"
+            )
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        if index >= torch.cuda.device_count():
+            raise BenchError(f"device {spec!r} does not exist: {torch.cuda.device_count()} GPU(s) visible")
+        return torch.device("cuda", index)
+    if dev.type != "cpu":
+        raise BenchError(f"device type {dev.type!r} is not supported: use cpu or cuda")
+    return dev
+
+
+def check_dtype_supported(device: torch.device, dtype_name: str) -> None:
+    """Raise BenchError when ``dtype_name`` cannot run a ViT's ops (conv, matmul, layer norm) on ``device``."""
+    dtype = DTYPES[dtype_name]
+    if device.type == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+        raise BenchError(f"bf16 is not supported on {torch.cuda.get_device_name(device)}: use --dtype fp16 or fp32")
+    try:
+        with torch.no_grad():
+            x = torch.randn(1, 3, 8, 8, device=device).to(dtype)
+            w = torch.randn(4, 3, 4, 4, device=device).to(dtype)
+            y = torch.nn.functional.conv2d(x, w, stride=4).flatten(1)
+            y = torch.nn.functional.layer_norm(y @ y.t(), (1,))
+            y.softmax(-1)
+    except Exception as err:  # e.g. "not implemented for 'BFloat16'"
+        raise BenchError(
+            f"{dtype_name} is not supported on {device.type} here ({type(err).__name__}: {err}); "
+            "choose another --dtype, e.g. fp32"
+        ) from err
+
+
+def cpu_threads_for_load() -> tuple[int, str]:
+    """CPU threads for timing: torch's default, cut to the cores the load average leaves free (at least 1).
+
+    On a shared machine, OpenMP threads that wait on a descheduled sibling make each call many
+    times slower and noisy; fewer threads than busy cores avoid that.
+    """
+    default = torch.get_num_threads()
+    cores = os.cpu_count() or default
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return default, "torch default"
+    free = max(1, int(cores - load + 0.5))
+    if free >= default:
+        return default, f"torch default ({default}); load average {load:.1f} on {cores} cores"
+    return free, f"{free} of {default}: load average {load:.1f} on {cores} cores (use --threads to choose)"
