@@ -406,21 +406,6 @@ def test_plan_variants():
     assert [v.label for v in bm.plan_variants(["torch"], graph=False)] == ["torch"]
 
 
-def test_write_atomic_leaves_no_temporaries(tmp_path):
-    import os
-    import stat
-
-    from vit_fast.files import write_atomic
-
-    path = write_atomic(tmp_path / "sub" / "r.json", "{}")
-    write_atomic(path, b"[1]")
-    assert path.read_text() == "[1]"
-    assert [p.name for p in path.parent.iterdir()] == ["r.json"]
-    umask = os.umask(0)
-    os.umask(umask)
-    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask  # an ordinary file, not mkstemp's 0600
-
-
 def test_non_finite_outputs_are_flagged_not_hidden():
     check = bench_harness.max_abs_err_vs_torch
     assert math.isnan(check(torch.tensor([float("nan"), 1.0]), torch.zeros(2)))
