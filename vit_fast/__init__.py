@@ -9,6 +9,7 @@ from .config import PRESETS, ViTConfig
 from .convert import from_hf, from_timm, optimize
 from .loading import load_model
 from .model import VisionTransformer
+from .patching import apply_vit_fast, remove_vit_fast
 
 try:
     __version__ = _metadata.version("vit-fast")
@@ -25,6 +26,8 @@ __all__ = [
     "load_checkpoint",
     "save_checkpoint",
     "load_model",
+    "apply_vit_fast",
+    "remove_vit_fast",
     "CUDAGraphRunner",
     "__version__",
 ]

@@ -48,8 +48,9 @@ def _norm(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 def _gamma(module: nn.Module) -> torch.Tensor | None:
     """LayerScale's per-channel gamma, or None where the block has no LayerScale (nn.Identity)."""
-    if isinstance(module, LayerScale):
-        return module.gamma
+    gamma = getattr(module, "gamma", None)  # ours or timm's LayerScale (apply_vit_fast runs timm blocks)
+    if isinstance(module, LayerScale) or isinstance(gamma, torch.Tensor):
+        return gamma
     if isinstance(module, nn.Identity):
         return None
     raise TypeError(f"the triton backend runs LayerScale or nn.Identity, got {type(module).__name__}")

@@ -1,0 +1,168 @@
+"""In-place acceleration, in the spirit of Liger-Kernel's ``apply_liger_kernel_to_*``:
+
+    vit_fast.apply_vit_fast(timm_or_hf_vit)     # its blocks now run our Triton kernels
+    vit_fast.remove_vit_fast(timm_or_hf_vit)    # back to the original forwards
+
+The object, its class and its ``state_dict`` stay the user's: only each transformer block's
+``forward`` is replaced, by one that runs LayerNorm, the qkv GEMM, flash-style attention, the
+projection with its residual, and the MLP with its residual on the block's own parameters. It
+takes the kernel path when the input can reach the kernels (a CUDA tensor, or any tensor with
+``backend="triton"`` under Triton's CPU interpreter) and the block's original forward otherwise
+(and for anything the kernels do not cover: an attention mask, dropout in training, autograd).
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import runtime
+
+_ORIGINAL = "_vit_fast_original_forward"
+BACKENDS = ("auto", "triton")
+
+
+class _Proj:
+    """A weight/bias pair in the shape the kernel path reads (``.weight``, ``.bias``)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.weight, self.bias = weight, bias
+
+
+class _HFLayerView:
+    """A transformers ``ViTLayer`` seen with timm's block names; q, k and v fused on first use and
+    again whenever one of them changes (tracked by the tensors' version counters)."""
+
+    def __init__(self, layer: nn.Module, num_heads: int) -> None:
+        self.layer = layer
+        att = layer.attention
+        if hasattr(att, "q_proj"):  # transformers 5.x
+            self.q, self.k, self.v, proj = att.q_proj, att.k_proj, att.v_proj, att.o_proj
+            self.mlp_in, self.mlp_out = layer.mlp.fc1, layer.mlp.fc2
+        else:  # transformers 4.x
+            inner = att.attention
+            self.q, self.k, self.v, proj = inner.query, inner.key, inner.value, att.output.dense
+            self.mlp_in, self.mlp_out = layer.intermediate.dense, layer.output.dense
+        self.norm1, self.norm2 = layer.layernorm_before, layer.layernorm_after
+        self.ls1 = self.ls2 = nn.Identity()
+        head_dim = self.q.weight.shape[0] // num_heads
+        self.attn = types.SimpleNamespace(num_heads=num_heads, scale=head_dim**-0.5, proj=proj, qkv=None)
+        self.mlp = types.SimpleNamespace(fc1=self.mlp_in, fc2=self.mlp_out)
+        self._key: tuple | None = None
+
+    def refresh(self) -> None:
+        params = [p for m in (self.q, self.k, self.v) for p in (m.weight, m.bias) if p is not None]
+        key = tuple((p.data_ptr(), p._version) for p in params)
+        if key != self._key:
+            weight = torch.cat([self.q.weight, self.k.weight, self.v.weight]).detach()
+            bias = None
+            if self.q.bias is not None:
+                bias = torch.cat([self.q.bias, self.k.bias, self.v.bias]).detach()
+            self.attn.qkv = _Proj(weight, bias)
+            self._key = key
+
+
+def _kernels_can_run(x: torch.Tensor, backend: str) -> bool:
+    if backend == "triton":
+        return True
+    return x.is_cuda and runtime.triton_available()
+
+
+def _needs_original(module: nn.Module, x: torch.Tensor) -> bool:
+    return (module.training and torch.is_grad_enabled()) or (torch.is_grad_enabled() and x.requires_grad)
+
+
+def _timm_act(block: nn.Module) -> str:
+    act = getattr(block.mlp, "act", None)
+    if not isinstance(act, nn.GELU):
+        raise ValueError(f"apply_vit_fast: block activation {type(act).__name__} is not GELU; the kernels run GELU")
+    return "gelu_tanh" if act.approximate == "tanh" else "gelu"
+
+
+def _patch(module: nn.Module, fast: Any) -> None:
+    if _ORIGINAL in module.__dict__:
+        return  # already patched
+    module.__dict__[_ORIGINAL] = module.forward
+    module.forward = types.MethodType(fast, module)
+
+
+def _unpatch(module: nn.Module) -> bool:
+    original = module.__dict__.pop(_ORIGINAL, None)
+    if original is None:
+        return False
+    module.__dict__.pop("forward", None)
+    return True
+
+
+def apply_vit_fast(model: nn.Module, backend: str = "auto") -> nn.Module:
+    """Make a timm ``VisionTransformer`` or a transformers ``ViTModel`` / ``ViTForImageClassification``
+    run its blocks on our kernels, in place; returns the same object."""
+    from .triton_path import _block
+
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "triton":
+        runtime.require_triton()
+    module = type(model).__module__
+    if module.startswith("timm."):
+        from .convert import timm_config
+
+        cfg = timm_config(model)  # refuses, by name, every feature the kernels do not run
+        act = cfg.act
+
+        def fast_timm(block: nn.Module, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+            if args or kwargs or not _kernels_can_run(x, backend) or _needs_original(block, x):
+                return block.__dict__[_ORIGINAL](x, *args, **kwargs)
+            return _block(block, x, act)
+
+        for block in model.blocks:
+            _timm_act(block)
+            _patch(block, fast_timm)
+        return model
+    if module.startswith("transformers."):
+        name = type(model).__name__
+        if name not in ("ViTModel", "ViTForImageClassification"):
+            raise TypeError(f"apply_vit_fast supports transformers ViTModel and ViTForImageClassification, got {name}")
+        config = model.config
+        acts = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh"}
+        if config.hidden_act not in acts:
+            raise ValueError(f"apply_vit_fast: hidden_act {config.hidden_act!r} is not supported: {sorted(acts)}")
+        act = acts[config.hidden_act]
+        encoder = model.vit if name == "ViTForImageClassification" else model
+        layers = getattr(encoder, "layers", None) or encoder.encoder.layer
+
+        def fast_hf(layer: nn.Module, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            mask = args[0] if args else kwargs.get("attention_mask", kwargs.get("head_mask"))
+            if mask is not None or kwargs.get("output_attentions") or not _kernels_can_run(hidden_states, backend):
+                return layer.__dict__[_ORIGINAL](hidden_states, *args, **kwargs)
+            if _needs_original(layer, hidden_states):
+                return layer.__dict__[_ORIGINAL](hidden_states, *args, **kwargs)
+            view = layer.__dict__["_vit_fast_view"]
+            view.refresh()
+            out = _block(view, hidden_states, act)
+            return out if layer.__dict__["_vit_fast_returns_tensor"] else (out,)
+
+        for layer in layers:
+            layer.__dict__["_vit_fast_view"] = _HFLayerView(layer, config.num_attention_heads)
+            # transformers 5.x layers return a tensor, 4.x a tuple
+            layer.__dict__["_vit_fast_returns_tensor"] = hasattr(layer.attention, "q_proj")
+            _patch(layer, fast_hf)
+        return model
+    raise TypeError(
+        f"apply_vit_fast does not know {module}.{type(model).__name__}: it patches timm VisionTransformer and "
+        "transformers ViT models (for vit-fast's own, use model.set_backend('triton'))"
+    )
+
+
+def remove_vit_fast(model: nn.Module) -> int:
+    """Undo :func:`apply_vit_fast`; returns how many blocks were restored."""
+    restored = 0
+    for module in model.modules():
+        if _unpatch(module):
+            module.__dict__.pop("_vit_fast_view", None)
+            module.__dict__.pop("_vit_fast_returns_tensor", None)
+            restored += 1
+    return restored
