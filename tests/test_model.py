@@ -291,3 +291,24 @@ def test_save_checkpoint_refuses_other_suffixes_before_writing(tmp_path, name):
     with pytest.raises(ValueError, match=r"cannot tell the format .* name it w.safetensors \(preferred\) or w.pth"):
         save_checkpoint(tiny_model(), tmp_path / name)
     assert list(tmp_path.iterdir()) == []
+
+
+# --------------------------------------------------------------------------- raw uint8 images
+def test_uint8_images_normalised_inside_the_model():
+    model = tiny_model()
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    keys = list(model.state_dict())
+    model.set_input_normalization(mean, std)
+    assert list(model.state_dict()) == keys  # the statistics are not weights
+    pixels = torch.randint(0, 256, (2, 3, 32, 32), dtype=torch.uint8)
+    by_hand = (pixels.float() / 255 - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(1, 3, 1, 1)
+    with torch.no_grad():
+        torch.testing.assert_close(model(pixels), model(by_hand), rtol=0, atol=0)
+        assert [n for n, _ in model.forward_stages(pixels)][0] == "patch embedding"
+    with pytest.raises(ValueError, match=r"std must be > 0"):
+        model.set_input_normalization(mean, (0.2, 0.0, 0.2))
+    with pytest.raises(ValueError, match=r"mean must be 3 finite numbers"):
+        model.set_input_normalization((0.5,), std)
+    model.set_input_normalization(None, None)
+    with pytest.raises(ValueError, match=r"or let the model do it: model.set_input_normalization"):
+        model(pixels)

@@ -60,6 +60,9 @@ class VisionTransformer(nn.Module):
         self.weights_source: dict = {"kind": "random", "seed": None}
         #: opt-in: name the first stage that goes non-finite (also ``VIT_FAST_CHECK_FINITE=1``)
         self.check_finite = False
+        # set_input_normalization: uint8 images accepted (buffers follow .to(); not in the state_dict)
+        self.register_buffer("input_mean", None, persistent=False)
+        self.register_buffer("input_std", None, persistent=False)
         self.set_backend(backend)
         self.init_weights()
 
@@ -188,14 +191,49 @@ class VisionTransformer(nn.Module):
         x = torch.cat([*prefix, x], dim=1) if prefix else x
         return x + pos_embed
 
+    # ------------------------------------------------------------------ raw images
+    def set_input_normalization(
+        self, mean: tuple[float, ...] | torch.Tensor | None, std: tuple[float, ...] | torch.Tensor | None
+    ) -> VisionTransformer:
+        """Accept raw uint8 images ``[B, C, H, W]`` (0..255) and normalise them inside the model:
+        ``(x / 255 - mean[c]) / std[c]`` with ``mean``/``std`` per channel in 0..1 units (torchvision's
+        convention, e.g. ImageNet's (0.485, 0.456, 0.406) / (0.229, 0.224, 0.225)). The triton backend
+        fuses this into the patch-embedding kernel, so the float image never exists. Float inputs are
+        still taken as already normalised. ``None, None`` turns it off. Returns self."""
+        if mean is None and std is None:
+            self.input_mean = self.input_std = None
+            return self
+        stats = []
+        for name, value in (("mean", mean), ("std", std)):
+            t = torch.as_tensor(value, dtype=torch.float32).flatten() if value is not None else None
+            if t is None or t.numel() != self.cfg.in_chans or not torch.isfinite(t).all():
+                raise ValueError(
+                    f"input normalisation {name} must be {self.cfg.in_chans} finite numbers (one per channel, "
+                    f"0..1 units), got {value!r}"
+                )
+            stats.append(t)
+        if (stats[1] <= 0).any():
+            raise ValueError(f"input normalisation std must be > 0 per channel, got {std!r}")
+        device = self.pos_embed.device if not self.pos_embed.is_meta else "cpu"
+        self.register_buffer("input_mean", stats[0].to(device), persistent=False)
+        self.register_buffer("input_std", stats[1].to(device), persistent=False)
+        return self
+
+    def _normalize_torch(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.uint8:
+            return x
+        mean, std = self.input_mean.view(1, -1, 1, 1), self.input_std.view(1, -1, 1, 1)
+        return ((x.float() / 255.0 - mean) / std).to(self.dtype)
+
     def _features_torch(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        x = self._normalize_torch(x)
         x = self._pos_embed(self.patch_embed(x), grid)
         x = self.norm_pre(x)
         x = self.blocks(x)
         return self.norm(x)
 
     def _stages_torch(self, x: torch.Tensor, grid: tuple[int, int]) -> Iterator[tuple[str, torch.Tensor]]:
-        x = self.norm_pre(self._pos_embed(self.patch_embed(x), grid))
+        x = self.norm_pre(self._pos_embed(self.patch_embed(self._normalize_torch(x)), grid))
         yield "patch embedding", x
         for i, block in enumerate(self.blocks):
             x = block(x)

@@ -54,14 +54,16 @@ def check_image_batch(model: VisionTransformer, x: torch.Tensor) -> tuple[int, i
         )
     if B == 0:
         raise ValueError(f"empty batch: got shape {tuple(x.shape)}; pass at least one image")
-    if not x.dtype.is_floating_point:
+    if x.dtype == torch.uint8 and getattr(model, "input_mean", None) is not None:
+        pass  # raw pixels, normalised inside the model (set_input_normalization)
+    elif not x.dtype.is_floating_point:
         raise ValueError(
             f"input dtype {x.dtype}: the model takes normalised float images in {model.dtype}. Convert and normalise "
             f"first, e.g. x = ((x.float() / 255 - mean) / std).to({model.dtype}) with mean and std the "
             "model's per-channel values as [1, C, 1, 1] tensors (ImageNet: mean 0.485, 0.456, 0.406; "
-            "std 0.229, 0.224, 0.225)"
+            "std 0.229, 0.224, 0.225), or let the model do it: model.set_input_normalization(mean, std)"
         )
-    if x.dtype != model.dtype:
+    elif x.dtype != model.dtype:
         raise ValueError(
             f"input dtype {x.dtype} differs from the weights' {model.dtype}: pass x.to({model.dtype}) "
             f"or convert the model with model.to({x.dtype})"
