@@ -162,8 +162,10 @@ def test_output_folders_are_created_but_never_under_a_file(tmp_path):
     assert _args.output_file(tmp_path / "c" / "r.json", "--json") == tmp_path / "c" / "r.json"
     assert (tmp_path / "c").is_dir()
     (tmp_path / "f").write_text("")
-    with pytest.raises(_args.CommandError, match=r"'.*f' is a file; choose another path"):
+    with pytest.raises(_args.CommandError, match=r"^--out '.*sub': '.*f' is a file, not a folder; choose another"):
         _args.output_folder(tmp_path / "f" / "sub")
+    with pytest.raises(_args.CommandError, match=r"^--json '.*f.sub.r\.json': '.*f' is a file, not a folder"):
+        _args.output_file(tmp_path / "f" / "sub" / "r.json", "--json")
     with pytest.raises(_args.CommandError, match="is a folder; give a file path"):
         _args.output_file(tmp_path / "a", "--json")
     assert _args.output_file(None, "--json") is None

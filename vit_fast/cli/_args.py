@@ -127,22 +127,24 @@ def device(text: str) -> str:
     return spec
 
 
-def output_folder(folder: str | os.PathLike, flag: str = "--out") -> Path:
-    """Create ``folder`` (and its parents) for writing; refuse a path under a regular file or one we cannot write."""
+def output_folder(folder: str | os.PathLike, flag: str = "--out", given: str | os.PathLike | None = None) -> Path:
+    """Create ``folder`` (and its parents) for writing; refuse a path under a regular file or one we cannot write.
+
+    ``given``: the path the user typed, when ``folder`` is the folder of a file to write (named in errors).
+    """
     folder = Path(folder)
+    named = f"{flag} {str(given if given is not None else folder)!r}"
     for existing in (folder, *folder.parents):
         if existing.exists():
             if not existing.is_dir():
-                raise CommandError(
-                    f"{flag} {str(folder)!r} cannot be a folder: {str(existing)!r} is a file; choose another path"
-                )
+                raise CommandError(f"{named}: {str(existing)!r} is a file, not a folder; choose another path")
             break
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise CommandError(f"{flag}: cannot create the folder {str(folder)!r}: {err.strerror or err}") from err
+        raise CommandError(f"{named}: cannot create the folder {str(folder)!r}: {err.strerror or err}") from err
     if not os.access(folder, os.W_OK | os.X_OK):
-        raise CommandError(f"{flag}: the folder {str(folder)!r} cannot be written; choose another path")
+        raise CommandError(f"{named}: the folder {str(folder)!r} cannot be written; choose another path")
     return folder
 
 
@@ -153,7 +155,7 @@ def output_file(path: str | os.PathLike | None, flag: str) -> Path | None:
     path = Path(path)
     if path.is_dir():
         raise CommandError(f"{flag} {str(path)!r} is a folder; give a file path such as {str(path / 'report.json')!r}")
-    output_folder(path.parent, flag)
+    output_folder(path.parent, flag, given=path)
     return path
 
 
@@ -164,6 +166,12 @@ def copy_file(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
 
 def add_json(parser: argparse.ArgumentParser, help: str = JSON_HELP) -> None:
     parser.add_argument("--json", metavar="PATH", default=None, help=help)
+
+
+def add_threads(parser: argparse.ArgumentParser, note: str) -> None:
+    parser.add_argument(
+        "--threads", type=positive_int, default=None, metavar="T", help=f"torch CPU threads (default: torch's; {note})"
+    )
 
 
 def add_seed(parser: argparse.ArgumentParser, default: int | None, what: str) -> None:

@@ -113,12 +113,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-ceilings", action="store_true", help="skip measuring bandwidth and matrix rate (no floor column)"
     )
-    parser.add_argument(
-        "--threads",
-        type=_args.positive_int,
-        default=None,
-        help="torch CPU threads (default: torch's own; 1 is steadiest on a shared machine)",
-    )
+    _args.add_threads(parser, "1 is steadiest on a shared machine")
     _args.add_seed(parser, 0, "preset weights and inputs")
     parser.add_argument("--quiet", action="store_true", help="no progress bar, no table on stdout")
     parser.add_argument("--strict", action="store_true", help="exit 1 when any backend fails with an error")

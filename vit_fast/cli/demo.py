@@ -26,6 +26,7 @@ the onnx extra.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 from vit_fast.demo import DEFAULT_OUT, DemoSettings, format_table, run_demo
@@ -77,13 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="R",
         help=f"timed runs per case (batch 1 runs 4x as many); default {d.repeats}",
     )
-    parser.add_argument(
-        "--threads",
-        type=_args.positive_int,
-        default=None,
-        metavar="T",
-        help="torch CPU threads (default: torch's current setting; ONNX Runtime keeps its own default)",
-    )
+    _args.add_threads(parser, "ONNX Runtime keeps its own default")
     _args.add_seed(parser, d.seed, "the random verification inputs and the ViT-B/16 weights")
 
 
@@ -91,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     """Run ``vit-fast demo``; prints the table, returns 0 when no step failed, else 1."""
     out = _args.output_folder(args.out)
     json_path = _args.output_file(args.json, "--json")
-    fields = {k: getattr(args, k) for k in DemoSettings.__dataclass_fields__ if k != "out"}
+    fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(DemoSettings) if f.name != "out"}
     report = run_demo(DemoSettings(out=out, **fields))
     if json_path is not None:
         _args.copy_file(out / "report.json", json_path)
