@@ -147,7 +147,8 @@ class _InterpreterVerify:
             return _step("triton", False, f"interpreter: vit-fast verify exited {self.proc.returncode}: {last}")
         report = json.loads(self.json.read_text())
         head = f"interpreter, {report['accuracy']['n']} images: "
-        return _verified("triton", report, head, mode="interpreter", wall_s=wall, triton=module_version("triton"))
+        version = module_version("triton")
+        return _verified("triton", report, head, mode="interpreter", wall_s=wall, triton_version=version)
 
     def close(self) -> None:
         """Stop the child if it still runs (the demo ended before collecting it); remove its files."""
