@@ -298,7 +298,7 @@ def test_unsupported_dtype_on_device_is_a_clear_error(tmp_path, capsys, monkeypa
 
     monkeypatch.setattr(torch.nn.functional, "conv2d", no_bf16)
     rc = main(["bench", "vit_tiny_patch16_224", "--dtype", "bf16", "--out", str(tmp_path), "--device", "cpu", *FAST])
-    assert rc == 2
+    assert rc == 1
     err = capsys.readouterr().err
     assert "bf16 is not supported on cpu" in err and "fp32" in err
     assert not list(tmp_path.iterdir())  # nothing written
@@ -306,12 +306,14 @@ def test_unsupported_dtype_on_device_is_a_clear_error(tmp_path, capsys, monkeypa
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only message")
 def test_cuda_device_without_gpu_is_a_clear_error(tmp_path, capsys):
-    assert main(["bench", "vit_tiny_patch16_224", "--out", str(tmp_path), *FAST, "--device", "cuda"]) == 2
+    with pytest.raises(SystemExit) as exc:  # rejected while parsing the command line
+        main(["bench", "vit_tiny_patch16_224", "--out", str(tmp_path), *FAST, "--device", "cuda"])
+    assert exc.value.code == 2
     assert "no CUDA GPU" in capsys.readouterr().err
 
 
 def test_unknown_model_is_a_clear_error(tmp_path, capsys):
-    assert main(["bench", str(tmp_path / "missing.safetensors"), "--out", str(tmp_path), *FAST]) == 2
+    assert main(["bench", str(tmp_path / "missing.safetensors"), "--out", str(tmp_path), *FAST]) == 1
     assert "missing.safetensors" in capsys.readouterr().err
 
 

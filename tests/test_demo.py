@@ -43,10 +43,11 @@ def test_demo_end_to_end(tmp_path, capsys):
     assert 0.95 <= acc["accuracy"] <= 1.0 and abs(acc["delta_pp"]) <= 0.5
 
     tri = steps["triton"]
-    if HAVE_TRITON:
+    if HAVE_TRITON:  # judged by `vit-fast verify default triton` in a child process
         assert tri["status"] == "ok", tri["summary"]
-        assert tri["mode"] == "interpreter" and tri["images"] == 4
+        assert tri["mode"] == "interpreter" and tri["images"] == 4 and "Triton interpreter" in tri["runtime"]
         assert tri["top1_agreement"] == 1.0 and 0 <= tri["max_abs_err"] <= tri["bound"] < 1e-3
+        assert tri["verify_passed"] is True and tri["batches"] == [1, 3]
     else:
         assert tri["status"] == "skipped"
 
@@ -67,10 +68,12 @@ def test_demo_end_to_end(tmp_path, capsys):
 
 
 def test_demo_skips_are_reported_and_exit_zero(tmp_path, capsys):
-    out = tmp_path / "skip"
-    code = main(["demo", "--out", str(out), "--skip-triton", "--skip-onnx", "--skip-timing"])
+    out = tmp_path / "new" / "skip"  # missing folders are created
+    copy = tmp_path / "copies" / "demo.json"
+    code = main(["demo", "--out", str(out), "--skip-triton", "--skip-onnx", "--skip-timing", "--json", str(copy)])
     capsys.readouterr()
     report = _report(out)
+    assert copy.read_text() == (out / "report.json").read_text()
     steps = {s["name"]: s for s in report["steps"]}
     assert code == 0
     assert steps["accuracy"]["status"] == "ok"
@@ -92,8 +95,28 @@ def test_demo_reports_a_failed_triton_step_without_numbers_and_exits_nonzero(tmp
     assert "max_abs_err" not in tri and "top1_agreement" not in tri
 
 
-def test_demo_rejects_bad_arguments(tmp_path, capsys):
-    assert main(["demo", "--out", str(tmp_path), "--subset", "0"]) == 2
-    with pytest.raises(SystemExit):
-        main(["demo", "--device", "tpu"])
+@pytest.mark.skipif(not HAVE_TRITON, reason="triton is not installed")
+def test_demo_reports_why_the_verify_child_could_not_run(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("vit_fast.demo.INTERPRETER_BATCHES", "0")  # a command line the child rejects
+    out = tmp_path / "child"
+    code = main(["demo", "--out", str(out), "--device", "cpu", "--skip-onnx", "--skip-timing"])
     capsys.readouterr()
+    tri = next(s for s in _report(out)["steps"] if s["name"] == "triton")
+    assert code == 1 and tri["status"] == "failed"
+    assert "vit-fast verify exited 2" in tri["summary"] and "argument --batch" in tri["summary"]
+
+
+@pytest.mark.parametrize(("args", "message"), [(["--subset", "0"], "must be >= 1"), (["--device", "tpu"], "tpu")])
+def test_demo_rejects_bad_arguments(tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit) as exc:
+        main(["demo", "--out", str(tmp_path), *args])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_demo_refuses_an_output_folder_under_a_file(tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    assert main(["demo", "--out", str(tmp_path / "file" / "demo"), "--skip-triton", "--skip-onnx"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("vit-fast demo: error: --out") and "is a file" in err

@@ -13,7 +13,9 @@ import torch
 pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
 
 import vit_fast  # noqa: E402
+from vit_fast.cli import export as export_cli  # noqa: E402
 from vit_fast.cli import main  # noqa: E402
+from vit_fast.cli import verify as verify_cli  # noqa: E402
 
 CFG = dict(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=5, reg_tokens=1)
 
@@ -43,9 +45,8 @@ def exported(tmp_path_factory):
             "--exporter",
             "torchscript",
             "--batch",
-            "1",
-            "4",
-            "--report",
+            "1,4",
+            "--json",
             str(folder / "export-report.json"),
             "--quiet",
         ]
@@ -65,7 +66,7 @@ def test_export_onnx(exported, capsys):
 
 def test_verify(exported, tmp_path, capsys):
     folder, ckpt, out, _ = exported
-    assert main(["verify", str(ckpt), str(out), "--json", str(tmp_path / "v.json"), "--batches", "2", "4"]) == 0
+    assert main(["verify", str(ckpt), str(out), "--json", str(tmp_path / "v.json"), "--batch", "2,4"]) == 0
     assert "PASSED" in capsys.readouterr().out
     assert [r["batch"] for r in json.loads((tmp_path / "v.json").read_text())["rows"]] == [2, 4]
 
@@ -95,7 +96,7 @@ def test_verify_default_reports_accuracy(exported, monkeypatch, capsys):
     assets = types.ModuleType("vit_fast.assets")
     assets.load_default_eval_set = lambda: (images, labels)
     monkeypatch.setitem(sys.modules, "vit_fast.assets", assets)
-    monkeypatch.setattr(vit_fast.loading, "load_model", lambda spec, backend="auto", seed=0: model)
+    monkeypatch.setattr(verify_cli, "load_model", lambda spec, backend="auto", seed=0: model)
     assert main(["verify", "default", str(out)]) == 0
     assert "labelled data (6 images): eager accuracy 100.00%, artifact accuracy 100.00%" in capsys.readouterr().out
 
@@ -103,10 +104,13 @@ def test_verify_default_reports_accuracy(exported, monkeypatch, capsys):
 def test_export_errors(exported, tmp_path, capsys):
     _, ckpt, _, _ = exported
     out = str(tmp_path / "m.onnx")
-    assert main(["export", "onnx", str(ckpt), "--out", out, "--batch", "4", "2"]) == 1
+    assert main(["export", "onnx", str(ckpt), "--out", out, "--batch", "4,2"]) == 1
     assert "min 4 > max 2" in capsys.readouterr().err
-    assert main(["export", "onnx", str(ckpt), "--out", str(tmp_path / "no" / "m.onnx")]) == 1
-    assert "does not exist" in capsys.readouterr().err
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert main(["export", "onnx", str(ckpt), "--out", str(blocker / "sub" / "m.onnx"), "--quiet"]) == 1
+    assert f"{str(blocker)!r} is a file" in capsys.readouterr().err
+    blocker.unlink()
     assert main(["export", "onnx", str(ckpt), "--out", out, "--dtype", "bf16"]) == 1
     assert "bf16 ONNX files cannot be verified on ONNX Runtime" in capsys.readouterr().err
     assert main(["export", "onnx", "no_such_preset", "--out", out]) == 1
@@ -118,40 +122,40 @@ def test_export_errors(exported, tmp_path, capsys):
 
 def test_export_that_fails_verification_is_removed(exported, tmp_path, monkeypatch, capsys):
     _, ckpt, _, _ = exported
-    verify_module = sys.modules["vit_fast.export.verify"]
+    from vit_fast.export import VerificationError
 
     def failing(*args, **kwargs):
-        raise verify_module.VerificationError("verification of 'm.onnx' failed: worst is ...", None)
+        raise VerificationError("verification of 'm.onnx' failed: worst is ...", None)
 
-    monkeypatch.setattr(verify_module, "verify", failing)
+    monkeypatch.setattr(export_cli, "verify", failing)
     out = tmp_path / "m.onnx"
     assert main(["export", "onnx", str(ckpt), "--out", str(out), "--exporter", "torchscript", "--quiet"]) == 1
     assert "did not pass verification" in capsys.readouterr().err
     assert os.listdir(tmp_path) == []
 
 
-def test_export_bf16_without_verification(exported, tmp_path, capsys):
+def test_export_bf16_without_verification_into_a_new_folder(exported, tmp_path, capsys):
     _, ckpt, _, _ = exported
-    out = tmp_path / "m.onnx"
-    args = ["export", "onnx", str(ckpt), "--out", str(out), "--dtype", "bf16", "--exporter", "torchscript"]
+    out = tmp_path / "new" / "folder" / "m.onnx"  # missing folders are created, as for bench and demo
+    args = ["export", "onnx", str(ckpt), "--out", str(out), "--dtype", "bfloat16", "--exporter", "torchscript"]
     assert main([*args, "--no-verify", "--quiet"]) == 0
     assert "not verified" in capsys.readouterr().out
-    assert json.loads((tmp_path / "m.onnx.json").read_text())["dtype"] == "bf16"
+    assert json.loads((out.parent / "m.onnx.json").read_text())["dtype"] == "bf16"
 
 
 def test_export_tensorrt_checks_first(exported, tmp_path, capsys):
     _, _, out, _ = exported
     plan = str(tmp_path / "m.plan")
-    assert main(["export", "tensorrt", str(out), "--out", plan, "--batch", "4", "2", "8"]) == 1
+    assert main(["export", "tensorrt", str(out), "--out", plan, "--batch", "4,2,8"]) == 1
     assert "min 4 > opt 2" in capsys.readouterr().err
-    assert main(["export", "tensorrt", str(out), "--out", plan, "--batch", "1", "2", "8"]) == 1
+    assert main(["export", "tensorrt", str(out), "--out", plan, "--batch", "1,2,8"]) == 1
     assert "outside the ONNX file's exported batch range [1, 4]" in capsys.readouterr().err
     assert main(["export", "tensorrt", str(tmp_path / "none.onnx"), "--out", plan]) == 1
     assert "none.onnx' does not exist" in capsys.readouterr().err
     try:
         import tensorrt  # noqa: F401
     except ImportError:
-        assert main(["export", "tensorrt", str(out), "--out", plan, "--batch", "1", "2", "4"]) == 1
+        assert main(["export", "tensorrt", str(out), "--out", plan, "--batch", "1,2,4"]) == 1
         assert "TensorRT is not installed" in capsys.readouterr().err
     assert os.listdir(tmp_path) == []
 
@@ -171,8 +175,6 @@ def test_help(capsys):
 
 def test_export_whose_verification_cannot_run_is_removed(tmp_path, monkeypatch, capsys):
     """Not only a numeric mismatch: an artifact that verify cannot even run is not left behind either."""
-    import importlib
-
     from vit_fast import save_checkpoint
     from vit_fast.export import ArtifactError
 
@@ -184,8 +186,33 @@ def test_export_whose_verification_cannot_run_is_removed(tmp_path, monkeypatch, 
     def cannot_run(*args, **kwargs):
         raise ArtifactError("ONNX Runtime cannot load it")
 
-    # the module, not the function vit_fast.export re-exports under the same name
-    monkeypatch.setattr(importlib.import_module("vit_fast.export.verify"), "verify", cannot_run)
+    monkeypatch.setattr(export_cli, "verify", cannot_run)
     assert main(["export", "onnx", str(ckpt), "--out", str(out), "--exporter", "torchscript", "--quiet"]) == 1
     assert "did not pass verification" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.safetensors"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--batch", "1,x"], "batch size 'x' in '1,x' is not an int"),
+        (["--batch", "1,8,64"], "'1,8,64' has 3 item(s); give MIN,MAX"),
+        (["--batch", "0,4"], "batch size 0 in '0,4' must be >= 1"),
+        (["--dtype", "fp8"], "unknown dtype 'fp8'"),
+    ],
+)
+def test_export_usage_errors_exit_2_naming_the_bad_item(args, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["export", "onnx", "default", "--out", str(tmp_path / "m.onnx"), *args])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+    assert os.listdir(tmp_path) == []
+
+
+def test_verify_json_under_a_file_is_refused_before_any_work(exported, tmp_path, capsys):
+    _, ckpt, out, _ = exported
+    blocker = tmp_path / "report"
+    blocker.write_text("")
+    assert main(["verify", str(ckpt), str(out), "--json", str(blocker / "v.json")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("vit-fast verify: error: --json") and "is a file" in err and "Traceback" not in err

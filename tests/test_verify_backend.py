@@ -29,7 +29,7 @@ def test_verify_cli_triton(tmp_path, capsys):
     from vit_fast import save_checkpoint
 
     path = save_checkpoint(tiny_model(), tmp_path / "m.safetensors")
-    assert cli.main(["verify", str(path), "triton", "--batches", "2", "--seed", "1"]) == 0
+    assert cli.main(["verify", str(path), "triton", "--batch", "2", "--seed", "1"]) == 0
     assert "triton backend" in capsys.readouterr().out
 
 
@@ -44,12 +44,14 @@ def test_verify_triton_needs_gpu_or_interpreter(monkeypatch):
 
 def test_verify_cli_default_triton_caps_the_labelled_set_in_the_interpreter(capsys):
     pytest.importorskip("sklearn", reason="scikit-learn rebuilds the held-out set (pip install 'vit-fast[demo]')")
-    assert cli.main(["verify", "default", "triton", "--batches", "1", "--seed", "0", "--limit", "8"]) == 0
+    assert cli.main(["verify", "default", "triton", "--batch", "1", "--seed", "0", "--limit", "8"]) == 0
     captured = capsys.readouterr()
     assert "accuracy on the first 8 of 360 labelled images" in captured.err
     assert "labelled data (8 images)" in captured.out
 
 
 def test_verify_cli_rejects_bad_limit(capsys):
-    assert cli.main(["verify", "default", "triton", "--limit", "0"]) == 1
-    assert "--limit must be >= 1, got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:  # a usage error: rejected while parsing, before any work
+        cli.main(["verify", "default", "triton", "--limit", "0"])
+    assert exc.value.code == 2
+    assert "argument --limit: must be >= 1, got 0" in capsys.readouterr().err

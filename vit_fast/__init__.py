@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-from importlib import metadata as _metadata
-
 from .checkpoints import load_checkpoint, save_checkpoint
 from .config import PRESETS, ViTConfig
 from .convert import from_hf, from_timm, optimize
 from .loading import load_model
 from .model import VisionTransformer
 from .patching import apply_vit_fast, remove_vit_fast
-
-try:
-    __version__ = _metadata.version("vit-fast")
-except _metadata.PackageNotFoundError:  # running from a source tree that was not installed
-    __version__ = "0.0.0+unknown"
+from .version import __version__
 
 __all__ = [
     "PRESETS",

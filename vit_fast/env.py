@@ -66,7 +66,7 @@ def git_commit() -> str:
     inside a user's repository never records the user's HEAD. Elsewhere: ``$VIT_FAST_COMMIT``
     (set it on a copied tree, as on a benchmark machine), else ``"vit-fast <version>"``.
     """
-    from . import __version__
+    from .version import __version__
 
     fallback = os.environ.get("VIT_FAST_COMMIT") or f"vit-fast {__version__}"
     root = SOURCE_ROOT
@@ -129,7 +129,7 @@ def collect_environment(device: Any = None) -> dict[str, Any]:
     torch.device (default: the first GPU when there is one, else the CPU)."""
     import torch
 
-    from . import __version__
+    from .version import __version__
 
     if device is None:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -168,7 +168,7 @@ def collect_environment(device: Any = None) -> dict[str, Any]:
 def collect_info() -> dict[str, Any]:
     import torch
 
-    from . import __version__
+    from .version import __version__
 
     info: dict[str, Any] = {
         "vit_fast": __version__,

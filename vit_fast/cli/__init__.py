@@ -1,25 +1,57 @@
-"""The ``vit-fast`` command line: info, demo, export, verify, bench."""
+"""The ``vit-fast`` command line: info, demo, export, verify, bench (one module each in this folder).
+
+Each subcommand module defines ``EXAMPLE`` (shown under ``--help``), ``add_arguments(parser)``
+and ``run(args) -> int``; the shared argument grammar lives in ``_args``. A subcommand's ``run``
+raises on failure and :func:`main` is the one place that turns an exception into an exit status:
+
+- 0: done; 1: the command ran and failed (``run`` returned 1, e.g. a demo step or a benchmark
+  backend failed, or it raised a failure the user can cause and fix: a bad value, a missing
+  file or extra, a failed verification, an output that cannot be written), printed as one line
+  ``vit-fast <command>: error: <what is wrong and how to fix it>`` on stderr, no traceback;
+- 2: the command line was rejected while parsing (argparse's usage message);
+- 130: interrupted.
+
+Any other exception is a bug and keeps its traceback; set ``VIT_FAST_TRACEBACK=1`` to see the
+traceback of every failure.
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
-# subcommand -> (module that defines add_arguments(parser) and run(args) -> int, one-line help)
+# subcommand -> (module defining EXAMPLE, add_arguments(parser) and run(args) -> int, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("vit_fast.demo", "the main job on the embedded default model: accuracy, backends, export, timing"),
+    "info": ("vit_fast.cli.info", "versions, GPU, and which backends can run here"),
+    "demo": ("vit_fast.cli.demo", "the main job on the embedded default model: accuracy, backends, export, timing"),
     "export": ("vit_fast.cli.export", "build an ONNX or TensorRT artifact, verify it, write a report"),
     "verify": ("vit_fast.cli.verify", "compare an ONNX file, TensorRT engine or the triton backend with eager"),
     "bench": ("vit_fast.cli.bench", "time backends side by side; write JSON, Markdown and a PNG plot"),
 }
 
+#: missing modules -> the extra that installs them, for the one-line error
+_EXTRAS = {
+    "onnx": "onnx",
+    "onnxruntime": "onnx",
+    "onnxscript": "onnx",
+    "sklearn": "demo",
+    "matplotlib": "bench",
+    "tqdm": "bench",
+    "tensorrt": "tensorrt",
+}
 
-def _info(args: argparse.Namespace) -> int:
-    from vit_fast.env import collect_info, format_info
 
-    print(format_info(collect_info()))
-    return 0
+def add_subcommand(sub: argparse._SubParsersAction, name: str, doc: str | None, help: str, example: str):
+    """A subcommand parser whose ``--help`` shows the module docstring and one example."""
+    return sub.add_parser(
+        name,
+        help=help,
+        description=(doc or help).strip(),
+        epilog=f"example:\n  {example}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,40 +61,59 @@ def build_parser() -> argparse.ArgumentParser:
         prog="vit-fast",
         description="Fast Vision Transformers on NVIDIA GPUs: Triton kernels, verified ONNX/TensorRT export, "
         "honest benchmarks.",
+        epilog="example:\n  vit-fast demo --out vit-fast-out/demo",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"vit-fast {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    info = sub.add_parser(
-        "info",
-        help="versions, GPU, and which backends can run here",
-        description="Print versions of torch, triton, onnx, onnxruntime and tensorrt, the GPU's "
-        "name and compute capability, and which backends can run on this machine.",
-    )
-    info.set_defaults(func=_info)
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         module = importlib.import_module(module_name)
-        p = sub.add_parser(
-            name,
-            help=help_text,
-            description=(module.__doc__ or help_text).strip(),
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
+        p = add_subcommand(sub, name, module.__doc__, help_text, module.EXAMPLE)
         module.add_arguments(p)
-        p.set_defaults(func=module.run)
+        p.set_defaults(run=module.run)
     return parser
 
 
+def is_user_error(err: BaseException) -> bool:
+    """A failure the user can cause and fix (one line, exit 1) rather than a bug (traceback)."""
+    if isinstance(err, (NotImplementedError, RecursionError)):
+        return False
+    # vit-fast's own exception classes (ArtifactError, ExportError, VerificationError, BenchError, CommandError)
+    # are raised on purpose with a message; the builtin kinds below are what bad input, missing files or extras
+    # and unusable hardware raise (TypeError, AttributeError, ... stay bugs)
+    return type(err).__module__.startswith("vit_fast.") or isinstance(
+        err, (ValueError, LookupError, OSError, ImportError, RuntimeError)
+    )
+
+
+def error_message(err: BaseException) -> str:
+    """The text of ``err`` on one line: KeyError's message without its quotes, a hint for a missing extra."""
+    text = str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)
+    text = " ".join(text.split()) or type(err).__name__
+    missing = getattr(err, "name", None) if isinstance(err, ModuleNotFoundError) else None
+    if missing and missing.split(".")[0] in _EXTRAS:
+        text += f" (pip install 'vit-fast[{_EXTRAS[missing.split('.')[0]]}]')"
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run ``vit-fast`` with ``argv`` (default: sys.argv[1:]); returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
+    if not getattr(args, "run", None):
         parser.print_help()
         return 2
+    command = " ".join(filter(None, (args.command, getattr(args, "target", None))))
     try:
-        return int(args.func(args) or 0)
+        return int(args.run(args) or 0)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        print(f"vit-fast {command}: interrupted", file=sys.stderr)
         return 130
+    except Exception as err:
+        if not is_user_error(err) or os.environ.get("VIT_FAST_TRACEBACK"):
+            raise
+        print(f"vit-fast {command}: error: {error_message(err)}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -1,0 +1,179 @@
+"""The one grammar of the command line: argument types and output paths shared by every subcommand.
+
+Argument types (``type=`` for argparse) reject a bad value while the command line is parsed, so
+argparse prints ``vit-fast <command>: error: argument --x: <why>`` and exits 2:
+
+- ``batch_list()``: ``--batch 1,8,64``, comma-separated positive ints; ``batch_list("MIN", "MAX")``
+  takes exactly those items (a range), a plain ``batch_list()`` distinct sizes;
+- ``dtype_name`` / ``dtype_names``: ``--dtype``, any spelling vit_fast.dtypes accepts (``fp16``,
+  ``float16``, ``half``, ``torch.float16``), as the canonical short name(s);
+- ``positive_int``, ``nonnegative_int``, ``positive_float``, ``device``.
+
+Output paths (``--out``, ``--json``) behave the same everywhere: missing folders are created,
+a path under an existing regular file is refused with :class:`CommandError` before any work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from vit_fast.dtypes import DTYPES, canonical_name, parse_dtype_list
+from vit_fast.files import write_atomic
+
+JSON_HELP = "also write the report as JSON to this file"
+
+
+class CommandError(Exception):
+    """A failure the user can fix; ``vit-fast`` prints its message on one line and exits 1."""
+
+
+def _number(text: str, kind: type, what: str) -> int | float:
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+
+
+def nonnegative_int(text: str) -> int:
+    value = _number(text, int, "an int")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    value = _number(text, int, "an int")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = _number(text, float, "a number")
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def batch_list(*names: str) -> Callable[[str], list[int]]:
+    """The ``--batch`` type: ``"1,8,64"`` -> ``[1, 8, 64]``, naming the bad item on error.
+
+    With ``names`` (e.g. ``"MIN", "MAX"``) exactly that many items, in that order, repeats allowed
+    (a range; its order is checked where it is used); without, any number of distinct sizes.
+    """
+    example = ",".join(str(b) for b in (1, 8, 64)[: len(names) or 3])
+    form = ",".join(names) if names else "B[,B...]"
+
+    def parse(text: str) -> list[int]:
+        items = [t.strip() for t in text.split(",")]
+        if any(not t for t in items):
+            raise argparse.ArgumentTypeError(f"{text!r} has an empty entry: give {form}, e.g. {example}")
+        sizes: list[int] = []
+        for item in items:
+            try:
+                b = int(item)
+            except ValueError:
+                raise argparse.ArgumentTypeError(
+                    f"batch size {item!r} in {text!r} is not an int: give {form}, e.g. {example}"
+                ) from None
+            if b < 1:
+                raise argparse.ArgumentTypeError(f"batch size {b} in {text!r} must be >= 1")
+            if not names and b in sizes:
+                raise argparse.ArgumentTypeError(f"batch size {b} appears twice in {text!r}")
+            sizes.append(b)
+        if names and len(sizes) != len(names):
+            raise argparse.ArgumentTypeError(f"{text!r} has {len(sizes)} item(s); give {form}, e.g. {example}")
+        return sizes
+
+    parse.__name__ = "batch list"  # argparse names the type in its generic messages
+    return parse
+
+
+def dtype_name(text: str) -> str:
+    """The ``--dtype`` type for one precision: any vit_fast.dtypes spelling -> ``fp32`` / ``fp16`` / ``bf16``."""
+    name = canonical_name(text)
+    if name is None:
+        raise argparse.ArgumentTypeError(f"unknown dtype {text!r}: choose from {', '.join(DTYPES)}")
+    return name
+
+
+def dtype_names(text: str) -> list[str]:
+    """The ``--dtype`` type for a comma-separated list of precisions."""
+    try:
+        return parse_dtype_list(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def device(text: str) -> str:
+    """The ``--device`` type: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``; a CUDA device must be visible."""
+    spec = text.strip()
+    if spec in ("auto", "cpu"):
+        return spec
+    kind, _, index = spec.partition(":")
+    if kind != "cuda" or not (index == "" or index.isdigit()):
+        raise argparse.ArgumentTypeError(f"unknown device {text!r}: use auto, cpu, cuda or cuda:N")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(
+            f"{spec!r} asked for, but no CUDA GPU is visible to torch {torch.__version__}: use cpu or auto"
+        )
+    if index and int(index) >= torch.cuda.device_count():
+        raise argparse.ArgumentTypeError(f"{spec!r} does not exist: {torch.cuda.device_count()} GPU(s) visible")
+    return spec
+
+
+def output_folder(folder: str | os.PathLike, flag: str = "--out", given: str | os.PathLike | None = None) -> Path:
+    """Create ``folder`` (and its parents) for writing; refuse a path under a regular file or one we cannot write.
+
+    ``given``: the path the user typed, when ``folder`` is the folder of a file to write (named in errors).
+    """
+    folder = Path(folder)
+    named = f"{flag} {str(given if given is not None else folder)!r}"
+    for existing in (folder, *folder.parents):
+        if existing.exists():
+            if not existing.is_dir():
+                raise CommandError(f"{named}: {str(existing)!r} is a file, not a folder; choose another path")
+            break
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise CommandError(f"{named}: cannot create the folder {str(folder)!r}: {err.strerror or err}") from err
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise CommandError(f"{named}: the folder {str(folder)!r} cannot be written; choose another path")
+    return folder
+
+
+def output_file(path: str | os.PathLike | None, flag: str) -> Path | None:
+    """Check a file to write (``--json``, ``export --out``): create its folder; refuse a folder or a file's child."""
+    if path is None:
+        return None
+    path = Path(path)
+    if path.is_dir():
+        raise CommandError(f"{flag} {str(path)!r} is a folder; give a file path such as {str(path / 'report.json')!r}")
+    output_folder(path.parent, flag, given=path)
+    return path
+
+
+def copy_file(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
+    """Write a copy of the report ``src`` to ``dst`` (``--json`` beside a folder of reports), atomically."""
+    return write_atomic(dst, Path(src).read_bytes())
+
+
+def add_json(parser: argparse.ArgumentParser, help: str = JSON_HELP) -> None:
+    parser.add_argument("--json", metavar="PATH", default=None, help=help)
+
+
+def add_threads(parser: argparse.ArgumentParser, note: str) -> None:
+    parser.add_argument(
+        "--threads", type=positive_int, default=None, metavar="T", help=f"torch CPU threads (default: torch's; {note})"
+    )
+
+
+def add_seed(parser: argparse.ArgumentParser, default: int | None, what: str) -> None:
+    fresh = "fresh each run" if default is None else str(default)
+    parser.add_argument("--seed", type=int, default=default, help=f"seed of {what} (default: {fresh})")
