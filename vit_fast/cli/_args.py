@@ -128,23 +128,19 @@ def device(text: str) -> str:
 
 
 def output_folder(folder: str | os.PathLike, flag: str = "--out", given: str | os.PathLike | None = None) -> Path:
-    """Create ``folder`` (and its parents) for writing; refuse a path under a regular file or one we cannot write.
+    """Check, before any work, that ``folder`` can be written: it exists as a writable folder, or its nearest
+    existing parent is one (missing folders are made when the first file is written, so a run that fails
+    early leaves the file system as it was). A path under a regular file is refused.
 
     ``given``: the path the user typed, when ``folder`` is the folder of a file to write (named in errors).
     """
     folder = Path(folder)
     named = f"{flag} {str(given if given is not None else folder)!r}"
-    for existing in (folder, *folder.parents):
-        if existing.exists():
-            if not existing.is_dir():
-                raise CommandError(f"{named}: {str(existing)!r} is a file, not a folder; choose another path")
-            break
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise CommandError(f"{named}: cannot create the folder {str(folder)!r}: {err.strerror or err}") from err
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise CommandError(f"{named}: the folder {str(folder)!r} cannot be written; choose another path")
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), Path("."))
+    if not existing.is_dir():
+        raise CommandError(f"{named}: {str(existing)!r} is a file, not a folder; choose another path")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise CommandError(f"{named}: the folder {str(existing)!r} cannot be written; choose another path")
     return folder
 
 
