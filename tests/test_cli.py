@@ -157,10 +157,11 @@ def test_cuda_device_without_a_gpu_is_a_usage_error(capsys):
     assert "no CUDA GPU is visible" in _parse_error(_args.device, "cuda")
 
 
-def test_output_folders_are_created_but_never_under_a_file(tmp_path):
-    assert _args.output_folder(tmp_path / "a" / "b").is_dir()
+def test_output_paths_are_checked_up_front_created_later_and_never_under_a_file(tmp_path):
+    assert _args.output_folder(tmp_path / "a" / "b") == tmp_path / "a" / "b"
     assert _args.output_file(tmp_path / "c" / "r.json", "--json") == tmp_path / "c" / "r.json"
-    assert (tmp_path / "c").is_dir()
+    assert list(tmp_path.iterdir()) == []  # nothing made by a check: a run that fails early leaves no trace
+    (tmp_path / "a").mkdir()
     (tmp_path / "f").write_text("")
     with pytest.raises(_args.CommandError, match=r"^--out '.*sub': '.*f' is a file, not a folder; choose another"):
         _args.output_folder(tmp_path / "f" / "sub")
