@@ -95,6 +95,7 @@ def _run_onnx(args: argparse.Namespace) -> int:
     check_onnx_args(model, batch, args.dtype, args.opset, args.exporter, args.dynamic_size, args.attention)
     out = _args.output_file(args.out, "--out")
     json_path = _args.output_file(args.json, "--json")
+    out.parent.mkdir(parents=True, exist_ok=True)  # checked above; made only now that the work starts
     to_onnx(
         model,
         out,
@@ -122,9 +123,11 @@ def _run_onnx(args: argparse.Namespace) -> int:
 
 
 def _run_tensorrt(args: argparse.Namespace) -> int:
+    out = _args.output_file(args.out, "--out")
+    out.parent.mkdir(parents=True, exist_ok=True)
     to_tensorrt(
         args.onnx,
-        _args.output_file(args.out, "--out"),
+        out,
         batch=tuple(args.batch),
         precision=args.dtype,
         timing_cache=args.timing_cache,
