@@ -347,8 +347,7 @@ def onnx_entry(
             )
         top, preferred = batch_plan(batch, None, what="model")
         described = source_name or "a vit_fast.VisionTransformer"
-        meta = None
-        path = None
+        meta, path, reference = None, None, source
     else:
         path = check_readable_file(source, "ONNX file")
         if path.suffix.lower() not in ONNX_SUFFIXES:
@@ -374,14 +373,12 @@ def onnx_entry(
             from .onnx import to_onnx
 
             to_onnx(source, target, batch=(1, top), dtype=dtype, source=source_name, progress=progress)
-            reference = source
         else:
             shutil.copyfile(path, target)
             if meta.get("external_data"):  # the graph names its weights file; it keeps that name
                 shutil.copyfile(path.parent / meta["external_data"], version / meta["external_data"])
             if metadata_path(path).is_file():
                 shutil.copyfile(metadata_path(path), metadata_path(target))
-            reference = model if model is not None else meta.get("source")
         if verify:
             from .verify import verify as verify_artifact
 

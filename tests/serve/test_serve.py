@@ -31,7 +31,7 @@ MAX_BATCH = 64
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    child = start_serve(tmp_path_factory.mktemp("serve"), MODEL, "--batch", f"1,8,{MAX_BATCH}")
+    child = start_serve(tmp_path_factory.mktemp("serve"), MODEL, "--batch", f"1,8,{MAX_BATCH}", "--instances", "2")
     yield child
     if child.proc.poll() is None:
         child.terminate()
@@ -75,6 +75,7 @@ def test_health_model_and_metrics_endpoints(server: Child) -> None:
             config = config.get("config", config)
             assert int(config["max_batch_size"]) == MAX_BATCH
             assert [int(b) for b in config["dynamic_batching"]["preferred_batch_size"]] == [8, MAX_BATCH]
+            assert sum(int(g["count"]) for g in config["instance_group"]) == 2
         finally:
             client.close()
     with urllib.request.urlopen(server.metrics_url, timeout=10) as r:
