@@ -76,6 +76,18 @@ class TensorSpec:
     dims: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class Batching:
+    """How Triton batches and places one model: the largest batch, the dynamic batcher's preferred
+    sizes and queue delay (microseconds), and the instance group (``instances`` of ``kind``)."""
+
+    max_batch_size: int
+    preferred_batch_sizes: tuple[int, ...]
+    queue_delay_us: int
+    instances: int
+    kind: str
+
+
 @dataclass
 class EntryConfig:
     """Everything one ``config.pbtxt`` says; :meth:`to_pbtxt` writes it in protobuf text format."""
@@ -83,11 +95,7 @@ class EntryConfig:
     name: str
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
-    max_batch_size: int
-    preferred_batch_sizes: list[int]
-    queue_delay_us: int
-    instances: int
-    kind: str
+    batching: Batching
     platform: str | None = None
     backend: str | None = None
     parameters: dict[str, str] = field(default_factory=dict)
@@ -100,7 +108,8 @@ class EntryConfig:
             lines.append(f'platform: "{self.platform}"')
         if self.backend:
             lines.append(f'backend: "{self.backend}"')
-        lines.append(f"max_batch_size: {self.max_batch_size}")
+        b = self.batching
+        lines.append(f"max_batch_size: {b.max_batch_size}")
         for key, specs in (("input", self.inputs), ("output", self.outputs)):
             items = [
                 f'  {{\n    name: "{s.name}"\n    data_type: {TRITON_TYPES[s.dtype]}\n'
@@ -108,12 +117,12 @@ class EntryConfig:
                 for s in specs
             ]
             lines.append(f"{key} [\n" + ",\n".join(items) + "\n]")
-        lines.append(f"instance_group [\n  {{\n    count: {self.instances}\n    kind: {KINDS[self.kind]}\n  }}\n]")
-        batching = []
-        if self.preferred_batch_sizes:
-            batching.append(f"  preferred_batch_size: [ {', '.join(map(str, self.preferred_batch_sizes))} ]")
-        batching.append(f"  max_queue_delay_microseconds: {self.queue_delay_us}")
-        lines.append("dynamic_batching {\n" + "\n".join(batching) + "\n}")
+        lines.append(f"instance_group [\n  {{\n    count: {b.instances}\n    kind: {KINDS[b.kind]}\n  }}\n]")
+        batcher = []
+        if b.preferred_batch_sizes:
+            batcher.append(f"  preferred_batch_size: [ {', '.join(map(str, b.preferred_batch_sizes))} ]")
+        batcher.append(f"  max_queue_delay_microseconds: {b.queue_delay_us}")
+        lines.append("dynamic_batching {\n" + "\n".join(batcher) + "\n}")
         for key, value in self.parameters.items():
             lines.append(
                 f"parameters {{\n  key: {json.dumps(key)}\n  value: {{ string_value: {json.dumps(value)} }}\n}}"
@@ -201,6 +210,22 @@ def batch_plan(
             f"with a larger maximum batch"
         )
     return top, sorted({b for b in sizes if b > 1})
+
+
+def plan_batching(
+    batch: Sequence[int] | None = None,
+    instances: int = 1,
+    kind: str = "gpu",
+    queue_delay_us: int = DEFAULT_QUEUE_DELAY_US,
+    limit: tuple[int, int] | None = None,
+    opt: int | None = None,
+    what: str = "model",
+) -> Batching:
+    """Check the serving arguments every entry and ``vit-fast serve`` take, and plan them (see :func:`batch_plan`)."""
+    check_instances(instances, kind)
+    check_queue_delay(queue_delay_us)
+    top, preferred = batch_plan(batch, limit, opt, what)
+    return Batching(top, tuple(preferred), queue_delay_us, instances, kind)
 
 
 # --------------------------------------------------------------------------- reading artifacts
@@ -334,8 +359,7 @@ def onnx_entry(
     model only (a file keeps its own). Arguments are checked here, before any work.
     """
     check_model_name(name)
-    check_instances(instances, kind)
-    check_queue_delay(queue_delay_us)
+    serving = dict(instances=instances, kind=kind, queue_delay_us=queue_delay_us)
     from vit_fast.model import VisionTransformer
 
     if isinstance(source, VisionTransformer):
@@ -345,7 +369,7 @@ def onnx_entry(
                 "a bf16 ONNX file cannot be verified on ONNX Runtime (its CPU provider has no bf16 Conv): "
                 "use dtype fp16 or fp32, or verify=False"
             )
-        top, preferred = batch_plan(batch, None, what="model")
+        plan = plan_batching(batch, **serving)
         described = source_name or "a vit_fast.VisionTransformer"
         meta, path, reference = None, None, source
     else:
@@ -355,7 +379,7 @@ def onnx_entry(
         meta = read_metadata(path) or {}
         _onnx_specs(path)  # readable, batchable: fail before any work
         rng = tuple(meta["batch"]) if meta.get("batch") else None
-        top, preferred = batch_plan(batch, rng, what=f"ONNX file {str(path)!r}")
+        plan = plan_batching(batch, **serving, limit=rng, what=f"ONNX file {str(path)!r}")
         reference = model if model is not None else meta.get("source")
         if verify and reference is None:
             raise ValueError(
@@ -372,7 +396,7 @@ def onnx_entry(
         if path is None:
             from .onnx import to_onnx
 
-            to_onnx(source, target, batch=(1, top), dtype=dtype, source=source_name, progress=progress)
+            to_onnx(source, target, batch=(1, plan.max_batch_size), dtype=dtype, source=source_name, progress=progress)
         else:
             shutil.copyfile(path, target)
             if meta.get("external_data"):  # the graph names its weights file; it keeps that name
@@ -397,11 +421,7 @@ def onnx_entry(
             platform=PLATFORMS["onnx"],
             inputs=inputs,
             outputs=outputs,
-            max_batch_size=top,
-            preferred_batch_sizes=preferred,
-            queue_delay_us=queue_delay_us,
-            instances=instances,
-            kind=kind,
+            batching=plan,
             comments=provenance_comments(described, record),
         )
 
@@ -423,8 +443,6 @@ def tensorrt_entry(
     ``opt`` and ``max``. TensorRT engines run on a GPU only, so ``kind`` must be "gpu".
     """
     check_model_name(name)
-    check_instances(instances, kind)
-    check_queue_delay(queue_delay_us)
     path = check_readable_file(engine, "TensorRT engine")
     if kind != "gpu":
         raise ValueError("a TensorRT engine runs on a GPU only: use kind 'gpu' (KIND_GPU)")
@@ -435,7 +453,8 @@ def tensorrt_entry(
             "needs its profile and I/O; build it with vit-fast export tensorrt"
         )
     inputs, outputs, profile = _engine_specs(path, meta)
-    top, preferred = batch_plan(batch, (profile[0], profile[2]), opt=profile[1], what=f"engine {str(path)!r}")
+    limit, what = (profile[0], profile[2]), f"engine {str(path)!r}"
+    plan = plan_batching(batch, instances, kind, queue_delay_us, limit=limit, opt=profile[1], what=what)
     where = f"TensorRT {meta.get('tensorrt_version', '?')} for {meta.get('gpu_name', '?')} ({meta.get('gpu_sm', '?')})"
     record = dict(meta["verification"], runtime=where) if isinstance(meta.get("verification"), dict) else None
 
@@ -453,11 +472,7 @@ def tensorrt_entry(
             platform=PLATFORMS["tensorrt"],
             inputs=inputs,
             outputs=outputs,
-            max_batch_size=top,
-            preferred_batch_sizes=preferred,
-            queue_delay_us=queue_delay_us,
-            instances=instances,
-            kind=kind,
+            batching=plan,
             comments=[
                 *provenance_comments(str(path.resolve()), record),
                 f"engine: {where}; it loads on that GPU and TensorRT only",
@@ -616,6 +631,7 @@ __all__ = [
     "PLATFORMS",
     "TRITON_TYPES",
     "TensorSpec",
+    "Batching",
     "batch_plan",
     "check_model_name",
     "check_repository",
@@ -624,6 +640,7 @@ __all__ = [
     "model_name_for",
     "onnx_entry",
     "parse_batch_sizes",
+    "plan_batching",
     "provenance_comments",
     "tensorrt_entry",
     "to_tritonserver",

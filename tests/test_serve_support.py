@@ -78,7 +78,7 @@ def test_server_checks_its_arguments_before_starting(kwargs, match) -> None:
 def test_server_describes_what_it_serves() -> None:
     model = vit_fast.load_model("default", backend="torch")
     s = srv.Server(model, name="default", batch=[1, 8, 32])
-    assert (s.max_batch, s.preferred) == (32, [8, 32])
+    assert (s.batching.max_batch_size, s.batching.preferred_batch_sizes) == (32, (8, 32))
     assert (s.input.name, s.input.dims, s.output.name, s.output.dims) == ("images", (1, 32, 32), "logits", (10,))
     assert s.endpoints.health_url == "http://127.0.0.1:8000/v2/health/ready"
     assert srv.Endpoints("0.0.0.0", 1, 2, 3).grpc == "127.0.0.1:2"  # every interface is reached on loopback

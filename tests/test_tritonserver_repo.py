@@ -298,11 +298,7 @@ def test_config_text_parses_for_every_dtype_and_kind() -> None:
                 platform="onnxruntime_onnx",
                 inputs=[ts.TensorSpec("images", dtype, (3, -1, -1))],
                 outputs=[ts.TensorSpec("features", dtype, (768,))],
-                max_batch_size=8,
-                preferred_batch_sizes=[],
-                queue_delay_us=0,
-                instances=3,
-                kind=kind,
+                batching=ts.Batching(8, (), 0, 3, kind),
                 parameters={"a key": 'a "quoted" value'},
                 comments=["a comment"],
             )

@@ -22,28 +22,19 @@ from typing import Any
 
 EXAMPLE = """example:
   vit-fast serve default --batch 1,8,64 --instances 2     # then: curl 127.0.0.1:8000/v2/health/ready
-  vit-fast serve default --load-test --clients 8 --requests 100 --json load.json
 """
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``vit-fast serve``'s arguments."""
+    from vit_fast.cli.tritonserver import add_serving_arguments
     from vit_fast.serve.server import DEFAULT_HOST, DEFAULT_PORTS
 
     parser.epilog = EXAMPLE
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("model", metavar="MODEL", help='"default", a preset name, or a checkpoint path')
-    parser.add_argument("--name", default=None, help="Triton model name (default: MODEL's name or file stem)")
-    parser.add_argument(
-        "--batch",
-        default=None,
-        metavar="1,8,64",
-        help="batch sizes, comma-separated: the largest is max_batch_size, the others above 1 the dynamic "
-        "batcher's preferred sizes (default 8 and 64)",
-    )
+    add_serving_arguments(parser, "MODEL", "8 and 64")
     parser.add_argument("--dtype", choices=("fp32", "fp16"), default="fp32", help="weights and I/O dtype (fp32)")
-    parser.add_argument("--instances", type=int, default=1, metavar="N", help="model instances (1)")
-    parser.add_argument("--queue-delay-us", type=int, default=None, help="max_queue_delay_microseconds (100)")
     parser.add_argument(
         "--host", default=DEFAULT_HOST, help=f"address to listen on ({DEFAULT_HOST}; 0.0.0.0 for every interface)"
     )
@@ -71,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from vit_fast.serve.server import require_serve
 
     require_serve()  # before the model loads: a missing extra is the first thing to hear about
-    from vit_fast.export.tritonserver import DEFAULT_QUEUE_DELAY_US, model_name_for, parse_batch_sizes
+    from vit_fast.export.tritonserver import model_name_for, parse_batch_sizes
     from vit_fast.files import write_json_atomic
     from vit_fast.loading import load_model
     from vit_fast.serve.loadtest import load_test
@@ -86,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         batch=batch,
         dtype=args.dtype,
         instances=args.instances,
-        queue_delay_us=DEFAULT_QUEUE_DELAY_US if args.queue_delay_us is None else args.queue_delay_us,
+        queue_delay_us=args.queue_delay_us,
         host=args.host,
         http_port=args.http_port,
         grpc_port=args.grpc_port,
@@ -104,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
             flush=True,
         )
         if args.load_test:
-            sizes = [b for b in range(1, 9) if b <= server.max_batch]
+            sizes = [b for b in range(1, 9) if b <= server.batching.max_batch_size]
             report = load_test(
                 server.model,
                 name,

@@ -22,8 +22,6 @@ ENTRIES = ("onnx", "python")
 
 EXAMPLE = """example:
   vit-fast export tritonserver default --out repo/ --batch 1,8,64 --instances 2
-  docker run --gpus=1 --rm -p8000:8000 -p8001:8001 -p8002:8002 -v $PWD/repo:/models \\
-      nvcr.io/nvidia/tritonserver:24.10-py3 tritonserver --model-repository=/models
 """
 
 
@@ -37,21 +35,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help='"default", a preset name or a checkpoint path; or an .onnx file; or a TensorRT .plan/.engine',
     )
     parser.add_argument("--out", required=True, metavar="PATH", help="the model repository folder (created if missing)")
-    parser.add_argument("--name", default=None, help="Triton model name (default: SOURCE's name or file stem)")
-    parser.add_argument(
-        "--batch",
-        default=None,
-        metavar="1,8,64",
-        help="batch sizes, comma-separated: the largest is max_batch_size, the others above 1 the dynamic "
-        "batcher's preferred sizes (default: 8 and 64, or the artifact's range; a TensorRT profile bounds it)",
-    )
+    add_serving_arguments(parser, "SOURCE", "8 and 64, or within the artifact's range; a TensorRT profile bounds it")
     parser.add_argument(
         "--dtype",
         choices=("fp32", "fp16", "bf16"),
         default=None,
         help="weights and I/O dtype when SOURCE is a model (default fp32); an artifact keeps its own",
     )
-    parser.add_argument("--instances", type=int, default=1, metavar="N", help="model instances per device (1)")
     parser.add_argument(
         "--kind",
         choices=("gpu", "cpu"),
@@ -65,15 +55,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="for a model SOURCE: onnx (the verified ONNX file, default) and/or python (NAME_python: the "
         "vit-fast module on Triton's python backend, fp32/fp16 only)",
     )
-    parser.add_argument(
-        "--queue-delay-us", type=int, default=None, help="dynamic batcher's max_queue_delay_microseconds (100)"
-    )
     parser.add_argument("--model", default=None, help="model to verify an ONNX file against (default: its metadata's)")
     parser.add_argument("--no-verify", action="store_true", help="skip verifying the ONNX file against eager PyTorch")
     parser.add_argument("--force", action="store_true", help="replace existing model folders of the same names")
     parser.add_argument("--json", default=None, metavar="PATH", help="write a machine-readable summary here")
     parser.add_argument("--seed", type=int, default=None, help="seed of the random verification inputs")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
+
+
+def add_serving_arguments(parser: argparse.ArgumentParser, what: str, default_batch: str) -> None:
+    """The flags ``export tritonserver`` and ``serve`` share: --name, --batch, --instances, --queue-delay-us."""
+    from vit_fast.export.tritonserver import DEFAULT_QUEUE_DELAY_US
+
+    parser.add_argument("--name", default=None, help=f"Triton model name (default: {what}'s name or file stem)")
+    parser.add_argument(
+        "--batch",
+        default=None,
+        metavar="1,8,64",
+        help="batch sizes, comma-separated: the largest is max_batch_size, the others above 1 the dynamic "
+        f"batcher's preferred sizes (default: {default_batch})",
+    )
+    parser.add_argument(
+        "--instances", type=int, default=1, metavar="N", help="model instances at once, on each GPU for KIND_GPU (1)"
+    )
+    parser.add_argument(
+        "--queue-delay-us",
+        type=int,
+        default=DEFAULT_QUEUE_DELAY_US,
+        help=f"dynamic batcher's max_queue_delay_microseconds ({DEFAULT_QUEUE_DELAY_US})",
+    )
 
 
 def source_name(spec: str) -> str:
@@ -114,7 +124,6 @@ def _summary(repo: Path, folders: list[Path]) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     """Run ``vit-fast export tritonserver``; returns 0, raises ValueError & co. with a clear message on bad input."""
     from vit_fast.export.tritonserver import (
-        DEFAULT_QUEUE_DELAY_US,
         ENGINE_SUFFIXES,
         ONNX_SUFFIXES,
         check_repository,
@@ -147,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
         batch=batch,
         instances=args.instances,
         kind=args.kind,
-        queue_delay_us=DEFAULT_QUEUE_DELAY_US if args.queue_delay_us is None else args.queue_delay_us,
+        queue_delay_us=args.queue_delay_us,
     )
     check_repository(args.out, names, args.force)  # before any work: a refused folder costs nothing
     if suffix in ENGINE_SUFFIXES:

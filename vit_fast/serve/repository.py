@@ -22,11 +22,9 @@ from vit_fast.export.tritonserver import (
     VERSION,
     EntryConfig,
     ModelEntry,
-    batch_plan,
-    check_instances,
     check_model_name,
-    check_queue_delay,
     model_io,
+    plan_batching,
     provenance_comments,
 )
 from vit_fast.files import write_json_atomic
@@ -60,15 +58,13 @@ def python_entry(
     if not isinstance(model, VisionTransformer):
         raise TypeError(f"the python entry serves a vit_fast.VisionTransformer, got {type(model).__name__}")
     check_model_name(name)
-    check_instances(instances, kind)
-    check_queue_delay(queue_delay_us)
+    plan = plan_batching(batch, instances, kind, queue_delay_us)
     dtype = parse_dtype(dtype)
     if dtype not in PYTHON_ENTRY_DTYPES:
         raise ValueError(
             f"the python entry serves fp32 or fp16 (the python backend hands over numpy arrays, which have no "
             f"bfloat16), got {dtype_name(dtype)}"
         )
-    top, preferred = batch_plan(batch, None, what="model")
 
     def build(folder: Path) -> EntryConfig:
         version = folder / VERSION
@@ -84,11 +80,7 @@ def python_entry(
             backend="python",
             inputs=[images],
             outputs=[output],
-            max_batch_size=top,
-            preferred_batch_sizes=preferred,
-            queue_delay_us=queue_delay_us,
-            instances=instances,
-            kind=kind,
+            batching=plan,
             parameters={DTYPE_PARAMETER: dtype_name(dtype)},
             comments=[
                 *provenance_comments(

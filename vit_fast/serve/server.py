@@ -37,12 +37,10 @@ import torch
 from vit_fast.dtypes import parse_dtype
 from vit_fast.export.tritonserver import (
     DEFAULT_QUEUE_DELAY_US,
-    batch_plan,
-    check_instances,
-    check_queue_delay,
+    check_model_name,
     model_io,
+    plan_batching,
 )
-from vit_fast.export.tritonserver import check_model_name as check_name
 from vit_fast.model import VisionTransformer
 
 SERVE_EXTRA = "pip install 'vit-fast[serve]'"
@@ -145,10 +143,9 @@ class Server:
     ) -> None:
         if not isinstance(model, VisionTransformer):
             raise TypeError(f"vit-fast serve serves a vit_fast.VisionTransformer, got {type(model).__name__}")
-        self.name = check_name(name)
-        check_instances(instances, "cpu")
-        self.queue_delay_us = check_queue_delay(queue_delay_us)
-        self.max_batch, self.preferred = batch_plan(batch, None, what="model")
+        self.name = check_model_name(name)
+        # PyTriton's python-backend instances are CPU processes that hand each batch to this process
+        self.batching = plan_batching(batch, instances, "cpu", queue_delay_us)
         ports = {"http": http_port, "grpc": grpc_port, "metrics": metrics_port}
         for what, port in ports.items():
             if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
@@ -160,7 +157,6 @@ class Server:
             raise ValueError(
                 "vit-fast serve serves fp32 or fp16: Triton hands over numpy arrays, which have no bfloat16"
             )
-        self.instances = instances
         self.endpoints = Endpoints(host, http_port, grpc_port, metrics_port)
         self.verbose = verbose
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -175,10 +171,11 @@ class Server:
     @property
     def description(self) -> str:
         where = "CUDA, triton kernels" if self.device.type == "cuda" else "CPU, torch backend"
+        b = self.batching
         return (
             f"model {self.name!r} ({where}, {str(self.dtype).removeprefix('torch.')}): {self.input.name} "
-            f"{list(self.input.dims)} -> {self.output.name} {list(self.output.dims)}, max batch {self.max_batch}, "
-            f"preferred {self.preferred or '-'}, {self.instances} instance(s)"
+            f"{list(self.input.dims)} -> {self.output.name} {list(self.output.dims)}, max batch {b.max_batch_size}, "
+            f"preferred {list(b.preferred_batch_sizes) or '-'}, {b.instances} instance(s)"
         )
 
     def infer(self, images: Any) -> dict[str, Any]:
@@ -228,14 +225,14 @@ class Server:
         try:
             self._triton.bind(
                 model_name=self.name,
-                infer_func=[infer] * self.instances,
+                infer_func=[infer] * self.batching.instances,
                 inputs=[Tensor(name=self.input.name, dtype=np_dtype, shape=self.input.dims)],
                 outputs=[Tensor(name=self.output.name, dtype=np_dtype, shape=self.output.dims)],
                 config=ModelConfig(
-                    max_batch_size=self.max_batch,
+                    max_batch_size=self.batching.max_batch_size,
                     batcher=DynamicBatcher(
-                        preferred_batch_size=self.preferred or None,
-                        max_queue_delay_microseconds=self.queue_delay_us,
+                        preferred_batch_size=list(self.batching.preferred_batch_sizes) or None,
+                        max_queue_delay_microseconds=self.batching.queue_delay_us,
                     ),
                 ),
                 strict=True,
