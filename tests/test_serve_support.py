@@ -83,3 +83,28 @@ def test_server_describes_what_it_serves() -> None:
     assert s.endpoints.health_url == "http://127.0.0.1:8000/v2/health/ready"
     assert srv.Endpoints("0.0.0.0", 1, 2, 3).grpc == "127.0.0.1:2"  # every interface is reached on loopback
     assert model.cfg.num_classes == 10 and "max batch 32" in s.description
+
+
+def test_start_retries_pytriton_instance_race_only(monkeypatch, capsys) -> None:
+    model = vit_fast.load_model("default", backend="torch")
+    race = RuntimeError(f"load failed: ConnectionRefusedError in {srv.HANDSHAKE_RACE}")
+    outcomes: list = []
+
+    def fake_start(self):
+        result = outcomes.pop(0)
+        if isinstance(result, Exception):
+            raise result
+        return self
+
+    monkeypatch.setattr(srv.Server, "_start_once", fake_start)
+    s = srv.Server(model, instances=2)
+    outcomes[:] = [race, s]
+    assert s.start() is s and outcomes == []
+    assert "raced at start-up" in capsys.readouterr().err
+    outcomes[:] = [race] * srv.START_ATTEMPTS + [s]
+    with pytest.raises(RuntimeError, match=srv.HANDSHAKE_RACE):
+        s.start()
+    assert outcomes == [s]  # gave up after START_ATTEMPTS
+    outcomes[:] = [ValueError("port in use"), s]
+    with pytest.raises(ValueError, match="port in use"):
+        s.start()  # any other failure is not retried

@@ -45,6 +45,9 @@ from vit_fast.model import VisionTransformer
 
 SERVE_EXTRA = "pip install 'vit-fast[serve]'"
 DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
+#: the start-up race between PyTriton's model instances (see Server.start), and how often to try
+HANDSHAKE_RACE = "get_config_from_handshake_server"
+START_ATTEMPTS = 3
 #: loopback by default: a server is reachable from other machines only when asked (--host 0.0.0.0)
 DEFAULT_HOST = "127.0.0.1"
 
@@ -192,7 +195,29 @@ class Server:
         return {self.output.name: y.cpu().numpy()}
 
     def start(self) -> Server:
-        """Start Triton (in a process of its own), bind the model and wait until it answers."""
+        """Start Triton (in a process of its own), bind the model and wait until it answers.
+
+        PyTriton 0.7 starts a model's instances in parallel, and a later instance may ask the first one
+        for its configuration before that one listens (``ConnectionRefusedError`` in
+        ``get_config_from_handshake_server``, seen here with 2 instances on a busy 2-core machine): that
+        start-up is retried, up to ``START_ATTEMPTS`` times in all, and said so on stderr.
+        """
+        attempt = 1
+        while True:
+            try:
+                return self._start_once()
+            except Exception as err:
+                if HANDSHAKE_RACE not in f"{err} {err.__cause__}" or attempt >= START_ATTEMPTS:
+                    raise
+                attempt += 1
+                print(
+                    f"[vit-fast serve] PyTriton's model instances raced at start-up ({HANDSHAKE_RACE}); "
+                    f"starting again ({attempt}/{START_ATTEMPTS})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
+    def _start_once(self) -> Server:
         require_serve()
         import numpy as np
         from pytriton.decorators import batch
