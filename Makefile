@@ -6,8 +6,11 @@ TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= onnx,test,bench,demo,dev
 TIMM_SPEC ?= timm>=1.0,<2
 BIN := $(VENV)/bin
+# the serve extra pins numpy < 2 (PyTriton), so its tests run in a virtual environment of their own
+SERVE_VENV ?= .venv-serve
+SERVE_BIN := $(SERVE_VENV)/bin
 
-.PHONY: setup demo test lint wheel-check clean
+.PHONY: setup demo test test-serve lint wheel-check clean
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -26,8 +29,19 @@ setup: $(VENV)/.installed  ## create .venv and install vit-fast with its extras
 demo: setup  ## the main job: vit-fast demo on the embedded default model
 	$(BIN)/vit-fast demo
 
-test: setup  ## the whole CPU test suite (Triton kernels run in the interpreter)
+test: setup $(SERVE_VENV)/.installed  ## the whole CPU test suite (kernels in Triton's interpreter), then the serve suite
 	$(BIN)/python -m pytest -q
+	$(SERVE_BIN)/python -m pytest -q tests/serve
+
+$(SERVE_VENV)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(SERVE_VENV)
+	$(SERVE_BIN)/python -m pip install --quiet --upgrade pip
+	$(SERVE_BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(SERVE_BIN)/python -m pip install --quiet -e ".[serve,test]"
+	touch $@
+
+test-serve: $(SERVE_VENV)/.installed  ## vit-fast serve and Triton model repositories against a real Triton server (CPU, loopback)
+	$(SERVE_BIN)/python -m pytest -q tests/serve
 
 lint: setup
 	$(BIN)/ruff check .
@@ -37,4 +51,4 @@ wheel-check: setup  ## build a wheel, install it into a fresh venv, import vit_f
 	VENV=$(VENV) bash .ci/check_wheel.sh
 
 clean:
-	rm -rf $(VENV) build dist wheelhouse *.egg-info .pytest_cache
+	rm -rf $(VENV) $(SERVE_VENV) build dist wheelhouse *.egg-info .pytest_cache

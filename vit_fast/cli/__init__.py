@@ -1,4 +1,4 @@
-"""The ``vit-fast`` command line: info, demo, export, verify, bench (one module each in this folder).
+"""The ``vit-fast`` command line: info, demo, export, verify, bench, serve (one module each in this folder).
 
 Each subcommand module defines ``EXAMPLE`` (shown under ``--help``), ``add_arguments(parser)``
 and ``run(args) -> int``; the shared argument grammar lives in ``_args``. A subcommand's ``run``
@@ -29,6 +29,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "export": ("vit_fast.cli.export", "build an ONNX or TensorRT artifact, verify it, write a report"),
     "verify": ("vit_fast.cli.verify", "compare an ONNX file, TensorRT engine or the triton backend with eager"),
     "bench": ("vit_fast.cli.bench", "time backends side by side; write JSON, Markdown and a PNG plot"),
+    "serve": ("vit_fast.cli.serve", "serve a model through Triton Inference Server (PyTriton), or load-test it"),
 }
 
 #: missing modules -> the extra that installs them, for the one-line error

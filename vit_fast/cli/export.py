@@ -32,7 +32,7 @@ TENSORRT_EXAMPLE = "vit-fast export tensorrt vitb16.onnx --out vitb16.plan --bat
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the ``onnx`` and ``tensorrt`` sub-commands to ``vit-fast export``."""
+    """Add the ``onnx``, ``tensorrt`` and ``tritonserver`` sub-commands to ``vit-fast export``."""
     from . import add_subcommand
 
     sub = parser.add_subparsers(dest="target", metavar="TARGET", required=True)
@@ -74,6 +74,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--model", default=None, help="model to verify against (default: the ONNX metadata's source)")
     t.add_argument("--no-verify", action="store_true", help="skip verification")
     t.add_argument("--quiet", action="store_true", help="no progress lines")
+    from . import tritonserver
+
+    r = add_subcommand(
+        sub,
+        "tritonserver",
+        tritonserver.__doc__,
+        "write a Triton Inference Server model repository",
+        tritonserver.EXAMPLE,
+    )
+    tritonserver.add_arguments(r)
 
 
 def _source_name(spec: str) -> str:
@@ -141,5 +151,9 @@ def _run_tensorrt(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``vit-fast export onnx|tensorrt``; 0 on success (a failure raises)."""
+    """Run ``vit-fast export onnx|tensorrt|tritonserver``; 0 on success (a failure raises)."""
+    if args.target == "tritonserver":
+        from . import tritonserver
+
+        return tritonserver.run(args)
     return _run_onnx(args) if args.target == "onnx" else _run_tensorrt(args)

@@ -1,0 +1,171 @@
+"""Helpers of the serve tests: loopback ports, `vit-fast serve` as a child process, and Triton's own
+tritonserver binary (the one PyTriton bundles) started on a model repository."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+#: filled by the load tests, printed in the terminal summary so CI logs show the figures
+LOAD_TEST_REPORTS: list[str] = []
+
+NEEDS_SERVE = "needs the serve extra (pip install 'vit-fast[serve]', numpy < 2): run `make test-serve`"
+
+#: `vit-fast serve ...` through the CLI module itself (independent of how the top-level parser wires it)
+SERVE_SCRIPT = (
+    "import argparse, sys; from vit_fast.cli import serve; p = argparse.ArgumentParser(prog='vit-fast serve'); "
+    "serve.add_arguments(p); sys.exit(serve.run(p.parse_args(sys.argv[1:])))"
+)
+START_TIMEOUT_S = 180.0
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct TCP ports on 127.0.0.1 that nothing listens on right now."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def port_is_free(port: int) -> bool:
+    """Whether a listening socket can bind ``127.0.0.1:port`` now (a stopped server released it)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+@dataclass
+class Child:
+    """A server process, its ports (http, grpc, metrics) and its combined output file."""
+
+    proc: subprocess.Popen
+    ports: list[int]
+    log: Path
+
+    @property
+    def http(self) -> str:
+        return f"127.0.0.1:{self.ports[0]}"
+
+    @property
+    def grpc(self) -> str:
+        return f"127.0.0.1:{self.ports[1]}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports[2]}/metrics"
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def terminate(self, timeout_s: float = 60.0) -> int:
+        """SIGTERM, then the exit status (SIGKILL and an AssertionError if it does not end in time)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired as err:
+            self.proc.kill()
+            self.proc.wait()
+            msg = f"the server did not stop within {timeout_s} s of SIGTERM:\n{self.output()[-3000:]}"
+            raise AssertionError(msg) from err
+
+
+def start_serve(tmp: Path, *args: str) -> Child:
+    """`vit-fast serve ARGS` on three free loopback ports; returns once it wrote its ready JSON."""
+    ports = free_ports(3)
+    ready, log = tmp / "ready.json", tmp / "serve.log"
+    cmd = [sys.executable, "-c", SERVE_SCRIPT, *args, "--json", str(ready)]
+    cmd += ["--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2])]
+    with open(log, "wb") as out:  # a session of its own: Ctrl-C can be sent to its whole process group
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    child = Child(proc, ports, log)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not ready.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            child.terminate()
+            raise AssertionError(f"vit-fast serve did not become ready (exit {proc.poll()}):\n{child.output()[-3000:]}")
+        time.sleep(0.2)
+    info = json.loads(ready.read_text())
+    assert info["http"] == child.http and info["grpc"] == child.grpc, info
+    return child
+
+
+def start_tritonserver(tmp: Path, repo: Path, models: list[str]) -> Child:
+    """Triton's tritonserver binary (bundled by PyTriton) on ``repo``, loading ``models`` only.
+
+    Laid out as PyTriton lays it out for itself: the server's folder copied, with the python-backend
+    stub built for this Python version; LD_LIBRARY_PATH from vit-fast's own start-up code (this
+    interpreter's libpython first) plus PyTriton's bundled libraries; this interpreter's bin folder
+    first on PATH, so the stub's embedded Python finds this environment's packages (vit-fast, torch).
+    """
+    import pytriton
+    from pytriton.utils.distribution import get_libs_path, get_stub_path
+
+    from vit_fast.serve.server import python_backend_env
+
+    dist = tmp / "tritonserver"
+    shutil.copytree(
+        Path(pytriton.__file__).parent / "tritonserver", dist, ignore=shutil.ignore_patterns("python_backend_stubs")
+    )
+    shutil.copy(
+        get_stub_path(f"{sys.version_info.major}.{sys.version_info.minor}"),
+        dist / "backends" / "python" / "triton_python_backend_stub",
+    )
+    env = python_backend_env()
+    env["LD_LIBRARY_PATH"] = f"{env.get('LD_LIBRARY_PATH', '')}:{get_libs_path()}".lstrip(":")
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    ports = free_ports(3)
+    cmd = [
+        str(dist / "bin" / "tritonserver"),
+        f"--model-repository={repo}",
+        f"--backend-directory={dist / 'backends'}",
+        "--model-control-mode=explicit",
+        *(f"--load-model={m}" for m in models),
+        "--http-address=127.0.0.1",
+        f"--http-port={ports[0]}",
+        "--grpc-address=127.0.0.1",
+        f"--grpc-port={ports[1]}",
+        "--metrics-address=127.0.0.1",
+        f"--metrics-port={ports[2]}",
+        "--exit-timeout-secs=20",
+    ]
+    log = tmp / "tritonserver.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    child = Child(proc, ports, log)
+    import tritonclient.http as http
+
+    client = http.InferenceServerClient(child.http)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    try:
+        while True:
+            try:
+                if all(client.is_model_ready(m) for m in models):
+                    return child
+            except Exception:  # not listening yet
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                child.terminate()
+                raise AssertionError(
+                    f"tritonserver did not load {models} (exit {proc.poll()}):\n{child.output()[-4000:]}"
+                )
+            time.sleep(0.3)
+    finally:
+        client.close()

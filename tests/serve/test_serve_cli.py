@@ -1,0 +1,45 @@
+"""`vit-fast serve MODEL --load-test` in this process: start, load-test on loopback, report, stop."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from ._support import NEEDS_SERVE, free_ports, port_is_free
+
+pytest.importorskip("pytriton", reason=NEEDS_SERVE)
+
+from vit_fast.cli import serve  # noqa: E402
+
+
+def test_cli_load_test_writes_its_report_and_stops(tmp_path, capsys) -> None:
+    ports = free_ports(3)
+    out = tmp_path / "load.json"
+    parser = argparse.ArgumentParser(prog="vit-fast serve")
+    serve.add_arguments(parser)
+    args = parser.parse_args(
+        ["default", "--load-test", "--clients", "2", "--requests", "10", "--batch", "1,4", "--json", str(out)]
+        + ["--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2])]
+    )
+    assert serve.run(args) == 0
+    report = json.loads(out.read_text())
+    assert report["passed"] and report["answered"] == report["requests"] == 20
+    assert report["batch_sizes"] == [1, 2, 3, 4]  # mixed sizes up to --batch's maximum
+    printed = capsys.readouterr().out
+    assert "p50" in printed and "PASSED" in printed
+    assert all(port_is_free(p) for p in ports)
+
+
+def test_bad_arguments_fail_before_the_server_starts(tmp_path) -> None:
+    parser = argparse.ArgumentParser(prog="vit-fast serve")
+    serve.add_arguments(parser)
+    for argv, match in [
+        (["default", "--batch", "8,x"], "comma-separated"),
+        (["default", "--instances", "0"], "instances"),
+        (["default", "--http-port", "9000", "--grpc-port", "9000"], "different ports"),
+        (["default", "--name", "a b"], "not usable by Triton"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            serve.run(parser.parse_args(argv))

@@ -1,0 +1,309 @@
+"""Triton model repositories (vit-fast export tritonserver): every config.pbtxt written here is parsed
+with Triton's own model-config schema (tritonclient.grpc.model_config_pb2; a misspelt field fails)
+and its shapes and dtypes are checked against the artifact. Serving them is tested in tests/serve."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import vit_fast
+from vit_fast.cli import tritonserver as cli
+from vit_fast.export import tritonserver as ts
+from vit_fast.serve import repository
+
+model_config_pb2 = pytest.importorskip(
+    "tritonclient.grpc.model_config_pb2", reason="tritonclient[grpc] (the test extra) holds Triton's config schema"
+)
+text_format = pytest.importorskip("google.protobuf.text_format", reason="protobuf comes with tritonclient[grpc]")
+onnx = pytest.importorskip("onnx", reason="the onnx extra is needed to export and read ONNX files")
+
+TRITON_TO_ONNX = {"TYPE_FP32": 1, "TYPE_FP16": 10, "TYPE_BF16": 16}
+
+
+def parse_config(folder: Path):
+    """config.pbtxt parsed into Triton's ModelConfig message (raises on any field the schema lacks)."""
+    return text_format.Parse((folder / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+
+
+def type_name(value: int) -> str:
+    return model_config_pb2.DataType.Name(value)
+
+
+def run_cli(*argv: str) -> int:
+    parser = argparse.ArgumentParser(prog="vit-fast export tritonserver")
+    cli.add_arguments(parser)
+    return cli.run(parser.parse_args(list(argv)))
+
+
+def assert_matches_onnx(config, onnx_path: Path) -> None:
+    """Names, element types and non-batch dims of the config's inputs/outputs equal the ONNX graph's."""
+    graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    for ours, theirs in ((config.input, graph.input), (config.output, graph.output)):
+        assert [t.name for t in ours] == [t.name for t in theirs]
+        for t, v in zip(ours, theirs, strict=True):
+            dims = [d.dim_value if d.HasField("dim_value") else -1 for d in v.type.tensor_type.shape.dim]
+            assert dims[0] == -1, "the ONNX batch dimension must be symbolic"
+            assert list(t.dims) == dims[1:]
+            assert TRITON_TO_ONNX[type_name(t.data_type)] == v.type.tensor_type.elem_type
+
+
+@pytest.fixture(scope="module")
+def default_repo(tmp_path_factory) -> Path:
+    """`vit-fast export tritonserver default --out repo/ --entries onnx,python --instances 2` (one ONNX export)."""
+    repo = tmp_path_factory.mktemp("triton") / "repo"
+    summary = repo.parent / "summary.json"
+    assert run_cli("default", "--out", str(repo), "--entries", "onnx,python", "--instances", "2",
+                   "--json", str(summary), "--seed", "0", "--quiet") == 0  # fmt: skip
+    return repo
+
+
+def test_default_onnx_entry_parses_and_matches_the_artifact(default_repo: Path) -> None:
+    folder = default_repo / "default"
+    config = parse_config(folder)
+    assert config.name == "default" and config.platform == "onnxruntime_onnx"
+    assert config.max_batch_size == 64
+    assert list(config.dynamic_batching.preferred_batch_size) == [8, 64]
+    assert config.dynamic_batching.max_queue_delay_microseconds == ts.DEFAULT_QUEUE_DELAY_US
+    [group] = config.instance_group
+    assert group.count == 2 and model_config_pb2.ModelInstanceGroup.Kind.Name(group.kind) == "KIND_GPU"
+    assert_matches_onnx(config, folder / "1" / "model.onnx")
+    cfg = vit_fast.load_model("default").cfg
+    assert list(config.input[0].dims) == [cfg.in_chans, *cfg.img_hw]
+    assert list(config.output[0].dims) == [cfg.num_classes]
+    meta = json.loads((folder / "1" / "model.onnx.json").read_text())
+    assert meta["batch"] == [1, 64] and meta["source"] == "default"
+    record = json.loads((folder / "verification.json").read_text())
+    assert record["passed"] is True and record["report"]["artifact"] == "1/model.onnx"
+    assert record["worst_ratio"] <= 1.0
+    assert "verification: PASSED" in (folder / "config.pbtxt").read_text()
+
+
+def test_default_python_entry_parses_and_carries_the_module(default_repo: Path) -> None:
+    folder = default_repo / "default_python"
+    config = parse_config(folder)
+    assert config.backend == "python" and not config.platform
+    assert config.max_batch_size == 64 and list(config.dynamic_batching.preferred_batch_size) == [8, 64]
+    assert config.parameters[repository.DTYPE_PARAMETER].string_value == "fp32"
+    model = vit_fast.load_model("default", backend="torch")
+    images, logits = ts.model_io(model, torch.float32)
+    assert [(t.name, list(t.dims), type_name(t.data_type)) for t in config.input] == [
+        (images.name, list(images.dims), "TYPE_FP32")
+    ]
+    assert [(t.name, list(t.dims), type_name(t.data_type)) for t in config.output] == [
+        (logits.name, list(logits.dims), "TYPE_FP32")
+    ]
+    assert (folder / "1" / "model.py").read_text() == repository.TEMPLATE.read_text()
+    served = vit_fast.load_checkpoint(folder / "1" / repository.WEIGHTS, backend="torch")
+    for (k, a), (k2, b) in zip(model.state_dict().items(), served.state_dict().items(), strict=True):
+        assert k == k2 and torch.equal(a, b), k
+
+
+def test_template_reads_the_names_the_entry_writes() -> None:
+    """model.py cannot be imported outside Triton: read its constants from the source instead."""
+    tree = ast.parse(repository.TEMPLATE.read_text())
+    consts = {
+        t.id: node.value.value
+        for node in tree.body
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+        for t in node.targets
+    }
+    assert consts["WEIGHTS"] == repository.WEIGHTS
+    assert consts["DTYPE_PARAMETER"] == repository.DTYPE_PARAMETER
+
+
+def test_repository_has_only_model_folders_and_a_summary(default_repo: Path) -> None:
+    assert sorted(p.name for p in default_repo.iterdir()) == ["default", "default_python"]  # no staging left
+    summary = json.loads((default_repo.parent / "summary.json").read_text())
+    assert [m["name"] for m in summary["models"]] == ["default", "default_python"]
+    assert summary["models"][0]["verified"] is True
+    assert "1/model.onnx" in summary["models"][0]["files"]
+
+
+def test_existing_model_folder_is_refused_before_work_and_replaced_with_force(default_repo: Path, tmp_path) -> None:
+    repo = tmp_path / "repo"
+    (repo / "default").mkdir(parents=True)
+    (repo / "default" / "mine.txt").write_text("not vit-fast's")
+    with pytest.raises(FileExistsError, match="--force"):
+        run_cli("default", "--out", str(repo), "--quiet")
+    assert (repo / "default" / "mine.txt").read_text() == "not vit-fast's"
+    assert sorted(p.name for p in repo.iterdir()) == ["default"]
+    onnx_file = default_repo / "default" / "1" / "model.onnx"
+    assert run_cli(str(onnx_file), "--out", str(repo), "--name", "default", "--force", "--no-verify", "--quiet") == 0
+    assert not (repo / "default" / "mine.txt").exists()
+    assert parse_config(repo / "default").platform == "onnxruntime_onnx"
+    assert sorted(p.name for p in repo.iterdir()) == ["default"]
+
+
+def test_onnx_file_source_keeps_its_range_and_is_verified_against_its_metadata(default_repo: Path, tmp_path) -> None:
+    onnx_file = default_repo / "default" / "1" / "model.onnx"
+    repo = tmp_path / "repo"
+    args = [str(onnx_file), "--out", str(repo), "--batch", "1,4,32", "--kind", "cpu", "--seed", "1", "--quiet"]
+    assert run_cli(*args) == 0
+    config = parse_config(repo / "model")  # named after the file's stem
+    assert config.max_batch_size == 32 and list(config.dynamic_batching.preferred_batch_size) == [4, 32]
+    assert model_config_pb2.ModelInstanceGroup.Kind.Name(config.instance_group[0].kind) == "KIND_CPU"
+    assert_matches_onnx(config, repo / "model" / "1" / "model.onnx")
+    assert json.loads((repo / "model" / "verification.json").read_text())["passed"] is True
+    with pytest.raises(ValueError, match="exceeds the ONNX file"):
+        run_cli(str(onnx_file), "--out", str(tmp_path / "other"), "--batch", "1,128", "--quiet")
+    assert not (tmp_path / "other").exists()
+
+
+def _fake_engine(tmp_path: Path, onnx_file: Path | None, profile=(1, 8, 32), **meta) -> Path:
+    """An engine file with the metadata vit-fast export tensorrt writes beside it (no GPU here to build one)."""
+    engine = tmp_path / "vit.plan"
+    engine.write_bytes(b"not a real engine: the repository writer reads the metadata only")
+    lo, opt, hi = profile
+    data = {
+        "format": "tensorrt",
+        "onnx": str(onnx_file) if onnx_file else None,
+        "config": vit_fast.load_model("default").cfg.to_dict(),
+        "precision": "fp16",
+        "strongly_typed": False,
+        "profiles": [{"input": "images", "min": [lo, 1, 32, 32], "opt": [opt, 1, 32, 32], "max": [hi, 1, 32, 32]}],
+        "batch": [lo, hi],
+        "tensorrt_version": "10.0.0",
+        "gpu_sm": "sm_90",
+        "gpu_name": "NVIDIA H100",
+        "verification": {"passed": True, "worst_ratio": 0.5},
+    } | meta
+    Path(str(engine) + ".json").write_text(json.dumps(data))
+    return engine
+
+
+def test_tensorrt_engine_entry_from_its_metadata(default_repo: Path, tmp_path) -> None:
+    onnx_file = default_repo / "default" / "1" / "model.onnx"
+    engine = _fake_engine(tmp_path, onnx_file)
+    repo = tmp_path / "repo"
+    assert run_cli(str(engine), "--out", str(repo), "--quiet") == 0
+    config = parse_config(repo / "vit")
+    assert config.platform == "tensorrt_plan"
+    assert config.max_batch_size == 32 and list(config.dynamic_batching.preferred_batch_size) == [8, 32]
+    assert [(t.name, list(t.dims), type_name(t.data_type)) for t in config.input] == [
+        ("images", [1, 32, 32], "TYPE_FP32")
+    ]
+    assert [(t.name, list(t.dims)) for t in config.output] == [("logits", [10])]
+    assert (repo / "vit" / "1" / "model.plan").read_bytes() == engine.read_bytes()
+    assert json.loads((repo / "vit" / "verification.json").read_text())["passed"] is True
+    # a strongly typed fp16 engine keeps fp16 I/O; without its ONNX file the output comes from the config
+    engine16 = _fake_engine(tmp_path, None, strongly_typed=True)
+    assert run_cli(str(engine16), "--out", str(repo), "--name", "vit16", "--batch", "1,16", "--quiet") == 0
+    config = parse_config(repo / "vit16")
+    assert type_name(config.input[0].data_type) == "TYPE_FP16" and type_name(config.output[0].data_type) == "TYPE_FP16"
+    assert config.max_batch_size == 16 and [(t.name, list(t.dims)) for t in config.output] == [("logits", [10])]
+
+
+def test_tensorrt_engine_refusals(tmp_path) -> None:
+    repo = tmp_path / "repo"
+    with pytest.raises(ValueError, match="GPU only"):
+        run_cli(str(_fake_engine(tmp_path, None)), "--out", str(repo), "--kind", "cpu", "--quiet")
+    with pytest.raises(ValueError, match="starts at 1"):
+        run_cli(str(_fake_engine(tmp_path, None, profile=(2, 8, 32))), "--out", str(repo), "--quiet")
+    with pytest.raises(ValueError, match="exceeds the engine"):
+        run_cli(str(_fake_engine(tmp_path, None)), "--out", str(repo), "--batch", "1,64", "--quiet")
+    bare = tmp_path / "bare.plan"
+    bare.write_bytes(b"x")
+    with pytest.raises(vit_fast.export.ArtifactError, match="no vit-fast metadata"):
+        run_cli(str(bare), "--out", str(repo), "--quiet")
+    assert not repo.exists() or not any(repo.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("argv", "error", "match"),
+    [
+        (["--batch", "1,x"], ValueError, "comma-separated ints"),
+        (["--batch", "0,8"], ValueError, "comma-separated ints"),
+        (["--instances", "0"], ValueError, "instances must be"),
+        (["--name", "bad/name"], ValueError, "not usable by Triton"),
+        (["--entries", "onnx,tensorrt"], ValueError, "--entries takes"),
+        (["--entries", "python", "--dtype", "bf16"], ValueError, "fp32 or fp16"),
+        (["--dtype", "bf16"], ValueError, "bf16 ONNX file cannot be verified"),
+        (["--queue-delay-us", "-1"], ValueError, "queue delay"),
+    ],
+)
+def test_bad_arguments_fail_before_any_file_is_written(tmp_path, argv, error, match) -> None:
+    repo = tmp_path / "repo"
+    with pytest.raises(error, match=match):
+        run_cli("default", "--out", str(repo), "--quiet", *argv)
+    assert not repo.exists() or not any(repo.iterdir())
+
+
+def test_artifact_flags_that_do_not_apply_are_refused(default_repo: Path, tmp_path) -> None:
+    onnx_file = str(default_repo / "default" / "1" / "model.onnx")
+    with pytest.raises(ValueError, match="serves a model, not an artifact"):
+        run_cli(onnx_file, "--out", str(tmp_path / "r"), "--entries", "python")
+    with pytest.raises(ValueError, match="keeps the dtype"):
+        run_cli(onnx_file, "--out", str(tmp_path / "r"), "--dtype", "fp16")
+
+
+def test_a_failing_entry_publishes_nothing(tmp_path) -> None:
+    model = vit_fast.load_model("default", backend="torch")
+    good = repository.python_entry(model, "good", kind="cpu")
+
+    def broken(folder: Path) -> ts.EntryConfig:
+        (folder / "1").mkdir()
+        (folder / "1" / "model.onnx").write_bytes(b"half written")
+        raise RuntimeError("export failed half way")
+
+    repo = tmp_path / "repo"
+    with pytest.raises(RuntimeError, match="half way"):
+        ts.write_repository(repo, [good, ts.ModelEntry("broken", broken)], progress=False)
+    assert list(repo.iterdir()) == []
+
+
+def test_force_swaps_a_model_folder_back_when_publishing_fails(tmp_path) -> None:
+    model = vit_fast.load_model("default", backend="torch")
+    repo = tmp_path / "repo"
+    ts.write_repository(repo, [repository.python_entry(model, "vit", batch=[1, 4], kind="cpu")], progress=False)
+    before = (repo / "vit" / "config.pbtxt").read_text()
+
+    def fails(folder: Path) -> ts.EntryConfig:
+        raise OSError("disk full")
+
+    entries = [repository.python_entry(model, "vit", batch=[1, 16], kind="cpu"), ts.ModelEntry("other", fails)]
+    with pytest.raises(OSError, match="disk full"):
+        ts.write_repository(repo, entries, force=True, progress=False)
+    assert (repo / "vit" / "config.pbtxt").read_text() == before
+    assert sorted(p.name for p in repo.iterdir()) == ["vit"]
+
+
+@pytest.mark.parametrize(
+    ("batch", "limit", "opt", "expected"),
+    [
+        (None, None, None, (64, [8, 64])),
+        (None, (1, 16), None, (16, [8, 16])),
+        (None, (1, 4), None, (4, [4])),
+        (None, (1, 32), 16, (32, [8, 16, 32])),
+        (None, (1, 1), None, (1, [])),
+        ([1, 8, 64], None, None, (64, [8, 64])),
+        ([4], (1, 64), None, (4, [4])),
+        ([1], None, None, (1, [])),
+    ],
+)
+def test_batch_plan(batch, limit, opt, expected) -> None:
+    assert ts.batch_plan(batch, limit, opt) == expected
+
+
+def test_config_text_parses_for_every_dtype_and_kind() -> None:
+    for dtype, name in ts.TRITON_TYPES.items():
+        for kind in ts.KINDS:
+            entry = ts.EntryConfig(
+                name="m",
+                platform="onnxruntime_onnx",
+                inputs=[ts.TensorSpec("images", dtype, (3, -1, -1))],
+                outputs=[ts.TensorSpec("features", dtype, (768,))],
+                batching=ts.Batching(8, (), 0, 3, kind),
+                parameters={"a key": 'a "quoted" value'},
+                comments=["a comment"],
+            )
+            config = text_format.Parse(entry.to_pbtxt(), model_config_pb2.ModelConfig())
+            assert type_name(config.input[0].data_type) == name and list(config.input[0].dims) == [3, -1, -1]
+            assert model_config_pb2.ModelInstanceGroup.Kind.Name(config.instance_group[0].kind) == ts.KINDS[kind]
+            assert config.parameters["a key"].string_value == 'a "quoted" value'
+            assert not config.dynamic_batching.preferred_batch_size

@@ -1,0 +1,206 @@
+"""Write a Triton Inference Server model repository for a model, an ONNX file or a TensorRT engine.
+
+  vit-fast export tritonserver SOURCE --out REPO [--name NAME] [--batch 1,8,64] [--instances 1]
+                                      [--kind gpu|cpu] [--dtype fp32] [--entries onnx,python] [--force]
+
+SOURCE is "default" (the embedded model), a preset name or a checkpoint path (exported to ONNX here
+and verified against eager PyTorch), an .onnx file, or a TensorRT engine (.plan / .engine) built by
+vit-fast export tensorrt. REPO/NAME/config.pbtxt and REPO/NAME/1/model.onnx|model.plan are written,
+with the verification record in REPO/NAME/verification.json; --entries python adds NAME_python, a
+python-backend entry serving the vit-fast module itself (Triton's Python needs vit-fast installed).
+Start Triton on it with: tritonserver --model-repository REPO
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+ENTRIES = ("onnx", "python")
+
+EXAMPLE = "vit-fast export tritonserver default --out repo/ --batch 1,8,64 --instances 2"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``vit-fast export tritonserver``'s arguments."""
+    parser.add_argument(
+        "source",
+        metavar="SOURCE",
+        help='"default", a preset name or a checkpoint path; or an .onnx file; or a TensorRT .plan/.engine',
+    )
+    parser.add_argument("--out", required=True, metavar="PATH", help="the model repository folder (created if missing)")
+    add_serving_arguments(parser, "SOURCE", "8 and 64, or within the artifact's range; a TensorRT profile bounds it")
+    parser.add_argument(
+        "--dtype",
+        choices=("fp32", "fp16", "bf16"),
+        default=None,
+        help="weights and I/O dtype when SOURCE is a model (default fp32); an artifact keeps its own",
+    )
+    parser.add_argument(
+        "--kind",
+        choices=("gpu", "cpu"),
+        default="gpu",
+        help="instance kind: gpu -> KIND_GPU (default; TensorRT engines need it), cpu -> KIND_CPU",
+    )
+    parser.add_argument(
+        "--entries",
+        default="onnx",
+        metavar="onnx,python",
+        help="for a model SOURCE: onnx (the verified ONNX file, default) and/or python (NAME_python: the "
+        "vit-fast module on Triton's python backend, fp32/fp16 only)",
+    )
+    parser.add_argument("--model", default=None, help="model to verify an ONNX file against (default: its metadata's)")
+    parser.add_argument("--no-verify", action="store_true", help="skip verifying the ONNX file against eager PyTorch")
+    parser.add_argument("--force", action="store_true", help="replace existing model folders of the same names")
+    parser.add_argument("--json", default=None, metavar="PATH", help="write a machine-readable summary here")
+    parser.add_argument("--seed", type=int, default=None, help="seed of the random verification inputs")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+
+
+def add_serving_arguments(parser: argparse.ArgumentParser, what: str, default_batch: str) -> None:
+    """The flags ``export tritonserver`` and ``serve`` share: --name, --batch, --instances, --queue-delay-us."""
+    from vit_fast.export.tritonserver import DEFAULT_QUEUE_DELAY_US
+
+    parser.add_argument("--name", default=None, help=f"Triton model name (default: {what}'s name or file stem)")
+    parser.add_argument(
+        "--batch",
+        default=None,
+        metavar="1,8,64",
+        help="batch sizes, comma-separated: the largest is max_batch_size, the others above 1 the dynamic "
+        f"batcher's preferred sizes (default: {default_batch})",
+    )
+    parser.add_argument(
+        "--instances", type=int, default=1, metavar="N", help="model instances at once, on each GPU for KIND_GPU (1)"
+    )
+    parser.add_argument(
+        "--queue-delay-us",
+        type=int,
+        default=DEFAULT_QUEUE_DELAY_US,
+        help=f"dynamic batcher's max_queue_delay_microseconds ({DEFAULT_QUEUE_DELAY_US})",
+    )
+
+
+def source_name(spec: str) -> str:
+    """How the metadata names a model: presets and "default" as they are, files by absolute path."""
+    from vit_fast.config import PRESETS
+
+    if spec in PRESETS or spec in ("default", "embedded") or not Path(spec).exists():
+        return spec
+    return str(Path(spec).resolve())
+
+
+def _entries(text: str) -> list[str]:
+    wanted = [e.strip() for e in text.split(",") if e.strip()]
+    unknown = [e for e in wanted if e not in ENTRIES]
+    if not wanted or unknown:
+        raise ValueError(f"--entries takes a comma-separated list of {', '.join(ENTRIES)}, got {text!r}")
+    return list(dict.fromkeys(wanted))
+
+
+def _summary(repo: Path, folders: list[Path]) -> dict[str, Any]:
+    models = []
+    for folder in folders:
+        record_path = folder / "verification.json"
+        record = json.loads(record_path.read_text()) if record_path.is_file() else {}
+        models.append(
+            {
+                "name": folder.name,
+                "folder": str(folder),
+                "config": str(folder / "config.pbtxt"),
+                "files": sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()),
+                "verified": record.get("passed"),
+                "verification_note": record.get("note"),
+            }
+        )
+    return {"repository": str(repo.resolve()), "models": models}
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``vit-fast export tritonserver``; returns 0, raises ValueError & co. with a clear message on bad input."""
+    from vit_fast.export.tritonserver import (
+        ENGINE_SUFFIXES,
+        ONNX_SUFFIXES,
+        check_repository,
+        model_name_for,
+        onnx_entry,
+        parse_batch_sizes,
+        tensorrt_entry,
+        write_repository,
+    )
+    from vit_fast.files import write_json_atomic
+
+    batch = parse_batch_sizes(args.batch) if args.batch is not None else None
+    entries = _entries(args.entries)
+    suffix = Path(args.source).suffix.lower()
+    artifact = suffix in ONNX_SUFFIXES or suffix in ENGINE_SUFFIXES
+    if artifact and entries != ["onnx"]:
+        raise ValueError(
+            "--entries python serves a model, not an artifact: give MODEL (a name or checkpoint) as SOURCE, "
+            f"or drop --entries for {args.source!r}"
+        )
+    if artifact and args.dtype is not None:
+        raise ValueError(f"--dtype applies to a model SOURCE; {args.source!r} keeps the dtype it was exported in")
+    if args.model is not None and suffix not in ONNX_SUFFIXES:
+        raise ValueError("--model names the model an ONNX file is verified against; SOURCE is not an ONNX file")
+    dtype = args.dtype or "fp32"
+    name = args.name or model_name_for(args.source)
+    names = [name] if "onnx" in entries else []
+    names += [f"{name}_python"] if "python" in entries else []
+    common = dict(
+        batch=batch,
+        instances=args.instances,
+        kind=args.kind,
+        queue_delay_us=args.queue_delay_us,
+    )
+    check_repository(args.out, names, args.force)  # before any work: a refused folder costs nothing
+    if suffix in ENGINE_SUFFIXES:
+        todo = [tensorrt_entry(args.source, name, **common)]
+    elif suffix in ONNX_SUFFIXES:
+        todo = [
+            onnx_entry(
+                args.source,
+                name,
+                verify=not args.no_verify,
+                model=args.model,
+                seed=args.seed,
+                progress=not args.quiet,
+                **common,
+            )
+        ]
+    else:
+        from vit_fast.loading import load_model
+
+        described = source_name(args.source)
+        model = load_model(args.source, backend="torch")
+        todo = []
+        if "onnx" in entries:
+            todo.append(
+                onnx_entry(
+                    model,
+                    name,
+                    dtype=dtype,
+                    verify=not args.no_verify,
+                    seed=args.seed,
+                    source_name=described,
+                    progress=not args.quiet,
+                    **common,
+                )
+            )
+        if "python" in entries:
+            from vit_fast.serve.repository import python_entry
+
+            todo.append(python_entry(model, f"{name}_python", dtype=dtype, source_name=described, **common))
+    folders = write_repository(args.out, todo, force=args.force, progress=not args.quiet)
+    summary = _summary(Path(args.out), folders)
+    if args.json:
+        write_json_atomic(summary, args.json)
+    for m in summary["models"]:
+        state = {True: "verified", False: "FAILED verification"}.get(m["verified"], m["verification_note"])
+        print(f"wrote {m['config']} ({state})")
+    print(f"start Triton on it: tritonserver --model-repository {Path(args.out).resolve()}")
+    return 0
+
+
+__all__ = ["add_arguments", "run"]

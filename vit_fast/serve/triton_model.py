@@ -1,0 +1,55 @@
+"""Triton python-backend model serving a vit-fast module (copied as ``1/model.py`` by
+``vit-fast export tritonserver``; the weights lie beside it as ``1/model.safetensors``).
+
+It runs only inside Triton's python backend, where ``triton_python_backend_utils`` exists, and needs
+vit-fast (with torch) installed in the Python that backend runs. A KIND_GPU instance runs the
+module on its GPU with our Triton kernels (backend "auto"); a KIND_CPU instance runs the torch
+backend. The requests the dynamic batcher hands over are run as one batch ``images [B, C, H, W]``
+and the output rows are split back per request. Triton has already checked each request's
+shape and dtype against config.pbtxt.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+import triton_python_backend_utils as pb_utils
+
+from vit_fast import load_checkpoint
+from vit_fast.dtypes import parse_dtype
+
+WEIGHTS = "model.safetensors"
+DTYPE_PARAMETER = "vit_fast.dtype"
+
+
+class TritonPythonModel:
+    """The python backend's model interface: ``initialize`` once per instance, ``execute`` per batch of requests."""
+
+    def initialize(self, args: dict[str, str]) -> None:
+        config = json.loads(args["model_config"])
+        params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+        self.dtype = parse_dtype(params.get(DTYPE_PARAMETER, "fp32"))
+        if args["model_instance_kind"] == "GPU":
+            self.device = torch.device("cuda", int(args["model_instance_device_id"]))
+        else:
+            self.device = torch.device("cpu")
+        # model_repository is this model's folder; the weights sit in its version folder
+        weights = Path(args["model_repository"]) / args["model_version"] / WEIGHTS
+        self.model = load_checkpoint(weights, backend="auto").to(self.device, self.dtype).eval()
+        self.input_name = config["input"][0]["name"]
+        self.output_name = config["output"][0]["name"]
+
+    def execute(self, requests: list) -> list:
+        arrays = [pb_utils.get_input_tensor_by_name(r, self.input_name).as_numpy() for r in requests]
+        x = torch.from_numpy(np.concatenate(arrays)).to(self.device, self.dtype)
+        with torch.inference_mode():
+            y = self.model(x).cpu().numpy()
+        responses, start = [], 0
+        for a in arrays:
+            rows = np.ascontiguousarray(y[start : start + a.shape[0]])
+            responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(self.output_name, rows)]))
+            start += a.shape[0]
+        return responses
