@@ -1,9 +1,12 @@
 """ONNX export of a :class:`vit_fast.VisionTransformer`.
 
-The torch backend is traced (on a CPU copy of the model, in eval mode), the batch dimension is
-symbolic, each LayerNorm is one ``LayerNormalization`` node (opset >= 17), and the metadata goes
-both into the model's ``metadata_props`` and into a JSON file beside it. Files are staged in a
-private folder beside the target and moved into place only when everything succeeded.
+The torch backend is traced (on a CPU copy of the model, in eval mode, wrapped in
+``graph.ExportGraph``: the outputs asked for, an optional uint8 preprocessing front), the batch
+dimension is symbolic, each LayerNorm is one ``LayerNormalization`` node (opset >= 17), and the
+metadata (config, I/O, preprocessing, weights, and with ``verify=`` the verification record) goes
+both into the model's ``metadata_props`` and into a JSON file beside it. Every output path is
+checked before any work; files are staged in a private folder beside each target, the staged ONNX
+file is verified there, and everything is moved into place only when all of it succeeded.
 
 Routes, as measured with torch 2.13 / onnxruntime 1.31 (CPU):
 
