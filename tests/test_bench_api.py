@@ -16,6 +16,7 @@ from vit_fast import bench, export
 from vit_fast.bench import report as bench_report
 from vit_fast.bench.timing import Sampling, sample
 
+from .fakes import tiny_hf_classifier
 from .util import TINY
 
 QUICK = dict(device="cpu", threads=1, ceilings=False, min_samples=20, min_time_s=0.05, warmup=1)
@@ -60,18 +61,7 @@ def test_threads_are_the_same_for_torch_and_onnxruntime(result):
 
 
 def test_hugging_face_drop_in_is_benchmarked_as_the_plain_module():
-    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
-    hf = transformers.ViTForImageClassification(
-        transformers.ViTConfig(
-            hidden_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            intermediate_size=64,
-            image_size=32,
-            patch_size=8,
-            num_labels=3,
-        )
-    ).eval()
+    hf = tiny_hf_classifier(num_labels=3)
     res = bench.benchmark(vit_fast.optimize(hf), batch=1, backends="torch", **QUICK)
     (row,) = res.ok()  # timed: the drop-in's forward returns an ImageClassifierOutput, the plain module's a tensor
     assert row["model"].startswith("HFViT") and row["weights_source"]["kind"] == "hf"

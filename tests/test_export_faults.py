@@ -29,6 +29,7 @@ from vit_fast import export, files  # noqa: E402
 from vit_fast.export import onnx as onnx_export  # noqa: E402
 from vit_fast.export import runners  # noqa: E402
 
+from .fakes import fail_replace_onto  # noqa: E402
 from .util import tiny_model  # noqa: E402
 
 QUIET = dict(batch=(1, 4), exporter="torchscript", progress=False)
@@ -158,14 +159,7 @@ def test_failed_verification_publishes_nothing(previous, monkeypatch):
 
 def test_a_failing_move_puts_the_previous_files_back(previous, monkeypatch):
     before = snapshot(previous)
-    real_replace = os.replace
-
-    def replace(src, dst):
-        if str(dst).endswith("m.report.json") and files.STAGING_MARK in str(src):
-            raise OSError(28, "No space left on device")
-        return real_replace(src, dst)
-
-    monkeypatch.setattr(os, "replace", replace)
+    fail_replace_onto(monkeypatch, "m.report.json", files.STAGING_MARK)
     with pytest.raises(OSError, match="No space left"):
         export.to_onnx(tiny_model(), previous / "m.onnx", verify=VERIFY, report=previous / "m.report.json", **QUIET)
     # m.onnx and m.onnx.json had been replaced when the report's move failed: they are the previous ones again

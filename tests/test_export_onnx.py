@@ -25,6 +25,8 @@ from vit_fast.export import onnx as onnx_export  # noqa: E402
 from vit_fast.export import runners  # noqa: E402
 from vit_fast.export.verify import default_batches  # noqa: E402
 
+from .fakes import tiny_hf_classifier  # noqa: E402
+
 BATCH = (1, 5)
 CONFIGS = {
     # 48 px / 8 px patches + class token = 37 tokens, class-token pooling
@@ -355,6 +357,7 @@ def test_default_batches():
 
 # --------------------------------------------------------------------------- outputs, I/O names, preprocessing
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+VERIFIED = dict(exporter="torchscript", progress=False, verify=export.VerifyOptions(print_table=False))
 
 
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
@@ -485,33 +488,10 @@ def test_bad_graph_arguments(models, tmp_path, monkeypatch, kwargs, match):
 
 
 def test_hugging_face_drop_in_exports_and_verifies(tmp_path):
-    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
-    torch.manual_seed(0)
-    hf = transformers.ViTForImageClassification(
-        transformers.ViTConfig(
-            hidden_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            intermediate_size=64,
-            image_size=32,
-            patch_size=8,
-            num_labels=4,
-        )
-    ).eval()
-    with torch.no_grad():
-        for p in hf.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
+    hf = tiny_hf_classifier()
     dropin = vit_fast.optimize(hf)
     assert type(dropin).__name__ == "HFViT"
-    path = export.to_onnx(
-        dropin,
-        tmp_path / "hf.onnx",
-        batch=(1, 3),
-        exporter="torchscript",
-        progress=False,
-        verify=export.VerifyOptions(print_table=False),
-        input_name="pixel_values",
-    )
+    path = export.to_onnx(dropin, tmp_path / "hf.onnx", batch=(1, 3), input_name="pixel_values", **VERIFIED)
     meta = export.read_metadata(path)
     assert meta["verification"]["passed"] and meta["weights"]["source"]["kind"] == "hf"
     assert export.verify(dropin, path, print_table=False).passed
@@ -525,15 +505,7 @@ def test_verification_and_weights_are_recorded(tmp_path):
     cfg = vit_fast.ViTConfig(**CONFIGS["avg"])
     model = vit_fast.VisionTransformer(cfg, backend="torch").eval()
     model.init_weights(seed=5)
-    path = export.to_onnx(
-        model,
-        tmp_path / "m.onnx",
-        batch=(1, 4),
-        exporter="torchscript",
-        progress=False,
-        verify=export.VerifyOptions(print_table=False),
-        report=tmp_path / "report.json",
-    )
+    path = export.to_onnx(model, tmp_path / "m.onnx", batch=(1, 4), report=tmp_path / "report.json", **VERIFIED)
     meta = export.read_metadata(path)
     props = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
     assert json.loads(props["vit_fast"]) == meta and props["vit_fast.weights"] == "random (seed 5)"

@@ -12,6 +12,8 @@ import torch
 
 from vit_fast import dtypes, env, files, numerics
 
+from .fakes import fail_replace_onto
+
 
 # --------------------------------------------------------------------------- dtypes
 def test_dtype_spellings_map_to_one_name():
@@ -67,14 +69,7 @@ def test_publish_puts_previous_files_back_when_a_later_move_fails(tmp_path, monk
     with files.staging_dir(tmp_path / "a") as stage:
         for name in ("a", "b", "c"):
             (stage / name).write_text(f"new {name}")
-        real = os.replace
-
-        def replace(src, dst):
-            if str(dst).endswith("/c") and files.STAGING_MARK in str(src):
-                raise OSError(28, "No space left on device")
-            return real(src, dst)
-
-        monkeypatch.setattr(os, "replace", replace)
+        fail_replace_onto(monkeypatch, "/c", files.STAGING_MARK)
         with pytest.raises(OSError, match="No space left"):
             files.publish([stage / "a", stage / "b", stage / "c"], tmp_path)
     assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {"a": "old a", "b": "old b"}
