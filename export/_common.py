@@ -1,18 +1,29 @@
-"""Shared by ONNX export, TensorRT build, the runners and verification: the export errors, argument
-and path checks, and the metadata JSON beside an artifact. Nothing here imports onnx, onnxruntime or
-tensorrt. (dtypes, atomic writes, progress and the commit have their own homes: vit_fast.dtypes,
-vit_fast.files, vit_fast.progress, vit_fast.env.)"""
+"""Shared by ONNX export, TensorRT build, the runners, verification and the bench: the export errors,
+argument and output-path checks, the metadata JSON beside an artifact, the one place a model subclass
+(the Hugging Face drop-in) becomes the plain module, and the weights record every artifact and report
+carries. Nothing here imports onnx, onnxruntime or tensorrt at import time. (dtypes, atomic writes,
+progress and the commit have their own homes: vit_fast.dtypes, vit_fast.files, vit_fast.progress,
+vit_fast.env.)"""
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from vit_fast.files import check_output_file, written_by_vit_fast
+
 METADATA_SUFFIX = ".json"
+ONNX_SUFFIXES = (".onnx",)
+ENGINE_SUFFIXES = (".plan", ".engine", ".trt")
+REPORT_SUFFIXES = (".json",)
+#: what an artifact of each kind is called in messages, and the suffixes it may have
+ARTIFACT_KINDS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "onnx": ("ONNX file", ONNX_SUFFIXES),
+    "engine": ("TensorRT engine", ENGINE_SUFFIXES),
+}
 
 
 class ExportError(RuntimeError):
@@ -41,20 +52,99 @@ def check_batch_range(batch: Any, names: Sequence[str] = ("min", "max")) -> tupl
 
 
 def check_output_path(path: str | os.PathLike) -> Path:
-    """The output path, after checking that its folder exists and can be written (before any work)."""
+    """The output path, after checking that it is not a folder and that its folder exists and can be written.
+
+    The basic check only: :func:`check_artifact_outputs` and :func:`check_report_path` add the suffix and
+    the refusal to replace a file vit-fast did not write."""
+    return check_output_file(path, ("",), "output", ours=None)
+
+
+def is_vit_fast_artifact(path: str | os.PathLike) -> bool:
+    """Whether the file at ``path`` is an artifact vit-fast wrote: its metadata JSON beside it is ours, or
+    (an ONNX file) its ``metadata_props`` carry vit-fast's record."""
     path = Path(path)
-    if path.exists() and path.is_dir():
-        raise ValueError(f"output {str(path)!r} is a folder; give a file path such as {str(path / 'model.onnx')!r}")
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise ValueError(f"output folder {str(folder)!r} does not exist: create it first (mkdir -p {folder})")
+    if written_by_vit_fast(metadata_path(path)):
+        return True
+    if path.suffix.lower() not in ONNX_SUFFIXES or not path.is_file():
+        return False
     try:
-        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.probe-", dir=folder)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as err:
-        raise ValueError(f"output folder {str(folder)!r} cannot be written: {err.strerror or err}") from err
+        import onnx
+
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception:  # not ONNX at all, or onnx missing: not provably ours
+        return False
+    return any(p.key == "vit_fast" for p in proto.metadata_props)
+
+
+def check_artifact_outputs(
+    path: str | os.PathLike, kind: str, overwrite: bool = False, external_data: bool = False
+) -> Path:
+    """Every check on an artifact's output paths made before any work: the artifact (``kind`` ``"onnx"`` or
+    ``"engine"``: suffix, folder, parent, writable, an existing file vit-fast did not write), its metadata
+    ``PATH.json`` and, with ``external_data``, ``PATH.data``. A ValueError names the path and the fix.
+
+    An existing artifact with vit-fast's metadata may be replaced; anything else only with ``overwrite``.
+    A folder where one of the files goes is always refused.
+    """
+    what, suffixes = ARTIFACT_KINDS[kind]
+    path = check_output_file(path, suffixes, what, ours=is_vit_fast_artifact, overwrite=overwrite)
+    ours = is_vit_fast_artifact(path) if path.exists() else None
+    sidecars = [(metadata_path(path), "metadata")] + (
+        [(Path(str(path) + ".data"), "external data")] if external_data else []
+    )
+    for side, role in sidecars:
+        if side.is_dir():
+            raise ValueError(
+                f"the {role} of {what} {str(path)!r} goes to {str(side)!r}, which is a folder: move it away or "
+                "choose another output path"
+            )
+        if not side.exists() or overwrite:
+            continue
+        mine = written_by_vit_fast(side) if role == "metadata" else bool(ours)
+        if not mine:
+            raise ValueError(
+                f"the {role} of {what} {str(path)!r} goes to {str(side)!r}, which exists and was not written by "
+                "vit-fast; refusing to replace it: choose another output path, or allow replacing it "
+                "(overwrite=True; --overwrite on the command line)"
+            )
     return path
+
+
+def check_report_path(path: str | os.PathLike, overwrite: bool = False) -> Path:
+    """A JSON report's path, checked before any work (``.json``; a missing folder is made when written)."""
+    return check_output_file(path, REPORT_SUFFIXES, "report", overwrite=overwrite, make_parents=True)
+
+
+def plain_model(model: Any, what: str = "export") -> Any:
+    """The plain :class:`vit_fast.VisionTransformer` for ``model``: itself, or, for a subclass whose ``forward``
+    is not the plain one (the Hugging Face drop-in ``HFViT``), its ``as_vit_fast()``. Export, verify and the
+    bench take every model through here; anything else is a TypeError saying how to convert it."""
+    from vit_fast.model import VisionTransformer
+
+    if not isinstance(model, VisionTransformer):
+        raise TypeError(
+            f"{what} takes a vit_fast.VisionTransformer, got {type(model).__name__}: "
+            "convert timm / Hugging Face models first with vit_fast.optimize(model)"
+        )
+    if type(model).forward is VisionTransformer.forward:
+        return model
+    as_plain = getattr(model, "as_vit_fast", None)
+    if as_plain is None:
+        raise TypeError(
+            f"{what}: {type(model).__name__} overrides VisionTransformer.forward and has no as_vit_fast() giving "
+            "the plain module; pass a plain vit_fast.VisionTransformer"
+        )
+    return as_plain()
+
+
+def weights_record(model: Any) -> dict[str, Any]:
+    """Where ``model``'s weights came from, as every artifact and report records it: the one-line
+    description (``random (seed 0)`` for a preset's random weights) and the ``weights_source`` dict."""
+    describe = getattr(model, "describe_weights", None)
+    return {
+        "description": describe() if describe is not None else "unknown",
+        "source": dict(getattr(model, "weights_source", None) or {}),
+    }
 
 
 def check_readable_file(path: str | os.PathLike, what: str = "file") -> Path:

@@ -1,9 +1,12 @@
 """ONNX export of a :class:`vit_fast.VisionTransformer`.
 
-The torch backend is traced (on a CPU copy of the model, in eval mode), the batch dimension is
-symbolic, each LayerNorm is one ``LayerNormalization`` node (opset >= 17), and the metadata goes
-both into the model's ``metadata_props`` and into a JSON file beside it. Files are staged in a
-private folder beside the target and moved into place only when everything succeeded.
+The torch backend is traced (on a CPU copy of the model, in eval mode, wrapped in
+``graph.ExportGraph``: the outputs asked for, an optional uint8 preprocessing front), the batch
+dimension is symbolic, each LayerNorm is one ``LayerNormalization`` node (opset >= 17), and the
+metadata (config, I/O, preprocessing, weights, and with ``verify=`` the verification record) goes
+both into the model's ``metadata_props`` and into a JSON file beside it. Every output path is
+checked before any work; files are staged in a private folder beside each target, the staged ONNX
+file is verified there, and everything is moved into place only when all of it succeeded.
 
 Routes, as measured with torch 2.13 / onnxruntime 1.31 (CPU):
 
@@ -26,7 +29,8 @@ import copy
 import json
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,17 +40,35 @@ from torch import nn
 
 from vit_fast.dtypes import DTYPE_NAMES, parse_dtype
 from vit_fast.env import git_commit
-from vit_fast.files import publish, staging_dir
+from vit_fast.files import OWNER_FILE, json_text, publish_to, staging_dir
 from vit_fast.progress import Stages
 
-from ._common import ExportError, check_batch_range, check_output_path, metadata_path, vit_fast_version
+from ._common import (
+    ExportError,
+    check_artifact_outputs,
+    check_batch_range,
+    check_report_path,
+    metadata_path,
+    plain_model,
+    vit_fast_version,
+    weights_record,
+)
+from .graph import (
+    DEFAULT_INPUT_NAME,
+    ExportGraph,
+    check_io_names,
+    check_outputs,
+    check_preprocess,
+    example_images,
+    image_axes,
+)
+from .verify import VerifyOptions, stage_report, verify_options, verify_staged
 
 EXPORTERS = ("dynamo", "torchscript")
 ATTENTION = ("decomposed", "fused")
 MIN_OPSET = 17  # LayerNormalization
 FUSED_ATTENTION_OPSET = 23  # Attention
 TORCHSCRIPT_MAX_OPSET = 20
-INPUT_NAME = "images"
 METADATA_PROP = "vit_fast"  # metadata_props key holding the whole metadata as JSON
 # single-file protobufs must stay below 2 GiB; larger weights go to external data beside the model
 _EXTERNAL_DATA_BYTES = 1_800_000_000
@@ -83,13 +105,7 @@ def check_onnx_args(
     model: Any, batch: Any, dtype: Any, opset: Any, exporter: Any, dynamic_size: Any, attention: Any
 ) -> tuple[tuple[int, int], torch.dtype, int]:
     """Validate :func:`to_onnx`'s arguments before any work; returns (batch, dtype, opset)."""
-    from vit_fast.model import VisionTransformer
-
-    if not isinstance(model, VisionTransformer):
-        raise TypeError(
-            f"to_onnx exports a vit_fast.VisionTransformer, got {type(model).__name__}: "
-            "convert timm / Hugging Face models first with vit_fast.optimize(model)"
-        )
+    plain_model(model, "to_onnx")
     if exporter not in EXPORTERS:
         raise ValueError(f"exporter must be one of {EXPORTERS}, got {exporter!r}")
     if attention not in ATTENTION:
@@ -121,8 +137,28 @@ def check_onnx_args(
     return batch, dtype, opset
 
 
-def _export_copy(model: nn.Module, dtype: torch.dtype, dynamic_size: bool, attention: str) -> nn.Module:
-    """A CPU copy on the torch backend, in eval mode and ``dtype``; the caller's model is untouched."""
+@dataclass(frozen=True)
+class GraphSpec:
+    """What the exported graph takes and returns: output kinds, I/O names, the preprocessing front."""
+
+    outputs: tuple[str, ...]
+    input_name: str
+    output_names: tuple[str, ...]
+    preprocess: dict[str, Any] | None
+
+
+def check_graph_args(cfg: Any, outputs: Any, input_name: Any, output_names: Any, preprocess: Any) -> GraphSpec:
+    """Validate :func:`to_onnx`'s graph arguments against the model config ``cfg``, before any work."""
+    kinds = check_outputs(outputs, cfg.num_classes)
+    name, names = check_io_names(input_name, output_names, kinds)
+    return GraphSpec(kinds, name, names, check_preprocess(preprocess, cfg.in_chans))
+
+
+def _export_copy(
+    model: nn.Module, dtype: torch.dtype, dynamic_size: bool, attention: str, spec: GraphSpec
+) -> ExportGraph:
+    """The graph to trace: a CPU copy of the model on the torch backend, in eval mode and ``dtype``, wrapped
+    with the outputs and preprocessing of ``spec``; the caller's model is untouched."""
     m = copy.deepcopy(model).cpu().to(dtype).eval()
     m.set_backend("torch")
     if dynamic_size and not m.cfg.dynamic_img_size:
@@ -130,57 +166,65 @@ def _export_copy(model: nn.Module, dtype: torch.dtype, dynamic_size: bool, atten
     if attention == "fused":
         for block in m.blocks:
             block.attn = FusedAttention(block.attn)
-    for p in m.parameters():
+    graph = ExportGraph(m, spec.outputs, spec.preprocess).to(dtype).eval()
+    for p in graph.parameters():
         p.requires_grad_(False)
-    return m
+    return graph
 
 
-def _example_input(m: nn.Module, batch: tuple[int, int], dynamic_size: bool, dtype: torch.dtype) -> torch.Tensor:
-    cfg = m.cfg
+def _example_input(
+    cfg: Any, batch: tuple[int, int], dynamic_size: bool, dtype: torch.dtype, spec: GraphSpec
+) -> torch.Tensor:
     trace_batch = min(max(2, batch[0]), max(2, batch[1]))  # >= 2, so no exporter specialises the batch to 1
     h, w = cfg.img_hw
     if dynamic_size:  # off the native grid, so the traced graph keeps the position-embedding resize
         h, w = h + cfg.patch_size, w + 2 * cfg.patch_size
     gen = torch.Generator().manual_seed(0)
-    return torch.randn(trace_batch, cfg.in_chans, h, w, generator=gen).to(dtype)
+    return example_images(trace_batch, cfg.in_chans, h, w, dtype, spec.preprocess, gen)
 
 
 def _run_exporter(
-    m: nn.Module,
+    m: ExportGraph,
     x: torch.Tensor,
     out: Path,
     exporter: str,
     opset: int,
     batch: tuple[int, int],
     dynamic_size: bool,
-    output_name: str,
+    spec: GraphSpec,
     external_data: bool,
 ) -> None:
+    _, h_axis, w_axis = image_axes(spec.preprocess)
+    cfg = m.model.cfg
     with warnings.catch_warnings():  # the exporters' own deprecation chatter says nothing about this model
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", FutureWarning)
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
-        p = m.cfg.patch_size
+        p = cfg.patch_size
         if exporter == "dynamo":
             dims: dict[int, Any] = {0: torch.export.Dim("batch", min=1, max=max(2, batch[1]))}
             if dynamic_size:
-                gh, gw = m.cfg.grid_size
-                dims[2] = p * torch.export.Dim("grid_h", min=1, max=max(64, 4 * gh))
-                dims[3] = p * torch.export.Dim("grid_w", min=1, max=max(64, 4 * gw))
+                gh, gw = cfg.grid_size
+                dims[h_axis] = p * torch.export.Dim("grid_h", min=1, max=max(64, 4 * gh))
+                dims[w_axis] = p * torch.export.Dim("grid_w", min=1, max=max(64, 4 * gw))
             torch.onnx.export(
                 m,
                 (x,),
                 str(out),
                 dynamo=True,
                 opset_version=opset,
-                input_names=[INPUT_NAME],
-                output_names=[output_name],
-                dynamic_shapes={"x": dims},
+                input_names=[spec.input_name],
+                output_names=list(spec.output_names),
+                dynamic_shapes=(dims,),
                 external_data=external_data,
                 verbose=False,
             )
         else:
-            axes = {0: "batch", 2: "height", 3: "width"} if dynamic_size else {0: "batch"}
+            axes = {0: "batch", h_axis: "height", w_axis: "width"} if dynamic_size else {0: "batch"}
+            out_axes = {
+                name: ({0: "batch", 1: "tokens"} if kind == "last_hidden_state" and dynamic_size else {0: "batch"})
+                for kind, name in zip(spec.outputs, spec.output_names, strict=True)
+            }
             with _bicubic_aa_symbolic(opset):
                 torch.onnx.export(
                     m,
@@ -188,9 +232,9 @@ def _run_exporter(
                     str(out),
                     dynamo=False,
                     opset_version=opset,
-                    input_names=[INPUT_NAME],
-                    output_names=[output_name],
-                    dynamic_axes={INPUT_NAME: axes, output_name: {0: "batch"}},
+                    input_names=[spec.input_name],
+                    output_names=list(spec.output_names),
+                    dynamic_axes={spec.input_name: axes, **out_axes},
                     do_constant_folding=True,
                 )
 
@@ -250,12 +294,21 @@ def to_onnx(
     attention: str = "decomposed",
     source: str | None = None,
     progress: bool = True,
+    *,
+    outputs: str | Sequence[str] | None = None,
+    input_name: str = DEFAULT_INPUT_NAME,
+    output_names: str | Sequence[str] | None = None,
+    preprocess: dict[str, Any] | None = None,
+    verify: bool | VerifyOptions = False,
+    report: str | os.PathLike | None = None,
+    overwrite: bool = False,
 ) -> Path:
-    """Export ``model`` (a :class:`vit_fast.VisionTransformer`) to an ONNX file at ``path``.
+    """Export ``model`` (a :class:`vit_fast.VisionTransformer`, or a subclass with ``as_vit_fast()`` such as
+    the Hugging Face drop-in) to an ONNX file at ``path``.
 
-    - ``batch=(min, max)``: the batch range served; dim 0 of the input ``images [B, C, H, W]``
-      is symbolic (checked in the saved graph) and the range is recorded in the metadata.
-    - ``dtype``: weights and input dtype, float32 / float16 / bfloat16 (a converted copy).
+    - ``batch=(min, max)``: the batch range served; dim 0 of the input is symbolic (checked in the saved
+      graph) and the range is recorded in the metadata.
+    - ``dtype``: weights and compute dtype, float32 / float16 / bfloat16 (a converted copy).
     - ``opset``: default 18 (23 with ``attention="fused"``); at least 17.
     - ``exporter``: ``"dynamo"`` (torch.export) or ``"torchscript"``.
     - ``dynamic_size``: symbolic H and W (multiples of the patch size). The exported copy gets
@@ -263,23 +316,48 @@ def to_onnx(
     - ``attention="fused"``: one ONNX ``Attention`` node per block (opset 23, dynamo only).
     - ``source``: how the model was named (preset, checkpoint), kept in the metadata so a later
       TensorRT build can verify against it.
+    - ``outputs``: any of ``"logits"`` ``[B, num_classes]``, ``"pooled"`` ``[B, D]`` (features before the
+      head), ``"last_hidden_state"`` ``[B, T, D]``, one or several, in order; default logits (pooled for a
+      model without a head). ``input_name`` (default ``images``) and ``output_names`` (default the output
+      kinds) name the graph's I/O, e.g. ``input_name="pixel_values"`` as optimum names it.
+    - ``preprocess``: None, or ``dict(layout="NCHW"|"NHWC", mean=(...), std=(...), scale=1/255)``: the graph
+      takes uint8 images ``[B, C, H, W]`` / ``[B, H, W, C]`` at the model's size and normalises them inside
+      (``(x * scale - mean) / std``, no resize).
+    - ``verify``: True (or :class:`VerifyOptions`) verifies the STAGED file against ``model`` on ONNX Runtime
+      (every output, the same preprocessing on the eager side) before anything is published; the result
+      (passed, rule, worst error, batches, seed, date, versions) is recorded in the metadata.
+      A failure raises :class:`VerificationError` and publishes nothing.
+    - ``report``: with ``verify``, the verification report as JSON, published with the artifact.
+    - ``overwrite``: replace existing files that vit-fast did not write (an earlier vit-fast artifact at
+      ``path`` is replaced without it).
 
-    Writes ``path`` (plus ``path + ".data"`` for weights over ~1.8 GB) and ``path + ".json"``
-    atomically; returns ``path``. The output is named ``logits`` (``features`` when
-    ``num_classes == 0``). Raises ValueError / TypeError for bad arguments before any work and
-    :class:`ExportError` when the exporter fails.
+    Every output path is checked before any work (suffix ``.onnx`` / ``.json``, folders, a file in the
+    way). The artifact (plus ``path + ".data"`` for weights over ~1.8 GB), ``path + ".json"`` and the
+    report are written in staging folders beside their targets and moved into place together only at the
+    end: a failed or killed run leaves every target as it was. The metadata records the weights
+    (``model.describe_weights()``, ``model.weights_source``). Returns ``path``. Raises ValueError /
+    TypeError for bad arguments before any work and :class:`ExportError` when the exporter fails.
     """
     batch, dtype, opset = check_onnx_args(model, batch, dtype, opset, exporter, dynamic_size, attention)
-    path = check_output_path(path)
+    model = plain_model(model, "to_onnx")
+    cfg = model.cfg
+    spec = check_graph_args(cfg, outputs, input_name, output_names, preprocess)
+    options = verify_options(verify, report)
+    if options is not None and dtype == torch.bfloat16 and _verifies_on_cpu(options.provider):
+        raise ValueError(
+            "bf16 ONNX files cannot be verified on ONNX Runtime's CPU provider (no bf16 Conv, and its Python API "
+            "has no bf16 arrays): export fp16 or fp32, or export without verification and verify the TensorRT "
+            "engine built from it"
+        )
+    weight_bytes = sum(p.numel() for p in model.parameters()) * torch.empty((), dtype=dtype).element_size()
+    external = weight_bytes > _EXTERNAL_DATA_BYTES
+    path = check_artifact_outputs(path, "onnx", overwrite, external_data=external)
+    report_path = check_report_path(report, overwrite) if report is not None else None
     import onnx  # noqa: F401  (fail early and clearly where the onnx extra is missing)
 
     stages = Stages("vit-fast export", progress)
-    cfg = model.cfg
-    output_name = "logits" if cfg.num_classes else "features"
-    m = _export_copy(model, dtype, dynamic_size, attention)
-    x = _example_input(m, batch, dynamic_size, dtype)
-    weight_bytes = sum(p.numel() * p.element_size() for p in m.parameters())
-    external = weight_bytes > _EXTERNAL_DATA_BYTES
+    m = _export_copy(model, dtype, dynamic_size, attention, spec)
+    x = _example_input(cfg, batch, dynamic_size, dtype, spec)
     meta = {
         "format": "onnx",
         "config": cfg.to_dict() | ({"dynamic_img_size": True} if dynamic_size else {}),
@@ -289,20 +367,30 @@ def to_onnx(
         "batch": list(batch),
         "dynamic_size": dynamic_size,
         "attention": attention,
-        "input": INPUT_NAME,
-        "output": output_name,
+        "input": spec.input_name,
+        "input_dtype": "uint8" if spec.preprocess else DTYPE_NAMES[dtype],
+        "input_layout": spec.preprocess["layout"] if spec.preprocess else "NCHW",
+        "preprocess": spec.preprocess,
+        "outputs": list(spec.outputs),
+        "output_names": list(spec.output_names),
+        "output": spec.output_names[0],
         "source": source,
+        "weights": weights_record(model),
+        "verification": None,
         "vit_fast_version": vit_fast_version(),
         "git_commit": git_commit(),
         "torch_version": torch.__version__,
     }
-    with staging_dir(path) as tmp:
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(staging_dir(path))
         traced = tmp / path.name
         what = f"tracing {_describe(model)} with the {exporter} exporter (opset {opset}, {DTYPE_NAMES[dtype]})"
         with stages.step(what):
             try:
                 with torch.no_grad():
-                    _run_exporter(m, x, traced, exporter, opset, batch, dynamic_size, output_name, external)
+                    _run_exporter(m, x, traced, exporter, opset, batch, dynamic_size, spec, external)
+            except OSError as err:  # a full disk, a vanished folder: not the exporter's fault, no exporter hint
+                raise ExportError(f"cannot write the traced graph beside {str(path)!r}: {err.strerror or err}") from err
             except Exception as err:
                 other = "torchscript" if exporter == "dynamo" else "dynamo"
                 hint = f"; try exporter={other!r}" if attention != "fused" else ""
@@ -310,11 +398,66 @@ def to_onnx(
                 raise ExportError(
                     f"the {exporter} exporter could not trace {_describe(model)}: {type(err).__name__}: {first}{hint}"
                 ) from err
+        del m
         with stages.step("checking the graph and writing metadata"):
-            final = _finish(traced, tmp, path, meta, external, dynamic_size, attention, cfg.depth)
-        publish(final, path.parent)
-    stages.note(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB) and {metadata_path(path).name}")
+            staged = _finish(traced, tmp, path, meta, external, dynamic_size, attention, cfg.depth, spec)
+        moves = [(f, path.parent / f.name) for f in staged]
+        if options is not None:
+            with stages.step(f"verifying {path.name} against eager PyTorch on ONNX Runtime"):
+                result = verify_staged(model, traced, options, path)
+            meta["verification"] = result.record()
+            _write_metadata(traced, meta)
+            if report_path is not None:
+                moves.append(stage_report(stack, result, report_path))
+        publish_to(moves)
+    written = f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB) and {metadata_path(path).name}"
+    stages.note(written + ("" if options is None else f"; verified: {meta['verification']['passed']}"))
     return path
+
+
+def _verifies_on_cpu(provider: str | None) -> bool:
+    """Whether verification would run on ONNX Runtime's CPU provider."""
+    if provider is not None:
+        return provider == "CPUExecutionProvider"
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return True
+    return "CUDAExecutionProvider" not in ort.get_available_providers()
+
+
+def _props(meta: dict[str, Any]) -> list[tuple[str, str]]:
+    """The ONNX ``metadata_props`` vit-fast writes: the whole record, and its main fields on their own."""
+    return [
+        (METADATA_PROP, json.dumps(meta, sort_keys=True)),
+        ("vit_fast.config", json.dumps(meta["config"], sort_keys=True)),
+        ("vit_fast.dtype", meta["dtype"]),
+        ("vit_fast.batch", json.dumps(meta["batch"])),
+        ("vit_fast.exporter", meta["exporter"]),
+        ("vit_fast.opset", str(meta["opset"])),
+        ("vit_fast.version", meta["vit_fast_version"]),
+        ("vit_fast.git_commit", meta["git_commit"]),
+        ("vit_fast.weights", meta["weights"]["description"]),
+        ("vit_fast.verified", json.dumps(bool(meta["verification"] and meta["verification"]["passed"]))),
+    ]
+
+
+def _set_props(proto: Any, meta: dict[str, Any]) -> None:
+    del proto.metadata_props[:]
+    for key, value in _props(meta):
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = key, value
+
+
+def _write_metadata(staged: Path, meta: dict[str, Any]) -> None:
+    """Rewrite a staged ONNX file's metadata props and the JSON beside it with ``meta`` (the graph and any
+    external data are left as they are)."""
+    import onnx
+
+    proto = onnx.load(str(staged), load_external_data=False)
+    _set_props(proto, meta)
+    onnx.save_model(proto, str(staged))
+    metadata_path(staged).write_text(json_text(meta))
 
 
 def _finish(
@@ -326,6 +469,7 @@ def _finish(
     dynamic_size: bool,
     attention: str,
     depth: int,
+    spec: GraphSpec,
 ) -> list[Path]:
     """Check the traced graph, add metadata, save it under its final name in ``tmp``; return files to move."""
     import onnx
@@ -333,36 +477,32 @@ def _finish(
     proto = onnx.load(str(traced))  # external data, if any, is read in too
     graph_input = proto.graph.input[0]
     symbolic = _symbolic_dims(graph_input)
+    _, h_axis, w_axis = image_axes(spec.preprocess)
     if not symbolic or not symbolic[0]:
         raise ExportError(
             f"the exported graph's input {graph_input.name!r} has a fixed batch dimension "
             f"({graph_input.type.tensor_type.shape}); expected a symbolic one"
         )
-    if dynamic_size and not (symbolic[2] and symbolic[3]):
+    if dynamic_size and not (symbolic[h_axis] and symbolic[w_axis]):
         raise ExportError(f"dynamic_size=True, but the exported graph's height/width are fixed: {symbolic}")
+    names = [o.name for o in proto.graph.output]
+    if graph_input.name != spec.input_name or names != list(spec.output_names):
+        raise ExportError(
+            f"the exported graph's I/O is {graph_input.name!r} -> {names}, expected {spec.input_name!r} -> "
+            f"{list(spec.output_names)}"
+        )
     ops = [n.op_type for n in proto.graph.node]
     if attention == "fused" and ops.count("Attention") != depth:
         raise ExportError(f"expected {depth} fused Attention nodes, found {ops.count('Attention')}")
     meta["op_counts"] = {op: ops.count(op) for op in sorted(set(ops))}
     if external:  # recorded before the props are written, so the file and the JSON beside it agree
         meta["external_data"] = path.name + ".data"
-    del proto.metadata_props[:]
-    for key, value in (
-        (METADATA_PROP, json.dumps(meta, sort_keys=True)),
-        ("vit_fast.config", json.dumps(meta["config"], sort_keys=True)),
-        ("vit_fast.dtype", meta["dtype"]),
-        ("vit_fast.batch", json.dumps(meta["batch"])),
-        ("vit_fast.exporter", meta["exporter"]),
-        ("vit_fast.opset", str(meta["opset"])),
-        ("vit_fast.version", meta["vit_fast_version"]),
-        ("vit_fast.git_commit", meta["git_commit"]),
-    ):
-        entry = proto.metadata_props.add()
-        entry.key, entry.value = key, value
+    _set_props(proto, meta)
     proto.producer_name, proto.doc_string = "vit-fast", f"vit-fast {meta['vit_fast_version']} ({meta['exporter']})"
 
-    for f in tmp.iterdir():  # the exporter's own files are replaced by ours
-        f.unlink()
+    for f in tmp.iterdir():  # the exporter's own files are replaced by ours (the run's lock file stays)
+        if f.name != OWNER_FILE:
+            f.unlink()
     out = tmp / path.name
     files = []
     if external:
@@ -373,7 +513,7 @@ def _finish(
         onnx.save_model(proto, str(out))
     onnx.checker.check_model(str(out))
     meta_file = metadata_path(out)
-    meta_file.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    meta_file.write_text(json_text(meta))
     return [*files, out, meta_file]
 
 

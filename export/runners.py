@@ -3,15 +3,19 @@ backends run the same way, used by ``verify``, the benchmark and the demo.
 
 Every runner offers:
 
-- ``run(x) -> torch.Tensor``: one forward of images ``x`` ``[B, C, H, W]``; the first output
-  (``[B, num_classes]`` logits or ``[B, D]`` features) on the CPU. For verification.
-- ``prepare(x) -> call``: ``x`` moved to the runner's device and dtype and bound once, with the
-  output buffers; ``call()`` runs one forward and returns the output on the runner's device, with
-  no host copy on a GPU (a bound buffer that the next call overwrites: clone it to keep it). For timing.
-- ``dtype``: the precision the artifact computes in (what verify runs eager in); ``runtime``: a
-  description string (runtime, version, provider or GPU); ``output_name``; ``batch_range``:
-  ``(min, max)`` images the artifact takes, or None when it does not say; ``check_batch(b)``
-  raises an ArtifactError naming the file when it cannot run batch ``b``; ``close()``.
+- ``run_all(x) -> {name: tensor}``: one forward of images ``x`` (``[B, C, H, W]`` floats, or uint8 pixels
+  in the layout of an artifact with a preprocessing front); every output on the CPU. For verification.
+- ``run(x) -> torch.Tensor``: the same, the first output only.
+- ``prepare(x) -> call``: ``x`` moved to the runner's device and input dtype and bound once, with the
+  output buffers; ``call()`` runs one forward (every output is computed) and returns the first output
+  on the runner's device, with no host copy on a GPU (a bound buffer that the next call overwrites:
+  clone it to keep it). For timing.
+- ``dtype``: the precision the artifact computes in (what verify runs eager in); ``input_dtype``: what
+  its input takes (that dtype, or uint8); ``runtime``: a description string (runtime, version,
+  provider or GPU); ``output_names`` (``output_name`` is the first); ``batch_range``: ``(min, max)``
+  images the artifact takes, or None when it does not say; ``check_batch(b)`` raises an ArtifactError
+  naming the file when it cannot run batch ``b``; ``threads``: the CPU threads it was given (None: the
+  runtime's own, or a GPU); ``close()``.
 
 :func:`open_artifact` picks the runner from the file's suffix. onnx, onnxruntime and tensorrt are
 imported only when a runner for them is opened.
@@ -30,33 +34,50 @@ from torch import nn
 
 from vit_fast.dtypes import ONNX_ELEM_TYPES, ORT_TYPES
 
-from ._common import ArtifactError, check_readable_file, read_metadata
+from ._common import ENGINE_SUFFIXES, ONNX_SUFFIXES, ArtifactError, check_readable_file, read_metadata
 from .trt_common import check_batch_in_profile, check_engine_compat, gpu_sm, require_tensorrt, torch_dtype
 
-ONNX_SUFFIXES = (".onnx",)
-ENGINE_SUFFIXES = (".plan", ".engine", ".trt")
 CUDA_EP, CPU_EP = "CUDAExecutionProvider", "CPUExecutionProvider"
+#: an image input may also be uint8 pixels (an artifact exported with a preprocessing front):
+#: ONNX ``TensorProto.UINT8`` = 2 and ONNX Runtime's ``tensor(uint8)``, beside the float types
+INPUT_ELEM_TYPES: dict[int, torch.dtype] = {**ONNX_ELEM_TYPES, 2: torch.uint8}
+INPUT_ORT_TYPES: dict[str, torch.dtype] = {**ORT_TYPES, "tensor(uint8)": torch.uint8}
 
 
 class Runner:
-    """What every runner offers (see the module docstring); subclasses set the attributes and ``prepare``."""
+    """What every runner offers (see the module docstring); subclasses set the attributes and ``_bind``."""
 
     dtype: torch.dtype
+    input_dtype: torch.dtype
     runtime: str
-    output_name: str = "output"
+    output_names: list[str] = ["output"]  # noqa: RUF012  (a class default, replaced per instance)
     batch_range: tuple[int, int] | None = None
+    threads: int | None = None
+
+    @property
+    def output_name(self) -> str:
+        return self.output_names[0]
 
     def check_batch(self, batch: int) -> None:
         """Raise an ArtifactError when this runner cannot run ``batch`` images; the default takes any."""
 
-    def prepare(self, x: torch.Tensor) -> Callable[[], torch.Tensor]:
-        """Bind ``x`` ``[B, C, H, W]`` and the output buffers; the call returns the output on the runner's device."""
+    def _bind(self, x: torch.Tensor) -> Callable[[], dict[str, torch.Tensor]]:
+        """Bind ``x`` and the output buffers; the call returns every output, by name, on the runner's device."""
         raise NotImplementedError
 
-    def run(self, x: torch.Tensor) -> torch.Tensor:
-        """One forward of ``x`` ``[B, C, H, W]``; the first output on the CPU."""
+    def prepare(self, x: torch.Tensor) -> Callable[[], torch.Tensor]:
+        """Bind ``x`` and the output buffers; the call returns the first output on the runner's device."""
+        bound, first = self._bind(x), self.output_name
+        return lambda: bound()[first]
+
+    def run_all(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """One forward of ``x``; every output, by name, on the CPU."""
         self.check_batch(int(x.shape[0]))
-        return self.prepare(x)().cpu()
+        return {name: t.cpu() for name, t in self._bind(x)().items()}
+
+    def run(self, x: torch.Tensor) -> torch.Tensor:
+        """One forward of ``x``; the first output on the CPU."""
+        return self.run_all(x)[self.output_name]
 
     def close(self) -> None:
         """Drop the session / engine / model so its memory can be freed."""
@@ -88,9 +109,16 @@ class OrtRunner(Runner):
         if not proto.graph.input or not proto.graph.output:
             raise ArtifactError(f"{str(self.path)!r} is not an ONNX model (a graph with inputs and outputs)")
         elem = proto.graph.input[0].type.tensor_type.elem_type
-        if elem not in ONNX_ELEM_TYPES:
-            raise ArtifactError(f"{str(self.path)!r}: input element type {elem} is not fp32, fp16 or bf16")
-        self.dtype = ONNX_ELEM_TYPES[elem]
+        if elem not in INPUT_ELEM_TYPES:
+            raise ArtifactError(f"{str(self.path)!r}: input element type {elem} is not fp32, fp16, bf16 or uint8")
+        out_elem = proto.graph.output[0].type.tensor_type.elem_type
+        # the precision it computes in: the input's, or for uint8 pixels the outputs' (or the metadata's)
+        self.dtype = INPUT_ELEM_TYPES[elem]
+        if self.dtype == torch.uint8:
+            meta_dtype = (read_metadata(self.path) or {}).get("dtype")
+            self.dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}.get(
+                str(meta_dtype), ONNX_ELEM_TYPES.get(out_elem, torch.float32)
+            )
         available = ort.get_available_providers()
         provider = provider or (CUDA_EP if CUDA_EP in available else CPU_EP)
         if provider not in available:
@@ -111,12 +139,15 @@ class OrtRunner(Runner):
             raise ArtifactError(f"ONNX Runtime cannot load {str(self.path)!r}: {err}") from err
         self.provider = self.session.get_providers()[0]
         self._refuse_bf16_on_cpu(self.provider)
-        inp, out = self.session.get_inputs()[0], self.session.get_outputs()[0]
-        self.input_name, self.output_name = inp.name, out.name
-        for what, t in (("input", inp.type), ("output", out.type)):
-            if t not in ORT_TYPES:
-                raise ArtifactError(f"{str(self.path)!r}: unsupported ONNX {what} type {t}")
-        self.input_dtype, self.output_dtype = ORT_TYPES[inp.type], ORT_TYPES[out.type]
+        inp, outs = self.session.get_inputs()[0], self.session.get_outputs()
+        self.input_name, self.output_names = inp.name, [o.name for o in outs]
+        if inp.type not in INPUT_ORT_TYPES:
+            raise ArtifactError(f"{str(self.path)!r}: unsupported ONNX input type {inp.type}")
+        for o in outs:
+            if o.type not in ORT_TYPES:
+                raise ArtifactError(f"{str(self.path)!r}: unsupported ONNX output type {o.type} of {o.name!r}")
+        self.input_dtype = INPUT_ORT_TYPES[inp.type]
+        self.output_dtypes = {o.name: ORT_TYPES[o.type] for o in outs}
         self.fixed_batch = inp.shape[0] if isinstance(inp.shape[0], int) else None
         self.batch_range = (self.fixed_batch, self.fixed_batch) if self.fixed_batch else None
         threads_note = f" (intra_op_num_threads={threads})" if threads else ""
@@ -138,39 +169,51 @@ class OrtRunner(Runner):
         if self.fixed_batch is not None and batch != self.fixed_batch:
             raise ArtifactError(f"{str(self.path)!r} has a fixed batch of {self.fixed_batch}; cannot run batch {batch}")
 
-    def prepare(self, x: torch.Tensor) -> Callable[[], torch.Tensor]:
-        session = self.session
+    def _bind(self, x: torch.Tensor) -> Callable[[], dict[str, torch.Tensor]]:
+        session, names = self.session, list(self.output_names)
         if not self.on_gpu:
             feed = {self.input_name: x.detach().to(self.input_dtype).cpu().numpy()}
-            names = [self.output_name]
-            return lambda: torch.from_numpy(session.run(names, feed)[0])
+            return lambda: dict(zip(names, (torch.from_numpy(a) for a in session.run(names, feed)), strict=True))
         device = torch.device("cuda", self.device_id)
         xin = x.detach().to(device=device, dtype=self.input_dtype).contiguous()
-        out = torch.full(self._output_shape(int(x.shape[0])), float("nan"), dtype=self.output_dtype, device=device)
         binding = session.io_binding()
         binding.bind_input(
             self.input_name, "cuda", self.device_id, _element_type(self.input_dtype), tuple(xin.shape), xin.data_ptr()
         )
-        binding.bind_output(
-            self.output_name, "cuda", self.device_id, _element_type(self.output_dtype), tuple(out.shape), out.data_ptr()
-        )
+        shapes = {n: self._output_shape(n, int(x.shape[0])) for n in names}
+        if any(shape is None for shape in shapes.values()):
+            # an output with a symbolic size other than the batch (tokens of a dynamic-size graph): ONNX Runtime
+            # allocates the outputs, and they come back through host memory
+            for n in names:
+                binding.bind_output(n, "cuda", self.device_id)
+            torch.cuda.current_stream(device).synchronize()
+
+            def call_allocated() -> dict[str, torch.Tensor]:
+                _ = xin  # keep the bound input alive
+                session.run_with_iobinding(binding)
+                arrays = binding.copy_outputs_to_cpu()
+                return {n: torch.from_numpy(a).to(device) for n, a in zip(names, arrays, strict=True)}
+
+            return call_allocated
+        outs = {n: torch.full(shapes[n], float("nan"), dtype=self.output_dtypes[n], device=device) for n in names}
+        for n, out in outs.items():
+            binding.bind_output(n, "cuda", self.device_id, _element_type(out.dtype), tuple(out.shape), out.data_ptr())
         # ONNX Runtime reads the bound input on its own stream: let torch's writes of it land first
         torch.cuda.current_stream(device).synchronize()
 
-        def call() -> torch.Tensor:
+        def call() -> dict[str, torch.Tensor]:
             _ = xin  # keep the bound input alive
             session.run_with_iobinding(binding)  # blocks until the outputs are written
-            return out
+            return outs
 
         return call
 
-    def _output_shape(self, batch: int) -> tuple[int, ...]:
-        shape = self.session.get_outputs()[0].shape
+    def _output_shape(self, name: str, batch: int) -> tuple[int, ...] | None:
+        """An output's shape at ``batch``, or None when another of its dimensions is symbolic."""
+        shape = next(o.shape for o in self.session.get_outputs() if o.name == name)
         dims = [d if isinstance(d, int) else None for d in shape]
         dims[0] = batch
-        if any(d is None for d in dims):
-            raise ArtifactError(f"cannot size the output buffer of {str(self.path)!r} from its ONNX shape {shape}")
-        return tuple(dims)
+        return None if any(d is None for d in dims) else tuple(dims)
 
     def close(self) -> None:
         self.session = None
@@ -182,7 +225,7 @@ def _element_type(dtype: torch.dtype) -> Any:
 
     if dtype == torch.bfloat16:
         return next(k for k, v in ONNX_ELEM_TYPES.items() if v == dtype)
-    return {torch.float16: np.float16, torch.float32: np.float32}[dtype]
+    return {torch.float16: np.float16, torch.float32: np.float32, torch.uint8: np.uint8}[dtype]
 
 
 # --------------------------------------------------------------------------- TensorRT
@@ -216,14 +259,15 @@ class EngineRunner(Runner):
                 f"engine {str(self.path)!r} has inputs {inputs} and outputs {outputs}; vit-fast engines have one "
                 "image input and at least one output"
             )
-        self.input_name, self.output_name = inputs[0], outputs[0]
+        self.input_name = inputs[0]
         self.output_names = outputs
-        self.input_dtype = torch_dtype(self.engine.get_tensor_dtype(self.input_name), self.input_name, self.path)
+        self.input_dtype = torch_dtype(self.engine.get_tensor_dtype(self.input_name), self.input_name, self.path, True)
+        self.output_dtypes = {n: torch_dtype(self.engine.get_tensor_dtype(n), n, self.path) for n in outputs}
         # the precision the engine computes in, which verify() runs eager in and judges by: an fp16 engine
         # built from an fp32 ONNX file keeps fp32 I/O but must be compared with eager fp16, not fp32
         precision = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(str(meta.get("precision")))
-        self.dtype = precision or self.input_dtype
-        self.output_dtypes = {n: torch_dtype(self.engine.get_tensor_dtype(n), n, self.path) for n in outputs}
+        io_dtype = self.output_dtypes[outputs[0]] if self.input_dtype == torch.uint8 else self.input_dtype
+        self.dtype = precision or io_dtype
         # get_tensor_profile_shape(name, profile_index) -> [min, opt, max] (TensorRT 10 Python API)
         lo, opt, hi = (tuple(s) for s in self.engine.get_tensor_profile_shape(self.input_name, 0))
         self.profile = (lo[0], opt[0], hi[0])
@@ -240,7 +284,7 @@ class EngineRunner(Runner):
     def check_batch(self, batch: int) -> None:
         check_batch_in_profile(batch, self.profile, self.path)
 
-    def prepare(self, x: torch.Tensor) -> Callable[[], torch.Tensor]:
+    def _bind(self, x: torch.Tensor) -> Callable[[], dict[str, torch.Tensor]]:
         """Bind ``x`` and NaN-filled outputs (an element the engine leaves unwritten shows); one binding at a time."""
         self.check_batch(int(x.shape[0]))
         device = self.stream.device
@@ -258,16 +302,17 @@ class EngineRunner(Runner):
         for name, t in buffers.items():
             if not self.context.set_tensor_address(name, t.data_ptr()):
                 raise RuntimeError(f"TensorRT rejected the buffer for tensor {name!r} of {str(self.path)!r}")
-        context, stream, out, path = self.context, self.stream, buffers[self.output_name], self.path
+        context, stream, path = self.context, self.stream, self.path
+        outs = {n: buffers[n] for n in self.output_names}
 
-        def call() -> torch.Tensor:
+        def call() -> dict[str, torch.Tensor]:
             _ = buffers  # keep the bound buffers alive
             current = torch.cuda.current_stream(device)
             stream.wait_stream(current)  # the input was written on the current stream
             if not context.execute_async_v3(stream.cuda_stream):
                 raise RuntimeError(f"TensorRT execution of {str(path)!r} failed")
             current.wait_stream(stream)  # later work on the current stream (a copy, a timing event) waits for it
-            return out
+            return outs
 
         return call
 
@@ -290,19 +335,19 @@ class ModelRunner(Runner):
         if backend not in self.BACKENDS:
             raise ValueError(f"backend must be one of {self.BACKENDS}, got {backend!r}")
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.dtype = dtype
+        self.dtype = self.input_dtype = dtype
         self.model = copy.deepcopy(model).to(device=self.device, dtype=dtype).eval().set_backend(backend)
         cuda = torch.device(self.device).type == "cuda"
         interpreted = backend == "triton" and interpreter_enabled()
         where = "CUDA" if cuda else "CPU" + (" (Triton interpreter)" if interpreted else "")
         self.runtime = f"vit_fast {backend} backend on {where}"
 
-    def prepare(self, x: torch.Tensor) -> Callable[[], torch.Tensor]:
-        model, xin = self.model, x.detach().to(device=self.device, dtype=self.dtype)
+    def _bind(self, x: torch.Tensor) -> Callable[[], dict[str, torch.Tensor]]:
+        model, xin, name = self.model, x.detach().to(device=self.device, dtype=self.dtype), self.output_name
 
-        def call() -> torch.Tensor:
+        def call() -> dict[str, torch.Tensor]:
             with torch.no_grad():
-                return model(xin)
+                return {name: model(xin)}
 
         return call
 

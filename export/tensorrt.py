@@ -8,8 +8,9 @@ clears the TF32 flag TensorRT sets by default. An fp16/bf16 ONNX file is built S
 there an fp32 ONNX file builds only as an fp32 engine. One
 optimization profile from ``batch=(min, opt, max)``; a timing cache file is read before and
 written after each build so later builds reuse the measured tactics. The engine inspector's
-layer list tells whether attention became one fused layer. The engine is verified against eager
-PyTorch before it is moved to ``engine_path``; one that fails is not left there.
+layer list tells whether attention became one fused layer. The engine is verified (every output of
+the ONNX graph, its preprocessing front included) against eager PyTorch while it is still staged, and
+published with its metadata (and the report) only when it passed; one that fails is not left there.
 
 The metadata beside an engine records the TensorRT version and GPU compute capability it was
 built for and its batch profile; ``runners.EngineRunner`` loads and runs engines, checking that
@@ -18,6 +19,7 @@ metadata with ``trt_common.check_engine_compat`` (a mismatch says what to rebuil
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -27,21 +29,36 @@ import torch
 
 from vit_fast.dtypes import DTYPE_NAMES, ONNX_ELEM_TYPES
 from vit_fast.env import git_commit
-from vit_fast.files import publish, staging_dir, write_atomic
+from vit_fast.files import json_text, publish_to, staging_dir, write_atomic
 from vit_fast.progress import Stages
 
 from ._common import (
     ArtifactError,
     ExportError,
+    check_artifact_outputs,
     check_batch_range,
-    check_output_path,
     check_readable_file,
+    check_report_path,
     metadata_path,
     read_metadata,
     vit_fast_version,
 )
+from .graph import image_axes
 from .trt_common import gpu_sm, require_tensorrt, trt_dtype_name
-from .verify import verify as verify_artifact
+from .verify import VerifyOptions, stage_report, verify_options, verify_staged
+
+#: what an engine's metadata carries over from the ONNX file's: the graph's I/O and where its weights came from
+CARRIED_FROM_ONNX = (
+    "config",
+    "source",
+    "outputs",
+    "output_names",
+    "input",
+    "input_dtype",
+    "input_layout",
+    "preprocess",
+    "weights",
+)
 
 PRECISIONS = ("fp16", "bf16", "fp32")
 _FUSED_ATTENTION_MARKS = ("mha", "attention", "fmha", "flash")
@@ -76,7 +93,7 @@ def weak_typing_flags(builder_flag: Any, precision: str, trt_version: str) -> li
 
 
 def check_tensorrt_args(
-    onnx_path: Any, engine_path: Any, batch: Any, precision: Any, timing_cache: Any
+    onnx_path: Any, engine_path: Any, batch: Any, precision: Any, timing_cache: Any, overwrite: bool = False
 ) -> tuple[Path, Path, tuple[int, int, int], dict[str, Any] | None, str]:
     """Every check :func:`to_tensorrt` makes before TensorRT is touched; returns the cleaned arguments
     (onnx path, engine path, batch triple, ONNX metadata or None, ONNX dtype name)."""
@@ -84,7 +101,7 @@ def check_tensorrt_args(
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     batch = check_batch_range(batch, ("min", "opt", "max"))
     onnx_path = check_readable_file(onnx_path, "ONNX file")
-    engine_path = check_output_path(engine_path)
+    engine_path = check_artifact_outputs(engine_path, "engine", overwrite)
     if timing_cache is not None:
         cache = Path(timing_cache)
         if cache.exists() and not cache.is_file():
@@ -99,7 +116,10 @@ def check_tensorrt_args(
         raise ArtifactError(f"cannot read {str(onnx_path)!r} as an ONNX model: {type(err).__name__}: {err}") from err
     if not proto.graph.input:
         raise ArtifactError(f"{str(onnx_path)!r} is not an ONNX model (its graph has no inputs)")
+    # the graph's compute dtype: its input's, or for uint8 pixels (a preprocessing front) its first output's
     elem = ONNX_ELEM_TYPES.get(proto.graph.input[0].type.tensor_type.elem_type)
+    if elem is None and proto.graph.output:
+        elem = ONNX_ELEM_TYPES.get(proto.graph.output[0].type.tensor_type.elem_type)
     onnx_dtype = DTYPE_NAMES[elem] if elem is not None else "unknown"
     if onnx_dtype in ("fp16", "bf16") and precision != onnx_dtype:
         raise ValueError(
@@ -166,8 +186,11 @@ def to_tensorrt(
     timing_cache: str | os.PathLike | None = None,
     workspace_gib: float | None = None,
     model: Any = None,
-    verify: bool = True,
+    verify: bool | VerifyOptions = True,
     progress: bool = True,
+    *,
+    report: str | os.PathLike | None = None,
+    overwrite: bool = False,
 ) -> Path:
     """Build a TensorRT engine from an ONNX file exported by :func:`vit_fast.export.to_onnx`.
 
@@ -179,14 +202,21 @@ def to_tensorrt(
       TensorRT version and GPU in the engine's folder).
     - ``model``: the :class:`vit_fast.VisionTransformer` (or its name) to verify against;
       default the ``source`` recorded in the ONNX metadata.
+    - ``verify``: True (default) or :class:`VerifyOptions`: the staged engine is verified before anything
+      is published and the result recorded in its metadata; False publishes it unverified (recorded so).
+    - ``report``: with ``verify``, the verification report as JSON, published with the engine.
+    - ``overwrite``: replace existing files that vit-fast did not write.
 
-    Writes ``engine_path`` and ``engine_path + ".json"`` (TensorRT version, GPU SM, precision,
-    profile, whether attention was fused) only when the engine passed verification.
+    Every output path is checked before TensorRT is touched. Writes ``engine_path`` and
+    ``engine_path + ".json"`` (TensorRT version, GPU SM, precision, profile, whether attention was
+    fused, the graph's I/O, the weights, the verification) only when the engine passed verification.
     """
     onnx_path, engine_path, batch, onnx_meta, onnx_dtype = check_tensorrt_args(
-        onnx_path, engine_path, batch, precision, timing_cache
+        onnx_path, engine_path, batch, precision, timing_cache, overwrite
     )
-    if verify and model is None and not (onnx_meta and onnx_meta.get("source")):
+    options = verify_options(verify, report)
+    report_path = check_report_path(report, overwrite) if report is not None else None
+    if options is not None and model is None and not (onnx_meta and onnx_meta.get("source")):
         raise ValueError(
             f"cannot verify the engine: pass model= (the model {str(onnx_path)!r} was exported from) "
             "or verify=False; the ONNX metadata names no source model"
@@ -239,14 +269,16 @@ def to_tensorrt(
                     layer.set_output_type(j, trt.float32)
                 pinned += 1
     inp = network.get_input(0)
-    chw = tuple(inp.shape)[1:]
-    if any(d < 0 for d in chw):  # dynamic H/W: build for the native size
+    chw = list(inp.shape)[1:]
+    if any(d < 0 for d in chw):  # dynamic H/W: build for the native size, on the axes of the input's layout
         cfg = (onnx_meta or {}).get("config") or {}
         if "img_size" not in cfg:
             raise ValueError(f"{str(onnx_path)!r} has a dynamic image size and no metadata naming the native size")
         img = cfg["img_size"]
         h, w = (img, img) if isinstance(img, int) else img
-        chw = (chw[0], h, w)
+        _, h_axis, w_axis = image_axes((onnx_meta or {}).get("preprocess"))
+        chw[h_axis - 1], chw[w_axis - 1] = h, w
+    chw = tuple(chw)
     profile = builder.create_optimization_profile()
     profile.set_shape(inp.name, (batch[0], *chw), (batch[1], *chw), (batch[2], *chw))
     config.add_optimization_profile(profile)
@@ -276,8 +308,7 @@ def to_tensorrt(
     meta = {
         "format": "tensorrt",
         "onnx": str(onnx_path),
-        "config": (onnx_meta or {}).get("config"),
-        "source": (onnx_meta or {}).get("source"),
+        **{key: (onnx_meta or {}).get(key) for key in CARRIED_FROM_ONNX},
         "tensorrt_version": trt.__version__,
         "gpu_sm": sm,
         "gpu_name": torch.cuda.get_device_name(),
@@ -290,20 +321,24 @@ def to_tensorrt(
         "num_layers": len(layers),
         "attention_fused": attention_fused(layers),
         "timing_cache": str(cache_path),
+        "verification": None,
         "vit_fast_version": vit_fast_version(),
         "git_commit": git_commit(),
     }
     stages.note(f"{len(layers)} engine layers; attention fused: {meta['attention_fused']}")
-    with staging_dir(engine_path) as tmp:
-        staged = tmp / engine_path.name
+    with contextlib.ExitStack() as stack:
+        staged = stack.enter_context(staging_dir(engine_path)) / engine_path.name
         staged.write_bytes(bytes(serialized))
-        metadata_path(staged).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-        if verify:
+        metadata_path(staged).write_text(json_text(meta))
+        moves = [(staged, engine_path), (metadata_path(staged), metadata_path(engine_path))]
+        if options is not None:
             with stages.step("verifying the engine against eager PyTorch"):
-                report = verify_artifact(model if model is not None else meta["source"], staged)
-            meta["verification"] = {"passed": report.passed, "worst_ratio": report.worst().ratio}
-            metadata_path(staged).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-        publish([staged, metadata_path(staged)], engine_path.parent)
+                result = verify_staged(model if model is not None else meta["source"], staged, options, engine_path)
+            meta["verification"] = result.record()
+            metadata_path(staged).write_text(json_text(meta))
+            if report_path is not None:
+                moves.append(stage_report(stack, result, report_path))
+        publish_to(moves)
     return engine_path
 
 

@@ -52,15 +52,17 @@ def trt_dtype_name(dtype: Any) -> str:
     return name if isinstance(name, str) else str(dtype).rsplit(".", 1)[-1]
 
 
-def torch_dtype(dtype: Any, tensor: str, engine_path: str | os.PathLike) -> torch.dtype:
-    """The torch dtype for an engine I/O tensor's ``trt.DataType``; an ArtifactError for others."""
+def torch_dtype(dtype: Any, tensor: str, engine_path: str | os.PathLike, is_input: bool = False) -> torch.dtype:
+    """The torch dtype for an engine I/O tensor's ``trt.DataType``; an ArtifactError for others. An input may
+    also be UINT8 (images for an engine built from an ONNX file with a preprocessing front)."""
     name = trt_dtype_name(dtype)
-    if name not in TORCH_DTYPES:
+    allowed = {**TORCH_DTYPES, "UINT8": torch.uint8} if is_input else TORCH_DTYPES
+    if name not in allowed:
         raise ArtifactError(
             f"engine {str(engine_path)!r}: tensor {tensor!r} has TensorRT type {name}; vit-fast runs engines whose "
-            f"inputs and outputs are {', '.join(TORCH_DTYPES)}"
+            f"inputs and outputs are {', '.join(TORCH_DTYPES)} (inputs also UINT8)"
         )
-    return TORCH_DTYPES[name]
+    return allowed[name]
 
 
 def check_engine_compat(meta: dict[str, Any], engine_path: str | os.PathLike, trt_version: str, sm: str) -> None:

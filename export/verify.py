@@ -2,32 +2,45 @@
 
 The artifact is run by one of the runners in ``runners.py``. Reference: the model in float64 on
 CPU. Eager error: the model in the artifact's dtype (torch backend; on the GPU where there is one).
-An artifact passes when, on every batch and image size, its max |error| against the reference is
-at most 2x eager's plus a floor (``FLOOR[dtype]`` times the reference's largest magnitude, at
-least 1). Relative error, cosine similarity and top-1 agreement are reported beside it.
+Both run the artifact's own graph (:class:`graph.ExportGraph`: its outputs and its preprocessing front,
+recorded in the metadata beside it), so every output is judged, each with the same preprocessing the
+graph applies. An artifact passes when, on every output, batch and image size, its max |error| against
+the reference is at most 2x eager's plus a floor (``FLOOR[dtype]`` times the reference's largest
+magnitude, at least 1). Relative error, cosine similarity and top-1 agreement are reported beside it.
+
+The report records how it was made (rule, seed, batches, sizes, date, versions, the weights compared
+against); :meth:`VerifyReport.record` is the compact form kept in an artifact's metadata, and
+:func:`format_verification` shows such a record.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import datetime as _dt
 import json
 import os
 import sys
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from vit_fast.dtypes import DTYPE_NAMES, parse_dtype
-from vit_fast.files import write_json_atomic
+from vit_fast.env import git_commit, module_version
+from vit_fast.files import json_text, staging_dir, write_json_atomic
 from vit_fast.numerics import FACTOR, FLOOR, RULE, compare
 
-from ._common import ArtifactError, read_metadata
+from ._common import ArtifactError, check_report_path, plain_model, read_metadata, vit_fast_version, weights_record
+from .graph import ExportGraph, default_outputs, example_images
 from .runners import ModelRunner, Runner, open_artifact
 
 #: names that verify() runs as a backend of the model itself rather than as a file
 BACKEND_ARTIFACTS = ("triton",)
+#: the packages whose versions a verification record names
+RECORDED_VERSIONS = ("torch", "onnx", "onnxruntime", "tensorrt", "triton")
 
 
 class VerificationError(AssertionError):
@@ -36,6 +49,18 @@ class VerificationError(AssertionError):
     def __init__(self, message: str, report: VerifyReport) -> None:
         super().__init__(message)
         self.report = report
+
+
+@dataclass
+class VerifyOptions:
+    """How :func:`vit_fast.export.to_onnx` / ``to_tensorrt`` verify the artifact they stage (see :func:`verify`)."""
+
+    batches: list[int] | None = None
+    seed: int | None = None
+    image_sizes: list[tuple[int, int]] | None = None
+    provider: str | None = None
+    data: tuple[torch.Tensor, torch.Tensor] | None = None
+    print_table: bool = True
 
 
 @dataclass
@@ -73,6 +98,14 @@ class VerifyReport:
     accuracy: dict[str, Any] | None = None
     rule: str = RULE
     floor: float = 0.0
+    seed: int | None = None
+    outputs: list[str] = field(default_factory=list)
+    preprocess: dict[str, Any] | None = None
+    weights: dict[str, Any] | None = None
+    artifact_weights: dict[str, Any] | None = None
+    created_utc: str = ""
+    versions: dict[str, str | None] = field(default_factory=dict)
+    git_commit: str = ""
 
     @property
     def passed(self) -> bool:
@@ -84,21 +117,51 @@ class VerifyReport:
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["passed"] = self.passed
+        out["vit_fast_version"] = vit_fast_version()
         return out
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
+    def record(self) -> dict[str, Any]:
+        """The compact record an artifact's metadata keeps: whether and how it was verified."""
+        w = self.worst()
+        return {
+            "passed": self.passed,
+            "rule": self.rule,
+            "floor": self.floor,
+            "worst": {
+                "output": w.output,
+                "batch": w.batch,
+                "height": w.height,
+                "width": w.width,
+                "max_abs_err": w.max_abs_err,
+                "bound": w.bound,
+                "ratio": w.ratio,
+            },
+            "outputs": list(self.outputs),
+            "batches": sorted({r.batch for r in self.rows}),
+            "image_sizes": sorted({(r.height, r.width) for r in self.rows}),
+            "seed": self.seed,
+            "date_utc": self.created_utc,
+            "runtime": self.runtime,
+            "dtype": self.dtype,
+            "weights": self.weights,
+            "versions": {"vit_fast": vit_fast_version(), **self.versions},
+            "git_commit": self.git_commit,
+        }
+
     def format_table(self) -> str:
         head = (
-            f"{'output':<9} {'batch':>5} {'size':>9} {'max|err|':>10} {'eager':>10} {'bound':>10} "
+            f"{'output':<17} {'batch':>5} {'size':>9} {'max|err|':>10} {'eager':>10} {'bound':>10} "
             f"{'rel err':>9} {'cosine':>10} {'top1':>6} {'ok':>4}"
         )
-        lines = [f"{self.artifact}  ({self.runtime}, {self.dtype})", head, "-" * len(head)]
+        weights = f"; weights {self.weights['description']}" if self.weights else ""
+        lines = [f"{self.artifact}  ({self.runtime}, {self.dtype}; seed {self.seed}{weights})", head, "-" * len(head)]
         for r in self.rows:
             top1 = "-" if r.top1_agreement is None else f"{r.top1_agreement:.0%}"
             lines.append(
-                f"{r.output:<9} {r.batch:>5} {f'{r.height}x{r.width}':>9} {r.max_abs_err:>10.3e} "
+                f"{r.output:<17} {r.batch:>5} {f'{r.height}x{r.width}':>9} {r.max_abs_err:>10.3e} "
                 f"{r.eager_max_abs_err:>10.3e} {r.bound:>10.3e} {r.rel_err:>9.2e} {r.cosine:>10.7f} {top1:>6} "
                 f"{'yes' if r.passed else 'NO':>4}"
             )
@@ -112,6 +175,32 @@ class VerifyReport:
         return "\n".join(lines)
 
 
+def format_verification(record: dict[str, Any] | None) -> str:
+    """An artifact's verification record (``read_metadata(path)["verification"]``) as lines to show."""
+    if not record:
+        return "verification: none recorded (the artifact was written without verification)"
+    w = record.get("worst") or {}
+    sizes = ", ".join(f"{h}x{w_}" for h, w_ in record.get("image_sizes") or [])
+    versions = ", ".join(f"{k} {v}" for k, v in (record.get("versions") or {}).items() if v)
+    weights = (record.get("weights") or {}).get("description", "not recorded")
+    return "\n".join(
+        [
+            f"verification: {'PASSED' if record.get('passed') else 'FAILED'} on {record.get('date_utc') or '?'} "
+            f"({record.get('runtime', '?')}, {record.get('dtype', '?')})",
+            f"  rule: {record.get('rule', '?')}",
+            f"  worst: {w.get('output', '?')} at batch {w.get('batch', '?')} ({w.get('height', '?')}x"
+            f"{w.get('width', '?')}): max|err| {w.get('max_abs_err', float('nan')):.3e} <= bound "
+            f"{w.get('bound', float('nan')):.3e} (ratio {w.get('ratio', float('nan')):.3f})"
+            if w
+            else "  worst: not recorded",
+            f"  outputs {', '.join(record.get('outputs') or []) or '?'}; batches "
+            f"{', '.join(map(str, record.get('batches') or []))}; sizes {sizes}; seed {record.get('seed')}",
+            f"  weights: {weights}",
+            f"  versions: {versions}; commit {record.get('git_commit', '?')}",
+        ]
+    )
+
+
 def default_batches(batch_range: tuple[int, int]) -> list[int]:
     """Batch 1 (or the minimum), an odd batch inside the range, and the maximum."""
     lo, hi = batch_range
@@ -121,16 +210,17 @@ def default_batches(batch_range: tuple[int, int]) -> list[int]:
     return sorted({lo, odd, hi})
 
 
-def _as_model(model: nn.Module | str) -> nn.Module:
-    from vit_fast.model import VisionTransformer
+def draw_seed() -> int:
+    """A fresh seed for random inputs, recorded so that a failure can be reproduced with it."""
+    return int.from_bytes(os.urandom(4), "little") >> 1
 
+
+def _as_model(model: nn.Module | str) -> nn.Module:
     if isinstance(model, str):
         from vit_fast.loading import load_model
 
         model = load_model(model, backend="torch")
-    if not isinstance(model, VisionTransformer):
-        raise TypeError(f"verify needs a vit_fast.VisionTransformer (or a model name), got {type(model).__name__}")
-    return model
+    return plain_model(model, "verify")
 
 
 def _copy(model: nn.Module, dtype: torch.dtype, device: str, dynamic: bool) -> nn.Module:
@@ -139,6 +229,30 @@ def _copy(model: nn.Module, dtype: torch.dtype, device: str, dynamic: bool) -> n
     if dynamic and not m.cfg.dynamic_img_size:
         m.cfg = m.cfg.replace(dynamic_img_size=True)
     return m
+
+
+def _output_plan(meta: dict[str, Any] | None, runner: Runner, num_classes: int) -> list[tuple[str, str]]:
+    """``(output kind, the runner's output name)`` for every output the artifact's graph returns."""
+    kinds = list((meta or {}).get("outputs") or default_outputs(num_classes))
+    names = list((meta or {}).get("output_names") or runner.output_names[: len(kinds)])
+    missing = [n for n in names if n not in runner.output_names]
+    if missing or len(names) != len(kinds):
+        raise ArtifactError(
+            f"the metadata names outputs {names} ({kinds}), but the artifact has outputs {runner.output_names}"
+        )
+    return list(zip(kinds, names, strict=True))
+
+
+def _check_config(meta: dict[str, Any] | None, cfg: Any, artifact: Any) -> None:
+    if meta and isinstance(meta.get("config"), dict):
+        theirs = {k: v for k, v in meta["config"].items() if k != "dynamic_img_size"}
+        ours = {k: v for k, v in cfg.to_dict().items() if k != "dynamic_img_size"}
+        diff = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
+        if diff:
+            raise ValueError(
+                f"{str(artifact)!r} was exported from another architecture: config fields {diff} differ "
+                f"(artifact {[theirs.get(k) for k in diff]}, model {[ours.get(k) for k in diff]})"
+            )
 
 
 def verify(
@@ -153,23 +267,32 @@ def verify(
     json_path: str | os.PathLike | None = None,
     print_table: bool = True,
     raise_on_failure: bool = True,
+    overwrite: bool = False,
+    artifact_name: str | None = None,
 ) -> VerifyReport:
     """Run ``artifact`` (``.onnx``, a TensorRT ``.plan`` / ``.engine``, or ``"triton"`` for our kernels
-    backend) and compare it with ``model``.
+    backend) and compare each of its outputs with ``model``'s (a plain VisionTransformer, one that has
+    ``as_vit_fast()`` such as the Hugging Face drop-in, or a model name).
 
     - ``batches``: default batch 1, an odd batch and the maximum of the batch range in the
       metadata beside the artifact (``(1, 8)`` without metadata, or the engine's profile).
     - ``dtype``: the artifact's dtype (read from the artifact; a different value raises).
     - ``image_sizes``: ``(H, W)`` pixels; every batch runs at the first, the middle batch at the
       others. Default: the native size, plus two more for artifacts exported with ``dynamic_size=True``.
-    - ``data=(images [N, C, H, W] float, labels [N] int64)``: also accuracy of eager and of the
-      artifact and their top-1 agreement (reported, not a pass criterion).
-    - ``seed``: inputs are fresh random normal images each call unless a seed is given.
+    - ``data=(images [N, C, H, W], labels [N] int64)``: also accuracy of eager and of the artifact and
+      their top-1 agreement on the ``logits`` output (reported, not a pass criterion). Images are floats,
+      or uint8 pixels in the artifact's layout when it was exported with a preprocessing front.
+    - ``seed``: of the random inputs; when None one is drawn, used and recorded in the report.
+    - ``json_path``: where the report goes as JSON (``.json``; checked before any work: an existing
+      file vit-fast did not write is replaced only with ``overwrite``).
+    - ``artifact_name``: how the report names the artifact (default: ``artifact`` itself).
 
-    Prints a table (``print_table``), writes the report as JSON to ``json_path`` and returns a
-    :class:`VerifyReport`; raises :class:`VerificationError` naming the worst row when any row
-    fails (``raise_on_failure``). Unreadable artifacts raise before any work, naming the file.
+    Prints a table (``print_table``) and returns a :class:`VerifyReport`; raises :class:`VerificationError`
+    naming the worst row when any row fails (``raise_on_failure``; the JSON is written first). Unreadable
+    artifacts raise before any work, naming the file.
     """
+    if json_path is not None:
+        json_path = check_report_path(json_path, overwrite)
     model = _as_model(model)
     if str(artifact) in BACKEND_ARTIFACTS:
         meta = None
@@ -183,15 +306,9 @@ def verify(
         )
     dtype = runner.dtype
     cfg = model.cfg
-    if meta and isinstance(meta.get("config"), dict):
-        theirs = {k: v for k, v in meta["config"].items() if k != "dynamic_img_size"}
-        ours = {k: v for k, v in cfg.to_dict().items() if k != "dynamic_img_size"}
-        diff = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
-        if diff:
-            raise ValueError(
-                f"{str(artifact)!r} was exported from another architecture: config fields {diff} differ "
-                f"(artifact {[theirs.get(k) for k in diff]}, model {[ours.get(k) for k in diff]})"
-            )
+    _check_config(meta, cfg, artifact)
+    plan = _output_plan(meta, runner, cfg.num_classes)
+    preprocess = (meta or {}).get("preprocess")
     dynamic = bool(meta and meta.get("dynamic_size"))
     batch_range = tuple(meta["batch"]) if meta and meta.get("batch") else runner.batch_range
     if batches is None:  # what the runner itself takes (a fixed batch, an engine's profile) comes first
@@ -208,40 +325,51 @@ def verify(
         if size != (h, w) and not (dynamic or cfg.dynamic_img_size):
             raise ValueError(f"{str(artifact)!r} takes {h}x{w} images only (exported without dynamic_size)")
     if data is not None:
-        images, labels = data
-        if images.ndim != 4 or labels.ndim != 1 or images.shape[0] != labels.shape[0] or images.shape[0] == 0:
-            raise ValueError(
-                f"data must be (images [N, C, H, W], labels [N]) with N >= 1, got {tuple(images.shape)} and "
-                f"{tuple(labels.shape)}"
-            )
+        _check_data(data, preprocess, [k for k, _ in plan])
 
+    kinds = [k for k, _ in plan]
     eager_device = "cuda" if torch.cuda.is_available() else "cpu"
-    ref_model = _copy(model, torch.float64, "cpu", dynamic)
-    eager_model = _copy(model, dtype, eager_device, dynamic)
-    gen = torch.Generator().manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
-    report = VerifyReport(artifact=str(artifact), runtime=runner.runtime, dtype=DTYPE_NAMES[dtype], floor=FLOOR[dtype])
+    ref_graph = ExportGraph(_copy(model, torch.float64, "cpu", dynamic), kinds, preprocess).to(torch.float64)
+    eager_graph = ExportGraph(_copy(model, dtype, eager_device, dynamic), kinds, preprocess).to(eager_device, dtype)
+    seed = draw_seed() if seed is None else seed
+    gen = torch.Generator().manual_seed(seed)
+    report = VerifyReport(
+        artifact=artifact_name or str(artifact),
+        runtime=runner.runtime,
+        dtype=DTYPE_NAMES[dtype],
+        floor=FLOOR[dtype],
+        seed=seed,
+        outputs=[name for _, name in plan],
+        preprocess=preprocess,
+        weights=weights_record(model),
+        artifact_weights=(meta or {}).get("weights"),
+        created_utc=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        versions={m: module_version(m) for m in RECORDED_VERSIONS},
+        git_commit=git_commit(),
+    )
     # every batch at the first size, the middle batch at the others
     cases = [(b, image_sizes[0]) for b in batches] + [(batches[len(batches) // 2], s) for s in image_sizes[1:]]
-    with torch.no_grad():
+    with torch.no_grad(), contextlib.closing(runner):
         for b, (hh, ww) in cases:
             runner.check_batch(b)
-            x = torch.randn(b, cfg.in_chans, hh, ww, generator=gen).to(dtype)
-            ref = ref_model(x.double())
-            eager = eager_model(x.to(eager_device)).cpu()
-            out = runner.run(x)
-            if tuple(out.shape) != tuple(ref.shape):
-                raise ArtifactError(f"artifact output shape {tuple(out.shape)} differs from eager's {tuple(ref.shape)}")
-            report.rows.append(
-                VerifyRow(
-                    output=runner.output_name,
-                    batch=b,
-                    height=hh,
-                    width=ww,
-                    **compare(out, eager, ref, dtype, cfg.num_classes > 0),
-                )
-            )
+            x = example_images(b, cfg.in_chans, hh, ww, dtype, preprocess, gen)
+            ref = ref_graph.all_outputs(x if preprocess else x.double())
+            eager = eager_graph.all_outputs(x.to(eager_device))
+            outs = runner.run_all(x)
+            for kind, name in plan:
+                if tuple(outs[name].shape) != tuple(ref[kind].shape):
+                    raise ArtifactError(
+                        f"artifact output {name!r} has shape {tuple(outs[name].shape)}, eager's {kind} "
+                        f"{tuple(ref[kind].shape)}"
+                    )
+                logits = kind == "logits" and cfg.num_classes > 0
+                row = compare(outs[name], eager[kind].cpu(), ref[kind], dtype, logits)
+                report.rows.append(VerifyRow(output=name, batch=b, height=hh, width=ww, **row))
         if data is not None:
-            report.accuracy = _accuracy(runner, eager_model, eager_device, data, dtype, batch_range or (1, 8))
+            logits_name = dict(plan)["logits"]
+            report.accuracy = _accuracy(
+                runner, logits_name, eager_graph, eager_device, data, dtype, preprocess, batch_range or (1, 8)
+            )
     if print_table:
         print(report.format_table(), file=sys.stdout, flush=True)
     if json_path is not None:
@@ -249,32 +377,85 @@ def verify(
     if raise_on_failure and not report.passed:
         r = report.worst()
         raise VerificationError(
-            f"verification of {str(artifact)!r} failed: worst is output {r.output!r} at batch {r.batch} "
+            f"verification of {report.artifact!r} failed: worst is output {r.output!r} at batch {r.batch} "
             f"({r.height}x{r.width}): max|err| {r.max_abs_err:.3e} > bound {r.bound:.3e} "
-            f"({FACTOR:g}x eager {r.eager_max_abs_err:.3e} + floor)",
+            f"({FACTOR:g}x eager {r.eager_max_abs_err:.3e} + floor); reproduce with seed={seed}",
             report,
         )
     return report
 
 
+def verify_options(verify: bool | VerifyOptions | None, report: Any = None) -> VerifyOptions | None:
+    """An exporter's ``verify=`` argument as options (None: no verification); ``report=`` needs verification."""
+    options = VerifyOptions() if verify is True else (verify or None)
+    if options is not None and not isinstance(options, VerifyOptions):
+        raise TypeError(f"verify must be True, False or a VerifyOptions, got {verify!r}")
+    if report is not None and options is None:
+        raise ValueError("report= is the verification report: pass verify=True with it")
+    return options
+
+
+def verify_staged(model: Any, staged: Path, options: VerifyOptions, final: Path) -> VerifyReport:
+    """Verify a staged artifact (named in the report by its ``final`` path); raises VerificationError on failure."""
+    return verify(
+        model,
+        staged,
+        batches=options.batches,
+        data=options.data,
+        image_sizes=options.image_sizes,
+        seed=options.seed,
+        provider=options.provider,
+        print_table=options.print_table,
+        artifact_name=str(final),
+    )
+
+
+def stage_report(stack: contextlib.ExitStack, report: VerifyReport, path: Path) -> tuple[Path, Path]:
+    """Write ``report`` as JSON into a staging folder beside ``path`` (held open by ``stack``); returns the
+    ``(staged file, target)`` pair to publish. The report's folder is made here (checked up front)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staged = stack.enter_context(staging_dir(path)) / path.name
+    staged.write_text(json_text(report.to_dict()))
+    return staged, path
+
+
+def _check_data(data: Any, preprocess: dict[str, Any] | None, kinds: list[str]) -> None:
+    images, labels = data
+    if images.ndim != 4 or labels.ndim != 1 or images.shape[0] != labels.shape[0] or images.shape[0] == 0:
+        raise ValueError(
+            f"data must be (images [N, C, H, W], labels [N]) with N >= 1, got {tuple(images.shape)} and "
+            f"{tuple(labels.shape)}"
+        )
+    if "logits" not in kinds:
+        raise ValueError(f"data= measures accuracy on the 'logits' output; this artifact returns {kinds}")
+    if preprocess and images.dtype != torch.uint8:
+        raise ValueError(
+            f"this artifact takes uint8 images ({preprocess['layout']}) through its preprocessing front: data "
+            f"images must be uint8 pixels, got {images.dtype}"
+        )
+
+
 def _accuracy(
     runner: Runner,
-    eager_model: nn.Module,
+    logits_name: str,
+    eager_graph: nn.Module,
     device: str,
     data: tuple[torch.Tensor, torch.Tensor],
     dtype: torch.dtype,
+    preprocess: dict[str, Any] | None,
     batch_range: tuple[int, int],
 ) -> dict[str, Any]:
     images, labels = data
     chunk = batch_range[1]
     eager_pred, art_pred = [], []
     for start in range(0, images.shape[0], chunk):
-        x = images[start : start + chunk].to(dtype)
+        x = images[start : start + chunk]
+        x = x if preprocess else x.to(dtype)
         if x.shape[0] < batch_range[0]:  # pad a short last chunk up to the profile's minimum
             x = torch.cat([x, x[-1:].expand(batch_range[0] - x.shape[0], *x.shape[1:])])
         n = min(chunk, images.shape[0] - start)
-        eager_pred.append(eager_model(x.to(device)).cpu()[:n].argmax(-1))
-        art_pred.append(runner.run(x)[:n].argmax(-1))
+        eager_pred.append(eager_graph.all_outputs(x.to(device))["logits"].cpu()[:n].argmax(-1))
+        art_pred.append(runner.run_all(x)[logits_name][:n].argmax(-1))
     e, a, y = torch.cat(eager_pred), torch.cat(art_pred), labels.cpu()
     return {
         "n": int(y.numel()),

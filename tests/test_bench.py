@@ -39,13 +39,19 @@ ROW_FIELDS = (
     "timer",
     "floor_ms",
     "floor_bound",
+    "threads",
+    "weights",
+    "weights_source",
 )
 RESULT_FIELDS = (
     "median_ms",
     "p90_ms",
     "p99_ms",
     "mean_ms",
+    "p10_ms",
     "iters",
+    "n",
+    "stopped_by",
     "images_per_s",
     "tflops",
     "max_abs_err_vs_torch",
@@ -101,11 +107,13 @@ def cpu_run(tmp_path_factory) -> tuple[int, Path]:
 
 
 # --------------------------------------------------------------------------- the CPU run
-def test_cpu_bench_writes_json_markdown_png(cpu_run):
+def test_cpu_bench_writes_json_markdown_csv_png(cpu_run):
     rc, out = cpu_run
     assert rc == 0
     report, md, png = _load(out, "bench_vit_tiny_patch16_224")
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "bench_vit_tiny_patch16_224.csv").read_text().startswith("model,infer_samples_per_sec,")
+    assert report["weights"]["description"] == "random (seed 0)"  # a preset's random weights, said so
     rows = report["rows"]
     assert [(r["backend"], r["dtype"], r["batch"]) for r in rows] == [("torch", "fp32", 1), ("torch", "fp32", 2)]
     for r in rows:
@@ -114,7 +122,8 @@ def test_cpu_bench_writes_json_markdown_png(cpu_run):
         assert not missing, f"row lacks {missing}"
         assert r["driver_version"] == "n/a" and r["device"] == "cpu"
         assert r["tokens"] == 197 and r["gelu"] == "gelu" and r["graph_mode"] == "none"
-        assert r["timer"] == "perf_counter"
+        assert r["timer"] == "perf_counter" and r["threads"] == 1 and r["weights"] == "random (seed 0)"
+        assert r["n"] == r["iters"] == 3 and r["stopped_by"] == "sample cap"  # --iters 3 caps the samples
         assert r["median_ms"] > 0 and r["p90_ms"] >= r["median_ms"] and r["p99_ms"] >= r["p90_ms"]
         assert r["images_per_s"] == pytest.approx(r["batch"] / (r["median_ms"] / 1e3))
         assert r["tflops"] == pytest.approx(r["flops_per_image"] * r["batch"] / (r["median_ms"] / 1e3) / 1e12)
@@ -127,7 +136,7 @@ def test_cpu_bench_writes_json_markdown_png(cpu_run):
     assert report["unavailable"] == []
     assert "| backend | graph | dtype | batch | median |" in md
     assert md.count("\n| torch | - | fp32 |") == 2
-    assert "measured bandwidth" in md and "CPU" in md
+    assert "measured bandwidth" in md and "CPU" in md and "- weights: random (seed 0)" in md
 
 
 def test_cpu_bench_lists_unavailable_backends_with_reasons(tiny_checkpoint, tmp_path):
@@ -243,6 +252,9 @@ def test_backend_failure_is_reported_and_others_continue(tiny_checkpoint, tmp_pa
         )
         == 1
     )
+    # the second run's reports sit beside the first's, which stay as they were
+    assert len(list(tmp_path.glob("bench_tiny*.json"))) == 2
+    assert json.loads((tmp_path / "bench_tiny.json").read_text())["rows"] == report["rows"]
 
 
 def test_a_wrong_backend_output_is_visible(tiny_checkpoint, tmp_path, monkeypatch):

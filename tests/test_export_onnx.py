@@ -20,10 +20,12 @@ pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
 import onnx  # noqa: E402
 
 import vit_fast  # noqa: E402
-from vit_fast import export  # noqa: E402
-from vit_fast.export import _common, runners  # noqa: E402
+from vit_fast import export, files, numerics  # noqa: E402
 from vit_fast.export import onnx as onnx_export  # noqa: E402
+from vit_fast.export import runners  # noqa: E402
 from vit_fast.export.verify import default_batches  # noqa: E402
+
+from .fakes import tiny_hf_classifier  # noqa: E402
 
 BATCH = (1, 5)
 CONFIGS = {
@@ -77,16 +79,14 @@ def models() -> dict[str, vit_fast.VisionTransformer]:
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory: pytest.TempPathFactory, models):
     """Exports built on first use and shared across this module: key -> path."""
-    cache: dict[tuple, Path] = {}
+    cache: dict[str, Path] = {}
     folder = tmp_path_factory.mktemp("onnx")
 
     def get(name: str, exporter: str, **kw) -> Path:
-        key = (name, exporter, tuple(sorted(kw.items(), key=str)))
+        key = repr((name, exporter, sorted(kw.items(), key=str)))
         if key not in cache:
-            stem = "-".join([name, exporter, *(f"{k}={v}" for k, v in sorted(kw.items()))]).replace("torch.", "")
-            cache[key] = export.to_onnx(
-                models[name], folder / f"{stem}.onnx", batch=BATCH, exporter=exporter, progress=False, **kw
-            )
+            path = folder / f"{name}-{exporter}-{len(cache)}.onnx"
+            cache[key] = export.to_onnx(models[name], path, batch=BATCH, exporter=exporter, progress=False, **kw)
         return cache[key]
 
     return get
@@ -109,7 +109,7 @@ def test_export_and_verify(name, exporter, models, artifacts):
     for row in report.rows:
         assert row.cosine > 0.99999
         assert row.top1_agreement == (1.0 if model.cfg.num_classes else None)
-    assert proto.graph.output[0].name == ("logits" if model.cfg.num_classes else "features")
+    assert proto.graph.output[0].name == ("logits" if model.cfg.num_classes else "pooled")
 
 
 def test_metadata_json_and_props(models, artifacts):
@@ -212,30 +212,6 @@ def _raise(*args, **kwargs):
     raise RuntimeError("injected failure")
 
 
-@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
-def test_failure_leaves_nothing(models, tmp_path, monkeypatch, exporter):
-    (tmp_path / "model.onnx").write_bytes(b"previous")  # an earlier artifact at the target stays as it was
-    monkeypatch.setattr(onnx_export, "_EXTERNAL_DATA_BYTES", 0)  # dynamo and our save both write .data files
-    monkeypatch.setattr(onnx.checker, "check_model", _raise)
-    with pytest.raises(RuntimeError, match="injected failure"):
-        export.to_onnx(models["avg"], tmp_path / "model.onnx", batch=(1, 4), exporter=exporter, progress=False)
-    assert os.listdir(tmp_path) == ["model.onnx"] and (tmp_path / "model.onnx").read_bytes() == b"previous"
-
-
-def test_failure_while_moving_into_place_rolls_back(models, tmp_path, monkeypatch):
-    real_replace = os.replace
-
-    def replace(src, dst):
-        if str(dst).endswith(".json"):
-            raise OSError(28, "No space left on device")
-        return real_replace(src, dst)
-
-    monkeypatch.setattr(os, "replace", replace)
-    with pytest.raises(OSError, match="No space left"):
-        export.to_onnx(models["avg"], tmp_path / "m.onnx", batch=(1, 4), exporter="torchscript", progress=False)
-    assert os.listdir(tmp_path) == []
-
-
 # the stand-in exporter calls torch.onnx.export directly, outside vit-fast's own warning filter
 @pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::torch.jit.TracerWarning")
 def test_fixed_batch_graph_is_refused(models, tmp_path, monkeypatch):
@@ -299,7 +275,7 @@ def test_bad_model_and_paths(models, tmp_path, monkeypatch):
     def denied(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(_common.tempfile, "mkstemp", denied)  # root ignores chmod, so simulate it
+    monkeypatch.setattr(files.tempfile, "mkstemp", denied)  # root ignores chmod, so simulate it
     with pytest.raises(ValueError, match=r"output folder .* cannot be written: Permission denied"):
         export.to_onnx(models["avg"], tmp_path / "m.onnx")
 
@@ -339,7 +315,7 @@ def test_verify_argument_errors(models, artifacts):
         export.verify(models["cls37"], path, image_sizes=[(48, 48), (56, 56)])
     with pytest.raises(ValueError, match=r"data must be \(images"):
         export.verify(models["cls37"], path, data=(torch.randn(3, 3, 48, 48), torch.zeros(2, dtype=torch.long)))
-    with pytest.raises(TypeError, match=r"needs a vit_fast.VisionTransformer"):
+    with pytest.raises(TypeError, match=r"verify takes a vit_fast.VisionTransformer"):
         export.verify(torch.nn.Linear(2, 2), path)
 
 
@@ -377,3 +353,190 @@ def test_default_batches():
     assert default_batches((1, 2)) == [1, 2]
     assert default_batches((1, 1)) == [1]
     assert default_batches((4, 16)) == [4, 5, 16]
+
+
+# --------------------------------------------------------------------------- outputs, I/O names, preprocessing
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+VERIFIED = dict(exporter="torchscript", progress=False, verify=export.VerifyOptions(print_table=False))
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_several_outputs_each_judged(models, artifacts, exporter):
+    model = models["reg_ls"]
+    path = artifacts("reg_ls", exporter, outputs=("logits", "pooled", "last_hidden_state"))
+    proto = onnx.load(str(path))
+    assert [o.name for o in proto.graph.output] == ["logits", "pooled", "last_hidden_state"]
+    meta = export.read_metadata(path)
+    assert meta["outputs"] == meta["output_names"] == ["logits", "pooled", "last_hidden_state"]
+    x = torch.randn(2, 3, 32, 32)
+    outs = export.open_artifact(path).run_all(x)
+    with torch.no_grad():
+        tokens = model.forward_features(x)
+        expect = {
+            "logits": model(x),
+            "pooled": model.forward_head(tokens, pre_logits=True),
+            "last_hidden_state": tokens,
+        }
+    for name, value in expect.items():  # against the model's own API, not the graph module verify uses
+        assert outs[name].shape == value.shape and (outs[name] - value).abs().max() < 1e-4, name
+    report = export.verify(model, path, print_table=False)
+    assert report.passed and report.outputs == ["logits", "pooled", "last_hidden_state"]
+    assert [(r.output, r.batch) for r in report.rows][:3] == [("logits", 1), ("pooled", 1), ("last_hidden_state", 1)]
+    assert len(report.rows) == 3 * 3
+
+
+def test_a_wrong_second_output_fails_verification(models, artifacts, monkeypatch):
+    path = artifacts("reg_ls", "torchscript", outputs=("logits", "pooled", "last_hidden_state"))
+    real = runners.OrtRunner.run_all
+
+    def wrong_tokens(self, x):
+        outs = real(self, x)
+        outs["last_hidden_state"] = outs["last_hidden_state"] * 1.001
+        return outs
+
+    monkeypatch.setattr(runners.OrtRunner, "run_all", wrong_tokens)
+    with pytest.raises(export.VerificationError, match=r"worst is output 'last_hidden_state'"):
+        export.verify(models["reg_ls"], path, print_table=False)
+
+
+def test_io_names_as_optimum_names_them(models, artifacts):
+    path = artifacts("cls37", "dynamo", input_name="pixel_values", output_names=("logits",))
+    proto = onnx.load(str(path))
+    assert proto.graph.input[0].name == "pixel_values" and [o.name for o in proto.graph.output] == ["logits"]
+    assert export.read_metadata(path)["input"] == "pixel_values"
+    assert export.verify(models["cls37"], path, print_table=False).passed
+
+
+@pytest.mark.parametrize(
+    "exporter, layout, dtype",
+    [("torchscript", "NHWC", "fp32"), ("dynamo", "NCHW", "fp32"), ("torchscript", "NHWC", "fp16")],
+)
+def test_uint8_preprocessing_front(models, artifacts, exporter, layout, dtype):
+    model = models["cls37"]
+    pre = dict(layout=layout, mean=MEAN, std=STD)
+    path = artifacts("cls37", exporter, preprocess=pre, dtype=dtype)
+    graph_input = onnx.load(str(path)).graph.input[0]
+    assert graph_input.type.tensor_type.elem_type == onnx.TensorProto.UINT8
+    dims = [d.dim_value for d in graph_input.type.tensor_type.shape.dim[1:]]
+    assert dims == ([48, 48, 3] if layout == "NHWC" else [3, 48, 48])
+    meta = export.read_metadata(path)
+    assert meta["preprocess"] == {
+        "input_dtype": "uint8",
+        "layout": layout,
+        "mean": list(MEAN),
+        "std": list(STD),
+        "scale": pytest.approx(1 / 255),
+    }
+    assert meta["input_dtype"] == "uint8" and meta["input_layout"] == layout and meta["dtype"] == dtype
+    # the graph normalises as a user would by hand: (x / 255 - mean) / std, channels first
+    pixels = torch.randint(0, 256, (2, 48, 48, 3) if layout == "NHWC" else (2, 3, 48, 48), dtype=torch.uint8)
+    nchw = pixels.permute(0, 3, 1, 2) if layout == "NHWC" else pixels
+    by_hand = (nchw.double() / 255 - torch.tensor(MEAN).double().view(1, 3, 1, 1)) / torch.tensor(STD).double().view(
+        1, 3, 1, 1
+    )
+    runner = export.open_artifact(path)
+    assert runner.input_dtype == torch.uint8 and runner.dtype == (torch.float16 if dtype == "fp16" else torch.float32)
+    with torch.no_grad():
+        expect = model.double()(by_hand).float()
+        model.float()
+    got = runner.run(pixels).float()
+    assert (got - expect).abs().max() < (5e-2 if dtype == "fp16" else 1e-4)
+    report = export.verify(model, path, print_table=False)
+    assert report.passed and report.preprocess["layout"] == layout
+
+
+def test_preprocessed_artifact_accuracy_takes_uint8_images(models, artifacts):
+    model = models["cls37"]
+    path = artifacts("cls37", "torchscript", preprocess=dict(layout="NHWC", mean=MEAN, std=STD))
+    pixels = torch.randint(0, 256, (5, 48, 48, 3), dtype=torch.uint8)
+    labels = torch.zeros(5, dtype=torch.long)
+    report = export.verify(model, path, data=(pixels, labels), print_table=False)
+    assert report.accuracy["n"] == 5 and report.accuracy["top1_agreement"] == 1.0
+    with pytest.raises(ValueError, match=r"takes uint8 images \(NHWC\).*got torch.float32"):
+        export.verify(model, path, data=(pixels.float(), labels), print_table=False)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(outputs=("logits",)), r"no classifier head \(num_classes=0\), so no 'logits': ask for 'pooled'"),
+        (dict(outputs=("pooled", "tokens")), r"unknown output 'tokens': choose from logits, pooled, last_hidden_state"),
+        (dict(outputs=("pooled", "pooled")), r"name one output twice"),
+        (dict(outputs=()), r"at least one"),
+        (dict(outputs=("pooled",), output_names=("a", "b")), r"one name for each of the outputs"),
+        (dict(outputs=("pooled", "last_hidden_state"), output_names=("a", "a")), r"must all differ"),
+        (dict(input_name="pooled"), r"input name 'pooled' and output names \('pooled',\) must all differ"),
+        (dict(input_name=""), r"non-empty strings"),
+        (dict(preprocess=dict(mean=MEAN)), r"preprocess needs std="),
+        (dict(preprocess=dict(mean=MEAN, std=(1, 0, 1))), r"std must be > 0"),
+        (dict(preprocess=dict(mean=(0.5, 0.5), std=STD)), r"mean must be 3 finite numbers"),
+        (dict(preprocess=dict(mean=MEAN, std=STD, layout="HWC")), r"layout must be one of \('NCHW', 'NHWC'\)"),
+        (dict(preprocess=dict(mean=MEAN, std=STD, scale=0)), r"scale must be a positive number"),
+        (dict(preprocess=dict(mean=MEAN, std=STD, resize=224)), r"unknown keys \['resize'\]"),
+        (dict(preprocess="imagenet"), r"preprocess must be None or a dict"),
+        (dict(report="r.json"), r"report= is the verification report: pass verify=True"),
+        (dict(verify="yes"), r"verify must be True, False or a VerifyOptions"),
+        (dict(dtype="bf16", verify=True), r"bf16 ONNX files cannot be verified on ONNX Runtime's CPU provider"),
+    ],
+)
+def test_bad_graph_arguments(models, tmp_path, monkeypatch, kwargs, match):
+    monkeypatch.setattr(onnx_export, "_run_exporter", _raise)  # must never be reached
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises((ValueError, TypeError), match=match):
+        export.to_onnx(models["avg"], tmp_path / "m.onnx", **{"batch": (1, 4), **kwargs})
+    assert os.listdir(tmp_path) == []
+
+
+def test_hugging_face_drop_in_exports_and_verifies(tmp_path):
+    hf = tiny_hf_classifier()
+    dropin = vit_fast.optimize(hf)
+    assert type(dropin).__name__ == "HFViT"
+    path = export.to_onnx(dropin, tmp_path / "hf.onnx", batch=(1, 3), input_name="pixel_values", **VERIFIED)
+    meta = export.read_metadata(path)
+    assert meta["verification"]["passed"] and meta["weights"]["source"]["kind"] == "hf"
+    assert export.verify(dropin, path, print_table=False).passed
+    with torch.no_grad():
+        expect = hf(pixel_values=torch.ones(1, 3, 32, 32)).logits
+    assert (export.open_artifact(path).run(torch.ones(1, 3, 32, 32)) - expect).abs().max() < 1e-4
+
+
+# --------------------------------------------------------------------------- provenance
+def test_verification_and_weights_are_recorded(tmp_path):
+    cfg = vit_fast.ViTConfig(**CONFIGS["avg"])
+    model = vit_fast.VisionTransformer(cfg, backend="torch").eval()
+    model.init_weights(seed=5)
+    path = export.to_onnx(model, tmp_path / "m.onnx", batch=(1, 4), report=tmp_path / "report.json", **VERIFIED)
+    meta = export.read_metadata(path)
+    props = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
+    assert json.loads(props["vit_fast"]) == meta and props["vit_fast.weights"] == "random (seed 5)"
+    assert props["vit_fast.verified"] == "true"
+    assert meta["weights"] == {"description": "random (seed 5)", "source": {"kind": "random", "seed": 5}}
+    record = meta["verification"]
+    assert record["passed"] and record["rule"] == numerics.RULE and record["batches"] == [1, 3, 4]
+    assert isinstance(record["seed"], int) and record["date_utc"].endswith("+00:00")
+    assert record["versions"]["vit_fast"] == vit_fast.__version__ and record["versions"]["onnxruntime"]
+    assert record["worst"]["ratio"] <= 1 and record["weights"]["description"] == "random (seed 5)"
+    saved = json.loads((tmp_path / "report.json").read_text())
+    assert saved["passed"] and saved["seed"] == record["seed"] and saved["artifact"] == str(path)
+    assert saved["vit_fast_version"] == vit_fast.__version__ and saved["weights"] == meta["weights"]
+    shown = export.format_verification(record)
+    assert "verification: PASSED on" in shown and f"seed {record['seed']}" in shown
+    assert "weights: random (seed 5)" in shown and "batches 1, 3, 4" in shown
+    # the drawn seed reproduces the run exactly
+    again = export.verify(model, path, seed=record["seed"], print_table=False)
+    assert again.seed == record["seed"] and again.worst().max_abs_err == record["worst"]["max_abs_err"]
+
+
+def test_unverified_export_says_so(models, artifacts):
+    meta = export.read_metadata(artifacts("cls37", "torchscript"))
+    assert meta["verification"] is None
+    assert "none recorded" in export.format_verification(meta["verification"])
+
+
+def test_verify_draws_and_records_a_seed(models, artifacts, tmp_path):
+    path = artifacts("cls37", "torchscript")
+    a = export.verify(models["cls37"], path, print_table=False, json_path=tmp_path / "v.json")
+    b = export.verify(models["cls37"], path, print_table=False)
+    assert isinstance(a.seed, int) and a.seed != b.seed  # fresh inputs each call, each recorded
+    assert json.loads((tmp_path / "v.json").read_text())["seed"] == a.seed
+    assert f"seed {a.seed}" in a.format_table()

@@ -265,3 +265,37 @@ def test_timing_cache_is_read_or_replaced(tmp_path, content, data, note):
     cache, got_note = trt_export._attach_timing_cache(config, path)
     assert cache is config.attached and cache["data"] == data
     assert (got_note is None) if note is None else (note in got_note and "t.cache" in got_note)
+
+
+@pytest.mark.tensorrt
+@needs_tensorrt
+def test_engine_with_several_outputs_and_a_uint8_front(model, tmp_path):
+    """An engine built from an ONNX file with a preprocessing front and three outputs: every output verified,
+    the graph's I/O and the verification carried into the engine's metadata, the report published with it."""
+    onnx_path = export.to_onnx(
+        model,
+        tmp_path / "u8.onnx",
+        batch=(1, 8),
+        exporter="torchscript",
+        progress=False,
+        outputs=("logits", "pooled", "last_hidden_state"),
+        preprocess=dict(layout="NHWC", mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25)),
+        dynamic_size=True,
+    )
+    plan = export.to_tensorrt(
+        onnx_path,
+        tmp_path / "u8.plan",
+        batch=(1, 2, 8),
+        precision="fp32",
+        model=model,
+        progress=False,
+        verify=export.VerifyOptions(print_table=False, seed=0),
+        report=tmp_path / "u8.plan.report.json",
+    )
+    meta = export.read_metadata(plan)
+    assert meta["profiles"][0]["max"] == [8, 32, 32, 3] and meta["preprocess"]["layout"] == "NHWC"
+    assert meta["outputs"] == ["logits", "pooled", "last_hidden_state"]
+    assert meta["verification"]["passed"] and meta["verification"]["seed"] == 0
+    assert json.loads((tmp_path / "u8.plan.report.json").read_text())["passed"]
+    report = export.verify(model, plan, print_table=False)
+    assert report.passed and {r.output for r in report.rows} == {"logits", "pooled", "last_hidden_state"}

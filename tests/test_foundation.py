@@ -5,11 +5,14 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
+import sys
 
 import pytest
 import torch
 
 from vit_fast import dtypes, env, files, numerics
+
+from .fakes import fail_replace_onto
 
 
 # --------------------------------------------------------------------------- dtypes
@@ -58,6 +61,64 @@ def test_staging_dir_is_removed_and_stale_ones_are_cleaned(tmp_path):
         assert stage.is_dir() and stage.parent == tmp_path
         (stage / "x").write_text("x")
     assert not stage.exists() and not stale.exists() and fresh.exists()
+
+
+def test_publish_puts_previous_files_back_when_a_later_move_fails(tmp_path, monkeypatch):
+    (tmp_path / "a").write_text("old a")
+    (tmp_path / "b").write_text("old b")
+    with files.staging_dir(tmp_path / "a") as stage:
+        for name in ("a", "b", "c"):
+            (stage / name).write_text(f"new {name}")
+        fail_replace_onto(monkeypatch, "/c", files.STAGING_MARK)
+        with pytest.raises(OSError, match="No space left"):
+            files.publish([stage / "a", stage / "b", stage / "c"], tmp_path)
+    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {"a": "old a", "b": "old b"}
+
+
+def test_a_dead_runs_staging_folder_is_cleaned_at_once(tmp_path):
+    """The run's lock dies with its process (here: the process that made it exits without cleaning)."""
+    code = (
+        "import os, sys; from vit_fast import files; "
+        "cm = files.staging_dir(sys.argv[1]); cm.__enter__(); os._exit(0)"  # exit without leaving the context
+    )
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "m.onnx")], check=True)
+    (left,) = tmp_path.iterdir()
+    assert left.name.startswith(f".m.onnx{files.STAGING_MARK}") and (left / files.OWNER_FILE).is_file()
+    # another target's run cleans it too: the lock says its run is gone
+    assert files.clean_stale_staging(tmp_path, "other.json") == [left] and not left.exists()
+
+
+@pytest.mark.parametrize(
+    "name, kwargs, match",
+    [
+        ("r.txt", {}, r"report '.*r.txt' has the wrong suffix '.txt': a report is written as .json"),
+        ("dir.json", {}, r"report '.*dir.json' is a folder"),
+        ("theirs.json", {}, r"report '.*theirs.json' exists and was not written by vit-fast.*overwrite=True"),
+        ("afile/r.json", {"make_parents": True}, r"'.*afile' is a file, not a folder"),
+        ("new/r.json", {}, r"output folder '.*new' for report '.*r.json' does not exist: create it first"),
+    ],
+)
+def test_check_output_file_refuses(tmp_path, name, kwargs, match):
+    (tmp_path / "dir.json").mkdir()
+    (tmp_path / "theirs.json").write_text('{"a": 1}')
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ValueError, match=match) as info:
+        files.check_output_file(tmp_path / name, (".json",), "report", **kwargs)
+    assert ("mkdir -p" in str(info.value)) == ("does not exist" in str(info.value))
+
+
+def test_check_output_file_accepts(tmp_path):
+    files.write_json_atomic({files.MARKER_KEY: "0.1", "x": 1}, tmp_path / "ours.json")
+    (tmp_path / "theirs.json").write_text("[]")
+    assert files.written_by_vit_fast(tmp_path / "ours.json") and not files.written_by_vit_fast(tmp_path / "theirs.json")
+    assert files.check_output_file(tmp_path / "ours.json", (".json",), "report") == tmp_path / "ours.json"
+    files.check_output_file(tmp_path / "theirs.json", (".json",), "report", overwrite=True)
+    files.check_output_file(tmp_path / "NEW.JSON", (".json",), "report")  # suffixes compare case-insensitively
+    files.check_output_file(tmp_path / "a" / "b" / "r.json", (".json",), "report", make_parents=True)
+    assert not (tmp_path / "a").exists()  # checked, not made
+    with pytest.raises(ValueError, match=r"is a file, not a folder"):
+        files.check_output_dir(tmp_path / "ours.json")
+    assert files.check_output_dir(tmp_path / "out" / "deeper") == tmp_path / "out" / "deeper"
 
 
 # --------------------------------------------------------------------------- numerics

@@ -1,21 +1,73 @@
-"""What a benchmark run reports: the ratios filled into its rows, and the JSON, Markdown and PNG files.
+"""What a benchmark run reports: the ratios filled into its rows, and the JSON, Markdown, CSV and PNG files.
 
 ``add_ratios`` sets each ok row next to the best peer at the same dtype and batch (``vs_best``) and
 next to the physical floor (``vs_floor``); ``unavailable_summary`` lists what did not run and why;
-``write_reports`` writes ``<stem>.json``, ``<stem>.md`` and ``<stem>.png`` atomically.
+``csv_report`` gives one line per row with timm's ``benchmark.py`` columns first; ``write_reports``
+writes ``<stem>.json``, ``<stem>.md``, ``<stem>.csv`` and ``<stem>.png`` atomically, under a new stem
+when an earlier run's files are there. :class:`BenchResult` is what the Python API returns.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from vit_fast.files import write_atomic
+
+REPORT_SUFFIXES = (".json", ".md", ".csv", ".png")
+#: the CSV's columns: timm benchmark.py's inference columns (``infer_step_time`` = mean ms per batch,
+#: ``infer_samples_per_sec`` = images per second at that mean, ``param_count`` in millions,
+#: ``infer_gmacs`` per image), then ours
+CSV_TIMM_COLUMNS = (
+    "model",
+    "infer_samples_per_sec",
+    "infer_step_time",
+    "infer_batch_size",
+    "infer_img_size",
+    "param_count",
+    "infer_gmacs",
+)
+CSV_COLUMNS = (
+    *CSV_TIMM_COLUMNS,
+    "backend",
+    "label",
+    "graph_mode",
+    "dtype",
+    "status",
+    "n",
+    "stopped_by",
+    "median_ms",
+    "p10_ms",
+    "p90_ms",
+    "p99_ms",
+    "mean_ms",
+    "min_ms",
+    "max_ms",
+    "std_ms",
+    "images_per_s",
+    "tflops",
+    "vs_best",
+    "vs_floor",
+    "floor_ms",
+    "max_abs_err_vs_torch",
+    "threads",
+    "device",
+    "device_name",
+    "weights",
+    "torch",
+    "onnxruntime",
+    "tensorrt",
+    "git_commit",
+    "reason",
+)
 
 
 def add_ratios(rows: list[dict[str, Any]]) -> None:
@@ -24,7 +76,8 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
     for r in rows:
         if r.get("status") != "ok":
             continue
-        r["tflops"] = r["flops_per_image"] * r["batch"] / (r["median_ms"] * 1e-3) / 1e12
+        flops = r.get("flops_per_image")
+        r["tflops"] = flops * r["batch"] / (r["median_ms"] * 1e-3) / 1e12 if flops else None
         r["vs_floor"] = r["median_ms"] / r["floor_ms"] if r.get("floor_ms") else None
         key = (r["dtype"], r["batch"])
         if key not in best or r["median_ms"] < best[key]["median_ms"]:
@@ -77,6 +130,9 @@ def markdown_report(report: dict[str, Any]) -> str:
     env, ceil, cfg = report["environment"], report["ceilings"], report["config"]
     rows = report["rows"]
     t = rows[0] if rows else {}
+    st = report["settings"]
+    params = t.get("params")
+    flops = t.get("flops_per_image")
     lines = [
         f"# vit-fast bench: {report['model']}",
         "",
@@ -84,28 +140,36 @@ def markdown_report(report: dict[str, Any]) -> str:
         f"- versions: torch {env['torch']}, triton {env['triton']}, onnxruntime {env['onnxruntime']}, "
         f"tensorrt {env['tensorrt']}, timm {env['timm']}, vit-fast {env['vit_fast']}",
         f"- commit: {env['git_commit']}; created {report['created_utc']}",
-        f"- model: {cfg['embed_dim']}d x {cfg['depth']} blocks, {t.get('tokens', '?')} tokens, GELU {cfg['act']}, "
-        f"{_fmt(t.get('params', 0) / 1e6, '.1f')} M params, {_fmt(t.get('flops_per_image', 0) / 1e9, '.2f')} "
-        f"GFLOP/image",
-        f"- timing: {t.get('timer', '?')}, warm-up {report['settings']['warmup']}, up to "
-        f"{report['settings']['iters']} runs (capped at ~{report['settings']['max_seconds']} s per case), "
-        f"L2 flush: {report['settings']['flush_l2'] or 'off'}",
+        (
+            f"- model: {cfg['embed_dim']}d x {cfg['depth']} blocks, {t.get('tokens', '?')} tokens, GELU {cfg['act']}, "
+            f"{_fmt(params / 1e6 if params else None, '.1f')} M params, "
+            f"{_fmt(flops / 1e9 if flops else None, '.2f')} GFLOP/image"
+            if cfg
+            else "- model: no vit-fast metadata beside the artifact (architecture unknown)"
+        ),
+        f"- weights: {t.get('weights', 'not recorded')}",
+        f"- timing: {t.get('timer', '?')}, warm-up {st['warmup']}; each case at least {st.get('min_samples', '?')} "
+        f"runs and {st.get('min_time_s', '?')} s of them, at most {st['iters']} runs or ~{st['max_seconds']} s "
+        f"(`n` = runs timed); L2 flush: {st['flush_l2'] or 'off'}",
     ]
-    if report["settings"].get("threads"):
-        lines.append(f"- CPU threads: {report['settings']['threads']} ({report['settings']['threads_note']})")
+    if report.get("artifact"):
+        lines.append(f"- artifact: {report['artifact']} ({t.get('runtime', '?')}; verified: {t.get('verified')})")
+    if st.get("threads"):
+        lines.append(f"- CPU threads: {st['threads']} for every CPU backend ({st['threads_note']})")
     if ceil.get("bandwidth"):
         lines.append(f"- measured bandwidth: {ceil['bandwidth']['GBps']:.1f} GB/s ({ceil['bandwidth']['method']})")
     for d, m in (ceil.get("matrix") or {}).items():
         lines.append(f"- measured matrix rate {d}: {m['TFLOPs']:.3g} TFLOP/s ({m['method']})")
     lines += [
         "",
-        "Latencies in ms per batch (median, p90, p99). `x best` = median / fastest median at the same dtype and "
+        "Latencies in ms per batch (median, p10, p90, p99 over `n` timed runs; a p99 over fewer than 100 runs is "
+        "close to the maximum). `x best` = median / fastest median at the same dtype and "
         "batch; `x floor` = median / max(weight bytes / bandwidth, FLOPs / matrix rate); `err` = max |output - "
         "torch backend output| on the same input (`torch err` = torch backend vs fp32).",
         "",
-        "| backend | graph | dtype | batch | median | p90 | p99 | img/s | TFLOP/s | x best | floor ms | x floor "
-        "| err | torch err |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| backend | graph | dtype | batch | median | p10 | p90 | p99 | n | img/s | TFLOP/s | x best | floor ms "
+        "| x floor | err | torch err |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         if r.get("status") != "ok":
@@ -115,14 +179,15 @@ def markdown_report(report: dict[str, Any]) -> str:
         if r.get("vs_best") == 1.0:
             best = f"**{best}**"
         lines.append(
-            f"| {r['label']} | {graph} | {r['dtype']} | {r['batch']} | {r['median_ms']:.3f} | {r['p90_ms']:.3f} "
-            f"| {r['p99_ms']:.3f} | {r['images_per_s']:.1f} | {_fmt(r.get('tflops'))} | {best} "
+            f"| {r['label']} | {graph} | {r['dtype']} | {r['batch']} | {r['median_ms']:.3f} | {r['p10_ms']:.3f} "
+            f"| {r['p90_ms']:.3f} | {r['p99_ms']:.3f} | {r['n']} | {r['images_per_s']:.1f} | {_fmt(r.get('tflops'))} "
+            f"| {best} "
             f"| {_fmt(r.get('floor_ms'), '.3f')} ({(r.get('floor_bound') or '-')[:3]}) "
             f"| {_fmt(r.get('vs_floor'), '.1f')}x | {_fmt(r.get('max_abs_err_vs_torch'), '.2g')} "
             f"| {_fmt(r.get('torch_max_abs_err_vs_fp32'), '.2g')} |"
         )
     if not any(r.get("status") == "ok" for r in rows):
-        lines.append("| (nothing ran) |||||||||||||| ")
+        lines.append("| (nothing ran) |||||||||||||||| ")
     if report.get("transfers"):
         lines += [
             "",
@@ -147,60 +212,120 @@ def markdown_report(report: dict[str, Any]) -> str:
 
 
 def plot_report(report: dict[str, Any]) -> bytes:
-    """PNG bytes: median latency and images/s against batch size, one line per backend and dtype."""
-    import io
+    """PNG bytes of :func:`plot_figure`."""
+    from matplotlib import pyplot as plt
 
+    fig = plot_figure(report)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def plot_figure(report: dict[str, Any]) -> Any:
+    """A matplotlib figure: latency (median, with a p10-p90 bar; the axis starts at 0) and images/s against
+    batch size, one line per backend and dtype, or one bar each when the run has one batch size."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
     from matplotlib import pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
     fig, (ax_lat, ax_thr) = plt.subplots(1, 2, figsize=(12, 4.8))
     series: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in report["rows"]:
         if r.get("status") == "ok":
             series.setdefault((r["label"], r["dtype"]), []).append(r)
-    styles = ["-", "--", ":", "-."]
-    dstyle = {d: styles[i % len(styles)] for i, d in enumerate(report["settings"]["dtypes"])}
     labels = sorted({label for label, _ in series})
     palette = plt.get_cmap("tab10" if len(labels) <= 10 else "tab20")
     color = {label: palette(i % palette.N) for i, label in enumerate(labels)}  # one colour per backend
-    for (label, dtype), rs in sorted(series.items()):
-        rs = sorted(rs, key=lambda r: r["batch"])
-        xs = [r["batch"] for r in rs]
-        kw = {"marker": "o", "linestyle": dstyle.get(dtype, "-"), "color": color[label], "label": f"{label} {dtype}"}
-        ax_lat.plot(xs, [r["median_ms"] for r in rs], **kw)
-        ax_thr.plot(xs, [r["images_per_s"] for r in rs], **kw)
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
+    batches = sorted({r["batch"] for rs in series.values() for r in rs} or set(report["settings"]["batches"]))
 
-    batches = sorted(report["settings"]["batches"])
-    for ax, ylabel, key in ((ax_lat, "median latency (ms)", "median_ms"), (ax_thr, "images / s", "images_per_s")):
-        ax.set_xlabel("batch size")
-        ax.set_ylabel(ylabel)
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(batches, [str(b) for b in batches])
-        ax.xaxis.set_minor_locator(NullLocator())
-        values = [r[key] for rs in series.values() for r in rs if r.get(key)]
+    def spread(rs: list[dict[str, Any]]) -> list[list[float]]:
+        return [[r["median_ms"] - r["p10_ms"] for r in rs], [r["p90_ms"] - r["median_ms"] for r in rs]]
+
+    if len(batches) == 1:  # one point per series: bars, not lines
+        keys = sorted(series)
+        xs = range(len(keys))
+        rows = [series[k][0] for k in keys]
+        colours = [color[k[0]] for k in keys]
+        ax_lat.bar(xs, [r["median_ms"] for r in rows], yerr=spread(rows), capsize=4, color=colours)
+        ax_thr.bar(xs, [r["images_per_s"] for r in rows], color=colours)  # bars start at 0
+        for ax in (ax_lat, ax_thr):
+            ax.set_xticks(list(xs), [f"{label}\n{dtype}" for label, dtype in keys], fontsize=8)
+            ax.set_xlabel(f"backend (batch {batches[0]})")
+    else:
+        styles = ["-", "--", ":", "-."]
+        dstyle = {d: styles[i % len(styles)] for i, d in enumerate(report["settings"]["dtypes"])}
+        for (label, dtype), rs in sorted(series.items()):
+            rs = sorted(rs, key=lambda r: r["batch"])
+            xs = [r["batch"] for r in rs]
+            kw = {
+                "marker": "o",
+                "linestyle": dstyle.get(dtype, "-"),
+                "color": color[label],
+                "label": f"{label} {dtype}",
+            }
+            ax_lat.errorbar(xs, [r["median_ms"] for r in rs], yerr=spread(rs), capsize=3, **kw)
+            ax_thr.plot(xs, [r["images_per_s"] for r in rs], **kw)
+        for ax in (ax_lat, ax_thr):
+            ax.set_xlabel("batch size")
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(batches, [str(b) for b in batches])
+            ax.xaxis.set_minor_locator(NullLocator())
+        values = [r["images_per_s"] for rs in series.values() for r in rs]
         # a log axis only pays off over a decade or more; inside one it would show no tick labels at all
         if values and max(values) / min(values) >= 10:
-            ax.set_yscale("log")
-            ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-            ax.yaxis.set_minor_locator(NullLocator())
+            ax_thr.set_yscale("log")
+            ax_thr.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            ax_thr.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax_thr.yaxis.set_minor_locator(NullLocator())
+        else:
+            ax_thr.set_ylim(bottom=0)
+        if series:
+            ax_thr.legend(fontsize=8, loc="best")
+    ax_lat.set_ylabel("latency per batch (ms): median, bar p10-p90")
+    ax_lat.set_ylim(bottom=0)  # latency from 0, so the bars and gaps read true
+    ax_thr.set_ylabel("images / s")
+    for ax in (ax_lat, ax_thr):
         ax.grid(True, alpha=0.3)
-    if series:
-        ax_thr.legend(fontsize=8, loc="best")
-    else:
+    if not series:
         ax_lat.text(0.5, 0.5, "no backend ran", ha="center", va="center", transform=ax_lat.transAxes)
     env = report["environment"]
     fig.suptitle(
         f"{report['model']} on {env['device_name'][:80]}  (torch {env['torch']}, {env['git_commit'][:12]})", fontsize=10
     )
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    return buf.getvalue()
+    return fig
+
+
+def csv_report(report: dict[str, Any]) -> str:
+    """The rows as CSV: timm benchmark.py's inference columns where they apply, then ours (:data:`CSV_COLUMNS`)."""
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for r in report["rows"]:
+        ok = r.get("status") == "ok"
+        img = r.get("img_size")
+        timm = {
+            "infer_samples_per_sec": round(r["batch"] / (r["mean_ms"] * 1e-3), 2) if ok else None,
+            "infer_step_time": round(r["mean_ms"], 3) if ok else None,
+            "infer_batch_size": r["batch"],
+            "infer_img_size": img[-1] if img else None,
+            "param_count": round(r["params"] / 1e6, 2) if r.get("params") else None,
+            "infer_gmacs": round(r["flops_per_image"] / 2e9, 2) if r.get("flops_per_image") else None,
+        }
+        row = {**r, **timm, "reason": r.get("reason") or r.get("error")}
+        writer.writerow({k: _csv_value(row.get(k)) for k in CSV_COLUMNS})
+    return out.getvalue()
+
+
+def _csv_value(v: Any) -> Any:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return repr(v) if math.isfinite(v) else str(v)
+    return v
 
 
 def _json_default(obj: Any) -> Any:
@@ -221,14 +346,34 @@ def _json_clean(obj: Any) -> Any:
     return obj
 
 
-def write_reports(report: dict[str, Any], out_dir: Path, stem: str) -> dict[str, Path]:
-    """Write ``<stem>.json``, ``<stem>.md`` and ``<stem>.png`` into ``out_dir`` atomically; returns the paths."""
+def free_stem(out_dir: Path, stem: str, run_id: str, overwrite: bool = False) -> str:
+    """``stem`` when no ``<stem>.{json,md,csv,png}`` is in ``out_dir`` yet (or ``overwrite``), else
+    ``<stem>-<run_id>`` (``-2``, ``-3`` ... after it if even that is taken): a run never replaces another's."""
+
+    def taken(s: str) -> bool:
+        return any((out_dir / f"{s}{suffix}").exists() for suffix in REPORT_SUFFIXES)
+
+    if overwrite or not taken(stem):
+        return stem
+    candidate, n = f"{stem}-{run_id}", 2
+    while taken(candidate):
+        candidate, n = f"{stem}-{run_id}-{n}", n + 1
+    return candidate
+
+
+def write_reports(report: dict[str, Any], out_dir: Path, stem: str, overwrite: bool = False) -> dict[str, Path]:
+    """Write ``<stem>.json``, ``.md``, ``.csv`` and ``.png`` into ``out_dir`` atomically (``out_dir`` is made);
+    an earlier run's files are kept and this run's named apart (:func:`free_stem`) unless ``overwrite``.
+    Returns the paths by kind."""
     out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = free_stem(out_dir, stem, report.get("run_id") or "run", overwrite)
     paths = {
         "json": write_atomic(
             out_dir / f"{stem}.json", json.dumps(_json_clean(report), indent=2, default=_json_default) + "\n"
         ),
         "markdown": write_atomic(out_dir / f"{stem}.md", markdown_report(report)),
+        "csv": write_atomic(out_dir / f"{stem}.csv", csv_report(report)),
     }
     try:
         png = plot_report(report)
@@ -237,3 +382,36 @@ def write_reports(report: dict[str, Any], out_dir: Path, stem: str) -> dict[str,
     else:
         paths["png"] = write_atomic(out_dir / f"{stem}.png", png)
     return paths
+
+
+@dataclass
+class BenchResult:
+    """What :func:`vit_fast.bench.benchmark` returns: the report, its rows, and its text forms; nothing is
+    written until :meth:`write` is called."""
+
+    report: dict[str, Any]
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        """One dict per backend, dtype and batch (``status`` ok, unavailable, error or skipped)."""
+        return self.report["rows"]
+
+    def ok(self) -> list[dict[str, Any]]:
+        """The rows that were timed."""
+        return [r for r in self.rows if r.get("status") == "ok"]
+
+    def markdown(self) -> str:
+        return markdown_report(self.report)
+
+    def csv(self) -> str:
+        return csv_report(self.report)
+
+    def write(self, out_dir: str | Path, stem: str = "bench", overwrite: bool = False) -> dict[str, Path]:
+        """Write the JSON, Markdown, CSV and PNG files (see :func:`write_reports`); returns their paths."""
+        return write_reports(self.report, Path(out_dir), stem, overwrite)
+
+    def __iter__(self):  # noqa: D105
+        return iter(self.rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)

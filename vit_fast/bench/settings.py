@@ -1,6 +1,7 @@
 """What a benchmark run is asked to do, and the checks on it: the backend names, the settings
-dataclass, the parsers of the ``--batch`` / ``--dtype`` / ``--backends`` lists, the device, and
-whether a dtype can run on it. Every bad request is a :class:`BenchError` that says what to change.
+dataclass (with the device's defaults for what is left unset), the parsers of the ``--batch`` /
+``--dtype`` / ``--backends`` lists, the device, and whether a dtype can run on it. Every bad request
+is a :class:`BenchError` that says what to change.
 """
 
 from __future__ import annotations
@@ -29,7 +30,16 @@ BACKENDS: tuple[str, ...] = (
 #: backends that --graph also runs captured in a CUDA graph (triton's captured form is "triton-graph";
 #: compile-max-autotune and compile-reduce-overhead are graphed by inductor already)
 GRAPHABLE: tuple[str, ...] = ("torch", "triton", "compile", "timm")
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: per device type: warm-up calls, and the sampling of each case: at least ``min_samples`` calls and
+#: ``min_time_s`` seconds of them (so a p99 rests on 100+ samples even on CPU), at most ``iters`` calls
+#: or about ``max_seconds`` of wall time
+SAMPLING_DEFAULTS: dict[str, dict[str, Any]] = {
+    "cuda": {"warmup": 20, "min_samples": 200, "min_time_s": 1.0, "iters": 10_000, "max_seconds": 10.0},
+    "cpu": {"warmup": 2, "min_samples": 100, "min_time_s": 1.0, "iters": 10_000, "max_seconds": 30.0},
+}
+BATCH_DEFAULTS = {"cuda": [1, 8, 64, 256], "cpu": [1, 8]}
+DTYPE_DEFAULTS = {"cuda": ["bf16"], "cpu": ["fp32"]}
 
 
 class BenchError(ValueError):
@@ -42,17 +52,27 @@ class Unavailable(Exception):
 
 @dataclass
 class BenchSettings:
-    """One ``vit-fast bench`` run: which model, batch sizes, dtype names, backends, where to write."""
+    """One benchmark run: which model, batch sizes, dtype names, backends, how to sample, where to write.
 
-    model: str
-    batches: list[int]
-    dtypes: list[str]
-    backends: list[str]
-    out_dir: Path
+    ``model``: a model name (preset, checkpoint, ``timm:``/``hf:`` name), a ``VisionTransformer`` (or the
+    Hugging Face drop-in), or an ``.onnx`` / ``.plan`` / ``.engine`` / ``.trt`` artifact, timed by its own
+    runtime at the input shape its metadata (else its ONNX graph) gives. ``batches`` / ``dtypes`` /
+    ``backends`` left None take the device's defaults (an artifact: its own dtype and runtime).
+    ``out_dir`` is where :func:`run_benchmark` writes (None: nothing is written); ``overwrite`` lets it
+    replace an earlier run's files instead of naming the new ones apart.
+    """
+
+    model: Any
+    batches: list[int] | None = None
+    dtypes: list[str] | None = None
+    backends: list[str] | None = None
+    out_dir: Path | None = None
     device: str = "auto"
     warmup: int | None = None
-    iters: int | None = None
-    max_seconds: float | None = None
+    iters: int | None = None  # at most this many timed calls per case
+    max_seconds: float | None = None  # and at most about this long
+    min_samples: int | None = None  # at least this many timed calls per case ...
+    min_time_s: float | None = None  # ... and at least this many seconds of them
     flush_l2: bool = False
     h2d: bool = False
     graph: bool = False
@@ -60,16 +80,28 @@ class BenchSettings:
     seed: int = 0
     progress: bool | None = None  # None: a bar only when stderr is a terminal
     measure_ceilings: bool = True
-    threads: int | None = None  # CPU: torch.set_num_threads (None: torch's default)
+    threads: int | None = None  # CPU: torch.set_num_threads and ONNX Runtime's intra-op threads
+    overwrite: bool = False
 
     def resolved(self, device: torch.device) -> dict[str, Any]:
-        """Warm-up calls, timed calls (at most) and seconds per case, with the device's defaults filled in."""
-        cuda = device.type == "cuda"
-        return {
-            "warmup": self.warmup if self.warmup is not None else (20 if cuda else 2),
-            "iters": self.iters if self.iters is not None else (200 if cuda else 10),
-            "max_seconds": self.max_seconds if self.max_seconds is not None else (10.0 if cuda else 3.0),
+        """Warm-up calls and the sampling of each case, with the device's defaults filled in."""
+        defaults = SAMPLING_DEFAULTS["cuda" if device.type == "cuda" else "cpu"]
+        given = {
+            "warmup": self.warmup,
+            "min_samples": self.min_samples,
+            "min_time_s": self.min_time_s,
+            "iters": self.iters,
+            "max_seconds": self.max_seconds,
         }
+        out = {k: v if v is not None else defaults[k] for k, v in given.items()}
+        if out["warmup"] < 0 or out["iters"] < 1 or out["min_samples"] < 1 or out["min_time_s"] < 0:
+            raise BenchError(
+                "need warmup >= 0, iters >= 1, min_samples >= 1 and min_time_s >= 0, got "
+                f"{out['warmup']}, {out['iters']}, {out['min_samples']}, {out['min_time_s']}"
+            )
+        if out["max_seconds"] is not None and out["max_seconds"] <= 0:
+            raise BenchError(f"max_seconds must be > 0, got {out['max_seconds']}")
+        return out
 
 
 def parse_batches(text: str) -> list[int]:

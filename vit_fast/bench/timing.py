@@ -2,15 +2,22 @@
 
 On CUDA: warm-up calls, then one pair of CUDA events around each of many calls with the input
 already resident on the GPU; optionally an L2 flush (a write of a buffer larger than L2) before
-each call, outside the timed interval. On CPU: ``time.perf_counter`` around each call. Statistics:
-median, p90, p99 (``numpy.percentile``, linear interpolation), mean, min, max, standard deviation.
+each call, outside the timed interval. On CPU: ``time.perf_counter`` around each call.
+
+How many calls (:class:`Sampling`, as trtexec's ``--iterations`` / ``--duration``): at least
+``min_samples`` calls AND at least ``min_time_s`` seconds of timed calls, whichever comes later,
+but never more than ``max_samples`` calls or about ``max_seconds`` of wall time (a cap that keeps at
+least ``floor`` calls); :func:`sample` says which of these ended the case. Statistics: median, p10,
+p90, p99 (``numpy.percentile``, linear interpolation), mean, min, max, standard deviation, the count.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +32,15 @@ def synchronize(device: torch.device) -> None:
 
 
 def summarize(times_ms: Sequence[float]) -> dict[str, float]:
-    """Median, p90, p99, mean, min, max, standard deviation (sample, n - 1; all ms) and the count ``n``."""
+    """Median, p10, p90, p99, mean, min, max, standard deviation (sample, n - 1; all ms) and the count ``n``."""
     if not len(times_ms):
         raise ValueError("no timings to summarize")
     t = np.asarray(times_ms, dtype=np.float64)
-    p50, p90, p99 = (float(v) for v in np.percentile(t, [50, 90, 99]))
+    p10, p50, p90, p99 = (float(v) for v in np.percentile(t, [10, 50, 90, 99]))
     return {
         "n": int(t.size),
         "median_ms": p50,
+        "p10_ms": p10,
         "p90_ms": p90,
         "p99_ms": p99,
         "mean_ms": float(t.mean()),
@@ -73,6 +81,93 @@ class L2Flusher:
         return f"write {self.nbytes / 2**20:.0f} MiB before each call (cache {cache})"
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """How many calls one case times (see the module docstring); seconds are wall-clock, times ms."""
+
+    warmup: int
+    min_samples: int
+    min_time_s: float = 0.0
+    max_samples: int = 10_000
+    max_seconds: float | None = None
+    floor: int = 3
+
+    def __post_init__(self) -> None:
+        if self.min_samples < 1 or self.max_samples < 1 or self.warmup < 0:
+            raise ValueError(
+                f"need min_samples >= 1, max_samples >= 1 and warmup >= 0, got {self.min_samples}, "
+                f"{self.max_samples}, {self.warmup}"
+            )
+        if self.min_time_s < 0 or (self.max_seconds is not None and self.max_seconds <= 0):
+            raise ValueError(f"need min_time_s >= 0 and max_seconds > 0, got {self.min_time_s}, {self.max_seconds}")
+
+    def stop(self, n: int, timed_s: float, wall_s: float) -> str | None:
+        """Why to stop after ``n`` calls (``timed_s`` seconds timed, ``wall_s`` elapsed), or None to go on."""
+        if n >= self.min_samples and timed_s >= self.min_time_s:
+            return "target"
+        if n >= self.max_samples:
+            return "sample cap"
+        if self.max_seconds is not None and wall_s >= self.max_seconds and n >= min(self.floor, self.max_samples):
+            return "time cap"
+        return None
+
+    def more(self, n: int, timed_s: float, wall_s: float, per_call_s: float) -> int:
+        """How many more calls to queue (at least 1) to reach the targets without passing a cap."""
+        per_call_s = max(per_call_s, 1e-7)
+        want = max(self.min_samples - n, math.ceil((self.min_time_s - timed_s) / per_call_s), 1)
+        room = self.max_samples - n
+        if self.max_seconds is not None:
+            room = min(room, max(self.floor - n, int((self.max_seconds - wall_s) / per_call_s), 1))
+        return max(1, min(want, room))
+
+
+def sample(
+    fn: Callable[[], Any], device: torch.device, sampling: Sampling, flush: Callable[[], None] | None = None
+) -> tuple[list[float], str]:
+    """Milliseconds of each timed call of ``fn`` after the warm-up, and why the sampling stopped
+    (``"target"``, ``"sample cap"`` or ``"time cap"``).
+
+    CUDA: one pair of events per call on the current stream (GPU time from the start of the call's first
+    kernel slot to its last, launch gaps included), queued in chunks sized from the time per call so far.
+    CPU: ``time.perf_counter`` around each call, the stopping rule checked after each.
+    """
+    for _ in range(sampling.warmup):
+        fn()
+    synchronize(device)
+    times: list[float] = []
+    start = time.perf_counter()
+    if device.type != "cuda":
+        while True:
+            if flush is not None:
+                flush()
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+            why = sampling.stop(len(times), sum(times) / 1e3, time.perf_counter() - start)
+            if why:
+                return times, why
+    t0 = time.perf_counter()  # one synchronized call sizes the first chunk
+    fn()
+    synchronize(device)
+    per_call = time.perf_counter() - t0
+    while True:
+        k = sampling.more(len(times), sum(times) / 1e3, time.perf_counter() - start, per_call)
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(k)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(k)]
+        for i in range(k):
+            if flush is not None:
+                flush()
+            starts[i].record()
+            fn()
+            ends[i].record()
+        torch.cuda.synchronize(device)
+        times.extend(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True))
+        per_call = sum(times) / len(times) / 1e3
+        why = sampling.stop(len(times), sum(times) / 1e3, time.perf_counter() - start)
+        if why:
+            return times, why
+
+
 def time_callable(
     fn: Callable[[], Any],
     device: torch.device,
@@ -83,40 +178,12 @@ def time_callable(
     max_seconds: float | None = None,
     min_iters: int = 5,
 ) -> list[float]:
-    """Milliseconds of each of up to ``iters`` calls of ``fn`` after ``warmup`` calls.
-
-    CUDA: one pair of events per call on the current stream (GPU time from the start of the call's
-    first kernel slot to its last, launch gaps included). CPU: ``time.perf_counter``. With
-    ``max_seconds``, the count is cut so the timed loop takes about that long, but never below
-    ``min_iters`` (and never above ``iters``).
-    """
+    """Milliseconds of each of ``iters`` calls of ``fn`` after ``warmup`` calls; with ``max_seconds`` the
+    count is cut so the timed loop takes about that long, but never below ``min_iters``. (A fixed count:
+    :func:`sample` with ``min_samples = max_samples = iters``.)"""
     if iters < 1:
         raise ValueError(f"iters must be >= 1, got {iters}")
-    for _ in range(max(0, warmup)):
-        fn()
-    synchronize(device)
-    if max_seconds is not None:
-        t0 = time.perf_counter()
-        fn()
-        synchronize(device)
-        one = max(time.perf_counter() - t0, 1e-7)
-        iters = max(min(iters, min_iters), min(iters, int(max_seconds / one)))
-    if device.type == "cuda":
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-        for i in range(iters):
-            if flush is not None:
-                flush()
-            starts[i].record()
-            fn()
-            ends[i].record()
-        torch.cuda.synchronize(device)
-        return [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
-    times = []
-    for _ in range(iters):
-        if flush is not None:
-            flush()
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return times
+    plan = Sampling(
+        warmup=max(0, warmup), min_samples=iters, max_samples=iters, max_seconds=max_seconds, floor=min_iters
+    )
+    return sample(fn, device, plan, flush)[0]

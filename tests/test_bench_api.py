@@ -1,0 +1,236 @@
+"""The Python benchmarking API (vit_fast.bench.benchmark), the sampling rule, timing existing artifacts,
+the CSV, the plot, and report files that never replace an earlier run's. CPU, seconds."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import time
+
+import pytest
+import torch
+
+import vit_fast
+from vit_fast import bench, export
+from vit_fast.bench import report as bench_report
+from vit_fast.bench.timing import Sampling, sample
+
+from .fakes import tiny_hf_classifier
+from .util import TINY
+
+QUICK = dict(device="cpu", threads=1, ceilings=False, min_samples=20, min_time_s=0.05, warmup=1)
+
+
+@pytest.fixture(scope="module")
+def seeded_model() -> vit_fast.VisionTransformer:
+    model = vit_fast.VisionTransformer(vit_fast.ViTConfig(**TINY), backend="torch")
+    model.init_weights(seed=3)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def result(seeded_model) -> bench.BenchResult:
+    return bench.benchmark(
+        seeded_model, batch="1,2", backends="torch,onnxruntime", onnx_exporter="torchscript", **QUICK
+    )
+
+
+# --------------------------------------------------------------------------- the Python API
+def test_benchmark_returns_rows_and_writes_nothing(seeded_model, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = bench.benchmark(seeded_model, batch=[2], backends=["torch"], **QUICK)
+    assert list(tmp_path.iterdir()) == []
+    assert isinstance(res, bench.BenchResult) and len(res) == 1 and list(res) == res.rows
+    (row,) = res.ok()
+    assert row["backend"] == "torch" and row["batch"] == 2 and row["dtype"] == "fp32"
+    assert row["n"] >= 20 and row["timed_s"] >= 0.05 and row["stopped_by"] == "target"
+    assert row["p10_ms"] <= row["median_ms"] <= row["p90_ms"] <= row["p99_ms"]
+    assert row["threads"] == 1 and row["weights"] == "random (seed 3)"
+    assert row["weights_source"] == {"kind": "random", "seed": 3}
+    assert res.report["weights"]["description"] == "random (seed 3)" and res.report["vit_fast_version"]
+
+
+def test_threads_are_the_same_for_torch_and_onnxruntime(result):
+    pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
+    rows = {(r["backend"], r["batch"]): r for r in result.ok()}
+    assert rows[("onnxruntime", 1)]["threads"] == rows[("torch", 1)]["threads"] == 1
+    assert "intra_op_num_threads=1" in rows[("onnxruntime", 1)]["notes"]
+    assert result.report["settings"]["threads"] == 1
+    assert all(r["max_abs_err_vs_torch"] < 1e-4 for r in result.ok())
+
+
+def test_hugging_face_drop_in_is_benchmarked_as_the_plain_module():
+    hf = tiny_hf_classifier(num_labels=3)
+    res = bench.benchmark(vit_fast.optimize(hf), batch=1, backends="torch", **QUICK)
+    (row,) = res.ok()  # timed: the drop-in's forward returns an ImageClassifierOutput, the plain module's a tensor
+    assert row["model"].startswith("HFViT") and row["weights_source"]["kind"] == "hf"
+
+
+def test_bad_requests_are_bench_errors(seeded_model):
+    with pytest.raises(bench.BenchError, match=r"unknown backend 'trition'"):
+        bench.benchmark(seeded_model, backends="torch,trition", **QUICK)
+    with pytest.raises(bench.BenchError, match=r"min_samples >= 1"):
+        bench.benchmark(seeded_model, backends="torch", **{**QUICK, "min_samples": 0})
+    with pytest.raises(bench.BenchError, match=r"is not an int"):
+        bench.benchmark(seeded_model, batch="1,x", backends="torch", **QUICK)
+    with pytest.raises(TypeError, match=r"bench takes a vit_fast.VisionTransformer, got Linear"):
+        bench.benchmark(torch.nn.Linear(2, 2), backends="torch", **QUICK)
+
+
+# --------------------------------------------------------------------------- the sampling rule
+def test_sampling_stops_when_both_minimums_are_met():
+    rule = Sampling(warmup=0, min_samples=100, min_time_s=1.0, max_samples=1000, max_seconds=30.0)
+    assert rule.stop(100, 0.5, 0.5) is None  # enough calls, not enough time
+    assert rule.stop(50, 2.0, 2.0) is None  # enough time, not enough calls
+    assert rule.stop(100, 1.0, 1.1) == "target"
+    assert rule.stop(1000, 0.1, 0.1) == "sample cap"
+    assert rule.stop(10, 0.5, 30.0) == "time cap" and rule.stop(2, 0.5, 30.0) is None  # the cap keeps a floor
+    assert rule.more(0, 0.0, 0.0, 0.001) == 1000  # 1 s at 1 ms per call, capped at 1000 calls
+    assert rule.more(0, 0.0, 0.0, 1.0) == 30  # 30 s cap at 1 s per call, though 100 calls are wanted
+    assert rule.more(100, 0.2, 0.2, 0.001) == 800  # 0.8 s more at 1 ms
+    with pytest.raises(ValueError, match=r"min_samples >= 1"):
+        Sampling(warmup=0, min_samples=0)
+
+
+def test_sample_on_cpu_meets_the_minimums():
+    calls = []
+    times, why = sample(lambda: calls.append(1), torch.device("cpu"), Sampling(warmup=3, min_samples=50))
+    assert len(times) == 50 and len(calls) == 53 and why == "target"
+    times, why = sample(
+        lambda: time.sleep(0.002), torch.device("cpu"), Sampling(warmup=0, min_samples=3, min_time_s=0.05)
+    )
+    assert sum(times) >= 50 and len(times) >= 3 and why == "target"
+    times, why = sample(
+        lambda: time.sleep(0.01), torch.device("cpu"), Sampling(warmup=0, min_samples=1000, max_seconds=0.05, floor=2)
+    )
+    assert 2 <= len(times) < 1000 and why == "time cap"
+    times, why = sample(lambda: None, torch.device("cpu"), Sampling(warmup=0, min_samples=10**6, max_samples=7))
+    assert len(times) == 7 and why == "sample cap"
+
+
+def test_defaults_make_p99_rest_on_100_samples_on_cpu():
+    cpu = bench.BenchSettings(model="x").resolved(torch.device("cpu"))
+    assert cpu["min_samples"] >= 100 and cpu["min_time_s"] >= 1.0 and cpu["iters"] >= cpu["min_samples"]
+
+
+# --------------------------------------------------------------------------- timing an artifact
+@pytest.fixture(scope="module")
+def onnx_file(tmp_path_factory, seeded_model):
+    pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
+    folder = tmp_path_factory.mktemp("artifact")
+    return export.to_onnx(
+        seeded_model,
+        folder / "m.onnx",
+        batch=(1, 4),
+        exporter="torchscript",
+        progress=False,
+        verify=export.VerifyOptions(print_table=False),
+    )
+
+
+def test_an_onnx_artifact_is_timed_by_its_runtime(onnx_file):
+    res = bench.benchmark(str(onnx_file), **QUICK)
+    assert [(r["backend"], r["label"], r["batch"], r["status"]) for r in res.rows] == [
+        ("onnxruntime", "m.onnx", 1, "ok"),
+        ("onnxruntime", "m.onnx", 4, "ok"),  # defaults 1,8 on CPU: 8 is past the artifact's range, its max stands in
+    ]
+    row = res.rows[0]
+    assert row["verified"] is True and row["weights"] == "random (seed 3)" and row["tokens"] == 17
+    assert row["max_abs_err_vs_torch"] is None and row["n"] >= 20 and row["threads"] == 1
+    assert res.report["artifact"] == str(onnx_file) and res.report["settings"]["dtypes"] == ["fp32"]
+    assert "- artifact: " in res.markdown() and "verified: True" in res.markdown()
+
+
+def test_artifact_requests_that_do_not_fit_are_refused(onnx_file):
+    with pytest.raises(bench.BenchError, match=r"batch sizes \[8\] lie outside the artifact's range \[1, 4\]"):
+        bench.benchmark(str(onnx_file), batch=8, **QUICK)
+    with pytest.raises(bench.BenchError, match=r"computes in fp32, not fp16: leave the dtype unset"):
+        bench.benchmark(str(onnx_file), dtypes="fp16", **QUICK)
+    with pytest.raises(bench.BenchError, match=r"timed by onnxruntime, its own runtime"):
+        bench.benchmark(str(onnx_file), backends="torch", **QUICK)
+
+
+def test_an_artifact_without_metadata_is_timed_at_its_graph_shape(onnx_file, tmp_path):
+    bare = tmp_path / "bare.onnx"
+    bare.write_bytes(onnx_file.read_bytes())
+    res = bench.benchmark(str(bare), batch=2, **QUICK)
+    (row,) = res.ok()
+    assert row["weights"] == "not recorded" and row["tokens"] is None and row["params"] is None
+    assert "architecture unknown" in res.markdown()
+
+
+def test_a_uint8_artifact_is_fed_uint8_images(seeded_model, tmp_path):
+    pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
+    path = export.to_onnx(
+        seeded_model,
+        tmp_path / "u8.onnx",
+        batch=(1, 2),
+        exporter="torchscript",
+        progress=False,
+        preprocess=dict(layout="NHWC", mean=0.5, std=0.25),
+    )
+    seen = []
+    real = export.runners.OrtRunner._bind
+
+    def spy(self, x):
+        seen.append((x.dtype, tuple(x.shape)))
+        return real(self, x)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(export.runners.OrtRunner, "_bind", spy)
+        (row,) = bench.benchmark(str(path), batch=2, **QUICK).ok()
+    assert seen == [(torch.uint8, (2, 32, 32, 3))] and row["n"] >= 20
+
+
+# --------------------------------------------------------------------------- files, CSV, plot
+def test_a_second_run_never_replaces_the_first(result, tmp_path):
+    first = result.write(tmp_path, "bench_tiny")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    second = result.write(tmp_path, "bench_tiny")
+    assert sorted(first) == ["csv", "json", "markdown", "png"]
+    assert second["json"].name == f"bench_tiny-{result.report['run_id']}.json"
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name in before} == before
+    third = result.write(tmp_path, "bench_tiny")
+    assert third["json"].name == f"bench_tiny-{result.report['run_id']}-2.json"
+    replaced = result.write(tmp_path, "bench_tiny", overwrite=True)
+    assert replaced["json"] == first["json"] and len(list(tmp_path.iterdir())) == 12
+
+
+def test_run_benchmark_checks_its_folder_first(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    settings = bench.BenchSettings(model="no_such_model", out_dir=tmp_path / "afile", backends=["torch"])
+    with pytest.raises(bench.BenchError, match=r"bench output folder '.*afile' is a file, not a folder"):
+        bench.run_benchmark(settings)
+
+
+def test_csv_has_timms_columns_first(result):
+    rows = list(csv.DictReader(io.StringIO(result.csv())))
+    assert list(rows[0])[:7] == list(bench_report.CSV_TIMM_COLUMNS)
+    assert len(rows) == len(result.rows)
+    for line, row in zip(rows, result.rows, strict=True):
+        assert line["model"] == row["model"] and int(line["infer_batch_size"]) == row["batch"]
+        assert float(line["infer_step_time"]) == round(row["mean_ms"], 3)
+        assert float(line["infer_samples_per_sec"]) == round(row["batch"] / (row["mean_ms"] / 1e3), 2)
+        assert float(line["param_count"]) == round(row["params"] / 1e6, 2) and line["infer_img_size"] == "32"
+        assert int(line["n"]) == row["n"] and line["threads"] == "1" and line["weights"] == "random (seed 3)"
+
+
+def test_markdown_shows_the_sample_count(result):
+    md = result.markdown()
+    assert "| median | p10 | p90 | p99 | n |" in md
+    r = result.ok()[0]
+    assert f"| {r['p99_ms']:.3f} | {r['n']} |" in md and "at least 20 runs and 0.05 s" in md
+
+
+def test_plot_starts_latency_at_0_and_shows_spread(result):
+    fig = bench_report.plot_figure(result.report)
+    lat = fig.axes[0]
+    assert lat.get_ylim()[0] == 0
+    assert len(lat.containers) == len({(r["label"], r["dtype"]) for r in result.ok()})  # one errorbar per series
+    one = json.loads(json.dumps(result.report))
+    one["rows"] = [r for r in one["rows"] if r["batch"] == 1]
+    fig = bench_report.plot_figure(one)
+    bars = [p for p in fig.axes[0].patches]
+    assert len(bars) == len(one["rows"]) and fig.axes[0].get_ylim()[0] == 0  # one bar per backend at one batch
+    assert bench_report.plot_report(one)[:8] == b"\x89PNG\r\n\x1a\n"
