@@ -299,7 +299,7 @@ def to_onnx(
     input_name: str = DEFAULT_INPUT_NAME,
     output_names: str | Sequence[str] | None = None,
     preprocess: dict[str, Any] | None = None,
-    verify: bool | VerifyOptions = False,
+    verify: bool | VerifyOptions = True,
     report: str | os.PathLike | None = None,
     overwrite: bool = False,
 ) -> Path:
@@ -326,7 +326,8 @@ def to_onnx(
     - ``verify``: True (or :class:`VerifyOptions`) verifies the STAGED file against ``model`` on ONNX Runtime
       (every output, the same preprocessing on the eager side) before anything is published; the result
       (passed, rule, worst error, batches, seed, date, versions) is recorded in the metadata.
-      A failure raises :class:`VerificationError` and publishes nothing.
+      A failure raises :class:`VerificationError` and publishes nothing. On by default: pass
+      ``verify=False`` only where the artifact is verified otherwise (or cannot be on ONNX Runtime: bf16).
     - ``report``: with ``verify``, the verification report as JSON, published with the artifact.
     - ``overwrite``: replace existing files that vit-fast did not write (an earlier vit-fast artifact at
       ``path`` is replaced without it).

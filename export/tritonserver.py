@@ -391,7 +391,10 @@ def onnx_entry(
         if path is None:
             from .onnx import to_onnx
 
-            to_onnx(source, target, batch=(1, plan.max_batch_size), dtype=dtype, source=source_name, progress=progress)
+            to_onnx(  # verified below, where it will be served from
+                source, target, batch=(1, plan.max_batch_size), dtype=dtype, source=source_name,
+                progress=progress, verify=False,
+            )  # fmt: skip
         else:
             shutil.copyfile(path, target)
             if meta.get("external_data"):  # the graph names its weights file; it keeps that name

@@ -60,7 +60,7 @@ RESULT_FIELDS = (
     "best_peer",
     "vs_floor",
 )
-FAST = ["--device", "cpu", "--iters", "3", "--warmup", "1", "--threads", "1", "--quiet"]  # CPU tests, GPU or not
+FAST = ["--device", "cpu", "--max-samples", "3", "--warmup", "1", "--threads", "1", "--quiet"]  # CPU tests, GPU or not
 
 
 def _load(out: Path, stem: str) -> tuple[dict, str, bytes]:
@@ -123,7 +123,7 @@ def test_cpu_bench_writes_json_markdown_csv_png(cpu_run):
         assert r["driver_version"] == "n/a" and r["device"] == "cpu"
         assert r["tokens"] == 197 and r["gelu"] == "gelu" and r["graph_mode"] == "none"
         assert r["timer"] == "perf_counter" and r["threads"] == 1 and r["weights"] == "random (seed 0)"
-        assert r["n"] == r["iters"] == 3 and r["stopped_by"] == "sample cap"  # --iters 3 caps the samples
+        assert r["n"] == r["iters"] == 3 and r["stopped_by"] == "sample cap"  # --max-samples 3 caps the samples
         assert r["median_ms"] > 0 and r["p90_ms"] >= r["median_ms"] and r["p99_ms"] >= r["p90_ms"]
         assert r["images_per_s"] == pytest.approx(r["batch"] / (r["median_ms"] / 1e3))
         assert r["tflops"] == pytest.approx(r["flops_per_image"] * r["batch"] / (r["median_ms"] / 1e3) / 1e12)
@@ -290,7 +290,7 @@ def test_torch_compile_on_cpu(tiny_checkpoint, tmp_path):
         (["--batch", "2,2"], "twice"),
         (["--backends", "torch,trition"], "unknown backend 'trition' (did you mean 'triton'?)"),
         (["--dtype", "fp8"], "unknown dtype 'fp8'"),
-        (["--iters", "0"], "must be >= 1"),
+        (["--max-samples", "0"], "must be >= 1"),
     ],
 )
 def test_bad_arguments_give_clear_errors(args, message, tmp_path, capsys):
@@ -448,7 +448,7 @@ def test_gpu_bench_paths(tiny_checkpoint, tmp_path):
             "--graph",
             "--h2d",
             "--flush-l2",
-            "--iters",
+            "--max-samples",
             "20",
             "--warmup",
             "3",

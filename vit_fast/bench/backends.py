@@ -207,6 +207,7 @@ def export_onnx(
         exporter=exporter,
         source=source,
         progress=False,
+        verify=False,  # the harness checks every backend's output against the torch backend's itself
     )
     return f"vit_fast.export.to_onnx (exporter={exporter})"
 

@@ -24,6 +24,9 @@ from vit_fast.dtypes import DTYPES, canonical_name, parse_dtype_list
 from vit_fast.files import write_atomic
 
 JSON_HELP = "also write the report as JSON to this file"
+MODEL_HELP = (
+    '"default", a preset name (random weights), a checkpoint file, a Hugging Face folder, timm:NAME or hf:ORG/NAME'
+)
 
 
 class CommandError(Exception):
@@ -173,3 +176,46 @@ def add_threads(parser: argparse.ArgumentParser, note: str) -> None:
 def add_seed(parser: argparse.ArgumentParser, default: int | None, what: str) -> None:
     fresh = "fresh each run" if default is None else str(default)
     parser.add_argument("--seed", type=int, default=default, help=f"seed of {what} (default: {fresh})")
+
+
+def name_list(text: str) -> list[str]:
+    """A comma-separated list of names (``logits,pooled``): no empty item, no repeat."""
+    items = [t.strip() for t in str(text).split(",")]
+    if any(not t for t in items):
+        raise argparse.ArgumentTypeError(f"{text!r} has an empty item: give comma-separated names, e.g. a,b")
+    if len(set(items)) != len(items):
+        raise argparse.ArgumentTypeError(f"{text!r} names something twice")
+    return items
+
+
+def float_list(text: str) -> list[float]:
+    """A comma-separated list of finite numbers (``0.485,0.456,0.406``)."""
+    out = []
+    for item in str(text).split(","):
+        try:
+            value = float(item)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{item.strip()!r} in {text!r} is not a number") from None
+        if value != value or value in (float("inf"), float("-inf")):
+            raise argparse.ArgumentTypeError(f"{item.strip()!r} in {text!r} is not a finite number")
+        out.append(value)
+    return out
+
+
+def add_model_source(parser: argparse.ArgumentParser) -> None:
+    """``--config`` and ``--weights``: where a plain state dict's architecture, or a timm model's weights, come from."""
+    parser.add_argument(
+        "--config",
+        default=None,
+        metavar="PRESET|config.json",
+        help="the architecture of a plain timm / Hugging Face state-dict MODEL file: a preset or a config.json",
+    )
+    parser.add_argument(
+        "--weights", default=None, metavar="FILE", help="pretrained weights for a timm:NAME MODEL (nothing downloaded)"
+    )
+
+
+def add_overwrite(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace existing files that vit-fast did not write (never by default)"
+    )

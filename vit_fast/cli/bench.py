@@ -3,12 +3,15 @@
 Every backend runs in this process on the same input tensors and its output is checked against
 the eager "torch" backend's (max abs error in each row). On a GPU: CUDA events after warm-up,
 inputs already on the device, optional L2 flush and host-to-device timing, CUDA-graph variants.
-On CPU: time.perf_counter, with short defaults. Each result is set next to the best backend at
+On CPU: time.perf_counter. Each case runs at least --min-samples calls and --min-time seconds
+(the sample count n is in every row). Each result is set next to the best backend at
 the same dtype and batch, and next to the physical floor measured on this device:
 max(weight bytes / copy bandwidth, FLOPs / matmul rate).
 
   vit-fast bench MODEL --out DIR [--batch 1,8,64] [--dtype bf16,fp16] [--backends torch,triton]
                                  [--device cuda] [--graph] [--h2d] [--flush-l2] [--json PATH] [--seed 0]
+                                 [--min-samples 100] [--min-time 1] [--threads T] [--overwrite]
+  vit-fast bench model.onnx|model.plan --out DIR     (time an artifact you already have)
 
 backends:
   torch                     eager PyTorch (vit_fast's torch backend): the reference
@@ -31,7 +34,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from vit_fast.bench import BACKENDS, BenchSettings, markdown_report, parse_backends, resolve_device, run_benchmark
+from vit_fast.bench import BenchSettings, markdown_report, parse_backends, resolve_device, run_benchmark
 
 from . import _args
 
@@ -49,7 +52,9 @@ def _backend_list(text: str) -> list[str]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``vit-fast bench``'s arguments."""
     parser.add_argument(
-        "model", metavar="MODEL", help="a preset name (e.g. vit_base_patch16_224), 'default', or a checkpoint path"
+        "model",
+        metavar="MODEL",
+        help=_args.MODEL_HELP + "; or an .onnx / .plan / .engine artifact, timed with its own runtime",
     )
     parser.add_argument(
         "--batch",
@@ -72,7 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME[,NAME...]",
         help="backends to time, comma-separated, or 'all' (default: all)",
     )
-    parser.add_argument("--out", required=True, metavar="DIR", help="folder for bench_<model>.{json,md,png}")
+    parser.add_argument("--out", required=True, metavar="DIR", help="folder for bench_<model>.{json,md,csv,png} (an earlier run's files are kept)")
     _args.add_json(parser, "also write the JSON report (bench_<model>.json) to this file")
     parser.add_argument(
         "--device", type=_args.device, default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N"
@@ -84,16 +89,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="warm-up calls per case (default: 20 on a GPU, 2 on CPU)",
     )
     parser.add_argument(
-        "--iters",
+        "--min-samples",
         type=_args.positive_int,
         default=None,
-        help="timed calls per case, at most (default: 200 on a GPU, 10 on CPU)",
+        help="at least this many timed calls per case (default: 200 on a GPU, 100 on CPU) ...",
+    )
+    parser.add_argument(
+        "--min-time",
+        type=_args.positive_float,
+        default=None,
+        metavar="SECONDS",
+        help="... and at least this many seconds of them (default 1), as trtexec does",
+    )
+    parser.add_argument(
+        "--max-samples",
+        type=_args.positive_int,
+        default=None,
+        help="at most this many timed calls per case (default 10000)",
     )
     parser.add_argument(
         "--max-seconds",
         type=_args.positive_float,
         default=None,
-        help="cut the timed calls of one case to about this long (default: 10 on a GPU, 3 on CPU)",
+        help="and at most about this long per case (default: 10 on a GPU, 30 on CPU)",
     )
     parser.add_argument(
         "--flush-l2",
@@ -113,8 +131,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-ceilings", action="store_true", help="skip measuring bandwidth and matrix rate (no floor column)"
     )
-    _args.add_threads(parser, "1 is steadiest on a shared machine")
+    parser.add_argument(
+        "--threads",
+        type=_args.positive_int,
+        default=None,
+        metavar="T",
+        help="CPU threads for every CPU backend alike (torch and ONNX Runtime), recorded in each row "
+        "(default: the cores the load average leaves free)",
+    )
+    _args.add_overwrite(parser)
     _args.add_seed(parser, 0, "preset weights and inputs")
+    _args.add_model_source(parser)
     parser.add_argument("--quiet", action="store_true", help="no progress bar, no table on stdout")
     parser.add_argument("--strict", action="store_true", help="exit 1 when any backend fails with an error")
 
@@ -129,17 +156,24 @@ def run(args: argparse.Namespace) -> int:
     out_dir = _args.output_folder(args.out)
     json_path = _args.output_file(args.json, "--json")
     device = resolve_device(args.device)
-    cuda = device.type == "cuda"
+    model = args.model
+    if args.config is not None or args.weights is not None:
+        from vit_fast.loading import load_model
+
+        model = load_model(args.model, backend="torch", seed=args.seed, config=args.config, weights=args.weights)
     settings = BenchSettings(
-        model=args.model,
-        batches=args.batch or ([1, 8, 64, 256] if cuda else [1, 8]),
-        dtypes=args.dtype or (["bf16"] if cuda else ["fp32"]),
-        backends=args.backends or list(BACKENDS),
+        model=model,
+        batches=args.batch,  # None: the device's defaults (an artifact: its own range)
+        dtypes=args.dtype,
+        backends=args.backends,
         out_dir=out_dir,
         device=str(device),
         warmup=args.warmup,
-        iters=args.iters,
+        iters=args.max_samples,
         max_seconds=args.max_seconds,
+        min_samples=args.min_samples,
+        min_time_s=args.min_time,
+        overwrite=args.overwrite,
         flush_l2=args.flush_l2,
         h2d=args.h2d,
         graph=args.graph,

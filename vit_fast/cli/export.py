@@ -1,27 +1,30 @@
-"""Build a deployment artifact, verify it against eager PyTorch, and write a report.
+"""Build a deployment artifact, verify it against eager PyTorch, and publish it only if it passed.
 
   vit-fast export onnx MODEL --out model.onnx [--batch 1,64] [--dtype fp16] [--exporter dynamo]
-                                               [--attention fused] [--dynamic-size] [--opset 18]
-                                               [--seed 0] [--json report.json]
+                          [--attention fused] [--dynamic-size] [--opset 18] [--outputs logits,pooled]
+                          [--input-name pixel_values] [--preprocess NHWC --mean .. --std ..]
+                          [--seed 0] [--json report.json] [--overwrite]
   vit-fast export tensorrt model.onnx --out model.plan [--batch 1,8,64] [--dtype fp16]
+  vit-fast export tritonserver SOURCE --out repo/ [--batch 1,8,64] [--instances 2]
 
-MODEL is "default" (the embedded model), a preset name (random weights, fixed seed) or a
-checkpoint path. Missing folders of --out and --json are created. Metadata is written beside
-each artifact (PATH.json). An artifact that fails verification is removed; the exit status is
-then 1.
+MODEL is "default" (the embedded model), a preset name (RANDOM weights, seeded: the metadata says
+so), a checkpoint file (with --config for a plain timm / Hugging Face state dict), a Hugging Face
+save_pretrained folder, timm:NAME (with --weights FILE) or hf:ORG/NAME. The artifact is written
+and verified in a staging folder beside --out and published with its metadata (PATH.json, which
+records the verification: rule, worst error, batches, seed, versions, weights) and the --json
+report only when it passed; a failed or killed run leaves the target as it was. A file vit-fast
+did not write is never replaced unless --overwrite. Exit status 1 on failure.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from vit_fast.config import PRESETS
-from vit_fast.export._common import metadata_path
 from vit_fast.export.onnx import check_onnx_args, to_onnx
 from vit_fast.export.tensorrt import to_tensorrt
-from vit_fast.export.verify import verify
+from vit_fast.export.verify import VerifyOptions
 from vit_fast.loading import load_model
 
 from . import _args
@@ -37,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     sub = parser.add_subparsers(dest="target", metavar="TARGET", required=True)
     p = add_subcommand(sub, "onnx", None, "export MODEL to an ONNX file and verify it with ONNX Runtime", ONNX_EXAMPLE)
-    p.add_argument("model", metavar="MODEL", help='"default", a preset name, or a checkpoint path')
+    p.add_argument("model", metavar="MODEL", help=_args.MODEL_HELP)
     p.add_argument("--out", required=True, help="the .onnx file to write (metadata goes to OUT.json)")
     p.add_argument(
         "--batch", type=_args.batch_list("MIN", "MAX"), default=[1, 64], metavar="MIN,MAX", help="batch range (1,64)"
@@ -52,9 +55,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="fused: one ONNX Attention node per block (opset 23, dynamo)",
     )
     p.add_argument("--dynamic-size", action="store_true", help="symbolic image height and width")
-    p.add_argument("--no-verify", action="store_true", help="skip verification with ONNX Runtime")
-    _args.add_json(p, "write the verification report as JSON to this file")
-    _args.add_seed(p, None, "the random verification inputs")
+    p.add_argument(
+        "--outputs",
+        type=_args.name_list,
+        default=None,
+        metavar="A,B",
+        help="outputs, in order, of logits, pooled, last_hidden_state (default: logits; pooled without a head)",
+    )
+    p.add_argument("--input-name", default="images", help="the graph's input name, e.g. pixel_values (images)")
+    p.add_argument(
+        "--output-names", type=_args.name_list, default=None, metavar="A,B", help="names of the outputs (their kinds)"
+    )
+    p.add_argument(
+        "--preprocess",
+        choices=("NCHW", "NHWC"),
+        default=None,
+        help="take uint8 images in this layout and normalise inside the graph (needs --mean and --std)",
+    )
+    p.add_argument("--mean", type=_args.float_list, default=None, metavar="M,M,M", help="per-channel mean (0..1 units)")
+    p.add_argument("--std", type=_args.float_list, default=None, metavar="S,S,S", help="per-channel std (0..1 units)")
+    p.add_argument("--scale", type=_args.positive_float, default=1 / 255, help="pixel scale before mean/std (1/255)")
+    _args.add_model_source(p)
+    p.add_argument("--no-verify", action="store_true", help="publish without verification (recorded as not verified)")
+    _args.add_json(p, "write the verification report as JSON here (published only with a passing artifact)")
+    _args.add_seed(p, None, "the random verification inputs (drawn and recorded when not given)")
+    _args.add_overwrite(p)
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     t = add_subcommand(
         sub, "tensorrt", None, "build a TensorRT engine from an ONNX file and verify it", TENSORRT_EXAMPLE
@@ -72,7 +97,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--timing-cache", default=None, help="timing cache file, reused across builds")
     t.add_argument("--workspace-gib", type=_args.positive_float, default=None, help="builder workspace limit in GiB")
     t.add_argument("--model", default=None, help="model to verify against (default: the ONNX metadata's source)")
-    t.add_argument("--no-verify", action="store_true", help="skip verification")
+    t.add_argument("--no-verify", action="store_true", help="publish without verification (recorded as not verified)")
+    _args.add_json(t, "write the verification report as JSON here (published only with a passing engine)")
+    _args.add_seed(t, None, "the random verification inputs (drawn and recorded when not given)")
+    _args.add_overwrite(t)
     t.add_argument("--quiet", action="store_true", help="no progress lines")
     from . import tritonserver
 
@@ -93,18 +121,23 @@ def _source_name(spec: str) -> str:
     return str(Path(spec).resolve())
 
 
+def _verify_options(args: argparse.Namespace) -> VerifyOptions | bool:
+    return False if args.no_verify else VerifyOptions(seed=args.seed, print_table=not args.quiet)
+
+
 def _run_onnx(args: argparse.Namespace) -> int:
-    if not args.no_verify and args.dtype == "bf16":
-        raise _args.CommandError(
-            "bf16 ONNX files cannot be verified on ONNX Runtime (its CPU provider has no bf16 Conv, and its Python "
-            "API no bf16 arrays): export with --dtype fp16 or fp32, or pass --no-verify and verify the TensorRT "
-            "engine built from it"
-        )
-    model = load_model(args.model, backend="torch")
-    batch = tuple(args.batch)
-    check_onnx_args(model, batch, args.dtype, args.opset, args.exporter, args.dynamic_size, args.attention)
+    preprocess = None
+    if args.preprocess:
+        if args.mean is None or args.std is None:
+            raise _args.CommandError("--preprocess needs --mean and --std (per channel, 0..1 units)")
+        preprocess = dict(layout=args.preprocess, mean=tuple(args.mean), std=tuple(args.std), scale=args.scale)
+    elif args.mean is not None or args.std is not None:
+        raise _args.CommandError("--mean/--std normalise uint8 input inside the graph: give --preprocess NCHW|NHWC too")
     out = _args.output_file(args.out, "--out")
     json_path = _args.output_file(args.json, "--json")
+    model = load_model(args.model, backend="torch", config=args.config, weights=args.weights)
+    batch = tuple(args.batch)
+    check_onnx_args(model, batch, args.dtype, args.opset, args.exporter, args.dynamic_size, args.attention)
     out.parent.mkdir(parents=True, exist_ok=True)  # checked above; made only now that the work starts
     to_onnx(
         model,
@@ -117,23 +150,21 @@ def _run_onnx(args: argparse.Namespace) -> int:
         attention=args.attention,
         source=_source_name(args.model),
         progress=not args.quiet,
+        outputs=args.outputs,
+        input_name=args.input_name,
+        output_names=args.output_names,
+        preprocess=preprocess,
+        verify=_verify_options(args),
+        report=json_path,
+        overwrite=args.overwrite,
     )
-    if args.no_verify:
-        print(f"wrote {out} (not verified)")
-        return 0
-    try:
-        verify(model, out, seed=args.seed, json_path=json_path)
-    except Exception:  # a numeric failure or an artifact that cannot run: either way it is not verified
-        for f in (out, metadata_path(out), Path(str(out) + ".data")):
-            f.unlink(missing_ok=True)
-        print(f"removed {out}: it did not pass verification", file=sys.stderr)
-        raise
-    print(f"wrote {out}: verified")
+    print(f"wrote {out}" + (" (not verified)" if args.no_verify else ": verified"))
     return 0
 
 
 def _run_tensorrt(args: argparse.Namespace) -> int:
     out = _args.output_file(args.out, "--out")
+    json_path = _args.output_file(args.json, "--json")
     out.parent.mkdir(parents=True, exist_ok=True)
     to_tensorrt(
         args.onnx,
@@ -143,8 +174,10 @@ def _run_tensorrt(args: argparse.Namespace) -> int:
         timing_cache=args.timing_cache,
         workspace_gib=args.workspace_gib,
         model=args.model,
-        verify=not args.no_verify,
+        verify=_verify_options(args),
         progress=not args.quiet,
+        report=json_path,
+        overwrite=args.overwrite,
     )
     print(f"wrote {args.out}" + (" (not verified)" if args.no_verify else ": verified"))
     return 0

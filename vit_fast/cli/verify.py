@@ -4,8 +4,9 @@ with the eager model.
   vit-fast verify MODEL ARTIFACT [--batch 1,3,64] [--seed 0] [--json report.json] [--provider P]
   vit-fast verify MODEL triton   (our Triton kernels; on a CPU-only machine set TRITON_INTERPRET=1)
 
-MODEL is "default" (the embedded model), a preset name (random weights, fixed seed) or a
-checkpoint path. Inputs are random images at batch 1, an odd batch and the maximum batch (the
+MODEL is named as for every command (see vit-fast export --help): "default", a preset (random
+weights, seeded), a checkpoint file, a Hugging Face folder, timm:NAME or hf:ORG/NAME. An artifact's
+own verification record (from its export) is shown first. Inputs are random images at batch 1, an odd batch and the maximum batch (the
 batch range comes from ARTIFACT.json when present). The artifact passes when its max |error|
 against the float64 model is at most 2x eager PyTorch's error in the artifact's dtype plus a
 small floor. For MODEL "default", accuracy on the embedded labelled held-out set is reported too
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from vit_fast.export.verify import verify
 from vit_fast.loading import load_model
@@ -29,7 +31,7 @@ INTERPRETER_LIMIT = 32
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``vit-fast verify``'s arguments."""
-    parser.add_argument("model", metavar="MODEL", help='"default", a preset name, or a checkpoint path')
+    parser.add_argument("model", metavar="MODEL", help=_args.MODEL_HELP)
     parser.add_argument(
         "artifact", metavar="ARTIFACT", help="an .onnx file, a TensorRT .plan / .engine, or 'triton' for our kernels"
     )
@@ -40,8 +42,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="B[,B...]",
         help="batch sizes, comma-separated (default: 1, an odd batch and the maximum)",
     )
-    _args.add_seed(parser, None, "the random inputs")
+    _args.add_seed(parser, None, "the random inputs (drawn, used and recorded when not given)")
     _args.add_json(parser)
+    _args.add_overwrite(parser)
+    _args.add_model_source(parser)
     parser.add_argument("--provider", default=None, help="ONNX Runtime provider (default: CUDA if present, else CPU)")
     parser.add_argument(
         "--limit",
@@ -77,7 +81,13 @@ def _labelled_data(spec: str, artifact: str, limit: int | None) -> tuple | None:
 def run(args: argparse.Namespace) -> int:
     """Run ``vit-fast verify``; 0 when the artifact passes (a failure raises)."""
     json_path = _args.output_file(args.json, "--json")
-    model = load_model(args.model, backend="torch")
+    if args.artifact != "triton":
+        from vit_fast.export import format_verification, read_metadata
+
+        meta = read_metadata(args.artifact) if Path(args.artifact).is_file() else None
+        if meta is not None:  # what the artifact says of itself, before we check it again
+            print(f"{args.artifact}: recorded at export; " + format_verification(meta.get("verification")))
+    model = load_model(args.model, backend="torch", config=args.config, weights=args.weights)
     verify(
         model,
         args.artifact,
@@ -86,5 +96,6 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         provider=args.provider,
         json_path=json_path,
+        overwrite=args.overwrite,
     )
     return 0
