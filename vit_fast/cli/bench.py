@@ -77,7 +77,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME[,NAME...]",
         help="backends to time, comma-separated, or 'all' (default: all)",
     )
-    parser.add_argument("--out", required=True, metavar="DIR", help="folder for bench_<model>.{json,md,csv,png} (an earlier run's files are kept)")
+    parser.add_argument(
+        "--out",
+        required=True,
+        metavar="DIR",
+        help="folder for bench_<model>.{json,md,csv,png} (an earlier run's files are kept)",
+    )
     _args.add_json(parser, "also write the JSON report (bench_<model>.json) to this file")
     parser.add_argument(
         "--device", type=_args.device, default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N"
