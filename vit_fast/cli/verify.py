@@ -9,8 +9,8 @@ weights, seeded), a checkpoint file, a Hugging Face folder, timm:NAME or hf:ORG/
 own verification record (from its export) is shown first. Inputs are random images at batch 1,
 an odd batch and the maximum batch (the batch range comes from ARTIFACT.json when present). The
 artifact passes when its max |error| against the float64 model is at most 2x eager PyTorch's
-error in the artifact's dtype plus a small floor. For MODEL "default", accuracy on the embedded labelled held-out set is reported too
-(--limit caps it). Exits 1 when verification fails or the artifact cannot be run.
+error in the artifact's dtype plus a small floor. For MODEL "default", accuracy on the embedded
+labelled held-out set is reported too (--limit caps it). Exits 1 when verification fails or the artifact cannot be run.
 """
 
 from __future__ import annotations
