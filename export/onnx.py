@@ -101,6 +101,24 @@ def _describe(model: nn.Module) -> str:
     )
 
 
+def _newest_opset() -> int:
+    """The newest opset both torch's exporter and the installed onnx package support."""
+    newest = 23
+    try:
+        from torch.onnx import _constants
+
+        newest = int(getattr(_constants, "ONNX_MAX_OPSET", newest))
+    except ImportError:
+        pass
+    try:
+        import onnx
+
+        newest = min(newest, int(onnx.defs.onnx_opset_version()))
+    except ImportError:  # checked later with the extra's install hint
+        pass
+    return newest
+
+
 def check_onnx_args(
     model: Any, batch: Any, dtype: Any, opset: Any, exporter: Any, dynamic_size: Any, attention: Any
 ) -> tuple[tuple[int, int], torch.dtype, int]:
@@ -129,6 +147,12 @@ def check_onnx_args(
         raise ValueError(
             f"attention='fused' needs opset >= {FUSED_ATTENTION_OPSET} (the ONNX Attention op), got opset {opset}: "
             f"pass opset={FUSED_ATTENTION_OPSET} or leave opset unset"
+        )
+    newest = _newest_opset()
+    if opset > newest:
+        raise ValueError(
+            f"opset {opset} is newer than this torch.onnx exporter and onnx can write (at most {newest}): "
+            f"pass --opset {newest} or lower, or leave it unset (18)"
         )
     if exporter == "torchscript" and opset > TORCHSCRIPT_MAX_OPSET:
         raise ValueError(
@@ -347,8 +371,8 @@ def to_onnx(
     if options is not None and dtype == torch.bfloat16 and _verifies_on_cpu(options.provider):
         raise ValueError(
             "bf16 ONNX files cannot be verified on ONNX Runtime's CPU provider (no bf16 Conv, and its Python API "
-            "has no bf16 arrays): export fp16 or fp32, or export without verification and verify the TensorRT "
-            "engine built from it"
+            "has no bf16 arrays): export fp16 or fp32, or export without verification (verify=False; --no-verify "
+            "on the command line) and verify the TensorRT engine built from it"
         )
     weight_bytes = sum(p.numel() for p in model.parameters()) * torch.empty((), dtype=dtype).element_size()
     external = weight_bytes > _EXTERNAL_DATA_BYTES

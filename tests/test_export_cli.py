@@ -13,7 +13,6 @@ import torch
 pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
 
 import vit_fast  # noqa: E402
-from vit_fast.cli import export as export_cli  # noqa: E402
 from vit_fast.cli import main  # noqa: E402
 from vit_fast.cli import verify as verify_cli  # noqa: E402
 
@@ -96,7 +95,7 @@ def test_verify_default_reports_accuracy(exported, monkeypatch, capsys):
     assets = types.ModuleType("vit_fast.assets")
     assets.load_default_eval_set = lambda: (images, labels)
     monkeypatch.setitem(sys.modules, "vit_fast.assets", assets)
-    monkeypatch.setattr(verify_cli, "load_model", lambda spec, backend="auto", seed=0: model)
+    monkeypatch.setattr(verify_cli, "load_model", lambda spec, backend="auto", seed=0, **kwargs: model)
     assert main(["verify", "default", str(out)]) == 0
     assert "labelled data (6 images): eager accuracy 100.00%, artifact accuracy 100.00%" in capsys.readouterr().out
 
@@ -127,11 +126,13 @@ def test_export_that_fails_verification_is_removed(exported, tmp_path, monkeypat
     def failing(*args, **kwargs):
         raise VerificationError("verification of 'm.onnx' failed: worst is ...", None)
 
-    monkeypatch.setattr(export_cli, "verify", failing)
+    import vit_fast.export.onnx as onnx_module
+
+    monkeypatch.setattr(onnx_module, "verify_staged", failing)  # the staged file is judged before publishing
     out = tmp_path / "m.onnx"
     assert main(["export", "onnx", str(ckpt), "--out", str(out), "--exporter", "torchscript", "--quiet"]) == 1
-    assert "did not pass verification" in capsys.readouterr().err
-    assert os.listdir(tmp_path) == []
+    assert "error: verification of 'm.onnx' failed" in capsys.readouterr().err
+    assert os.listdir(tmp_path) == []  # nothing published, no staging left
 
 
 def test_export_bf16_without_verification_into_a_new_folder(exported, tmp_path, capsys):
@@ -186,9 +187,11 @@ def test_export_whose_verification_cannot_run_is_removed(tmp_path, monkeypatch, 
     def cannot_run(*args, **kwargs):
         raise ArtifactError("ONNX Runtime cannot load it")
 
-    monkeypatch.setattr(export_cli, "verify", cannot_run)
+    import vit_fast.export.onnx as onnx_module
+
+    monkeypatch.setattr(onnx_module, "verify_staged", cannot_run)
     assert main(["export", "onnx", str(ckpt), "--out", str(out), "--exporter", "torchscript", "--quiet"]) == 1
-    assert "did not pass verification" in capsys.readouterr().err
+    assert "error: ONNX Runtime cannot load it" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.safetensors"]
 
 

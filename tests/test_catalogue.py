@@ -1,0 +1,406 @@
+"""The catalogue of bad inputs and faults a user can cause, through the API and the CLI.
+
+Every case asserts the error's type (or the exit code), that the message names the problem AND
+the fix, that no traceback reaches a CLI user, and that the folder the command ran in is exactly
+as before (no file made, changed or deleted). Kill and disk faults during an export are in
+tests/test_export_faults.py; this file is about what is refused before or instead of work.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+import vit_fast
+from vit_fast import VisionTransformer, ViTConfig
+from vit_fast.cli import main
+
+TINY = dict(img_size=16, patch_size=8, embed_dim=16, depth=1, num_heads=2, num_classes=3)
+
+
+def _tiny() -> VisionTransformer:
+    return VisionTransformer(ViTConfig(**TINY), backend="torch").eval()
+
+
+def _snapshot(folder: Path) -> dict[str, str]:
+    """Every path below ``folder`` with a hash of its bytes (folders as 'dir')."""
+    out = {}
+    for p in sorted(folder.rglob("*")):
+        out[str(p.relative_to(folder))] = "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+# --------------------------------------------------------------------------- API
+# id -> (call, exception type, regex naming the problem, regex naming the fix)
+API: dict[str, tuple[Callable[[], object], type[BaseException], str, str]] = {
+    # configuration
+    "config bool as string": (lambda: ViTConfig(qkv_bias="no"), ValueError, r"qkv_bias .*got 'no'", r"True or False"),
+    "config zero-unit MLP": (lambda: ViTConfig(mlp_ratio=0.001), ValueError, r"0 hidden units", r"mlp_ratio >= "),
+    "config ratio as string": (lambda: ViTConfig(mlp_ratio="4"), ValueError, r"mlp_ratio .*'4' \(str\)", r"a number"),
+    "config float classes": (lambda: ViTConfig(num_classes=10.0), ValueError, r"num_classes .*10.0", r"an int >= 0"),
+    "config heads": (
+        lambda: ViTConfig(embed_dim=100, num_heads=3),
+        ValueError,
+        r"not divisible by num_heads",
+        r"head_dim",
+    ),
+    "config size": (lambda: ViTConfig(img_size=225), ValueError, r"225x225 is not divisible", r"e\.g\. 224x224"),
+    "config pool": (lambda: ViTConfig(global_pool="max"), ValueError, r"global_pool .*'max'", r"one of"),
+    "config token pool": (
+        lambda: ViTConfig(class_token=False),
+        ValueError,
+        r"needs a class token",
+        r"global_pool='avg'",
+    ),
+    "config act": (lambda: ViTConfig(act="relu"), ValueError, r"act .*'relu'", r"one of"),
+    "config depth": (lambda: ViTConfig(depth=0), ValueError, r"depth .*got 0", r"an int >= 1"),
+    "config eps": (lambda: ViTConfig(layer_norm_eps=0.0), ValueError, r"layer_norm_eps", r"a number > 0"),
+    "config layerscale": (lambda: ViTConfig(init_values=-1.0), ValueError, r"init_values", r"None .* or a number > 0"),
+    "config float patch": (lambda: ViTConfig(patch_size=16.0), ValueError, r"patch_size .*16.0", r"an int >= 1"),
+    "config fc_norm": (lambda: ViTConfig(fc_norm="yes"), ValueError, r"fc_norm", r"True, False or None"),
+    "config unknown field": (lambda: ViTConfig.from_dict({"hidden_size": 3}), ValueError, r"'hidden_size'", r"known:"),
+    "config unknown preset": (
+        lambda: ViTConfig.from_name("vit_base_patch16_22"),
+        KeyError,
+        r"vit_base_patch16_22'",
+        "Did you mean",
+    ),
+    # the model and its inputs
+    "model from dict": (lambda: VisionTransformer({"img_size": 32}), TypeError, r"got a dict", r"ViTConfig\(\*\*d\)"),
+    "model from int": (lambda: VisionTransformer(3), TypeError, r"got int", r"ViTConfig or a preset name"),
+    "model bad backend": (lambda: _tiny().set_backend("cuda"), ValueError, r"backend must be one of", r"'torch'"),
+    "input not a tensor": (lambda: _tiny()([[1.0]]), TypeError, r"got list", r"torch.Tensor image batch"),
+    "input 3-D": (lambda: _tiny()(torch.randn(3, 16, 16)), ValueError, r"3-D tensor", r"unsqueeze\(0\)"),
+    "input NHWC": (
+        lambda: _tiny()(torch.randn(1, 16, 16, 3)),
+        ValueError,
+        r"channels in dim 1",
+        r"permute\(0, 3, 1, 2\)",
+    ),
+    "input RGBA": (
+        lambda: _tiny()(torch.randn(1, 4, 16, 16)),
+        ValueError,
+        r"got shape \(1, 4, 16, 16\)",
+        r"x\[:, :3\]",
+    ),
+    "input size": (
+        lambda: _tiny()(torch.randn(1, 3, 24, 24)),
+        ValueError,
+        r"expected 16x16 .* got 24x24",
+        r"dynamic_img_size",
+    ),
+    "input not divisible": (
+        lambda: _tiny()(torch.randn(1, 3, 17, 16)),
+        ValueError,
+        r"17x16 is not divisible",
+        r"nearest valid size",
+    ),
+    "input uint8": (
+        lambda: _tiny()(torch.zeros(1, 3, 16, 16, dtype=torch.uint8)),
+        ValueError,
+        r"input dtype torch.uint8",
+        r"set_input_normalization",
+    ),
+    "input dtype": (
+        lambda: _tiny()(torch.randn(1, 3, 16, 16).half()),
+        ValueError,
+        r"differs from the weights'",
+        r"x.to\(",
+    ),
+    "input empty": (lambda: _tiny()(torch.randn(0, 3, 16, 16)), ValueError, r"empty batch", r"at least one image"),
+    "input normalisation std": (
+        lambda: _tiny().set_input_normalization((0.5,) * 3, (0.2, 0.0, 0.2)),
+        ValueError,
+        r"std must be > 0",
+        r"per channel",
+    ),
+    # files and names
+    "checkpoint suffix": (
+        lambda: vit_fast.save_checkpoint(_tiny(), "w.bin"),
+        ValueError,
+        r"format of 'w.bin'",
+        r"w.safetensors",
+    ),
+    "checkpoint missing": (
+        lambda: vit_fast.load_checkpoint("none.safetensors"),
+        FileNotFoundError,
+        r"none.safetensors",
+        r"does not exist",
+    ),
+    "model name empty": (
+        lambda: vit_fast.load_model(" "),
+        ValueError,
+        r"model name is empty",
+        r"give 'default', a preset",
+    ),
+    "model name typo": (
+        lambda: vit_fast.load_model("vit_tiny_patch16_22"),
+        ValueError,
+        r"cannot resolve",
+        r"did you mean",
+    ),
+    "model file missing": (
+        lambda: vit_fast.load_model("gone.pth"),
+        FileNotFoundError,
+        r"'gone.pth'",
+        r"does not exist",
+    ),
+    "optimize unknown": (
+        lambda: vit_fast.optimize(torch.nn.Linear(2, 2)),
+        TypeError,
+        r"does not know",
+        r"timm VisionTransformer",
+    ),
+    "patch unknown": (
+        lambda: vit_fast.apply_vit_fast(torch.nn.Linear(2, 2)),
+        TypeError,
+        r"does not know",
+        r"set_backend",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(API))
+def test_api_refuses_with_problem_and_fix(case, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    call, kind, problem, fix = API[case]
+    before = _snapshot(tmp_path)
+    with pytest.raises(kind) as info:
+        call()
+    text = str(info.value.args[0]) if isinstance(info.value, KeyError) else str(info.value)
+    assert re.search(problem, text), f"{case}: the problem is not named in: {text}"
+    assert re.search(fix, text), f"{case}: no fix in: {text}"
+    assert _snapshot(tmp_path) == before
+
+
+def test_export_api_refusals_touch_nothing(tmp_path):
+    """The export library's up-front checks: each refuses before tracing, and the folder is as it was."""
+    from vit_fast import export
+
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "mine.onnx").write_text("not vit-fast's")
+    (tmp_path / "afile").write_text("a file")
+    (tmp_path / "j.onnx.json").mkdir()
+    model, before = _tiny(), _snapshot(tmp_path)
+    cases = [
+        (dict(path=tmp_path / "notes.txt"), r"wrong suffix '.txt'", r"\.onnx"),
+        (dict(path=tmp_path / "mine.onnx"), r"not written by vit-fast", r"overwrite"),
+        (dict(path=tmp_path / "afile" / "m.onnx"), r"is a file", r"choose a path"),
+        (dict(path=tmp_path / "j.onnx"), r"j.onnx.json", r"folder"),
+        (dict(path=tmp_path / "m.onnx", opset=99), r"opset 99 is newer", r"--opset 23 or lower"),
+        (dict(path=tmp_path / "m.onnx", opset=11), r"opset 11 is too old", r">= 17"),
+        (dict(path=tmp_path / "m.onnx", batch=(4, 1)), r"min 4 > max 1", r"min <= max"),
+        (dict(path=tmp_path / "m.onnx", dtype="int8"), r"'int8'", r"fp32, fp16 or bf16"),
+        (
+            dict(path=tmp_path / "m.onnx", exporter="torchscript", attention="fused"),
+            r"needs exporter='dynamo'",
+            r"dynamo",
+        ),
+        (dict(path=tmp_path / "m.onnx", report=tmp_path / "afile" / "r.json"), r"is a file", r"choose a path"),
+    ]
+    for kwargs, problem, fix in cases:
+        with pytest.raises(ValueError) as info:
+            export.to_onnx(model, **kwargs)
+        assert re.search(problem, str(info.value)) and re.search(fix, str(info.value)), (kwargs, str(info.value))
+        assert _snapshot(tmp_path) == before, kwargs
+    with pytest.raises(TypeError, match=r"got Linear.*vit_fast.optimize"):
+        export.to_onnx(torch.nn.Linear(2, 2), tmp_path / "m.onnx")
+    assert _snapshot(tmp_path) == before
+
+
+# --------------------------------------------------------------------------- CLI
+# id -> (argv, exit code, regex that must name the problem and the fix)
+CLI: dict[str, tuple[list[str], int, str]] = {
+    "unknown flag": (["info", "--bogus"], 2, r"unrecognized arguments: --bogus"),
+    "export without target": (["export"], 2, r"required: TARGET"),
+    "export wrong suffix": (
+        ["export", "onnx", "default", "--out", "notes.txt"],
+        1,
+        r"'notes.txt' has the wrong suffix.*\.onnx",
+    ),
+    "export foreign file": (
+        ["export", "onnx", "default", "--out", "mine.onnx"],
+        1,
+        r"not written by vit-fast.*--overwrite",
+    ),
+    "export under a file": (
+        ["export", "onnx", "default", "--out", "afile/x.onnx"],
+        1,
+        r"'afile' is a file.*choose another",
+    ),
+    "export metadata folder": (["export", "onnx", "default", "--out", "j.onnx"], 1, r"j\.onnx\.json.*folder"),
+    "export report under a file": (
+        ["export", "onnx", "default", "--out", "k.onnx", "--json", "afile/r.json"],
+        1,
+        r"--json 'afile/r.json': 'afile' is a file",
+    ),
+    "export opset too new": (
+        ["export", "onnx", "default", "--out", "o.onnx", "--opset", "99"],
+        1,
+        r"opset 99.*--opset 23",
+    ),
+    "export opset too old": (
+        ["export", "onnx", "default", "--out", "o.onnx", "--opset", "11"],
+        1,
+        r"opset 11 is too old.*>= 17",
+    ),
+    "export batch zero": (
+        ["export", "onnx", "default", "--out", "o.onnx", "--batch", "0,4"],
+        2,
+        r"batch size 0 .*>= 1",
+    ),
+    "export batch order": (
+        ["export", "onnx", "default", "--out", "o.onnx", "--batch", "4,1"],
+        1,
+        r"min 4 > max 1.*min <= max",
+    ),
+    "export batch text": (
+        ["export", "onnx", "default", "--out", "o.onnx", "--batch", "a"],
+        2,
+        r"'a' .*not an int.*e\.g\.",
+    ),
+    "export batch count": (["export", "onnx", "default", "--out", "o.onnx", "--batch", "1,2,3"], 2, r"MIN,MAX"),
+    "export dtype": (
+        ["export", "onnx", "default", "--out", "o.onnx", "--dtype", "int8"],
+        2,
+        r"unknown dtype 'int8'.*fp32",
+    ),
+    "export bf16 verified": (
+        ["export", "onnx", "default", "--out", "o.onnx", "--dtype", "bf16"],
+        1,
+        r"bf16.*--no-verify",
+    ),
+    "export unknown model": (
+        ["export", "onnx", "nope_model", "--out", "o.onnx"],
+        1,
+        r"cannot resolve model 'nope_model'.*timm:NAME",
+    ),
+    "export empty model": (["export", "onnx", "", "--out", "o.onnx"], 1, r"model name is empty: give 'default'"),
+    "export plain state dict": (
+        ["export", "onnx", "plain.safetensors", "--out", "o.onnx"],
+        1,
+        r"no vit-fast config.*--config",
+    ),
+    "export preprocess without stats": (
+        ["export", "onnx", "default", "--out", "o.onnx", "--preprocess", "NHWC"],
+        1,
+        r"--preprocess needs --mean and --std",
+    ),
+    "export stats without preprocess": (
+        ["export", "onnx", "default", "--out", "o.onnx", "--mean", "0.5"],
+        1,
+        r"give --preprocess NCHW\|NHWC too",
+    ),
+    "export bad mean": (
+        ["export", "onnx", "default", "--out", "o.onnx", "--mean", "a,b"],
+        2,
+        r"'a' in 'a,b' is not a number",
+    ),
+    "export outputs repeat": (
+        ["export", "onnx", "default", "--out", "o.onnx", "--outputs", "logits,logits"],
+        2,
+        r"twice",
+    ),
+    "tensorrt missing onnx": (
+        ["export", "tensorrt", "missing.onnx", "--out", "m.plan"],
+        1,
+        r"'missing.onnx' does not exist",
+    ),
+    "tensorrt wrong suffix": (["export", "tensorrt", "notes.txt", "--out", "m.plan"], 1, r"notes.txt"),
+    "tensorrt workspace": (
+        ["export", "tensorrt", "x.onnx", "--out", "m.plan", "--workspace-gib", "0"],
+        2,
+        r"must be > 0",
+    ),
+    "verify missing artifact": (["verify", "default", "missing.onnx"], 1, r"artifact 'missing.onnx' does not exist"),
+    "verify unknown suffix": (["verify", "default", "notes.txt"], 1, r"cannot tell what 'notes.txt' is.*\.onnx"),
+    "verify limit": (["verify", "default", "triton", "--limit", "0"], 2, r"--limit: must be >= 1"),
+    "verify batch twice": (["verify", "default", "x.onnx", "--batch", "1,1"], 2, r"batch size 1 appears twice"),
+    "verify missing model": (
+        ["verify", "missing.safetensors", "triton"],
+        1,
+        r"checkpoint 'missing.safetensors' does not exist",
+    ),
+    "bench empty model": (["bench", "", "--out", "b"], 1, r"model name is empty"),
+    "bench out is a file": (
+        ["bench", "default", "--out", "afile"],
+        1,
+        r"--out 'afile': 'afile' is a file.*choose another",
+    ),
+    "bench backend": (
+        ["bench", "default", "--backends", "nope", "--out", "b"],
+        2,
+        r"unknown backend 'nope'.*choose from",
+    ),
+    "bench batch": (["bench", "default", "--batch", "-1", "--out", "b"], 2, r"batch size -1 .*>= 1"),
+    "bench dtype": (["bench", "default", "--dtype", "fp8", "--out", "b"], 2, r"unknown dtype 'fp8'.*choose from"),
+    "bench samples": (["bench", "default", "--min-samples", "0", "--out", "b"], 2, r"must be >= 1"),
+    "bench json under a file": (["bench", "default", "--out", "b", "--json", "afile/r.json"], 1, r"'afile' is a file"),
+    "demo out is a file": (["demo", "--out", "afile"], 1, r"--out 'afile': 'afile' is a file"),
+    "demo threads": (["demo", "--threads", "-3"], 2, r"--threads: must be >= 1, got -3"),
+    "demo subset": (["demo", "--subset", "0"], 2, r"--subset: must be >= 1"),
+    "demo timeout": (["demo", "--triton-timeout", "-1"], 2, r"must be > 0"),
+    "tritonserver instances": (
+        ["export", "tritonserver", "default", "--out", "repo", "--instances", "0"],
+        1,
+        r"instances",
+    ),
+}
+
+
+@pytest.fixture
+def user_folder(tmp_path, monkeypatch):
+    """A folder with files the user owns; commands run inside it."""
+    from safetensors.torch import save_file
+
+    (tmp_path / "notes.txt").write_text("my notes")
+    (tmp_path / "mine.onnx").write_text("an ONNX file of my own")
+    (tmp_path / "afile").write_text("a file, not a folder")
+    (tmp_path / "j.onnx.json").mkdir()
+    (tmp_path / "x.onnx").write_text("not really ONNX")
+    save_file({k: v.contiguous() for k, v in _tiny().state_dict().items()}, str(tmp_path / "plain.safetensors"))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.parametrize("case", sorted(CLI))
+def test_cli_refuses_with_one_line_and_leaves_the_folder_alone(case, user_folder, capsys):
+    argv, code, message = CLI[case]
+    before = _snapshot(user_folder)
+    try:
+        rc = main(argv)
+    except SystemExit as exit_:  # argparse's usage errors
+        rc = exit_.code
+    err = capsys.readouterr().err
+    assert rc == code, f"{case}: exit {rc}, expected {code}; stderr: {err}"
+    assert "Traceback" not in err
+    assert re.search(message, err), f"{case}: {message!r} not in: {err}"
+    if code == 1:  # the policy's one line: vit-fast <command>: error: <problem and fix>
+        assert re.search(r"^vit-fast [a-z ]+: error: ", err.strip().splitlines()[-1]), err
+    assert _snapshot(user_folder) == before, f"{case}: the folder changed"
+
+
+@pytest.mark.skipif(
+    __import__("importlib").util.find_spec("pytriton") is not None, reason="the serve extra is installed here"
+)
+def test_serve_without_its_extra_says_how_to_install_it(user_folder, capsys):
+    before = _snapshot(user_folder)
+    assert main(["serve", "default"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "pip install 'vit-fast[serve]'" in err and "numpy < 2" in err
+    assert _snapshot(user_folder) == before
+
+
+def test_the_catalogue_is_large_enough():
+    # the trust issue asks for at least 60 kinds of bad input and fault (kill/disk faults: test_export_faults.py)
+    assert len(API) + len(CLI) + 10 >= 60, len(API) + len(CLI)
+
+
+def test_no_cli_case_needs_more_than_its_own_folder():
+    assert all(not os.path.isabs(a) for argv, _, _ in CLI.values() for a in argv)
