@@ -46,7 +46,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         + _modules("checkpoints", "loading", "hf", "patching", "graphs", "training"),
     ),
     ("export", _modules("export", "export.*")),
-    ("app", _modules("bench", "bench.*", "demo", "serve", "serve.*")),
+    ("app", _modules("bench", "bench.*", "demo", "demo_plots", "serve", "serve.*")),
     ("cli", _modules("cli", "cli.*", "__main__")),
 ]
 

@@ -14,6 +14,9 @@ ONNX file is ``to_onnx``'s, timings are the bench timer's, the environment is vi
   3. onnx       ``to_onnx``, then ``verify`` on ONNX Runtime, with the accuracy delta
   4. timing     eager torch vs ONNX Runtime, batch 1 and the whole held-out batch (CPU wall-clock)
   5. gpu        on a CUDA machine only: a CUDA-graph replay of the triton model, ViT-B/16 latency
+  6. figures    vit_fast.demo_plots draws patches.png, attention.png, confusion.png and timing.png from the
+                numbers above (and the class token's attention, recomputed on the torch backend); report.md
+                shows them. Skipped, with a one-line note, under --no-plots or without matplotlib.
 """
 
 from __future__ import annotations
@@ -33,9 +36,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
-from . import runtime
+from . import demo_plots, runtime
 from .assets import default_model_info, load_default_eval_set, load_default_model
 from .bench import summarize, time_callable
 from .env import collect_environment, module_version
@@ -52,7 +56,7 @@ DEFAULT_OUT = "vit-fast-out/demo"
 ACCURACY_TOLERANCE_PP = 0.5
 #: the random-input batches the interpreter child verifies beside the held-out subset (small: it is slow)
 INTERPRETER_BATCHES = "1,3"
-STEPS = 5
+STEPS = 6
 
 
 @dataclass
@@ -66,6 +70,7 @@ class DemoSettings:
     skip_triton: bool = False
     skip_onnx: bool = False
     skip_timing: bool = False
+    no_plots: bool = False
     exporter: str = "dynamo"
     opset: int = 18
     repeats: int = 15
@@ -160,16 +165,20 @@ class _InterpreterVerify:
 
 
 # --------------------------------------------------------------------------- the steps
-def _accuracy_step(model: Any, images: torch.Tensor, labels: torch.Tensor, recorded: float) -> dict[str, Any]:
+def _accuracy_step(
+    model: Any, images: torch.Tensor, labels: torch.Tensor, recorded: float
+) -> tuple[dict[str, Any], torch.Tensor]:
+    """The step, and the predicted labels ``[N]`` it counted (confusion.png is drawn from them)."""
     t = time.perf_counter()
     with torch.no_grad():
-        acc = (model(images).argmax(-1) == labels).double().mean().item()
+        predictions = model(images).argmax(-1)
+    acc = (predictions == labels).double().mean().item()
     delta_pp = 100 * (acc - recorded)
     summary = (
         f"torch backend: {acc:.2%} on {len(labels)} held-out images (recorded {recorded:.2%}, "
         f"delta {round(delta_pp, 2) + 0.0:+.2f} pp)"
     )
-    return _step(
+    step = _step(
         "accuracy",
         abs(delta_pp) <= ACCURACY_TOLERANCE_PP,
         summary,
@@ -179,6 +188,7 @@ def _accuracy_step(model: Any, images: torch.Tensor, labels: torch.Tensor, recor
         images=len(labels),
         seconds=time.perf_counter() - t,
     )
+    return step, predictions
 
 
 def _triton_on_gpu(model: Any, images: torch.Tensor, labels: torch.Tensor, seed: int) -> dict[str, Any]:
@@ -210,6 +220,14 @@ def _onnx_step(model: Any, images: torch.Tensor, labels: torch.Tensor, s: DemoSe
     return _verified("onnx", report.to_dict(), head, verify_worst_ratio=report.worst().ratio, **extra)
 
 
+def _spread(times_ms: list[float]) -> dict[str, float]:
+    """The bench timer's summary of one case plus ``p10_ms``, the low end of the spread timing.png draws
+    (``summarize`` has no p10; should it gain one, its value is kept)."""
+    stats = summarize(times_ms)
+    stats.setdefault("p10_ms", float(np.percentile(times_ms, 10)))
+    return stats
+
+
 def _timing_step(model: Any, images: torch.Tensor, onnx_path: Path | None, s: DemoSettings, stages: Stages) -> dict:
     cpu = torch.device("cpu")
     threads = torch.get_num_threads()  # ONNX Runtime gets the same threads as torch: a like-for-like race
@@ -218,9 +236,9 @@ def _timing_step(model: Any, images: torch.Tensor, onnx_path: Path | None, s: De
     for batch, iters in ((1, 4 * s.repeats), (len(images), s.repeats)):
         x = images[:batch].contiguous()
         with torch.inference_mode():
-            row = {"torch": summarize(time_callable(lambda x=x: model(x), cpu, warmup=2, iters=iters))}
+            row = {"torch": _spread(time_callable(lambda x=x: model(x), cpu, warmup=2, iters=iters))}
         if ort is not None:
-            row["onnxruntime"] = summarize(time_callable(lambda x=x: ort.run(x), cpu, warmup=2, iters=iters))
+            row["onnxruntime"] = _spread(time_callable(lambda x=x: ort.run(x), cpu, warmup=2, iters=iters))
         cases[str(batch)] = row
         stages.note(f"  batch {batch}: " + ", ".join(f"{k} {v['median_ms']:.2f} ms" for k, v in row.items()))
         t = row["torch"]["median_ms"]
@@ -278,6 +296,20 @@ def _vit_b16_step(seed: int) -> dict[str, Any]:
     return _step("vit-b/16 latency", "ok", summary, dtype="bfloat16", cases_ms=cases, device=name)
 
 
+def _figures_step(
+    model: Any, images: torch.Tensor, labels: torch.Tensor, predictions: torch.Tensor, steps: list[dict], out: Path
+) -> dict[str, Any]:
+    """The four pictures, drawn from the steps' own numbers; ``figures`` holds each file and the data it shows."""
+    t = time.perf_counter()
+    by_name = {step["name"]: step for step in steps}
+    accuracy, timing = by_name["accuracy"]["accuracy"], by_name["timing"]
+    figures = demo_plots.write_figures(out, model, images, labels, predictions, accuracy, timing)
+    files = [f["file"] for f in figures.values() if f["file"]]
+    summary = f"{', '.join(files)} in {out}"
+    summary += "".join(f"; no {demo_plots.FILES[n]}: {f['skipped']}" for n, f in figures.items() if not f["file"])
+    return _step("figures", "ok", summary, files=files, figures=figures, seconds=time.perf_counter() - t)
+
+
 # --------------------------------------------------------------------------- report
 def format_table(steps: list[dict[str, Any]]) -> str:
     """The summary table the CLI prints: one line per step."""
@@ -310,6 +342,12 @@ def _markdown(report: dict[str, Any]) -> str:
         f"{report['wall_s']:.1f} s. Timings in the timing step are CPU wall-clock.",
         "",
     ]
+    figures = next((s.get("figures", {}) for s in report["steps"] if s["name"] == "figures"), {})
+    drawn = [(name, f["file"]) for name, f in figures.items() if f["file"]]
+    if drawn:
+        lines += ["## Figures", ""]
+        for name, file in drawn:
+            lines += [f"### {name}", "", demo_plots.CAPTIONS[name], "", f"![{name}]({file})", ""]
     return "\n".join(lines)
 
 
@@ -344,7 +382,8 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
         stages.note(f"2/{STEPS} starting `vit-fast verify default triton` on {n} images in a child process")
         child = _InterpreterVerify(n, s.seed, s.triton_timeout)
     try:
-        steps = [_accuracy_step(model, images, labels, float(info["heldout_accuracy"]))]
+        accuracy, predictions = _accuracy_step(model, images, labels, float(info["heldout_accuracy"]))
+        steps = [accuracy]
         stages.note(f"  {steps[0]['summary']}")
         if s.skip_onnx:  # step 3 runs before step 2: it overlaps the interpreter child
             onnx = _step("onnx", "skipped", "--skip-onnx")
@@ -375,6 +414,13 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
         else:
             why = "--device cpu" if cuda else "no CUDA GPU visible"
             steps += [_step("cuda graph", "skipped", why), _step("vit-b/16 latency", "skipped", why)]
+        missing = "--no-plots" if s.no_plots else demo_plots.matplotlib_missing()
+        if missing is not None:
+            steps.append(_step("figures", "skipped", missing))
+        else:
+            stages.note(f"6/{STEPS} drawing the figures (patches, attention, confusion, timing)")
+            steps.append(_guarded("figures", _figures_step, model, images, labels, predictions, steps, out_dir))
+        stages.note(f"  {steps[-1]['summary']}")
     finally:
         if child is not None:
             child.close()

@@ -1,7 +1,7 @@
 """Run the main job end to end on the embedded default model (a small ViT trained on
 scikit-learn's handwritten digits, shipped in vit_fast/assets) and report what it measured.
 
-  vit-fast demo [--out DIR] [--device auto|cpu|cuda] [--subset 16] [--seed 0] [--json PATH]
+  vit-fast demo [--out DIR] [--device auto|cpu|cuda] [--subset 16] [--seed 0] [--json PATH] [--no-plots]
 
 Steps, each reported as ok / failed / skipped (with the reason):
 
@@ -16,11 +16,16 @@ Steps, each reported as ok / failed / skipped (with the reason):
                 median of --repeats runs)
   5. gpu        on a CUDA machine only: a CUDA-graph replay of the triton model and ViT-B/16
                 latency, torch vs triton (CUDA events)
+  6. figures    pictures of what the steps measured, shown in report.md: patches.png (digits cut
+                into their patch grid, and the token sequence the model reads), attention.png (the
+                class token's attention in the last block, per head; torch backend), confusion.png
+                (held-out confusion matrix), timing.png (step 4's medians, p10-p90 whiskers).
+                Skipped under --no-plots, or with a one-line note when matplotlib is missing
 
 Prints a summary table (stdout; progress goes to stderr) and writes report.json and report.md
-(plus the ONNX artifact) into --out, creating it if needed. Exits 0 when no step failed, 1 when
-one did, 2 for bad arguments. Needs scikit-learn (pip install 'vit-fast[demo]') and, for step 3,
-the onnx extra.
+(plus the ONNX artifact and the pictures) into --out, creating it if needed. Exits 0 when no step
+failed, 1 when one did, 2 for bad arguments. Needs scikit-learn and matplotlib (pip install
+'vit-fast[demo]') and, for step 3, the onnx extra.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ EXAMPLE = "vit-fast demo --out vit-fast-out/demo --subset 8"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``vit-fast demo``'s arguments."""
     d = DemoSettings()
-    out_help = f"folder for report.json, report.md and the ONNX file (default {DEFAULT_OUT})"
+    out_help = f"folder for report.json, report.md, the pictures and the ONNX file (default {DEFAULT_OUT})"
     parser.add_argument("--out", default=DEFAULT_OUT, help=out_help)
     _args.add_json(parser)
     parser.add_argument(
@@ -67,6 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-triton", action="store_true", help="skip step 2")
     parser.add_argument("--skip-onnx", action="store_true", help="skip step 3 (and ONNX Runtime in step 4)")
     parser.add_argument("--skip-timing", action="store_true", help="skip step 4")
+    parser.add_argument("--no-plots", action="store_true", help="draw no pictures (step 6)")
     parser.add_argument(
         "--exporter", choices=("dynamo", "torchscript"), default=d.exporter, help="ONNX exporter (default dynamo)"
     )
