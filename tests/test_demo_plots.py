@@ -96,7 +96,7 @@ def test_class_token_attention_is_the_last_blocks_and_sums_to_one(digits):
         model.set_backend("auto")
     inp, out = seen[0]
     with torch.no_grad():
-        probs = demo_plots.attention_probabilities(attn, inp)
+        probs = attn.probabilities(inp)
         B, T, D = inp.shape
         v = attn.qkv(inp).reshape(B, T, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)[2]
         rebuilt = attn.proj((probs @ v).transpose(1, 2).reshape(B, T, D))

@@ -36,7 +36,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from . import demo_plots, runtime
@@ -220,14 +219,6 @@ def _onnx_step(model: Any, images: torch.Tensor, labels: torch.Tensor, s: DemoSe
     return _verified("onnx", report.to_dict(), head, verify_worst_ratio=report.worst().ratio, **extra)
 
 
-def _spread(times_ms: list[float]) -> dict[str, float]:
-    """The bench timer's summary of one case plus ``p10_ms``, the low end of the spread timing.png draws
-    (``summarize`` has no p10; should it gain one, its value is kept)."""
-    stats = summarize(times_ms)
-    stats.setdefault("p10_ms", float(np.percentile(times_ms, 10)))
-    return stats
-
-
 def _timing_step(model: Any, images: torch.Tensor, onnx_path: Path | None, s: DemoSettings, stages: Stages) -> dict:
     cpu = torch.device("cpu")
     threads = torch.get_num_threads()  # ONNX Runtime gets the same threads as torch: a like-for-like race
@@ -236,9 +227,9 @@ def _timing_step(model: Any, images: torch.Tensor, onnx_path: Path | None, s: De
     for batch, iters in ((1, 4 * s.repeats), (len(images), s.repeats)):
         x = images[:batch].contiguous()
         with torch.inference_mode():
-            row = {"torch": _spread(time_callable(lambda x=x: model(x), cpu, warmup=2, iters=iters))}
+            row = {"torch": summarize(time_callable(lambda x=x: model(x), cpu, warmup=2, iters=iters))}
         if ort is not None:
-            row["onnxruntime"] = _spread(time_callable(lambda x=x: ort.run(x), cpu, warmup=2, iters=iters))
+            row["onnxruntime"] = summarize(time_callable(lambda x=x: ort.run(x), cpu, warmup=2, iters=iters))
         cases[str(batch)] = row
         stages.note(f"  batch {batch}: " + ", ".join(f"{k} {v['median_ms']:.2f} ms" for k, v in row.items()))
         t = row["torch"]["median_ms"]

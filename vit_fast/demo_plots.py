@@ -26,7 +26,6 @@ import numpy as np
 import torch
 
 from .files import write_atomic
-from .layers import Attention
 
 #: dots per inch of every picture; the sizes below are in inches, so a picture is SIZES_IN * DPI pixels
 DPI = 110
@@ -88,15 +87,6 @@ def patch_sequence(image: np.ndarray, patch: int) -> np.ndarray:
     )
 
 
-def attention_probabilities(attn: Attention, x: torch.Tensor) -> torch.Tensor:
-    """``softmax(q k^T / sqrt(head_dim))`` ``[B, heads, T, T]`` of one torch-backend attention module on its input
-    ``x`` ``[B, T, D]`` (the normed tokens), from its own qkv weights: what its forward computes and discards."""
-    B, T, _ = x.shape
-    qkv = attn.qkv(x).reshape(B, T, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
-    q, k, _ = qkv.unbind(0)  # [B, heads, T, head_dim]
-    return ((q * attn.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
-
-
 def class_token_attention(model: Any, images: torch.Tensor) -> torch.Tensor:
     """The class token's attention ``[B, heads, T]`` over all T tokens (itself first, then the patches row by
     row) in the model's last block; each row sums to 1.
@@ -113,7 +103,7 @@ def class_token_attention(model: Any, images: torch.Tensor) -> torch.Tensor:
     try:
         with torch.no_grad():
             model.set_backend("torch")(images)
-            probs = attention_probabilities(attn, inputs[0])
+            probs = attn.probabilities(inputs[0])
     finally:
         handle.remove()
         model.backend = previous  # set_backend(previous) would re-check what was checked when it was set

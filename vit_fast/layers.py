@@ -31,12 +31,20 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(cfg.embed_dim, 3 * cfg.embed_dim, bias=cfg.qkv_bias)
         self.proj = nn.Linear(cfg.embed_dim, cfg.embed_dim)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, D = x.shape
+    def _probabilities_and_values(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        B, T, _ = x.shape
         qkv = self.qkv(x).reshape(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)  # [B, H, T, Dh]
-        attn = (q * self.scale) @ k.transpose(-2, -1)
-        attn = attn.softmax(dim=-1)
+        return ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1), v
+
+    def probabilities(self, x: torch.Tensor) -> torch.Tensor:
+        """``softmax(q k^T / sqrt(head_dim))`` ``[B, heads, T, T]`` for input ``x [B, T, D]``: what forward
+        computes and discards (the fused kernel never forms it; figures and inspection read it here)."""
+        return self._probabilities_and_values(x)[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, D = x.shape
+        attn, v = self._probabilities_and_values(x)
         x = (attn @ v).transpose(1, 2).reshape(B, T, D)
         return self.proj(x)
 
