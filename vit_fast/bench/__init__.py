@@ -9,16 +9,18 @@ writes JSON, Markdown, CSV and PNG files that never replace an earlier run's unl
 One home per job: ``settings`` (the request, its defaults, parsers and checks), ``timing`` (how many
 calls, each timed, many summarized), ``ceilings`` (measured bandwidth and matrix rate, the floor),
 ``backends`` (what is timed; ONNX Runtime and TensorRT through ``vit_fast.export.runners``), ``harness``
-(the run), ``report`` (ratios, JSON, Markdown, CSV, PNG). The environment comes from ``vit_fast.env``,
-the progress bar from ``vit_fast.progress``, dtypes from ``vit_fast.dtypes``. Nothing here touches a
-GPU at import time.
+(the run), ``artifacts`` (an existing ONNX file or engine timed through the harness), ``api``
+(``benchmark`` and ``run_benchmark``), ``report`` (ratios, JSON, Markdown, CSV, PNG). The environment
+comes from ``vit_fast.env``, the progress bar from ``vit_fast.progress``, dtypes from ``vit_fast.dtypes``.
+Nothing here touches a GPU at import time.
 """
 
 from __future__ import annotations
 
+from .api import benchmark, run_benchmark
 from .backends import Variant, plan_variants
 from .ceilings import floor_ms, measure_bandwidth, measure_matrix_rate
-from .harness import Harness, benchmark, run_benchmark
+from .harness import Harness
 from .report import BenchResult, add_ratios, csv_report, markdown_report, plot_report, write_reports
 from .settings import (
     BACKENDS,

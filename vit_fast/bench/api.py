@@ -1,0 +1,123 @@
+"""The two ways to run the benchmark from code: :func:`benchmark` (Python: arguments in, a
+:class:`BenchResult` out, nothing written) and :func:`run_benchmark` (the command line's run: settings in,
+JSON / Markdown / CSV / PNG reports written into ``settings.out_dir``). Both run a
+:class:`vit_fast.bench.harness.Harness` and restore torch's thread count afterwards.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .harness import Harness
+from .report import BenchResult, write_reports
+from .settings import BenchError, BenchSettings
+
+
+def model_slug(spec: str) -> str:
+    """A file-name stem for a model spec: a preset name as it is, a checkpoint path by its stem."""
+    stem = Path(spec).stem if Path(spec).suffix else spec
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", stem).strip("_") or "model"
+
+
+def _run(settings: BenchSettings, log: Callable[[str], None] | None) -> dict[str, Any]:
+    threads = torch.get_num_threads()
+    try:
+        return Harness(settings, log=log).run()
+    finally:
+        torch.set_num_threads(threads)  # --threads is for this run only
+
+
+def run_benchmark(settings: BenchSettings, log: Callable[[str], None] | None = None) -> tuple[dict[str, Any], dict]:
+    """Run the benchmark and write its reports into ``settings.out_dir``; returns (report, paths).
+
+    The folder is checked before anything runs. Files are ``bench_<model>.{json,md,csv,png}``; when an
+    earlier run's files are there they stay, and this run's get its run id (``-<UTC time>``) in the name,
+    unless ``settings.overwrite``."""
+    from vit_fast.files import check_output_dir
+
+    if settings.out_dir is None:
+        raise BenchError("run_benchmark writes reports: give out_dir (or call vit_fast.bench.benchmark)")
+    try:
+        check_output_dir(settings.out_dir, "bench output folder")
+    except ValueError as err:
+        raise BenchError(str(err)) from None
+    report = _run(settings, log)
+    named = isinstance(settings.model, (str, Path))
+    stem = f"bench_{model_slug(str(settings.model) if named else report['model'])}"
+    paths = write_reports(report, settings.out_dir, stem, overwrite=settings.overwrite)
+    return report, paths
+
+
+def benchmark(
+    model: Any,
+    batch: int | Sequence[int] | None = None,
+    dtypes: str | Sequence[str] | None = None,
+    backends: str | Sequence[str] | None = None,
+    device: str = "auto",
+    *,
+    threads: int | None = None,
+    min_samples: int | None = None,
+    min_time_s: float | None = None,
+    max_samples: int | None = None,
+    max_seconds: float | None = None,
+    warmup: int | None = None,
+    seed: int = 0,
+    graph: bool = False,
+    h2d: bool = False,
+    flush_l2: bool = False,
+    ceilings: bool = True,
+    onnx_exporter: str = "dynamo",
+    progress: bool = False,
+    log: Callable[[str], None] | None = None,
+) -> BenchResult:
+    """Time ``model`` from Python and return the result; nothing is written (``result.write(folder)`` does).
+
+    ``model``: a model name, a ``VisionTransformer`` (or the Hugging Face drop-in), or an ``.onnx`` /
+    ``.plan`` artifact path. ``batch``, ``dtypes``, ``backends``: one value, a sequence, or a comma list
+    (``"1,8"``, ``"bf16,fp16"``, ``"torch,onnxruntime"`` or ``"all"``); None takes the device's defaults.
+    Each case is timed for at least ``min_samples`` calls and ``min_time_s`` seconds (defaults 100 and
+    1 s on CPU, 200 and 1 s on a GPU), at most ``max_samples`` calls or about ``max_seconds``. ``threads``:
+    CPU threads for every CPU backend (torch and ONNX Runtime alike), recorded in each row.
+
+    Returns a :class:`BenchResult`: ``.rows`` (one dict per backend, dtype and batch, with ``n`` samples,
+    median / p10 / p90 / p99 ms, images/s, the ratios), ``.report`` (the whole record), ``.markdown()``,
+    ``.csv()``, ``.write(folder)``.
+    """
+    from .settings import parse_backends, parse_batches, parse_dtypes
+
+    def listed(value: Any, parse: Callable[[str], list]) -> list | None:
+        if value is None:
+            return None
+        if isinstance(value, (str, int)):
+            return parse(str(value))
+        return parse(",".join(str(v) for v in value))
+
+    settings = BenchSettings(
+        model=model,
+        batches=listed(batch, parse_batches),
+        dtypes=listed(dtypes, parse_dtypes),
+        backends=listed(backends, parse_backends),
+        device=device,
+        warmup=warmup,
+        iters=max_samples,
+        max_seconds=max_seconds,
+        min_samples=min_samples,
+        min_time_s=min_time_s,
+        flush_l2=flush_l2,
+        h2d=h2d,
+        graph=graph,
+        onnx_exporter=onnx_exporter,
+        seed=seed,
+        progress=progress,
+        measure_ceilings=ceilings,
+        threads=threads,
+    )
+    return BenchResult(_run(settings, log))
+
+
+__all__ = ["benchmark", "model_slug", "run_benchmark"]
