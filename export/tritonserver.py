@@ -38,6 +38,7 @@ from vit_fast.dtypes import parse_dtype
 from vit_fast.files import write_json_atomic
 from vit_fast.progress import Stages
 
+from . import triton_config
 from ._common import (
     ENGINE_SUFFIXES,
     ONNX_SUFFIXES,
@@ -46,28 +47,17 @@ from ._common import (
     metadata_path,
     read_metadata,
 )
+from .triton_config import *  # noqa: F403  (the config names, re-exported: callers import them from here)
 from .triton_config import (
-    DEFAULT_BATCH,
     DEFAULT_QUEUE_DELAY_US,
-    INPUT_NAME,
-    KINDS,
     MODEL_FILES,
     PLATFORMS,
-    TRITON_TYPES,
     VERSION,
-    Batching,
     EntryConfig,
-    TensorSpec,
-    batch_plan,
-    check_instances,
     check_model_name,
-    check_queue_delay,
-    dtype_of,
     engine_specs,
-    model_io,
     model_name_for,
     onnx_specs,
-    parse_batch_sizes,
     plan_batching,
     provenance_comments,
 )
@@ -373,34 +363,15 @@ def to_tritonserver(
     return write_repository(repo, [entry, *extra], force=force, progress=progress)
 
 
+#: this module's names, and the config names it re-exports (callers import both from here)
 __all__ = [
-    "Batching",
-    "DEFAULT_BATCH",
-    "DEFAULT_QUEUE_DELAY_US",
     "ENGINE_SUFFIXES",
-    "EntryConfig",
-    "INPUT_NAME",
-    "KINDS",
-    "MODEL_FILES",
-    "ModelEntry",
     "ONNX_SUFFIXES",
-    "PLATFORMS",
-    "TRITON_TYPES",
-    "TensorSpec",
-    "VERSION",
-    "batch_plan",
-    "check_instances",
-    "check_model_name",
-    "check_queue_delay",
+    "ModelEntry",
     "check_repository",
-    "dtype_of",
-    "model_io",
-    "model_name_for",
     "onnx_entry",
-    "parse_batch_sizes",
-    "plan_batching",
-    "provenance_comments",
     "tensorrt_entry",
     "to_tritonserver",
     "write_repository",
+    *triton_config.__all__,
 ]
