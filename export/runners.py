@@ -35,7 +35,15 @@ from torch import nn
 from vit_fast.dtypes import ONNX_ELEM_TYPES, ORT_TYPES
 
 from ._common import ENGINE_SUFFIXES, ONNX_SUFFIXES, ArtifactError, check_readable_file, read_metadata
-from .trt_common import check_batch_in_profile, check_engine_compat, gpu_sm, require_tensorrt, torch_dtype
+from .trt_common import (
+    check_batch_in_profile,
+    check_engine_compat,
+    gpu_sm,
+    polygraphy_logging,
+    require_polygraphy,
+    require_tensorrt,
+    torch_dtype,
+)
 
 CUDA_EP, CPU_EP = "CUDAExecutionProvider", "CPUExecutionProvider"
 #: an image input may also be uint8 pixels (an artifact exported with a preprocessing front):
@@ -230,27 +238,21 @@ def _element_type(dtype: torch.dtype) -> Any:
 
 # --------------------------------------------------------------------------- TensorRT
 class EngineRunner(Runner):
-    """A serialized TensorRT engine, checked against its metadata and run on the GPU with torch tensors."""
+    """A serialized TensorRT engine, checked against its metadata and loaded by polygraphy (``EngineFromBytes``).
+    ``run_all`` runs it with polygraphy's ``TrtRunner``; ``prepare`` binds torch buffers to an execution context
+    of its own (see ``_bind``)."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
         meta = read_metadata(self.path) or {}
-        trt = require_tensorrt()
+        trt, pg = require_tensorrt(), require_polygraphy()
         if not torch.cuda.is_available():
             raise RuntimeError(f"running TensorRT engine {str(self.path)!r} needs a CUDA GPU; none is visible")
         check_engine_compat(meta, self.path, trt.__version__, gpu_sm())
-        self.trt_runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
-        # Runtime.deserialize_cuda_engine returns None (and logs the reason) for a corrupt plan or one built by
-        # another TensorRT version / for another GPU; "require a non-null engine" is NVIDIA's advice.
-        try:
-            self.engine = self.trt_runtime.deserialize_cuda_engine(self.path.read_bytes())
-        except Exception as err:
-            raise ArtifactError(f"TensorRT cannot load engine {str(self.path)!r}: {err}") from err
-        if self.engine is None:
-            raise ArtifactError(
-                f"TensorRT cannot load engine {str(self.path)!r} (corrupt, or built with another TensorRT version "
-                f"or GPU): rebuild it with vit-fast export tensorrt"
-            )
+        # a corrupt plan, or one from another TensorRT or GPU, deserializes to None: polygraphy raises then
+        rebuild = "(corrupt, or built with another TensorRT version or GPU): rebuild it with vit-fast export tensorrt"
+        with polygraphy_logging(ArtifactError, f"TensorRT cannot load engine {str(self.path)!r} {rebuild}"):
+            self.engine = pg.EngineFromBytes(self.path.read_bytes())()
         names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
         inputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
         outputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
@@ -273,20 +275,46 @@ class EngineRunner(Runner):
         self.profile = (lo[0], opt[0], hi[0])
         self.image_shape = opt[1:]
         self.batch_range = (lo[0], hi[0])
-        self.context = self.engine.create_execution_context()
-        if self.context is None:
-            raise ArtifactError(f"TensorRT could not create an execution context for {str(self.path)!r}")
-        # enqueueV3 on the legacy default stream makes TensorRT add cudaStreamSynchronize calls (it warns
-        # "Using default stream in enqueueV3() may lead to performance issues"): run on a stream of our own.
-        self.stream = torch.cuda.Stream()
+        # run_all's TrtRunner, and prepare's execution context and stream: each made when first used
+        self.trt_runner: Any = None
+        self.context: Any = None
+        self.stream: Any = None
         self.runtime = f"tensorrt {trt.__version__} {torch.cuda.get_device_name()}"
 
     def check_batch(self, batch: int) -> None:
         check_batch_in_profile(batch, self.profile, self.path)
 
-    def _bind(self, x: torch.Tensor) -> Callable[[], dict[str, torch.Tensor]]:
-        """Bind ``x`` and NaN-filled outputs (an element the engine leaves unwritten shows); one binding at a time."""
+    def run_all(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """One forward through polygraphy's ``TrtRunner`` (activated on the first call, with an execution context of
+        its own; ``close`` deactivates it): the input goes in from host memory, copied on the runner's stream, and
+        the outputs come back as torch CPU tensors."""
         self.check_batch(int(x.shape[0]))
+        feed = {self.input_name: x.detach().to(device="cpu", dtype=self.input_dtype).contiguous()}
+        with polygraphy_logging(RuntimeError, f"TensorRT execution of {str(self.path)!r} failed"):
+            if self.trt_runner is None:
+                runner = require_polygraphy().TrtRunner(self.engine)
+                runner.activate()
+                self.trt_runner = runner
+            outs = self.trt_runner.infer(feed)
+        # views of the runner's host buffers, which its next call overwrites: copy them out
+        return {name: outs[name].clone() for name in self.output_names}
+
+    def _bind(self, x: torch.Tensor) -> Callable[[], dict[str, torch.Tensor]]:
+        """Bind ``x`` and NaN-filled outputs (an element the engine leaves unwritten shows); one binding at a time.
+
+        TensorRT directly, not ``TrtRunner``: its ``infer`` runs on a stream of its own that does not wait for
+        torch's, and ends by blocking the host on that stream; each call re-checks the feed and sets an output
+        allocator per output. The bench times ``prepare``'s call between CUDA events on torch's current stream,
+        which must bracket the engine's kernels and nothing else. So: ``execute_async_v3`` on our stream,
+        ordered with the current stream both ways, on buffers bound once."""
+        self.check_batch(int(x.shape[0]))
+        if self.context is None:
+            self.context = self.engine.create_execution_context()
+            if self.context is None:
+                raise ArtifactError(f"TensorRT could not create an execution context for {str(self.path)!r}")
+            # enqueueV3 on the legacy default stream makes TensorRT add cudaStreamSynchronize calls (it warns
+            # "Using default stream in enqueueV3() may lead to performance issues"): run on a stream of our own.
+            self.stream = torch.cuda.Stream()
         device = self.stream.device
         xin = x.detach().to(device=device, dtype=self.input_dtype).contiguous()
         # set_input_shape / set_tensor_address / execute_async_v3 return False (with a logged error) on failure
@@ -317,7 +345,9 @@ class EngineRunner(Runner):
         return call
 
     def close(self) -> None:
-        self.context = self.engine = self.trt_runtime = None
+        if self.trt_runner is not None:
+            self.trt_runner.deactivate()
+        self.trt_runner = self.context = self.engine = self.stream = None
 
 
 # --------------------------------------------------------------------------- our own backends

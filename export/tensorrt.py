@@ -1,20 +1,19 @@
-"""TensorRT engines from our ONNX files, written against TensorRT 10's Python API.
+"""TensorRT engines from our ONNX files, built through NVIDIA's polygraphy loaders (TensorRT 10).
 
-Building: an fp32 ONNX file is parsed into a weakly typed network and built with the FP16 or
-BF16 builder flag, with every normalization, softmax and floating-point reduction layer pinned
-to fp32 (``OBEY_PRECISION_CONSTRAINTS``), since their reductions overflow in fp16; ``"fp32"``
-clears the TF32 flag TensorRT sets by default. An fp16/bf16 ONNX file is built STRONGLY_TYPED
-(the graph's own types rule; ``precision`` must match). TensorRT 11 has no weakly typed builds:
-there an fp32 ONNX file builds only as an fp32 engine. One
-optimization profile from ``batch=(min, opt, max)``; a timing cache file is read before and
-written after each build so later builds reuse the measured tactics. The engine inspector's
-layer list tells whether attention became one fused layer. The engine is verified (every output of
-the ONNX graph, its preprocessing front included) against eager PyTorch while it is still staged, and
-published with its metadata (and the report) only when it passed; one that fails is not left there.
-
-The metadata beside an engine records the TensorRT version and GPU compute capability it was
-built for and its batch profile; ``runners.EngineRunner`` loads and runs engines, checking that
-metadata with ``trt_common.check_engine_compat`` (a mismatch says what to rebuild).
+polygraphy parses the ONNX file (from its path, so external weights are found), makes the builder
+config (one optimization profile from ``batch=(min, opt, max)``, precision flags and constraints) and
+builds the engine, saving the timing cache. vit-fast's own parts: an fp32 ONNX file is built weakly
+typed with the FP16 or BF16 flag, every normalization, softmax and floating-point reduction layer
+pinned to fp32 (:class:`Fp32Pins`, made binding by ``precision_constraints="obey"``), since their
+reductions overflow in fp16; ``"fp32"`` clears TF32. An fp16/bf16 ONNX file is built strongly typed
+(``precision`` must match); TensorRT 11 has no weakly typed builds (:func:`check_weak_typing`). No fp8:
+TensorRT computes in fp8 only where the graph has Q/DQ nodes, which ours have not, so the flag alone
+would change nothing but the label. The previous timing cache is reused when TensorRT takes it and
+the new one written atomically; the engine inspector tells whether attention became one fused layer.
+The engine is verified (every output of the ONNX graph, its preprocessing front included) against
+eager PyTorch while it is still staged, and published with its metadata (TensorRT version, GPU compute
+capability, profile) and the report only when it passed; one that fails is not left there.
+``runners.EngineRunner`` runs engines, checking that metadata first (a mismatch says what to rebuild).
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,7 @@ from ._common import (
     vit_fast_version,
 )
 from .graph import image_axes
-from .trt_common import gpu_sm, require_tensorrt, trt_dtype_name
+from .trt_common import gpu_sm, polygraphy_logging, require_polygraphy, require_tensorrt, trt_dtype_name
 from .verify import VerifyOptions, stage_report, verify_options, verify_staged
 
 #: what an engine's metadata carries over from the ONNX file's: the graph's I/O and where its weights came from
@@ -67,20 +67,34 @@ _FUSED_ATTENTION_MARKS = ("mha", "attention", "fmha", "flash")
 #: ``Softmax`` as ISoftMaxLayer (LayerType.SOFTMAX); a LayerNorm decomposed by an older opset, and
 #: mean pooling, are ReduceMean -> LayerType.REDUCE.
 FP32_PINNED_LAYER_TYPES = ("NORMALIZATION", "SOFTMAX", "REDUCE")
-_FLOAT_TYPE_NAMES = ("FLOAT", "HALF", "BF16")
+_FLOAT_TYPE_NAMES = {"FLOAT", "HALF", "BF16"}
 
 
-def pins_fp32(layer_type: str, output_types: list[str]) -> bool:
-    """Whether a layer (``trt.LayerType`` name, its outputs' ``trt.DataType`` names) is pinned to fp32 in a
-    weakly typed fp16/bf16 build: normalization, softmax and reductions, and only when every output is a
-    floating-point tensor (a reduction over a shape tensor stays integer)."""
-    return layer_type in FP32_PINNED_LAYER_TYPES and all(t in _FLOAT_TYPE_NAMES for t in output_types)
+class Fp32Pins:
+    """The network postprocess of a weakly typed fp16/bf16 build (polygraphy ``PostprocessNetwork`` calls it with
+    ``network=``): every layer of a :data:`FP32_PINNED_LAYER_TYPES` type whose outputs are all floating point (a
+    reduction over a shape tensor stays integer) gets ``layer.precision`` and each output's type set to ``float32``
+    (``trt.float32``), constraints that ``precision_constraints="obey"`` makes binding (both setters are deprecated
+    from TensorRT 10.12 on, still honoured). ``pinned`` lists the names of the layers pinned."""
+
+    def __init__(self, float32: Any) -> None:
+        self.float32 = float32
+        self.pinned: list[str] = []
+
+    def __call__(self, network: Any) -> None:
+        for layer in network:
+            out_types = [trt_dtype_name(layer.get_output(j).dtype) for j in range(layer.num_outputs)]
+            if trt_dtype_name(layer.type) in FP32_PINNED_LAYER_TYPES and set(out_types) <= _FLOAT_TYPE_NAMES:
+                layer.precision = self.float32
+                for j in range(layer.num_outputs):
+                    layer.set_output_type(j, self.float32)
+                self.pinned.append(layer.name)
 
 
-def weak_typing_flags(builder_flag: Any, precision: str, trt_version: str) -> list[Any]:
-    """The ``trt.BuilderFlag`` members for a weakly typed ``precision`` build (FP16 or BF16, plus
-    OBEY_PRECISION_CONSTRAINTS so the fp32 pins hold), or an ExportError when this TensorRT has none:
-    TensorRT 11 removed every weak-typing flag (networks are always strongly typed there)."""
+def check_weak_typing(builder_flag: Any, precision: str, trt_version: str) -> None:
+    """Raise an ExportError when this TensorRT's ``trt.BuilderFlag`` lacks what a weakly typed ``precision`` build
+    sets (FP16 or BF16, and OBEY_PRECISION_CONSTRAINTS so the fp32 pins hold): TensorRT 11 removed every
+    weak-typing flag (networks are always strongly typed there)."""
     names = ("FP16" if precision == "fp16" else "BF16", "OBEY_PRECISION_CONSTRAINTS")
     missing = [n for n in names if not hasattr(builder_flag, n)]
     if missing:
@@ -89,14 +103,32 @@ def weak_typing_flags(builder_flag: Any, precision: str, trt_version: str) -> li
             f"builds), so an fp32 ONNX file cannot be built as a {precision} engine here: export a {precision} ONNX "
             f"file (to_onnx(dtype={precision!r})), which is built strongly typed, or install tensorrt>=10,<11"
         )
-    return [getattr(builder_flag, n) for n in names]
+
+
+def engine_profile(
+    input_name: str, dims: list[int], batch: tuple[int, int, int], meta: dict[str, Any] | None, onnx_path: Path
+) -> dict[str, Any]:
+    """The optimization profile ``{"input", "min", "opt", "max"}`` (shapes as lists) for the ONNX input
+    ``input_name`` of ``dims`` (-1 where symbolic): the batch axis from ``batch=(min, opt, max)``, the rest
+    as the graph has them; a dynamic height/width (``dynamic_size`` exports) is built for the model's native
+    size from the metadata, on the axes of the input's layout."""
+    chw = list(dims[1:])
+    if any(d < 0 for d in chw):
+        cfg = (meta or {}).get("config") or {}
+        if "img_size" not in cfg:
+            raise ValueError(f"{str(onnx_path)!r} has a dynamic image size and no metadata naming the native size")
+        img = cfg["img_size"]
+        h, w = (img, img) if isinstance(img, int) else img
+        _, h_axis, w_axis = image_axes((meta or {}).get("preprocess"))
+        chw[h_axis - 1], chw[w_axis - 1] = h, w
+    return {"input": input_name, **{key: [b, *chw] for key, b in zip(("min", "opt", "max"), batch, strict=True)}}
 
 
 def check_tensorrt_args(
     onnx_path: Any, engine_path: Any, batch: Any, precision: Any, timing_cache: Any, overwrite: bool = False
-) -> tuple[Path, Path, tuple[int, int, int], dict[str, Any] | None, str]:
+) -> tuple[Path, Path, tuple[int, int, int], dict[str, Any] | None, str, dict[str, Any]]:
     """Every check :func:`to_tensorrt` makes before TensorRT is touched; returns the cleaned arguments
-    (onnx path, engine path, batch triple, ONNX metadata or None, ONNX dtype name)."""
+    (onnx path, engine path, batch triple, ONNX metadata or None, ONNX dtype name, :func:`engine_profile`)."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     batch = check_batch_range(batch, ("min", "opt", "max"))
@@ -117,7 +149,8 @@ def check_tensorrt_args(
     if not proto.graph.input:
         raise ArtifactError(f"{str(onnx_path)!r} is not an ONNX model (its graph has no inputs)")
     # the graph's compute dtype: its input's, or for uint8 pixels (a preprocessing front) its first output's
-    elem = ONNX_ELEM_TYPES.get(proto.graph.input[0].type.tensor_type.elem_type)
+    inp = proto.graph.input[0]
+    elem = ONNX_ELEM_TYPES.get(inp.type.tensor_type.elem_type)
     if elem is None and proto.graph.output:
         elem = ONNX_ELEM_TYPES.get(proto.graph.output[0].type.tensor_type.elem_type)
     onnx_dtype = DTYPE_NAMES[elem] if elem is not None else "unknown"
@@ -134,7 +167,8 @@ def check_tensorrt_args(
                 f"engine batch profile {batch} lies outside the ONNX file's exported batch range [{lo}, {hi}]: "
                 f"pick min >= {lo} and max <= {hi}, or re-export with batch=({min(lo, batch[0])}, {max(hi, batch[2])})"
             )
-    return onnx_path, engine_path, batch, meta, onnx_dtype
+    dims = [d.dim_value if d.HasField("dim_value") else -1 for d in inp.type.tensor_type.shape.dim]
+    return onnx_path, engine_path, batch, meta, onnx_dtype, engine_profile(inp.name, dims, batch, meta, onnx_path)
 
 
 def default_timing_cache(engine_path: Path, trt_version: str, sm: str) -> Path:
@@ -151,31 +185,70 @@ def attention_fused(layers: list[Any]) -> bool:
     return False
 
 
-def _attach_timing_cache(config: Any, cache_path: Path) -> tuple[Any, str | None]:
-    """Attach the timing cache read from ``cache_path`` (an empty one when there is none) to ``config``.
+def reuse_timing_cache(cache_path: Path, notes: list[str]) -> Callable[[Any, Any, Any], None]:
+    """The config postprocess (``PostprocessConfig`` calls it with builder, network, config) attaching the cache
+    read from ``cache_path`` in place of the empty one ``CreateConfig`` attached. A corrupt one (None or an error
+    from ``create_timing_cache``) or one from another TensorRT/GPU (``set_timing_cache(..., ignore_mismatch=False)``
+    returns False) is replaced by a fresh empty one, with a note in ``notes``. Not polygraphy's ``load_timing_cache``:
+    it ignores that False (the config is then left without a cache, so nothing is saved) and leaves a ``.lock``
+    file beside the cache."""
 
-    ``create_timing_cache(b"")`` makes an empty cache; ``set_timing_cache(cache, ignore_mismatch=False)``
-    returns False for a cache from another device. A cache TensorRT will not take (corrupt, another
-    TensorRT version or GPU) is replaced by an empty one, and the note says so; it is overwritten after
-    the build. Returns (the attached cache, the note or None).
-    """
-    note = None
-    data = cache_path.read_bytes() if cache_path.is_file() else b""
-    cache = None
-    if data:
+    def attach(builder: Any, network: Any, config: Any) -> None:
+        data = cache_path.read_bytes() if cache_path.is_file() else b""
+        if not data:
+            return
         try:
             cache = config.create_timing_cache(data)
         except Exception:  # a corrupt blob: start afresh
             cache = None
-        if cache is not None and not config.set_timing_cache(cache, ignore_mismatch=False):
-            cache = None
-        if cache is None:
-            note = f"timing cache {str(cache_path)!r} does not fit this TensorRT/GPU: starting an empty one"
-    if cache is None:
-        cache = config.create_timing_cache(b"")
-        if cache is None or not config.set_timing_cache(cache, ignore_mismatch=False):
-            raise ExportError("TensorRT could not create an empty timing cache")
-    return cache, note
+        if cache is not None and config.set_timing_cache(cache, ignore_mismatch=False):
+            return
+        notes.append(f"timing cache {str(cache_path)!r} does not fit this TensorRT/GPU: starting an empty one")
+        if not config.set_timing_cache(config.create_timing_cache(b""), ignore_mismatch=False):
+            raise ExportError("TensorRT could not attach an empty timing cache")
+
+    return attach
+
+
+def engine_loaders(
+    trt: Any,
+    onnx_path: Path,
+    profile: dict[str, Any],
+    precision: str,
+    strongly_typed: bool,
+    cache_path: Path,
+    save_cache: Path,
+    workspace_gib: float | None = None,
+) -> tuple[Any, Any, Fp32Pins | None, Any, list[str]]:
+    """The polygraphy loaders of one build, lazy until ``engine()`` parses, configures and builds (returning the
+    serialized engine): ``(NetworkFromOnnxPath, CreateConfig, the fp32 pins of a weakly typed build or None,
+    EngineBytesFromNetwork, the timing-cache notes filled during the build)``. ``trt`` is the tensorrt module,
+    ``profile`` from :func:`engine_profile`; the cache is read from ``cache_path`` and saved to ``save_cache``."""
+    pg = require_polygraphy()
+    weak = not strongly_typed and precision != "fp32"
+    if weak:
+        check_weak_typing(trt.BuilderFlag, precision, trt.__version__)
+    network = pg.NetworkFromOnnxPath(str(onnx_path), strongly_typed=strongly_typed)
+    pins = Fp32Pins(trt.float32) if weak else None
+    shapes = [tuple(profile[key]) for key in ("min", "opt", "max")]
+    config = pg.CreateConfig(
+        fp16=weak and precision == "fp16",
+        bf16=weak and precision == "bf16",
+        # TF32 (on in TensorRT by default) rounds fp32 matmul inputs to 10-bit mantissas, which an "fp32" engine
+        # must not do: verification compares it with true fp32 eager PyTorch
+        tf32=precision != "fp32",
+        precision_constraints="obey" if weak else None,
+        profiles=[pg.Profile().add(profile["input"], *shapes)],
+        profiling_verbosity=trt.ProfilingVerbosity.DETAILED,  # the inspector lists layer details only then
+        memory_pool_limits={trt.MemoryPoolType.WORKSPACE: int(workspace_gib * (1 << 30))} if workspace_gib else None,
+    )
+    notes: list[str] = []
+    engine = pg.EngineBytesFromNetwork(
+        pg.PostprocessNetwork(network, pins, name="vit-fast fp32 pins") if pins else network,
+        pg.PostprocessConfig(config, reuse_timing_cache(cache_path, notes)),
+        save_timing_cache=str(save_cache),
+    )
+    return network, config, pins, engine, notes
 
 
 def to_tensorrt(
@@ -200,6 +273,7 @@ def to_tensorrt(
       ``"fp32"`` (TF32 off).
     - ``timing_cache``: a file read before and written after the build (default: one per
       TensorRT version and GPU in the engine's folder).
+    - ``workspace_gib``: the builder's workspace memory pool limit in GiB (default TensorRT's).
     - ``model``: the :class:`vit_fast.VisionTransformer` (or its name) to verify against;
       default the ``source`` recorded in the ONNX metadata.
     - ``verify``: True (default) or :class:`VerifyOptions`: the staged engine is verified before anything
@@ -211,7 +285,7 @@ def to_tensorrt(
     ``engine_path + ".json"`` (TensorRT version, GPU SM, precision, profile, whether attention was
     fused, the graph's I/O, the weights, the verification) only when the engine passed verification.
     """
-    onnx_path, engine_path, batch, onnx_meta, onnx_dtype = check_tensorrt_args(
+    onnx_path, engine_path, batch, onnx_meta, onnx_dtype, profile = check_tensorrt_args(
         onnx_path, engine_path, batch, precision, timing_cache, overwrite
     )
     options = verify_options(verify, report)
@@ -222,113 +296,58 @@ def to_tensorrt(
             "or verify=False; the ONNX metadata names no source model"
         )
     trt = require_tensorrt()
+    require_polygraphy()
     if not torch.cuda.is_available():
         raise RuntimeError("building a TensorRT engine needs a CUDA GPU; none is visible")
     stages = Stages("vit-fast export", progress)
-    sm = gpu_sm()
+    sm, gpu = gpu_sm(), torch.cuda.get_device_name()
     cache_path = Path(timing_cache) if timing_cache else default_timing_cache(engine_path, trt.__version__, sm)
-    logger = trt.Logger(trt.Logger.WARNING)
-    builder = trt.Builder(logger)
     strongly_typed = onnx_dtype in ("fp16", "bf16")
-    weak_flags = (
-        weak_typing_flags(trt.BuilderFlag, precision, trt.__version__)
-        if (not strongly_typed and precision != "fp32")
-        else []
-    )
-    # TensorRT 10: networks are always explicit-batch (EXPLICIT_BATCH is deprecated and ignored), so the
-    # only creation flag is STRONGLY_TYPED, passed as a bit mask.
-    flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED) if strongly_typed else 0
-    network = builder.create_network(flags)
-    parser = trt.OnnxParser(network, logger)
-    with stages.step(f"parsing {onnx_path}"):
-        # parse_from_file (not parse(bytes)) so weights stored beside the file as external data are found
-        if not parser.parse_from_file(str(onnx_path)):
-            errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
-            raise ExportError(f"TensorRT's ONNX parser rejected {str(onnx_path)!r}: {errors}")
-    config = builder.create_builder_config()
-    config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED  # the inspector lists layer details only then
-    if workspace_gib:
-        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_gib * (1 << 30)))
-    # BuilderFlag.TF32 is on by default: fp32 matmuls would round their inputs to 10-bit mantissas, which an
-    # "fp32" engine must not do (verification compares it with true fp32 eager PyTorch).
-    tf32 = precision != "fp32"
-    if not tf32 and hasattr(trt.BuilderFlag, "TF32"):
-        config.clear_flag(trt.BuilderFlag.TF32)
-    pinned = 0
-    if weak_flags:
-        for flag in weak_flags:
-            config.set_flag(flag)
-        # In a weakly typed network layer.precision / set_output_type are constraints that
-        # OBEY_PRECISION_CONSTRAINTS makes binding (both are deprecated from TensorRT 10.12 on, still honoured).
-        for i in range(network.num_layers):
-            layer = network.get_layer(i)
-            out_types = [trt_dtype_name(layer.get_output(j).dtype) for j in range(layer.num_outputs)]
-            if pins_fp32(trt_dtype_name(layer.type), out_types):
-                layer.precision = trt.float32
-                for j in range(layer.num_outputs):
-                    layer.set_output_type(j, trt.float32)
-                pinned += 1
-    inp = network.get_input(0)
-    chw = list(inp.shape)[1:]
-    if any(d < 0 for d in chw):  # dynamic H/W: build for the native size, on the axes of the input's layout
-        cfg = (onnx_meta or {}).get("config") or {}
-        if "img_size" not in cfg:
-            raise ValueError(f"{str(onnx_path)!r} has a dynamic image size and no metadata naming the native size")
-        img = cfg["img_size"]
-        h, w = (img, img) if isinstance(img, int) else img
-        _, h_axis, w_axis = image_axes((onnx_meta or {}).get("preprocess"))
-        chw[h_axis - 1], chw[w_axis - 1] = h, w
-    chw = tuple(chw)
-    profile = builder.create_optimization_profile()
-    profile.set_shape(inp.name, (batch[0], *chw), (batch[1], *chw), (batch[2], *chw))
-    config.add_optimization_profile(profile)
-    cache, cache_note = _attach_timing_cache(config, cache_path)
-    if cache_note:
-        stages.note(cache_note)
-    with stages.step(f"building a {precision} engine for batch {batch} on {torch.cuda.get_device_name()} ({sm})"):
-        # returns an IHostMemory, or None on failure (the reason goes to the logger)
-        serialized = builder.build_serialized_network(network, config)
-    if serialized is None:
-        raise ExportError(f"TensorRT could not build an engine from {str(onnx_path)!r} (see its log above)")
-    # the attached cache gained the tactics timed in this build; serialize() returns an IHostMemory (a buffer)
-    write_atomic(cache_path, bytes((config.get_timing_cache() or cache).serialize()))
-
-    runtime = trt.Runtime(logger)
-    engine = runtime.deserialize_cuda_engine(serialized)
-    if engine is None:
-        raise ExportError(f"TensorRT built an engine from {str(onnx_path)!r} but cannot load it (see its log above)")
-    inspector = engine.create_engine_inspector()
-    # get_engine_information returns a JSON string {"Layers": [...], "Bindings": [...]}: each layer a dict
-    # with ProfilingVerbosity.DETAILED (set above), only its name (a string) with LAYER_NAMES_ONLY.
-    try:
-        layers = json.loads(inspector.get_engine_information(trt.LayerInformationFormat.JSON)).get("Layers", [])
-    except (ValueError, AttributeError, TypeError):
-        layers = []
-    del inspector, engine, runtime  # free the inspected copy before verification loads its own
-    meta = {
-        "format": "tensorrt",
-        "onnx": str(onnx_path),
-        **{key: (onnx_meta or {}).get(key) for key in CARRIED_FROM_ONNX},
-        "tensorrt_version": trt.__version__,
-        "gpu_sm": sm,
-        "gpu_name": torch.cuda.get_device_name(),
-        "precision": precision,
-        "strongly_typed": strongly_typed,
-        "fp32_pinned_layers": pinned,
-        "tf32": tf32,
-        "profiles": [{"input": inp.name, "min": [batch[0], *chw], "opt": [batch[1], *chw], "max": [batch[2], *chw]}],
-        "batch": [batch[0], batch[2]],
-        "num_layers": len(layers),
-        "attention_fused": attention_fused(layers),
-        "timing_cache": str(cache_path),
-        "verification": None,
-        "vit_fast_version": vit_fast_version(),
-        "git_commit": git_commit(),
-    }
-    stages.note(f"{len(layers)} engine layers; attention fused: {meta['attention_fused']}")
     with contextlib.ExitStack() as stack:
-        staged = stack.enter_context(staging_dir(engine_path)) / engine_path.name
-        staged.write_bytes(bytes(serialized))
+        staging = stack.enter_context(staging_dir(engine_path))
+        staged, saved_cache = staging / engine_path.name, staging / "timing.cache"
+        with polygraphy_logging(ExportError, f"TensorRT could not build an engine from {str(onnx_path)!r}"):
+            _, config, pins, build, notes = engine_loaders(
+                trt, onnx_path, profile, precision, strongly_typed, cache_path, saved_cache, workspace_gib
+            )
+            with stages.step(f"parsing {onnx_path}, building a {precision} engine for batch {batch} on {gpu} ({sm})"):
+                serialized = build()
+            for note in notes:
+                stages.note(note)
+            # the attached cache with the tactics timed in this build, saved by polygraphy into the staging folder
+            if saved_cache.is_file():
+                write_atomic(cache_path, saved_cache.read_bytes())
+            staged.write_bytes(bytes(serialized))
+            engine = require_polygraphy().EngineFromBytes(serialized)()  # kept alive while its inspector is used
+            inspector = engine.create_engine_inspector()
+        # a JSON string {"Layers": [...], "Bindings": [...]}: each layer a dict with ProfilingVerbosity.DETAILED (set by
+        # engine_loaders), only its name with LAYER_NAMES_ONLY
+        try:
+            layers = json.loads(inspector.get_engine_information(trt.LayerInformationFormat.JSON)).get("Layers", [])
+        except (ValueError, AttributeError, TypeError):
+            layers = []
+        del inspector, engine, serialized  # free the inspected engine and the plan before verification loads its own
+        meta = {
+            "format": "tensorrt",
+            "onnx": str(onnx_path),
+            **{key: (onnx_meta or {}).get(key) for key in CARRIED_FROM_ONNX},
+            "tensorrt_version": trt.__version__,
+            "gpu_sm": sm,
+            "gpu_name": gpu,
+            "precision": precision,
+            "strongly_typed": strongly_typed,
+            "fp32_pinned_layers": len(pins.pinned) if pins else 0,
+            "tf32": config.tf32,
+            "profiles": [profile],
+            "batch": [batch[0], batch[2]],
+            "num_layers": len(layers),
+            "attention_fused": attention_fused(layers),
+            "timing_cache": str(cache_path),
+            "verification": None,
+            "vit_fast_version": vit_fast_version(),
+            "git_commit": git_commit(),
+        }
+        stages.note(f"{len(layers)} engine layers; attention fused: {meta['attention_fused']}")
         metadata_path(staged).write_text(json_text(meta))
         moves = [(staged, engine_path), (metadata_path(staged), metadata_path(engine_path))]
         if options is not None:
@@ -344,10 +363,13 @@ def to_tensorrt(
 
 __all__ = [
     "PRECISIONS",
+    "Fp32Pins",
     "attention_fused",
     "check_tensorrt_args",
+    "check_weak_typing",
     "default_timing_cache",
-    "pins_fp32",
+    "engine_loaders",
+    "engine_profile",
+    "reuse_timing_cache",
     "to_tensorrt",
-    "weak_typing_flags",
 ]

@@ -1,14 +1,17 @@
 """TensorRT helpers shared by the engine builder (``tensorrt.py``) and the engine runner (``runners.py``).
 
-Importing tensorrt with a clear error, the GPU's compute capability, engine tensor types as torch
-dtypes, and the two checks made before an engine runs: that it was built for this TensorRT and GPU
-(from the metadata beside it), and that a batch lies inside its optimization profile. Nothing here
-imports tensorrt until :func:`require_tensorrt` is called.
+Importing tensorrt and polygraphy (NVIDIA's loaders and runner, which both build on) with a clear
+error, polygraphy's logging and errors in our terms, the GPU's compute capability, engine tensor
+types as torch dtypes, and the two checks made before an engine runs: that it was built for this
+TensorRT and GPU (from the metadata beside it), and that a batch lies inside its optimization
+profile. Nothing here imports tensorrt or polygraphy until a function that needs them is called.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -33,6 +36,35 @@ def require_tensorrt() -> Any:
     if int(trt.__version__.split(".")[0]) < 10:
         raise RuntimeError(f"vit-fast needs TensorRT >= 10, found {trt.__version__}")
     return trt
+
+
+def require_polygraphy() -> Any:
+    """``polygraphy.backend.trt`` (the loaders and ``TrtRunner``), or a RuntimeError that says how to install it."""
+    try:
+        from polygraphy.backend import trt as pg
+    except ImportError as err:
+        raise RuntimeError(
+            f"polygraphy is not installed here (import polygraphy failed: {err}); vit-fast builds and runs TensorRT "
+            "engines through it: pip install 'vit-fast[tensorrt]' (or pip install polygraphy)"
+        ) from err
+    return pg
+
+
+@contextlib.contextmanager
+def polygraphy_logging(error: type[Exception], message: str) -> Iterator[None]:
+    """Polygraphy's logger at WARNING (TensorRT's own messages go through it) and without colours for the block;
+    a PolygraphyException (raised after polygraphy logged the reason) becomes ``error(f"{message}: {reason}")``."""
+    from polygraphy.exception import PolygraphyException
+    from polygraphy.logger import G_LOGGER
+
+    colors, G_LOGGER.colors = G_LOGGER.colors, False  # with colours it first asks for the `colored` package
+    try:
+        with G_LOGGER.verbosity(G_LOGGER.WARNING):
+            yield
+    except PolygraphyException as err:
+        raise error(f"{message}: {err}") from err
+    finally:
+        G_LOGGER.colors = colors
 
 
 def gpu_sm() -> str:
