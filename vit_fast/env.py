@@ -149,6 +149,7 @@ def collect_environment(device: Any = None) -> dict[str, Any]:
         "onnx": version("onnx"),
         "onnxruntime": version("onnxruntime"),
         "tensorrt": version("tensorrt"),
+        "polygraphy": version("polygraphy"),
         "timm": version("timm"),
         "transformers": version("transformers"),
         "python": platform.python_version(),

@@ -99,7 +99,9 @@ def static_unavailable(variant: Variant, device: torch.device, dtype_name: str) 
             return "bf16 cannot be fed to the CPU execution provider (it takes numpy arrays; numpy has no bfloat16)"
     if b == "tensorrt":
         if importlib.util.find_spec("tensorrt") is None:
-            return "tensorrt is not installed (pip install tensorrt; needs a CUDA GPU)"
+            return "tensorrt is not installed (pip install 'vit-fast[tensorrt]'; needs a CUDA GPU)"
+        if importlib.util.find_spec("polygraphy") is None:
+            return "polygraphy is not installed (pip install 'vit-fast[tensorrt]')"
         if not cuda:
             return "TensorRT needs a CUDA GPU"
     return None
