@@ -1,8 +1,9 @@
 """Compile every Triton kernel variant ahead of time for a GPU target, without a GPU.
 
-    python benchmarks/compile_check.py                       # all kernels, sm_90 (H100), a table
-    python benchmarks/compile_check.py --kernels linear,attention --jobs 4 --csv out.csv
-    python benchmarks/compile_check.py --full                # every config x every flag variant (slow)
+    python tools/compile_check.py                       # all kernels, sm_90 (H100), a table
+    python tools/compile_check.py --kernels linear,attention --jobs 4 --csv out.csv
+    python tools/compile_check.py --kernels layer_norm --filter fp16   # a subset: variants whose label has "fp16"
+    python tools/compile_check.py --full                # every config x every flag variant (slow)
 
 Each variant goes through the real GPU pipeline (ttir -> ttgir -> llir -> ptx -> cubin with the
 ptxas shipped in the triton wheel) via ``triton.compile(ASTSource(...), target=GPUTarget(...))``,
@@ -15,7 +16,9 @@ same flags Triton uses), and flags shared memory above the target's per-block li
 Catches what the interpreter (TRITON_INTERPRET=1) cannot: type errors, constexpr misuse, dot
 shapes the tensor cores reject, shared-memory overflow, register spills. It does not run
 anything, so it says nothing about numerics or speed. Not collected by pytest (not test_*/bench_*);
-needs no GPU and no driver. Exit status 1 if any variant fails or is flagged.
+needs no GPU and no driver. Exit status 1 if any variant fails or is flagged. Written against
+triton 3.9; the one compile option 3.6 (the GPU machine's) lacks, ``fpsan_homomorphic_casts``, is
+passed only where triton has it.
 """
 
 from __future__ import annotations
@@ -33,7 +36,9 @@ import time
 import warnings
 from concurrent.futures.process import BrokenProcessPool
 
-if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+from vit_fast.kernels._interpret import interpreter_enabled
+
+if interpreter_enabled():
     sys.exit("compile_check: unset TRITON_INTERPRET: the compiled-mode autotune configs are the ones to check")
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, without its warning
 
@@ -361,11 +366,10 @@ def _pruned_by_autotuner(kernel, fn, args, const, params) -> bool:
     return all((c.kwargs, c.num_warps, c.num_stages) != key for c in kept)
 
 
-def compile_one(task, arch: int):
-    """Compile one variant; returns a result dict (never raises)."""
-    warnings.simplefilter("ignore")
-    kernel, label, params = task
-    result = {
+def _failed(task, error: str = "") -> dict:
+    """The result row of a variant that has not compiled (yet)."""
+    kernel, label, _ = task
+    return {
         "kernel": kernel,
         "variant": label,
         "ok": False,
@@ -373,8 +377,15 @@ def compile_one(task, arch: int):
         "shared": None,
         "regs": None,
         "spills": None,
-        "error": "",
+        "error": error,
     }
+
+
+def compile_one(task, arch: int):
+    """Compile one variant; returns a result dict (never raises)."""
+    warnings.simplefilter("ignore")
+    kernel, label, params = task
+    result = _failed(task)
     t0 = time.perf_counter()
     try:
         import triton
@@ -390,10 +401,12 @@ def compile_one(task, arch: int):
         for opt in ("num_warps", "num_stages"):
             if opt in params:
                 kwargs[opt] = params[opt]
-        # the options JITFunction.run adds before binding
+        # the options JITFunction.run adds before binding. fpsan_homomorphic_casts is in triton 3.9's knobs
+        # (and its run adds it) but not in 3.6's, whose run adds only the first two
         kwargs["debug"] = False
         kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
-        kwargs["fpsan_homomorphic_casts"] = knobs.compilation.fpsan_homomorphic_casts
+        if hasattr(knobs.compilation, "fpsan_homomorphic_casts"):
+            kwargs["fpsan_homomorphic_casts"] = knobs.compilation.fpsan_homomorphic_casts
         target = GPUTarget("cuda", arch, 32)
         backend = make_backend(target)
         binder = create_function_from_signature(fn.signature, fn.params, backend)
@@ -439,17 +452,7 @@ def _run_all(tasks, arch: int, jobs: int, progress: bool):
                 try:
                     results[i] = pool.submit(compile_one, tasks[i], arch).result()
                 except BrokenProcessPool:
-                    kernel, label, _ = tasks[i]
-                    results[i] = {
-                        "kernel": kernel,
-                        "variant": label,
-                        "ok": False,
-                        "pruned": False,
-                        "shared": None,
-                        "regs": None,
-                        "spills": None,
-                        "error": "the compiler process crashed (abort or segfault)",
-                    }
+                    results[i] = _failed(tasks[i], "the compiler process crashed (abort or segfault)")
             done += 1
         pending = []
     return results
