@@ -1,6 +1,10 @@
-"""Checks shared by every kernel launcher. Nothing here touches a GPU driver."""
+"""What every kernel file shares: supported dtypes, the shared-memory limit, the interpreter's bf16
+handling, the device check, and the backward that recomputes through the eager reference.
+Nothing here touches a GPU driver."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import triton
@@ -8,7 +12,21 @@ import triton.language as tl
 
 from vit_fast.kernels._interpret import interpreter_enabled
 
+#: storage dtypes every kernel takes (accumulation is always fp32)
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
+#: shared memory one block may use (the opt-in maximum, bytes) by compute capability
+SHARED_MEMORY_LIMITS = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
+#: H100/H200 (sm_90): autotune lists are pruned against it; a smaller GPU's OutOfResources is left to the autotuner
+MAX_SHARED_BYTES = SHARED_MEMORY_LIMITS[90]
+
+
+def shared_memory_limit(arch: int) -> int:
+    """Shared memory per block (bytes) on compute capability ``arch`` (e.g. 90); the smallest known when unlisted."""
+    return SHARED_MEMORY_LIMITS.get(arch, min(SHARED_MEMORY_LIMITS.values()))
+
+
+# ---------------------------------------------------------------------------------- bf16 under the interpreter
 @triton.jit
 def to_bf16_rtne(x):
     """fp32 -> bf16, round to nearest even, by hand. Only for the interpreter: its fp32 -> bf16
@@ -18,13 +36,33 @@ def to_bf16_rtne(x):
     return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
 
 
+@triton.jit
+def dot(a, b, acc, IN_FP32: tl.constexpr):
+    """``a @ b`` accumulated in fp32, onto ``acc`` unless it is None. ``IN_FP32``: the operands go in as
+    fp32 at IEEE precision
+    (fp32 inputs: not TF32, to stay within 2x of eager; bf16 under the interpreter, whose bf16 tl.dot is
+    garbage (triton issue 11584): products of bf16 values are exact in fp32, so this is the GPU's bf16 dot)."""
+    if IN_FP32:
+        result = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        result = tl.dot(a, b, acc)
+    return result
+
+
 def interpret_bf16(dtype: torch.dtype) -> bool:
-    """bf16 under the interpreter: dot operands go in as fp32 and bf16 stores are rounded by hand."""
+    """bf16 under the interpreter: the kernels' ``ROUND_BF16`` flag (bf16 stores rounded by hand)."""
     return dtype == torch.bfloat16 and interpreter_enabled()
 
 
+def dot_in_fp32(dtype: torch.dtype) -> bool:
+    """The kernels' ``DOT_IN_FP32`` flag (see :func:`dot`): fp32 inputs, or bf16 under the interpreter."""
+    return dtype == torch.float32 or interpret_bf16(dtype)
+
+
+# ---------------------------------------------------------------------------------- checks
 def check_device(what: str, tensor: torch.Tensor) -> None:
-    """Raise before launch unless ``tensor`` can reach a kernel: CUDA, or CPU under the interpreter."""
+    """Raise before launch unless ``tensor`` can reach a kernel: CUDA, or CPU under the interpreter.
+    Meta tensors pass: fake implementations run the same checks as the launchers."""
     if tensor.is_cuda or tensor.is_meta:
         return
     if tensor.device.type == "cpu":
@@ -36,3 +74,43 @@ def check_device(what: str, tensor: torch.Tensor) -> None:
             "interpreter"
         )
     raise RuntimeError(f"{what}: tensors on {tensor.device} are not supported; the Triton kernels run on CUDA")
+
+
+# ---------------------------------------------------------------------------------- autograd
+def register_recompute_backward(op: torch.library.CustomOpDef, reference: Callable) -> None:
+    """Give ``op`` a backward that recomputes its forward through the eager ``reference``, autograd on,
+    and differentiates that. No backward kernel: exact (eager's own backward, in the precision
+    ``reference`` computes in) but not fused, so it costs one eager forward and backward per call.
+
+    ``reference`` takes the op's arguments in the op's order and returns its output(s) in the op's
+    order. Tensor inputs that need a gradient and are floating point get one (a uint8 image does
+    not); every other argument gets None.
+    """
+
+    def setup_context(ctx, inputs, output) -> None:
+        ctx.tensor_positions = [i for i, v in enumerate(inputs) if isinstance(v, torch.Tensor)]
+        ctx.others = {i: v for i, v in enumerate(inputs) if not isinstance(v, torch.Tensor)}
+        ctx.save_for_backward(*(inputs[i] for i in ctx.tensor_positions))
+
+    def backward(ctx, *grads):
+        args = dict(ctx.others)
+        for i, t in zip(ctx.tensor_positions, ctx.saved_tensors, strict=True):
+            args[i] = t.detach().requires_grad_(bool(ctx.needs_input_grad[i]) and t.is_floating_point())
+        args = [args[i] for i in range(len(args))]
+        wanted = [i for i in ctx.tensor_positions if args[i].requires_grad]
+        result = [None] * len(args)
+        if not wanted:
+            return tuple(result)
+        with torch.enable_grad():
+            outs = reference(*args)
+            outs = outs if isinstance(outs, tuple) else (outs,)
+            pairs = [(o, g) for o, g in zip(outs, grads, strict=True) if g is not None and o.requires_grad]
+            if pairs:
+                got = torch.autograd.grad(
+                    [o for o, _ in pairs], [args[i] for i in wanted], [g for _, g in pairs], allow_unused=True
+                )
+                for i, g in zip(wanted, got, strict=True):
+                    result[i] = g
+        return tuple(result)
+
+    op.register_autograd(backward, setup_context=setup_context)

@@ -4,19 +4,34 @@ One kernel covers every linear layer of a ViT block: qkv (+bias), proj (+bias +r
 +LayerScale), fc1 (+bias +GELU) and fc2 (+bias +residual +LayerScale). Accumulation and the
 whole epilogue are fp32; the output is rounded once, to x's dtype.
 
-Top to bottom: the autotune configs, the kernel, the launcher (input checks, grid), the
-``torch.library`` custom op ``vit_fast::linear`` (fake implementation + autograd), the public
-``linear`` and the eager reference ``linear_ref``.
+Top to bottom: the autotune configs, the kernel, the launcher :func:`launch_linear` (input
+checks, reshape, allocation, grid), the ``torch.library`` custom op ``vit_fast::linear`` (fake
+implementation + autograd), the public :func:`linear` and the eager reference :func:`linear_ref`.
+Backward is not a kernel: it recomputes the forward through the eager reference, in fp32 for half
+inputs (``_common.register_recompute_backward``).
+
+Importing this module never touches a GPU driver.
 """
+
+from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from vit_fast.kernels._common import check_device, interpret_bf16, interpreter_enabled, to_bf16_rtne
+from vit_fast.kernels._common import (
+    MAX_SHARED_BYTES,
+    SUPPORTED_DTYPES,
+    check_device,
+    dot,
+    dot_in_fp32,
+    interpret_bf16,
+    interpreter_enabled,
+    register_recompute_backward,
+    to_bf16_rtne,
+)
 
-SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 ACTIVATIONS = (None, "gelu", "gelu_tanh")
 _ACTIVATION_CODE = {None: 0, "gelu": 1, "gelu_tanh": 2}
 
@@ -36,19 +51,16 @@ def _linear_configs() -> list[triton.Config]:
         for block_n in (64, 128, 256)
         for block_k in (32, 64)
         for num_stages in (3, 4)
-        # fp16 tiles of both operands, one per stage, must fit in shared memory (H100: 228 KB)
+        # a trim of the search space, not the hardware limit: fp16 tiles of both operands, one per stage,
+        # within 160 KB (the limit, MAX_SHARED_BYTES, is applied per dtype by _prune_linear_configs)
         if (block_m + block_n) * block_k * 2 * num_stages <= 160 * 1024
     ]
-
-
-# H100's shared memory per block (227 KB); smaller GPUs' OutOfResources is left to the autotuner
-_MAX_SHARED_BYTES = 227 * 1024
 
 
 def _prune_linear_configs(configs, named_args, **kwargs):
     """Drop tiles far larger than the problem (e.g. BLOCK_N 256 for N = 64): they only add masked work.
     Also drop fp32 tiles past H100's shared memory: Triton 3.9 buffers at least num_stages - 1 tiles
-    of both operands (benchmarks/compile_check.py), and 64x256x64 fp32 with 4 stages needs 240 KB."""
+    of both operands (tools/compile_check.py), and 64x256x64 fp32 with 4 stages needs 240 KB."""
     x = named_args.get("x_ptr")
     elem_bytes = x.element_size() if isinstance(x, torch.Tensor) else 2
 
@@ -59,7 +71,7 @@ def _prune_linear_configs(configs, named_args, **kwargs):
             kw["BLOCK_M"] <= max(64, triton.next_power_of_2(named_args["M"]))
             and kw["BLOCK_N"] <= max(64, triton.next_power_of_2(named_args["N"]))
             and kw["BLOCK_K"] <= max(32, triton.next_power_of_2(named_args["K"]))
-            and shared <= _MAX_SHARED_BYTES
+            and shared <= MAX_SHARED_BYTES
         )
 
     return [c for c in configs if fits(c)] or configs[:1]
@@ -81,18 +93,17 @@ def _linear_kernel(
     M,  # rows: all leading dims of x flattened (B * T: rarely a multiple of the tile)
     N,  # output features
     K,  # input features
-    stride_xm,  # elements between rows of x
-    stride_wn,  # elements between rows of weight
-    stride_rm,  # elements between rows of residual
-    stride_om,  # elements between rows of out
+    stride_x_m,  # elements between rows of x
+    stride_w_n,  # elements between rows of w
+    stride_residual_m,  # elements between rows of residual
+    stride_out_m,  # elements between rows of out
     M_BUCKET,  # next power of two >= M, never read: the autotune key, so a new batch size reuses its bucket's tuning
     ACTIVATION: tl.constexpr,  # 0: none, 1: exact (erf) GELU, 2: tanh GELU
     HAS_BIAS: tl.constexpr,  # add bias before the activation
     HAS_RESIDUAL: tl.constexpr,  # out = residual + (gamma *) y
     HAS_GAMMA: tl.constexpr,  # scale y by gamma before the residual add
-    UPCAST_DOT: tl.constexpr,  # cast dot operands to fp32 (interpreter: its bf16 tl.dot is wrong)
-    ROUND_BF16: tl.constexpr,  # round the bf16 store by hand (interpreter: its bf16 cast truncates)
-    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 operands (compiled tl.dot defaults to TF32)
+    DOT_IN_FP32: tl.constexpr,  # dot operands as fp32 at IEEE precision (fp32, or bf16 under the interpreter)
+    ROUND_BF16: tl.constexpr,  # round the bf16 store by hand (interpreter: its fp32 -> bf16 cast truncates)
     BLOCK_M: tl.constexpr,  # rows of the output tile
     BLOCK_N: tl.constexpr,  # columns of the output tile
     BLOCK_K: tl.constexpr,  # depth of one step along K
@@ -116,8 +127,8 @@ def _linear_kernel(
     # mask, and the store below drops them. int64: M * K overflows int32 at large batch.
     rows = (offs_m % M).to(tl.int64)
     cols = (offs_n % N).to(tl.int64)
-    x_ptrs = x_ptr + rows[:, None] * stride_xm + offs_k[None, :]
-    w_ptrs = w_ptr + cols[None, :] * stride_wn + offs_k[:, None]  # W^T tile [BLOCK_K, BLOCK_N]
+    x_ptrs = x_ptr + rows[:, None] * stride_x_m + offs_k[None, :]
+    w_ptrs = w_ptr + cols[None, :] * stride_w_n + offs_k[:, None]  # W^T tile [BLOCK_K, BLOCK_N]
 
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
@@ -125,10 +136,7 @@ def _linear_kernel(
         k_mask = offs_k < K - k0
         a = tl.load(x_ptrs, mask=k_mask[None, :], other=0.0)
         b = tl.load(w_ptrs, mask=k_mask[:, None], other=0.0)
-        if UPCAST_DOT:
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+        acc = dot(a, b, acc, DOT_IN_FP32)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
 
@@ -146,16 +154,23 @@ def _linear_kernel(
     if HAS_RESIDUAL:
         if HAS_GAMMA:
             acc = acc * tl.load(gamma_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        residual = tl.load(residual_ptr + rows[:, None] * stride_rm + offs_n[None, :], mask=out_mask, other=0.0)
+        residual = tl.load(residual_ptr + rows[:, None] * stride_residual_m + offs_n[None, :], mask=out_mask, other=0.0)
         acc += residual.to(tl.float32)
-    out_ptrs = out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+    out_ptrs = out_ptr + offs_m[:, None].to(tl.int64) * stride_out_m + offs_n[None, :]
     out = to_bf16_rtne(acc) if ROUND_BF16 else acc.to(out_ptr.dtype.element_ty)
     tl.store(out_ptrs, out, mask=out_mask)
 
 
 # ---------------------------------------------------------------------------------- launcher
-def _check_linear_inputs(x, weight, bias, activation, residual, gamma) -> None:
-    """Raise a clear error if the kernel cannot take these inputs. No launch."""
+def _check_linear_inputs(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    activation: str | None,
+    residual: torch.Tensor | None,
+    gamma: torch.Tensor | None,
+) -> None:
+    """Raise a clear error, before any launch, when the inputs do not fit the kernel."""
     for name, tensor in (("x", x), ("weight", weight)):
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"linear: {name} must be a torch.Tensor, got {type(tensor).__name__}")
@@ -214,11 +229,11 @@ def launch_linear(
     activation: str | None = None,
     residual: torch.Tensor | None = None,
     gamma: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
     *,
+    out: torch.Tensor | None = None,
     checked: bool = False,
 ) -> torch.Tensor:
-    """Check the inputs, then run the kernel once (no autograd, no custom op).
+    """Check the inputs, then run the kernel once (no autograd, no custom op); returns ``[..., N]``.
 
     ``checked=True`` skips the checks: only for the custom op, whose one caller (:func:`linear`)
     has just run them, so a forward pays for each check once.
@@ -243,10 +258,6 @@ def launch_linear(
     # flattening the leading dims is free for the usual [B, T, K] (a view); odd strides copy once
     x2d = x.reshape(rows, k_in)
     residual2d = residual.reshape(rows, n_out) if residual is not None else None
-    # the interpreter's bf16 is wrong in two ways (KERNELS.md): tl.dot gives garbage, so the operands
-    # go in as fp32 (exact); and fp32 -> bf16 casts truncate, so the store rounds by hand
-    bf16_by_hand = interpret_bf16(x.dtype)
-    dot_precision = "ieee" if (x.dtype == torch.float32 or bf16_by_hand) else "tf32"  # tf32: no-op on half operands
 
     def grid(meta):
         return (triton.cdiv(rows, meta["BLOCK_M"]) * triton.cdiv(n_out, meta["BLOCK_N"]),)
@@ -270,9 +281,8 @@ def launch_linear(
         HAS_BIAS=bias is not None,
         HAS_RESIDUAL=residual is not None,
         HAS_GAMMA=gamma is not None,
-        UPCAST_DOT=bf16_by_hand,
-        ROUND_BF16=bf16_by_hand,
-        DOT_PRECISION=dot_precision,
+        DOT_IN_FP32=dot_in_fp32(x.dtype),
+        ROUND_BF16=interpret_bf16(x.dtype),
     )
     return out
 
@@ -292,36 +302,16 @@ def _linear_op(
 
 @_linear_op.register_fake
 def _linear_fake(x, weight, bias, activation, residual, gamma) -> torch.Tensor:
+    _check_linear_inputs(x, weight, bias, activation, residual, gamma)
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
-def _linear_setup_context(ctx, inputs, output) -> None:
-    x, weight, bias, activation, residual, gamma = inputs
-    ctx.save_for_backward(x, weight, bias, residual, gamma)
-    ctx.activation = activation
-
-
-def _linear_backward(ctx, grad_out: torch.Tensor):
-    # No backward kernel yet: recompute through the eager reference (fp32 for half inputs).
-    x, weight, bias, residual, gamma = ctx.saved_tensors
-    needs = ctx.needs_input_grad
-    leaves = [
-        t.detach().requires_grad_(bool(needs[i])) if t is not None else None
-        for i, t in ((0, x), (1, weight), (2, bias), (4, residual), (5, gamma))
-    ]
-    wanted = [t for t in leaves if t is not None and t.requires_grad]
-    grads = iter(())
-    if wanted:
-        with torch.enable_grad():
-            out = linear_ref(leaves[0], leaves[1], leaves[2], ctx.activation, leaves[3], leaves[4], upcast=True)
-            grads = iter(torch.autograd.grad(out, wanted, grad_out))
-    grad_x, grad_w, grad_b, grad_r, grad_g = (
-        next(grads) if t is not None and t.requires_grad else None for t in leaves
-    )
-    return grad_x, grad_w, grad_b, None, grad_r, grad_g
-
-
-_linear_op.register_autograd(_linear_backward, setup_context=_linear_setup_context)
+register_recompute_backward(
+    _linear_op,
+    lambda x, weight, bias, activation, residual, gamma: linear_ref(
+        x, weight, bias, activation, residual, gamma, upcast=True
+    ),
+)
 
 
 def linear(
