@@ -4,6 +4,7 @@ Nothing here touches a GPU driver."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import torch
@@ -24,6 +25,43 @@ MAX_SHARED_BYTES = SHARED_MEMORY_LIMITS[90]
 def shared_memory_limit(arch: int) -> int:
     """Shared memory per block (bytes) on compute capability ``arch`` (e.g. 90); the smallest known when unlisted."""
     return SHARED_MEMORY_LIMITS.get(arch, min(SHARED_MEMORY_LIMITS.values()))
+
+
+# ---------------------------------------------------------------------------------- autotuning
+#: upper ends of the row-count classes the autotuners key on (M = batch * tokens). One tuning per class,
+#: not per power of two: a ViT-B/16 server seeing batches 1..256 (M 197..50k) tunes 4 times per GEMM shape
+M_CLASSES = (256, 2048, 16384)
+
+
+def m_class(m: int) -> int:
+    """The autotune key for ``m`` rows: the first of :data:`M_CLASSES` that holds it, else 2**20 (large)."""
+    for top in M_CLASSES:
+        if m <= top:
+            return top
+    return 1 << 20
+
+
+def autotune_enabled() -> bool:
+    """False when ``VIT_FAST_AUTOTUNE=0``: each kernel runs one heuristic config per shape, with no timing
+    (read per call; what compiled correctness tests and a server that must not stall on tuning use)."""
+    return os.environ.get("VIT_FAST_AUTOTUNE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def autotune_cache_enabled() -> bool:
+    """True unless ``VIT_FAST_AUTOTUNE_CACHE=0``: tuned configs are saved in Triton's cache directory
+    (``TRITON_CACHE_DIR``, default ``~/.triton/cache``), so a second process starts tuned."""
+    return os.environ.get("VIT_FAST_AUTOTUNE_CACHE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def closest_config(configs: list[triton.Config], want: dict, num_warps: int, num_stages: int) -> triton.Config:
+    """The config of ``configs`` nearest ``want`` (block sizes; then warps and stages): how the heuristic
+    of the no-autotune mode stays inside the autotune set (so the offline compile check covers it)."""
+
+    def distance(config: triton.Config) -> tuple:
+        blocks = sum(abs(config.kwargs[k].bit_length() - v.bit_length()) for k, v in want.items() if k in config.kwargs)
+        return blocks, abs(config.num_warps - num_warps), abs(config.num_stages - num_stages)
+
+    return min(configs, key=distance)
 
 
 # ---------------------------------------------------------------------------------- bf16 under the interpreter

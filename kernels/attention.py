@@ -26,7 +26,10 @@ import triton.language as tl
 from vit_fast.kernels._common import (
     MAX_SHARED_BYTES,
     SUPPORTED_DTYPES,
+    autotune_cache_enabled,
+    autotune_enabled,
     check_device,
+    closest_config,
     dot,
     dot_in_fp32,
     interpret_bf16,
@@ -75,14 +78,18 @@ def _prune_attention_configs(configs, named_args, **kwargs):
         kept = [c for c in kept if c.kwargs["BLOCK_M"] == 64 and c.kwargs["BLOCK_N"] <= 64]
     qkv = named_args.get("qkv_ptr")
     elem_bytes = qkv.element_size() if isinstance(qkv, torch.Tensor) else 2
-    kept = [c for c in kept if _attention_shared_bytes(c, block_d, elem_bytes) <= MAX_SHARED_BYTES]
-    return kept or configs[:1]
+    kept = [c for c in kept if _attention_shared_bytes(c, block_d, elem_bytes) <= MAX_SHARED_BYTES] or configs[:1]
+    if autotune_enabled() or len(kept) == 1:
+        return kept
+    # no-autotune pick (VIT_FAST_AUTOTUNE=0): 64x64 tiles, 4 warps, 2 stages fit every head dim and dtype
+    return [closest_config(kept, {"BLOCK_M": 64, "BLOCK_N": 64}, 4, 2)]
 
 
 @triton.autotune(
     configs=_attention_configs(),
     key=["T", "HEAD_DIM"],
     prune_configs_by={"early_config_prune": _prune_attention_configs},
+    cache_results=autotune_cache_enabled(),
 )
 @triton.jit
 def _attention_kernel(

@@ -23,11 +23,15 @@ import triton.language as tl
 from vit_fast.kernels._common import (
     MAX_SHARED_BYTES,
     SUPPORTED_DTYPES,
+    autotune_cache_enabled,
+    autotune_enabled,
     check_device,
+    closest_config,
     dot,
     dot_in_fp32,
     interpret_bf16,
     interpreter_enabled,
+    m_class,
     register_recompute_backward,
     to_bf16_rtne,
 )
@@ -74,13 +78,26 @@ def _prune_linear_configs(configs, named_args, **kwargs):
             and shared <= MAX_SHARED_BYTES
         )
 
-    return [c for c in configs if fits(c)] or configs[:1]
+    kept = [c for c in configs if fits(c)] or configs[:1]
+    if autotune_enabled() or len(kept) == 1:
+        return kept
+    return [_heuristic_linear_config(kept, named_args["M"], elem_bytes)]
+
+
+def _heuristic_linear_config(configs: list[triton.Config], M: int, elem_bytes: int) -> triton.Config:
+    """The no-autotune pick (``VIT_FAST_AUTOTUNE=0``): 64x64 tiles while the rows are few (batch 1-2 of a
+    ViT: more programs for the SMs), 128x128 with 8 warps once M is large; fp32 halves BLOCK_K (shared memory)."""
+    block_k = 32 if elem_bytes == 4 else 64
+    if M <= 512:
+        return closest_config(configs, {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": block_k}, 4, 4)
+    return closest_config(configs, {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": block_k}, 8, 3)
 
 
 @triton.autotune(
     configs=_linear_configs(),
-    key=["M_BUCKET", "N", "K"],
+    key=["M_CLASS", "N", "K"],
     prune_configs_by={"early_config_prune": _prune_linear_configs},
+    cache_results=autotune_cache_enabled(),
 )
 @triton.jit
 def _linear_kernel(
@@ -97,7 +114,7 @@ def _linear_kernel(
     stride_w_n,  # elements between rows of w
     stride_residual_m,  # elements between rows of residual
     stride_out_m,  # elements between rows of out
-    M_BUCKET,  # next power of two >= M, never read: the autotune key, so a new batch size reuses its bucket's tuning
+    M_CLASS,  # _common.m_class(M), never read: the autotune key, so a new batch size reuses its class's tuning
     ACTIVATION: tl.constexpr,  # 0: none, 1: exact (erf) GELU, 2: tanh GELU
     HAS_BIAS: tl.constexpr,  # add bias before the activation
     HAS_RESIDUAL: tl.constexpr,  # out = residual + (gamma *) y
@@ -276,7 +293,7 @@ def launch_linear(
         weight.stride(0),
         residual2d.stride(0) if residual2d is not None else 0,
         n_out,
-        triton.next_power_of_2(rows),
+        m_class(rows),
         ACTIVATION=_ACTIVATION_CODE[activation],
         HAS_BIAS=bias is not None,
         HAS_RESIDUAL=residual is not None,

@@ -25,7 +25,10 @@ import triton.language as tl
 
 from vit_fast.kernels._common import (
     SUPPORTED_DTYPES,
+    autotune_cache_enabled,
+    autotune_enabled,
     check_device,
+    closest_config,
     dot,
     dot_in_fp32,
     interpret_bf16,
@@ -51,7 +54,19 @@ def _patch_embed_configs() -> list[triton.Config]:
     ]
 
 
-@triton.autotune(configs=_patch_embed_configs(), key=["D", "K"])
+def _prune_patch_embed_configs(configs, named_args, **kwargs):
+    """Every config runs everywhere; with ``VIT_FAST_AUTOTUNE=0`` only the heuristic one (64x128x64, 4 warps)."""
+    if autotune_enabled() or len(configs) == 1:
+        return configs
+    return [closest_config(configs, {"BLOCK_M": 64, "BLOCK_D": 128, "BLOCK_K": 64}, 4, 3)]
+
+
+@triton.autotune(
+    configs=_patch_embed_configs(),
+    key=["D", "K"],
+    prune_configs_by={"early_config_prune": _prune_patch_embed_configs},
+    cache_results=autotune_cache_enabled(),
+)
 @triton.jit
 def _patch_embed_kernel(
     x_ptr,  # image [B, C, H, W], any strides; uint8 or the weight's float dtype
