@@ -1,7 +1,8 @@
 """GEMM with fused epilogues: ``y = act(x @ W^T + b)``, then ``residual + gamma * y``.
 
 One kernel covers every linear layer of a ViT block: qkv (+bias), proj (+bias +residual
-+LayerScale), fc1 (+bias +GELU) and fc2 (+bias +residual +LayerScale). Accumulation and the
++LayerScale), fc1 (+bias +GELU) and fc2 (+bias +residual +LayerScale); with a LayerNorm prologue
+(:func:`layer_norm_linear`) it also takes the LayerNorm before qkv and fc1, so a block is 5 launches. Accumulation and the
 whole epilogue are fp32; the output is rounded once, to x's dtype.
 
 Top to bottom: the autotune configs, the kernel, the launcher :func:`launch_linear` (input
@@ -106,6 +107,8 @@ def _linear_kernel(
     bias_ptr,  # [N] bias, read only when HAS_BIAS
     residual_ptr,  # [M, N] residual stream, read only when HAS_RESIDUAL; unit stride along N
     gamma_ptr,  # [N] LayerScale, read only when HAS_GAMMA
+    ln_w_ptr,  # [K] LayerNorm weight of the input, read only when NORM_INPUT and LN_HAS_WEIGHT
+    ln_b_ptr,  # [K] LayerNorm bias of the input, read only when NORM_INPUT and LN_HAS_BIAS
     out_ptr,  # [M, N] output, unit stride along N
     M,  # rows: all leading dims of x flattened (B * T: rarely a multiple of the tile)
     N,  # output features
@@ -115,10 +118,14 @@ def _linear_kernel(
     stride_residual_m,  # elements between rows of residual
     stride_out_m,  # elements between rows of out
     M_CLASS,  # _common.m_class(M), never read: the autotune key, so a new batch size reuses its class's tuning
+    ln_eps,  # LayerNorm epsilon, read only when NORM_INPUT (a Python float under the interpreter: no .to())
     ACTIVATION: tl.constexpr,  # 0: none, 1: exact (erf) GELU, 2: tanh GELU
     HAS_BIAS: tl.constexpr,  # add bias before the activation
     HAS_RESIDUAL: tl.constexpr,  # out = residual + (gamma *) y
     HAS_GAMMA: tl.constexpr,  # scale y by gamma before the residual add
+    NORM_INPUT: tl.constexpr,  # LayerNorm the rows of x first (prologue): the op is linear(LN(x))
+    LN_HAS_WEIGHT: tl.constexpr,  # the LayerNorm has a weight (elementwise affine)
+    LN_HAS_BIAS: tl.constexpr,  # the LayerNorm has a bias
     DOT_IN_FP32: tl.constexpr,  # dot operands as fp32 at IEEE precision (fp32, or bf16 under the interpreter)
     ROUND_BF16: tl.constexpr,  # round the bf16 store by hand (interpreter: its fp32 -> bf16 cast truncates)
     BLOCK_M: tl.constexpr,  # rows of the output tile
@@ -147,11 +154,37 @@ def _linear_kernel(
     x_ptrs = x_ptr + rows[:, None] * stride_x_m + offs_k[None, :]
     w_ptrs = w_ptr + cols[None, :] * stride_w_n + offs_k[:, None]  # W^T tile [BLOCK_K, BLOCK_N]
 
+    if NORM_INPUT:
+        # LayerNorm prologue: this program's rows' statistics over all of K, two passes in fp32 as the
+        # LayerNorm kernel takes them (not E[x^2] - E[x]^2, which cancels badly). The rows are re-read
+        # from L2 by every program along N: cheaper than a LayerNorm launch plus a round trip of LN(x).
+        row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k_mask = offs_k < K - k0
+            row_sum += tl.sum(tl.load(x_ptrs + k0, mask=k_mask[None, :], other=0.0).to(tl.float32), axis=1)
+        mean = row_sum / K
+        row_var = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k_mask = offs_k < K - k0
+            xs = tl.load(x_ptrs + k0, mask=k_mask[None, :], other=0.0).to(tl.float32)
+            centred = tl.where(k_mask[None, :], xs - mean[:, None], 0.0)
+            row_var += tl.sum(centred * centred, axis=1)
+        rstd = 1.0 / tl.sqrt(row_var / K + ln_eps)
+
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         # the K tail must read zeros: unlike M and N it feeds every output element
         k_mask = offs_k < K - k0
         a = tl.load(x_ptrs, mask=k_mask[None, :], other=0.0)
+        if NORM_INPUT:
+            normed = (a.to(tl.float32) - mean[:, None]) * rstd[:, None]
+            if LN_HAS_WEIGHT:
+                normed = normed * tl.load(ln_w_ptr + k0 + offs_k, mask=k_mask, other=0.0).to(tl.float32)[None, :]
+            if LN_HAS_BIAS:
+                normed = normed + tl.load(ln_b_ptr + k0 + offs_k, mask=k_mask, other=0.0).to(tl.float32)[None, :]
+            normed = tl.where(k_mask[None, :], normed, 0.0)
+            # rounded to x's dtype, as the unfused LayerNorm stores it: the dot sees the same operand
+            a = to_bf16_rtne(normed) if ROUND_BF16 else normed.to(x_ptr.dtype.element_ty)
         b = tl.load(w_ptrs, mask=k_mask[:, None], other=0.0)
         acc = dot(a, b, acc, DOT_IN_FP32)
         x_ptrs += BLOCK_K
@@ -239,6 +272,25 @@ def _check_linear_inputs(
     check_device("linear", x)
 
 
+def _check_input_norm(x: torch.Tensor, ln_weight: torch.Tensor | None, ln_bias: torch.Tensor | None, eps) -> None:
+    """Raise before launch unless the input LayerNorm's parameters fit ``x [..., K]``."""
+    if not isinstance(eps, (float, int)) or isinstance(eps, bool) or not eps > 0:
+        raise ValueError(f"layer_norm_linear: eps must be a positive float, got {eps!r}")
+    for name, t in (("ln_weight", ln_weight), ("ln_bias", ln_bias)):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"layer_norm_linear: {name} must be a torch.Tensor or None, got {type(t).__name__}")
+        if tuple(t.shape) != (x.shape[-1],):
+            raise ValueError(f"layer_norm_linear: {name} must have shape ({x.shape[-1]},), got {tuple(t.shape)}")
+        if t.dtype != x.dtype:
+            raise TypeError(f"layer_norm_linear: {name} is {t.dtype} but x is {x.dtype}: pass {name}.to({x.dtype})")
+        if t.device != x.device:
+            raise ValueError(f"layer_norm_linear: {name} is on {t.device} but x is on {x.device}")
+        if t.stride(-1) != 1:
+            raise ValueError(f"layer_norm_linear: {name} must be contiguous; call {name}.contiguous() first")
+
+
 def launch_linear(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -247,10 +299,16 @@ def launch_linear(
     residual: torch.Tensor | None = None,
     gamma: torch.Tensor | None = None,
     *,
+    ln_weight: torch.Tensor | None = None,
+    ln_bias: torch.Tensor | None = None,
+    ln_eps: float | None = None,
     out: torch.Tensor | None = None,
     checked: bool = False,
 ) -> torch.Tensor:
     """Check the inputs, then run the kernel once (no autograd, no custom op); returns ``[..., N]``.
+
+    With ``ln_eps`` given, the rows of ``x`` are LayerNormed first inside the kernel (``ln_weight`` /
+    ``ln_bias`` ``[K]`` or None): ``linear(LayerNorm(x), ...)`` in one launch.
 
     ``checked=True`` skips the checks: only for the custom op, whose one caller (:func:`linear`)
     has just run them, so a forward pays for each check once.
@@ -260,6 +318,8 @@ def launch_linear(
     """
     if not checked:
         _check_linear_inputs(x, weight, bias, activation, residual, gamma)
+        if ln_eps is not None:
+            _check_input_norm(x, ln_weight, ln_bias, ln_eps)
     n_out, k_in = weight.shape
     out_shape = (*x.shape[:-1], n_out)
     if out is None:
@@ -285,6 +345,8 @@ def launch_linear(
         bias if bias is not None else x2d,  # never read: HAS_BIAS is False
         residual2d if residual2d is not None else x2d,  # never read: HAS_RESIDUAL is False
         gamma if gamma is not None else x2d,  # never read: HAS_GAMMA is False
+        ln_weight if ln_weight is not None else x2d,  # never read: LN_HAS_WEIGHT is False
+        ln_bias if ln_bias is not None else x2d,  # never read: LN_HAS_BIAS is False
         out,
         rows,
         n_out,
@@ -294,10 +356,14 @@ def launch_linear(
         residual2d.stride(0) if residual2d is not None else 0,
         n_out,
         m_class(rows),
+        float(ln_eps) if ln_eps is not None else 0.0,
         ACTIVATION=_ACTIVATION_CODE[activation],
         HAS_BIAS=bias is not None,
         HAS_RESIDUAL=residual is not None,
         HAS_GAMMA=gamma is not None,
+        NORM_INPUT=ln_eps is not None,
+        LN_HAS_WEIGHT=ln_weight is not None,
+        LN_HAS_BIAS=ln_bias is not None,
         DOT_IN_FP32=dot_in_fp32(x.dtype),
         ROUND_BF16=interpret_bf16(x.dtype),
     )
@@ -363,7 +429,77 @@ def linear(
     return _linear_op(x, weight, bias, activation, residual, gamma)
 
 
+@torch.library.custom_op("vit_fast::layer_norm_linear", mutates_args=())
+def _layer_norm_linear_op(
+    x: torch.Tensor,
+    ln_weight: torch.Tensor | None,
+    ln_bias: torch.Tensor | None,
+    ln_eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    activation: str | None,
+) -> torch.Tensor:
+    # layer_norm_linear() checked the inputs
+    return launch_linear(x, weight, bias, activation, ln_weight=ln_weight, ln_bias=ln_bias, ln_eps=ln_eps, checked=True)
+
+
+@_layer_norm_linear_op.register_fake
+def _layer_norm_linear_fake(x, ln_weight, ln_bias, ln_eps, weight, bias, activation) -> torch.Tensor:
+    _check_linear_inputs(x, weight, bias, activation, None, None)
+    _check_input_norm(x, ln_weight, ln_bias, ln_eps)
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+register_recompute_backward(
+    _layer_norm_linear_op,
+    lambda x, ln_weight, ln_bias, ln_eps, weight, bias, activation: layer_norm_linear_ref(
+        x, ln_weight, ln_bias, ln_eps, weight, bias, activation, upcast=True
+    ),
+)
+
+
+def layer_norm_linear(
+    x: torch.Tensor,
+    ln_weight: torch.Tensor | None,
+    ln_bias: torch.Tensor | None,
+    ln_eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str | None = None,
+) -> torch.Tensor:
+    """``act(LayerNorm(x) @ weight^T + bias)`` in one launch: the GEMM takes each row's LayerNorm
+    statistics itself (fp32, two passes) and normalises the tiles it feeds the dot. ``LayerNorm(x)``
+    is rounded to x's dtype before the dot, as the unfused ``layer_norm`` then ``linear`` would store it.
+
+    ``x [..., K]``; ``ln_weight`` / ``ln_bias`` ``[K]`` or None; ``ln_eps > 0``; the rest as in
+    :func:`linear` (no residual: in a ViT block the LayerNormed GEMMs are qkv and fc1).
+    A ``torch.library`` custom op (``vit_fast::layer_norm_linear``); backward recomputes through
+    :func:`layer_norm_linear_ref` in fp32.
+    """
+    _check_linear_inputs(x, weight, bias, activation, None, None)
+    _check_input_norm(x, ln_weight, ln_bias, ln_eps)
+    return _layer_norm_linear_op(x, ln_weight, ln_bias, ln_eps, weight, bias, activation)
+
+
 # ---------------------------------------------------------------------------------- reference
+def layer_norm_linear_ref(
+    x: torch.Tensor,
+    ln_weight: torch.Tensor | None,
+    ln_bias: torch.Tensor | None,
+    ln_eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str | None = None,
+    upcast: bool = False,
+) -> torch.Tensor:
+    """Eager ``F.layer_norm`` then :func:`linear_ref` (timm's ``mlp(norm2(x))``); ``upcast`` as there."""
+    dtype = x.dtype
+    if upcast and dtype in (torch.float16, torch.bfloat16):
+        x, ln_weight, ln_bias = (t.float() if t is not None else None for t in (x, ln_weight, ln_bias))
+    h = F.layer_norm(x, (x.shape[-1],), ln_weight, ln_bias, ln_eps).to(dtype)
+    return linear_ref(h, weight, bias, activation, upcast=upcast)
+
+
 def linear_ref(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -397,4 +533,4 @@ def linear_ref(
     return y.to(dtype)
 
 
-__all__ = ["linear", "linear_ref", "launch_linear", "ACTIVATIONS"]
+__all__ = ["linear", "linear_ref", "layer_norm_linear", "layer_norm_linear_ref", "launch_linear", "ACTIVATIONS"]

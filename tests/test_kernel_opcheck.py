@@ -76,6 +76,11 @@ CASES = {
         lambda d: [_randn(d, 3, 7), _randn(d, 5, 7), None, "gelu_tanh", _randn(d, 3, 5), _randn(d, 5)],
         linear.linear,
     ),
+    "layer_norm_linear": (
+        "layer_norm_linear",
+        lambda d: [_randn(d, 2, 3, 7), _randn(d, 7), _randn(d, 7), 1e-6, _randn(d, 5, 7), _randn(d, 5), "gelu"],
+        linear.layer_norm_linear,
+    ),
     "add_layer_norm": (
         "add_layer_norm",
         lambda d: [_randn(d, 2, 3, 9), _randn(d, 2, 3, 9), _randn(d, 9), _randn(d, 9), 1e-5],
@@ -118,6 +123,8 @@ BAD_INPUTS = {
     "linear-weight-transposed": ("linear-gelu", 1, lambda d, a: a[1].t(), ValueError, "in_features 5"),
     "linear-residual-shape": ("linear-residual-gamma", 4, lambda d, a: a[4][:, :4], ValueError, "residual must"),
     "linear-bias-dtype": ("linear-gelu", 2, lambda d, a: _half(a[2]), TypeError, "dtypes differ"),
+    "layer_norm_linear-ln-shape": ("layer_norm_linear", 1, lambda d, a: a[1][:6], ValueError, "ln_weight must"),
+    "layer_norm_linear-eps": ("layer_norm_linear", 3, lambda d, a: -1.0, ValueError, "eps must be a positive"),
     "add_layer_norm-residual-dtype": ("add_layer_norm", 1, lambda d, a: _half(a[1]), TypeError, "residual has dtype"),
     "add_layer_norm-weight-shape": ("add_layer_norm", 2, lambda d, a: a[2][:8], ValueError, "weight has shape"),
     "layer_norm-eps": ("layer_norm", 3, lambda d, a: 0.0, ValueError, "eps must be a positive float"),
