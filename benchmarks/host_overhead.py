@@ -44,8 +44,9 @@ class _StubKernel:
     def launch_metadata(self, grid, stream, *args):
         return None
 
-    def run(self, grid_0, grid_1, grid_2, *rest) -> None:
+    def run(self, grid_0, grid_1, grid_2, stream, function, packed_metadata, launch_metadata, enter, leave, *args):
         self._launches.append((self.name, grid_0 * grid_1 * grid_2))
+        self.last_args = args  # every kernel parameter, constexprs included, as the C launcher gets them
 
 
 class _StubDriver:
@@ -118,7 +119,7 @@ def install_stub_driver() -> list[tuple[str, int]]:
     from vit_fast.kernels import _common, attention, layer_norm, linear, patch_embed
 
     def check_device(what, tensor) -> None:  # the real check's cost, with CPU standing in for CUDA
-        if tensor.device.type not in ("cpu", "cuda", "meta"):
+        if not (tensor.is_cuda or tensor.is_cpu or tensor.is_meta):  # the real check's first test: is_cuda
             raise RuntimeError(f"{what}: unexpected device {tensor.device}")
 
     for module in (_common, attention, layer_norm, linear, patch_embed):

@@ -26,12 +26,14 @@ import triton.language as tl
 from vit_fast.kernels._common import (
     MAX_SHARED_BYTES,
     SUPPORTED_DTYPES,
+    ResolvedLaunches,
     autotune_cache_enabled,
     autotune_enabled,
     check_device,
     closest_config,
     dot,
     dot_in_fp32,
+    eager_direct,
     interpret_bf16,
     interpreter_enabled,
     register_recompute_backward,
@@ -174,6 +176,9 @@ def _attention_kernel(
     tl.store(out_ptrs, out, mask=row_mask[:, None] & d_mask[None, :])
 
 
+_attention_launches = ResolvedLaunches(_attention_kernel)
+
+
 # ---------------------------------------------------------------------------------- launcher
 def _check_attention_inputs(qkv: torch.Tensor, num_heads: int, scale: float | None) -> None:
     """Raise a clear error, before any launch, when the inputs do not fit the kernel."""
@@ -258,7 +263,9 @@ def launch_attention(
     def grid(meta):
         return (triton.cdiv(tokens, meta["BLOCK_M"]) * batch * num_heads,)
 
-    _attention_kernel[grid](
+    _attention_launches(
+        grid,
+        (batch,),
         qkv,
         out,
         tokens,
@@ -314,7 +321,10 @@ def attention(qkv: torch.Tensor, num_heads: int, scale: float | None = None) -> 
     """
     _check_attention_inputs(qkv, num_heads, scale)
     head_dim = qkv.shape[-1] // (3 * num_heads)
-    return _attention_op(qkv, num_heads, head_dim**-0.5 if scale is None else float(scale))
+    scale = head_dim**-0.5 if scale is None else float(scale)
+    if eager_direct(qkv):  # plain eager: skip the custom op's dispatch
+        return launch_attention(qkv, num_heads, scale, checked=True)
+    return _attention_op(qkv, num_heads, scale)
 
 
 # ---------------------------------------------------------------------------------- reference

@@ -24,12 +24,14 @@ import triton.language as tl
 from vit_fast.kernels._common import (
     MAX_SHARED_BYTES,
     SUPPORTED_DTYPES,
+    ResolvedLaunches,
     autotune_cache_enabled,
     autotune_enabled,
     check_device,
     closest_config,
     dot,
     dot_in_fp32,
+    eager_direct,
     interpret_bf16,
     interpreter_enabled,
     m_class,
@@ -211,6 +213,9 @@ def _linear_kernel(
     tl.store(out_ptrs, out, mask=out_mask)
 
 
+_linear_launches = ResolvedLaunches(_linear_kernel)
+
+
 # ---------------------------------------------------------------------------------- launcher
 def _check_linear_inputs(
     x: torch.Tensor,
@@ -339,7 +344,9 @@ def launch_linear(
     def grid(meta):
         return (triton.cdiv(rows, meta["BLOCK_M"]) * triton.cdiv(n_out, meta["BLOCK_N"]),)
 
-    _linear_kernel[grid](
+    _linear_launches(
+        grid,
+        (),
         x2d,
         weight,
         bias if bias is not None else x2d,  # never read: HAS_BIAS is False
@@ -426,6 +433,8 @@ def linear(
     the forward through ``linear_ref`` (fp32 for half inputs) and differentiates that.
     """
     _check_linear_inputs(x, weight, bias, activation, residual, gamma)
+    if eager_direct(x, weight, bias, residual, gamma):  # plain eager: skip the custom op's dispatch
+        return launch_linear(x, weight, bias, activation, residual, gamma, checked=True)
     return _linear_op(x, weight, bias, activation, residual, gamma)
 
 
@@ -478,6 +487,10 @@ def layer_norm_linear(
     """
     _check_linear_inputs(x, weight, bias, activation, None, None)
     _check_input_norm(x, ln_weight, ln_bias, ln_eps)
+    if eager_direct(x, ln_weight, ln_bias, weight, bias):  # plain eager: skip the custom op's dispatch
+        return launch_linear(
+            x, weight, bias, activation, ln_weight=ln_weight, ln_bias=ln_bias, ln_eps=ln_eps, checked=True
+        )
     return _layer_norm_linear_op(x, ln_weight, ln_bias, ln_eps, weight, bias, activation)
 
 

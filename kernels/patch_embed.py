@@ -25,12 +25,14 @@ import triton.language as tl
 
 from vit_fast.kernels._common import (
     SUPPORTED_DTYPES,
+    ResolvedLaunches,
     autotune_cache_enabled,
     autotune_enabled,
     check_device,
     closest_config,
     dot,
     dot_in_fp32,
+    eager_direct,
     interpret_bf16,
     interpreter_enabled,
     register_recompute_backward,
@@ -178,6 +180,9 @@ def _patch_embed_kernel(
     acc += pos.to(tl.float32)
     out = to_bf16_rtne(acc) if ROUND_BF16 else acc.to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + rows[:, None] * D + feats[None, :], out, mask=row_ok[:, None] & feat_ok[None, :])
+
+
+_patch_embed_launches = ResolvedLaunches(_patch_embed_kernel)
 
 
 # ---------------------------------------------------------------------------------- launcher
@@ -344,7 +349,9 @@ def launch_patch_embed(
         return (triton.cdiv(M, meta["BLOCK_M"]), triton.cdiv(D, meta["BLOCK_D"]))
 
     # unused pointers get w2: any valid tensor does, the constexpr flags keep the kernel off them
-    _patch_embed_kernel[grid](
+    _patch_embed_launches(
+        grid,
+        (),
         x,
         w2,
         bias if bias is not None else w2,
@@ -453,6 +460,19 @@ def patch_embed(
     std = _as_channel_stats(std, "std", x)
     reg_token = _no_empty(reg_token)
     _check_patch_embed_inputs(x, weight, bias, pos_embed, cls_token, reg_token, mean, std, no_embed_class)
+    if eager_direct(x, weight, bias, pos_embed, cls_token, reg_token):  # plain eager: skip the op's dispatch
+        return launch_patch_embed(
+            x,
+            weight,
+            bias,
+            pos_embed,
+            cls_token,
+            reg_token,
+            no_embed_class=no_embed_class,
+            mean=mean,
+            std=std,
+            checked=True,
+        )
     return _patch_embed_op(x, weight, bias, pos_embed, cls_token, reg_token, mean, std, no_embed_class)
 
 
