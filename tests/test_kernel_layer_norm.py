@@ -17,6 +17,7 @@ from vit_fast.kernels.layer_norm import (
     layer_norm,
 )
 
+from ._tf32 import no_tf32  # noqa: F401  (autouse: TF32 off while comparing with torch on CUDA)
 from .numerics import assert_within_eager, poisoned
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]

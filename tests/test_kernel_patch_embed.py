@@ -13,6 +13,7 @@ import torch
 import vit_fast.kernels._common as kernels_common
 from vit_fast.kernels.patch_embed import launch_patch_embed, patch_embed, patch_embed_ref
 
+from ._tf32 import no_tf32  # noqa: F401  (autouse: TF32 off while comparing with torch on CUDA)
 from .numerics import assert_within_eager, poisoned
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]

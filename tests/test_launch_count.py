@@ -53,7 +53,8 @@ for _ in range(3):  # first: Triton's own dispatch; then the resolved launch fro
     ln_w, ln_b = torch.randn(64, dtype=torch.float16), torch.randn(64, dtype=torch.float16)
     L.launch_linear(x, w, None, "gelu", ln_weight=ln_w, ln_bias=ln_b, ln_eps=1e-6)
     kernel = next(iter(L._linear_kernel.fn.device_caches[0][0].values()))
-    seen.append({"args": described(kernel.last_args), "programs": launches[-1][1], "x": kernel.last_args[0].data_ptr() == x.data_ptr()})
+    same_x = kernel.last_args[0].data_ptr() == x.data_ptr()
+    seen.append({"args": described(kernel.last_args), "programs": launches[-1][1], "x": same_x})
 print(json.dumps({"seen": seen, "cached": len(L._linear_launches.cache)}))
 """
 
