@@ -77,11 +77,18 @@ def _recorded_launch(module, kernel_name: str, launcher, *args, **kwargs):
     for a recorder; so the kernel's argument list is written once, in the launcher."""
     kernel = getattr(module, kernel_name)
     recorder = _Recorder()
+    # launchers launch through their ResolvedLaunches (``_<op>_launches``), which holds the kernel itself
+    launches_name = kernel_name.replace("_kernel", "_launches")
+    launches = getattr(module, launches_name, None)
     setattr(module, kernel_name, recorder)
+    if launches is not None:
+        setattr(module, launches_name, lambda grid, grid_key, *a, **k: recorder[grid](*a, **k))
     try:
         launcher(*args, **kwargs, checked=True)
     finally:
         setattr(module, kernel_name, kernel)
+        if launches is not None:
+            setattr(module, launches_name, launches)
     return kernel_fn(kernel), recorder.args, recorder.kwargs
 
 
@@ -238,16 +245,19 @@ def attention_launch(params):
     )
 
 
-# (label, (M, N, K), activation, bias, residual, gamma): the ViT-B/16 block's GEMMs, batch 8
+# (label, (M, N, K), activation, bias, residual, gamma): the ViT-B/16 block's GEMMs, batch 8; "ln+" labels
+# have the LayerNorm prologue (layer_norm_linear: LN1 -> qkv, LN2 -> fc1)
 LINEAR_VARIANTS = (
     ("qkv none+bias", (1576, 2304, 768), "none", True, False, False),
+    ("ln+qkv none+bias", (1576, 2304, 768), "none", True, False, False),
+    ("ln+fc1 gelu+bias", (1576, 3072, 768), "gelu", True, False, False),
     ("fc1 gelu+bias", (1576, 3072, 768), "gelu", True, False, False),
     ("fc1 gelu_tanh+bias", (1576, 3072, 768), "gelu_tanh", True, False, False),
     ("fc2 bias+res+gamma", (1576, 768, 3072), "none", True, True, True),
 )
 
 # every config for the heaviest epilogues (erf GELU; residual + LayerScale); the others on two tiles unless --full
-LINEAR_EVERY_CONFIG = ("fc1 gelu+bias", "fc2 bias+res+gamma")
+LINEAR_EVERY_CONFIG = ("fc1 gelu+bias", "fc2 bias+res+gamma", "ln+fc1 gelu+bias")
 
 
 def linear_tasks(full: bool):
@@ -274,8 +284,9 @@ def linear_tasks(full: bool):
 def linear_launch(params):
     from vit_fast.kernels import linear as li
 
-    _, (M, N, K), act, has_bias, has_res, has_gamma = params["variant"]
+    name, (M, N, K), act, has_bias, has_res, has_gamma = params["variant"]
     dtype = params["dtype"]
+    ln = {"ln_weight": _empty((K,), dtype), "ln_bias": _empty((K,), dtype), "ln_eps": 1e-6} if name[:3] == "ln+" else {}
     return _recorded_launch(
         li,
         "_linear_kernel",
@@ -286,6 +297,7 @@ def linear_launch(params):
         None if act == "none" else act,
         _empty((M, N), dtype) if has_res else None,
         _empty((N,), dtype) if has_gamma else None,
+        **ln,
     )
 
 
@@ -361,6 +373,8 @@ def _failed(task, error: str = "") -> dict:
         "shared": None,
         "regs": None,
         "spills": None,
+        "wgmma": None,
+        "tma": None,
         "error": error,
     }
 
@@ -401,6 +415,9 @@ def compile_one(task, arch: int):
         usage = _ptxas_usage(compiled.asm["ptx"], arch)
         result["regs"] = usage["regs"]
         result["spills"] = (usage["spill_st"] or 0) + (usage["spill_ld"] or 0)
+        # Hopper's instructions in the PTX: warpgroup MMA, and the bulk tensor copy (TMA)
+        result["wgmma"] = "wgmma.mma_async" in compiled.asm["ptx"]
+        result["tma"] = "cp.async.bulk.tensor" in compiled.asm["ptx"]
         result["ok"] = True
     except Exception as e:  # noqa: BLE001 - every failure is a row of the table
         msg = f"{type(e).__name__}: {e}"
@@ -490,7 +507,10 @@ def main(argv=None) -> int:
     results = _run_all(tasks, args.arch, args.jobs, progress=True)
 
     width = max(len(r["variant"]) for r in results) if results else 10
-    header = f"{'kernel':<12} {'variant':<{width}} {'ok':<4} {'shared KB':>9} {'regs':>4} {'spills':>6}  flags"
+    header = (
+        f"{'kernel':<12} {'variant':<{width}} {'ok':<4} {'shared KB':>9} {'regs':>4} {'spills':>6} {'wgmma':>5} "
+        f"{'tma':>3}  flags"
+    )
     print(header)
     print("-" * len(header))
     for r in results:
@@ -498,8 +518,9 @@ def main(argv=None) -> int:
         regs = r["regs"] if r["regs"] is not None else "-"
         spills = r["spills"] if r["spills"] is not None else "-"
         ok = "ok" if r["ok"] else "FAIL"
+        wgmma, tma = ({True: "yes", False: "no", None: "-"}[r[k]] for k in ("wgmma", "tma"))
         print(
-            f"{r['kernel']:<12} {r['variant']:<{width}} {ok:<4} {shared:>9} {regs:>4} {spills:>6}  "
+            f"{r['kernel']:<12} {r['variant']:<{width}} {ok:<4} {shared:>9} {regs:>4} {spills:>6} {wgmma:>5} {tma:>3}  "
             f"{_flags(r, max_shared)}"
         )
         if r["error"]:
@@ -517,9 +538,13 @@ def main(argv=None) -> int:
         peak_regs = max((r["regs"] or 0 for r in ok), default=0)
         n_flag = sum(1 for r in ok if _bad(r, max_shared))
         n_pruned = sum(1 for r in ok if _flags(r, max_shared) and r.get("pruned"))
+        n_spill = sum(1 for r in ok if r["spills"])
+        n_wgmma = sum(1 for r in ok if r["wgmma"])
+        n_tma = sum(1 for r in ok if r["tma"])
         print(
             f"{k}: {len(ok)}/{len(rows)} compile, {n_flag} flagged and autotuned, {n_pruned} flagged but pruned; "
-            f"max shared {peak_shared:.1f} KB, max regs {peak_regs}"
+            f"max shared {peak_shared:.1f} KB, max regs {peak_regs}, {n_spill} spill; wgmma in {n_wgmma}, "
+            f"TMA (cp.async.bulk.tensor) in {n_tma}"
         )
     print(
         f"{len(failed)} failed, {len(flagged)} flagged and still autotuned (shared > {max_shared // 1024} KB or "
@@ -528,7 +553,20 @@ def main(argv=None) -> int:
     if args.csv:
         with open(args.csv, "w", newline="") as f:
             writer = csv.DictWriter(
-                f, fieldnames=["kernel", "variant", "ok", "pruned", "shared", "regs", "spills", "error", "seconds"]
+                f,
+                fieldnames=[
+                    "kernel",
+                    "variant",
+                    "ok",
+                    "pruned",
+                    "shared",
+                    "regs",
+                    "spills",
+                    "wgmma",
+                    "tma",
+                    "error",
+                    "seconds",
+                ],
             )
             writer.writeheader()
             writer.writerows(results)
