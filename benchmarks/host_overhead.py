@@ -102,6 +102,8 @@ def install_stub_driver() -> list[tuple[str, int]]:
     backend check that there is a GPU (they would otherwise ask for a GPU or the interpreter)."""
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise SystemExit("host_overhead: unset TRITON_INTERPRET; this measures the compiled path's Python")
+    # the stub cannot time configs: report the programs of the no-autotune heuristic, not of an arbitrary pick
+    os.environ.setdefault("VIT_FAST_AUTOTUNE", "0")
     import triton
     from triton.runtime import jit
 

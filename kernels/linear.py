@@ -61,7 +61,19 @@ def _linear_configs() -> list[triton.Config]:
         # a trim of the search space, not the hardware limit: fp16 tiles of both operands, one per stage,
         # within 160 KB (the limit, MAX_SHARED_BYTES, is applied per dtype by _prune_linear_configs)
         if (block_m + block_n) * block_k * 2 * num_stages <= 160 * 1024
+    ] + [
+        # narrow tiles for few rows (M <= SMALL_M, batch 1-2 of a ViT): at M = 197 a 64x64 tiling gives the
+        # D -> D GEMMs (proj, fc2 of ViT-B/16) only 48 programs for 132 SMs; 64x16 gives 192
+        triton.Config({"BLOCK_M": 64, "BLOCK_N": block_n, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=4, num_stages=4)
+        for block_n in (16, 32)
     ]
+
+
+#: rows up to which the narrow tiles are candidates (ViT-B/16 at batch 2 is 394 rows)
+SMALL_M = 512
+#: programs the no-autotune heuristic aims for at small M: H100's and H200's SM count (a constant: no device
+#: query at import)
+TARGET_PROGRAMS = 132
 
 
 def _prune_linear_configs(configs, named_args, **kwargs):
@@ -75,7 +87,8 @@ def _prune_linear_configs(configs, named_args, **kwargs):
         kw = config.kwargs
         shared = (config.num_stages - 1) * (kw["BLOCK_M"] + kw["BLOCK_N"]) * kw["BLOCK_K"] * elem_bytes
         return (
-            kw["BLOCK_M"] <= max(64, triton.next_power_of_2(named_args["M"]))
+            (kw["BLOCK_N"] >= 64 or named_args["M"] <= SMALL_M)
+            and kw["BLOCK_M"] <= max(64, triton.next_power_of_2(named_args["M"]))
             and kw["BLOCK_N"] <= max(64, triton.next_power_of_2(named_args["N"]))
             and kw["BLOCK_K"] <= max(32, triton.next_power_of_2(named_args["K"]))
             and shared <= MAX_SHARED_BYTES
@@ -84,15 +97,19 @@ def _prune_linear_configs(configs, named_args, **kwargs):
     kept = [c for c in configs if fits(c)] or configs[:1]
     if autotune_enabled() or len(kept) == 1:
         return kept
-    return [_heuristic_linear_config(kept, named_args["M"], elem_bytes)]
+    return [_heuristic_linear_config(kept, named_args["M"], named_args["N"], elem_bytes)]
 
 
-def _heuristic_linear_config(configs: list[triton.Config], M: int, elem_bytes: int) -> triton.Config:
-    """The no-autotune pick (``VIT_FAST_AUTOTUNE=0``): 64x64 tiles while the rows are few (batch 1-2 of a
-    ViT: more programs for the SMs), 128x128 with 8 warps once M is large; fp32 halves BLOCK_K (shared memory)."""
+def _heuristic_linear_config(configs: list[triton.Config], M: int, N: int, elem_bytes: int) -> triton.Config:
+    """The no-autotune pick (``VIT_FAST_AUTOTUNE=0``). Few rows (M <= SMALL_M, batch 1-2 of a ViT): 64-row
+    tiles, and the widest of 64 / 32 / 16 columns that still gives TARGET_PROGRAMS programs (every SM busy).
+    Many rows: 128x128 with 8 warps, fp32 at half the depth (shared memory)."""
     block_k = 32 if elem_bytes == 4 else 64
-    if M <= 512:
-        return closest_config(configs, {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": block_k}, 4, 4)
+    if M <= SMALL_M:
+        row_tiles = triton.cdiv(M, 64)
+        block_n = next((bn for bn in (64, 32) if row_tiles * triton.cdiv(N, bn) >= TARGET_PROGRAMS), 16)
+        # 64 deep whatever the dtype: the narrow tiles come only so (fp32 64x32x64, 4 stages: 72 KB of shared memory)
+        return closest_config(configs, {"BLOCK_M": 64, "BLOCK_N": block_n, "BLOCK_K": 64}, 4, 4)
     return closest_config(configs, {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": block_k}, 8, 3)
 
 

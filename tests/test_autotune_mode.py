@@ -49,7 +49,22 @@ def test_no_autotune_picks_one_linear_config(monkeypatch, dtype, M):
     (picked,) = linear._prune_linear_configs(configs, args)
     assert picked in tuned  # inside the autotune set: the offline compile check covers it
     assert picked.kwargs["BLOCK_M"] == (64 if M <= 512 else 128)
-    assert picked.kwargs["BLOCK_K"] == (32 if dtype == torch.float32 else 64)
+    assert picked.kwargs["BLOCK_K"] == (32 if dtype == torch.float32 and M > 512 else 64)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("batch", [1, 2])
+def test_no_autotune_fills_the_gpu_at_small_batch(monkeypatch, dtype, batch):
+    """Every ViT-B/16 GEMM at batch 1-2 launches at least 132 programs (H100/H200 SMs) in the heuristic mode."""
+    monkeypatch.setenv("VIT_FAST_AUTOTUNE", "0")
+    configs = _compiled_configs(monkeypatch, linear, linear._linear_configs)
+    M = 197 * batch
+    for name, N, K in (("qkv", 2304, 768), ("proj", 768, 768), ("fc1", 3072, 768), ("fc2", 768, 3072)):
+        (picked,) = linear._prune_linear_configs(
+            configs, {"M": M, "N": N, "K": K, "x_ptr": torch.empty(1, dtype=dtype)}
+        )
+        programs = -(-M // picked.kwargs["BLOCK_M"]) * -(-N // picked.kwargs["BLOCK_N"])
+        assert programs >= linear.TARGET_PROGRAMS, (name, picked, programs)
 
 
 def test_no_autotune_picks_one_attention_and_patch_embed_config(monkeypatch):
