@@ -396,7 +396,12 @@ def _patch_embed_op(
     std: torch.Tensor | None,
     no_embed_class: bool,
 ) -> torch.Tensor:
-    return launch_patch_embed(  # patch_embed() checked the inputs
+    return _launch_checked(x, weight, bias, pos_embed, cls_token, reg_token, mean, std, no_embed_class)
+
+
+def _launch_checked(x, weight, bias, pos_embed, cls_token, reg_token, mean, std, no_embed_class) -> torch.Tensor:
+    """The op's body, in its argument order: patch_embed() checked the inputs."""
+    return launch_patch_embed(
         x,
         weight,
         bias,
@@ -461,18 +466,7 @@ def patch_embed(
     reg_token = _no_empty(reg_token)
     _check_patch_embed_inputs(x, weight, bias, pos_embed, cls_token, reg_token, mean, std, no_embed_class)
     if eager_direct(x, weight, bias, pos_embed, cls_token, reg_token):  # plain eager: skip the op's dispatch
-        return launch_patch_embed(
-            x,
-            weight,
-            bias,
-            pos_embed,
-            cls_token,
-            reg_token,
-            no_embed_class=no_embed_class,
-            mean=mean,
-            std=std,
-            checked=True,
-        )
+        return _launch_checked(x, weight, bias, pos_embed, cls_token, reg_token, mean, std, no_embed_class)
     return _patch_embed_op(x, weight, bias, pos_embed, cls_token, reg_token, mean, std, no_embed_class)
 
 
