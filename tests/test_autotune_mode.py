@@ -75,8 +75,11 @@ def test_no_autotune_picks_one_attention_and_patch_embed_config(monkeypatch):
     )
     assert (picked.kwargs["BLOCK_M"], picked.kwargs["BLOCK_N"], picked.num_warps) == (64, 64, 4)
     configs = _compiled_configs(monkeypatch, patch_embed, patch_embed._patch_embed_configs)
-    (picked,) = patch_embed._prune_patch_embed_configs(configs, {})
+    (picked,) = patch_embed._prune_patch_embed_configs(configs, {"M": 197 * 64, "D": 768})
     assert picked in configs and picked.kwargs == {"BLOCK_M": 64, "BLOCK_D": 128, "BLOCK_K": 64}
+    # batch 1 of ViT-B/16: 197 x 768 from 768, at least 132 programs
+    (picked,) = patch_embed._prune_patch_embed_configs(configs, {"M": 197, "D": 768})
+    assert 4 * -(-768 // picked.kwargs["BLOCK_D"]) >= patch_embed.TARGET_PROGRAMS
 
 
 _TUNE_SCRIPT = """
