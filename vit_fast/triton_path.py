@@ -163,13 +163,19 @@ def _norm_linear(
     return ops.linear(_norm(ops, norm, x), lin, act)
 
 
-def _block(ops: _Ops, block: Block, x: torch.Tensor, act: str, fused: bool) -> torch.Tensor:
+def _run_block(ops: _Ops, block: Block, x: torch.Tensor, act: str, fused: bool) -> torch.Tensor:
     attn, mlp = block.attn, block.mlp
     qkv = _norm_linear(ops, block.norm1, x, attn.qkv, None, fused)  # [B, T, 3*D], read in place as [B, T, 3, H, Dh]
     a = ops.attention(qkv, attn.num_heads, attn.scale)  # [B, T, D]
     x = ops.linear(a, attn.proj, residual=x, gamma=_gamma(block.ls1))
     m = _norm_linear(ops, block.norm2, x, mlp.fc1, act, fused)
     return ops.linear(m, mlp.fc2, residual=x, gamma=_gamma(block.ls2))
+
+
+def _block(block: Block, x: torch.Tensor, act: str) -> torch.Tensor:
+    """One block through the custom ops (what ``vit_fast.patching`` runs inside timm / HF models), LayerNorm
+    fused unless ``VIT_FAST_FUSE_LN=0``."""
+    return _run_block(_THROUGH_OPS, block, x, act, os.environ.get("VIT_FAST_FUSE_LN", "1") != "0")
 
 
 def _embed(ops: _Ops, model: VisionTransformer, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
@@ -199,7 +205,7 @@ def stages_triton(
     tokens = _embed(ops, model, x, grid)
     yield "patch embedding", tokens
     for i, block in enumerate(model.blocks):
-        tokens = _block(ops, block, tokens, model.cfg.act, fused)
+        tokens = _run_block(ops, block, tokens, model.cfg.act, fused)
         yield f"block {i}", tokens
     yield "final norm", _norm(ops, model.norm, tokens)
 
@@ -214,7 +220,7 @@ def features_triton(model: VisionTransformer, x: torch.Tensor, grid: tuple[int, 
     ops, fused = _ops_for(model, x), _layer_norm_fused(model)
     tokens = _embed(ops, model, x, grid)
     for block in model.blocks:
-        tokens = _block(ops, block, tokens, model.cfg.act, fused)
+        tokens = _run_block(ops, block, tokens, model.cfg.act, fused)
     return _norm(ops, model.norm, tokens)
 
 
