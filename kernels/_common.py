@@ -1,14 +1,147 @@
-"""Checks shared by every kernel launcher. Nothing here touches a GPU driver."""
+"""What every kernel file shares: supported dtypes, the shared-memory limit, the interpreter's bf16
+handling, the device check, and the backward that recomputes through the eager reference.
+Nothing here touches a GPU driver."""
 
 from __future__ import annotations
+
+import os
+from collections.abc import Callable
 
 import torch
 import triton
 import triton.language as tl
+from triton import knobs
+from triton.runtime.driver import driver
 
 from vit_fast.kernels._interpret import interpreter_enabled
 
+#: storage dtypes every kernel takes (accumulation is always fp32)
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
+#: shared memory one block may use (the opt-in maximum, bytes) by compute capability
+SHARED_MEMORY_LIMITS = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
+#: H100/H200 (sm_90): autotune lists are pruned against it; a smaller GPU's OutOfResources is left to the autotuner
+MAX_SHARED_BYTES = SHARED_MEMORY_LIMITS[90]
+
+
+def shared_memory_limit(arch: int) -> int:
+    """Shared memory per block (bytes) on compute capability ``arch`` (e.g. 90); the smallest known when unlisted."""
+    return SHARED_MEMORY_LIMITS.get(arch, min(SHARED_MEMORY_LIMITS.values()))
+
+
+# ---------------------------------------------------------------------------------- autotuning
+#: upper ends of the row-count classes the autotuners key on (M = batch * tokens). One tuning per class,
+#: not per power of two: a ViT-B/16 server seeing batches 1..256 (M 197..50k) tunes 4 times per GEMM shape
+M_CLASSES = (256, 2048, 16384)
+
+
+def m_class(m: int) -> int:
+    """The autotune key for ``m`` rows: the first of :data:`M_CLASSES` that holds it, else 2**20 (large)."""
+    for top in M_CLASSES:
+        if m <= top:
+            return top
+    return 1 << 20
+
+
+def autotune_enabled() -> bool:
+    """False when ``VIT_FAST_AUTOTUNE=0``: each kernel runs one heuristic config per shape, with no timing
+    (read per call; what compiled correctness tests and a server that must not stall on tuning use)."""
+    return os.environ.get("VIT_FAST_AUTOTUNE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def autotune_cache_enabled() -> bool:
+    """True unless ``VIT_FAST_AUTOTUNE_CACHE=0``: tuned configs are saved in Triton's cache directory
+    (``TRITON_CACHE_DIR``, default ``~/.triton/cache``), so a second process starts tuned."""
+    return os.environ.get("VIT_FAST_AUTOTUNE_CACHE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def closest_config(configs: list[triton.Config], want: dict, num_warps: int, num_stages: int) -> triton.Config:
+    """The config of ``configs`` nearest ``want`` (block sizes; then warps and stages): how the heuristic
+    of the no-autotune mode stays inside the autotune set (so the offline compile check covers it)."""
+
+    def distance(config: triton.Config) -> tuple:
+        blocks = sum(abs(config.kwargs[k].bit_length() - v.bit_length()) for k, v in want.items() if k in config.kwargs)
+        return blocks, abs(config.num_warps - num_warps), abs(config.num_stages - num_stages)
+
+    return min(configs, key=distance)
+
+
+# ---------------------------------------------------------------------------------- host overhead
+def eager_direct(x: torch.Tensor, *tensors: torch.Tensor | None) -> bool:
+    """True when a public op may call its launcher directly rather than through its ``torch.library`` op:
+    plain eager execution (not traced by torch.compile or export, no dispatch mode such as FakeTensorMode
+    active, ``x`` a plain tensor with data, no input needing a gradient). The custom op's dispatch costs
+    about 10 µs per call and buys nothing there; traced or differentiated, the op is what runs."""
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() or type(x) is not torch.Tensor:
+        return False
+    if x.is_meta:
+        return False
+    if torch.is_grad_enabled():
+        return not any(t is not None and t.requires_grad for t in (x, *tensors))
+    return True
+
+
+def _key_of(arg):
+    """A kernel argument as the resolved-launch key sees it: tensors by dtype and 16-byte alignment."""
+    return (arg.dtype, not arg.data_ptr() & 15) if isinstance(arg, torch.Tensor) else arg
+
+
+class ResolvedLaunches:
+    """A kernel's launches resolved once per shape: the compiled kernel, its grid and its constexprs
+    (the autotuner's pick included), so a repeated call skips Triton's JIT dispatch (argument binding and
+    specialisation, 16-18 µs) and the autotuner's lookup (about 12 µs) and goes straight to the launcher.
+
+    The key holds every non-tensor argument by value, each tensor's dtype and whether its address is
+    16-byte aligned (what Triton specialises pointers on), the constexprs, the device and ``grid_key``
+    (whatever else the grid depends on); anything else that changes misses the cache and goes through
+    Triton's own path, which resolves it again. Under the interpreter (decided at import, as Triton decides
+    its kernels' kind) every call goes through Triton. Never touches a GPU driver before the first launch.
+    """
+
+    def __init__(self, kernel) -> None:
+        self.kernel = kernel  # @triton.autotune'd or @triton.jit'd
+        self.enabled = not _INTERPRETED
+        self.cache: dict[tuple, tuple] = {}
+        self.arg_names: list[str] = []
+        jit_fn = kernel
+        while self.enabled and not hasattr(jit_fn, "params"):
+            jit_fn = jit_fn.fn  # the autotuner's JITFunction
+        if self.enabled:
+            self.arg_names = [p.name for p in jit_fn.params]
+
+    def __call__(self, grid, grid_key: tuple, *args, **constexprs) -> None:
+        """``kernel[grid](*args, **constexprs)``, from the cache when this shape was launched before."""
+        if not self.enabled:
+            self.kernel[grid](*args, **constexprs)
+            return
+        device = driver.active.get_current_device()
+        key = (device, grid_key, *constexprs.values(), *[_key_of(a) for a in args])
+        entry = self.cache.get(key)
+        if entry is None:
+            compiled = self.kernel[grid](*args, **constexprs)  # Triton's own path: tunes / compiles / launches
+            if compiled is None or not hasattr(compiled, "packed_metadata"):
+                return  # e.g. an asynchronous compile in flight: nothing to cache yet
+            config = getattr(self.kernel, "best_config", None)
+            meta = {
+                **dict(zip(self.arg_names, args, strict=False)),
+                **constexprs,
+                **(config.all_kwargs() if config else {}),
+            }
+            g = grid(meta) if callable(grid) else grid
+            g = (*g, 1, 1)[:3]
+            tail = tuple(meta[name] for name in self.arg_names[len(args) :])
+            self.cache[key] = (compiled, g, tail)
+            return
+        compiled, (g0, g1, g2), tail = entry
+        stream = driver.active.get_current_stream(device)
+        enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+        metadata = compiled.launch_metadata((g0, g1, g2), stream, *args, *tail) if enter is not None else None
+        compiled.run(
+            g0, g1, g2, stream, compiled.function, compiled.packed_metadata, metadata, enter, leave, *args, *tail
+        )
+
+
+# ---------------------------------------------------------------------------------- bf16 under the interpreter
 @triton.jit
 def to_bf16_rtne(x):
     """fp32 -> bf16, round to nearest even, by hand. Only for the interpreter: its fp32 -> bf16
@@ -18,13 +151,38 @@ def to_bf16_rtne(x):
     return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
 
 
+@triton.jit
+def dot(a, b, acc, IN_FP32: tl.constexpr):
+    """``a @ b`` accumulated in fp32, onto ``acc`` unless it is None. ``IN_FP32``: the operands go in as
+    fp32 at IEEE precision
+    (fp32 inputs: not TF32, to stay within 2x of eager; bf16 under the interpreter, whose bf16 tl.dot is
+    garbage (triton issue 11584): products of bf16 values are exact in fp32, so this is the GPU's bf16 dot)."""
+    if IN_FP32:
+        result = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        result = tl.dot(a, b, acc)
+    return result
+
+
+#: Triton decides at import (when ``@triton.jit`` runs) whether the kernels are interpreted; the kernels' flags
+#: follow that decision, read once rather than from the environment on every launch
+_INTERPRETED = interpreter_enabled()
+
+
 def interpret_bf16(dtype: torch.dtype) -> bool:
-    """bf16 under the interpreter: dot operands go in as fp32 and bf16 stores are rounded by hand."""
-    return dtype == torch.bfloat16 and interpreter_enabled()
+    """bf16 under the interpreter: the kernels' ``ROUND_BF16`` flag (bf16 stores rounded by hand)."""
+    return dtype == torch.bfloat16 and _INTERPRETED
 
 
+def dot_in_fp32(dtype: torch.dtype) -> bool:
+    """The kernels' ``DOT_IN_FP32`` flag (see :func:`dot`): fp32 inputs, or bf16 under the interpreter."""
+    return dtype == torch.float32 or interpret_bf16(dtype)
+
+
+# ---------------------------------------------------------------------------------- checks
 def check_device(what: str, tensor: torch.Tensor) -> None:
-    """Raise before launch unless ``tensor`` can reach a kernel: CUDA, or CPU under the interpreter."""
+    """Raise before launch unless ``tensor`` can reach a kernel: CUDA, or CPU under the interpreter.
+    Meta tensors pass: fake implementations run the same checks as the launchers."""
     if tensor.is_cuda or tensor.is_meta:
         return
     if tensor.device.type == "cpu":
@@ -36,3 +194,43 @@ def check_device(what: str, tensor: torch.Tensor) -> None:
             "interpreter"
         )
     raise RuntimeError(f"{what}: tensors on {tensor.device} are not supported; the Triton kernels run on CUDA")
+
+
+# ---------------------------------------------------------------------------------- autograd
+def register_recompute_backward(op: torch.library.CustomOpDef, reference: Callable) -> None:
+    """Give ``op`` a backward that recomputes its forward through the eager ``reference``, autograd on,
+    and differentiates that. No backward kernel: exact (eager's own backward, in the precision
+    ``reference`` computes in) but not fused, so it costs one eager forward and backward per call.
+
+    ``reference`` takes the op's arguments in the op's order and returns its output(s) in the op's
+    order. Tensor inputs that need a gradient and are floating point get one (a uint8 image does
+    not); every other argument gets None.
+    """
+
+    def setup_context(ctx, inputs, output) -> None:
+        ctx.tensor_positions = [i for i, v in enumerate(inputs) if isinstance(v, torch.Tensor)]
+        ctx.others = {i: v for i, v in enumerate(inputs) if not isinstance(v, torch.Tensor)}
+        ctx.save_for_backward(*(inputs[i] for i in ctx.tensor_positions))
+
+    def backward(ctx, *grads):
+        args = dict(ctx.others)
+        for i, t in zip(ctx.tensor_positions, ctx.saved_tensors, strict=True):
+            args[i] = t.detach().requires_grad_(bool(ctx.needs_input_grad[i]) and t.is_floating_point())
+        args = [args[i] for i in range(len(args))]
+        wanted = [i for i in ctx.tensor_positions if args[i].requires_grad]
+        result = [None] * len(args)
+        if not wanted:
+            return tuple(result)
+        with torch.enable_grad():
+            outs = reference(*args)
+            outs = outs if isinstance(outs, tuple) else (outs,)
+            pairs = [(o, g) for o, g in zip(outs, grads, strict=True) if g is not None and o.requires_grad]
+            if pairs:
+                got = torch.autograd.grad(
+                    [o for o, _ in pairs], [args[i] for i in wanted], [g for _, g in pairs], allow_unused=True
+                )
+                for i, g in zip(wanted, got, strict=True):
+                    result[i] = g
+        return tuple(result)
+
+    op.register_autograd(backward, setup_context=setup_context)

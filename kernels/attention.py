@@ -6,10 +6,16 @@ ViT block's qkv ``nn.Linear``), views it by strides as ``[B, T, 3, H, Dh]`` and 
 no permute and no contiguous copies. The softmax is the online (streaming) one, in fp32, with
 fp32 accumulation.
 
-Top to bottom: the autotune configs, the kernel, the launcher (input checks, grid), the
-``torch.library`` custom op ``vit_fast::attention`` (fake implementation + autograd), the
-public ``attention`` and the eager reference ``attention_ref``.
+Top to bottom: the autotune configs, the kernel, the launcher :func:`launch_attention` (input
+checks, allocation, grid), the ``torch.library`` custom op ``vit_fast::attention`` (fake
+implementation + autograd), the public :func:`attention` and the eager reference
+:func:`attention_ref`. Backward is not a kernel: it recomputes the forward through the eager
+reference, in fp32 for half inputs (``_common.register_recompute_backward``).
+
+Importing this module never touches a GPU driver.
 """
+
+from __future__ import annotations
 
 import math
 
@@ -17,9 +23,23 @@ import torch
 import triton
 import triton.language as tl
 
-from vit_fast.kernels._common import check_device, interpret_bf16, interpreter_enabled, to_bf16_rtne
+from vit_fast.kernels._common import (
+    MAX_SHARED_BYTES,
+    SUPPORTED_DTYPES,
+    ResolvedLaunches,
+    autotune_cache_enabled,
+    autotune_enabled,
+    check_device,
+    closest_config,
+    dot,
+    dot_in_fp32,
+    eager_direct,
+    interpret_bf16,
+    interpreter_enabled,
+    register_recompute_backward,
+    to_bf16_rtne,
+)
 
-SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
 LOG2E = math.log2(math.e)
 
@@ -40,13 +60,9 @@ def _attention_configs() -> list[triton.Config]:
     ]
 
 
-# H100's shared memory per block (227 KB); smaller GPUs' OutOfResources is left to the autotuner
-_MAX_SHARED_BYTES = 227 * 1024
-
-
 def _attention_shared_bytes(config: triton.Config, block_d: int, elem_bytes: int) -> int:
     """Shared memory of a config as Triton 3.9 lays it out on sm_90, never above what it reports
-    (benchmarks/compile_check.py): 2 * num_stages - 1 k/v tiles, plus the q tile at 128 rows."""
+    (tools/compile_check.py): 2 * num_stages - 1 k/v tiles, plus the q tile at 128 rows."""
     block_m, block_n = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]
     kv = (2 * config.num_stages - 1) * block_n * block_d * elem_bytes
     return kv + (block_m * block_d * elem_bytes if block_m > 64 else 0)
@@ -64,20 +80,23 @@ def _prune_attention_configs(configs, named_args, **kwargs):
         kept = [c for c in kept if c.kwargs["BLOCK_M"] == 64 and c.kwargs["BLOCK_N"] <= 64]
     qkv = named_args.get("qkv_ptr")
     elem_bytes = qkv.element_size() if isinstance(qkv, torch.Tensor) else 2
-    kept = [c for c in kept if _attention_shared_bytes(c, block_d, elem_bytes) <= _MAX_SHARED_BYTES]
-    return kept or configs[:1]
+    kept = [c for c in kept if _attention_shared_bytes(c, block_d, elem_bytes) <= MAX_SHARED_BYTES] or configs[:1]
+    if autotune_enabled() or len(kept) == 1:
+        return kept
+    # no-autotune pick (VIT_FAST_AUTOTUNE=0): 64x64 tiles, 4 warps, 2 stages fit every head dim and dtype
+    return [closest_config(kept, {"BLOCK_M": 64, "BLOCK_N": 64}, 4, 2)]
 
 
 @triton.autotune(
     configs=_attention_configs(),
     key=["T", "HEAD_DIM"],
     prune_configs_by={"early_config_prune": _prune_attention_configs},
+    cache_results=autotune_cache_enabled(),
 )
 @triton.jit
-def _attention_fwd_kernel(
+def _attention_kernel(
     qkv_ptr,  # [B, T, 3, H, Dh] fused q|k|v viewed by strides; unit stride along Dh
     out_ptr,  # [B, T, H * Dh] attention output, unit stride along its last dim
-    qk_scale,  # softmax scale * log2(e): exp2 of scaled logits equals exp of the unscaled ones
     T,  # tokens per image (rows of q, k and v)
     H,  # number of heads
     HEAD_DIM,  # Dh, the true head dim (BLOCK_D is it rounded up to a power of two)
@@ -85,9 +104,9 @@ def _attention_fwd_kernel(
     stride_qkv_t,  # elements between tokens in qkv (3 * H * Dh when qkv is contiguous)
     stride_out_b,  # elements between images in out
     stride_out_t,  # elements between tokens in out
-    UPCAST_DOT: tl.constexpr,  # cast dot operands to fp32 (interpreter: its bf16 tl.dot is wrong)
-    ROUND_BF16: tl.constexpr,  # round the bf16 store by hand (interpreter: its bf16 cast truncates)
-    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 operands (compiled tl.dot defaults to TF32)
+    qk_scale,  # softmax scale * log2(e): exp2 of scaled logits equals exp of the unscaled ones
+    DOT_IN_FP32: tl.constexpr,  # dot operands as fp32 at IEEE precision (fp32, or bf16 under the interpreter)
+    ROUND_BF16: tl.constexpr,  # round the bf16 store by hand (interpreter: its fp32 -> bf16 cast truncates)
     BLOCK_D: tl.constexpr,  # head dim padded to a power of two >= 16; padding lanes are masked
     BLOCK_M: tl.constexpr,  # query rows per program
     BLOCK_N: tl.constexpr,  # key/value rows per inner step
@@ -117,7 +136,7 @@ def _attention_fwd_kernel(
     q = tl.load(
         q_base + offs_m[:, None] * stride_qkv_t + offs_d[None, :], mask=row_mask[:, None] & d_mask[None, :], other=0.0
     )
-    if UPCAST_DOT:
+    if DOT_IN_FP32:
         q = q.to(tl.float32)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running row max (log2 units)
@@ -131,10 +150,10 @@ def _attention_fwd_kernel(
         kv_mask = col_mask[:, None] & d_mask[None, :]
         k = tl.load(k_base + kv_offsets, mask=kv_mask, other=0.0)
         v = tl.load(v_base + kv_offsets, mask=kv_mask, other=0.0)
-        if UPCAST_DOT:
+        if DOT_IN_FP32:  # once per tile; and p below stays fp32 rather than rounding to v's 16-bit dtype
             k = k.to(tl.float32)
             v = v.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        s = dot(q, tl.trans(k), None, DOT_IN_FP32) * qk_scale
         # key tail -> -inf, so exp2 gives exactly 0. The first block always holds key 0, so m_new
         # is finite for every row (padded query rows included) and no inf - inf NaN can arise.
         s = tl.where(col_mask[None, :], s, float("-inf"))
@@ -142,7 +161,7 @@ def _attention_fwd_kernel(
         alpha = tl.math.exp2(m_i - m_new)  # rescales what was summed under the old max
         p = tl.math.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, None, DOT_IN_FP32)
         m_i = m_new
 
     acc = acc / l_i[:, None]
@@ -157,9 +176,12 @@ def _attention_fwd_kernel(
     tl.store(out_ptrs, out, mask=row_mask[:, None] & d_mask[None, :])
 
 
+_attention_launches = ResolvedLaunches(_attention_kernel)
+
+
 # ---------------------------------------------------------------------------------- launcher
-def _check_attention_inputs(qkv: torch.Tensor, num_heads: int, scale: float | None) -> int:
-    """Raise a clear error if the kernel cannot take these inputs; return head_dim. No launch."""
+def _check_attention_inputs(qkv: torch.Tensor, num_heads: int, scale: float | None) -> None:
+    """Raise a clear error, before any launch, when the inputs do not fit the kernel."""
     if not isinstance(qkv, torch.Tensor):
         raise TypeError(f"attention: qkv must be a torch.Tensor, got {type(qkv).__name__}")
     if qkv.dim() != 3:
@@ -199,18 +221,17 @@ def _check_attention_inputs(qkv: torch.Tensor, num_heads: int, scale: float | No
         if not (isinstance(scale, (int, float)) and math.isfinite(scale)):
             raise ValueError(f"attention: scale must be a finite float or None, got {scale!r}")
     check_device("attention", qkv)
-    return head_dim
 
 
 def launch_attention(
     qkv: torch.Tensor,
     num_heads: int,
     scale: float | None = None,
-    out: torch.Tensor | None = None,
     *,
+    out: torch.Tensor | None = None,
     checked: bool = False,
 ) -> torch.Tensor:
-    """Check the inputs, then run the kernel once (no autograd, no custom op).
+    """Check the inputs, then run the kernel once (no autograd, no custom op); returns ``[B, T, H * Dh]``.
 
     ``checked=True`` skips the checks: only for the custom op, whose one caller (:func:`attention`)
     has just run them, so a forward pays for each check once.
@@ -218,9 +239,11 @@ def launch_attention(
     ``out``, if given, must be ``[B, T, H * Dh]`` in qkv's dtype and device with a unit-stride last
     dim; tests pass a NaN-filled one so an element the kernel leaves unwritten is caught.
     """
-    head_dim = qkv.shape[-1] // (3 * num_heads) if checked else _check_attention_inputs(qkv, num_heads, scale)
+    if not checked:
+        _check_attention_inputs(qkv, num_heads, scale)
     batch, tokens, width = qkv.shape
     embed_dim = width // 3
+    head_dim = embed_dim // num_heads
     if out is None:
         out = torch.empty((batch, tokens, embed_dim), dtype=qkv.dtype, device=qkv.device)
     elif (
@@ -236,19 +259,15 @@ def launch_attention(
     if batch == 0:
         return out
     scale = head_dim**-0.5 if scale is None else float(scale)
-    # the interpreter's bf16 is wrong in two ways (KERNELS.md): tl.dot gives garbage, so the operands
-    # go in as fp32 (exact); and fp32 -> bf16 casts truncate, so the store rounds by hand
-    bf16_by_hand = interpret_bf16(qkv.dtype)
-    dot_precision = "ieee" if (qkv.dtype == torch.float32 or bf16_by_hand) else "tf32"  # tf32: no-op on half operands
-    block_d = max(16, triton.next_power_of_2(head_dim))
 
     def grid(meta):
         return (triton.cdiv(tokens, meta["BLOCK_M"]) * batch * num_heads,)
 
-    _attention_fwd_kernel[grid](
+    _attention_launches(
+        grid,
+        (batch,),
         qkv,
         out,
-        scale * LOG2E,
         tokens,
         num_heads,
         head_dim,
@@ -256,10 +275,10 @@ def launch_attention(
         qkv.stride(1),
         out.stride(0),
         out.stride(1),
-        UPCAST_DOT=bf16_by_hand,
-        ROUND_BF16=bf16_by_hand,
-        DOT_PRECISION=dot_precision,
-        BLOCK_D=block_d,
+        scale * LOG2E,
+        DOT_IN_FP32=dot_in_fp32(qkv.dtype),
+        ROUND_BF16=interpret_bf16(qkv.dtype),
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
     )
     return out
 
@@ -272,28 +291,14 @@ def _attention_op(qkv: torch.Tensor, num_heads: int, scale: float) -> torch.Tens
 
 @_attention_op.register_fake
 def _attention_fake(qkv: torch.Tensor, num_heads: int, scale: float) -> torch.Tensor:
+    _check_attention_inputs(qkv, num_heads, scale)
     batch, tokens, width = qkv.shape
     return qkv.new_empty((batch, tokens, width // 3))
 
 
-def _attention_setup_context(ctx, inputs, output) -> None:
-    qkv, num_heads, scale = inputs
-    ctx.save_for_backward(qkv)
-    ctx.num_heads = num_heads
-    ctx.scale = scale
-
-
-def _attention_backward(ctx, grad_out: torch.Tensor):
-    # No backward kernel yet: recompute through the eager reference (fp32 for half inputs).
-    (qkv,) = ctx.saved_tensors
-    with torch.enable_grad():
-        qkv_leaf = qkv.detach().requires_grad_(True)
-        out = attention_ref(qkv_leaf, ctx.num_heads, ctx.scale, upcast=True)
-        (grad_qkv,) = torch.autograd.grad(out, qkv_leaf, grad_out)
-    return grad_qkv, None, None
-
-
-_attention_op.register_autograd(_attention_backward, setup_context=_attention_setup_context)
+register_recompute_backward(
+    _attention_op, lambda qkv, num_heads, scale: attention_ref(qkv, num_heads, scale, upcast=True)
+)
 
 
 def attention(qkv: torch.Tensor, num_heads: int, scale: float | None = None) -> torch.Tensor:
@@ -314,8 +319,12 @@ def attention(qkv: torch.Tensor, num_heads: int, scale: float | None = None) -> 
     recomputes the forward through ``attention_ref`` (fp32 for half inputs) and differentiates
     that, so it costs eager attention's time and memory.
     """
-    head_dim = _check_attention_inputs(qkv, num_heads, scale)
-    return _attention_op(qkv, num_heads, head_dim**-0.5 if scale is None else float(scale))
+    _check_attention_inputs(qkv, num_heads, scale)
+    head_dim = qkv.shape[-1] // (3 * num_heads)
+    scale = head_dim**-0.5 if scale is None else float(scale)
+    if eager_direct(qkv):  # plain eager: skip the custom op's dispatch
+        return launch_attention(qkv, num_heads, scale, checked=True)
+    return _attention_op(qkv, num_heads, scale)
 
 
 # ---------------------------------------------------------------------------------- reference

@@ -1,22 +1,44 @@
 """GEMM with fused epilogues: ``y = act(x @ W^T + b)``, then ``residual + gamma * y``.
 
 One kernel covers every linear layer of a ViT block: qkv (+bias), proj (+bias +residual
-+LayerScale), fc1 (+bias +GELU) and fc2 (+bias +residual +LayerScale). Accumulation and the
++LayerScale), fc1 (+bias +GELU) and fc2 (+bias +residual +LayerScale); with a LayerNorm prologue
+(:func:`layer_norm_linear`) it also takes the LayerNorm before qkv and fc1, so a block is 5 launches. Accumulation and the
 whole epilogue are fp32; the output is rounded once, to x's dtype.
 
-Top to bottom: the autotune configs, the kernel, the launcher (input checks, grid), the
-``torch.library`` custom op ``vit_fast::linear`` (fake implementation + autograd), the public
-``linear`` and the eager reference ``linear_ref``.
+Top to bottom: the autotune configs, the kernel, the launcher :func:`launch_linear` (input
+checks, reshape, allocation, grid), the ``torch.library`` custom op ``vit_fast::linear`` (fake
+implementation + autograd), the public :func:`linear` and the eager reference :func:`linear_ref`.
+Backward is not a kernel: it recomputes the forward through the eager reference, in fp32 for half
+inputs (``_common.register_recompute_backward``).
+
+Importing this module never touches a GPU driver.
 """
+
+from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from vit_fast.kernels._common import check_device, interpret_bf16, interpreter_enabled, to_bf16_rtne
+from vit_fast.kernels._common import (
+    MAX_SHARED_BYTES,
+    SUPPORTED_DTYPES,
+    ResolvedLaunches,
+    autotune_cache_enabled,
+    autotune_enabled,
+    check_device,
+    closest_config,
+    dot,
+    dot_in_fp32,
+    eager_direct,
+    interpret_bf16,
+    interpreter_enabled,
+    m_class,
+    register_recompute_backward,
+    to_bf16_rtne,
+)
 
-SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 ACTIVATIONS = (None, "gelu", "gelu_tanh")
 _ACTIVATION_CODE = {None: 0, "gelu": 1, "gelu_tanh": 2}
 
@@ -36,19 +58,28 @@ def _linear_configs() -> list[triton.Config]:
         for block_n in (64, 128, 256)
         for block_k in (32, 64)
         for num_stages in (3, 4)
-        # fp16 tiles of both operands, one per stage, must fit in shared memory (H100: 228 KB)
+        # a trim of the search space, not the hardware limit: fp16 tiles of both operands, one per stage,
+        # within 160 KB (the limit, MAX_SHARED_BYTES, is applied per dtype by _prune_linear_configs)
         if (block_m + block_n) * block_k * 2 * num_stages <= 160 * 1024
+    ] + [
+        # narrow tiles for few rows (M <= SMALL_M, batch 1-2 of a ViT): at M = 197 a 64x64 tiling gives the
+        # D -> D GEMMs (proj, fc2 of ViT-B/16) only 48 programs for 132 SMs; 64x16 gives 192
+        triton.Config({"BLOCK_M": 64, "BLOCK_N": block_n, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=4, num_stages=4)
+        for block_n in (16, 32)
     ]
 
 
-# H100's shared memory per block (227 KB); smaller GPUs' OutOfResources is left to the autotuner
-_MAX_SHARED_BYTES = 227 * 1024
+#: rows up to which the narrow tiles are candidates (ViT-B/16 at batch 2 is 394 rows)
+SMALL_M = 512
+#: programs the no-autotune heuristic aims for at small M: H100's and H200's SM count (a constant: no device
+#: query at import)
+TARGET_PROGRAMS = 132
 
 
 def _prune_linear_configs(configs, named_args, **kwargs):
     """Drop tiles far larger than the problem (e.g. BLOCK_N 256 for N = 64): they only add masked work.
     Also drop fp32 tiles past H100's shared memory: Triton 3.9 buffers at least num_stages - 1 tiles
-    of both operands (benchmarks/compile_check.py), and 64x256x64 fp32 with 4 stages needs 240 KB."""
+    of both operands (tools/compile_check.py), and 64x256x64 fp32 with 4 stages needs 240 KB."""
     x = named_args.get("x_ptr")
     elem_bytes = x.element_size() if isinstance(x, torch.Tensor) else 2
 
@@ -56,19 +87,37 @@ def _prune_linear_configs(configs, named_args, **kwargs):
         kw = config.kwargs
         shared = (config.num_stages - 1) * (kw["BLOCK_M"] + kw["BLOCK_N"]) * kw["BLOCK_K"] * elem_bytes
         return (
-            kw["BLOCK_M"] <= max(64, triton.next_power_of_2(named_args["M"]))
+            (kw["BLOCK_N"] >= 64 or named_args["M"] <= SMALL_M)
+            and kw["BLOCK_M"] <= max(64, triton.next_power_of_2(named_args["M"]))
             and kw["BLOCK_N"] <= max(64, triton.next_power_of_2(named_args["N"]))
             and kw["BLOCK_K"] <= max(32, triton.next_power_of_2(named_args["K"]))
-            and shared <= _MAX_SHARED_BYTES
+            and shared <= MAX_SHARED_BYTES
         )
 
-    return [c for c in configs if fits(c)] or configs[:1]
+    kept = [c for c in configs if fits(c)] or configs[:1]
+    if autotune_enabled() or len(kept) == 1:
+        return kept
+    return [_heuristic_linear_config(kept, named_args["M"], named_args["N"], elem_bytes)]
+
+
+def _heuristic_linear_config(configs: list[triton.Config], M: int, N: int, elem_bytes: int) -> triton.Config:
+    """The no-autotune pick (``VIT_FAST_AUTOTUNE=0``). Few rows (M <= SMALL_M, batch 1-2 of a ViT): 64-row
+    tiles, and the widest of 64 / 32 / 16 columns that still gives TARGET_PROGRAMS programs (every SM busy).
+    Many rows: 128x128 with 8 warps, fp32 at half the depth (shared memory)."""
+    block_k = 32 if elem_bytes == 4 else 64
+    if M <= SMALL_M:
+        row_tiles = triton.cdiv(M, 64)
+        block_n = next((bn for bn in (64, 32) if row_tiles * triton.cdiv(N, bn) >= TARGET_PROGRAMS), 16)
+        # 64 deep whatever the dtype: the narrow tiles come only so (fp32 64x32x64, 4 stages: 72 KB of shared memory)
+        return closest_config(configs, {"BLOCK_M": 64, "BLOCK_N": block_n, "BLOCK_K": 64}, 4, 4)
+    return closest_config(configs, {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": block_k}, 8, 3)
 
 
 @triton.autotune(
     configs=_linear_configs(),
-    key=["M_BUCKET", "N", "K"],
+    key=["M_CLASS", "N", "K"],
     prune_configs_by={"early_config_prune": _prune_linear_configs},
+    cache_results=autotune_cache_enabled(),
 )
 @triton.jit
 def _linear_kernel(
@@ -77,22 +126,27 @@ def _linear_kernel(
     bias_ptr,  # [N] bias, read only when HAS_BIAS
     residual_ptr,  # [M, N] residual stream, read only when HAS_RESIDUAL; unit stride along N
     gamma_ptr,  # [N] LayerScale, read only when HAS_GAMMA
+    ln_w_ptr,  # [K] LayerNorm weight of the input, read only when NORM_INPUT and LN_HAS_WEIGHT
+    ln_b_ptr,  # [K] LayerNorm bias of the input, read only when NORM_INPUT and LN_HAS_BIAS
     out_ptr,  # [M, N] output, unit stride along N
     M,  # rows: all leading dims of x flattened (B * T: rarely a multiple of the tile)
     N,  # output features
     K,  # input features
-    stride_xm,  # elements between rows of x
-    stride_wn,  # elements between rows of weight
-    stride_rm,  # elements between rows of residual
-    stride_om,  # elements between rows of out
-    M_BUCKET,  # next power of two >= M, never read: the autotune key, so a new batch size reuses its bucket's tuning
+    stride_x_m,  # elements between rows of x
+    stride_w_n,  # elements between rows of w
+    stride_residual_m,  # elements between rows of residual
+    stride_out_m,  # elements between rows of out
+    M_CLASS,  # _common.m_class(M), never read: the autotune key, so a new batch size reuses its class's tuning
+    ln_eps,  # LayerNorm epsilon, read only when NORM_INPUT (a Python float under the interpreter: no .to())
     ACTIVATION: tl.constexpr,  # 0: none, 1: exact (erf) GELU, 2: tanh GELU
     HAS_BIAS: tl.constexpr,  # add bias before the activation
     HAS_RESIDUAL: tl.constexpr,  # out = residual + (gamma *) y
     HAS_GAMMA: tl.constexpr,  # scale y by gamma before the residual add
-    UPCAST_DOT: tl.constexpr,  # cast dot operands to fp32 (interpreter: its bf16 tl.dot is wrong)
-    ROUND_BF16: tl.constexpr,  # round the bf16 store by hand (interpreter: its bf16 cast truncates)
-    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 operands (compiled tl.dot defaults to TF32)
+    NORM_INPUT: tl.constexpr,  # LayerNorm the rows of x first (prologue): the op is linear(LN(x))
+    LN_HAS_WEIGHT: tl.constexpr,  # the LayerNorm has a weight (elementwise affine)
+    LN_HAS_BIAS: tl.constexpr,  # the LayerNorm has a bias
+    DOT_IN_FP32: tl.constexpr,  # dot operands as fp32 at IEEE precision (fp32, or bf16 under the interpreter)
+    ROUND_BF16: tl.constexpr,  # round the bf16 store by hand (interpreter: its fp32 -> bf16 cast truncates)
     BLOCK_M: tl.constexpr,  # rows of the output tile
     BLOCK_N: tl.constexpr,  # columns of the output tile
     BLOCK_K: tl.constexpr,  # depth of one step along K
@@ -116,19 +170,42 @@ def _linear_kernel(
     # mask, and the store below drops them. int64: M * K overflows int32 at large batch.
     rows = (offs_m % M).to(tl.int64)
     cols = (offs_n % N).to(tl.int64)
-    x_ptrs = x_ptr + rows[:, None] * stride_xm + offs_k[None, :]
-    w_ptrs = w_ptr + cols[None, :] * stride_wn + offs_k[:, None]  # W^T tile [BLOCK_K, BLOCK_N]
+    x_ptrs = x_ptr + rows[:, None] * stride_x_m + offs_k[None, :]
+    w_ptrs = w_ptr + cols[None, :] * stride_w_n + offs_k[:, None]  # W^T tile [BLOCK_K, BLOCK_N]
+
+    if NORM_INPUT:
+        # LayerNorm prologue: this program's rows' statistics over all of K, two passes in fp32 as the
+        # LayerNorm kernel takes them (not E[x^2] - E[x]^2, which cancels badly). The rows are re-read
+        # from L2 by every program along N: cheaper than a LayerNorm launch plus a round trip of LN(x).
+        row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k_mask = offs_k < K - k0
+            row_sum += tl.sum(tl.load(x_ptrs + k0, mask=k_mask[None, :], other=0.0).to(tl.float32), axis=1)
+        mean = row_sum / K
+        row_var = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k_mask = offs_k < K - k0
+            xs = tl.load(x_ptrs + k0, mask=k_mask[None, :], other=0.0).to(tl.float32)
+            centred = tl.where(k_mask[None, :], xs - mean[:, None], 0.0)
+            row_var += tl.sum(centred * centred, axis=1)
+        rstd = 1.0 / tl.sqrt(row_var / K + ln_eps)
 
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         # the K tail must read zeros: unlike M and N it feeds every output element
         k_mask = offs_k < K - k0
         a = tl.load(x_ptrs, mask=k_mask[None, :], other=0.0)
+        if NORM_INPUT:
+            normed = (a.to(tl.float32) - mean[:, None]) * rstd[:, None]
+            if LN_HAS_WEIGHT:
+                normed = normed * tl.load(ln_w_ptr + k0 + offs_k, mask=k_mask, other=0.0).to(tl.float32)[None, :]
+            if LN_HAS_BIAS:
+                normed = normed + tl.load(ln_b_ptr + k0 + offs_k, mask=k_mask, other=0.0).to(tl.float32)[None, :]
+            normed = tl.where(k_mask[None, :], normed, 0.0)
+            # rounded to x's dtype, as the unfused LayerNorm stores it: the dot sees the same operand
+            a = to_bf16_rtne(normed) if ROUND_BF16 else normed.to(x_ptr.dtype.element_ty)
         b = tl.load(w_ptrs, mask=k_mask[:, None], other=0.0)
-        if UPCAST_DOT:
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+        acc = dot(a, b, acc, DOT_IN_FP32)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
 
@@ -146,16 +223,26 @@ def _linear_kernel(
     if HAS_RESIDUAL:
         if HAS_GAMMA:
             acc = acc * tl.load(gamma_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        residual = tl.load(residual_ptr + rows[:, None] * stride_rm + offs_n[None, :], mask=out_mask, other=0.0)
+        residual = tl.load(residual_ptr + rows[:, None] * stride_residual_m + offs_n[None, :], mask=out_mask, other=0.0)
         acc += residual.to(tl.float32)
-    out_ptrs = out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+    out_ptrs = out_ptr + offs_m[:, None].to(tl.int64) * stride_out_m + offs_n[None, :]
     out = to_bf16_rtne(acc) if ROUND_BF16 else acc.to(out_ptr.dtype.element_ty)
     tl.store(out_ptrs, out, mask=out_mask)
 
 
+_linear_launches = ResolvedLaunches(_linear_kernel)
+
+
 # ---------------------------------------------------------------------------------- launcher
-def _check_linear_inputs(x, weight, bias, activation, residual, gamma) -> None:
-    """Raise a clear error if the kernel cannot take these inputs. No launch."""
+def _check_linear_inputs(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    activation: str | None,
+    residual: torch.Tensor | None,
+    gamma: torch.Tensor | None,
+) -> None:
+    """Raise a clear error, before any launch, when the inputs do not fit the kernel."""
     for name, tensor in (("x", x), ("weight", weight)):
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"linear: {name} must be a torch.Tensor, got {type(tensor).__name__}")
@@ -207,6 +294,25 @@ def _check_linear_inputs(x, weight, bias, activation, residual, gamma) -> None:
     check_device("linear", x)
 
 
+def _check_input_norm(x: torch.Tensor, ln_weight: torch.Tensor | None, ln_bias: torch.Tensor | None, eps) -> None:
+    """Raise before launch unless the input LayerNorm's parameters fit ``x [..., K]``."""
+    if not isinstance(eps, (float, int)) or isinstance(eps, bool) or not eps > 0:
+        raise ValueError(f"layer_norm_linear: eps must be a positive float, got {eps!r}")
+    for name, t in (("ln_weight", ln_weight), ("ln_bias", ln_bias)):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"layer_norm_linear: {name} must be a torch.Tensor or None, got {type(t).__name__}")
+        if tuple(t.shape) != (x.shape[-1],):
+            raise ValueError(f"layer_norm_linear: {name} must have shape ({x.shape[-1]},), got {tuple(t.shape)}")
+        if t.dtype != x.dtype:
+            raise TypeError(f"layer_norm_linear: {name} is {t.dtype} but x is {x.dtype}: pass {name}.to({x.dtype})")
+        if t.device != x.device:
+            raise ValueError(f"layer_norm_linear: {name} is on {t.device} but x is on {x.device}")
+        if t.stride(-1) != 1:
+            raise ValueError(f"layer_norm_linear: {name} must be contiguous; call {name}.contiguous() first")
+
+
 def launch_linear(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -214,11 +320,17 @@ def launch_linear(
     activation: str | None = None,
     residual: torch.Tensor | None = None,
     gamma: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
     *,
+    ln_weight: torch.Tensor | None = None,
+    ln_bias: torch.Tensor | None = None,
+    ln_eps: float | None = None,
+    out: torch.Tensor | None = None,
     checked: bool = False,
 ) -> torch.Tensor:
-    """Check the inputs, then run the kernel once (no autograd, no custom op).
+    """Check the inputs, then run the kernel once (no autograd, no custom op); returns ``[..., N]``.
+
+    With ``ln_eps`` given, the rows of ``x`` are LayerNormed first inside the kernel (``ln_weight`` /
+    ``ln_bias`` ``[K]`` or None): ``linear(LayerNorm(x), ...)`` in one launch.
 
     ``checked=True`` skips the checks: only for the custom op, whose one caller (:func:`linear`)
     has just run them, so a forward pays for each check once.
@@ -228,6 +340,8 @@ def launch_linear(
     """
     if not checked:
         _check_linear_inputs(x, weight, bias, activation, residual, gamma)
+        if ln_eps is not None:
+            _check_input_norm(x, ln_weight, ln_bias, ln_eps)
     n_out, k_in = weight.shape
     out_shape = (*x.shape[:-1], n_out)
     if out is None:
@@ -243,20 +357,20 @@ def launch_linear(
     # flattening the leading dims is free for the usual [B, T, K] (a view); odd strides copy once
     x2d = x.reshape(rows, k_in)
     residual2d = residual.reshape(rows, n_out) if residual is not None else None
-    # the interpreter's bf16 is wrong in two ways (KERNELS.md): tl.dot gives garbage, so the operands
-    # go in as fp32 (exact); and fp32 -> bf16 casts truncate, so the store rounds by hand
-    bf16_by_hand = interpret_bf16(x.dtype)
-    dot_precision = "ieee" if (x.dtype == torch.float32 or bf16_by_hand) else "tf32"  # tf32: no-op on half operands
 
     def grid(meta):
         return (triton.cdiv(rows, meta["BLOCK_M"]) * triton.cdiv(n_out, meta["BLOCK_N"]),)
 
-    _linear_kernel[grid](
+    _linear_launches(
+        grid,
+        (),
         x2d,
         weight,
         bias if bias is not None else x2d,  # never read: HAS_BIAS is False
         residual2d if residual2d is not None else x2d,  # never read: HAS_RESIDUAL is False
         gamma if gamma is not None else x2d,  # never read: HAS_GAMMA is False
+        ln_weight if ln_weight is not None else x2d,  # never read: LN_HAS_WEIGHT is False
+        ln_bias if ln_bias is not None else x2d,  # never read: LN_HAS_BIAS is False
         out,
         rows,
         n_out,
@@ -265,14 +379,17 @@ def launch_linear(
         weight.stride(0),
         residual2d.stride(0) if residual2d is not None else 0,
         n_out,
-        triton.next_power_of_2(rows),
+        m_class(rows),
+        float(ln_eps) if ln_eps is not None else 0.0,
         ACTIVATION=_ACTIVATION_CODE[activation],
         HAS_BIAS=bias is not None,
         HAS_RESIDUAL=residual is not None,
         HAS_GAMMA=gamma is not None,
-        UPCAST_DOT=bf16_by_hand,
-        ROUND_BF16=bf16_by_hand,
-        DOT_PRECISION=dot_precision,
+        NORM_INPUT=ln_eps is not None,
+        LN_HAS_WEIGHT=ln_weight is not None,
+        LN_HAS_BIAS=ln_bias is not None,
+        DOT_IN_FP32=dot_in_fp32(x.dtype),
+        ROUND_BF16=interpret_bf16(x.dtype),
     )
     return out
 
@@ -292,36 +409,16 @@ def _linear_op(
 
 @_linear_op.register_fake
 def _linear_fake(x, weight, bias, activation, residual, gamma) -> torch.Tensor:
+    _check_linear_inputs(x, weight, bias, activation, residual, gamma)
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
-def _linear_setup_context(ctx, inputs, output) -> None:
-    x, weight, bias, activation, residual, gamma = inputs
-    ctx.save_for_backward(x, weight, bias, residual, gamma)
-    ctx.activation = activation
-
-
-def _linear_backward(ctx, grad_out: torch.Tensor):
-    # No backward kernel yet: recompute through the eager reference (fp32 for half inputs).
-    x, weight, bias, residual, gamma = ctx.saved_tensors
-    needs = ctx.needs_input_grad
-    leaves = [
-        t.detach().requires_grad_(bool(needs[i])) if t is not None else None
-        for i, t in ((0, x), (1, weight), (2, bias), (4, residual), (5, gamma))
-    ]
-    wanted = [t for t in leaves if t is not None and t.requires_grad]
-    grads = iter(())
-    if wanted:
-        with torch.enable_grad():
-            out = linear_ref(leaves[0], leaves[1], leaves[2], ctx.activation, leaves[3], leaves[4], upcast=True)
-            grads = iter(torch.autograd.grad(out, wanted, grad_out))
-    grad_x, grad_w, grad_b, grad_r, grad_g = (
-        next(grads) if t is not None and t.requires_grad else None for t in leaves
-    )
-    return grad_x, grad_w, grad_b, None, grad_r, grad_g
-
-
-_linear_op.register_autograd(_linear_backward, setup_context=_linear_setup_context)
+register_recompute_backward(
+    _linear_op,
+    lambda x, weight, bias, activation, residual, gamma: linear_ref(
+        x, weight, bias, activation, residual, gamma, upcast=True
+    ),
+)
 
 
 def linear(
@@ -353,10 +450,86 @@ def linear(
     the forward through ``linear_ref`` (fp32 for half inputs) and differentiates that.
     """
     _check_linear_inputs(x, weight, bias, activation, residual, gamma)
+    if eager_direct(x, weight, bias, residual, gamma):  # plain eager: skip the custom op's dispatch
+        return launch_linear(x, weight, bias, activation, residual, gamma, checked=True)
     return _linear_op(x, weight, bias, activation, residual, gamma)
 
 
+@torch.library.custom_op("vit_fast::layer_norm_linear", mutates_args=())
+def _layer_norm_linear_op(
+    x: torch.Tensor,
+    ln_weight: torch.Tensor | None,
+    ln_bias: torch.Tensor | None,
+    ln_eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    activation: str | None,
+) -> torch.Tensor:
+    # layer_norm_linear() checked the inputs
+    return launch_linear(x, weight, bias, activation, ln_weight=ln_weight, ln_bias=ln_bias, ln_eps=ln_eps, checked=True)
+
+
+@_layer_norm_linear_op.register_fake
+def _layer_norm_linear_fake(x, ln_weight, ln_bias, ln_eps, weight, bias, activation) -> torch.Tensor:
+    _check_linear_inputs(x, weight, bias, activation, None, None)
+    _check_input_norm(x, ln_weight, ln_bias, ln_eps)
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+register_recompute_backward(
+    _layer_norm_linear_op,
+    lambda x, ln_weight, ln_bias, ln_eps, weight, bias, activation: layer_norm_linear_ref(
+        x, ln_weight, ln_bias, ln_eps, weight, bias, activation, upcast=True
+    ),
+)
+
+
+def layer_norm_linear(
+    x: torch.Tensor,
+    ln_weight: torch.Tensor | None,
+    ln_bias: torch.Tensor | None,
+    ln_eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str | None = None,
+) -> torch.Tensor:
+    """``act(LayerNorm(x) @ weight^T + bias)`` in one launch: the GEMM takes each row's LayerNorm
+    statistics itself (fp32, two passes) and normalises the tiles it feeds the dot. ``LayerNorm(x)``
+    is rounded to x's dtype before the dot, as the unfused ``layer_norm`` then ``linear`` would store it.
+
+    ``x [..., K]``; ``ln_weight`` / ``ln_bias`` ``[K]`` or None; ``ln_eps > 0``; the rest as in
+    :func:`linear` (no residual: in a ViT block the LayerNormed GEMMs are qkv and fc1).
+    A ``torch.library`` custom op (``vit_fast::layer_norm_linear``); backward recomputes through
+    :func:`layer_norm_linear_ref` in fp32.
+    """
+    _check_linear_inputs(x, weight, bias, activation, None, None)
+    _check_input_norm(x, ln_weight, ln_bias, ln_eps)
+    if eager_direct(x, ln_weight, ln_bias, weight, bias):  # plain eager: skip the custom op's dispatch
+        return launch_linear(
+            x, weight, bias, activation, ln_weight=ln_weight, ln_bias=ln_bias, ln_eps=ln_eps, checked=True
+        )
+    return _layer_norm_linear_op(x, ln_weight, ln_bias, ln_eps, weight, bias, activation)
+
+
 # ---------------------------------------------------------------------------------- reference
+def layer_norm_linear_ref(
+    x: torch.Tensor,
+    ln_weight: torch.Tensor | None,
+    ln_bias: torch.Tensor | None,
+    ln_eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str | None = None,
+    upcast: bool = False,
+) -> torch.Tensor:
+    """Eager ``F.layer_norm`` then :func:`linear_ref` (timm's ``mlp(norm2(x))``); ``upcast`` as there."""
+    dtype = x.dtype
+    if upcast and dtype in (torch.float16, torch.bfloat16):
+        x, ln_weight, ln_bias = (t.float() if t is not None else None for t in (x, ln_weight, ln_bias))
+    h = F.layer_norm(x, (x.shape[-1],), ln_weight, ln_bias, ln_eps).to(dtype)
+    return linear_ref(h, weight, bias, activation, upcast=upcast)
+
+
 def linear_ref(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -390,4 +563,4 @@ def linear_ref(
     return y.to(dtype)
 
 
-__all__ = ["linear", "linear_ref", "launch_linear", "ACTIVATIONS"]
+__all__ = ["linear", "linear_ref", "layer_norm_linear", "layer_norm_linear_ref", "launch_linear", "ACTIVATIONS"]

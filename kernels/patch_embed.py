@@ -6,10 +6,11 @@ ever materialised), a GEMM with float32 accumulation, bias and position embeddin
 epilogue, and the prefix tokens written by the same kernel. Optionally a uint8 image is
 normalised on the fly (``(x / 255 - mean[c]) / std[c]``), so the float image never exists.
 
-Read top to bottom: the Triton kernel, the launcher (checks, allocation, grid), the
-``torch.library`` custom op with its fake implementation and autograd, then the eager reference
+Top to bottom: the autotune configs, the kernel, the launcher :func:`launch_patch_embed` (input
+checks, allocation, grid), the ``torch.library`` custom op ``vit_fast::patch_embed`` (fake
+implementation + autograd), the public :func:`patch_embed` and the eager reference
 :func:`patch_embed_ref`. Backward is not a kernel: it recomputes the forward through the eager
-reference with autograd on (``_backward``): exact, but an eager forward + backward per call.
+reference in the inputs' dtype (``_common.register_recompute_backward``).
 
 Importing this module never touches a GPU driver.
 """
@@ -22,14 +23,28 @@ import torch
 import triton
 import triton.language as tl
 
-from vit_fast.kernels._common import check_device, interpret_bf16, interpreter_enabled, to_bf16_rtne
+from vit_fast.kernels._common import (
+    SUPPORTED_DTYPES,
+    ResolvedLaunches,
+    autotune_cache_enabled,
+    autotune_enabled,
+    check_device,
+    closest_config,
+    dot,
+    dot_in_fp32,
+    eager_direct,
+    interpret_bf16,
+    interpreter_enabled,
+    register_recompute_backward,
+    to_bf16_rtne,
+)
 
-_WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
-
-def _configs() -> list[triton.Config]:
+def _patch_embed_configs() -> list[triton.Config]:
+    """Autotune candidates. Built from the environment only (never a device query), so importing
+    this module touches no GPU driver. The interpreter cannot time configs: it gets one."""
     if interpreter_enabled():
-        # the autotuner needs a GPU to time configs; and under the interpreter, few wide programs are fastest
+        # under the interpreter, few wide programs are fastest
         return [triton.Config({"BLOCK_M": 64, "BLOCK_D": 128, "BLOCK_K": 64}, num_warps=4)]
     return [
         triton.Config({"BLOCK_M": bm, "BLOCK_D": bd, "BLOCK_K": bk}, num_warps=w, num_stages=s)
@@ -38,45 +53,75 @@ def _configs() -> list[triton.Config]:
         for bk in (32, 64)
         for w, s in ((4, 3), (8, 3))
         if not (bm == 128 and bd == 128 and w == 4)
+    ] + [
+        # narrow tiles for one or two images (M = B * T <= 512): 64x16 gives ViT-B/16 at batch 1 192 programs
+        triton.Config({"BLOCK_M": 64, "BLOCK_D": bd, "BLOCK_K": 64}, num_warps=4, num_stages=3)
+        for bd in (16, 32)
     ]
 
 
-@triton.autotune(configs=_configs(), key=["D", "K"])
+#: rows (tokens of all images) up to which the narrow tiles are candidates, and the programs the no-autotune
+#: heuristic aims for there (H100's and H200's SM count: a constant, no device query at import)
+SMALL_M, TARGET_PROGRAMS = 512, 132
+
+
+def _prune_patch_embed_configs(configs, named_args, **kwargs):
+    """Narrow tiles only for few rows. With ``VIT_FAST_AUTOTUNE=0`` one heuristic config: 64 rows, and for
+    few rows the widest of 128 / 64 / 32 / 16 features that gives TARGET_PROGRAMS programs; else 64x128."""
+    M, D = named_args.get("M"), named_args.get("D")
+    if M is None or D is None or len(configs) == 1:
+        return configs
+    kept = [c for c in configs if c.kwargs["BLOCK_D"] >= 64 or M <= SMALL_M]
+    if autotune_enabled():
+        return kept
+    block_d = 128
+    if M <= SMALL_M:
+        row_tiles = triton.cdiv(M, 64)
+        block_d = next((bd for bd in (128, 64, 32) if row_tiles * triton.cdiv(D, bd) >= TARGET_PROGRAMS), 16)
+    return [closest_config(kept, {"BLOCK_M": 64, "BLOCK_D": block_d, "BLOCK_K": 64}, 4, 3)]
+
+
+@triton.autotune(
+    configs=_patch_embed_configs(),
+    key=["D", "K"],
+    prune_configs_by={"early_config_prune": _prune_patch_embed_configs},
+    cache_results=autotune_cache_enabled(),
+)
 @triton.jit
-def _patch_embed_fwd_kernel(
-    X,  # image [B, C, H, W], any strides; uint8 or the weight's float dtype
-    W,  # [D, K] conv weight, K = C*p*p in (c, i, j) order, columns contiguous
-    BIAS,  # [D] conv bias (read only if HAS_BIAS)
-    POS,  # [L, D] position embedding; token t reads row t - pos_offset when that is >= 0
-    CLS,  # [D] class token (read only if HAS_CLS)
-    REG,  # [R, D] register tokens, rows contiguous (read only when num_reg > 0)
-    MEAN,  # [C] per-channel mean, 0..1 units (read only if NORMALIZE)
-    STD,  # [C] per-channel std, 0..1 units (read only if NORMALIZE)
-    OUT,  # [B*T, D] tokens out, contiguous, in W's dtype
-    stride_xb,  # elements between images of X
-    stride_xc,  # elements between channels of X
-    stride_xh,  # elements between pixel rows of X
-    stride_xw,  # elements between pixel columns of X
-    stride_wd,  # elements between rows (output features) of W
-    stride_pos,  # elements between rows of POS
+def _patch_embed_kernel(
+    x_ptr,  # image [B, C, H, W], any strides; uint8 or the weight's float dtype
+    w_ptr,  # [D, K] conv weight, K = C*p*p in (c, i, j) order, unit stride along K
+    bias_ptr,  # [D] conv bias, read only when HAS_BIAS
+    pos_ptr,  # [L, D] position embedding, unit stride along D; token t reads row t - pos_offset when that is >= 0
+    cls_ptr,  # [D] class token, read only when HAS_CLS
+    reg_ptr,  # [R, D] register tokens, contiguous, read only when num_reg > 0
+    mean_ptr,  # [C] per-channel mean, 0..1 units, read only when NORMALIZE
+    std_ptr,  # [C] per-channel std, 0..1 units, read only when NORMALIZE
+    out_ptr,  # [B*T, D] tokens out, contiguous, in the weight's dtype
     M,  # B*T: output rows (tokens of all images)
     T,  # tokens per image: num_prefix + grid_h*grid_w
     D,  # embedding dim
     K,  # C*p*p: the GEMM reduction length
+    stride_x_b,  # elements between images of x
+    stride_x_c,  # elements between channels of x
+    stride_x_h,  # elements between pixel rows of x
+    stride_x_w,  # elements between pixel columns of x
+    stride_w_d,  # elements between rows (output features) of w
+    stride_pos_t,  # elements between rows of pos
     patch,  # p: patch size in pixels
     grid_w,  # patches per image row (W / p)
     num_prefix,  # class + register tokens before the patches
     num_reg,  # register tokens
     pos_offset,  # 0 if the position embedding covers the prefix tokens, else num_prefix
+    HAS_BIAS: tl.constexpr,  # bias_ptr is given
+    HAS_CLS: tl.constexpr,  # token 0 is the class token
+    NORMALIZE: tl.constexpr,  # apply (x [/ 255] - mean[c]) / std[c] to the pixels
+    IS_UINT8: tl.constexpr,  # x is uint8 pixels in 0..255 (divide by 255 before mean/std)
+    DOT_IN_FP32: tl.constexpr,  # dot operands as fp32 at IEEE precision (fp32, or bf16 under the interpreter)
+    ROUND_BF16: tl.constexpr,  # round bf16 conversions by hand (interpreter: its fp32 -> bf16 cast truncates)
     BLOCK_M: tl.constexpr,  # tokens per program
     BLOCK_D: tl.constexpr,  # output features per program
     BLOCK_K: tl.constexpr,  # reduction step
-    HAS_BIAS: tl.constexpr,  # BIAS is given
-    HAS_CLS: tl.constexpr,  # token 0 is the class token
-    NORMALIZE: tl.constexpr,  # apply (x [/ 255] - MEAN[c]) / STD[c] to the pixels
-    IS_UINT8: tl.constexpr,  # X is uint8 pixels in 0..255 (divide by 255 before MEAN/STD)
-    DOT_IN_FP32: tl.constexpr,  # upcast dot operands to fp32: fp32 weights, or bf16 under the interpreter
-    ROUND_BF16: tl.constexpr,  # round bf16 conversions by hand (interpreter: its fp32 -> bf16 cast truncates)
 ):
     pid_m = tl.program_id(0)
     pid_d = tl.program_id(1)
@@ -93,7 +138,7 @@ def _patch_embed_fwd_kernel(
     gy = patch_idx // grid_w
     gx = patch_idx - gy * grid_w
     # top-left pixel of each row's patch: the im2col "row" is an address, never a tensor
-    row_base = img * stride_xb + (gy * patch).to(tl.int64) * stride_xh + (gx * patch).to(tl.int64) * stride_xw
+    row_base = img * stride_x_b + (gy * patch).to(tl.int64) * stride_x_h + (gx * patch).to(tl.int64) * stride_x_w
     pp = patch * patch
 
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
@@ -104,59 +149,61 @@ def _patch_embed_fwd_kernel(
         rem = ks - ch * pp
         di = rem // patch
         dj = rem - di * patch
-        col_off = ch.to(tl.int64) * stride_xc + di.to(tl.int64) * stride_xh + dj.to(tl.int64) * stride_xw
+        col_off = ch.to(tl.int64) * stride_x_c + di.to(tl.int64) * stride_x_h + dj.to(tl.int64) * stride_x_w
         a_mask = is_patch[:, None] & k_ok[None, :]
-        a = tl.load(X + row_base[:, None] + col_off[None, :], mask=a_mask, other=0)
+        a = tl.load(x_ptr + row_base[:, None] + col_off[None, :], mask=a_mask, other=0)
         if NORMALIZE:
             a = a.to(tl.float32)
             if IS_UINT8:
                 a = a / 255.0
-            mu = tl.load(MEAN + ch, mask=k_ok, other=0.0).to(tl.float32)
-            sd = tl.load(STD + ch, mask=k_ok, other=1.0).to(tl.float32)
+            mu = tl.load(mean_ptr + ch, mask=k_ok, other=0.0).to(tl.float32)
+            sd = tl.load(std_ptr + ch, mask=k_ok, other=1.0).to(tl.float32)
             # masked pixels must stay 0 after the shift, or prefix rows and K tails pick up -mean/std
             a = tl.where(a_mask, (a - mu[None, :]) / sd[None, :], 0.0)
         if NORMALIZE and ROUND_BF16:  # normalised pixels are fp32 here; bf16 as the reference rounds them
             a = to_bf16_rtne(a)
         else:
-            a = a.to(W.dtype.element_ty)
+            a = a.to(w_ptr.dtype.element_ty)
         w = tl.load(
-            W + feats[None, :].to(tl.int64) * stride_wd + ks[:, None], mask=k_ok[:, None] & feat_ok[None, :], other=0.0
+            w_ptr + feats[None, :].to(tl.int64) * stride_w_d + ks[:, None],
+            mask=k_ok[:, None] & feat_ok[None, :],
+            other=0.0,
         )
-        if DOT_IN_FP32:
-            # fp32 weights: IEEE, not TF32, to stay within 2x of eager. Interpreter: its bf16 dot is garbage
-            # (triton issue 11584); products of 16-bit floats are exact in fp32, so this matches the GPU's dot
-            acc = tl.dot(a.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, w, acc)
+        acc = dot(a, w, acc, DOT_IN_FP32)
 
     if HAS_BIAS:
-        bias = tl.load(BIAS + feats, mask=feat_ok, other=0.0).to(tl.float32)
+        bias = tl.load(bias_ptr + feats, mask=feat_ok, other=0.0).to(tl.float32)
         acc += tl.where(is_patch[:, None], bias[None, :], 0.0)
     # prefix rows: the GEMM left them 0, so they become cls / reg (+ pos below when it covers them)
     if HAS_CLS:
-        cls = tl.load(CLS + feats, mask=feat_ok, other=0.0).to(tl.float32)
+        cls = tl.load(cls_ptr + feats, mask=feat_ok, other=0.0).to(tl.float32)
         acc += tl.where((row_ok & (tok == 0))[:, None], cls[None, :], 0.0)
         reg_idx = tok - 1
     else:
         reg_idx = tok
     is_reg = row_ok & (reg_idx >= 0) & (reg_idx < num_reg)
     reg = tl.load(
-        REG + tl.maximum(reg_idx, 0)[:, None] * D + feats[None, :], mask=is_reg[:, None] & feat_ok[None, :], other=0.0
+        reg_ptr + tl.maximum(reg_idx, 0)[:, None] * D + feats[None, :],
+        mask=is_reg[:, None] & feat_ok[None, :],
+        other=0.0,
     )
     acc += reg.to(tl.float32)
     pos_row = tok - pos_offset
     has_pos = row_ok & (pos_row >= 0)
     pos = tl.load(
-        POS + tl.maximum(pos_row, 0).to(tl.int64)[:, None] * stride_pos + feats[None, :],
+        pos_ptr + tl.maximum(pos_row, 0).to(tl.int64)[:, None] * stride_pos_t + feats[None, :],
         mask=has_pos[:, None] & feat_ok[None, :],
         other=0.0,
     )
     acc += pos.to(tl.float32)
-    out = to_bf16_rtne(acc) if ROUND_BF16 else acc.to(OUT.dtype.element_ty)
-    tl.store(OUT + rows[:, None] * D + feats[None, :], out, mask=row_ok[:, None] & feat_ok[None, :])
+    out = to_bf16_rtne(acc) if ROUND_BF16 else acc.to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + rows[:, None] * D + feats[None, :], out, mask=row_ok[:, None] & feat_ok[None, :])
 
 
-# ---------------------------------------------------------------------------------------- launcher
+_patch_embed_launches = ResolvedLaunches(_patch_embed_kernel)
+
+
+# ---------------------------------------------------------------------------------- launcher
 def _as_channel_stats(v, name: str, x: torch.Tensor) -> torch.Tensor | None:
     """Accept mean/std as a tensor or a sequence of floats (e.g. ImageNet's (0.485, 0.456, 0.406))."""
     if v is None or isinstance(v, torch.Tensor):
@@ -164,6 +211,23 @@ def _as_channel_stats(v, name: str, x: torch.Tensor) -> torch.Tensor | None:
     if isinstance(v, Sequence) and all(isinstance(e, (int, float)) for e in v):
         return torch.tensor([float(e) for e in v], dtype=torch.float32, device=x.device)
     raise TypeError(f"{name} must be a tensor [C] or a sequence of C floats, got {type(v).__name__}")
+
+
+def _no_empty(reg_token: torch.Tensor | None) -> torch.Tensor | None:
+    """Zero register tokens (``[1, 0, D]``, as a model without registers may hold them) mean none."""
+    if reg_token is not None and reg_token.dim() == 3 and reg_token.shape[1] == 0:
+        return None
+    return reg_token
+
+
+def _tokens(
+    x: torch.Tensor, weight: torch.Tensor, cls_token: torch.Tensor | None, reg_token: torch.Tensor | None
+) -> tuple[int, int, int]:
+    """(num_prefix, num_reg, T) of checked inputs: T = num_prefix + (H/p) * (W/p)."""
+    p = weight.shape[-1]
+    num_reg = reg_token.shape[1] if reg_token is not None else 0
+    num_prefix = int(cls_token is not None) + num_reg
+    return num_prefix, num_reg, num_prefix + (x.shape[2] // p) * (x.shape[3] // p)
 
 
 def _check_patch_embed_inputs(
@@ -176,16 +240,15 @@ def _check_patch_embed_inputs(
     mean: torch.Tensor | None,
     std: torch.Tensor | None,
     no_embed_class: bool,
-    device_check: bool = True,
-) -> tuple[int, int, int, int, int]:
-    """Raise a clear error, before any launch, when the inputs do not fit. Returns (B, T, D, K, p)."""
+) -> None:
+    """Raise a clear error, before any launch, when the inputs do not fit the kernel."""
     if not isinstance(x, torch.Tensor) or x.dim() != 4:
         got = f"shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
         raise ValueError(f"x must be an image batch [B, C, H, W], got {got}")
     if not isinstance(weight, torch.Tensor) or weight.dim() != 4 or weight.shape[-1] != weight.shape[-2]:
         got = f"shape {tuple(weight.shape)}" if isinstance(weight, torch.Tensor) else type(weight).__name__
         raise ValueError(f"weight must be a square Conv2d kernel [D, C, p, p], got {got}")
-    if weight.dtype not in _WEIGHT_DTYPES:
+    if weight.dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"weight has dtype {weight.dtype}; patch_embed supports float32, float16 and bfloat16 weights")
     B, C, H, W = x.shape
     D, Cw, p, _ = weight.shape
@@ -218,9 +281,7 @@ def _check_patch_embed_inputs(
             if not t.is_floating_point():
                 raise TypeError(f"{name} has dtype {t.dtype}; pass a float tensor")
     gh, gw = H // p, W // p
-    num_reg = reg_token.shape[1] if reg_token is not None else 0
-    num_prefix = int(cls_token is not None) + num_reg
-    T = num_prefix + gh * gw
+    num_prefix, num_reg, _ = _tokens(x, weight, cls_token, reg_token)
     L = gh * gw + (0 if no_embed_class else num_prefix)
     for name, t, shape in (
         ("bias", bias, (D,)),
@@ -255,12 +316,10 @@ def _check_patch_embed_inputs(
     ):
         if t is not None and t.device != x.device:
             raise ValueError(f"{name} is on {t.device} but x is on {x.device}: put all inputs on one device")
-    if device_check:
-        check_device("patch_embed", x)
-    return B, T, D, C * p * p, p
+    check_device("patch_embed", x)
 
 
-def patch_embed_fwd(
+def launch_patch_embed(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
@@ -272,21 +331,28 @@ def patch_embed_fwd(
     mean: torch.Tensor | None = None,
     std: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
+    checked: bool = False,
 ) -> torch.Tensor:
-    """The launcher: check, allocate (or fill ``out``, a contiguous ``[B, T, D]`` buffer), launch."""
-    if reg_token is not None and reg_token.dim() == 3 and reg_token.shape[1] == 0:
-        reg_token = None
-    B, T, D, K, p = _check_patch_embed_inputs(
-        x, weight, bias, pos_embed, cls_token, reg_token, mean, std, no_embed_class
-    )
+    """Check the inputs, then run the kernel once (no autograd, no custom op); returns ``[B, T, D]``.
+
+    ``checked=True`` skips the checks: only for the custom op, whose one caller (:func:`patch_embed`)
+    has just run them, so a forward pays for each check once.
+
+    ``out``, if given, must be a contiguous ``[B, T, D]`` tensor in weight's dtype on x's device;
+    tests pass a NaN-filled one so an element the kernel leaves unwritten is caught.
+    """
+    reg_token = _no_empty(reg_token)
+    if not checked:
+        _check_patch_embed_inputs(x, weight, bias, pos_embed, cls_token, reg_token, mean, std, no_embed_class)
+    num_prefix, num_reg, T = _tokens(x, weight, cls_token, reg_token)
+    B, D, p = x.shape[0], weight.shape[0], weight.shape[-1]
+    K = weight.shape[1] * p * p
     if out is None:
         out = torch.empty((B, T, D), dtype=weight.dtype, device=x.device)
     elif out.shape != (B, T, D) or out.dtype != weight.dtype or out.device != x.device or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous {weight.dtype} tensor of shape {(B, T, D)} on {x.device}")
     if out.numel() == 0:
         return out
-    num_reg = reg_token.shape[1] if reg_token is not None else 0
-    num_prefix = int(cls_token is not None) + num_reg
     w2 = weight.reshape(D, K)
     if w2.stride(1) != 1:
         w2 = w2.contiguous()
@@ -296,9 +362,14 @@ def patch_embed_fwd(
     cls = cls_token.reshape(D).contiguous() if cls_token is not None else w2
     reg = reg_token.reshape(num_reg, D).contiguous() if reg_token is not None else w2
     M = B * T
-    grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), triton.cdiv(D, meta["BLOCK_D"]))  # noqa: E731
+
+    def grid(meta):
+        return (triton.cdiv(M, meta["BLOCK_M"]), triton.cdiv(D, meta["BLOCK_D"]))
+
     # unused pointers get w2: any valid tensor does, the constexpr flags keep the kernel off them
-    _patch_embed_fwd_kernel[grid](
+    _patch_embed_launches(
+        grid,
+        (),
         x,
         w2,
         bias if bias is not None else w2,
@@ -308,23 +379,23 @@ def patch_embed_fwd(
         mean if mean is not None else w2,
         std if std is not None else w2,
         out,
-        *x.stride(),
-        w2.stride(0),
-        pos2.stride(0),
         M,
         T,
         D,
         K,
+        *x.stride(),
+        w2.stride(0),
+        pos2.stride(0),
         p,
         x.shape[3] // p,
         num_prefix,
         num_reg,
-        0 if not no_embed_class else num_prefix,
+        num_prefix if no_embed_class else 0,
         HAS_BIAS=bias is not None,
         HAS_CLS=cls_token is not None,
         NORMALIZE=mean is not None,
         IS_UINT8=x.dtype == torch.uint8,
-        DOT_IN_FP32=weight.dtype == torch.float32 or interpreter_enabled(),
+        DOT_IN_FP32=dot_in_fp32(weight.dtype),
         ROUND_BF16=interpret_bf16(weight.dtype),
     )
     return out
@@ -343,50 +414,38 @@ def _patch_embed_op(
     std: torch.Tensor | None,
     no_embed_class: bool,
 ) -> torch.Tensor:
-    return patch_embed_fwd(
-        x, weight, bias, pos_embed, cls_token, reg_token, no_embed_class=no_embed_class, mean=mean, std=std
+    return _launch_checked(x, weight, bias, pos_embed, cls_token, reg_token, mean, std, no_embed_class)
+
+
+def _launch_checked(x, weight, bias, pos_embed, cls_token, reg_token, mean, std, no_embed_class) -> torch.Tensor:
+    """The op's body, in its argument order: patch_embed() checked the inputs."""
+    return launch_patch_embed(
+        x,
+        weight,
+        bias,
+        pos_embed,
+        cls_token,
+        reg_token,
+        no_embed_class=no_embed_class,
+        mean=mean,
+        std=std,
+        checked=True,
     )
 
 
 @_patch_embed_op.register_fake
-def _(x, weight, bias, pos_embed, cls_token, reg_token, mean, std, no_embed_class):
-    B, T, D, _, _ = _check_patch_embed_inputs(
-        x, weight, bias, pos_embed, cls_token, reg_token, mean, std, no_embed_class, device_check=False
-    )
-    return x.new_empty((B, T, D), dtype=weight.dtype)
+def _patch_embed_fake(x, weight, bias, pos_embed, cls_token, reg_token, mean, std, no_embed_class) -> torch.Tensor:
+    reg_token = _no_empty(reg_token)
+    _check_patch_embed_inputs(x, weight, bias, pos_embed, cls_token, reg_token, mean, std, no_embed_class)
+    return x.new_empty((x.shape[0], _tokens(x, weight, cls_token, reg_token)[2], weight.shape[0]), dtype=weight.dtype)
 
 
-def _setup_context(ctx, inputs, output) -> None:
-    *tensors, no_embed_class = inputs
-    ctx.no_embed_class = no_embed_class
-    ctx.save_for_backward(*tensors)
-
-
-def _backward(ctx, grad_out):
-    """Recompute the forward through the eager reference, autograd on, and differentiate that.
-
-    Exact (eager's own backward, in the inputs' dtype) but not fused: costs one eager forward
-    (Conv2d) and backward per call. uint8 images get no gradient.
-    """
-    tensors = ctx.saved_tensors
-    needs = ctx.needs_input_grad[: len(tensors)]
-    leaves = [
-        t.detach().requires_grad_(need and t.is_floating_point()) if t is not None else None
-        for t, need in zip(tensors, needs, strict=True)
-    ]
-    x, weight, bias, pos_embed, cls_token, reg_token, mean, std = leaves
-    wanted = [t for t in leaves if t is not None and t.requires_grad]
-    if not wanted:
-        return (None,) * (len(tensors) + 1)
-    with torch.enable_grad():
-        out = patch_embed_ref(
-            x, weight, bias, pos_embed, cls_token, reg_token, no_embed_class=ctx.no_embed_class, mean=mean, std=std
-        )
-        got = iter(torch.autograd.grad(out, wanted, grad_out, allow_unused=True))
-    return (*(next(got) if t is not None and t.requires_grad else None for t in leaves), None)
-
-
-_patch_embed_op.register_autograd(_backward, setup_context=_setup_context)
+register_recompute_backward(
+    _patch_embed_op,
+    lambda x, weight, bias, pos_embed, cls_token, reg_token, mean, std, no_embed_class: patch_embed_ref(
+        x, weight, bias, pos_embed, cls_token, reg_token, no_embed_class=no_embed_class, mean=mean, std=std
+    ),
+)
 
 
 def patch_embed(
@@ -414,12 +473,19 @@ def patch_embed(
     to this image's grid beforehand (``vit_fast.pos_embed.resample_pos_embed``).
     ``cls_token [1, 1, D]`` and ``reg_token [1, R, D]`` are optional. The output is in
     ``weight``'s dtype; ``T = [cls] + R + (H/p)*(W/p)``.
+
+    A ``torch.library`` custom op (``vit_fast::patch_embed``) with a fake implementation, so it
+    traces under ``torch.compile(fullgraph=True)``. Backward is supported but not fused: it
+    recomputes the forward through ``patch_embed_ref`` and differentiates that (uint8 images get
+    no gradient).
     """
     mean = _as_channel_stats(mean, "mean", x)
     std = _as_channel_stats(std, "std", x)
-    if reg_token is not None and reg_token.dim() == 3 and reg_token.shape[1] == 0:
-        reg_token = None
-    return torch.ops.vit_fast.patch_embed(x, weight, bias, pos_embed, cls_token, reg_token, mean, std, no_embed_class)
+    reg_token = _no_empty(reg_token)
+    _check_patch_embed_inputs(x, weight, bias, pos_embed, cls_token, reg_token, mean, std, no_embed_class)
+    if eager_direct(x, weight, bias, pos_embed, cls_token, reg_token):  # plain eager: skip the op's dispatch
+        return _launch_checked(x, weight, bias, pos_embed, cls_token, reg_token, mean, std, no_embed_class)
+    return _patch_embed_op(x, weight, bias, pos_embed, cls_token, reg_token, mean, std, no_embed_class)
 
 
 # ---------------------------------------------------------------------------------- reference
@@ -468,4 +534,4 @@ def patch_embed_ref(
     return tokens.to(out_dtype)
 
 
-__all__ = ["patch_embed", "patch_embed_fwd", "patch_embed_ref"]
+__all__ = ["launch_patch_embed", "patch_embed", "patch_embed_ref"]

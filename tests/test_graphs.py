@@ -10,6 +10,8 @@ import torch
 import vit_fast
 from vit_fast.graphs import CUDAGraphRunner, graph_input_mismatch
 
+from ._tf32 import no_tf32  # noqa: F401  (autouse: TF32 off while comparing with torch on CUDA)
+
 
 def _small_model(backend: str = "torch", dtype: torch.dtype = torch.float32) -> vit_fast.VisionTransformer:
     cfg = vit_fast.ViTConfig(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=2, num_classes=10)

@@ -9,8 +9,15 @@ import pytest
 import torch
 
 import vit_fast.kernels._common as kernels_common
-from vit_fast.kernels.layer_norm import add_layer_norm, add_layer_norm_fwd, add_layer_norm_ref, layer_norm
+from vit_fast.kernels.layer_norm import (
+    add_layer_norm,
+    add_layer_norm_ref,
+    launch_add_layer_norm,
+    launch_layer_norm,
+    layer_norm,
+)
 
+from ._tf32 import no_tf32  # noqa: F401  (autouse: TF32 off while comparing with torch on CUDA)
 from .numerics import assert_within_eager, poisoned
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -36,7 +43,7 @@ def _f64(*ts):
 def test_add_layer_norm_matches_float64(shape, dtype, device):
     eps = 1e-6
     x, residual, weight, bias = _inputs(shape, dtype, device)
-    summed, normed = add_layer_norm_fwd(
+    summed, normed = launch_add_layer_norm(
         x,
         residual,
         weight,
@@ -61,7 +68,7 @@ def test_layer_norm_without_residual(dtype, affine, device):
     shape, eps = (2, 50, 40), 1e-5
     x, _, weight, bias = _inputs(shape, dtype, device, affine)
     x = x * 4 + 2
-    _, normed = add_layer_norm_fwd(x, None, weight, bias, eps, normed_out=poisoned(shape, dtype, device))
+    normed = launch_layer_norm(x, weight, bias, eps, out=poisoned(shape, dtype, device))
     _, normed64 = add_layer_norm_ref(*_f64(x, None, weight, bias), eps)
     _, eager = add_layer_norm_ref(x, None, weight, bias, eps)
     assert_within_eager(normed, eager, normed64, "normed")
@@ -169,7 +176,7 @@ def test_malformed_inputs_raise_before_launch(case, device):
     with pytest.raises(exc, match=match):
         add_layer_norm(**args)
     with pytest.raises(exc, match=match):
-        add_layer_norm_fwd(**args)
+        launch_add_layer_norm(**args)
 
 
 def test_device_mismatch(device):
@@ -190,6 +197,6 @@ def test_cpu_tensor_without_interpreter_says_what_to_do(monkeypatch):
 def test_out_buffer_checked(device):
     x, residual, weight, bias = _good(device)
     with pytest.raises(ValueError, match="normed_out must be a contiguous"):
-        add_layer_norm_fwd(x, residual, weight, bias, 1e-6, normed_out=torch.empty(3, device=device))
+        launch_add_layer_norm(x, residual, weight, bias, 1e-6, normed_out=torch.empty(3, device=device))
     with pytest.raises(ValueError, match="residual is None"):
-        add_layer_norm_fwd(x, None, weight, bias, 1e-6, summed_out=torch.empty_like(x))
+        launch_add_layer_norm(x, None, weight, bias, 1e-6, summed_out=torch.empty_like(x))

@@ -15,6 +15,7 @@ import torch
 
 from vit_fast.kernels.linear import launch_linear, linear, linear_ref
 
+from ._tf32 import no_tf32  # noqa: F401  (autouse: TF32 off while comparing with torch on CUDA)
 from .numerics import assert_within_eager, poisoned
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 import vit_fast.kernels._common as kernels_common
-from vit_fast.kernels.patch_embed import patch_embed, patch_embed_fwd, patch_embed_ref
+from vit_fast.kernels.patch_embed import launch_patch_embed, patch_embed, patch_embed_ref
 
+from ._tf32 import no_tf32  # noqa: F401  (autouse: TF32 off while comparing with torch on CUDA)
 from .numerics import assert_within_eager, poisoned
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -58,7 +59,7 @@ def _check(x, params, kw, name, x64=None):
     out64 = patch_embed_ref(x if x64 is None else x64, **_f64(params), **kw)
     T, D = out64.shape[1:]
     dtype = params["weight"].dtype
-    out = patch_embed_fwd(x, **params, **kw, out=poisoned((B, T, D), dtype, x.device))
+    out = launch_patch_embed(x, **params, **kw, out=poisoned((B, T, D), dtype, x.device))
     eager = patch_embed_ref(x, **params, **kw)
     assert out.dtype == dtype
     assert_within_eager(out, eager, out64, name)
@@ -195,7 +196,7 @@ def test_malformed_inputs_raise_before_launch(case, device):
     with pytest.raises(exc, match=match):
         patch_embed(**args)
     with pytest.raises(exc, match=match):
-        patch_embed_fwd(**args)
+        launch_patch_embed(**args)
 
 
 def test_mean_std_malformed(device):
@@ -217,4 +218,4 @@ def test_cpu_tensor_without_interpreter_says_what_to_do(monkeypatch):
 
 def test_out_buffer_checked(device):
     with pytest.raises(ValueError, match=r"out must be a contiguous torch.float32 tensor of shape \(2, 7, 16\)"):
-        patch_embed_fwd(**_good(device), out=torch.empty(2, 7, 8, device=device))
+        launch_patch_embed(**_good(device), out=torch.empty(2, 7, 8, device=device))

@@ -14,8 +14,9 @@ import vit_fast.kernels.layer_norm as layer_norm
 import vit_fast.kernels.linear as linear
 import vit_fast.kernels.patch_embed as patch_embed
 
-assert len(attention._attention_fwd_kernel.configs) > 1
+assert len(attention._attention_kernel.configs) > 1
 assert len(linear._linear_kernel.configs) > 1
+assert len(patch_embed._patch_embed_kernel.configs) > 1
 calls = {
     "attention": lambda: attention.attention(torch.randn(1, 5, 96), 2),
     "linear": lambda: linear.linear(torch.randn(3, 8), torch.randn(4, 8)),

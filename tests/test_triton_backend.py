@@ -14,6 +14,7 @@ import torch
 
 from vit_fast import runtime
 
+from ._tf32 import no_tf32  # noqa: F401  (autouse: TF32 off while comparing with torch on CUDA)
 from .numerics import assert_within_eager, max_err
 from .util import tiny_model
 
@@ -178,3 +179,60 @@ def test_set_backend_triton_rejects_unsupported_head_dim():
     with pytest.raises(ValueError, match=r"head dims 16..256, this model's is 12 .*use backend='torch'"):
         model.set_backend("triton")
     assert model.backend == "torch"
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["ln-fused", "ln-unfused"])
+def test_forward_stages_match_torch_backend(fused):
+    """forward_stages on the triton backend (LayerNorm fused into the next GEMM, or not) against the
+    torch backend's stages, each judged against float64 by the numerics rule."""
+    model, x = _model_and_input("reg4-avg-layerscale-gelutanh")
+    model.fuse_layer_norm = fused
+    with torch.no_grad():
+        ref = dict(copy.deepcopy(model).double().set_backend("torch").forward_stages(x.double()))
+        eager = dict(model.set_backend("torch").forward_stages(x))
+        ours = dict(model.set_backend("triton").forward_stages(x))
+    names = ["patch embedding", *(f"block {i}" for i in range(model.cfg.depth)), "final norm"]
+    assert list(ours) == list(eager) == names
+    for name in names:
+        assert_within_eager(ours[name], eager[name], ref[name], f"stage {name} fused={fused}")
+
+
+def test_unfused_layer_norm_env_matches(monkeypatch):
+    """VIT_FAST_FUSE_LN=0 selects the unfused block (the GPU run compares both); it must agree too."""
+    model, x = _model_and_input("prenorm-37tokens")
+    with torch.no_grad():
+        ref = copy.deepcopy(model).double().forward_features(x.double())
+        eager = model.forward_features(x)
+        fused = model.set_backend("triton").forward_features(x)
+        monkeypatch.setenv("VIT_FAST_FUSE_LN", "0")
+        unfused = model.forward_features(x)
+    assert_within_eager(fused, eager, ref, "fused LN")
+    assert_within_eager(unfused, eager, ref, "unfused LN")
+
+
+def test_check_finite_on_triton_backend_names_the_stage():
+    from vit_fast.validation import NonFiniteError
+
+    model, x = _model_and_input("dim96-headdim32", batch=1)
+    model.set_backend("triton").check_finite = True
+    with torch.no_grad():
+        assert torch.isfinite(model(x)).all()
+        model.blocks[0].mlp.fc2.bias[0] = float("nan")
+        with pytest.raises(NonFiniteError, match="block 0"):
+            model(x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_uint8_images_match_torch_backend(dtype):
+    """Raw uint8 images with set_input_normalization: the triton backend normalises in the patch-embedding
+    kernel, the torch backend in float32 first; both against the float64 model on the same pixels."""
+    model, _ = _model_and_input("dim96-headdim32")
+    model.set_input_normalization((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    pixels = torch.randint(0, 256, (2, 3, 16, 16), dtype=torch.uint8, device=_device())
+    with torch.no_grad():
+        ref = copy.deepcopy(model).double().forward_features(pixels)
+        model = model.to(dtype)
+        eager = model.forward_features(pixels)
+        ours = model.set_backend("triton").forward_features(pixels)
+    assert ours.dtype == dtype
+    assert_within_eager(ours, eager, ref, f"uint8 input {dtype}")

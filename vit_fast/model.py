@@ -60,6 +60,9 @@ class VisionTransformer(nn.Module):
         self.weights_source: dict = {"kind": "random", "seed": None}
         #: opt-in: name the first stage that goes non-finite (also ``VIT_FAST_CHECK_FINITE=1``)
         self.check_finite = False
+        #: triton backend: LayerNorm folded into the GEMM after it (5 launches per block); False runs LN1 / LN2 as
+        #: launches of their own (7 per block), to compare the two (also ``VIT_FAST_FUSE_LN=0``)
+        self.fuse_layer_norm = True
         # set_input_normalization: uint8 images accepted (buffers follow .to(); not in the state_dict)
         self.register_buffer("input_mean", None, persistent=False)
         self.register_buffer("input_std", None, persistent=False)

@@ -4,11 +4,16 @@ The model's own parameters (timm names) go through the fused ops, nothing is cop
 re-laid-out:
 
     patch_embed   im2col + GEMM + bias + pos-embed + cls/reg tokens    -> x [B, T, D]
+                  (uint8 images normalised in the same kernel when set_input_normalization was called)
     norm_pre      layer_norm (when the model has one)
-    block         h = LN1(x); qkv = linear(h); a = attention(qkv)
-                  x = linear(a, proj, residual=x, gamma=ls1)
-                  h = LN2(x); m = linear(h, fc1, act); x = linear(m, fc2, residual=x, gamma=ls2)
+    block         qkv = linear(LN1(x)); a = attention(qkv)              5 launches: LN1 and LN2 are the
+                  x = linear(a, proj, residual=x, gamma=ls1)            prologues of the qkv and fc1 GEMMs
+                  m = linear(LN2(x), fc1, act); x = linear(m, fc2, residual=x, gamma=ls2)
     norm          layer_norm (Identity when the model pools with fc_norm)
+
+A ViT-B/16 forward is 2 + 5 * 12 = 62 launches. The unfused block (LN1 and LN2 as launches of their
+own, 7 per block, 86 for ViT-B/16) stays selectable for comparison: ``model.fuse_layer_norm = False``
+or ``VIT_FAST_FUSE_LN=0``.
 
 Why plain ``layer_norm`` and not ``add_layer_norm`` here: every residual add in a ViT block
 directly follows a GEMM, and the GEMM epilogue adds it (and LayerScale) for free while the
@@ -21,15 +26,18 @@ Input checks already ran in ``VisionTransformer.check_input``; pooling and the h
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from vit_fast.kernels.attention import attention
-from vit_fast.kernels.layer_norm import layer_norm
-from vit_fast.kernels.linear import linear
-from vit_fast.kernels.patch_embed import patch_embed
+from vit_fast.kernels._common import eager_direct
+from vit_fast.kernels.attention import attention, launch_attention
+from vit_fast.kernels.layer_norm import launch_layer_norm, layer_norm
+from vit_fast.kernels.linear import launch_linear, layer_norm_linear, linear
+from vit_fast.kernels.patch_embed import launch_patch_embed, patch_embed
 
 from .layers import LayerScale
 
@@ -38,11 +46,96 @@ if TYPE_CHECKING:
     from .model import VisionTransformer
 
 
-def _norm(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+class _Ops:
+    """The kernels as one forward calls them. ``direct``: plain eager inference (no autograd, not traced):
+    each call goes straight to the kernel's launcher with its checks skipped, since the forward checked every
+    parameter once (:func:`_check_params`); otherwise the public ``torch.library`` ops, each checking its
+    inputs, which autograd, torch.compile and export see."""
+
+    def __init__(self, direct: bool) -> None:
+        self.direct = direct
+
+    def linear(self, x, lin: nn.Linear, act=None, residual=None, gamma=None) -> torch.Tensor:
+        if self.direct:
+            return launch_linear(x, lin.weight, lin.bias, act, residual, gamma, checked=True)
+        return linear(x, lin.weight, lin.bias, activation=act, residual=residual, gamma=gamma)
+
+    def norm_linear(self, norm: nn.LayerNorm, x, lin: nn.Linear, act) -> torch.Tensor:
+        if self.direct:
+            w, b = lin.weight, lin.bias
+            return launch_linear(x, w, b, act, ln_weight=norm.weight, ln_bias=norm.bias, ln_eps=norm.eps, checked=True)
+        return layer_norm_linear(x, norm.weight, norm.bias, norm.eps, lin.weight, lin.bias, act)
+
+    def attention(self, qkv, num_heads: int, scale: float) -> torch.Tensor:
+        if self.direct:
+            return launch_attention(qkv, num_heads, scale, checked=True)
+        return attention(qkv, num_heads, scale)
+
+    def layer_norm(self, norm: nn.LayerNorm, x) -> torch.Tensor:
+        if self.direct:
+            return launch_layer_norm(x, norm.weight, norm.bias, norm.eps, checked=True)
+        return layer_norm(x, norm.weight, norm.bias, norm.eps)
+
+    def patch_embed(self, x, *args, **kwargs) -> torch.Tensor:
+        return launch_patch_embed(x, *args, **kwargs, checked=True) if self.direct else patch_embed(x, *args, **kwargs)
+
+
+_DIRECT, _THROUGH_OPS = _Ops(direct=True), _Ops(direct=False)
+
+
+def _ops_for(model: VisionTransformer, x: torch.Tensor) -> _Ops:
+    """Direct launches for plain eager inference, after one check of every parameter; else the custom ops."""
+    if torch.is_grad_enabled() or not eager_direct(x):
+        return _THROUGH_OPS
+    _check_params(model, x)
+    return _DIRECT
+
+
+def _check_params(model: VisionTransformer, x: torch.Tensor) -> None:
+    """Once per forward, what the per-op checks would find per launch: every tensor the kernels read has
+    x's float dtype (the model's, for a uint8 image), x's device and the shape the config gives it."""
+    cfg = model.cfg
+    D, hidden = cfg.embed_dim, model.blocks[0].mlp.fc1.weight.shape[0] if len(model.blocks) else 0
+    dtype, device = model.patch_embed.proj.weight.dtype, x.device
+    expected = [(model.pos_embed, None), (model.cls_token, None), (model.reg_token, None)]
+    for norm in (model.norm_pre, model.norm):
+        if isinstance(norm, nn.LayerNorm):
+            expected += [(norm.weight, (D,)), (norm.bias, (D,))]
+    for block in model.blocks:
+        attn, mlp = block.attn, block.mlp
+        expected += [
+            (block.norm1.weight, (D,)),
+            (block.norm1.bias, (D,)),
+            (attn.qkv.weight, (3 * D, D)),
+            (attn.qkv.bias, (3 * D,)),
+            (attn.proj.weight, (D, D)),
+            (attn.proj.bias, (D,)),
+            (_gamma(block.ls1), (D,)),
+            (block.norm2.weight, (D,)),
+            (block.norm2.bias, (D,)),
+            (mlp.fc1.weight, (hidden, D)),
+            (mlp.fc1.bias, (hidden,)),
+            (mlp.fc2.weight, (D, hidden)),
+            (mlp.fc2.bias, (D,)),
+            (_gamma(block.ls2), (D,)),
+        ]
+    for t, shape in expected:
+        if t is None:
+            continue
+        if t.dtype != dtype or t.device != device or (shape is not None and t.shape != shape) or t.stride(-1) != 1:
+            name = next((n for n, p in model.named_parameters() if p is t), "a parameter")
+            raise ValueError(
+                f"triton backend: {name} is {t.dtype} {tuple(t.shape)} on {t.device} (stride {t.stride(-1)}), but "
+                f"the forward needs {dtype} {shape or ''} on {device}, contiguous: move the whole model at once "
+                "(model.to(device, dtype)) and keep its layers' shapes"
+            )
+
+
+def _norm(ops: _Ops, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     if isinstance(module, nn.Identity):
         return x
     if isinstance(module, nn.LayerNorm):
-        return layer_norm(x, module.weight, module.bias, module.eps)
+        return ops.layer_norm(module, x)
     raise TypeError(f"the triton backend runs nn.LayerNorm or nn.Identity norms, got {type(module).__name__}")
 
 
@@ -56,32 +149,79 @@ def _gamma(module: nn.Module) -> torch.Tensor | None:
     raise TypeError(f"the triton backend runs LayerScale or nn.Identity, got {type(module).__name__}")
 
 
-def _block(block: Block, x: torch.Tensor, act: str) -> torch.Tensor:
+def _layer_norm_fused(model: VisionTransformer) -> bool:
+    """LayerNorm folded into the next GEMM (the default), unless the model or ``VIT_FAST_FUSE_LN=0`` says not."""
+    return getattr(model, "fuse_layer_norm", True) and os.environ.get("VIT_FAST_FUSE_LN", "1") != "0"
+
+
+def _norm_linear(
+    ops: _Ops, norm: nn.Module, x: torch.Tensor, lin: nn.Linear, act: str | None, fused: bool
+) -> torch.Tensor:
+    """``lin(norm(x))`` (then ``act``): one launch when fused and ``norm`` is a LayerNorm, else two."""
+    if fused and isinstance(norm, nn.LayerNorm):
+        return ops.norm_linear(norm, x, lin, act)
+    return ops.linear(_norm(ops, norm, x), lin, act)
+
+
+def _run_block(ops: _Ops, block: Block, x: torch.Tensor, act: str, fused: bool) -> torch.Tensor:
     attn, mlp = block.attn, block.mlp
-    h = layer_norm(x, block.norm1.weight, block.norm1.bias, block.norm1.eps)
-    qkv = linear(h, attn.qkv.weight, attn.qkv.bias)  # [B, T, 3*D], read in place as [B, T, 3, H, Dh]
-    a = attention(qkv, attn.num_heads, attn.scale)  # [B, T, D]
-    x = linear(a, attn.proj.weight, attn.proj.bias, residual=x, gamma=_gamma(block.ls1))
-    h = layer_norm(x, block.norm2.weight, block.norm2.bias, block.norm2.eps)
-    m = linear(h, mlp.fc1.weight, mlp.fc1.bias, activation=act)
-    return linear(m, mlp.fc2.weight, mlp.fc2.bias, residual=x, gamma=_gamma(block.ls2))
+    qkv = _norm_linear(ops, block.norm1, x, attn.qkv, None, fused)  # [B, T, 3*D], read in place as [B, T, 3, H, Dh]
+    a = ops.attention(qkv, attn.num_heads, attn.scale)  # [B, T, D]
+    x = ops.linear(a, attn.proj, residual=x, gamma=_gamma(block.ls1))
+    m = _norm_linear(ops, block.norm2, x, mlp.fc1, act, fused)
+    return ops.linear(m, mlp.fc2, residual=x, gamma=_gamma(block.ls2))
+
+
+def _block(block: Block, x: torch.Tensor, act: str) -> torch.Tensor:
+    """One block through the custom ops (what ``vit_fast.patching`` runs inside timm / HF models), LayerNorm
+    fused unless ``VIT_FAST_FUSE_LN=0``."""
+    return _run_block(_THROUGH_OPS, block, x, act, os.environ.get("VIT_FAST_FUSE_LN", "1") != "0")
+
+
+def _embed(ops: _Ops, model: VisionTransformer, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    """Tokens ``[B, T, D]`` after the patch embedding and ``norm_pre``; a uint8 image is normalised in the kernel."""
+    proj = model.patch_embed.proj
+    normalize = x.dtype == torch.uint8
+    tokens = ops.patch_embed(
+        x,
+        proj.weight,
+        proj.bias,
+        model.pos_embed_at(grid),
+        model.cls_token,
+        model.reg_token,
+        no_embed_class=model.cfg.no_embed_class,
+        mean=model.input_mean if normalize else None,
+        std=model.input_std if normalize else None,
+    )
+    return _norm(ops, model.norm_pre, tokens)
+
+
+def stages_triton(
+    model: VisionTransformer, x: torch.Tensor, grid: tuple[int, int]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """``("patch embedding", tokens)``, ``("block i", tokens)`` for each block, ``("final norm", tokens)``:
+    the triton path one stage at a time, as ``model._stages_torch`` yields them (each ``[B, T, D]``)."""
+    ops, fused = _ops_for(model, x), _layer_norm_fused(model)
+    tokens = _embed(ops, model, x, grid)
+    yield "patch embedding", tokens
+    for i, block in enumerate(model.blocks):
+        tokens = _run_block(ops, block, tokens, model.cfg.act, fused)
+        yield f"block {i}", tokens
+    yield "final norm", _norm(ops, model.norm, tokens)
 
 
 def features_triton(model: VisionTransformer, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
     """Tokens ``[B, T, D]`` after the final norm, as ``model._features_torch(x, grid)`` computes them.
 
-    ``x [B, C, H, W]`` in the model's dtype and device, already validated; ``grid`` = ``(H/p, W/p)``.
+    ``x [B, C, H, W]`` in the model's dtype and device (or uint8 with the model's input normalisation),
+    already validated; ``grid`` = ``(H/p, W/p)``.
     """
-    cfg = model.cfg
-    pos_embed = model.pos_embed_at(grid)
-    proj = model.patch_embed.proj
-    tokens = patch_embed(
-        x, proj.weight, proj.bias, pos_embed, model.cls_token, model.reg_token, no_embed_class=cfg.no_embed_class
-    )
-    tokens = _norm(model.norm_pre, tokens)
+    # the same helpers as stages_triton, without a generator in the way of torch.compile's tracing
+    ops, fused = _ops_for(model, x), _layer_norm_fused(model)
+    tokens = _embed(ops, model, x, grid)
     for block in model.blocks:
-        tokens = _block(block, tokens, cfg.act)
-    return _norm(model.norm, tokens)
+        tokens = _run_block(ops, block, tokens, model.cfg.act, fused)
+    return _norm(ops, model.norm, tokens)
 
 
-__all__ = ["features_triton"]
+__all__ = ["features_triton", "stages_triton"]

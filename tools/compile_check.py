@@ -1,21 +1,25 @@
 """Compile every Triton kernel variant ahead of time for a GPU target, without a GPU.
 
-    python benchmarks/compile_check.py                       # all kernels, sm_90 (H100), a table
-    python benchmarks/compile_check.py --kernels linear,attention --jobs 4 --csv out.csv
-    python benchmarks/compile_check.py --full                # every config x every flag variant (slow)
+    python tools/compile_check.py                       # all kernels, sm_90 (H100), a table
+    python tools/compile_check.py --kernels linear,attention --jobs 4 --csv out.csv
+    python tools/compile_check.py --kernels layer_norm --filter fp16   # a subset: variants whose label has "fp16"
+    python tools/compile_check.py --full                # every config x every flag variant (slow)
 
 Each variant goes through the real GPU pipeline (ttir -> ttgir -> llir -> ptx -> cubin with the
 ptxas shipped in the triton wheel) via ``triton.compile(ASTSource(...), target=GPUTarget(...))``,
-specialised exactly as a launch would specialise it (the kernel's own binder runs on CPU tensors
-of the launch's shapes, dtypes and strides: ints equal to 1 become constants, multiples of 16 get
-the divisibility hint). Per variant it reports shared memory (``metadata.shared``, what the
+specialised exactly as a launch would specialise it: the kernel's launcher (``launch_<op>``) runs on
+CPU tensors of the variant's shapes, dtypes and strides with its kernel swapped for a recorder, and
+the kernel's own binder runs on the recorded arguments (ints equal to 1 become constants, multiples
+of 16 get the divisibility hint). Per variant it reports shared memory (``metadata.shared``, what the
 launcher asks the driver for), registers and spill bytes (``ptxas -v`` on the kernel's PTX, the
 same flags Triton uses), and flags shared memory above the target's per-block limit or spills.
 
 Catches what the interpreter (TRITON_INTERPRET=1) cannot: type errors, constexpr misuse, dot
 shapes the tensor cores reject, shared-memory overflow, register spills. It does not run
 anything, so it says nothing about numerics or speed. Not collected by pytest (not test_*/bench_*);
-needs no GPU and no driver. Exit status 1 if any variant fails or is flagged.
+needs no GPU and no driver. Exit status 1 if any variant fails or is flagged. Written against
+triton 3.9; the one compile option 3.6 (the GPU machine's) lacks, ``fpsan_homomorphic_casts``, is
+passed only where triton has it.
 """
 
 from __future__ import annotations
@@ -33,12 +37,12 @@ import time
 import warnings
 from concurrent.futures.process import BrokenProcessPool
 
-if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+from vit_fast.kernels._interpret import interpreter_enabled
+
+if interpreter_enabled():
     sys.exit("compile_check: unset TRITON_INTERPRET: the compiled-mode autotune configs are the ones to check")
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, without its warning
 
-# per-block dynamic shared memory limit (opt-in) by compute capability
-MAX_SHARED = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
 ALL_KERNELS = ("patch_embed", "layer_norm", "attention", "linear")
 DTYPES = ("fp32", "fp16", "bf16")
 
@@ -53,6 +57,48 @@ def _empty(shape, dtype):
     import torch
 
     return torch.empty(shape, dtype=_torch_dtype(dtype))
+
+
+class _Recorder:
+    """Stands in for a kernel while its launcher runs: keeps the launch's arguments, launches nothing."""
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.args, self.kwargs = args, kwargs
+
+        return launch
+
+
+def _recorded_launch(module, kernel_name: str, launcher, *args, **kwargs):
+    """(JITFunction, positional args, keyword args) of the launch ``launcher(*args, **kwargs)`` makes.
+
+    The launcher itself runs on CPU tensors of the variant's shapes, dtypes and strides (its input
+    checks skipped: they would refuse CPU tensors without the interpreter), with its kernel swapped
+    for a recorder; so the kernel's argument list is written once, in the launcher."""
+    kernel = getattr(module, kernel_name)
+    recorder = _Recorder()
+    # launchers launch through their ResolvedLaunches (``_<op>_launches``), which holds the kernel itself
+    launches_name = kernel_name.replace("_kernel", "_launches")
+    launches = getattr(module, launches_name, None)
+    setattr(module, kernel_name, recorder)
+    if launches is not None:
+        setattr(module, launches_name, lambda grid, grid_key, *a, **k: recorder[grid](*a, **k))
+    try:
+        launcher(*args, **kwargs, checked=True)
+    finally:
+        setattr(module, kernel_name, kernel)
+        if launches is not None:
+            setattr(module, launches_name, launches)
+    return kernel_fn(kernel), recorder.args, recorder.kwargs
+
+
+def kernel_fn(kernel):
+    """The JITFunction under an Autotuner (or the JITFunction itself: its own ``fn`` is the Python function)."""
+    from triton.runtime.jit import JITFunction
+
+    while not isinstance(kernel, JITFunction):
+        kernel = kernel.fn
+    return kernel
 
 
 # ------------------------------------------------------------------------------ variants
@@ -83,7 +129,7 @@ def patch_embed_tasks(full: bool):
         (True, 4, True),
         (False, 4, True),
     )
-    configs = pe._patch_embed_fwd_kernel.configs
+    configs = pe._patch_embed_kernel.configs
     tasks = []
     for cfg, dtype, image, shape in itertools.product(configs, DTYPES, images, shapes):
         # every config: the heaviest flag set (bias, class + 4 register tokens) ...
@@ -121,32 +167,23 @@ def patch_embed_launch(params):
     C, p, D, B, H = params["shape"]
     dtype, image = params["dtype"], params["image"]
     has_cls, num_reg, no_embed_class = params["prefix"]
-    x = _empty((B, C, H, H), "u8" if image.startswith("uint8") else dtype)
-    K = C * p * p
-    w2 = _empty((D, K), dtype)
-    gh = H // p
+    num_patches = (H // p) ** 2
     num_prefix = int(has_cls) + num_reg
-    T = num_prefix + gh * gh
-    L = gh * gh + (0 if no_embed_class else num_prefix)
-    pos = _empty((L, D), dtype)
-    bias = _empty((D,), dtype) if params["bias"] else w2
-    cls = _empty((D,), dtype) if has_cls else w2
-    reg = _empty((num_reg, D), dtype) if num_reg else w2
     normalize = image.endswith("+norm")
-    mean = _empty((C,), "fp32") if normalize else w2
-    std = _empty((C,), "fp32") if normalize else w2
-    out = _empty((B * T, D), dtype)
-    args = (x, w2, bias, pos, cls, reg, mean, std, out, *x.stride(), w2.stride(0), pos.stride(0))
-    args += (B * T, T, D, K, p, gh, num_prefix, num_reg, num_prefix if no_embed_class else 0)
-    const = {
-        "HAS_BIAS": params["bias"],
-        "HAS_CLS": has_cls,
-        "NORMALIZE": normalize,
-        "IS_UINT8": image.startswith("uint8"),
-        "DOT_IN_FP32": dtype == "fp32",  # as the launcher sets it when compiled
-        "ROUND_BF16": False,
-    }
-    return pe._patch_embed_fwd_kernel.fn, args, const
+    return _recorded_launch(
+        pe,
+        "_patch_embed_kernel",
+        pe.launch_patch_embed,
+        _empty((B, C, H, H), "u8" if image.startswith("uint8") else dtype),
+        _empty((D, C, p, p), dtype),
+        _empty((D,), dtype) if params["bias"] else None,
+        _empty((1, num_patches + (0 if no_embed_class else num_prefix), D), dtype),
+        _empty((1, 1, D), dtype) if has_cls else None,
+        _empty((1, num_reg, D), dtype) if num_reg else None,
+        no_embed_class=no_embed_class,
+        mean=_empty((C,), "fp32") if normalize else None,
+        std=_empty((C,), "fp32") if normalize else None,
+    )
 
 
 def layer_norm_tasks(full: bool):
@@ -163,24 +200,17 @@ def layer_norm_launch(params):
     from vit_fast.kernels import layer_norm as ln
 
     M, D, dtype = 197 * 8, params["D"], params["dtype"]
-    x = _empty((M, D), dtype)
-    res = _empty((M, D), dtype) if params["res"] else x
-    w = _empty((D,), dtype) if params["weight"] else x
-    b = _empty((D,), dtype) if params["bias"] else x
-    summed = _empty((M, D), dtype) if params["res"] else x
-    normed = _empty((M, D), dtype)
-    block_m, block_n, num_warps = ln._blocks(M, D)  # the compiled-mode blocks (TRITON_INTERPRET unset)
-    args = (x, res, w, b, summed, normed, x.stride(0), res.stride(0), summed.stride(0), normed.stride(0), M, D, 1e-6)
-    const = {
-        "BLOCK_M": block_m,
-        "BLOCK_N": block_n,
-        "HAS_RESIDUAL": params["res"],
-        "HAS_WEIGHT": params["weight"],
-        "HAS_BIAS": params["bias"],
-        "ROUND_BF16": False,
-        "num_warps": num_warps,
-    }
-    return ln._add_layer_norm_fwd_kernel, args, const
+    # the launcher picks the compiled-mode block sizes and warps itself (TRITON_INTERPRET unset)
+    return _recorded_launch(
+        ln,
+        "_layer_norm_kernel",
+        ln.launch_add_layer_norm,
+        _empty((M, D), dtype),
+        _empty((M, D), dtype) if params["res"] else None,
+        _empty((D,), dtype) if params["weight"] else None,
+        _empty((D,), dtype) if params["bias"] else None,
+        1e-6,
+    )
 
 
 ATTENTION_HEADS = {32: 12, 64: 12, 80: 16, 96: 12, 128: 16, 256: 4}  # head_dim -> num_heads (256: MAX_HEAD_DIM)
@@ -189,7 +219,7 @@ ATTENTION_HEADS = {32: 12, 64: 12, 80: 16, 96: 12, 128: 16, 256: 4}  # head_dim 
 def attention_tasks(full: bool):
     from vit_fast.kernels import attention as at
 
-    kernel = at._attention_fwd_kernel
+    kernel = at._attention_kernel
     tasks = []
     for head_dim, dtype in itertools.product(ATTENTION_HEADS, DTYPES):
         block_d = max(16, 1 << (head_dim - 1).bit_length())
@@ -208,30 +238,29 @@ def attention_tasks(full: bool):
 def attention_launch(params):
     from vit_fast.kernels import attention as at
 
-    B, T, dtype, Dh = 8, 197, params["dtype"], params["head_dim"]
+    B, T, Dh = 8, 197, params["head_dim"]
     H = ATTENTION_HEADS[Dh]
-    qkv = _empty((B, T, 3 * H * Dh), dtype)
-    out = _empty((B, T, H * Dh), dtype)
-    args = (qkv, out, Dh**-0.5 * at.LOG2E, T, H, Dh, qkv.stride(0), qkv.stride(1), out.stride(0), out.stride(1))
-    const = {
-        "UPCAST_DOT": False,
-        "ROUND_BF16": False,
-        "DOT_PRECISION": "ieee" if dtype == "fp32" else "tf32",
-        "BLOCK_D": max(16, 1 << (Dh - 1).bit_length()),
-    }
-    return kernel_fn(at._attention_fwd_kernel), args, const
+    return _recorded_launch(
+        at, "_attention_kernel", at.launch_attention, _empty((B, T, 3 * H * Dh), params["dtype"]), H
+    )
 
 
-# (label, (M, N, K), activation, bias, residual, gamma): the ViT-B/16 block's GEMMs, batch 8
+# (label, (M, N, K), activation, bias, residual, gamma): the ViT-B/16 block's GEMMs, batch 8; "ln+" labels
+# have the LayerNorm prologue (layer_norm_linear: LN1 -> qkv, LN2 -> fc1)
 LINEAR_VARIANTS = (
     ("qkv none+bias", (1576, 2304, 768), "none", True, False, False),
+    ("ln+qkv none+bias", (1576, 2304, 768), "none", True, False, False),
+    ("ln+fc1 gelu+bias", (1576, 3072, 768), "gelu", True, False, False),
+    # batch 1 (197 rows): the narrow small-M tiles (BLOCK_N 16 / 32) are candidates only here
+    ("ln+qkv b1 none+bias", (197, 2304, 768), "none", True, False, False),
+    ("fc2 b1 bias+res+gamma", (197, 768, 3072), "none", True, True, True),
     ("fc1 gelu+bias", (1576, 3072, 768), "gelu", True, False, False),
     ("fc1 gelu_tanh+bias", (1576, 3072, 768), "gelu_tanh", True, False, False),
     ("fc2 bias+res+gamma", (1576, 768, 3072), "none", True, True, True),
 )
 
 # every config for the heaviest epilogues (erf GELU; residual + LayerScale); the others on two tiles unless --full
-LINEAR_EVERY_CONFIG = ("fc1 gelu+bias", "fc2 bias+res+gamma")
+LINEAR_EVERY_CONFIG = ("fc1 gelu+bias", "fc2 bias+res+gamma", "ln+fc1 gelu+bias")
 
 
 def linear_tasks(full: bool):
@@ -242,7 +271,9 @@ def linear_tasks(full: bool):
     for variant, dtype in itertools.product(LINEAR_VARIANTS, DTYPES):
         name, (M, N, K) = variant[0], variant[1]
         kept = kernel.early_config_prune(kernel.configs, {"M": M, "N": N, "K": K})
-        if not full and name not in LINEAR_EVERY_CONFIG:
+        if not full and " b1 " in name:
+            kept = [c for c in kept if c.kwargs["BLOCK_N"] < 64]  # batch 1: the narrow tiles only batch 1-2 gets
+        elif not full and name not in LINEAR_EVERY_CONFIG:
             kept = [kept[0], kept[-1]]  # epilogue-only variants: the smallest and largest tile
         for cfg in kept:
             tasks.append(
@@ -258,46 +289,21 @@ def linear_tasks(full: bool):
 def linear_launch(params):
     from vit_fast.kernels import linear as li
 
-    _, (M, N, K), act, has_bias, has_res, has_gamma = params["variant"]
+    name, (M, N, K), act, has_bias, has_res, has_gamma = params["variant"]
     dtype = params["dtype"]
-    x = _empty((M, K), dtype)
-    w = _empty((N, K), dtype)
-    bias = _empty((N,), dtype) if has_bias else x
-    res = _empty((M, N), dtype) if has_res else x
-    gamma = _empty((N,), dtype) if has_gamma else x
-    out = _empty((M, N), dtype)
-    m_bucket = 1 << (M - 1).bit_length()  # as the launcher's triton.next_power_of_2(M)
-    args = (
-        x,
-        w,
-        bias,
-        res,
-        gamma,
-        out,
-        M,
-        N,
-        K,
-        x.stride(0),
-        w.stride(0),
-        res.stride(0) if has_res else 0,
-        N,
-        m_bucket,
+    ln = {"ln_weight": _empty((K,), dtype), "ln_bias": _empty((K,), dtype), "ln_eps": 1e-6} if name[:3] == "ln+" else {}
+    return _recorded_launch(
+        li,
+        "_linear_kernel",
+        li.launch_linear,
+        _empty((M, K), dtype),
+        _empty((N, K), dtype),
+        _empty((N,), dtype) if has_bias else None,
+        None if act == "none" else act,
+        _empty((M, N), dtype) if has_res else None,
+        _empty((N,), dtype) if has_gamma else None,
+        **ln,
     )
-    const = {
-        "ACTIVATION": li._ACTIVATION_CODE[None if act == "none" else act],
-        "HAS_BIAS": has_bias,
-        "HAS_RESIDUAL": has_res,
-        "HAS_GAMMA": has_gamma,
-        "UPCAST_DOT": False,
-        "ROUND_BF16": False,
-        "DOT_PRECISION": "ieee" if dtype == "fp32" else "tf32",
-    }
-    return kernel_fn(li._linear_kernel), args, const
-
-
-def kernel_fn(kernel):
-    """The JITFunction under an Autotuner (or the JITFunction itself)."""
-    return getattr(kernel, "fn", kernel)
 
 
 TASKS = {
@@ -352,7 +358,7 @@ def _pruned_by_autotuner(kernel, fn, args, const, params) -> bool:
     """Whether the kernel's own early_config_prune drops this config for these arguments (so it never runs)."""
     from vit_fast.kernels import attention, linear
 
-    tuner = {"attention": attention._attention_fwd_kernel, "linear": linear._linear_kernel}.get(kernel)
+    tuner = {"attention": attention._attention_kernel, "linear": linear._linear_kernel}.get(kernel)
     if tuner is None or not getattr(tuner, "early_config_prune", None) or "meta" not in params:
         return False
     named = dict(zip(fn.arg_names, args, strict=False))
@@ -361,11 +367,10 @@ def _pruned_by_autotuner(kernel, fn, args, const, params) -> bool:
     return all((c.kwargs, c.num_warps, c.num_stages) != key for c in kept)
 
 
-def compile_one(task, arch: int):
-    """Compile one variant; returns a result dict (never raises)."""
-    warnings.simplefilter("ignore")
-    kernel, label, params = task
-    result = {
+def _failed(task, error: str = "") -> dict:
+    """The result row of a variant that has not compiled (yet)."""
+    kernel, label, _ = task
+    return {
         "kernel": kernel,
         "variant": label,
         "ok": False,
@@ -373,8 +378,17 @@ def compile_one(task, arch: int):
         "shared": None,
         "regs": None,
         "spills": None,
-        "error": "",
+        "wgmma": None,
+        "tma": None,
+        "error": error,
     }
+
+
+def compile_one(task, arch: int):
+    """Compile one variant; returns a result dict (never raises)."""
+    warnings.simplefilter("ignore")
+    kernel, label, params = task
+    result = _failed(task)
     t0 = time.perf_counter()
     try:
         import triton
@@ -390,10 +404,12 @@ def compile_one(task, arch: int):
         for opt in ("num_warps", "num_stages"):
             if opt in params:
                 kwargs[opt] = params[opt]
-        # the options JITFunction.run adds before binding
+        # the options JITFunction.run adds before binding. fpsan_homomorphic_casts is in triton 3.9's knobs
+        # (and its run adds it) but not in 3.6's, whose run adds only the first two
         kwargs["debug"] = False
         kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
-        kwargs["fpsan_homomorphic_casts"] = knobs.compilation.fpsan_homomorphic_casts
+        if hasattr(knobs.compilation, "fpsan_homomorphic_casts"):
+            kwargs["fpsan_homomorphic_casts"] = knobs.compilation.fpsan_homomorphic_casts
         target = GPUTarget("cuda", arch, 32)
         backend = make_backend(target)
         binder = create_function_from_signature(fn.signature, fn.params, backend)
@@ -404,6 +420,9 @@ def compile_one(task, arch: int):
         usage = _ptxas_usage(compiled.asm["ptx"], arch)
         result["regs"] = usage["regs"]
         result["spills"] = (usage["spill_st"] or 0) + (usage["spill_ld"] or 0)
+        # Hopper's instructions in the PTX: warpgroup MMA, and the bulk tensor copy (TMA)
+        result["wgmma"] = "wgmma.mma_async" in compiled.asm["ptx"]
+        result["tma"] = "cp.async.bulk.tensor" in compiled.asm["ptx"]
         result["ok"] = True
     except Exception as e:  # noqa: BLE001 - every failure is a row of the table
         msg = f"{type(e).__name__}: {e}"
@@ -439,17 +458,7 @@ def _run_all(tasks, arch: int, jobs: int, progress: bool):
                 try:
                     results[i] = pool.submit(compile_one, tasks[i], arch).result()
                 except BrokenProcessPool:
-                    kernel, label, _ = tasks[i]
-                    results[i] = {
-                        "kernel": kernel,
-                        "variant": label,
-                        "ok": False,
-                        "pruned": False,
-                        "shared": None,
-                        "regs": None,
-                        "spills": None,
-                        "error": "the compiler process crashed (abort or segfault)",
-                    }
+                    results[i] = _failed(tasks[i], "the compiler process crashed (abort or segfault)")
             done += 1
         pending = []
     return results
@@ -495,13 +504,18 @@ def main(argv=None) -> int:
         if k not in TASKS:
             parser.error(f"unknown kernel {k!r}; choose from {', '.join(ALL_KERNELS)}")
     tasks = [t for k in kernels for t in TASKS[k](args.full) if args.filter in t[1]]
-    max_shared = MAX_SHARED.get(args.arch, 99 * 1024)
+    from vit_fast.kernels._common import shared_memory_limit
+
+    max_shared = shared_memory_limit(args.arch)
     print(f"compiling {len(tasks)} variants for sm_{args.arch} with {args.jobs} processes", file=sys.stderr)
     t0 = time.perf_counter()
     results = _run_all(tasks, args.arch, args.jobs, progress=True)
 
     width = max(len(r["variant"]) for r in results) if results else 10
-    header = f"{'kernel':<12} {'variant':<{width}} {'ok':<4} {'shared KB':>9} {'regs':>4} {'spills':>6}  flags"
+    header = (
+        f"{'kernel':<12} {'variant':<{width}} {'ok':<4} {'shared KB':>9} {'regs':>4} {'spills':>6} {'wgmma':>5} "
+        f"{'tma':>3}  flags"
+    )
     print(header)
     print("-" * len(header))
     for r in results:
@@ -509,8 +523,9 @@ def main(argv=None) -> int:
         regs = r["regs"] if r["regs"] is not None else "-"
         spills = r["spills"] if r["spills"] is not None else "-"
         ok = "ok" if r["ok"] else "FAIL"
+        wgmma, tma = ({True: "yes", False: "no", None: "-"}[r[k]] for k in ("wgmma", "tma"))
         print(
-            f"{r['kernel']:<12} {r['variant']:<{width}} {ok:<4} {shared:>9} {regs:>4} {spills:>6}  "
+            f"{r['kernel']:<12} {r['variant']:<{width}} {ok:<4} {shared:>9} {regs:>4} {spills:>6} {wgmma:>5} {tma:>3}  "
             f"{_flags(r, max_shared)}"
         )
         if r["error"]:
@@ -528,9 +543,13 @@ def main(argv=None) -> int:
         peak_regs = max((r["regs"] or 0 for r in ok), default=0)
         n_flag = sum(1 for r in ok if _bad(r, max_shared))
         n_pruned = sum(1 for r in ok if _flags(r, max_shared) and r.get("pruned"))
+        n_spill = sum(1 for r in ok if r["spills"])
+        n_wgmma = sum(1 for r in ok if r["wgmma"])
+        n_tma = sum(1 for r in ok if r["tma"])
         print(
             f"{k}: {len(ok)}/{len(rows)} compile, {n_flag} flagged and autotuned, {n_pruned} flagged but pruned; "
-            f"max shared {peak_shared:.1f} KB, max regs {peak_regs}"
+            f"max shared {peak_shared:.1f} KB, max regs {peak_regs}, {n_spill} spill; wgmma in {n_wgmma}, "
+            f"TMA (cp.async.bulk.tensor) in {n_tma}"
         )
     print(
         f"{len(failed)} failed, {len(flagged)} flagged and still autotuned (shared > {max_shared // 1024} KB or "
@@ -539,7 +558,20 @@ def main(argv=None) -> int:
     if args.csv:
         with open(args.csv, "w", newline="") as f:
             writer = csv.DictWriter(
-                f, fieldnames=["kernel", "variant", "ok", "pruned", "shared", "regs", "spills", "error", "seconds"]
+                f,
+                fieldnames=[
+                    "kernel",
+                    "variant",
+                    "ok",
+                    "pruned",
+                    "shared",
+                    "regs",
+                    "spills",
+                    "wgmma",
+                    "tma",
+                    "error",
+                    "seconds",
+                ],
             )
             writer.writeheader()
             writer.writerows(results)

@@ -1,0 +1,200 @@
+"""Host (Python) time of the triton path per forward, measured on a CPU with Triton's GPU driver stubbed out.
+
+What runs for real: the model's forward, our launchers and input checks, the ``torch.library``
+custom ops, Triton's JIT dispatch (argument binding, specialisation, cache-key lookup), the
+autotuner's key and config lookup, the grid functions, and every ``torch.empty``. What is
+skipped: compilation (a stand-in kernel object is cached instead) and the C launcher with its
+``cuLaunchKernel`` (published at about 3.4 µs per launch on top of what is measured here).
+Tensors live on the CPU, with glibc told to keep freed memory (``mallopt``), so a ``torch.empty``
+reuses memory as a CUDA caching-allocator hit does instead of page-faulting fresh pages in.
+Timed: ``forward_features`` (everything the triton path runs; the head is one torch GEMM).
+The stand-in kernel also records each launch's grid, so the same run counts launches
+per forward and programs per launch.
+
+    python benchmarks/host_overhead.py                       # ViT-S/B/L at batch 1, bf16
+    python benchmarks/host_overhead.py --models vit_base_patch16_224 --json out.json
+
+Not a timed test: it prints a table (and optionally writes JSON). ``tests/test_launch_count.py``
+runs it in a subprocess to count launches. Run it without ``TRITON_INTERPRET`` (it refuses).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+DEFAULT_MODELS = ("vit_small_patch16_224", "vit_base_patch16_224", "vit_large_patch16_224")
+
+
+class _StubKernel:
+    """What ``JITFunction.run`` needs from a compiled kernel; ``run`` records the launch instead of launching."""
+
+    function = None
+    packed_metadata = None
+
+    def __init__(self, name: str, launches: list) -> None:
+        self.name = name
+        self._launches = launches
+
+    def launch_metadata(self, grid, stream, *args):
+        return None
+
+    def run(self, grid_0, grid_1, grid_2, stream, function, packed_metadata, launch_metadata, enter, leave, *args):
+        self._launches.append((self.name, grid_0 * grid_1 * grid_2))
+        self.last_args = args  # every kernel parameter, constexprs included, as the C launcher gets them
+
+
+class _StubDriver:
+    """Triton's active driver with no GPU behind it: device 0, stream 0, an sm_90 target, a benchmarker that
+    returns the same time for every config (so the autotuner's first surviving config wins)."""
+
+    def __init__(self) -> None:
+        from triton.backends.compiler import GPUTarget
+
+        self._target = GPUTarget("cuda", 90, 32)
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: int | None = None) -> int:
+        return 0
+
+    def get_current_target(self):
+        return self._target
+
+    def get_active_torch_device(self):
+        import torch
+
+        return torch.device("cpu")
+
+    def get_benchmarker(self) -> Callable:
+        def bench(fn, quantiles=None, **kwargs):
+            return [1.0, 1.0, 1.0] if quantiles else 1.0
+
+        return bench
+
+    def is_active(self) -> bool:
+        return True
+
+
+def _keep_freed_memory() -> None:
+    """glibc: serve large blocks from the heap and never hand freed memory back to the OS, so repeated
+    activations of one size cost a free-list hit (as on CUDA's caching allocator), not fresh page faults."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD
+        libc.mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        pass  # not glibc: allocation costs stay in the numbers
+
+
+def install_stub_driver() -> list[tuple[str, int]]:
+    """Replace Triton's driver and compiler with stand-ins; returns the list every launch is appended to
+    as ``(kernel name, programs)``. Also lets CPU tensors past the kernels' device check and tells the model's
+    backend check that there is a GPU (they would otherwise ask for a GPU or the interpreter)."""
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        raise SystemExit("host_overhead: unset TRITON_INTERPRET; this measures the compiled path's Python")
+    # the stub cannot time configs: report the programs of the no-autotune heuristic, not of an arbitrary pick
+    os.environ.setdefault("VIT_FAST_AUTOTUNE", "0")
+    import triton
+    from triton.runtime import jit
+
+    launches: list[tuple[str, int]] = []
+    triton.runtime.driver.set_active(_StubDriver())
+
+    def do_compile(self, key, signature, device, constexprs, options, attrs, warmup):
+        kernel = _StubKernel(self.fn.__name__, launches)
+        self.device_caches[device][0][key] = kernel
+        return kernel
+
+    jit.JITFunction._do_compile = do_compile
+
+    import vit_fast.runtime
+    from vit_fast.kernels import _common, attention, layer_norm, linear, patch_embed
+
+    def check_device(what, tensor) -> None:  # the real check's cost, with CPU standing in for CUDA
+        if not (tensor.is_cuda or tensor.is_cpu or tensor.is_meta):  # the real check's first test: is_cuda
+            raise RuntimeError(f"{what}: unexpected device {tensor.device}")
+
+    for module in (_common, attention, layer_norm, linear, patch_embed):
+        if hasattr(module, "check_device"):
+            module.check_device = check_device
+    vit_fast.runtime.cuda_available = lambda: True
+    _keep_freed_memory()
+    return launches
+
+
+def measure(model_name: str, batch: int, dtype_name: str, iters: int, launches: list) -> dict:
+    """Host µs per forward (median and min of ``iters``), launches per forward and programs per launch."""
+    import torch
+
+    from vit_fast import VisionTransformer
+    from vit_fast.dtypes import parse_dtype
+
+    dtype = parse_dtype(dtype_name)
+    torch.manual_seed(0)
+    model = VisionTransformer(model_name, backend="torch").eval().to(dtype)
+    model.set_backend("triton")
+    cfg = model.cfg
+    x = torch.randn(batch, cfg.in_chans, cfg.img_size, cfg.img_size, dtype=dtype)
+    times = []
+    with torch.no_grad():
+        for _ in range(3):  # warm-up: stand-in "compiles", autotuner picks, caches fill
+            model.forward_features(x)
+        for _ in range(iters):
+            del launches[:]
+            start = time.perf_counter()
+            model.forward_features(x)
+            times.append(time.perf_counter() - start)
+    per_forward_us = statistics.median(times) * 1e6
+    programs: dict[str, list[int]] = {}
+    for name, n in launches:
+        programs.setdefault(name, []).append(n)
+    return {
+        "model": model_name,
+        "batch": batch,
+        "dtype": dtype_name,
+        "host_us_per_forward": round(per_forward_us, 1),
+        "host_us_per_forward_min": round(min(times) * 1e6, 1),  # least disturbed by other load on the machine
+        "launches": len(launches),
+        "host_us_per_launch": round(per_forward_us / max(len(launches), 1), 1),
+        "programs_per_kernel": {name: sorted(set(ns)) for name, ns in programs.items()},
+        "launch_sequence": launches[: 2 + 7 * 1],  # the patch embedding and the first block, in order
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS), help="preset names")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--dtype", default="bf16")
+    parser.add_argument("--iters", type=int, default=30, help="timed forwards per model (median reported)")
+    parser.add_argument("--json", help="also write the results to this JSON file")
+    args = parser.parse_args(argv)
+    launches = install_stub_driver()
+    rows = [measure(m, args.batch, args.dtype, args.iters, launches) for m in args.models]
+    head = f"{'model':<26} {'batch':>5} {'us/fwd med':>11} {'min':>8} {'launches':>9} {'us/launch':>10}"
+    print(head + "  programs per kernel")
+    for r in rows:
+        progs = ", ".join(f"{k.strip('_')}: {v}" for k, v in r["programs_per_kernel"].items())
+        print(
+            f"{r['model']:<26} {r['batch']:>5} {r['host_us_per_forward']:>11.1f} {r['host_us_per_forward_min']:>8.1f} "
+            f"{r['launches']:>9} "
+            f"{r['host_us_per_launch']:>10.1f}  {progs}"
+        )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
