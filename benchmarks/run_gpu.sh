@@ -60,9 +60,9 @@ stage_command() {
         tests-kernels) echo "VIT_FAST_AUTOTUNE=0 $PY -m pytest $KERNEL_TESTS -m 'not slow' -q -p no:cacheprovider --junitxml=\$R/tests-kernels.xml" ;;
         tests-rest) echo "VIT_FAST_AUTOTUNE=0 $PY -m pytest tests -m 'not slow' -q -p no:cacheprovider $(for t in $KERNEL_TESTS; do printf -- '--ignore=%s ' "$t"; done)--junitxml=\$R/tests-rest.xml" ;;
         kernels) echo "$PY -m pytest benchmarks/bench_kernels.py --benchmark-only -q -p no:cacheprovider --benchmark-json=\$R/kernels.json --benchmark-columns=min,median,iqr,ops" ;;
-        b16) echo "$PY -m vit_fast bench vit_base_patch16_224 --batch 1,256 --dtype bf16 --backends torch,triton,triton-graph --graph --iters 100 --max-seconds 2 --out \$R/b16" ;;
-        b16-unfused) echo "VIT_FAST_FUSE_LN=0 $PY -m vit_fast bench vit_base_patch16_224 --batch 1,256 --dtype bf16 --backends triton,triton-graph --graph --iters 100 --max-seconds 2 --out \$R/b16-unfused" ;;
-        models) echo "for m in vit_small_patch16_224 vit_base_patch16_224 vit_large_patch16_224; do $PY -m vit_fast bench \$m --batch 1,8,64,256 --dtype $DTYPES --backends $BACKENDS --graph --iters 50 --max-seconds 1 --out \$R/models || exit 1; done" ;;
+        b16) echo "$PY -m vit_fast bench vit_base_patch16_224 --batch 1,256 --dtype bf16 --backends torch,triton,triton-graph --graph --min-samples 100 --max-samples 200 --min-time 0.5 --max-seconds 2 --out \$R/b16" ;;
+        b16-unfused) echo "VIT_FAST_FUSE_LN=0 $PY -m vit_fast bench vit_base_patch16_224 --batch 1,256 --dtype bf16 --backends triton,triton-graph --graph --min-samples 100 --max-samples 200 --min-time 0.5 --max-seconds 2 --out \$R/b16-unfused" ;;
+        models) echo "for m in vit_small_patch16_224 vit_base_patch16_224 vit_large_patch16_224; do $PY -m vit_fast bench \$m --batch 1,8,64,256 --dtype $DTYPES --backends $BACKENDS --graph --min-samples 50 --max-samples 100 --min-time 0.3 --max-seconds 1 --out \$R/models || exit 1; done" ;;
         *) return 1 ;;
     esac
 }
