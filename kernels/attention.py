@@ -97,6 +97,7 @@ def _prune_attention_configs(configs, named_args, **kwargs):
 def _attention_kernel(
     qkv_ptr,  # [B, T, 3, H, Dh] fused q|k|v viewed by strides; unit stride along Dh
     out_ptr,  # [B, T, H * Dh] attention output, unit stride along its last dim
+    qk_scale,  # softmax scale * log2(e): exp2 of scaled logits equals exp of the unscaled ones
     T,  # tokens per image (rows of q, k and v)
     H,  # number of heads
     HEAD_DIM,  # Dh, the true head dim (BLOCK_D is it rounded up to a power of two)
@@ -104,7 +105,6 @@ def _attention_kernel(
     stride_qkv_t,  # elements between tokens in qkv (3 * H * Dh when qkv is contiguous)
     stride_out_b,  # elements between images in out
     stride_out_t,  # elements between tokens in out
-    qk_scale,  # softmax scale * log2(e): exp2 of scaled logits equals exp of the unscaled ones
     DOT_IN_FP32: tl.constexpr,  # dot operands as fp32 at IEEE precision (fp32, or bf16 under the interpreter)
     ROUND_BF16: tl.constexpr,  # round the bf16 store by hand (interpreter: its fp32 -> bf16 cast truncates)
     BLOCK_D: tl.constexpr,  # head dim padded to a power of two >= 16; padding lanes are masked
@@ -268,6 +268,7 @@ def launch_attention(
         (batch,),
         qkv,
         out,
+        scale * LOG2E,
         tokens,
         num_heads,
         head_dim,
@@ -275,7 +276,6 @@ def launch_attention(
         qkv.stride(1),
         out.stride(0),
         out.stride(1),
-        scale * LOG2E,
         DOT_IN_FP32=dot_in_fp32(qkv.dtype),
         ROUND_BF16=interpret_bf16(qkv.dtype),
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)),

@@ -98,16 +98,16 @@ def _patch_embed_kernel(
     mean_ptr,  # [C] per-channel mean, 0..1 units, read only when NORMALIZE
     std_ptr,  # [C] per-channel std, 0..1 units, read only when NORMALIZE
     out_ptr,  # [B*T, D] tokens out, contiguous, in the weight's dtype
-    M,  # B*T: output rows (tokens of all images)
-    T,  # tokens per image: num_prefix + grid_h*grid_w
-    D,  # embedding dim
-    K,  # C*p*p: the GEMM reduction length
     stride_x_b,  # elements between images of x
     stride_x_c,  # elements between channels of x
     stride_x_h,  # elements between pixel rows of x
     stride_x_w,  # elements between pixel columns of x
     stride_w_d,  # elements between rows (output features) of w
     stride_pos_t,  # elements between rows of pos
+    M,  # B*T: output rows (tokens of all images)
+    T,  # tokens per image: num_prefix + grid_h*grid_w
+    D,  # embedding dim
+    K,  # C*p*p: the GEMM reduction length
     patch,  # p: patch size in pixels
     grid_w,  # patches per image row (W / p)
     num_prefix,  # class + register tokens before the patches
@@ -379,13 +379,13 @@ def launch_patch_embed(
         mean if mean is not None else w2,
         std if std is not None else w2,
         out,
+        *x.stride(),
+        w2.stride(0),
+        pos2.stride(0),
         M,
         T,
         D,
         K,
-        *x.stride(),
-        w2.stride(0),
-        pos2.stride(0),
         p,
         x.shape[3] // p,
         num_prefix,
