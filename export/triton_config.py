@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from vit_fast.batches import parse_batch_list
 from vit_fast.dtypes import parse_dtype
 from vit_fast.env import git_commit
 
@@ -146,14 +147,7 @@ def check_queue_delay(queue_delay_us: Any) -> int:
 
 def parse_batch_sizes(text: str | Sequence[int]) -> list[int]:
     """``"1,8,64"`` -> ``[1, 8, 64]`` (a sequence of ints is checked and returned as a list)."""
-    items = str(text).split(",") if isinstance(text, str) else list(text)
-    try:
-        sizes = [int(str(b).strip()) for b in items]
-    except ValueError:
-        sizes = []
-    if not sizes or any(b < 1 for b in sizes):
-        raise ValueError(f"batch sizes must be comma-separated ints >= 1 such as 1,8,64, got {text!r}")
-    return sizes
+    return parse_batch_list(text)
 
 
 def batch_plan(

@@ -5,7 +5,7 @@ Layers, lowest first (vit_fast.kernels and vit_fast.export are installed from th
 kernels/ and export/):
 
   kernels  vit_fast.kernels.*
-  base     vit_fast.version, dtypes, files, progress, numerics, env, runtime, pos_embed
+  base     vit_fast.version, dtypes, batches, files, progress, numerics, env, runtime, pos_embed
   model    vit_fast.config, layers, model, triton_path, validation, convert, checkpoints, loading, hf,
            patching, assets, graphs, training,
            and vit_fast itself (the public facade over the model layer)
@@ -38,7 +38,7 @@ def _modules(*names: str) -> tuple[str, ...]:
 #: lowest first; "x.*" stands for every module inside package x
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("kernels", _modules("kernels", "kernels.*")),
-    ("base", _modules("version", "dtypes", "files", "progress", "numerics", "env", "runtime", "pos_embed")),
+    ("base", _modules("version", "dtypes", "batches", "files", "progress", "numerics", "env", "runtime", "pos_embed")),
     (
         "model",
         ("vit_fast",)  # the package itself: the public facade over the model layer

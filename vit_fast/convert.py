@@ -66,7 +66,8 @@ def _grid_from_pos_embed(pos_embed: torch.Tensor, num_prefix: int) -> tuple[int,
 
 
 # --------------------------------------------------------------------------- Hugging Face
-_HF_ACTS = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh"}
+#: transformers' hidden_act names -> ours
+HF_ACTIVATIONS = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh"}
 
 # transformers 5.x and 4.x names inside one layer, mapped to timm's; q/k/v are fused separately.
 _HF_LAYER_MAP = {
@@ -93,8 +94,8 @@ _HF_LAYER_RE = re.compile(r"^(?:encoder\.layer|layers)\.(\d+)\.(.+)\.(weight|bia
 def hf_config_to_vit(hf_config: Any, num_classes: int) -> ViTConfig:
     """A :class:`ViTConfig` from a transformers ``ViTConfig``."""
     act = getattr(hf_config, "hidden_act", "gelu")
-    if act not in _HF_ACTS:
-        raise ValueError(f"hidden_act {act!r} is not supported; supported: {sorted(_HF_ACTS)}")
+    if act not in HF_ACTIVATIONS:
+        raise ValueError(f"hidden_act {act!r} is not supported; supported: {sorted(HF_ACTIVATIONS)}")
     if hf_config.intermediate_size % hf_config.hidden_size:
         mlp_ratio = hf_config.intermediate_size / hf_config.hidden_size
     else:
@@ -112,7 +113,7 @@ def hf_config_to_vit(hf_config: Any, num_classes: int) -> ViTConfig:
         global_pool="token",
         num_classes=num_classes,
         layer_norm_eps=hf_config.layer_norm_eps,
-        act=_HF_ACTS[act],
+        act=HF_ACTIVATIONS[act],
     )
 
 

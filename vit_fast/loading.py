@@ -124,6 +124,13 @@ def _hf_model(spec: str, backend: str) -> VisionTransformer:
     return model.eval()
 
 
+def source_name(spec: str) -> str:
+    """How metadata names a model: ``default``, presets and hub names as given, files by absolute path."""
+    if spec in PRESETS or spec in ("default", "embedded") or not Path(spec).exists():
+        return spec
+    return str(Path(spec).resolve())
+
+
 def load_model(
     spec: str,
     backend: str = "auto",

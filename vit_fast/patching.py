@@ -127,7 +127,8 @@ def apply_vit_fast(model: nn.Module, backend: str = "auto") -> nn.Module:
         if name not in ("ViTModel", "ViTForImageClassification"):
             raise TypeError(f"apply_vit_fast supports transformers ViTModel and ViTForImageClassification, got {name}")
         config = model.config
-        acts = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh"}
+        from .convert import HF_ACTIVATIONS as acts
+
         if config.hidden_act not in acts:
             raise ValueError(f"apply_vit_fast: hidden_act {config.hidden_act!r} is not supported: {sorted(acts)}")
         act = acts[config.hidden_act]

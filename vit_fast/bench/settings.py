@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from vit_fast.batches import parse_batch_list
 from vit_fast.dtypes import DTYPES, parse_dtype_list
 
 BACKENDS: tuple[str, ...] = (
@@ -105,24 +106,11 @@ class BenchSettings:
 
 
 def parse_batches(text: str) -> list[int]:
-    """``"1,8,64"`` -> ``[1, 8, 64]``: positive ints, no duplicates, order kept."""
-    items = [t.strip() for t in str(text).split(",")]
-    if not text or any(not t for t in items):
-        raise BenchError(f"batch list {text!r} has an empty entry: give comma-separated positive ints, e.g. 1,8,64")
-    out: list[int] = []
-    for t in items:
-        try:
-            b = int(t)
-        except ValueError:
-            raise BenchError(
-                f"batch size {t!r} in {text!r} is not an int: give comma-separated positive ints, e.g. 1,8,64"
-            ) from None
-        if b < 1:
-            raise BenchError(f"batch size {b} in {text!r} must be >= 1")
-        if b in out:
-            raise BenchError(f"batch size {b} appears twice in {text!r}")
-        out.append(b)
-    return out
+    """``"1,8,64"`` -> ``[1, 8, 64]``: positive ints, no duplicates, order kept (``vit_fast.batches``)."""
+    try:
+        return parse_batch_list(text)
+    except ValueError as err:
+        raise BenchError(str(err)) from None
 
 
 def parse_dtypes(text: str) -> list[str]:

@@ -20,6 +20,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from vit_fast.batches import parse_batch_list
 from vit_fast.dtypes import DTYPES, canonical_name, parse_dtype_list
 from vit_fast.files import write_atomic
 
@@ -64,32 +65,15 @@ def positive_float(text: str) -> float:
 def batch_list(*names: str) -> Callable[[str], list[int]]:
     """The ``--batch`` type: ``"1,8,64"`` -> ``[1, 8, 64]``, naming the bad item on error.
 
-    With ``names`` (e.g. ``"MIN", "MAX"``) exactly that many items, in that order, repeats allowed
-    (a range; its order is checked where it is used); without, any number of distinct sizes.
+    With ``names`` (e.g. ``"MIN", "MAX"``) exactly that many items (a range); without, any number
+    of distinct sizes (``vit_fast.batches.parse_batch_list``).
     """
-    example = ",".join(str(b) for b in (1, 8, 64)[: len(names) or 3])
-    form = ",".join(names) if names else "B[,B...]"
 
     def parse(text: str) -> list[int]:
-        items = [t.strip() for t in text.split(",")]
-        if any(not t for t in items):
-            raise argparse.ArgumentTypeError(f"{text!r} has an empty entry: give {form}, e.g. {example}")
-        sizes: list[int] = []
-        for item in items:
-            try:
-                b = int(item)
-            except ValueError:
-                raise argparse.ArgumentTypeError(
-                    f"batch size {item!r} in {text!r} is not an int: give {form}, e.g. {example}"
-                ) from None
-            if b < 1:
-                raise argparse.ArgumentTypeError(f"batch size {b} in {text!r} must be >= 1")
-            if not names and b in sizes:
-                raise argparse.ArgumentTypeError(f"batch size {b} appears twice in {text!r}")
-            sizes.append(b)
-        if names and len(sizes) != len(names):
-            raise argparse.ArgumentTypeError(f"{text!r} has {len(sizes)} item(s); give {form}, e.g. {example}")
-        return sizes
+        try:
+            return parse_batch_list(text, names)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
 
     parse.__name__ = "batch list"  # argparse names the type in its generic messages
     return parse

@@ -19,13 +19,11 @@ did not write is never replaced unless --overwrite. Exit status 1 on failure.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from vit_fast.config import PRESETS
 from vit_fast.export.onnx import check_onnx_args, to_onnx
 from vit_fast.export.tensorrt import to_tensorrt
 from vit_fast.export.verify import VerifyOptions
-from vit_fast.loading import load_model
+from vit_fast.loading import load_model, source_name
 
 from . import _args
 
@@ -114,13 +112,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tritonserver.add_arguments(r)
 
 
-def _source_name(spec: str) -> str:
-    """How the metadata names the model: presets and "default" as they are, files by absolute path."""
-    if spec in PRESETS or spec in ("default", "embedded") or not Path(spec).exists():
-        return spec
-    return str(Path(spec).resolve())
-
-
 def _verify_options(args: argparse.Namespace) -> VerifyOptions | bool:
     return False if args.no_verify else VerifyOptions(seed=args.seed, print_table=not args.quiet)
 
@@ -148,7 +139,7 @@ def _run_onnx(args: argparse.Namespace) -> int:
         exporter=args.exporter,
         dynamic_size=args.dynamic_size,
         attention=args.attention,
-        source=_source_name(args.model),
+        source=source_name(args.model),
         progress=not args.quiet,
         outputs=args.outputs,
         input_name=args.input_name,

@@ -82,15 +82,6 @@ def add_serving_arguments(parser: argparse.ArgumentParser, what: str, default_ba
     )
 
 
-def source_name(spec: str) -> str:
-    """How the metadata names a model: presets and "default" as they are, files by absolute path."""
-    from vit_fast.config import PRESETS
-
-    if spec in PRESETS or spec in ("default", "embedded") or not Path(spec).exists():
-        return spec
-    return str(Path(spec).resolve())
-
-
 def _entries(text: str) -> list[str]:
     wanted = [e.strip() for e in text.split(",") if e.strip()]
     unknown = [e for e in wanted if e not in ENTRIES]
@@ -170,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
             )
         ]
     else:
-        from vit_fast.loading import load_model
+        from vit_fast.loading import load_model, source_name
 
         described = source_name(args.source)
         model = load_model(args.source, backend="torch")
