@@ -4,6 +4,7 @@ Nothing here touches a GPU driver."""
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 
@@ -11,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 from triton import knobs
+from triton.runtime import _allocation
 from triton.runtime.driver import driver
 
 from vit_fast.kernels._interpret import interpreter_enabled
@@ -27,6 +29,17 @@ MAX_SHARED_BYTES = SHARED_MEMORY_LIMITS[90]
 def shared_memory_limit(arch: int) -> int:
     """Shared memory per block (bytes) on compute capability ``arch`` (e.g. 90); the smallest known when unlisted."""
     return SHARED_MEMORY_LIMITS.get(arch, min(SHARED_MEMORY_LIMITS.values()))
+
+
+# ---------------------------------------------------------------------------------- host arithmetic
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for launchers and grids: ``triton.cdiv`` is a ConstexprFunction, 1.6 µs a call on the host."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= ``n`` >= 1, as ``triton.next_power_of_2`` gives it, at host speed."""
+    return 1 << (n - 1).bit_length() if n > 1 else 1
 
 
 # ---------------------------------------------------------------------------------- autotuning
@@ -66,6 +79,58 @@ def closest_config(configs: list[triton.Config], want: dict, num_warps: int, num
     return min(configs, key=distance)
 
 
+# ---------------------------------------------------------------------------------- TMA and persistent kernels
+def tma_enabled() -> bool:
+    """False when ``VIT_FAST_TMA=0``: the GEMM's persistent TMA configs are never candidates (read per tuning)."""
+    return os.environ.get("VIT_FAST_TMA", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+@functools.cache
+def _capability(device: torch.device) -> int:
+    major, minor = torch.cuda.get_device_capability(device)
+    return 10 * major + minor
+
+
+def tma_usable(*operands: tuple[torch.Tensor, int]) -> bool:
+    """Whether row-major 2-D operands, each given as ``(tensor, row stride in elements)``, can be read through
+    TMA descriptors: ``VIT_FAST_TMA`` not off, a Hopper-class GPU (sm_90 or newer; a CPU tensor counts, for the
+    interpreter and the offline compile check), 16-byte aligned bases and row strides (the hardware's rule)."""
+    if not tma_enabled():
+        return False
+    for tensor, row_stride in operands:
+        if not isinstance(tensor, torch.Tensor) or tensor.data_ptr() % 16 or row_stride * tensor.element_size() % 16:
+            return False
+        if tensor.is_cuda and _capability(tensor.device) < 90:
+            return False
+    return True
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def persistent_programs(device: torch.device) -> int:
+    """Programs a persistent kernel launches at most: one per SM on a GPU; 3 in the interpreter, so the tests see
+    each program walk several tiles."""
+    return _sm_count(device) if device.type == "cuda" else 3
+
+
+def _torch_scratch(size: int, alignment: int, stream) -> torch.Tensor:
+    return torch.empty(size, dtype=torch.int8, device="cuda")  # the caching allocator: 512-byte aligned
+
+
+def ensure_scratch_allocator() -> None:
+    """Give Triton an allocator for kernels' scratch memory (where device-side TMA descriptors live) unless one is
+    set: Triton keeps it per thread (a ContextVar), so a launcher calls this before each launch that may need it
+    (about 0.2 µs). A user's own ``triton.set_allocator`` is left alone."""
+    if _INTERPRETED:
+        return
+    current = getattr(_allocation, "_allocator", None)
+    if current is None or isinstance(current.get(), _allocation.NullAllocator):
+        triton.set_allocator(_torch_scratch)
+
+
 # ---------------------------------------------------------------------------------- host overhead
 def eager_direct(x: torch.Tensor, *tensors: torch.Tensor | None) -> bool:
     """True when a public op may call its launcher directly rather than through its ``torch.library`` op:
@@ -81,18 +146,14 @@ def eager_direct(x: torch.Tensor, *tensors: torch.Tensor | None) -> bool:
     return True
 
 
-def _key_of(arg):
-    """A kernel argument as the resolved-launch key sees it: tensors by dtype and 16-byte alignment."""
-    return (arg.dtype, not arg.data_ptr() & 15) if isinstance(arg, torch.Tensor) else arg
-
-
 class ResolvedLaunches:
     """A kernel's launches resolved once per shape: the compiled kernel, its grid and its constexprs
     (the autotuner's pick included), so a repeated call skips Triton's JIT dispatch (argument binding and
     specialisation, 16-18 µs) and the autotuner's lookup (about 12 µs) and goes straight to the launcher.
 
-    The key holds every non-tensor argument by value, each tensor's dtype and whether its address is
-    16-byte aligned (what Triton specialises pointers on), the constexprs, the device and ``grid_key``
+    The key holds every non-pointer argument by value, each pointer argument's dtype and whether its address
+    is 16-byte aligned (what Triton specialises pointers on; the pointer parameters, ``*_ptr``, come first and
+    always get tensors), the constexprs, the device and ``grid_key``
     (whatever else the grid depends on); anything else that changes misses the cache and goes through
     Triton's own path, which resolves it again. Under the interpreter (decided at import, as Triton decides
     its kernels' kind) every call goes through Triton. Never touches a GPU driver before the first launch.
@@ -108,6 +169,11 @@ class ResolvedLaunches:
             jit_fn = jit_fn.fn  # the autotuner's JITFunction
         if self.enabled:
             self.arg_names = [p.name for p in jit_fn.params]
+        # the kernel template puts its pointer parameters (``*_ptr``, always given tensors) first: the key reads
+        # their dtype and alignment by position, with no type test per argument
+        self.num_pointers = next((i for i, n in enumerate(self.arg_names) if not n.endswith("_ptr")), 0)
+        if any(n.endswith("_ptr") for n in self.arg_names[self.num_pointers :]):
+            raise TypeError(f"{kernel}: pointer parameters (*_ptr) must come before every other parameter")
 
     def __call__(self, grid, grid_key: tuple, *args, **constexprs) -> None:
         """``kernel[grid](*args, **constexprs)``, from the cache when this shape was launched before."""
@@ -115,7 +181,8 @@ class ResolvedLaunches:
             self.kernel[grid](*args, **constexprs)
             return
         device = driver.active.get_current_device()
-        key = (device, grid_key, *constexprs.values(), *[_key_of(a) for a in args])
+        n = self.num_pointers
+        key = (device, grid_key, *constexprs.values(), *args[n:], *[(t.dtype, not t.data_ptr() & 15) for t in args[:n]])
         entry = self.cache.get(key)
         if entry is None:
             compiled = self.kernel[grid](*args, **constexprs)  # Triton's own path: tunes / compiles / launches

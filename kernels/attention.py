@@ -29,6 +29,7 @@ from vit_fast.kernels._common import (
     ResolvedLaunches,
     autotune_cache_enabled,
     autotune_enabled,
+    cdiv,
     check_device,
     closest_config,
     dot,
@@ -36,6 +37,7 @@ from vit_fast.kernels._common import (
     eager_direct,
     interpret_bf16,
     interpreter_enabled,
+    next_power_of_2,
     register_recompute_backward,
     to_bf16_rtne,
 )
@@ -261,7 +263,7 @@ def launch_attention(
     scale = head_dim**-0.5 if scale is None else float(scale)
 
     def grid(meta):
-        return (triton.cdiv(tokens, meta["BLOCK_M"]) * batch * num_heads,)
+        return (cdiv(tokens, meta["BLOCK_M"]) * batch * num_heads,)
 
     _attention_launches(
         grid,
@@ -278,7 +280,7 @@ def launch_attention(
         out.stride(1),
         DOT_IN_FP32=dot_in_fp32(qkv.dtype),
         ROUND_BF16=interpret_bf16(qkv.dtype),
-        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        BLOCK_D=max(16, next_power_of_2(head_dim)),
     )
     return out
 

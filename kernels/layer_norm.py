@@ -23,10 +23,12 @@ import triton.language as tl
 from vit_fast.kernels._common import (
     SUPPORTED_DTYPES,
     ResolvedLaunches,
+    cdiv,
     check_device,
     eager_direct,
     interpret_bf16,
     interpreter_enabled,
+    next_power_of_2,
     register_recompute_backward,
     to_bf16_rtne,
 )
@@ -38,10 +40,10 @@ _MAX_BLOCK_N = 16384
 def _layer_norm_configs(M: int, N: int) -> list[triton.Config]:
     """The one config for ``M`` rows of ``N`` (not autotuned): a whole row per program row. Built from
     the environment only, never a device query."""
-    block_n = triton.next_power_of_2(N)
+    block_n = next_power_of_2(N)
     if interpreter_enabled():
         # every program is a Python-level loop step: few, wide programs are fastest
-        block_m, num_warps = max(1, min(triton.next_power_of_2(M), 32768 // block_n)), 1
+        block_m, num_warps = max(1, min(next_power_of_2(M), 32768 // block_n)), 1
     else:
         # a few rows per program when D is narrow, so each program moves >= 4K elements
         block_m = max(1, min(16, 4096 // block_n))
@@ -194,7 +196,7 @@ def launch_add_layer_norm(
     (config,) = _layer_norm_configs(M, D)
     # unused pointers get x2: any valid tensor does, the constexpr flags keep the kernel off them
     _layer_norm_launches(
-        (triton.cdiv(M, config.kwargs["BLOCK_M"]),),
+        (cdiv(M, config.kwargs["BLOCK_M"]),),
         (),
         x2,
         res2,

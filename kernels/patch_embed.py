@@ -28,6 +28,7 @@ from vit_fast.kernels._common import (
     ResolvedLaunches,
     autotune_cache_enabled,
     autotune_enabled,
+    cdiv,
     check_device,
     closest_config,
     dot,
@@ -76,8 +77,8 @@ def _prune_patch_embed_configs(configs, named_args, **kwargs):
         return kept
     block_d = 128
     if M <= SMALL_M:
-        row_tiles = triton.cdiv(M, 64)
-        block_d = next((bd for bd in (128, 64, 32) if row_tiles * triton.cdiv(D, bd) >= TARGET_PROGRAMS), 16)
+        row_tiles = cdiv(M, 64)
+        block_d = next((bd for bd in (128, 64, 32) if row_tiles * cdiv(D, bd) >= TARGET_PROGRAMS), 16)
     return [closest_config(kept, {"BLOCK_M": 64, "BLOCK_D": block_d, "BLOCK_K": 64}, 4, 3)]
 
 
@@ -364,7 +365,7 @@ def launch_patch_embed(
     M = B * T
 
     def grid(meta):
-        return (triton.cdiv(M, meta["BLOCK_M"]), triton.cdiv(D, meta["BLOCK_D"]))
+        return (cdiv(M, meta["BLOCK_M"]), cdiv(D, meta["BLOCK_D"]))
 
     # unused pointers get w2: any valid tensor does, the constexpr flags keep the kernel off them
     _patch_embed_launches(

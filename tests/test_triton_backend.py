@@ -236,3 +236,26 @@ def test_uint8_images_match_torch_backend(dtype):
         ours = model.set_backend("triton").forward_features(pixels)
     assert ours.dtype == dtype
     assert_within_eager(ours, eager, ref, f"uint8 input {dtype}")
+
+
+def test_parameter_changes_after_a_forward_are_still_refused():
+    """The triton path checks the parameters in full once, then again only when their fingerprint changes
+    (which tensors, their addresses, their dtypes): a dtype changed through ``.data`` or a layer replaced
+    after a forward that passed is refused by name, and the model runs again once it is put right."""
+    model, x = _model_and_input("dim96-headdim32", batch=1)
+    model.set_backend("triton")
+    qkv, mlp = model.blocks[0].attn.qkv, model.blocks[0].mlp
+    with torch.no_grad():
+        expected = model(x)
+        weight = qkv.weight.data
+        qkv.weight.data = weight.double()
+        with pytest.raises(ValueError, match=r"blocks\.0\.attn\.qkv\.weight is torch\.float64"):
+            model(x)
+        qkv.weight.data = weight
+        assert torch.equal(model(x), expected)
+        fc2 = mlp.fc2
+        mlp.fc2 = torch.nn.Linear(fc2.in_features, fc2.out_features + 1)
+        with pytest.raises(ValueError, match=r"blocks\.0\.mlp\.fc2\.weight"):
+            model(x)
+        mlp.fc2 = fc2
+        assert torch.equal(model(x), expected)
