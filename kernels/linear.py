@@ -27,15 +27,20 @@ from vit_fast.kernels._common import (
     ResolvedLaunches,
     autotune_cache_enabled,
     autotune_enabled,
+    cdiv,
     check_device,
     closest_config,
     dot,
     dot_in_fp32,
     eager_direct,
+    ensure_scratch_allocator,
     interpret_bf16,
     interpreter_enabled,
     m_class,
+    next_power_of_2,
+    persistent_programs,
     register_recompute_backward,
+    tma_usable,
     to_bf16_rtne,
 )
 
@@ -47,26 +52,46 @@ def _linear_configs() -> list[triton.Config]:
     """Autotune candidates. Built from the environment only (never a device query), so importing
     this module touches no GPU driver. The interpreter cannot time configs: it gets one."""
     if interpreter_enabled():
-        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 4}, num_warps=4, num_stages=1)]
-    return [
-        triton.Config(
-            {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": 8},
-            num_warps=8 if block_m * block_n >= 128 * 128 else 4,
-            num_stages=num_stages,
-        )
-        for block_m in (64, 128)
-        for block_n in (64, 128, 256)
-        for block_k in (32, 64)
-        for num_stages in (3, 4)
-        # a trim of the search space, not the hardware limit: fp16 tiles of both operands, one per stage,
-        # within 160 KB (the limit, MAX_SHARED_BYTES, is applied per dtype by _prune_linear_configs)
-        if (block_m + block_n) * block_k * 2 * num_stages <= 160 * 1024
-    ] + [
-        # narrow tiles for few rows (M <= SMALL_M, batch 1-2 of a ViT): at M = 197 a 64x64 tiling gives the
-        # D -> D GEMMs (proj, fc2 of ViT-B/16) only 48 programs for 132 SMs; 64x16 gives 192
-        triton.Config({"BLOCK_M": 64, "BLOCK_N": block_n, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=4, num_stages=4)
-        for block_n in (16, 32)
-    ]
+        # the pointer tiling and the persistent TMA one (picked for many rows, so the tests run both)
+        return [
+            triton.Config({"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 4, "TMA": tma}, num_warps=4)
+            for tma in (0, 1)
+        ]
+    return (
+        [
+            triton.Config(
+                {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": 8, "TMA": 0},
+                num_warps=8 if block_m * block_n >= 128 * 128 else 4,
+                num_stages=num_stages,
+            )
+            for block_m in (64, 128)
+            for block_n in (64, 128, 256)
+            for block_k in (32, 64)
+            for num_stages in (3, 4)
+            # a trim of the search space, not the hardware limit: fp16 tiles of both operands, one per stage,
+            # within 160 KB (the limit, MAX_SHARED_BYTES, is applied per dtype by _prune_linear_configs)
+            if (block_m + block_n) * block_k * 2 * num_stages <= 160 * 1024
+        ]
+        + [
+            # narrow tiles for few rows (M <= SMALL_M, batch 1-2 of a ViT): at M = 197 a 64x64 tiling gives the
+            # D -> D GEMMs (proj, fc2 of ViT-B/16) only 48 programs for 132 SMs; 64x16 gives 192
+            triton.Config(
+                {"BLOCK_M": 64, "BLOCK_N": block_n, "BLOCK_K": 64, "GROUP_M": 8, "TMA": 0}, num_warps=4, num_stages=4
+            )
+            for block_n in (16, 32)
+        ]
+        + [
+            # persistent tiles fed by the tensor-memory accelerator (TMA: cp.async.bulk.tensor on sm_90), as in Triton's
+            # persistent-matmul tutorial: one program per SM walks the output tiles; for many rows (M > SMALL_M)
+            # (128x256 spilled 0.5-1.1 KB in the GELU and residual epilogues: tools/compile_check.py)
+            triton.Config(
+                {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "TMA": 1},
+                num_warps=8,
+                num_stages=num_stages,
+            )
+            for num_stages in (3, 4)
+        ]
+    )
 
 
 #: rows up to which the narrow tiles are candidates (ViT-B/16 at batch 2 is 394 rows)
@@ -79,89 +104,96 @@ TARGET_PROGRAMS = 132
 def _prune_linear_configs(configs, named_args, **kwargs):
     """Drop tiles far larger than the problem (e.g. BLOCK_N 256 for N = 64): they only add masked work.
     Also drop fp32 tiles past H100's shared memory: Triton 3.9 buffers at least num_stages - 1 tiles
-    of both operands (tools/compile_check.py), and 64x256x64 fp32 with 4 stages needs 240 KB."""
+    of both operands (tools/compile_check.py), and 64x256x64 fp32 with 4 stages needs 240 KB. The persistent
+    TMA tiles are candidates for many rows (M > SMALL_M) of 16-bit operands TMA can read (:func:`tma_usable`)."""
     x = named_args.get("x_ptr")
     elem_bytes = x.element_size() if isinstance(x, torch.Tensor) else 2
+    # the operands, when given (the offline compile check passes shapes only: contiguous operands assumed)
+    pairs = (("x_ptr", "stride_x_m"), ("w_ptr", "stride_w_n"))
+    operands = [(named_args[p], named_args[s]) for p, s in pairs if p in named_args and s in named_args]
+    # 16-bit only: fp32 TMA tiles spill tens of KB and overflow shared memory (tools/compile_check.py)
+    tma_ok = named_args["M"] > SMALL_M and elem_bytes == 2 and tma_usable(*operands)
 
     def fits(config: triton.Config) -> bool:
         kw = config.kwargs
         shared = (config.num_stages - 1) * (kw["BLOCK_M"] + kw["BLOCK_N"]) * kw["BLOCK_K"] * elem_bytes
         return (
-            (kw["BLOCK_N"] >= 64 or named_args["M"] <= SMALL_M)
-            and kw["BLOCK_M"] <= max(64, triton.next_power_of_2(named_args["M"]))
-            and kw["BLOCK_N"] <= max(64, triton.next_power_of_2(named_args["N"]))
-            and kw["BLOCK_K"] <= max(32, triton.next_power_of_2(named_args["K"]))
+            (not kw["TMA"] or tma_ok)
+            and (kw["BLOCK_N"] >= 64 or named_args["M"] <= SMALL_M)
+            and kw["BLOCK_M"] <= max(64, next_power_of_2(named_args["M"]))
+            and kw["BLOCK_N"] <= max(64, next_power_of_2(named_args["N"]))
+            and kw["BLOCK_K"] <= max(32, next_power_of_2(named_args["K"]))
             and shared <= MAX_SHARED_BYTES
         )
 
     kept = [c for c in configs if fits(c)] or configs[:1]
-    if autotune_enabled() or len(kept) == 1:
+    if (autotune_enabled() and not interpreter_enabled()) or len(kept) == 1:
         return kept
     return [_heuristic_linear_config(kept, named_args["M"], named_args["N"], elem_bytes)]
 
 
 def _heuristic_linear_config(configs: list[triton.Config], M: int, N: int, elem_bytes: int) -> triton.Config:
-    """The no-autotune pick (``VIT_FAST_AUTOTUNE=0``). Few rows (M <= SMALL_M, batch 1-2 of a ViT): 64-row
-    tiles, and the widest of 64 / 32 / 16 columns that still gives TARGET_PROGRAMS programs (every SM busy).
-    Many rows: 128x128 with 8 warps, fp32 at half the depth (shared memory)."""
+    """The no-autotune pick (``VIT_FAST_AUTOTUNE=0``, and the interpreter's). Few rows (M <= SMALL_M, batch 1-2
+    of a ViT): 64-row tiles, and the widest of 64 / 32 / 16 columns that still gives TARGET_PROGRAMS programs
+    (every SM busy). Many rows: 128x128 with 8 warps, persistent with TMA where the operands allow it (else
+    the pointer tiling, fp32 at half the depth for shared memory)."""
+    if any(c.kwargs["TMA"] for c in configs):
+        return closest_config(configs, {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "TMA": 1}, 8, 3)
     block_k = 32 if elem_bytes == 4 else 64
     if M <= SMALL_M:
-        row_tiles = triton.cdiv(M, 64)
-        block_n = next((bn for bn in (64, 32) if row_tiles * triton.cdiv(N, bn) >= TARGET_PROGRAMS), 16)
+        row_tiles = cdiv(M, 64)
+        block_n = next((bn for bn in (64, 32) if row_tiles * cdiv(N, bn) >= TARGET_PROGRAMS), 16)
         # 64 deep whatever the dtype: the narrow tiles come only so (fp32 64x32x64, 4 stages: 72 KB of shared memory)
         return closest_config(configs, {"BLOCK_M": 64, "BLOCK_N": block_n, "BLOCK_K": 64}, 4, 4)
     return closest_config(configs, {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": block_k}, 8, 3)
 
 
-@triton.autotune(
-    configs=_linear_configs(),
-    key=["M_CLASS", "N", "K"],
-    prune_configs_by={"early_config_prune": _prune_linear_configs},
-    cache_results=autotune_cache_enabled(),
-)
 @triton.jit
-def _linear_kernel(
-    x_ptr,  # [M, K] activations; unit stride along K
-    w_ptr,  # [N, K] weight in nn.Linear layout; unit stride along K
-    bias_ptr,  # [N] bias, read only when HAS_BIAS
-    residual_ptr,  # [M, N] residual stream, read only when HAS_RESIDUAL; unit stride along N
-    gamma_ptr,  # [N] LayerScale, read only when HAS_GAMMA
-    ln_w_ptr,  # [K] LayerNorm weight of the input, read only when NORM_INPUT and LN_HAS_WEIGHT
-    ln_b_ptr,  # [K] LayerNorm bias of the input, read only when NORM_INPUT and LN_HAS_BIAS
-    out_ptr,  # [M, N] output, unit stride along N
-    M,  # rows: all leading dims of x flattened (B * T: rarely a multiple of the tile)
-    N,  # output features
-    K,  # input features
-    stride_x_m,  # elements between rows of x
-    stride_w_n,  # elements between rows of w
-    stride_residual_m,  # elements between rows of residual
-    stride_out_m,  # elements between rows of out
-    M_CLASS,  # _common.m_class(M), never read: the autotune key, so a new batch size reuses its class's tuning
-    ln_eps,  # LayerNorm epsilon, read only when NORM_INPUT (a Python float under the interpreter: no .to())
-    ACTIVATION: tl.constexpr,  # 0: none, 1: exact (erf) GELU, 2: tanh GELU
-    HAS_BIAS: tl.constexpr,  # add bias before the activation
-    HAS_RESIDUAL: tl.constexpr,  # out = residual + (gamma *) y
-    HAS_GAMMA: tl.constexpr,  # scale y by gamma before the residual add
-    NORM_INPUT: tl.constexpr,  # LayerNorm the rows of x first (prologue): the op is linear(LN(x))
-    LN_HAS_WEIGHT: tl.constexpr,  # the LayerNorm has a weight (elementwise affine)
-    LN_HAS_BIAS: tl.constexpr,  # the LayerNorm has a bias
-    DOT_IN_FP32: tl.constexpr,  # dot operands as fp32 at IEEE precision (fp32, or bf16 under the interpreter)
-    ROUND_BF16: tl.constexpr,  # round the bf16 store by hand (interpreter: its fp32 -> bf16 cast truncates)
-    BLOCK_M: tl.constexpr,  # rows of the output tile
-    BLOCK_N: tl.constexpr,  # columns of the output tile
-    BLOCK_K: tl.constexpr,  # depth of one step along K
-    GROUP_M: tl.constexpr,  # output-tile rows walked together, so a weight tile is reused from L2
+def _linear_tile(
+    tile,  # which output tile: grouped ordering over [cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)]
+    x_desc,  # TMA descriptors of x [M, K] and w [N, K] when USE_TMA, else None
+    w_desc,
+    x_ptr,
+    w_ptr,
+    bias_ptr,
+    residual_ptr,
+    gamma_ptr,
+    ln_w_ptr,
+    ln_b_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    stride_x_m,
+    stride_w_n,
+    stride_residual_m,
+    stride_out_m,
+    ln_eps,
+    ACTIVATION: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    HAS_GAMMA: tl.constexpr,
+    NORM_INPUT: tl.constexpr,
+    LN_HAS_WEIGHT: tl.constexpr,
+    LN_HAS_BIAS: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+    ROUND_BF16: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    USE_TMA: tl.constexpr,
 ):
-    # grouped ordering: consecutive programs share weight columns while they are hot in L2
-    pid = tl.program_id(0)
+    """One [BLOCK_M, BLOCK_N] output tile: (LayerNorm prologue,) the K loop, the epilogue, the store."""
+    # grouped ordering: consecutive tiles share weight columns while they are hot in L2
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     num_pid_in_group = GROUP_M * num_pid_n
-    group_id = pid // num_pid_in_group
+    group_id = tile // num_pid_in_group
     first_pid_m = group_id * GROUP_M
     group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
-    pid_n = (pid % num_pid_in_group) // group_size_m
+    pid_m = first_pid_m + ((tile % num_pid_in_group) % group_size_m)
+    pid_n = (tile % num_pid_in_group) // group_size_m
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -192,9 +224,12 @@ def _linear_kernel(
 
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        # the K tail must read zeros: unlike M and N it feeds every output element
+        # the K tail must read zeros: unlike M and N it feeds every output element (TMA fills past the edge with 0)
         k_mask = offs_k < K - k0
-        a = tl.load(x_ptrs, mask=k_mask[None, :], other=0.0)
+        if USE_TMA:
+            a = x_desc.load([pid_m * BLOCK_M, k0])
+        else:
+            a = tl.load(x_ptrs, mask=k_mask[None, :], other=0.0)
         if NORM_INPUT:
             normed = (a.to(tl.float32) - mean[:, None]) * rstd[:, None]
             if LN_HAS_WEIGHT:
@@ -204,7 +239,10 @@ def _linear_kernel(
             normed = tl.where(k_mask[None, :], normed, 0.0)
             # rounded to x's dtype, as the unfused LayerNorm stores it: the dot sees the same operand
             a = to_bf16_rtne(normed) if ROUND_BF16 else normed.to(x_ptr.dtype.element_ty)
-        b = tl.load(w_ptrs, mask=k_mask[:, None], other=0.0)
+        if USE_TMA:
+            b = w_desc.load([pid_n * BLOCK_N, k0]).T  # [BLOCK_N, BLOCK_K] rows of W, as W^T
+        else:
+            b = tl.load(w_ptrs, mask=k_mask[:, None], other=0.0)
         acc = dot(a, b, acc, DOT_IN_FP32)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
@@ -228,6 +266,68 @@ def _linear_kernel(
     out_ptrs = out_ptr + offs_m[:, None].to(tl.int64) * stride_out_m + offs_n[None, :]
     out = to_bf16_rtne(acc) if ROUND_BF16 else acc.to(out_ptr.dtype.element_ty)
     tl.store(out_ptrs, out, mask=out_mask)
+
+
+@triton.autotune(
+    configs=_linear_configs(),
+    key=["M_CLASS", "N", "K"],
+    prune_configs_by={"early_config_prune": _prune_linear_configs},
+    cache_results=autotune_cache_enabled(),
+)
+@triton.jit
+def _linear_kernel(
+    x_ptr,  # [M, K] activations; unit stride along K
+    w_ptr,  # [N, K] weight in nn.Linear layout; unit stride along K
+    bias_ptr,  # [N] bias, read only when HAS_BIAS
+    residual_ptr,  # [M, N] residual stream, read only when HAS_RESIDUAL; unit stride along N
+    gamma_ptr,  # [N] LayerScale, read only when HAS_GAMMA
+    ln_w_ptr,  # [K] LayerNorm weight of the input, read only when NORM_INPUT and LN_HAS_WEIGHT
+    ln_b_ptr,  # [K] LayerNorm bias of the input, read only when NORM_INPUT and LN_HAS_BIAS
+    out_ptr,  # [M, N] output, unit stride along N
+    M,  # rows: all leading dims of x flattened (B * T: rarely a multiple of the tile)
+    N,  # output features
+    K,  # input features
+    stride_x_m,  # elements between rows of x (TMA: a multiple of 16 bytes)
+    stride_w_n,  # elements between rows of w (TMA: a multiple of 16 bytes)
+    stride_residual_m,  # elements between rows of residual
+    stride_out_m,  # elements between rows of out
+    M_CLASS,  # _common.m_class(M), never read: the autotune key, so a new batch size reuses its class's tuning
+    ln_eps,  # LayerNorm epsilon, read only when NORM_INPUT (a Python float under the interpreter: no .to())
+    ACTIVATION: tl.constexpr,  # 0: none, 1: exact (erf) GELU, 2: tanh GELU
+    HAS_BIAS: tl.constexpr,  # add bias before the activation
+    HAS_RESIDUAL: tl.constexpr,  # out = residual + (gamma *) y
+    HAS_GAMMA: tl.constexpr,  # scale y by gamma before the residual add
+    NORM_INPUT: tl.constexpr,  # LayerNorm the rows of x first (prologue): the op is linear(LN(x))
+    LN_HAS_WEIGHT: tl.constexpr,  # the LayerNorm has a weight (elementwise affine)
+    LN_HAS_BIAS: tl.constexpr,  # the LayerNorm has a bias
+    DOT_IN_FP32: tl.constexpr,  # dot operands as fp32 at IEEE precision (fp32, or bf16 under the interpreter)
+    ROUND_BF16: tl.constexpr,  # round the bf16 store by hand (interpreter: its fp32 -> bf16 cast truncates)
+    BLOCK_M: tl.constexpr,  # rows of the output tile
+    BLOCK_N: tl.constexpr,  # columns of the output tile
+    BLOCK_K: tl.constexpr,  # depth of one step along K
+    GROUP_M: tl.constexpr,  # output-tile rows walked together, so a weight tile is reused from L2
+    TMA: tl.constexpr,  # 1: persistent (each program walks tiles, grid <= SMs), x and w tiles loaded by TMA
+):
+    if TMA:
+        # device-side descriptors (Triton keeps them in scratch memory: _common.ensure_scratch_allocator); they
+        # need 16-byte aligned bases and row strides, which _prune_linear_configs checked
+        x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[stride_x_m, 1], block_shape=[BLOCK_M, BLOCK_K])
+        w_desc = tl.make_tensor_descriptor(w_ptr, shape=[N, K], strides=[stride_w_n, 1], block_shape=[BLOCK_N, BLOCK_K])
+        num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+        for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
+            _linear_tile(
+                tile, x_desc, w_desc, x_ptr, w_ptr, bias_ptr, residual_ptr, gamma_ptr, ln_w_ptr, ln_b_ptr, out_ptr,
+                M, N, K, stride_x_m, stride_w_n, stride_residual_m, stride_out_m, ln_eps,
+                ACTIVATION, HAS_BIAS, HAS_RESIDUAL, HAS_GAMMA, NORM_INPUT, LN_HAS_WEIGHT, LN_HAS_BIAS,
+                DOT_IN_FP32, ROUND_BF16, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, True,
+            )  # fmt: skip
+    else:
+        _linear_tile(
+            tl.program_id(0), None, None, x_ptr, w_ptr, bias_ptr, residual_ptr, gamma_ptr, ln_w_ptr, ln_b_ptr, out_ptr,
+            M, N, K, stride_x_m, stride_w_n, stride_residual_m, stride_out_m, ln_eps,
+            ACTIVATION, HAS_BIAS, HAS_RESIDUAL, HAS_GAMMA, NORM_INPUT, LN_HAS_WEIGHT, LN_HAS_BIAS,
+            DOT_IN_FP32, ROUND_BF16, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, False,
+        )  # fmt: skip
 
 
 _linear_launches = ResolvedLaunches(_linear_kernel)
@@ -359,8 +459,11 @@ def launch_linear(
     residual2d = residual.reshape(rows, n_out) if residual is not None else None
 
     def grid(meta):
-        return (triton.cdiv(rows, meta["BLOCK_M"]) * triton.cdiv(n_out, meta["BLOCK_N"]),)
+        tiles = cdiv(rows, meta["BLOCK_M"]) * cdiv(n_out, meta["BLOCK_N"])
+        return (min(tiles, persistent_programs(x.device)) if meta["TMA"] else tiles,)
 
+    if rows > SMALL_M:  # a persistent TMA config may run: its descriptors live in Triton's scratch memory
+        ensure_scratch_allocator()
     _linear_launches(
         grid,
         (),

@@ -90,3 +90,10 @@ def test_gradients_match_reference(device):
         grads.append([t.grad.clone() for t in leaves])
     for got, want in zip(*grads, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_many_rows_persistent_tma(dtype, device):
+    """602 rows: the LayerNorm prologue on tiles loaded by TMA descriptors in the persistent loop (statistics
+    still from the rows themselves; the descriptors zero-fill the K tail the LayerNorm must not count)."""
+    _check(_inputs((2, 301), 48, 72, dtype, device, activation="gelu"), f"LN 602x48->72 TMA {dtype}")

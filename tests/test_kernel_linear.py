@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
 
-from vit_fast.kernels.linear import launch_linear, linear, linear_ref
+from vit_fast.kernels._common import autotune_enabled, cdiv, next_power_of_2, persistent_programs, tma_usable
+from vit_fast.kernels._interpret import interpreter_enabled
+from vit_fast.kernels.linear import _linear_kernel, launch_linear, linear, linear_ref
 
 from ._tf32 import no_tf32  # noqa: F401  (autouse: TF32 off while comparing with torch on CUDA)
 from .numerics import assert_within_eager, poisoned
@@ -103,6 +106,64 @@ def test_public_op_matches_launcher(device):
     ours = linear(*args)
     assert ours.shape == (2, 5, 144) and ours.dtype == torch.float16
     assert torch.equal(ours, launch_linear(*args))
+
+
+# ------------------------------------------------------------------------------ persistent TMA tiles
+def _picked_tma(config_kwargs) -> bool:
+    return bool(config_kwargs["TMA"])
+
+
+def _expects_heuristic() -> bool:
+    """The interpreter and VIT_FAST_AUTOTUNE=0 take the heuristic's pick; a timed autotune may take any config."""
+    return interpreter_enabled() or not autotune_enabled()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("epilogue", ["bias-gelu", "bias-residual-gamma"])
+def test_many_rows_take_the_persistent_tma_tiles(epilogue, dtype, device):
+    """[2, 301, 48] -> 72: 602 rows (> SMALL_M), so 16-bit operands go through TMA descriptors in a persistent
+    loop (3 programs walk 38 tiles in the interpreter; one per SM on a GPU), tails on M, K and N zero-filled by
+    the descriptors; fp32 stays on the pointer tiles."""
+    _check(_inputs((2, 301), 48, 72, EPILOGUES[epilogue], dtype, device), f"602x48->72 {epilogue} {dtype}")
+    if _expects_heuristic():
+        assert _picked_tma(_linear_kernel.best_config.kwargs) == (dtype != torch.float32)
+
+
+@pytest.mark.parametrize("case", ["row stride of 90 bytes", "base off 16-byte alignment"], ids=["stride", "alignment"])
+def test_tma_needs_16_byte_rows(case, device):
+    """TMA reads only 16-byte aligned bases and row strides: anything else takes the pointer tiles, right."""
+    if case == "row stride of 90 bytes":
+        x, weight, bias, _, residual, gamma = _inputs(
+            (600,), 45, 40, EPILOGUES["bias-residual-gamma"], torch.float16, device
+        )
+    else:
+        x, weight, bias, _, residual, gamma = _inputs(
+            (600,), 49, 40, EPILOGUES["bias-residual-gamma"], torch.float16, device
+        )
+        x, weight = x[:, 1:], weight[:, 1:]  # 48 columns starting 2 bytes into the buffer
+        assert x.data_ptr() % 16 and x.stride(0) == 49
+    _check((x, weight, bias, "gelu_tanh", residual, gamma), case)
+    if _expects_heuristic():
+        assert not _picked_tma(_linear_kernel.best_config.kwargs)
+
+
+def test_tma_off_by_env(monkeypatch, device):
+    """VIT_FAST_TMA=0 keeps every GEMM on the pointer tiles (a switch for a GPU or driver where TMA misbehaves)."""
+    monkeypatch.setenv("VIT_FAST_TMA", "0")
+    monkeypatch.setattr(_linear_kernel, "cache", {})  # tunings made with TMA allowed
+    _check(_inputs((600,), 48, 40, EPILOGUES["bias"], torch.bfloat16, device), "TMA off")
+    assert not _picked_tma(_linear_kernel.best_config.kwargs)
+
+
+def test_tma_helpers():
+    assert [cdiv(a, 64) for a in (1, 64, 65, 197)] == [1, 1, 2, 4]
+    sizes = (1, 2, 3, 64, 197, 3072)
+    assert [next_power_of_2(n) for n in sizes] == [triton.next_power_of_2(n) for n in sizes]
+    buffer = torch.empty(64, dtype=torch.float16)
+    assert tma_usable((buffer.view(4, 16), 16))  # 32-byte rows
+    assert not tma_usable((buffer.view(4, 16), 9))  # 18-byte rows
+    assert not tma_usable((buffer[1:], 8))  # base 2 bytes past an aligned address
+    assert persistent_programs(torch.device("cpu")) == 3  # the interpreter: several tiles per program
 
 
 # ------------------------------------------------------------------------------ autograd, compile
