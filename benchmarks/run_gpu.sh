@@ -14,6 +14,7 @@
 #   kernels        benchmarks/bench_kernels.py (autotuned; tuned configs kept in TRITON_CACHE_DIR) ~ 6
 #   b16            vit-fast bench ViT-B/16, batch 1 and 256, bf16, LayerNorm fused              ~ 5
 #   b16-unfused    the same with VIT_FAST_FUSE_LN=0 (7 launches per block), to compare          ~ 5
+#   b16-notma      triton at batch 64 and 256 with VIT_FAST_TMA=0 (no persistent TMA GEMMs)     ~ 4
 #   models         ViT-S/B/L at batches 1,8,64,256 (beyond the 25-minute plan)                  ~ 9
 #
 # Results go to benchmarks/results/<device>/<stage>.log (+ JSON/markdown from the benches). When
@@ -62,6 +63,7 @@ stage_command() {
         kernels) echo "$PY -m pytest benchmarks/bench_kernels.py --benchmark-only -q -p no:cacheprovider --benchmark-json=\$R/kernels.json --benchmark-columns=min,median,iqr,ops" ;;
         b16) echo "$PY -m vit_fast bench vit_base_patch16_224 --batch 1,256 --dtype bf16 --backends torch,triton,triton-graph --graph --min-samples 100 --max-samples 200 --min-time 0.5 --max-seconds 2 --out \$R/b16" ;;
         b16-unfused) echo "VIT_FAST_FUSE_LN=0 $PY -m vit_fast bench vit_base_patch16_224 --batch 1,256 --dtype bf16 --backends triton,triton-graph --graph --min-samples 100 --max-samples 200 --min-time 0.5 --max-seconds 2 --out \$R/b16-unfused" ;;
+        b16-notma) echo "VIT_FAST_TMA=0 $PY -m vit_fast bench vit_base_patch16_224 --batch 64,256 --dtype bf16 --backends triton,triton-graph --graph --min-samples 100 --max-samples 200 --min-time 0.5 --max-seconds 2 --out \$R/b16-notma" ;;
         models) echo "for m in vit_small_patch16_224 vit_base_patch16_224 vit_large_patch16_224; do $PY -m vit_fast bench \$m --batch 1,8,64,256 --dtype $DTYPES --backends $BACKENDS --graph --min-samples 50 --max-samples 100 --min-time 0.3 --max-seconds 1 --out \$R/models || exit 1; done" ;;
         *) return 1 ;;
     esac
@@ -69,7 +71,7 @@ stage_command() {
 
 for stage in "${stages[@]}"; do
     if ! stage_command "$stage" > /dev/null; then
-        echo "run_gpu.sh: unknown stage '$stage'; stages: env host tests-kernels tests-rest kernels b16 b16-unfused models" >&2
+        echo "run_gpu.sh: unknown stage '$stage'; stages: env host tests-kernels tests-rest kernels b16 b16-unfused b16-notma models" >&2
         exit 2
     fi
 done

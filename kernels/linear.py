@@ -5,7 +5,11 @@ One kernel covers every linear layer of a ViT block: qkv (+bias), proj (+bias +r
 (:func:`layer_norm_linear`) it also takes the LayerNorm before qkv and fc1, so a block is 5 launches. Accumulation and the
 whole epilogue are fp32; the output is rounded once, to x's dtype.
 
-Top to bottom: the autotune configs, the kernel, the launcher :func:`launch_linear` (input
+Two tilings, chosen by the autotuner (or ``VIT_FAST_AUTOTUNE=0``'s heuristic): one program per output tile with
+pointer loads (narrow tiles for few rows), and for many rows of 16-bit operands a persistent kernel, one
+program per SM walking the tiles, its x and W tiles loaded by TMA descriptors (sm_90's bulk tensor copy).
+
+Top to bottom: the autotune configs, the tile body and the kernel, the launcher :func:`launch_linear` (input
 checks, reshape, allocation, grid), the ``torch.library`` custom op ``vit_fast::linear`` (fake
 implementation + autograd), the public :func:`linear` and the eager reference :func:`linear_ref`.
 Backward is not a kernel: it recomputes the forward through the eager reference, in fp32 for half

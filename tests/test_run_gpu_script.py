@@ -47,10 +47,11 @@ def test_dry_run_test_files_exist_and_split_the_suite():
 
 
 def test_dry_run_of_chosen_stages_and_unknown_stage():
-    proc = _run("--dry-run", "b16-unfused", "host")
+    proc = _run("--dry-run", "b16-unfused", "host", "b16-notma")
     assert proc.returncode == 0
     stages = _stages(proc.stdout)
-    assert list(stages) == ["b16-unfused", "host"]
+    assert list(stages) == ["b16-unfused", "host", "b16-notma"]
     assert stages["b16-unfused"].startswith("VIT_FAST_FUSE_LN=0 ")
+    assert stages["b16-notma"].startswith("VIT_FAST_TMA=0 ") and "--batch 64,256" in stages["b16-notma"]
     bad = _run("--dry-run", "nonsense")
     assert bad.returncode == 2 and "unknown stage 'nonsense'" in bad.stderr
