@@ -240,8 +240,9 @@ def test_uint8_images_match_torch_backend(dtype):
 
 def test_parameter_changes_after_a_forward_are_still_refused():
     """The triton path checks the parameters in full once, then again only when their fingerprint changes
-    (which tensors, their addresses, their dtypes): a dtype changed through ``.data`` or a layer replaced
-    after a forward that passed is refused by name, and the model runs again once it is put right."""
+    (which tensors, their addresses, dtypes, shapes and strides): a dtype changed through ``.data``, a layer
+    replaced, a square weight transposed at the same address, after a forward that passed, are each refused by
+    name, and the model runs again once it is put right."""
     model, x = _model_and_input("dim96-headdim32", batch=1)
     model.set_backend("triton")
     qkv, mlp = model.blocks[0].attn.qkv, model.blocks[0].mlp
@@ -258,4 +259,12 @@ def test_parameter_changes_after_a_forward_are_still_refused():
         with pytest.raises(ValueError, match=r"blocks\.0\.mlp\.fc2\.weight"):
             model(x)
         mlp.fc2 = fc2
+        assert torch.equal(model(x), expected)
+        # the same address, another shape and stride: a square weight transposed in place of itself
+        proj = model.blocks[0].attn.proj
+        weight = proj.weight.data
+        proj.weight.data = weight.t()
+        with pytest.raises(ValueError, match=r"blocks\.0\.attn\.proj\.weight .* \(stride \d+\)"):
+            model(x)
+        proj.weight.data = weight
         assert torch.equal(model(x), expected)
