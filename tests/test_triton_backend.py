@@ -245,26 +245,25 @@ def test_parameter_changes_after_a_forward_are_still_refused():
     name, and the model runs again once it is put right."""
     model, x = _model_and_input("dim96-headdim32", batch=1)
     model.set_backend("triton")
-    qkv, mlp = model.blocks[0].attn.qkv, model.blocks[0].mlp
+    block = model.blocks[0]
+    qkv_weight, fc2, proj_weight = block.attn.qkv.weight.data, block.mlp.fc2, block.attn.proj.weight.data
+    changes = [  # (break it, put it right, what the error names)
+        (lambda: setattr(block.attn.qkv.weight, "data", qkv_weight.double()),
+         lambda: setattr(block.attn.qkv.weight, "data", qkv_weight),
+         r"blocks\.0\.attn\.qkv\.weight is torch\.float64"),
+        (lambda: setattr(block.mlp, "fc2", torch.nn.Linear(fc2.in_features, fc2.out_features + 1)),
+         lambda: setattr(block.mlp, "fc2", fc2),
+         r"blocks\.0\.mlp\.fc2\.weight"),
+        # the same address, another stride: a square weight transposed in place of itself
+        (lambda: setattr(block.attn.proj.weight, "data", proj_weight.t()),
+         lambda: setattr(block.attn.proj.weight, "data", proj_weight),
+         r"blocks\.0\.attn\.proj\.weight .* \(stride \d+\)"),
+    ]  # fmt: skip
     with torch.no_grad():
         expected = model(x)
-        weight = qkv.weight.data
-        qkv.weight.data = weight.double()
-        with pytest.raises(ValueError, match=r"blocks\.0\.attn\.qkv\.weight is torch\.float64"):
-            model(x)
-        qkv.weight.data = weight
-        assert torch.equal(model(x), expected)
-        fc2 = mlp.fc2
-        mlp.fc2 = torch.nn.Linear(fc2.in_features, fc2.out_features + 1)
-        with pytest.raises(ValueError, match=r"blocks\.0\.mlp\.fc2\.weight"):
-            model(x)
-        mlp.fc2 = fc2
-        assert torch.equal(model(x), expected)
-        # the same address, another shape and stride: a square weight transposed in place of itself
-        proj = model.blocks[0].attn.proj
-        weight = proj.weight.data
-        proj.weight.data = weight.t()
-        with pytest.raises(ValueError, match=r"blocks\.0\.attn\.proj\.weight .* \(stride \d+\)"):
-            model(x)
-        proj.weight.data = weight
-        assert torch.equal(model(x), expected)
+        for break_it, put_right, named in changes:
+            break_it()
+            with pytest.raises(ValueError, match=named):
+                model(x)
+            put_right()
+            assert torch.equal(model(x), expected)
