@@ -75,6 +75,9 @@ def _linear_configs() -> list[triton.Config]:
             # a trim of the search space, not the hardware limit: fp16 tiles of both operands, one per stage,
             # within 160 KB (the limit, MAX_SHARED_BYTES, is applied per dtype by _prune_linear_configs)
             if (block_m + block_n) * block_k * 2 * num_stages <= 160 * 1024
+            # 128x256 spilled in every dtype in the GELU and residual epilogues (16-bit: 88-976 bytes on
+            # triton 3.6 and 3.9; tools/compile_check.py)
+            and block_m * block_n <= 128 * 128
         ]
         + [
             # narrow tiles for few rows (M <= SMALL_M, batch 1-2 of a ViT): at M = 197 a 64x64 tiling gives the
@@ -87,7 +90,7 @@ def _linear_configs() -> list[triton.Config]:
         + [
             # persistent tiles fed by the tensor-memory accelerator (TMA: cp.async.bulk.tensor on sm_90), as in Triton's
             # persistent-matmul tutorial: one program per SM walks the output tiles; for many rows (M > SMALL_M)
-            # (128x256 spilled 0.5-1.1 KB in the GELU and residual epilogues: tools/compile_check.py)
+            # (128x256 spilled 0.5-1.1 KB in the GELU and residual epilogues, as the pointer tiles do)
             triton.Config(
                 {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "TMA": 1},
                 num_warps=8,
