@@ -54,9 +54,9 @@ _ACTIVATION_CODE = {None: 0, "gelu": 1, "gelu_tanh": 2}
 
 def _linear_configs() -> list[triton.Config]:
     """Autotune candidates. Built from the environment only (never a device query), so importing
-    this module touches no GPU driver. The interpreter cannot time configs: it gets one."""
+    this module touches no GPU driver. The interpreter cannot time configs: it gets one of each tiling, and
+    the prune's heuristic picks between them (the persistent TMA one for many rows, so the tests run both)."""
     if interpreter_enabled():
-        # the pointer tiling and the persistent TMA one (picked for many rows, so the tests run both)
         return [
             triton.Config({"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 4, "TMA": tma}, num_warps=4)
             for tma in (0, 1)
