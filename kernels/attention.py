@@ -62,6 +62,11 @@ def _attention_configs() -> list[triton.Config]:
     ]
 
 
+def block_d_for(head_dim: int) -> int:
+    """The kernel's ``BLOCK_D``: the head dim padded to a power of two, at least 16 (the dot's minimum)."""
+    return max(16, next_power_of_2(head_dim))
+
+
 def _attention_shared_bytes(config: triton.Config, block_d: int, elem_bytes: int) -> int:
     """Shared memory of a config as Triton 3.9 lays it out on sm_90, never above what it reports
     (tools/compile_check.py): 2 * num_stages - 1 k/v tiles, plus the q tile at 128 rows."""
@@ -280,7 +285,7 @@ def launch_attention(
         out.stride(1),
         DOT_IN_FP32=dot_in_fp32(qkv.dtype),
         ROUND_BF16=interpret_bf16(qkv.dtype),
-        BLOCK_D=max(16, next_power_of_2(head_dim)),
+        BLOCK_D=block_d_for(head_dim),
     )
     return out
 

@@ -109,10 +109,6 @@ def test_public_op_matches_launcher(device):
 
 
 # ------------------------------------------------------------------------------ persistent TMA tiles
-def _picked_tma(config_kwargs) -> bool:
-    return bool(config_kwargs["TMA"])
-
-
 def _expects_heuristic() -> bool:
     """The interpreter and VIT_FAST_AUTOTUNE=0 take the heuristic's pick; a timed autotune may take any config."""
     return interpreter_enabled() or not autotune_enabled()
@@ -126,7 +122,7 @@ def test_many_rows_take_the_persistent_tma_tiles(epilogue, dtype, device):
     the descriptors; fp32 stays on the pointer tiles."""
     _check(_inputs((2, 301), 48, 72, EPILOGUES[epilogue], dtype, device), f"602x48->72 {epilogue} {dtype}")
     if _expects_heuristic():
-        assert _picked_tma(_linear_kernel.best_config.kwargs) == (dtype != torch.float32)
+        assert _linear_kernel.best_config.kwargs["TMA"] == (dtype != torch.float32)
 
 
 @pytest.mark.parametrize("case", ["row stride of 90 bytes", "base off 16-byte alignment"], ids=["stride", "alignment"])
@@ -144,7 +140,7 @@ def test_tma_needs_16_byte_rows(case, device):
         assert x.data_ptr() % 16 and x.stride(0) == 49
     _check((x, weight, bias, "gelu_tanh", residual, gamma), case)
     if _expects_heuristic():
-        assert not _picked_tma(_linear_kernel.best_config.kwargs)
+        assert not _linear_kernel.best_config.kwargs["TMA"]
 
 
 def test_tma_off_by_env(monkeypatch, device):
@@ -152,7 +148,7 @@ def test_tma_off_by_env(monkeypatch, device):
     monkeypatch.setenv("VIT_FAST_TMA", "0")
     monkeypatch.setattr(_linear_kernel, "cache", {})  # tunings made with TMA allowed
     _check(_inputs((600,), 48, 40, EPILOGUES["bias"], torch.bfloat16, device), "TMA off")
-    assert not _picked_tma(_linear_kernel.best_config.kwargs)
+    assert not _linear_kernel.best_config.kwargs["TMA"]
 
 
 def test_tma_helpers():

@@ -222,7 +222,7 @@ def attention_tasks(full: bool):
     kernel = at._attention_kernel
     tasks = []
     for head_dim, dtype in itertools.product(ATTENTION_HEADS, DTYPES):
-        block_d = max(16, 1 << (head_dim - 1).bit_length())
+        block_d = at.block_d_for(head_dim)
         # the autotuner's own early prune for the shape (fp16: nothing dropped for shared memory; each row
         # says whether the prune drops the config for its own dtype)
         kept = kernel.early_config_prune(kernel.configs, {"BLOCK_D": block_d}, BLOCK_D=block_d)
