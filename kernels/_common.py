@@ -16,19 +16,18 @@ from triton.runtime import _allocation
 from triton.runtime.driver import driver
 
 from vit_fast.kernels._interpret import interpreter_enabled
+from vit_fast.kernels.cards import CARDS, card_for_arch, card_of
 
 #: storage dtypes every kernel takes (accumulation is always fp32)
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
-#: shared memory one block may use (the opt-in maximum, bytes) by compute capability
-SHARED_MEMORY_LIMITS = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
 #: H100/H200 (sm_90): autotune lists are pruned against it; a smaller GPU's OutOfResources is left to the autotuner
-MAX_SHARED_BYTES = SHARED_MEMORY_LIMITS[90]
+MAX_SHARED_BYTES = CARDS[90].shared_memory
 
 
 def shared_memory_limit(arch: int) -> int:
-    """Shared memory per block (bytes) on compute capability ``arch`` (e.g. 90); the smallest known when unlisted."""
-    return SHARED_MEMORY_LIMITS.get(arch, min(SHARED_MEMORY_LIMITS.values()))
+    """Shared memory per block (bytes) on compute capability ``arch`` (e.g. 90), from the card table."""
+    return card_for_arch(arch).shared_memory
 
 
 # ---------------------------------------------------------------------------------- host arithmetic
@@ -85,12 +84,6 @@ def tma_enabled() -> bool:
     return os.environ.get("VIT_FAST_TMA", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-@functools.cache
-def _capability(device: torch.device) -> int:
-    major, minor = torch.cuda.get_device_capability(device)
-    return 10 * major + minor
-
-
 def tma_usable(*operands: tuple[torch.Tensor, int]) -> bool:
     """Whether row-major 2-D operands, each given as ``(tensor, row stride in elements)``, can be read through
     TMA descriptors: ``VIT_FAST_TMA`` not off, a Hopper-class GPU (sm_90 or newer; a CPU tensor counts, for the
@@ -100,7 +93,7 @@ def tma_usable(*operands: tuple[torch.Tensor, int]) -> bool:
     for tensor, row_stride in operands:
         if not isinstance(tensor, torch.Tensor) or tensor.data_ptr() % 16 or row_stride * tensor.element_size() % 16:
             return False
-        if tensor.is_cuda and _capability(tensor.device) < 90:
+        if not card_of(tensor.device).tma:
             return False
     return True
 

@@ -1,0 +1,156 @@
+"""What each GPU generation gives our kernels, in one table, read for the tensors' own device.
+
+The first compiled run of a kernel happens on a user's card, so every decision that depends on the card
+(which tiles fit in shared memory, whether ``tl.dot`` reaches tensor cores, TMA, native bf16, whether the
+triton backend is worth running at all) reads :func:`card_of` for the device the tensors are on, never the
+current device and never a constant of one card.
+
+Figures from NVIDIA's specifications and from offline compiles (``tools/compile_check.py``) on triton 3.6 and
+3.9. An unlisted capability gets the nearest listed one below it in its own generation (sm_87 reads as sm_86,
+sm_103 as sm_100, sm_121 as sm_120); an unlisted generation gets the most conservative row below it.
+
+A CPU tensor (Triton's interpreter; the offline compile check) reads as sm_90 unless a test or the compile
+check pretends otherwise through :func:`pretend_arch`. Nothing here touches a GPU driver at import time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Card:
+    """One compute capability, as our kernels see it."""
+
+    arch: int  #: compute capability as ``10 * major + minor`` (90 for sm_90)
+    examples: str  #: cards with it
+    shared_memory: int  #: shared memory one block may use (the opt-in maximum), bytes
+    dot: str  #: what ``tl.dot`` compiles to: "fma" (no tensor cores), "mma.sync", "wgmma", "tcgen05"
+    tma: bool  #: the tensor-memory accelerator (descriptor loads)
+    native_bf16: bool  #: bf16 arithmetic in hardware (sm_75 emulates it)
+
+    @property
+    def tensor_cores(self) -> bool:
+        """Whether Triton's ``tl.dot`` runs on tensor cores here: where our kernels are expected to help."""
+        return self.dot != "fma"
+
+    @property
+    def name(self) -> str:
+        return f"sm_{self.arch}"
+
+    def describe(self) -> str:
+        """One line: ``sm_75 (T4, RTX 20xx): 64 KB shared memory per block, tl.dot on FMA, no TMA, bf16 emulated``."""
+        dot = "FMA (no tensor cores)" if self.dot == "fma" else self.dot
+        return (
+            f"{self.name} ({self.examples}): {self.shared_memory // 1024} KB shared memory per block, tl.dot on {dot}, "
+            f"{'TMA' if self.tma else 'no TMA'}, bf16 {'native' if self.native_bf16 else 'emulated'}"
+        )
+
+
+#: every generation a user may bring; the rows of KERNELS.md's "cards users have"
+CARDS: dict[int, Card] = {
+    card.arch: card
+    for card in (
+        Card(75, "T4, RTX 20xx", 64 * 1024, "fma", tma=False, native_bf16=False),
+        Card(80, "A100, A30", 163 * 1024, "mma.sync", tma=False, native_bf16=True),
+        Card(86, "A10, A40, RTX 30xx", 99 * 1024, "mma.sync", tma=False, native_bf16=True),
+        Card(89, "L4, L40S, RTX 40xx", 99 * 1024, "mma.sync", tma=False, native_bf16=True),
+        Card(90, "H100, H200", 227 * 1024, "wgmma", tma=True, native_bf16=True),
+        Card(100, "B200", 227 * 1024, "tcgen05", tma=True, native_bf16=True),
+        Card(120, "RTX 50xx, RTX PRO 6000", 99 * 1024, "mma.sync", tma=True, native_bf16=True),
+    )
+}
+
+#: the capability a CPU tensor reads as (the interpreter, the offline compile check's default target)
+CPU_ARCH = 90
+#: below this Triton has no target at all
+MIN_ARCH = 70
+
+
+def card_for_arch(arch: int) -> Card:
+    """The row for compute capability ``arch`` (e.g. 86): its own, else the nearest listed one below it in its
+    generation, else the nearest listed one below it (older generations: the T4's row, the most conservative)."""
+    if arch in CARDS:
+        return CARDS[arch]
+    below = [a for a in CARDS if a <= arch]
+    same_generation = [a for a in below if a // 10 == arch // 10]
+    if same_generation:
+        return CARDS[max(same_generation)]
+    if not below:
+        return CARDS[min(CARDS)]
+    # a generation newer than the table: the newest row's features, the smallest shared memory of them all
+    nearest = CARDS[max(below)]
+    if arch > max(CARDS):
+        return Card(arch, "unlisted", min(c.shared_memory for c in CARDS.values()), nearest.dot, nearest.tma, True)
+    return nearest
+
+
+_PRETEND = threading.local()
+
+
+@contextlib.contextmanager
+def pretend_arch(arch: int) -> Iterator[None]:
+    """Within the block (this thread), every device reads as compute capability ``arch``: how tests fake a card
+    and how ``tools/compile_check.py`` asks the launchers and prunes what they would do on a given target."""
+    previous = getattr(_PRETEND, "arch", None)
+    _PRETEND.arch = arch
+    try:
+        yield
+    finally:
+        _PRETEND.arch = previous
+
+
+@functools.cache
+def _cuda_arch(index: int) -> int:
+    major, minor = torch.cuda.get_device_capability(index)
+    return 10 * major + minor
+
+
+def device_arch(device: torch.device | str | int) -> int:
+    """Compute capability of ``device`` as ``10 * major + minor``: asked of that device (cached per index), not of
+    the current one. A CPU or meta device reads as :data:`CPU_ARCH`."""
+    pretended = getattr(_PRETEND, "arch", None)
+    if pretended is not None:
+        return pretended
+    device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    if device.type != "cuda":
+        return CPU_ARCH
+    return _cuda_arch(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def card_of(device: torch.device | str | int) -> Card:
+    """The :class:`Card` of ``device`` (a tensor's ``.device``)."""
+    return card_for_arch(device_arch(device))
+
+
+def device_name(device: torch.device | str | int) -> str:
+    """``"NVIDIA H100 80GB HBM3 (cuda:0, sm_90)"``, or ``"cpu"``: how messages name the device."""
+    device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    arch = device_arch(device)
+    if device.type != "cuda":
+        return str(device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    try:
+        name = torch.cuda.get_device_name(index)
+    except (RuntimeError, AssertionError):  # a faked card in a test: no driver behind it
+        name = "GPU"
+    return f"{name} (cuda:{index}, sm_{arch})"
+
+
+__all__ = [
+    "CARDS",
+    "CPU_ARCH",
+    "MIN_ARCH",
+    "Card",
+    "card_for_arch",
+    "card_of",
+    "device_arch",
+    "device_name",
+    "pretend_arch",
+]

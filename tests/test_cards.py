@@ -1,0 +1,61 @@
+"""The card table: every generation a user may bring, read for the tensors' own device (faked here)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vit_fast.kernels import cards
+
+
+@pytest.mark.parametrize(
+    "arch, shared_kb, tensor_cores, tma, bf16",
+    [
+        (75, 64, False, False, False),
+        (80, 163, True, False, True),
+        (86, 99, True, False, True),
+        (89, 99, True, False, True),
+        (90, 227, True, True, True),
+        (100, 227, True, True, True),
+        (120, 99, True, True, True),
+    ],
+)
+def test_listed_generations(arch, shared_kb, tensor_cores, tma, bf16):
+    card = cards.card_for_arch(arch)
+    assert card.arch == arch and card.shared_memory == shared_kb * 1024
+    assert (card.tensor_cores, card.tma, card.native_bf16) == (tensor_cores, tma, bf16)
+    assert card.name in card.describe() and f"{shared_kb} KB" in card.describe()
+
+
+@pytest.mark.parametrize("arch, row", [(87, 86), (103, 100), (121, 120), (70, 75), (72, 75), (130, None)])
+def test_unlisted_generations_read_conservatively(arch, row):
+    card = cards.card_for_arch(arch)
+    if row is not None:
+        assert card == cards.CARDS[row]
+    else:  # newer than the table: never more shared memory than the smallest listed card
+        assert card.shared_memory == min(c.shared_memory for c in cards.CARDS.values())
+
+
+def test_cpu_reads_as_the_interpreter_target_and_pretend_is_per_thread():
+    assert cards.device_arch(torch.device("cpu")) == cards.CPU_ARCH
+    with cards.pretend_arch(75):
+        assert cards.card_of("cpu").arch == 75
+        assert cards.card_of(torch.device("cuda", 1)).arch == 75  # no driver asked
+    assert cards.device_arch("cpu") == cards.CPU_ARCH
+
+
+def test_the_tensors_device_is_asked_not_the_current_one(monkeypatch):
+    asked = []
+
+    def capability(index):
+        asked.append(index)
+        return (7, 5) if index == 1 else (9, 0)
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", capability)
+    cards._cuda_arch.cache_clear()
+    try:
+        assert cards.card_of(torch.device("cuda:1")).arch == 75
+        assert cards.card_of(torch.device("cuda:0")).arch == 90
+        assert asked == [1, 0]
+    finally:
+        cards._cuda_arch.cache_clear()
