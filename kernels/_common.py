@@ -4,9 +4,11 @@ Nothing here touches a GPU driver."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 import triton
@@ -55,10 +57,30 @@ def m_class(m: int) -> int:
     return 1 << 20
 
 
+#: set by :func:`tuning` for the block it wraps (this thread or task); None: the environment decides
+_TUNING: contextvars.ContextVar[bool | None] = contextvars.ContextVar("vit_fast_tuning", default=None)
+
+
 def autotune_enabled() -> bool:
-    """False when ``VIT_FAST_AUTOTUNE=0``: each kernel runs one heuristic config per shape, with no timing
-    (read per call; what compiled correctness tests and a server that must not stall on tuning use)."""
-    return os.environ.get("VIT_FAST_AUTOTUNE", "1").strip().lower() not in ("0", "false", "no", "off")
+    """Whether the kernels time their autotune candidates. Off by default (a warm start: each kernel compiles one
+    heuristic config per shape, with no timing, so a first forward costs a handful of compilations rather than a
+    hundred). On inside :func:`tuning` (``model.warmup(..., tune=True)``, ``vit-fast serve --tune``, the bench), or
+    for the whole process with ``VIT_FAST_AUTOTUNE=1``. Read per call."""
+    forced = _TUNING.get()
+    if forced is not None:
+        return forced
+    return os.environ.get("VIT_FAST_AUTOTUNE", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+@contextlib.contextmanager
+def tuning(enabled: bool = True) -> Iterator[None]:
+    """Within the block (this thread or task only), kernels launched for a shape not seen before time their
+    candidates (``enabled=True``) or take the heuristic config (``False``), whatever ``VIT_FAST_AUTOTUNE`` says."""
+    token = _TUNING.set(enabled)
+    try:
+        yield
+    finally:
+        _TUNING.reset(token)
 
 
 def autotune_cache_enabled() -> bool:

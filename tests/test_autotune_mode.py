@@ -25,10 +25,20 @@ def test_m_class_is_coarse():
     assert _common.m_class(1) == 256 and _common.m_class(257) == 2048
 
 
-@pytest.mark.parametrize("value, enabled", [("0", False), ("off", False), ("1", True), ("", True)])
+@pytest.mark.parametrize("value, enabled", [("0", False), ("off", False), ("1", True), ("on", True), ("", False)])
 def test_autotune_env(monkeypatch, value, enabled):
     monkeypatch.setenv("VIT_FAST_AUTOTUNE", value)
     assert _common.autotune_enabled() is enabled
+    with _common.tuning():
+        assert _common.autotune_enabled() is True
+    with _common.tuning(False):
+        assert _common.autotune_enabled() is False
+    assert _common.autotune_enabled() is enabled
+
+
+def test_autotune_is_off_by_default(monkeypatch):
+    monkeypatch.delenv("VIT_FAST_AUTOTUNE", raising=False)
+    assert _common.autotune_enabled() is False
 
 
 def _compiled_configs(monkeypatch, module, factory):
