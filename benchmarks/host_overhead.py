@@ -104,6 +104,9 @@ def install_stub_driver() -> list[tuple[str, int]]:
         raise SystemExit("host_overhead: unset TRITON_INTERPRET; this measures the compiled path's Python")
     # the stub cannot time configs: report the programs of the no-autotune heuristic, not of an arbitrary pick
     os.environ.setdefault("VIT_FAST_AUTOTUNE", "0")
+    # nothing is computed (the stand-in launches write nothing): the first-use check would judge empty buffers and
+    # send every op to eager PyTorch; its own steady-state cost is one lookup per forward (vit_fast/first_use.py)
+    os.environ.setdefault("VIT_FAST_FIRST_USE_CHECK", "0")
     import triton
     from triton.runtime import jit
 

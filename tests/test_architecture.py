@@ -38,7 +38,11 @@ def _modules(*names: str) -> tuple[str, ...]:
 #: lowest first; "x.*" stands for every module inside package x
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("kernels", _modules("kernels", "kernels.*")),
-    ("base", _modules("version", "dtypes", "batches", "files", "progress", "numerics", "env", "runtime", "pos_embed")),
+    (
+        "base",
+        _modules("version", "dtypes", "batches", "files", "progress", "numerics", "env", "runtime", "pos_embed")
+        + _modules("first_use"),
+    ),
     (
         "model",
         ("vit_fast",)  # the package itself: the public facade over the model layer

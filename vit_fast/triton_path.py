@@ -32,14 +32,20 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
+import triton
 from torch import nn
 
-from vit_fast.kernels._common import eager_direct
-from vit_fast.kernels.attention import attention, launch_attention
-from vit_fast.kernels.layer_norm import launch_layer_norm, layer_norm
-from vit_fast.kernels.linear import launch_linear, layer_norm_linear, linear
-from vit_fast.kernels.patch_embed import launch_patch_embed, patch_embed
+from vit_fast.kernels import attention as _attention_module
+from vit_fast.kernels import layer_norm as _layer_norm_module
+from vit_fast.kernels import linear as _linear_module
+from vit_fast.kernels import patch_embed as _patch_embed_module
+from vit_fast.kernels._common import eager_direct, m_class
+from vit_fast.kernels.attention import attention, attention_ref, launch_attention
+from vit_fast.kernels.layer_norm import add_layer_norm_ref, launch_layer_norm, layer_norm
+from vit_fast.kernels.linear import launch_linear, layer_norm_linear, layer_norm_linear_ref, linear, linear_ref
+from vit_fast.kernels.patch_embed import launch_patch_embed, patch_embed, patch_embed_ref
 
+from . import first_use
 from .layers import LayerScale
 
 if TYPE_CHECKING:
@@ -81,15 +87,93 @@ class _Ops:
         return launch_patch_embed(x, *args, **kwargs, checked=True) if self.direct else patch_embed(x, *args, **kwargs)
 
 
+def _layer_norm_ref(x, weight, bias, eps):
+    return add_layer_norm_ref(x, None, weight, bias, eps)[1]
+
+
+class _CheckedOps(_Ops):
+    """The same ops under the first-use safety net (:mod:`vit_fast.first_use`): a kernel's first output per
+    (op, device, triton version, dtype, shape class) is judged against eager PyTorch and float64; an op that failed
+    runs in eager PyTorch (its ``*_ref``) from then on."""
+
+    def _run(self, op, kernel, dtype, shape_class, launch, reference, args, kwargs=None) -> torch.Tensor:
+        kwargs = kwargs or {}
+        if op in first_use.failed_ops():
+            return reference(*args, **kwargs)
+        out = launch()
+        key = (op, str(out.device), triton.__version__, dtype, shape_class)
+        if first_use.is_checked(key) or first_use.check(key, op, kernel, out, reference, args, kwargs, dtype):
+            return out
+        return reference(*args, **kwargs)
+
+    def linear(self, x, lin: nn.Linear, act=None, residual=None, gamma=None) -> torch.Tensor:
+        shape = (
+            m_class(x.numel() // x.shape[-1]),
+            tuple(lin.weight.shape),
+            act,
+            *(t is not None for t in (lin.bias, residual, gamma)),
+        )
+        args = (x, lin.weight, lin.bias, act, residual, gamma)
+        launch = lambda: _Ops.linear(self, x, lin, act, residual, gamma)  # noqa: E731
+        return self._run("linear", _linear_module._linear_kernel, x.dtype, shape, launch, linear_ref, args)
+
+    def norm_linear(self, norm: nn.LayerNorm, x, lin: nn.Linear, act) -> torch.Tensor:
+        shape = (m_class(x.numel() // x.shape[-1]), tuple(lin.weight.shape), act, lin.bias is not None)
+        args = (x, norm.weight, norm.bias, norm.eps, lin.weight, lin.bias, act)
+        launch = lambda: _Ops.norm_linear(self, norm, x, lin, act)  # noqa: E731
+        kernel = _linear_module._linear_kernel
+        return self._run("layer_norm_linear", kernel, x.dtype, shape, launch, layer_norm_linear_ref, args)
+
+    def attention(self, qkv, num_heads: int, scale: float) -> torch.Tensor:
+        batch, tokens, width = qkv.shape
+        shape = (m_class(batch * tokens), tokens, num_heads, width // (3 * num_heads))
+        launch = lambda: _Ops.attention(self, qkv, num_heads, scale)  # noqa: E731
+        kernel = _attention_module._attention_kernel
+        return self._run("attention", kernel, qkv.dtype, shape, launch, attention_ref, (qkv, num_heads, scale))
+
+    def layer_norm(self, norm: nn.LayerNorm, x) -> torch.Tensor:
+        shape = (m_class(x.numel() // x.shape[-1]), x.shape[-1])
+        launch = lambda: _Ops.layer_norm(self, norm, x)  # noqa: E731
+        kernel = _layer_norm_module._layer_norm_kernel
+        args = (x, norm.weight, norm.bias, norm.eps)
+        return self._run("layer_norm", kernel, x.dtype, shape, launch, _layer_norm_ref, args)
+
+    def patch_embed(self, x, *args, **kwargs) -> torch.Tensor:
+        weight = args[0]
+        shape = (m_class(x.shape[0]), tuple(x.shape[1:]), str(x.dtype), tuple(weight.shape))
+        launch = lambda: _Ops.patch_embed(self, x, *args, **kwargs)  # noqa: E731
+        kernel = _patch_embed_module._patch_embed_kernel
+        return self._run("patch_embed", kernel, weight.dtype, shape, launch, patch_embed_ref, (x, *args), kwargs)
+
+
 _DIRECT, _THROUGH_OPS = _Ops(direct=True), _Ops(direct=False)
+_CHECKED_DIRECT, _CHECKED_THROUGH = _CheckedOps(direct=True), _CheckedOps(direct=False)
+
+#: per model, the forwards (input shape, dtype, device, LayerNorm folding) whose every op passed its first-use check
+_CLEARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _forward_key(model: VisionTransformer, x: torch.Tensor) -> tuple:
+    return x.shape, x.dtype, x.device, _layer_norm_fused(model)
 
 
 def _ops_for(model: VisionTransformer, x: torch.Tensor) -> _Ops:
-    """Direct launches for plain eager inference, after one check of every parameter; else the custom ops."""
+    """Direct launches for plain eager inference, after one check of every parameter; else the custom ops. Under
+    the first-use safety net until this forward's shapes have all been checked (then one lookup per forward)."""
     if torch.is_grad_enabled() or not eager_direct(x):
         return _THROUGH_OPS
     _check_params(model, x)
-    return _DIRECT
+    if not first_use.enabled():
+        return _DIRECT
+    if not first_use.failed_ops() and _forward_key(model, x) in _CLEARED.get(model, ()):
+        return _DIRECT
+    return _CHECKED_DIRECT if first_use.eligible(x) else _DIRECT
+
+
+def _forward_done(model: VisionTransformer, x: torch.Tensor, ops: _Ops) -> None:
+    """After a forward under the safety net: its shapes are checked, later forwards of them skip the net."""
+    if ops is _CHECKED_DIRECT and not first_use.failed_ops():
+        _CLEARED.setdefault(model, set()).add(_forward_key(model, x))
 
 
 #: per model, the fingerprint of its parameters when they last passed :func:`_check_params` (weak: no model is kept)
@@ -212,8 +296,10 @@ def _run_block(ops: _Ops, block: Block, x: torch.Tensor, act: str, fused: bool) 
 
 def _block(block: Block, x: torch.Tensor, act: str) -> torch.Tensor:
     """One block through the custom ops (what ``vit_fast.patching`` runs inside timm / HF models), LayerNorm
-    fused unless ``VIT_FAST_FUSE_LN=0``."""
-    return _run_block(_THROUGH_OPS, block, x, act, os.environ.get("VIT_FAST_FUSE_LN", "1") != "0")
+    fused unless ``VIT_FAST_FUSE_LN=0``; under the first-use safety net in plain eager inference."""
+    checked = first_use.enabled() and (first_use.failed_ops() or first_use.eligible(x))
+    ops = _CHECKED_THROUGH if checked else _THROUGH_OPS
+    return _run_block(ops, block, x, act, os.environ.get("VIT_FAST_FUSE_LN", "1") != "0")
 
 
 def _embed(ops: _Ops, model: VisionTransformer, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
@@ -245,7 +331,9 @@ def stages_triton(
     for i, block in enumerate(model.blocks):
         tokens = _run_block(ops, block, tokens, model.cfg.act, fused)
         yield f"block {i}", tokens
-    yield "final norm", _norm(ops, model.norm, tokens)
+    tokens = _norm(ops, model.norm, tokens)
+    _forward_done(model, x, ops)
+    yield "final norm", tokens
 
 
 def features_triton(model: VisionTransformer, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
@@ -259,7 +347,9 @@ def features_triton(model: VisionTransformer, x: torch.Tensor, grid: tuple[int, 
     tokens = _embed(ops, model, x, grid)
     for block in model.blocks:
         tokens = _run_block(ops, block, tokens, model.cfg.act, fused)
-    return _norm(ops, model.norm, tokens)
+    tokens = _norm(ops, model.norm, tokens)
+    _forward_done(model, x, ops)
+    return tokens
 
 
 __all__ = ["features_triton", "stages_triton"]

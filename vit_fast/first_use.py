@@ -1,0 +1,173 @@
+"""The safety net at first use: each kernel proves itself on the user's card before its output is trusted.
+
+The first time a kernel runs compiled for a (device, triton version, dtype, shape class), its output is compared
+with the eager reference on that same input, both judged against a float64 computation of it by the project's one
+numerics rule (``vit_fast.numerics``). On a mismatch the op falls back to eager PyTorch for the rest of the process,
+with one warning naming the kernel, its config and the device; ``vit-fast doctor`` reports it too (:func:`report`).
+
+Cost: once per new (op, shape class): the op again in eager PyTorch in the same dtype and in float64, and a copy of
+the outputs to the host: about the price of three eager forwards, on the first forward of each batch-size class.
+Afterwards a forward whose shapes have all been checked pays one dictionary lookup. Only plain eager inference is
+checked (not autograd, tracing, export or CUDA-graph capture, where a float64 side computation has no place).
+
+``VIT_FAST_FIRST_USE_CHECK=0`` turns it off; ``=1`` turns it on under Triton's interpreter too (off there by
+default: the interpreter is what the test suite checks against float64 already).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from . import numerics
+from .kernels._interpret import interpreter_enabled
+from .kernels.cards import device_name
+
+ENV = "VIT_FAST_FIRST_USE_CHECK"
+_ON, _OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def enabled() -> bool:
+    """Whether first uses are checked: ``VIT_FAST_FIRST_USE_CHECK`` if set (1/0, true/false, yes/no, on/off), else
+    on for compiled kernels and off under Triton's interpreter. Raises ValueError naming the variable on any
+    other value."""
+    value = os.environ.get(ENV, "").strip().lower()
+    if value in _ON:
+        return True
+    if value in _OFF:
+        return False
+    if value:
+        raise ValueError(f"{ENV}={os.environ[ENV]!r} is not a switch: use 1 or 0 (true/false, yes/no, on/off)")
+    return not interpreter_enabled()
+
+
+def eligible(x: torch.Tensor) -> bool:
+    """Whether a call on ``x`` may be checked: plain eager inference, not traced, not under autograd, not inside
+    a CUDA graph capture."""
+    if torch.is_grad_enabled() or torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
+        return False
+    if type(x) is not torch.Tensor or x.is_meta:
+        return False
+    return not (x.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
+@dataclass
+class Finding:
+    """One checked first use: the op, where it ran, and how it compared."""
+
+    op: str
+    kernel: str
+    config: str
+    device: str
+    dtype: str
+    shape_class: str
+    max_err: float
+    eager_err: float
+    bound: float
+    passed: bool
+
+
+class _Registry:
+    """What has been checked in this process, what failed; thread-safe."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.checked: dict[tuple, Finding] = {}
+        self.failed: dict[str, Finding] = {}  # op -> its first failing finding: the op runs eagerly from then on
+
+    def record(self, key: tuple, finding: Finding) -> bool:
+        """Store ``finding``; True when it is the op's first failure (the one that warns)."""
+        with self.lock:
+            self.checked[key] = finding
+            if finding.passed or finding.op in self.failed:
+                return False
+            self.failed[finding.op] = finding
+            return True
+
+
+_REGISTRY = _Registry()
+
+
+def is_checked(key: tuple) -> bool:
+    return key in _REGISTRY.checked
+
+
+def failed_ops() -> frozenset[str]:
+    """Ops that failed their first-use check in this process (they run in eager PyTorch now)."""
+    return frozenset(_REGISTRY.failed)
+
+
+def report() -> dict[str, Any]:
+    """Every check this process made: ``{"enabled", "checked": [...], "failed": [...]}`` (for ``vit-fast doctor``)."""
+    with _REGISTRY.lock:
+        checked = [asdict(f) for f in _REGISTRY.checked.values()]
+        failed = [asdict(f) for f in _REGISTRY.failed.values()]
+    try:
+        on = enabled()
+    except ValueError:
+        on = False
+    return {"enabled": on, "checked": checked, "failed": failed}
+
+
+def reset() -> None:
+    """Forget every check and fallback (tests; a process that replaced its kernels)."""
+    with _REGISTRY.lock:
+        _REGISTRY.checked.clear()
+        _REGISTRY.failed.clear()
+
+
+def _to_float64(value: Any) -> Any:
+    return value.double() if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+
+
+def check(
+    key: tuple,
+    op: str,
+    kernel: Any,
+    out: torch.Tensor,
+    reference: Callable[..., torch.Tensor],
+    args: tuple,
+    kwargs: dict,
+    dtype: torch.dtype,
+) -> bool:
+    """Judge a kernel's first output ``out`` for ``key``: ``reference(*args, **kwargs)`` is eager PyTorch in
+    ``dtype``, the same with float64 tensors the reference both are measured against. Records the finding; on a
+    failure warns once for the op and returns False (the caller then returns eager's output instead)."""
+    ref64 = reference(*map(_to_float64, args), **{k: _to_float64(v) for k, v in kwargs.items()})
+    eager = reference(*args, **kwargs)
+    eager_err, err = numerics.max_err(eager, ref64), numerics.max_err(out, ref64)
+    limit = numerics.bound(eager_err, dtype, numerics.scale_of(ref64))
+    passed = bool(err <= limit)  # a NaN error fails
+    config = getattr(kernel, "best_config", None)
+    device = out.device
+    finding = Finding(
+        op=op,
+        kernel=getattr(getattr(kernel, "fn", kernel), "__name__", str(kernel)),
+        config=str(config) if config is not None else "one config (not autotuned)",
+        device=device_name(device),
+        dtype=str(dtype).replace("torch.", ""),
+        shape_class=str(key[-1]),
+        max_err=err,
+        eager_err=eager_err,
+        bound=limit,
+        passed=passed,
+    )
+    if _REGISTRY.record(key, finding):
+        warnings.warn(
+            f"vit-fast: the Triton kernel {finding.kernel} ({finding.config}) on {finding.device} gave max|err| "
+            f"{err:.3g} against float64 in {finding.dtype} where eager PyTorch's is {eager_err:.3g} (the rule allows "
+            f"{limit:.3g}): '{op}' runs in eager PyTorch for the rest of this process. Please run `vit-fast doctor "
+            f"--json doctor.json` and attach it to a bug report; {ENV}=0 turns this check off.",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+    return passed
+
+
+__all__ = ["ENV", "Finding", "check", "eligible", "enabled", "failed_ops", "is_checked", "report", "reset"]
