@@ -72,6 +72,14 @@ def test_tune_runs_inside_tuning_and_later_forwards_stay_tuned(monkeypatch, caps
     assert _common.autotune_enabled() is False
 
 
+def test_tuning_is_public_and_lazy():
+    import vit_fast
+
+    assert vit_fast.tuning is _common.tuning and "tuning" in vit_fast.__all__
+    with vit_fast.tuning():
+        assert _common.autotune_enabled()
+
+
 def test_untuned_warmup_follows_the_environment(monkeypatch, capsys):
     monkeypatch.setenv("VIT_FAST_AUTOTUNE", "1")
     model = tiny_model().set_backend("triton")
