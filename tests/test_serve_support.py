@@ -193,3 +193,34 @@ def test_serve_warmup_on_the_triton_backend_marks_the_shared_model_tuned(monkeyp
     thread.start()
     thread.join()
     assert seen[-1] == (2, True)
+
+
+def test_python_backend_entry_warms_its_served_batch_sizes(monkeypatch, tmp_path) -> None:
+    """The python-backend model of `vit-fast export tritonserver` warms 1, the preferred sizes and the largest in
+    ``initialize`` (before Triton marks the instance ready). Triton's utils module exists only inside Triton:
+    a stand-in lets the entry import here."""
+    import json
+    import types
+
+    from vit_fast.model import VisionTransformer
+
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", types.ModuleType("triton_python_backend_utils"))
+    monkeypatch.delitem(sys.modules, "vit_fast.serve.triton_model", raising=False)
+    from vit_fast.serve import triton_model
+
+    warmed: list[list[int]] = []
+    monkeypatch.setattr(VisionTransformer, "warmup", lambda model, sizes, **kw: warmed.append(list(sizes)))
+    (tmp_path / "1").mkdir()
+    vit_fast.save_checkpoint(vit_fast.load_model("default", backend="torch"), tmp_path / "1" / "model.safetensors")
+    config = {
+        "max_batch_size": 16,
+        "dynamic_batching": {"preferred_batch_size": [4, 16]},
+        "input": [{"name": "images"}],
+        "output": [{"name": "logits"}],
+        "parameters": {},
+    }
+    args = {"model_config": json.dumps(config), "model_instance_kind": "CPU", "model_repository": str(tmp_path)}
+    triton_model.TritonPythonModel().initialize({**args, "model_version": "1", "model_instance_device_id": "0"})
+    assert warmed == [[1, 4, 16]]
+    assert triton_model.served_batch_sizes({"max_batch_size": 8}) == [1, 8]
+    assert triton_model.served_batch_sizes({}) == [1]
