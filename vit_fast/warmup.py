@@ -192,7 +192,7 @@ def warmup_model(
     line, n = announcement(model, sizes, in_dtype, tuned)
     say.note(line)
     seconds: dict[int, float] = {}
-    progress = bar(len(sizes), "vit-fast warmup", enabled=None if verbose else False)
+    progress = bar(len(sizes), "vit-fast warmup", enabled=None if verbose else False, unit="batch size")
     try:
         with torch.no_grad(), tuning(True) if tune else contextlib.nullcontext():  # else: as the caller set it
             for b in sizes:
