@@ -172,8 +172,37 @@ def test_cpu_bench_lists_unavailable_backends_with_reasons(tiny_checkpoint, tmp_
     listed = {u["label"] for u in report["unavailable"]}
     assert {"triton", "triton-graph", "tensorrt", "compile-reduce-overhead", "torch+graph"} <= listed
     assert "Not run:" in md and "**triton**" in md and "**tensorrt**" in md
+    assert report["settings"]["triton_tuning"] == bench_backends.TRITON_TUNING  # how triton is timed, said
+    assert "- triton backends: tuned: before each batch size is timed, model.warmup(tune=True)" in md
     assert report["rows"][0]["floor_ms"] is None  # --no-ceilings: no floor, and no crash
     assert report["transfers"] and report["transfers"][0]["median_ms"] is None  # --h2d on CPU: n/a, said so
+
+
+def test_triton_backend_is_timed_tuned(monkeypatch, capsys):
+    """The bench times the triton backend as torch.compile's max-autotune times inductor: tuned. Preparing a batch
+    size warms it with tuning on (outside the timing); the prepared call then runs tuned."""
+    from vit_fast import triton_path
+    from vit_fast.kernels import _common
+
+    from .util import tiny_model
+
+    seen: list[tuple[int, bool]] = []
+
+    def features(model, x, grid):
+        seen.append((x.shape[0], _common.autotune_enabled()))
+        return torch.zeros(x.shape[0], model.cfg.num_tokens, model.cfg.embed_dim)
+
+    monkeypatch.delenv("VIT_FAST_AUTOTUNE", raising=False)
+    monkeypatch.setattr(triton_path, "features_triton", features)
+    built = bench_backends.build_backend(
+        bench_backends.Variant("triton"), tiny_model(), "fp32", torch.device("cpu"), None, Path(".")
+    )
+    assert isinstance(built, bench_backends.TritonBackend) and "tuned" in built.notes
+    case = built.prepare(torch.randn(2, 3, 32, 32))
+    assert seen == [(2, True)]  # the warm-up, tuning
+    assert "tuning the Triton kernels for batch 2 (fp32)" in capsys.readouterr().err
+    case.run()
+    assert seen[-1] == (2, True) and _common.autotune_enabled() is False
 
 
 def test_onnxruntime_backend_runs_and_is_checked(tiny_checkpoint, tmp_path):

@@ -6,9 +6,11 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
+import threading
 
 import numpy as np
 import pytest
+import torch
 
 import vit_fast
 from vit_fast.serve import server as srv
@@ -108,3 +110,117 @@ def test_start_retries_pytriton_instance_race_only(monkeypatch, capsys) -> None:
     outcomes[:] = [ValueError("port in use"), s]
     with pytest.raises(ValueError, match="port in use"):
         s.start()  # any other failure is not retried
+
+
+def _serve_cli_with_fake_triton(monkeypatch, tmp_path, *argv: str) -> tuple[int, list[tuple]]:
+    """``vit-fast serve ARGV --json ready.json`` with Triton replaced by a stand-in; returns the exit status and
+    the events in order: each model warm-up (batch sizes, tune), Triton's start, the ready JSON written."""
+    from vit_fast.cli import serve
+    from vit_fast.model import VisionTransformer
+
+    events: list[tuple] = []
+    ready = tmp_path / "ready.json"
+    real_warmup = VisionTransformer.warmup
+
+    def warmup(model, batch_sizes, dtype=None, tune=False, verbose=True):
+        events.append(("warmup", list(batch_sizes), tune))
+        return real_warmup(model, batch_sizes, dtype=dtype, tune=tune, verbose=verbose)
+
+    def start_once(server):
+        events.append(("triton started", ready.exists()))
+        return server
+
+    def wait(server, poll_s=1.0):
+        events.append(("ready json", ready.exists()))
+        return True  # as if asked to stop
+
+    monkeypatch.setattr(srv, "require_serve", lambda: None)
+    monkeypatch.setattr(VisionTransformer, "warmup", warmup)
+    monkeypatch.setattr(srv.Server, "_start_once", start_once)
+    monkeypatch.setattr(srv.Server, "wait", wait)
+    parser = argparse.ArgumentParser()
+    serve.add_arguments(parser)
+    args = parser.parse_args(["default", *argv, "--json", str(ready)])
+    return serve.run(args), events
+
+
+@pytest.mark.parametrize(("flag", "tune"), [((), False), (("--tune",), True)])
+def test_serve_warms_every_served_batch_size_before_it_reports_ready(monkeypatch, tmp_path, capsys, flag, tune):
+    status, events = _serve_cli_with_fake_triton(monkeypatch, tmp_path, "--batch", "8,2,32", *flag)
+    assert status == 0
+    # one warm-up of 1 (a lone request), the preferred sizes and the largest; then Triton; then the ready JSON
+    assert events == [("warmup", [1, 2, 8, 32], tune), ("triton started", False), ("ready json", True)]
+    err = capsys.readouterr().err
+    assert "nothing to compile: the model runs on the torch backend here (cpu input)" in err  # this CPU machine
+
+
+def test_serve_tune_flag_parses_and_reaches_the_server() -> None:
+    from vit_fast.cli import serve
+
+    parser = argparse.ArgumentParser()
+    serve.add_arguments(parser)
+    assert parser.parse_args(["default"]).tune is False
+    assert parser.parse_args(["default", "--tune"]).tune is True
+    model = vit_fast.load_model("default", backend="torch")
+    assert srv.Server(model, batch=[1, 4, 16], tune=True).served_batch_sizes == [1, 4, 16]
+    assert srv.Server(model, batch=[16]).served_batch_sizes == [1, 16]
+    with pytest.raises(TypeError, match="tune must be True or False"):
+        srv.Server(model, tune="yes")
+
+
+def test_serve_warmup_on_the_triton_backend_marks_the_shared_model_tuned(monkeypatch) -> None:
+    """Instance threads call the one served model; ``--tune`` marks that model, so their forwards (each thread
+    with its own tuning context) run tuned as the warm-up did."""
+    from vit_fast import triton_path
+    from vit_fast.kernels import _common
+
+    from .util import tiny_model
+
+    seen: list[tuple[int, bool]] = []
+
+    def features(model, x, grid):
+        seen.append((x.shape[0], _common.autotune_enabled()))
+        return torch.zeros(x.shape[0], model.cfg.num_tokens, model.cfg.embed_dim)
+
+    monkeypatch.delenv("VIT_FAST_AUTOTUNE", raising=False)
+    monkeypatch.setattr(triton_path, "features_triton", features)
+    server = srv.Server(tiny_model(), batch=[1, 4], tune=True)
+    server.model.set_backend("triton")  # what "auto" picks on a GPU
+    report = server.warmup()
+    assert report.tuned and seen == [(1, True), (4, True)] and server.model.autotune
+    images = np.zeros((2, 3, 32, 32), dtype=np.float32)
+    thread = threading.Thread(target=server.infer, args=(images,))  # an instance thread: a fresh context
+    thread.start()
+    thread.join()
+    assert seen[-1] == (2, True)
+
+
+def test_python_backend_entry_warms_its_served_batch_sizes(monkeypatch, tmp_path) -> None:
+    """The python-backend model of `vit-fast export tritonserver` warms 1, the preferred sizes and the largest in
+    ``initialize`` (before Triton marks the instance ready). Triton's utils module exists only inside Triton:
+    a stand-in lets the entry import here."""
+    import json
+    import types
+
+    from vit_fast.model import VisionTransformer
+
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", types.ModuleType("triton_python_backend_utils"))
+    monkeypatch.delitem(sys.modules, "vit_fast.serve.triton_model", raising=False)
+    from vit_fast.serve import triton_model
+
+    warmed: list[list[int]] = []
+    monkeypatch.setattr(VisionTransformer, "warmup", lambda model, sizes, **kw: warmed.append(list(sizes)))
+    (tmp_path / "1").mkdir()
+    vit_fast.save_checkpoint(vit_fast.load_model("default", backend="torch"), tmp_path / "1" / "model.safetensors")
+    config = {
+        "max_batch_size": 16,
+        "dynamic_batching": {"preferred_batch_size": [4, 16]},
+        "input": [{"name": "images"}],
+        "output": [{"name": "logits"}],
+        "parameters": {},
+    }
+    args = {"model_config": json.dumps(config), "model_instance_kind": "CPU", "model_repository": str(tmp_path)}
+    triton_model.TritonPythonModel().initialize({**args, "model_version": "1", "model_instance_device_id": "0"})
+    assert warmed == [[1, 4, 16]]
+    assert triton_model.served_batch_sizes({"max_batch_size": 8}) == [1, 8]
+    assert triton_model.served_batch_sizes({}) == [1]

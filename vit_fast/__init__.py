@@ -23,13 +23,18 @@ __all__ = [
     "apply_vit_fast",
     "remove_vit_fast",
     "CUDAGraphRunner",
+    "tuning",
     "__version__",
 ]
 
 
-def __getattr__(name: str):  # lazy: the CUDA-graph runner pulls in nothing at import time
+def __getattr__(name: str):  # lazy: the CUDA-graph runner and the kernels pull in nothing at import time
     if name == "CUDAGraphRunner":
         from .graphs import CUDAGraphRunner
 
         return CUDAGraphRunner
+    if name == "tuning":  # ``with vit_fast.tuning(): ...`` tunes the kernel shapes first seen in the block
+        from .kernels._common import tuning
+
+        return tuning
     raise AttributeError(f"module 'vit_fast' has no attribute {name!r}")

@@ -81,6 +81,7 @@ class HFViT(VisionTransformer):
         plain.load_state_dict(state, strict=True, assign=True)  # the same storage, no copy
         plain.weights_source = dict(self.weights_source)
         plain.check_finite = self.check_finite
+        plain.autotune = self.autotune
         return plain.train(self.training).set_backend(self.backend)
 
     def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,9 @@ backend runs the same parameters through our fused kernels (``vit_fast.triton_pa
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -17,6 +19,9 @@ from .config import ViTConfig
 from .layers import Block, PatchEmbed
 from .pos_embed import pos_embed_for_grid, resample_pos_embed
 from .validation import finite_check_from_env, require_finite
+
+if TYPE_CHECKING:
+    from .warmup import WarmupReport
 
 BACKENDS = ("auto", "torch", "triton")
 
@@ -63,6 +68,9 @@ class VisionTransformer(nn.Module):
         #: triton backend: LayerNorm folded into the GEMM after it (5 launches per block); False runs LN1 / LN2 as
         #: launches of their own (7 per block), to compare the two (also ``VIT_FAST_FUSE_LN=0``)
         self.fuse_layer_norm = True
+        #: triton backend: forwards time the kernels' autotune candidates for shapes not seen before (inside
+        #: ``kernels._common.tuning()``), as the warm-up tuned them; set by ``warmup(..., tune=True)``
+        self.autotune = False
         # set_input_normalization: uint8 images accepted (buffers follow .to(); not in the state_dict)
         self.register_buffer("input_mean", None, persistent=False)
         self.register_buffer("input_std", None, persistent=False)
@@ -264,6 +272,9 @@ class VisionTransformer(nn.Module):
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Tokens ``[B, T, D]`` after the final norm (T = prefix tokens + patches)."""
+        if self.autotune and (scope := self._autotune_scope()) is not None:
+            with scope:
+                return self.forward_features(x)
         if self.check_finite or finite_check_from_env():
             return self._features_checked(x)
         grid = self.check_input(x)
@@ -287,6 +298,41 @@ class VisionTransformer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
+
+    # ------------------------------------------------------------------ warm start
+    def warmup(
+        self,
+        batch_sizes: Sequence[int] | int,
+        dtype: torch.dtype | str | None = None,
+        tune: bool = False,
+        verbose: bool = True,
+    ) -> WarmupReport:
+        """Compile the triton backend's kernels for ``batch_sizes`` now, so the first real inputs do not wait.
+
+        One no-grad forward per batch size on the model's device, with random images of the model's input shape
+        in ``dtype`` (default: uint8 for a model that normalises raw images, see :meth:`set_input_normalization`,
+        else the weights' dtype; a float dtype other than the weights' is refused). By default each kernel
+        compiles one heuristic config per shape (a handful of compilations per batch size, seconds). With
+        ``tune=True`` every candidate config is compiled and timed and the fastest kept (about 100 compilations
+        per batch class for ViT-B/16, 0.35-2 s each: minutes on first use; saved in Triton's cache, so the next
+        process starts tuned), and the model's later forwards run tuned too (:attr:`autotune`).
+
+        Prints one line saying what it does and how long it may take, and a progress bar on a terminal
+        (``verbose=False``: silent). On the torch backend there is nothing to compile: it says so and runs
+        nothing. Returns a :class:`vit_fast.warmup.WarmupReport` (seconds per batch size, tuned or not).
+        """
+        from .warmup import warmup_model
+
+        return warmup_model(self, batch_sizes, dtype=dtype, tune=tune, verbose=verbose)
+
+    def _autotune_scope(self) -> contextlib.AbstractContextManager | None:
+        """``tuning()`` for a forward of a model that asked for tuning, unless already on or traced (a context
+        variable set inside torch.compile's tracing would break the graph)."""
+        from .kernels._common import autotune_enabled, tuning
+
+        if torch.compiler.is_compiling() or autotune_enabled():
+            return None
+        return tuning(True)
 
     def extra_repr(self) -> str:
         return f"backend={self.backend!r}, tokens={self.cfg.num_tokens}"

@@ -44,8 +44,8 @@ class _NoBar:
         pass
 
 
-def bar(total: int, desc: str, enabled: bool | None = None) -> Any:
-    """A progress bar over ``total`` units: tqdm on an interactive stderr (or ``enabled=True``)."""
+def bar(total: int, desc: str, enabled: bool | None = None, unit: str = "case") -> Any:
+    """A progress bar over ``total`` units (``unit``): tqdm on an interactive stderr (or ``enabled=True``)."""
     if enabled is None:
         enabled = sys.stderr.isatty()
     if not enabled:
@@ -54,4 +54,4 @@ def bar(total: int, desc: str, enabled: bool | None = None) -> Any:
         from tqdm import tqdm
     except ImportError:
         return _NoBar()
-    return tqdm(total=total, desc=desc, unit="case", file=sys.stderr, leave=False)
+    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=False)

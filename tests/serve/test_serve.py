@@ -83,6 +83,13 @@ def test_health_model_and_metrics_endpoints(server: Child) -> None:
     assert f'nv_inference_request_success{{model="{MODEL}",version="1"}}' in text
 
 
+def test_the_warmup_comes_before_the_server_reports_ready(server: Child) -> None:
+    out = server.output()
+    # on this CPU the torch backend serves: nothing to compile, and it says so, before Triton starts
+    warm = out.index("[vit-fast warmup] nothing to compile: the model runs on the torch backend here")
+    assert warm < out.index("serving "), out[-3000:]
+
+
 def test_load_test_every_answer_matches_the_model(server: Child, model, tmp_path) -> None:
     report = load_test(model, MODEL, server.http, server.grpc, clients=8, requests=100, batch_sizes=range(1, 9), seed=0)
     (tmp_path / "load-test.json").write_text(json.dumps(report.to_dict(), indent=2))

@@ -28,7 +28,17 @@ from vit_fast.numerics import max_err
 from vit_fast.progress import bar as progress_bar
 
 from .artifacts import artifact_path, run_artifact
-from .backends import Backend, Case, OnnxExports, Variant, build_backend, graph_mode, plan_variants, static_unavailable
+from .backends import (
+    TRITON_TUNING,
+    Backend,
+    Case,
+    OnnxExports,
+    Variant,
+    build_backend,
+    graph_mode,
+    plan_variants,
+    static_unavailable,
+)
 from .ceilings import floor_ms, measure_bandwidth, measure_matrix_rate
 from .report import add_ratios, unavailable_summary
 from .settings import (
@@ -215,6 +225,7 @@ class Harness:
                 "seed": s.seed,
                 "threads": self.threads,
                 "threads_note": self.threads_note if self.device.type == "cpu" else None,
+                "triton_tuning": TRITON_TUNING if {"triton", "triton-graph"} & set(backends) else None,
                 **self.opts,
             },
             "unavailable": unavailable_summary(rows),

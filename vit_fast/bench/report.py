@@ -152,6 +152,8 @@ def markdown_report(report: dict[str, Any]) -> str:
         f"runs and {st.get('min_time_s', '?')} s of them, at most {st['iters']} runs or ~{st['max_seconds']} s "
         f"(`n` = runs timed); L2 flush: {st['flush_l2'] or 'off'}",
     ]
+    if st.get("triton_tuning"):
+        lines.append(f"- triton backends: {st['triton_tuning']}")
     if report.get("artifact"):
         lines.append(f"- artifact: {report['artifact']} ({t.get('runtime', '?')}; verified: {t.get('verified')})")
     if st.get("threads"):

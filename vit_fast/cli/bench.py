@@ -15,7 +15,8 @@ max(weight bytes / copy bandwidth, FLOPs / matmul rate).
 
 backends:
   torch                     eager PyTorch (vit_fast's torch backend): the reference
-  triton                    vit_fast's Triton kernels (CUDA only)
+  triton                    vit_fast's Triton kernels (CUDA only), tuned before they are timed
+                            (model.warmup(tune=True), as compile-max-autotune tunes inductor's)
   triton-graph              the triton backend captured with vit_fast.CUDAGraphRunner
   compile                   torch.compile, default mode
   compile-max-autotune      torch.compile(mode="max-autotune") (inductor CUDA graphs on a GPU)

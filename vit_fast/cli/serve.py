@@ -1,12 +1,14 @@
 """Serve a model through a real Triton Inference Server (PyTriton): dynamic batching, HTTP and gRPC,
 health and Prometheus metrics, a clean stop on SIGTERM or Ctrl-C.
 
-  vit-fast serve MODEL [--batch 1,8,64] [--instances 1] [--dtype fp32] [--host 127.0.0.1]
+  vit-fast serve MODEL [--batch 1,8,64] [--instances 1] [--dtype fp32] [--host 127.0.0.1] [--tune]
                        [--http-port 8000] [--grpc-port 8001] [--metrics-port 8002] [--json ready.json]
   vit-fast serve MODEL --load-test [--clients 8] [--requests 100] [--json load.json]
 
 MODEL is "default" (the embedded model), a preset name or a checkpoint path. It runs on the GPU
-with our Triton kernels where there is one, else on the CPU with the torch backend. Requests whose
+with our Triton kernels where there is one, else on the CPU with the torch backend. On a GPU it runs
+the model once at each served batch size (1, the preferred sizes, the largest) before it reports ready,
+so every kernel is compiled (with --tune: tuned, and served tuned) before the first request. Requests whose
 shape or dtype do not fit get an error response; the server keeps serving. --load-test starts the
 server, runs a bounded load test against it on loopback (HTTP and gRPC clients, mixed batch sizes,
 every answer checked against the model), prints p50/p99 latency and throughput, and stops.
@@ -36,6 +38,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     for what, port in DEFAULT_PORTS.items():
         parser.add_argument(f"--{what}-port", type=int, default=port, help=f"{what} port ({port})")
+    parser.add_argument(
+        "--tune",
+        action="store_true",
+        help="tune the Triton kernels for the served batch sizes before reporting ready, and serve tuned (minutes "
+        "on first use, saved for the next start); without it each kernel compiles one heuristic config per shape",
+    )
     parser.add_argument("--load-test", action="store_true", help="run a bounded load test on loopback, then stop")
     parser.add_argument("--clients", type=int, default=8, help="load test: concurrent clients (8)")
     parser.add_argument("--requests", type=int, default=100, help="load test: requests per client (100)")
@@ -79,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
         grpc_port=args.grpc_port,
         metrics_port=args.metrics_port,
         verbose=args.verbose,
+        tune=args.tune,
     )
     e = server.endpoints
     # SIGTERM while Triton starts: unwind through the finally below, so its processes are stopped too

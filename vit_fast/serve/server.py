@@ -42,6 +42,7 @@ from vit_fast.export.tritonserver import (
     plan_batching,
 )
 from vit_fast.model import VisionTransformer
+from vit_fast.warmup import WarmupReport
 
 SERVE_EXTRA = "pip install 'vit-fast[serve]'"
 DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
@@ -126,6 +127,7 @@ class Server:
       the dynamic batcher's preferred sizes; ``queue_delay_us`` its ``max_queue_delay_microseconds``.
     - ``instances``: model instances Triton runs at once (each a thread calling the same module).
     - ``host`` and the ports: where HTTP, gRPC and metrics listen (loopback by default).
+    - ``tune``: tune the kernels for the served batch sizes before serving, and serve tuned (see :meth:`warmup`).
 
     Use as a context manager, or ``start()`` / ``wait()`` / ``stop()``.
     """
@@ -143,6 +145,7 @@ class Server:
         grpc_port: int = DEFAULT_PORTS["grpc"],
         metrics_port: int = DEFAULT_PORTS["metrics"],
         verbose: bool = False,
+        tune: bool = False,
     ) -> None:
         if not isinstance(model, VisionTransformer):
             raise TypeError(f"vit-fast serve serves a vit_fast.VisionTransformer, got {type(model).__name__}")
@@ -160,8 +163,13 @@ class Server:
             raise ValueError(
                 "vit-fast serve serves fp32 or fp16: Triton hands over numpy arrays, which have no bfloat16"
             )
+        if not isinstance(tune, bool):
+            raise TypeError(f"tune must be True or False, got {tune!r}")
         self.endpoints = Endpoints(host, http_port, grpc_port, metrics_port)
         self.verbose = verbose
+        self.tune = tune
+        #: what :meth:`warmup` did (None until the server starts)
+        self.warmup_report: WarmupReport | None = None
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.backend = "auto" if self.device.type == "cuda" else "torch"
         self.model = copy.deepcopy(model).to(self.device, self.dtype).eval().set_backend(self.backend)
@@ -174,12 +182,30 @@ class Server:
     @property
     def description(self) -> str:
         where = "CUDA, triton kernels" if self.device.type == "cuda" else "CPU, torch backend"
+        if self.device.type == "cuda" and self.tune:
+            where += ", tuned"
         b = self.batching
         return (
             f"model {self.name!r} ({where}, {str(self.dtype).removeprefix('torch.')}): {self.input.name} "
             f"{list(self.input.dims)} -> {self.output.name} {list(self.output.dims)}, max batch {b.max_batch_size}, "
             f"preferred {list(b.preferred_batch_sizes) or '-'}, {b.instances} instance(s)"
         )
+
+    @property
+    def served_batch_sizes(self) -> list[int]:
+        """The batch sizes warmed before serving: 1 (a lone request), the preferred sizes and the largest."""
+        b = self.batching
+        return sorted({1, *b.preferred_batch_sizes, b.max_batch_size})
+
+    def warmup(self) -> WarmupReport:
+        """Compile the kernels for every served batch size (tuned with ``tune``) before the server reports ready,
+        so no first request of a batch size waits on it. Run once, in this thread, on the model every instance
+        thread calls: the kernels' compiled and tuned configs are per process, and ``tune`` marks the model
+        itself to run tuned (``model.autotune``), so the instance threads, whose tuning context is their own,
+        find the same configs. Batch sizes between these are compiled when first formed (a few kernels,
+        seconds; with ``tune`` a new shape class is tuned then)."""
+        self.warmup_report = self.model.warmup(self.served_batch_sizes, tune=self.tune)
+        return self.warmup_report
 
     def infer(self, images: Any) -> dict[str, Any]:
         """One batch as Triton's dynamic batcher formed it: ``images [B, C, H, W]`` -> ``{output: [B, N]}``."""
@@ -195,13 +221,15 @@ class Server:
         return {self.output.name: y.cpu().numpy()}
 
     def start(self) -> Server:
-        """Start Triton (in a process of its own), bind the model and wait until it answers.
+        """Warm the model up (:meth:`warmup`), start Triton (in a process of its own), bind the model and wait
+        until it answers.
 
         PyTriton 0.7 starts a model's instances in parallel, and a later instance may ask the first one
         for its configuration before that one listens (``ConnectionRefusedError`` in
         ``get_config_from_handshake_server``, seen here with 2 instances on a busy 2-core machine): that
         start-up is retried, up to ``START_ATTEMPTS`` times in all, and said so on stderr.
         """
+        self.warmup()
         attempt = 1
         while True:
             try:

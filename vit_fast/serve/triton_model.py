@@ -25,6 +25,12 @@ WEIGHTS = "model.safetensors"
 DTYPE_PARAMETER = "vit_fast.dtype"
 
 
+def served_batch_sizes(config: dict) -> list[int]:
+    """1, the dynamic batcher's preferred sizes and ``max_batch_size``, from the model config as JSON."""
+    preferred = config.get("dynamic_batching", {}).get("preferred_batch_size", [])
+    return sorted({1, *map(int, preferred), max(1, int(config.get("max_batch_size", 1)))})
+
+
 class TritonPythonModel:
     """The python backend's model interface: ``initialize`` once per instance, ``execute`` per batch of requests."""
 
@@ -41,6 +47,9 @@ class TritonPythonModel:
         self.model = load_checkpoint(weights, backend="auto").to(self.device, self.dtype).eval()
         self.input_name = config["input"][0]["name"]
         self.output_name = config["output"][0]["name"]
+        # compile the kernels for the batch sizes the dynamic batcher prefers before this instance takes requests
+        # (each instance is a process of its own; tuning only with VIT_FAST_AUTOTUNE=1 in the server's environment)
+        self.model.warmup(served_batch_sizes(config))
 
     def execute(self, requests: list) -> list:
         arrays = [pb_utils.get_input_tensor_by_name(r, self.input_name).as_numpy() for r in requests]
