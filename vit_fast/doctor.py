@@ -175,7 +175,11 @@ def _settings_check() -> dict[str, Any]:
 
 def _gpu_checks(cuda: bool) -> list[dict[str, Any]]:
     if not cuda:
-        why = f"no CUDA GPU visible to torch {torch.__version__}" + ("" if torch.version.cuda else " (a CPU build)")
+        why = f"no CUDA GPU visible to torch {torch.__version__}" + (
+            f" (a CUDA {torch.version.cuda} build: check the driver with nvidia-smi, and CUDA_VISIBLE_DEVICES)"
+            if torch.version.cuda
+            else " (a CPU build)"
+        )
         return [
             _check("environment", "driver", "skipped", why),
             _check("environment", "gpu", "skipped", why),
@@ -342,19 +346,23 @@ def timing_check(model: Any, device: torch.device, dtype_name: str) -> dict[str,
 
 
 def _compiled_checks(model: Any, device: torch.device, dtypes: list[str], seed: int, stages: Stages) -> list[dict]:
-    """Kernels, the whole model, a CUDA graph and timings on the GPU ``device``."""
-    stages.note(f"kernels of the model, compiled on {device_name(device)}, {', '.join(dtypes)}")
-    checks = kernel_checks(model.cfg, device, dtypes, seed, stages)
-    stages.note("the whole model, triton backend against the torch backend and float64")
-    checks += model_checks(model, device, dtypes, seed, stages)
-    first = next((d for d in ("fp16", "bf16", "fp32") if d in dtypes), dtypes[0])
-    for name, step in (("cuda graph", cuda_graph_check), ("timing", timing_check)):
-        stages.note(f"{name}, {first}")
-        try:
-            checks.append(step(model, device, first))
-        except Exception as err:
-            checks.append(_failed(name, f"{name} {first}", err))
-        _note(stages, checks[-1])
+    """Kernels, the whole model, a CUDA graph and timings on the GPU ``device`` (made the current device for them:
+    the whole-model check and the timings run on the current one)."""
+    if not dtypes:
+        return _gpu_skipped("no precision left to check on this card (see kernels: bf16)")
+    with torch.cuda.device(device):
+        stages.note(f"kernels of the model, compiled on {device_name(device)}, {', '.join(dtypes)}")
+        checks = kernel_checks(model.cfg, device, dtypes, seed, stages)
+        stages.note("the whole model, triton backend against the torch backend and float64")
+        checks += model_checks(model, device, dtypes, seed, stages)
+        first = next(d for d in ("fp16", "bf16", "fp32") if d in dtypes)
+        for name, step in (("cuda graph", cuda_graph_check), ("timing", timing_check)):
+            stages.note(f"{name}, {first}")
+            try:
+                checks.append(step(model, device, first))
+            except Exception as err:
+                checks.append(_failed(name, f"{name} {first}", err))
+            _note(stages, checks[-1])
     return checks
 
 
@@ -416,8 +424,10 @@ def _child_main(settings_path: str, result_path: str) -> int:
 # --------------------------------------------------------------------------- report
 def _resolve_device(spec: str) -> torch.device:
     if spec == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     device = torch.device(spec)
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+        device = torch.device("cuda", torch.cuda.current_device())
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {spec!r} asked for, but no CUDA GPU is visible to torch: use cpu or auto")
     return device

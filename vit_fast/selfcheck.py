@@ -16,9 +16,11 @@ Importing this module imports no kernel (and so no triton): the check does, when
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -186,6 +188,18 @@ def _float64(args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]
     return tuple(up(a) for a in args), {k: up(v) for k, v in kwargs.items()}
 
 
+@contextlib.contextmanager
+def no_tf32() -> Iterator[None]:
+    """TF32 off for torch's CUDA matmuls and convolutions within the block: eager's fp32 error would otherwise be
+    TF32's (~3e-4), and a bound of twice that would let a wrong fp32 kernel pass."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
 def check_kernel(case: KernelCase, device: torch.device | str = "cpu", seed: int = 0) -> dict[str, Any]:
     """Run ``case`` on ``device`` and judge it; never raises for the kernel's own failure.
 
@@ -199,12 +213,14 @@ def check_kernel(case: KernelCase, device: torch.device | str = "cpu", seed: int
     )
     gen = torch.Generator().manual_seed(seed)
     start = time.perf_counter()
+    guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     try:
-        args, kwargs = _inputs(case, device, gen)
-        out = _launch(case, args, kwargs)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        eager = _reference(case, args, kwargs)
+        with guard, no_tf32():  # launched on the inputs' device, whichever is current
+            args, kwargs = _inputs(case, device, gen)
+            out = _launch(case, args, kwargs)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            eager = _reference(case, args, kwargs)
         ref64 = _reference(case, *_float64(args, kwargs))
         result = compare(out, eager, ref64, case.dtype, logits=False)
     except Exception as err:  # a launch that fails (compile error, out of resources) is a failed check
@@ -230,4 +246,4 @@ def check_kernel(case: KernelCase, device: torch.device | str = "cpu", seed: int
     return record
 
 
-__all__ = ["KERNELS", "KernelCase", "check_kernel", "model_cases"]
+__all__ = ["KERNELS", "KernelCase", "check_kernel", "model_cases", "no_tf32"]
