@@ -141,6 +141,14 @@ def test_bf16_skipped_on_a_card_without_native_bf16():
         assert doctor._dtypes_for(doctor.DoctorSettings(), torch.device("cuda", 0))[0] == ["fp32", "fp16", "bf16"]
 
 
+def test_a_model_that_cannot_load_fails_with_the_reason(tmp_path):
+    report = doctor.run_doctor(doctor.DoctorSettings(model="no_such_model", out=tmp_path, device="cpu"))
+    checks = _by_name(report["checks"])
+    assert report["failed"] == ["load"] and "cannot resolve model 'no_such_model'" in checks["load"]["summary"]
+    assert "see model: load" in report["skipped"]["kernels"]
+    assert json.loads((tmp_path / "report.json").read_text())["exit_code"] == 1
+
+
 # ------------------------------------------------------------------------------ the command
 def test_failing_kernel_makes_doctor_exit_1_naming_it(monkeypatch, tmp_path, capsys):
     """In this process (the interpreter is on): a wrong attention kernel fails its check, the report names it, the

@@ -258,8 +258,8 @@ def model_checks(model: Any, device: torch.device, dtypes: list[str], seed: int,
     cuda = device.type == "cuda"
     if not cuda and count_flops(model.cfg) > INTERPRETER_MODEL_FLOPS:
         why = (
-            f"{count_flops(model.cfg) / 1e9:.1f} GFLOP per image is minutes in Triton's interpreter; its kernels "
-            "were checked above at its shapes. Run vit-fast doctor on a GPU to check it whole"
+            f"{count_flops(model.cfg) / 1e9:.1f} GFLOP per image is minutes in Triton's interpreter (its kernels "
+            "were checked above at its token count and head dim); run vit-fast doctor on a GPU to check it whole"
         )
         return [_check("model", "model", "skipped", why)]
     checks = []
@@ -494,9 +494,11 @@ def run_doctor(s: DoctorSettings) -> dict[str, Any]:
     if not kernels_ready:
         why = "triton cannot run vit-fast's kernels here (see environment: triton)"
         checks += [_check("kernels", "kernels", "skipped", why), _check("model", "model", "skipped", why)]
-    elif model is not None and cuda:
+    elif model is None:
+        checks.append(_check("kernels", "kernels", "skipped", "their shapes come from the model (see model: load)"))
+    elif cuda:
         checks += checks_skipped + _compiled_checks(model, device, dtypes, s.seed, stages)
-    elif model is not None:
+    else:
         checks += checks_skipped
         if interpreter_enabled():  # set before triton was imported (a test, or the user's own shell): run here
             checks += interpreter_checks(s, stages, model)
