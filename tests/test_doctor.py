@@ -149,6 +149,47 @@ def test_a_model_that_cannot_load_fails_with_the_reason(tmp_path):
     assert json.loads((tmp_path / "report.json").read_text())["exit_code"] == 1
 
 
+def test_gpu_path_runs_every_check_and_reports_a_crash_as_failed(monkeypatch, tmp_path):
+    """The GPU branch's order and bookkeeping, with a faked T4 (sm_75) and the checks themselves stubbed (no GPU
+    here: what they compute is tested above in the interpreter): bf16 is skipped with the reason, the kernels run
+    at batches 1 and 8, the graph and timing take fp16, and a check that raises is a failed check, not a crash."""
+    import contextlib
+
+    calls = []
+    monkeypatch.setattr(doctor, "_resolve_device", lambda spec: torch.device("cuda", 0))
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(doctor, "environment_checks", lambda device: [])
+
+    def kernels(cfg, device, dtypes, seed, stages):
+        calls.append(("kernels", tuple(dtypes), doctor.GPU_KERNEL_BATCHES))
+        return [doctor._check("kernels", "attention fp16 b=8", True, "fine")]
+
+    def graph(model, device, dtype_name):
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(doctor, "kernel_checks", kernels)
+    monkeypatch.setattr(doctor, "model_checks", lambda *a: calls.append(("model",)) or [])
+    monkeypatch.setattr(doctor, "cuda_graph_check", graph)
+    monkeypatch.setattr(doctor, "timing_check", lambda m, d, name: doctor._check("timing", f"timing {name}", 1, "t"))
+    monkeypatch.setattr(
+        doctor,
+        "collect_environment",
+        lambda device: {"vit_fast": "0", "torch": "t", "triton": "t", "device_name": "T4"},
+    )
+    with pretend_arch(75):
+        report = doctor.run_doctor(doctor.DoctorSettings(out=tmp_path))
+    assert calls == [("kernels", ("fp32", "fp16"), (1, 8)), ("model",)]
+    checks = _by_name(report["checks"])
+    assert "emulates bf16" in report["skipped"]["bf16"]
+    assert (
+        checks["cuda graph fp16"]["status"] == "failed"
+        and "stream is capturing" in checks["cuda graph fp16"]["summary"]
+    )
+    assert checks["timing fp16"]["status"] == "ok"
+    assert report["failed"] == ["cuda graph fp16"] and report["exit_code"] == 1
+    assert not {"kernels, compiled", "cuda graph", "timing"} & set(report["skipped"])
+
+
 # ------------------------------------------------------------------------------ the command
 def test_failing_kernel_makes_doctor_exit_1_naming_it(monkeypatch, tmp_path, capsys):
     """In this process (the interpreter is on): a wrong attention kernel fails its check, the report names it, the
