@@ -237,4 +237,4 @@ def test_doctor_on_this_cpu(tmp_path):
     assert checks["model fp32"]["status"] == "ok" and "Triton interpreter" in checks["model fp32"]["summary"]
     assert "bf16" in report["skipped"]
     # one progress line per check, from the child, as it ran
-    assert "[vit-fast doctor]   ok      attention fp16:" in run.stderr
+    assert "[vit-fast doctor]   [11/16] ok      attention fp16: [1, 65, 192] -> [1, 65, 64]" in run.stderr

@@ -229,8 +229,8 @@ def _dtypes_for(s: DoctorSettings, device: torch.device) -> tuple[list[str], lis
     return wanted, skipped
 
 
-def _note(stages: Stages, check: dict[str, Any]) -> None:
-    stages.note(f"  {check['status']:<7} {check['name']}: {check['summary']}")
+def _note(stages: Stages, check: dict[str, Any], counter: str = "") -> None:
+    stages.note(f"  {counter}{check['status']:<7} {check['name']}: {check['summary']}")
 
 
 def kernel_checks(cfg: Any, device: torch.device, dtypes: list[str], seed: int, stages: Stages) -> list[dict[str, Any]]:
@@ -238,15 +238,18 @@ def kernel_checks(cfg: Any, device: torch.device, dtypes: list[str], seed: int, 
     batches 1 and 8; else in the interpreter, at batch 1 with at most two heads)."""
     cuda = device.type == "cuda"
     batches = GPU_KERNEL_BATCHES if cuda else (1,)
+    runs = [
+        (batch, case)
+        for dtype_name in dtypes
+        for batch in batches
+        for case in model_cases(cfg, batch, DTYPES[dtype_name], None if cuda else INTERPRETER_MAX_HEADS)
+    ]
     checks = []
-    for dtype_name in dtypes:
-        for batch in batches:
-            cases = model_cases(cfg, batch, DTYPES[dtype_name], None if cuda else INTERPRETER_MAX_HEADS)
-            for case in cases:
-                record = check_kernel(case, device, seed)
-                name = f"{record.pop('name')} b={batch}" if cuda else record.pop("name")
-                checks.append(_check("kernels", name, record.pop("status"), record.pop("summary"), **record))
-                _note(stages, checks[-1])
+    for i, (batch, case) in enumerate(runs, 1):
+        record = check_kernel(case, device, seed)
+        name = f"{record.pop('name')} b={batch}" if cuda else record.pop("name")
+        checks.append(_check("kernels", name, record.pop("status"), record.pop("summary"), **record))
+        _note(stages, checks[-1], f"[{i}/{len(runs)}] ")
     return checks
 
 
