@@ -80,4 +80,12 @@ def pair_problem() -> str | None:
     return None
 
 
-__all__ = ["MIN_TRITON", "MIN_TORCH_FOR_KERNELS", "installed", "pair_problem", "parse_version", "torch_pinned_triton"]
+__all__ = [
+    "MIN_TRITON",
+    "MIN_TORCH_FOR_KERNELS",
+    "installed",
+    "pair_problem",
+    "parse_version",
+    "torch_pinned_triton",
+    "triton_problem",
+]

@@ -5,12 +5,12 @@ Layers, lowest first (vit_fast.kernels and vit_fast.export are installed from th
 kernels/ and export/):
 
   kernels  vit_fast.kernels.*
-  base     vit_fast.version, dtypes, batches, files, progress, numerics, env, runtime, pos_embed
+  base     vit_fast.version, dtypes, batches, files, progress, numerics, env, runtime, pos_embed, first_use
   model    vit_fast.config, layers, model, triton_path, validation, convert, checkpoints, loading, hf,
-           patching, assets, graphs, training, warmup,
+           patching, assets, graphs, training, warmup, selfcheck,
            and vit_fast itself (the public facade over the model layer)
   export   vit_fast.export.*
-  app      vit_fast.bench.*, vit_fast.demo, vit_fast.serve.*
+  app      vit_fast.bench.*, vit_fast.demo, vit_fast.doctor, vit_fast.serve.*
   cli      vit_fast.cli.*, vit_fast.__main__
 
 Every import counts for the layer check, at module level or inside a function; imports under
@@ -47,10 +47,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "model",
         ("vit_fast",)  # the package itself: the public facade over the model layer
         + _modules("config", "layers", "model", "triton_path", "validation", "convert", "assets", "assets.*")
-        + _modules("checkpoints", "loading", "hf", "patching", "graphs", "training", "warmup"),
+        + _modules("checkpoints", "loading", "hf", "patching", "graphs", "training", "warmup", "selfcheck"),
     ),
     ("export", _modules("export", "export.*")),
-    ("app", _modules("bench", "bench.*", "demo", "demo_plots", "serve", "serve.*")),
+    ("app", _modules("bench", "bench.*", "demo", "demo_plots", "doctor", "serve", "serve.*")),
     ("cli", _modules("cli", "cli.*", "__main__")),
 ]
 

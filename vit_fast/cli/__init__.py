@@ -1,4 +1,5 @@
-"""The ``vit-fast`` command line: info, demo, export, verify, bench, serve (one module each in this folder).
+"""The ``vit-fast`` command line: info, demo, export, verify, bench, serve, doctor (one module each in this
+folder).
 
 Each subcommand module defines ``EXAMPLE`` (shown under ``--help``), ``add_arguments(parser)``
 and ``run(args) -> int``; the shared argument grammar lives in ``_args``. A subcommand's ``run``
@@ -30,6 +31,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "verify": ("vit_fast.cli.verify", "compare an ONNX file, TensorRT engine or the triton backend with eager"),
     "bench": ("vit_fast.cli.bench", "time backends side by side; write JSON, Markdown and a PNG plot"),
     "serve": ("vit_fast.cli.serve", "serve a model through Triton Inference Server (PyTriton), or load-test it"),
+    "doctor": ("vit_fast.cli.doctor", "prove the stack here: environment, every kernel and the model vs float64"),
 }
 
 #: missing modules -> the extra that installs them, for the one-line error

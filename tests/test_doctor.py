@@ -1,0 +1,240 @@
+"""``vit-fast doctor`` on this CPU, and the checks it is built of (vit_fast.doctor, vit_fast.selfcheck).
+
+The kernel check is :func:`vit_fast.selfcheck.check_kernel`, the function doctor runs on a user's card; here it
+runs in Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1 before triton is imported).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from vit_fast import doctor
+from vit_fast.cli import main
+from vit_fast.config import ViTConfig
+from vit_fast.files import MARKER_KEY
+from vit_fast.kernels import _versions
+from vit_fast.kernels.cards import pretend_arch
+from vit_fast.selfcheck import KERNELS, check_kernel, model_cases
+
+#: a model with every feature a case depends on: registers, LayerScale, tanh GELU, a non-square image
+TINY = ViTConfig(
+    img_size=(16, 24), patch_size=8, embed_dim=32, depth=1, num_heads=2, reg_tokens=1, init_values=0.1, act="gelu_tanh"
+)
+
+
+# ------------------------------------------------------------------------------ the kernel check itself
+def test_model_cases_cover_every_kernel_of_a_forward():
+    cases = model_cases(TINY, batch=2, dtype=torch.float16)
+    assert {c.kernel for c in cases} == set(KERNELS)
+    assert [c.role for c in cases if c.kernel in ("linear", "layer_norm_linear")] == ["qkv", "proj", "fc1", "fc2"]
+    qkv = next(c for c in cases if c.role == "qkv")
+    assert qkv.shape() == "[2, 8, 32] -> [2, 8, 96]"  # 6 patches + class token + 1 register
+    assert next(c for c in cases if c.role == "proj").dims["gamma"]  # LayerScale rides in the epilogue
+    big = ViTConfig.from_name("vit_base_patch16_224")
+    tiny = {c.role: c for c in model_cases(big, max_heads=2)}
+    assert tiny["attention"].shape() == "[1, 197, 384] -> [1, 197, 128] (2 heads of 64)"  # head dim and T kept
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_every_kernel_passes_at_a_models_shapes(dtype):
+    for case in model_cases(TINY, batch=1, dtype=dtype):
+        result = check_kernel(case, seed=1)
+        assert result["status"] == "ok", result
+        assert result["max_abs_err"] <= result["bound"]
+
+
+def test_a_wrong_kernel_fails_and_is_named(monkeypatch):
+    import vit_fast.kernels.linear as linear
+
+    real = linear.launch_linear
+    monkeypatch.setattr(linear, "launch_linear", lambda *a, **k: real(*a, **k) * 1.01)
+    results = {c.role: check_kernel(c) for c in model_cases(TINY) if c.kernel in ("linear", "attention")}
+    assert results["attention"]["status"] == "ok"
+    for role in ("proj", "fc2"):
+        assert results[role]["status"] == "failed" and "OUTSIDE bound" in results[role]["summary"]
+        assert results[role]["name"] == f"linear ({role}) fp32"
+
+
+def test_an_unwritten_output_fails(monkeypatch):
+    """A launcher that leaves its (NaN-filled) output unwritten fails: its error is infinite."""
+    import vit_fast.kernels.attention as attention
+
+    monkeypatch.setattr(attention, "launch_attention", lambda qkv, heads, out: out)
+    (case,) = [c for c in model_cases(TINY) if c.kernel == "attention"]
+    result = check_kernel(case)
+    assert result["status"] == "failed" and result["max_abs_err"] == float("inf")
+
+
+def test_a_kernel_that_raises_is_a_failed_check(monkeypatch):
+    import vit_fast.kernels.layer_norm as layer_norm
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("out of resources: shared memory, Required: 117760, Hardware limit: 101376")
+
+    monkeypatch.setattr(layer_norm, "launch_layer_norm", broken)
+    (case,) = [c for c in model_cases(TINY) if c.kernel == "layer_norm"]
+    result = check_kernel(case)
+    assert result["status"] == "failed" and "out of resources" in result["summary"] and result["traceback"]
+
+
+# ------------------------------------------------------------------------------ the environment section
+def _by_name(checks):
+    return {c["name"]: c for c in checks}
+
+
+def test_mismatched_torch_and_triton_are_flagged(monkeypatch):
+    installed = {"torch": "2.10.0", "triton": "3.9.0"}
+    monkeypatch.setattr(_versions, "installed", installed.get)
+    monkeypatch.setattr(_versions, "torch_pinned_triton", lambda: "3.6.0")
+    pair = _by_name(doctor.environment_checks(torch.device("cpu")))["torch / triton pair"]
+    assert pair["status"] == "warning"
+    assert "built against triton 3.6.0, but triton 3.9.0 is installed" in pair["summary"]
+
+
+def test_too_old_triton_fails_and_skips_the_kernels(monkeypatch, tmp_path):
+    installed = {"torch": "2.8.0", "triton": "3.4.0"}
+    monkeypatch.setattr(_versions, "installed", installed.get)
+    monkeypatch.setattr(_versions, "torch_pinned_triton", lambda: "3.4.0")
+    report = doctor.run_doctor(doctor.DoctorSettings(out=tmp_path, device="cpu"))
+    checks = _by_name(report["checks"])
+    assert checks["triton"]["status"] == "failed" and "triton 3.4.0 is installed" in checks["triton"]["summary"]
+    assert report["exit_code"] == 1 and report["failed"] == ["triton"]
+    assert "triton cannot run vit-fast's kernels here" in report["skipped"]["kernels"]
+
+
+@pytest.mark.parametrize("cuda", [False, True], ids=["cpu", "gpu"])
+def test_missing_c_compiler_is_flagged(monkeypatch, tmp_path, cuda):
+    """No $CC and no gcc or clang on PATH (an empty one): a warning on a CPU, a failure where kernels compile."""
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert doctor.c_compiler() == (None, "CC is unset and neither gcc nor clang is on PATH")
+    check = doctor._compiler_check(cuda)
+    assert check["status"] == ("failed" if cuda else "warning")
+    assert "no working C compiler" in check["summary"] and "set CC" in check["summary"]
+
+
+def test_cc_that_is_not_a_program_is_flagged(monkeypatch, tmp_path):
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    assert doctor._compiler_check(True)["status"] == "failed"
+    monkeypatch.setenv("CC", sys.executable)  # a program, but no C compiler: Triton takes $CC as it is
+    path, how = doctor.c_compiler()
+    assert path == sys.executable and how == f"CC={sys.executable}"
+
+
+def test_settings_report_triton_and_vit_fast_variables():
+    found = doctor.settings_present({"TRITON_DEFAULT_FP_FUSION": "0", "VIT_FAST_AUTOTUNE": "1", "HOME": "/root"})
+    assert found == {"TRITON_DEFAULT_FP_FUSION": "0", "VIT_FAST_AUTOTUNE": "1"}
+
+
+def test_bf16_skipped_on_a_card_without_native_bf16():
+    with pretend_arch(75):
+        dtypes, skipped = doctor._dtypes_for(doctor.DoctorSettings(), torch.device("cuda", 0))
+    assert dtypes == ["fp32", "fp16"]
+    assert skipped[0]["name"] == "bf16" and "emulates bf16" in skipped[0]["summary"]
+    with pretend_arch(80):
+        assert doctor._dtypes_for(doctor.DoctorSettings(), torch.device("cuda", 0))[0] == ["fp32", "fp16", "bf16"]
+
+
+def test_a_model_that_cannot_load_fails_with_the_reason(tmp_path):
+    report = doctor.run_doctor(doctor.DoctorSettings(model="no_such_model", out=tmp_path, device="cpu"))
+    checks = _by_name(report["checks"])
+    assert report["failed"] == ["load"] and "cannot resolve model 'no_such_model'" in checks["load"]["summary"]
+    assert "see model: load" in report["skipped"]["kernels"]
+    assert json.loads((tmp_path / "report.json").read_text())["exit_code"] == 1
+
+
+def test_gpu_path_runs_every_check_and_reports_a_crash_as_failed(monkeypatch, tmp_path):
+    """The GPU branch's order and bookkeeping, with a faked T4 (sm_75) and the checks themselves stubbed (no GPU
+    here: what they compute is tested above in the interpreter): bf16 is skipped with the reason, the kernels run
+    at batches 1 and 8, the graph and timing take fp16, and a check that raises is a failed check, not a crash."""
+    import contextlib
+
+    calls = []
+    monkeypatch.setattr(doctor, "_resolve_device", lambda spec: torch.device("cuda", 0))
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(doctor, "environment_checks", lambda device: [])
+
+    def kernels(cfg, device, dtypes, seed, stages):
+        calls.append(("kernels", tuple(dtypes), doctor.GPU_KERNEL_BATCHES))
+        return [doctor._check("kernels", "attention fp16 b=8", True, "fine")]
+
+    def graph(model, device, dtype_name):
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(doctor, "kernel_checks", kernels)
+    monkeypatch.setattr(doctor, "model_checks", lambda *a: calls.append(("model",)) or [])
+    monkeypatch.setattr(doctor, "cuda_graph_check", graph)
+    monkeypatch.setattr(doctor, "timing_check", lambda m, d, name: doctor._check("timing", f"timing {name}", 1, "t"))
+    monkeypatch.setattr(
+        doctor,
+        "collect_environment",
+        lambda device: {"vit_fast": "0", "torch": "t", "triton": "t", "device_name": "T4"},
+    )
+    with pretend_arch(75):
+        report = doctor.run_doctor(doctor.DoctorSettings(out=tmp_path))
+    assert calls == [("kernels", ("fp32", "fp16"), (1, 8)), ("model",)]
+    checks = _by_name(report["checks"])
+    assert "emulates bf16" in report["skipped"]["bf16"]
+    assert (
+        checks["cuda graph fp16"]["status"] == "failed"
+        and "stream is capturing" in checks["cuda graph fp16"]["summary"]
+    )
+    assert checks["timing fp16"]["status"] == "ok"
+    assert report["failed"] == ["cuda graph fp16"] and report["exit_code"] == 1
+    assert not {"kernels, compiled", "cuda graph", "timing"} & set(report["skipped"])
+
+
+# ------------------------------------------------------------------------------ the command
+def test_failing_kernel_makes_doctor_exit_1_naming_it(monkeypatch, tmp_path, capsys):
+    """In this process (the interpreter is on): a wrong attention kernel fails its check, the report names it, the
+    command exits 1. The whole-model check is left out here (the CLI test runs it)."""
+    import vit_fast.kernels.attention as attention
+
+    real = attention.launch_attention
+    monkeypatch.setattr(attention, "launch_attention", lambda *a, **k: real(*a, **k) + 0.5)
+    monkeypatch.setattr(doctor, "model_checks", lambda *a, **k: [])
+    out = tmp_path / "out"
+    code = main(["doctor", "--dtype", "fp32", "--out", str(out), "--json", str(tmp_path / "d.json")])
+    assert code == 1
+    report = json.loads((tmp_path / "d.json").read_text())
+    assert report["failed"] == ["attention fp32"] and report["exit_code"] == 1
+    stdout = capsys.readouterr().out
+    assert "FAILED: attention fp32" in stdout
+    assert "FAILED: attention fp32" in (out / "report.md").read_text()
+
+
+def test_doctor_on_this_cpu(tmp_path):
+    """``vit-fast doctor --json d.json``, as a user runs it (no TRITON_INTERPRET: it starts the interpreter child
+    itself): exit 0, the report written, every GPU check named as skipped with its reason."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run(
+        [sys.executable, "-m", "vit_fast.cli", "doctor", "--json", "d.json"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = json.loads((tmp_path / "d.json").read_text())
+    assert report[MARKER_KEY] and report["ok"] and report["exit_code"] == 0
+    assert (tmp_path / "vit-fast-out/doctor/report.json").is_file()
+    assert (tmp_path / "vit-fast-out/doctor/report.md").is_file()
+    no_gpu = "no CUDA GPU visible to torch"
+    for name in ("kernels, compiled", "model, compiled", "cuda graph", "timing", "driver", "gpu"):
+        assert no_gpu in report["skipped"][name], name
+        assert f"skipped  {name}" in run.stdout
+    checks = _by_name(report["checks"])
+    for case in model_cases(ViTConfig.from_dict(report["model"]["config"])):
+        for dtype in ("fp32", "fp16"):
+            assert checks[case.name.replace("fp32", dtype)]["status"] == "ok"
+    assert checks["model fp32"]["status"] == "ok" and "Triton interpreter" in checks["model fp32"]["summary"]
+    assert "bf16" in report["skipped"]
+    # one progress line per check, from the child, as it ran
+    assert "[vit-fast doctor]   [11/16] ok      attention fp16: [1, 65, 192] -> [1, 65, 64]" in run.stderr

@@ -1,0 +1,95 @@
+"""Prove the stack on this machine: the environment, every kernel at a model's shapes against float64, the whole
+model against the torch backend, a CUDA graph and a brief timing; write a report to attach to a bug report.
+
+  vit-fast doctor [--model MODEL] [--out DIR] [--json PATH] [--dtype fp16,bf16,fp32] [--device auto|cpu|cuda:N]
+
+Sections, each check reported as ok / warning / failed / skipped (with the reason):
+
+  environment  python; torch and triton, and whether they belong together (torch pins one triton); the C
+               compiler Triton builds its launcher with ($CC, else gcc, else clang); the driver; each GPU's
+               row of the card table (shared memory, tl.dot's unit, TMA, native bf16); every TRITON_* and
+               VIT_FAST_* setting present
+  kernels      every kernel of one forward at MODEL's shapes against its float64 reference, by the numerics
+               rule (at most 2x eager PyTorch's error in the same dtype, plus a floor). On a GPU: compiled,
+               fp32, fp16 and bf16 where the card has native bf16, batches 1 and 8. Without one: in Triton's
+               interpreter (a child process started with TRITON_INTERPRET=1), fp32 and fp16, batch 1, at
+               most two heads
+  model        MODEL whole, triton backend against the torch backend and float64 (vit-fast verify MODEL
+               triton): on a GPU per dtype; on a CPU in the first dtype at batch 1, and only for a small
+               model (the embedded default; a larger one's kernels are still checked at its shapes)
+  cuda graph   capture and replay of the triton model (GPU only)
+  timing       triton against the torch backend (batch 1 and 8) and attention against torch's SDPA (GPU
+               only; a few dozen calls each, not a benchmark)
+
+Prints one line per check as it runs (stderr), then the table (stdout); writes report.json and report.md
+into --out. Exits 1 when a check failed (warnings and skipped checks do not fail), 2 for bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from vit_fast.doctor import DEFAULT_OUT, DoctorSettings, format_checks, run_doctor
+
+from . import _args
+
+EXAMPLE = "vit-fast doctor --json doctor.json"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``vit-fast doctor``'s arguments."""
+    d = DoctorSettings()
+    parser.add_argument("--model", default=d.model, metavar="MODEL", help=_args.MODEL_HELP + f" (default {d.model})")
+    _args.add_model_source(parser)
+    out_help = f"folder for report.json and report.md (default {DEFAULT_OUT})"
+    parser.add_argument("--out", default=DEFAULT_OUT, help=out_help)
+    _args.add_json(parser)
+    parser.add_argument(
+        "--dtype",
+        type=_args.dtype_names,
+        default=None,
+        metavar="D[,D...]",
+        help="precisions to check (default: fp32, fp16 and bf16 where the GPU has native bf16; fp32, fp16 on a CPU)",
+    )
+    parser.add_argument(
+        "--device",
+        type=_args.device,
+        default=d.device,
+        help="where the checks run: auto (the first GPU, else the CPU), cpu, cuda or cuda:N",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=_args.positive_float,
+        default=d.timeout,
+        metavar="S",
+        help=f"seconds the interpreter child process may take on a CPU (default {d.timeout:g})",
+    )
+    _args.add_seed(parser, d.seed, "the random inputs (and a preset's weights)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``vit-fast doctor``; prints the table, returns 0 when no check failed, else 1."""
+    out = _args.output_folder(args.out)
+    json_path = _args.output_file(args.json, "--json")
+    settings = DoctorSettings(
+        model=args.model,
+        config=args.config,
+        weights=args.weights,
+        out=out,
+        device=args.device,
+        dtypes=args.dtype,
+        seed=args.seed,
+        timeout=args.timeout,
+    )
+    report = run_doctor(settings)
+    if json_path is not None:
+        _args.copy_file(out / "report.json", json_path)
+    print(format_checks(report["checks"]))
+    failed, skipped = report["failed"], report["skipped"]
+    verdict = "OK" if not failed else "FAILED: " + ", ".join(failed)
+    print(
+        f"\n{verdict}; {len(skipped)} skipped, {len(report['warnings'])} warning(s); {report['wall_s']:.1f} s; "
+        f"report: {Path(out) / 'report.json'}, {Path(out) / 'report.md'}"
+    )
+    return report["exit_code"]

@@ -1,0 +1,540 @@
+"""``vit-fast doctor``: prove the stack on this machine, and write what was found for a bug report.
+
+Every check is a dict ``{"section", "name", "status": ok | warning | failed | skipped, "summary", ...}``;
+:func:`run_doctor` runs them, writes ``report.json`` and ``report.md`` and returns the report, whose
+``exit_code`` is 1 when any check failed. Nothing here judges on its own: the kernel checks are
+:func:`vit_fast.selfcheck.check_kernel` (the same function the tests run), the whole model is
+:func:`vit_fast.export.verify` with ``"triton"`` (as ``vit-fast verify MODEL triton``), the card is
+:func:`vit_fast.kernels.cards.card_of`, the versions are :mod:`vit_fast.kernels._versions`, the graph is
+:class:`vit_fast.graphs.CUDAGraphRunner`, timings are the bench timer's, files go through vit_fast.files.
+
+  environment  python, torch, triton and whether they belong together, the C compiler Triton builds its
+               launcher with, the driver, each GPU's row of the card table, TRITON_* / VIT_FAST_* settings
+  kernels      every kernel of one forward at the model's shapes, per dtype, against float64: compiled on a
+               GPU (batch 1 and 8: both sides of the GEMMs' 512-row switch); on a CPU in Triton's interpreter
+               (batch 1, at most two heads), in a child process started with TRITON_INTERPRET=1
+  model        the whole model, triton backend against the torch backend (float64 reference): per dtype on a
+               GPU; on a CPU in the first dtype at batch 1, for small models only
+  cuda graph   capture and replay of the triton model (GPU only)
+  timing       triton against the torch backend, and attention against torch's SDPA (GPU only, brief)
+
+On a CPU the GPU checks are listed as skipped, each with the reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .dtypes import DTYPES
+from .env import collect_environment, driver_version
+from .files import MARKER_KEY, write_atomic, write_json_atomic
+from .kernels import _versions
+from .kernels._interpret import interpreter_enabled
+from .kernels.cards import MIN_ARCH, card_of, device_name
+from .progress import Stages
+from .selfcheck import check_kernel, model_cases
+
+DEFAULT_OUT = "vit-fast-out/doctor"
+#: the environment variables reported besides every TRITON_* and VIT_FAST_* one
+OTHER_SETTINGS = ("CC", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "PYTORCH_CUDA_ALLOC_CONF")
+#: batches of the compiled kernel checks: M = B * T on both sides of the GEMMs' 512-row switch for any T > 64
+GPU_KERNEL_BATCHES = (1, 8)
+#: in Triton's interpreter: one image, at most this many heads (the head dim and token count stay the model's)
+INTERPRETER_MAX_HEADS = 2
+#: the interpreter runs the whole model only when one image costs at most this many FLOPs (the embedded default
+#: model: 0.03 GFLOP, about a second per image); larger models are checked whole on a GPU
+INTERPRETER_MODEL_FLOPS = 0.2e9
+#: what a CPU runs by default: bf16 dots run through fp32 in the interpreter, so its bf16 path is not the GPU's
+CPU_DTYPES = ("fp32", "fp16")
+GPU_CHECKS = ("kernels, compiled", "model, compiled", "cuda graph", "timing")
+
+
+@dataclass
+class DoctorSettings:
+    """What ``vit-fast doctor`` asks for (its ``--help`` says what each field does)."""
+
+    model: str = "default"
+    config: str | None = None
+    weights: str | None = None
+    out: Path = field(default_factory=lambda: Path(DEFAULT_OUT))
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    dtypes: list[str] | None = None  # None: fp32, fp16 and bf16 where the card has it natively (CPU: fp32, fp16)
+    seed: int = 0
+    timeout: float = 300.0  # seconds the interpreter child may take
+
+
+def _check(section: str, name: str, status: str | bool, summary: str, **fields: Any) -> dict[str, Any]:
+    if not isinstance(status, str):
+        status = "ok" if status else "failed"
+    return {"section": section, "name": name, "status": status, "summary": summary, **fields}
+
+
+def _failed(section: str, name: str, err: BaseException) -> dict[str, Any]:
+    first = (str(err).strip().splitlines() or [""])[0]
+    return _check(section, name, False, f"{type(err).__name__}: {first}".rstrip(": "), traceback=traceback.format_exc())
+
+
+# --------------------------------------------------------------------------- environment
+def c_compiler() -> tuple[str | None, str]:
+    """The C compiler Triton would build its launcher with, found as Triton finds it (triton/runtime/build.py:
+    ``$CC``, else ``gcc``, else ``clang`` on PATH), and how it was found; ``(None, why)`` when there is none."""
+    cc = os.environ.get("CC")
+    if cc is not None:  # Triton takes $CC as it is, even empty
+        found = shutil.which(cc) if cc else None
+        return (found, f"CC={cc}") if found else (None, f"CC={cc} is set, but {cc!r} is not an executable")
+    for name in ("gcc", "clang"):
+        found = shutil.which(name)
+        if found:
+            return found, f"{name} on PATH"
+    return None, "CC is unset and neither gcc nor clang is on PATH"
+
+
+def _compiler_check(cuda: bool) -> dict[str, Any]:
+    path, how = c_compiler()
+    version = None
+    if path is not None:
+        try:
+            run = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=20)
+            version = (run.stdout.strip().splitlines() or [""])[0] if run.returncode == 0 else None
+            if version is None:
+                how += f"; '{path} --version' exited {run.returncode}"
+        except (OSError, subprocess.SubprocessError) as err:
+            how += f"; '{path} --version' failed: {err}"
+    if version is not None:
+        return _check("environment", "C compiler", True, f"{path} ({how}): {version}", path=path, found_by=how)
+    why = (
+        f"no working C compiler ({how}): Triton compiles a small C launcher the first time each kernel runs on a "
+        "GPU; install one (apt-get install gcc, or your system's equivalent) or set CC to one"
+    )
+    if not cuda:
+        why += " (not needed on this CPU: the interpreter compiles nothing)"
+    return _check("environment", "C compiler", "failed" if cuda else "warning", why, path=path, found_by=how)
+
+
+def _triton_checks(cuda: bool) -> list[dict[str, Any]]:
+    triton_version, torch_version = _versions.installed("triton"), torch.__version__
+    pinned = _versions.torch_pinned_triton()
+    want = ".".join(map(str, _versions.MIN_TRITON))
+    checks = []
+    if triton_version is None:
+        checks.append(
+            _check(
+                "environment",
+                "triton",
+                "failed" if cuda else "warning",
+                f"triton is not installed: the triton backend cannot run (pip install 'triton>={want}', Linux)",
+            )
+        )
+    else:
+        problem = _versions.triton_problem()
+        summary = problem or f"triton {triton_version} (vit-fast's kernels need >= {want})"
+        checks.append(_check("environment", "triton", problem is None, summary, version=triton_version))
+    pair = _versions.pair_problem()
+    if pair is not None:
+        status, summary = "warning", pair
+    elif pinned is None:
+        status, summary = "ok", f"torch {torch_version} pins no triton (a CPU build, or not installed by pip)"
+    else:
+        status, summary = "ok", f"torch {torch_version} pins triton {pinned}, and triton {triton_version} is installed"
+    checks.append(_check("environment", "torch / triton pair", status, summary, torch_pins=pinned))
+    return checks
+
+
+def settings_present(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """Every TRITON_* and VIT_FAST_* variable set, and the few others that change what runs (:data:`OTHER_SETTINGS`)."""
+    environ = os.environ if environ is None else environ
+    return {k: v for k, v in sorted(environ.items()) if k.startswith(("TRITON_", "VIT_FAST_")) or k in OTHER_SETTINGS}
+
+
+def _settings_check() -> dict[str, Any]:
+    found = settings_present()
+    shown = ", ".join(f"{k}={v}" for k, v in found.items()) or "none set"
+    fusion = os.environ.get("TRITON_DEFAULT_FP_FUSION")
+    fusion_note = (
+        f"TRITON_DEFAULT_FP_FUSION={fusion}"
+        if fusion is not None
+        else "TRITON_DEFAULT_FP_FUSION unset (Triton's default: multiply-adds fused; triton 3.9 warns it may change)"
+    )
+    return _check("environment", "settings", True, f"{shown}; {fusion_note}", variables=found)
+
+
+def _gpu_checks(cuda: bool) -> list[dict[str, Any]]:
+    if not cuda:
+        why = f"no CUDA GPU visible to torch {torch.__version__}" + (
+            f" (a CUDA {torch.version.cuda} build: check the driver with nvidia-smi, and CUDA_VISIBLE_DEVICES)"
+            if torch.version.cuda
+            else " (a CPU build)"
+        )
+        return [
+            _check("environment", "driver", "skipped", why),
+            _check("environment", "gpu", "skipped", why),
+        ]
+    checks = [_check("environment", "driver", True, driver_version(torch.device("cuda", 0)))]
+    for index in range(torch.cuda.device_count()):
+        card = card_of(index)
+        summary = f"{device_name(index)}: {card.describe()}"
+        status = "ok"
+        if card.arch < MIN_ARCH:
+            status, summary = "failed", summary + f"; Triton has no target below sm_{MIN_ARCH}"
+        elif not card.tensor_cores:
+            status = "warning"
+            summary += "; tl.dot has no tensor cores here, so backend='auto' keeps the torch backend"
+        checks.append(_check("environment", f"gpu {index}", status, summary, card=asdict(card)))
+    return checks
+
+
+def environment_checks(device: torch.device) -> list[dict[str, Any]]:
+    """The environment section: versions, their pairing, the compiler, the driver and cards, the settings."""
+    cuda = device.type == "cuda"
+    build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU build"
+    checks = [
+        _check("environment", "python", True, f"{platform.python_version()} on {platform.platform()}"),
+        _check("environment", "torch", True, f"torch {torch.__version__} ({build})", version=torch.__version__),
+    ]
+    checks += _triton_checks(cuda)
+    checks.append(_compiler_check(cuda))
+    checks += _gpu_checks(torch.cuda.is_available())
+    checks.append(_settings_check())
+    return checks
+
+
+# --------------------------------------------------------------------------- kernels and the model
+def _dtypes_for(s: DoctorSettings, device: torch.device) -> tuple[list[str], list[dict[str, Any]]]:
+    """The dtypes to check on ``device`` and a skipped check for each one left out, with the reason."""
+    cuda = device.type == "cuda"
+    wanted = list(s.dtypes) if s.dtypes else (list(DTYPES) if cuda else list(CPU_DTYPES))
+    skipped = []
+    if cuda and "bf16" in wanted and not card_of(device).native_bf16:
+        wanted.remove("bf16")
+        why = f"{device_name(device)} emulates bf16 (no native bf16): use fp16 there"
+        skipped.append(_check("kernels", "bf16", "skipped", why))
+    if not cuda and not s.dtypes:
+        why = "the interpreter runs bf16 dots through fp32, so its bf16 path is not the GPU's (--dtype bf16 runs it)"
+        skipped.append(_check("kernels", "bf16", "skipped", why))
+    return wanted, skipped
+
+
+def _note(stages: Stages, check: dict[str, Any], counter: str = "") -> None:
+    stages.note(f"  {counter}{check['status']:<7} {check['name']}: {check['summary']}")
+
+
+def kernel_checks(cfg: Any, device: torch.device, dtypes: list[str], seed: int, stages: Stages) -> list[dict[str, Any]]:
+    """Every kernel of one forward of ``cfg``, in each of ``dtypes``, on ``device`` (compiled on a GPU, at
+    batches 1 and 8; else in the interpreter, at batch 1 with at most two heads)."""
+    cuda = device.type == "cuda"
+    batches = GPU_KERNEL_BATCHES if cuda else (1,)
+    runs = [
+        (batch, case)
+        for dtype_name in dtypes
+        for batch in batches
+        for case in model_cases(cfg, batch, DTYPES[dtype_name], None if cuda else INTERPRETER_MAX_HEADS)
+    ]
+    checks = []
+    for i, (batch, case) in enumerate(runs, 1):
+        record = check_kernel(case, device, seed)
+        name = f"{record.pop('name')} b={batch}" if cuda else record.pop("name")
+        checks.append(_check("kernels", name, record.pop("status"), record.pop("summary"), **record))
+        _note(stages, checks[-1], f"[{i}/{len(runs)}] ")
+    return checks
+
+
+def model_checks(model: Any, device: torch.device, dtypes: list[str], seed: int, stages: Stages) -> list[dict]:
+    """The whole model, triton backend against the torch backend and float64, per dtype (vit_fast.export.verify)."""
+    from .export import verify
+    from .model import count_flops
+
+    cuda = device.type == "cuda"
+    if not cuda and count_flops(model.cfg) > INTERPRETER_MODEL_FLOPS:
+        why = (
+            f"{count_flops(model.cfg) / 1e9:.1f} GFLOP per image is minutes in Triton's interpreter (its kernels "
+            "were checked above at its token count and head dim); run vit-fast doctor on a GPU to check it whole"
+        )
+        return [_check("model", "model", "skipped", why)]
+    checks = []
+    for dtype_name in dtypes if cuda else dtypes[:1]:  # each interpreted launch takes up to a second
+        name = f"model {dtype_name}"
+        try:
+            report = verify(
+                model,
+                "triton",
+                batches=None if cuda else [1],
+                dtype=dtype_name,
+                seed=seed,
+                print_table=False,
+                raise_on_failure=False,
+            ).to_dict()
+        except Exception as err:
+            checks.append(_failed("model", name, err))
+        else:
+            worst = max(report["rows"], key=lambda r: r["max_abs_err"] / r["bound"] if r["bound"] else float("inf"))
+            summary = (
+                f"{report['runtime']}, batches {sorted({r['batch'] for r in report['rows']})}: worst max|err| "
+                f"{worst['max_abs_err']:.2e} vs torch {worst['eager_max_abs_err']:.2e}, bound {worst['bound']:.2e}"
+            )
+            fields = {k: worst[k] for k in ("max_abs_err", "eager_max_abs_err", "bound")}
+            checks.append(_check("model", name, report["passed"], summary, seed=report["seed"], **fields))
+        _note(stages, checks[-1])
+    return checks
+
+
+# --------------------------------------------------------------------------- GPU only
+def _median_ms(fn: Any, device: torch.device, iters: int = 20) -> float:
+    from .bench import summarize, time_callable
+
+    return summarize(time_callable(fn, device, warmup=5, iters=iters))["median_ms"]
+
+
+def cuda_graph_check(model: Any, device: torch.device, dtype_name: str) -> dict[str, Any]:
+    """Capture one forward of the triton model at batch 1 and replay it: the replay must give the eager output."""
+    from .graphs import CUDAGraphRunner
+    from .numerics import FLOOR, max_err, scale_of
+
+    dtype = DTYPES[dtype_name]
+    gpu = copy.deepcopy(model).to(device, dtype).eval().set_backend("triton")
+    x = torch.randn(1, model.cfg.in_chans, *model.cfg.img_hw, device=device, dtype=dtype)
+    with torch.no_grad():
+        eager = gpu(x)
+        graph = CUDAGraphRunner(gpu, x)
+        out = graph(x)
+        eager_ms, graph_ms = _median_ms(lambda: gpu(x), device), _median_ms(graph.replay, device)
+    diff = max_err(out, eager)
+    summary = (
+        f"{dtype_name}, batch 1: captured and replayed; max|replay - eager| {diff:.1e}; eager {eager_ms:.3f} ms, "
+        f"replay {graph_ms:.3f} ms"
+    )
+    ok = diff <= FLOOR[dtype] * scale_of(eager)
+    return _check("cuda graph", f"cuda graph {dtype_name}", ok, summary, eager_ms=eager_ms, graph_ms=graph_ms)
+
+
+def timing_check(model: Any, device: torch.device, dtype_name: str) -> dict[str, Any]:
+    """Median CUDA-event times: the triton backend against the torch backend (batch 1 and 8), and our attention
+    kernel against torch's scaled_dot_product_attention at the model's attention shape. Informational."""
+    from .kernels.attention import attention
+
+    dtype, cfg = DTYPES[dtype_name], model.cfg
+    gpu = copy.deepcopy(model).to(device, dtype).eval()
+    cases: dict[str, dict[str, float]] = {}
+    with torch.no_grad():
+        for batch in (1, 8):
+            x = torch.randn(batch, cfg.in_chans, *cfg.img_hw, device=device, dtype=dtype)
+            row = cases[f"model b={batch}"] = {}
+            for backend in ("torch", "triton"):
+                gpu.set_backend(backend)
+                row[backend] = _median_ms(lambda x=x: gpu(x), device)
+        B, T, H, Dh = 8, cfg.num_tokens, cfg.num_heads, cfg.head_dim
+        qkv = torch.randn(B, T, 3 * H * Dh, device=device, dtype=dtype)
+        q, k, v = qkv.view(B, T, 3, H, Dh).permute(2, 0, 3, 1, 4).unbind(0)
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        cases[f"attention b={B}"] = {
+            "sdpa": _median_ms(lambda: sdpa(q, k, v), device),
+            "triton": _median_ms(lambda: attention(qkv, H), device),
+        }
+    parts = [f"{name}: {' vs '.join(f'{k} {v:.3f} ms' for k, v in row.items())}" for name, row in cases.items()]
+    return _check("timing", f"timing {dtype_name}", True, f"{dtype_name}, median; " + "; ".join(parts), cases_ms=cases)
+
+
+def _compiled_checks(model: Any, device: torch.device, dtypes: list[str], seed: int, stages: Stages) -> list[dict]:
+    """Kernels, the whole model, a CUDA graph and timings on the GPU ``device`` (made the current device for them:
+    the whole-model check and the timings run on the current one)."""
+    if not dtypes:
+        return _gpu_skipped("no precision left to check on this card (see kernels: bf16)")
+    with torch.cuda.device(device):
+        stages.note(f"kernels of the model, compiled on {device_name(device)}, {', '.join(dtypes)}")
+        checks = kernel_checks(model.cfg, device, dtypes, seed, stages)
+        stages.note("the whole model, triton backend against the torch backend and float64")
+        checks += model_checks(model, device, dtypes, seed, stages)
+        first = next(d for d in ("fp16", "bf16", "fp32") if d in dtypes)
+        for name, step in (("cuda graph", cuda_graph_check), ("timing", timing_check)):
+            stages.note(f"{name}, {first}")
+            try:
+                checks.append(step(model, device, first))
+            except Exception as err:
+                checks.append(_failed(name, f"{name} {first}", err))
+            _note(stages, checks[-1])
+    return checks
+
+
+def _gpu_skipped(reason: str) -> list[dict[str, Any]]:
+    sections = {"kernels, compiled": "kernels", "model, compiled": "model", "cuda graph": "cuda graph"}
+    return [_check(sections.get(name, "timing"), name, "skipped", reason) for name in GPU_CHECKS]
+
+
+# --------------------------------------------------------------------------- the interpreter child
+def interpreter_checks(s: DoctorSettings, stages: Stages, model: Any = None) -> list[dict[str, Any]]:
+    """The kernel and model checks on the CPU, in this process: TRITON_INTERPRET=1 must have been set before
+    triton was imported (a child process started by :func:`_run_in_interpreter`, or a test)."""
+    from .loading import load_model
+
+    if model is None:
+        model = load_model(s.model, backend="torch", seed=s.seed, config=s.config, weights=s.weights)
+    cpu = torch.device("cpu")
+    dtypes, _ = _dtypes_for(s, cpu)
+    stages.note(
+        f"kernels of {s.model} ({model.cfg.num_tokens} tokens, head dim {model.cfg.head_dim}) in Triton's "
+        f"interpreter, {', '.join(dtypes)}: {len(model_cases(model.cfg)) * len(dtypes)} checks"
+    )
+    checks = kernel_checks(model.cfg, cpu, dtypes, s.seed, stages)
+    stages.note(f"the whole model, triton backend against the torch backend and float64, {dtypes[0]}, batch 1")
+    return checks + model_checks(model, cpu, dtypes, s.seed, stages)
+
+
+def _run_in_interpreter(s: DoctorSettings, stages: Stages) -> list[dict[str, Any]]:
+    """:func:`interpreter_checks` in a child process started with TRITON_INTERPRET=1 (it must be set before
+    triton is first imported, whatever this process imported already); its progress lines go to stderr."""
+    with tempfile.TemporaryDirectory(prefix="vit-fast-doctor-") as tmp:
+        settings, result = Path(tmp) / "settings.json", Path(tmp) / "checks.json"
+        settings.write_text(json.dumps(asdict(s), default=str))
+        env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+        cmd = [sys.executable, "-m", "vit_fast.doctor", str(settings), str(result)]
+        try:
+            proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True, timeout=s.timeout)
+        except subprocess.TimeoutExpired:
+            why = f"the interpreter run took longer than {s.timeout:g} s (raise --timeout)"
+            return [_check("kernels", "interpreter", False, why)]
+        if not result.is_file():
+            last = (proc.stdout.strip().splitlines() or [f"no output; exit status {proc.returncode}"])[-1]
+            return [_check("kernels", "interpreter", False, f"the interpreter run ended early: {last}")]
+        return json.loads(result.read_text())
+
+
+def _child_main(settings_path: str, result_path: str) -> int:
+    raw = json.loads(Path(settings_path).read_text())
+    s = DoctorSettings(**{**raw, "out": Path(raw["out"])})
+    stages = Stages("vit-fast doctor")
+    try:
+        checks = interpreter_checks(s, stages)
+    except Exception as err:  # the model could not be loaded, or the interpreter could not start
+        checks = [_failed("kernels", "interpreter", err)]
+    write_json_atomic(checks, result_path)
+    return 0
+
+
+# --------------------------------------------------------------------------- report
+def _resolve_device(spec: str) -> torch.device:
+    if spec == "auto":
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    device = torch.device(spec)
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+        device = torch.device("cuda", torch.cuda.current_device())
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {spec!r} asked for, but no CUDA GPU is visible to torch: use cpu or auto")
+    return device
+
+
+def format_checks(checks: list[dict[str, Any]]) -> str:
+    """The table the CLI prints: one line per check, grouped by section (in the order sections first appear)."""
+    width = max(len(c["name"]) for c in checks)
+    lines: list[str] = []
+    for section in dict.fromkeys(c["section"] for c in checks):
+        lines += ["", f"{section}:"] if lines else [f"{section}:"]
+        lines += [
+            f"  {c['status']:<7}  {c['name']:<{width}}  {c['summary']}" for c in checks if c["section"] == section
+        ]
+    return "\n".join(lines)
+
+
+def _markdown(report: dict[str, Any]) -> str:
+    env = report["environment"]
+    lines = [
+        "# vit-fast doctor",
+        "",
+        f"{report['created']} · vit-fast {report[MARKER_KEY]} · torch {env['torch']} · triton {env['triton']} · "
+        f"{env['device_name']} · model `{report['model']['name']}`",
+        "",
+        "| section | check | status | result |",
+        "|---|---|---|---|",
+    ]
+    for c in report["checks"]:
+        summary = c["summary"].replace("|", "\\|")
+        lines.append(f"| {c['section']} | {c['name']} | {c['status']} | {summary} |")
+    verdict = "FAILED: " + ", ".join(report["failed"]) if report["failed"] else "OK"
+    lines += ["", f"**{verdict}** (exit code {report['exit_code']}), {report['wall_s']:.1f} s.", ""]
+    if report["skipped"]:
+        lines += ["Skipped:", ""] + [f"- {name}: {why}" for name, why in report["skipped"].items()] + [""]
+    return "\n".join(lines)
+
+
+def run_doctor(s: DoctorSettings) -> dict[str, Any]:
+    """Run every check, write ``report.json`` and ``report.md`` into ``s.out``; returns the report.
+
+    ``report["exit_code"]`` is 1 when a check failed, else 0 (warnings and skipped checks do not fail).
+    """
+    from .loading import load_model
+
+    start = time.perf_counter()
+    stages = Stages("vit-fast doctor")
+    device = _resolve_device(s.device)
+    cuda = device.type == "cuda"
+    stages.note("environment: versions, the C compiler, the driver and cards, settings")
+    checks = environment_checks(device)
+    for c in checks:
+        _note(stages, c)
+    dtypes, checks_skipped = _dtypes_for(s, device)
+    model_record: dict[str, Any] = {"name": s.model}
+    try:
+        model = load_model(s.model, backend="torch", seed=s.seed, config=s.config, weights=s.weights)
+        model_record.update(config=model.cfg.to_dict(), tokens=model.cfg.num_tokens, weights=model.describe_weights())
+    except Exception as err:
+        checks.append(_failed("model", "load", err))
+        _note(stages, checks[-1])
+        model = None
+    kernels_ready = not any(c["name"] == "triton" and c["status"] != "ok" for c in checks)
+    if not kernels_ready:
+        why = "triton cannot run vit-fast's kernels here (see environment: triton)"
+        checks += [_check("kernels", "kernels", "skipped", why), _check("model", "model", "skipped", why)]
+    elif model is None:
+        checks.append(_check("kernels", "kernels", "skipped", "their shapes come from the model (see model: load)"))
+    elif cuda:
+        checks += checks_skipped + _compiled_checks(model, device, dtypes, s.seed, stages)
+    else:
+        checks += checks_skipped
+        if interpreter_enabled():  # set before triton was imported (a test, or the user's own shell): run here
+            checks += interpreter_checks(s, stages, model)
+        else:
+            stages.note("starting a child process with TRITON_INTERPRET=1 for the interpreter checks")
+            checks += _run_in_interpreter(s, stages)
+    if not cuda:
+        why = f"no CUDA GPU visible to torch {torch.__version__}" if not torch.cuda.is_available() else "--device cpu"
+        checks += _gpu_skipped(f"{why}: needs a GPU (the interpreter ran what it can instead)")
+
+    env_device = device if cuda else torch.device("cpu")
+    environment = collect_environment(env_device)
+    failed = [c["name"] for c in checks if c["status"] == "failed"]
+    report = {
+        MARKER_KEY: environment["vit_fast"],
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "environment": environment,
+        "model": model_record,
+        "args": {**asdict(s), "out": str(s.out)},
+        "checks": checks,
+        "failed": failed,
+        "warnings": [c["name"] for c in checks if c["status"] == "warning"],
+        "skipped": {c["name"]: c["summary"] for c in checks if c["status"] == "skipped"},
+        "ok": not failed,
+        "exit_code": 1 if failed else 0,
+        "wall_s": time.perf_counter() - start,
+    }
+    out = Path(s.out)
+    write_json_atomic(report, out / "report.json")
+    write_atomic(out / "report.md", _markdown(report))
+    return report
+
+
+if __name__ == "__main__":  # the interpreter child: python -m vit_fast.doctor SETTINGS.json RESULT.json
+    with contextlib.suppress(BrokenPipeError):
+        sys.exit(_child_main(*sys.argv[1:3]))

@@ -1,0 +1,249 @@
+"""Each Triton kernel at a model's own shapes, judged against its float64 reference by the one numerics rule.
+
+The kernel check that ``vit-fast doctor`` runs on a user's card (compiled) and on a CPU (Triton's interpreter),
+and that ``tests/test_doctor.py`` runs: the launcher writes into a NaN-filled output (an element left unwritten
+fails), the kernel file's own eager reference ``<op>_ref`` runs once in the kernel's dtype (eager PyTorch's
+error) and once in float64 on the CPU (the reference), and :func:`vit_fast.numerics.compare` judges the result.
+
+:func:`model_cases` lists what one forward of a model launches, with that model's shapes: the patch embedding,
+the qkv GEMM with LayerNorm in its prologue, attention, the proj GEMM with its residual (and LayerScale), the
+fc1 GEMM with LayerNorm and GELU, the fc2 GEMM with its residual, the final LayerNorm, and residual-add +
+LayerNorm. Inputs are random, fresh per seed, scaled so that outputs are of order one.
+
+Launchers and references are looked up in their kernel modules when a check runs, so a test can replace one.
+Importing this module imports no kernel (and so no triton): the check does, when it runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import time
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .config import ViTConfig
+from .dtypes import DTYPE_NAMES
+from .numerics import compare
+
+#: kernel -> (module in vit_fast.kernels, launcher, eager reference)
+KERNELS: dict[str, tuple[str, str, str]] = {
+    "patch_embed": ("patch_embed", "launch_patch_embed", "patch_embed_ref"),
+    "layer_norm_linear": ("linear", "launch_linear", "layer_norm_linear_ref"),
+    "attention": ("attention", "launch_attention", "attention_ref"),
+    "linear": ("linear", "launch_linear", "linear_ref"),
+    "layer_norm": ("layer_norm", "launch_layer_norm", "add_layer_norm_ref"),
+    "add_layer_norm": ("layer_norm", "launch_add_layer_norm", "add_layer_norm_ref"),
+}
+
+
+@dataclass(frozen=True)
+class KernelCase:
+    """One launch of one kernel: ``kernel`` (a key of :data:`KERNELS`), what it is in the model (``role``), its
+    sizes and flags (``dims``), and the dtype it runs in."""
+
+    kernel: str
+    role: str
+    dims: dict[str, Any] = field(hash=False)
+    dtype: torch.dtype = torch.float32
+
+    @property
+    def name(self) -> str:
+        """``"linear (fc2) fp16"``: how progress lines and reports name the check."""
+        role = "" if self.role == self.kernel else f" ({self.role})"
+        return f"{self.kernel}{role} {DTYPE_NAMES[self.dtype]}"
+
+    def shape(self) -> str:
+        """The input and output shapes, e.g. ``"[1, 65, 64] -> [1, 65, 192]"``."""
+        d = self.dims
+        B, T, D = d.get("batch"), d.get("tokens"), d.get("dim")
+        if self.kernel == "patch_embed":
+            return f"[{B}, {d['chans']}, {d['height']}, {d['width']}] -> [{B}, {T}, {D}]"
+        if self.kernel in ("linear", "layer_norm_linear"):
+            return f"[{B}, {T}, {d['k_in']}] -> [{B}, {T}, {d['n_out']}]"
+        if self.kernel == "attention":
+            return f"[{B}, {T}, {3 * D}] -> [{B}, {T}, {D}] ({d['heads']} heads of {D // d['heads']})"
+        return f"[{B}, {T}, {D}]"
+
+
+def model_cases(
+    cfg: ViTConfig, batch: int = 1, dtype: torch.dtype = torch.float32, max_heads: int | None = None
+) -> list[KernelCase]:
+    """The launches of one forward of a model built from ``cfg`` at ``batch``, in ``dtype``.
+
+    ``max_heads`` keeps at most that many heads (the head dim, token count, image and patch stay the model's):
+    how a CPU runs a large model's kernels in Triton's interpreter in seconds rather than minutes.
+    """
+    heads = cfg.num_heads if max_heads is None else min(cfg.num_heads, max_heads)
+    dim = heads * cfg.head_dim
+    hidden = int(round(dim * cfg.mlp_ratio))
+    height, width = cfg.img_hw
+    base = dict(batch=batch, tokens=cfg.num_tokens, dim=dim, eps=cfg.layer_norm_eps)
+    gamma = cfg.init_values is not None
+    image = dict(
+        chans=cfg.in_chans,
+        height=height,
+        width=width,
+        patch=cfg.patch_size,
+        class_token=cfg.class_token,
+        reg_tokens=cfg.reg_tokens,
+        no_embed_class=cfg.no_embed_class,
+    )
+    cases = [
+        KernelCase("patch_embed", "patch embedding", {**base, **image}, dtype),
+        KernelCase("layer_norm_linear", "qkv", {**base, "k_in": dim, "n_out": 3 * dim, "bias": cfg.qkv_bias}, dtype),
+        KernelCase("attention", "attention", {**base, "heads": heads}, dtype),
+        KernelCase("linear", "proj", {**base, "k_in": dim, "n_out": dim, "residual": True, "gamma": gamma}, dtype),
+        KernelCase("layer_norm_linear", "fc1", {**base, "k_in": dim, "n_out": hidden, "act": cfg.act}, dtype),
+        KernelCase("linear", "fc2", {**base, "k_in": hidden, "n_out": dim, "residual": True, "gamma": gamma}, dtype),
+        KernelCase("layer_norm", "final norm", base, dtype),
+        KernelCase("add_layer_norm", "residual + norm", base, dtype),
+    ]
+    return cases
+
+
+def _inputs(case: KernelCase, device: torch.device, gen: torch.Generator) -> tuple[tuple, dict[str, Any]]:
+    """Random inputs of ``case`` (drawn in float32 on the CPU, then cast and moved): ``(args, kwargs)`` that its
+    launcher and its reference both take."""
+    d, dtype = case.dims, case.dtype
+
+    def rnd(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        return (scale * torch.randn(shape, generator=gen)).to(device=device, dtype=dtype)
+
+    B, T, D = d["batch"], d["tokens"], d["dim"]
+    if case.kernel == "patch_embed":
+        C, p = d["chans"], d["patch"]
+        patches = (d["height"] // p) * (d["width"] // p)
+        L = patches + (0 if d["no_embed_class"] else int(d["class_token"]) + d["reg_tokens"])
+        args = (rnd(B, C, d["height"], d["width"]), rnd(D, C, p, p, scale=(C * p * p) ** -0.5), rnd(D), rnd(1, L, D))
+        tokens = dict(
+            cls_token=rnd(1, 1, D) if d["class_token"] else None,
+            reg_token=rnd(1, d["reg_tokens"], D) if d["reg_tokens"] else None,
+            no_embed_class=d["no_embed_class"],
+        )
+        return args, tokens
+    if case.kernel in ("linear", "layer_norm_linear"):
+        K, N = d["k_in"], d["n_out"]
+        x, weight = rnd(B, T, K), rnd(N, K, scale=K**-0.5)
+        bias = rnd(N) if d.get("bias", True) else None
+        if case.kernel == "layer_norm_linear":
+            return (x, rnd(K), rnd(K), d["eps"], weight, bias, d.get("act")), {}
+        residual = rnd(B, T, N, scale=2.0) if d.get("residual") else None
+        gamma = rnd(N) if d.get("gamma") else None
+        return (x, weight, bias, d.get("act"), residual, gamma), {}
+    if case.kernel == "attention":
+        return (rnd(B, T, 3 * D), d["heads"]), {}
+    residual = rnd(B, T, D) if case.kernel == "add_layer_norm" else None
+    return (rnd(B, T, D, scale=2.0), residual, rnd(D), rnd(D), d["eps"]), {}
+
+
+def _launch(case: KernelCase, args: tuple, kwargs: dict[str, Any]) -> torch.Tensor:
+    """The kernel's launcher on ``args``, into NaN-filled outputs; the output that is judged."""
+    module_name, launcher_name, _ = KERNELS[case.kernel]
+    launcher = getattr(importlib.import_module(f"vit_fast.kernels.{module_name}"), launcher_name)
+    x, B, T, D = args[0], case.dims["batch"], case.dims["tokens"], case.dims["dim"]
+
+    def poisoned(*shape: int) -> torch.Tensor:
+        return torch.full(shape, float("nan"), dtype=case.dtype, device=x.device)
+
+    if case.kernel == "patch_embed":
+        return launcher(*args, **kwargs, out=poisoned(B, T, D))
+    if case.kernel == "layer_norm_linear":
+        x, ln_weight, ln_bias, eps, weight, bias, act = args
+        out = poisoned(B, T, weight.shape[0])
+        return launcher(x, weight, bias, act, ln_weight=ln_weight, ln_bias=ln_bias, ln_eps=eps, out=out)
+    if case.kernel == "linear":
+        return launcher(*args, out=poisoned(B, T, args[1].shape[0]))
+    if case.kernel == "attention":
+        return launcher(*args, out=poisoned(B, T, D))
+    x, residual, weight, bias, eps = args
+    if case.kernel == "layer_norm":
+        return launcher(x, weight, bias, eps, out=poisoned(B, T, D))
+    summed, normed = launcher(
+        x, residual, weight, bias, eps, summed_out=poisoned(B, T, D), normed_out=poisoned(B, T, D)
+    )
+    return torch.cat([summed, normed], dim=-1)  # both outputs judged at once
+
+
+def _reference(case: KernelCase, args: tuple, kwargs: dict[str, Any]) -> torch.Tensor:
+    """The kernel file's eager reference on ``args`` (in their dtype and device), shaped as :func:`_launch`'s."""
+    module_name, _, ref_name = KERNELS[case.kernel]
+    reference = getattr(importlib.import_module(f"vit_fast.kernels.{module_name}"), ref_name)
+    out = reference(*args, **kwargs)
+    if case.kernel == "layer_norm":
+        return out[1]
+    if case.kernel == "add_layer_norm":
+        return torch.cat(list(out), dim=-1)
+    return out
+
+
+def _float64(args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+    def up(v: Any) -> Any:
+        return v.detach().to("cpu", torch.float64) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+
+    return tuple(up(a) for a in args), {k: up(v) for k, v in kwargs.items()}
+
+
+@contextlib.contextmanager
+def no_tf32() -> Iterator[None]:
+    """TF32 off for torch's CUDA matmuls and convolutions within the block: eager's fp32 error would otherwise be
+    TF32's (~3e-4), and a bound of twice that would let a wrong fp32 kernel pass."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def check_kernel(case: KernelCase, device: torch.device | str = "cpu", seed: int = 0) -> dict[str, Any]:
+    """Run ``case`` on ``device`` and judge it; never raises for the kernel's own failure.
+
+    Returns ``{"name", "kernel", "role", "dtype", "shape", "status": "ok" | "failed", "summary", "seconds"}``,
+    plus the numbers of :func:`vit_fast.numerics.compare` (``max_abs_err``, ``eager_max_abs_err``, ``bound``,
+    ``rel_err``, ``cosine``, ``passed``) when the kernel ran, or ``error`` and ``traceback`` when it raised.
+    """
+    device = torch.device(device)
+    record: dict[str, Any] = dict(
+        name=case.name, kernel=case.kernel, role=case.role, dtype=DTYPE_NAMES[case.dtype], shape=case.shape()
+    )
+    gen = torch.Generator().manual_seed(seed)
+    start = time.perf_counter()
+    guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    try:
+        with guard, no_tf32():  # launched on the inputs' device, whichever is current
+            args, kwargs = _inputs(case, device, gen)
+            out = _launch(case, args, kwargs)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            eager = _reference(case, args, kwargs)
+        ref64 = _reference(case, *_float64(args, kwargs))
+        result = compare(out, eager, ref64, case.dtype, logits=False)
+    except Exception as err:  # a launch that fails (compile error, out of resources) is a failed check
+        first = (str(err).strip().splitlines() or [""])[0]
+        record.update(
+            status="failed",
+            summary=f"{case.shape()}: {type(err).__name__}: {first}".rstrip(": "),
+            error=f"{type(err).__name__}: {err}",
+            traceback=traceback.format_exc(),
+            seconds=time.perf_counter() - start,
+        )
+        return record
+    verdict = "within" if result["passed"] else "OUTSIDE"
+    record.update(
+        result,
+        status="ok" if result["passed"] else "failed",
+        summary=(
+            f"{case.shape()}: max|err| {result['max_abs_err']:.2e} vs torch {result['eager_max_abs_err']:.2e}, "
+            f"{verdict} bound {result['bound']:.2e}"
+        ),
+        seconds=time.perf_counter() - start,
+    )
+    return record
+
+
+__all__ = ["KERNELS", "KernelCase", "check_kernel", "model_cases", "no_tf32"]
