@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 
-from vit_fast import first_use, triton_path
+from vit_fast import doctor, first_use, triton_path
 from vit_fast.kernels import _interpret
 
 from .numerics import assert_within_eager
@@ -50,6 +50,7 @@ def test_every_kernel_is_checked_once_per_shape_class(monkeypatch):
     report = first_use.report()
     assert report["enabled"] and not report["failed"]
     assert all(f["passed"] and f["max_err"] <= f["bound"] for f in report["checked"])
+    assert doctor.first_use_check()["status"] == "ok"
     first = len(judged)
     _triton_forward(model, x)  # same shapes: the forward is cleared, nothing judged again
     _triton_forward(model, x[:1])  # batch 1 is the same row class here (m_class): no new check either
@@ -80,6 +81,8 @@ def test_a_wrong_kernel_falls_back_to_eager_for_the_process(monkeypatch):
     assert len(calls) == 1 and torch.equal(again, out)
     (failed,) = first_use.report()["failed"]
     assert failed["op"] == "attention" and failed["max_err"] > failed["bound"] and failed["device"] == "cpu"
+    seen_by_doctor = doctor.first_use_check()  # vit-fast doctor reports it
+    assert seen_by_doctor["status"] == "failed" and "_attention_kernel" in seen_by_doctor["summary"]
 
 
 def test_off_switch(monkeypatch):

@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from . import first_use
 from .dtypes import DTYPES
 from .env import collect_environment, driver_version
 from .files import MARKER_KEY, write_atomic, write_json_atomic
@@ -61,7 +62,7 @@ INTERPRETER_MAX_HEADS = 2
 INTERPRETER_MODEL_FLOPS = 0.2e9
 #: what a CPU runs by default: bf16 dots run through fp32 in the interpreter, so its bf16 path is not the GPU's
 CPU_DTYPES = ("fp32", "fp16")
-GPU_CHECKS = ("kernels, compiled", "model, compiled", "cuda graph", "timing")
+GPU_CHECKS = ("kernels, compiled", "model, compiled", "first-use check", "cuda graph", "timing")
 
 
 @dataclass
@@ -358,6 +359,8 @@ def _compiled_checks(model: Any, device: torch.device, dtypes: list[str], seed: 
         checks = kernel_checks(model.cfg, device, dtypes, seed, stages)
         stages.note("the whole model, triton backend against the torch backend and float64")
         checks += model_checks(model, device, dtypes, seed, stages)
+        checks.append(first_use_check())
+        _note(stages, checks[-1])
         first = next(d for d in ("fp16", "bf16", "fp32") if d in dtypes)
         for name, step in (("cuda graph", cuda_graph_check), ("timing", timing_check)):
             stages.note(f"{name}, {first}")
@@ -369,8 +372,27 @@ def _compiled_checks(model: Any, device: torch.device, dtypes: list[str], seed: 
     return checks
 
 
+def first_use_check() -> dict[str, Any]:
+    """What the safety net at first use (vit_fast/first_use.py) saw in this process: the whole-model check above
+    ran each kernel's first compiled use through it. Failed when any kernel fell back to eager PyTorch."""
+    seen = first_use.report()
+    if not seen["enabled"]:
+        return _check("model", "first-use check", "skipped", f"switched off ({first_use.ENV}=0)")
+    if seen["failed"]:
+        named = "; ".join(
+            f"{f['kernel']} ({f['config']}) on {f['device']} {f['dtype']}: "
+            f"max|err| {f['max_err']:.3g} > {f['bound']:.3g}"
+            for f in seen["failed"]
+        )
+        return _check("model", "first-use check", False, f"fell back to eager PyTorch: {named}", first_use=seen)
+    return _check(
+        "model", "first-use check", True, f"{len(seen['checked'])} first uses judged, all within the rule", **seen
+    )
+
+
 def _gpu_skipped(reason: str) -> list[dict[str, Any]]:
-    sections = {"kernels, compiled": "kernels", "model, compiled": "model", "cuda graph": "cuda graph"}
+    sections = {"kernels, compiled": "kernels", "model, compiled": "model", "first-use check": "model"}
+    sections["cuda graph"] = "cuda graph"
     return [_check(sections.get(name, "timing"), name, "skipped", reason) for name in GPU_CHECKS]
 
 
