@@ -386,7 +386,11 @@ def first_use_check() -> dict[str, Any]:
         )
         return _check("model", "first-use check", False, f"fell back to eager PyTorch: {named}", first_use=seen)
     return _check(
-        "model", "first-use check", True, f"{len(seen['checked'])} first uses judged, all within the rule", **seen
+        "model",
+        "first-use check",
+        True,
+        f"{len(seen['checked'])} first uses judged, all within the rule",
+        first_use=seen,
     )
 
 
