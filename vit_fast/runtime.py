@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .kernels._interpret import interpreter_enabled
+
+if TYPE_CHECKING:
+    import torch
 
 
 @functools.cache
@@ -34,3 +39,114 @@ def require_triton() -> None:
             "before importing vit_fast to run the kernels in Triton's (slow) interpreter, "
             "or use backend='torch'"
         )
+
+
+# --------------------------------------------------------------------------- which backend "auto" picks
+@dataclass(frozen=True)
+class BackendChoice:
+    """The backend a model runs on for one device, and why, in one line that names the card."""
+
+    backend: str  #: "torch" or "triton"
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.backend}: {self.reason}"
+
+
+def head_dim_supported(head_dim: int) -> bool:
+    """Whether our attention kernel takes this head dim."""
+    from .kernels.attention import MAX_HEAD_DIM, MIN_HEAD_DIM
+
+    return MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM
+
+
+def _auto_blocker(device: torch.device, head_dim: int | None) -> str | None:
+    """The rule of ``backend="auto"``, in one place: None when our kernels are expected to help on ``device``
+    (a CUDA card whose ``tl.dot`` runs on tensor cores, sm_80 and up), else why the torch backend runs instead.
+
+    Cheap (it runs on every forward): the reason's text is made only when asked, by :func:`choose_backend`.
+    """
+    if device.type != "cuda":
+        return "not-cuda"
+    if not triton_importable():
+        return "no-triton"
+    if not cuda_available():
+        return "no-cuda"
+    if head_dim is not None and not head_dim_supported(head_dim):
+        return "head-dim"
+    from .kernels import cards
+
+    if not cards.card_of(device).tensor_cores:
+        return "no-tensor-cores"
+    return None
+
+
+def auto_backend(device: torch.device | str, head_dim: int | None = None) -> str:
+    """``"triton"`` or ``"torch"``: what ``backend="auto"`` runs on ``device`` (``head_dim``: the model's, when
+    there is a model)."""
+    import torch
+
+    return "torch" if _auto_blocker(torch.device(device), head_dim) else "triton"
+
+
+def _card_line(device: torch.device) -> str:
+    """``"Tesla T4 (cuda:0, sm_75)"``; a CPU device as ``"cpu"``."""
+    from .kernels import cards
+
+    return cards.device_name(device)
+
+
+def choose_backend(device: torch.device | str, head_dim: int | None = None, asked: str = "auto") -> BackendChoice:
+    """The backend a model asked for ``asked`` (``"auto"``, ``"torch"`` or ``"triton"``) runs on ``device``, and
+    a one-line reason naming the card; what ``VisionTransformer.explain_backend`` and ``vit-fast info`` say."""
+    import torch
+
+    from .kernels import cards
+
+    device = torch.device(device)
+    if asked == "torch":
+        return BackendChoice("torch", "asked for with backend='torch'")
+    if asked == "triton":
+        if device.type != "cuda":
+            how = "run in" if interpreter_enabled() else "need"
+            return BackendChoice(
+                "triton",
+                f"asked for with backend='triton'; on {device} the kernels {how} Triton's interpreter "
+                "(TRITON_INTERPRET=1: slow, for tests)",
+            )
+        card = cards.card_of(device)
+        if not card.tensor_cores:
+            return BackendChoice(
+                "triton",
+                f"asked for with backend='triton', though {_card_line(device)} has no tensor cores for Triton's "
+                "tl.dot: expect it slower than backend='torch' there",
+            )
+        return BackendChoice(
+            "triton", f"asked for with backend='triton'; {_card_line(device)} runs tl.dot on tensor cores ({card.dot})"
+        )
+    if asked != "auto":
+        raise ValueError(f"backend must be one of ('auto', 'torch', 'triton'), got {asked!r}")
+    why = _auto_blocker(device, head_dim)
+    if why is None:
+        card = cards.card_of(device)
+        return BackendChoice(
+            "triton",
+            f"{_card_line(device)} runs Triton's tl.dot on tensor cores ({card.dot}): our fused kernels are "
+            "expected to help there",
+        )
+    if why == "not-cuda":
+        reason = f"{device} is not a CUDA device; our kernels are compiled for NVIDIA GPUs"
+    elif why == "no-triton":
+        reason = "the 'triton' package is not installed (pip install triton; Linux only)"
+    elif why == "no-cuda":
+        reason = f"no CUDA GPU is visible to torch {torch.__version__}"
+    elif why == "head-dim":
+        from .kernels.attention import MAX_HEAD_DIM, MIN_HEAD_DIM
+
+        reason = f"the model's head dim {head_dim} is outside our attention kernel's {MIN_HEAD_DIM}..{MAX_HEAD_DIM}"
+    else:
+        reason = (
+            f"{_card_line(device)} has no tensor cores for Triton's tl.dot (it compiles to FMA); our kernels would "
+            "be slower than cuBLAS there"
+        )
+    return BackendChoice("torch", reason)
