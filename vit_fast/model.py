@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from . import runtime
 from .config import ViTConfig
 from .dtypes import bf16_native, check_dtype_on_device
+from .kernels import cards
 from .layers import Block, PatchEmbed
 from .pos_embed import pos_embed_for_grid, resample_pos_embed
 from .validation import finite_check_from_env, require_finite
@@ -145,14 +147,11 @@ class VisionTransformer(nn.Module):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if backend == "triton":
-            from . import runtime
-
             runtime.require_triton()
             if not runtime.head_dim_supported(self.cfg.head_dim):
-                from .kernels.attention import MAX_HEAD_DIM, MIN_HEAD_DIM
-
+                low, high = runtime.head_dim_range()
                 raise ValueError(
-                    f"the triton backend's attention takes head dims {MIN_HEAD_DIM}..{MAX_HEAD_DIM}, this model's is "
+                    f"the triton backend's attention takes head dims {low}..{high}, this model's is "
                     f"{self.cfg.head_dim} (embed_dim {self.cfg.embed_dim} / {self.cfg.num_heads} heads): "
                     "use backend='torch'"
                 )
@@ -168,8 +167,6 @@ class VisionTransformer(nn.Module):
         """
         if self.backend != "auto":
             return self.backend
-        from . import runtime
-
         device = x.device if isinstance(x, torch.Tensor) else x
         return runtime.auto_backend(device, self.cfg.head_dim)
 
@@ -177,8 +174,6 @@ class VisionTransformer(nn.Module):
         """Which backend a call with input ``x`` (a tensor or a device; default: the weights' device) runs on, and
         why, naming the card: ``str(model.explain_backend("cuda:0"))`` reads e.g. ``"torch: Tesla T4 (cuda:0,
         sm_75) has no tensor cores for Triton's tl.dot ..."``."""
-        from . import runtime
-
         device = self.device if x is None else x.device if isinstance(x, torch.Tensor) else torch.device(x)
         return runtime.choose_backend(device, self.cfg.head_dim, asked=self.backend)
 
@@ -188,21 +183,26 @@ class VisionTransformer(nn.Module):
         return str(self.explain_backend())
 
     def _backend_for_call(self, x: torch.Tensor) -> str:
-        """:meth:`resolved_backend` for ``x``, after the checks the card asks for, before any compute."""
+        """:meth:`resolved_backend` for ``x``, after the checks the card asks for, before any compute.
+
+        Runs on every forward, so the card is read at most once here: for an explicit ``backend="triton"``
+        or bf16 weights (``"auto"`` picked triton only after reading a card with tensor cores)."""
         backend = self.resolved_backend(x)
-        if backend == "triton":
-            # Refused on the triton path: bf16 on a card that emulates it (sm_75) has never been a path of our
-            # kernels (tl.dot falls back to FMA there and spills); float16 or float32 runs natively.
-            if self.dtype == torch.bfloat16:
+        bf16 = self.dtype == torch.bfloat16
+        if backend == "triton" and (bf16 or self.backend == "triton"):
+            card = cards.card_of(x.device)
+            if bf16 and not card.native_bf16:
+                # Refused on the triton path: bf16 on a card that emulates it (sm_75) has never been a path of our
+                # kernels (tl.dot falls back to FMA there and spills); float16 or float32 runs natively.
                 check_dtype_on_device(
-                    self.dtype,
+                    torch.bfloat16,
                     x.device,
                     "use float16 or float32 (model.half() / model.float(), and the input in the same dtype), or "
                     "backend='torch'",
                 )
-            if self.backend == "triton":
+            if not card.tensor_cores:
                 _warn_without_tensor_cores(x.device)
-        elif self.dtype == torch.bfloat16 and not bf16_native(x.device):  # a CPU reads as native
+        elif backend == "torch" and bf16 and not bf16_native(x.device):  # a CPU reads as native
             _warn_emulated_bf16(x.device)
         return backend
 
@@ -356,16 +356,12 @@ def _warn_once(what: str, device: torch.device, message: str) -> None:
 
 
 def _warn_without_tensor_cores(device: torch.device) -> None:
-    """backend='triton' asked for explicitly on a card whose tl.dot has no tensor cores (sm_75).
+    """backend='triton' asked for explicitly on ``device``, a card whose tl.dot has no tensor cores (sm_75).
 
     It runs (the user asked, and it computes the right answer), but it warns once per device: the choice is
     often made on another machine (a notebook written on an A100 and opened on a free T4), the cost is silent
     (slower than the torch backend, long first compiles), and 'auto' would not have chosen it.
     """
-    from .kernels import cards
-
-    if cards.card_of(device).tensor_cores:
-        return
     _warn_once(
         "no-tensor-cores",
         device,
@@ -381,8 +377,6 @@ def _warn_emulated_bf16(device: torch.device) -> None:
     bf16 there by default), and ``vit_fast.optimize`` must keep running what plain PyTorch ran. Said once per
     device, because it is slow and float16 is native there.
     """
-    from .kernels import cards
-
     _warn_once(
         "emulated-bf16",
         device,

@@ -7,6 +7,7 @@ import importlib.util
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .kernels import cards
 from .kernels._interpret import interpreter_enabled
 
 if TYPE_CHECKING:
@@ -53,11 +54,19 @@ class BackendChoice:
         return f"{self.backend}: {self.reason}"
 
 
-def head_dim_supported(head_dim: int) -> bool:
-    """Whether our attention kernel takes this head dim."""
+@functools.cache
+def head_dim_range() -> tuple[int, int]:
+    """The head dims our attention kernel takes, ``(min, max)`` (imports the kernels, so triton: ask after
+    :func:`triton_importable`)."""
     from .kernels.attention import MAX_HEAD_DIM, MIN_HEAD_DIM
 
-    return MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM
+    return MIN_HEAD_DIM, MAX_HEAD_DIM
+
+
+def head_dim_supported(head_dim: int) -> bool:
+    """Whether our attention kernel takes this head dim."""
+    low, high = head_dim_range()
+    return low <= head_dim <= high
 
 
 def _auto_blocker(device: torch.device, head_dim: int | None) -> str | None:
@@ -74,8 +83,6 @@ def _auto_blocker(device: torch.device, head_dim: int | None) -> str | None:
         return "no-cuda"
     if head_dim is not None and not head_dim_supported(head_dim):
         return "head-dim"
-    from .kernels import cards
-
     if not cards.card_of(device).tensor_cores:
         return "no-tensor-cores"
     return None
@@ -91,8 +98,6 @@ def auto_backend(device: torch.device | str, head_dim: int | None = None) -> str
 
 def _card_line(device: torch.device) -> str:
     """``"Tesla T4 (cuda:0, sm_75)"``; a CPU device as ``"cpu"``."""
-    from .kernels import cards
-
     return cards.device_name(device)
 
 
@@ -100,8 +105,6 @@ def choose_backend(device: torch.device | str, head_dim: int | None = None, aske
     """The backend a model asked for ``asked`` (``"auto"``, ``"torch"`` or ``"triton"``) runs on ``device``, and
     a one-line reason naming the card; what ``VisionTransformer.explain_backend`` and ``vit-fast info`` say."""
     import torch
-
-    from .kernels import cards
 
     device = torch.device(device)
     if asked == "torch":
@@ -141,9 +144,8 @@ def choose_backend(device: torch.device | str, head_dim: int | None = None, aske
     elif why == "no-cuda":
         reason = f"no CUDA GPU is visible to torch {torch.__version__}"
     elif why == "head-dim":
-        from .kernels.attention import MAX_HEAD_DIM, MIN_HEAD_DIM
-
-        reason = f"the model's head dim {head_dim} is outside our attention kernel's {MIN_HEAD_DIM}..{MAX_HEAD_DIM}"
+        low, high = head_dim_range()
+        reason = f"the model's head dim {head_dim} is outside our attention kernel's {low}..{high}"
     else:
         reason = (
             f"{_card_line(device)} has no tensor cores for Triton's tl.dot (it compiles to FMA); our kernels would "
