@@ -1,4 +1,6 @@
-"""What can run here: Triton, CUDA, the interpreter. Nothing here touches a GPU at import time."""
+"""What can run here: Triton, CUDA, the interpreter; and the one rule of ``backend="auto"`` (our kernels only on
+a CUDA card whose ``tl.dot`` has tensor cores), with the reason it gives per device. Nothing here touches a GPU
+at import time."""
 
 from __future__ import annotations
 
@@ -96,11 +98,6 @@ def auto_backend(device: torch.device | str, head_dim: int | None = None) -> str
     return "torch" if _auto_blocker(torch.device(device), head_dim) else "triton"
 
 
-def _card_line(device: torch.device) -> str:
-    """``"Tesla T4 (cuda:0, sm_75)"``; a CPU device as ``"cpu"``."""
-    return cards.device_name(device)
-
-
 def choose_backend(device: torch.device | str, head_dim: int | None = None, asked: str = "auto") -> BackendChoice:
     """The backend a model asked for ``asked`` (``"auto"``, ``"torch"`` or ``"triton"``) runs on ``device``, and
     a one-line reason naming the card; what ``VisionTransformer.explain_backend`` and ``vit-fast info`` say."""
@@ -121,12 +118,11 @@ def choose_backend(device: torch.device | str, head_dim: int | None = None, aske
         if not card.tensor_cores:
             return BackendChoice(
                 "triton",
-                f"asked for with backend='triton', though {_card_line(device)} has no tensor cores for Triton's "
+                f"asked for with backend='triton', though {cards.device_name(device)} has no tensor cores for Triton's "
                 "tl.dot: expect it slower than backend='torch' there",
             )
-        return BackendChoice(
-            "triton", f"asked for with backend='triton'; {_card_line(device)} runs tl.dot on tensor cores ({card.dot})"
-        )
+        reason = f"asked for with backend='triton'; {cards.device_name(device)} has tl.dot on tensor cores ({card.dot})"
+        return BackendChoice("triton", reason)
     if asked != "auto":
         raise ValueError(f"backend must be one of ('auto', 'torch', 'triton'), got {asked!r}")
     why = _auto_blocker(device, head_dim)
@@ -134,7 +130,7 @@ def choose_backend(device: torch.device | str, head_dim: int | None = None, aske
         card = cards.card_of(device)
         return BackendChoice(
             "triton",
-            f"{_card_line(device)} runs Triton's tl.dot on tensor cores ({card.dot}): our fused kernels are "
+            f"{cards.device_name(device)} runs Triton's tl.dot on tensor cores ({card.dot}): our fused kernels are "
             "expected to help there",
         )
     if why == "not-cuda":
@@ -148,7 +144,7 @@ def choose_backend(device: torch.device | str, head_dim: int | None = None, aske
         reason = f"the model's head dim {head_dim} is outside our attention kernel's {low}..{high}"
     else:
         reason = (
-            f"{_card_line(device)} has no tensor cores for Triton's tl.dot (it compiles to FMA); our kernels would "
-            "be slower than cuBLAS there"
+            f"{cards.device_name(device)} has no tensor cores for Triton's tl.dot (it compiles to FMA); our kernels "
+            "would be slower than cuBLAS there"
         )
     return BackendChoice("torch", reason)
