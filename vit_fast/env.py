@@ -198,8 +198,15 @@ def collect_info() -> dict[str, Any]:
                 }
             )
     else:
-        choice = runtime.choose_backend(torch.device("cpu"))
-        info["cpu"] = {"auto_backend": choice.backend, "auto_reason": choice.reason, "default_dtype": "fp32"}
+        from .dtypes import DTYPE_NAMES, native_dtype
+
+        cpu = torch.device("cpu")
+        choice = runtime.choose_backend(cpu)
+        info["cpu"] = {
+            "auto_backend": choice.backend,
+            "auto_reason": choice.reason,
+            "default_dtype": DTYPE_NAMES[native_dtype(cpu)],
+        }
     ort_providers: list[str] = []
     if info["onnxruntime"]:
         import onnxruntime
@@ -260,17 +267,15 @@ def format_info(info: dict[str, Any]) -> str:
     if info["gpus"]:
         for i, gpu in enumerate(info["gpus"]):
             lines.append(f"gpu {i}: {gpu['name']}  (compute capability {gpu['capability']}, {gpu['memory_gib']} GiB)")
-            if "card" in gpu:
-                bf16 = "" if gpu["card"]["native_bf16"] else "; bf16 refused (not native)"
-                lines.append(f"  card         {gpu['card']['summary']}")
-                lines.append(f"  auto         {gpu['auto_backend']}: {gpu['auto_reason']}")
-                lines.append(f"  dtype        {gpu['default_dtype']} by default (bench, demo){bf16}")
+            bf16 = "" if gpu["card"]["native_bf16"] else "; bf16 refused by bench and the triton backend (not native)"
+            lines.append(f"  card         {gpu['card']['summary']}")
+            lines.append(f"  auto         {gpu['auto_backend']}: {gpu['auto_reason']}")
+            lines.append(f"  dtype        {gpu['default_dtype']} by default (bench, demo){bf16}")
     else:
+        cpu = info["cpu"]
         lines.append("gpu: none visible to torch")
-        if "cpu" in info:
-            cpu = info["cpu"]
-            lines.append(f"  auto         {cpu['auto_backend']} (no GPU here): {cpu['auto_reason']}")
-            lines.append(f"  dtype        {info['cpu']['default_dtype']} by default (bench, demo)")
+        lines.append(f"  auto         {cpu['auto_backend']} (no GPU here): {cpu['auto_reason']}")
+        lines.append(f"  dtype        {cpu['default_dtype']} by default (bench, demo)")
     lines.append("")
     lines.append("backends:")
     for key, value in info["backends"].items():
