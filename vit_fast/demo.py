@@ -13,7 +13,8 @@ ONNX file is ``to_onnx``'s, timings are the bench timer's, the environment is vi
                 TRITON_INTERPRET=1, on the first ``subset`` held-out images
   3. onnx       ``to_onnx``, then ``verify`` on ONNX Runtime, with the accuracy delta
   4. timing     eager torch vs ONNX Runtime, batch 1 and the whole held-out batch (CPU wall-clock)
-  5. gpu        on a CUDA machine only: a CUDA-graph replay of the triton model, ViT-B/16 latency
+  5. gpu        on a CUDA machine only: a CUDA-graph replay of the triton model, ViT-B/16 latency in the
+                card's native dtype (bf16; fp16 where bf16 is emulated, as on the T4)
   6. figures    vit_fast.demo_plots draws patches.png, attention.png, confusion.png and timing.png from the
                 numbers above (and the class token's attention, recomputed on the torch backend); report.md
                 shows them. Skipped, with a one-line note, under --no-plots or without matplotlib.
@@ -41,6 +42,7 @@ import torch
 from . import demo_plots, runtime
 from .assets import default_model_info, load_default_eval_set, load_default_model
 from .bench import summarize, time_callable
+from .dtypes import dtype_name, native_dtype
 from .env import collect_environment, module_version
 from .export import to_onnx, verify
 from .export.runners import OrtRunner
@@ -268,23 +270,25 @@ def _cuda_graph_step(model: Any, images: torch.Tensor) -> dict[str, Any]:
 
 
 def _vit_b16_step(seed: int) -> dict[str, Any]:
-    cuda = torch.device("cuda")
-    model = load_model("vit_base_patch16_224", backend="torch", seed=seed).to(cuda, torch.bfloat16).eval()
+    cuda = torch.device("cuda", torch.cuda.current_device())
+    dtype = native_dtype(cuda)  # bf16 where the card has it, fp16 on one that would emulate bf16 (T4)
+    model = load_model("vit_base_patch16_224", backend="torch", seed=seed).to(cuda, dtype).eval()
     gen = torch.Generator(device=cuda).manual_seed(seed)
     cases = {}
     with torch.no_grad():
         for batch in (1, 32):
-            x = torch.randn(batch, 3, 224, 224, device=cuda, dtype=torch.bfloat16, generator=gen)
+            x = torch.randn(batch, 3, 224, 224, device=cuda, dtype=dtype, generator=gen)
             cases[str(batch)] = {}
             for backend in ("torch", "triton"):  # the backend is set outside the timed call
                 model.set_backend(backend)
                 cases[str(batch)][backend] = _median_ms(lambda x=x: model(x), 30)
-    summary = "bf16, CUDA events, median: " + "; ".join(
+    summary = f"{dtype_name(dtype)}, CUDA events, median: " + "; ".join(
         f"b={b}: torch {r['torch']:.3f} ms, triton {r['triton']:.3f} ms ({r['torch'] / r['triton']:.2f}x)"
         for b, r in cases.items()
     )
-    name = torch.cuda.get_device_name()
-    return _step("vit-b/16 latency", "ok", summary, dtype="bfloat16", cases_ms=cases, device=name)
+    name = torch.cuda.get_device_name(cuda)
+    dtype_field = str(dtype).removeprefix("torch.")  # "bfloat16" / "float16"
+    return _step("vit-b/16 latency", "ok", summary, dtype=dtype_field, cases_ms=cases, device=name)
 
 
 def _figures_step(

@@ -70,3 +70,38 @@ def parse_dtype_list(text: str) -> list[str]:
         if name not in out:
             out.append(name)
     return out
+
+
+# --------------------------------------------------------------------------- what a device runs natively
+def bf16_native(device: torch.device | str) -> bool:
+    """Whether the card of ``device`` computes bf16 in hardware (``kernels.cards``), never
+    ``torch.cuda.is_bf16_supported()``, which says True on sm_75 through emulation and reads the current device.
+    A CPU device reads as the cards table's CPU row (native) unless a test pretends a card."""
+    from .kernels import cards
+
+    return cards.card_of(torch.device(device)).native_bf16
+
+
+def native_dtype(device: torch.device | str) -> torch.dtype:
+    """The dtype a run picks by default on ``device``: bf16 on a CUDA card with native bf16, fp16 on one without
+    (sm_75: T4, RTX 20xx), fp32 on a CPU."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return torch.float32
+    return torch.bfloat16 if bf16_native(device) else torch.float16
+
+
+def check_dtype_on_device(dtype: torch.dtype | str, device: torch.device | str, fix: str) -> None:
+    """Raise a ValueError, before any compute, when ``dtype`` is bf16 and ``device``'s card has no native bf16.
+    The message names the card and ends with ``fix`` (e.g. ``"use --dtype fp16 or fp32"``)."""
+    from .kernels import cards
+
+    device = torch.device(device)
+    if parse_dtype(dtype) != torch.bfloat16 or bf16_native(device):
+        return
+    card = cards.card_of(device)
+    name = cards.device_name(device) if device.type == "cuda" else f"{device} (read as {card.name})"
+    raise ValueError(
+        f"bf16 is not native on {name}: {card.name} cards ({card.examples}) emulate bfloat16, which is slow and "
+        f"not a path our kernels are built for; {fix}"
+    )

@@ -1,7 +1,8 @@
 """The one environment collector: versions, commit, device and driver, and which backends can run.
 
 ``collect_environment(device)`` is what every report records (export metadata, verify JSON,
-bench rows, the demo); ``collect_info()`` / ``format_info`` are what ``vit-fast info`` prints.
+bench rows, the demo); ``collect_info()`` / ``format_info`` are what ``vit-fast info`` prints (and
+writes with ``--json``), with each GPU's card row and the backend ``"auto"`` picks there (``card_report``).
 Nothing here imports onnxruntime or tensorrt unless they are installed and asked about.
 """
 
@@ -193,8 +194,19 @@ def collect_info() -> dict[str, Any]:
                     "name": props.name,
                     "capability": f"{props.major}.{props.minor}",
                     "memory_gib": round(props.total_memory / 2**30, 1),
+                    **card_report(torch.device("cuda", i)),
                 }
             )
+    else:
+        from .dtypes import DTYPE_NAMES, native_dtype
+
+        cpu = torch.device("cpu")
+        choice = runtime.choose_backend(cpu)
+        info["cpu"] = {
+            "auto_backend": choice.backend,
+            "auto_reason": choice.reason,
+            "default_dtype": DTYPE_NAMES[native_dtype(cpu)],
+        }
     ort_providers: list[str] = []
     if info["onnxruntime"]:
         import onnxruntime
@@ -220,6 +232,33 @@ def collect_info() -> dict[str, Any]:
     return info
 
 
+def card_report(device: Any) -> dict[str, Any]:
+    """What ``vit-fast info`` says of one GPU: its row of the cards table (``vit_fast.kernels.cards``), the
+    backend ``backend="auto"`` picks there and why, and the dtype bench and demo default to there."""
+    from .dtypes import DTYPE_NAMES, native_dtype
+    from .kernels import cards
+
+    card = cards.card_of(device)
+    choice = runtime.choose_backend(device)
+    return {
+        "device": str(device),
+        "card": {
+            "arch": f"sm_{cards.device_arch(device)}",
+            "row": card.name,
+            "examples": card.examples,
+            "shared_memory_per_block_kb": card.shared_memory // 1024,
+            "tensor_cores": card.tensor_cores,
+            "tl_dot": card.dot,
+            "tma": card.tma,
+            "native_bf16": card.native_bf16,
+            "summary": card.describe(),
+        },
+        "auto_backend": choice.backend,
+        "auto_reason": choice.reason,
+        "default_dtype": DTYPE_NAMES[native_dtype(device)],
+    }
+
+
 def format_info(info: dict[str, Any]) -> str:
     lines = [f"vit-fast {info['vit_fast']}  (python {info['python']}, {info['platform']})", "", "versions:"]
     for key in ("torch", "cuda_runtime", "triton", "onnx", "onnxruntime", "tensorrt", "timm", "transformers"):
@@ -228,8 +267,15 @@ def format_info(info: dict[str, Any]) -> str:
     if info["gpus"]:
         for i, gpu in enumerate(info["gpus"]):
             lines.append(f"gpu {i}: {gpu['name']}  (compute capability {gpu['capability']}, {gpu['memory_gib']} GiB)")
+            bf16 = "" if gpu["card"]["native_bf16"] else "; bf16 refused by bench and the triton backend (not native)"
+            lines.append(f"  card         {gpu['card']['summary']}")
+            lines.append(f"  auto         {gpu['auto_backend']}: {gpu['auto_reason']}")
+            lines.append(f"  dtype        {gpu['default_dtype']} by default (bench, demo){bf16}")
     else:
+        cpu = info["cpu"]
         lines.append("gpu: none visible to torch")
+        lines.append(f"  auto         {cpu['auto_backend']} (no GPU here): {cpu['auto_reason']}")
+        lines.append(f"  dtype        {cpu['default_dtype']} by default (bench, demo)")
     lines.append("")
     lines.append("backends:")
     for key, value in info["backends"].items():

@@ -9,18 +9,24 @@ backend runs the same parameters through our fused kernels (``vit_fast.triton_pa
 from __future__ import annotations
 
 import contextlib
+import threading
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
+from . import runtime
 from .config import ViTConfig
+from .dtypes import bf16_native, check_dtype_on_device
+from .kernels import cards
 from .layers import Block, PatchEmbed
 from .pos_embed import pos_embed_for_grid, resample_pos_embed
 from .validation import finite_check_from_env, require_finite
 
 if TYPE_CHECKING:
+    from .runtime import BackendChoice
     from .warmup import WarmupReport
 
 BACKENDS = ("auto", "torch", "triton")
@@ -32,8 +38,9 @@ class VisionTransformer(nn.Module):
     ``forward(x)`` takes images ``[B, C, H, W]`` in the weights' dtype and device and returns
     logits ``[B, num_classes]`` (pooled features ``[B, embed_dim]`` when ``num_classes == 0``).
     ``forward_features(x)`` returns all tokens ``[B, T, embed_dim]`` after the final norm.
-    ``backend`` is ``"torch"``, ``"triton"`` or ``"auto"`` (triton for CUDA inputs, torch
-    otherwise); it is chosen here and nowhere else.
+    ``backend`` is ``"torch"``, ``"triton"`` or ``"auto"`` (triton on CUDA cards whose ``tl.dot`` runs on
+    tensor cores, sm_80 and up; torch on CPU and on sm_75 such as the T4); it is chosen here and nowhere
+    else, and :meth:`explain_backend` / :attr:`backend_reason` say which and why.
     """
 
     def __init__(self, cfg: ViTConfig | str, backend: str = "auto") -> None:
@@ -145,25 +152,64 @@ class VisionTransformer(nn.Module):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if backend == "triton":
-            from . import runtime
-
             runtime.require_triton()
-            if not _head_dim_supported(self.cfg.head_dim):
-                from .kernels.attention import MAX_HEAD_DIM, MIN_HEAD_DIM
-
+            if not runtime.head_dim_supported(self.cfg.head_dim):
+                low, high = runtime.head_dim_range()
                 raise ValueError(
-                    f"the triton backend's attention takes head dims {MIN_HEAD_DIM}..{MAX_HEAD_DIM}, this model's is "
+                    f"the triton backend's attention takes head dims {low}..{high}, this model's is "
                     f"{self.cfg.head_dim} (embed_dim {self.cfg.embed_dim} / {self.cfg.num_heads} heads): "
                     "use backend='torch'"
                 )
         self.backend = backend
         return self
 
-    def resolved_backend(self, x: torch.Tensor) -> str:
-        """The backend a call with input ``x`` runs on."""
-        if self.backend == "auto":
-            return "triton" if x.is_cuda and _triton_usable() and _head_dim_supported(self.cfg.head_dim) else "torch"
-        return self.backend
+    def resolved_backend(self, x: torch.Tensor | torch.device | str) -> str:
+        """The backend a call with input ``x`` (or any input on device ``x``) runs on.
+
+        ``"auto"`` runs our kernels only where they are expected to help: a CUDA card whose ``tl.dot`` runs on
+        tensor cores (sm_80 and up), with triton installed and a head dim our attention takes; the torch backend
+        everywhere else (CPU, sm_75 such as the T4). The rule is ``vit_fast.runtime``'s, for the input's device.
+        """
+        if self.backend != "auto":
+            return self.backend
+        device = x.device if isinstance(x, torch.Tensor) else x
+        return runtime.auto_backend(device, self.cfg.head_dim)
+
+    def explain_backend(self, x: torch.Tensor | torch.device | str | None = None) -> BackendChoice:
+        """Which backend a call with input ``x`` (a tensor or a device; default: the weights' device) runs on, and
+        why, naming the card: ``str(model.explain_backend("cuda:0"))`` reads e.g. ``"torch: Tesla T4 (cuda:0,
+        sm_75) has no tensor cores for Triton's tl.dot ..."``."""
+        device = self.device if x is None else x.device if isinstance(x, torch.Tensor) else torch.device(x)
+        return runtime.choose_backend(device, self.cfg.head_dim, asked=self.backend)
+
+    @property
+    def backend_reason(self) -> str:
+        """:meth:`explain_backend` for the weights' device, as one line: ``"triton: NVIDIA A100 ... "``."""
+        return str(self.explain_backend())
+
+    def _backend_for_call(self, x: torch.Tensor) -> str:
+        """:meth:`resolved_backend` for ``x``, after the checks the card asks for, before any compute.
+
+        Runs on every forward, so the card is read at most once here: for an explicit ``backend="triton"``
+        or bf16 weights (``"auto"`` picked triton only after reading a card with tensor cores)."""
+        backend = self.resolved_backend(x)
+        bf16 = self.dtype == torch.bfloat16
+        if backend == "triton" and (bf16 or self.backend == "triton"):
+            card = cards.card_of(x.device)
+            if bf16 and not card.native_bf16:
+                # Refused on the triton path: bf16 on a card that emulates it (sm_75) has never been a path of our
+                # kernels (tl.dot falls back to FMA there and spills); float16 or float32 runs natively.
+                check_dtype_on_device(
+                    torch.bfloat16,
+                    x.device,
+                    "use float16 or float32 (model.half() / model.float(), and the input in the same dtype), or "
+                    "backend='torch'",
+                )
+            if not card.tensor_cores:
+                _warn_without_tensor_cores(x.device)
+        elif backend == "torch" and bf16 and not bf16_native(x.device):  # a CPU reads as native
+            _warn_emulated_bf16(x.device)
+        return backend
 
     @property
     def dtype(self) -> torch.dtype:
@@ -255,7 +301,7 @@ class VisionTransformer(nn.Module):
         """``(stage, tokens [B, T, D])`` after the patch embedding, after each block, and after the final
         norm, on the model's backend: what Hugging Face's ``output_hidden_states`` and the finite check read."""
         grid = self.check_input(x)
-        if self.resolved_backend(x) == "triton":
+        if self._backend_for_call(x) == "triton":
             from .triton_path import stages_triton
 
             yield from stages_triton(self, x, grid)
@@ -278,7 +324,7 @@ class VisionTransformer(nn.Module):
         if self.check_finite or finite_check_from_env():
             return self._features_checked(x)
         grid = self.check_input(x)
-        if self.resolved_backend(x) == "triton":
+        if self._backend_for_call(x) == "triton":
             from .triton_path import features_triton
 
             return features_triton(self, x, grid)
@@ -338,16 +384,48 @@ class VisionTransformer(nn.Module):
         return f"backend={self.backend!r}, tokens={self.cfg.num_tokens}"
 
 
-def _head_dim_supported(head_dim: int) -> bool:
-    from .kernels.attention import MAX_HEAD_DIM, MIN_HEAD_DIM
+#: (what, device) pairs already warned about in this process: each warning is said once, not on every forward
+_WARNED: set[tuple[str, str]] = set()
+_WARNED_LOCK = threading.Lock()
 
-    return MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM
+
+def _warn_once(what: str, device: torch.device, message: str) -> None:
+    key = (what, str(device))
+    with _WARNED_LOCK:
+        if key in _WARNED:
+            return
+        _WARNED.add(key)
+    warnings.warn(message, UserWarning, stacklevel=4)
 
 
-def _triton_usable() -> bool:
-    from . import runtime
+def _warn_without_tensor_cores(device: torch.device) -> None:
+    """backend='triton' asked for explicitly on ``device``, a card whose tl.dot has no tensor cores (sm_75).
 
-    return runtime.triton_available()
+    It runs (the user asked, and it computes the right answer), but it warns once per device: the choice is
+    often made on another machine (a notebook written on an A100 and opened on a free T4), the cost is silent
+    (slower than the torch backend, long first compiles), and 'auto' would not have chosen it.
+    """
+    _warn_once(
+        "no-tensor-cores",
+        device,
+        f"backend='triton' on {cards.device_name(device)}: this card has no tensor cores for Triton's tl.dot, so "
+        "our kernels are expected to be slower than backend='torch' (cuBLAS) here; backend='auto' picks torch",
+    )
+
+
+def _warn_emulated_bf16(device: torch.device) -> None:
+    """bf16 weights on the torch backend, on a card that emulates bf16 (sm_75).
+
+    Not refused: torch computes it correctly (emulated), the dtype was the user's own choice (vit-fast never picks
+    bf16 there by default), and ``vit_fast.optimize`` must keep running what plain PyTorch ran. Said once per
+    device, because it is slow and float16 is native there.
+    """
+    _warn_once(
+        "emulated-bf16",
+        device,
+        f"bf16 on {cards.device_name(device)} is emulated (no native bf16 on this card): the torch backend "
+        "computes it correctly but slowly; float16 runs natively here (model.half() and the input in float16)",
+    )
 
 
 def count_flops(cfg: ViTConfig) -> int:

@@ -6,9 +6,10 @@
 The object, its class and its ``state_dict`` stay the user's: only each transformer block's
 ``forward`` is replaced, by one that runs LayerNorm, the qkv GEMM, flash-style attention, the
 projection with its residual, and the MLP with its residual on the block's own parameters. It
-takes the kernel path when the input can reach the kernels (a CUDA tensor, or any tensor with
-``backend="triton"`` under Triton's CPU interpreter) and the block's original forward otherwise
-(and for anything the kernels do not cover: an attention mask, dropout in training, autograd).
+takes the kernel path where ``VisionTransformer``'s ``backend="auto"`` would (a CUDA tensor on a card
+with tensor cores, sm_80 and up), or for any tensor with ``backend="triton"`` (on a CPU: Triton's
+interpreter), and the block's original forward otherwise (and for anything the kernels do not
+cover: an attention mask, dropout in training, autograd).
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ class _HFLayerView:
 def _kernels_can_run(x: torch.Tensor, backend: str) -> bool:
     if backend == "triton":
         return True
-    return x.is_cuda and runtime.triton_available()
+    return runtime.auto_backend(x.device) == "triton"  # the model's rule: CUDA cards with tensor cores only
 
 
 def _needs_original(module: nn.Module, x: torch.Tensor) -> bool:

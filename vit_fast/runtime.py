@@ -1,11 +1,19 @@
-"""What can run here: Triton, CUDA, the interpreter. Nothing here touches a GPU at import time."""
+"""What can run here: Triton, CUDA, the interpreter; and the one rule of ``backend="auto"`` (our kernels only on
+a CUDA card whose ``tl.dot`` has tensor cores), with the reason it gives per device. Nothing here touches a GPU
+at import time."""
 
 from __future__ import annotations
 
 import functools
 import importlib.util
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from .kernels import cards
 from .kernels._interpret import interpreter_enabled
+
+if TYPE_CHECKING:
+    import torch
 
 
 @functools.cache
@@ -46,3 +54,109 @@ def require_triton() -> None:
             "before importing vit_fast to run the kernels in Triton's (slow) interpreter, "
             "or use backend='torch'"
         )
+
+
+# --------------------------------------------------------------------------- which backend "auto" picks
+@dataclass(frozen=True)
+class BackendChoice:
+    """The backend a model runs on for one device, and why, in one line that names the card."""
+
+    backend: str  #: "torch" or "triton"
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.backend}: {self.reason}"
+
+
+@functools.cache
+def head_dim_range() -> tuple[int, int]:
+    """The head dims our attention kernel takes, ``(min, max)`` (imports the kernels, so triton: ask after
+    :func:`triton_importable`)."""
+    from .kernels.attention import MAX_HEAD_DIM, MIN_HEAD_DIM
+
+    return MIN_HEAD_DIM, MAX_HEAD_DIM
+
+
+def head_dim_supported(head_dim: int) -> bool:
+    """Whether our attention kernel takes this head dim."""
+    low, high = head_dim_range()
+    return low <= head_dim <= high
+
+
+def _auto_blocker(device: torch.device, head_dim: int | None) -> str | None:
+    """The rule of ``backend="auto"``, in one place: None when our kernels are expected to help on ``device``
+    (a CUDA card whose ``tl.dot`` runs on tensor cores, sm_80 and up), else why the torch backend runs instead.
+
+    Cheap (it runs on every forward): the reason's text is made only when asked, by :func:`choose_backend`.
+    """
+    if device.type != "cuda":
+        return "not-cuda"
+    if not triton_importable():
+        return "no-triton"
+    if not cuda_available():
+        return "no-cuda"
+    if head_dim is not None and not head_dim_supported(head_dim):
+        return "head-dim"
+    if not cards.card_of(device).tensor_cores:
+        return "no-tensor-cores"
+    return None
+
+
+def auto_backend(device: torch.device | str, head_dim: int | None = None) -> str:
+    """``"triton"`` or ``"torch"``: what ``backend="auto"`` runs on ``device`` (``head_dim``: the model's, when
+    there is a model)."""
+    import torch
+
+    return "torch" if _auto_blocker(torch.device(device), head_dim) else "triton"
+
+
+def choose_backend(device: torch.device | str, head_dim: int | None = None, asked: str = "auto") -> BackendChoice:
+    """The backend a model asked for ``asked`` (``"auto"``, ``"torch"`` or ``"triton"``) runs on ``device``, and
+    a one-line reason naming the card; what ``VisionTransformer.explain_backend`` and ``vit-fast info`` say."""
+    import torch
+
+    device = torch.device(device)
+    if asked == "torch":
+        return BackendChoice("torch", "asked for with backend='torch'")
+    if asked == "triton":
+        if device.type != "cuda":
+            how = "run in" if interpreter_enabled() else "need"
+            return BackendChoice(
+                "triton",
+                f"asked for with backend='triton'; on {device} the kernels {how} Triton's interpreter "
+                "(TRITON_INTERPRET=1: slow, for tests)",
+            )
+        card = cards.card_of(device)
+        if not card.tensor_cores:
+            return BackendChoice(
+                "triton",
+                f"asked for with backend='triton', though {cards.device_name(device)} has no tensor cores for Triton's "
+                "tl.dot: expect it slower than backend='torch' there",
+            )
+        reason = f"asked for with backend='triton'; {cards.device_name(device)} has tl.dot on tensor cores ({card.dot})"
+        return BackendChoice("triton", reason)
+    if asked != "auto":
+        raise ValueError(f"backend must be one of ('auto', 'torch', 'triton'), got {asked!r}")
+    why = _auto_blocker(device, head_dim)
+    if why is None:
+        card = cards.card_of(device)
+        return BackendChoice(
+            "triton",
+            f"{cards.device_name(device)} runs Triton's tl.dot on tensor cores ({card.dot}): our fused kernels are "
+            "expected to help there",
+        )
+    if why == "not-cuda":
+        reason = f"{device} is not a CUDA device; our kernels are compiled for NVIDIA GPUs"
+    elif why == "no-triton":
+        reason = "the 'triton' package is not installed (pip install triton; Linux only)"
+    elif why == "no-cuda":
+        reason = f"no CUDA GPU is visible to torch {torch.__version__}"
+    elif why == "head-dim":
+        low, high = head_dim_range()
+        reason = f"the model's head dim {head_dim} is outside our attention kernel's {low}..{high}"
+    else:
+        reason = (
+            f"{cards.device_name(device)} has no tensor cores for Triton's tl.dot (it compiles to FMA); our kernels "
+            "would be slower than cuBLAS there"
+        )
+    return BackendChoice("torch", reason)

@@ -44,13 +44,13 @@ from .report import add_ratios, unavailable_summary
 from .settings import (
     BACKENDS,
     BATCH_DEFAULTS,
-    DTYPE_DEFAULTS,
     SCHEMA_VERSION,
     BenchError,
     BenchSettings,
     Unavailable,
     check_dtype_supported,
     cpu_threads_for_load,
+    default_dtypes,
     resolve_device,
 )
 from .timing import L2Flusher, Sampling, sample, summarize, synchronize, time_callable
@@ -136,7 +136,7 @@ class Harness:
             if isinstance(b, bool) or not isinstance(b, int) or b < 1:
                 raise BenchError(f"batch sizes must be ints >= 1, got {self.batches}")
         self.artifact = artifact_path(settings.model)
-        self.dtypes = list(settings.dtypes or DTYPE_DEFAULTS["cuda" if cuda else "cpu"])
+        self.dtypes = list(settings.dtypes or default_dtypes(self.device))
         self.backends = list(settings.backends or BACKENDS)
         if self.artifact is None:
             for d in self.dtypes:

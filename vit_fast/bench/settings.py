@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from vit_fast.batches import parse_batch_list
-from vit_fast.dtypes import DTYPES, parse_dtype_list
+from vit_fast.dtypes import DTYPE_NAMES, DTYPES, check_dtype_on_device, native_dtype, parse_dtype_list
 
 BACKENDS: tuple[str, ...] = (
     "torch",
@@ -40,7 +40,6 @@ SAMPLING_DEFAULTS: dict[str, dict[str, Any]] = {
     "cpu": {"warmup": 2, "min_samples": 100, "min_time_s": 1.0, "iters": 10_000, "max_seconds": 30.0},
 }
 BATCH_DEFAULTS = {"cuda": [1, 8, 64, 256], "cpu": [1, 8]}
-DTYPE_DEFAULTS = {"cuda": ["bf16"], "cpu": ["fp32"]}
 
 
 class BenchError(ValueError):
@@ -160,11 +159,21 @@ def resolve_device(spec: str | None) -> torch.device:
     return dev
 
 
+def default_dtypes(device: torch.device) -> list[str]:
+    """The ``--dtype`` a run on ``device`` takes when none is given: one the card runs natively (bf16 where it
+    is native, fp16 on a CUDA card without it such as the T4), fp32 on a CPU."""
+    return [DTYPE_NAMES[native_dtype(device)]]
+
+
 def check_dtype_supported(device: torch.device, dtype_name: str) -> None:
-    """Raise BenchError when ``dtype_name`` cannot run a ViT's ops (conv, matmul, layer norm) on ``device``."""
+    """Raise BenchError when ``dtype_name`` cannot run a ViT's ops (conv, matmul, layer norm) on ``device``, or
+    would run there emulated (bf16 on a CUDA card without native bf16: timing it would mislead)."""
     dtype = DTYPES[dtype_name]
-    if device.type == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
-        raise BenchError(f"bf16 is not supported on {torch.cuda.get_device_name(device)}: use --dtype fp16 or fp32")
+    if device.type == "cuda":
+        try:
+            check_dtype_on_device(dtype, device, "use --dtype fp16 or fp32")
+        except ValueError as err:
+            raise BenchError(str(err)) from None
     try:
         with torch.no_grad():
             x = torch.randn(1, 3, 8, 8, device=device).to(dtype)

@@ -69,7 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_args.dtype_names,
         default=None,
         metavar="D[,D...]",
-        help="bf16, fp16, fp32, comma-separated (default: bf16 on a GPU, fp32 on CPU)",
+        help="bf16, fp16, fp32, comma-separated (default: one the card runs natively: bf16 on sm_80 and up, fp16 "
+        "on a GPU without native bf16 such as the T4, where bf16 is refused; fp32 on CPU)",
     )
     parser.add_argument(
         "--backends",

@@ -15,7 +15,8 @@ Steps, each reported as ok / failed / skipped (with the reason):
   4. timing     eager torch vs ONNX Runtime, batch 1 and the whole held-out batch (CPU wall-clock,
                 median of --repeats runs)
   5. gpu        on a CUDA machine only: a CUDA-graph replay of the triton model and ViT-B/16
-                latency, torch vs triton (CUDA events)
+                latency, torch vs triton (CUDA events), in a dtype the card runs natively (bf16;
+                fp16 on a card without native bf16, such as the T4)
   6. figures    pictures of what the steps measured, shown in report.md: patches.png (digits cut
                 into their patch grid, and the token sequence the model reads), attention.png (the
                 class token's attention in the last block, per head; torch backend), confusion.png
