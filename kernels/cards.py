@@ -91,14 +91,18 @@ def card_for_arch(arch: int) -> Card:
     return nearest
 
 
-_PRETEND = threading.local()
+class _Pretended(threading.local):
+    arch: int | None = None  # a class default: reading it never raises (an AttributeError costs microseconds)
+
+
+_PRETEND = _Pretended()
 
 
 @contextlib.contextmanager
 def pretend_arch(arch: int) -> Iterator[None]:
     """Within the block (this thread), every device reads as compute capability ``arch``: how tests fake a card
     and how ``tools/compile_check.py`` asks the launchers and prunes what they would do on a given target."""
-    previous = getattr(_PRETEND, "arch", None)
+    previous = _PRETEND.arch
     _PRETEND.arch = arch
     try:
         yield
@@ -115,10 +119,11 @@ def _cuda_arch(index: int) -> int:
 def device_arch(device: torch.device | str | int) -> int:
     """Compute capability of ``device`` as ``10 * major + minor``: asked of that device (cached per index), not of
     the current one. A CPU or meta device reads as :data:`CPU_ARCH`."""
-    pretended = getattr(_PRETEND, "arch", None)
+    pretended = _PRETEND.arch
     if pretended is not None:
         return pretended
-    device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    if not isinstance(device, torch.device):  # every launch asks with a tensor's .device: no new object then
+        device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
     if device.type != "cuda":
         return CPU_ARCH
     return _cuda_arch(device.index if device.index is not None else torch.cuda.current_device())
