@@ -77,6 +77,7 @@ _TUNING: contextvars.ContextVar[bool | None] = contextvars.ContextVar("vit_fast_
 _ENVIRON_DATA = getattr(os.environ, "_data", None)
 _AUTOTUNE_KEY = os.environ.encodekey("VIT_FAST_AUTOTUNE") if _ENVIRON_DATA is not None else None
 _ON = {"1", "true", "yes", "on"}
+_PARSED: dict = {}  # raw value -> flag
 
 
 def _autotune_env() -> bool:
@@ -84,7 +85,12 @@ def _autotune_env() -> bool:
     if _ENVIRON_DATA is None:
         return os.environ.get("VIT_FAST_AUTOTUNE", "0").strip().lower() in _ON
     raw = _ENVIRON_DATA.get(_AUTOTUNE_KEY)
-    return raw is not None and os.environ.decodevalue(raw).strip().lower() in _ON
+    if raw is None:
+        return False
+    flag = _PARSED.get(raw)
+    if flag is None:
+        flag = _PARSED[raw] = os.environ.decodevalue(raw).strip().lower() in _ON
+    return flag
 
 
 def autotune_enabled() -> bool:
@@ -274,15 +280,12 @@ class ResolvedLaunches:
             with self.lock:  # the interpreter shares the autotuner's per-call state too
                 self.kernel[grid](*args, **constexprs, enable_fp_fusion=FP_FUSION)
             return
-        current = driver.active.get_current_device()
-        device = args[0].get_device()  # -1 for a CPU tensor (the stubbed driver of the host-time benchmark)
-        if device == current or device < 0:
-            self._launch(current, grid, grid_key, args, constexprs)
-        else:
-            with torch.cuda.device(device):
-                self._launch(device, grid, grid_key, args, constexprs)
-
-    def _launch(self, device: int, grid, grid_key: tuple, args: tuple, constexprs: dict) -> None:
+        device = driver.active.get_current_device()
+        tensors_device = args[0].get_device()  # -1 for a CPU tensor (the stubbed driver of the host-time benchmark)
+        if tensors_device != device and tensors_device >= 0:
+            with torch.cuda.device(tensors_device):
+                self(grid, grid_key, *args, **constexprs)  # their device is current now: the path below
+            return
         n = self.num_pointers
         key = (device, grid_key, *constexprs.values(), *args[n:], *[(t.dtype, not t.data_ptr() & 15) for t in args[:n]])
         entry = self.cache.get(key)

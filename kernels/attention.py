@@ -41,7 +41,7 @@ from vit_fast.kernels._common import (
     tune_key,
     tuning_requested,
 )
-from vit_fast.kernels.cards import Card, card_for_arch, device_arch
+from vit_fast.kernels.cards import Card, card_for_arch, tensor_arch
 
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
 LOG2E = math.log2(math.e)
@@ -165,7 +165,7 @@ def _attention_kernel(
     stride_qkv_t,  # elements between tokens in qkv (3 * H * Dh when qkv is contiguous)
     stride_out_b,  # elements between images in out
     stride_out_t,  # elements between tokens in out
-    ARCH,  # compute capability of the tensors' device (cards.device_arch), never read: the prune's card
+    ARCH,  # compute capability of the tensors' device (cards.tensor_arch), never read: the prune's card
     TUNE,  # _common.tune_key(): 1 while tuning, never read: a heuristic pick never answers a tuned request
     DOT_IN_FP32: tl.constexpr,  # dot operands as fp32 at IEEE precision (fp32, or bf16 under the interpreter)
     ROUND_BF16: tl.constexpr,  # round the bf16 store by hand (interpreter: its fp32 -> bf16 cast truncates)
@@ -338,7 +338,7 @@ def launch_attention(
         qkv.stride(1),
         out.stride(0),
         out.stride(1),
-        device_arch(qkv.device),
+        tensor_arch(qkv),
         tune_key(),
         DOT_IN_FP32=dot_in_fp32(qkv.dtype),
         ROUND_BF16=interpret_bf16(qkv.dtype),

@@ -53,7 +53,7 @@ from vit_fast.kernels._common import (
     tune_key,
     tuning_requested,
 )
-from vit_fast.kernels.cards import card_for_arch, device_arch
+from vit_fast.kernels.cards import card_for_arch, tensor_arch
 
 ACTIVATIONS = (None, "gelu", "gelu_tanh")
 _ACTIVATION_CODE = {None: 0, "gelu": 1, "gelu_tanh": 2}
@@ -332,7 +332,7 @@ def _linear_kernel(
     stride_residual_m,  # elements between rows of residual
     stride_out_m,  # elements between rows of out
     M_CLASS,  # _common.m_class(M), never read: the autotune key, so a new batch size reuses its class's tuning
-    ARCH,  # compute capability of the tensors' device (cards.device_arch), never read: the prune's card
+    ARCH,  # compute capability of the tensors' device (cards.tensor_arch), never read: the prune's card
     TMA_OK,  # 1 if a persistent TMA config may run here (many rows, 16-bit, TMA-readable operands), never read
     TUNE,  # _common.tune_key(): 1 while tuning, never read: a heuristic pick never answers a tuned request
     ln_eps,  # LayerNorm epsilon, read only when NORM_INPUT (a Python float under the interpreter: no .to())
@@ -528,7 +528,7 @@ def launch_linear(
         residual2d.stride(0) if residual2d is not None else 0,
         n_out,
         m_class(rows),
-        device_arch(x.device),
+        tensor_arch(x),
         int(tma_ok),
         tune_key(),
         float(ln_eps) if ln_eps is not None else 0.0,

@@ -45,7 +45,7 @@ from vit_fast.kernels._common import (
     tune_key,
     tuning_requested,
 )
-from vit_fast.kernels.cards import card_for_arch, device_arch
+from vit_fast.kernels.cards import card_for_arch, tensor_arch
 
 
 def _patch_embed_configs() -> list[triton.Config]:
@@ -155,7 +155,7 @@ def _patch_embed_kernel(
     num_reg,  # register tokens
     pos_offset,  # 0 if the position embedding covers the prefix tokens, else num_prefix
     M_CLASS,  # _common.m_class(M), never read: the autotune key, so a new batch size reuses its class's pick
-    ARCH,  # compute capability of the tensors' device (cards.device_arch), never read: the prune's card
+    ARCH,  # compute capability of the tensors' device (cards.tensor_arch), never read: the prune's card
     TUNE,  # _common.tune_key(): 1 while tuning, never read: a heuristic pick never answers a tuned request
     HAS_BIAS: tl.constexpr,  # bias_ptr is given
     HAS_CLS: tl.constexpr,  # token 0 is the class token
@@ -436,7 +436,7 @@ def launch_patch_embed(
         num_reg,
         num_prefix if no_embed_class else 0,
         m_class(M),
-        device_arch(x.device),
+        tensor_arch(x),
         tune_key(),
         HAS_BIAS=bias is not None,
         HAS_CLS=cls_token is not None,

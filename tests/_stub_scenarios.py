@@ -32,7 +32,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.runtime import _allocation, autotuner, jit  # noqa: E402
 
-from vit_fast.kernels import _common, attention, linear  # noqa: E402
+from vit_fast.kernels import _common, attention, cards, linear  # noqa: E402
 
 STUB = triton.runtime.driver.active
 COMPILES: list[dict] = []  # one per compilation: kernel, device, enable_fp_fusion
@@ -225,6 +225,9 @@ def device(tensor_device: str) -> dict:
     torch.cuda.device = _FakeDeviceGuard
     index = int(tensor_device)
     torch.Tensor.get_device = lambda self: index
+    asked = []  # the devices whose compute capability the launchers asked for (the card of the tensors' device)
+    torch.cuda.get_device_capability = lambda i=None: (asked.append(i), (9, 0))[1]
+    cards._cuda_arch.cache_clear()
     model, x = _vit_b16()
     with torch.no_grad():
         for _ in range(2):  # Triton's own path, then the resolved launches
@@ -238,7 +241,7 @@ def device(tensor_device: str) -> dict:
     attention.attention(torch.randn(2, 197, 3 * 64, dtype=torch.float16, requires_grad=True), 2)
     torch.ops.vit_fast.layer_norm(a, None, None, 1e-6)
     ops = list(LAUNCH_DEVICES)
-    return {"forward": forward, "ops": ops, "current_after": STUB.get_current_device()}
+    return {"forward": forward, "ops": ops, "current_after": STUB.get_current_device(), "capability_of": asked}
 
 
 def warm_start() -> dict:

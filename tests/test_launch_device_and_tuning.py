@@ -36,12 +36,14 @@ def _scenario(tmp_path, *argv: str) -> dict:
 def test_launches_run_on_the_tensors_device(tmp_path, tensor_device):
     """Tensors on device 1 while device 0 is current: every launch of a ViT-B/16 forward (Triton's own path on the
     first forward, the resolved launches on the second) and of the custom ops runs with device 1 current, and
-    device 0 is current again afterwards. Tensors on the current device launch there."""
+    device 0 is current again afterwards; the card the prunes read is device 1's. Tensors on the current device
+    launch there."""
     result = _scenario(tmp_path, "device", str(tensor_device))
     assert len(result["forward"]) == 2 * 62
     assert set(result["forward"]) == {tensor_device}
     assert result["ops"] == [tensor_device] * 3
     assert result["current_after"] == 0
+    assert result["capability_of"] == [tensor_device]  # the card read is the tensors' device's, once (cached)
 
 
 def test_tuning_order_does_not_change_the_picks(tmp_path):
