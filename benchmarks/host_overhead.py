@@ -50,16 +50,18 @@ class _StubKernel:
 
 
 class _StubDriver:
-    """Triton's active driver with no GPU behind it: device 0, stream 0, an sm_90 target, a benchmarker that
-    returns the same time for every config (so the autotuner's first surviving config wins)."""
+    """Triton's active driver with no GPU behind it: current device ``self.device`` (0; a test's stand-in for
+    ``torch.cuda.device`` may move it), stream 0, an sm_90 target, a benchmarker that returns the same time for
+    every config (so the autotuner's first surviving config wins)."""
 
     def __init__(self) -> None:
         from triton.backends.compiler import GPUTarget
 
         self._target = GPUTarget("cuda", 90, 32)
+        self.device = 0
 
     def get_current_device(self) -> int:
-        return 0
+        return self.device
 
     def get_current_stream(self, device: int | None = None) -> int:
         return 0

@@ -1,5 +1,6 @@
-"""What every kernel file shares: supported dtypes, the shared-memory limit, the interpreter's bf16
-handling, the device check, and the backward that recomputes through the eager reference.
+"""What every kernel file shares: supported dtypes, the autotune keys (row classes, the card, tuning on or off),
+the interpreter's bf16 handling, the device check, the resolved launch (on the tensors' own device, tuning
+serialised per kernel, fp fusion pinned), and the backward that recomputes through the eager reference.
 Nothing here touches a GPU driver."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ import contextlib
 import contextvars
 import functools
 import os
+import threading
 from collections.abc import Callable, Iterator
 
 import torch
@@ -18,13 +20,16 @@ from triton.runtime import _allocation
 from triton.runtime.driver import driver
 
 from vit_fast.kernels._interpret import interpreter_enabled
-from vit_fast.kernels.cards import CARDS, card_for_arch, card_of
+from vit_fast.kernels.cards import card_for_arch, card_of
 
 #: storage dtypes every kernel takes (accumulation is always fp32)
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
-#: H100/H200 (sm_90): autotune lists are pruned against it; a smaller GPU's OutOfResources is left to the autotuner
-MAX_SHARED_BYTES = CARDS[90].shared_memory
+#: Triton's ``enable_fp_fusion`` for every launch of our kernels: a * b + c contracted to one FMA, as triton <= 3.9
+#: does by default and as every GPU measurement of these kernels so far ran. Passed per launch (a compile option,
+#: so it is in Triton's kernel cache key), not read from ``TRITON_DEFAULT_FP_FUSION``: triton 3.9 warns that the
+#: default will turn to off in 3.10, which would change our numerics; pinned here they do not move
+FP_FUSION = True
 
 
 def shared_memory_limit(arch: int) -> int:
@@ -44,14 +49,21 @@ def next_power_of_2(n: int) -> int:
 
 
 # ---------------------------------------------------------------------------------- autotuning
-#: upper ends of the row-count classes the autotuners key on (M = batch * tokens). One tuning per class,
-#: not per power of two: a ViT-B/16 server seeing batches 1..256 (M 197..50k) tunes 4 times per GEMM shape
-M_CLASSES = (256, 2048, 16384)
+#: rows (M = batch * tokens) up to which the GEMMs' narrow tiles are candidates and their heuristic counts 64-row
+#: tiles to fill the GPU (ViT-B/16 at batch 2 is 394 rows)
+SMALL_M = 512
+#: upper ends of the row-count classes the autotuners key on. Up to SMALL_M one class per 64-row tile count (what
+#: the prunes and heuristics read there), above it coarse classes: a ViT-B/16 server seeing batches 1..256
+#: (M 197..50k) tunes 5 times per GEMM shape (classes 256, 448, 2048, 16384, large), not once per batch size
+M_CLASSES = (*range(64, SMALL_M + 1, 64), 2048, 16384)
 
 
 def m_class(m: int) -> int:
-    """The autotune key for ``m`` rows: the first of :data:`M_CLASSES` that holds it, else 2**20 (large)."""
-    for top in M_CLASSES:
+    """The autotune key for ``m`` rows: the first of :data:`M_CLASSES` that holds it, else 2**20 (large). A prune
+    reads rows only through this, so whatever it decides holds for its whole class (the key's promise)."""
+    if m <= SMALL_M:
+        return 64 * cdiv(m, 64)
+    for top in M_CLASSES[SMALL_M // 64 :]:
         if m <= top:
             return top
     return 1 << 20
@@ -59,6 +71,26 @@ def m_class(m: int) -> int:
 
 #: set by :func:`tuning` for the block it wraps (this thread or task); None: the environment decides
 _TUNING: contextvars.ContextVar[bool | None] = contextvars.ContextVar("vit_fast_tuning", default=None)
+#: ``os.environ``'s own dict (encoded names and values) where CPython has one: every launch reads
+#: ``VIT_FAST_AUTOTUNE`` (its ``TUNE`` key), and ``os.environ.get`` of an unset name raises and catches a KeyError
+#: inside, several times the cost of this lookup
+_ENVIRON_DATA = getattr(os.environ, "_data", None)
+_AUTOTUNE_KEY = os.environ.encodekey("VIT_FAST_AUTOTUNE") if _ENVIRON_DATA is not None else None
+_ON = {"1", "true", "yes", "on"}
+_PARSED: dict = {}  # raw value -> flag
+
+
+def _autotune_env() -> bool:
+    """``VIT_FAST_AUTOTUNE`` as a flag, read now (tests and users may set it at any time)."""
+    if _ENVIRON_DATA is None:
+        return os.environ.get("VIT_FAST_AUTOTUNE", "0").strip().lower() in _ON
+    raw = _ENVIRON_DATA.get(_AUTOTUNE_KEY)
+    if raw is None:
+        return False
+    flag = _PARSED.get(raw)
+    if flag is None:
+        flag = _PARSED[raw] = os.environ.decodevalue(raw).strip().lower() in _ON
+    return flag
 
 
 def autotune_enabled() -> bool:
@@ -69,7 +101,7 @@ def autotune_enabled() -> bool:
     forced = _TUNING.get()
     if forced is not None:
         return forced
-    return os.environ.get("VIT_FAST_AUTOTUNE", "0").strip().lower() in ("1", "true", "yes", "on")
+    return _autotune_env()
 
 
 @contextlib.contextmanager
@@ -83,10 +115,53 @@ def tuning(enabled: bool = True) -> Iterator[None]:
         _TUNING.reset(token)
 
 
+def tune_key() -> int:
+    """The kernels' ``TUNE`` argument (never read by the kernel, one of its autotune keys): 1 where
+    :func:`autotune_enabled`, else 0. So a heuristic pick, which the autotuner caches like a tuned one, never
+    answers a later tuned request for the same shape, nor a tuned pick a heuristic one."""
+    forced = _TUNING.get()
+    if forced is not None:
+        return int(forced)
+    return int(_autotune_env())
+
+
+def tuning_requested(named_args: dict) -> bool:
+    """Whether a prune should keep every fitting candidate for timing: the launch's ``TUNE`` key argument, so the
+    prune decides by what its cache entry is keyed on; :func:`autotune_enabled` for a prune asked directly
+    (``tools/compile_check.py``, tests), which passes no ``TUNE``."""
+    tune = named_args.get("TUNE")
+    return autotune_enabled() if tune is None else bool(tune)
+
+
 def autotune_cache_enabled() -> bool:
     """True unless ``VIT_FAST_AUTOTUNE_CACHE=0``: tuned configs are saved in Triton's cache directory
     (``TRITON_CACHE_DIR``, default ``~/.triton/cache``), so a second process starts tuned."""
     return os.environ.get("VIT_FAST_AUTOTUNE_CACHE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+#: num_stages of the GEMM-like configs meant for cards without tensor cores (sm_75): every other config has more,
+#: so a prune tells the two sets apart by it
+FMA_STAGES = 2
+
+
+def fma_tile_fits(block_m: int, block_n: int, elem_bytes: int) -> bool:
+    """Whether a GEMM-like output tile (4 warps) is expected not to spill where ``tl.dot`` is FMA (sm_75):
+    fp32 up to 64x64, 16-bit up to 2048 elements. From triton 3.9's compiles for sm_75 (linear with the
+    LayerNorm + GELU and residual + LayerScale epilogues, patch embedding): 64x64x32 spilled 1.0-1.3 KB per
+    thread in fp16 and none in fp32; 32x64x32 fp16 and 32x32x32 fp32 spilled nothing (64x32 holds as many
+    accumulators as 32x64; not compiled)."""
+    return block_m * block_n <= (64 * 64 if elem_bytes == 4 else 32 * 64)
+
+
+def gemm_shared_bytes(card, config: triton.Config, block_m: int, block_n: int, block_k: int, elem_bytes: int) -> int:
+    """Shared memory of a GEMM-like tile loop (``[block_m, block_k] @ [block_k, block_n]`` per step) on ``card``,
+    as the prunes compare it with ``card.shared_memory``. On the wgmma / tcgen05 cards (sm_90, sm_100):
+    ``num_stages - 1`` stages of both operand tiles, what Triton 3.9 lays out on sm_90 (tools/compile_check.py).
+    Other cards: every stage counted, an upper bound of what triton 3.9 reported for sm_86 (128x128x32 fp32,
+    3 stages: 80.5 KB against 96 KB here; 64x32x64 fp32, 4 stages: 89.5 KB against 96 KB) and sm_75 (64x64x32
+    fp16, 2 stages: 8 KB against 16 KB; sm_75 has no asynchronous copies to pipeline)."""
+    stages = config.num_stages - 1 if card.dot in ("wgmma", "tcgen05") else config.num_stages
+    return max(stages, 1) * (block_m + block_n) * block_k * elem_bytes
 
 
 def closest_config(configs: list[triton.Config], want: dict, num_warps: int, num_stages: int) -> triton.Config:
@@ -172,12 +247,20 @@ class ResolvedLaunches:
     (whatever else the grid depends on); anything else that changes misses the cache and goes through
     Triton's own path, which resolves it again. Under the interpreter (decided at import, as Triton decides
     its kernels' kind) every call goes through Triton. Never touches a GPU driver before the first launch.
+
+    Every launch runs on the device of the first tensor argument: Triton launches on the current device, so
+    when the tensors live on another one the launch (Triton's path and the resolved one alike) runs under a
+    ``torch.cuda.device`` guard for theirs; when they are on the current device (the usual case) that costs one
+    ``get_device()`` and a comparison. A miss (Triton's own path: tuning, compiling) holds a lock per kernel,
+    because Triton's Autotuner keeps per-call state on itself (``nargs``) and two threads tuning at once would
+    trample it; the resolved path takes no lock. Every launch passes ``enable_fp_fusion`` (:data:`FP_FUSION`).
     """
 
     def __init__(self, kernel) -> None:
         self.kernel = kernel  # @triton.autotune'd or @triton.jit'd
         self.enabled = not _INTERPRETED
         self.cache: dict[tuple, tuple] = {}
+        self.lock = threading.Lock()  # held only on a miss: Triton's dispatch, the autotuner's state
         self.arg_names: list[str] = []
         jit_fn = kernel
         while self.enabled and not hasattr(jit_fn, "params"):
@@ -191,29 +274,27 @@ class ResolvedLaunches:
             raise TypeError(f"{kernel}: pointer parameters (*_ptr) must come before every other parameter")
 
     def __call__(self, grid, grid_key: tuple, *args, **constexprs) -> None:
-        """``kernel[grid](*args, **constexprs)``, from the cache when this shape was launched before."""
+        """``kernel[grid](*args, **constexprs)`` on the tensors' device, from the cache when this shape was
+        launched there before."""
         if not self.enabled:
-            self.kernel[grid](*args, **constexprs)
+            with self.lock:  # the interpreter shares the autotuner's per-call state too
+                self.kernel[grid](*args, **constexprs, enable_fp_fusion=FP_FUSION)
             return
         device = driver.active.get_current_device()
+        tensors_device = args[0].get_device()  # -1 for a CPU tensor (the stubbed driver of the host-time benchmark)
+        if tensors_device != device and tensors_device >= 0:
+            with torch.cuda.device(tensors_device):
+                self(grid, grid_key, *args, **constexprs)  # their device is current now: the path below
+            return
         n = self.num_pointers
         key = (device, grid_key, *constexprs.values(), *args[n:], *[(t.dtype, not t.data_ptr() & 15) for t in args[:n]])
         entry = self.cache.get(key)
         if entry is None:
-            compiled = self.kernel[grid](*args, **constexprs)  # Triton's own path: tunes / compiles / launches
-            if compiled is None or not hasattr(compiled, "packed_metadata"):
-                return  # e.g. an asynchronous compile in flight: nothing to cache yet
-            config = getattr(self.kernel, "best_config", None)
-            meta = {
-                **dict(zip(self.arg_names, args, strict=False)),
-                **constexprs,
-                **(config.all_kwargs() if config else {}),
-            }
-            g = grid(meta) if callable(grid) else grid
-            g = (*g, 1, 1)[:3]
-            tail = tuple(meta[name] for name in self.arg_names[len(args) :])
-            self.cache[key] = (compiled, g, tail)
-            return
+            with self.lock:
+                if key not in self.cache:
+                    self._resolve(key, grid, args, constexprs)
+                    return
+            entry = self.cache[key]  # another thread resolved it while this one waited: launch as resolved
         compiled, (g0, g1, g2), tail = entry
         stream = driver.active.get_current_stream(device)
         enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
@@ -221,6 +302,22 @@ class ResolvedLaunches:
         compiled.run(
             g0, g1, g2, stream, compiled.function, compiled.packed_metadata, metadata, enter, leave, *args, *tail
         )
+
+    def _resolve(self, key: tuple, grid, args: tuple, constexprs: dict) -> None:
+        """Triton's own path (tunes / compiles / launches), then the cache entry for ``key``. Under the lock."""
+        compiled = self.kernel[grid](*args, **constexprs, enable_fp_fusion=FP_FUSION)
+        if compiled is None or not hasattr(compiled, "packed_metadata"):
+            return  # e.g. an asynchronous compile in flight: nothing to cache yet
+        config = getattr(self.kernel, "best_config", None)
+        meta = {
+            **dict(zip(self.arg_names, args, strict=False)),
+            **constexprs,
+            **(config.all_kwargs() if config else {}),
+        }
+        g = grid(meta) if callable(grid) else grid
+        g = (*g, 1, 1)[:3]
+        tail = tuple(meta[name] for name in self.arg_names[len(args) :])
+        self.cache[key] = (compiled, g, tail)
 
 
 # ---------------------------------------------------------------------------------- bf16 under the interpreter

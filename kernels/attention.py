@@ -24,11 +24,9 @@ import triton
 import triton.language as tl
 
 from vit_fast.kernels._common import (
-    MAX_SHARED_BYTES,
     SUPPORTED_DTYPES,
     ResolvedLaunches,
     autotune_cache_enabled,
-    autotune_enabled,
     cdiv,
     check_device,
     closest_config,
@@ -40,7 +38,10 @@ from vit_fast.kernels._common import (
     next_power_of_2,
     register_recompute_backward,
     to_bf16_rtne,
+    tune_key,
+    tuning_requested,
 )
+from vit_fast.kernels.cards import Card, card_for_arch, tensor_arch
 
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
 LOG2E = math.log2(math.e)
@@ -48,7 +49,8 @@ LOG2E = math.log2(math.e)
 
 def _attention_configs() -> list[triton.Config]:
     """Autotune candidates. Built from the environment only (never a device query), so importing
-    this module touches no GPU driver. The interpreter cannot time configs: it gets one."""
+    this module touches no GPU driver; the prune keeps those that suit the card of the tensors' device. The
+    interpreter cannot time configs: it gets one."""
     if interpreter_enabled():
         # BLOCK_M != BLOCK_N on purpose: a query-tail mask swapped with a key-tail mask fails tests
         return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 64}, num_warps=4, num_stages=1)]
@@ -59,7 +61,28 @@ def _attention_configs() -> list[triton.Config]:
         for num_stages in (2, 3)
         for num_warps in (4, 8)
         if not (block_m == 128 and num_warps == 4)  # 128 rows of fp32 state spill with 4 warps
+    ] + [
+        # cards without tensor cores (sm_75) get only these, and only they run there: the configs above spill up
+        # to 32.6 KB per thread on sm_75 and two need 96 KB of its 64 KB (issue 19's offline compiles). Small
+        # tiles, 4 warps, no pipelining (sm_75 has no asynchronous copies to overlap); the prune keeps those not
+        # expected to spill (_fma_attention_fits)
+        triton.Config({"BLOCK_M": block_m, "BLOCK_N": 32}, num_warps=4, num_stages=FMA_ATTENTION_STAGES)
+        for block_m in (16, 32)
     ]
+
+
+#: num_stages of the configs meant for cards without tensor cores: every other config has more
+FMA_ATTENTION_STAGES = 1
+
+
+def _fma_attention_fits(config: triton.Config, block_d: int, elem_bytes: int) -> bool:
+    """Whether a config is expected not to spill where ``tl.dot`` is FMA (sm_75): its q / accumulator and score
+    tiles, ``BLOCK_M * (BLOCK_D + BLOCK_N)`` elements, at most 5120 in fp32 and 3072 in 16-bit. From triton
+    3.9's compiles for sm_75 (spilled bytes per thread): fp32 Dh 64 64x32 836, 32x32 none; fp32 Dh 128 64x32
+    5376, 32x32 none; fp16 Dh 64 64x32 1012, 32x32 and 16x32 none (bf16 32x32 none); fp16 Dh 128 64x32 21136,
+    32x32 1356, 16x32 none."""
+    elements = config.kwargs["BLOCK_M"] * (block_d + config.kwargs["BLOCK_N"])
+    return elements <= (5120 if elem_bytes == 4 else 3072)
 
 
 def block_d_for(head_dim: int) -> int:
@@ -67,40 +90,70 @@ def block_d_for(head_dim: int) -> int:
     return max(16, next_power_of_2(head_dim))
 
 
-def _attention_shared_bytes(config: triton.Config, block_d: int, elem_bytes: int) -> int:
-    """Shared memory of a config as Triton 3.9 lays it out on sm_90, never above what it reports
-    (tools/compile_check.py): 2 * num_stages - 1 k/v tiles, plus the q tile at 128 rows."""
-    block_m, block_n = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]
-    kv = (2 * config.num_stages - 1) * block_n * block_d * elem_bytes
-    return kv + (block_m * block_d * elem_bytes if block_m > 64 else 0)
+def _attention_shared_bytes(config: triton.Config, block_d: int, elem_bytes: int, card: Card) -> int:
+    """Shared memory of a config on ``card``, as the prune compares it with ``card.shared_memory``. On the
+    wgmma / tcgen05 cards (sm_90, sm_100): 2 * num_stages - 1 k/v tiles, plus the q tile at 128 rows, as Triton
+    3.9 lays it out on sm_90, never above what it reports there (tools/compile_check.py). Other cards: the k/v
+    tiles, plus a padded q tile and a padded p tile (the layout conversions into the dot's operands), an upper
+    bound of every figure triton 3.9 reported for sm_86 (fp32: Dh 64 64x64 s2 64 KB against 80.5 here, 64x128 s2
+    112.3 against 144.5, 128x64 s2 96 against 113; Dh 128 64x32 s2 72.3 against 88.5, 64x64 s2 112.3 (the config
+    that failed to launch there) against 144.5, 64x128 s2 192 against 256.5; fp16 Dh 128 64x64 s2 56 against
+    72.3). Without tensor cores (sm_75, FMA dots) k and v are buffered apart and more than the 16-bit tiles
+    themselves was reported (fp16 Dh 64: 64x32 s1 24 KB, 64x64 s2 32 KB), so every tile counts as fp32 there
+    (40.5 and 96.5 KB)."""
+    block_m, block_n, stages = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], max(config.num_stages, 1)
+    if card.dot in ("wgmma", "tcgen05"):
+        kv = (2 * stages - 1) * block_n * block_d * elem_bytes
+        return kv + (block_m * block_d * elem_bytes if block_m > 64 else 0)
+    if card.dot == "fma":  # k and v apart at every stage, and every tile counted as fp32
+        return 2 * stages * block_n * block_d * 4 + block_m * (block_d + 1) * 4 + block_m * (block_n + 1) * 4
+    kv = (2 * stages - 1) * block_n * block_d * elem_bytes
+    return kv + block_m * (block_d + 1) * elem_bytes + block_m * (block_n + 1) * elem_bytes
 
 
 def _prune_attention_configs(configs, named_args, **kwargs):
-    """Wide heads (Dh > 128, padded to 256) keep the q tile and the accumulator in registers only
-    with 64-row tiles and key blocks of at most 64. fp32 tiles past H100's shared memory (large
-    key blocks at Dh > 64) are dropped: they cannot launch."""
+    """The candidates for one launch, read only from its autotune key (T, the head dim, the card ``ARCH``, the
+    dtype, ``TUNE``): the configs for this kind of card (tensor cores or not, :data:`FMA_ATTENTION_STAGES`) that
+    fit its shared memory (:func:`_attention_shared_bytes`). Wide heads (Dh > 128, padded to 256) keep the q tile
+    and the accumulator in registers only with 64-row tiles and key blocks of at most 64; without tensor cores
+    only the tiles not expected to spill (:func:`_fma_attention_fits`). Without tuning one config: the fitting
+    one nearest 64x64, 4 warps, 2 stages (a card without tensor cores: its own, nearest 32x32)."""
     block_d = kwargs.get("BLOCK_D", named_args.get("BLOCK_D"))
     if block_d is None:
         return configs
-    kept = configs
-    if block_d > 128:
-        kept = [c for c in kept if c.kwargs["BLOCK_M"] == 64 and c.kwargs["BLOCK_N"] <= 64]
+    card = card_for_arch(named_args["ARCH"])
     qkv = named_args.get("qkv_ptr")
     elem_bytes = qkv.element_size() if isinstance(qkv, torch.Tensor) else 2
-    kept = [c for c in kept if _attention_shared_bytes(c, block_d, elem_bytes) <= MAX_SHARED_BYTES] or configs[:1]
-    if autotune_enabled() or len(kept) == 1:
+
+    def shared(config: triton.Config) -> int:
+        return _attention_shared_bytes(config, block_d, elem_bytes, card)
+
+    def fits(config: triton.Config) -> bool:
+        kw = config.kwargs
+        if card.tensor_cores and block_d > 128 and not (kw["BLOCK_M"] == 64 and kw["BLOCK_N"] <= 64):
+            return False
+        if not card.tensor_cores and not _fma_attention_fits(config, block_d, elem_bytes):
+            return False
+        return shared(config) <= card.shared_memory
+
+    # nothing fits (Dh 256 on sm_75): the smallest config for the card, which may spill or fail to launch there
+    same_kind = [c for c in configs if (c.num_stages > FMA_ATTENTION_STAGES) == card.tensor_cores] or configs
+    kept = [c for c in same_kind if fits(c)] or [min(same_kind, key=shared)]
+    if tuning_requested(named_args) or len(kept) == 1:
         return kept
-    # no-autotune pick (VIT_FAST_AUTOTUNE=0): 64x64 tiles, 4 warps, 2 stages fit every head dim and dtype
+    if not card.tensor_cores:
+        return [closest_config(kept, {"BLOCK_M": 32, "BLOCK_N": 32}, 4, FMA_ATTENTION_STAGES)]
     return [closest_config(kept, {"BLOCK_M": 64, "BLOCK_N": 64}, 4, 2)]
 
 
 @triton.autotune(
     configs=_attention_configs(),
-    key=["T", "HEAD_DIM"],
+    # everything _prune_attention_configs reads (BLOCK_D follows HEAD_DIM; the autotuner adds the dtypes itself)
+    key=["T", "HEAD_DIM", "ARCH", "TUNE"],
     prune_configs_by={"early_config_prune": _prune_attention_configs},
     cache_results=autotune_cache_enabled(),
 )
-@triton.jit
+@triton.jit(do_not_specialize=["ARCH", "TUNE"])  # key-only: one compile whatever their values
 def _attention_kernel(
     qkv_ptr,  # [B, T, 3, H, Dh] fused q|k|v viewed by strides; unit stride along Dh
     out_ptr,  # [B, T, H * Dh] attention output, unit stride along its last dim
@@ -112,6 +165,8 @@ def _attention_kernel(
     stride_qkv_t,  # elements between tokens in qkv (3 * H * Dh when qkv is contiguous)
     stride_out_b,  # elements between images in out
     stride_out_t,  # elements between tokens in out
+    ARCH,  # compute capability of the tensors' device (cards.tensor_arch), never read: the prune's card
+    TUNE,  # _common.tune_key(): 1 while tuning, never read: a heuristic pick never answers a tuned request
     DOT_IN_FP32: tl.constexpr,  # dot operands as fp32 at IEEE precision (fp32, or bf16 under the interpreter)
     ROUND_BF16: tl.constexpr,  # round the bf16 store by hand (interpreter: its fp32 -> bf16 cast truncates)
     BLOCK_D: tl.constexpr,  # head dim padded to a power of two >= 16; padding lanes are masked
@@ -283,6 +338,8 @@ def launch_attention(
         qkv.stride(1),
         out.stride(0),
         out.stride(1),
+        tensor_arch(qkv),
+        tune_key(),
         DOT_IN_FP32=dot_in_fp32(qkv.dtype),
         ROUND_BF16=interpret_bf16(qkv.dtype),
         BLOCK_D=block_d_for(head_dim),

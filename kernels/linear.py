@@ -5,9 +5,10 @@ One kernel covers every linear layer of a ViT block: qkv (+bias), proj (+bias +r
 (:func:`layer_norm_linear`) it also takes the LayerNorm before qkv and fc1, so a block is 5 launches. Accumulation and the
 whole epilogue are fp32; the output is rounded once, to x's dtype.
 
-Two tilings, chosen by the autotuner (or ``VIT_FAST_AUTOTUNE=0``'s heuristic): one program per output tile with
-pointer loads (narrow tiles for few rows), and for many rows of 16-bit operands a persistent kernel, one
-program per SM walking the tiles, its x and W tiles loaded by TMA descriptors (sm_90's bulk tensor copy).
+Two tilings, chosen for the card of the tensors' device (``cards``) by a heuristic (the default) or, when tuning,
+by the autotuner: one program per output tile with pointer loads (narrow tiles for few rows; small tiles only on
+a card without tensor cores), and for many rows of 16-bit operands a persistent kernel, one program per SM
+walking the tiles, its x and W tiles loaded by TMA descriptors (the bulk tensor copy of sm_90 and newer).
 
 Top to bottom: the autotune configs, the tile body and the kernel, the launcher :func:`launch_linear` (input
 checks, reshape, allocation, grid), the ``torch.library`` custom op ``vit_fast::linear`` (fake
@@ -26,11 +27,11 @@ import triton
 import triton.language as tl
 
 from vit_fast.kernels._common import (
-    MAX_SHARED_BYTES,
+    FMA_STAGES,
+    SMALL_M,
     SUPPORTED_DTYPES,
     ResolvedLaunches,
     autotune_cache_enabled,
-    autotune_enabled,
     cdiv,
     check_device,
     closest_config,
@@ -38,15 +39,21 @@ from vit_fast.kernels._common import (
     dot_in_fp32,
     eager_direct,
     ensure_scratch_allocator,
+    fma_tile_fits,
+    gemm_shared_bytes,
     interpret_bf16,
     interpreter_enabled,
     m_class,
     next_power_of_2,
     persistent_programs,
     register_recompute_backward,
+    tma_enabled,
     tma_usable,
     to_bf16_rtne,
+    tune_key,
+    tuning_requested,
 )
+from vit_fast.kernels.cards import card_for_arch, tensor_arch
 
 ACTIVATIONS = (None, "gelu", "gelu_tanh")
 _ACTIVATION_CODE = {None: 0, "gelu": 1, "gelu_tanh": 2}
@@ -54,8 +61,9 @@ _ACTIVATION_CODE = {None: 0, "gelu": 1, "gelu_tanh": 2}
 
 def _linear_configs() -> list[triton.Config]:
     """Autotune candidates. Built from the environment only (never a device query), so importing
-    this module touches no GPU driver. The interpreter cannot time configs: it gets one of each tiling, and
-    the prune's heuristic picks between them (the persistent TMA one for many rows, so the tests run both)."""
+    this module touches no GPU driver; the prune keeps those that suit the card of the tensors' device. The
+    interpreter cannot time configs: it gets one of each tiling, and the prune's heuristic picks between them
+    (the persistent TMA one for many rows, so the tests run both)."""
     if interpreter_enabled():
         return [
             triton.Config({"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 4, "TMA": tma}, num_warps=4)
@@ -73,7 +81,7 @@ def _linear_configs() -> list[triton.Config]:
             for block_k in (32, 64)
             for num_stages in (3, 4)
             # a trim of the search space, not the hardware limit: fp16 tiles of both operands, one per stage,
-            # within 160 KB (the limit, MAX_SHARED_BYTES, is applied per dtype by _prune_linear_configs)
+            # within 160 KB (the card's limit is applied per dtype by _prune_linear_configs)
             if (block_m + block_n) * block_k * 2 * num_stages <= 160 * 1024
             # 128x256 spilled in every dtype in the GELU and residual epilogues (16-bit: 88-976 bytes on
             # triton 3.6 and 3.9; tools/compile_check.py)
@@ -98,57 +106,81 @@ def _linear_configs() -> list[triton.Config]:
             )
             for num_stages in (3, 4)
         ]
+        + [
+            # cards without tensor cores (sm_75: tl.dot is FMA there) get only these, and only they run there: the
+            # tiles above spill 1.2-28.8 KB per thread on sm_75 (issue 19's offline compiles). Small tiles, 4 warps,
+            # 32 deep, 2 stages: 8-16 KB of shared memory on sm_75, and the prune keeps those not expected to
+            # spill in the dtype (_common.fma_tile_fits: 16-bit 64x64 spilled, 32x64 did not)
+            triton.Config(
+                {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": 32, "GROUP_M": 8, "TMA": 0},
+                num_warps=4,
+                num_stages=FMA_STAGES,
+            )
+            for block_m in (32, 64)
+            for block_n in (32, 64)
+        ]
     )
 
 
-#: rows up to which the narrow tiles are candidates (ViT-B/16 at batch 2 is 394 rows)
-SMALL_M = 512
 #: programs the no-autotune heuristic aims for at small M: H100's and H200's SM count (a constant: no device
 #: query at import)
 TARGET_PROGRAMS = 132
 
 
 def _prune_linear_configs(configs, named_args, **kwargs):
-    """Drop tiles far larger than the problem (e.g. BLOCK_N 256 for N = 64): they only add masked work.
-    Also drop fp32 tiles past H100's shared memory: Triton 3.9 buffers at least num_stages - 1 tiles
-    of both operands (tools/compile_check.py), and 64x256x64 fp32 with 4 stages needs 240 KB. The persistent
-    TMA tiles are candidates for many rows (M > SMALL_M) of 16-bit operands TMA can read (:func:`tma_usable`)."""
+    """The candidates for one launch, read only from its autotune key (row class ``m_class(M)``, N, K, the card
+    ``ARCH``, dtype, ``TMA_OK``, ``TUNE``), so what the autotuner caches under that key holds for every launch
+    with it. Drops: configs for the other kind of card (tensor cores or not, :data:`FMA_STAGES`); tiles far
+    larger than the problem (e.g. BLOCK_N 256 for N = 64: only masked work); the narrow tiles past SMALL_M rows;
+    tiles past the card's shared memory (:func:`gemm_shared_bytes`); the persistent TMA tiles unless the card has
+    TMA, the rows are many (M > SMALL_M), the operands 16-bit and TMA can read them (``TMA_OK``: alignment and
+    ``VIT_FAST_TMA``; a direct call without it, as tools/compile_check.py makes, means contiguous operands).
+    Without tuning, one config: :func:`_heuristic_linear_config`."""
+    card = card_for_arch(named_args["ARCH"])
     x = named_args.get("x_ptr")
     elem_bytes = x.element_size() if isinstance(x, torch.Tensor) else 2
-    # the operands, when given (the offline compile check passes shapes only: contiguous operands assumed)
-    pairs = (("x_ptr", "stride_x_m"), ("w_ptr", "stride_w_n"))
-    operands = [(named_args[p], named_args[s]) for p, s in pairs if p in named_args and s in named_args]
+    rows = m_class(named_args["M"])
+    operands_ok = named_args.get("TMA_OK")
+    operands_ok = tma_enabled() if operands_ok is None else bool(operands_ok)
     # 16-bit only: fp32 TMA tiles spill tens of KB and overflow shared memory (tools/compile_check.py)
-    tma_ok = named_args["M"] > SMALL_M and elem_bytes == 2 and tma_usable(*operands)
+    tma_ok = rows > SMALL_M and elem_bytes == 2 and card.tma and operands_ok
 
     def fits(config: triton.Config) -> bool:
         kw = config.kwargs
-        shared = (config.num_stages - 1) * (kw["BLOCK_M"] + kw["BLOCK_N"]) * kw["BLOCK_K"] * elem_bytes
         return (
-            (not kw["TMA"] or tma_ok)
-            and (kw["BLOCK_N"] >= 64 or named_args["M"] <= SMALL_M)
-            and kw["BLOCK_M"] <= max(64, next_power_of_2(named_args["M"]))
+            (config.num_stages > FMA_STAGES) == card.tensor_cores
+            and (card.tensor_cores or fma_tile_fits(kw["BLOCK_M"], kw["BLOCK_N"], elem_bytes))
+            and (not kw["TMA"] or tma_ok)
+            and (kw["BLOCK_N"] >= 64 or rows <= SMALL_M or not card.tensor_cores)
+            and kw["BLOCK_M"] <= max(64, next_power_of_2(rows))
             and kw["BLOCK_N"] <= max(64, next_power_of_2(named_args["N"]))
             and kw["BLOCK_K"] <= max(32, next_power_of_2(named_args["K"]))
-            and shared <= MAX_SHARED_BYTES
+            and gemm_shared_bytes(card, config, kw["BLOCK_M"], kw["BLOCK_N"], kw["BLOCK_K"], elem_bytes)
+            <= card.shared_memory
         )
 
     kept = [c for c in configs if fits(c)] or configs[:1]
-    if (autotune_enabled() and not interpreter_enabled()) or len(kept) == 1:
+    if (tuning_requested(named_args) and not interpreter_enabled()) or len(kept) == 1:
         return kept
-    return [_heuristic_linear_config(kept, named_args["M"], named_args["N"], elem_bytes)]
+    return [_heuristic_linear_config(kept, rows, named_args["N"], elem_bytes, card)]
 
 
-def _heuristic_linear_config(configs: list[triton.Config], M: int, N: int, elem_bytes: int) -> triton.Config:
-    """The no-autotune pick (``VIT_FAST_AUTOTUNE=0``, and the interpreter's). Few rows (M <= SMALL_M, batch 1-2
-    of a ViT): 64-row tiles, and the widest of 64 / 32 / 16 columns that still gives TARGET_PROGRAMS programs
-    (every SM busy). Many rows: 128x128 with 8 warps, persistent with TMA where the operands allow it (else
-    the pointer tiling, fp32 at half the depth for shared memory)."""
+def _heuristic_linear_config(configs: list[triton.Config], rows: int, N: int, elem_bytes: int, card) -> triton.Config:
+    """The no-autotune pick (the default, and the interpreter's), among the prune's survivors for ``rows`` (a row
+    class: a multiple of 64 up to SMALL_M). Few rows (batch 1-2 of a ViT): 64-row tiles, and the widest of
+    64 / 32 / 16 columns that still gives TARGET_PROGRAMS programs (every SM busy). Many rows: 128x128 with 8
+    warps, persistent with TMA where the operands allow it (else the pointer tiling, fp32 at half the depth for
+    shared memory). A card without tensor cores: its own small tiles, 64x64 (64x32 if that fills the GPU better
+    at few rows; 16-bit: the prune leaves at most 32x64). Always the nearest fitting survivor
+    (:func:`closest_config`)."""
+    if not card.tensor_cores:
+        block_n = 64 if rows > SMALL_M or cdiv(rows, 64) * cdiv(N, 64) >= TARGET_PROGRAMS else 32
+        return closest_config(configs, {"BLOCK_M": 64, "BLOCK_N": block_n, "BLOCK_K": 32}, 4, FMA_STAGES)
     if any(c.kwargs["TMA"] for c in configs):
         return closest_config(configs, {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "TMA": 1}, 8, 3)
     block_k = 32 if elem_bytes == 4 else 64
-    if M <= SMALL_M:
-        row_tiles = cdiv(M, 64)
+    if rows <= SMALL_M:
+        row_tiles = rows // 64
         block_n = next((bn for bn in (64, 32) if row_tiles * cdiv(N, bn) >= TARGET_PROGRAMS), 16)
         # 64 deep whatever the dtype: the narrow tiles come only so (fp32 64x32x64, 4 stages: 72 KB of shared memory)
         return closest_config(configs, {"BLOCK_M": 64, "BLOCK_N": block_n, "BLOCK_K": 64}, 4, 4)
@@ -277,11 +309,12 @@ def _linear_tile(
 
 @triton.autotune(
     configs=_linear_configs(),
-    key=["M_CLASS", "N", "K"],
+    # everything _prune_linear_configs reads (the autotuner adds the tensors' dtypes itself)
+    key=["M_CLASS", "N", "K", "ARCH", "TMA_OK", "TUNE"],
     prune_configs_by={"early_config_prune": _prune_linear_configs},
     cache_results=autotune_cache_enabled(),
 )
-@triton.jit
+@triton.jit(do_not_specialize=["M_CLASS", "ARCH", "TMA_OK", "TUNE"])  # key-only: one compile whatever their values
 def _linear_kernel(
     x_ptr,  # [M, K] activations; unit stride along K
     w_ptr,  # [N, K] weight in nn.Linear layout; unit stride along K
@@ -299,6 +332,9 @@ def _linear_kernel(
     stride_residual_m,  # elements between rows of residual
     stride_out_m,  # elements between rows of out
     M_CLASS,  # _common.m_class(M), never read: the autotune key, so a new batch size reuses its class's tuning
+    ARCH,  # compute capability of the tensors' device (cards.tensor_arch), never read: the prune's card
+    TMA_OK,  # 1 if a persistent TMA config may run here (many rows, 16-bit, TMA-readable operands), never read
+    TUNE,  # _common.tune_key(): 1 while tuning, never read: a heuristic pick never answers a tuned request
     ln_eps,  # LayerNorm epsilon, read only when NORM_INPUT (a Python float under the interpreter: no .to())
     ACTIVATION: tl.constexpr,  # 0: none, 1: exact (erf) GELU, 2: tanh GELU
     HAS_BIAS: tl.constexpr,  # add bias before the activation
@@ -469,7 +505,9 @@ def launch_linear(
         tiles = cdiv(rows, meta["BLOCK_M"]) * cdiv(n_out, meta["BLOCK_N"])
         return (min(tiles, persistent_programs(x.device)) if meta["TMA"] else tiles,)
 
-    if rows > SMALL_M:  # a persistent TMA config may run: its descriptors live in Triton's scratch memory
+    # whether a persistent TMA config may run (the prune's rule; few rows and fp32 never ask for the alignment)
+    tma_ok = rows > SMALL_M and x.element_size() == 2 and tma_usable((x2d, x2d.stride(0)), (weight, weight.stride(0)))
+    if tma_ok:  # its descriptors live in Triton's scratch memory, which needs an allocator in this thread
         ensure_scratch_allocator()
     _linear_launches(
         grid,
@@ -490,6 +528,9 @@ def launch_linear(
         residual2d.stride(0) if residual2d is not None else 0,
         n_out,
         m_class(rows),
+        tensor_arch(x),
+        int(tma_ok),
+        tune_key(),
         float(ln_eps) if ln_eps is not None else 0.0,
         ACTIVATION=_ACTIVATION_CODE[activation],
         HAS_BIAS=bias is not None,

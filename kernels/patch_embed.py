@@ -24,71 +24,111 @@ import triton
 import triton.language as tl
 
 from vit_fast.kernels._common import (
+    FMA_STAGES,
+    SMALL_M,
     SUPPORTED_DTYPES,
     ResolvedLaunches,
     autotune_cache_enabled,
-    autotune_enabled,
     cdiv,
     check_device,
     closest_config,
     dot,
     dot_in_fp32,
     eager_direct,
+    fma_tile_fits,
+    gemm_shared_bytes,
     interpret_bf16,
     interpreter_enabled,
+    m_class,
     register_recompute_backward,
     to_bf16_rtne,
+    tune_key,
+    tuning_requested,
 )
+from vit_fast.kernels.cards import card_for_arch, tensor_arch
 
 
 def _patch_embed_configs() -> list[triton.Config]:
     """Autotune candidates. Built from the environment only (never a device query), so importing
-    this module touches no GPU driver. The interpreter cannot time configs: it gets one."""
+    this module touches no GPU driver; the prune keeps those that suit the card of the tensors' device. The
+    interpreter cannot time configs: it gets one."""
     if interpreter_enabled():
         # under the interpreter, few wide programs are fastest
         return [triton.Config({"BLOCK_M": 64, "BLOCK_D": 128, "BLOCK_K": 64}, num_warps=4)]
-    return [
-        triton.Config({"BLOCK_M": bm, "BLOCK_D": bd, "BLOCK_K": bk}, num_warps=w, num_stages=s)
-        for bm in (64, 128)
-        for bd in (64, 128)
-        for bk in (32, 64)
-        for w, s in ((4, 3), (8, 3))
-        if not (bm == 128 and bd == 128 and w == 4)
-    ] + [
-        # narrow tiles for one or two images (M = B * T <= 512): 64x16 gives ViT-B/16 at batch 1 192 programs
-        triton.Config({"BLOCK_M": 64, "BLOCK_D": bd, "BLOCK_K": 64}, num_warps=4, num_stages=3)
-        for bd in (16, 32)
-    ]
+    return (
+        [
+            triton.Config({"BLOCK_M": bm, "BLOCK_D": bd, "BLOCK_K": bk}, num_warps=w, num_stages=s)
+            for bm in (64, 128)
+            for bd in (64, 128)
+            for bk in (32, 64)
+            for w, s in ((4, 3), (8, 3))
+            if not (bm == 128 and bd == 128 and w == 4)
+        ]
+        + [
+            # narrow tiles for one or two images (M = B * T <= 512): 64x16 gives ViT-B/16 at batch 1 192 programs
+            triton.Config({"BLOCK_M": 64, "BLOCK_D": bd, "BLOCK_K": 64}, num_warps=4, num_stages=3)
+            for bd in (16, 32)
+        ]
+        + [
+            # cards without tensor cores (sm_75) get only these, as the GEMM's (linear._linear_configs): small
+            # tiles, 4 warps, 2 stages; 16-bit 64x64 spilled 1 KB per thread on sm_75, so the prune keeps it for
+            # fp32 only (_common.fma_tile_fits)
+            triton.Config({"BLOCK_M": bm, "BLOCK_D": bd, "BLOCK_K": 32}, num_warps=4, num_stages=FMA_STAGES)
+            for bm in (32, 64)
+            for bd in (32, 64)
+        ]
+    )
 
 
-#: rows (tokens of all images) up to which the narrow tiles are candidates, and the programs the no-autotune
-#: heuristic aims for there (H100's and H200's SM count: a constant, no device query at import)
-SMALL_M, TARGET_PROGRAMS = 512, 132
+#: programs the no-autotune heuristic aims for at few rows (H100's and H200's SM count: a constant, no device
+#: query at import)
+TARGET_PROGRAMS = 132
 
 
 def _prune_patch_embed_configs(configs, named_args, **kwargs):
-    """Narrow tiles only for few rows. With ``VIT_FAST_AUTOTUNE=0`` one heuristic config: 64 rows, and for
-    few rows the widest of 128 / 64 / 32 / 16 features that gives TARGET_PROGRAMS programs; else 64x128."""
+    """The candidates for one launch, read only from its autotune key (row class ``m_class(M)``, D, K, the card
+    ``ARCH``, dtypes, ``TUNE``): the configs for this kind of card (tensor cores or not, :data:`FMA_STAGES`) that
+    fit its shared memory (:func:`gemm_shared_bytes`), narrow tiles only for few rows. Without tuning one
+    heuristic config: 64 rows, and for few rows the widest of 128 / 64 / 32 / 16 features that gives
+    TARGET_PROGRAMS programs; else 64x128 (a card without tensor cores: 64x64, at most 32x64 in 16-bit)."""
     M, D = named_args.get("M"), named_args.get("D")
     if M is None or D is None or len(configs) == 1:
         return configs
-    kept = [c for c in configs if c.kwargs["BLOCK_D"] >= 64 or M <= SMALL_M]
-    if autotune_enabled():
+    card = card_for_arch(named_args["ARCH"])
+    w = named_args.get("w_ptr")
+    elem_bytes = w.element_size() if isinstance(w, torch.Tensor) else 2
+    rows = m_class(M)
+
+    def fits(config: triton.Config) -> bool:
+        kw = config.kwargs
+        return (
+            (config.num_stages > FMA_STAGES) == card.tensor_cores
+            and (card.tensor_cores or fma_tile_fits(kw["BLOCK_M"], kw["BLOCK_D"], elem_bytes))
+            and (kw["BLOCK_D"] >= 64 or rows <= SMALL_M or not card.tensor_cores)
+            and gemm_shared_bytes(card, config, kw["BLOCK_M"], kw["BLOCK_D"], kw["BLOCK_K"], elem_bytes)
+            <= card.shared_memory
+        )
+
+    kept = [c for c in configs if fits(c)] or configs[:1]
+    if tuning_requested(named_args) or len(kept) == 1:
         return kept
+    if not card.tensor_cores:
+        return [closest_config(kept, {"BLOCK_M": 64, "BLOCK_D": 64, "BLOCK_K": 32}, 4, FMA_STAGES)]
     block_d = 128
-    if M <= SMALL_M:
-        row_tiles = cdiv(M, 64)
+    if rows <= SMALL_M:
+        row_tiles = rows // 64
         block_d = next((bd for bd in (128, 64, 32) if row_tiles * cdiv(D, bd) >= TARGET_PROGRAMS), 16)
     return [closest_config(kept, {"BLOCK_M": 64, "BLOCK_D": block_d, "BLOCK_K": 64}, 4, 3)]
 
 
 @triton.autotune(
     configs=_patch_embed_configs(),
-    key=["D", "K"],
+    # everything _prune_patch_embed_configs reads (the autotuner adds the tensors' dtypes itself)
+    key=["M_CLASS", "D", "K", "ARCH", "TUNE"],
     prune_configs_by={"early_config_prune": _prune_patch_embed_configs},
     cache_results=autotune_cache_enabled(),
 )
-@triton.jit
+@triton.jit(do_not_specialize=["M_CLASS", "ARCH", "TUNE"])  # key-only: one compile whatever their values
 def _patch_embed_kernel(
     x_ptr,  # image [B, C, H, W], any strides; uint8 or the weight's float dtype
     w_ptr,  # [D, K] conv weight, K = C*p*p in (c, i, j) order, unit stride along K
@@ -114,6 +154,9 @@ def _patch_embed_kernel(
     num_prefix,  # class + register tokens before the patches
     num_reg,  # register tokens
     pos_offset,  # 0 if the position embedding covers the prefix tokens, else num_prefix
+    M_CLASS,  # _common.m_class(M), never read: the autotune key, so a new batch size reuses its class's pick
+    ARCH,  # compute capability of the tensors' device (cards.tensor_arch), never read: the prune's card
+    TUNE,  # _common.tune_key(): 1 while tuning, never read: a heuristic pick never answers a tuned request
     HAS_BIAS: tl.constexpr,  # bias_ptr is given
     HAS_CLS: tl.constexpr,  # token 0 is the class token
     NORMALIZE: tl.constexpr,  # apply (x [/ 255] - mean[c]) / std[c] to the pixels
@@ -392,6 +435,9 @@ def launch_patch_embed(
         num_prefix,
         num_reg,
         num_prefix if no_embed_class else 0,
+        m_class(M),
+        tensor_arch(x),
+        tune_key(),
         HAS_BIAS=bias is not None,
         HAS_CLS=cls_token is not None,
         NORMALIZE=mean is not None,

@@ -19,10 +19,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_m_class_is_coarse():
-    # ViT-B/16 (197 tokens) at batch 1..256 falls into 4 classes, not 9 powers of two
+    # ViT-B/16 (197 tokens) at batch 1..256 falls into 5 classes, not 9 powers of two
     classes = {_common.m_class(197 * b) for b in (1, 2, 4, 8, 16, 32, 64, 128, 256)}
-    assert classes == {256, 2048, 16384, 1 << 20}
-    assert _common.m_class(1) == 256 and _common.m_class(257) == 2048
+    assert classes == {256, 448, 2048, 16384, 1 << 20}
+    assert _common.m_class(1) == 64 and _common.m_class(257) == 320
+
+
+def test_m_classes_respect_what_the_prunes_read():
+    """A class never straddles SMALL_M (narrow and TMA tiles are decided there) nor a 64-row tile count below it
+    (the heuristics count 64-row tiles), so one class's tuning or heuristic pick holds for all of it."""
+    for m in range(1, 3 * _common.SMALL_M):
+        top = _common.m_class(m)
+        assert m <= top and (m <= _common.SMALL_M) == (top <= _common.SMALL_M)
+        if m <= _common.SMALL_M:
+            assert top // 64 == -(-m // 64)
 
 
 @pytest.mark.parametrize("value, enabled", [("0", False), ("off", False), ("1", True), ("on", True), ("", False)])
@@ -51,7 +61,7 @@ def _compiled_configs(monkeypatch, module, factory):
 @pytest.mark.parametrize("M", [197, 197 * 256])
 def test_no_autotune_picks_one_linear_config(monkeypatch, dtype, M):
     configs = _compiled_configs(monkeypatch, linear, linear._linear_configs)
-    args = {"M": M, "N": 768, "K": 3072, "x_ptr": torch.empty(1, dtype=dtype)}
+    args = {"M": M, "N": 768, "K": 3072, "x_ptr": torch.empty(1, dtype=dtype), "ARCH": 90}
     monkeypatch.setenv("VIT_FAST_AUTOTUNE", "1")
     tuned = linear._prune_linear_configs(configs, args)
     assert len(tuned) > 1
@@ -71,7 +81,7 @@ def test_no_autotune_fills_the_gpu_at_small_batch(monkeypatch, dtype, batch):
     M = 197 * batch
     for name, N, K in (("qkv", 2304, 768), ("proj", 768, 768), ("fc1", 3072, 768), ("fc2", 768, 3072)):
         (picked,) = linear._prune_linear_configs(
-            configs, {"M": M, "N": N, "K": K, "x_ptr": torch.empty(1, dtype=dtype)}
+            configs, {"M": M, "N": N, "K": K, "x_ptr": torch.empty(1, dtype=dtype), "ARCH": 90}
         )
         programs = -(-M // picked.kwargs["BLOCK_M"]) * -(-N // picked.kwargs["BLOCK_N"])
         assert programs >= linear.TARGET_PROGRAMS, (name, picked, programs)
@@ -81,14 +91,14 @@ def test_no_autotune_picks_one_attention_and_patch_embed_config(monkeypatch):
     monkeypatch.setenv("VIT_FAST_AUTOTUNE", "0")
     configs = _compiled_configs(monkeypatch, attention, attention._attention_configs)
     (picked,) = attention._prune_attention_configs(
-        configs, {"qkv_ptr": torch.empty(1, dtype=torch.bfloat16)}, BLOCK_D=64
+        configs, {"qkv_ptr": torch.empty(1, dtype=torch.bfloat16), "ARCH": 90}, BLOCK_D=64
     )
     assert (picked.kwargs["BLOCK_M"], picked.kwargs["BLOCK_N"], picked.num_warps) == (64, 64, 4)
     configs = _compiled_configs(monkeypatch, patch_embed, patch_embed._patch_embed_configs)
-    (picked,) = patch_embed._prune_patch_embed_configs(configs, {"M": 197 * 64, "D": 768})
+    (picked,) = patch_embed._prune_patch_embed_configs(configs, {"M": 197 * 64, "D": 768, "ARCH": 90})
     assert picked in configs and picked.kwargs == {"BLOCK_M": 64, "BLOCK_D": 128, "BLOCK_K": 64}
     # batch 1 of ViT-B/16: 197 x 768 from 768, at least 132 programs
-    (picked,) = patch_embed._prune_patch_embed_configs(configs, {"M": 197, "D": 768})
+    (picked,) = patch_embed._prune_patch_embed_configs(configs, {"M": 197, "D": 768, "ARCH": 90})
     assert 4 * -(-768 // picked.kwargs["BLOCK_D"]) >= patch_embed.TARGET_PROGRAMS
 
 

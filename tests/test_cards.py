@@ -59,3 +59,18 @@ def test_the_tensors_device_is_asked_not_the_current_one(monkeypatch):
         assert asked == [1, 0]
     finally:
         cards._cuda_arch.cache_clear()
+
+
+def test_tensor_arch_reads_the_tensors_device(monkeypatch):
+    """The launchers' fast read: a CPU or meta tensor is CPU_ARCH, pretend_arch applies, a CUDA index is asked."""
+    assert cards.tensor_arch(torch.empty(1)) == cards.CPU_ARCH
+    assert cards.tensor_arch(torch.empty(1, device="meta")) == cards.CPU_ARCH
+    with cards.pretend_arch(75):
+        assert cards.tensor_arch(torch.empty(1)) == 75
+    monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (8, 6) if index == 1 else (9, 0))
+    cards._cuda_arch.cache_clear()
+    try:
+        assert cards.tensor_arch(torch.empty(1)) == 86
+    finally:
+        cards._cuda_arch.cache_clear()

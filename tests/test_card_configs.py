@@ -1,0 +1,167 @@
+"""Kernels that know the card: for every card of ``cards.CARDS``, every dtype and the ViT-S/B/L/H shapes, each
+config a prune keeps for tuning and the one the heuristic picks fits the card's shared memory (by the kernels'
+own estimates), and none needs TMA where the card has none or tensor cores where it has none.
+
+The launchers run on meta tensors under ``cards.pretend_arch`` with their kernel swapped for a recorder (as
+tools/compile_check.py does), so the arguments the prunes see, ``ARCH`` included, are the ones a launch on that
+card would pass; the prunes then run on the compiled-mode config lists (the interpreter's are one config).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vit_fast.kernels import _common, attention, cards, linear, patch_embed
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# (name, embed dim, heads, patch, tokens at 224 px)
+MODELS = (
+    ("vit_small_patch16_224", 384, 6, 16, 197),
+    ("vit_base_patch16_224", 768, 12, 16, 197),
+    ("vit_large_patch16_224", 1024, 16, 16, 197),
+    ("vit_huge_patch14_224", 1280, 16, 14, 257),
+)
+BATCHES = (1, 2, 8, 64)
+
+
+def _recorded(monkeypatch, module, launches_name: str, kernel, launcher, *args, **kwargs) -> tuple[dict, dict]:
+    """(named arguments, constexprs) of the launch ``launcher(*args, **kwargs)`` makes, launching nothing."""
+    seen = {}
+
+    def record(grid, grid_key, *a, **constexprs):
+        seen["named"], seen["constexprs"] = dict(zip(kernel.arg_names, a, strict=False)), constexprs
+
+    with monkeypatch.context() as m:
+        m.setattr(module, launches_name, record)
+        launcher(*args, checked=True, **kwargs)
+    return seen["named"], seen["constexprs"]
+
+
+def _compiled_configs(monkeypatch, module, factory) -> list:
+    monkeypatch.setattr(module, "interpreter_enabled", lambda: False)
+    return factory()
+
+
+def _pruned(monkeypatch, kernel, configs, named, constexprs, tune: bool) -> list:
+    named = {**named, "TUNE": int(tune)}
+    return kernel.early_config_prune(configs, named, **constexprs)
+
+
+def _meta(shape, dtype):
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+def _check_gemm_like(card, config, block_n_name: str, elem_bytes: int, what: str) -> None:
+    kw = config.kwargs
+    shared = _common.gemm_shared_bytes(card, config, kw["BLOCK_M"], kw[block_n_name], kw["BLOCK_K"], elem_bytes)
+    assert shared <= card.shared_memory, (what, str(config), shared)
+    assert not kw.get("TMA") or card.tma, (what, str(config))
+    # tensor-core tiles never run where tl.dot is FMA, and the FMA set only there
+    assert (config.num_stages <= _common.FMA_STAGES) == (not card.tensor_cores), (what, str(config))
+    if not card.tensor_cores:
+        assert config.num_warps == 4 and _common.fma_tile_fits(kw["BLOCK_M"], kw[block_n_name], elem_bytes), what
+
+
+@pytest.mark.parametrize("arch", sorted(cards.CARDS))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_linear_configs_fit_every_card(monkeypatch, arch, dtype):
+    card = cards.CARDS[arch]
+    configs = _compiled_configs(monkeypatch, linear, linear._linear_configs)
+    kernel = linear._linear_kernel
+    for name, dim, _, _, tokens in MODELS:
+        for batch in BATCHES:
+            M = batch * tokens
+            for gemm, (N, K) in {"qkv": (3 * dim, dim), "proj": (dim, dim), "fc1": (4 * dim, dim)}.items():
+                x, w = _meta((M, K), dtype), _meta((N, K), dtype)
+                with cards.pretend_arch(arch):
+                    named, constexprs = _recorded(
+                        monkeypatch, linear, "_linear_launches", kernel, linear.launch_linear, x, w
+                    )
+                assert named["ARCH"] == arch
+                for tune in (True, False):
+                    kept = _pruned(monkeypatch, kernel, configs, named, constexprs, tune)
+                    assert kept and (tune or len(kept) == 1)
+                    for config in kept:
+                        _check_gemm_like(card, config, "BLOCK_N", x.element_size(), f"{name} b{batch} {gemm}")
+
+
+@pytest.mark.parametrize("arch", sorted(cards.CARDS))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_patch_embed_configs_fit_every_card(monkeypatch, arch, dtype):
+    card = cards.CARDS[arch]
+    configs = _compiled_configs(monkeypatch, patch_embed, patch_embed._patch_embed_configs)
+    kernel = patch_embed._patch_embed_kernel
+    for name, dim, _, patch, tokens in MODELS:
+        for batch in BATCHES:
+            x, weight = _meta((batch, 3, 224, 224), dtype), _meta((dim, 3, patch, patch), dtype)
+            pos, cls = _meta((1, tokens, dim), dtype), _meta((1, 1, dim), dtype)
+            with cards.pretend_arch(arch):
+                named, constexprs = _recorded(
+                    monkeypatch,
+                    patch_embed,
+                    "_patch_embed_launches",
+                    kernel,
+                    patch_embed.launch_patch_embed,
+                    x,
+                    weight,
+                    None,
+                    pos,
+                    cls,
+                )
+            assert named["ARCH"] == arch
+            for tune in (True, False):
+                kept = _pruned(monkeypatch, kernel, configs, named, constexprs, tune)
+                assert kept and (tune or len(kept) == 1)
+                for config in kept:
+                    _check_gemm_like(card, config, "BLOCK_D", weight.element_size(), f"{name} b{batch}")
+
+
+@pytest.mark.parametrize("arch", sorted(cards.CARDS))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("head_dim", [64, 80])
+def test_attention_configs_fit_every_card(monkeypatch, arch, dtype, head_dim):
+    card = cards.CARDS[arch]
+    configs = _compiled_configs(monkeypatch, attention, attention._attention_configs)
+    kernel = attention._attention_kernel
+    for heads in (6, 12, 16):
+        for batch, tokens in ((1, 197), (8, 197), (8, 257)):
+            qkv = _meta((batch, tokens, 3 * heads * head_dim), dtype)
+            with cards.pretend_arch(arch):
+                named, constexprs = _recorded(
+                    monkeypatch, attention, "_attention_launches", kernel, attention.launch_attention, qkv, heads
+                )
+            assert named["ARCH"] == arch
+            block_d = constexprs["BLOCK_D"]
+            for tune in (True, False):
+                kept = _pruned(monkeypatch, kernel, configs, named, constexprs, tune)
+                assert kept and (tune or len(kept) == 1)
+                for config in kept:
+                    shared = attention._attention_shared_bytes(config, block_d, qkv.element_size(), card)
+                    assert shared <= card.shared_memory, (heads, batch, str(config), shared)
+                    assert (config.num_stages <= attention.FMA_ATTENTION_STAGES) == (not card.tensor_cores)
+                    if not card.tensor_cores:  # not expected to spill there
+                        assert attention._fma_attention_fits(config, block_d, qkv.element_size()), str(config)
+
+
+def test_fp32_attention_heuristic_fits_99_kb_cards(monkeypatch):
+    """The config that failed to launch on sm_86/89/120 (fp32, Dh 80-128: 64x64, 2 stages, 112 KB reported by
+    triton 3.9 for sm_86) is no longer the heuristic's pick there; on sm_90 it still is."""
+    configs = _compiled_configs(monkeypatch, attention, attention._attention_configs)
+    named = {"qkv_ptr": torch.empty(1), "TUNE": 0}
+    for arch in (86, 89, 120, 90):
+        (picked,) = attention._prune_attention_configs(configs, {**named, "ARCH": arch}, BLOCK_D=128)
+        shape = (picked.kwargs["BLOCK_M"], picked.kwargs["BLOCK_N"], picked.num_stages)
+        assert (shape == (64, 64, 2)) == (arch == 90), (arch, shape)
+
+
+def test_tma_only_where_the_card_has_it(monkeypatch):
+    """Many rows of 16-bit, aligned operands: the heuristic takes the persistent TMA tiles on sm_90/100/120 and the
+    pointer tiles on sm_80/86/89."""
+    configs = _compiled_configs(monkeypatch, linear, linear._linear_configs)
+    for arch, card in cards.CARDS.items():
+        named = {"M": 197 * 8, "N": 2304, "K": 768, "x_ptr": torch.empty(1, dtype=torch.float16), "ARCH": arch}
+        (picked,) = linear._prune_linear_configs(configs, {**named, "TMA_OK": 1, "TUNE": 0})
+        assert picked.kwargs["TMA"] == int(card.tma), arch
+        (picked,) = linear._prune_linear_configs(configs, {**named, "TMA_OK": 0, "TUNE": 0})
+        assert picked.kwargs["TMA"] == 0, arch

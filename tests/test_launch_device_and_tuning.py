@@ -1,0 +1,105 @@
+"""The compiled launch path on the CPU, with Triton's driver stubbed (tests/_stub_scenarios.py, run in a
+subprocess without TRITON_INTERPRET): launches on the tensors' own device, autotune keys that cannot collide,
+tuning serialised per kernel, a warm start of a handful of compilations, fp fusion pinned."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _scenario(tmp_path, *argv: str) -> dict:
+    """Run one scenario in a fresh process (its own Triton cache, so no tuning is reloaded from an earlier run)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "TRITON_DEFAULT_FP_FUSION")}
+    env.pop("VIT_FAST_AUTOTUNE", None)
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")
+    proc = subprocess.run(
+        [sys.executable, "tests/_stub_scenarios.py", *argv],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("tensor_device", [1, 0])
+def test_launches_run_on_the_tensors_device(tmp_path, tensor_device):
+    """Tensors on device 1 while device 0 is current: every launch of a ViT-B/16 forward (Triton's own path on the
+    first forward, the resolved launches on the second) and of the custom ops runs with device 1 current, and
+    device 0 is current again afterwards; the card the prunes read is device 1's. Tensors on the current device
+    launch there."""
+    result = _scenario(tmp_path, "device", str(tensor_device))
+    assert len(result["forward"]) == 2 * 62
+    assert set(result["forward"]) == {tensor_device}
+    assert result["ops"] == [tensor_device] * 3
+    assert result["current_after"] == 0
+    assert result["capability_of"] == [tensor_device]  # the card read is the tensors' device's, once (cached)
+
+
+def test_tuning_order_does_not_change_the_picks(tmp_path):
+    """ViT-B/16's GEMMs tuned at batch 1, 2 and 8 in either order pick what each batch picks alone (batch 2, 394
+    rows, and batch 8, 1576, used to share a key although the prune treats them differently)."""
+    forward = _scenario(tmp_path / "a", "tuning_order", "1,2,8")["picks"]
+    backward = _scenario(tmp_path / "b", "tuning_order", "8,2,1")["picks"]
+    alone = {}
+    for batch in ("1", "2", "8"):
+        alone.update(_scenario(tmp_path / f"alone{batch}", "tuning_order", batch)["picks"])
+    assert forward == backward == alone
+    assert len(set(alone.values())) > 1  # the stubbed timings make the picks differ between problems
+
+
+def test_misaligned_operands_never_get_a_tma_config(tmp_path):
+    """A shape tuned to a persistent TMA config with aligned operands; the same shape with a row stride or a base
+    TMA cannot read takes pointer tiles, tuned or heuristic. A fresh thread running the TMA config has Triton's
+    scratch allocator set (its descriptors live there)."""
+    result = _scenario(tmp_path, "misaligned_tma")
+    assert result == {
+        "aligned": 1,
+        "strided": 0,
+        "offset": 0,
+        "heuristic": 0,
+        "fresh_thread_tma_allocator": [[1, True]],
+    }
+
+
+def test_two_threads_tuning_the_same_new_shape(tmp_path):
+    """Two threads launch the same new shape at once with tuning on: both succeed, the shape is tuned once (22
+    candidates for 1576 x 768 x 768 fp16 on sm_90), and each thread's launches got its own tensors."""
+    result = _scenario(tmp_path, "threads")
+    for got in result["results"]:
+        assert isinstance(got, dict), got  # a string is the exception the thread raised
+        assert got["out"] == [1576, 768] and got["launches"] >= 1 and got["own_out"]
+    assert result["timed"] == 22
+
+
+def test_warm_start_and_tuning_cached_per_key(tmp_path):
+    """Default (no tuning): at most 8 compilations before the first ViT-B/16 output and nothing timed. Under
+    tuning() the same forward times its candidates (compiling each), the next tuned forward reuses every pick,
+    and a default forward afterwards still finds its own heuristic picks (the TUNE key keeps the two apart).
+    Every compilation pins fp fusion, and triton's warning about its default never fires."""
+    result = _scenario(tmp_path, "warm_start")
+    assert len(result["default"]) <= 8, result["default"]
+    assert set(result["default"]) == {
+        "_patch_embed_kernel",
+        "_linear_kernel",
+        "_attention_kernel",
+        "_layer_norm_kernel",
+    }
+    assert result["timed_default"] == 0
+    assert result["tuned_timed"] > 0 and result["tuned_compiles"] > len(result["default"])
+    assert result["again_compiles"] == 0 and result["again_timed"] == 0
+    assert result["default_after_tuning_compiles"] == 0
+    tune_flags = {key[5] for key in result["linear_keys"]}  # (M_CLASS, N, K, ARCH, TMA_OK, TUNE, dtypes...)
+    assert tune_flags == {"0", "1"}
+    assert result["fp_fusion"] == [True]
+    assert result["fp_fusion_warnings"] == []
