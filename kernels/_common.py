@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 from triton import knobs
 from triton.runtime import _allocation
+from triton.runtime.autotuner import Autotuner
 from triton.runtime.driver import driver
 
 from vit_fast.kernels._interpret import interpreter_enabled
@@ -261,12 +262,13 @@ class ResolvedLaunches:
         self.enabled = not _INTERPRETED
         self.cache: dict[tuple, tuple] = {}
         self.lock = threading.Lock()  # held only on a miss: Triton's dispatch, the autotuner's state
-        self.arg_names: list[str] = []
         jit_fn = kernel
-        while self.enabled and not hasattr(jit_fn, "params"):
-            jit_fn = jit_fn.fn  # the autotuner's JITFunction
-        if self.enabled:
-            self.arg_names = [p.name for p in jit_fn.params]
+        while isinstance(jit_fn, Autotuner):
+            jit_fn = jit_fn.fn  # the autotuner's JITFunction (an InterpretedFunction under the interpreter)
+        self.jit_fn = jit_fn
+        self.arg_names: list[str] = list(jit_fn.arg_names)
+        # a heuristic pick (TUNE key 0) is launched straight through the JIT function: see _triton
+        self.prune = getattr(kernel, "early_config_prune", None) if "TUNE" in self.arg_names else None
         # the kernel template puts its pointer parameters (``*_ptr``, always given tensors) first: the key reads
         # their dtype and alignment by position, with no type test per argument
         self.num_pointers = next((i for i, n in enumerate(self.arg_names) if not n.endswith("_ptr")), 0)
@@ -278,7 +280,7 @@ class ResolvedLaunches:
         launched there before."""
         if not self.enabled:
             with self.lock:  # the interpreter shares the autotuner's per-call state too
-                self.kernel[grid](*args, **constexprs, enable_fp_fusion=FP_FUSION)
+                self._triton(grid, args, constexprs)
             return
         device = driver.active.get_current_device()
         tensors_device = args[0].get_device()  # -1 for a CPU tensor (the stubbed driver of the host-time benchmark)
@@ -305,10 +307,9 @@ class ResolvedLaunches:
 
     def _resolve(self, key: tuple, grid, args: tuple, constexprs: dict) -> None:
         """Triton's own path (tunes / compiles / launches), then the cache entry for ``key``. Under the lock."""
-        compiled = self.kernel[grid](*args, **constexprs, enable_fp_fusion=FP_FUSION)
+        compiled, config = self._triton(grid, args, constexprs)
         if compiled is None or not hasattr(compiled, "packed_metadata"):
             return  # e.g. an asynchronous compile in flight: nothing to cache yet
-        config = getattr(self.kernel, "best_config", None)
         meta = {
             **dict(zip(self.arg_names, args, strict=False)),
             **constexprs,
@@ -318,6 +319,22 @@ class ResolvedLaunches:
         g = (*g, 1, 1)[:3]
         tail = tuple(meta[name] for name in self.arg_names[len(args) :])
         self.cache[key] = (compiled, g, tail)
+
+    def _triton(self, grid, args: tuple, constexprs: dict) -> tuple:
+        """Launch through Triton (compiling on first use); returns ``(compiled kernel, config or None)``. Under the
+        lock. Not tuning (the ``TUNE`` key argument 0), the prune keeps the heuristic's one config, and that config
+        goes straight to the JIT function: triton 3.6's Autotuner times even a lone config (a benchmark per new
+        shape on the GPU; "0 active drivers" under the interpreter), 3.9's would not. The config is recorded as
+        the autotuner's ``best_config``, where tuned picks are read too."""
+        if self.prune is not None:
+            named = dict(zip(self.arg_names, args, strict=False))
+            if not named["TUNE"]:
+                (config,) = self.prune(self.kernel.configs, named, **constexprs)
+                self.kernel.best_config = config
+                run = self.jit_fn[grid](*args, **constexprs, **config.all_kwargs(), enable_fp_fusion=FP_FUSION)
+                return run, config
+        run = self.kernel[grid](*args, **constexprs, enable_fp_fusion=FP_FUSION)
+        return run, getattr(self.kernel, "best_config", None)
 
 
 # ---------------------------------------------------------------------------------- bf16 under the interpreter
