@@ -9,6 +9,7 @@ import contextlib
 import contextvars
 import functools
 import os
+import sys
 import threading
 from collections.abc import Callable, Iterator
 
@@ -237,6 +238,33 @@ def eager_direct(x: torch.Tensor, *tensors: torch.Tensor | None) -> bool:
     return True
 
 
+#: which kinds of first use (False: compiling the heuristic configs, True: tuning) this process has announced
+_ANNOUNCED: set[bool] = set()
+
+
+def announce_first_compile(tune: bool, by: str | None = None) -> None:
+    """Say once per process, on stderr, that the kernels are being compiled (or tuned) for a shape not seen
+    before, and what that costs: the first forward of a new shape is otherwise seconds (minutes when tuning)
+    with nothing shown. ``by``: a caller that has said it better already (``model.warmup``) marks it said.
+    Silent under the interpreter (the test suite)."""
+    if tune in _ANNOUNCED or _INTERPRETED:
+        return
+    _ANNOUNCED.add(tune)
+    if by is not None:
+        return
+    if tune:
+        text = (
+            "tuning the Triton kernels for a new shape: every candidate config compiled and timed (about 100 "
+            "compilations for a ViT-B/16 batch class: minutes on first use; saved in Triton's cache for next time)"
+        )
+    else:
+        text = (
+            "compiling the Triton kernels for a new shape (first use in this process: seconds per kernel, cached on "
+            "disk for next time); model.warmup(batch_sizes) does this before real traffic"
+        )
+    print(f"vit-fast: {text}", file=sys.stderr, flush=True)
+
+
 class ResolvedLaunches:
     """A kernel's launches resolved once per shape: the compiled kernel, its grid and its constexprs
     (the autotuner's pick included), so a repeated call skips Triton's JIT dispatch (argument binding and
@@ -307,6 +335,7 @@ class ResolvedLaunches:
 
     def _resolve(self, key: tuple, grid, args: tuple, constexprs: dict) -> None:
         """Triton's own path (tunes / compiles / launches), then the cache entry for ``key``. Under the lock."""
+        announce_first_compile(bool(dict(zip(self.arg_names, args, strict=False)).get("TUNE")))
         compiled, config = self._triton(grid, args, constexprs)
         if compiled is None or not hasattr(compiled, "packed_metadata"):
             return  # e.g. an asynchronous compile in flight: nothing to cache yet

@@ -8,6 +8,8 @@ function of the candidates alone: tuning the same candidates in any order picks 
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import sys
@@ -248,18 +250,26 @@ def warm_start() -> dict:
     """Compilations before the first ViT-B/16 output with the default (no tuning), per kernel; then a forward
     under tuning() twice: what the first compiled and timed, and that the second reused it all."""
     model, x = _vit_b16()
-    with torch.no_grad():
+    said = io.StringIO()  # what the kernels announce on stderr, once per kind of first use
+    with torch.no_grad(), contextlib.redirect_stderr(said):
         model.forward_features(x)
         default = [c["kernel"] for c in COMPILES]
         timed_default = len(TIMED)
+        said_default = said.getvalue()
         with _common.tuning():
             model.forward_features(x)
             tuned_compiles, tuned_timed = len(COMPILES) - len(default), len(TIMED)
+            said_tuned = said.getvalue()[len(said_default) :]
             model.forward_features(x)
             again_compiles, again_timed = len(COMPILES) - len(default) - tuned_compiles, len(TIMED) - tuned_timed
         model.forward_features(x)  # back to the default: the heuristic picks, already compiled
         after = len(COMPILES) - len(default) - tuned_compiles - again_compiles
+        model.forward_features(x[:1].expand(2, -1, -1, -1).contiguous())  # a new shape: compiled, not announced again
+        said_after = said.getvalue()[len(said_default) + len(said_tuned) :]
     return {
+        "said_default": said_default,
+        "said_tuned": said_tuned,
+        "said_after": said_after,
         "default": default,
         "timed_default": timed_default,
         "tuned_compiles": tuned_compiles,

@@ -102,5 +102,9 @@ def test_warm_start_and_tuning_cached_per_key(tmp_path):
     assert result["default_after_tuning_compiles"] == 0
     tune_flags = {key[5] for key in result["linear_keys"]}  # (M_CLASS, N, K, ARCH, TMA_OK, TUNE, dtypes...)
     assert tune_flags == {"1"}
+    # the slow first uses are announced, once each per process (the warm start: seconds; tuning: minutes)
+    assert result["said_default"].count("vit-fast: compiling the Triton kernels") == 1, result["said_default"]
+    assert result["said_tuned"].count("vit-fast: tuning the Triton kernels") == 1, result["said_tuned"]
+    assert result["said_after"] == ""
     assert result["fp_fusion"] == [True]
     assert result["fp_fusion_warnings"] == []

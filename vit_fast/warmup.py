@@ -186,11 +186,12 @@ def warmup_model(
         # GPU model that ended up on the torch backend, is worth one line
         say.note(f"nothing to compile: the model runs on the torch backend here ({probe.device.type} input)")
         return WarmupReport("torch", False, in_dtype)
-    from vit_fast.kernels._common import autotune_enabled, tuning
+    from vit_fast.kernels._common import announce_first_compile, autotune_enabled, tuning
 
     tuned = tune or autotune_enabled()
     line, n = announcement(model, sizes, in_dtype, tuned)
     say.note(line)
+    announce_first_compile(tuned, by="warmup")  # said above, with the batch sizes: the kernels need not say it again
     seconds: dict[int, float] = {}
     progress = bar(len(sizes), "vit-fast warmup", enabled=None if verbose else False, unit="batch size")
     try:
