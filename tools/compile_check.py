@@ -60,6 +60,9 @@ os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, 
 
 ALL_KERNELS = ("patch_embed", "layer_norm", "attention", "linear")
 DTYPES = ("fp32", "fp16", "bf16")
+#: the vit-b16 set's "every kept config" for these dtypes; bf16 gets its heuristic pick only: its prunes keep the
+#: same configs as fp16 (same element size) and it compiles to the same tiles, so it would double the time
+EVERY_CONFIG_DTYPES = ("fp32", "fp16")
 #: what ``--targets all`` means: every row of the card table
 VARIANT_SETS = ("vit-b16", "sweep")
 
@@ -160,11 +163,15 @@ PE_PREFIXES = (  # (HAS_CLS, num_reg, no_embed_class)
 )
 
 
+def _vit_b16_which(dtype: str) -> str:
+    return "kept" if dtype in EVERY_CONFIG_DTYPES else "pick"
+
+
 def patch_embed_cases(variant_set: str, full: bool):
     if variant_set == "vit-b16":
         # ViT-B/16 at 224 px, batch 1 and 8: a float image, conv bias, the class token
         return [
-            _pe_case(dtype, "float", (3, 16, 768, b, 224), True, (True, 0, False), "kept")
+            _pe_case(dtype, "float", (3, 16, 768, b, 224), True, (True, 0, False), _vit_b16_which(dtype))
             for dtype, b in itertools.product(DTYPES, (1, 8))
         ]
     # (C, p, D, B, H): ViT-B/16 at 224 px; the embedded digits model (8x8 grey, p=4, D=64)
@@ -244,7 +251,7 @@ ATTENTION_HEADS = {32: 12, 64: 12, 80: 16, 96: 12, 128: 16, 256: 4}  # head_dim 
 def attention_cases(variant_set: str, full: bool):
     if variant_set == "vit-b16":  # 12 heads of 64, 197 tokens, batch 1 and 8
         return [
-            ("attention", f"{dtype} Dh64 b{b}", {"dtype": dtype, "head_dim": 64, "B": b}, "kept")
+            ("attention", f"{dtype} Dh64 b{b}", {"dtype": dtype, "head_dim": 64, "B": b}, _vit_b16_which(dtype))
             for dtype, b in itertools.product(DTYPES, (1, 8))
         ]
     cases = []
@@ -302,7 +309,8 @@ def linear_cases(variant_set: str, full: bool):
     if variant_set == "vit-b16":
         for dtype, b in itertools.product(DTYPES, (1, 8)):
             for variant in _vit_b16_gemms(b):
-                which = "kept" if variant[0].split()[0] in VIT_B16_EVERY_CONFIG else "pick"
+                every = variant[0].split()[0] in VIT_B16_EVERY_CONFIG
+                which = _vit_b16_which(dtype) if every else "pick"
                 cases.append(("linear", f"{dtype} {variant[0]}", {"dtype": dtype, "variant": variant}, which))
         return cases
     for variant, dtype in itertools.product(LINEAR_VARIANTS, DTYPES):
@@ -725,6 +733,22 @@ def markdown_report(summary: list[dict], rows: list[dict], header: str = "") -> 
     return "\n".join(parts) + "\n"
 
 
+def read_rows(path: str) -> list[dict]:
+    """Rows from a ``--csv`` file, typed back (ints, bools, None for empty cells)."""
+
+    def value(key, text):
+        if key in ("ok", "pruned", "heuristic", "tma", "tma_config"):
+            return {"True": True, "False": False}.get(text)
+        if key in ("target", "shared", "regs", "spills"):
+            return int(text) if text else None
+        if key == "seconds":
+            return float(text) if text else None
+        return text
+
+    with open(path, newline="") as f:
+        return [{k: value(k, v) for k, v in r.items()} for r in csv.DictReader(f)]
+
+
 def write_summary_csv(path: str, summary: list[dict]) -> None:
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=[key for key, _ in SUMMARY_FIELDS])
@@ -820,7 +844,23 @@ def main(argv=None) -> int:
     parser.add_argument("--markdown", help="write the per-target table and the flagged rows to this Markdown file")
     parser.add_argument("--filter", default="", help="keep variants whose label contains this string")
     parser.add_argument("--quiet", action="store_true", help="no per-variant table, only the per-target one")
+    parser.add_argument(
+        "--summarize",
+        metavar="ROWS_CSV",
+        help="compile nothing: rebuild the per-target table (and --markdown / --summary-csv) from a --csv file "
+        "written earlier, even a partial one, re-flagged against today's card table",
+    )
     args = parser.parse_args(argv)
+    if args.summarize:
+        rows = annotate(read_rows(args.summarize))
+        summary = summarize(rows)
+        print(markdown_table(summary))
+        if args.summary_csv:
+            write_summary_csv(args.summary_csv, summary)
+        if args.markdown:
+            with open(args.markdown, "w") as f:
+                f.write(markdown_report(summary, rows, f"from {args.summarize}, {len(rows)} rows\n"))
+        return 1 if any(bad(r) for r in rows) else 0
 
     kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
     for k in kernels:
