@@ -164,7 +164,10 @@ PE_PREFIXES = (  # (HAS_CLS, num_reg, no_embed_class)
 
 
 def _vit_b16_which(dtype: str) -> str:
-    return "kept" if dtype in EVERY_CONFIG_DTYPES else "pick"
+    return "kept" if dtype in _every_config_dtypes else "pick"
+
+
+_every_config_dtypes = EVERY_CONFIG_DTYPES  # --every-config-dtypes
 
 
 def patch_embed_cases(variant_set: str, full: bool):
@@ -839,6 +842,12 @@ def main(argv=None) -> int:
         action="store_true",
         help="with --set sweep: every config (kept or not) for every flag variant (slow)",
     )
+    parser.add_argument(
+        "--every-config-dtypes",
+        default=",".join(EVERY_CONFIG_DTYPES),
+        help="the vit-b16 set: dtypes whose every kept config is checked (the others: the heuristic's pick only); "
+        f"default {','.join(EVERY_CONFIG_DTYPES)}",
+    )
     parser.add_argument("--csv", help="write every row (one per target and variant) to this CSV file, as they finish")
     parser.add_argument("--summary-csv", help="write the per-target table to this CSV file")
     parser.add_argument("--markdown", help="write the per-target table and the flagged rows to this Markdown file")
@@ -862,6 +871,10 @@ def main(argv=None) -> int:
                 f.write(markdown_report(summary, rows, f"from {args.summarize}, {len(rows)} rows\n"))
         return 1 if any(bad(r) for r in rows) else 0
 
+    global _every_config_dtypes
+    _every_config_dtypes = tuple(d.strip() for d in args.every_config_dtypes.split(",") if d.strip())
+    if any(d not in DTYPES for d in _every_config_dtypes):
+        parser.error(f"--every-config-dtypes: choose from {', '.join(DTYPES)}")
     kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
     for k in kernels:
         if k not in CASES:
@@ -940,7 +953,8 @@ def main(argv=None) -> int:
         write_summary_csv(args.summary_csv, summary)
     if args.markdown:
         header = (
-            f"`python tools/compile_check.py --targets {args.targets} --set {args.variant_set}"
+            f"`python tools/compile_check.py --targets {args.targets} --set {args.variant_set} "
+            f"--every-config-dtypes {','.join(_every_config_dtypes)}"
             f"{' --full' if args.full else ''} --kernels {','.join(kernels)}`: triton {triton.__version__}, "
             f"{len(results)} variants, {wall:.0f} s\n"
         )
