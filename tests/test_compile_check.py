@@ -103,6 +103,8 @@ def test_summary_per_target(cc):
     report = cc.markdown_report([t4, h100, blackwell], rows)
     assert "SHARED>64KB SPILLS:28800B" in report and "CompilationError: boom" in report
     assert "SPILLS:4000B" not in report  # pruned rows are not listed as flagged
+    rows[0]["variant"] = "M=64 w4 s2 | fp16 Dh64 b1"  # labels hold " | ": escaped in a Markdown cell
+    assert "| M=64 w4 s2 \\| fp16 Dh64 b1 |" in cc.markdown_report([t4], rows[:1])
 
 
 def test_summary_csv_round_trip(cc, tmp_path):

@@ -728,8 +728,9 @@ def markdown_report(summary: list[dict], rows: list[dict], header: str = "") -> 
         for r in flagged:
             shared = f"{r['shared'] / 1024:.1f}" if r["shared"] is not None else "-"
             text = r["flags"] + (f" ({r['error']})" if r["error"] else "")
+            variant = r["variant"].replace("|", "\\|")  # labels hold " | ": escaped, or the table splits there
             parts.append(
-                f"| sm_{r['target']} | {r['kernel']} | {r['variant']} | {'H' if r.get('heuristic') else ''} | "
+                f"| sm_{r['target']} | {r['kernel']} | {variant} | {'H' if r.get('heuristic') else ''} | "
                 f"{shared} | {r['regs'] if r['regs'] is not None else '-'} | "
                 f"{r['spills'] if r['spills'] is not None else '-'} | {r['tc'] or '-'} | {text} |"
             )
