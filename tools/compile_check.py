@@ -1,32 +1,49 @@
-"""Compile every Triton kernel variant ahead of time for a GPU target, without a GPU.
+"""Compile every Triton kernel variant ahead of time for one or more GPU targets, without a GPU.
 
-    python tools/compile_check.py                       # all kernels, sm_90 (H100), a table
-    python tools/compile_check.py --kernels linear,attention --jobs 4 --csv out.csv
+    python tools/compile_check.py                                   # ViT-B/16's variants, sm_90 (H100), a table
+    python tools/compile_check.py --targets all --jobs 1 --markdown t.md --summary-csv t.csv --csv rows.csv
+    python tools/compile_check.py --targets 75,86 --kernels linear,attention      # some targets, some kernels
     python tools/compile_check.py --kernels layer_norm --filter fp16   # a subset: variants whose label has "fp16"
-    python tools/compile_check.py --full                # every config x every flag variant (slow)
+    python tools/compile_check.py --set sweep [--full]              # the wider sweep (head dims, flags; slow)
+
+Targets are compute capabilities (75 = sm_75, T4 ... 120 = sm_120, RTX 50xx); ``all`` is every row of
+``vit_fast.kernels.cards.CARDS``. Each target's limits and expectations come from that table (never a copy):
+the shared memory one block may use, what ``tl.dot`` should compile to there (``Card.dot``: no tensor-core
+instruction, ``mma.sync``, ``wgmma`` or ``tcgen05``) and whether the card has TMA (``Card.tma``).
 
 Each variant goes through the real GPU pipeline (ttir -> ttgir -> llir -> ptx -> cubin with the
 ptxas shipped in the triton wheel) via ``triton.compile(ASTSource(...), target=GPUTarget(...))``,
 specialised exactly as a launch would specialise it: the kernel's launcher (``launch_<op>``) runs on
-CPU tensors of the variant's shapes, dtypes and strides with its kernel swapped for a recorder, and
-the kernel's own binder runs on the recorded arguments (ints equal to 1 become constants, multiples
-of 16 get the divisibility hint). Per variant it reports shared memory (``metadata.shared``, what the
-launcher asks the driver for), registers and spill bytes (``ptxas -v`` on the kernel's PTX, the
-same flags Triton uses), and flags shared memory above the target's per-block limit or spills.
+CPU tensors of the variant's shapes, dtypes and strides with its kernel swapped for a recorder, inside
+``cards.pretend_arch(target)`` (every device reads as the target), and the kernel's own binder runs on
+the recorded arguments (ints equal to 1 become constants, multiples of 16 get the divisibility hint).
+Which configs are checked is asked of the kernel's own ``early_config_prune``, also inside
+``pretend_arch(target)``, with autotuning on (every candidate it keeps) and off (the one heuristic pick,
+marked ``H``); ``ARCH`` is in the named arguments it gets, as the autotuner will pass it.
+
+Per variant it reports shared memory (``metadata.shared``, what the launcher asks the driver for),
+registers and spill bytes (``ptxas -v`` on the kernel's PTX, the same flags Triton uses), the tensor-core
+instruction in the PTX (``mma.sync``, ``wgmma.mma_async``, ``tcgen05.mma``) and TMA
+(``cp.async.bulk.tensor``), and flags shared memory above the card's limit, spills, a tensor-core use other
+than the card table says (16-bit dots: ``Card.dot``; fp32 dots run at IEEE precision, on FMA everywhere)
+and TMA where the card has none (or a TMA config without it). A summary per target closes the output, and
+can be written as Markdown and CSV.
 
 Catches what the interpreter (TRITON_INTERPRET=1) cannot: type errors, constexpr misuse, dot
 shapes the tensor cores reject, shared-memory overflow, register spills. It does not run
 anything, so it says nothing about numerics or speed. Not collected by pytest (not test_*/bench_*);
-needs no GPU and no driver. Exit status 1 if any variant fails or is flagged. Written against
-triton 3.9; the one compile option 3.6 (the GPU machine's) lacks, ``fpsan_homomorphic_casts``, is
-passed only where triton has it.
+needs no GPU and no driver. Exit status 1 if any variant fails or is flagged while its kernel's prune keeps
+it. Written against triton 3.9; the one compile option 3.6 lacks, ``fpsan_homomorphic_casts``, is passed
+only where triton has it.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import contextlib
 import csv
+import hashlib
 import itertools
 import os
 import re
@@ -39,12 +56,15 @@ from concurrent.futures.process import BrokenProcessPool
 
 from vit_fast.kernels._interpret import interpreter_enabled
 
-if interpreter_enabled():
-    sys.exit("compile_check: unset TRITON_INTERPRET: the compiled-mode autotune configs are the ones to check")
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, without its warning
 
 ALL_KERNELS = ("patch_embed", "layer_norm", "attention", "linear")
 DTYPES = ("fp32", "fp16", "bf16")
+#: the vit-b16 set's "every kept config" for these dtypes; bf16 gets its heuristic pick only: its prunes keep the
+#: same configs as fp16 (same element size) and it compiles to the same tiles, so it would double the time
+EVERY_CONFIG_DTYPES = ("fp32", "fp16")
+#: what ``--targets all`` means: every row of the card table
+VARIANT_SETS = ("vit-b16", "sweep")
 
 
 def _torch_dtype(name):
@@ -74,7 +94,8 @@ def _recorded_launch(module, kernel_name: str, launcher, *args, **kwargs):
 
     The launcher itself runs on CPU tensors of the variant's shapes, dtypes and strides (its input
     checks skipped: they would refuse CPU tensors without the interpreter), with its kernel swapped
-    for a recorder; so the kernel's argument list is written once, in the launcher."""
+    for a recorder; so the kernel's argument list is written once, in the launcher. Call it inside
+    ``cards.pretend_arch(target)``: whatever the launcher reads of the device is then the target's."""
     kernel = getattr(module, kernel_name)
     recorder = _Recorder()
     # launchers launch through their ResolvedLaunches (``_<op>_launches``), which holds the kernel itself
@@ -101,8 +122,12 @@ def kernel_fn(kernel):
     return kernel
 
 
-# ------------------------------------------------------------------------------ variants
-# A task is (kernel, label, params); params are plain values so tasks cross process boundaries.
+# ------------------------------------------------------------------------------ cases and variants
+# A case is a kernel's launch at one shape / dtype / flag set: (kernel, label, params, which configs).
+# A task is a case with one config on one target: (kernel, label, params, target); params are plain values,
+# so tasks cross process boundaries. "which configs": "kept" (every config the prune keeps on the target),
+# "ends" (the smallest and largest kept tile), "narrow" (the kept tiles narrower than 64 columns), "all"
+# (every config, kept or not: --full) or "pick" (only the heuristic's); the heuristic's pick is always in.
 
 
 def _config_label(cfg) -> str:
@@ -114,51 +139,57 @@ def _config_params(cfg) -> dict:
     return {"meta": dict(cfg.kwargs), "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
 
 
-def patch_embed_tasks(full: bool):
-    from vit_fast.kernels import patch_embed as pe
+def _same_config(a, b) -> bool:
+    return (a.kwargs, a.num_warps, a.num_stages) == (b.kwargs, b.num_warps, b.num_stages)
 
+
+def _pe_case(dtype, image, shape, bias, prefix, which, tag=""):
+    C, p, D, B, _ = shape
+    label = (
+        f"{dtype} {image} C{C} p{p} D{D} b{B} | bias={int(bias)} cls={int(prefix[0])} reg={prefix[1]} "
+        f"nec={int(prefix[2])}{tag}"
+    )
+    params = {"dtype": dtype, "image": image, "shape": shape, "bias": bias, "prefix": prefix}
+    return ("patch_embed", label, params, which)
+
+
+PE_PREFIXES = (  # (HAS_CLS, num_reg, no_embed_class)
+    (False, 0, False),
+    (True, 0, False),
+    (True, 0, True),
+    (True, 4, False),
+    (True, 4, True),
+    (False, 4, True),
+)
+
+
+def _vit_b16_which(dtype: str) -> str:
+    return "kept" if dtype in _every_config_dtypes else "pick"
+
+
+_every_config_dtypes = EVERY_CONFIG_DTYPES  # --every-config-dtypes
+
+
+def patch_embed_cases(variant_set: str, full: bool):
+    if variant_set == "vit-b16":
+        # ViT-B/16 at 224 px, batch 1 and 8: a float image, conv bias, the class token
+        return [
+            _pe_case(dtype, "float", (3, 16, 768, b, 224), True, (True, 0, False), _vit_b16_which(dtype))
+            for dtype, b in itertools.product(DTYPES, (1, 8))
+        ]
     # (C, p, D, B, H): ViT-B/16 at 224 px; the embedded digits model (8x8 grey, p=4, D=64)
     shapes = ((3, 16, 768, 8, 224), (1, 4, 64, 32, 8))
-    images = ("float", "float+norm", "uint8+norm")
-    # (HAS_CLS, num_reg, no_embed_class)
-    prefixes = (
-        (False, 0, False),
-        (True, 0, False),
-        (True, 0, True),
-        (True, 4, False),
-        (True, 4, True),
-        (False, 4, True),
-    )
-    configs = pe._patch_embed_kernel.configs
-    tasks = []
-    for cfg, dtype, image, shape in itertools.product(configs, DTYPES, images, shapes):
+    cases = []
+    for dtype, image, shape in itertools.product(DTYPES, ("float", "float+norm", "uint8+norm"), shapes):
         # every config: the heaviest flag set (bias, class + 4 register tokens) ...
-        flag_sets = [(True, (True, 4, False))]
+        cases.append(_pe_case(dtype, image, shape, True, (True, 4, False), "all" if full else "kept"))
         # ... and the flag sweep (bias x prefix tokens x no_embed_class): with --full on every config and
         # shape, else on the largest tile (the most registers) at ViT-B/16's shape
-        if full or (cfg is configs[-1] and shape is shapes[0]):
-            flag_sets = list(itertools.product((False, True), prefixes))
-        for bias, prefix in flag_sets:
-            C, p, D, _, _ = shape
-            label = (
-                f"{_config_label(cfg)} | {dtype} {image} C{C} p{p} D{D} | bias={int(bias)} cls={int(prefix[0])} "
-                f"reg={prefix[1]} nec={int(prefix[2])}"
-            )
-            tasks.append(
-                (
-                    "patch_embed",
-                    label,
-                    {
-                        **_config_params(cfg),
-                        "dtype": dtype,
-                        "image": image,
-                        "shape": shape,
-                        "bias": bias,
-                        "prefix": prefix,
-                    },
-                )
-            )
-    return tasks
+        if full or shape is shapes[0]:
+            for bias, prefix in itertools.product((False, True), PE_PREFIXES):
+                if (bias, prefix) != (True, (True, 4, False)):
+                    cases.append(_pe_case(dtype, image, shape, bias, prefix, "all" if full else "largest"))
+    return cases
 
 
 def patch_embed_launch(params):
@@ -186,20 +217,24 @@ def patch_embed_launch(params):
     )
 
 
-def layer_norm_tasks(full: bool):
-    tasks = []
-    for dtype, D, res, weight, bias in itertools.product(
-        DTYPES, (64, 768, 1024, 1280), (False, True), (False, True), (False, True)
-    ):
-        label = f"{dtype} D{D} | res={int(res)} weight={int(weight)} bias={int(bias)}"
-        tasks.append(("layer_norm", label, {"dtype": dtype, "D": D, "res": res, "weight": weight, "bias": bias}))
-    return tasks
+def layer_norm_cases(variant_set: str, full: bool):
+    cases = []
+    if variant_set == "vit-b16":
+        # the final norm (no residual) and the unfused add + LayerNorm, D 768, batch 1 and 8
+        grid = itertools.product(DTYPES, (768,), (1, 8), (False, True), (True,), (True,))
+    else:
+        grid = itertools.product(DTYPES, (64, 768, 1024, 1280), (8,), (False, True), (False, True), (False, True))
+    for dtype, D, b, res, weight, bias in grid:
+        label = f"{dtype} D{D} b{b} | res={int(res)} weight={int(weight)} bias={int(bias)}"
+        params = {"dtype": dtype, "D": D, "M": 197 * b, "res": res, "weight": weight, "bias": bias}
+        cases.append(("layer_norm", label, params, "pick"))
+    return cases
 
 
 def layer_norm_launch(params):
     from vit_fast.kernels import layer_norm as ln
 
-    M, D, dtype = 197 * 8, params["D"], params["dtype"]
+    M, D, dtype = params["M"], params["D"], params["dtype"]
     # the launcher picks the compiled-mode block sizes and warps itself (TRITON_INTERPRET unset)
     return _recorded_launch(
         ln,
@@ -216,37 +251,47 @@ def layer_norm_launch(params):
 ATTENTION_HEADS = {32: 12, 64: 12, 80: 16, 96: 12, 128: 16, 256: 4}  # head_dim -> num_heads (256: MAX_HEAD_DIM)
 
 
-def attention_tasks(full: bool):
-    from vit_fast.kernels import attention as at
-
-    kernel = at._attention_kernel
-    tasks = []
+def attention_cases(variant_set: str, full: bool):
+    if variant_set == "vit-b16":  # 12 heads of 64, 197 tokens, batch 1 and 8
+        return [
+            ("attention", f"{dtype} Dh64 b{b}", {"dtype": dtype, "head_dim": 64, "B": b}, _vit_b16_which(dtype))
+            for dtype, b in itertools.product(DTYPES, (1, 8))
+        ]
+    cases = []
     for head_dim, dtype in itertools.product(ATTENTION_HEADS, DTYPES):
-        block_d = at.block_d_for(head_dim)
-        # the autotuner's own early prune for the shape (fp16: nothing dropped for shared memory; each row
-        # says whether the prune drops the config for its own dtype)
-        kept = kernel.early_config_prune(kernel.configs, {"BLOCK_D": block_d}, BLOCK_D=block_d)
-        if not full and head_dim in (80, 96):
-            # same tiles as Dh 128 (BLOCK_D 128), only the masks differ: the smallest and largest tile
-            kept = [kept[0], kept[-1]]
-        for cfg in kept:
-            label = f"{_config_label(cfg)} | {dtype} Dh{head_dim}"
-            tasks.append(("attention", label, {**_config_params(cfg), "dtype": dtype, "head_dim": head_dim}))
-    return tasks
+        # Dh 80 and 96 have the same tiles as Dh 128 (BLOCK_D 128), only the masks differ
+        which = "all" if full else ("ends" if head_dim in (80, 96) else "kept")
+        cases.append(("attention", f"{dtype} Dh{head_dim} b8", {"dtype": dtype, "head_dim": head_dim, "B": 8}, which))
+    return cases
 
 
 def attention_launch(params):
     from vit_fast.kernels import attention as at
 
-    B, T, Dh = 8, 197, params["head_dim"]
+    B, T, Dh = params.get("B", 8), 197, params["head_dim"]
     H = ATTENTION_HEADS[Dh]
     return _recorded_launch(
         at, "_attention_kernel", at.launch_attention, _empty((B, T, 3 * H * Dh), params["dtype"]), H
     )
 
 
-# (label, (M, N, K), activation, bias, residual, gamma): the ViT-B/16 block's GEMMs, batch 8; "ln+" labels
-# have the LayerNorm prologue (layer_norm_linear: LN1 -> qkv, LN2 -> fc1)
+# (label, (M, N, K), activation, bias, residual, gamma): "ln+" labels have the LayerNorm prologue
+# (layer_norm_linear: LN1 -> qkv, LN2 -> fc1)
+def _vit_b16_gemms(b: int):
+    M = 197 * b
+    return (
+        (f"ln+qkv b{b} none+bias", (M, 2304, 768), "none", True, False, False),
+        (f"proj b{b} bias+res", (M, 768, 768), "none", True, True, False),
+        (f"ln+fc1 b{b} gelu+bias", (M, 3072, 768), "gelu", True, False, False),
+        (f"fc2 b{b} bias+res", (M, 768, 3072), "none", True, True, False),
+    )
+
+
+#: ViT-B/16's GEMMs whose every kept config is checked (the others: the heuristic's pick only): the LayerNorm
+#: prologue with the erf GELU epilogue, the heaviest in registers (the kept tiles are the same for all four)
+VIT_B16_EVERY_CONFIG = ("ln+fc1",)
+
+# the sweep: the ViT-B/16 block's GEMMs at batch 8 with every epilogue, and batch 1's narrow tiles
 LINEAR_VARIANTS = (
     ("qkv none+bias", (1576, 2304, 768), "none", True, False, False),
     ("ln+qkv none+bias", (1576, 2304, 768), "none", True, False, False),
@@ -258,32 +303,31 @@ LINEAR_VARIANTS = (
     ("fc1 gelu_tanh+bias", (1576, 3072, 768), "gelu_tanh", True, False, False),
     ("fc2 bias+res+gamma", (1576, 768, 3072), "none", True, True, True),
 )
-
 # every config for the heaviest epilogues (erf GELU; residual + LayerScale); the others on two tiles unless --full
 LINEAR_EVERY_CONFIG = ("fc1 gelu+bias", "fc2 bias+res+gamma", "ln+fc1 gelu+bias")
 
 
-def linear_tasks(full: bool):
-    from vit_fast.kernels import linear as li
-
-    kernel = li._linear_kernel
-    tasks = []
+def linear_cases(variant_set: str, full: bool):
+    cases = []
+    if variant_set == "vit-b16":
+        for dtype, b in itertools.product(DTYPES, (1, 8)):
+            for variant in _vit_b16_gemms(b):
+                every = variant[0].split()[0] in VIT_B16_EVERY_CONFIG
+                which = _vit_b16_which(dtype) if every else "pick"
+                cases.append(("linear", f"{dtype} {variant[0]}", {"dtype": dtype, "variant": variant}, which))
+        return cases
     for variant, dtype in itertools.product(LINEAR_VARIANTS, DTYPES):
-        name, (M, N, K) = variant[0], variant[1]
-        kept = kernel.early_config_prune(kernel.configs, {"M": M, "N": N, "K": K})
-        if not full and " b1 " in name:
-            kept = [c for c in kept if c.kwargs["BLOCK_N"] < 64]  # batch 1: the narrow tiles only batch 1-2 gets
-        elif not full and name not in LINEAR_EVERY_CONFIG:
-            kept = [kept[0], kept[-1]]  # epilogue-only variants: the smallest and largest tile
-        for cfg in kept:
-            tasks.append(
-                (
-                    "linear",
-                    f"{_config_label(cfg)} | {dtype} {name}",
-                    {**_config_params(cfg), "dtype": dtype, "variant": variant},
-                )
-            )
-    return tasks
+        name = variant[0]
+        if full:
+            which = "all"
+        elif " b1 " in name:
+            which = "narrow"  # batch 1: the narrow tiles only batch 1-2 gets
+        elif name in LINEAR_EVERY_CONFIG:
+            which = "kept"
+        else:
+            which = "ends"  # epilogue-only variants: the smallest and largest tile
+        cases.append(("linear", f"{dtype} {name}", {"dtype": dtype, "variant": variant}, which))
+    return cases
 
 
 def linear_launch(params):
@@ -306,11 +350,11 @@ def linear_launch(params):
     )
 
 
-TASKS = {
-    "patch_embed": patch_embed_tasks,
-    "layer_norm": layer_norm_tasks,
-    "attention": attention_tasks,
-    "linear": linear_tasks,
+CASES = {
+    "patch_embed": patch_embed_cases,
+    "layer_norm": layer_norm_cases,
+    "attention": attention_cases,
+    "linear": linear_cases,
 }
 LAUNCH = {
     "patch_embed": patch_embed_launch,
@@ -320,6 +364,83 @@ LAUNCH = {
 }
 
 
+def _tuner(kernel: str):
+    """The kernel's Autotuner, or None for a kernel that is not autotuned (its launcher picks the config)."""
+    from vit_fast.kernels import attention, linear, patch_embed
+
+    return {
+        "attention": attention._attention_kernel,
+        "linear": linear._linear_kernel,
+        "patch_embed": patch_embed._patch_embed_kernel,
+    }.get(kernel)
+
+
+def _named_args(fn, args, const, target: int) -> dict:
+    """What the autotuner hands its prune: the launch's arguments by name, its constexprs, and ``ARCH``."""
+    named = dict(zip(fn.arg_names, args, strict=False))
+    named.update(const)
+    named["ARCH"] = target  # the card-aware prunes read card_for_arch(named_args["ARCH"]); harmless before
+    return named
+
+
+def _prune(kernel: str, params: dict, target: int, tune: bool):
+    """The configs the kernel's own early_config_prune keeps for this case on ``target``, with autotuning on
+    (``tune``: every candidate) or off (the heuristic's one pick); None for a kernel that is not autotuned."""
+    from vit_fast.kernels import cards
+    from vit_fast.kernels._common import tuning
+
+    tuner = _tuner(kernel)
+    if tuner is None:
+        return None
+    with cards.pretend_arch(target), tuning(tune):
+        fn, args, const = LAUNCH[kernel](params)
+        prune = getattr(tuner, "early_config_prune", None)
+        if not prune:
+            return list(tuner.configs)
+        return list(prune(tuner.configs, _named_args(fn, args, const, target), **const))
+
+
+def _choose(kept, every, pick, which: str):
+    if which == "all":
+        chosen = list(every)
+    elif which == "ends":
+        chosen = [kept[0], kept[-1]]
+    elif which == "largest":
+        chosen = [kept[-1]]
+    elif which == "narrow":
+        chosen = [c for c in kept if c.kwargs.get("BLOCK_N", 64) < 64]
+    elif which == "pick":
+        chosen = []
+    else:
+        chosen = list(kept)
+    if pick is not None and not any(_same_config(pick, c) for c in chosen):
+        chosen.append(pick)
+    return chosen
+
+
+def tasks_for(kernels, target: int, variant_set: str = "vit-b16", full: bool = False, label_filter: str = ""):
+    """The tasks for one target: each case's configs as its kernel's prune chooses them on that target."""
+    tasks = []
+    for kernel in kernels:
+        for _, case_label, params, which in CASES[kernel](variant_set, full):
+            tuner = _tuner(kernel)
+            if tuner is None:
+                label = f"{case_label}"
+                if label_filter in label:
+                    tasks.append((kernel, label, {**params, "heuristic": True}, target))
+                continue
+            kept = _prune(kernel, params, target, tune=True)
+            picks = _prune(kernel, params, target, tune=False)
+            pick = picks[0] if len(picks) == 1 else None
+            for cfg in _choose(kept, tuner.configs, pick, which):
+                label = f"{_config_label(cfg)} | {case_label}"
+                if label_filter not in label:
+                    continue
+                heuristic = pick is not None and _same_config(cfg, pick)
+                tasks.append((kernel, label, {**params, **_config_params(cfg), "heuristic": heuristic}, target))
+    return tasks
+
+
 # ------------------------------------------------------------------------------ compile one
 _PTXAS_RE = {
     "regs": re.compile(r"Used (\d+) registers"),
@@ -327,12 +448,36 @@ _PTXAS_RE = {
     "spill_ld": re.compile(r"(\d+) bytes spill loads"),
     "stack": re.compile(r"(\d+) bytes stack frame"),
 }
+#: PTX instructions of the tensor cores, newest first: a variant's "tc" is the first found
+TENSOR_CORE_PTX = (("tcgen05", "tcgen05.mma"), ("wgmma", "wgmma.mma_async"), ("mma.sync", "mma.sync.aligned"))
+#: TMA: the bulk tensor copy
+TMA_PTX = "cp.async.bulk.tensor"
+_USAGE_CACHE: dict[tuple, dict] = {}  # (arch, sha1 of the PTX) -> ptxas usage, per worker process
+
+
+def tensor_core_of(ptx: str) -> str:
+    """The tensor-core instruction family in ``ptx``: "tcgen05", "wgmma", "mma.sync", or "fma" (none)."""
+    return next((name for name, needle in TENSOR_CORE_PTX if needle in ptx), "fma")
+
+
+def ptxas_for(arch: int) -> str:
+    """Which ptxas triton uses for ``arch`` and the architecture it names: ``path (version) --gpu-name=sm_90a``."""
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
+
+        ptxas = get_ptxas(arch)
+        return f"{ptxas.path} ({ptxas.version}) --gpu-name={sm_arch_from_capability(arch)}"
+    except Exception as e:  # noqa: BLE001 - reported, not hidden
+        return f"no ptxas: {type(e).__name__}: {e}"
 
 
 def _ptxas_usage(ptx: str, arch: int) -> dict:
     """Registers, spills and stack of the kernel's PTX, from ``ptxas -v`` with Triton's flags."""
     from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
 
+    key = (arch, hashlib.sha1(ptx.encode()).hexdigest())
+    if key in _USAGE_CACHE:
+        return _USAGE_CACHE[key]
     with tempfile.TemporaryDirectory() as tmp:
         src = os.path.join(tmp, "k.ptx")
         with open(src, "w") as f:
@@ -348,46 +493,72 @@ def _ptxas_usage(ptx: str, arch: int) -> dict:
     if proc.returncode:
         raise RuntimeError(f"ptxas -v failed: {proc.stderr.strip()[-500:]}")
     usage = {}
-    for key, rx in _PTXAS_RE.items():
+    for key_, rx in _PTXAS_RE.items():
         m = rx.search(proc.stderr)
-        usage[key] = int(m.group(1)) if m else None
+        usage[key_] = int(m.group(1)) if m else None
+    _USAGE_CACHE[key] = usage
     return usage
 
 
-def _pruned_by_autotuner(kernel, fn, args, const, params) -> bool:
-    """Whether the kernel's own early_config_prune drops this config for these arguments (so it never runs)."""
-    from vit_fast.kernels import attention, linear
-
-    tuner = {"attention": attention._attention_kernel, "linear": linear._linear_kernel}.get(kernel)
-    if tuner is None or not getattr(tuner, "early_config_prune", None) or "meta" not in params:
+def _pruned_by_autotuner(kernel: str, params: dict, target: int) -> bool:
+    """Whether the kernel's own early_config_prune (autotuning on, on ``target``) drops this config, so it never
+    runs there."""
+    if "meta" not in params:
         return False
-    named = dict(zip(fn.arg_names, args, strict=False))
-    kept = tuner.early_config_prune(tuner.configs, named, **const)
+    kept = _prune(kernel, params, target, tune=True)
+    if kept is None:
+        return False
     key = (params["meta"], params["num_warps"], params["num_stages"])
     return all((c.kwargs, c.num_warps, c.num_stages) != key for c in kept)
 
 
+ROW_FIELDS = (
+    "target",
+    "kernel",
+    "variant",
+    "dtype",
+    "heuristic",
+    "ok",
+    "pruned",
+    "shared",
+    "regs",
+    "spills",
+    "tc",
+    "tma",
+    "tma_config",
+    "flags",
+    "error",
+    "seconds",
+)
+
+
 def _failed(task, error: str = "") -> dict:
     """The result row of a variant that has not compiled (yet)."""
-    kernel, label, _ = task
+    kernel, label, params, target = task
     return {
+        "target": target,
         "kernel": kernel,
         "variant": label,
+        "dtype": params.get("dtype"),
+        "heuristic": bool(params.get("heuristic")),
         "ok": False,
         "pruned": False,
         "shared": None,
         "regs": None,
         "spills": None,
-        "wgmma": None,
+        "tc": None,
         "tma": None,
+        "tma_config": bool(params.get("meta", {}).get("TMA")),
+        "flags": "",
         "error": error,
+        "seconds": None,
     }
 
 
-def compile_one(task, arch: int):
-    """Compile one variant; returns a result dict (never raises)."""
+def compile_one(task):
+    """Compile one variant for its target; returns a result dict (never raises)."""
     warnings.simplefilter("ignore")
-    kernel, label, params = task
+    kernel, label, params, target = task
     result = _failed(task)
     t0 = time.perf_counter()
     try:
@@ -397,8 +568,11 @@ def compile_one(task, arch: int):
         from triton.compiler import ASTSource, make_backend
         from triton.runtime.jit import create_function_from_signature
 
-        fn, args, const = LAUNCH[kernel](params)
-        result["pruned"] = _pruned_by_autotuner(kernel, fn, args, const, params)
+        from vit_fast.kernels import cards
+
+        with cards.pretend_arch(target):
+            fn, args, const = LAUNCH[kernel](params)
+        result["pruned"] = _pruned_by_autotuner(kernel, params, target)
         kwargs = dict(const)
         kwargs.update(params.get("meta", {}))
         for opt in ("num_warps", "num_stages"):
@@ -410,19 +584,19 @@ def compile_one(task, arch: int):
         kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
         if hasattr(knobs.compilation, "fpsan_homomorphic_casts"):
             kwargs["fpsan_homomorphic_casts"] = knobs.compilation.fpsan_homomorphic_casts
-        target = GPUTarget("cuda", arch, 32)
-        backend = make_backend(target)
+        gpu = GPUTarget("cuda", target, 32)
+        backend = make_backend(gpu)
         binder = create_function_from_signature(fn.signature, fn.params, backend)
         bound, specialization, options = binder(*args, **kwargs)
         options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization, options)
-        compiled = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target, options=options.__dict__)
+        compiled = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=gpu, options=options.__dict__)
+        ptx = compiled.asm["ptx"]
         result["shared"] = compiled.metadata.shared
-        usage = _ptxas_usage(compiled.asm["ptx"], arch)
+        usage = _ptxas_usage(ptx, target)
         result["regs"] = usage["regs"]
         result["spills"] = (usage["spill_st"] or 0) + (usage["spill_ld"] or 0)
-        # Hopper's instructions in the PTX: warpgroup MMA, and the bulk tensor copy (TMA)
-        result["wgmma"] = "wgmma.mma_async" in compiled.asm["ptx"]
-        result["tma"] = "cp.async.bulk.tensor" in compiled.asm["ptx"]
+        result["tc"] = tensor_core_of(ptx)
+        result["tma"] = TMA_PTX in ptx
         result["ok"] = True
     except Exception as e:  # noqa: BLE001 - every failure is a row of the table
         msg = f"{type(e).__name__}: {e}"
@@ -431,150 +605,362 @@ def compile_one(task, arch: int):
     return result
 
 
+# ------------------------------------------------------------------------------ flags and the per-target table
+def expected_tc(row: dict, card) -> str:
+    """What the card table says the row's dots compile to: ``Card.dot`` for 16-bit dots; "fma" for fp32 (the
+    kernels run fp32 dots at IEEE precision, never TF32) and for LayerNorm (no dot)."""
+    if row["kernel"] == "layer_norm" or row.get("dtype") == "fp32":
+        return "fma"
+    return card.dot
+
+
+def flags(row: dict, card) -> list[str]:
+    """What is wrong with a row on ``card``: FAIL; shared memory above the card's per-block limit; spills; a
+    tensor-core instruction other than the card table's; TMA where the card has none, or a TMA config without it."""
+    if not row["ok"]:
+        return ["FAIL"]
+    notes = []
+    if row["shared"] is not None and row["shared"] > card.shared_memory:
+        notes.append(f"SHARED>{card.shared_memory // 1024}KB")
+    if row["spills"]:
+        notes.append(f"SPILLS:{row['spills']}B")
+    want = expected_tc(row, card)
+    if row["tc"] is not None and row["tc"] != want:
+        notes.append(f"TC:{row['tc']}!={want}")
+    if row.get("tma_config") and not card.tma:
+        notes.append("TMA-CONFIG-WITHOUT-TMA")
+    elif row["tma"] is not None and bool(row["tma"]) != bool(row.get("tma_config") and card.tma):
+        notes.append("TMA:" + ("unexpected" if row["tma"] else "missing"))
+    return notes
+
+
+def annotate(rows: list[dict]) -> list[dict]:
+    """Fill each row's ``flags`` from the card of its target (in place); returns the rows."""
+    from vit_fast.kernels.cards import card_for_arch
+
+    for row in rows:
+        row["flags"] = " ".join(flags(row, card_for_arch(int(row["target"]))))
+    return rows
+
+
+def bad(row: dict) -> bool:
+    """Failed, or flagged and still kept by its kernel's prune (so it may run)."""
+    return not row["ok"] or (bool(row["flags"]) and not row.get("pruned"))
+
+
+SUMMARY_FIELDS = (
+    ("target", "target"),
+    ("cards", "cards"),
+    ("variants", "variants"),
+    ("compiled", "compiled"),
+    ("failed", "failed"),
+    ("over_shared", "over shared memory"),
+    ("spilling", "spilling"),
+    ("worst_spill", "worst spill (B)"),
+    ("max_shared_kb", "max shared (KB) / limit"),
+    ("mma_sync", "mma.sync"),
+    ("wgmma", "wgmma"),
+    ("tcgen05", "tcgen05"),
+    ("tma", "TMA"),
+    ("tc_mismatch", "tensor cores != card"),
+    ("flagged", "flagged and kept"),
+    ("heuristic_flagged", "of them heuristic picks"),
+    ("seconds", "compile s"),
+)
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """One line per target, in target order, from annotated rows."""
+    from vit_fast.kernels.cards import card_for_arch
+
+    out = []
+    for target in sorted({int(r["target"]) for r in rows}):
+        card = card_for_arch(target)
+        mine = [r for r in rows if int(r["target"]) == target]
+        ok = [r for r in mine if r["ok"]]
+        spilling = [r for r in ok if r["spills"]]
+        tcs = [r["tc"] for r in ok]
+        out.append(
+            {
+                "target": f"sm_{target}",
+                "cards": card.examples,
+                "variants": len(mine),
+                "compiled": len(ok),
+                "failed": len(mine) - len(ok),
+                "over_shared": sum(1 for r in ok if r["shared"] is not None and r["shared"] > card.shared_memory),
+                "spilling": len(spilling),
+                "worst_spill": max((r["spills"] for r in spilling), default=0),
+                "max_shared_kb": f"{max((r['shared'] or 0 for r in ok), default=0) / 1024:.1f} / "
+                f"{card.shared_memory // 1024}",
+                "mma_sync": tcs.count("mma.sync"),
+                "wgmma": tcs.count("wgmma"),
+                "tcgen05": tcs.count("tcgen05"),
+                "tma": sum(1 for r in ok if r["tma"]),
+                "tc_mismatch": sum(1 for r in ok if "TC:" in r["flags"]),
+                "flagged": sum(1 for r in mine if bad(r)),
+                "heuristic_flagged": sum(1 for r in mine if bad(r) and r.get("heuristic")),
+                "seconds": round(sum(r["seconds"] or 0 for r in mine)),
+            }
+        )
+    return out
+
+
+def markdown_table(summary: list[dict]) -> str:
+    lines = [
+        "| " + " | ".join(title for _, title in SUMMARY_FIELDS) + " |",
+        "|" + "---|" * len(SUMMARY_FIELDS),
+    ]
+    lines += ["| " + " | ".join(str(s[key]) for key, _ in SUMMARY_FIELDS) + " |" for s in summary]
+    return "\n".join(lines)
+
+
+def markdown_report(summary: list[dict], rows: list[dict], header: str = "") -> str:
+    """The per-target table, then every flagged row (failed, or flagged and kept)."""
+    parts = [header, markdown_table(summary), ""] if header else [markdown_table(summary), ""]
+    flagged = [r for r in rows if bad(r)]
+    if flagged:
+        parts += [
+            "Flagged variants (H: the no-autotune heuristic's pick):",
+            "",
+            "| target | kernel | variant | H | shared KB | regs | spill B | tensor cores | flags |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in flagged:
+            shared = f"{r['shared'] / 1024:.1f}" if r["shared"] is not None else "-"
+            text = r["flags"] + (f" ({r['error']})" if r["error"] else "")
+            variant = r["variant"].replace("|", "\\|")  # labels hold " | ": escaped, or the table splits there
+            parts.append(
+                f"| sm_{r['target']} | {r['kernel']} | {variant} | {'H' if r.get('heuristic') else ''} | "
+                f"{shared} | {r['regs'] if r['regs'] is not None else '-'} | "
+                f"{r['spills'] if r['spills'] is not None else '-'} | {r['tc'] or '-'} | {text} |"
+            )
+    return "\n".join(parts) + "\n"
+
+
+def read_rows(path: str) -> list[dict]:
+    """Rows from a ``--csv`` file, typed back (ints, bools, None for empty cells)."""
+
+    def value(key, text):
+        if key in ("ok", "pruned", "heuristic", "tma", "tma_config"):
+            return {"True": True, "False": False}.get(text)
+        if key in ("target", "shared", "regs", "spills"):
+            return int(text) if text else None
+        if key == "seconds":
+            return float(text) if text else None
+        return text
+
+    with open(path, newline="") as f:
+        return [{k: value(k, v) for k, v in r.items()} for r in csv.DictReader(f)]
+
+
+def write_summary_csv(path: str, summary: list[dict]) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=[key for key, _ in SUMMARY_FIELDS])
+        writer.writeheader()
+        writer.writerows(summary)
+
+
 # ------------------------------------------------------------------------------ driver
-def _run_all(tasks, arch: int, jobs: int, progress: bool):
+def _run_all(tasks, jobs: int, progress: bool, on_result=None):
     results = [None] * len(tasks)
     pending = list(range(len(tasks)))
     done = 0
     t0 = time.perf_counter()
-    while pending:
-        retry = []
-        with cf.ProcessPoolExecutor(max_workers=jobs) as pool:
-            futures = {pool.submit(compile_one, tasks[i], arch): i for i in pending}
-            for fut in cf.as_completed(futures):
-                i = futures[fut]
-                try:
-                    results[i] = fut.result()
-                    done += 1
-                    if progress and (done % 20 == 0 or done == len(tasks)):
-                        print(f"  {done}/{len(tasks)} compiled ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
-                except BrokenProcessPool:
-                    retry.append(i)
-        if not retry:
-            break
-        # a worker died (a compiler abort or a segfault): rerun the victims one by one, each alone
-        for i in retry:
-            with cf.ProcessPoolExecutor(max_workers=1) as pool:
-                try:
-                    results[i] = pool.submit(compile_one, tasks[i], arch).result()
-                except BrokenProcessPool:
-                    results[i] = _failed(tasks[i], "the compiler process crashed (abort or segfault)")
-            done += 1
-        pending = []
+
+    def finished(i, row):
+        nonlocal done
+        results[i] = row
+        done += 1
+        if on_result is not None:
+            on_result(row)
+        if progress and (done % 20 == 0 or done == len(tasks)):
+            print(f"  {done}/{len(tasks)} compiled ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+
+    retry = []
+    with cf.ProcessPoolExecutor(max_workers=jobs) as pool:
+        futures = {pool.submit(compile_one, tasks[i]): i for i in pending}
+        for fut in cf.as_completed(futures):
+            i = futures[fut]
+            try:
+                finished(i, fut.result())
+            except BrokenProcessPool:
+                retry.append(i)
+    # a worker died (a compiler abort or a segfault): rerun the victims one by one, each alone
+    for i in sorted(retry):
+        with cf.ProcessPoolExecutor(max_workers=1) as pool:
+            try:
+                row = pool.submit(compile_one, tasks[i]).result()
+            except BrokenProcessPool:
+                row = _failed(tasks[i], "the compiler process crashed (abort or segfault)")
+        finished(i, row)
     return results
 
 
-def _flags(r, max_shared: int) -> str:
-    if not r["ok"]:
-        return "FAIL"
-    notes = []
-    if r["shared"] is not None and r["shared"] > max_shared:
-        notes.append(f"SHARED>{max_shared // 1024}KB")
-    if r["spills"]:
-        notes.append("SPILLS")
-    if notes and r.get("pruned"):
-        notes.append("(pruned by the autotuner for these arguments: never runs)")
-    return " ".join(notes)
+def parse_targets(text: str) -> list[int]:
+    """``"all"`` -> every capability of the card table; ``"75,80"`` or ``"sm_75,sm_80"`` -> [75, 80]."""
+    from vit_fast.kernels.cards import CARDS, MIN_ARCH
 
-
-def _bad(r, max_shared: int) -> bool:
-    """Failed, or flagged and still in the autotuner's list."""
-    return not r["ok"] or (bool(_flags(r, max_shared)) and not r.get("pruned"))
+    if text.strip().lower() == "all":
+        return sorted(CARDS)
+    targets = []
+    for part in text.split(","):
+        part = part.strip().lower().removeprefix("sm_").rstrip("a")
+        if not part:
+            continue
+        if not part.isdigit() or int(part) < MIN_ARCH:
+            raise ValueError(f"target {part!r}: give compute capabilities >= {MIN_ARCH} (e.g. 75,86,90) or 'all'")
+        targets.append(int(part))
+    if not targets:
+        raise ValueError("no target given")
+    return list(dict.fromkeys(targets))
 
 
 def main(argv=None) -> int:
+    if interpreter_enabled():
+        sys.exit("compile_check: unset TRITON_INTERPRET: the compiled-mode autotune configs are the ones to check")
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kernels", default=",".join(ALL_KERNELS), help=f"comma list of {', '.join(ALL_KERNELS)}")
     parser.add_argument(
-        "--arch", type=int, default=90, help="compute capability, e.g. 90 for H100 (default), 80 for A100"
+        "--targets",
+        "--arch",
+        dest="targets",
+        default="90",
+        help="compute capabilities, comma-separated (75,80,86,89,90,100,120), or 'all' (every row of "
+        "vit_fast.kernels.cards.CARDS); default 90",
     )
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compiler processes")
     parser.add_argument(
+        "--set",
+        dest="variant_set",
+        choices=VARIANT_SETS,
+        default="vit-b16",
+        help="vit-b16 (default): ViT-B/16's shapes at batch 1 and 8 in fp32/fp16/bf16, every config the prunes "
+        "keep (the GEMMs: every kept config for ln+fc1, the heuristic's pick for the others); sweep: more head "
+        "dims, flag sets and epilogues, the digits model",
+    )
+    parser.add_argument(
         "--full",
         action="store_true",
-        help="every config for every flag variant (patch_embed: ~3000 variants); default: every config for the "
-        "heaviest variants, the flag/epilogue sweeps on a subset",
+        help="with --set sweep: every config (kept or not) for every flag variant (slow)",
     )
-    parser.add_argument("--csv", help="also write the rows to this CSV file")
+    parser.add_argument(
+        "--every-config-dtypes",
+        default=",".join(EVERY_CONFIG_DTYPES),
+        help="the vit-b16 set: dtypes whose every kept config is checked (the others: the heuristic's pick only); "
+        f"default {','.join(EVERY_CONFIG_DTYPES)}",
+    )
+    parser.add_argument("--csv", help="write every row (one per target and variant) to this CSV file, as they finish")
+    parser.add_argument("--summary-csv", help="write the per-target table to this CSV file")
+    parser.add_argument("--markdown", help="write the per-target table and the flagged rows to this Markdown file")
     parser.add_argument("--filter", default="", help="keep variants whose label contains this string")
+    parser.add_argument("--quiet", action="store_true", help="no per-variant table, only the per-target one")
+    parser.add_argument(
+        "--summarize",
+        metavar="ROWS_CSV",
+        help="compile nothing: rebuild the per-target table (and --markdown / --summary-csv) from a --csv file "
+        "written earlier, even a partial one, re-flagged against today's card table",
+    )
     args = parser.parse_args(argv)
+    if args.summarize:
+        rows = annotate(read_rows(args.summarize))
+        summary = summarize(rows)
+        print(markdown_table(summary))
+        if args.summary_csv:
+            write_summary_csv(args.summary_csv, summary)
+        if args.markdown:
+            with open(args.markdown, "w") as f:
+                f.write(markdown_report(summary, rows, f"from {args.summarize}, {len(rows)} rows\n"))
+        return 1 if any(bad(r) for r in rows) else 0
 
+    global _every_config_dtypes
+    _every_config_dtypes = tuple(d.strip() for d in args.every_config_dtypes.split(",") if d.strip())
+    if any(d not in DTYPES for d in _every_config_dtypes):
+        parser.error(f"--every-config-dtypes: choose from {', '.join(DTYPES)}")
     kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
     for k in kernels:
-        if k not in TASKS:
+        if k not in CASES:
             parser.error(f"unknown kernel {k!r}; choose from {', '.join(ALL_KERNELS)}")
-    tasks = [t for k in kernels for t in TASKS[k](args.full) if args.filter in t[1]]
-    from vit_fast.kernels._common import shared_memory_limit
+    try:
+        targets = parse_targets(args.targets)
+    except ValueError as e:
+        parser.error(str(e))
+    import triton
 
-    max_shared = shared_memory_limit(args.arch)
-    print(f"compiling {len(tasks)} variants for sm_{args.arch} with {args.jobs} processes", file=sys.stderr)
-    t0 = time.perf_counter()
-    results = _run_all(tasks, args.arch, args.jobs, progress=True)
+    from vit_fast.kernels.cards import card_for_arch
 
-    width = max(len(r["variant"]) for r in results) if results else 10
-    header = (
-        f"{'kernel':<12} {'variant':<{width}} {'ok':<4} {'shared KB':>9} {'regs':>4} {'spills':>6} {'wgmma':>5} "
-        f"{'tma':>3}  flags"
-    )
-    print(header)
-    print("-" * len(header))
-    for r in results:
-        shared = f"{r['shared'] / 1024:.1f}" if r["shared"] is not None else "-"
-        regs = r["regs"] if r["regs"] is not None else "-"
-        spills = r["spills"] if r["spills"] is not None else "-"
-        ok = "ok" if r["ok"] else "FAIL"
-        wgmma, tma = ({True: "yes", False: "no", None: "-"}[r[k]] for k in ("wgmma", "tma"))
-        print(
-            f"{r['kernel']:<12} {r['variant']:<{width}} {ok:<4} {shared:>9} {regs:>4} {spills:>6} {wgmma:>5} {tma:>3}  "
-            f"{_flags(r, max_shared)}"
-        )
-        if r["error"]:
-            print(f"{'':<12}   error: {r['error']}")
-
-    failed = [r for r in results if not r["ok"]]
-    flagged = [r for r in results if r["ok"] and _bad(r, max_shared)]
-    print()
-    for k in kernels:
-        rows = [r for r in results if r["kernel"] == k]
-        ok = [r for r in rows if r["ok"]]
-        if not rows:
-            continue
-        peak_shared = max((r["shared"] for r in ok), default=0) / 1024
-        peak_regs = max((r["regs"] or 0 for r in ok), default=0)
-        n_flag = sum(1 for r in ok if _bad(r, max_shared))
-        n_pruned = sum(1 for r in ok if _flags(r, max_shared) and r.get("pruned"))
-        n_spill = sum(1 for r in ok if r["spills"])
-        n_wgmma = sum(1 for r in ok if r["wgmma"])
-        n_tma = sum(1 for r in ok if r["tma"])
-        print(
-            f"{k}: {len(ok)}/{len(rows)} compile, {n_flag} flagged and autotuned, {n_pruned} flagged but pruned; "
-            f"max shared {peak_shared:.1f} KB, max regs {peak_regs}, {n_spill} spill; wgmma in {n_wgmma}, "
-            f"TMA (cp.async.bulk.tensor) in {n_tma}"
-        )
+    tasks = []
+    for target in targets:
+        mine = tasks_for(kernels, target, args.variant_set, args.full, args.filter)
+        print(f"sm_{target}: {len(mine)} variants; {card_for_arch(target).describe()}", file=sys.stderr)
+        print(f"  ptxas: {ptxas_for(target)}", file=sys.stderr)
+        tasks += mine
     print(
-        f"{len(failed)} failed, {len(flagged)} flagged and still autotuned (shared > {max_shared // 1024} KB or "
-        f"spills), {time.perf_counter() - t0:.0f} s"
+        f"compiling {len(tasks)} variants for {', '.join(f'sm_{t}' for t in targets)} with {args.jobs} processes, "
+        f"triton {triton.__version__}",
+        file=sys.stderr,
     )
+    t0 = time.perf_counter()
+    sink, writer = None, None
     if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            writer = csv.DictWriter(
-                f,
-                fieldnames=[
-                    "kernel",
-                    "variant",
-                    "ok",
-                    "pruned",
-                    "shared",
-                    "regs",
-                    "spills",
-                    "wgmma",
-                    "tma",
-                    "error",
-                    "seconds",
-                ],
+        sink = open(args.csv, "w", newline="")  # noqa: SIM115 - closed below; rows land as they finish
+        writer = csv.DictWriter(sink, fieldnames=ROW_FIELDS)
+        writer.writeheader()
+
+    def on_result(row):
+        annotate([row])
+        if writer is not None:
+            writer.writerow(row)
+            sink.flush()
+
+    with contextlib.ExitStack() as stack:
+        if sink is not None:
+            stack.callback(sink.close)
+        results = _run_all(tasks, args.jobs, progress=True, on_result=on_result)
+    wall = time.perf_counter() - t0
+    annotate(results)
+
+    if not args.quiet and results:
+        width = max(len(r["variant"]) for r in results)
+        header = (
+            f"{'target':<6} {'kernel':<12} {'variant':<{width}} {'H':<1} {'ok':<4} {'shared KB':>9} {'regs':>4} "
+            f"{'spills':>6} {'tc':>8} {'tma':>3}  flags"
+        )
+        print(header)
+        print("-" * len(header))
+        for r in results:
+            shared = f"{r['shared'] / 1024:.1f}" if r["shared"] is not None else "-"
+            regs = r["regs"] if r["regs"] is not None else "-"
+            spills = r["spills"] if r["spills"] is not None else "-"
+            tma = {True: "yes", False: "no", None: "-"}[r["tma"]]
+            note = r["flags"] + ("  (pruned by the autotuner: never runs)" if r["flags"] and r["pruned"] else "")
+            print(
+                f"sm_{r['target']:<3} {r['kernel']:<12} {r['variant']:<{width}} {'H' if r['heuristic'] else ' '} "
+                f"{'ok' if r['ok'] else 'FAIL':<4} {shared:>9} {regs:>4} {spills:>6} {r['tc'] or '-':>8} {tma:>3}  "
+                f"{note}"
             )
-            writer.writeheader()
-            writer.writerows(results)
+            if r["error"]:
+                print(f"{'':<6}   error: {r['error']}")
+        print()
+
+    summary = summarize(results)
+    print(markdown_table(summary))
+    failed = sum(1 for r in results if not r["ok"])
+    flagged = sum(1 for r in results if r["ok"] and bad(r))
+    print(
+        f"\n{failed} failed, {flagged} flagged and still kept by their prune (shared memory over the card's limit, "
+        f"spills, tensor cores or TMA other than the card table says); triton {triton.__version__}, {wall:.0f} s"
+    )
+    if args.summary_csv:
+        write_summary_csv(args.summary_csv, summary)
+    if args.markdown:
+        header = (
+            f"`python tools/compile_check.py --targets {args.targets} --set {args.variant_set} "
+            f"--every-config-dtypes {','.join(_every_config_dtypes)}"
+            f"{' --full' if args.full else ''} --kernels {','.join(kernels)}`: triton {triton.__version__}, "
+            f"{len(results)} variants, {wall:.0f} s\n"
+        )
+        with open(args.markdown, "w") as f:
+            f.write(markdown_report(summary, results, header))
     return 1 if failed or flagged else 0
 
 
