@@ -569,6 +569,7 @@ def compile_one(task):
         from triton.runtime.jit import create_function_from_signature
 
         from vit_fast.kernels import cards
+        from vit_fast.kernels._common import FP_FUSION
 
         with cards.pretend_arch(target):
             fn, args, const = LAUNCH[kernel](params)
@@ -580,6 +581,7 @@ def compile_one(task):
                 kwargs[opt] = params[opt]
         # the options JITFunction.run adds before binding. fpsan_homomorphic_casts is in triton 3.9's knobs
         # (and its run adds it) but not in 3.6's, whose run adds only the first two
+        kwargs["enable_fp_fusion"] = FP_FUSION  # what every launch passes (ResolvedLaunches, not the launcher)
         kwargs["debug"] = False
         kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
         if hasattr(knobs.compilation, "fpsan_homomorphic_casts"):
