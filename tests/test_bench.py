@@ -181,19 +181,11 @@ def test_cpu_bench_lists_unavailable_backends_with_reasons(tiny_checkpoint, tmp_
 def test_triton_backend_is_timed_tuned(monkeypatch, capsys):
     """The bench times the triton backend as torch.compile's max-autotune times inductor: tuned. Preparing a batch
     size warms it with tuning on (outside the timing); the prepared call then runs tuned."""
-    from vit_fast import triton_path
     from vit_fast.kernels import _common
 
-    from .util import tiny_model
+    from .util import record_triton_forwards, tiny_model
 
-    seen: list[tuple[int, bool]] = []
-
-    def features(model, x, grid):
-        seen.append((x.shape[0], _common.autotune_enabled()))
-        return torch.zeros(x.shape[0], model.cfg.num_tokens, model.cfg.embed_dim)
-
-    monkeypatch.delenv("VIT_FAST_AUTOTUNE", raising=False)
-    monkeypatch.setattr(triton_path, "features_triton", features)
+    seen = record_triton_forwards(monkeypatch)
     built = bench_backends.build_backend(
         bench_backends.Variant("triton"), tiny_model(), "fp32", torch.device("cpu"), None, Path(".")
     )

@@ -10,7 +10,6 @@ import threading
 
 import numpy as np
 import pytest
-import torch
 
 import vit_fast
 from vit_fast.serve import server as srv
@@ -171,19 +170,10 @@ def test_serve_tune_flag_parses_and_reaches_the_server() -> None:
 def test_serve_warmup_on_the_triton_backend_marks_the_shared_model_tuned(monkeypatch) -> None:
     """Instance threads call the one served model; ``--tune`` marks that model, so their forwards (each thread
     with its own tuning context) run tuned as the warm-up did."""
-    from vit_fast import triton_path
-    from vit_fast.kernels import _common
 
-    from .util import tiny_model
+    from .util import record_triton_forwards, tiny_model
 
-    seen: list[tuple[int, bool]] = []
-
-    def features(model, x, grid):
-        seen.append((x.shape[0], _common.autotune_enabled()))
-        return torch.zeros(x.shape[0], model.cfg.num_tokens, model.cfg.embed_dim)
-
-    monkeypatch.delenv("VIT_FAST_AUTOTUNE", raising=False)
-    monkeypatch.setattr(triton_path, "features_triton", features)
+    seen = record_triton_forwards(monkeypatch)
     server = srv.Server(tiny_model(), batch=[1, 4], tune=True)
     server.model.set_backend("triton")  # what "auto" picks on a GPU
     report = server.warmup()
