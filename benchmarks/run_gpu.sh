@@ -3,11 +3,12 @@
 # they end (a stage killed at its limit leaves its log and everything earlier stages wrote).
 #
 #   benchmarks/run_gpu.sh --dry-run             # print the stages and their commands (any machine)
-#   benchmarks/run_gpu.sh                       # the default plan: env tests-kernels tests-rest kernels b16
+#   benchmarks/run_gpu.sh                       # the default plan: env doctor tests-kernels tests-rest kernels b16
 #   benchmarks/run_gpu.sh tests-kernels b16     # some stages, in the order given
 #
 # Stages (minutes are the budget each is held to by `timeout`, STAGE_SECONDS, default 530 s):
 #   env            environment.txt: device, driver, versions, commit                           < 1
+#   doctor         vit-fast doctor on ViT-B/16: every kernel vs float64, model, graph, timing  ~ 2
 #   host           host µs per forward and launches (Triton's driver stubbed; no GPU work)     ~ 1
 #   tests-kernels  compiled kernel + triton-backend + graph tests, VIT_FAST_AUTOTUNE=0          ~ 5
 #   tests-rest     the rest of the compiled suite (-m "not slow"), VIT_FAST_AUTOTUNE=0          ~ 6
@@ -37,7 +38,7 @@ PY=${PYTHON:-python3}
 STAGE_SECONDS=${STAGE_SECONDS:-530}
 DTYPES=${DTYPES:-bf16,fp16}
 BACKENDS=${BACKENDS:-torch,triton,triton-graph,compile}
-DEFAULT_STAGES=(env tests-kernels tests-rest kernels b16)
+DEFAULT_STAGES=(env doctor tests-kernels tests-rest kernels b16)
 KERNEL_TESTS="tests/test_kernel_attention.py tests/test_kernel_layer_norm.py tests/test_kernel_linear.py \
 tests/test_kernel_layer_norm_linear.py tests/test_kernel_patch_embed.py tests/test_kernel_opcheck.py \
 tests/test_triton_backend.py tests/test_graphs.py tests/test_autotune_mode.py"
@@ -57,6 +58,7 @@ done
 stage_command() {
     case "$1" in
         env) echo "{ date -u +date_utc:%Y-%m-%dT%H:%M:%SZ; echo commit: \$VIT_FAST_COMMIT; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv; $PY -m vit_fast info; } > \$R/environment.txt 2>&1; cat \$R/environment.txt" ;;
+        doctor) echo "$PY -m vit_fast doctor --model vit_base_patch16_224 --out \$R/doctor --json \$R/doctor.json" ;;
         host) echo "$PY benchmarks/host_overhead.py --json \$R/host_overhead.json" ;;
         tests-kernels) echo "VIT_FAST_AUTOTUNE=0 $PY -m pytest $KERNEL_TESTS -m 'not slow' -q -p no:cacheprovider --junitxml=\$R/tests-kernels.xml" ;;
         tests-rest) echo "VIT_FAST_AUTOTUNE=0 $PY -m pytest tests -m 'not slow' -q -p no:cacheprovider $(for t in $KERNEL_TESTS; do printf -- '--ignore=%s ' "$t"; done)--junitxml=\$R/tests-rest.xml" ;;
@@ -71,7 +73,7 @@ stage_command() {
 
 for stage in "${stages[@]}"; do
     if ! stage_command "$stage" > /dev/null; then
-        echo "run_gpu.sh: unknown stage '$stage'; stages: env host tests-kernels tests-rest kernels b16 b16-unfused b16-notma models" >&2
+        echo "run_gpu.sh: unknown stage '$stage'; stages: env doctor host tests-kernels tests-rest kernels b16 b16-unfused b16-notma models" >&2
         exit 2
     fi
 done

@@ -29,7 +29,8 @@ def test_dry_run_prints_the_default_plan():
     assert proc.returncode == 0, proc.stderr
     assert "each limited to 530s" in proc.stdout  # under 9 minutes a stage
     stages = _stages(proc.stdout)
-    assert list(stages) == ["env", "tests-kernels", "tests-rest", "kernels", "b16"]
+    assert list(stages) == ["env", "doctor", "tests-kernels", "tests-rest", "kernels", "b16"]
+    assert "vit_fast doctor --model vit_base_patch16_224" in stages["doctor"]
     # correctness tests never autotune; the benches do
     for name in ("tests-kernels", "tests-rest"):
         assert stages[name].startswith("VIT_FAST_AUTOTUNE=0 ")
