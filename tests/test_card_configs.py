@@ -144,15 +144,20 @@ def test_attention_configs_fit_every_card(monkeypatch, arch, dtype, head_dim):
                         assert attention._fma_attention_fits(config, block_d, qkv.element_size()), str(config)
 
 
-def test_fp32_attention_heuristic_fits_99_kb_cards(monkeypatch):
+def test_fp32_attention_heuristic_fits_and_does_not_spill(monkeypatch):
     """The config that failed to launch on sm_86/89/120 (fp32, Dh 80-128: 64x64, 2 stages, 112 KB reported by
-    triton 3.9 for sm_86) is no longer the heuristic's pick there; on sm_90 it still is."""
+    triton 3.9 for sm_86), and that spilled 4.4-33 KB per thread on every target at Dh 64 (64x64, 4 warps), is no
+    longer the heuristic's fp32 pick anywhere: 64x32 with 8 warps, which compiled spill-free on sm_75 to sm_120."""
     configs = _compiled_configs(monkeypatch, attention, attention._attention_configs)
     named = {"qkv_ptr": torch.empty(1), "TUNE": 0}
-    for arch in (86, 89, 120, 90):
-        (picked,) = attention._prune_attention_configs(configs, {**named, "ARCH": arch}, BLOCK_D=128)
-        shape = (picked.kwargs["BLOCK_M"], picked.kwargs["BLOCK_N"], picked.num_stages)
-        assert (shape == (64, 64, 2)) == (arch == 90), (arch, shape)
+    for arch, card in cards.CARDS.items():
+        if not card.tensor_cores:
+            continue
+        for block_d in (64, 128):
+            (picked,) = attention._prune_attention_configs(configs, {**named, "ARCH": arch}, BLOCK_D=block_d)
+            shape = (picked.kwargs["BLOCK_M"], picked.kwargs["BLOCK_N"], picked.num_warps, picked.num_stages)
+            assert shape == (64, 32, 8, 2), (arch, block_d, shape)
+            assert attention._attention_shared_bytes(picked, block_d, 4, card) <= card.shared_memory
 
 
 def test_tma_only_where_the_card_has_it(monkeypatch):
