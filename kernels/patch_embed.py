@@ -90,7 +90,8 @@ def _prune_patch_embed_configs(configs, named_args, **kwargs):
     ``ARCH``, dtypes, ``TUNE``): the configs for this kind of card (tensor cores or not, :data:`FMA_STAGES`) that
     fit its shared memory (:func:`gemm_shared_bytes`), narrow tiles only for few rows. Without tuning one
     heuristic config: 64 rows, and for few rows the widest of 128 / 64 / 32 / 16 features that gives
-    TARGET_PROGRAMS programs; else 64x128 (a card without tensor cores: 64x64, at most 32x64 in 16-bit)."""
+    TARGET_PROGRAMS programs; else 64x128 (fp32: 128x64, 8 warps; a card without tensor cores: 64x64, at most
+    32x64 in 16-bit)."""
     M, D = named_args.get("M"), named_args.get("D")
     if M is None or D is None or len(configs) == 1:
         return configs
@@ -118,6 +119,10 @@ def _prune_patch_embed_configs(configs, named_args, **kwargs):
     if rows <= SMALL_M:
         row_tiles = rows // 64
         block_d = next((bd for bd in (128, 64, 32) if row_tiles * cdiv(D, bd) >= TARGET_PROGRAMS), 16)
+    elif elem_bytes == 4:
+        # fp32, many rows: 64x128x64 with 4 warps spilled 34 KB per thread on sm_80 (88-184 B on sm_86/89/100);
+        # 128x64x32 with 8 warps nothing on any target, sm_75 to sm_120 (tools/compile_check.py, triton 3.9)
+        return [closest_config(kept, {"BLOCK_M": 128, "BLOCK_D": 64, "BLOCK_K": 32}, 8, 3)]
     return [closest_config(kept, {"BLOCK_M": 64, "BLOCK_D": block_d, "BLOCK_K": 64}, 4, 3)]
 
 

@@ -160,6 +160,21 @@ def test_fp32_attention_heuristic_fits_and_does_not_spill(monkeypatch):
             assert attention._attention_shared_bytes(picked, block_d, 4, card) <= card.shared_memory
 
 
+def test_fp32_patch_embed_heuristic_for_many_rows_does_not_spill(monkeypatch):
+    """fp32 patch embedding at batch 8 of ViT-B/16: 64x128x64 with 4 warps spilled 34 KB per thread on sm_80; the
+    heuristic takes 128x64x32 with 8 warps, which compiled spill-free on sm_75 to sm_120, on every card with
+    tensor cores; 16-bit keeps its 64x128 pick."""
+    configs = _compiled_configs(monkeypatch, patch_embed, patch_embed._patch_embed_configs)
+    for arch, card in cards.CARDS.items():
+        if not card.tensor_cores:
+            continue
+        for dtype, want in ((torch.float32, (128, 64, 32, 8)), (torch.float16, (64, 128, 64, 4))):
+            named = {"M": 197 * 8, "D": 768, "w_ptr": torch.empty(1, dtype=dtype), "ARCH": arch, "TUNE": 0}
+            (picked,) = patch_embed._prune_patch_embed_configs(configs, named)
+            kw = picked.kwargs
+            assert (kw["BLOCK_M"], kw["BLOCK_D"], kw["BLOCK_K"], picked.num_warps) == want, (arch, dtype, picked)
+
+
 def test_tma_only_where_the_card_has_it(monkeypatch):
     """Many rows of 16-bit, aligned operands: the heuristic takes the persistent TMA tiles on sm_90/100/120 and the
     pointer tiles on sm_80/86/89."""
