@@ -129,6 +129,9 @@ def test_triton_backend_refused_with_the_message(monkeypatch):
     model = vit_fast.VisionTransformer(cfg)
     with pytest.raises(RuntimeError, match="triton 3.4.0 is installed"):
         model.set_backend("triton")
+    from vit_fast.env import collect_info
+
+    assert collect_info()["backends"]["triton"] == f"no: {message}"  # vit-fast info says so too
 
 
 IMPORT_WITH_OLD_TRITON = """

@@ -216,6 +216,8 @@ def collect_info() -> dict[str, Any]:
     backends = {"torch": "yes (CPU and CUDA)"}
     if not runtime.triton_importable():
         backends["triton"] = "no: triton is not installed"
+    elif (too_old := runtime.triton_version_problem()) is not None:
+        backends["triton"] = f"no: {too_old}"
     elif runtime.cuda_available():
         backends["triton"] = "yes (compiled on the GPU)"
     elif runtime.interpreter_enabled():
