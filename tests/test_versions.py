@@ -13,7 +13,7 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 from vit_fast import runtime
-from vit_fast.kernels import _versions
+from vit_fast.kernels import _versions, cards
 
 tomllib = pytest.importorskip("tomllib", reason="pyproject.toml is read with Python 3.11's tomllib")
 ROOT = Path(__file__).resolve().parent.parent
@@ -132,6 +132,10 @@ def test_triton_backend_refused_with_the_message(monkeypatch):
     from vit_fast.env import collect_info
 
     assert collect_info()["backends"]["triton"] == f"no: {message}"  # vit-fast info says so too
+    monkeypatch.setattr(runtime, "cuda_available", lambda: True)
+    with cards.pretend_arch(90):  # even on a card our kernels suit, auto stays on torch and says why
+        assert runtime.auto_backend("cuda:0", 64) == "torch"
+        assert str(runtime.choose_backend("cuda:0", 64)) == f"torch: {message}"
 
 
 IMPORT_WITH_OLD_TRITON = """

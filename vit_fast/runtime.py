@@ -93,6 +93,8 @@ def _auto_blocker(device: torch.device, head_dim: int | None) -> str | None:
         return "not-cuda"
     if not triton_importable():
         return "no-triton"
+    if triton_version_problem() is not None:
+        return "old-triton"
     if not cuda_available():
         return "no-cuda"
     if head_dim is not None and not head_dim_supported(head_dim):
@@ -149,6 +151,8 @@ def choose_backend(device: torch.device | str, head_dim: int | None = None, aske
         reason = f"{device} is not a CUDA device; our kernels are compiled for NVIDIA GPUs"
     elif why == "no-triton":
         reason = "the 'triton' package is not installed (pip install triton; Linux only)"
+    elif why == "old-triton":
+        reason = str(triton_version_problem())
     elif why == "no-cuda":
         reason = f"no CUDA GPU is visible to torch {torch.__version__}"
     elif why == "head-dim":
