@@ -119,12 +119,9 @@ def tuning(enabled: bool = True) -> Iterator[None]:
 
 def tune_key() -> int:
     """The kernels' ``TUNE`` argument (never read by the kernel, one of its autotune keys): 1 where
-    :func:`autotune_enabled`, else 0. So a heuristic pick, which the autotuner caches like a tuned one, never
-    answers a later tuned request for the same shape, nor a tuned pick a heuristic one."""
-    forced = _TUNING.get()
-    if forced is not None:
-        return int(forced)
-    return int(_autotune_env())
+    :func:`autotune_enabled`, else 0. So a cached heuristic pick never answers a later tuned request for the same
+    shape, nor a tuned pick a heuristic one."""
+    return int(autotune_enabled())
 
 
 def tuning_requested(named_args: dict) -> bool:
@@ -335,7 +332,6 @@ class ResolvedLaunches:
 
     def _resolve(self, key: tuple, grid, args: tuple, constexprs: dict) -> None:
         """Triton's own path (tunes / compiles / launches), then the cache entry for ``key``. Under the lock."""
-        announce_first_compile(bool(dict(zip(self.arg_names, args, strict=False)).get("TUNE")))
         compiled, config = self._triton(grid, args, constexprs)
         if compiled is None or not hasattr(compiled, "packed_metadata"):
             return  # e.g. an asynchronous compile in flight: nothing to cache yet
@@ -355,13 +351,13 @@ class ResolvedLaunches:
         goes straight to the JIT function: triton 3.6's Autotuner times even a lone config (a benchmark per new
         shape on the GPU; "0 active drivers" under the interpreter), 3.9's would not. The config is recorded as
         the autotuner's ``best_config``, where tuned picks are read too."""
-        if self.prune is not None:
-            named = dict(zip(self.arg_names, args, strict=False))
-            if not named["TUNE"]:
-                (config,) = self.prune(self.kernel.configs, named, **constexprs)
-                self.kernel.best_config = config
-                run = self.jit_fn[grid](*args, **constexprs, **config.all_kwargs(), enable_fp_fusion=FP_FUSION)
-                return run, config
+        named = dict(zip(self.arg_names, args, strict=False))
+        announce_first_compile(bool(named.get("TUNE")))  # once per process; silent under the interpreter
+        if self.prune is not None and not named["TUNE"]:
+            (config,) = self.prune(self.kernel.configs, named, **constexprs)
+            self.kernel.best_config = config
+            run = self.jit_fn[grid](*args, **constexprs, **config.all_kwargs(), enable_fp_fusion=FP_FUSION)
+            return run, config
         run = self.kernel[grid](*args, **constexprs, enable_fp_fusion=FP_FUSION)
         return run, getattr(self.kernel, "best_config", None)
 
