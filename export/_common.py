@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from vit_fast.files import check_output_file, written_by_vit_fast
+from vit_fast.files import check_output_file, check_report_file, read_head, written_by_vit_fast
 
 METADATA_SUFFIX = ".json"
 ONNX_SUFFIXES = (".onnx",)
@@ -60,20 +60,40 @@ def check_output_path(path: str | os.PathLike) -> Path:
 
 
 def is_vit_fast_artifact(path: str | os.PathLike) -> bool:
-    """Whether the file at ``path`` is an artifact vit-fast wrote: its metadata JSON beside it is ours, or
-    (an ONNX file) its ``metadata_props`` carry vit-fast's record."""
+    """Whether the file at ``path`` itself proves it is an artifact vit-fast wrote: an ONNX file whose
+    ``metadata_props`` carry vit-fast's record, or an engine whose bytes hash to the ``sha256`` that
+    vit-fast's metadata recorded for it when it wrote them (an engine file cannot carry text of its own).
+    The mere presence of a metadata file beside it proves nothing. Only regular files are read."""
     path = Path(path)
-    if written_by_vit_fast(metadata_path(path)):
-        return True
-    if path.suffix.lower() not in ONNX_SUFFIXES or not path.is_file():
+    if read_head(path, 0) is None:  # not a regular file (or a link to one): never opened
+        return False
+    if path.suffix.lower() in ONNX_SUFFIXES:
+        try:
+            import onnx
+
+            proto = onnx.load(str(path), load_external_data=False)
+        except Exception:  # not ONNX at all, or onnx missing: not provably ours
+            return False
+        return any(p.key == "vit_fast" for p in proto.metadata_props)
+    side = metadata_path(path)
+    if not written_by_vit_fast(side):
         return False
     try:
-        import onnx
-
-        proto = onnx.load(str(path), load_external_data=False)
-    except Exception:  # not ONNX at all, or onnx missing: not provably ours
+        recorded = json.loads(side.read_text()).get("sha256")
+    except (OSError, ValueError, AttributeError):
         return False
-    return any(p.key == "vit_fast" for p in proto.metadata_props)
+    return isinstance(recorded, str) and recorded == file_sha256(path)
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """Hex SHA-256 of a file's bytes (read in 1 MiB chunks)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def check_artifact_outputs(
@@ -110,9 +130,12 @@ def check_artifact_outputs(
     return path
 
 
-def check_report_path(path: str | os.PathLike, overwrite: bool = False) -> Path:
-    """A JSON report's path, checked before any work (``.json``; a missing folder is made when written)."""
-    return check_output_file(path, REPORT_SUFFIXES, "report", overwrite=overwrite, make_parents=True)
+def check_report_path(
+    path: str | os.PathLike, overwrite: bool = False, artifact: str | os.PathLike | None = None
+) -> Path:
+    """A JSON report's path, checked before any work (``.json``; a missing folder is made when written);
+    never ``artifact``'s own metadata, nor any artifact's (:func:`vit_fast.files.check_report_file`)."""
+    return check_report_file(path, "report", overwrite=overwrite, artifacts=() if artifact is None else (artifact,))
 
 
 def plain_model(model: Any, what: str = "export") -> Any:

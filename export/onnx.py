@@ -290,7 +290,7 @@ def to_onnx(
     weight_bytes = sum(p.numel() for p in model.parameters()) * torch.empty((), dtype=dtype).element_size()
     external = weight_bytes > _EXTERNAL_DATA_BYTES
     path = check_artifact_outputs(path, "onnx", overwrite, external_data=external)
-    report_path = check_report_path(report, overwrite) if report is not None else None
+    report_path = check_report_path(report, overwrite, artifact=path) if report is not None else None
     import onnx  # noqa: F401  (fail early and clearly where the onnx extra is missing)
 
     stages = Stages("vit-fast export", progress)

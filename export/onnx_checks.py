@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from vit_fast.dtypes import parse_dtype
-from vit_fast.files import OWNER_FILE, json_text
+from vit_fast.files import OWNER_FILE, json_text, write_new
 
 from ._common import ExportError, check_batch_range, metadata_path, plain_model
 from .graph import check_io_names, check_outputs, check_preprocess, image_axes
@@ -154,7 +154,7 @@ def write_metadata(staged: Path, meta: dict[str, Any]) -> None:
     proto = onnx.load(str(staged), load_external_data=False)
     _set_props(proto, meta)
     onnx.save_model(proto, str(staged))
-    metadata_path(staged).write_text(json_text(meta))
+    write_new(metadata_path(staged), json_text(meta), replace=True)
 
 
 def finish_graph(
@@ -210,7 +210,7 @@ def finish_graph(
         onnx.save_model(proto, str(out))
     onnx.checker.check_model(str(out))
     meta_file = metadata_path(out)
-    meta_file.write_text(json_text(meta))
+    write_new(meta_file, json_text(meta))
     return [*files, out, meta_file]
 
 

@@ -29,7 +29,7 @@ import torch
 
 from vit_fast.dtypes import DTYPE_NAMES, ONNX_ELEM_TYPES
 from vit_fast.env import git_commit
-from vit_fast.files import json_text, publish_to, staging_dir, write_atomic
+from vit_fast.files import json_text, publish_to, staging_dir, write_atomic, write_new
 from vit_fast.progress import Stages
 
 from ._common import (
@@ -39,6 +39,7 @@ from ._common import (
     check_batch_range,
     check_readable_file,
     check_report_path,
+    file_sha256,
     metadata_path,
     read_metadata,
     vit_fast_version,
@@ -289,7 +290,7 @@ def to_tensorrt(
         onnx_path, engine_path, batch, precision, timing_cache, overwrite
     )
     options = verify_options(verify, report)
-    report_path = check_report_path(report, overwrite) if report is not None else None
+    report_path = check_report_path(report, overwrite, artifact=engine_path) if report is not None else None
     if options is not None and model is None and not (onnx_meta and onnx_meta.get("source")):
         raise ValueError(
             f"cannot verify the engine: pass model= (the model {str(onnx_path)!r} was exported from) "
@@ -317,7 +318,7 @@ def to_tensorrt(
             # the attached cache with the tactics timed in this build, saved by polygraphy into the staging folder
             if saved_cache.is_file():
                 write_atomic(cache_path, saved_cache.read_bytes())
-            staged.write_bytes(bytes(serialized))
+            write_new(staged, bytes(serialized))
             engine = require_polygraphy().EngineFromBytes(serialized)()  # kept alive while its inspector is used
             inspector = engine.create_engine_inspector()
         # a JSON string {"Layers": [...], "Bindings": [...]}: each layer a dict with ProfilingVerbosity.DETAILED (set by
@@ -344,17 +345,18 @@ def to_tensorrt(
             "attention_fused": attention_fused(layers),
             "timing_cache": str(cache_path),
             "verification": None,
+            "sha256": file_sha256(staged),  # the proof, bound to the engine's bytes, that vit-fast wrote it
             "vit_fast_version": vit_fast_version(),
             "git_commit": git_commit(),
         }
         stages.note(f"{len(layers)} engine layers; attention fused: {meta['attention_fused']}")
-        metadata_path(staged).write_text(json_text(meta))
+        write_new(metadata_path(staged), json_text(meta))
         moves = [(staged, engine_path), (metadata_path(staged), metadata_path(engine_path))]
         if options is not None:
             with stages.step("verifying the engine against eager PyTorch"):
                 result = verify_staged(model if model is not None else meta["source"], staged, options, engine_path)
             meta["verification"] = result.record()
-            metadata_path(staged).write_text(json_text(meta))
+            write_new(metadata_path(staged), json_text(meta), replace=True)
             if report_path is not None:
                 moves.append(stage_report(stack, result, report_path))
         publish_to(moves)

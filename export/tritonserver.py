@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +34,7 @@ import torch
 from torch import nn
 
 from vit_fast.dtypes import parse_dtype
-from vit_fast.files import write_json_atomic
+from vit_fast.files import clean_stale_staging, copy_new, make_staging, publish_folder, write_json_atomic, write_new
 from vit_fast.progress import Stages
 
 from . import triton_config
@@ -150,11 +149,11 @@ def onnx_entry(
                 progress=progress, verify=False,
             )  # fmt: skip
         else:
-            shutil.copyfile(path, target)
+            copy_new(path, target)
             if meta.get("external_data"):  # the graph names its weights file; it keeps that name
-                shutil.copyfile(path.parent / meta["external_data"], version / meta["external_data"])
+                copy_new(path.parent / meta["external_data"], version / meta["external_data"])
             if metadata_path(path).is_file():
-                shutil.copyfile(metadata_path(path), metadata_path(target))
+                copy_new(metadata_path(path), metadata_path(target))
         if verify:
             from .verify import verify as verify_artifact
 
@@ -214,8 +213,8 @@ def tensorrt_entry(
         version = folder / VERSION
         version.mkdir(parents=True)
         target = version / MODEL_FILES["tensorrt"]
-        shutil.copyfile(path, target)
-        shutil.copyfile(metadata_path(path), metadata_path(target))
+        copy_new(path, target)
+        copy_new(metadata_path(path), metadata_path(target))
         note = "verified when the engine was built (vit-fast export tensorrt)"
         data = {**record, "note": note} if record else {"passed": None, "note": "the engine was built unverified"}
         write_json_atomic(data, folder / "verification.json")
@@ -274,7 +273,8 @@ def write_repository(
     repo = check_repository(repo, names, force)
     repo.mkdir(exist_ok=True)
     stages = Stages("vit-fast export", progress)
-    staging = Path(tempfile.mkdtemp(prefix=".vit-fast-repo.tmp-", dir=repo))
+    clean_stale_staging(repo)  # a killed run's staging folder, proven ours by its marker and free lock
+    staging, lock = make_staging(repo, ".vit-fast-repo")
     published: list[tuple[Path, Path | None]] = []  # (model folder, the old folder it replaced)
     try:
         for entry in entries:
@@ -284,22 +284,23 @@ def write_repository(
                 config = entry.build(folder)
             if config.name != entry.name:
                 raise RuntimeError(f"entry {entry.name!r} produced a config named {config.name!r}")
-            (folder / "config.pbtxt").write_text(config.to_pbtxt())
+            write_new(folder / "config.pbtxt", config.to_pbtxt())
         for entry in entries:
             target, old = repo / entry.name, None
             if target.is_dir():  # empty, or replaced under force: move it aside first
                 old = staging / f".old-{entry.name}"
-                os.rename(target, old)
-            os.rename(staging / entry.name, target)
+                publish_folder(target, old)
+            publish_folder(staging / entry.name, target)
             published.append((target, old))
     except BaseException:
         for target, old in reversed(published):  # put back what was there before
             shutil.rmtree(target, ignore_errors=True)
             if old is not None:
-                os.rename(old, target)
+                publish_folder(old, target)
         raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        os.close(lock)
     for target, _ in published:
         stages.note(f"wrote {target}/config.pbtxt")
     return [t for t, _ in published]

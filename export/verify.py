@@ -30,7 +30,7 @@ from torch import nn
 
 from vit_fast.dtypes import DTYPE_NAMES, parse_dtype
 from vit_fast.env import git_commit, module_version
-from vit_fast.files import json_text, staging_dir, write_json_atomic
+from vit_fast.files import json_text, staging_dir, write_json_atomic, write_new
 from vit_fast.numerics import FACTOR, FLOOR, RULE, compare
 
 from ._common import ArtifactError, check_report_path, plain_model, read_metadata, vit_fast_version, weights_record
@@ -292,7 +292,8 @@ def verify(
     artifacts raise before any work, naming the file.
     """
     if json_path is not None:
-        json_path = check_report_path(json_path, overwrite)
+        own = None if str(artifact) in BACKEND_ARTIFACTS else artifact
+        json_path = check_report_path(json_path, overwrite, artifact=own)
     model = _as_model(model)
     if str(artifact) in BACKEND_ARTIFACTS:
         meta = None
@@ -415,7 +416,7 @@ def stage_report(stack: contextlib.ExitStack, report: VerifyReport, path: Path) 
     ``(staged file, target)`` pair to publish. The report's folder is made here (checked up front)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     staged = stack.enter_context(staging_dir(path)) / path.name
-    staged.write_text(json_text(report.to_dict()))
+    write_new(staged, json_text(report.to_dict()))
     return staged, path
 
 

@@ -50,17 +50,31 @@ def test_publish_rolls_back_what_it_moved(tmp_path):
     assert os.listdir(dest) == []
 
 
-def test_staging_dir_is_removed_and_stale_ones_are_cleaned(tmp_path):
+def test_staging_dir_is_removed_and_folders_it_did_not_make_are_left_alone(tmp_path):
+    """Cleaning goes by proof (a marker holding the folder's own token, and a free lock), never by name or age:
+    a user's folder that merely looks like staging, even an old one with an unlocked ``.owner``, is kept."""
     target = tmp_path / "m.onnx"
-    stale = tmp_path / f".m.onnx{files.STAGING_MARK}dead"
-    stale.mkdir()
-    os.utime(stale, (0, 0))  # left by a run killed long ago
-    fresh = tmp_path / f".m.onnx{files.STAGING_MARK}live"
-    fresh.mkdir()  # another run's, still at work: left alone
+    old = tmp_path / f".m.onnx{files.STAGING_MARK}dead"
+    old.mkdir()
+    os.utime(old, (0, 0))  # looks like a run killed long ago: not proof
+    owner = tmp_path / f".m.onnx{files.STAGING_MARK}0123456789abcdef"
+    owner.mkdir()
+    (owner / files.OWNER_FILE).write_text("my own file")  # an unlocked .owner that is not our marker
+    backup = tmp_path / ".m.onnx.tmp-backup"
+    backup.mkdir()
     with files.staging_dir(target) as stage:
         assert stage.is_dir() and stage.parent == tmp_path
+        assert stat.S_IMODE(stage.stat().st_mode) == 0o700 and files.is_our_staging(stage)
         (stage / "x").write_text("x")
-    assert not stage.exists() and not stale.exists() and fresh.exists()
+    assert not stage.exists() and old.exists() and owner.exists() and backup.exists()
+    assert (owner / files.OWNER_FILE).read_text() == "my own file"
+
+
+def test_staging_names_fit_name_max_for_a_250_character_target(tmp_path):
+    target = tmp_path / ("n" * 245 + ".json")
+    files.check_output_file(target, (".json",), "report")  # the probe name no longer grows with the target's
+    files.write_json_atomic({files.MARKER_KEY: "t"}, target)
+    assert files.written_by_vit_fast(target) and os.listdir(tmp_path) == [target.name]
 
 
 def test_publish_puts_previous_files_back_when_a_later_move_fails(tmp_path, monkeypatch):

@@ -18,7 +18,7 @@ import torch
 
 from .config import PRESETS, ViTConfig
 from .convert import _grid_from_pos_embed, _load_converted, convert_hf_state_dict
-from .files import finish_atomic
+from .files import check_output_file, open_new, publish_to, read_head, staging_dir, write_new
 from .model import VisionTransformer
 
 CONFIG_METADATA_KEY = "vit_fast_config"
@@ -32,12 +32,43 @@ def _looks_hf(keys: list[str]) -> bool:
     return any(k.startswith(("vit.", "embeddings.", "encoder.layer.", "layers.")) for k in keys)
 
 
-def save_checkpoint(model: VisionTransformer, path: str | os.PathLike, extra: Mapping[str, str] | None = None) -> Path:
+def is_vit_fast_checkpoint(path: str | os.PathLike) -> bool:
+    """Whether the file at ``path`` itself proves it is a checkpoint :func:`save_checkpoint` wrote: a
+    safetensors file whose header metadata holds vit-fast's config, or a torch file holding
+    ``{"state_dict", "config"}`` (read with ``weights_only=True``). Only regular files are read."""
+    path = Path(path)
+    head = read_head(path, 8)
+    if head is None or len(head) < 8:
+        return False
+    if path.suffix.lower() == ".safetensors":
+        size = int.from_bytes(head, "little")
+        raw = read_head(path, 8 + min(size, 100 * 2**20))
+        try:
+            header = json.loads(raw[8:].decode())
+        except (TypeError, UnicodeDecodeError, ValueError):
+            return False
+        return isinstance(header, dict) and CONFIG_METADATA_KEY in (header.get("__metadata__") or {})
+    try:
+        obj = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # not a torch file, or not one weights_only reads: not provably ours
+        return False
+    return isinstance(obj, Mapping) and isinstance(obj.get("config"), Mapping) and "state_dict" in obj
+
+
+def save_checkpoint(
+    model: VisionTransformer,
+    path: str | os.PathLike,
+    extra: Mapping[str, str] | None = None,
+    overwrite: bool = False,
+) -> Path:
     """Write the weights and the config (atomically) so that :func:`load_checkpoint` restores the model.
 
     ``.safetensors`` (preferred): safetensors, the config in the file's metadata. ``.pth`` / ``.pt``:
     ``torch.save({"state_dict": ..., "config": ..., "metadata": extra})``, readable with
-    ``weights_only=True``. Any other suffix is refused before anything is written.
+    ``weights_only=True``. Any other suffix is refused before anything is written. An existing file is
+    replaced only when it is a checkpoint vit-fast wrote (:func:`is_vit_fast_checkpoint`), or with
+    ``overwrite=True``. The file is written in a private staging folder beside ``path`` (made exclusively,
+    never through a planted link) and renamed into place.
     """
     path = Path(path)
     fmt = SAVE_FORMATS.get(path.suffix.lower())
@@ -48,24 +79,24 @@ def save_checkpoint(model: VisionTransformer, path: str | os.PathLike, extra: Ma
         )
     if not isinstance(model, VisionTransformer):
         raise TypeError(f"save_checkpoint saves a vit_fast.VisionTransformer, got {type(model).__name__}")
-    if path.is_dir():
+    if path.is_dir() and not path.is_symlink():
         raise ValueError(
             f"checkpoint path {str(path)!r} is a folder: give a file path such as {str(path / 'w.safetensors')!r}"
         )
     if not path.parent.is_dir():
         raise ValueError(f"folder {str(path.parent)!r} for checkpoint {str(path)!r} does not exist: create it first")
+    check_output_file(path, tuple(SAVE_FORMATS), "checkpoint", ours=is_vit_fast_checkpoint, overwrite=overwrite)
     tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
+    with staging_dir(path) as tmp:
+        staged = tmp / path.name
         if fmt == "safetensors":
-            from safetensors.torch import save_file
+            from safetensors.torch import save
 
-            save_file(tensors, str(tmp), {CONFIG_METADATA_KEY: model.cfg.to_json(), **(extra or {})})
+            write_new(staged, save(tensors, {CONFIG_METADATA_KEY: model.cfg.to_json(), **(extra or {})}))
         else:
-            torch.save({"state_dict": tensors, "config": model.cfg.to_dict(), "metadata": dict(extra or {})}, tmp)
-        finish_atomic(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+            with open_new(staged) as f:
+                torch.save({"state_dict": tensors, "config": model.cfg.to_dict(), "metadata": dict(extra or {})}, f)
+        publish_to([(staged, path)])
     return path
 
 

@@ -1,16 +1,25 @@
 """The one way to write files: all of it or nothing at the target path, and never over a file we did not make.
 
-``write_atomic`` writes one file; ``staging_dir`` + ``publish`` write several (an artifact, its data,
-its metadata, a report) in a private folder beside each target and move them into place only at the
-end. A move replaces a previous file in one ``os.replace``; if a later move of the same set fails, the
-previous files are put back, so a failure leaves every target as it was. Staging folders are named
-``.NAME.tmp-*`` beside the target and hold a lock file (``.owner``) that their run keeps locked while
-it lives: ``clean_stale_staging`` removes those whose run is gone (killed, even by SIGKILL) at once,
-and unlocked ones of the same name after an hour.
+The policy, the same for every writer (export, verify, bench, demo, serve, ``save_checkpoint``, the API):
 
-``check_output_file`` is the one check of an output path made before any work: the suffix, a folder
-in the way, a parent that is a file, a folder that cannot be written, and an existing file that vit-fast
-did not write (``written_by_vit_fast`` reads the marker every JSON of ours carries).
+- ``check_output_file`` runs before any work. A path that is not a regular file (a FIFO, a device, a
+  socket) is refused from ``lstat`` alone, never opened. An existing file is replaced only when the file
+  itself proves vit-fast wrote it (:func:`written_by_vit_fast`: the ``vit_fast_version`` marker in a JSON
+  file, the ``Software`` text of a PNG, the closing comment of a Markdown report; callers pass their own
+  proof for artifacts and checkpoints), never because of a neighbouring file or a name; anything else
+  needs ``overwrite=True`` (``--overwrite``). A symlink at the path is replaced, never written through.
+  ``check_report_file`` adds that a report never lands on an artifact's own metadata (``m.onnx.json``).
+- ``write_atomic`` writes one file; ``staging_dir`` + ``publish`` write several (an artifact, its data,
+  its metadata, a report) in a private folder beside each target and move them into place only at the
+  end. A move replaces a previous file in one ``os.replace``; if a later move of the same set fails, the
+  previous files are put back, so a failure leaves every target as it was.
+- A staging folder is made exclusively (``mkdir``, mode 0700) as ``.NAME.tmp-TOKEN`` (NAME cut so the
+  whole name fits NAME_MAX) and holds a marker (``.owner``) that carries TOKEN and is locked (flock) by
+  its run while it lives. ``clean_stale_staging`` removes only folders whose marker proves they are ours
+  (the token inside matches the name) and whose lock is free (their run is gone, even by SIGKILL): never
+  by name pattern or age alone.
+- Files written inside a staging folder go through ``write_new`` / ``copy_new`` / ``open_new``
+  (``O_CREAT | O_EXCL | O_NOFOLLOW``): never through a planted file or symlink.
 """
 
 from __future__ import annotations
@@ -20,23 +29,36 @@ import errno
 import glob
 import json
 import os
+import re
+import secrets
 import shutil
+import stat
 import tempfile
-import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-try:  # POSIX; elsewhere staging folders are cleaned by age only
+try:  # POSIX; elsewhere a staging folder's run cannot be told gone, so none is cleaned
     import fcntl
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
 STAGING_MARK = ".tmp-"
-#: the lock file inside a staging folder, locked (flock) by the run that owns the folder
+#: the marker inside a staging folder: it holds the folder's token and is locked (flock) by the run that owns it
 OWNER_FILE = ".owner"
+#: what the marker holds before the token
+OWNER_TEXT = "vit-fast staging folder "
 #: the key every JSON file vit-fast writes carries (metadata beside an artifact, verify and bench reports)
 MARKER_KEY = "vit_fast_version"
+#: the PNG text key (and the start of its value) every picture vit-fast draws carries
+PNG_KEY, PNG_VALUE = "Software", "vit-fast"
+#: the comment every Markdown report of ours ends with (the version follows it)
+MARKDOWN_MARK = "<!-- written by vit-fast"
+#: the longest file name (bytes) most file systems take; staging names are cut to fit it
+NAME_MAX = 255
+_TOKEN_HEX = 16
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 
 def _umask() -> int:
@@ -52,17 +74,46 @@ def finish_atomic(tmp: str | os.PathLike, path: str | os.PathLike) -> Path:
     return Path(path)
 
 
+# --------------------------------------------------------------------------- exclusive creation
+@contextlib.contextmanager
+def open_new(path: str | os.PathLike) -> Iterator[IO[bytes]]:
+    """A new file at ``path`` opened for binary writing: created exclusively (``O_EXCL``), never through a
+    symlink (``O_NOFOLLOW``); an existing file or link there is an error, never opened. For files written
+    inside a staging folder (or a folder this run made)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW, 0o666)
+    with os.fdopen(fd, "wb") as f:
+        yield f
+
+
+def write_new(path: str | os.PathLike, data: str | bytes, *, replace: bool = False) -> Path:
+    """Write ``data`` to a new file at ``path`` (see :func:`open_new`); with ``replace``, a file this run
+    wrote there before (in its own staging folder) is removed first."""
+    if replace:
+        os.unlink(path) if os.path.lexists(path) else None
+    with open_new(path) as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+    return Path(path)
+
+
+def copy_new(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
+    """Copy the bytes of ``src`` into a new file at ``dst`` (see :func:`open_new`)."""
+    with open(src, "rb") as f, open_new(dst) as g:
+        shutil.copyfileobj(f, g, 1 << 20)
+    return Path(dst)
+
+
 def write_atomic(path: str | os.PathLike, data: str | bytes) -> Path:
     """Write ``data`` to ``path`` through a staging folder beside it, then rename it over ``path``.
 
     A failure (or a kill) leaves ``path`` as it was; the staging folder is removed (a killed run's by the
-    next write). The result gets an ordinary file's permissions. Missing parent folders are made.
+    next write). The result gets an ordinary file's permissions. Missing parent folders are made. A
+    symlink at ``path`` is replaced, never written through. Ownership is the caller's check
+    (:func:`check_output_file`, made before any work).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with staging_dir(path) as tmp:
-        staged = tmp / path.name
-        staged.write_bytes(data.encode() if isinstance(data, str) else data)
+        staged = write_new(tmp / path.name, data)
         publish_to([(staged, path)])
     return path
 
@@ -77,15 +128,53 @@ def write_json_atomic(data: Any, path: str | os.PathLike) -> Path:
     return write_atomic(path, json_text(data))
 
 
+def markdown_mark(version: str) -> str:
+    """The last line of every Markdown report vit-fast writes: the proof that it wrote the file."""
+    return f"{MARKDOWN_MARK} {version} -->\n"
+
+
+def png_metadata(version: str) -> dict[str, str]:
+    """The ``metadata=`` for matplotlib's ``savefig`` that marks a PNG as vit-fast's."""
+    return {PNG_KEY: f"{PNG_VALUE} {version}"}
+
+
 # --------------------------------------------------------------------------- staging
-def _owner_gone(folder: Path) -> bool | None:
-    """Whether the run that made staging ``folder`` is gone: True (its lock is free), False (held), None
-    (no lock file, or no flock here: cannot tell)."""
-    lock = folder / OWNER_FILE
-    if fcntl is None or not lock.is_file():
+def _staging_name(target_name: str, token: str) -> str:
+    """``.NAME.tmp-TOKEN``, NAME cut (never the token) so that the name fits :data:`NAME_MAX` bytes."""
+    room = NAME_MAX - len(f".{STAGING_MARK}{token}")
+    stem = target_name
+    while len(os.fsencode(stem)) > room:
+        stem = stem[:-1]
+    return f".{stem}{STAGING_MARK}{token}"
+
+
+_STAGING_RE = re.compile(rf"^\..*{re.escape(STAGING_MARK)}([0-9a-f]{{{_TOKEN_HEX}}})$", re.DOTALL)
+
+
+def _marker_token(folder: Path) -> str | None:
+    """The token in ``folder``'s marker, read without following a link or opening anything but a regular file."""
+    marker = folder / OWNER_FILE
+    try:
+        if not stat.S_ISREG(os.lstat(marker).st_mode):
+            return None
+        fd = os.open(marker, os.O_RDONLY | _O_NOFOLLOW | _O_NONBLOCK)
+    except OSError:
         return None
     try:
-        fd = os.open(lock, os.O_RDONLY)
+        text = os.read(fd, 256).decode("ascii", "replace")
+    finally:
+        os.close(fd)
+    return text[len(OWNER_TEXT) :].strip() if text.startswith(OWNER_TEXT) else None
+
+
+def _owner_gone(folder: Path) -> bool | None:
+    """Whether the run that made staging ``folder`` is gone: True (its lock is free), False (held), None
+    (no marker, or no flock here: cannot tell)."""
+    lock = folder / OWNER_FILE
+    if fcntl is None:
+        return None
+    try:
+        fd = os.open(lock, os.O_RDONLY | _O_NOFOLLOW | _O_NONBLOCK)
     except OSError:
         return None
     try:
@@ -99,43 +188,75 @@ def _owner_gone(folder: Path) -> bool | None:
     return True
 
 
-def clean_stale_staging(folder: str | os.PathLike, name: str, older_than_s: float = 3600.0) -> list[Path]:
-    """Remove staging folders in ``folder`` that a killed run left behind; returns those removed.
+def is_our_staging(folder: str | os.PathLike) -> bool:
+    """Whether ``folder`` is a staging folder vit-fast made: a real folder (not a link) of this user named
+    ``.*.tmp-TOKEN`` whose marker holds that same TOKEN. A name alone proves nothing."""
+    folder = Path(folder)
+    match = _STAGING_RE.match(folder.name)
+    if match is None:
+        return False
+    try:
+        st = os.lstat(folder)
+    except OSError:
+        return False
+    if not stat.S_ISDIR(st.st_mode) or (hasattr(os, "getuid") and st.st_uid != os.getuid()):
+        return False
+    return _marker_token(folder) == match.group(1)
 
-    Any ``.*.tmp-*`` folder whose ``.owner`` lock is free goes at once (its run is gone: the kernel drops
-    a dead process's locks); one of ``name``'s without a lock file goes when older than ``older_than_s``.
-    A folder whose run still holds its lock is never touched.
+
+def clean_stale_staging(folder: str | os.PathLike, name: str | None = None) -> list[Path]:
+    """Remove the staging folders in ``folder`` that a killed run of vit-fast left behind; returns those removed.
+
+    A folder goes only when its marker proves vit-fast made it (:func:`is_our_staging`) and its lock is
+    free (the kernel drops a dead process's locks). A folder whose run still holds its lock, or that merely
+    looks like one of ours (by name, by an ``.owner`` file, by age), is never touched. ``name`` (the target
+    a run writes) is accepted for callers that name it; every dead run's folder is cleaned either way.
     """
     removed = []
-    now = time.time()
-    mine = set(glob.glob(os.path.join(glob.escape(str(folder)), f".{glob.escape(name)}{STAGING_MARK}*")))
     for p in glob.glob(os.path.join(glob.escape(str(folder)), f".*{STAGING_MARK}*")):
         path = Path(p)
         with contextlib.suppress(OSError):
-            if not path.is_dir() or path.is_symlink():
-                continue
-            gone = _owner_gone(path)
-            if gone or (gone is None and p in mine and now - path.stat().st_mtime > older_than_s):
+            if is_our_staging(path) and _owner_gone(path):
                 shutil.rmtree(path, ignore_errors=True)
                 removed.append(path)
     return removed
 
 
-def _take_ownership(folder: Path) -> int | None:
-    """Lock ``folder/.owner`` for this process (the kernel releases it when the process dies).
+def _take_ownership(folder: Path, token: str) -> int | None:
+    """Write ``folder``'s marker (holding ``token``) and lock it for this process (the kernel releases the
+    lock when the process dies).
 
-    The lock file is made and locked under another name, then renamed, so a cleaner never finds an
-    ``.owner`` that is not yet locked."""
-    if fcntl is None:
-        return None
-    fd = os.open(folder / ".owner-init", os.O_CREAT | os.O_RDWR, 0o600)
+    The marker is made and locked under another name, then renamed, so a cleaner never finds a marker
+    that is not yet locked."""
+    init = folder / ".owner-init"
+    fd = os.open(init, os.O_CREAT | os.O_EXCL | os.O_RDWR | _O_NOFOLLOW, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        os.rename(folder / ".owner-init", folder / OWNER_FILE)
+        os.write(fd, (OWNER_TEXT + token + "\n").encode())
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.rename(init, folder / OWNER_FILE)
     except OSError:
         os.close(fd)
-        return None
+        raise
     return fd
+
+
+def make_staging(parent: str | os.PathLike, target_name: str) -> tuple[Path, int]:
+    """Make a new staging folder in ``parent`` for ``target_name`` with its marker locked; returns the folder
+    and the lock's descriptor (close it after removing the folder). Made exclusively, mode 0700."""
+    while True:
+        token = secrets.token_hex(_TOKEN_HEX // 2)
+        folder = Path(parent) / _staging_name(target_name, token)
+        try:
+            os.mkdir(folder, 0o700)
+            break
+        except FileExistsError:  # pragma: no cover - a 64-bit token taken: draw again
+            continue
+    try:
+        return folder, _take_ownership(folder, token)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
 
 
 @contextlib.contextmanager
@@ -147,15 +268,13 @@ def staging_dir(target: str | os.PathLike) -> Iterator[Path]:
     are cleaned first.
     """
     target = Path(target)
-    clean_stale_staging(target.parent, target.name)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}{STAGING_MARK}", dir=target.parent))
-    fd = _take_ownership(tmp)
+    clean_stale_staging(target.parent)
+    tmp, fd = make_staging(target.parent, target.name)
     try:
         yield tmp
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-        if fd is not None:
-            os.close(fd)
+        os.close(fd)
 
 
 def _keep_previous(dst: Path, staging: Path) -> Path | None:
@@ -163,7 +282,7 @@ def _keep_previous(dst: Path, staging: Path) -> Path | None:
     there is no file there; it lets a failed publish put the previous file back."""
     if not (dst.is_file() or dst.is_symlink()):
         return None
-    keep = staging / f".previous-{dst.name}"
+    keep = staging / f".previous-{secrets.token_hex(8)}"
     try:
         os.link(dst, keep, follow_symlinks=False)
     except OSError:
@@ -201,31 +320,130 @@ def publish(staged: Sequence[Path], folder: str | os.PathLike) -> list[Path]:
     return publish_to([(Path(src), Path(folder) / Path(src).name) for src in staged])
 
 
-# --------------------------------------------------------------------------- output checks
-def read_json_object(path: str | os.PathLike) -> dict[str, Any] | None:
-    """The JSON object in ``path``, or None when it is not a readable JSON object (never raises)."""
+def publish_folder(staged: Path, target: Path) -> None:
+    """Move a folder built in a staging folder to ``target`` (which must not exist), in one rename."""
+    os.rename(staged, target)
+
+
+# --------------------------------------------------------------------------- proof that vit-fast wrote a file
+_KINDS = {
+    stat.S_IFIFO: "a FIFO (named pipe)",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFDIR: "a folder",
+}
+
+
+def special_kind(path: str | os.PathLike) -> str | None:
+    """What ``path`` is when it exists and is neither a regular file nor a symlink ("a FIFO (named pipe)",
+    "a character device", ...); None otherwise. Decided by ``lstat`` alone: nothing is opened."""
     try:
-        with open(path, "rb") as f:
-            data = json.loads(f.read(64 * 2**20).decode())
-    except (OSError, UnicodeDecodeError, ValueError):
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISLNK(mode):
+        return None
+    return _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+
+
+def read_head(path: str | os.PathLike, limit: int) -> bytes | None:
+    """Up to ``limit`` bytes of ``path`` when it is (or links to) a regular file; None otherwise (never raises).
+    Anything that is not a regular file is never opened (``stat`` first, ``fstat`` again after opening)."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None
+        fd = os.open(path, os.O_RDONLY | _O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        chunks, left = [], limit
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def read_json_object(path: str | os.PathLike) -> dict[str, Any] | None:
+    """The JSON object in ``path``, or None when it is not a readable JSON object in a regular file (never raises)."""
+    raw = read_head(path, 64 * 2**20)
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw.decode())
+    except (UnicodeDecodeError, ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
 
 
+def _png_marked(raw: bytes) -> bool:
+    """Whether a PNG's ``tEXt`` chunks carry our ``Software`` text."""
+    pos = 8
+    while pos + 8 <= len(raw):
+        length = int.from_bytes(raw[pos : pos + 4], "big")
+        kind = raw[pos + 4 : pos + 8]
+        data = raw[pos + 8 : pos + 8 + length]
+        if kind == b"tEXt":
+            key, _, value = data.partition(b"\0")
+            if key == PNG_KEY.encode() and value.startswith(PNG_VALUE.encode()):
+                return True
+        if kind in (b"IDAT", b"IEND"):  # matplotlib writes its text chunks before the image data
+            return False
+        pos += 12 + length
+    return False
+
+
 def written_by_vit_fast(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is a JSON file vit-fast wrote: an object with the ``vit_fast_version`` marker, or
-    a report from before the marker (a verify report's ``artifact``/``rule``/``rows``, a bench report's
-    ``schema``/``environment``/``rows``)."""
-    data = read_json_object(path)
-    if data is None:
+    """Whether the file at ``path`` itself proves vit-fast wrote it: a JSON object with the
+    ``vit_fast_version`` marker (or a report from before the marker: a verify report's
+    ``artifact``/``rule``/``rows``, a bench report's ``schema``/``environment``/``rows``), a PNG whose
+    ``Software`` text is vit-fast's, or a Markdown report ending with our comment. Nothing else counts:
+    not a name, not a file beside it. Only regular files are read."""
+    raw = read_head(path, 64 * 2**20)
+    if raw is None:
         return False
-    return (
-        MARKER_KEY in data
-        or {"artifact", "rule", "rows"} <= set(data)
-        or {"schema", "environment", "rows"} <= set(data)
-    )
+    if raw.startswith(b"\x89PNG\r\n\x1a\n"):
+        return _png_marked(raw)
+    if raw.lstrip().startswith(b"{"):
+        data = read_json_object(path)
+        if data is None:
+            return False
+        return (
+            MARKER_KEY in data
+            or {"artifact", "rule", "rows"} <= set(data)
+            or {"schema", "environment", "rows"} <= set(data)
+        )
+    lines = raw.rstrip().splitlines()
+    return bool(lines) and lines[-1].decode("utf-8", "replace").startswith(MARKDOWN_MARK)
 
 
+#: the suffixes of artifacts whose metadata goes to ``ARTIFACT.json``
+ARTIFACT_SUFFIXES = (".onnx", ".plan", ".engine", ".trt")
+
+
+def is_artifact_metadata(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is (or would be) the metadata JSON of an artifact: its content says so (vit-fast's
+    marker and an artifact ``format``), or it is named ``ARTIFACT.json`` beside an existing artifact."""
+    path = Path(path)
+    data = read_json_object(path)
+    if data is not None and MARKER_KEY in data and data.get("format") in ("onnx", "tensorrt"):
+        return True
+    if not path.name.lower().endswith(".json"):
+        return False
+    artifact = Path(str(path)[: -len(".json")])
+    return artifact.name.lower().endswith(ARTIFACT_SUFFIXES) and (artifact.is_file() or artifact.is_symlink())
+
+
+# --------------------------------------------------------------------------- output checks
 def _nearest_existing(folder: Path) -> Path:
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
@@ -245,8 +463,8 @@ def _check_folder(path: Path, what: str, make_parents: bool) -> None:
             f"output folder {str(folder)!r} for {what} {str(path)!r} does not exist: "
             f"create it first (mkdir -p {folder})"
         )
-    try:
-        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.probe-", dir=existing)
+    try:  # a short probe name: a legal 250-character target name must not make the probe's too long
+        fd, probe = tempfile.mkstemp(prefix=".vit-fast-probe-", dir=existing)
         os.close(fd)
         os.unlink(probe)
     except OSError as err:
@@ -254,6 +472,27 @@ def _check_folder(path: Path, what: str, make_parents: bool) -> None:
             f"output folder {str(existing)!r} for {what} {str(path)!r} cannot be written: {err.strerror or err}; "
             "choose a folder you can write to"
         ) from err
+
+
+def refuse_special(path: str | os.PathLike, what: str) -> None:
+    """Refuse (ValueError) a ``path`` that exists as a FIFO, device or socket, without opening it."""
+    kind = special_kind(path)
+    if kind is not None and kind != "a folder":
+        raise ValueError(
+            f"{what} {str(path)!r} is {kind}, not a regular file: vit-fast writes only regular files and does not "
+            "open this one; choose a file path"
+        )
+
+
+def refuse_foreign(path: Path, what: str, ours: Callable[[Path], bool] | None, overwrite: bool) -> None:
+    """Refuse an existing ``path`` that does not prove vit-fast wrote it (unless ``overwrite``)."""
+    if overwrite or ours is None or not (path.exists() or path.is_symlink()):
+        return
+    if not ours(path):
+        raise ValueError(
+            f"{what} {str(path)!r} exists and was not written by vit-fast; refusing to replace it: choose another "
+            "path, or allow replacing it (overwrite=True; --overwrite on the command line)"
+        )
 
 
 def check_output_file(
@@ -268,13 +507,15 @@ def check_output_file(
     """The output ``path``, after every check that can be made before any work; a ValueError naming the
     path and the fix otherwise.
 
-    Refused: a suffix not in ``suffixes`` (compared case-insensitively); a folder at ``path``; a parent
-    that is a regular file; a missing folder (unless ``make_parents``: then the nearest existing folder
-    must be writable); a folder that cannot be written; an existing file for which ``ours(path)`` is
-    False, unless ``overwrite`` (``ours=None`` accepts any existing file).
+    Refused: a FIFO, device or socket at ``path`` (never opened); a suffix not in ``suffixes`` (compared
+    case-insensitively); a folder at ``path``; a parent that is a regular file; a missing folder (unless
+    ``make_parents``: then the nearest existing folder must be writable); a folder that cannot be written;
+    an existing file for which ``ours(path)`` (the file's own proof) is False, unless ``overwrite``
+    (``ours=None`` accepts any existing regular file).
     """
     path = Path(path)
-    if path.is_dir():
+    refuse_special(path, what)
+    if path.is_dir() and not path.is_symlink():
         example = str(path / ("model" + suffixes[0]))
         raise ValueError(f"{what} {str(path)!r} is a folder; give a file path such as {example!r}")
     wanted = tuple(s.lower() for s in suffixes)
@@ -285,10 +526,27 @@ def check_output_file(
             f"{'/'.join(suffixes)} (e.g. {names})"
         )
     _check_folder(path, what, make_parents)
-    if (path.exists() or path.is_symlink()) and not overwrite and ours is not None and not ours(path):
+    refuse_foreign(path, what, ours, overwrite)
+    return path
+
+
+def check_report_file(
+    path: str | os.PathLike,
+    what: str = "report",
+    *,
+    overwrite: bool = False,
+    artifacts: Sequence[str | os.PathLike] = (),
+) -> Path:
+    """A JSON report's path, checked before any work (:func:`check_output_file`, ``.json``, missing folders
+    made when written), and never an artifact's own metadata: neither ``ARTIFACT.json`` of one of
+    ``artifacts`` nor a file that is (or would be) some artifact's metadata, whatever ``overwrite`` says."""
+    path = check_output_file(path, (".json",), what, overwrite=overwrite, make_parents=True)
+    own = {os.path.abspath(str(a) + ".json") for a in artifacts}
+    if os.path.abspath(path) in own or is_artifact_metadata(path):
         raise ValueError(
-            f"{what} {str(path)!r} exists and was not written by vit-fast; refusing to replace it: choose another "
-            "path, or allow replacing it (overwrite=True; --overwrite on the command line)"
+            f"{what} {str(path)!r} is the metadata of an artifact (it records the artifact's verification); a "
+            "report never replaces it: choose another path, e.g. "
+            f"{str(path.with_name(path.name[: -len('.json')] + '.report.json'))!r}"
         )
     return path
 
@@ -296,7 +554,28 @@ def check_output_file(
 def check_output_dir(path: str | os.PathLike, what: str = "output folder") -> Path:
     """A folder to write into: an existing writable folder, or one that can be made (not yet made here)."""
     path = Path(path)
+    refuse_special(path, what)
     if path.exists() and not path.is_dir():
         raise ValueError(f"{what} {str(path)!r} is a file, not a folder: give a folder path")
     _check_folder(path / "probe", what, make_parents=True)
     return path
+
+
+def check_files_in(
+    folder: str | os.PathLike,
+    names: Sequence[str],
+    what: str,
+    *,
+    overwrite: bool = False,
+    ours: dict[str, Callable[[Path], bool]] | None = None,
+) -> None:
+    """Before any work: each of ``names`` that a run will write into ``folder`` is new, or proves vit-fast
+    wrote it (``ours[name]`` where given, else :func:`written_by_vit_fast`), unless ``overwrite``; none
+    is a FIFO, device, socket or folder."""
+    folder = Path(folder)
+    for name in names:
+        path = folder / name
+        refuse_special(path, f"{what} file")
+        if path.is_dir() and not path.is_symlink():
+            raise ValueError(f"{what} file {str(path)!r} is a folder: move it away or choose another {what} folder")
+        refuse_foreign(path, f"{what} file", (ours or {}).get(name, written_by_vit_fast), overwrite)
