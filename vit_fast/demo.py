@@ -44,9 +44,9 @@ from .assets import default_model_info, load_default_eval_set, load_default_mode
 from .bench import summarize, time_callable
 from .dtypes import dtype_name, native_dtype
 from .env import collect_environment, module_version
-from .export import to_onnx, verify
+from .export import VerifyOptions, is_vit_fast_artifact, to_onnx, verify
 from .export.runners import OrtRunner
-from .files import write_atomic
+from .files import check_files_in, markdown_mark, write_atomic
 from .graphs import CUDAGraphRunner
 from .loading import load_model
 from .numerics import FLOOR, max_err, scale_of
@@ -58,6 +58,26 @@ ACCURACY_TOLERANCE_PP = 0.5
 #: the random-input batches the interpreter child verifies beside the held-out subset (small: it is slow)
 INTERPRETER_BATCHES = "1,3"
 STEPS = 6
+#: the ONNX artifact and the verification report published with it (only once it passed) in --out
+ONNX_NAME, ONNX_REPORT = "digits_vit.onnx", "digits_vit.verify.json"
+#: what the interpreter child runs: it dies with the demo (PR_SET_PDEATHSIG on Linux, and a check that its
+#: parent is still the demo), and on the way out removes its temporary folder
+CHILD = """
+import ctypes, os, shutil, signal, sys
+tmp, parent = sys.argv[1], int(sys.argv[2])
+def gone(*_):
+    shutil.rmtree(tmp, ignore_errors=True)
+    os._exit(128 + signal.SIGTERM)
+signal.signal(signal.SIGTERM, gone)
+try:
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: SIGTERM when the demo dies
+except (OSError, AttributeError):  # not Linux: the parent check below and the demo's own cleanup remain
+    pass
+if os.getppid() != parent:  # the demo died before the line above ran
+    gone()
+from vit_fast.cli import main
+sys.exit(main(sys.argv[3:]))
+"""
 
 
 @dataclass
@@ -77,6 +97,7 @@ class DemoSettings:
     repeats: int = 15
     threads: int | None = None
     seed: int = 0
+    overwrite: bool = False
 
 
 def _step(name: str, status: str | bool, summary: str, **fields: Any) -> dict[str, Any]:
@@ -125,14 +146,18 @@ def _verified(name: str, report: dict[str, Any], head: str, **fields: Any) -> di
 class _InterpreterVerify:
     """The triton step on a CPU: ``vit-fast verify default triton`` in a child process with TRITON_INTERPRET=1,
     so that the variable is set before triton is first imported whatever this process imported already, a
-    crash or hang in the interpreter cannot take the demo down, and it runs while this process exports."""
+    crash or hang in the interpreter cannot take the demo down, and it runs while this process exports.
+
+    The child dies with the demo, even by SIGKILL (:data:`CHILD`), and removes its temporary folder then;
+    the log is an unnamed file (nothing to leave behind)."""
 
     def __init__(self, images: int, seed: int, timeout: float) -> None:
         self.images, self.timeout = images, timeout
         self.tmp = tempfile.TemporaryDirectory(prefix="vit-fast-demo-")
         self.json = Path(self.tmp.name) / "triton.json"
-        self.log = open(Path(self.tmp.name) / "log.txt", "w+")  # noqa: SIM115 (closed in close())
-        cmd = [sys.executable, "-m", "vit_fast.cli", "verify", "default", "triton", "--limit", str(images)]
+        self.log = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed in close())
+        cmd = [sys.executable, "-c", CHILD, self.tmp.name, str(os.getpid())]
+        cmd += ["verify", "default", "triton", "--limit", str(images)]
         cmd += ["--batch", INTERPRETER_BATCHES, "--seed", str(seed), "--json", str(self.json)]
         # one thread, so the export running beside it keeps its cores; no GPU, so the kernels run interpreted
         env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
@@ -205,20 +230,26 @@ def _onnx_step(model: Any, images: torch.Tensor, labels: torch.Tensor, s: DemoSe
     # the dynamo exporter warns that torchvision's detection ops are not registered: noise for a ViT
     logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
     t = time.perf_counter()
+    # verified in its staging folder with the labelled held-out set, published only when it passed, with the
+    # record in its metadata and the full report beside it (a failure raises: the step fails, nothing appears)
+    options = VerifyOptions(data=(images, labels), seed=s.seed, print_table=False)
     path = to_onnx(
-        model, Path(s.out) / "digits_vit.onnx", batch=(1, len(images)), opset=s.opset, exporter=s.exporter,
-        source="default", progress=False, verify=False,  # verified next, with the labelled held-out set
+        model, Path(s.out) / ONNX_NAME, batch=(1, len(images)), opset=s.opset, exporter=s.exporter,
+        source="default", progress=False, verify=options, report=Path(s.out) / ONNX_REPORT,
+        overwrite=s.overwrite,
     )  # fmt: skip
-    export_s = time.perf_counter() - t
-    stages.note(f"  exported {path.name} ({path.stat().st_size / 1e6:.2f} MB) in {export_s:.1f} s; verifying")
-    report = verify(model, path, data=(images, labels), seed=s.seed, print_table=False, raise_on_failure=False)
-    delta_pp = 100 * (report.accuracy["artifact_accuracy"] - report.accuracy["eager_accuracy"])
+    export_s = time.perf_counter() - t  # the export and its verification
+    stages.note(f"  exported and verified {path.name} ({path.stat().st_size / 1e6:.2f} MB) in {export_s:.1f} s")
+    report = json.loads((Path(s.out) / ONNX_REPORT).read_text())
+    accuracy = report["accuracy"]
+    delta_pp = 100 * (accuracy["artifact_accuracy"] - accuracy["eager_accuracy"])
     head = (
-        f"{s.exporter}, opset {s.opset}: accuracy {report.accuracy['artifact_accuracy']:.2%} "
+        f"{s.exporter}, opset {s.opset}: accuracy {accuracy['artifact_accuracy']:.2%} "
         f"(delta {round(delta_pp, 2) + 0.0:+.2f} pp), "
     )
+    worst = max(r["max_abs_err"] / r["bound"] if r["bound"] > 0 else float("inf") for r in report["rows"])
     extra = dict(artifact=str(path), exporter=s.exporter, opset=s.opset, export_s=export_s, accuracy_delta_pp=delta_pp)
-    return _verified("onnx", report.to_dict(), head, verify_worst_ratio=report.worst().ratio, **extra)
+    return _verified("onnx", report, head, verify_worst_ratio=worst, **extra)
 
 
 def _timing_step(model: Any, images: torch.Tensor, onnx_path: Path | None, s: DemoSettings, stages: Stages) -> dict:
@@ -363,6 +394,7 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
         raise ValueError("device 'cuda' asked for, but no CUDA GPU is visible to torch: use cpu or auto")
     use_gpu = cuda and s.device != "cpu"
     out_dir = Path(s.out)
+    check_demo_outputs(out_dir, s.overwrite)
     out_dir.mkdir(parents=True, exist_ok=True)
 
     stages.note(f"1/{STEPS} loading the embedded model and the held-out digits")
@@ -442,5 +474,15 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
         "wall_s": time.perf_counter() - start,
     }
     write_atomic(out_dir / "report.json", json.dumps(report, indent=2, default=str) + "\n")
-    write_atomic(out_dir / "report.md", _markdown(report))
+    write_atomic(out_dir / "report.md", _markdown(report) + markdown_mark(report["vit_fast_version"]))
     return report
+
+
+#: every file the demo writes into its --out folder
+OUTPUT_FILES = ("report.json", "report.md", ONNX_NAME, ONNX_NAME + ".json", ONNX_REPORT, *demo_plots.FILES.values())
+
+
+def check_demo_outputs(out_dir: Path, overwrite: bool = False) -> None:
+    """Before any step: none of the demo's files in ``out_dir`` is a FIFO, device or folder, and each one that
+    exists proves vit-fast wrote it (its own marker), unless ``overwrite``. A ValueError names the file and the fix."""
+    check_files_in(out_dir, OUTPUT_FILES, "demo --out", overwrite=overwrite, ours={ONNX_NAME: is_vit_fast_artifact})

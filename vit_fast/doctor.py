@@ -43,7 +43,7 @@ import torch
 from . import first_use
 from .dtypes import DTYPES
 from .env import collect_environment, driver_version
-from .files import MARKER_KEY, write_atomic, write_json_atomic
+from .files import MARKER_KEY, markdown_mark, write_atomic, write_json_atomic, write_new
 from .kernels import _versions
 from .kernels._interpret import interpreter_enabled
 from .kernels.cards import MIN_ARCH, card_of, device_name
@@ -422,7 +422,7 @@ def _run_in_interpreter(s: DoctorSettings, stages: Stages) -> list[dict[str, Any
     triton is first imported, whatever this process imported already); its progress lines go to stderr."""
     with tempfile.TemporaryDirectory(prefix="vit-fast-doctor-") as tmp:
         settings, result = Path(tmp) / "settings.json", Path(tmp) / "checks.json"
-        settings.write_text(json.dumps(asdict(s), default=str))
+        write_new(settings, json.dumps(asdict(s), default=str))
         env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
         cmd = [sys.executable, "-m", "vit_fast.doctor", str(settings), str(result)]
         try:
@@ -555,7 +555,7 @@ def run_doctor(s: DoctorSettings) -> dict[str, Any]:
     }
     out = Path(s.out)
     write_json_atomic(report, out / "report.json")
-    write_atomic(out / "report.md", _markdown(report))
+    write_atomic(out / "report.md", _markdown(report) + markdown_mark(report[MARKER_KEY]))
     return report
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import platform
 import shlex
 import sys
@@ -104,6 +103,7 @@ def lr_at(step: int, total: int, warmup: int, base: float, final_frac: float = 0
 def train(args: argparse.Namespace) -> dict[str, Any]:
     from . import assets
     from .checkpoints import save_checkpoint
+    from .files import write_atomic
     from .model import VisionTransformer
 
     torch.set_num_threads(args.threads)
@@ -228,9 +228,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "machine": platform.machine(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    tmp = out / f".{INFO_NAME}.tmp-{os.getpid()}"
-    tmp.write_text(json.dumps(info, indent=2, sort_keys=False) + "\n")
-    os.replace(tmp, out / INFO_NAME)
+    write_atomic(out / INFO_NAME, json.dumps(info, indent=2, sort_keys=False) + "\n")
     print(f"wrote {out / WEIGHTS_NAME} and {out / INFO_NAME}", file=sys.stderr)
     return info
 

@@ -36,6 +36,7 @@ import argparse
 import sys
 
 from vit_fast.bench import BenchSettings, markdown_report, parse_backends, resolve_device, run_benchmark
+from vit_fast.files import check_report_file
 
 from . import _args
 
@@ -162,6 +163,8 @@ def run(args: argparse.Namespace) -> int:
 
     out_dir = _args.output_folder(args.out)
     json_path = _args.output_file(args.json, "--json")
+    if json_path is not None:  # the one output policy, before any work
+        json_path = check_report_file(json_path, "--json", overwrite=args.overwrite)
     device = resolve_device(args.device)
     model = args.model
     if args.config is not None or args.weights is not None:

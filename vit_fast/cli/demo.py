@@ -35,7 +35,8 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from vit_fast.demo import DEFAULT_OUT, DemoSettings, format_table, run_demo
+from vit_fast.demo import DEFAULT_OUT, ONNX_NAME, DemoSettings, format_table, run_demo
+from vit_fast.files import check_report_file
 
 from . import _args
 
@@ -87,12 +88,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     _args.add_threads(parser, "ONNX Runtime gets the same number")
     _args.add_seed(parser, d.seed, "the random verification inputs and the ViT-B/16 weights")
+    _args.add_overwrite(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``vit-fast demo``; prints the table, returns 0 when no step failed, else 1."""
     out = _args.output_folder(args.out)
     json_path = _args.output_file(args.json, "--json")
+    if json_path is not None:  # the one output policy, before any step
+        json_path = check_report_file(json_path, "--json", overwrite=args.overwrite, artifacts=(out / ONNX_NAME,))
     fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(DemoSettings) if f.name != "out"}
     report = run_demo(DemoSettings(out=out, **fields))
     if json_path is not None:

@@ -31,6 +31,7 @@ import argparse
 from pathlib import Path
 
 from vit_fast.doctor import DEFAULT_OUT, DoctorSettings, format_checks, run_doctor
+from vit_fast.files import check_files_in, check_report_file
 
 from . import _args
 
@@ -66,12 +67,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"seconds the interpreter child process may take on a CPU (default {d.timeout:g})",
     )
     _args.add_seed(parser, d.seed, "the random inputs (and a preset's weights)")
+    _args.add_overwrite(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``vit-fast doctor``; prints the table, returns 0 when no check failed, else 1."""
     out = _args.output_folder(args.out)
     json_path = _args.output_file(args.json, "--json")
+    # the one output policy, before any check runs
+    check_files_in(out, ("report.json", "report.md"), "doctor --out", overwrite=args.overwrite)
+    if json_path is not None:
+        json_path = check_report_file(json_path, "--json", overwrite=args.overwrite)
     settings = DoctorSettings(
         model=args.model,
         config=args.config,

@@ -23,6 +23,7 @@ import argparse
 from vit_fast.export.onnx import check_onnx_args, to_onnx
 from vit_fast.export.tensorrt import to_tensorrt
 from vit_fast.export.verify import VerifyOptions
+from vit_fast.files import check_report_file
 from vit_fast.loading import load_model, source_name
 
 from . import _args
@@ -126,6 +127,8 @@ def _run_onnx(args: argparse.Namespace) -> int:
         raise _args.CommandError("--mean/--std normalise uint8 input inside the graph: give --preprocess NCHW|NHWC too")
     out = _args.output_file(args.out, "--out")
     json_path = _args.output_file(args.json, "--json")
+    if json_path is not None:  # the one output policy, before any work; never the artifact's own metadata
+        json_path = check_report_file(json_path, "--json", overwrite=args.overwrite, artifacts=(out,))
     model = load_model(args.model, backend="torch", config=args.config, weights=args.weights)
     batch = tuple(args.batch)
     check_onnx_args(model, batch, args.dtype, args.opset, args.exporter, args.dynamic_size, args.attention)
@@ -156,6 +159,8 @@ def _run_onnx(args: argparse.Namespace) -> int:
 def _run_tensorrt(args: argparse.Namespace) -> int:
     out = _args.output_file(args.out, "--out")
     json_path = _args.output_file(args.json, "--json")
+    if json_path is not None:  # the one output policy, before any work; never the artifact's own metadata
+        json_path = check_report_file(json_path, "--json", overwrite=args.overwrite, artifacts=(out,))
     out.parent.mkdir(parents=True, exist_ok=True)
     to_tensorrt(
         args.onnx,

@@ -27,6 +27,7 @@ EXAMPLE = "vit-fast serve default --batch 1,8,64 --instances 2   (then: curl 127
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``vit-fast serve``'s arguments."""
+    from vit_fast.cli import _args
     from vit_fast.cli.tritonserver import add_serving_arguments
     from vit_fast.serve.server import DEFAULT_HOST, DEFAULT_PORTS
 
@@ -55,6 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="load test: seed of the images and batch sizes (0)")
     parser.add_argument("--verbose", action="store_true", help="print Triton's own log")
+    _args.add_overwrite(parser)
 
 
 def _interrupt(*_: Any) -> None:
@@ -66,12 +68,15 @@ def run(args: argparse.Namespace) -> int:
     from vit_fast.serve.server import require_serve
 
     require_serve()  # before the model loads: a missing extra is the first thing to hear about
+    from vit_fast import __version__
     from vit_fast.export.tritonserver import model_name_for, parse_batch_sizes
-    from vit_fast.files import write_json_atomic
+    from vit_fast.files import MARKER_KEY, check_report_file, write_json_atomic
     from vit_fast.loading import load_model
     from vit_fast.serve.loadtest import load_test
     from vit_fast.serve.server import Server
 
+    # the one output policy, before the model loads and the server starts
+    json_path = None if args.json is None else check_report_file(args.json, "--json", overwrite=args.overwrite)
     batch = parse_batch_sizes(args.batch) if args.batch is not None else None
     name = args.name or model_name_for(args.model)
     model = load_model(args.model, backend="torch")
@@ -113,12 +118,13 @@ def run(args: argparse.Namespace) -> int:
                 seed=args.seed,
             )
             print(report.format(), flush=True)
-            if args.json:
-                write_json_atomic(report.to_dict(), args.json)
+            if json_path is not None:
+                write_json_atomic({MARKER_KEY: __version__, **report.to_dict()}, json_path)
             return 0 if report.passed else 1
-        if args.json:
-            info = {"model": name, "http": e.http, "grpc": e.grpc, "health": e.health_url, "metrics": e.metrics_url}
-            write_json_atomic(info | {"description": server.description}, args.json)
+        if json_path is not None:
+            info = {MARKER_KEY: __version__, "model": name, "http": e.http, "grpc": e.grpc}
+            info |= {"health": e.health_url, "metrics": e.metrics_url}
+            write_json_atomic(info | {"description": server.description}, json_path)
         print("ready: Ctrl-C or SIGTERM stops it", flush=True)
         if not server.wait():
             tail = server.log_tail()

@@ -54,6 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="model to verify an ONNX file against (default: its metadata's)")
     parser.add_argument("--no-verify", action="store_true", help="skip verifying the ONNX file against eager PyTorch")
     parser.add_argument("--force", action="store_true", help="replace existing model folders of the same names")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace a --json file vit-fast did not write (implies --force)"
+    )
     parser.add_argument("--json", default=None, metavar="PATH", help="write a machine-readable summary here")
     parser.add_argument("--seed", type=int, default=None, help="seed of the random verification inputs")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -110,6 +113,7 @@ def _summary(repo: Path, folders: list[Path]) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``vit-fast export tritonserver``; returns 0, raises ValueError & co. with a clear message on bad input."""
+    import vit_fast
     from vit_fast.export.tritonserver import (
         ENGINE_SUFFIXES,
         ONNX_SUFFIXES,
@@ -120,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
         tensorrt_entry,
         write_repository,
     )
-    from vit_fast.files import write_json_atomic
+    from vit_fast.files import MARKER_KEY, check_report_file, write_json_atomic
 
     batch = parse_batch_sizes(args.batch) if args.batch is not None else None
     entries = _entries(args.entries)
@@ -145,7 +149,9 @@ def run(args: argparse.Namespace) -> int:
         kind=args.kind,
         queue_delay_us=args.queue_delay_us,
     )
+    args.force = args.force or args.overwrite  # one word for replacing everywhere
     check_repository(args.out, names, args.force)  # before any work: a refused folder costs nothing
+    json_path = None if args.json is None else check_report_file(args.json, "--json", overwrite=args.overwrite)
     if suffix in ENGINE_SUFFIXES:
         todo = [tensorrt_entry(args.source, name, **common)]
     elif suffix in ONNX_SUFFIXES:
@@ -185,8 +191,8 @@ def run(args: argparse.Namespace) -> int:
             todo.append(python_entry(model, f"{name}_python", dtype=dtype, source_name=described, **common))
     folders = write_repository(args.out, todo, force=args.force, progress=not args.quiet)
     summary = _summary(Path(args.out), folders)
-    if args.json:
-        write_json_atomic(summary, args.json)
+    if json_path is not None:
+        write_json_atomic({MARKER_KEY: vit_fast.__version__, **summary}, json_path)
     for m in summary["models"]:
         state = {True: "verified", False: "FAILED verification"}.get(m["verified"], m["verification_note"])
         print(f"wrote {m['config']} ({state})")

@@ -8,7 +8,6 @@ like the artifact entries, so the same checks and all-or-nothing publishing appl
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from vit_fast.export.tritonserver import (
     plan_batching,
     provenance_comments,
 )
-from vit_fast.files import write_json_atomic
+from vit_fast.files import copy_new, write_json_atomic
 from vit_fast.model import VisionTransformer
 
 #: the model.py copied into the entry; it imports triton_python_backend_utils, so it is read, never imported
@@ -69,7 +68,7 @@ def python_entry(
     def build(folder: Path) -> EntryConfig:
         version = folder / VERSION
         version.mkdir(parents=True)
-        shutil.copyfile(TEMPLATE, version / MODEL_FILES["python"])
+        copy_new(TEMPLATE, version / MODEL_FILES["python"])
         save_checkpoint(model, version / WEIGHTS)
         note = "no artifact: the entry serves the vit-fast module itself"
         write_json_atomic({"passed": None, "note": note}, folder / "verification.json")
