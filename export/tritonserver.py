@@ -274,7 +274,7 @@ def write_repository(
     repo.mkdir(exist_ok=True)
     stages = Stages("vit-fast export", progress)
     clean_stale_staging(repo)  # a killed run's staging folder, proven ours by its marker and free lock
-    staging, lock = make_staging(repo, ".vit-fast-repo")
+    staging, lock = make_staging(repo, "vit-fast-repo")  # .vit-fast-repo.tmp-TOKEN
     published: list[tuple[Path, Path | None]] = []  # (model folder, the old folder it replaced)
     try:
         for entry in entries:

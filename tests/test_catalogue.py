@@ -8,9 +8,12 @@ tests/test_export_faults.py; this file is about what is refused before or instea
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
+import stat
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -404,3 +407,205 @@ def test_the_catalogue_is_large_enough():
 
 def test_no_cli_case_needs_more_than_its_own_folder():
     assert all(not os.path.isabs(a) for argv, _, _ in CLI.values() for a in argv)
+
+
+# --------------------------------------------------------------------------- one output policy for every writer
+# Issue 20: each writer's --json / --out refused before any work, with the problem and the fix, when the path is
+# a FIFO or device (never opened: these hung or were replaced before), a file vit-fast cannot prove it wrote
+# (these were replaced before), or an artifact's own metadata (published over it before).
+POLICY_CLI: dict[str, tuple[list[str], int, str]] = {
+    "bench json foreign": (
+        ["bench", "default", "--out", "b", "--json", "theirs.json"],
+        1,
+        r"--json 'theirs.json' exists and was not written by vit-fast.*--overwrite",
+    ),
+    "bench json fifo": (
+        ["bench", "default", "--out", "b", "--json", "pipe.json"],
+        1,
+        r"--json 'pipe.json' is a FIFO \(named pipe\), not a regular file.*choose a file path",
+    ),
+    "bench json device": (
+        ["bench", "default", "--out", "b", "--json", "/dev/null"],
+        1,
+        r"--json '/dev/null' is a character device, not a regular file.*choose a file path",
+    ),
+    "demo json foreign": (
+        ["demo", "--out", "d", "--json", "theirs.json"],
+        1,
+        r"--json 'theirs.json' exists and was not written by vit-fast.*--overwrite",
+    ),
+    "demo out foreign report.md": (
+        ["demo", "--out", "userdemo"],
+        1,
+        r"demo --out file 'userdemo/report.md' exists and was not written by vit-fast.*--overwrite",
+    ),
+    "demo out foreign patches.png": (
+        ["demo", "--out", "pngdemo"],
+        1,
+        r"demo --out file 'pngdemo/patches.png' exists and was not written by vit-fast.*--overwrite",
+    ),
+    "demo out fifo": (["demo", "--out", "fifodemo"], 1, r"'fifodemo/report.json' is a FIFO.*choose a file path"),
+    "demo json onto the onnx metadata": (
+        ["demo", "--out", "d", "--json", "d/digits_vit.onnx.json"],
+        1,
+        r"is the metadata of an artifact.*choose another path",
+    ),
+    "serve json foreign": (
+        ["serve", "default", "--json", "theirs.json"],
+        1,
+        r"--json 'theirs.json' exists and was not written by vit-fast.*--overwrite",
+    ),
+    "serve json fifo": (["serve", "default", "--json", "pipe.json"], 1, r"'pipe.json' is a FIFO.*choose a file path"),
+    "export json fifo": (
+        ["export", "onnx", "default", "--out", "o.onnx", "--json", "pipe.json"],
+        1,
+        r"--json 'pipe.json' is a FIFO.*choose a file path",
+    ),
+    "export out fifo": (["export", "onnx", "default", "--out", "pipe.onnx"], 1, r"'pipe.onnx' is a FIFO"),
+    "export json onto its metadata": (
+        ["export", "onnx", "default", "--out", "o.onnx", "--json", "o.onnx.json"],
+        1,
+        r"--json 'o.onnx.json' is the metadata of an artifact.*choose another path, e.g. 'o.onnx.report.json'",
+    ),
+    "export foreign onnx with our metadata beside": (
+        ["export", "onnx", "default", "--out", "user.onnx"],
+        1,
+        r"ONNX file 'user.onnx' exists and was not written by vit-fast.*--overwrite",
+    ),
+    "verify json fifo": (
+        ["verify", "default", "triton", "--json", "pipe.json"],
+        1,
+        r"--json 'pipe.json' is a FIFO.*choose a file path",
+    ),
+    "verify json onto the artifact's metadata": (
+        ["verify", "default", "x.onnx", "--json", "x.onnx.json"],
+        1,
+        r"--json 'x.onnx.json' is the metadata of an artifact.*choose another path",
+    ),
+    "tritonserver json foreign": (
+        ["export", "tritonserver", "default", "--out", "repo", "--json", "theirs.json"],
+        1,
+        r"--json 'theirs.json' exists and was not written by vit-fast.*--overwrite",
+    ),
+    "doctor json foreign": (
+        ["doctor", "--out", "dd", "--json", "theirs.json"],
+        1,
+        r"--json 'theirs.json' exists and was not written by vit-fast.*--overwrite",
+    ),
+    "doctor out foreign report.md": (
+        ["doctor", "--out", "userdemo"],
+        1,
+        r"doctor --out file 'userdemo/report.md' exists and was not written by vit-fast.*--overwrite",
+    ),
+    "info json fifo": (["info", "--json", "pipe.json"], 1, r"'pipe.json' is a FIFO.*choose a file path"),
+}
+
+
+def _snapshot_any(folder: Path) -> dict[str, str]:
+    """Like _snapshot, but a FIFO is recorded as such and never opened (reading one would block)."""
+    out = {}
+    for p in sorted(folder.rglob("*")):
+        mode = p.lstat().st_mode
+        if stat.S_ISDIR(mode):
+            kind = "dir"
+        elif stat.S_ISREG(mode):
+            kind = hashlib.sha256(p.read_bytes()).hexdigest()
+        else:
+            kind = f"special {stat.S_IFMT(mode):o}"
+        out[str(p.relative_to(folder))] = kind
+    return out
+
+
+@pytest.fixture
+def policy_folder(tmp_path, monkeypatch):
+    """A folder with the user's own files where vit-fast's writers would go, and FIFOs."""
+    (tmp_path / "theirs.json").write_text('{"theirs": 1}\n')
+    os.mkfifo(tmp_path / "pipe.json")
+    os.mkfifo(tmp_path / "pipe.onnx")
+    (tmp_path / "user.onnx").write_bytes(b"my own ONNX file")
+    # an old vit-fast metadata file beside it proves nothing about user.onnx itself
+    (tmp_path / "user.onnx.json").write_text('{"vit_fast_version": "0.1.0", "format": "onnx"}\n')
+    (tmp_path / "x.onnx").write_text("not really ONNX")
+    for name in ("userdemo", "pngdemo", "fifodemo"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "userdemo" / "report.md").write_text("# my report\n")
+    (tmp_path / "pngdemo" / "patches.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0\0\0\0IEND\xaeB`\x82")
+    os.mkfifo(tmp_path / "fifodemo" / "report.json")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _run_cli_bounded(argv: list[str], folder: Path, seconds: float = 120.0) -> int:
+    """``main(argv)``, failing (not hanging) if it blocks: a FIFO opened for reading would wait for a writer."""
+    result: dict[str, object] = {}
+
+    def target() -> None:
+        try:
+            result["rc"] = main(argv)
+        except SystemExit as exit_:
+            result["rc"] = exit_.code
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        for fifo in folder.rglob("*"):  # release a blocked reader so the thread can end
+            if stat.S_ISFIFO(fifo.lstat().st_mode):
+                with contextlib.suppress(OSError):
+                    os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        thread.join(10)
+        pytest.fail(f"{argv} blocked for {seconds:g} s")
+    return result["rc"]  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("case", sorted(POLICY_CLI))
+def test_every_writer_refuses_up_front_and_leaves_the_folder_alone(case, policy_folder, capsys):
+    argv, code, message = POLICY_CLI[case]
+    before = _snapshot_any(policy_folder)
+    rc = _run_cli_bounded(argv, policy_folder)
+    err = capsys.readouterr().err
+    assert rc == code, f"{case}: exit {rc}, expected {code}; stderr: {err}"
+    assert "Traceback" not in err
+    assert re.search(message, err), f"{case}: {message!r} not in: {err}"
+    assert re.search(r"^vit-fast [a-z ]+: error: ", err.strip().splitlines()[-1]), err
+    assert _snapshot_any(policy_folder) == before, f"{case}: the folder changed"
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+
+
+def test_checkpoints_follow_the_same_policy(tmp_path):
+    """save_checkpoint replaces only a checkpoint it wrote; anything else needs overwrite=True; FIFOs never."""
+    (tmp_path / "theirs.safetensors").write_bytes(b"someone's weights")
+    (tmp_path / "theirs.pth").write_bytes(b"not even a zip")
+    os.mkfifo(tmp_path / "pipe.pth")
+    ours = vit_fast.save_checkpoint(_tiny(), tmp_path / "ours.pth")
+    before = _snapshot_any(tmp_path)
+    for name, problem in [
+        ("theirs.safetensors", r"checkpoint '.*theirs.safetensors' exists and was not written by vit-fast"),
+        ("theirs.pth", r"checkpoint '.*theirs.pth' exists and was not written by vit-fast"),
+        ("pipe.pth", r"checkpoint '.*pipe.pth' is a FIFO \(named pipe\), not a regular file"),
+    ]:
+        with pytest.raises(ValueError, match=problem) as info:
+            vit_fast.save_checkpoint(_tiny(), tmp_path / name)
+        assert re.search(r"overwrite=True|choose a file path", str(info.value)), str(info.value)
+        assert _snapshot_any(tmp_path) == before, name
+    vit_fast.save_checkpoint(_tiny(), ours)  # its own file: replaced without asking
+    vit_fast.save_checkpoint(_tiny(), tmp_path / "theirs.pth", overwrite=True)
+    assert vit_fast.load_checkpoint(tmp_path / "theirs.pth").cfg == _tiny().cfg
+
+
+def test_reports_never_land_on_an_artifacts_metadata(tmp_path):
+    from vit_fast import export, files
+
+    (tmp_path / "m.onnx").write_bytes(b"an artifact")
+    files.write_json_atomic({files.MARKER_KEY: "0.1", "format": "onnx"}, tmp_path / "other.json")
+    before = _snapshot_any(tmp_path)
+    for path, artifact in [
+        (tmp_path / "m.onnx.json", None),  # beside an existing artifact
+        (tmp_path / "new.onnx.json", tmp_path / "new.onnx"),  # the artifact about to be written
+        (tmp_path / "other.json", None),  # its content is some artifact's metadata
+    ]:
+        with pytest.raises(ValueError, match=r"is the metadata of an artifact.*choose another path"):
+            export.check_report_path(path, overwrite=True, artifact=artifact)
+    with pytest.raises(ValueError, match=r"is the metadata of an artifact"):
+        export.verify(_tiny(), tmp_path / "m.onnx", json_path=tmp_path / "m.onnx.json")
+    assert _snapshot_any(tmp_path) == before

@@ -65,18 +65,19 @@ def _interrupt(*_: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``vit-fast serve``; returns 0 after a clean stop (1 when the load test fails)."""
+    from vit_fast.files import check_report_file
     from vit_fast.serve.server import require_serve
 
+    # the one output policy first: before the extra's check, the model load and the server start
+    json_path = None if args.json is None else check_report_file(args.json, "--json", overwrite=args.overwrite)
     require_serve()  # before the model loads: a missing extra is the first thing to hear about
     from vit_fast import __version__
     from vit_fast.export.tritonserver import model_name_for, parse_batch_sizes
-    from vit_fast.files import MARKER_KEY, check_report_file, write_json_atomic
+    from vit_fast.files import MARKER_KEY, write_json_atomic
     from vit_fast.loading import load_model
     from vit_fast.serve.loadtest import load_test
     from vit_fast.serve.server import Server
 
-    # the one output policy, before the model loads and the server starts
-    json_path = None if args.json is None else check_report_file(args.json, "--json", overwrite=args.overwrite)
     batch = parse_batch_sizes(args.batch) if args.batch is not None else None
     name = args.name or model_name_for(args.model)
     model = load_model(args.model, backend="torch")
