@@ -609,3 +609,25 @@ def test_reports_never_land_on_an_artifacts_metadata(tmp_path):
     with pytest.raises(ValueError, match=r"is the metadata of an artifact"):
         export.verify(_tiny(), tmp_path / "m.onnx", json_path=tmp_path / "m.onnx.json")
     assert _snapshot_any(tmp_path) == before
+
+
+def test_export_keeps_folders_that_only_look_like_staging_and_takes_a_250_character_name(tmp_path):
+    """The cleaner removed a user's `.m.onnx.tmp-backup/` older than an hour and any `.*.tmp-*` folder with an
+    unlocked `.owner`; a legal 250-character name was refused ("folder cannot be written": the probe's name
+    was too long). Now both folders stay and the long name is written, with its metadata."""
+    from vit_fast import export
+
+    backup = tmp_path / ".m.onnx.tmp-backup"
+    backup.mkdir()
+    (backup / "old.onnx").write_bytes(b"my backup")
+    os.utime(backup, (0, 0))
+    owner = tmp_path / ".notes.tmp-1234"
+    owner.mkdir()
+    (owner / ".owner").write_text("unlocked, but mine")
+    before = _snapshot(tmp_path)
+    long_name = "n" * 245 + ".onnx"  # 250 characters; its metadata's name is 255
+    for name in ("m.onnx", long_name):
+        export.to_onnx(_tiny(), tmp_path / name, batch=(1, 2), exporter="torchscript", progress=False, verify=False)
+    after = _snapshot(tmp_path)
+    assert {k: v for k, v in after.items() if k in before} == before
+    assert sorted(set(after) - set(before)) == sorted(["m.onnx", "m.onnx.json", long_name, long_name + ".json"])

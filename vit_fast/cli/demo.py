@@ -24,7 +24,9 @@ Steps, each reported as ok / failed / skipped (with the reason):
                 Skipped under --no-plots, or with a one-line note when matplotlib is missing
 
 Prints a summary table (stdout; progress goes to stderr) and writes report.json and report.md
-(plus the ONNX artifact and the pictures) into --out, creating it if needed. Exits 0 when no step
+(plus the ONNX artifact, published only once verified, its report digits_vit.verify.json and the
+pictures) into --out, creating it if needed. A file there that vit-fast did not write is kept: the
+demo refuses to start unless --overwrite. Exits 0 when no step
 failed, 1 when one did, 2 for bad arguments. Needs scikit-learn and matplotlib (pip install
 'vit-fast[demo]') and, for step 3, the onnx extra.
 """
