@@ -7,7 +7,7 @@ argparse prints ``vit-fast <command>: error: argument --x: <why>`` and exits 2:
   takes exactly those items (a range), a plain ``batch_list()`` distinct sizes;
 - ``dtype_name`` / ``dtype_names``: ``--dtype``, any spelling vit_fast.dtypes accepts (``fp16``,
   ``float16``, ``half``, ``torch.float16``), as the canonical short name(s);
-- ``positive_int``, ``nonnegative_int``, ``positive_float``, ``device``.
+- ``positive_int``, ``nonnegative_int``, ``positive_float``, ``device``, ``seed`` (0 to 2**32 - 1).
 
 Output paths (``--out``, ``--json``) behave the same everywhere: missing folders are created,
 a path under an existing regular file is refused with :class:`CommandError` before any work.
@@ -157,9 +157,22 @@ def add_threads(parser: argparse.ArgumentParser, note: str) -> None:
     )
 
 
+#: seeds are 32-bit: the bench derives per-batch seeds from them (``seed * 100003 + batch``), which must stay
+#: inside torch's 64-bit ``manual_seed``
+MAX_SEED = 2**32 - 1
+
+
+def seed(text: str) -> int:
+    """The ``--seed`` type: an int from 0 to :data:`MAX_SEED` (torch refuses larger ones only deep inside)."""
+    value = _number(text, int, "an int")
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"must be an int from 0 to {MAX_SEED}, got {value}")
+    return value
+
+
 def add_seed(parser: argparse.ArgumentParser, default: int | None, what: str) -> None:
     fresh = "fresh each run" if default is None else str(default)
-    parser.add_argument("--seed", type=int, default=default, help=f"seed of {what} (default: {fresh})")
+    parser.add_argument("--seed", type=seed, default=default, help=f"seed of {what} (default: {fresh})")
 
 
 def name_list(text: str) -> list[str]:

@@ -18,6 +18,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from . import _args
+
 ENTRIES = ("onnx", "python")
 
 EXAMPLE = "vit-fast export tritonserver default --out repo/ --batch 1,8,64 --instances 2"
@@ -55,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-verify", action="store_true", help="skip verifying the ONNX file against eager PyTorch")
     parser.add_argument("--force", action="store_true", help="replace existing model folders of the same names")
     parser.add_argument("--json", default=None, metavar="PATH", help="write a machine-readable summary here")
-    parser.add_argument("--seed", type=int, default=None, help="seed of the random verification inputs")
+    parser.add_argument("--seed", type=_args.seed, default=None, help="seed of the random verification inputs")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
