@@ -91,7 +91,10 @@ def is_user_error(err: BaseException) -> bool:
 
 def error_message(err: BaseException) -> str:
     """The text of ``err`` on one line: KeyError's message without its quotes, a hint for a missing extra."""
-    text = str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)
+    from vit_fast.cli._args import os_error_text  # full disk, too-long path: the path and the fix, not errno text
+
+    text = os_error_text(err) if isinstance(err, OSError) else None
+    text = text or (str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err))
     text = " ".join(text.split()) or type(err).__name__
     missing = getattr(err, "name", None) if isinstance(err, ModuleNotFoundError) else None
     if missing and missing.split(".")[0] in _EXTRAS:

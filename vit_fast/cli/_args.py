@@ -16,6 +16,7 @@ a path under an existing regular file is refused with :class:`CommandError` befo
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +33,31 @@ MODEL_HELP = (
 
 class CommandError(Exception):
     """A failure the user can fix; ``vit-fast`` prints its message on one line and exits 1."""
+
+
+#: errno -> (what went wrong, how to fix it): OSErrors whose own text names neither the path nor a fix
+_OS_ERRORS = {
+    errno.ENOSPC: ("no space left on its device", "free space there, or choose a path on another disk"),
+    errno.EDQUOT: ("the disk quota is used up", "free space there, or choose a path on another disk"),
+    errno.ENAMETOOLONG: (
+        "the path is too long (a name over 255 bytes, or a path over 4096)",
+        "choose a shorter file or folder name",
+    ),
+    errno.EROFS: ("it is on a read-only file system", "choose a writable path"),
+}
+
+
+def os_error_text(err: OSError) -> str | None:
+    """A full disk, a too-long path or a read-only file system as the path and the fix, for the CLI's one-line
+    error (None for other OSErrors, whose own text is kept)."""
+    known = _OS_ERRORS.get(err.errno)
+    if known is None:
+        return None
+    problem, fix = known
+    paths = [str(p) for p in (err.filename, err.filename2) if p is not None]
+    if not paths:
+        return f"cannot write: {problem}; {fix}"
+    return f"cannot write {' -> '.join(repr(p) for p in paths)}: {problem}; {fix}"
 
 
 def _number(text: str, kind: type, what: str) -> int | float:
