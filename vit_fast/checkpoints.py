@@ -134,11 +134,15 @@ def read_state_dict(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], d
         raise ValueError(
             f"{str(path)!r} is a PyTorch (torch.save) file with a .safetensors suffix: rename it to {path.stem}.pth"
         )
-    if kind == "unknown":
-        what = "safetensors file" if suffix == ".safetensors" else "PyTorch checkpoint"
+    if kind == "unknown" and suffix == ".safetensors":
         raise ValueError(
-            f"{str(path)!r} is not a {what}: its first bytes are neither a safetensors header nor a torch.save "
-            "archive (a partial download, or another kind of file); write it again or give another file"
+            f"cannot read {str(path)!r} as safetensors: its first bytes are not a safetensors header (a partial "
+            "download, or another kind of file); write it again or give another file"
+        )
+    if kind == "unknown":
+        raise ValueError(
+            f"{str(path)!r} is not a PyTorch checkpoint: its first bytes are neither a torch.save archive nor a "
+            "safetensors header (a partial download, or another kind of file); write it again or give another file"
         )
     if suffix == ".safetensors":
         from safetensors import safe_open
