@@ -156,6 +156,8 @@ class OrtRunner(Runner):
                 raise ArtifactError(f"{str(self.path)!r}: unsupported ONNX output type {o.type} of {o.name!r}")
         self.input_dtype = INPUT_ORT_TYPES[inp.type]
         self.output_dtypes = {o.name: ORT_TYPES[o.type] for o in outs}
+        #: the input's dims after the batch, an int where fixed and a name where dynamic (read by verify's size check)
+        self.image_shape = tuple(inp.shape[1:])
         self.fixed_batch = inp.shape[0] if isinstance(inp.shape[0], int) else None
         self.batch_range = (self.fixed_batch, self.fixed_batch) if self.fixed_batch else None
         threads_note = f" (intra_op_num_threads={threads})" if threads else ""

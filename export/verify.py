@@ -176,9 +176,24 @@ class VerifyReport:
 
 
 def format_verification(record: dict[str, Any] | None) -> str:
-    """An artifact's verification record (``read_metadata(path)["verification"]``) as lines to show."""
+    """An artifact's verification record (``read_metadata(path)["verification"]``) as lines to show. A record
+    that is not what vit-fast writes (a string, a list, fields of other types: a hand-edited or damaged file)
+    is shown as unreadable, with how to check the artifact again, never as an exception."""
     if not record:
         return "verification: none recorded (the artifact was written without verification)"
+    unreadable = (
+        "verification: the recorded verification is unreadable ({}): the metadata beside the artifact was edited "
+        "or damaged; run vit-fast verify MODEL ARTIFACT to check the artifact again, or export it again"
+    )
+    if not isinstance(record, dict):
+        return unreadable.format(f"a {type(record).__name__}, not an object")
+    try:
+        return _format_record(record)
+    except (TypeError, ValueError, AttributeError) as err:
+        return unreadable.format(f"{type(err).__name__}: {err}")
+
+
+def _format_record(record: dict[str, Any]) -> str:
     w = record.get("worst") or {}
     sizes = ", ".join(f"{h}x{w_}" for h, w_ in record.get("image_sizes") or [])
     versions = ", ".join(f"{k} {v}" for k, v in (record.get("versions") or {}).items() if v)
@@ -255,6 +270,28 @@ def _check_config(meta: dict[str, Any] | None, cfg: Any, artifact: Any) -> None:
             )
 
 
+def _check_input_size(
+    runner: Runner, channels: int, sizes: list[tuple[int, int]], preprocess: dict | None, artifact: Any
+) -> None:
+    """Raise ValueError naming both sizes when the artifact's fixed input dims (``runner.image_shape``, where the
+    runner knows them) do not fit the model's images, before any input is run (ONNX Runtime would answer with
+    its raw "Got invalid dimensions" text)."""
+    fixed = getattr(runner, "image_shape", None)
+    if not fixed or len(fixed) != 3:
+        return
+    nhwc = bool(preprocess) and preprocess.get("layout") == "NHWC"
+    for h, w in sizes:
+        want = (h, w, channels) if nhwc else (channels, h, w)
+        if all(not isinstance(have, int) or have == need for have, need in zip(fixed, want, strict=True)):
+            continue
+        theirs_h, theirs_w = (fixed[0], fixed[1]) if nhwc else (fixed[1], fixed[2])
+        raise ValueError(
+            f"{str(artifact)!r} was exported for {theirs_h}x{theirs_w} images (input dims {list(fixed)}), but the "
+            f"model takes {h}x{w} images ({channels} channels): verify it against the model it was exported from, "
+            "or export this model again"
+        )
+
+
 def verify(
     model: nn.Module | str,
     artifact: str | os.PathLike,
@@ -325,6 +362,7 @@ def verify(
     for size in image_sizes:
         if size != (h, w) and not (dynamic or cfg.dynamic_img_size):
             raise ValueError(f"{str(artifact)!r} takes {h}x{w} images only (exported without dynamic_size)")
+    _check_input_size(runner, cfg.in_chans, image_sizes, preprocess, artifact)
     if data is not None:
         _check_data(data, preprocess, [k for k, _ in plan])
 

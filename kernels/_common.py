@@ -22,6 +22,7 @@ from triton.runtime.autotuner import Autotuner
 from triton.runtime.driver import driver
 
 from vit_fast.kernels._interpret import interpreter_enabled
+from vit_fast.kernels._switches import parse_switch, switch
 from vit_fast.kernels.cards import card_for_arch, card_of
 
 #: storage dtypes every kernel takes (accumulation is always fp32)
@@ -78,20 +79,20 @@ _TUNING: contextvars.ContextVar[bool | None] = contextvars.ContextVar("vit_fast_
 #: inside, several times the cost of this lookup
 _ENVIRON_DATA = getattr(os.environ, "_data", None)
 _AUTOTUNE_KEY = os.environ.encodekey("VIT_FAST_AUTOTUNE") if _ENVIRON_DATA is not None else None
-_ON = {"1", "true", "yes", "on"}
 _PARSED: dict = {}  # raw value -> flag
 
 
 def _autotune_env() -> bool:
-    """``VIT_FAST_AUTOTUNE`` as a flag, read now (tests and users may set it at any time)."""
+    """``VIT_FAST_AUTOTUNE`` as a flag, read now (tests and users may set it at any time); a value that is not a
+    switch raises :class:`~._switches.SwitchError`."""
     if _ENVIRON_DATA is None:
-        return os.environ.get("VIT_FAST_AUTOTUNE", "0").strip().lower() in _ON
+        return bool(switch("VIT_FAST_AUTOTUNE", False))
     raw = _ENVIRON_DATA.get(_AUTOTUNE_KEY)
     if raw is None:
         return False
     flag = _PARSED.get(raw)
     if flag is None:
-        flag = _PARSED[raw] = os.environ.decodevalue(raw).strip().lower() in _ON
+        flag = _PARSED[raw] = bool(parse_switch("VIT_FAST_AUTOTUNE", os.environ.decodevalue(raw), False))
     return flag
 
 
@@ -135,7 +136,7 @@ def tuning_requested(named_args: dict) -> bool:
 def autotune_cache_enabled() -> bool:
     """True unless ``VIT_FAST_AUTOTUNE_CACHE=0``: tuned configs are saved in Triton's cache directory
     (``TRITON_CACHE_DIR``, default ``~/.triton/cache``), so a second process starts tuned."""
-    return os.environ.get("VIT_FAST_AUTOTUNE_CACHE", "1").strip().lower() not in ("0", "false", "no", "off")
+    return bool(switch("VIT_FAST_AUTOTUNE_CACHE", True))
 
 
 #: num_stages of the GEMM-like configs meant for cards without tensor cores (sm_75): every other config has more,
@@ -177,7 +178,7 @@ def closest_config(configs: list[triton.Config], want: dict, num_warps: int, num
 # ---------------------------------------------------------------------------------- TMA and persistent kernels
 def tma_enabled() -> bool:
     """False when ``VIT_FAST_TMA=0``: the GEMM's persistent TMA configs are never candidates (read per tuning)."""
-    return os.environ.get("VIT_FAST_TMA", "1").strip().lower() not in ("0", "false", "no", "off")
+    return bool(switch("VIT_FAST_TMA", True))
 
 
 def tma_usable(*operands: tuple[torch.Tensor, int]) -> bool:

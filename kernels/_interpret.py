@@ -1,11 +1,21 @@
-"""The one interpreter flag. Imports nothing (not even triton), so code that only asks whether
-the kernels would run in Triton's CPU interpreter can ask without importing them."""
+"""The one interpreter flag. Imports nothing but :mod:`._switches` (not even triton), so code that only asks
+whether the kernels would run in Triton's CPU interpreter can ask without importing them."""
 
 from __future__ import annotations
 
 import os
 
+from ._switches import parse_triton_interpret
+
+_READ: dict[str | None, bool] = {}  # raw TRITON_INTERPRET -> flag (read on every launch)
+
 
 def interpreter_enabled() -> bool:
-    """True when TRITON_INTERPRET=1: Triton kernels run on the CPU through NumPy (read per call)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    """True when ``TRITON_INTERPRET`` is on as Triton reads it (1, true, yes, on, y): Triton kernels run on the
+    CPU through NumPy (read per call). Raises :class:`~._switches.SwitchError` for a value Triton would read as
+    off that is not plainly off (``banana``, ``' 1'``)."""
+    raw = os.environ.get("TRITON_INTERPRET")
+    flag = _READ.get(raw)
+    if flag is None:
+        flag = _READ[raw] = parse_triton_interpret(raw)
+    return flag

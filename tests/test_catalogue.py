@@ -631,3 +631,219 @@ def test_export_keeps_folders_that_only_look_like_staging_and_takes_a_250_charac
     after = _snapshot(tmp_path)
     assert {k: v for k, v in after.items() if k in before} == before
     assert sorted(set(after) - set(before)) == sorted(["m.onnx", "m.onnx.json", long_name, long_name + ".json"])
+
+
+# --------------------------------------------------------------------------- issue 20: odd inputs (part B)
+# Switches are tested in tests/test_switches.py. Each case here runs in one shared folder of odd files (built
+# once: an ONNX export takes seconds), which must be byte-identical afterwards; a FIFO there is never opened.
+
+
+@pytest.fixture(scope="module")
+def odd_folder(tmp_path_factory) -> Path:
+    import json
+
+    from safetensors.torch import save_file
+
+    from vit_fast import export
+
+    folder = tmp_path_factory.mktemp("odd")
+    model = _tiny()
+    tensors = {k: v.contiguous() for k, v in model.state_dict().items()}
+    save_file(tensors, str(folder / "plain.safetensors"))
+    save_file(tensors, str(folder / "st.ckpt"))  # safetensors bytes under a torch suffix
+    # fixed bytes that start like neither format (random ones may start with 0x80, a pickle's first byte)
+    (folder / "rand.pth").write_bytes(bytes(range(7, 250)) * 3)
+    (folder / "empty.pth").write_bytes(b"")
+    torch.save({"model": torch.nn.Linear(2, 2)}, folder / "pickled.pth")  # a whole module: refused unloaded
+    (folder / "partial.json").write_text(json.dumps({"img_size": 16, "patch_size": 8}))
+    (folder / "hfstr.json").write_text(json.dumps({"model_type": "vit", "hidden_size": "768"}))
+    os.mkfifo(folder / "fifo.json")
+    bad = {**ViTConfig(**TINY).to_dict(), "depth": 0}
+    save_file(tensors, str(folder / "badcfg.safetensors"), {"vit_fast_config": json.dumps(bad)})
+    hf = {
+        "model_type": "vit",
+        "hidden_size": 16,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "intermediate_size": 32,
+        "image_size": 16,
+        "patch_size": 8,
+        "architectures": ["ViTModel"],
+    }
+    (folder / "hfpickled").mkdir()
+    (folder / "hfpickled" / "config.json").write_text(json.dumps(hf))
+    torch.save({"x": torch.nn.Linear(2, 2)}, folder / "hfpickled" / "pytorch_model.bin")
+    (folder / "hfstrdir").mkdir()
+    (folder / "hfstrdir" / "config.json").write_text(json.dumps({**hf, "hidden_size": "16"}))
+    (folder / "x.onnx").write_text("not really ONNX")
+    (folder / "x.onnx.json").write_text(json.dumps({"verification": "passed"}))
+    export.to_onnx(model, folder / "t16.onnx", verify=False)
+    (folder / "t16.onnx.json").unlink()  # an artifact whose metadata is gone: only its input dims tell its size
+    vit_fast.save_checkpoint(VisionTransformer(ViTConfig(**{**TINY, "img_size": 24})), folder / "t24.safetensors")
+    return folder
+
+
+LONG_NAME = "n" * 300  # over NAME_MAX (255 bytes) on every common file system
+
+# id -> (argv, exit code, regex naming the problem and the fix, in stdout + stderr)
+ODD_CLI: dict[str, tuple[list[str], int, str]] = {
+    "metadata verification a string": (
+        ["verify", "default", "x.onnx"],
+        1,
+        r"recorded verification is unreadable \(a str, not an object\).*run vit-fast verify MODEL ARTIFACT",
+    ),
+    "pickled checkpoint": (
+        ["verify", "pickled.pth", "triton"],
+        1,
+        r"'pickled.pth' holds Python objects besides tensors \(torch.nn.modules.linear.Linear\).*"
+        r"weights_only=True.*save the weights alone",
+    ),
+    "pickled HF pytorch_model.bin": (
+        ["verify", "hfpickled", "triton"],
+        1,
+        r"'hfpickled/pytorch_model.bin' holds Python objects besides tensors.*save the weights alone",
+    ),
+    "batch beyond range": (
+        ["bench", "default", "--batch", "1,99999999999999999999", "--out", "b"],
+        2,
+        r"batch size 99999999999999999999 .*too large: give sizes from 1 to 2147483647",
+    ),
+    "export batch beyond range": (
+        ["export", "onnx", "default", "--out", "o.onnx", "--batch", "1,99999999999999999999"],
+        2,
+        r"too large: give sizes from 1 to",
+    ),
+    "seed beyond 64 bits": (
+        ["bench", "default", "--seed", "99999999999999999999", "--out", "b"],
+        2,
+        r"--seed: must be an int from 0 to 4294967295, got 99999999999999999999",
+    ),
+    "verify seed beyond 64 bits": (
+        ["verify", "default", "triton", "--seed", "18446744073709551616"],
+        2,
+        r"--seed: must be an int from 0 to 4294967295",
+    ),
+    "config is a FIFO": (
+        ["verify", "plain.safetensors", "triton", "--config", "fifo.json"],
+        1,
+        r"config 'fifo.json' is not a regular file: give a config.json file or a preset name",
+    ),
+    "model is a FIFO": (["verify", "fifo.json", "triton"], 1, r"'fifo.json' is not a regular file: give a checkpoint"),
+    "random bytes in a .pth": (
+        ["verify", "rand.pth", "triton"],
+        1,
+        r"'rand.pth' is not a PyTorch checkpoint: .*write it again or give another file",
+    ),
+    "empty .pth": (["verify", "empty.pth", "triton"], 1, r"'empty.pth' is an empty file .*write it again or give"),
+    "safetensors named .ckpt": (
+        ["verify", "st.ckpt", "triton"],
+        1,
+        r"'st.ckpt' is a safetensors file with a .ckpt suffix: rename it to st.safetensors",
+    ),
+    "HF config hidden_size a string": (
+        ["verify", "plain.safetensors", "triton", "--config", "hfstr.json"],
+        1,
+        r"config 'hfstr.json': field 'hidden_size' is '768' \(str\), expected an integer: fix that field",
+    ),
+    "HF folder hidden_size a string": (
+        ["verify", "hfstrdir", "triton"],
+        1,
+        r"config 'hfstrdir/config.json': field 'hidden_size' is '16' \(str\).*fix that field",
+    ),
+    "config file missing fields": (
+        ["verify", "plain.safetensors", "triton", "--config", "partial.json"],
+        1,
+        r"config file 'partial.json' lacks the field\(s\) embed_dim, depth, num_heads, mlp_ratio, num_classes: "
+        r"vit-fast does not guess.*fix the file, or give a preset name",
+    ),
+    "checkpoint's embedded config bad": (
+        ["verify", "badcfg.safetensors", "triton"],
+        1,
+        r"the config embedded in checkpoint 'badcfg.safetensors' \(not a --config file\): ViTConfig.depth must be "
+        r"an int >= 1, got 0.*give the right config with --config",
+    ),
+    "path too long": (
+        ["bench", "default", "--out", LONG_NAME],
+        1,
+        rf"cannot write '{LONG_NAME}': the path is too long .*choose a shorter file or folder name",
+    ),
+    "artifact for another input size": (
+        ["verify", "t24.safetensors", "t16.onnx"],
+        1,
+        r"'t16.onnx' was exported for 16x16 images \(input dims \[3, 16, 16\]\), but the model takes 24x24 images.*"
+        r"verify it against the model it was exported from, or export this model again",
+    ),
+}
+
+
+def _run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
+    try:
+        rc = main(argv)
+    except SystemExit as exit_:  # argparse's usage errors
+        rc = exit_.code
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.mark.parametrize("case", sorted(ODD_CLI))
+def test_odd_inputs_get_one_line_with_problem_and_fix(case, odd_folder, capsys, monkeypatch):
+    monkeypatch.chdir(odd_folder)
+    argv, code, message = ODD_CLI[case]
+    before = _snapshot_any(odd_folder)
+    rc, out, err = _run_cli(argv, capsys)
+    assert rc == code, f"{case}: exit {rc}, expected {code}; stderr: {err}"
+    assert "Traceback" not in out + err
+    assert re.search(message, out + err), f"{case}: {message!r} not in: {out + err}"
+    if code == 1:  # the policy's one line: vit-fast <command>: error: <problem and fix>
+        assert re.search(r"^vit-fast [a-z ]+: error: ", err.strip().splitlines()[-1]), err
+    assert _snapshot_any(odd_folder) == before, f"{case}: the folder changed"
+
+
+def test_a_full_disk_is_named_with_the_path_and_the_fix(user_folder, capsys, monkeypatch):
+    """ENOSPC (and a quota, a read-only disk) wherever a command meets it: the CLI's one error layer names the
+    path and the fix instead of errno's text. The disk is faked: the command raises what a full one would."""
+    import errno
+
+    from vit_fast.cli import info
+
+    def full(args):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "out/report.json")
+
+    monkeypatch.setattr(info, "run", full)
+    before = _snapshot(user_folder)
+    rc, out, err = _run_cli(["info"], capsys)
+    assert rc == 1 and "Traceback" not in err and "Errno" not in err
+    assert re.search(
+        r"^vit-fast info: error: cannot write 'out/report.json': no space left on its device; free space there, or "
+        r"choose a path on another disk$",
+        err.strip(),
+    ), err
+    assert _snapshot(user_folder) == before
+
+
+@pytest.mark.parametrize(
+    "record",
+    ["passed", ["PASSED"], 3, True, {"worst": "x"}, {"worst": {"max_abs_err": "big"}}, {"batches": 5}],
+    ids=repr,
+)
+def test_odd_verification_records_never_raise(record):
+    from vit_fast.export import format_verification
+
+    text = format_verification(record)
+    assert text.startswith("verification: the recorded verification is unreadable (")
+    assert "run vit-fast verify MODEL ARTIFACT" in text
+
+
+def test_checkpoint_format_checks_through_the_api(odd_folder):
+    """load_checkpoint / load_model refuse the same files with the same words, before any loader reads them."""
+    cases = [
+        ("rand.pth", r"is not a PyTorch checkpoint"),
+        ("empty.pth", r"is an empty file"),
+        ("st.ckpt", r"a safetensors file with a .ckpt suffix"),
+        ("pickled.pth", r"holds Python objects besides tensors.*weights_only=True"),
+    ]
+    for name, problem in cases:
+        with pytest.raises(ValueError, match=problem):
+            vit_fast.load_checkpoint(odd_folder / name)
+    with pytest.raises(ValueError, match=r"config file .*partial.json' lacks the field\(s\) embed_dim"):
+        vit_fast.load_model(str(odd_folder / "plain.safetensors"), config=str(odd_folder / "partial.json"))

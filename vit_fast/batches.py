@@ -5,12 +5,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+#: the largest batch size accepted: tensor dimensions of ONNX Runtime's and TensorRT's shapes are int32 there,
+#: and a larger number is a typo long before it is a batch (torch fails on it with C++ frames)
+MAX_BATCH = 2**31 - 1
+
 
 def parse_batch_list(text: str | Sequence[int], names: Sequence[str] = ()) -> list[int]:
     """``"1,8,64"`` (or a sequence of ints) -> ``[1, 8, 64]``; a ValueError names the bad item.
 
     With ``names`` (e.g. ``("MIN", "MAX")``) exactly that many items, in that order, repeats allowed
     (a range: its order is checked where it is used); without, any number of distinct sizes >= 1.
+    Every size is at most :data:`MAX_BATCH`.
     """
     form = ",".join(names) if names else "comma-separated ints"
     example = ",".join(str(b) for b in (1, 8, 64)[: len(names) or 3])
@@ -25,6 +30,8 @@ def parse_batch_list(text: str | Sequence[int], names: Sequence[str] = ()) -> li
             raise ValueError(f"batch size {item!r} in {text!r} is not an int: give {form}, e.g. {example}") from None
         if b < 1:
             raise ValueError(f"batch size {b} in {text!r} must be >= 1: give {form}, e.g. {example}")
+        if b > MAX_BATCH:
+            raise ValueError(f"batch size {b} in {text!r} is too large: give sizes from 1 to {MAX_BATCH}")
         if not names and b in sizes:
             raise ValueError(f"batch size {b} appears twice in {text!r}")
         sizes.append(b)

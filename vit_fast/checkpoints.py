@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from types import SimpleNamespace
@@ -100,12 +101,80 @@ def save_checkpoint(
     return path
 
 
+#: how a file starts, by format: a torch.save zip archive, a legacy torch.save / plain pickle (PROTO 2 to 5)
+_ZIP_MAGIC, _PICKLE_MAGIC = b"PK\x03\x04", b"\x80"
+
+
+def _file_kind(path: Path) -> str:
+    """What ``path`` holds by its first bytes, never by its suffix: "empty", "safetensors" (a little-endian
+    header length, then a JSON object), "torch" (a zip archive or a pickle) or "unknown"."""
+    size = path.stat().st_size
+    if size == 0:
+        return "empty"
+    with open(path, "rb") as f:
+        head = f.read(9)
+    if len(head) == 9 and head[8:9] == b"{" and 2 <= int.from_bytes(head[:8], "little") <= size - 8:
+        return "safetensors"  # first: a header length may itself start with 0x80
+    if head.startswith(_ZIP_MAGIC) or (len(head) > 1 and head[:1] == _PICKLE_MAGIC and 2 <= head[1] <= 5):
+        return "torch"
+    return "unknown"
+
+
+def torch_load_error(path: Path, err: Exception) -> ValueError:
+    """torch.load's failure as what is wrong with the file and what to do (never torch's advice to load with
+    ``weights_only=False``: vit-fast does not run a checkpoint's code)."""
+    text = str(err)
+    if "Weights only load failed" in text:
+        found = re.search(r"Unsupported (?:global|operand)[^.\n]*?([A-Za-z_][\w.]*\.[A-Za-z_]\w*)", text)
+        what = f" ({found.group(1)})" if found else ""
+        return ValueError(
+            f"{str(path)!r} holds Python objects besides tensors{what}, which vit-fast does not load: checkpoints "
+            "are read with torch.load(weights_only=True) so that a file cannot run code; save the weights alone "
+            "(torch.save(model.state_dict(), ...), or a .safetensors file) and load that"
+        )
+    first = text.split(". ")[0].strip() or type(err).__name__
+    return ValueError(
+        f"{str(path)!r} is not a readable PyTorch checkpoint ({first}): the file may be cut short or "
+        "damaged; write it again or give another file"
+    )
+
+
 def read_state_dict(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Tensors and string metadata from a .safetensors file, or a .pth/.pt/.bin loaded with weights_only."""
+    """Tensors and string metadata from a .safetensors file, or a .pth/.pt/.bin loaded with weights_only.
+    The first bytes must match the suffix: an empty file, a file of another format, or one that is neither
+    safetensors nor a torch.save archive is refused by name before any loader reads it."""
     path = Path(path)
+    if path.exists() and not path.is_file():
+        raise ValueError(f"checkpoint {str(path)!r} is not a regular file: give a .safetensors or .pth file")
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist or is not a file")
     suffix = path.suffix.lower()
+    if suffix not in LOAD_SUFFIXES:
+        raise ValueError(
+            f"unsupported checkpoint type {suffix!r} for {str(path)!r}: vit-fast reads {', '.join(LOAD_SUFFIXES)}"
+        )
+    kind = _file_kind(path)
+    if kind == "empty":
+        raise ValueError(f"checkpoint {str(path)!r} is an empty file (0 bytes): write it again or give another file")
+    if kind == "safetensors" and suffix != ".safetensors":
+        raise ValueError(
+            f"{str(path)!r} is a safetensors file with a {suffix} suffix: rename it to "
+            f"{path.stem}.safetensors (vit-fast reads a file by the format its suffix names)"
+        )
+    if kind == "torch" and suffix == ".safetensors":
+        raise ValueError(
+            f"{str(path)!r} is a PyTorch (torch.save) file with a .safetensors suffix: rename it to {path.stem}.pth"
+        )
+    if kind == "unknown" and suffix == ".safetensors":
+        raise ValueError(
+            f"cannot read {str(path)!r} as safetensors: its first bytes are not a safetensors header (a partial "
+            "download, or another kind of file); write it again or give another file"
+        )
+    if kind == "unknown":
+        raise ValueError(
+            f"{str(path)!r} is not a PyTorch checkpoint: its first bytes are neither a torch.save archive nor a "
+            "safetensors header (a partial download, or another kind of file); write it again or give another file"
+        )
     if suffix == ".safetensors":
         from safetensors import safe_open
 
@@ -115,27 +184,23 @@ def read_state_dict(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], d
                 return {k: f.get_tensor(k) for k in f.keys()}, meta
         except Exception as err:  # safetensors raises its own types for corrupt headers
             raise ValueError(f"cannot read {str(path)!r} as safetensors: {err}") from err
-    if suffix in (".pth", ".pt", ".bin", ".ckpt"):
-        try:
-            obj = torch.load(str(path), map_location="cpu", weights_only=True)
-        except Exception as err:
-            raise ValueError(f"cannot load {str(path)!r} with torch.load(weights_only=True): {err}") from err
-        meta: dict[str, str] = {}
-        if isinstance(obj, Mapping):
-            if isinstance(obj.get("config"), Mapping):
-                meta[CONFIG_METADATA_KEY] = json.dumps(dict(obj["config"]))
-            if isinstance(obj.get("metadata"), Mapping):
-                meta.update({str(k): str(v) for k, v in obj["metadata"].items()})
-            for key in ("state_dict", "model", "module"):
-                if isinstance(obj.get(key), Mapping):
-                    obj = obj[key]
-                    break
-        if not isinstance(obj, Mapping) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-            raise ValueError(f"{str(path)!r} does not hold a state dict of tensors")
-        return dict(obj), meta
-    raise ValueError(
-        f"unsupported checkpoint type {suffix!r} for {str(path)!r}: vit-fast reads {', '.join(LOAD_SUFFIXES)}"
-    )
+    try:
+        obj = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise torch_load_error(path, err) from err
+    meta: dict[str, str] = {}
+    if isinstance(obj, Mapping):
+        if isinstance(obj.get("config"), Mapping):
+            meta[CONFIG_METADATA_KEY] = json.dumps(dict(obj["config"]))
+        if isinstance(obj.get("metadata"), Mapping):
+            meta.update({str(k): str(v) for k, v in obj["metadata"].items()})
+        for key in ("state_dict", "model", "module"):
+            if isinstance(obj.get(key), Mapping):
+                obj = obj[key]
+                break
+    if not isinstance(obj, Mapping) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise ValueError(f"{str(path)!r} does not hold a state dict of tensors")
+    return dict(obj), meta
 
 
 def file_sha256(path: str | os.PathLike) -> str:
@@ -147,10 +212,51 @@ def file_sha256(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
+#: fields a vit-fast config file (or a checkpoint's embedded config) must name: the ones whose defaults are
+#: ViT-B/16's, which a file that lacks them would otherwise silently take
+REQUIRED_FIELDS = ("img_size", "patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "num_classes")
+#: a Hugging Face ViT config.json's fields read here -> the JSON types each may hold
+_HF_FIELD_TYPES = {
+    "image_size": "int",
+    "patch_size": "int",
+    "num_channels": "int",
+    "hidden_size": "int",
+    "num_hidden_layers": "int",
+    "num_attention_heads": "int",
+    "intermediate_size": "int",
+    "num_labels": "int",
+    "layer_norm_eps": "number",
+    "qkv_bias": "bool",
+    "hidden_act": "str",
+}
+
+
+def check_hf_config_fields(data: dict, source: str) -> None:
+    """Raise ValueError naming ``source`` and the first field of a Hugging Face ViT config.json whose JSON type is
+    wrong (``"hidden_size": "768"``), before any arithmetic on it."""
+    for name, kind in _HF_FIELD_TYPES.items():
+        if name not in data or (name == "num_labels" and data[name] is None):
+            continue
+        value = data[name]
+        ok = {
+            "int": isinstance(value, int) and not isinstance(value, bool),
+            "number": isinstance(value, (int, float)) and not isinstance(value, bool),
+            "bool": isinstance(value, bool),
+            "str": isinstance(value, str),
+        }[kind]
+        if not ok:
+            want = {"int": "an integer", "number": "a number", "bool": "true or false", "str": "a string"}[kind]
+            raise ValueError(
+                f"Hugging Face config {source}: field {name!r} is {value!r} ({type(value).__name__}), expected "
+                f"{want}: fix that field in the file"
+            )
+
+
 def _hf_config_dict_to_vit(data: dict, source: str) -> ViTConfig:
     """A transformers ViT ``config.json`` (``model_type`` "vit") as a ViTConfig, without importing transformers."""
     from .convert import hf_config_to_vit
 
+    check_hf_config_fields(data, source)
     labels = data.get("id2label") or {}
     num_classes = int(data.get("num_labels") or len(labels) or 0)
     archs = data.get("architectures") or []
@@ -166,9 +272,28 @@ def _hf_config_dict_to_vit(data: dict, source: str) -> ViTConfig:
         raise ValueError(f"Hugging Face config {source}: {err}") from err
 
 
+def config_from_fields(data: object, source: str, fix: str) -> ViTConfig:
+    """A ViTConfig from the JSON object of a vit-fast config file or a checkpoint's embedded config: every
+    field of :data:`REQUIRED_FIELDS` present (never a silent ViT-B/16 default), every error naming ``source``
+    (where the config came from) and ending with ``fix``."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{source} holds a {type(data).__name__}, expected a JSON object of ViTConfig fields; {fix}")
+    missing = [k for k in REQUIRED_FIELDS if k not in data]
+    if missing:
+        raise ValueError(
+            f"{source} lacks the field(s) {', '.join(missing)}: vit-fast does not guess an architecture "
+            f"(it would be ViT-B/16's); {fix}"
+        )
+    try:
+        return ViTConfig.from_dict(data)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{source}: {err}; {fix}") from err
+
+
 def resolve_config(config: ViTConfig | str | os.PathLike | dict) -> ViTConfig:
     """A ViTConfig from a ViTConfig, a preset name, a dict of its fields, or a JSON file: vit-fast's own
-    (``ViTConfig.to_dict``), a Hugging Face ViT ``config.json``, or timm's (``architecture`` a preset name)."""
+    (``ViTConfig.to_dict``; every field of :data:`REQUIRED_FIELDS` present), a Hugging Face ViT ``config.json``,
+    or timm's (``architecture`` a preset name)."""
     if isinstance(config, ViTConfig):
         return config
     if isinstance(config, dict):
@@ -177,10 +302,14 @@ def resolve_config(config: ViTConfig | str | os.PathLike | dict) -> ViTConfig:
     if text in PRESETS:
         return ViTConfig.from_name(text)
     path = Path(text)
+    if path.exists() and not (path.is_file() or path.is_dir()):  # a FIFO, socket or device: never opened
+        raise ValueError(f"config {text!r} is not a regular file: give a config.json file or a preset name")
     if path.suffix.lower() != ".json" and not path.is_file():
         return ViTConfig.from_name(text)  # a KeyError that lists the presets
     if path.is_dir():
         path = path / "config.json"
+    if path.exists() and not path.is_file():
+        raise ValueError(f"config {str(path)!r} is not a regular file: give a config.json file or a preset name")
     if not path.is_file():
         raise FileNotFoundError(f"config file {str(path)!r} does not exist")
     try:
@@ -201,7 +330,9 @@ def resolve_config(config: ViTConfig | str | os.PathLike | dict) -> ViTConfig:
         return ViTConfig.from_name(
             arch, num_classes=int(data.get("num_classes", PRESETS[arch].get("num_classes", 1000)))
         )
-    return ViTConfig.from_dict(data)
+    return config_from_fields(
+        data, f"config file {str(path)!r}", "fix the file, or give a preset name such as 'vit_base_patch16_224'"
+    )
 
 
 def load_checkpoint(
@@ -224,7 +355,13 @@ def load_checkpoint(
                 "config, a preset name such as 'vit_base_patch16_224' or a config.json (Python: cfg=...; "
                 f"command line: --config ...); presets: {', '.join(sorted(PRESETS))}"
             )
-        cfg = ViTConfig.from_dict(json.loads(meta[CONFIG_METADATA_KEY]))
+        source = f"the config embedded in checkpoint {str(path)!r} (not a --config file)"
+        fix = "give the right config with --config (Python: cfg=...), which is used instead, or re-save the checkpoint"
+        try:
+            embedded = json.loads(meta[CONFIG_METADATA_KEY])
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{source} cannot be read as JSON ({err}); {fix}") from err
+        cfg = config_from_fields(embedded, source, fix)
     layout = "timm"
     if _looks_hf(list(state)):
         state = convert_hf_state_dict(state)

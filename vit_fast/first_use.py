@@ -16,7 +16,6 @@ default: the interpreter is what the test suite checks against float64 already).
 
 from __future__ import annotations
 
-import os
 import threading
 import warnings
 from collections.abc import Callable
@@ -27,24 +26,18 @@ import torch
 
 from . import numerics
 from .kernels._interpret import interpreter_enabled
+from .kernels._switches import switch
 from .kernels.cards import device_name
 
 ENV = "VIT_FAST_FIRST_USE_CHECK"
-_ON, _OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
 def enabled() -> bool:
     """Whether first uses are checked: ``VIT_FAST_FIRST_USE_CHECK`` if set (1/0, true/false, yes/no, on/off), else
-    on for compiled kernels and off under Triton's interpreter. Raises ValueError naming the variable on any
-    other value."""
-    value = os.environ.get(ENV, "").strip().lower()
-    if value in _ON:
-        return True
-    if value in _OFF:
-        return False
-    if value:
-        raise ValueError(f"{ENV}={os.environ[ENV]!r} is not a switch: use 1 or 0 (true/false, yes/no, on/off)")
-    return not interpreter_enabled()
+    on for compiled kernels and off under Triton's interpreter. Raises ValueError (SwitchError) naming the
+    variable on any other value."""
+    flag = switch(ENV)
+    return (not interpreter_enabled()) if flag is None else flag
 
 
 def eligible(x: torch.Tensor) -> bool:

@@ -17,14 +17,23 @@ cannot be reached fails in seconds with the reason, instead of retrying for half
 
 from __future__ import annotations
 
+import json
 import os
+import pickle
 import socket
 from pathlib import Path
 from urllib.parse import urlparse
 
 import torch
 
-from .checkpoints import LOAD_SUFFIXES, file_sha256, load_checkpoint, resolve_config
+from .checkpoints import (
+    LOAD_SUFFIXES,
+    check_hf_config_fields,
+    file_sha256,
+    load_checkpoint,
+    resolve_config,
+    torch_load_error,
+)
 from .config import PRESETS, ViTConfig
 from .convert import from_hf, from_timm
 from .model import VisionTransformer
@@ -114,11 +123,24 @@ def _hf_model(spec: str, backend: str) -> VisionTransformer:
                 )
     else:
         local_only = True
+        config_file = Path(spec) / "config.json"
+        try:  # wrong JSON types named by file and field before transformers does arithmetic on them
+            data = json.loads(config_file.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ValueError(f"Hugging Face config {str(config_file)!r} cannot be read as JSON: {err}") from err
+        if not isinstance(data, dict):
+            raise ValueError(f"Hugging Face config {str(config_file)!r} holds a {type(data).__name__}, not an object")
+        check_hf_config_fields(data, repr(str(config_file)))
     hf_config = AutoConfig.from_pretrained(spec, local_files_only=local_only)
     archs = getattr(hf_config, "architectures", None) or []
     # a classification checkpoint keeps its head; anything else loads as the bare encoder
     loader = AutoModelForImageClassification if any("ImageClassification" in a for a in archs) else AutoModel
-    model = from_hf(loader.from_pretrained(spec, local_files_only=local_only), backend=backend)
+    try:
+        loaded = loader.from_pretrained(spec, local_files_only=local_only)
+    except pickle.UnpicklingError as err:  # transformers' torch.load(weights_only=True) of a pickled .bin
+        weights = next((p for p in Path(spec).glob("*.bin")), Path(spec)) if local else Path(spec)
+        raise torch_load_error(weights, err) from None
+    model = from_hf(loaded, backend=backend)
     if local:
         model.weights_source = {"kind": "hf-folder", "name": Path(spec).name}
     return model.eval()
@@ -167,6 +189,8 @@ def load_model(
                 f"folder {spec!r} has no config.json: give a Hugging Face save_pretrained folder or a checkpoint file"
             )
         return _hf_model(spec, backend)
+    if path.exists() and not path.is_file():  # a FIFO, socket or device: refused unopened
+        raise ValueError(f"model {spec!r} is not a regular file: give a checkpoint file or a Hugging Face folder")
     if path.suffix.lower() in LOAD_SUFFIXES or path.is_file():
         if not path.exists():
             raise FileNotFoundError(f"checkpoint {spec!r} does not exist")

@@ -26,7 +26,6 @@ Input checks already ran in ``VisionTransformer.check_input``; pooling and the h
 
 from __future__ import annotations
 
-import os
 import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -40,6 +39,7 @@ from vit_fast.kernels import layer_norm as _layer_norm_module
 from vit_fast.kernels import linear as _linear_module
 from vit_fast.kernels import patch_embed as _patch_embed_module
 from vit_fast.kernels._common import eager_direct, m_class
+from vit_fast.kernels._switches import switch
 from vit_fast.kernels.attention import attention, attention_ref, launch_attention
 from vit_fast.kernels.layer_norm import add_layer_norm_ref, launch_layer_norm, layer_norm
 from vit_fast.kernels.linear import launch_linear, layer_norm_linear, layer_norm_linear_ref, linear, linear_ref
@@ -271,9 +271,14 @@ def _gamma(module: nn.Module) -> torch.Tensor | None:
     raise TypeError(f"the triton backend runs LayerScale or nn.Identity, got {type(module).__name__}")
 
 
+def fuse_ln_from_env() -> bool:
+    """``VIT_FAST_FUSE_LN``: on unless set off (0, false, no, off); another value raises ValueError naming it."""
+    return bool(switch("VIT_FAST_FUSE_LN", True))
+
+
 def _layer_norm_fused(model: VisionTransformer) -> bool:
     """LayerNorm folded into the next GEMM (the default), unless the model or ``VIT_FAST_FUSE_LN=0`` says not."""
-    return getattr(model, "fuse_layer_norm", True) and os.environ.get("VIT_FAST_FUSE_LN", "1") != "0"
+    return getattr(model, "fuse_layer_norm", True) and fuse_ln_from_env()
 
 
 def _norm_linear(
@@ -299,7 +304,7 @@ def _block(block: Block, x: torch.Tensor, act: str) -> torch.Tensor:
     fused unless ``VIT_FAST_FUSE_LN=0``; under the first-use safety net in plain eager inference."""
     checked = first_use.enabled() and (first_use.failed_ops() or first_use.eligible(x))
     ops = _CHECKED_THROUGH if checked else _THROUGH_OPS
-    return _run_block(ops, block, x, act, os.environ.get("VIT_FAST_FUSE_LN", "1") != "0")
+    return _run_block(ops, block, x, act, fuse_ln_from_env())
 
 
 def _embed(ops: _Ops, model: VisionTransformer, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 import torch
+
+from .kernels._switches import switch
 
 if TYPE_CHECKING:
     from .model import VisionTransformer
@@ -81,8 +82,9 @@ class NonFiniteError(ValueError):
 
 
 def finite_check_from_env() -> bool:
-    """``VIT_FAST_CHECK_FINITE=1`` turns the per-stage finite check on for every model."""
-    return os.environ.get("VIT_FAST_CHECK_FINITE", "0") not in ("", "0")
+    """``VIT_FAST_CHECK_FINITE=1`` (true, yes, on) turns the per-stage finite check on for every model; a value
+    that is not a switch raises ValueError (SwitchError) naming it."""
+    return bool(switch("VIT_FAST_CHECK_FINITE", False))
 
 
 def require_finite(stage: str, tensor: torch.Tensor, previous: str | None) -> None:

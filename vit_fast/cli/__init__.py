@@ -9,7 +9,8 @@ raises on failure and :func:`main` is the one place that turns an exception into
   backend failed, or it raised a failure the user can cause and fix: a bad value, a missing
   file or extra, a failed verification, an output that cannot be written), printed as one line
   ``vit-fast <command>: error: <what is wrong and how to fix it>`` on stderr, no traceback;
-- 2: the command line was rejected while parsing (argparse's usage message);
+- 2: the command line was rejected while parsing (argparse's usage message), or an environment switch
+  (``VIT_FAST_*``, ``TRITON_INTERPRET``) holds a value that is neither on nor off, named before any work;
 - 130: interrupted.
 
 Any other exception is a bug and keeps its traceback; set ``VIT_FAST_TRACEBACK=1`` to see the
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 
 # subcommand -> (module defining EXAMPLE, add_arguments(parser) and run(args) -> int, one-line help)
@@ -91,7 +91,10 @@ def is_user_error(err: BaseException) -> bool:
 
 def error_message(err: BaseException) -> str:
     """The text of ``err`` on one line: KeyError's message without its quotes, a hint for a missing extra."""
-    text = str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)
+    from vit_fast.cli._args import os_error_text  # full disk, too-long path: the path and the fix, not errno text
+
+    text = os_error_text(err) if isinstance(err, OSError) else None
+    text = text or (str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err))
     text = " ".join(text.split()) or type(err).__name__
     missing = getattr(err, "name", None) if isinstance(err, ModuleNotFoundError) else None
     if missing and missing.split(".")[0] in _EXTRAS:
@@ -101,11 +104,20 @@ def error_message(err: BaseException) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``vit-fast`` with ``argv`` (default: sys.argv[1:]); returns the exit status."""
+    from vit_fast.kernels._switches import SwitchError, check_switches
+
+    try:  # every VIT_FAST_* switch and TRITON_INTERPRET, before anything reads one or any work starts
+        check_switches()
+    except SwitchError as err:
+        print(f"vit-fast: error: {err}", file=sys.stderr)
+        return 2
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "run", None):
         parser.print_help()
         return 2
+    from vit_fast.kernels._switches import switch
+
     command = " ".join(filter(None, (args.command, getattr(args, "target", None))))
     try:
         return int(args.run(args) or 0)
@@ -113,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vit-fast {command}: interrupted", file=sys.stderr)
         return 130
     except Exception as err:
-        if not is_user_error(err) or os.environ.get("VIT_FAST_TRACEBACK"):
+        if not is_user_error(err) or switch("VIT_FAST_TRACEBACK", False):
             raise
         print(f"vit-fast {command}: error: {error_message(err)}", file=sys.stderr)
         return 1

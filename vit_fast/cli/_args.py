@@ -7,7 +7,7 @@ argparse prints ``vit-fast <command>: error: argument --x: <why>`` and exits 2:
   takes exactly those items (a range), a plain ``batch_list()`` distinct sizes;
 - ``dtype_name`` / ``dtype_names``: ``--dtype``, any spelling vit_fast.dtypes accepts (``fp16``,
   ``float16``, ``half``, ``torch.float16``), as the canonical short name(s);
-- ``positive_int``, ``nonnegative_int``, ``positive_float``, ``device``.
+- ``positive_int``, ``nonnegative_int``, ``positive_float``, ``device``, ``seed`` (0 to 2**32 - 1).
 
 Output paths (``--out``, ``--json``) behave the same everywhere: missing folders are created,
 a path under an existing regular file is refused with :class:`CommandError` before any work.
@@ -16,6 +16,7 @@ a path under an existing regular file is refused with :class:`CommandError` befo
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +33,31 @@ MODEL_HELP = (
 
 class CommandError(Exception):
     """A failure the user can fix; ``vit-fast`` prints its message on one line and exits 1."""
+
+
+#: errno -> (what went wrong, how to fix it): OSErrors whose own text names neither the path nor a fix
+_OS_ERRORS = {
+    errno.ENOSPC: ("no space left on its device", "free space there, or choose a path on another disk"),
+    errno.EDQUOT: ("the disk quota is used up", "free space there, or choose a path on another disk"),
+    errno.ENAMETOOLONG: (
+        "the path is too long (a name over 255 bytes, or a path over 4096)",
+        "choose a shorter file or folder name",
+    ),
+    errno.EROFS: ("it is on a read-only file system", "choose a writable path"),
+}
+
+
+def os_error_text(err: OSError) -> str | None:
+    """A full disk, a too-long path or a read-only file system as the path and the fix, for the CLI's one-line
+    error (None for other OSErrors, whose own text is kept)."""
+    known = _OS_ERRORS.get(err.errno)
+    if known is None:
+        return None
+    problem, fix = known
+    paths = [str(p) for p in (err.filename, err.filename2) if p is not None]
+    if not paths:
+        return f"cannot write: {problem}; {fix}"
+    return f"cannot write {' -> '.join(repr(p) for p in paths)}: {problem}; {fix}"
 
 
 def _number(text: str, kind: type, what: str) -> int | float:
@@ -157,9 +183,22 @@ def add_threads(parser: argparse.ArgumentParser, note: str) -> None:
     )
 
 
+#: seeds are 32-bit: the bench derives per-batch seeds from them (``seed * 100003 + batch``), which must stay
+#: inside torch's 64-bit ``manual_seed``
+MAX_SEED = 2**32 - 1
+
+
+def seed(text: str) -> int:
+    """The ``--seed`` type: an int from 0 to :data:`MAX_SEED` (torch refuses larger ones only deep inside)."""
+    value = _number(text, int, "an int")
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"must be an int from 0 to {MAX_SEED}, got {value}")
+    return value
+
+
 def add_seed(parser: argparse.ArgumentParser, default: int | None, what: str) -> None:
     fresh = "fresh each run" if default is None else str(default)
-    parser.add_argument("--seed", type=int, default=default, help=f"seed of {what} (default: {fresh})")
+    parser.add_argument("--seed", type=seed, default=default, help=f"seed of {what} (default: {fresh})")
 
 
 def name_list(text: str) -> list[str]:

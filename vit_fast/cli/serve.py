@@ -22,6 +22,8 @@ import signal
 import sys
 from typing import Any
 
+from . import _args
+
 EXAMPLE = "vit-fast serve default --batch 1,8,64 --instances 2   (then: curl 127.0.0.1:8000/v2/health/ready)"
 
 
@@ -54,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="write a machine-readable summary: the endpoints once the server answers, or the load-test report",
     )
-    parser.add_argument("--seed", type=int, default=0, help="load test: seed of the images and batch sizes (0)")
+    parser.add_argument("--seed", type=_args.seed, default=0, help="load test: seed of the images and batch sizes (0)")
     parser.add_argument("--verbose", action="store_true", help="print Triton's own log")
     _args.add_overwrite(parser)
 

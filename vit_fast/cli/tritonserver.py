@@ -18,6 +18,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from . import _args
+
 ENTRIES = ("onnx", "python")
 
 EXAMPLE = "vit-fast export tritonserver default --out repo/ --batch 1,8,64 --instances 2"
@@ -58,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--overwrite", action="store_true", help="replace a --json file vit-fast did not write (implies --force)"
     )
     parser.add_argument("--json", default=None, metavar="PATH", help="write a machine-readable summary here")
-    parser.add_argument("--seed", type=int, default=None, help="seed of the random verification inputs")
+    parser.add_argument("--seed", type=_args.seed, default=None, help="seed of the random verification inputs")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
