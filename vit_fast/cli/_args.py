@@ -21,8 +21,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from vit_fast.batches import parse_batch_list
-from vit_fast.dtypes import DTYPES, canonical_name, parse_dtype_list
 from vit_fast.files import write_atomic
+
+# nothing here imports torch at module level: the parser is built, and a bad argument refused, before torch loads
 
 JSON_HELP = "also write the report as JSON to this file"
 MODEL_HELP = (
@@ -81,6 +82,8 @@ def batch_list(*names: str) -> Callable[[str], list[int]]:
 
 def dtype_name(text: str) -> str:
     """The ``--dtype`` type for one precision: any vit_fast.dtypes spelling -> ``fp32`` / ``fp16`` / ``bf16``."""
+    from vit_fast.dtypes import DTYPES, canonical_name
+
     name = canonical_name(text)
     if name is None:
         raise argparse.ArgumentTypeError(f"unknown dtype {text!r}: choose from {', '.join(DTYPES)}")
@@ -89,6 +92,8 @@ def dtype_name(text: str) -> str:
 
 def dtype_names(text: str) -> list[str]:
     """The ``--dtype`` type for a comma-separated list of precisions."""
+    from vit_fast.dtypes import parse_dtype_list
+
     try:
         return parse_dtype_list(text)
     except ValueError as err:

@@ -35,8 +35,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from vit_fast.bench import BenchSettings, markdown_report, parse_backends, resolve_device, run_benchmark
-
 from . import _args
 
 EXAMPLE = "vit-fast bench vit_base_patch16_224 --batch 1,8,64,256 --dtype bf16,fp16 --backends all --out results/"
@@ -44,6 +42,8 @@ EXAMPLE = "vit-fast bench vit_base_patch16_224 --batch 1,8,64,256 --dtype bf16,f
 
 def _backend_list(text: str) -> list[str]:
     """The ``--backends`` type: comma-separated names from BACKENDS, or 'all'."""
+    from vit_fast.bench import parse_backends
+
     try:
         return parse_backends(text)
     except ValueError as err:
@@ -155,6 +155,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``vit-fast bench``; 0 when a backend ran, 1 when none did (or, with --strict, one failed)."""
+    from vit_fast.bench import BenchSettings, markdown_report, resolve_device, run_benchmark
 
     def log(msg: str) -> None:
         if not args.quiet:

@@ -19,9 +19,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from vit_fast.export.verify import verify
-from vit_fast.loading import load_model
-
 from . import _args
 
 EXAMPLE = "vit-fast verify default model.onnx --batch 1,3,64 --seed 0 --json verify.json"
@@ -80,6 +77,9 @@ def _labelled_data(spec: str, artifact: str, limit: int | None) -> tuple | None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``vit-fast verify``; 0 when the artifact passes (a failure raises)."""
+    from vit_fast.export.verify import verify
+    from vit_fast.loading import load_model
+
     json_path = _args.output_file(args.json, "--json")
     if args.artifact != "triton":
         from vit_fast.export import format_verification, read_metadata

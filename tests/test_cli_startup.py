@@ -1,0 +1,107 @@
+"""The command line starts fast: ``--help``, ``--version`` and argument errors never import torch (the
+subcommand bodies import it when they run), and Ctrl-C while torch imports is one line and exit 130."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+# runs the real entry point and says, on its last stderr line, whether torch was ever imported
+_PROBE = (
+    "import atexit, sys\n"
+    "atexit.register(lambda: print('torch imported:', 'torch' in sys.modules, file=sys.stderr))\n"
+    "from vit_fast.cli import main\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+
+
+def _cli(*argv: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", _PROBE, *argv], capture_output=True, text=True, timeout=120, env=env, cwd=cwd
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "says"),
+    [
+        (["--help"], 0, "COMMAND"),
+        (["--version"], 0, "vit-fast "),
+        (["no-such-command"], 2, "invalid choice"),
+        (["export", "--help"], 0, "tritonserver"),
+        (["export", "onnx", "--help"], 0, "--batch"),
+        (["bench", "--help"], 0, "--backends"),
+        (["verify", "--help"], 0, "ARTIFACT"),
+        (["info", "--help"], 0, "--json"),
+        (["export", "onnx", "default", "--out", "m.onnx", "--batch", "0,4"], 2, "must be >= 1"),
+        (["export", "onnx", "default"], 2, "--out"),
+        (["bench", "default", "--out", "o", "--min-time", "-1"], 2, "must be > 0"),
+        (["verify", "default"], 2, "ARTIFACT"),
+        (["export", "tritonserver", "--help"], 0, "--queue-delay-us"),
+    ],
+)
+def test_help_version_and_argument_errors_do_not_import_torch(argv, code, says, tmp_path):
+    result = _cli(*argv, cwd=tmp_path)
+    assert result.returncode == code, result.stderr
+    assert says in result.stdout + result.stderr
+    assert result.stderr.rstrip().splitlines()[-1] == "torch imported: False", result.stderr
+    assert "Traceback" not in result.stderr
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_the_command_body_does_import_torch(tmp_path):
+    """The probe above can fail: a command that runs imports torch, and the probe says so."""
+    result = _cli("info", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.rstrip().splitlines()[-1] == "torch imported: True"
+
+
+def test_queue_delay_help_names_the_real_default():
+    """--queue-delay-us's default is read when the command runs; --help shows the same number."""
+    from vit_fast.cli.tritonserver import QUEUE_DELAY_HELP_US
+    from vit_fast.export.triton_config import DEFAULT_QUEUE_DELAY_US
+
+    assert QUEUE_DELAY_HELP_US == DEFAULT_QUEUE_DELAY_US
+
+
+def test_import_vit_fast_is_lazy_but_complete():
+    """``import vit_fast`` imports no torch; every public name still resolves, and so do submodules."""
+    code = textwrap.dedent(
+        """
+        import sys
+        import vit_fast
+        assert "torch" not in sys.modules, "import vit_fast imported torch"
+        for name in vit_fast.__all__:
+            getattr(vit_fast, name)
+        assert vit_fast.export.to_onnx is not None
+        try:
+            vit_fast.no_such_name
+        except AttributeError as err:
+            assert "no_such_name" in str(err)
+        else:
+            raise SystemExit("no AttributeError")
+        print("ok")
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
+def test_ctrl_c_while_torch_imports_is_one_line_and_130(tmp_path):
+    """A real SIGINT delivered while ``torch`` is being imported (a stand-in torch that signals its own
+    process and then waits, as a slow import would): one line on stderr, exit 130, no traceback."""
+    fake = tmp_path / "fake" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("import os, signal, time\nos.kill(os.getpid(), signal.SIGINT)\ntime.sleep(30)\n")
+    import os
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(fake.parent), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run(
+        [sys.executable, "-m", "vit_fast.cli", "info"], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert result.returncode == 130, result.stderr
+    assert result.stderr.strip() == "vit-fast info: interrupted"
