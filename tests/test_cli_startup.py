@@ -105,3 +105,21 @@ def test_ctrl_c_while_torch_imports_is_one_line_and_130(tmp_path):
     )
     assert result.returncode == 130, result.stderr
     assert result.stderr.strip() == "vit-fast info: interrupted"
+
+
+def test_info_names_a_package_present_only_when_it_imports(monkeypatch):
+    """An installed package whose import fails (timm without torchvision) is reported as not usable, with
+    the reason, never by its version alone."""
+    from vit_fast import env
+
+    real = env.module_version
+    monkeypatch.setattr(env, "module_version", lambda m: "1.0.31" if m == "timm" else real(m))
+    monkeypatch.setitem(sys.modules, "timm", None)  # ``import timm`` raises ModuleNotFoundError
+    info = env.collect_info()
+    assert info["timm"] is None
+    assert "1.0.31 is installed, but `import timm` fails" in info["import_failures"]["timm"]
+    line = next(x for x in env.format_info(info).splitlines() if x.strip().startswith("timm"))
+    assert "not usable" in line and "1.0.31" in line
+    assert env.importable_version("no_such_module_xyz") == (None, None)  # not installed
+    monkeypatch.setattr(env, "module_version", lambda m: "2.0")
+    assert env.importable_version("json") == ("2.0", None)
