@@ -123,3 +123,32 @@ def test_info_names_a_package_present_only_when_it_imports(monkeypatch):
     assert env.importable_version("no_such_module_xyz") == (None, None)  # not installed
     monkeypatch.setattr(env, "module_version", lambda m: "2.0")
     assert env.importable_version("json") == ("2.0", None)
+
+
+def test_timm_paths_work_where_torchvision_cannot_be_imported(tmp_path):
+    """In a fresh process (no test stand-in), where torchvision does not import, vit-fast's timm paths still
+    work: timm:NAME with --weights loads and matches timm, with one note saying why the stand-in is used.
+    Where the real torchvision imports, the same calls use it and print no note."""
+    code = textwrap.dedent(
+        f"""
+        import sys, torch
+        torchvision_ok = True
+        try:
+            import torchvision
+        except Exception:
+            torchvision_ok = False
+        from vit_fast.timm_import import import_timm
+        timm = import_timm()
+        ref = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8).eval()
+        path = {str(tmp_path / "w.pth")!r}
+        torch.save(ref.state_dict(), path)
+        from vit_fast.loading import load_model
+        model = load_model("timm:vit_tiny_patch16_224", backend="torch", weights=path)
+        print("sha256" in model.weights_source, torchvision_ok)
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[0] == "True"
+    notes = [line for line in result.stderr.splitlines() if "torchvision stand-in" in line]
+    assert len(notes) == (0 if result.stdout.split()[1] == "True" else 1), result.stderr

@@ -60,8 +60,10 @@ def _random_preset(name: str, backend: str, seed: int) -> VisionTransformer:
 
 
 def _timm_model(name: str, backend: str, weights: str | os.PathLike | None) -> VisionTransformer:
+    from .timm_import import import_timm
+
     try:
-        import timm
+        timm = import_timm()
     except ImportError as err:
         missing = getattr(err, "name", None) or "timm"
         raise ImportError(
@@ -174,9 +176,11 @@ def load_model(
         return load_checkpoint(path, cfg=cfg, backend=backend).eval()
     if weights is not None or "." in spec:
         return _timm_model(spec, backend, weights)
+    from .timm_import import import_timm
+
     try:
-        import timm
-    except ImportError:  # not installed, or its torchvision is missing: then a plain name cannot be timm's
+        timm = import_timm()
+    except ImportError:  # not installed: then a plain name cannot be timm's
         timm = None
     if timm is not None and timm.is_model(spec):
         return _timm_model(spec, backend, weights)
