@@ -33,6 +33,45 @@ class Stages:
             print(f"[{self.prefix}] {text}", file=sys.stderr, flush=True)
 
 
+def duration(seconds: float) -> str:
+    """``42 s``, ``3.5 min``, ``1.2 h``: how long, at the precision a person reads."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+class Remaining:
+    """How long is left, from the share of the (weighted) work done so far: ``advance(work)`` after each
+    piece returns ``"; about 3.5 min left"`` (empty once everything is done)."""
+
+    def __init__(self, total: float) -> None:
+        self.total = float(total)
+        self.done = 0.0
+        self.start = time.perf_counter()
+
+    def advance(self, work: float) -> str:
+        self.done += work
+        if self.done <= 0 or self.done >= self.total:
+            return ""
+        elapsed = time.perf_counter() - self.start
+        return f"; about {duration(elapsed * (self.total - self.done) / self.done)} left"
+
+
+#: work above this many GFLOP on a CPU is announced before it starts, with a smaller command to try (a ViT-B/16
+#: image is 17.6 GFLOP; a loaded 2-core CPU runs some tens of GFLOP/s in fp32, a few in float64)
+LONG_CPU_GFLOP = 100.0
+
+
+def long_cpu_note(gflop: float, what: str, smaller: str) -> str | None:
+    """The line that says ``what`` (``gflop`` GFLOP in all) is GPU-sized work about to run on a CPU, and the
+    smaller command to try; None when the work is small."""
+    if gflop < LONG_CPU_GFLOP:
+        return None
+    return f"{what}: {gflop:,.0f} GFLOP on a CPU, sized for a GPU; this can take many minutes (try {smaller})"
+
+
 class _NoBar:
     def update(self, n: int = 1) -> None:
         pass
