@@ -149,7 +149,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _args.add_overwrite(parser)
     _args.add_seed(parser, 0, "preset weights and inputs")
     _args.add_model_source(parser)
-    parser.add_argument("--quiet", action="store_true", help="no progress bar, no table on stdout")
+    parser.add_argument(
+        "--quiet", action="store_true", help="no progress, no table on stdout; the files written are still named"
+    )
     parser.add_argument("--strict", action="store_true", help="exit 1 when any backend fails with an error")
 
 
@@ -196,8 +198,8 @@ def run(args: argparse.Namespace) -> int:
         paths["json copy"] = _args.copy_file(paths["json"], json_path)
     if not args.quiet:
         print(markdown_report(report))
-    for kind, path in paths.items():
-        log(f"wrote {kind}: {path}")
+    for kind, path in paths.items():  # even under --quiet: a rerun's files carry a run id, so say which
+        print(f"wrote {kind}: {path}", file=sys.stderr)
     statuses = [r["status"] for r in report["rows"]]
     if "ok" not in statuses:
         raise _args.CommandError("no backend ran (see the reasons above)")
