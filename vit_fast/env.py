@@ -203,6 +203,8 @@ def collect_info() -> dict[str, Any]:
     for module in INFO_PACKAGES:
         info[module], failure = importable_version(module)
         if failure is not None:
+            if module == "timm" and "torchvision" in failure:
+                failure += "; vit-fast's timm:NAME and the bench's timm peer load it with a torchvision stand-in"
             info["import_failures"][module] = failure
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):

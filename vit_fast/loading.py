@@ -121,9 +121,19 @@ def _hf_model(spec: str, backend: str) -> VisionTransformer:
     # a classification checkpoint keeps its head; anything else loads as the bare encoder
     loader = AutoModelForImageClassification if any("ImageClassification" in a for a in archs) else AutoModel
     model = from_hf(loader.from_pretrained(spec, local_files_only=local_only), backend=backend)
-    if local:
-        model.weights_source = {"kind": "hf-folder", "name": Path(spec).name}
+    if local:  # every weight file transformers may have read, hashed as a checkpoint file is
+        folder = Path(spec)
+        files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in HF_WEIGHT_SUFFIXES)
+        model.weights_source = {
+            "kind": "hf-folder",
+            "name": folder.name,
+            "files": {p.name: file_sha256(p) for p in files},
+        }
     return model.eval()
+
+
+#: the weight files of a Hugging Face save_pretrained folder (sharded or not): hashed into weights_source
+HF_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pth", ".pt")
 
 
 def source_name(spec: str) -> str:
