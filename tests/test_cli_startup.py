@@ -38,6 +38,8 @@ def _cli(*argv: str, env: dict | None = None, cwd: Path | None = None) -> subpro
         (["info", "--help"], 0, "--json"),
         (["export", "onnx", "default", "--out", "m.onnx", "--batch", "0,4"], 2, "must be >= 1"),
         (["export", "onnx", "default"], 2, "--out"),
+        (["export", "onnx", "default", "--out", "m.onnx", "--batch", "64,1"], 2, "'64,1' is out of order"),
+        (["export", "tensorrt", "m.onnx", "--out", "m.plan", "--batch", "1,64,8"], 2, "MIN <= OPT <= MAX"),
         (["bench", "default", "--out", "o", "--min-time", "-1"], 2, "must be > 0"),
         (["verify", "default"], 2, "ARTIFACT"),
         (["export", "tritonserver", "--help"], 0, "--queue-delay-us"),

@@ -103,8 +103,10 @@ def test_verify_default_reports_accuracy(exported, monkeypatch, capsys):
 def test_export_errors(exported, tmp_path, capsys):
     _, ckpt, _, _ = exported
     out = str(tmp_path / "m.onnx")
-    assert main(["export", "onnx", str(ckpt), "--out", out, "--batch", "4,2"]) == 1
-    assert "min 4 > max 2" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:  # a range out of order is an argument error: exit 2, as documented
+        main(["export", "onnx", str(ckpt), "--out", out, "--batch", "4,2"])
+    assert exc.value.code == 2
+    assert "'4,2' is out of order: give MIN,MAX with MIN <= MAX, e.g. 2,4" in capsys.readouterr().err
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     assert main(["export", "onnx", str(ckpt), "--out", str(blocker / "sub" / "m.onnx"), "--quiet"]) == 1

@@ -197,7 +197,8 @@ def load_checkpoint(
         if CONFIG_METADATA_KEY not in meta:
             raise ValueError(
                 f"{str(path)!r} carries no vit-fast config (a plain timm or Hugging Face state dict): give its "
-                "config, a preset name such as 'vit_base_patch16_224' or a config.json (Python: cfg=...; "
+                "config, a preset name such as 'vit_base_patch16_224' or a config.json "
+                "(Python: load_model(..., config=...), or load_checkpoint(..., cfg=...); "
                 f"command line: --config ...); presets: {', '.join(sorted(PRESETS))}"
             )
         cfg = ViTConfig.from_dict(json.loads(meta[CONFIG_METADATA_KEY]))

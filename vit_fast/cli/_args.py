@@ -72,9 +72,15 @@ def batch_list(*names: str) -> Callable[[str], list[int]]:
 
     def parse(text: str) -> list[int]:
         try:
-            return parse_batch_list(text, names)
+            sizes = parse_batch_list(text, names)
         except ValueError as err:
             raise argparse.ArgumentTypeError(str(err)) from None
+        if names and sizes != sorted(sizes):  # a range (MIN,MAX or MIN,OPT,MAX) in order, refused while parsing
+            order, example = " <= ".join(names), ",".join(map(str, sorted(sizes)))
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is out of order: give {','.join(names)} with {order}, e.g. {example}"
+            )
+        return sizes
 
     parse.__name__ = "batch list"  # argparse names the type in its generic messages
     return parse
