@@ -25,8 +25,11 @@ $(BIN)/activate:
 $(VENV)/.installed: pyproject.toml Makefile | $(BIN)/activate
 	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
-	# timm without its dependencies: its torchvision dependency would pull CUDA torch on a CPU machine;
-	# the tests import timm's model code through a torchvision stand-in (tests/_torchvision_standin.py)
+	# timm without its dependencies: its torchvision dependency would pull CUDA torch on a CPU machine, and
+	# PyPI's torchvision (0.28.0 for torch 2.13.0) is built against CUDA torch: next to the CPU torch its import
+	# fails ("operator torchvision::nms does not exist"). vit-fast imports timm's model code through its own
+	# torchvision stand-in where torchvision does not import (vit_fast/timm_import.py): timm:NAME, the bench's
+	# timm peer and the tests work; `import timm` in your own code needs the torchvision build of your torch
 	$(BIN)/python -m pip install --quiet --no-deps "$(TIMM_SPEC)"
 	touch $@
 

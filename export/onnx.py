@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 import os
 import warnings
 from collections.abc import Iterator, Sequence
@@ -124,6 +125,22 @@ def _example_input(
     return example_images(trace_batch, cfg.in_chans, h, w, dtype, spec.preprocess, gen)
 
 
+#: torch's dynamo exporter logs a warning per torchvision detection op it cannot register when torchvision is
+#: missing (nms, roi_align, roi_pool, deform_conv2d): nothing a ViT uses, so it is silenced while we export
+_REGISTRATION_LOGGER = "torch.onnx._internal.exporter._registration"
+
+
+@contextlib.contextmanager
+def _quiet_registration() -> Iterator[None]:
+    logger = logging.getLogger(_REGISTRATION_LOGGER)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def _run_exporter(
     m: ExportGraph,
     x: torch.Tensor,
@@ -137,7 +154,7 @@ def _run_exporter(
 ) -> None:
     _, h_axis, w_axis = image_axes(spec.preprocess)
     cfg = m.model.cfg
-    with warnings.catch_warnings():  # the exporters' own deprecation chatter says nothing about this model
+    with warnings.catch_warnings(), _quiet_registration():  # chatter that says nothing about this model
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", FutureWarning)
         warnings.simplefilter("ignore", torch.jit.TracerWarning)

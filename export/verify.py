@@ -21,6 +21,7 @@ import datetime as _dt
 import json
 import os
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from vit_fast.dtypes import DTYPE_NAMES, parse_dtype
 from vit_fast.env import git_commit, module_version
 from vit_fast.files import json_text, staging_dir, write_json_atomic, write_new
 from vit_fast.numerics import FACTOR, FLOOR, RULE, compare
+from vit_fast.progress import Remaining, Stages, duration, long_cpu_note
 
 from ._common import ArtifactError, check_report_path, plain_model, read_metadata, vit_fast_version, weights_record
 from .graph import ExportGraph, default_outputs, example_images
@@ -306,6 +308,7 @@ def verify(
     raise_on_failure: bool = True,
     overwrite: bool = False,
     artifact_name: str | None = None,
+    progress: bool | None = None,
 ) -> VerifyReport:
     """Run ``artifact`` (``.onnx``, a TensorRT ``.plan`` / ``.engine``, or ``"triton"`` for our kernels
     backend) and compare each of its outputs with ``model``'s (a plain VisionTransformer, one that has
@@ -323,6 +326,8 @@ def verify(
     - ``json_path``: where the report goes as JSON (``.json``; checked before any work: an existing
       file vit-fast did not write is replaced only with ``overwrite``).
     - ``artifact_name``: how the report names the artifact (default: ``artifact`` itself).
+    - ``progress``: a line per batch on stderr with the time taken and about how long is left, and, on a CPU,
+      a note before GPU-sized work starts (default: as ``print_table``).
 
     Prints a table (``print_table``) and returns a :class:`VerifyReport`; raises :class:`VerificationError`
     naming the worst row when any row fails (``raise_on_failure``; the JSON is written first). Unreadable
@@ -388,8 +393,26 @@ def verify(
     )
     # every batch at the first size, the middle batch at the others
     cases = [(b, image_sizes[0]) for b in batches] + [(batches[len(batches) // 2], s) for s in image_sizes[1:]]
+    stages = Stages("vit-fast verify", print_table if progress is None else progress)
+    work = [(b + 2) * hh * ww for b, (hh, ww) in cases]  # a case costs about its pixels, plus a fixed start
+    if eager_device == "cpu":
+        from vit_fast.model import count_flops
+
+        images = sum(b * hh * ww for b, (hh, ww) in cases) / (h * w) + (len(data[1]) if data is not None else 0)
+        note = long_cpu_note(
+            3 * images * count_flops(cfg) / 1e9,  # the float64 reference, eager and the artifact each run it
+            f"verifying {report.artifact} at batches {','.join(map(str, batches))}",
+            "--batch 1,3 (batches=[1, 3]) for a quicker check",
+        )
+        if note:
+            stages.note(note)
+    remaining = Remaining(sum(work))
     with torch.no_grad(), contextlib.closing(runner):
-        for b, (hh, ww) in cases:
+        for i, (b, (hh, ww)) in enumerate(cases):
+            started = time.perf_counter()
+            stages.note(
+                f"batch {b} at {hh}x{ww} ({i + 1}/{len(cases)}): float64 reference, eager and {runner.runtime} ..."
+            )
             runner.check_batch(b)
             x = example_images(b, cfg.in_chans, hh, ww, dtype, preprocess, gen)
             ref = ref_graph.all_outputs(x if preprocess else x.double())
@@ -404,7 +427,10 @@ def verify(
                 logits = kind == "logits" and cfg.num_classes > 0
                 row = compare(outs[name], eager[kind].cpu(), ref[kind], dtype, logits)
                 report.rows.append(VerifyRow(output=name, batch=b, height=hh, width=ww, **row))
+            took = duration(time.perf_counter() - started)
+            stages.note(f"batch {b} at {hh}x{ww}: done ({took}){remaining.advance(work[i])}")
         if data is not None:
+            stages.note(f"accuracy on {len(data[1])} labelled images ...")
             logits_name = dict(plan)["logits"]
             report.accuracy = _accuracy(
                 runner, logits_name, eager_graph, eager_device, data, dtype, preprocess, batch_range or (1, 8)

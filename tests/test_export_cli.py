@@ -14,7 +14,6 @@ pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
 
 import vit_fast  # noqa: E402
 from vit_fast.cli import main  # noqa: E402
-from vit_fast.cli import verify as verify_cli  # noqa: E402
 
 CFG = dict(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=5, reg_tokens=1)
 
@@ -95,7 +94,8 @@ def test_verify_default_reports_accuracy(exported, monkeypatch, capsys):
     assets = types.ModuleType("vit_fast.assets")
     assets.load_default_eval_set = lambda: (images, labels)
     monkeypatch.setitem(sys.modules, "vit_fast.assets", assets)
-    monkeypatch.setattr(verify_cli, "load_model", lambda spec, backend="auto", seed=0, **kwargs: model)
+    # verify imports load_model when it runs (the command line imports no torch before that)
+    monkeypatch.setattr("vit_fast.loading.load_model", lambda spec, backend="auto", seed=0, **kwargs: model)
     assert main(["verify", "default", str(out)]) == 0
     assert "labelled data (6 images): eager accuracy 100.00%, artifact accuracy 100.00%" in capsys.readouterr().out
 
@@ -103,8 +103,10 @@ def test_verify_default_reports_accuracy(exported, monkeypatch, capsys):
 def test_export_errors(exported, tmp_path, capsys):
     _, ckpt, _, _ = exported
     out = str(tmp_path / "m.onnx")
-    assert main(["export", "onnx", str(ckpt), "--out", out, "--batch", "4,2"]) == 1
-    assert "min 4 > max 2" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:  # a range out of order is an argument error: exit 2, as documented
+        main(["export", "onnx", str(ckpt), "--out", out, "--batch", "4,2"])
+    assert exc.value.code == 2
+    assert "'4,2' is out of order: give MIN,MAX with MIN <= MAX, e.g. 2,4" in capsys.readouterr().err
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     assert main(["export", "onnx", str(ckpt), "--out", str(blocker / "sub" / "m.onnx"), "--quiet"]) == 1

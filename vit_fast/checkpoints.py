@@ -23,6 +23,8 @@ from .files import check_output_file, open_new, publish_to, read_head, staging_d
 from .model import VisionTransformer
 
 CONFIG_METADATA_KEY = "vit_fast_config"
+#: set_input_normalization's per-channel mean and std (0..1 units) as JSON, when the model normalises uint8 input
+NORMALIZATION_METADATA_KEY = "vit_fast_input_normalization"
 #: suffixes save_checkpoint writes, and the format each gets
 SAVE_FORMATS = {".safetensors": "safetensors", ".pth": "torch", ".pt": "torch"}
 #: suffixes read_state_dict reads
@@ -88,6 +90,11 @@ def save_checkpoint(
         raise ValueError(f"folder {str(path.parent)!r} for checkpoint {str(path)!r} does not exist: create it first")
     check_output_file(path, tuple(SAVE_FORMATS), "checkpoint", ours=is_vit_fast_checkpoint, overwrite=overwrite)
     tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    extra = dict(extra or {})
+    if model.input_mean is not None:  # not in the state_dict (non-persistent buffers): saved beside the config
+        extra[NORMALIZATION_METADATA_KEY] = json.dumps(
+            {"mean": model.input_mean.tolist(), "std": model.input_std.tolist()}
+        )
     with staging_dir(path) as tmp:
         staged = tmp / path.name
         if fmt == "safetensors":
@@ -352,7 +359,8 @@ def load_checkpoint(
         if CONFIG_METADATA_KEY not in meta:
             raise ValueError(
                 f"{str(path)!r} carries no vit-fast config (a plain timm or Hugging Face state dict): give its "
-                "config, a preset name such as 'vit_base_patch16_224' or a config.json (Python: cfg=...; "
+                "config, a preset name such as 'vit_base_patch16_224' or a config.json "
+                "(Python: load_model(..., config=...), or load_checkpoint(..., cfg=...); "
                 f"command line: --config ...); presets: {', '.join(sorted(PRESETS))}"
             )
         source = f"the config embedded in checkpoint {str(path)!r} (not a --config file)"
@@ -373,4 +381,13 @@ def load_checkpoint(
             src_grid = _grid_from_pos_embed(state["pos_embed"], keep)
     model = _load_converted(cfg, state, repr(str(path)), src_grid).set_backend(backend)
     model.weights_source = {"kind": "file", "file": Path(path).name, "sha256": file_sha256(path), "layout": layout}
+    if NORMALIZATION_METADATA_KEY in meta:
+        try:
+            norm = json.loads(meta[NORMALIZATION_METADATA_KEY])
+            model.set_input_normalization(norm["mean"], norm["std"])
+        except (ValueError, KeyError, TypeError) as err:
+            raise ValueError(
+                f"{str(path)!r}: its input normalisation ({NORMALIZATION_METADATA_KEY}) cannot be read ({err}); "
+                "re-save the model with save_checkpoint"
+            ) from None
     return model

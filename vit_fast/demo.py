@@ -42,6 +42,7 @@ import torch
 from . import demo_plots, runtime
 from .assets import default_model_info, load_default_eval_set, load_default_model
 from .bench import summarize, time_callable
+from .bench.settings import cpu_threads_for_load
 from .dtypes import dtype_name, native_dtype
 from .env import collect_environment, module_version
 from .export import VerifyOptions, is_vit_fast_artifact, to_onnx, verify
@@ -253,8 +254,29 @@ def _onnx_step(model: Any, images: torch.Tensor, labels: torch.Tensor, s: DemoSe
 
 
 def _timing_step(model: Any, images: torch.Tensor, onnx_path: Path | None, s: DemoSettings, stages: Stages) -> dict:
+    # torch and ONNX Runtime run on the same threads, chosen as the bench chooses them (the cores the load average
+    # leaves free, or --threads): on a busy machine torch's default threads wait on each other and the ratio
+    # would measure the load, not the runtimes
+    threads, threads_note = (s.threads, "--threads") if s.threads else cpu_threads_for_load()
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return _timed(model, images, onnx_path, s, stages, threads, threads_note)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _timed(
+    model: Any,
+    images: torch.Tensor,
+    onnx_path: Path | None,
+    s: DemoSettings,
+    stages: Stages,
+    threads: int,
+    threads_note: str,
+) -> dict:
     cpu = torch.device("cpu")
-    threads = torch.get_num_threads()  # ONNX Runtime gets the same threads as torch: a like-for-like race
+    stages.note(f"  torch and ONNX Runtime on {threads} CPU thread(s) each ({threads_note})")
     ort = OrtRunner(onnx_path, provider="CPUExecutionProvider", threads=threads) if onnx_path is not None else None
     cases, parts = {}, []
     for batch, iters in ((1, 4 * s.repeats), (len(images), s.repeats)):
@@ -271,8 +293,10 @@ def _timing_step(model: Any, images: torch.Tensor, onnx_path: Path | None, s: De
             o = row["onnxruntime"]["median_ms"]
             parts[-1] += f", ORT {o:.2f} ms (torch/ORT {t / o:.2f}x)"
     note = "" if ort is not None else " (ONNX Runtime not timed: step 3 did not produce an artifact)"
-    summary = "CPU wall-clock, median: " + "; ".join(parts) + note
-    return _step("timing", "ok", summary, clock="CPU wall-clock", threads=threads, cases=cases)
+    summary = f"CPU wall-clock, median, {threads} thread(s) each: " + "; ".join(parts) + note
+    return _step(
+        "timing", "ok", summary, clock="CPU wall-clock", threads=threads, threads_note=threads_note, cases=cases
+    )
 
 
 def _median_ms(fn: Callable[[], Any], iters: int) -> float:
@@ -404,34 +428,42 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
     no_triton = "the 'triton' package is not installed (Linux: pip install triton)"
     triton_skip = "--skip-triton" if s.skip_triton else (None if runtime.triton_importable() else no_triton)
     child = None
-    if triton_skip is None and not use_gpu:  # start the slow interpreter run now; it overlaps the ONNX step
-        n = min(s.subset, len(labels))
-        stages.note(f"2/{STEPS} starting `vit-fast verify default triton` on {n} images in a child process")
-        child = _InterpreterVerify(n, s.seed, s.triton_timeout)
     try:
         accuracy, predictions = _accuracy_step(model, images, labels, float(info["heldout_accuracy"]))
         steps = [accuracy]
         stages.note(f"  {steps[0]['summary']}")
-        if s.skip_onnx:  # step 3 runs before step 2: it overlaps the interpreter child
+        triton = None
+        if triton_skip is not None:
+            triton = _step("triton", "skipped", triton_skip)
+            stages.note(f"2/{STEPS} triton: skipped ({triton_skip})")
+        elif use_gpu:
+            stages.note(f"2/{STEPS} triton backend, compiled on the GPU")
+            triton = _guarded("triton", _triton_on_gpu, model, images, labels, s.seed)
+            stages.note(f"  {triton['summary']}")
+        else:  # the slow interpreter run starts now, in a child process, and overlaps step 3
+            n = min(s.subset, len(labels))
+            stages.note(
+                f"2/{STEPS} triton: `vit-fast verify default triton` on {n} images, started in a child process "
+                "(it runs beside step 3; its result follows step 3)"
+            )
+            child = _InterpreterVerify(n, s.seed, s.triton_timeout)
+        if s.skip_onnx:
             onnx = _step("onnx", "skipped", "--skip-onnx")
+            stages.note(f"3/{STEPS} ONNX: skipped (--skip-onnx)")
         else:
             stages.note(f"3/{STEPS} exporting to ONNX ({s.exporter}, opset {s.opset}), verifying on ONNX Runtime")
             onnx = _guarded("onnx", _onnx_step, model, images, labels, s, stages)
             stages.note(f"  {onnx['summary']}")
-        if triton_skip is not None:
-            triton = _step("triton", "skipped", triton_skip)
-        elif use_gpu:
-            stages.note(f"2/{STEPS} triton backend, compiled on the GPU")
-            triton = _guarded("triton", _triton_on_gpu, model, images, labels, s.seed)
-        else:
-            stages.note(f"2/{STEPS} waiting for the triton interpreter child process")
+        if child is not None:
+            stages.note("  (step 2) waiting for the triton interpreter child process")
             triton = _guarded("triton", child.collect)
-        stages.note(f"  {triton['summary']}")
+            stages.note(f"  {triton['summary']}")
         steps += [triton, onnx]
         if s.skip_timing:
             steps.append(_step("timing", "skipped", "--skip-timing"))
+            stages.note(f"4/{STEPS} timing: skipped (--skip-timing)")
         else:
-            stages.note(f"4/{STEPS} timing eager torch vs ONNX Runtime (CPU wall-clock)")
+            stages.note(f"4/{STEPS} timing eager torch vs ONNX Runtime (CPU wall-clock, the same threads)")
             onnx_path = Path(onnx["artifact"]) if onnx["status"] == "ok" else None
             steps.append(_guarded("timing", _timing_step, model, images, onnx_path, s, stages))
         if use_gpu:
@@ -441,9 +473,11 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
         else:
             why = "--device cpu" if cuda else "no CUDA GPU visible"
             steps += [_step("cuda graph", "skipped", why), _step("vit-b/16 latency", "skipped", why)]
+            stages.note(f"5/{STEPS} GPU: skipped ({why})")
         missing = "--no-plots" if s.no_plots else demo_plots.matplotlib_missing()
         if missing is not None:
             steps.append(_step("figures", "skipped", missing))
+            stages.note(f"6/{STEPS} figures: skipped")
         else:
             stages.note(f"6/{STEPS} drawing the figures (patches, attention, confusion, timing)")
             steps.append(_guarded("figures", _figures_step, model, images, labels, predictions, steps, out_dir))

@@ -47,6 +47,21 @@ def module_version(module: str) -> str | None:
         return "unknown (import failed)"
 
 
+def importable_version(module: str) -> tuple[str | None, str | None]:
+    """``(version, None)`` when ``module`` is installed and imports; ``(None, why)`` when it is installed but
+    its import fails (timm without torchvision, say); ``(None, None)`` when it is not installed. Imports the
+    module: ``vit-fast info`` names a package as present only when it can be used."""
+    version = module_version(module)
+    if version is None:
+        return None, None
+    try:
+        importlib.import_module(module)
+    except Exception as err:  # a missing dependency, a broken build: what the user would meet
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        return None, f"{version} is installed, but `import {module}` fails ({type(err).__name__}: {first})"
+    return version, None
+
+
 SOURCE_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -167,6 +182,10 @@ def collect_environment(device: Any = None) -> dict[str, Any]:
     return env
 
 
+#: the optional packages ``vit-fast info`` names, each present only when it imports
+INFO_PACKAGES = ("triton", "onnx", "onnxruntime", "tensorrt", "timm", "transformers")
+
+
 def collect_info() -> dict[str, Any]:
     import torch
 
@@ -178,14 +197,15 @@ def collect_info() -> dict[str, Any]:
         "platform": platform.platform(),
         "torch": torch.__version__,
         "cuda_runtime": torch.version.cuda,
-        "triton": module_version("triton"),
-        "onnx": module_version("onnx"),
-        "onnxruntime": module_version("onnxruntime"),
-        "tensorrt": module_version("tensorrt"),
-        "timm": module_version("timm"),
-        "transformers": module_version("transformers"),
         "gpus": [],
+        "import_failures": {},  # package -> why it is installed but cannot be imported
     }
+    for module in INFO_PACKAGES:
+        info[module], failure = importable_version(module)
+        if failure is not None:
+            if module == "timm" and "torchvision" in failure:
+                failure += "; vit-fast's timm:NAME and the bench's timm peer load it with a torchvision stand-in"
+            info["import_failures"][module] = failure
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             props = torch.cuda.get_device_properties(i)
@@ -264,7 +284,8 @@ def card_report(device: Any) -> dict[str, Any]:
 def format_info(info: dict[str, Any]) -> str:
     lines = [f"vit-fast {info['vit_fast']}  (python {info['python']}, {info['platform']})", "", "versions:"]
     for key in ("torch", "cuda_runtime", "triton", "onnx", "onnxruntime", "tensorrt", "timm", "transformers"):
-        lines.append(f"  {key:<13} {info[key] or 'not installed'}")
+        failure = info.get("import_failures", {}).get(key)
+        lines.append(f"  {key:<13} {info[key] or ('not usable: ' + failure if failure else 'not installed')}")
     lines.append("")
     if info["gpus"]:
         for i, gpu in enumerate(info["gpus"]):

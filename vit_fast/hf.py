@@ -134,7 +134,8 @@ class HFViT(VisionTransformer):
         if output_hidden_states is None:
             output_hidden_states = bool(getattr(self.config, "output_hidden_states", False))
         if return_dict is None:
-            return_dict = bool(getattr(self.config, "use_return_dict", getattr(self.config, "return_dict", True)))
+            # config.return_dict, never use_return_dict: transformers 5 logs a deprecation for that property
+            return_dict = bool(getattr(self.config, "return_dict", True))
         hidden = None
         if output_hidden_states:
             stages = list(self.forward_stages(pixel_values))

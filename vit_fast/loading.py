@@ -69,8 +69,10 @@ def _random_preset(name: str, backend: str, seed: int) -> VisionTransformer:
 
 
 def _timm_model(name: str, backend: str, weights: str | os.PathLike | None) -> VisionTransformer:
+    from .timm_import import import_timm
+
     try:
-        import timm
+        timm = import_timm()
     except ImportError as err:
         missing = getattr(err, "name", None) or "timm"
         raise ImportError(
@@ -141,9 +143,19 @@ def _hf_model(spec: str, backend: str) -> VisionTransformer:
         weights = next((p for p in Path(spec).glob("*.bin")), Path(spec)) if local else Path(spec)
         raise torch_load_error(weights, err) from None
     model = from_hf(loaded, backend=backend)
-    if local:
-        model.weights_source = {"kind": "hf-folder", "name": Path(spec).name}
+    if local:  # every weight file transformers may have read, hashed as a checkpoint file is
+        folder = Path(spec)
+        files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in HF_WEIGHT_SUFFIXES)
+        model.weights_source = {
+            "kind": "hf-folder",
+            "name": folder.name,
+            "files": {p.name: file_sha256(p) for p in files},
+        }
     return model.eval()
+
+
+#: the weight files of a Hugging Face save_pretrained folder (sharded or not): hashed into weights_source
+HF_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pth", ".pt")
 
 
 def source_name(spec: str) -> str:
@@ -198,9 +210,11 @@ def load_model(
         return load_checkpoint(path, cfg=cfg, backend=backend).eval()
     if weights is not None or "." in spec:
         return _timm_model(spec, backend, weights)
+    from .timm_import import import_timm
+
     try:
-        import timm
-    except ImportError:  # not installed, or its torchvision is missing: then a plain name cannot be timm's
+        timm = import_timm()
+    except ImportError:  # not installed: then a plain name cannot be timm's
         timm = None
     if timm is not None and timm.is_model(spec):
         return _timm_model(spec, backend, weights)

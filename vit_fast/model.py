@@ -112,7 +112,9 @@ class VisionTransformer(nn.Module):
             return "random (unseeded)" if seed is None else f"random (seed {seed})"
         if kind == "file":
             return f"{src.get('file')} sha256:{str(src.get('sha256'))[:12]}"
-        return f"{kind}: {src.get('name', '?')}"
+        files = src.get("files")  # a Hugging Face folder: each weight file's hash
+        hashes = f" ({', '.join(f'{n} sha256:{h[:12]}' for n, h in files.items())})" if files else ""
+        return f"{kind}: {src.get('name', '?')}{hashes}"
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):  # noqa: D102
         result = super().load_state_dict(state_dict, strict=strict, assign=assign)

@@ -41,10 +41,15 @@ def check_image_batch(model: VisionTransformer, x: torch.Tensor) -> tuple[int, i
         )
     p = cfg.patch_size
     if H % p or W % p:
+        if not cfg.dynamic_img_size:  # one size fits: suggest it, not a nearest multiple the model would refuse
+            eh, ew = cfg.img_hw
+            raise ValueError(
+                f"image size {H}x{W} is not divisible by the patch size {p}, and this model takes {eh}x{ew} "
+                f"images only: resize to {eh}x{ew}"
+            )
         raise ValueError(
             f"image size {H}x{W} is not divisible by the patch size {p}; the nearest valid size is "
             f"{_nearest_multiple(H, p)}x{_nearest_multiple(W, p)}"
-            + ("" if cfg.dynamic_img_size else f" (this model takes {cfg.img_hw[0]}x{cfg.img_hw[1]} only)")
         )
     if not cfg.dynamic_img_size and (H, W) != cfg.img_hw:
         eh, ew = cfg.img_hw

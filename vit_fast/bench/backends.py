@@ -83,7 +83,7 @@ def static_unavailable(variant: Variant, device: torch.device, dtype_name: str) 
     if b == "compile-reduce-overhead" and not cuda:
         return "mode='reduce-overhead' is CUDA graphs; needs a CUDA GPU"
     if b == "timm" and importlib.util.find_spec("timm") is None:
-        return "timm is not installed (it needs torchvision, which has no CPU build on these machines)"
+        return "timm is not installed: pip install timm"
     if b == "onnxruntime":
         if importlib.util.find_spec("onnxruntime") is None:
             return "onnxruntime is not installed: pip install 'vit-fast[onnx]'"
@@ -183,6 +183,9 @@ class TritonBackend(ModuleBackend):
 
 def build_timm(model: Any) -> Any:
     """timm's VisionTransformer for ``model.cfg`` with ``model``'s weights (timm uses fused SDPA attention)."""
+    from vit_fast.timm_import import import_timm
+
+    import_timm()  # where torchvision cannot be imported: timm's model code through vit-fast's stand-in
     from timm.models.vision_transformer import VisionTransformer as TimmViT
 
     cfg = model.cfg

@@ -26,6 +26,7 @@ from vit_fast.dtypes import DTYPES
 from vit_fast.env import collect_environment
 from vit_fast.numerics import max_err
 from vit_fast.progress import bar as progress_bar
+from vit_fast.progress import duration, long_cpu_note
 
 from .artifacts import artifact_path, run_artifact
 from .backends import (
@@ -105,6 +106,13 @@ def _short_error(err: BaseException) -> str:
     return first[:500]
 
 
+#: why a CPU run shows no physical floor: a floor must be a lower bound, and this measurement is not one
+CPU_NO_FLOOR = (
+    "on a CPU the floor is not shown: a torch.mm rate measured on a shared CPU is not its peak (ONNX Runtime and "
+    "torch.compile ran below a floor built from it), so it would bound nothing"
+)
+
+
 class Harness:
     """Runs :class:`BenchSettings` and returns the report dict (see :func:`write_reports`)."""
 
@@ -158,7 +166,10 @@ class Harness:
 
     def ceilings(self, env: dict[str, Any], dtypes: Sequence[str]) -> dict[str, Any]:
         ceilings: dict[str, Any] = {"device": env["device_name"], "bandwidth": None, "matrix": {}}
-        if self.s.measure_ceilings:
+        if self.s.measure_ceilings and self.device.type == "cpu":
+            ceilings["not_measured"] = CPU_NO_FLOOR
+            self.log(f"no floor column: {CPU_NO_FLOOR}")
+        elif self.s.measure_ceilings:
             self.log("measuring ceilings (copy bandwidth, matmul rate)")
             ceilings["bandwidth"] = measure_bandwidth(self.device)
             for d in dtypes:
@@ -253,6 +264,20 @@ class Harness:
         flusher = L2Flusher(device) if s.flush_l2 else None
         common = self.row_fields(cfg, sum(p.numel() for p in base.parameters()), env, weights)
         common["flush_l2"] = bool(flusher)
+        if device.type == "cpu":  # GPU-sized work said before it starts, with the smaller command to try
+            cases = len(self.dtypes) * len(self.variants) * len(self.batches)
+            calls = self.sampling.warmup + self.sampling.floor  # the fewest calls a case makes
+            gflop = common["flops_per_image"] * sum(self.batches) * len(self.dtypes) * len(self.variants) * calls / 1e9
+            cap = self.sampling.max_seconds
+            note = long_cpu_note(
+                gflop,
+                f"{cases} cases at batches {','.join(map(str, self.batches))}, "
+                f"{common['flops_per_image'] / 1e9:.1f} GFLOP an image"
+                + (f", each timed for up to {duration(cap)} after its warm-up" if cap else ""),
+                "vit-fast bench default --out DIR, or --batch 1 --backends torch,onnxruntime",
+            )
+            if note:
+                self.log(note)
         rows: list[dict[str, Any]] = []
         transfers: list[dict[str, Any]] = []
         bar = progress_bar(len(self.dtypes) * len(self.variants) * len(self.batches), "bench", s.progress)

@@ -158,6 +158,8 @@ def markdown_report(report: dict[str, Any]) -> str:
         lines.append(f"- artifact: {report['artifact']} ({t.get('runtime', '?')}; verified: {t.get('verified')})")
     if st.get("threads"):
         lines.append(f"- CPU threads: {st['threads']} for every CPU backend ({st['threads_note']})")
+    if ceil.get("not_measured"):
+        lines.append(f"- floor: {ceil['not_measured']}")
     if ceil.get("bandwidth"):
         lines.append(f"- measured bandwidth: {ceil['bandwidth']['GBps']:.1f} GB/s ({ceil['bandwidth']['method']})")
     for d, m in (ceil.get("matrix") or {}).items():

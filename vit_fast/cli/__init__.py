@@ -57,8 +57,17 @@ def add_subcommand(sub: argparse._SubParsersAction, name: str, doc: str | None, 
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from vit_fast import __version__
+def command_in(argv: list[str]) -> str | None:
+    """The subcommand ``argv`` names: its first word that is not an option (the top level's options,
+    --help and --version, take no value)."""
+    return next((word for word in argv if not word.startswith("-")), None)
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The whole parser; given ``argv``, only the subcommand it names gets its arguments (the others are
+    listed by name and help), so ``--help``, ``--version`` and a parse error import no subcommand module and
+    no torch."""
+    from vit_fast.version import __version__
 
     parser = argparse.ArgumentParser(
         prog="vit-fast",
@@ -69,7 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"vit-fast {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    chosen = None if argv is None else command_in(argv)
     for name, (module_name, help_text) in SUBCOMMANDS.items():
+        if argv is not None and name != chosen:
+            sub.add_parser(name, help=help_text)
+            continue
         module = importlib.import_module(module_name)
         p = add_subcommand(sub, name, module.__doc__, help_text, module.EXAMPLE)
         module.add_arguments(p)
@@ -111,19 +124,27 @@ def main(argv: list[str] | None = None) -> int:
     except SwitchError as err:
         print(f"vit-fast: error: {err}", file=sys.stderr)
         return 2
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "run", None):
-        parser.print_help()
-        return 2
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = command_in(argv) or ""
+    try:  # Ctrl-C anywhere, torch's import included, is one line and 130
+        parser = build_parser(argv)
+        args = parser.parse_args(argv)
+        if not getattr(args, "run", None):
+            parser.print_help()
+            return 2
+        command = " ".join(filter(None, (args.command, getattr(args, "target", None))))
+        return _run(args, command)
+    except KeyboardInterrupt:
+        print(f"vit-fast{' ' + command if command else ''}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _run(args: argparse.Namespace, command: str) -> int:
+    """The command's body, its failures mapped to exit statuses (see the module docstring)."""
     from vit_fast.kernels._switches import switch
 
-    command = " ".join(filter(None, (args.command, getattr(args, "target", None))))
     try:
         return int(args.run(args) or 0)
-    except KeyboardInterrupt:
-        print(f"vit-fast {command}: interrupted", file=sys.stderr)
-        return 130
     except Exception as err:
         if not is_user_error(err) or switch("VIT_FAST_TRACEBACK", False):
             raise

@@ -22,8 +22,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from vit_fast.batches import parse_batch_list
-from vit_fast.dtypes import DTYPES, canonical_name, parse_dtype_list
 from vit_fast.files import write_atomic
+
+# nothing here imports torch at module level: the parser is built, and a bad argument refused, before torch loads
 
 JSON_HELP = "also write the report as JSON to this file"
 MODEL_HELP = (
@@ -97,9 +98,15 @@ def batch_list(*names: str) -> Callable[[str], list[int]]:
 
     def parse(text: str) -> list[int]:
         try:
-            return parse_batch_list(text, names)
+            sizes = parse_batch_list(text, names)
         except ValueError as err:
             raise argparse.ArgumentTypeError(str(err)) from None
+        if names and sizes != sorted(sizes):  # a range (MIN,MAX or MIN,OPT,MAX) in order, refused while parsing
+            order, example = " <= ".join(names), ",".join(map(str, sorted(sizes)))
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is out of order: give {','.join(names)} with {order}, e.g. {example}"
+            )
+        return sizes
 
     parse.__name__ = "batch list"  # argparse names the type in its generic messages
     return parse
@@ -107,6 +114,8 @@ def batch_list(*names: str) -> Callable[[str], list[int]]:
 
 def dtype_name(text: str) -> str:
     """The ``--dtype`` type for one precision: any vit_fast.dtypes spelling -> ``fp32`` / ``fp16`` / ``bf16``."""
+    from vit_fast.dtypes import DTYPES, canonical_name
+
     name = canonical_name(text)
     if name is None:
         raise argparse.ArgumentTypeError(f"unknown dtype {text!r}: choose from {', '.join(DTYPES)}")
@@ -115,6 +124,8 @@ def dtype_name(text: str) -> str:
 
 def dtype_names(text: str) -> list[str]:
     """The ``--dtype`` type for a comma-separated list of precisions."""
+    from vit_fast.dtypes import parse_dtype_list
+
     try:
         return parse_dtype_list(text)
     except ValueError as err:

@@ -35,9 +35,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from vit_fast.bench import BenchSettings, markdown_report, parse_backends, resolve_device, run_benchmark
 from vit_fast.files import check_report_file
-
 from . import _args
 
 EXAMPLE = "vit-fast bench vit_base_patch16_224 --batch 1,8,64,256 --dtype bf16,fp16 --backends all --out results/"
@@ -45,6 +43,8 @@ EXAMPLE = "vit-fast bench vit_base_patch16_224 --batch 1,8,64,256 --dtype bf16,f
 
 def _backend_list(text: str) -> list[str]:
     """The ``--backends`` type: comma-separated names from BACKENDS, or 'all'."""
+    from vit_fast.bench import parse_backends
+
     try:
         return parse_backends(text)
     except ValueError as err:
@@ -150,12 +150,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _args.add_overwrite(parser)
     _args.add_seed(parser, 0, "preset weights and inputs")
     _args.add_model_source(parser)
-    parser.add_argument("--quiet", action="store_true", help="no progress bar, no table on stdout")
+    parser.add_argument(
+        "--quiet", action="store_true", help="no progress, no table on stdout; the files written are still named"
+    )
     parser.add_argument("--strict", action="store_true", help="exit 1 when any backend fails with an error")
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``vit-fast bench``; 0 when a backend ran, 1 when none did (or, with --strict, one failed)."""
+    from vit_fast.bench import BenchSettings, markdown_report, resolve_device, run_benchmark
 
     def log(msg: str) -> None:
         if not args.quiet:
@@ -198,8 +201,8 @@ def run(args: argparse.Namespace) -> int:
         paths["json copy"] = _args.copy_file(paths["json"], json_path)
     if not args.quiet:
         print(markdown_report(report))
-    for kind, path in paths.items():
-        log(f"wrote {kind}: {path}")
+    for kind, path in paths.items():  # even under --quiet: a rerun's files carry a run id, so say which
+        print(f"wrote {kind}: {path}", file=sys.stderr)
     statuses = [r["status"] for r in report["rows"]]
     if "ok" not in statuses:
         raise _args.CommandError("no backend ran (see the reasons above)")

@@ -19,12 +19,9 @@ did not write is never replaced unless --overwrite. Exit status 1 on failure.
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
-from vit_fast.export.onnx import check_onnx_args, to_onnx
-from vit_fast.export.tensorrt import to_tensorrt
-from vit_fast.export.verify import VerifyOptions
 from vit_fast.files import check_report_file
-from vit_fast.loading import load_model, source_name
 
 from . import _args
 
@@ -44,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--batch", type=_args.batch_list("MIN", "MAX"), default=[1, 64], metavar="MIN,MAX", help="batch range (1,64)"
     )
-    p.add_argument("--dtype", type=_args.dtype_name, default="fp32", help="weights and input: fp32, fp16, bf16 (fp32)")
+    p.add_argument("--dtype", type=_args.dtype_name, default=None, help="weights and input: fp32, fp16, bf16 (fp32)")
     p.add_argument("--opset", type=int, default=None, help="ONNX opset (18; 23 with --attention fused)")
     p.add_argument("--exporter", choices=("dynamo", "torchscript"), default="dynamo", help="torch exporter (dynamo)")
     p.add_argument(
@@ -92,7 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="MIN,OPT,MAX",
         help="optimization profile (1,8,64)",
     )
-    t.add_argument("--dtype", type=_args.dtype_name, default="fp16", help="engine precision: fp16, bf16, fp32 (fp16)")
+    t.add_argument("--dtype", type=_args.dtype_name, default=None, help="engine precision: fp16, bf16, fp32 (fp16)")
     t.add_argument("--timing-cache", default=None, help="timing cache file, reused across builds")
     t.add_argument("--workspace-gib", type=_args.positive_float, default=None, help="builder workspace limit in GiB")
     t.add_argument("--model", default=None, help="model to verify against (default: the ONNX metadata's source)")
@@ -113,11 +110,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tritonserver.add_arguments(r)
 
 
-def _verify_options(args: argparse.Namespace) -> VerifyOptions | bool:
+def _verify_options(args: argparse.Namespace) -> Any:
+    """``VerifyOptions`` for the command line's flags, or False for --no-verify."""
+    from vit_fast.export.verify import VerifyOptions
+
     return False if args.no_verify else VerifyOptions(seed=args.seed, print_table=not args.quiet)
 
 
 def _run_onnx(args: argparse.Namespace) -> int:
+    from vit_fast.export.onnx import check_onnx_args, to_onnx
+    from vit_fast.loading import load_model, source_name
+
     preprocess = None
     if args.preprocess:
         if args.mean is None or args.std is None:
@@ -131,13 +134,14 @@ def _run_onnx(args: argparse.Namespace) -> int:
         json_path = check_report_file(json_path, "--json", overwrite=args.overwrite, artifacts=(out,))
     model = load_model(args.model, backend="torch", config=args.config, weights=args.weights)
     batch = tuple(args.batch)
-    check_onnx_args(model, batch, args.dtype, args.opset, args.exporter, args.dynamic_size, args.attention)
+    dtype = args.dtype or "fp32"  # a default given as text would be parsed, importing torch, on every parse
+    check_onnx_args(model, batch, dtype, args.opset, args.exporter, args.dynamic_size, args.attention)
     out.parent.mkdir(parents=True, exist_ok=True)  # checked above; made only now that the work starts
     to_onnx(
         model,
         out,
         batch=batch,
-        dtype=args.dtype,
+        dtype=dtype,
         opset=args.opset,
         exporter=args.exporter,
         dynamic_size=args.dynamic_size,
@@ -157,6 +161,8 @@ def _run_onnx(args: argparse.Namespace) -> int:
 
 
 def _run_tensorrt(args: argparse.Namespace) -> int:
+    from vit_fast.export.tensorrt import to_tensorrt
+
     out = _args.output_file(args.out, "--out")
     json_path = _args.output_file(args.json, "--json")
     if json_path is not None:  # the one output policy, before any work; never the artifact's own metadata
@@ -166,7 +172,7 @@ def _run_tensorrt(args: argparse.Namespace) -> int:
         args.onnx,
         out,
         batch=tuple(args.batch),
-        precision=args.dtype,
+        precision=args.dtype or "fp16",
         timing_cache=args.timing_cache,
         workspace_gib=args.workspace_gib,
         model=args.model,

@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import argparse
 
-from vit_fast.env import collect_info, format_info
-from vit_fast.files import MARKER_KEY, check_output_file, write_json_atomic
-
 from . import _args
 
 EXAMPLE = "vit-fast info --json info.json"
@@ -25,6 +22,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vit_fast.env import collect_info, format_info
+    from vit_fast.files import MARKER_KEY, check_output_file, write_json_atomic
+
     json_path = None
     if args.json is not None:  # checked before anything is collected, as every command's output is
         json_path = _args.output_file(args.json, "--json")

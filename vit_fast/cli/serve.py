@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         batch=batch,
         dtype=args.dtype,
         instances=args.instances,
-        queue_delay_us=args.queue_delay_us,
+        **({} if args.queue_delay_us is None else {"queue_delay_us": args.queue_delay_us}),
         host=args.host,
         http_port=args.http_port,
         grpc_port=args.grpc_port,

@@ -21,6 +21,8 @@ from typing import Any
 from . import _args
 
 ENTRIES = ("onnx", "python")
+#: vit_fast.export.triton_config.DEFAULT_QUEUE_DELAY_US as --help shows it (tests/test_cli.py holds them equal)
+QUEUE_DELAY_HELP_US = 100
 
 EXAMPLE = "vit-fast export tritonserver default --out repo/ --batch 1,8,64 --instances 2"
 
@@ -66,8 +68,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_serving_arguments(parser: argparse.ArgumentParser, what: str, default_batch: str) -> None:
     """The flags ``export tritonserver`` and ``serve`` share: --name, --batch, --instances, --queue-delay-us."""
-    from vit_fast.export.tritonserver import DEFAULT_QUEUE_DELAY_US
-
     parser.add_argument("--name", default=None, help=f"Triton model name (default: {what}'s name or file stem)")
     parser.add_argument(
         "--batch",
@@ -82,8 +82,8 @@ def add_serving_arguments(parser: argparse.ArgumentParser, what: str, default_ba
     parser.add_argument(
         "--queue-delay-us",
         type=int,
-        default=DEFAULT_QUEUE_DELAY_US,
-        help=f"dynamic batcher's max_queue_delay_microseconds ({DEFAULT_QUEUE_DELAY_US})",
+        default=None,  # DEFAULT_QUEUE_DELAY_US, read when the command runs (its module imports torch)
+        help=f"dynamic batcher's max_queue_delay_microseconds ({QUEUE_DELAY_HELP_US})",
     )
 
 
@@ -117,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
     """Run ``vit-fast export tritonserver``; returns 0, raises ValueError & co. with a clear message on bad input."""
     import vit_fast
     from vit_fast.export.tritonserver import (
+        DEFAULT_QUEUE_DELAY_US,
         ENGINE_SUFFIXES,
         ONNX_SUFFIXES,
         check_repository,
@@ -149,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
         batch=batch,
         instances=args.instances,
         kind=args.kind,
-        queue_delay_us=args.queue_delay_us,
+        queue_delay_us=DEFAULT_QUEUE_DELAY_US if args.queue_delay_us is None else args.queue_delay_us,
     )
     args.force = args.force or args.overwrite  # one word for replacing everywhere
     check_repository(args.out, names, args.force)  # before any work: a refused folder costs nothing

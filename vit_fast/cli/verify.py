@@ -19,10 +19,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from vit_fast.export.verify import verify
 from vit_fast.files import check_report_file
-from vit_fast.loading import load_model
-
 from . import _args
 
 EXAMPLE = "vit-fast verify default model.onnx --batch 1,3,64 --seed 0 --json verify.json"
@@ -81,6 +78,9 @@ def _labelled_data(spec: str, artifact: str, limit: int | None) -> tuple | None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``vit-fast verify``; 0 when the artifact passes (a failure raises)."""
+    from vit_fast.export.verify import verify
+    from vit_fast.loading import load_model
+
     json_path = _args.output_file(args.json, "--json")
     if json_path is not None:  # the one output policy, before the model loads; never the artifact's metadata
         own = () if args.artifact == "triton" else (args.artifact,)

@@ -1,0 +1,115 @@
+"""timm where torchvision cannot be imported: the one place vit-fast imports timm.
+
+timm imports torchvision at module level for a few names (``FrozenBatchNorm2d``, transforms,
+datasets) that ViT model code never calls. torchvision's wheels are built for one torch build: on
+PyPI they link CUDA torch, so next to a CPU-only torch (PyTorch's CPU index, or a local wheel)
+``import torchvision`` fails, and with it ``import timm``. :func:`import_timm` imports timm as it is
+where it can; where only torchvision stands in the way it puts a stand-in for ``torchvision`` on
+``sys.meta_path`` (every ``torchvision.*`` import answers with a module whose attributes are
+placeholders: importing works, using one raises a RuntimeError that says it is a stand-in), says so
+once on stderr, and imports timm again. ``timm:NAME``, the bench's timm peer and the tests use it.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import sys
+import types
+from typing import Any
+
+#: the line printed once when the stand-in is installed for vit-fast's own import of timm
+NOTE = (
+    "note: torchvision cannot be imported here ({why}); vit-fast loads timm's model code with a torchvision "
+    "stand-in (timm's transforms and datasets are unavailable; install the torchvision build that matches "
+    "your torch for them)"
+)
+
+
+class _PlaceholderMeta(type):
+    def __getattr__(cls, name: str) -> Any:  # InterpolationMode.BICUBIC and the like, read at import time
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _placeholder(f"{cls.__qualname__}.{name}")
+
+
+def _placeholder(qualname: str) -> type:
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError(f"{qualname} is vit-fast's torchvision stand-in: torchvision cannot be imported here")
+
+    return _PlaceholderMeta(qualname.rsplit(".", 1)[-1], (), {"__init__": refuse, "__qualname__": qualname})
+
+
+class _StandInModule(types.ModuleType):
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        value = _placeholder(f"{self.__name__}.{name}")
+        setattr(self, name, value)
+        return value
+
+
+class StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Answers every ``torchvision`` / ``torchvision.*`` import with a stand-in module."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname == "torchvision" or fullname.startswith("torchvision."):
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        module = _StandInModule(spec.name)
+        module.__path__ = []  # a package, so submodule imports come back here
+        module.__version__ = "0.0.0+standin"
+        return module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        pass
+
+
+def _drop(prefix: str) -> None:
+    for name in [n for n in sys.modules if n == prefix or n.startswith(prefix + ".")]:
+        del sys.modules[name]
+
+
+def standin_installed() -> bool:
+    return any(isinstance(f, StandInFinder) for f in sys.meta_path)
+
+
+def install_standin() -> str | None:
+    """Put the stand-in in place unless the real torchvision imports; returns why it could not (None: the real
+    one imports, nothing installed)."""
+    if standin_installed():
+        return "stand-in already installed"
+    try:
+        import torchvision  # noqa: F401
+    except Exception as err:  # ImportError, or torchvision's RuntimeError when its ops do not match this torch
+        _drop("torchvision")
+        sys.meta_path.insert(0, StandInFinder())
+        return f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"
+    return None
+
+
+def import_timm() -> types.ModuleType:
+    """``import timm``; where torchvision is what fails, again with the stand-in (and a note on stderr).
+    An ImportError naming timm when timm itself is missing."""
+    if not standin_installed():
+        try:
+            import timm
+
+            return timm
+        except ModuleNotFoundError as err:
+            if err.name == "timm":
+                raise
+        except Exception:  # torchvision's own failure, raised through timm's import
+            pass
+        _drop("timm")
+        why = install_standin()
+        if why is None:  # torchvision imports: timm failed for a reason of its own; let it say so
+            import timm
+
+            return timm
+        print(NOTE.format(why=why), file=sys.stderr)
+    import timm
+
+    return timm
