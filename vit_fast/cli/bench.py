@@ -36,6 +36,7 @@ import argparse
 import sys
 
 from vit_fast.files import check_report_file
+
 from . import _args
 
 EXAMPLE = "vit-fast bench vit_base_patch16_224 --batch 1,8,64,256 --dtype bf16,fp16 --backends all --out results/"

@@ -29,7 +29,6 @@ EXAMPLE = "vit-fast serve default --batch 1,8,64 --instances 2   (then: curl 127
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``vit-fast serve``'s arguments."""
-    from vit_fast.cli import _args
     from vit_fast.cli.tritonserver import add_serving_arguments
     from vit_fast.serve.server import DEFAULT_HOST, DEFAULT_PORTS
 

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from vit_fast.files import check_report_file
+
 from . import _args
 
 EXAMPLE = "vit-fast verify default model.onnx --batch 1,3,64 --seed 0 --json verify.json"
