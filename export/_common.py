@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from vit_fast.batches import MAX_BATCH
 from vit_fast.files import check_output_file, check_report_file, read_head, written_by_vit_fast
 
 METADATA_SUFFIX = ".json"
@@ -35,7 +36,7 @@ class ArtifactError(ValueError):
 
 
 def check_batch_range(batch: Any, names: Sequence[str] = ("min", "max")) -> tuple[int, ...]:
-    """Validate a batch range: ``len(names)`` ints, each >= 1, non-decreasing. Returns it as a tuple."""
+    """Validate a batch range: ``len(names)`` ints from 1 to ``MAX_BATCH``, non-decreasing. Returns it as a tuple."""
     what = f"({', '.join(names)})"
     if not isinstance(batch, (tuple, list)) or len(batch) != len(names):
         raise ValueError(f"batch must be a {len(names)}-tuple of ints {what}, got {batch!r}")
@@ -44,6 +45,8 @@ def check_batch_range(batch: Any, names: Sequence[str] = ("min", "max")) -> tupl
             raise ValueError(f"batch {what}: {name} must be an int, got {value!r} ({type(value).__name__})")
         if value < 1:
             raise ValueError(f"batch {what}: {name} must be >= 1, got {value}")
+        if value > MAX_BATCH:
+            raise ValueError(f"batch {what}: {name} {value} is too large: give sizes from 1 to {MAX_BATCH}")
     for i in range(len(names) - 1):
         (n0, v0), (n1, v1) = (names[i], batch[i]), (names[i + 1], batch[i + 1])
         if v0 > v1:

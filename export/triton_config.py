@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from vit_fast.batches import parse_batch_list
+from vit_fast.batches import MAX_BATCH, parse_batch_list
 from vit_fast.dtypes import parse_dtype
 from vit_fast.env import git_commit
 
@@ -171,8 +171,11 @@ def batch_plan(
         wanted = {b for b in (*DEFAULT_BATCH[1:-1], opt) if b is not None and 1 < b < top}
         return top, sorted(wanted | ({top} if top > 1 else set()))
     sizes = list(batch)
-    if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes):
-        raise ValueError(f"batch sizes must be ints >= 1 such as 1,8,64 (the largest is the maximum), got {batch!r}")
+    if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= MAX_BATCH for b in sizes):
+        raise ValueError(
+            f"batch sizes must be ints >= 1 (at most {MAX_BATCH}) such as 1,8,64 (the largest is the maximum), got "
+            f"{batch!r}"
+        )
     top = max(sizes)
     if hi is not None and top > hi:
         raise ValueError(

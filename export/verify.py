@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from vit_fast.batches import MAX_BATCH
 from vit_fast.dtypes import DTYPE_NAMES, parse_dtype
 from vit_fast.env import git_commit, module_version
 from vit_fast.files import json_text, staging_dir, write_json_atomic, write_new
@@ -357,8 +358,8 @@ def verify(
     if batches is None:  # what the runner itself takes (a fixed batch, an engine's profile) comes first
         batches = default_batches(runner.batch_range or batch_range or (1, 8))
     for b in batches:
-        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
-            raise ValueError(f"batches must be ints >= 1, got {batches!r}")
+        if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= MAX_BATCH:
+            raise ValueError(f"batches must be ints >= 1 (at most {MAX_BATCH}), got {batches!r}")
         runner.check_batch(b)
     h, w = cfg.img_hw
     p = cfg.patch_size

@@ -847,3 +847,19 @@ def test_checkpoint_format_checks_through_the_api(odd_folder):
             vit_fast.load_checkpoint(odd_folder / name)
     with pytest.raises(ValueError, match=r"config file .*partial.json' lacks the field\(s\) embed_dim"):
         vit_fast.load_model(str(odd_folder / "plain.safetensors"), config=str(odd_folder / "partial.json"))
+
+
+def test_batches_beyond_range_are_refused_through_the_api(tmp_path, odd_folder):
+    """The export, verify and Triton repository APIs refuse what the CLI's parser refuses, before any tracing
+    (torch would fail on it with C++ frames)."""
+    from vit_fast import export
+    from vit_fast.export.triton_config import batch_plan
+
+    model, before = _tiny(), _snapshot(tmp_path)
+    with pytest.raises(ValueError, match=r"max 100000000000000000000 is too large: give sizes from 1 to 2147483647"):
+        export.to_onnx(model, tmp_path / "m.onnx", batch=(1, 10**20))
+    with pytest.raises(ValueError, match=r"batches must be ints >= 1 \(at most 2147483647\)"):
+        export.verify(model, odd_folder / "t16.onnx", batches=[1, 2**31])
+    with pytest.raises(ValueError, match=r"at most 2147483647"):
+        batch_plan([1, 2**40])
+    assert _snapshot(tmp_path) == before
