@@ -213,10 +213,12 @@ def test_replaced_or_hooked_submodules_take_the_layers_own_forward(monkeypatch):
 
 def test_refusals_are_up_front_and_name_the_problem():
     small_heads = _model("ViTModel", "vit", **{"num_attention_heads": 4})  # head_dim 8
-    with pytest.raises(ValueError, match=r"head_dim 8 .*16\.\.256"):
-        vit_fast.apply_vit_fast(small_heads)
+    with pytest.raises(ValueError, match=r"head_dim 8 .*16\.\.256: run this model as it is"):
+        vit_fast.apply_vit_fast(small_heads, backend="triton")
     with pytest.raises(ValueError, match=r"head_dim 8"):
-        vit_fast.optimize(small_heads)
+        vit_fast.optimize(small_heads, backend="triton")
+    with pytest.warns(UserWarning, match=r"head_dim 8 .*keep transformers' own forward"):  # auto: said, not refused
+        assert vit_fast.optimize(small_heads) is not small_heads
     bert = transformers.BertModel(
         transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
     )

@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import os
 import types
+import warnings
 from typing import Any
 
 import torch
@@ -217,10 +218,15 @@ def check_supported(model: nn.Module, backend: str) -> tuple[list[nn.Module], An
         )
     head_dim = getattr(layers[0], _LAYOUTS[type(layers[0]).__name__][0]).q_proj.weight.shape[0] // heads
     if not _MIN_HEAD_DIM <= head_dim <= _MAX_HEAD_DIM:
-        raise ValueError(
-            f"apply_vit_fast: {name} has head_dim {head_dim} (hidden {config.hidden_size} / {heads} heads); the "
-            f"attention kernel runs head dims {_MIN_HEAD_DIM}..{_MAX_HEAD_DIM}: run this model as it is"
+        reason = (
+            f"{name} has head_dim {head_dim} (hidden {config.hidden_size} / {heads} heads); the attention kernel "
+            f"runs head dims {_MIN_HEAD_DIM}..{_MAX_HEAD_DIM}"
         )
+        if backend == "triton":
+            raise ValueError(f"apply_vit_fast(backend='triton'): {reason}: run this model as it is")
+        # backend "auto": said once, here; the layers keep transformers' forward
+        warnings.warn(f"vit-fast: {reason}; its layers keep transformers' own forward", stacklevel=3)
+        return [], config
     return layers, config
 
 
