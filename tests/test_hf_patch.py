@@ -224,3 +224,17 @@ def test_refusals_are_up_front_and_name_the_problem():
     )
     with pytest.raises(TypeError, match=r"supports the transformers models .*SiglipVisionModel.*; got BertModel"):
         vit_fast.optimize(bert)
+
+
+def test_export_traces_transformers_own_forward():
+    """torch.export (and torch.onnx.export, which uses it) of a patched model: transformers' graph, none of our ops."""
+    hf = _model("ViTModel", "vit")
+    model = vit_fast.optimize(hf, backend="triton")
+    x = torch.randn(2, 3, 16, 16)
+    program = torch.export.export(model, (), {"pixel_values": x})
+    targets = {str(node.target) for node in program.graph.nodes if node.op == "call_function"}
+    assert not any("vit_fast" in t for t in targets), sorted(targets)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            program.module()(pixel_values=x).last_hidden_state, hf(pixel_values=x).last_hidden_state
+        )

@@ -12,7 +12,9 @@ Supported layers (vision towers only; a ``CLIPModel``'s text tower keeps its own
 flash-style attention, residual and LayerScale in the GEMM epilogues) when the kernels can run on
 its input, and its own forward otherwise: an attention mask, training with autograd, inputs that
 require grad, attentions requested (by the ``output_attentions`` kwarg or the config: they come
-from the unfused path, per call), a submodule replaced (e.g. PEFT's LoRA) or hooked by the user.
+from the unfused path, per call), a submodule replaced (e.g. PEFT's LoRA) or hooked by the user, and
+under ``torch.export`` / ``torch.onnx.export`` / ``torch.jit.trace`` (an exported graph is transformers'
+own, as vit-fast's export always traces the torch path).
 Activations the GEMM epilogue does not have (CLIP's ``quick_gelu``, SwiGLU's SiLU gate) run in
 PyTorch between the fc1 and fc2 kernels. SigLIP's attention-pool head is not a layer and runs
 unchanged (unfused).
@@ -242,6 +244,8 @@ def apply_hf(model: nn.Module, backend: str) -> nn.Module:
         if any(a is not None and a is not False for a in args) or mask is not None:
             return original(hidden_states, *args, **kwargs)
         if attentions_requested(kwargs, collector) or not _kernels_can_run(hidden_states, backend):
+            return original(hidden_states, *args, **kwargs)
+        if torch.compiler.is_exporting() or torch.jit.is_tracing():  # export traces transformers' own graph
             return original(hidden_states, *args, **kwargs)
         grad = torch.is_grad_enabled()
         if grad and (layer.training or hidden_states.requires_grad):
