@@ -16,7 +16,7 @@ OLDEST_BIN := $(OLDEST_VENV)/bin
 OLDEST_SPEC ?= triton==3.6.0 numpy<2.4
 OLDEST_TESTS ?= tests/test_kernel_*.py tests/test_cards.py tests/test_versions.py
 
-.PHONY: setup demo test test-serve test-oldest lint wheel-check clean
+.PHONY: setup demo test test-serve test-oldest peers-hf lint wheel-check clean
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -63,6 +63,13 @@ test-oldest: $(OLDEST_VENV)/.installed  ## the kernel interpreter tests on the o
 	$(OLDEST_BIN)/python -c "import torch, triton, numpy; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__)"
 	$(OLDEST_BIN)/python -m pytest -q -p no:cacheprovider $(OLDEST_TESTS)
 
+# transformers' released test harness for the installed version, fetched from PyPI (the sdist carries
+# tests/test_modeling_common.py but not tests/models/*: the per-model testers are ours, tools/peers/)
+PEERS_DIR ?= .peers
+peers-hf: setup  ## transformers' ModelTesterMixin on ViT/DeiT/DINOv2/CLIP/SigLIP: unpatched, apply_vit_fast, optimize
+	$(BIN)/python -m pip install --quiet parameterized
+	$(BIN)/python tools/peers/run_hf_peers.py $(PEERS_DIR)
+
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -71,4 +78,4 @@ wheel-check: setup  ## build a wheel, install it into a fresh venv, import vit_f
 	VENV=$(VENV) bash .ci/check_wheel.sh
 
 clean:
-	rm -rf $(VENV) $(SERVE_VENV) $(OLDEST_VENV) build dist wheelhouse *.egg-info .pytest_cache
+	rm -rf $(VENV) $(SERVE_VENV) $(OLDEST_VENV) $(PEERS_DIR) build dist wheelhouse *.egg-info .pytest_cache

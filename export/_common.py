@@ -143,10 +143,15 @@ def check_report_path(
 
 def plain_model(model: Any, what: str = "export") -> Any:
     """The plain :class:`vit_fast.VisionTransformer` for ``model``: itself, or, for a subclass whose ``forward``
-    is not the plain one (the Hugging Face drop-in ``HFViT``), its ``as_vit_fast()``. Export, verify and the
-    bench take every model through here; anything else is a TypeError saying how to convert it."""
+    is not the plain one, its ``as_vit_fast()``; a transformers ViT (``vit_fast.optimize(hf_model)`` is one)
+    converted by ``vit_fast.from_hf``. Export, verify and the bench take every model through here; anything else
+    is a TypeError saying how to convert it."""
     from vit_fast.model import VisionTransformer
 
+    if type(model).__module__.startswith("transformers."):  # e.g. vit_fast.optimize(hf_model): the user's class
+        from vit_fast.convert import from_hf
+
+        return from_hf(model).train(model.training)
     if not isinstance(model, VisionTransformer):
         raise TypeError(
             f"{what} takes a vit_fast.VisionTransformer, got {type(model).__name__}: "

@@ -257,8 +257,9 @@ def to_onnx(
     report: str | os.PathLike | None = None,
     overwrite: bool = False,
 ) -> Path:
-    """Export ``model`` (a :class:`vit_fast.VisionTransformer`, or a subclass with ``as_vit_fast()`` such as
-    the Hugging Face drop-in) to an ONNX file at ``path``.
+    """Export ``model`` (a :class:`vit_fast.VisionTransformer`, a subclass with ``as_vit_fast()``, or a
+    transformers ViT such as ``vit_fast.optimize(hf_vit)``, converted with ``vit_fast.from_hf``) to an ONNX file
+    at ``path``.
 
     - ``batch=(min, max)``: the batch range served; dim 0 of the input is symbolic (checked in the saved
       graph) and the range is recorded in the metadata.

@@ -313,7 +313,7 @@ def verify(
 ) -> VerifyReport:
     """Run ``artifact`` (``.onnx``, a TensorRT ``.plan`` / ``.engine``, or ``"triton"`` for our kernels
     backend) and compare each of its outputs with ``model``'s (a plain VisionTransformer, one that has
-    ``as_vit_fast()`` such as the Hugging Face drop-in, or a model name).
+    ``as_vit_fast()``, a transformers ViT converted with ``vit_fast.from_hf``, or a model name).
 
     - ``batches``: default batch 1, an odd batch and the maximum of the batch range in the
       metadata beside the artifact (``(1, 8)`` without metadata, or the engine's profile).

@@ -63,8 +63,8 @@ def test_threads_are_the_same_for_torch_and_onnxruntime(result):
 def test_hugging_face_drop_in_is_benchmarked_as_the_plain_module():
     hf = tiny_hf_classifier(num_labels=3)
     res = bench.benchmark(vit_fast.optimize(hf), batch=1, backends="torch", **QUICK)
-    (row,) = res.ok()  # timed: the drop-in's forward returns an ImageClassifierOutput, the plain module's a tensor
-    assert row["model"].startswith("HFViT") and row["weights_source"]["kind"] == "hf"
+    (row,) = res.ok()  # timed: optimize(hf) is a ViTForImageClassification, the bench times vit_fast.from_hf of it
+    assert row["model"].startswith("ViTForImageClassification") and row["weights_source"]["kind"] == "hf"
 
 
 def test_bad_requests_are_bench_errors(seeded_model):

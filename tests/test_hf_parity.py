@@ -140,64 +140,15 @@ def test_unknown_hf_key_is_named():
         convert_hf_state_dict(state)
 
 
-def test_optimize_dispatches_hf():
+def test_optimize_keeps_the_users_class():
+    """optimize(hf) is a patched copy of the transformers model (tests/test_hf_patch.py); from_hf is vit-fast's own."""
     hf = _hf("cls", **CONFIGS["37tok_48px_p8"])
     model = vit_fast.optimize(hf)
-    assert isinstance(model, vit_fast.VisionTransformer) and model.backend == "auto"
+    assert type(model) is transformers.ViTForImageClassification and model is not hf
     assert model.training == hf.training
-
-
-# --------------------------------------------------------------------------- the Hugging Face drop-in
-def test_dropin_classification_is_called_the_hf_way():
-    hf = _hf("cls", **CONFIGS["37tok_48px_p8"])
-    hf.config.id2label = {i: f"class{i}" for i in range(11)}
-    model = vit_fast.optimize(hf).eval()
-    x = torch.randn(3, 3, 48, 48)
-    labels = torch.tensor([1, 4, 9])
-    with torch.no_grad():
-        ours, theirs = model(pixel_values=x, labels=labels), hf(pixel_values=x, labels=labels)
-        assert type(ours) is type(theirs)  # ImageClassifierOutput
-        _close(ours.logits, theirs.logits)
-        torch.testing.assert_close(ours.loss, theirs.loss, rtol=1e-5, atol=1e-6)
-        _close(model(x).logits, theirs.logits)  # positional pixel_values too
-        hidden_ours = model(pixel_values=x, output_hidden_states=True).hidden_states
-        hidden_theirs = hf(pixel_values=x, output_hidden_states=True).hidden_states
-        assert len(hidden_ours) == len(hidden_theirs) == 3
-        for a, b in zip(hidden_ours, hidden_theirs, strict=True):
-            _close(a, b)
-        as_tuple = model(pixel_values=x, return_dict=False)
-        assert isinstance(as_tuple, tuple) and torch.equal(as_tuple[0], model(x).logits)
-    assert model.config.id2label[4] == "class4" and model.id2label == hf.config.id2label
-    assert model.num_labels == 11
-
-
-def test_dropin_vitmodel_keeps_the_pooler():
-    hf = _hf("base", **CONFIGS["37tok_48px_p8"])
-    assert hf.pooler is not None
-    model = vit_fast.optimize(hf).eval()
     x = torch.randn(2, 3, 48, 48)
     with torch.no_grad():
-        ours, theirs = model(pixel_values=x), hf(pixel_values=x)
-        _close(ours.last_hidden_state, theirs.last_hidden_state)
-        _close(ours.pooler_output, theirs.pooler_output)
-    assert set(model.state_dict()) >= {"pooler.dense.weight", "pooler.dense.bias"}
-    plain = model.as_vit_fast()
-    assert type(plain) is vit_fast.VisionTransformer and "pooler.dense.weight" not in plain.state_dict()
-    assert plain.pos_embed.data_ptr() == model.pos_embed.data_ptr()  # shared, not copied
-    with torch.no_grad():
-        _close(plain(x), theirs.last_hidden_state[:, 0])
-
-
-def test_dropin_refuses_what_it_cannot_do_with_the_reason():
-    hf = _hf("cls", **CONFIGS["37tok_48px_p8"])
-    model = vit_fast.optimize(hf).eval()
-    x = torch.randn(1, 3, 48, 48)
-    with pytest.raises(ValueError, match=r"output_attentions is not available: .*never materialises"):
-        model(pixel_values=x, output_attentions=True)
-    with pytest.raises(ValueError, match=r"interpolate_pos_encoding: .*from_hf\(model, img_size=\(64, 64\)\)"):
-        model(pixel_values=torch.randn(1, 3, 64, 64), interpolate_pos_encoding=True)
-    with pytest.raises(ValueError, match=r"specify pixel_values"):
-        model()
+        _close(model(pixel_values=x).logits, hf(pixel_values=x).logits)
 
 
 def test_from_hf_at_another_image_size_resamples_pos_embed():

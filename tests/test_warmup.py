@@ -8,14 +8,12 @@ import json
 import os
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import pytest
 import torch
 
 from vit_fast import triton_path
-from vit_fast.hf import HFViT
 from vit_fast.kernels import _common
 from vit_fast.warmup import WarmupReport
 
@@ -105,14 +103,6 @@ def test_torch_backend_runs_nothing(monkeypatch, capsys):
     assert (report.backend, report.tuned, report.seconds) == ("torch", False, {})
     assert "nothing to compile: the model runs on the torch backend here (cpu input)" in capsys.readouterr().err
     assert model.autotune is False
-
-
-def test_hugging_face_dropin_has_it(monkeypatch):
-    cfg = tiny_model().cfg
-    model = HFViT(cfg, types.SimpleNamespace(), "classification", pooler=False, backend="triton")
-    calls = _spy(monkeypatch)
-    assert sorted(model.warmup([1, 2], verbose=False).seconds) == [1, 2]
-    assert [b for b, _, _ in calls] == [1, 2]
 
 
 @pytest.mark.parametrize(

@@ -338,21 +338,25 @@ def from_timm(
 
 
 # --------------------------------------------------------------------------- any model
-def optimize(model: nn.Module, backend: str = "auto") -> VisionTransformer:
+def optimize(model: nn.Module, backend: str = "auto") -> nn.Module:
     """Any supported ViT (ours, timm, Hugging Face) as a drop-in :class:`VisionTransformer` on the same
     device and dtype, with the given backend (``"auto"``: our kernels on CUDA).
 
-    A Hugging Face model becomes a :class:`vit_fast.hf.HFViT`, called the Hugging Face way
-    (``model(pixel_values=x).logits``, its ``config`` and pooler kept); a timm model behaves as timm's
-    (``forward_features``, ``forward_head(pre_logits=)``, ``num_classes``, ``reset_classifier``).
-    One of ours is returned as it is, with its backend set to ``backend``."""
+    A transformers model (ViT, DeiT, DINOv2, CLIP and SigLIP vision towers) is not converted: the result is
+    a copy of it, still an instance of its own class (a ``PreTrainedModel``: ``save_pretrained``, its
+    ``state_dict`` names, gradient checkpointing, ``output_attentions`` all as in transformers) whose encoder
+    layers run our kernels (:func:`vit_fast.hf_patch.optimize_hf`; ``backend`` "auto" or "triton"; the
+    original is left as it was, ``apply_vit_fast`` patches in place). ``from_hf`` gives vit-fast's own
+    module. A timm model behaves as timm's (``forward_features``, ``forward_head(pre_logits=)``,
+    ``num_classes``, ``reset_classifier``). One of ours is returned as it is, with its backend set to
+    ``backend``."""
     if isinstance(model, VisionTransformer):
         return model.set_backend(backend)
     module = type(model).__module__
     if module.startswith("transformers."):
-        from .hf import hf_dropin
+        from .hf_patch import optimize_hf
 
-        return hf_dropin(model, backend=backend)  # called the Hugging Face way, returning its output classes
+        return optimize_hf(model, backend=backend)  # the user's own class, its layers on our kernels
     elif module.startswith("timm."):
         out = from_timm(model, backend=backend)
     else:

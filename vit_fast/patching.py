@@ -26,46 +26,6 @@ _ORIGINAL = "_vit_fast_original_forward"
 BACKENDS = ("auto", "triton")
 
 
-class _Proj:
-    """A weight/bias pair in the shape the kernel path reads (``.weight``, ``.bias``)."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        self.weight, self.bias = weight, bias
-
-
-class _HFLayerView:
-    """A transformers ``ViTLayer`` seen with timm's block names; q, k and v fused on first use and
-    again whenever one of them changes (tracked by the tensors' version counters)."""
-
-    def __init__(self, layer: nn.Module, num_heads: int) -> None:
-        self.layer = layer
-        att = layer.attention
-        if hasattr(att, "q_proj"):  # transformers 5.x
-            self.q, self.k, self.v, proj = att.q_proj, att.k_proj, att.v_proj, att.o_proj
-            self.mlp_in, self.mlp_out = layer.mlp.fc1, layer.mlp.fc2
-        else:  # transformers 4.x
-            inner = att.attention
-            self.q, self.k, self.v, proj = inner.query, inner.key, inner.value, att.output.dense
-            self.mlp_in, self.mlp_out = layer.intermediate.dense, layer.output.dense
-        self.norm1, self.norm2 = layer.layernorm_before, layer.layernorm_after
-        self.ls1 = self.ls2 = nn.Identity()
-        head_dim = self.q.weight.shape[0] // num_heads
-        self.attn = types.SimpleNamespace(num_heads=num_heads, scale=head_dim**-0.5, proj=proj, qkv=None)
-        self.mlp = types.SimpleNamespace(fc1=self.mlp_in, fc2=self.mlp_out)
-        self._key: tuple | None = None
-
-    def refresh(self) -> None:
-        params = [p for m in (self.q, self.k, self.v) for p in (m.weight, m.bias) if p is not None]
-        key = tuple((p.data_ptr(), p._version) for p in params)
-        if key != self._key:
-            weight = torch.cat([self.q.weight, self.k.weight, self.v.weight]).detach()
-            bias = None
-            if self.q.bias is not None:
-                bias = torch.cat([self.q.bias, self.k.bias, self.v.bias]).detach()
-            self.attn.qkv = _Proj(weight, bias)
-            self._key = key
-
-
 def _kernels_can_run(x: torch.Tensor, backend: str) -> bool:
     if backend == "triton":
         return True
@@ -99,8 +59,8 @@ def _unpatch(module: nn.Module) -> bool:
 
 
 def apply_vit_fast(model: nn.Module, backend: str = "auto") -> nn.Module:
-    """Make a timm ``VisionTransformer`` or a transformers ``ViTModel`` / ``ViTForImageClassification``
-    run its blocks on our kernels, in place; returns the same object."""
+    """Make a timm ``VisionTransformer`` or a transformers vision model (ViT, DeiT, DINOv2, CLIP, SigLIP:
+    :mod:`vit_fast.hf_patch`) run its blocks on our kernels, in place; returns the same object."""
     from .triton_path import _block
 
     if backend not in BACKENDS:
@@ -124,35 +84,9 @@ def apply_vit_fast(model: nn.Module, backend: str = "auto") -> nn.Module:
             _patch(block, fast_timm)
         return model
     if module.startswith("transformers."):
-        name = type(model).__name__
-        if name not in ("ViTModel", "ViTForImageClassification"):
-            raise TypeError(f"apply_vit_fast supports transformers ViTModel and ViTForImageClassification, got {name}")
-        config = model.config
-        from .convert import HF_ACTIVATIONS as acts
+        from .hf_patch import apply_hf
 
-        if config.hidden_act not in acts:
-            raise ValueError(f"apply_vit_fast: hidden_act {config.hidden_act!r} is not supported: {sorted(acts)}")
-        act = acts[config.hidden_act]
-        encoder = model.vit if name == "ViTForImageClassification" else model
-        layers = getattr(encoder, "layers", None) or encoder.encoder.layer
-
-        def fast_hf(layer: nn.Module, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            mask = args[0] if args else kwargs.get("attention_mask", kwargs.get("head_mask"))
-            if mask is not None or kwargs.get("output_attentions") or not _kernels_can_run(hidden_states, backend):
-                return layer.__dict__[_ORIGINAL](hidden_states, *args, **kwargs)
-            if _needs_original(layer, hidden_states):
-                return layer.__dict__[_ORIGINAL](hidden_states, *args, **kwargs)
-            view = layer.__dict__["_vit_fast_view"]
-            view.refresh()
-            out = _block(view, hidden_states, act)
-            return out if layer.__dict__["_vit_fast_returns_tensor"] else (out,)
-
-        for layer in layers:
-            layer.__dict__["_vit_fast_view"] = _HFLayerView(layer, config.num_attention_heads)
-            # transformers 5.x layers return a tensor, 4.x a tuple
-            layer.__dict__["_vit_fast_returns_tensor"] = hasattr(layer.attention, "q_proj")
-            _patch(layer, fast_hf)
-        return model
+        return apply_hf(model, backend)  # the vision towers of ViT, DeiT, DINOv2, CLIP and SigLIP
     raise TypeError(
         f"apply_vit_fast does not know {module}.{type(model).__name__}: it patches timm VisionTransformer and "
         "transformers ViT models (for vit-fast's own, use model.set_backend('triton'))"

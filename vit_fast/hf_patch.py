@@ -1,0 +1,280 @@
+"""Our kernels inside a user's own transformers vision model: the one mechanism behind both
+``apply_vit_fast(hf_model)`` (in place) and ``optimize(hf_model)`` (a patched copy).
+
+Only each encoder layer's ``forward`` is replaced (in the instance's ``__dict__``), so the model stays
+an instance of the user's class: ``save_pretrained`` / ``from_pretrained``, Hugging Face key names in
+``state_dict``, gradient checkpointing, ``num_parameters``, ``interpolate_pos_encoding`` (the
+embeddings are untouched), PEFT and the output classes behave as in transformers.
+
+Supported layers (vision towers only; a ``CLIPModel``'s text tower keeps its own forward):
+``ViTLayer``, ``DeiTLayer``, ``Dinov2Layer`` (LayerScale; MLP or SwiGLU), ``CLIPEncoderLayer`` and
+``SiglipEncoderLayer``. A layer runs on the kernels (LayerNorm folded into the qkv and fc1 GEMMs,
+flash-style attention, residual and LayerScale in the GEMM epilogues) when the kernels can run on
+its input, and its own forward otherwise: an attention mask, training with autograd, inputs that
+require grad, attentions requested (by the ``output_attentions`` kwarg or the config: they come
+from the unfused path, per call), a submodule replaced (e.g. PEFT's LoRA) or hooked by the user, and
+under ``torch.export`` / ``torch.onnx.export`` / ``torch.jit.trace`` (an exported graph is transformers'
+own, as vit-fast's export always traces the torch path).
+Activations the GEMM epilogue does not have (CLIP's ``quick_gelu``, SwiGLU's SiLU gate) run in
+PyTorch between the fc1 and fc2 kernels. SigLIP's attention-pool head is not a layer and runs
+unchanged (unfused).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import types
+import warnings
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import runtime
+from .convert import HF_ACTIVATIONS
+
+#: layer class -> (attention attribute, attention output projection, norm before attention, norm before the
+#: MLP, LayerScale after attention or None, LayerScale after the MLP or None)
+_LAYOUTS: dict[str, tuple[str, str, str, str, str | None, str | None]] = {
+    "ViTLayer": ("attention", "o_proj", "layernorm_before", "layernorm_after", None, None),
+    "DeiTLayer": ("attention", "o_proj", "layernorm_before", "layernorm_after", None, None),
+    "Dinov2Layer": ("attention", "o_proj", "norm1", "norm2", "layer_scale1", "layer_scale2"),
+    "CLIPEncoderLayer": ("self_attn", "out_proj", "layer_norm1", "layer_norm2", None, None),
+    "SiglipEncoderLayer": ("self_attn", "out_proj", "layer_norm1", "layer_norm2", None, None),
+}
+#: the model classes accepted, by family (their vision encoder layers are patched)
+SUPPORTED = {
+    "vit": ("ViTModel", "ViTForImageClassification", "ViTForMaskedImageModeling"),
+    "deit": ("DeiTModel", "DeiTForImageClassification", "DeiTForImageClassificationWithTeacher"),
+    "dinov2": ("Dinov2Model", "Dinov2ForImageClassification", "Dinov2Backbone"),
+    "clip": ("CLIPVisionModel", "CLIPVisionModelWithProjection", "CLIPModel", "CLIPForImageClassification"),
+    "siglip": ("SiglipVisionModel", "SiglipModel", "SiglipForImageClassification"),
+}
+_SUPPORTED_NAMES = {name for names in SUPPORTED.values() for name in names}
+_MIN_HEAD_DIM, _MAX_HEAD_DIM = 16, 256  # the attention kernel's range (vit_fast.kernels.attention)
+_ORIGINAL, _STATE = "_vit_fast_original_forward", "_vit_fast_view"
+
+
+def _active_collector() -> Any:
+    """transformers 5.x records ``outputs.attentions`` with forward hooks on the attention modules, active while
+    its ``capture_outputs`` collector is set (kwarg or config); None where this transformers has no such thing."""
+    try:
+        from transformers.utils.output_capturing import _active_collector as collector
+    except ImportError:
+        try:
+            from transformers.utils.generic import _active_collector as collector
+        except ImportError:
+            return None
+    return collector
+
+
+def attentions_requested(kwargs: dict[str, Any], collector: Any) -> bool:
+    """Whether this call must produce attention probabilities: the kwarg (transformers 4.x passes it to each
+    layer) or transformers 5.x's active output collector asking for ``attentions`` (kwarg or config)."""
+    if kwargs.get("output_attentions"):
+        return True
+    collected = collector.get() if collector is not None else None
+    return bool(collected) and "attentions" in collected
+
+
+class _Proj:
+    """A weight/bias pair in the shape the kernel path reads (``.weight``, ``.bias``)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.weight, self.bias = weight, bias
+
+
+def _fuse(linears: list[nn.Linear]) -> _Proj:
+    """Several linears on the same input as one GEMM: weights (and biases) stacked along the outputs."""
+    weight = torch.cat([lin.weight for lin in linears]).detach()
+    biases = [lin.bias for lin in linears]
+    if all(b is None for b in biases):
+        return _Proj(weight, None)
+    filled = [
+        b if b is not None else torch.zeros_like(lin.weight[:, 0]) for b, lin in zip(biases, linears, strict=True)
+    ]
+    return _Proj(weight, torch.cat(filled).detach())
+
+
+def _user_hooked(module: nn.Module) -> bool:
+    """A forward (pre-)hook on a submodule that is not transformers' own output recorder: the fused path would
+    skip it, so the layer's own forward runs."""
+    for sub in module.modules():
+        if sub is module:
+            continue
+        for hook in (*sub._forward_hooks.values(), *sub._forward_pre_hooks.values()):
+            if getattr(hook, "__name__", "") != "output_capturing_hook":
+                return True
+    return False
+
+
+class _LayerView:
+    """A transformers encoder layer seen with timm's block names (``norm1``, ``attn.qkv``, ``attn.proj``,
+    ``ls1``, ``norm2``, ``mlp.fc1``, ``mlp.fc2``, ``ls2``), read from the live modules on every call. q, k and v
+    (and SwiGLU's gate and up) are fused into one GEMM on first use and again whenever one of them changes
+    (tracked by the tensors' version counters)."""
+
+    def __init__(self, layer: nn.Module, num_heads: int, hidden_act: str | None) -> None:
+        self.layer, self.num_heads = layer, num_heads
+        self.layout = _LAYOUTS[type(layer).__name__]
+        self.kernel_act = HF_ACTIVATIONS.get(hidden_act or "", None)
+        self._cache: dict[str, tuple[tuple, _Proj]] = {}
+
+    def _fused(self, name: str, linears: list[nn.Linear]) -> _Proj:
+        params = [p for lin in linears for p in (lin.weight, lin.bias) if p is not None]
+        key = tuple((id(p), p.data_ptr(), p._version, p.dtype, p.device) for p in params)
+        hit = self._cache.get(name)
+        if hit is None or hit[0] != key:
+            hit = (key, _fuse(linears))
+            self._cache[name] = hit
+        return hit[1]
+
+    def refresh(self) -> bool:
+        """Read the layer's modules; False where the fused path cannot stand in for its forward (a submodule
+        replaced by another type, e.g. PEFT's LoRA, or hooked by the user)."""
+        layer = self.layer
+        att_name, out_name, n1, n2, ls1, ls2 = self.layout
+        att = getattr(layer, att_name)
+        q, k, v, proj = att.q_proj, att.k_proj, att.v_proj, getattr(att, out_name)
+        mlp = layer.mlp
+        swiglu = hasattr(mlp, "gate_proj")
+        lins = [q, k, v, proj, *((mlp.gate_proj, mlp.up_proj, mlp.down_proj) if swiglu else (mlp.fc1, mlp.fc2))]
+        norms = [getattr(layer, n1), getattr(layer, n2)]
+        if any(type(m) is not nn.Linear for m in lins) or any(type(n) is not nn.LayerNorm for n in norms):
+            return False
+        if _user_hooked(layer):
+            return False
+        scale = (
+            getattr(att, "scaling", None)
+            or getattr(att, "scale", None)
+            or (q.weight.shape[0] // self.num_heads) ** -0.5
+        )
+        self.norm1, self.norm2 = norms
+        self.attn = types.SimpleNamespace(
+            num_heads=self.num_heads, scale=float(scale), proj=proj, qkv=self._fused("qkv", [q, k, v])
+        )
+        self.ls1 = types.SimpleNamespace(gamma=getattr(layer, ls1).lambda1) if ls1 else nn.Identity()
+        self.ls2 = types.SimpleNamespace(gamma=getattr(layer, ls2).lambda1) if ls2 else nn.Identity()
+        if swiglu:
+            fc1 = self._fused("gate_up", [mlp.gate_proj, mlp.up_proj])
+            self.mlp = types.SimpleNamespace(fc1=fc1, fc2=mlp.down_proj)
+            act_fn = mlp.act_fn
+            self.torch_act = lambda h: (lambda g, u: act_fn(g) * u)(*h.chunk(2, dim=-1))
+        else:
+            self.mlp = types.SimpleNamespace(fc1=mlp.fc1, fc2=mlp.fc2)
+            self.torch_act = None if self.kernel_act else mlp.activation_fn
+        return True
+
+
+def _run_view(view: _LayerView, x: torch.Tensor) -> torch.Tensor:
+    """One layer on the kernels. With an activation the fc1 epilogue has, exactly what ``vit_fast.patching`` runs
+    for a timm block; otherwise fc1 without activation, the layer's own activation in PyTorch, then fc2."""
+    from . import first_use
+    from .triton_path import _CHECKED_THROUGH, _THROUGH_OPS, _block, _gamma, _norm_linear
+
+    if view.torch_act is None:
+        return _block(view, x, view.kernel_act)
+    checked = first_use.enabled() and (first_use.failed_ops() or first_use.eligible(x))
+    ops = _CHECKED_THROUGH if checked else _THROUGH_OPS
+    fused = os.environ.get("VIT_FAST_FUSE_LN", "1") != "0"
+    qkv = _norm_linear(ops, view.norm1, x, view.attn.qkv, None, fused)
+    a = ops.attention(qkv, view.attn.num_heads, view.attn.scale)
+    x = ops.linear(a, view.attn.proj, residual=x, gamma=_gamma(view.ls1))
+    hidden = view.torch_act(_norm_linear(ops, view.norm2, x, view.mlp.fc1, None, fused))
+    return ops.linear(hidden, view.mlp.fc2, residual=x, gamma=_gamma(view.ls2))
+
+
+def _kernels_can_run(x: torch.Tensor, backend: str) -> bool:
+    if backend == "triton":
+        return True
+    return runtime.auto_backend(x.device) == "triton"  # the model's rule: CUDA cards with tensor cores only
+
+
+def _vision_layers(model: nn.Module) -> list[nn.Module]:
+    """The encoder layers of the vision tower (a CLIP / SigLIP dual model's text tower is left alone)."""
+    root = getattr(model, "vision_model", None) or model
+    return [m for m in root.modules() if type(m).__name__ in _LAYOUTS]
+
+
+def _vision_config(model: nn.Module) -> Any:
+    config = model.config
+    return getattr(config, "vision_config", None) or config
+
+
+def check_supported(model: nn.Module, backend: str) -> tuple[list[nn.Module], Any]:
+    """The layers to patch and the vision config, or a one-line error naming what is not supported."""
+    name = type(model).__name__
+    if name not in _SUPPORTED_NAMES:
+        families = ", ".join(n for names in SUPPORTED.values() for n in names)
+        raise TypeError(f"apply_vit_fast supports the transformers models {families}; got {name}")
+    config = _vision_config(model)
+    layers = _vision_layers(model)
+    if not layers:
+        raise TypeError(f"apply_vit_fast: {name} has no vision encoder layers ({', '.join(_LAYOUTS)}) to patch")
+    heads = config.num_attention_heads
+    if not hasattr(getattr(layers[0], _LAYOUTS[type(layers[0]).__name__][0]), "q_proj"):
+        raise TypeError(
+            f"apply_vit_fast: {name}'s layers have transformers 4.x's layout (attention.attention.query); the "
+            "in-place patch reads 5.x's (q_proj, k_proj, v_proj): upgrade transformers, or use vit_fast.from_hf(model)"
+        )
+    head_dim = getattr(layers[0], _LAYOUTS[type(layers[0]).__name__][0]).q_proj.weight.shape[0] // heads
+    if not _MIN_HEAD_DIM <= head_dim <= _MAX_HEAD_DIM:
+        reason = (
+            f"{name} has head_dim {head_dim} (hidden {config.hidden_size} / {heads} heads); the attention kernel "
+            f"runs head dims {_MIN_HEAD_DIM}..{_MAX_HEAD_DIM}"
+        )
+        if backend == "triton":
+            raise ValueError(f"apply_vit_fast(backend='triton'): {reason}: run this model as it is")
+        # backend "auto": said once, here; the layers keep transformers' forward
+        warnings.warn(f"vit-fast: {reason}; its layers keep transformers' own forward", stacklevel=3)
+        return [], config
+    return layers, config
+
+
+def apply_hf(model: nn.Module, backend: str) -> nn.Module:
+    """``apply_vit_fast`` for a transformers model (see the module docstring); in place, returns ``model``."""
+    layers, config = check_supported(model, backend)
+    collector = _active_collector()
+    hidden_act = getattr(config, "hidden_act", None)
+
+    def fast_hf(layer: nn.Module, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        original = layer.__dict__[_ORIGINAL]
+        mask = kwargs.get("attention_mask", kwargs.get("head_mask"))
+        if any(a is not None and a is not False for a in args) or mask is not None:
+            return original(hidden_states, *args, **kwargs)
+        if attentions_requested(kwargs, collector) or not _kernels_can_run(hidden_states, backend):
+            return original(hidden_states, *args, **kwargs)
+        if torch.compiler.is_exporting() or torch.jit.is_tracing():  # export traces transformers' own graph
+            return original(hidden_states, *args, **kwargs)
+        grad = torch.is_grad_enabled()
+        if grad and (layer.training or hidden_states.requires_grad):
+            return original(hidden_states, *args, **kwargs)
+        view = layer.__dict__[_STATE]
+        if not view.refresh():
+            return original(hidden_states, *args, **kwargs)
+        return _run_view(view, hidden_states.contiguous())  # SigLIP's embeddings are a transposed view
+
+    for layer in layers:
+        if _ORIGINAL in layer.__dict__:
+            continue  # already patched
+        layer.__dict__[_STATE] = _LayerView(layer, config.num_attention_heads, hidden_act)
+        layer.__dict__[_ORIGINAL] = layer.forward
+        layer.forward = types.MethodType(fast_hf, layer)
+    return model
+
+
+def optimize_hf(model: nn.Module, backend: str = "auto") -> nn.Module:
+    """``vit_fast.optimize`` for a transformers model: a deep copy of ``model`` (same class, config, weights,
+    device, dtype and train/eval mode) patched with :func:`apply_hf`; ``model`` itself is left as it was. Use
+    ``apply_vit_fast(model)`` to patch in place without the copy, and ``vit_fast.from_hf(model)`` for vit-fast's
+    own :class:`VisionTransformer` (what export, verify and bench take)."""
+    if backend not in ("auto", "triton"):
+        raise ValueError(
+            f"optimize: backend {backend!r} for a transformers model: 'auto' or 'triton' (our kernels in your "
+            "model); for vit-fast's own module on the torch backend use vit_fast.from_hf(model, backend='torch')"
+        )
+    if backend == "triton":
+        runtime.require_triton()
+    check_supported(model, backend)  # refuse before the copy
+    return apply_hf(copy.deepcopy(model), backend)
