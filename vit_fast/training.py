@@ -28,6 +28,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .progress import Remaining
+
 WEIGHTS_NAME = "digits_vit.safetensors"
 INFO_NAME = "digits_vit.json"
 
@@ -139,6 +141,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     warmup = steps_per_epoch * args.warmup_epochs
     step = 0
     t0 = time.perf_counter()
+    remaining = Remaining(args.epochs)
     for epoch in range(args.epochs):
         perm = torch.randperm(n, generator=gen)
         running, seen = 0.0, 0
@@ -156,8 +159,10 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             running += float(loss.detach()) * len(idx)
             seen += len(idx)
             step += 1
-        if (epoch + 1) % args.log_every == 0 or epoch + 1 == args.epochs:
-            msg = f"epoch {epoch + 1:3d}/{args.epochs}  loss {running / seen:.4f}  {time.perf_counter() - t0:6.1f}s"
+        left = remaining.advance(1)  # the first epoch is always shown: it says how long the whole run will take
+        if epoch == 0 or (epoch + 1) % args.log_every == 0 or epoch + 1 == args.epochs:
+            elapsed = time.perf_counter() - t0
+            msg = f"epoch {epoch + 1:3d}/{args.epochs}  loss {running / seen:.4f}  {elapsed:6.1f}s{left}"
             if args.log_test:
                 msg += f"  (held-out {100 * evaluate(model, x_test, y_test):.2f}%, information only)"
             print(msg, file=sys.stderr, flush=True)
