@@ -13,15 +13,33 @@ from typing import Any
 
 import torch
 
-from .harness import Harness
+from .harness import Harness, model_label
 from .report import BenchResult, write_reports
 from .settings import BenchError, BenchSettings
 
 
 def model_slug(spec: str) -> str:
-    """A file-name stem for a model spec: a preset name as it is, a checkpoint path by its stem."""
-    stem = Path(spec).stem if Path(spec).suffix else spec
+    """A file-name stem for a model spec: a preset or hub name as it is, a checkpoint file by its stem, a folder
+    (a Hugging Face save_pretrained folder) by its own name, never by the path leading to it."""
+    path = Path(spec)
+    if spec.startswith(("hf:", "timm:")):  # a hub name, tag and organisation included
+        stem = spec
+    elif path.is_dir() or (not path.suffix and "/" in spec):
+        stem = path.name
+    elif path.suffix:
+        stem = path.stem
+    else:
+        stem = spec
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", stem).strip("_") or "model"
+
+
+def report_stem(model: Any, name: str | None = None) -> str:
+    """``bench_<model>``: the one file-name stem of every bench report, whichever way it was started (the command
+    line, ``run_benchmark``, ``BenchResult.write``): ``name`` (the model as the user named it) when given, else the
+    model spec, else the module's description."""
+    if name is None:
+        name = str(model) if isinstance(model, (str, Path)) else model_label(model)
+    return f"bench_{model_slug(str(name))}"
 
 
 def _run(settings: BenchSettings, log: Callable[[str], None] | None) -> dict[str, Any]:
@@ -32,7 +50,9 @@ def _run(settings: BenchSettings, log: Callable[[str], None] | None) -> dict[str
         torch.set_num_threads(threads)  # --threads is for this run only
 
 
-def run_benchmark(settings: BenchSettings, log: Callable[[str], None] | None = None) -> tuple[dict[str, Any], dict]:
+def run_benchmark(
+    settings: BenchSettings, log: Callable[[str], None] | None = None, name: str | None = None
+) -> tuple[dict[str, Any], dict]:
     """Run the benchmark and write its reports into ``settings.out_dir``; returns (report, paths).
 
     The folder is checked before anything runs. Files are ``bench_<model>.{json,md,csv,png}``; when an
@@ -47,8 +67,7 @@ def run_benchmark(settings: BenchSettings, log: Callable[[str], None] | None = N
     except ValueError as err:
         raise BenchError(str(err)) from None
     report = _run(settings, log)
-    named = isinstance(settings.model, (str, Path))
-    stem = f"bench_{model_slug(str(settings.model) if named else report['model'])}"
+    stem = report_stem(settings.model, name)
     paths = write_reports(report, settings.out_dir, stem, overwrite=settings.overwrite)
     return report, paths
 
@@ -120,4 +139,4 @@ def benchmark(
     return BenchResult(_run(settings, log))
 
 
-__all__ = ["benchmark", "model_slug", "run_benchmark"]
+__all__ = ["benchmark", "model_slug", "report_stem", "run_benchmark"]

@@ -410,8 +410,12 @@ class BenchResult:
     def csv(self) -> str:
         return csv_report(self.report)
 
-    def write(self, out_dir: str | Path, stem: str = "bench", overwrite: bool = False) -> dict[str, Path]:
-        """Write the JSON, Markdown, CSV and PNG files (see :func:`write_reports`); returns their paths."""
+    def write(self, out_dir: str | Path, stem: str | None = None, overwrite: bool = False) -> dict[str, Path]:
+        """Write the JSON, Markdown, CSV and PNG files (see :func:`write_reports`); returns their paths. ``stem``
+        defaults to ``bench_<model>``, as the command line names them."""
+        from .api import model_slug
+
+        stem = stem or f"bench_{model_slug(str(self.report['model']))}"
         return write_reports(self.report, Path(out_dir), stem, overwrite)
 
     def __iter__(self):  # noqa: D105

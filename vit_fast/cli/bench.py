@@ -197,7 +197,8 @@ def run(args: argparse.Namespace) -> int:
         measure_ceilings=not args.no_ceilings,
         threads=args.threads,
     )
-    report, paths = run_benchmark(settings, log=log)
+    # the files are named after MODEL as typed, also when --config/--weights made it a loaded module
+    report, paths = run_benchmark(settings, log=log, name=args.model)
     if json_path is not None:
         paths["json copy"] = _args.copy_file(paths["json"], json_path)
     if not args.quiet:
