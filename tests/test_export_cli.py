@@ -149,8 +149,10 @@ def test_export_bf16_without_verification_into_a_new_folder(exported, tmp_path, 
 def test_export_tensorrt_checks_first(exported, tmp_path, capsys):
     _, _, out, _ = exported
     plan = str(tmp_path / "m.plan")
-    assert main(["export", "tensorrt", str(out), "--out", plan, "--batch", "4,2,8"]) == 1
-    assert "min 4 > opt 2" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:  # a range out of order is an argument error: exit 2, as documented
+        main(["export", "tensorrt", str(out), "--out", plan, "--batch", "4,2,8"])
+    assert exc.value.code == 2
+    assert "'4,2,8' is out of order: give MIN,OPT,MAX with MIN <= OPT <= MAX" in capsys.readouterr().err
     assert main(["export", "tensorrt", str(out), "--out", plan, "--batch", "1,2,8"]) == 1
     assert "outside the ONNX file's exported batch range [1, 4]" in capsys.readouterr().err
     assert main(["export", "tensorrt", str(tmp_path / "none.onnx"), "--out", plan]) == 1

@@ -23,7 +23,6 @@ unchanged (unfused).
 from __future__ import annotations
 
 import copy
-import os
 import types
 import warnings
 from typing import Any
@@ -171,13 +170,13 @@ def _run_view(view: _LayerView, x: torch.Tensor) -> torch.Tensor:
     """One layer on the kernels. With an activation the fc1 epilogue has, exactly what ``vit_fast.patching`` runs
     for a timm block; otherwise fc1 without activation, the layer's own activation in PyTorch, then fc2."""
     from . import first_use
-    from .triton_path import _CHECKED_THROUGH, _THROUGH_OPS, _block, _gamma, _norm_linear
+    from .triton_path import _CHECKED_THROUGH, _THROUGH_OPS, _block, _gamma, _norm_linear, fuse_ln_from_env
 
     if view.torch_act is None:
         return _block(view, x, view.kernel_act)
     checked = first_use.enabled() and (first_use.failed_ops() or first_use.eligible(x))
     ops = _CHECKED_THROUGH if checked else _THROUGH_OPS
-    fused = os.environ.get("VIT_FAST_FUSE_LN", "1") != "0"
+    fused = fuse_ln_from_env()
     qkv = _norm_linear(ops, view.norm1, x, view.attn.qkv, None, fused)
     a = ops.attention(qkv, view.attn.num_heads, view.attn.scale)
     x = ops.linear(a, view.attn.proj, residual=x, gamma=_gamma(view.ls1))
