@@ -60,12 +60,14 @@ def write_weights(folder: Path) -> tuple[Path, Path]:
     return weights, config
 
 
-def start(name: str, cmd: list[str], ports: list[int], log: Path) -> subprocess.Popen:
+def start(name: str, cmd: list[str], ports: list[int], log: Path, threads: int | None = None) -> subprocess.Popen:
     # The plain script needs by hand what vit-fast serve does itself: this interpreter's libpython first on
     # LD_LIBRARY_PATH, or Triton's python-backend stub loads the system's (here 3.11.2 beside pyenv's 3.11.7) and
     # the model fails to load ('_thread.RLock' object has no attribute '_recursion_count')
     libdir = sysconfig.get_config_var("LIBDIR") or ""
     env = dict(os.environ, LD_LIBRARY_PATH=os.pathsep.join(p for p in (libdir, os.environ.get("LD_LIBRARY_PATH")) if p))
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     url = f"http://127.0.0.1:{ports[0]}/v2/models/{MODEL}/ready"
@@ -105,23 +107,27 @@ def measure(pa: str, ports: list[int], protocol: str, batch: int, concurrency: i
 
 
 def table(points: list[dict]) -> str:
+    """Markdown: one row per point; a side perf_analyzer could not measure stably reads "unstable"."""
+
+    def side(m: dict) -> tuple[str, str]:
+        if "error" in m:
+            return "unstable", "unstable"
+        return f"{m['inferences_per_s']:.1f}", f"{m['p50_ms']:.1f} / {m['p99_ms']:.1f}"
+
     lines = [
         "| protocol | batch | concurrency | vit-fast inf/s | plain inf/s | ratio | vit-fast p50 / p99 ms | "
-        "plain p50 / p99 ms | p99 ours/plain | load |",
+        "plain p50 / p99 ms | p99 ours/plain | load avg |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in points:
         ours, plain = p["vit-fast"], p["plain"]
-        if "error" in ours or "error" in plain:
-            lines.append(f"| {p['protocol']} | {p['batch']} | {p['concurrency']} | error: {ours.get('error')} "
-                         f"{plain.get('error')} | | | | | | |")  # fmt: skip
-            continue
-        ratio = ours["inferences_per_s"] / plain["inferences_per_s"]
-        lat = ours["p99_ms"] / plain["p99_ms"]
+        (ours_rate, ours_lat), (plain_rate, plain_lat) = side(ours), side(plain)
+        both = "error" not in ours and "error" not in plain
+        ratio = f"{ours['inferences_per_s'] / plain['inferences_per_s']:.2f}" if both else "-"
+        p99 = f"{ours['p99_ms'] / plain['p99_ms']:.2f}" if both else "-"
         lines.append(
-            f"| {p['protocol']} | {p['batch']} | {p['concurrency']} | {ours['inferences_per_s']:.1f} | "
-            f"{plain['inferences_per_s']:.1f} | {ratio:.2f} | {ours['p50_ms']:.1f} / {ours['p99_ms']:.1f} | "
-            f"{plain['p50_ms']:.1f} / {plain['p99_ms']:.1f} | {lat:.2f} | {ours['load']:.1f} / {plain['load']:.1f} |"
+            f"| {p['protocol']} | {p['batch']} | {p['concurrency']} | {ours_rate} | {plain_rate} | {ratio} | "
+            f"{ours_lat} | {plain_lat} | {p99} | {ours['load']:.1f} / {plain['load']:.1f} |"
         )
     return "\n".join(lines)
 
@@ -138,6 +144,13 @@ def main() -> None:
     p.add_argument("--protocols", default="grpc,http")
     p.add_argument("--interval-ms", type=int, default=3000)
     p.add_argument("--json", default=None, metavar="PATH", help="write every figure here")
+    p.add_argument(
+        "--plain-threads",
+        type=int,
+        default=None,
+        metavar="T",
+        help="OMP_NUM_THREADS for the plain script (default: unset, torch's own count, as a user would run it)",
+    )
     args = p.parse_args()
     if not Path(args.perf_analyzer).is_file():
         sys.exit(f"no perf_analyzer at {args.perf_analyzer}: run benchmarks/get_perf_analyzer.sh (make perf-analyzer)")
@@ -154,7 +167,8 @@ def main() -> None:
                     cmd += ["--name", MODEL, *flags]
                 else:
                     cmd = [sys.executable, str(HERE / "plain_pytriton.py"), str(weights), str(config), *flags]
-                procs.append(start(name, cmd, ports, tmp / f"{name}.log"))
+                threads = args.plain_threads if name == "plain" else None
+                procs.append(start(name, cmd, ports, tmp / f"{name}.log", threads))
                 servers[name] = ports
             print("servers ready:", {n: (tmp / f"{n}.log").read_text().splitlines()[:2] for n in servers}, flush=True)
             points, flip = [], False
