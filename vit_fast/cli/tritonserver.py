@@ -1,7 +1,7 @@
 """Write a Triton Inference Server model repository for a model, an ONNX file or a TensorRT engine.
 
-  vit-fast export tritonserver SOURCE --out REPO [--name NAME] [--batch 1,8,64] [--instances 1]
-                                      [--kind gpu|cpu] [--dtype fp32] [--entries onnx,python] [--force]
+  vit-fast export tritonserver SOURCE --out REPO [--config PRESET] [--weights FILE] [--name NAME] [--batch 1,8,64]
+                                      [--instances 1] [--kind gpu|cpu] [--dtype fp32] [--entries onnx,python] [--force]
 
 SOURCE is "default" (the embedded model), a preset name or a checkpoint path (exported to ONNX here
 and verified against eager PyTorch), an .onnx file, or a TensorRT engine (.plan / .engine) built by
