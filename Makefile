@@ -16,7 +16,7 @@ OLDEST_BIN := $(OLDEST_VENV)/bin
 OLDEST_SPEC ?= triton==3.6.0 numpy<2.4
 OLDEST_TESTS ?= tests/test_kernel_*.py tests/test_cards.py tests/test_versions.py
 
-.PHONY: setup demo test test-serve test-oldest peers-hf lint wheel-check clean
+.PHONY: setup demo test test-serve test-oldest peers-hf lint wheel-check clean perf-analyzer serve-bench
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,12 @@ $(SERVE_VENV)/.installed: pyproject.toml Makefile
 
 test-serve: $(SERVE_VENV)/.installed  ## vit-fast serve and Triton model repositories against a real Triton server (CPU, loopback)
 	$(SERVE_BIN)/python -m pytest -q tests/serve
+
+perf-analyzer: $(SERVE_VENV)/.installed  ## NVIDIA's perf_analyzer as .tools/perf_analyzer/perf_analyzer (glibc < 2.38: through Debian 13's libc)
+	PYTHON=$(SERVE_BIN)/python benchmarks/get_perf_analyzer.sh .tools/perf_analyzer
+
+serve-bench: perf-analyzer  ## perf_analyzer against vit-fast serve and a plain PyTriton script, side by side (benchmarks/README.md)
+	$(SERVE_BIN)/python benchmarks/serve_perf.py --perf-analyzer .tools/perf_analyzer/perf_analyzer
 
 $(OLDEST_VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(OLDEST_VENV)

@@ -98,6 +98,8 @@ def test_start_retries_pytriton_instance_race_only(monkeypatch, capsys) -> None:
         return self
 
     monkeypatch.setattr(srv.Server, "_start_once", fake_start)
+    monkeypatch.setattr(srv.Server, "check_ports", lambda self: None)
+    monkeypatch.setattr(srv.Server, "_wait_ready", lambda self: None)
     s = srv.Server(model, instances=2)
     outcomes[:] = [race, s]
     assert s.start() is s and outcomes == []
@@ -111,9 +113,14 @@ def test_start_retries_pytriton_instance_race_only(monkeypatch, capsys) -> None:
         s.start()  # any other failure is not retried
 
 
-def _serve_cli_with_fake_triton(monkeypatch, tmp_path, *argv: str) -> tuple[int, list[tuple]]:
+def _serve_cli_with_fake_triton(
+    monkeypatch, tmp_path, *argv: str, real_port_check: bool = False, model: str = "default"
+) -> tuple[int, list[tuple]]:
     """``vit-fast serve ARGV --json ready.json`` with Triton replaced by a stand-in; returns the exit status and
-    the events in order: each model warm-up (batch sizes, tune), Triton's start, the ready JSON written."""
+    the events in order: the port checks, each model warm-up (batch sizes, tune), Triton's start, the model's
+    readiness probe (with the torch threads the forwards run with), the ready JSON written."""
+    import torch
+
     from vit_fast.cli import serve
     from vit_fast.model import VisionTransformer
 
@@ -133,22 +140,46 @@ def _serve_cli_with_fake_triton(monkeypatch, tmp_path, *argv: str) -> tuple[int,
         events.append(("ready json", ready.exists()))
         return True  # as if asked to stop
 
+    real_check = srv.Server.check_ports
+
+    def check_ports(server):
+        events.append(("ports checked",))
+        if real_port_check:
+            real_check(server)
+
+    def wait_ready(server):
+        events.append(("model ready probed", ready.exists(), torch.get_num_threads()))
+
     monkeypatch.setattr(srv, "require_serve", lambda: None)
     monkeypatch.setattr(VisionTransformer, "warmup", warmup)
     monkeypatch.setattr(srv.Server, "_start_once", start_once)
     monkeypatch.setattr(srv.Server, "wait", wait)
+    monkeypatch.setattr(srv.Server, "check_ports", check_ports)
+    monkeypatch.setattr(srv.Server, "_wait_ready", wait_ready)
     parser = argparse.ArgumentParser()
     serve.add_arguments(parser)
-    args = parser.parse_args(["default", *argv, "--json", str(ready)])
+    args = parser.parse_args([model, *argv, "--json", str(ready)])
     return serve.run(args), events
 
 
 @pytest.mark.parametrize(("flag", "tune"), [((), False), (("--tune",), True)])
 def test_serve_warms_every_served_batch_size_before_it_reports_ready(monkeypatch, tmp_path, capsys, flag, tune):
-    status, events = _serve_cli_with_fake_triton(monkeypatch, tmp_path, "--batch", "8,2,32", *flag)
+    import torch
+
+    before = torch.get_num_threads()
+    status, events = _serve_cli_with_fake_triton(monkeypatch, tmp_path, "--batch", "8,2,32", "--threads", "1", *flag)
     assert status == 0
-    # one warm-up of 1 (a lone request), the preferred sizes and the largest; then Triton; then the ready JSON
-    assert events == [("warmup", [1, 2, 8, 32], tune), ("triton started", False), ("ready json", True)]
+    # ports first (before any long work); one warm-up of 1 (a lone request), the preferred sizes and the largest;
+    # then Triton; then the model's own readiness, with --threads in force; only then the ready JSON
+    assert events == [
+        ("ports checked",),
+        ("ports checked",),
+        ("warmup", [1, 2, 8, 32], tune),
+        ("triton started", False),
+        ("model ready probed", False, 1),
+        ("ready json", True),
+    ]
+    assert torch.get_num_threads() == before  # stop() gave torch its threads back
     err = capsys.readouterr().err
     assert "nothing to compile: the model runs on the torch backend here (cpu input)" in err  # this CPU machine
 
@@ -214,3 +245,92 @@ def test_python_backend_entry_warms_its_served_batch_sizes(monkeypatch, tmp_path
     assert warmed == [[1, 4, 16]]
     assert triton_model.served_batch_sizes({"max_batch_size": 8}) == [1, 8]
     assert triton_model.served_batch_sizes({}) == [1]
+
+
+def test_a_busy_port_is_named_before_any_long_work(monkeypatch, tmp_path) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(OSError, match=rf"gRPC port {port} on 127.0.0.1 is already in use.*--grpc-port"):
+            _serve_cli_with_fake_triton(monkeypatch, tmp_path, "--grpc-port", str(port), real_port_check=True)
+    assert not (tmp_path / "ready.json").exists()
+
+
+def test_threads_default_fits_the_instances_and_the_cores(monkeypatch) -> None:
+    from vit_fast import runtime
+
+    assert runtime.intra_op_threads(1, cores=2) == 1  # one core left for Triton's own processes
+    assert runtime.intra_op_threads(2, cores=16) == 7
+    assert runtime.intra_op_threads(4, cores=2) == 1  # never 0
+    assert runtime.intra_op_threads(1, reserve=0, cores=8) == 8
+    with pytest.raises(ValueError, match="workers must be >= 1"):
+        runtime.intra_op_threads(0)
+    model = vit_fast.load_model("default", backend="torch")
+    monkeypatch.setattr(runtime, "cpu_cores", lambda: 16)
+    assert srv.Server(model, instances=3).threads == 5
+    assert srv.Server(model, instances=3, threads=2).threads == 2
+    assert "2 torch thread(s) each" in srv.Server(model, threads=2).description
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="threads must be an int >= 1"):
+            srv.Server(model, threads=bad)
+
+
+@pytest.mark.parametrize(
+    ("host", "protect", "protected"),
+    [
+        ("127.0.0.1", "auto", False),
+        ("127.0.0.2", "auto", False),
+        ("localhost", "auto", False),
+        ("::1", "auto", False),
+        ("0.0.0.0", "auto", True),
+        ("10.1.2.3", "auto", True),
+        ("127.0.0.1", "on", True),
+        ("0.0.0.0", "off", False),
+    ],
+)
+def test_statistics_are_open_on_loopback_and_protected_elsewhere(host, protect, protected) -> None:
+    model = vit_fast.load_model("default", backend="torch")
+    s = srv.Server(model, host=host, protect=protect)
+    assert s.protected is protected
+    assert s.access_token is None  # no token before the server started
+
+
+def test_protect_takes_auto_on_or_off_only() -> None:
+    model = vit_fast.load_model("default", backend="torch")
+    with pytest.raises(ValueError, match="protect must be one of"):
+        srv.Server(model, protect="yes")
+
+
+def _plain_state_dict(tmp_path):
+    """The default model's weights as a plain state dict (no vit-fast metadata) and its config.json beside it."""
+    import json
+
+    from safetensors.torch import save_file
+
+    model = vit_fast.load_model("default", backend="torch")
+    weights, config = tmp_path / "w.safetensors", tmp_path / "config.json"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(weights))
+    config.write_text(json.dumps(model.cfg.to_dict()))
+    return weights, config
+
+
+def test_serve_and_export_tritonserver_take_config_like_every_other_command(monkeypatch, tmp_path) -> None:
+    from vit_fast.cli import tritonserver
+
+    weights, config = _plain_state_dict(tmp_path)
+    status, events = _serve_cli_with_fake_triton(monkeypatch, tmp_path, "--config", str(config), model=str(weights))
+    assert status == 0 and ("ready json", True) in events
+    parser = argparse.ArgumentParser()
+    tritonserver.add_arguments(parser)
+    repo = tmp_path / "repo"
+    argv = [str(weights), "--config", str(config), "--out", str(repo), "--entries", "python", "--quiet"]
+    assert tritonserver.run(parser.parse_args(argv)) == 0
+    assert (repo / "w_python" / "config.pbtxt").is_file()
+    with pytest.raises(ValueError, match="carries no vit-fast config.*--config"):
+        tritonserver.run(parser.parse_args([str(weights), "--out", str(tmp_path / "r2"), "--entries", "python"]))
+    onnx = tmp_path / "m.onnx"
+    with pytest.raises(ValueError, match="--config describes a model SOURCE"):
+        tritonserver.run(parser.parse_args([str(onnx), "--config", str(config), "--out", str(tmp_path / "r3")]))

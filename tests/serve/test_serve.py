@@ -83,6 +83,33 @@ def test_health_model_and_metrics_endpoints(server: Child) -> None:
     assert f'nv_inference_request_success{{model="{MODEL}",version="1"}}' in text
 
 
+def test_perf_analyzer_apis_answer_without_a_token_on_loopback(server: Child) -> None:
+    """perf_analyzer reads statistics first, and --shared-memory system registers regions: both open on loopback."""
+    for module, client in _clients(server).values():
+        try:
+            stats = client.get_inference_statistics(MODEL, as_json=True) if module is grpc else None
+            stats = stats or client.get_inference_statistics(MODEL)
+            assert stats["model_stats"][0]["name"] == MODEL
+            assert client.get_system_shared_memory_status(**({"as_json": True} if module is grpc else {})) is not None
+        finally:
+            client.close()
+    info = json.loads((server.log.parent / "ready.json").read_text())
+    assert info["protected"] is False and info["access_token"] is None
+
+
+def test_ready_means_the_model_answers(server: Child) -> None:
+    info = json.loads((server.log.parent / "ready.json").read_text())
+    assert info["ready"] == f"http://{server.http}/v2/models/{MODEL}/ready"
+    with urllib.request.urlopen(info["ready"], timeout=10) as r:
+        assert r.status == 200
+    # the one request start-up sent through the whole path before it said ready
+    client = http.InferenceServerClient(server.http)
+    try:
+        assert int(client.get_inference_statistics(MODEL)["model_stats"][0]["inference_count"]) >= 1
+    finally:
+        client.close()
+
+
 def test_the_warmup_comes_before_the_server_reports_ready(server: Child) -> None:
     out = server.output()
     # on this CPU the torch backend serves: nothing to compile, and it says so, before Triton starts
@@ -127,10 +154,65 @@ def test_malformed_requests_get_errors_and_the_server_keeps_serving(server: Chil
         client.close()
 
 
-def test_sigterm_stops_the_server_cleanly_and_releases_its_ports(server: Child) -> None:
+def test_a_second_serve_on_busy_ports_names_the_port_at_once(server: Child, tmp_path) -> None:
+    import subprocess
+    import sys
+    import time
+
+    from ._support import SERVE_SCRIPT
+
+    ports = server.ports
+    cmd = [sys.executable, "-c", SERVE_SCRIPT, MODEL, "--http-port", str(ports[0])]
+    cmd += ["--grpc-port", str(ports[1]), "--metrics-port", str(ports[2])]
+    t0 = time.monotonic()
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert f"HTTP port {ports[0]} on 127.0.0.1 is already in use" in done.stderr + done.stdout
+    assert "starting Triton" not in done.stdout  # refused before the model warmed up and Triton started
+    assert time.monotonic() - t0 < 60
+
+
+def test_sigterm_under_load_stops_the_server_in_bounded_time_and_releases_its_ports(server: Child) -> None:
+    import threading
+    import time
+
+    from vit_fast.serve.server import DRAIN_TIMEOUT_S
+
     assert server.proc.poll() is None
     assert not any(port_is_free(p) for p in server.ports)
-    assert server.terminate(timeout_s=60) == 0, server.output()[-3000:]
+    shm_before = set(os.listdir("/dev/shm"))
+    stop = threading.Event()
+
+    def keep_sending(module) -> None:  # clients that keep the server busy until it goes away
+        client = module.InferenceServerClient(server.http if module is http else server.grpc)
+        x = np.zeros((8, 1, 32, 32), np.float32)
+        try:
+            while not stop.is_set():
+                try:
+                    _infer(module, client, x)
+                except Exception:
+                    return
+        finally:
+            client.close()
+
+    clients = [threading.Thread(target=keep_sending, args=(m,), daemon=True) for m in (http, grpc) * 3]
+    for t in clients:
+        t.start()
+    time.sleep(2)
+    t0 = time.monotonic()
+    status = server.terminate(timeout_s=DRAIN_TIMEOUT_S + 30)
+    took = time.monotonic() - t0
+    stop.set()
+    assert status == 0, server.output()[-3000:]
+    # Triton gives in-flight requests DRAIN_TIMEOUT_S; the rest is the processes ending (a busy 2-core machine)
+    assert took < DRAIN_TIMEOUT_S + 30, took
+    left = {n for n in set(os.listdir("/dev/shm")) - shm_before if n.startswith(f"pytrtion{server.proc.pid}")}
+    assert not left, f"shared memory left behind: {sorted(left)}"
+    # no python-backend stub of this server outlives it (they hold the psm_* shared-memory blocks)
+    from vit_fast.serve.server import _processes
+
+    marker = f"pytrtion{server.proc.pid}-"
+    assert not [pid for pid, (_, cmd) in _processes().items() if marker in cmd], "a backend stub outlived the server"
     assert all(port_is_free(p) for p in server.ports), "a port is still bound after the server stopped"
     assert "stopping" in server.output()
 
@@ -142,3 +224,31 @@ def test_ctrl_c_stops_the_server_cleanly(tmp_path) -> None:
     os.killpg(child.proc.pid, signal.SIGINT)
     assert child.proc.wait(60) == 0, child.output()[-3000:]
     assert all(port_is_free(p) for p in child.ports)
+
+
+def test_on_other_interfaces_the_token_is_printed_and_required(tmp_path) -> None:
+    """Listening on every interface (0.0.0.0) keeps PyTriton's access token; the server prints it and writes it to
+    --json, and a client that sends it in the triton-access-token header reads the statistics."""
+    child = start_serve(tmp_path, MODEL, "--batch", "1,8", "--host", "0.0.0.0")
+    try:
+        info = json.loads((tmp_path / "ready.json").read_text())
+        token = info["access_token"]
+        assert info["protected"] is True and token and token in child.output()
+        client = http.InferenceServerClient(child.http)
+        gclient = grpc.InferenceServerClient(child.grpc)
+        try:
+            with pytest.raises(InferenceServerException, match="restricted"):
+                client.get_inference_statistics(MODEL)
+            with pytest.raises(InferenceServerException, match="restricted"):
+                gclient.get_inference_statistics(MODEL)
+            stats = client.get_inference_statistics(MODEL, headers={"triton-access-token": token})
+            assert stats["model_stats"][0]["name"] == MODEL
+            headers = {"triton-grpc-protocol-triton-access-token": token}
+            stats = gclient.get_inference_statistics(MODEL, headers=headers, as_json=True)
+            assert stats["model_stats"][0]["name"] == MODEL
+            assert client.is_model_ready(MODEL)  # inference and health stay open, as on any Triton
+        finally:
+            client.close()
+            gclient.close()
+    finally:
+        assert child.terminate() == 0, child.output()[-3000:]

@@ -43,3 +43,23 @@ def test_bad_arguments_fail_before_the_server_starts(tmp_path) -> None:
     ]:
         with pytest.raises(ValueError, match=match):
             serve.run(parser.parse_args(argv))
+
+
+def test_later_instances_wait_for_the_first_ones_handshake() -> None:
+    """The start-up race's cause: PyTriton's proxy code, sent to Triton's python backend with each model, waits 1 s
+    for the first instance's handshake; the files this process sends wait 60 s."""
+    import types
+
+    from pytriton.models.model import Model
+
+    from vit_fast.serve.server import HANDSHAKE_WAIT, patient_handshake
+
+    stand_in = types.SimpleNamespace(model_version=1, SCRIPT_FILES_TO_COPY=Model.SCRIPT_FILES_TO_COPY)
+    unpatched = getattr(Model.get_proxy_model_files, "__wrapped__", Model.get_proxy_model_files)  # an earlier test
+    before = unpatched(stand_in)["file:1/communication.py"]
+    assert HANDSHAKE_WAIT[0].encode() in before  # the text replaced is there in this PyTriton
+    patient_handshake()
+    patient_handshake()  # idempotent
+    after = Model.get_proxy_model_files(stand_in)["file:1/communication.py"]
+    assert b"timeout_s: float = 60.0" in after and HANDSHAKE_WAIT[0].encode() not in after
+    assert after.replace(b"60.0", b"1.0") == before  # nothing else changed

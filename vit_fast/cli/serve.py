@@ -1,14 +1,19 @@
 """Serve a model through a real Triton Inference Server (PyTriton): dynamic batching, HTTP and gRPC,
 health and Prometheus metrics, a clean stop on SIGTERM or Ctrl-C.
 
-  vit-fast serve MODEL [--batch 1,8,64] [--instances 1] [--dtype fp32] [--host 127.0.0.1] [--tune]
+  vit-fast serve MODEL [--config PRESET] [--weights FILE] [--batch 1,8,64] [--instances 1] [--dtype fp32]
+                       [--threads T] [--host 127.0.0.1] [--protect auto|on|off] [--tune]
                        [--http-port 8000] [--grpc-port 8001] [--metrics-port 8002] [--json ready.json]
   vit-fast serve MODEL --load-test [--clients 8] [--requests 100] [--json load.json]
 
 MODEL is "default" (the embedded model), a preset name or a checkpoint path. It runs on the GPU
 with our Triton kernels where there is one, else on the CPU with the torch backend. On a GPU it runs
 the model once at each served batch size (1, the preferred sizes, the largest) before it reports ready,
-so every kernel is compiled (with --tune: tuned, and served tuned) before the first request. Requests whose
+so every kernel is compiled (with --tune: tuned, and served tuned) before the first request; it says ready
+only once /v2/models/NAME/ready answers and one request went through. On loopback the statistics and
+shared-memory APIs are open, so perf_analyzer and model-analyzer measure it as they are; on any other
+interface they keep PyTriton's access token, printed (and written to --json) for clients to send in the
+triton-access-token header (--protect on|off decides it yourself). Requests whose
 shape or dtype do not fit get an error response; the server keeps serving. --load-test starts the
 server, runs a bounded load test against it on loopback (HTTP and gRPC clients, mixed batch sizes,
 every answer checked against the model), prints p50/p99 latency and throughput, and stops.
@@ -30,11 +35,27 @@ EXAMPLE = "vit-fast serve default --batch 1,8,64 --instances 2   (then: curl 127
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``vit-fast serve``'s arguments."""
     from vit_fast.cli.tritonserver import add_serving_arguments
-    from vit_fast.serve.server import DEFAULT_HOST, DEFAULT_PORTS
+    from vit_fast.serve.server import DEFAULT_HOST, DEFAULT_PORTS, PROTECT_CHOICES
 
     parser.add_argument("model", metavar="MODEL", help='"default", a preset name, or a checkpoint path')
+    _args.add_model_source(parser)
     add_serving_arguments(parser, "MODEL", "8 and 64")
     parser.add_argument("--dtype", choices=("fp32", "fp16"), default="fp32", help="weights and I/O dtype (fp32)")
+    parser.add_argument(
+        "--threads",
+        type=_args.positive_int,
+        default=None,
+        metavar="T",
+        help="torch CPU threads per forward (default: the cores less one for Triton's own processes, shared "
+        "between the instances, at least 1; more threads than free cores stall every forward)",
+    )
+    parser.add_argument(
+        "--protect",
+        choices=PROTECT_CHOICES,
+        default="auto",
+        help="Triton's statistics, shared-memory, repository, trace and logging APIs behind an access token: auto "
+        "(default) opens them on a loopback --host and protects them elsewhere, printing the token",
+    )
     parser.add_argument(
         "--host", default=DEFAULT_HOST, help=f"address to listen on ({DEFAULT_HOST}; 0.0.0.0 for every interface)"
     )
@@ -46,7 +67,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="tune the Triton kernels for the served batch sizes before reporting ready, and serve tuned (minutes "
         "on first use, saved for the next start); without it each kernel compiles one heuristic config per shape",
     )
-    parser.add_argument("--load-test", action="store_true", help="run a bounded load test on loopback, then stop")
+    parser.add_argument(
+        "--load-test",
+        action="store_true",
+        help="run a bounded load test on loopback (its clients in a separate process), then stop",
+    )
     parser.add_argument("--clients", type=int, default=8, help="load test: concurrent clients (8)")
     parser.add_argument("--requests", type=int, default=100, help="load test: requests per client (100)")
     parser.add_argument(
@@ -76,12 +101,12 @@ def run(args: argparse.Namespace) -> int:
     from vit_fast.export.tritonserver import model_name_for, parse_batch_sizes
     from vit_fast.files import MARKER_KEY, write_json_atomic
     from vit_fast.loading import load_model
-    from vit_fast.serve.loadtest import load_test
-    from vit_fast.serve.server import Server
+    from vit_fast.serve.loadtest import load_test_in_child
+    from vit_fast.serve.server import ACCESS_HEADERS, DRAIN_TIMEOUT_S, Server
 
     batch = parse_batch_sizes(args.batch) if args.batch is not None else None
     name = args.name or model_name_for(args.model)
-    model = load_model(args.model, backend="torch")
+    model = load_model(args.model, backend="torch", config=args.config, weights=args.weights)
     server = Server(
         model,
         name=name,
@@ -95,20 +120,32 @@ def run(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         verbose=args.verbose,
         tune=args.tune,
+        threads=args.threads,
+        protect=args.protect,
     )
     e = server.endpoints
+    server.check_ports()  # before the warm-up and Triton's start-up: a busy port is named at once
     # SIGTERM while Triton starts: unwind through the finally below, so its processes are stopped too
     previous = signal.signal(signal.SIGTERM, _interrupt)
+    previous_int = signal.getsignal(signal.SIGINT)
     try:
         print(f"starting Triton Inference Server for {server.description}", flush=True)
         server.start()
         print(
-            f"serving {name!r}: HTTP {e.http}, gRPC {e.grpc}, health {e.health_url}, metrics {e.metrics_url}",
+            f"serving {name!r}: HTTP {e.http}, gRPC {e.grpc}, ready http://{e.http}/v2/models/{name}/ready, "
+            f"metrics {e.metrics_url}",
             flush=True,
         )
+        token = server.access_token
+        if token is not None:
+            print(
+                f"statistics, shared-memory, repository, trace and logging APIs need the access token {token} in "
+                f"the header {ACCESS_HEADERS['http']} (HTTP) or {ACCESS_HEADERS['grpc']} (gRPC)",
+                flush=True,
+            )
         if args.load_test:
             sizes = [b for b in range(1, 9) if b <= server.batching.max_batch_size]
-            report = load_test(
+            report = load_test_in_child(
                 server.model,
                 name,
                 e.http,
@@ -123,11 +160,24 @@ def run(args: argparse.Namespace) -> int:
             if json_path is not None:
                 write_json_atomic({MARKER_KEY: __version__, **report.to_dict()}, json_path)
             return 0 if report.passed else 1
+        # from here on, SIGTERM and Ctrl-C ask for a clean stop: a client may act on the ready JSON at once
+        signal.signal(signal.SIGTERM, lambda *_: server.request_stop())
+        signal.signal(signal.SIGINT, lambda *_: server.request_stop())
         if json_path is not None:
-            info = {MARKER_KEY: __version__, "model": name, "http": e.http, "grpc": e.grpc}
-            info |= {"health": e.health_url, "metrics": e.metrics_url}
+            info = {
+                MARKER_KEY: __version__,
+                "model": name,
+                "http": e.http,
+                "grpc": e.grpc,
+                "health": e.health_url,
+                "ready": f"http://{e.http}/v2/models/{name}/ready",
+                "metrics": e.metrics_url,
+                "threads": server.threads,
+                "protected": server.protected,
+                "access_token": token,
+            }
             write_json_atomic(info | {"description": server.description}, json_path)
-        print("ready: Ctrl-C or SIGTERM stops it", flush=True)
+        print(f"ready: Ctrl-C or SIGTERM stops it (in-flight requests get up to {DRAIN_TIMEOUT_S} s)", flush=True)
         if not server.wait():
             tail = server.log_tail()
             raise RuntimeError(f"the Triton server for {name!r} stopped by itself; its log ends:\n{tail or '(empty)'}")
@@ -137,8 +187,11 @@ def run(args: argparse.Namespace) -> int:
         print("interrupted: stopping", file=sys.stderr, flush=True)
         return 130
     finally:
+        # a second SIGTERM while Triton drains must not leave its processes behind: stopping is bounded anyway
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         server.stop()
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
 
 
 __all__ = ["add_arguments", "run"]

@@ -1,7 +1,7 @@
 """Write a Triton Inference Server model repository for a model, an ONNX file or a TensorRT engine.
 
-  vit-fast export tritonserver SOURCE --out REPO [--name NAME] [--batch 1,8,64] [--instances 1]
-                                      [--kind gpu|cpu] [--dtype fp32] [--entries onnx,python] [--force]
+  vit-fast export tritonserver SOURCE --out REPO [--config PRESET] [--weights FILE] [--name NAME] [--batch 1,8,64]
+                                      [--instances 1] [--kind gpu|cpu] [--dtype fp32] [--entries onnx,python] [--force]
 
 SOURCE is "default" (the embedded model), a preset name or a checkpoint path (exported to ONNX here
 and verified against eager PyTorch), an .onnx file, or a TensorRT engine (.plan / .engine) built by
@@ -35,6 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help='"default", a preset name or a checkpoint path; or an .onnx file; or a TensorRT .plan/.engine',
     )
     parser.add_argument("--out", required=True, metavar="PATH", help="the model repository folder (created if missing)")
+    _args.add_model_source(parser)
     add_serving_arguments(parser, "SOURCE", "8 and 64, or within the artifact's range; a TensorRT profile bounds it")
     parser.add_argument(
         "--dtype",
@@ -140,6 +141,9 @@ def run(args: argparse.Namespace) -> int:
         )
     if artifact and args.dtype is not None:
         raise ValueError(f"--dtype applies to a model SOURCE; {args.source!r} keeps the dtype it was exported in")
+    if artifact and (args.config is not None or args.weights is not None):
+        flag = "--config" if args.config is not None else "--weights"
+        raise ValueError(f"{flag} describes a model SOURCE; {args.source!r} is an artifact that carries its own")
     if args.model is not None and suffix not in ONNX_SUFFIXES:
         raise ValueError("--model names the model an ONNX file is verified against; SOURCE is not an ONNX file")
     dtype = args.dtype or "fp32"
@@ -173,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
         from vit_fast.loading import load_model, source_name
 
         described = source_name(args.source)
-        model = load_model(args.source, backend="torch")
+        model = load_model(args.source, backend="torch", config=args.config, weights=args.weights)
         todo = []
         if "onnx" in entries:
             todo.append(

@@ -223,4 +223,23 @@ def load_test(
     return report
 
 
-__all__ = ["LoadTestReport", "load_test", "percentile"]
+def load_test_in_child(
+    model: VisionTransformer, name: str, http_url: str, grpc_url: str, **options: Any
+) -> LoadTestReport:
+    """:func:`load_test` with its clients in a process of their own (spawned: a fresh interpreter), as
+    perf_analyzer runs them: no client thread shares the server's interpreter lock or its cores' scheduler
+    slices with the model's forwards, so the latencies are what an outside client sees. Same arguments and report.
+    A child that dies is an error naming its exit, not a hang."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        future = pool.submit(load_test, model, name, http_url, grpc_url, **options)
+        try:
+            return future.result()
+        except BrokenProcessPool as err:
+            raise RuntimeError(f"the load test's client process died before it reported: {err}") from err
+
+
+__all__ = ["LoadTestReport", "load_test", "load_test_in_child", "percentile"]

@@ -20,13 +20,18 @@ Two traps are handled here rather than by hand:
 from __future__ import annotations
 
 import copy
+import ipaddress
 import logging
 import os
 import signal
+import socket
 import sys
 import sysconfig
 import tempfile
 import threading
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +39,7 @@ from typing import Any
 
 import torch
 
+from vit_fast import runtime
 from vit_fast.dtypes import parse_dtype
 from vit_fast.export.tritonserver import (
     DEFAULT_QUEUE_DELAY_US,
@@ -49,8 +55,117 @@ DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
 #: the start-up race between PyTriton's model instances (see Server.start), and how often to try
 HANDSHAKE_RACE = "get_config_from_handshake_server"
 START_ATTEMPTS = 3
+#: the handshake's wait in the proxy code PyTriton 0.7 sends to Triton with each model, and how long ours waits
+HANDSHAKE_WAIT = ("def get_config_from_handshake_server(socket_path: pathlib.Path, timeout_s: float = 1.0)", 60.0)
 #: loopback by default: a server is reachable from other machines only when asked (--host 0.0.0.0)
 DEFAULT_HOST = "127.0.0.1"
+#: ``protect``: "auto" opens the statistics and shared-memory APIs (what perf_analyzer and model-analyzer read) on
+#: loopback only and keeps PyTriton's access token on any other interface; "on" / "off" force it
+PROTECT_CHOICES = ("auto", "on", "off")
+#: the headers a client sends the token in (Triton's names; perf_analyzer passes ``-H`` on HTTP only)
+ACCESS_HEADERS = {"http": "triton-access-token", "grpc": "triton-grpc-protocol-triton-access-token"}
+#: seconds SIGTERM / stop() leaves in-flight requests to finish before Triton ends them (Triton's default is 30)
+DRAIN_TIMEOUT_S = 10
+#: seconds start() waits for /v2/models/NAME/ready after Triton started
+READY_TIMEOUT_S = 120.0
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or ``localhost``) is reachable from this machine only."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip()).is_loopback
+    except ValueError:
+        return False
+
+
+def _processes() -> dict[int, tuple[int, str]]:
+    """Every process this user can see: pid -> (parent pid, command line); empty where there is no /proc."""
+    found = {}
+    for entry in Path("/proc").glob("[0-9]*") if Path("/proc").is_dir() else ():
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue  # ended meanwhile, or not ours to read
+        found[int(entry.name)] = (ppid, cmdline)
+    return found
+
+
+def reap_backend_stubs(owner_pid: int | None = None, grace_s: float = 3.0) -> list[int]:
+    """End the python-backend stubs Triton started for this process's models, with their children, when they
+    outlive Triton; returns the pids that had to be ended.
+
+    Seen here: after SIGTERM under load, tritonserver exited but both stubs of a 2-instance model stayed (they
+    ignore SIGTERM), with their shared-memory blocks (``/dev/shm/psm_*``) held. PyTriton names each stub's
+    shared-memory region ``pytrtion<pid>-...`` after the process that started the server, which is how ours are
+    told apart from any other server's. SIGTERM, then SIGKILL after ``grace_s``; once a stub is gone its
+    ``multiprocessing`` resource tracker unlinks the blocks it tracked, and this waits (``grace_s`` more) for that.
+    """
+    marker = f"pytrtion{os.getpid() if owner_pid is None else owner_pid}-"
+    procs = _processes()
+    stubs = {pid for pid, (_, cmd) in procs.items() if "triton_python_backend_stub" in cmd and marker in cmd}
+    doomed = set(stubs)
+    while True:  # their descendants (PyTriton's proxy process, its resource tracker)
+        more = {pid for pid, (ppid, _) in procs.items() if ppid in doomed} - doomed
+        if not more:
+            break
+        doomed |= more
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in stubs:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in doomed):
+            time.sleep(0.1)
+    return sorted(stubs)
+
+
+def patient_handshake() -> None:
+    """Let a model's later instances wait up to ``HANDSHAKE_WAIT[1]`` s (not 1 s) for the first one's handshake.
+
+    The cause of the start-up race (see :meth:`Server.start`): PyTriton 0.7 starts a model's instances at once,
+    and every instance but the first asks the first, over ``NAME-config.sock``, for its configuration, giving up
+    after 1 s (``get_config_from_handshake_server(..., timeout_s=1.0)`` in ``pytriton/proxy/communication.py``).
+    On a busy machine the first instance takes longer than that to start (seen here: 3 failed starts in a row
+    with 2 instances while other servers started). That code runs in Triton's python-backend stubs, which get it
+    as file contents PyTriton sends with the model (``Model.get_proxy_model_files``); this wraps that method so
+    the default reads 60 s. Exact-text replacement: another PyTriton version's file goes unchanged (and the
+    retry in :meth:`Server.start` remains). Idempotent; only the files this process sends change."""
+    from pytriton.models.model import Model
+
+    if getattr(Model.get_proxy_model_files, "_vit_fast_patient", False):
+        return
+    original = Model.get_proxy_model_files
+    old, wait_s = HANDSHAKE_WAIT
+    new = old.replace("timeout_s: float = 1.0", f"timeout_s: float = {wait_s}").encode()
+
+    def get_proxy_model_files(self) -> dict:
+        files = original(self)
+        for key, content in files.items():
+            if key.endswith("/communication.py"):
+                files[key] = content.replace(old.encode(), new)
+        return files
+
+    get_proxy_model_files._vit_fast_patient = True
+    get_proxy_model_files.__wrapped__ = original
+    Model.get_proxy_model_files = get_proxy_model_files
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Whether a listening socket on ``host:port`` exists now (a socket left in TIME_WAIT does not count)."""
+    bind_host = "" if host in ("0.0.0.0", "") else host
+    family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((bind_host, port))
+        except OSError:
+            return True
+    return False
 
 
 def require_serve() -> None:
@@ -146,6 +261,8 @@ class Server:
         metrics_port: int = DEFAULT_PORTS["metrics"],
         verbose: bool = False,
         tune: bool = False,
+        threads: int | None = None,
+        protect: str = "auto",
     ) -> None:
         if not isinstance(model, VisionTransformer):
             raise TypeError(f"vit-fast serve serves a vit_fast.VisionTransformer, got {type(model).__name__}")
@@ -165,6 +282,16 @@ class Server:
             )
         if not isinstance(tune, bool):
             raise TypeError(f"tune must be True or False, got {tune!r}")
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise ValueError(f"threads must be an int >= 1 (torch intra-op threads per instance), got {threads!r}")
+        if protect not in PROTECT_CHOICES:
+            raise ValueError(f"protect must be one of {PROTECT_CHOICES}, got {protect!r}")
+        #: torch intra-op threads every forward runs with: by default the cores left beside Triton's own
+        #: processes (one core), shared between the instances (see vit_fast.runtime.intra_op_threads)
+        self.threads = threads or runtime.intra_op_threads(self.batching.instances)
+        #: whether Triton's statistics, shared-memory, model-repository, trace and logging APIs need the token
+        self.protected = protect == "on" or (protect == "auto" and not is_loopback(host))
+        self._threads_before: int | None = None
         self.endpoints = Endpoints(host, http_port, grpc_port, metrics_port)
         self.verbose = verbose
         self.tune = tune
@@ -188,8 +315,29 @@ class Server:
         return (
             f"model {self.name!r} ({where}, {str(self.dtype).removeprefix('torch.')}): {self.input.name} "
             f"{list(self.input.dims)} -> {self.output.name} {list(self.output.dims)}, max batch {b.max_batch_size}, "
-            f"preferred {list(b.preferred_batch_sizes) or '-'}, {b.instances} instance(s)"
+            f"preferred {list(b.preferred_batch_sizes) or '-'}, {b.instances} instance(s), "
+            f"{self.threads} torch thread(s) each"
         )
+
+    @property
+    def access_token(self) -> str | None:
+        """The token Triton's protected APIs want in the ``triton-access-token`` header (None when they are open,
+        or before :meth:`start`)."""
+        if not self.protected or self._triton is None:
+            return None
+        return self._triton.get_access_token()
+
+    def check_ports(self) -> None:
+        """Raise an OSError naming the first of the three ports that something already listens on, and the flag
+        that moves it: before the model warms up and Triton starts (which would fail only after its start-up)."""
+        e = self.endpoints
+        for what, port in (("HTTP", e.http_port), ("gRPC", e.grpc_port), ("metrics", e.metrics_port)):
+            if port_in_use(e.host, port):
+                flag = f"--{what.lower()}-port"
+                raise OSError(
+                    f"{what} port {port} on {e.host} is already in use (another server, or another program): stop "
+                    f"it, or pick a free port with {flag}"
+                )
 
     @property
     def served_batch_sizes(self) -> list[int]:
@@ -212,6 +360,8 @@ class Server:
         import numpy as np
 
         want = (*self.input.dims,)
+        if images.ndim == 4 and images.shape[0] == 0:
+            raise ValueError(f"empty batch: {self.input.name} has 0 images (shape {list(images.shape)}); send >= 1")
         if images.ndim != 4 or tuple(images.shape[1:]) != want or images.shape[0] < 1:
             # Triton checks shapes against the config first; this guards the model should that change
             raise ValueError(f"{self.input.name} must be [B >= 1, {', '.join(map(str, want))}], got {images.shape}")
@@ -228,12 +378,19 @@ class Server:
         for its configuration before that one listens (``ConnectionRefusedError`` in
         ``get_config_from_handshake_server``, seen here with 2 instances on a busy 2-core machine): that
         start-up is retried, up to ``START_ATTEMPTS`` times in all, and said so on stderr.
+
+        Busy ports are refused first (:meth:`check_ports`); ``torch.set_num_threads(threads)`` holds until
+        :meth:`stop`. It returns only once ``/v2/models/NAME/ready`` answers 200 (``/v2/health/ready`` answers
+        before the model is loaded) and one request went through the whole path.
         """
+        self.check_ports()
+        self._threads_before = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
         self.warmup()
         attempt = 1
         while True:
             try:
-                return self._start_once()
+                self._start_once()
             except Exception as err:
                 if HANDSHAKE_RACE not in f"{err} {err.__cause__}" or attempt >= START_ATTEMPTS:
                     raise
@@ -244,13 +401,24 @@ class Server:
                     file=sys.stderr,
                     flush=True,
                 )
+                # the failed attempt's stop() gave torch its threads back
+                self._threads_before = torch.get_num_threads()
+                torch.set_num_threads(self.threads)
+            else:
+                break
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
 
     def _start_once(self) -> Server:
         require_serve()
         import numpy as np
         from pytriton.decorators import batch
         from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
-        from pytriton.triton import Triton, TritonConfig
+        from pytriton.triton import Triton, TritonConfig, TritonSecurityConfig
 
         # the python-backend stub is started by tritonserver, which PyTriton starts with a copy of os.environ
         os.environ.update(python_backend_env())
@@ -272,9 +440,13 @@ class Server:
             log_verbose=1 if self.verbose else 0,
             log_file=self.log_file,
             exit_on_error=True,
+            exit_timeout_secs=DRAIN_TIMEOUT_S,
         )
+        # open: [] restricts nothing (PyTriton's default list protects statistics and shared memory with a token)
+        security = TritonSecurityConfig() if self.protected else TritonSecurityConfig(restricted_endpoints=[])
         infer = batch(self.infer)
-        self._triton = Triton(config=config)
+        patient_handshake()
+        self._triton = Triton(config=config, security_config=security)
         try:
             self._triton.bind(
                 model_name=self.name,
@@ -298,6 +470,34 @@ class Server:
                 raise RuntimeError(f"Triton Inference Server did not start: {err}\nits log ends:\n{tail}") from err
             raise
         return self
+
+    def _wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
+        """Wait until ``/v2/models/NAME/ready`` answers 200, then send one request of one image through HTTP (the
+        model path, end to end); a TimeoutError / RuntimeError naming the URL otherwise."""
+        url = f"http://{self.endpoints.http}/v2/models/{self.name}/ready"
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                with urllib.request.urlopen(url, timeout=5) as reply:
+                    if reply.status == 200:
+                        break
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{url} did not answer 200 within {timeout_s:g} s after Triton started")
+            time.sleep(0.2)
+        import numpy as np
+        import tritonclient.http as httpclient
+
+        client = httpclient.InferenceServerClient(self.endpoints.http)
+        try:
+            dtype = "FP16" if self.dtype == torch.float16 else "FP32"
+            image = np.zeros((1, *self.input.dims), dtype=np.float16 if dtype == "FP16" else np.float32)
+            request = httpclient.InferInput(self.input.name, list(image.shape), dtype)
+            request.set_data_from_numpy(image)
+            client.infer(self.name, [request])
+        finally:
+            client.close()
 
     def alive(self) -> bool:
         return self._triton is not None and self._triton.is_alive()
@@ -337,6 +537,16 @@ class Server:
         triton, self._triton = self._triton, None
         if triton is not None:
             triton.stop()
+            left = reap_backend_stubs()
+            if left:
+                print(
+                    f"[vit-fast serve] Triton's python-backend stubs {left} outlived it; ended them",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        if self._threads_before is not None:
+            torch.set_num_threads(self._threads_before)
+            self._threads_before = None
         if self.log_file is not None and not keep_log:
             self.log_file.unlink(missing_ok=True)
 
@@ -347,4 +557,18 @@ class Server:
         self.stop()
 
 
-__all__ = ["DEFAULT_HOST", "DEFAULT_PORTS", "Endpoints", "SERVE_EXTRA", "Server", "python_backend_env", "require_serve"]
+__all__ = [
+    "ACCESS_HEADERS",
+    "DEFAULT_HOST",
+    "DEFAULT_PORTS",
+    "DRAIN_TIMEOUT_S",
+    "Endpoints",
+    "PROTECT_CHOICES",
+    "SERVE_EXTRA",
+    "Server",
+    "is_loopback",
+    "port_in_use",
+    "python_backend_env",
+    "reap_backend_stubs",
+    "require_serve",
+]

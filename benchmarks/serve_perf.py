@@ -1,0 +1,201 @@
+"""perf_analyzer against `vit-fast serve` and against a plain PyTriton script serving the same weights, side by side.
+
+    python benchmarks/serve_perf.py --perf-analyzer .tools/perf_analyzer/perf_analyzer      (`make serve-bench`)
+        [--concurrency 1,2,4,8,16] [--batch 1,8] [--protocols grpc,http] [--interval-ms 3000] [--json PATH]
+
+Both servers start once, each on its own loopback ports, from one file: the embedded default model's weights
+written as a plain safetensors state dict with its config.json (`vit-fast serve W --config C`;
+benchmarks/plain_pytriton.py W C). NVIDIA's perf_analyzer, unmodified and without a token, measures each point
+(protocol, batch, concurrency) on one server and then the other, the order alternating point by point; the
+machine's load average is recorded beside every point. perf_analyzer is asked for 3 trials within 100 % of each
+other (--stability-percentage 100, at most 10 trials): with 25 % it gave up on most points of a 2-core machine
+whose load average was 16-23 (other jobs). Prints a Markdown table of inferences/s and p50/p99 latency with
+vit-fast's ratio to the plain script (throughput: higher is better; p99: ours / plain, lower is better), and
+writes every figure to --json. Not a test: the figures depend on the machine and what else runs on it.
+Get perf_analyzer with benchmarks/get_perf_analyzer.sh (`make perf-analyzer`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+MODEL = "default"
+READY_TIMEOUT_S = 300
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def write_weights(folder: Path) -> tuple[Path, Path]:
+    """The default model as a plain state dict and its config.json, the one file both servers load."""
+    from safetensors.torch import save_file
+
+    import vit_fast
+
+    model = vit_fast.load_model("default", backend="torch")
+    weights, config = folder / "default.safetensors", folder / "config.json"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(weights))
+    config.write_text(json.dumps(model.cfg.to_dict()))
+    return weights, config
+
+
+def start(name: str, cmd: list[str], ports: list[int], log: Path, threads: int | None = None) -> subprocess.Popen:
+    # The plain script needs by hand what vit-fast serve does itself: this interpreter's libpython first on
+    # LD_LIBRARY_PATH, or Triton's python-backend stub loads the system's (here 3.11.2 beside pyenv's 3.11.7) and
+    # the model fails to load ('_thread.RLock' object has no attribute '_recursion_count')
+    libdir = sysconfig.get_config_var("LIBDIR") or ""
+    env = dict(os.environ, LD_LIBRARY_PATH=os.pathsep.join(p for p in (libdir, os.environ.get("LD_LIBRARY_PATH")) if p))
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    url = f"http://127.0.0.1:{ports[0]}/v2/models/{MODEL}/ready"
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as reply:
+                if reply.status == 200:
+                    return proc
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            sys.exit(f"{name} did not become ready; its log ends:\n{log.read_text(errors='replace')[-2000:]}")
+        time.sleep(0.5)
+
+
+def measure(pa: str, ports: list[int], protocol: str, batch: int, concurrency: int, interval_ms: int, tmp: Path):
+    """One perf_analyzer point: inferences/s, p50 and p99 in ms, and the load average around it."""
+    url = f"127.0.0.1:{ports[1] if protocol == 'grpc' else ports[0]}"
+    out = tmp / "pa.csv"
+    out.unlink(missing_ok=True)
+    cmd = [pa, "-m", MODEL, "-u", url, "-i", protocol, "-b", str(batch), "--concurrency-range", str(concurrency)]
+    cmd += ["--measurement-interval", str(interval_ms), "--stability-percentage", "100", "--max-trials", "10"]
+    cmd += ["--shape", "images:1,32,32", "-f", str(out)]
+    load = os.getloadavg()[0]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0 or not out.is_file():
+        return {"error": (done.stdout + done.stderr).strip().splitlines()[-1:], "load": load}
+    row = next(csv.DictReader(out.open()))
+    return {
+        "inferences_per_s": float(row["Inferences/Second"]),
+        "p50_ms": float(row["p50 latency"]) / 1e3,
+        "p99_ms": float(row["p99 latency"]) / 1e3,
+        "load": round((load + os.getloadavg()[0]) / 2, 2),
+    }
+
+
+def table(points: list[dict]) -> str:
+    """Markdown: one row per point; a side perf_analyzer could not measure stably reads "unstable"."""
+
+    def side(m: dict) -> tuple[str, str]:
+        if "error" in m:
+            return "unstable", "unstable"
+        return f"{m['inferences_per_s']:.1f}", f"{m['p50_ms']:.1f} / {m['p99_ms']:.1f}"
+
+    lines = [
+        "| protocol | batch | concurrency | vit-fast inf/s | plain inf/s | ratio | vit-fast p50 / p99 ms | "
+        "plain p50 / p99 ms | p99 ours/plain | load avg |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for p in points:
+        ours, plain = p["vit-fast"], p["plain"]
+        (ours_rate, ours_lat), (plain_rate, plain_lat) = side(ours), side(plain)
+        both = "error" not in ours and "error" not in plain
+        ratio = f"{ours['inferences_per_s'] / plain['inferences_per_s']:.2f}" if both else "-"
+        p99 = f"{ours['p99_ms'] / plain['p99_ms']:.2f}" if both else "-"
+        lines.append(
+            f"| {p['protocol']} | {p['batch']} | {p['concurrency']} | {ours_rate} | {plain_rate} | {ratio} | "
+            f"{ours_lat} | {plain_lat} | {p99} | {ours['load']:.1f} / {plain['load']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def ints(text: str) -> list[int]:
+    return [int(t) for t in text.split(",")]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--perf-analyzer", default=".tools/perf_analyzer/perf_analyzer", metavar="PATH")
+    p.add_argument("--concurrency", type=ints, default=[1, 2, 4, 8, 16])
+    p.add_argument("--batch", type=ints, default=[1, 8])
+    p.add_argument("--protocols", default="grpc,http")
+    p.add_argument("--interval-ms", type=int, default=3000)
+    p.add_argument("--json", default=None, metavar="PATH", help="write every figure here")
+    p.add_argument(
+        "--plain-threads",
+        type=int,
+        default=None,
+        metavar="T",
+        help="OMP_NUM_THREADS for the plain script (default: unset, torch's own count, as a user would run it)",
+    )
+    args = p.parse_args()
+    if not Path(args.perf_analyzer).is_file():
+        sys.exit(f"no perf_analyzer at {args.perf_analyzer}: run benchmarks/get_perf_analyzer.sh (make perf-analyzer)")
+    with tempfile.TemporaryDirectory(prefix="vit-fast-serve-perf-") as folder:
+        tmp = Path(folder)
+        weights, config = write_weights(tmp)
+        servers, procs = {}, []
+        try:
+            for name in ("vit-fast", "plain"):
+                ports = free_ports(3)
+                flags = ["--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2])]
+                if name == "vit-fast":
+                    cmd = [sys.executable, "-m", "vit_fast.cli", "serve", str(weights), "--config", str(config)]
+                    cmd += ["--name", MODEL, *flags]
+                else:
+                    cmd = [sys.executable, str(HERE / "plain_pytriton.py"), str(weights), str(config), *flags]
+                threads = args.plain_threads if name == "plain" else None
+                procs.append(start(name, cmd, ports, tmp / f"{name}.log", threads))
+                servers[name] = ports
+            print("servers ready:", {n: (tmp / f"{n}.log").read_text().splitlines()[:2] for n in servers}, flush=True)
+            points, flip = [], False
+            for protocol in args.protocols.split(","):
+                for batch in args.batch:
+                    for conc in args.concurrency:
+                        order = ["plain", "vit-fast"] if flip else ["vit-fast", "plain"]
+                        flip = not flip
+                        point = {"protocol": protocol, "batch": batch, "concurrency": conc, "order": order}
+                        for name in order:
+                            point[name] = measure(
+                                args.perf_analyzer, servers[name], protocol, batch, conc, args.interval_ms, tmp
+                            )
+                        points.append(point)
+                        print(json.dumps(point), flush=True)
+        finally:
+            for proc in procs:  # Ctrl-C to each server's process group: PyTriton's serve() stops cleanly on SIGINT
+                os.killpg(proc.pid, signal.SIGINT)
+            for proc in procs:
+                try:
+                    proc.wait(60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+    print(table(points))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"points": points, "cores": os.cpu_count()}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
