@@ -50,7 +50,12 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         + _modules("checkpoints", "loading", "hf_patch", "patching", "graphs", "training", "warmup", "selfcheck"),
     ),
     ("export", _modules("export", "export.*")),
-    ("app", _modules("bench", "bench.*", "demo", "demo_plots", "doctor", "serve", "serve.*")),
+    (
+        "app",
+        _modules(
+            "bench", "bench.*", "demo", "demo_plots", "demo_settings", "doctor", "doctor_settings", "serve", "serve.*"
+        ),
+    ),
     ("cli", _modules("cli", "cli.*", "__main__")),
 ]
 

@@ -43,6 +43,12 @@ def _cli(*argv: str, env: dict | None = None, cwd: Path | None = None) -> subpro
         (["bench", "default", "--out", "o", "--min-time", "-1"], 2, "must be > 0"),
         (["verify", "default"], 2, "ARTIFACT"),
         (["export", "tritonserver", "--help"], 0, "--queue-delay-us"),
+        (["demo", "--help"], 0, "--subset"),
+        (["doctor", "--help"], 0, "--timeout"),
+        (["serve", "--help"], 0, "--protect"),
+        (["demo", "--subset", "0"], 2, "--subset"),
+        (["doctor", "--timeout", "-1"], 2, "--timeout"),
+        (["serve", "default", "--http-port", "http"], 2, "--http-port"),
     ],
 )
 def test_help_version_and_argument_errors_do_not_import_torch(argv, code, says, tmp_path):

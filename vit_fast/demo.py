@@ -33,7 +33,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,7 @@ from . import demo_plots, runtime
 from .assets import default_model_info, load_default_eval_set, load_default_model
 from .bench import summarize, time_callable
 from .bench.settings import cpu_threads_for_load
+from .demo_settings import ONNX_NAME, ONNX_REPORT, DemoSettings
 from .dtypes import dtype_name, native_dtype
 from .env import collect_environment, module_version
 from .export import VerifyOptions, is_vit_fast_artifact, to_onnx, verify
@@ -53,14 +54,11 @@ from .loading import load_model
 from .numerics import FLOOR, max_err, scale_of
 from .progress import Stages
 
-DEFAULT_OUT = "vit-fast-out/demo"
 #: held-out accuracy must reproduce the recorded value within this many percentage points
 ACCURACY_TOLERANCE_PP = 0.5
 #: the random-input batches the interpreter child verifies beside the held-out subset (small: it is slow)
 INTERPRETER_BATCHES = "1,3"
 STEPS = 6
-#: the ONNX artifact and the verification report published with it (only once it passed) in --out
-ONNX_NAME, ONNX_REPORT = "digits_vit.onnx", "digits_vit.verify.json"
 #: what the interpreter child runs: it dies with the demo (PR_SET_PDEATHSIG on Linux, and a check that its
 #: parent is still the demo), and on the way out removes its temporary folder
 CHILD = """
@@ -79,26 +77,6 @@ if os.getppid() != parent:  # the demo died before the line above ran
 from vit_fast.cli import main
 sys.exit(main(sys.argv[3:]))
 """
-
-
-@dataclass
-class DemoSettings:
-    """What ``vit-fast demo`` asks for (its ``--help`` says what each field does)."""
-
-    out: Path = field(default_factory=lambda: Path(DEFAULT_OUT))
-    device: str = "auto"  # auto | cpu | cuda
-    subset: int = 16
-    triton_timeout: float = 300.0
-    skip_triton: bool = False
-    skip_onnx: bool = False
-    skip_timing: bool = False
-    no_plots: bool = False
-    exporter: str = "dynamo"
-    opset: int = 18
-    repeats: int = 15
-    threads: int | None = None
-    seed: int = 0
-    overwrite: bool = False
 
 
 def _step(name: str, status: str | bool, summary: str, **fields: Any) -> dict[str, Any]:

@@ -34,13 +34,14 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from . import first_use
+from .doctor_settings import DoctorSettings
 from .dtypes import DTYPES
 from .env import collect_environment, driver_version
 from .files import MARKER_KEY, markdown_mark, write_atomic, write_json_atomic, write_new
@@ -50,7 +51,6 @@ from .kernels.cards import MIN_ARCH, card_of, device_name
 from .progress import Stages
 from .selfcheck import check_kernel, model_cases
 
-DEFAULT_OUT = "vit-fast-out/doctor"
 #: the environment variables reported besides every TRITON_* and VIT_FAST_* one
 OTHER_SETTINGS = ("CC", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "PYTORCH_CUDA_ALLOC_CONF")
 #: batches of the compiled kernel checks: M = B * T on both sides of the GEMMs' 512-row switch for any T > 64
@@ -63,20 +63,6 @@ INTERPRETER_MODEL_FLOPS = 0.2e9
 #: what a CPU runs by default: bf16 dots run through fp32 in the interpreter, so its bf16 path is not the GPU's
 CPU_DTYPES = ("fp32", "fp16")
 GPU_CHECKS = ("kernels, compiled", "model, compiled", "first-use check", "cuda graph", "timing")
-
-
-@dataclass
-class DoctorSettings:
-    """What ``vit-fast doctor`` asks for (its ``--help`` says what each field does)."""
-
-    model: str = "default"
-    config: str | None = None
-    weights: str | None = None
-    out: Path = field(default_factory=lambda: Path(DEFAULT_OUT))
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    dtypes: list[str] | None = None  # None: fp32, fp16 and bf16 where the card has it natively (CPU: fp32, fp16)
-    seed: int = 0
-    timeout: float = 300.0  # seconds the interpreter child may take
 
 
 def _check(section: str, name: str, status: str | bool, summary: str, **fields: Any) -> dict[str, Any]:

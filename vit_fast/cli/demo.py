@@ -37,7 +37,7 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from vit_fast.demo import DEFAULT_OUT, ONNX_NAME, DemoSettings, format_table, run_demo
+from vit_fast.demo_settings import DEFAULT_OUT, ONNX_NAME, DemoSettings
 from vit_fast.files import check_report_file
 
 from . import _args
@@ -95,6 +95,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``vit-fast demo``; prints the table, returns 0 when no step failed, else 1."""
+    from vit_fast.demo import format_table, run_demo
+
     out = _args.output_folder(args.out)
     json_path = _args.output_file(args.json, "--json")
     if json_path is not None:  # the one output policy, before any step

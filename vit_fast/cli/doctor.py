@@ -30,7 +30,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vit_fast.doctor import DEFAULT_OUT, DoctorSettings, format_checks, run_doctor
+from vit_fast.doctor_settings import DEFAULT_OUT, DoctorSettings
 from vit_fast.files import check_files_in, check_report_file
 
 from . import _args
@@ -72,6 +72,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``vit-fast doctor``; prints the table, returns 0 when no check failed, else 1."""
+    from vit_fast.doctor import format_checks, run_doctor
+
     out = _args.output_folder(args.out)
     json_path = _args.output_file(args.json, "--json")
     # the one output policy, before any check runs

@@ -35,7 +35,7 @@ EXAMPLE = "vit-fast serve default --batch 1,8,64 --instances 2   (then: curl 127
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``vit-fast serve``'s arguments."""
     from vit_fast.cli.tritonserver import add_serving_arguments
-    from vit_fast.serve.server import DEFAULT_HOST, DEFAULT_PORTS, PROTECT_CHOICES
+    from vit_fast.serve.settings import DEFAULT_HOST, DEFAULT_PORTS, PROTECT_CHOICES
 
     parser.add_argument("model", metavar="MODEL", help='"default", a preset name, or a checkpoint path')
     _args.add_model_source(parser)

@@ -48,20 +48,15 @@ from vit_fast.export.tritonserver import (
     plan_batching,
 )
 from vit_fast.model import VisionTransformer
+from vit_fast.serve.settings import DEFAULT_HOST, DEFAULT_PORTS, PROTECT_CHOICES
 from vit_fast.warmup import WarmupReport
 
 SERVE_EXTRA = "pip install 'vit-fast[serve]'"
-DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
 #: the start-up race between PyTriton's model instances (see Server.start), and how often to try
 HANDSHAKE_RACE = "get_config_from_handshake_server"
 START_ATTEMPTS = 3
 #: the handshake's wait in the proxy code PyTriton 0.7 sends to Triton with each model, and how long ours waits
 HANDSHAKE_WAIT = ("def get_config_from_handshake_server(socket_path: pathlib.Path, timeout_s: float = 1.0)", 60.0)
-#: loopback by default: a server is reachable from other machines only when asked (--host 0.0.0.0)
-DEFAULT_HOST = "127.0.0.1"
-#: ``protect``: "auto" opens the statistics and shared-memory APIs (what perf_analyzer and model-analyzer read) on
-#: loopback only and keeps PyTriton's access token on any other interface; "on" / "off" force it
-PROTECT_CHOICES = ("auto", "on", "off")
 #: the headers a client sends the token in (Triton's names; perf_analyzer passes ``-H`` on HTTP only)
 ACCESS_HEADERS = {"http": "triton-access-token", "grpc": "triton-grpc-protocol-triton-access-token"}
 #: seconds SIGTERM / stop() leaves in-flight requests to finish before Triton ends them (Triton's default is 30)

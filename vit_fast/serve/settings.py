@@ -1,0 +1,11 @@
+"""``vit-fast serve``'s defaults, without importing torch: the command line builds its parser from these
+(``vit-fast serve --help`` stays fast); :mod:`vit_fast.serve.server` runs the server."""
+
+from __future__ import annotations
+
+DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
+#: loopback by default: a server is reachable from other machines only when asked (--host 0.0.0.0)
+DEFAULT_HOST = "127.0.0.1"
+#: ``protect``: "auto" opens the statistics and shared-memory APIs (what perf_analyzer and model-analyzer read) on
+#: loopback only and keeps PyTriton's access token on any other interface; "on" / "off" force it
+PROTECT_CHOICES = ("auto", "on", "off")
