@@ -66,21 +66,20 @@ class _HFLayerView:
             self._key = key
 
 
-def _kernels_can_run(x: torch.Tensor, backend: str) -> bool:
+def _kernels_can_run(x: torch.Tensor, backend: str, head_dim: int | None = None) -> bool:
+    if x.dtype not in _KERNEL_DTYPES:
+        return False  # float64 and the like: the kernels take float16 / bfloat16 / float32 only
     if backend == "triton":
         return True
-    return runtime.auto_backend(x.device) == "triton"  # the model's rule: CUDA cards with tensor cores only
+    # the model's rule: CUDA cards with tensor cores only, and a head dim our attention takes
+    return runtime.auto_backend(x.device, head_dim) == "triton"
+
+
+_KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def _needs_original(module: nn.Module, x: torch.Tensor) -> bool:
     return (module.training and torch.is_grad_enabled()) or (torch.is_grad_enabled() and x.requires_grad)
-
-
-def _timm_act(block: nn.Module) -> str:
-    act = getattr(block.mlp, "act", None)
-    if not isinstance(act, nn.GELU):
-        raise ValueError(f"apply_vit_fast: block activation {type(act).__name__} is not GELU; the kernels run GELU")
-    return "gelu_tanh" if act.approximate == "tanh" else "gelu"
 
 
 def _patch(module: nn.Module, fast: Any) -> None:
@@ -98,30 +97,58 @@ def _unpatch(module: nn.Module) -> bool:
     return True
 
 
-def apply_vit_fast(model: nn.Module, backend: str = "auto") -> nn.Module:
-    """Make a timm ``VisionTransformer`` or a transformers ``ViTModel`` / ``ViTForImageClassification``
-    run its blocks on our kernels, in place; returns the same object."""
-    from .triton_path import _block
+def _unpatched_copy(module: nn.Module) -> nn.Module:
+    """``module`` as torch.jit.script may see it: patched modules replaced by shallow copies with their own class's
+    forward (parameters and buffers shared, nothing copied), the user's module tree left as it is. The module itself
+    when nothing under it is patched."""
+    if not any(_ORIGINAL in m.__dict__ for m in module.modules()):
+        return module
+    copy = object.__new__(type(module))
+    copy.__dict__.update(module.__dict__)
+    copy.__dict__.pop(_SCRIPTABLE, None)
+    if copy.__dict__.pop(_ORIGINAL, None) is not None:
+        copy.__dict__.pop("forward", None)
+    copy._modules = {name: None if m is None else _unpatched_copy(m) for name, m in module._modules.items()}
+    return copy
 
+
+#: the instance attribute torch.jit.script calls before compiling a module (torch.jit._script's
+#: call_prepare_scriptable_func): a patched model is scripted as its unpatched self, timm's own forwards, since
+#: TorchScript cannot compile our forwards (``*args``, custom-op launchers); the scripted model computes what timm
+#: computes, on torch
+_SCRIPTABLE = "__prepare_scriptable__"
+
+
+def apply_vit_fast(model: nn.Module, backend: str = "auto") -> nn.Module:
+    """Make a timm ``VisionTransformer`` / ``VisionTransformerDistilled`` or a transformers ``ViTModel`` /
+    ``ViTForImageClassification`` run its blocks on our kernels, in place; returns the same object.
+
+    Everything is checked before anything is patched: a model, block, attention or activation the kernels do not
+    run is refused by name (a ValueError or TypeError), and ``backend="triton"`` refuses a head dim our attention
+    does not take. Outside the blocks (patch / hybrid embedding, pooling, heads such as SigLIP's attention pool or
+    DeiT's distillation head) the model runs its own code. ``torch.jit.script`` compiles the model unpatched.
+    """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "triton":
         runtime.require_triton()
     module = type(model).__module__
     if module.startswith("timm."):
-        from .convert import timm_config
+        from .timm_blocks import plan_timm_model
 
-        cfg = timm_config(model)  # refuses, by name, every feature the kernels do not run
-        act = cfg.act
+        plans = plan_timm_model(model, backend)  # refuses, by name, every feature the kernels do not run
 
         def fast_timm(block: nn.Module, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-            if args or kwargs or not _kernels_can_run(x, backend) or _needs_original(block, x):
+            plan = block.__dict__["_vit_fast_plan"]
+            extra = any(a is not None and a is not False for a in (*args, *kwargs.values()))  # a mask, is_causal
+            if extra or not _kernels_can_run(x, backend, plan.head_dim) or block.training or _needs_original(block, x):
                 return block.__dict__[_ORIGINAL](x, *args, **kwargs)
-            return _block(block, x, act)
+            return plan.run(block, x)
 
-        for block in model.blocks:
-            _timm_act(block)
+        for block, plan in zip(model.blocks, plans, strict=True):
+            block.__dict__["_vit_fast_plan"] = plan
             _patch(block, fast_timm)
+        model.__dict__[_SCRIPTABLE] = types.MethodType(_unpatched_copy, model)  # a deepcopy binds to the copy
         return model
     if module.startswith("transformers."):
         name = type(model).__name__
@@ -135,6 +162,8 @@ def apply_vit_fast(model: nn.Module, backend: str = "auto") -> nn.Module:
         act = acts[config.hidden_act]
         encoder = model.vit if name == "ViTForImageClassification" else model
         layers = getattr(encoder, "layers", None) or encoder.encoder.layer
+
+        from .triton_path import _block
 
         def fast_hf(layer: nn.Module, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             mask = args[0] if args else kwargs.get("attention_mask", kwargs.get("head_mask"))
@@ -162,9 +191,10 @@ def apply_vit_fast(model: nn.Module, backend: str = "auto") -> nn.Module:
 def remove_vit_fast(model: nn.Module) -> int:
     """Undo :func:`apply_vit_fast`; returns how many blocks were restored."""
     restored = 0
+    model.__dict__.pop(_SCRIPTABLE, None)
     for module in model.modules():
         if _unpatch(module):
-            module.__dict__.pop("_vit_fast_view", None)
-            module.__dict__.pop("_vit_fast_returns_tensor", None)
+            for name in ("_vit_fast_view", "_vit_fast_returns_tensor", "_vit_fast_plan"):
+                module.__dict__.pop(name, None)
             restored += 1
     return restored
