@@ -142,3 +142,24 @@ def test_torchscript_of_a_patched_model():
         torch.testing.assert_close(torch.jit.script(twin)(x), twin(x), rtol=1e-4, atol=1e-5)
     vit_fast.remove_vit_fast(model)
     assert "__prepare_scriptable__" not in model.__dict__
+
+
+def test_torch_export_of_a_patched_model():
+    """backend='triton': the exported graph holds our custom ops and computes what timm computes; backend='auto'
+    where the kernels do not run (a CPU): it says so, once, and the graph is timm's."""
+    model = _trained_like(timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, **SMALL), 5)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        eager = model(x)
+        expected = copy.deepcopy(model).double()(x.double())
+    vit_fast.apply_vit_fast(model, backend="triton")
+    exported = torch.export.export(model, (x,))
+    ops = {str(n.target) for n in exported.graph.nodes if n.op == "call_function"}
+    assert {"vit_fast.attention.default", "vit_fast.linear.default"} <= ops
+    with torch.no_grad():
+        assert_within_eager(exported.module()(x), eager, expected, name="exported patched model")
+    vit_fast.remove_vit_fast(model)
+    vit_fast.apply_vit_fast(model, backend="auto")
+    with pytest.warns(UserWarning, match=r"torch.export on cpu \(torch.float32\) records timm's own block forwards"):
+        exported = torch.export.export(model, (x,))
+    assert not any("vit_fast" in str(n.target) for n in exported.graph.nodes)

@@ -15,6 +15,7 @@ cover: an attention mask, dropout in training, autograd).
 from __future__ import annotations
 
 import types
+import warnings
 from typing import Any
 
 import torch
@@ -82,6 +83,25 @@ def _needs_original(module: nn.Module, x: torch.Tensor) -> bool:
     return (module.training and torch.is_grad_enabled()) or (torch.is_grad_enabled() and x.requires_grad)
 
 
+def _say_export_runs_timm(x: torch.Tensor, backend: str) -> None:
+    """torch.export of a patched model whose blocks take timm's forward here: said once, since the exported graph
+    then holds none of our ops (the user may have exported to get them)."""
+    key = (str(x.device), str(x.dtype), backend)
+    if key in _EXPORT_WARNED:
+        return
+    _EXPORT_WARNED.add(key)
+    warnings.warn(
+        f"apply_vit_fast(backend={backend!r}): torch.export on {x.device} ({x.dtype}) records timm's own block "
+        "forwards, none of vit-fast's kernels (they run for float16/bfloat16/float32 on CUDA cards with tensor "
+        "cores under 'auto'); patch with backend='triton' to export our custom ops",
+        UserWarning,
+        stacklevel=3,
+    )
+
+
+_EXPORT_WARNED: set[tuple[str, str, str]] = set()
+
+
 def _patch(module: nn.Module, fast: Any) -> None:
     if _ORIGINAL in module.__dict__:
         return  # already patched
@@ -141,9 +161,14 @@ def apply_vit_fast(model: nn.Module, backend: str = "auto") -> nn.Module:
         def fast_timm(block: nn.Module, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
             plan = block.__dict__["_vit_fast_plan"]
             extra = any(a is not None and a is not False for a in (*args, *kwargs.values()))  # a mask, is_causal
-            if extra or not _kernels_can_run(x, backend, plan.head_dim) or block.training or _needs_original(block, x):
+            exporting = torch.compiler.is_exporting()
+            if extra or block.training or not _kernels_can_run(x, backend, plan.head_dim):
+                if exporting and not extra:
+                    _say_export_runs_timm(x, backend)
                 return block.__dict__[_ORIGINAL](x, *args, **kwargs)
-            return plan.run(block, x)
+            if _needs_original(block, x) and not exporting:  # torch.export traces with parameters requiring grad
+                return block.__dict__[_ORIGINAL](x, *args, **kwargs)
+            return plan.run(block, x)  # our custom ops: what torch.export records
 
         for block, plan in zip(model.blocks, plans, strict=True):
             block.__dict__["_vit_fast_plan"] = plan
