@@ -60,11 +60,12 @@ def _trained_like(model: torch.nn.Module, seed: int) -> torch.nn.Module:
 
 
 def _small(timm, name: str, full: torch.nn.Module):
-    """The model shrunk (depth 1, 64 wide in 2 heads, a 3x3 grid), or with depth 1 only where timm refuses that."""
+    """The model shrunk (depth 1, 64 or 96 wide in heads of 32, a 3x3 grid), or depth 1 only where timm refuses."""
     hybrid = type(full.patch_embed).__name__ == "HybridEmbed"
     patch = full.patch_embed.patch_size[0]
     img = 64 if hybrid else 3 * patch
-    for kwargs in (dict(depth=1, embed_dim=64, num_heads=2, img_size=img), dict(depth=1, img_size=img)):
+    small = [dict(depth=1, embed_dim=w, num_heads=w // 32, img_size=img) for w in (64, 96)]
+    for kwargs in (*small, dict(depth=1, img_size=img)):  # 96 wide: SwiGLU's hidden width must be even
         try:
             return timm.create_model(name, pretrained=False, **kwargs), kwargs, type(full).__name__
         except Exception:  # noqa: BLE001  (some builders fix the width: try the next reduction)
