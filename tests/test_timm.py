@@ -3,6 +3,8 @@
 timm's model code imports on CPU machines through the tests' torchvision stand-in (conftest.py);
 the GPU machine has the real torchvision. timm is installed by the project's set-up (Makefile)."""
 
+import copy
+
 import pytest
 import torch
 
@@ -162,3 +164,20 @@ def test_pretrained_cfg_of_a_model_built_here():
     model = vit_fast.VisionTransformer(vit_fast.ViTConfig(img_size=32, patch_size=16, embed_dim=32, depth=1,
                                                           num_heads=2))  # fmt: skip
     assert timm.data.resolve_data_config({}, model=model)["input_size"] == (3, 32, 32)
+
+
+@pytest.mark.parametrize("act_layer", ["quick_gelu", "silu"])
+def test_converted_model_runs_new_activations_on_the_kernels(act_layer):
+    """from_timm of a QuickGELU / SiLU ViT on the triton backend (interpreter) against timm in float64."""
+    from .numerics import assert_within_eager
+
+    ref = _trained_like(
+        timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, depth=1, embed_dim=64, num_heads=2,
+                          act_layer=act_layer),
+        seed=6,
+    )  # fmt: skip
+    model = vit_fast.from_timm(ref, backend="triton").eval()
+    assert model.cfg.act == act_layer
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert_within_eager(model(x), ref(x), copy.deepcopy(ref).double()(x.double()), name=f"{act_layer} triton")
