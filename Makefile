@@ -16,7 +16,16 @@ OLDEST_BIN := $(OLDEST_VENV)/bin
 OLDEST_SPEC ?= triton==3.6.0 numpy<2.4
 OLDEST_TESTS ?= tests/test_kernel_*.py tests/test_cards.py tests/test_versions.py
 
-.PHONY: setup demo test test-serve test-oldest peers-hf lint wheel-check clean perf-analyzer serve-bench
+# timm's own tests/test_models.py (the released file of the installed timm, from its sdist on the package registry)
+# against apply_vit_fast: the tiny test_vit* models with the kernels running (Triton's interpreter on a CPU), and one
+# model per ViT feature at full size with backend auto (timm's forwards on a CPU; the kernels on a CUDA card)
+PEERS ?= .peers
+TIMM_PEER_TRITON ?= test_vit
+TIMM_PEER_AUTO ?= vit_base_patch32_clip_quickgelu_224 vit_base_patch32_siglip_256 deit_tiny_distilled_patch16_224 \
+	vit_small_patch16_18x2_224 vit_base_patch16_rpn_224 vit_tiny_r_s16_p8_224 vit_base_patch16_radio_v3 \
+	vit_pwee_patch16_reg1_gap_256
+
+.PHONY: setup demo test test-serve test-oldest peers-hf test-peers-timm lint wheel-check clean perf-analyzer serve-bench
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -71,10 +80,20 @@ test-oldest: $(OLDEST_VENV)/.installed  ## the kernel interpreter tests on the o
 
 # transformers' released test harness for the installed version, fetched from PyPI (the sdist carries
 # tests/test_modeling_common.py but not tests/models/*: the per-model testers are ours, tools/peers/)
-PEERS_DIR ?= .peers
 peers-hf: setup  ## transformers' ModelTesterMixin on ViT/DeiT/DINOv2/CLIP/SigLIP: unpatched, apply_vit_fast, optimize
 	$(BIN)/python -m pip install --quiet parameterized
-	$(BIN)/python tools/peers/run_hf_peers.py $(PEERS_DIR)
+	$(BIN)/python tools/peers/run_hf_peers.py $(PEERS)
+
+$(PEERS)/timm/VERSION: $(VENV)/.installed
+	rm -rf $(PEERS)/timm && mkdir -p $(PEERS)/timm/sdist
+	v=$$($(BIN)/python -c "import importlib.metadata as m; print(m.version('timm'))") && \
+	$(BIN)/python -m pip download --quiet --no-deps --no-binary :all: "timm==$$v" -d $(PEERS)/timm/sdist && \
+	tar xzf $(PEERS)/timm/sdist/timm-$$v.tar.gz -C $(PEERS)/timm --strip-components=1 timm-$$v/tests && \
+	echo $$v > $@
+
+test-peers-timm: $(PEERS)/timm/VERSION  ## timm's tests/test_models.py unpatched and with apply_vit_fast: no test may be lost
+	$(BIN)/python tools/peer_timm.py --tests $(PEERS)/timm/tests/test_models.py --backend triton $(TIMM_PEER_TRITON)
+	$(BIN)/python tools/peer_timm.py --tests $(PEERS)/timm/tests/test_models.py --backend auto $(TIMM_PEER_AUTO)
 
 lint: setup
 	$(BIN)/ruff check .
@@ -84,4 +103,4 @@ wheel-check: setup  ## build a wheel, install it into a fresh venv, import vit_f
 	VENV=$(VENV) bash .ci/check_wheel.sh
 
 clean:
-	rm -rf $(VENV) $(SERVE_VENV) $(OLDEST_VENV) $(PEERS_DIR) build dist wheelhouse *.egg-info .pytest_cache
+	rm -rf $(VENV) $(SERVE_VENV) $(OLDEST_VENV) $(PEERS) build dist wheelhouse *.egg-info .pytest_cache

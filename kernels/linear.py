@@ -55,8 +55,10 @@ from vit_fast.kernels._common import (
 )
 from vit_fast.kernels.cards import card_for_arch, tensor_arch
 
-ACTIVATIONS = (None, "gelu", "gelu_tanh")
-_ACTIVATION_CODE = {None: 0, "gelu": 1, "gelu_tanh": 2}
+#: the epilogue's activations: exact (erf) GELU, tanh GELU, QuickGELU (``y * sigmoid(1.702 y)``, OpenAI CLIP) and
+#: SiLU (``y * sigmoid(y)``)
+ACTIVATIONS = (None, "gelu", "gelu_tanh", "quick_gelu", "silu")
+_ACTIVATION_CODE = {None: 0, "gelu": 1, "gelu_tanh": 2, "quick_gelu": 3, "silu": 4}
 
 
 def _linear_configs() -> list[triton.Config]:
@@ -296,6 +298,10 @@ def _linear_tile(
         # where the result is already x / 5e34, i.e. -0 to fp32 rounding at any x that gets there
         inner = 0.7978845608028654 * (acc + 0.044715 * acc * acc * acc)
         acc = acc / (1.0 + tl.exp(tl.minimum(-2.0 * inner, 80.0)))
+    elif ACTIVATION == 3:  # QuickGELU: y * sigmoid(1.702 y), the same clamp as above
+        acc = acc / (1.0 + tl.exp(tl.minimum(-1.702 * acc, 80.0)))
+    elif ACTIVATION == 4:  # SiLU: y * sigmoid(y)
+        acc = acc / (1.0 + tl.exp(tl.minimum(-acc, 80.0)))
     out_mask = (offs_m[:, None] < M) & n_mask[None, :]
     if HAS_RESIDUAL:
         if HAS_GAMMA:
@@ -336,7 +342,7 @@ def _linear_kernel(
     TMA_OK,  # 1 if a persistent TMA config may run here (many rows, 16-bit, TMA-readable operands), never read
     TUNE,  # _common.tune_key(): 1 while tuning, never read: a heuristic pick never answers a tuned request
     ln_eps,  # LayerNorm epsilon, read only when NORM_INPUT (a Python float under the interpreter: no .to())
-    ACTIVATION: tl.constexpr,  # 0: none, 1: exact (erf) GELU, 2: tanh GELU
+    ACTIVATION: tl.constexpr,  # 0: none, 1: exact (erf) GELU, 2: tanh GELU, 3: QuickGELU, 4: SiLU
     HAS_BIAS: tl.constexpr,  # add bias before the activation
     HAS_RESIDUAL: tl.constexpr,  # out = residual + (gamma *) y
     HAS_GAMMA: tl.constexpr,  # scale y by gamma before the residual add
@@ -587,8 +593,8 @@ def linear(
             unit stride along K.
         weight: ``[N, K]``, nn.Linear layout, x's dtype and device, unit stride along K.
         bias: ``[N]`` or None.
-        activation: None, ``"gelu"`` (exact, erf: ``nn.GELU()``) or ``"gelu_tanh"``
-            (``nn.GELU(approximate="tanh")``).
+        activation: None, ``"gelu"`` (exact, erf: ``nn.GELU()``), ``"gelu_tanh"``
+            (``nn.GELU(approximate="tanh")``), ``"quick_gelu"`` (``y * sigmoid(1.702 y)``) or ``"silu"``.
         residual: ``[..., N]`` (x's leading dims) or None; added after the activation.
         gamma: ``[N]`` LayerScale or None; multiplies the activation output before the residual
             add, so only with ``residual``.
@@ -707,6 +713,10 @@ def linear_ref(
         y = F.gelu(y)
     elif activation == "gelu_tanh":
         y = F.gelu(y, approximate="tanh")
+    elif activation == "quick_gelu":
+        y = y * torch.sigmoid(1.702 * y)
+    elif activation == "silu":
+        y = F.silu(y)
     elif activation is not None:
         raise ValueError(f"linear_ref: activation must be one of {ACTIVATIONS}, got {activation!r}")
     if residual is not None:

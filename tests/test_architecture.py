@@ -46,8 +46,12 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
         "model",
         ("vit_fast",)  # the package itself: the public facade over the model layer
-        + _modules("config", "layers", "model", "triton_path", "validation", "convert", "assets", "assets.*")
-        + _modules("checkpoints", "loading", "hf_patch", "patching", "graphs", "training", "warmup", "selfcheck"),
+        + _modules(
+            "config", "layers", "timm_api", "model", "triton_path", "validation", "convert", "assets", "assets.*"
+        )
+        + _modules(
+            "checkpoints", "loading", "hf_patch", "patching", "timm_blocks", "graphs", "training", "warmup", "selfcheck"
+        ),
     ),
     ("export", _modules("export", "export.*")),
     (

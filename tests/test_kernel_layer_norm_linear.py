@@ -51,7 +51,7 @@ def _check(args, name):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("activation", [None, "gelu", "gelu_tanh"])
+@pytest.mark.parametrize("activation", [None, "gelu", "gelu_tanh", "quick_gelu", "silu"])
 def test_tails_and_activations(dtype, activation, device):
     """37 x 48 -> 144: tails on M, K (1.5 K-blocks: the statistics must not count padding) and N."""
     _check(_inputs((37,), 48, 144, dtype, device, activation=activation), f"LN 37x48->144 {activation} {dtype}")

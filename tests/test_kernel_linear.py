@@ -31,6 +31,8 @@ EPILOGUES = {
     "bias-residual": (True, None, True, False),
     "bias-residual-gamma": (True, None, True, True),
     "gelu_tanh-residual-gamma": (False, "gelu_tanh", True, True),
+    "bias-quick_gelu": (True, "quick_gelu", False, False),  # OpenAI CLIP's MLP
+    "bias-silu": (True, "silu", False, False),
 }
 
 
@@ -81,9 +83,9 @@ def test_degenerate_and_batched_shapes(lead, k_in, n_out, device):
 
 
 def test_large_activations_gelu_limits(device):
-    """Pre-activations of +-30: GELU must give x and -0 at the ends, with no overflow NaN."""
+    """Pre-activations of +-30: GELU (and QuickGELU, SiLU) must give x and -0 at the ends, with no overflow NaN."""
     x, weight, bias, _, _, _ = _inputs((37,), 48, 144, EPILOGUES["bias"], torch.float32, device)
-    for activation in ("gelu", "gelu_tanh"):
+    for activation in ("gelu", "gelu_tanh", "quick_gelu", "silu"):
         _check((x * 30, weight, bias, activation, None, None), f"large {activation}")
 
 

@@ -3,6 +3,8 @@
 timm's model code imports on CPU machines through the tests' torchvision stand-in (conftest.py);
 the GPU machine has the real torchvision. timm is installed by the project's set-up (Makefile)."""
 
+import copy
+
 import pytest
 import torch
 
@@ -22,6 +24,8 @@ CASES = {
     "vit_small_patch16_224": dict(img_size=32, depth=2, init_values=1e-5, qkv_bias=False),
     "vit_tiny_patch16_224/avg": dict(img_size=48, depth=1, class_token=False, global_pool="avg"),
     "vit_tiny_patch16_224/features": dict(img_size=32, depth=1, num_classes=0),
+    "vit_base_patch32_clip_quickgelu_224": dict(img_size=64, depth=1),  # QuickGELU (OpenAI CLIP)
+    "vit_tiny_patch16_224/silu": dict(img_size=32, depth=1, act_layer="silu"),
 }
 
 
@@ -77,7 +81,8 @@ REFUSED = {
     "qk norm": ("vit_tiny_patch16_224", dict(img_size=32, depth=1, qk_norm=True), "attn.q_norm"),
     "no final norm": ("vit_tiny_patch16_224", dict(img_size=32, depth=1, final_norm=False), "no final norm"),
     "no proj bias": ("vit_tiny_patch16_224", dict(img_size=32, depth=1, proj_bias=False), "proj_bias=False"),
-    "other activation": ("vit_tiny_patch16_224", dict(img_size=32, depth=1, act_layer="silu"), "activation SiLU"),
+    "other activation": ("vit_tiny_patch16_224", dict(img_size=32, depth=1, act_layer="relu"), "activation ReLU"),
+    "hybrid embed": ("vit_tiny_r_s16_p8_224", dict(img_size=64, depth=1), "hybrid patch embedding HybridEmbed"),
     "other model class": ("eva02_tiny_patch14_224", dict(img_size=28, depth=1), "model class Eva"),
 }
 
@@ -111,3 +116,68 @@ def test_timm_conventions_are_kept():
         torch.testing.assert_close(model(x), ref(x), rtol=1e-5, atol=1e-5)
     model.reset_classifier(7)
     assert model(x).shape == (2, 7) and model.head.weight.dtype == model.dtype
+
+
+def test_timm_model_api_on_converted_models():
+    """What timm users call on a timm ViT, on the converted one: widths, pretrained_cfg (timm's data config reads
+    the source's mean/std/crop), forward_intermediates / get_intermediate_layers, set_grad_checkpointing."""
+    ref = _trained_like(
+        timm.create_model("vit_base_patch16_siglip_gap_224", pretrained=False, img_size=32, depth=3, embed_dim=64,
+                          num_heads=2),
+        seed=4,
+    )  # fmt: skip
+    model = vit_fast.optimize(ref).eval()
+    assert (model.num_features, model.head_hidden_size) == (ref.num_features, ref.head_hidden_size) == (64, 64)
+    ours_cfg, timm_cfg = timm.data.resolve_data_config({}, model=model), timm.data.resolve_data_config({}, model=ref)
+    assert ours_cfg == timm_cfg and ours_cfg["mean"] == (0.5, 0.5, 0.5) and ours_cfg["crop_pct"] == 0.9
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        for kwargs in (
+            dict(indices=2),
+            dict(indices=[0, -1], norm=True, output_fmt="NLC"),
+            dict(indices=1, intermediates_only=True),
+        ):
+            ours, theirs = model.forward_intermediates(x, **kwargs), ref.forward_intermediates(x, **kwargs)
+            if not kwargs.get("intermediates_only"):
+                torch.testing.assert_close(ours[0], theirs[0], rtol=1e-5, atol=1e-5)
+                ours, theirs = ours[1], theirs[1]
+            assert len(ours) == len(theirs)
+            for a, b in zip(ours, theirs, strict=True):
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        for a, b in zip(
+            model.get_intermediate_layers(x, n=2, reshape=True), ref.get_intermediate_layers(x, n=2, reshape=True),
+            strict=True,
+        ):  # fmt: skip
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    model.train()
+    model.set_grad_checkpointing(True)
+    ref.train().set_grad_checkpointing(True)
+    loss = model(x).square().sum()
+    loss.backward()
+    assert model.grad_checkpointing and model.blocks[0].attn.qkv.weight.grad is not None
+    plain = vit_fast.optimize(ref)
+    plain(x).square().sum().backward()
+    torch.testing.assert_close(model.blocks[0].attn.qkv.weight.grad, plain.blocks[0].attn.qkv.weight.grad)
+
+
+def test_pretrained_cfg_of_a_model_built_here():
+    model = vit_fast.VisionTransformer(vit_fast.ViTConfig(img_size=32, patch_size=16, embed_dim=32, depth=1,
+                                                          num_heads=2))  # fmt: skip
+    assert timm.data.resolve_data_config({}, model=model)["input_size"] == (3, 32, 32)
+
+
+@pytest.mark.parametrize("act_layer", ["quick_gelu", "silu"])
+def test_converted_model_runs_new_activations_on_the_kernels(act_layer):
+    """from_timm of a QuickGELU / SiLU ViT on the triton backend (interpreter) against timm in float64."""
+    from .numerics import assert_within_eager
+
+    ref = _trained_like(
+        timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, depth=1, embed_dim=64, num_heads=2,
+                          act_layer=act_layer),
+        seed=6,
+    )  # fmt: skip
+    model = vit_fast.from_timm(ref, backend="triton").eval()
+    assert model.cfg.act == act_layer
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert_within_eager(model(x), ref(x), copy.deepcopy(ref).double()(x.double()), name=f"{act_layer} triton")

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 _GLOBAL_POOLS = ("token", "avg")
-_ACTS = ("gelu", "gelu_tanh")
+_ACTS = ("gelu", "gelu_tanh", "quick_gelu", "silu")
 
 
 def _pair(value: int | tuple[int, int] | list[int], name: str) -> tuple[int, int]:

@@ -204,6 +204,16 @@ def _is_identity(module: Any) -> bool:
     return module is None or isinstance(module, nn.Identity)
 
 
+def _timm_activation(act: Any) -> str | None:
+    """Our name for a timm block's activation module, or None when we do not run it."""
+    if isinstance(act, nn.GELU):
+        return "gelu_tanh" if act.approximate == "tanh" else "gelu"
+    names = {"GELU": "gelu", "GELUTanh": "gelu_tanh", "QuickGELU": "quick_gelu", "SiLU": "silu"}
+    if type(act).__name__ in names and (isinstance(act, nn.SiLU) or type(act).__module__.startswith("timm.")):
+        return names[type(act).__name__]
+    return None
+
+
 def _timm_unsupported(m: nn.Module) -> list[str]:
     """The timm features this model uses that vit-fast does not implement, by name (empty: convertible)."""
     out: list[str] = []
@@ -225,7 +235,9 @@ def _timm_unsupported(m: nn.Module) -> list[str]:
     if getattr(m, "dist_token", None) is not None:
         out.append("distillation token")
     patch = getattr(m, "patch_embed", None)
-    if patch is None or not isinstance(getattr(patch, "proj", None), nn.Conv2d):
+    if type(patch).__name__ == "HybridEmbed":
+        out.append("hybrid patch embedding HybridEmbed (a CNN backbone before the patch projection)")
+    elif patch is None or not isinstance(getattr(patch, "proj", None), nn.Conv2d):
         out.append(f"patch embedding {type(patch).__name__} (vit-fast takes a Conv2d patch projection)")
     else:
         if not _is_identity(getattr(patch, "norm", None)):
@@ -262,8 +274,9 @@ def _timm_unsupported(m: nn.Module) -> list[str]:
         else:
             if not _is_identity(getattr(mlp, "norm", None)):
                 out.append(f"{where}.mlp.norm (scale_mlp_norm)")
-            if not isinstance(getattr(mlp, "act", None), nn.GELU):
-                out.append(f"{where}.mlp activation {type(getattr(mlp, 'act', None)).__name__} (vit-fast runs GELU)")
+            if _timm_activation(getattr(mlp, "act", None)) is None:
+                act_name = type(getattr(mlp, "act", None)).__name__
+                out.append(f"{where}.mlp activation {act_name} (vit-fast runs GELU, tanh GELU, QuickGELU and SiLU)")
             if getattr(mlp.fc1, "bias", None) is None or getattr(mlp.fc2, "bias", None) is None:
                 out.append(f"{where}.mlp without bias")
         for ls in ("ls1", "ls2"):
@@ -311,7 +324,7 @@ def timm_config(timm_model: nn.Module) -> ViTConfig:
         init_values=TIMM_LAYER_SCALE_INIT if has_layer_scale else None,
         pre_norm=not _is_identity(m.norm_pre),
         fc_norm=not _is_identity(m.fc_norm),
-        act="gelu_tanh" if act.approximate == "tanh" else "gelu",
+        act=_timm_activation(act),
         dynamic_img_size=bool(getattr(m, "dynamic_img_size", False)),
         no_embed_class=bool(getattr(m, "no_embed_class", False)),
     )
@@ -333,6 +346,9 @@ def from_timm(
     model = _load_converted(cfg, state, f"timm {type(timm_model).__name__} state_dict", src_grid)
     name = getattr(getattr(timm_model, "pretrained_cfg", None) or {}, "get", lambda *_: None)("architecture")
     model.weights_source = {"kind": "timm", "name": name or type(timm_model).__name__}
+    source_cfg = getattr(timm_model, "pretrained_cfg", None)
+    if source_cfg:  # timm.data.resolve_data_config reads the source's mean, std and crop from here
+        model.pretrained_cfg = {**source_cfg, "num_classes": model.cfg.num_classes}
     ref = next(timm_model.parameters())
     return model.to(device=ref.device).set_backend(backend)
 

@@ -58,11 +58,26 @@ class LayerScale(nn.Module):
         return x * self.gamma
 
 
+class QuickGELU(nn.Module):
+    """``x * sigmoid(1.702 x)``: OpenAI CLIP's activation."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(1.702 * x)
+
+
+def _activation(act: str) -> nn.Module:
+    if act == "quick_gelu":
+        return QuickGELU()
+    if act == "silu":
+        return nn.SiLU()
+    return nn.GELU(approximate="tanh" if act == "gelu_tanh" else "none")
+
+
 class Mlp(nn.Module):
     def __init__(self, cfg: ViTConfig) -> None:
         super().__init__()
         self.fc1 = nn.Linear(cfg.embed_dim, cfg.mlp_hidden_dim)
-        self.act = nn.GELU(approximate="tanh" if cfg.act == "gelu_tanh" else "none")
+        self.act = _activation(cfg.act)
         self.fc2 = nn.Linear(cfg.mlp_hidden_dim, cfg.embed_dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

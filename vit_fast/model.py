@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 
 from . import runtime
@@ -23,6 +24,7 @@ from .dtypes import bf16_native, check_dtype_on_device
 from .kernels import cards
 from .layers import Block, PatchEmbed
 from .pos_embed import pos_embed_for_grid, resample_pos_embed
+from .timm_api import TimmModelAPI
 from .validation import finite_check_from_env, require_finite
 
 if TYPE_CHECKING:
@@ -32,7 +34,7 @@ if TYPE_CHECKING:
 BACKENDS = ("auto", "torch", "triton")
 
 
-class VisionTransformer(nn.Module):
+class VisionTransformer(TimmModelAPI, nn.Module):
     """A ViT that computes what timm's ``VisionTransformer`` computes for the same config.
 
     ``forward(x)`` takes images ``[B, C, H, W]`` in the weights' dtype and device and returns
@@ -288,7 +290,11 @@ class VisionTransformer(nn.Module):
         x = self._normalize_torch(x)
         x = self._pos_embed(self.patch_embed(x), grid)
         x = self.norm_pre(x)
-        x = self.blocks(x)
+        if self.grad_checkpointing and torch.is_grad_enabled():  # timm's set_grad_checkpointing
+            for block in self.blocks:
+                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+        else:
+            x = self.blocks(x)
         return self.norm(x)
 
     def _stages_torch(self, x: torch.Tensor, grid: tuple[int, int]) -> Iterator[tuple[str, torch.Tensor]]:

@@ -15,6 +15,7 @@ cover: an attention mask, dropout in training, autograd).
 from __future__ import annotations
 
 import types
+import warnings
 from typing import Any
 
 import torch
@@ -26,21 +27,39 @@ _ORIGINAL = "_vit_fast_original_forward"
 BACKENDS = ("auto", "triton")
 
 
-def _kernels_can_run(x: torch.Tensor, backend: str) -> bool:
+def _kernels_can_run(x: torch.Tensor, backend: str, head_dim: int | None = None) -> bool:
+    if x.dtype not in _KERNEL_DTYPES:
+        return False  # float64 and the like: the kernels take float16 / bfloat16 / float32 only
     if backend == "triton":
         return True
-    return runtime.auto_backend(x.device) == "triton"  # the model's rule: CUDA cards with tensor cores only
+    # the model's rule: CUDA cards with tensor cores only, and a head dim our attention takes
+    return runtime.auto_backend(x.device, head_dim) == "triton"
+
+
+_KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def _needs_original(module: nn.Module, x: torch.Tensor) -> bool:
     return (module.training and torch.is_grad_enabled()) or (torch.is_grad_enabled() and x.requires_grad)
 
 
-def _timm_act(block: nn.Module) -> str:
-    act = getattr(block.mlp, "act", None)
-    if not isinstance(act, nn.GELU):
-        raise ValueError(f"apply_vit_fast: block activation {type(act).__name__} is not GELU; the kernels run GELU")
-    return "gelu_tanh" if act.approximate == "tanh" else "gelu"
+def _say_export_runs_timm(x: torch.Tensor, backend: str) -> None:
+    """torch.export of a patched model whose blocks take timm's forward here: said once, since the exported graph
+    then holds none of our ops (the user may have exported to get them)."""
+    key = (str(x.device), str(x.dtype), backend)
+    if key in _EXPORT_WARNED:
+        return
+    _EXPORT_WARNED.add(key)
+    warnings.warn(
+        f"apply_vit_fast(backend={backend!r}): torch.export on {x.device} ({x.dtype}) records timm's own block "
+        "forwards, none of vit-fast's kernels (they run for float16/bfloat16/float32 on CUDA cards with tensor "
+        "cores under 'auto'); patch with backend='triton' to export our custom ops",
+        UserWarning,
+        stacklevel=3,
+    )
+
+
+_EXPORT_WARNED: set[tuple[str, str, str]] = set()
 
 
 def _patch(module: nn.Module, fast: Any) -> None:
@@ -58,30 +77,63 @@ def _unpatch(module: nn.Module) -> bool:
     return True
 
 
-def apply_vit_fast(model: nn.Module, backend: str = "auto") -> nn.Module:
-    """Make a timm ``VisionTransformer`` or a transformers vision model (ViT, DeiT, DINOv2, CLIP, SigLIP:
-    :mod:`vit_fast.hf_patch`) run its blocks on our kernels, in place; returns the same object."""
-    from .triton_path import _block
+def _unpatched_copy(module: nn.Module) -> nn.Module:
+    """``module`` as torch.jit.script may see it: patched modules replaced by shallow copies with their own class's
+    forward (parameters and buffers shared, nothing copied), the user's module tree left as it is. The module itself
+    when nothing under it is patched."""
+    if not any(_ORIGINAL in m.__dict__ for m in module.modules()):
+        return module
+    copy = object.__new__(type(module))
+    copy.__dict__.update(module.__dict__)
+    copy.__dict__.pop(_SCRIPTABLE, None)
+    if copy.__dict__.pop(_ORIGINAL, None) is not None:
+        copy.__dict__.pop("forward", None)
+    copy._modules = {name: None if m is None else _unpatched_copy(m) for name, m in module._modules.items()}
+    return copy
 
+
+#: the instance attribute torch.jit.script calls before compiling a module (torch.jit._script's
+#: call_prepare_scriptable_func): a patched model is scripted as its unpatched self, timm's own forwards, since
+#: TorchScript cannot compile our forwards (``*args``, custom-op launchers); the scripted model computes what timm
+#: computes, on torch
+_SCRIPTABLE = "__prepare_scriptable__"
+
+
+def apply_vit_fast(model: nn.Module, backend: str = "auto") -> nn.Module:
+    """Make a timm ``VisionTransformer`` / ``VisionTransformerDistilled`` or a transformers vision model (ViT, DeiT,
+    DINOv2, CLIP, SigLIP: :mod:`vit_fast.hf_patch`) run its blocks on our kernels, in place; returns the same object.
+
+    Everything is checked before anything is patched: a model, block, attention or activation the kernels do not
+    run is refused by name (a ValueError or TypeError), and ``backend="triton"`` refuses a head dim our attention
+    does not take. Outside the blocks (patch / hybrid embedding, pooling, heads such as SigLIP's attention pool or
+    DeiT's distillation head) the model runs its own code. ``torch.jit.script`` compiles the model unpatched.
+    """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "triton":
         runtime.require_triton()
     module = type(model).__module__
     if module.startswith("timm."):
-        from .convert import timm_config
+        from .timm_blocks import plan_timm_model
 
-        cfg = timm_config(model)  # refuses, by name, every feature the kernels do not run
-        act = cfg.act
+        plans = plan_timm_model(model, backend)  # refuses, by name, every feature the kernels do not run
 
         def fast_timm(block: nn.Module, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-            if args or kwargs or not _kernels_can_run(x, backend) or _needs_original(block, x):
+            plan = block.__dict__["_vit_fast_plan"]
+            extra = any(a is not None and a is not False for a in (*args, *kwargs.values()))  # a mask, is_causal
+            exporting = torch.compiler.is_exporting()
+            if extra or block.training or not _kernels_can_run(x, backend, plan.head_dim):
+                if exporting and not extra:
+                    _say_export_runs_timm(x, backend)
                 return block.__dict__[_ORIGINAL](x, *args, **kwargs)
-            return _block(block, x, act)
+            if _needs_original(block, x) and not exporting:  # torch.export traces with parameters requiring grad
+                return block.__dict__[_ORIGINAL](x, *args, **kwargs)
+            return plan.run(block, x)  # our custom ops: what torch.export records
 
-        for block in model.blocks:
-            _timm_act(block)
+        for block, plan in zip(model.blocks, plans, strict=True):
+            block.__dict__["_vit_fast_plan"] = plan
             _patch(block, fast_timm)
+        model.__dict__[_SCRIPTABLE] = types.MethodType(_unpatched_copy, model)  # a deepcopy binds to the copy
         return model
     if module.startswith("transformers."):
         from .hf_patch import apply_hf
@@ -96,9 +148,10 @@ def apply_vit_fast(model: nn.Module, backend: str = "auto") -> nn.Module:
 def remove_vit_fast(model: nn.Module) -> int:
     """Undo :func:`apply_vit_fast`; returns how many blocks were restored."""
     restored = 0
+    model.__dict__.pop(_SCRIPTABLE, None)
     for module in model.modules():
         if _unpatch(module):
-            module.__dict__.pop("_vit_fast_view", None)
-            module.__dict__.pop("_vit_fast_returns_tensor", None)
+            for name in ("_vit_fast_view", "_vit_fast_returns_tensor", "_vit_fast_plan"):
+                module.__dict__.pop(name, None)
             restored += 1
     return restored

@@ -1,0 +1,79 @@
+"""A pytest plugin that runs timm's own test files against vit-fast's drop-in: every model timm's
+``create_model`` builds is handed to ``vit_fast.apply_vit_fast`` before the test sees it.
+
+    python -m pytest -p tests.peers.timm_plugin --vit-fast=triton .peers/timm/tests/test_models.py -k test_vit
+
+``--vit-fast``: ``off`` (timm as released, the baseline), ``auto`` (patched; on a CPU the blocks keep timm's
+forwards, on a CUDA card with tensor cores they run our kernels) or ``triton`` (patched, the kernels run, in Triton's
+interpreter on a CPU: keep to timm's tiny ``test_vit*`` models there). A model apply_vit_fast refuses (by name: Eva's
+rotary attention, RelPos, ...) or that is no timm ViT is left as timm built it, and counted in the summary line.
+The torchvision stand-in (tests/_torchvision_standin.py) is installed where the real torchvision is missing.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from tests._torchvision_standin import install as _install_torchvision_standin  # noqa: E402
+
+_install_torchvision_standin()
+
+_COUNTS = {"patched": 0, "refused": 0, "other": 0}
+
+
+def pytest_addoption(parser) -> None:
+    parser.addoption(
+        "--vit-fast",
+        default="off",
+        choices=("off", "auto", "triton"),
+        help="patch every model timm.create_model builds with vit_fast.apply_vit_fast(backend=...); off: timm alone",
+    )
+
+
+def _wrap(create_model, backend: str):
+    import vit_fast
+
+    @functools.wraps(create_model)
+    def create_and_patch(*args, **kwargs):
+        model = create_model(*args, **kwargs)
+        if type(model).__name__ not in ("VisionTransformer", "VisionTransformerDistilled", "Eva"):
+            _COUNTS["other"] += 1
+            return model
+        if kwargs.get("features_only"):
+            _COUNTS["other"] += 1  # a FeatureGetterNet wrapper: its inner model is not the one returned
+            return model
+        try:
+            vit_fast.apply_vit_fast(model, backend=backend)
+            _COUNTS["patched"] += 1
+        except ValueError:  # refused by name (rotary attention, relative position bias, head dim ...)
+            _COUNTS["refused"] += 1
+        return model
+
+    return create_and_patch
+
+
+def pytest_configure(config) -> None:
+    backend = config.getoption("--vit-fast")
+    if backend == "off":
+        return
+    import timm
+    import timm.models
+    import timm.models._factory
+
+    patched = _wrap(timm.models._factory.create_model, backend)
+    # test files import the name from any of these before the tests run: replace it everywhere it is bound
+    timm.create_model = timm.models.create_model = timm.models._factory.create_model = patched
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    backend = config.getoption("--vit-fast")
+    terminalreporter.write_line(
+        f"vit-fast peer run: --vit-fast={backend}; models patched {_COUNTS['patched']}, refused by name "
+        f"{_COUNTS['refused']}, not ViTs {_COUNTS['other']}"
+    )

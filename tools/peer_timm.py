@@ -1,0 +1,78 @@
+"""timm's own ``tests/test_models.py`` against vit-fast's drop-in: the released test file of the installed timm,
+run for a set of models unpatched and patched (tests/peers/timm_plugin.py), test by test compared.
+
+    python tools/peer_timm.py --tests .peers/timm/tests/test_models.py --backend triton test_vit test_vit2
+    make test-peers-timm      # fetches the test file from the registry's timm sdist, then runs both model sets
+
+Prints the outcome counts of both runs and every test that passed unpatched and did not pass patched; exit status 1
+when there is any (or when the fetched tests are of another timm version than the installed one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+_OUTCOME = re.compile(r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) (\S+)")
+
+
+def run(tests: Path, models: list[str], backend: str, extra: list[str]) -> dict[str, str]:
+    """test id -> outcome for one pytest run of ``tests`` restricted to ``models``."""
+    cmd = [
+        sys.executable, "-m", "pytest", str(tests), "-p", "tests.peers.timm_plugin", f"--vit-fast={backend}",
+        "--import-mode=importlib", "-o", "addopts=", "-p", "no:cacheprovider", "-q", "-rA",
+        "-k", " or ".join(models), *extra,
+    ]  # fmt: skip
+    print("$", " ".join(cmd), flush=True)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    outcomes: dict[str, str] = {}
+    for line in proc.stdout.splitlines():
+        if m := _OUTCOME.match(line):
+            outcomes[m.group(2)] = m.group(1)
+        elif line.startswith("vit-fast peer run:") or re.match(r"^=*\s*\d+ (passed|failed|skipped)", line):
+            print("  ", line.strip("= "))
+    if proc.returncode not in (0, 1):  # 1: some tests failed, which the comparison judges
+        print(proc.stdout[-4000:], proc.stderr[-4000:], sep="\n")
+        raise SystemExit(f"pytest exited with {proc.returncode} (not a test failure): see above")
+    return outcomes
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tests", type=Path, required=True, help="timm's tests/test_models.py (released file)")
+    parser.add_argument("--backend", choices=("auto", "triton"), default="triton", help="apply_vit_fast backend")
+    parser.add_argument("models", nargs="+", help="timm model names (pytest -k terms)")
+    args, extra = parser.parse_known_args(argv)
+    import importlib.metadata
+
+    installed = importlib.metadata.version("timm")
+    fetched = (
+        (args.tests.parent.parent / "VERSION").read_text().strip()
+        if (args.tests.parent.parent / "VERSION").exists()
+        else "?"
+    )
+    if fetched != installed:
+        print(f"the tests at {args.tests} are timm {fetched}'s, the installed timm is {installed}: fetch them again "
+              "(rm -rf .peers/timm; make test-peers-timm)")  # fmt: skip
+        return 1
+    before = run(args.tests, args.models, "off", extra)
+    after = run(args.tests, args.models, args.backend, extra)
+    for name, outcomes in (("unpatched", before), (f"patched ({args.backend})", after)):
+        print(
+            f"{name}: "
+            + ", ".join(f"{n} {k.lower()}" for k, n in sorted(collections.Counter(outcomes.values()).items()))
+        )
+    lost = sorted(t for t, o in before.items() if o == "PASSED" and after.get(t) != "PASSED")
+    for test in lost:
+        print(f"REGRESSION {test}: passed unpatched, {after.get(test, 'missing').lower()} patched")
+    print(f"{len(lost)} tests that pass unpatched do not pass patched (timm {installed}, {len(args.models)} models)")
+    return 1 if lost or not before else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
