@@ -224,6 +224,7 @@ def test_ctrl_c_stops_the_server_cleanly(tmp_path) -> None:
     os.killpg(child.proc.pid, signal.SIGINT)
     assert child.proc.wait(60) == 0, child.output()[-3000:]
     assert all(port_is_free(p) for p in child.ports)
+    assert "Signal (2) received" not in child.output()  # tritonserver's stdout stays in PyTriton's record
 
 
 def test_on_other_interfaces_the_token_is_printed_and_required(tmp_path) -> None:

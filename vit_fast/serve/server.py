@@ -458,6 +458,7 @@ class Server:
                 strict=True,
             )
             self._triton.run()
+            self._quiet_triton_stdout()
         except BaseException as err:
             tail = self.log_tail()
             self.stop()
@@ -465,6 +466,15 @@ class Server:
                 raise RuntimeError(f"Triton Inference Server did not start: {err}\nits log ends:\n{tail}") from err
             raise
         return self
+
+    def _quiet_triton_stdout(self) -> None:
+        """Triton logs to :attr:`log_file`; what tritonserver still writes on its stdout (the "Signal (2)
+        received." of every stop) PyTriton 0.7 echoes to ours unless its server process is told otherwise (a
+        private flag, ``TritonServer._verbose``: left alone where it is missing). PyTriton keeps the lines in its
+        own record either way; ``verbose`` shows them as before."""
+        process = getattr(self._triton, "_triton_server", None)
+        if not self.verbose and process is not None and hasattr(process, "_verbose"):
+            process._verbose = False
 
     def _wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
         """Wait until ``/v2/models/NAME/ready`` answers 200, then send one request of one image through HTTP (the
