@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from vit_fast.batches import MAX_BATCH
+from vit_fast.checkpoints import file_sha256
 from vit_fast.files import check_output_file, check_report_file, read_head, written_by_vit_fast
 
 METADATA_SUFFIX = ".json"
@@ -86,17 +87,6 @@ def is_vit_fast_artifact(path: str | os.PathLike) -> bool:
     except (OSError, ValueError, AttributeError):
         return False
     return isinstance(recorded, str) and recorded == file_sha256(path)
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    """Hex SHA-256 of a file's bytes (read in 1 MiB chunks)."""
-    import hashlib
-
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def check_artifact_outputs(
