@@ -131,8 +131,9 @@ def test_explicit_backends_are_kept_and_explained(fake_cuda):
 def test_patched_timm_blocks_follow_the_same_rule(fake_cuda):
     from vit_fast.patching import _kernels_can_run
 
-    class OnCuda:  # all _kernels_can_run reads of its input is the device
+    class OnCuda:  # all _kernels_can_run reads of its input: its device and dtype
         device = torch.device("cuda:0")
+        dtype = torch.float16
 
     with cards.pretend_arch(75):
         assert not _kernels_can_run(OnCuda(), "auto")

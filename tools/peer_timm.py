@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
 import re
 import subprocess
 import sys
@@ -29,7 +30,10 @@ def run(tests: Path, models: list[str], backend: str, extra: list[str]) -> dict[
         "-k", " or ".join(models), *extra,
     ]  # fmt: skip
     print("$", " ".join(cmd), flush=True)
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    # offline: the hub is not reachable from CI (only package registries are), and a test that downloads weights
+    # would otherwise retry with back-off for minutes before failing the same way in both runs
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
     outcomes: dict[str, str] = {}
     for line in proc.stdout.splitlines():
         if m := _OUTCOME.match(line):

@@ -16,7 +16,6 @@ hybrid embedding, pooling, attention-pool heads, distillation heads) stays timm'
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 
@@ -59,11 +58,11 @@ class BlockPlan:
     def run(self, block: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """The block's forward on the kernels, ``x [B, T, D]`` -> ``[B, T, D]``."""
         from . import first_use
-        from .triton_path import _CHECKED_THROUGH, _THROUGH_OPS
+        from .triton_path import _CHECKED_THROUGH, _THROUGH_OPS, fuse_ln_from_env
 
         checked = first_use.enabled() and (first_use.failed_ops() or first_use.eligible(x))
         ops = _CHECKED_THROUGH if checked else _THROUGH_OPS
-        fused = os.environ.get("VIT_FAST_FUSE_LN", "1") != "0"
+        fused = fuse_ln_from_env()
         x = x.contiguous()  # a model without prefix tokens hands its patch embedding's transposed view to block 0
         if self.kind == "Block":
             x = _attention(ops, block.norm1, block.attn, x, x, block.ls1, fused)

@@ -30,7 +30,8 @@ _LINE = re.compile(r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) (\S+)")
 
 
 def run(root: Path, mode: str, backend: str = "auto", k: str | None = None) -> dict[str, str]:
-    env = {**os.environ, "VIT_FAST_PEERS": mode, "VIT_FAST_PEERS_BACKEND": backend}
+    # HF_HUB_OFFLINE: only package registries are reachable; a download would retry with back-off for minutes
+    env = {**os.environ, "VIT_FAST_PEERS": mode, "VIT_FAST_PEERS_BACKEND": backend, "HF_HUB_OFFLINE": "1"}
     if backend == "triton":
         env["TRITON_INTERPRET"] = "1"
     cmd = [sys.executable, "-m", "pytest", "-q", "-rA", "-W", "ignore", TEST_FILE, *(["-k", k] if k else [])]
