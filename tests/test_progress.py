@@ -100,3 +100,15 @@ def test_dynamo_export_prints_no_torchvision_lines(tmp_path):
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     assert "torchvision" not in result.stderr, result.stderr
+
+
+def test_training_says_each_reported_epoch_and_what_is_left(tmp_path, capsys):
+    """The retrain of the embedded model (tiny here): the first epoch is always reported (it says how long the
+    whole run will take), the last one too; no line in between at --log-every 5."""
+    from vit_fast import training
+
+    argv = ["--out", str(tmp_path), "--epochs", "3", "--embed-dim", "16", "--depth", "1", "--heads", "2"]
+    assert training.main([*argv, "--threads", "1", "--log-every", "5"]) == 0
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("epoch")]
+    assert [ln.split()[1] for ln in lines] == ["1/3", "3/3"], lines
+    assert "left" in lines[0]
