@@ -17,15 +17,16 @@ OLDEST_SPEC ?= triton==3.6.0 numpy<2.4
 OLDEST_TESTS ?= tests/test_kernel_*.py tests/test_cards.py tests/test_versions.py
 
 # timm's own tests/test_models.py (the released file of the installed timm, from its sdist on the package registry)
-# against apply_vit_fast: the tiny test_vit* models with the kernels running (Triton's interpreter on a CPU), and one
-# model per ViT feature at full size with backend auto (timm's forwards on a CPU; the kernels on a CUDA card)
+# against apply_vit_fast: the tiny test_vit* models with the kernels running (Triton's interpreter on a CPU; in CI),
+# and one model per ViT feature at full size with backend auto (timm's forwards on a CPU; the kernels on a CUDA
+# card; test-peers-timm-full, not in CI)
 PEERS ?= .peers
 TIMM_PEER_TRITON ?= test_vit
 TIMM_PEER_AUTO ?= vit_base_patch32_clip_quickgelu_224 vit_base_patch32_siglip_256 deit_tiny_distilled_patch16_224 \
 	vit_small_patch16_18x2_224 vit_base_patch16_rpn_224 vit_tiny_r_s16_p8_224 vit_base_patch16_radio_v3 \
 	vit_pwee_patch16_reg1_gap_256
 
-.PHONY: setup demo test test-serve test-oldest peers-hf test-peers-timm lint wheel-check clean perf-analyzer serve-bench
+.PHONY: setup demo test test-serve test-oldest peers-hf test-peers-timm test-peers-timm-full lint wheel-check clean perf-analyzer serve-bench
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -93,6 +94,9 @@ $(PEERS)/timm/VERSION: $(VENV)/.installed
 
 test-peers-timm: $(PEERS)/timm/VERSION  ## timm's tests/test_models.py unpatched and with apply_vit_fast: no test may be lost
 	$(BIN)/python tools/peer_timm.py --tests $(PEERS)/timm/tests/test_models.py --backend triton $(TIMM_PEER_TRITON)
+
+# not in CI: full-size models on a CPU (timm's own forwards there), for a machine with time or a GPU
+test-peers-timm-full: $(PEERS)/timm/VERSION  ## timm's tests/test_models.py on one full-size model per ViT feature
 	$(BIN)/python tools/peer_timm.py --tests $(PEERS)/timm/tests/test_models.py --backend auto $(TIMM_PEER_AUTO)
 
 lint: setup
