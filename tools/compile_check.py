@@ -301,6 +301,9 @@ LINEAR_VARIANTS = (
     ("fc2 b1 bias+res+gamma", (197, 768, 3072), "none", True, True, True),
     ("fc1 gelu+bias", (1576, 3072, 768), "gelu", True, False, False),
     ("fc1 gelu_tanh+bias", (1576, 3072, 768), "gelu_tanh", True, False, False),
+    # OpenAI CLIP's QuickGELU and SwiGLU's SiLU (timm / HF models patched in place run these epilogues)
+    ("fc1 quick_gelu+bias", (1576, 3072, 768), "quick_gelu", True, False, False),
+    ("fc1 silu+bias", (1576, 3072, 768), "silu", True, False, False),
     ("fc2 bias+res+gamma", (1576, 768, 3072), "none", True, True, True),
 )
 # every config for the heaviest epilogues (erf GELU; residual + LayerScale); the others on two tiles unless --full
