@@ -22,7 +22,7 @@ from . import runtime
 from .config import ViTConfig
 from .dtypes import bf16_native, check_dtype_on_device
 from .kernels import cards
-from .layers import Block, PatchEmbed
+from .layers import Block, PatchEmbed, skip_identity
 from .pos_embed import pos_embed_for_grid, resample_pos_embed
 from .timm_api import TimmModelAPI
 from .validation import finite_check_from_env, require_finite
@@ -289,16 +289,16 @@ class VisionTransformer(TimmModelAPI, nn.Module):
     def _features_torch(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
         x = self._normalize_torch(x)
         x = self._pos_embed(self.patch_embed(x), grid)
-        x = self.norm_pre(x)
+        x = skip_identity(self.norm_pre, x)
         if self.grad_checkpointing and torch.is_grad_enabled():  # timm's set_grad_checkpointing
             for block in self.blocks:
                 x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
         else:
             x = self.blocks(x)
-        return self.norm(x)
+        return skip_identity(self.norm, x)
 
     def _stages_torch(self, x: torch.Tensor, grid: tuple[int, int]) -> Iterator[tuple[str, torch.Tensor]]:
-        x = self.norm_pre(self._pos_embed(self.patch_embed(self._normalize_torch(x)), grid))
+        x = skip_identity(self.norm_pre, self._pos_embed(self.patch_embed(self._normalize_torch(x)), grid))
         yield "patch embedding", x
         for i, block in enumerate(self.blocks):
             x = block(x)
@@ -344,7 +344,7 @@ class VisionTransformer(TimmModelAPI, nn.Module):
             x = tokens[:, self.num_prefix_tokens :].mean(dim=1)
         else:
             x = tokens[:, 0]
-        x = self.fc_norm(x)
+        x = skip_identity(self.fc_norm, x)
         out = x if pre_logits else self.head(x)
         if self.check_finite or finite_check_from_env():
             require_finite("head", out, "final norm")
