@@ -21,6 +21,7 @@ import argparse
 import csv
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -96,7 +97,9 @@ def measure(pa: str, ports: list[int], protocol: str, batch: int, concurrency: i
     load = os.getloadavg()[0]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if done.returncode != 0 or not out.is_file():
-        return {"error": (done.stdout + done.stderr).strip().splitlines()[-1:], "load": load}
+        said = (done.stdout + done.stderr).strip().splitlines()[-1:]
+        unstable = any("stable" in line for line in said)  # "Failed to obtain stable measurement ..."
+        return {"error": said, "unstable": unstable, "load": load}
     row = next(csv.DictReader(out.open()))
     return {
         "inferences_per_s": float(row["Inferences/Second"]),
@@ -107,11 +110,13 @@ def measure(pa: str, ports: list[int], protocol: str, batch: int, concurrency: i
 
 
 def table(points: list[dict]) -> str:
-    """Markdown: one row per point; a side perf_analyzer could not measure stably reads "unstable"."""
+    """Markdown: one row per point; a side perf_analyzer could not measure stably reads "unstable", one it could
+    not measure at all "failed" (its message is in the JSON and was printed with the point)."""
 
     def side(m: dict) -> tuple[str, str]:
         if "error" in m:
-            return "unstable", "unstable"
+            word = "unstable" if m.get("unstable") else "failed"
+            return word, word
         return f"{m['inferences_per_s']:.1f}", f"{m['p50_ms']:.1f} / {m['p99_ms']:.1f}"
 
     lines = [
@@ -151,9 +156,19 @@ def main() -> None:
         metavar="T",
         help="OMP_NUM_THREADS for the plain script (default: unset, torch's own count, as a user would run it)",
     )
+    p.add_argument(
+        "--serve-flags",
+        default="",
+        metavar="FLAGS",
+        help="more flags for vit-fast serve, e.g. '--queue-delay-us 100' (default: none, serve's own defaults)",
+    )
     args = p.parse_args()
     if not Path(args.perf_analyzer).is_file():
         sys.exit(f"no perf_analyzer at {args.perf_analyzer}: run benchmarks/get_perf_analyzer.sh (make perf-analyzer)")
+    probe = subprocess.run([args.perf_analyzer, "--version"], capture_output=True, text=True, timeout=60)
+    if probe.returncode != 0:  # e.g. a launcher whose libraries were moved: say so before the servers start
+        said = (probe.stdout + probe.stderr).strip().splitlines()[-1:] or [f"exit status {probe.returncode}"]
+        sys.exit(f"{args.perf_analyzer} does not run: {said[0]}\nget it again with benchmarks/get_perf_analyzer.sh")
     with tempfile.TemporaryDirectory(prefix="vit-fast-serve-perf-") as folder:
         tmp = Path(folder)
         weights, config = write_weights(tmp)
@@ -164,7 +179,7 @@ def main() -> None:
                 flags = ["--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2])]
                 if name == "vit-fast":
                     cmd = [sys.executable, "-m", "vit_fast.cli", "serve", str(weights), "--config", str(config)]
-                    cmd += ["--name", MODEL, *flags]
+                    cmd += ["--name", MODEL, *flags, *shlex.split(args.serve_flags)]
                 else:
                     cmd = [sys.executable, str(HERE / "plain_pytriton.py"), str(weights), str(config), *flags]
                 threads = args.plain_threads if name == "plain" else None

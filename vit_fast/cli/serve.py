@@ -34,12 +34,14 @@ EXAMPLE = "vit-fast serve default --batch 1,8,64 --instances 2   (then: curl 127
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``vit-fast serve``'s arguments."""
-    from vit_fast.cli.tritonserver import add_serving_arguments
-    from vit_fast.serve.settings import DEFAULT_HOST, DEFAULT_PORTS, PROTECT_CHOICES
+    from vit_fast.cli.tritonserver import QUEUE_DELAY_HELP_US, add_serving_arguments
+    from vit_fast.serve.settings import CPU_QUEUE_DELAY_US, DEFAULT_HOST, DEFAULT_PORTS, PROTECT_CHOICES
 
     parser.add_argument("model", metavar="MODEL", help='"default", a preset name, or a checkpoint path')
     _args.add_model_source(parser)
-    add_serving_arguments(parser, "MODEL", "8 and 64")
+    add_serving_arguments(
+        parser, "MODEL", "8 and 64", f"{CPU_QUEUE_DELAY_US} on the CPU, {QUEUE_DELAY_HELP_US} on a GPU"
+    )
     parser.add_argument("--dtype", choices=("fp32", "fp16"), default="fp32", help="weights and I/O dtype (fp32)")
     parser.add_argument(
         "--threads",

@@ -67,7 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
-def add_serving_arguments(parser: argparse.ArgumentParser, what: str, default_batch: str) -> None:
+def add_serving_arguments(
+    parser: argparse.ArgumentParser, what: str, default_batch: str, default_delay: str = str(QUEUE_DELAY_HELP_US)
+) -> None:
     """The flags ``export tritonserver`` and ``serve`` share: --name, --batch, --instances, --queue-delay-us."""
     parser.add_argument("--name", default=None, help=f"Triton model name (default: {what}'s name or file stem)")
     parser.add_argument(
@@ -84,7 +86,7 @@ def add_serving_arguments(parser: argparse.ArgumentParser, what: str, default_ba
         "--queue-delay-us",
         type=int,
         default=None,  # DEFAULT_QUEUE_DELAY_US, read when the command runs (its module imports torch)
-        help=f"dynamic batcher's max_queue_delay_microseconds ({QUEUE_DELAY_HELP_US})",
+        help=f"dynamic batcher's max_queue_delay_microseconds ({default_delay})",
     )
 
 

@@ -48,7 +48,7 @@ from vit_fast.export.tritonserver import (
     plan_batching,
 )
 from vit_fast.model import VisionTransformer
-from vit_fast.serve.settings import DEFAULT_HOST, DEFAULT_PORTS, PROTECT_CHOICES
+from vit_fast.serve.settings import CPU_QUEUE_DELAY_US, DEFAULT_HOST, DEFAULT_PORTS, PROTECT_CHOICES
 from vit_fast.warmup import WarmupReport
 
 SERVE_EXTRA = "pip install 'vit-fast[serve]'"
@@ -234,7 +234,8 @@ class Server:
     - ``model``: a :class:`vit_fast.VisionTransformer`; it is served on CUDA with backend "auto" (our
       Triton kernels) where there is a GPU, else on the CPU with the torch backend, in ``dtype``.
     - ``batch``: batch sizes, e.g. ``(1, 8, 64)``: the largest is ``max_batch_size``, the others above 1
-      the dynamic batcher's preferred sizes; ``queue_delay_us`` its ``max_queue_delay_microseconds``.
+      the dynamic batcher's preferred sizes; ``queue_delay_us`` its ``max_queue_delay_microseconds`` (default:
+      ``CPU_QUEUE_DELAY_US`` (0) on the CPU, where waiting only adds latency, the export default on CUDA).
     - ``instances``: model instances Triton runs at once (each a thread calling the same module).
     - ``host`` and the ports: where HTTP, gRPC and metrics listen (loopback by default).
     - ``tune``: tune the kernels for the served batch sizes before serving, and serve tuned (see :meth:`warmup`).
@@ -249,7 +250,7 @@ class Server:
         batch: Sequence[int] | None = None,
         dtype: torch.dtype | str = torch.float32,
         instances: int = 1,
-        queue_delay_us: int = DEFAULT_QUEUE_DELAY_US,
+        queue_delay_us: int | None = None,
         host: str = DEFAULT_HOST,
         http_port: int = DEFAULT_PORTS["http"],
         grpc_port: int = DEFAULT_PORTS["grpc"],
@@ -262,6 +263,9 @@ class Server:
         if not isinstance(model, VisionTransformer):
             raise TypeError(f"vit-fast serve serves a vit_fast.VisionTransformer, got {type(model).__name__}")
         self.name = check_model_name(name)
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if queue_delay_us is None:
+            queue_delay_us = DEFAULT_QUEUE_DELAY_US if self.device.type == "cuda" else CPU_QUEUE_DELAY_US
         # PyTriton's python-backend instances are CPU processes that hand each batch to this process
         self.batching = plan_batching(batch, instances, "cpu", queue_delay_us)
         ports = {"http": http_port, "grpc": grpc_port, "metrics": metrics_port}
@@ -292,7 +296,6 @@ class Server:
         self.tune = tune
         #: what :meth:`warmup` did (None until the server starts)
         self.warmup_report: WarmupReport | None = None
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.backend = "auto" if self.device.type == "cuda" else "torch"
         self.model = copy.deepcopy(model).to(self.device, self.dtype).eval().set_backend(self.backend)
         self.input, self.output = model_io(model, self.dtype)
