@@ -317,3 +317,24 @@ def test_uint8_images_normalised_inside_the_model():
     model.set_input_normalization(None, None)
     with pytest.raises(ValueError, match=r"or let the model do it: model.set_input_normalization"):
         model(pixels)
+
+
+def test_eager_attention_is_fused_and_export_traces_the_plain_math(monkeypatch):
+    """The torch backend's eager attention is one F.scaled_dot_product_attention; torch.export and tracing (what
+    the ONNX exporters run) keep matmul, softmax, matmul, the graph artifacts are verified with. Same numbers."""
+    import torch.nn.functional as F
+
+    model = tiny_model(global_pool="avg").double().eval()
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    calls = []
+    sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or sdpa(*a, **k))
+    with torch.no_grad():
+        eager = model(x)
+        assert len(calls) == model.cfg.depth
+        calls.clear()
+        traced = torch.jit.trace(model, x, check_trace=False)
+        assert calls == [] and "softmax" in str(traced.inlined_graph)
+        graph = torch.export.export(model, (x,)).graph_module.code
+        assert calls == [] and "softmax" in graph and "scaled_dot_product" not in graph
+        torch.testing.assert_close(traced(x), eager, rtol=1e-12, atol=1e-12)

@@ -86,6 +86,21 @@ def test_server_describes_what_it_serves() -> None:
     assert model.cfg.num_classes == 10 and "max batch 32" in s.description
 
 
+def test_queue_delay_defaults_to_zero_on_the_cpu_and_the_export_default_on_cuda(monkeypatch) -> None:
+    """On the CPU one instance batches what queues during a forward, so the batcher does not wait; on CUDA it
+    waits the export default; an explicit value is kept either way."""
+    from vit_fast.export.triton_config import DEFAULT_QUEUE_DELAY_US
+    from vit_fast.serve.settings import CPU_QUEUE_DELAY_US
+
+    model = vit_fast.load_model("default", backend="torch")
+    assert CPU_QUEUE_DELAY_US == 0 and srv.Server(model).batching.queue_delay_us == 0
+    assert srv.Server(model, queue_delay_us=250).batching.queue_delay_us == 250
+    monkeypatch.setattr(srv.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(srv.copy, "deepcopy", lambda m: m)  # no card to move the weights to
+    monkeypatch.setattr(type(model), "to", lambda self, *a, **k: self)
+    assert srv.Server(model).batching.queue_delay_us == DEFAULT_QUEUE_DELAY_US > 0
+
+
 def test_start_retries_pytriton_instance_race_only(monkeypatch, capsys) -> None:
     model = vit_fast.load_model("default", backend="torch")
     race = RuntimeError(f"load failed: ConnectionRefusedError in {srv.HANDSHAKE_RACE}")
