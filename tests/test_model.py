@@ -338,3 +338,60 @@ def test_eager_attention_is_fused_and_export_traces_the_plain_math(monkeypatch):
         graph = torch.export.export(model, (x,)).graph_module.code
         assert calls == [] and "softmax" in graph and "scaled_dot_product" not in graph
         torch.testing.assert_close(traced(x), eager, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        dict(reg_tokens=2, init_values=0.1),
+        dict(pre_norm=True, fc_norm=True, qkv_bias=False),
+        dict(reg_tokens=1, no_embed_class=True, dynamic_img_size=True),
+    ],
+)
+def test_forward_runs_the_last_block_for_the_class_token_alone_with_the_same_numbers(overrides, monkeypatch):
+    """Class-token pooling reads token 0 only, so forward() runs the last block for it alone: the same logits and
+    gradients as the whole forward_features, in float64."""
+    from vit_fast.layers import Block
+
+    model = tiny_model(**overrides).double()
+    x = torch.randn(3, 3, 32, 32, dtype=torch.float64)
+    runs = []
+    first_token = Block.forward_first_token
+    monkeypatch.setattr(Block, "forward_first_token", lambda self, t: runs.append(t.shape) or first_token(self, t))
+    with torch.no_grad():
+        whole = model.forward_head(model.forward_features(x))
+        assert runs == []
+        torch.testing.assert_close(model(x), whole, rtol=1e-12, atol=1e-12)
+    assert len(runs) == 1 and runs[0][1] == model.cfg.num_tokens
+    grads = []
+    for run in (lambda: model(x), lambda: model.forward_head(model.forward_features(x))):
+        model.zero_grad()
+        run().square().sum().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-10, atol=1e-12, msg=name)
+
+
+def test_forward_keeps_every_token_where_a_hook_or_an_exporter_watches(monkeypatch):
+    """A hook anywhere in the last block (or a global one) sees the tokens it always saw; export traces it all."""
+    from vit_fast.layers import Block
+
+    model = tiny_model().double()
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    expected = model.forward_head(model.forward_features(x)).detach()
+    monkeypatch.setattr(Block, "forward_first_token", lambda self, t: pytest.fail("the shortcut ran"))
+    seen = []
+    for module in (model.blocks[-1], model.blocks[-1].attn, model.blocks[-1].mlp.fc2):
+        handle = module.register_forward_hook(lambda m, args, out: seen.append(out.shape[1]))
+        torch.testing.assert_close(model(x), expected, rtol=1e-12, atol=1e-12)
+        handle.remove()
+    assert seen == [model.cfg.num_tokens] * 3
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(lambda m, args: None)
+    try:
+        model(x)
+    finally:
+        handle.remove()
+    torch.export.export(model, (x,))
+    torch.jit.trace(model, x, check_trace=False)

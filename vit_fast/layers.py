@@ -55,6 +55,14 @@ class Attention(nn.Module):
             x = F.scaled_dot_product_attention(q, k, v, scale=self.scale)
         return self.proj(x.transpose(1, 2).reshape(B, T, D))
 
+    def forward_first_query(self, x: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward` for token 0's query alone, ``x [B, T, D]`` -> ``[B, 1, D]``: every token is still a key
+        and a value."""
+        B, T, D = x.shape
+        q, k, v = self.qkv(x).reshape(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        x = F.scaled_dot_product_attention(q[:, :, :1], k, v, scale=self.scale)
+        return self.proj(x.transpose(1, 2).reshape(B, 1, D))
+
 
 def skip_identity(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``module(x)``, without the call when ``module`` is an ``nn.Identity`` (a LayerScale or norm the config
@@ -110,3 +118,26 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + skip_identity(self.ls1, self.attn(self.norm1(x)))
         return x + skip_identity(self.ls2, self.mlp(self.norm2(x)))
+
+    def forward_first_token(self, x: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward`'s output for token 0 alone, ``x [B, T, D]`` -> ``[B, 1, D]``: the same numbers as
+        ``forward(x)[:, :1]``; the other tokens' queries, projection and MLP are not computed."""
+        y = x[:, :1] + skip_identity(self.ls1, self.attn.forward_first_query(self.norm1(x)))
+        return y + skip_identity(self.ls2, self.mlp(self.norm2(y)))
+
+
+def observed(module: nn.Module) -> bool:
+    """Whether a hook could see ``module`` or one of its submodules run (forward or backward hooks, its own or
+    global ones): a shortcut that skips or reshapes their calls must not run then."""
+    g = nn.modules.module
+    if g._global_forward_hooks or g._global_forward_pre_hooks or g._global_backward_hooks:
+        return True
+    if g._global_backward_pre_hooks:
+        return True
+    todo = [module]  # module.modules() walks with names and a memo set: several times slower for a check per call
+    while todo:
+        m = todo.pop()
+        if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks:
+            return True
+        todo.extend(child for child in m._modules.values() if child is not None)
+    return False
