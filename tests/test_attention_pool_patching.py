@@ -115,6 +115,22 @@ def test_timm_map_head_steps_aside_for_masks_training_and_float64(monkeypatch):
     assert runs == [] and torch.equal(masked, expected)
 
 
+def test_timm_torch_export_records_the_attention_pool_op():
+    """backend='triton': torch.export of a patched SigLIP records vit_fast::attention_pool, and the exported
+    program computes what timm computes."""
+    model = _siglip_timm(seed=4)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        eager = model(x)
+        expected = copy.deepcopy(model).double()(x.double())
+    vit_fast.apply_vit_fast(model, backend="triton")
+    exported = torch.export.export(model, (x,))
+    ops = {str(n.target) for n in exported.graph.nodes if n.op == "call_function"}
+    assert {"vit_fast.attention_pool.default", "vit_fast.attention.default"} <= ops
+    with torch.no_grad():
+        assert_within_eager(exported.module()(x), eager, expected, name="exported patched SigLIP")
+
+
 # refused at patch time, by name; nothing is patched
 TIMM_REFUSED = {
     "qk_norm": (dict(qk_norm=True), "attn_pool.q_norm (qk-norm)"),
