@@ -228,3 +228,30 @@ def test_hf_head_steps_aside_for_training_and_hooks(monkeypatch):
     with torch.no_grad():
         model(pixel_values=x)
     assert runs == [] and seen == [1]
+
+
+def test_hf_siglip_dual_model_patches_the_vision_head_only(monkeypatch):
+    """SiglipModel: the vision tower's pooling head runs the kernels for image features; the text tower's head (a
+    Linear) is left alone."""
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    torch.manual_seed(0)
+    vision = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=16, patch_size=4)
+    text = dict(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    config = transformers.SiglipConfig(text_config=text, vision_config=dict(intermediate_size=64, **vision))
+    model = _randomised(transformers.SiglipModel(config), 7)
+    x = torch.randn(2, 3, 16, 16)
+
+    def features(m, pixels):
+        out = m.get_image_features(pixel_values=pixels)
+        return getattr(out, "pooler_output", out)
+
+    with torch.no_grad():
+        eager = features(model, x)
+        expected = features(copy.deepcopy(model).double(), x.double())
+    vit_fast.apply_vit_fast(model, backend="triton")
+    runs = _count_pool_runs(monkeypatch)
+    with torch.no_grad():
+        ours = features(model, x)
+    assert runs == [1]
+    assert_within_eager(ours, eager, expected, name="SiglipModel image features")
+    assert vit_fast.remove_vit_fast(model) == 2  # one vision layer and the vision head
