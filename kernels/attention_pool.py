@@ -73,9 +73,21 @@ def _pool_configs() -> list[triton.Config]:
 
 def _fma_pool_fits(config: triton.Config, block_d: int, elem_bytes: int) -> bool:
     """Whether a config is expected not to spill where ``tl.dot`` is FMA (sm_75): the self-attention kernel's
-    bound on its q / accumulator and score tiles (``_fma_attention_fits``), here with 16 query rows."""
-    elements = BLOCK_Q * (block_d + config.kwargs["BLOCK_N"])
-    return elements <= (5120 if elem_bytes == 4 else 3072)
+    bound on its q / accumulator and score tiles (``_fma_attention_fits``), here with 16 query rows, and in 16-bit
+    at most 32 keys per tile (triton 3.9, sm_75, Dh 64: 64 keys spilled 680-700 B per thread in fp16 and bf16,
+    32 and 16 none; fp32 none up to 64)."""
+    block_n = config.kwargs["BLOCK_N"]
+    if elem_bytes < 4 and block_n > 32:
+        return False
+    return BLOCK_Q * (block_d + block_n) <= (5120 if elem_bytes == 4 else 3072)
+
+
+def _fp32_pool_fits(config: triton.Config, block_d: int) -> bool:
+    """Whether an fp32 config is expected not to spill on a card with tensor cores (fp32 dots run on FMA there
+    too): k and v tiles of at most ``1024 * num_warps`` elements each. From triton 3.9's compiles at Dh 64
+    (spilled bytes per thread): 64 keys with 2 warps 404-496 (sm_80, sm_90), 128 keys with 2 warps 3.2-31.8 KB,
+    with 4 warps 316 on sm_80; 64 keys with 4 warps and 32 with 2 none."""
+    return config.kwargs["BLOCK_N"] * block_d <= 1024 * config.num_warps
 
 
 def _pool_shared_bytes(config: triton.Config, block_d: int, elem_bytes: int, card: Card) -> int:
@@ -90,8 +102,8 @@ def _pool_shared_bytes(config: triton.Config, block_d: int, elem_bytes: int, car
 def _prune_pool_configs(configs, named_args, **kwargs):
     """The candidates for one launch, read only from its autotune key (T, the head dim, the card ``ARCH``, the
     dtype, ``TUNE``): the configs for this kind of card (tensor cores or not, :data:`FMA_POOL_STAGES`) that fit
-    its shared memory; wide heads (Dh > 128) only with key tiles of at most 64 rows; without tensor cores only
-    the tiles not expected to spill. Without tuning one config: the fitting one nearest 64 keys, 4 warps,
+    its shared memory; wide heads (Dh > 128) only with key tiles of at most 64 rows; only the tiles not expected
+    to spill without tensor cores (:func:`_fma_pool_fits`) and in fp32 (:func:`_fp32_pool_fits`). Without tuning one config: the fitting one nearest 64 keys, 4 warps,
     2 stages (a card without tensor cores: its own, nearest 32 keys)."""
     block_d = kwargs.get("BLOCK_D", named_args.get("BLOCK_D"))
     if block_d is None:
@@ -107,6 +119,8 @@ def _prune_pool_configs(configs, named_args, **kwargs):
         if block_d > 128 and config.kwargs["BLOCK_N"] > 64:
             return False
         if not card.tensor_cores and not _fma_pool_fits(config, block_d, elem_bytes):
+            return False
+        if card.tensor_cores and elem_bytes == 4 and not _fp32_pool_fits(config, block_d):
             return False
         return shared(config) <= card.shared_memory
 
