@@ -82,12 +82,15 @@ def _fma_pool_fits(config: triton.Config, block_d: int, elem_bytes: int) -> bool
     return BLOCK_Q * (block_d + block_n) <= (5120 if elem_bytes == 4 else 3072)
 
 
-def _fp32_pool_fits(config: triton.Config, block_d: int) -> bool:
-    """Whether an fp32 config is expected not to spill on a card with tensor cores (fp32 dots run on FMA there
-    too): k and v tiles of at most ``1024 * num_warps`` elements each. From triton 3.9's compiles at Dh 64
-    (spilled bytes per thread): 64 keys with 2 warps 404-496 (sm_80, sm_90), 128 keys with 2 warps 3.2-31.8 KB,
-    with 4 warps 316 on sm_80; 64 keys with 4 warps and 32 with 2 none."""
-    return config.kwargs["BLOCK_N"] * block_d <= 1024 * config.num_warps
+def _pool_tile_fits(config: triton.Config, block_d: int, elem_bytes: int) -> bool:
+    """Whether a config is expected not to spill on a card with tensor cores: k and v tiles of at most
+    ``1024 * num_warps`` elements each in fp32 (its dots run on FMA there too), ``2048 * num_warps`` in 16-bit.
+    From triton 3.9's compiles for sm_80 and sm_90 (spilled bytes per thread): fp32 Dh 64, 64 keys with 2 warps
+    404-496, 128 keys with 2 warps 3.2-31.8 KB, with 4 warps 216-316, 64 keys with 4 warps none; 16-bit Dh 72
+    (128 lanes), 64 keys with 2 warps 288-552, 128 keys with 4 warps 320-400, with 2 warps 6-18 KB, 64 keys
+    with 4 warps and 32 with 2 none; 16-bit Dh 256, 64 keys with 2 warps 516. Not caught: fp32 at 128 and 256
+    lanes spilled 8-16 B in some configs the bound keeps (tools/README.md)."""
+    return config.kwargs["BLOCK_N"] * block_d <= (1024 if elem_bytes == 4 else 2048) * config.num_warps
 
 
 def _pool_shared_bytes(config: triton.Config, block_d: int, elem_bytes: int, card: Card) -> int:
@@ -103,7 +106,7 @@ def _prune_pool_configs(configs, named_args, **kwargs):
     """The candidates for one launch, read only from its autotune key (T, the head dim, the card ``ARCH``, the
     dtype, ``TUNE``): the configs for this kind of card (tensor cores or not, :data:`FMA_POOL_STAGES`) that fit
     its shared memory; wide heads (Dh > 128) only with key tiles of at most 64 rows; only the tiles not expected
-    to spill without tensor cores (:func:`_fma_pool_fits`) and in fp32 (:func:`_fp32_pool_fits`). Without tuning one config: the fitting one nearest 64 keys, 4 warps,
+    to spill (:func:`_fma_pool_fits` without tensor cores, :func:`_pool_tile_fits` with). Without tuning one config: the fitting one nearest 64 keys, 4 warps,
     2 stages (a card without tensor cores: its own, nearest 32 keys)."""
     block_d = kwargs.get("BLOCK_D", named_args.get("BLOCK_D"))
     if block_d is None:
@@ -120,7 +123,7 @@ def _prune_pool_configs(configs, named_args, **kwargs):
             return False
         if not card.tensor_cores and not _fma_pool_fits(config, block_d, elem_bytes):
             return False
-        if card.tensor_cores and elem_bytes == 4 and not _fp32_pool_fits(config, block_d):
+        if card.tensor_cores and not _pool_tile_fits(config, block_d, elem_bytes):
             return False
         return shared(config) <= card.shared_memory
 

@@ -234,5 +234,5 @@ def test_configs_fit_every_card(monkeypatch, arch, dtype):
                 assert (config.num_stages <= pool_module.FMA_POOL_STAGES) == (not card.tensor_cores), str(config)
                 if not card.tensor_cores and head_dim <= 128:  # 16-bit Dh 256 there: the smallest, may spill
                     assert pool_module._fma_pool_fits(config, block_d, kv.element_size()), str(config)
-                if card.tensor_cores and dtype == torch.float32:
-                    assert pool_module._fp32_pool_fits(config, block_d), str(config)
+                if card.tensor_cores:
+                    assert pool_module._pool_tile_fits(config, block_d, kv.element_size()), str(config)
