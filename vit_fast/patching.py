@@ -5,7 +5,8 @@
 
 The object, its class and its ``state_dict`` stay the user's: only each transformer block's
 ``forward`` is replaced, by one that runs LayerNorm, the qkv GEMM, flash-style attention, the
-projection with its residual, and the MLP with its residual on the block's own parameters. It
+projection with its residual, and the MLP with its residual on the block's own parameters (and a
+SigLIP attention-pool head's, by one that runs it on the attention-pool kernel). It
 takes the kernel path where ``VisionTransformer``'s ``backend="auto"`` would (a CUDA tensor on a card
 with tensor cores, sm_80 and up), or for any tensor with ``backend="triton"`` (on a CPU: Triton's
 interpreter), and the block's original forward otherwise (and for anything the kernels do not
