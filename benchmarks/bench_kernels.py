@@ -1,7 +1,8 @@
 """pytest-benchmark suites: each vit_fast Triton kernel against its PyTorch counterpart.
 
-Shapes are ViT-B/16 at 224 px (T = 197 tokens, D = 768, 12 heads of 64, MLP 3072), batch 1 and
-64, in the card's native 16-bit dtype (bf16; fp16 on a card that emulates bf16, such as the T4).
+Shapes are ViT-B/16 at 224 px (T = 197 tokens, D = 768, 12 heads of 64, MLP 3072; the attention
+pool: SigLIP-B/16's map head, one latent query over 196 tokens), batch 1 and 64, in the card's
+native 16-bit dtype (bf16; fp16 on a card that emulates bf16, such as the T4).
 Every case is a pair of tests in one benchmark group (``impl=vit_fast`` and ``impl=torch``) so
 ``pytest-benchmark compare`` and the terminal table show them side by side.
 
@@ -120,6 +121,26 @@ def test_attention(benchmark, batch, impl):
     flops = 4 * batch * HEADS * T * T * dh
     nbytes = (qkv.numel() + batch * T * D) * qkv.element_size()
     _run(benchmark, f"attention B={batch}", impl, lambda: attention(qkv, HEADS), ref, flops=flops, nbytes=nbytes)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("batch", B_VALUES)
+def test_attention_pool(benchmark, batch, impl):
+    """SigLIP-B/16's map head at 224 px: one latent query over 196 tokens (no class token), 12 heads of 64."""
+    from vit_fast.kernels.attention_pool import attention_pool
+
+    tokens, dh = T - 1, D // HEADS
+    q, kv = _randn(1, 1, D), _randn(batch, tokens, 2 * D)
+
+    def ref() -> torch.Tensor:  # timm's AttentionPoolLatent: split heads, SDPA, merge heads
+        qh = q.expand(batch, -1, -1).view(batch, 1, HEADS, dh).transpose(1, 2)
+        k, v = kv.view(batch, tokens, 2, HEADS, dh).permute(2, 0, 3, 1, 4).unbind(0)
+        return F.scaled_dot_product_attention(qh, k, v).transpose(1, 2).reshape(batch, 1, D)
+
+    flops = 4 * batch * HEADS * tokens * dh
+    nbytes = (q.numel() + kv.numel() + batch * D) * kv.element_size()
+    group = f"attention_pool B={batch}"
+    _run(benchmark, group, impl, lambda: attention_pool(q, kv, HEADS), ref, flops=flops, nbytes=nbytes)
 
 
 @pytest.mark.parametrize("impl", IMPLS)

@@ -71,6 +71,19 @@ def test_flags_follow_the_card_of_the_target(cc):
     assert cc.flags(row(90, tc="mma.sync"), dataclasses.replace(h100, dot="mma.sync")) == []
 
 
+def test_attention_pool_expects_mma_sync_where_wgmma_needs_64_rows(cc):
+    """The attention pool's 16-row dots are below wgmma's / tcgen05's 64-row minimum: mma.sync is right there,
+    the card's own dot elsewhere, and fp32 stays FMA."""
+    pool = {"kernel": "attention_pool"}
+    assert cc.flags(row(90, tc="mma.sync", **pool), cards.CARDS[90]) == []
+    assert cc.flags(row(100, tc="mma.sync", **pool), cards.CARDS[100]) == []
+    assert cc.flags(row(90, tc="wgmma", **pool), cards.CARDS[90]) == ["TC:wgmma!=mma.sync"]
+    assert cc.flags(row(86, tc="mma.sync", **pool), cards.CARDS[86]) == []
+    assert cc.flags(row(75, tc="mma.sync", **pool), cards.CARDS[75]) == ["TC:mma.sync!=fma"]
+    assert cc.flags(row(90, dtype="fp32", tc="fma", **pool), cards.CARDS[90]) == []
+    assert {case[0] for case in cc.CASES["attention_pool"]("vit-b16", False)} == {"attention_pool"}
+
+
 def test_summary_per_target(cc):
     rows = [
         row(75, tc="fma", shared=96 * 1024, spills=28800, heuristic=True),  # over 64 KB and spilling, the pick

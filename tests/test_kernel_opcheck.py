@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from vit_fast.kernels import attention, layer_norm, linear, patch_embed
+from vit_fast.kernels import attention, attention_pool, layer_norm, linear, patch_embed
 
 OPCHECKS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
 
@@ -66,6 +66,11 @@ CASES = {
     "patch_embed": ("patch_embed", _patch_embed_args, _patch_embed_public),
     "patch_embed-uint8": ("patch_embed", _patch_embed_uint8_args, _patch_embed_public),
     "attention": ("attention", lambda d: [_randn(d, 2, 5, 3 * 2 * 16), 2, 0.3], attention.attention),
+    "attention_pool": (
+        "attention_pool",
+        lambda d: [_randn(d, 1, 3, 2 * 16), _randn(d, 2, 5, 2 * 2 * 16), 2, 0.3],
+        attention_pool.attention_pool,
+    ),
     "linear-gelu": (
         "linear",
         lambda d: [_randn(d, 2, 3, 7), _randn(d, 5, 7), _randn(d, 5), "gelu", None, None],
@@ -120,6 +125,8 @@ BAD_INPUTS = {
     "patch_embed-uint8-mean-shape": ("patch_embed-uint8", 6, lambda d, a: a[6][:2], ValueError, "mean has shape"),
     "attention-head-dim-8": ("attention", 0, lambda d, a: _randn(d, 2, 5, 48), ValueError, "head_dim 8"),
     "attention-float64": ("attention", 0, lambda d, a: a[0].detach().double(), TypeError, "float64 is not supported"),
+    "attention_pool-q-batch": ("attention_pool", 0, lambda d, a: _randn(d, 3, 3, 32), ValueError, "q has batch 3"),
+    "attention_pool-q-dtype": ("attention_pool", 0, lambda d, a: _half(a[0]), TypeError, "cast q to kv's dtype"),
     "linear-weight-transposed": ("linear-gelu", 1, lambda d, a: a[1].t(), ValueError, "in_features 5"),
     "linear-residual-shape": ("linear-residual-gamma", 4, lambda d, a: a[4][:, :4], ValueError, "residual must"),
     "linear-bias-dtype": ("linear-gelu", 2, lambda d, a: _half(a[2]), TypeError, "dtypes differ"),

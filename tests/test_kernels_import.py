@@ -10,15 +10,18 @@ CODE = """
 import torch
 import vit_fast, vit_fast.triton_path
 import vit_fast.kernels.attention as attention
+import vit_fast.kernels.attention_pool as attention_pool
 import vit_fast.kernels.layer_norm as layer_norm
 import vit_fast.kernels.linear as linear
 import vit_fast.kernels.patch_embed as patch_embed
 
 assert len(attention._attention_kernel.configs) > 1
+assert len(attention_pool._attention_pool_kernel.configs) > 1
 assert len(linear._linear_kernel.configs) > 1
 assert len(patch_embed._patch_embed_kernel.configs) > 1
 calls = {
     "attention": lambda: attention.attention(torch.randn(1, 5, 96), 2),
+    "attention_pool": lambda: attention_pool.attention_pool(torch.randn(1, 1, 32), torch.randn(1, 5, 64), 2),
     "linear": lambda: linear.linear(torch.randn(3, 8), torch.randn(4, 8)),
     "layer_norm": lambda: layer_norm.layer_norm(torch.randn(3, 8), torch.ones(8), torch.zeros(8), 1e-6),
     "patch_embed": lambda: patch_embed.patch_embed(

@@ -58,7 +58,7 @@ from vit_fast.kernels._interpret import interpreter_enabled
 
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, without its warning
 
-ALL_KERNELS = ("patch_embed", "layer_norm", "attention", "linear")
+ALL_KERNELS = ("patch_embed", "layer_norm", "attention", "attention_pool", "linear")
 DTYPES = ("fp32", "fp16", "bf16")
 #: the vit-b16 set's "every kept config" for these dtypes; bf16 gets its heuristic pick only: its prunes keep the
 #: same configs as fp16 (same element size) and it compiles to the same tiles, so it would double the time
@@ -275,6 +275,35 @@ def attention_launch(params):
     )
 
 
+#: the attention-pool head: head_dim -> (num_heads, tokens); 64: SigLIP-B/16 at 224 (196 tokens), 72: SigLIP
+#: so400m/14 at 384 (729 tokens), 80 and 128: padded and full 128 lanes, 256: MAX_HEAD_DIM
+POOL_HEADS = {64: (12, 196), 72: (16, 729), 80: (16, 256), 128: (8, 256), 256: (4, 196)}
+
+
+def attention_pool_cases(variant_set: str, full: bool):
+    # the batch is only the grid's size (the kernel has no batch argument): one batch compiles what all would
+    if variant_set == "vit-b16":  # SigLIP-B/16's head: one latent query, 12 heads of 64
+        return [
+            ("attention_pool", f"{dtype} Dh64 Lq1 b8", {"dtype": dtype, "head_dim": 64, "B": 8, "Lq": 1}, "kept")
+            for dtype in DTYPES
+        ]
+    cases = []
+    for head_dim, dtype in itertools.product(POOL_HEADS, DTYPES):
+        which = "all" if full else ("ends" if head_dim in (80, 128) else "kept")
+        params = {"dtype": dtype, "head_dim": head_dim, "B": 8, "Lq": 1}
+        cases.append(("attention_pool", f"{dtype} Dh{head_dim} Lq1 b8", params, which))
+    return cases
+
+
+def attention_pool_launch(params):
+    from vit_fast.kernels import attention_pool as ap
+
+    B, Dh, Lq = params.get("B", 8), params["head_dim"], params.get("Lq", 1)
+    H, T = POOL_HEADS[Dh]
+    q, kv = _empty((1, Lq, H * Dh), params["dtype"]), _empty((B, T, 2 * H * Dh), params["dtype"])
+    return _recorded_launch(ap, "_attention_pool_kernel", ap.launch_attention_pool, q, kv, H)
+
+
 # (label, (M, N, K), activation, bias, residual, gamma): "ln+" labels have the LayerNorm prologue
 # (layer_norm_linear: LN1 -> qkv, LN2 -> fc1)
 def _vit_b16_gemms(b: int):
@@ -357,22 +386,25 @@ CASES = {
     "patch_embed": patch_embed_cases,
     "layer_norm": layer_norm_cases,
     "attention": attention_cases,
+    "attention_pool": attention_pool_cases,
     "linear": linear_cases,
 }
 LAUNCH = {
     "patch_embed": patch_embed_launch,
     "layer_norm": layer_norm_launch,
     "attention": attention_launch,
+    "attention_pool": attention_pool_launch,
     "linear": linear_launch,
 }
 
 
 def _tuner(kernel: str):
     """The kernel's Autotuner, or None for a kernel that is not autotuned (its launcher picks the config)."""
-    from vit_fast.kernels import attention, linear, patch_embed
+    from vit_fast.kernels import attention, attention_pool, linear, patch_embed
 
     return {
         "attention": attention._attention_kernel,
+        "attention_pool": attention_pool._attention_pool_kernel,
         "linear": linear._linear_kernel,
         "patch_embed": patch_embed._patch_embed_kernel,
     }.get(kernel)
@@ -613,9 +645,13 @@ def compile_one(task):
 # ------------------------------------------------------------------------------ flags and the per-target table
 def expected_tc(row: dict, card) -> str:
     """What the card table says the row's dots compile to: ``Card.dot`` for 16-bit dots; "fma" for fp32 (the
-    kernels run fp32 dots at IEEE precision, never TF32) and for LayerNorm (no dot)."""
+    kernels run fp32 dots at IEEE precision, never TF32) and for LayerNorm (no dot). The attention pool's dots have
+    16 query rows, below wgmma's and tcgen05's 64-row minimum: mma.sync on those cards (as triton 3.9 compiles
+    them for sm_90)."""
     if row["kernel"] == "layer_norm" or row.get("dtype") == "fp32":
         return "fma"
+    if row["kernel"] == "attention_pool" and card.dot in ("wgmma", "tcgen05"):
+        return "mma.sync"
     return card.dot
 
 

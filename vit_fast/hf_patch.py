@@ -16,8 +16,11 @@ from the unfused path, per call), a submodule replaced (e.g. PEFT's LoRA) or hoo
 under ``torch.export`` / ``torch.onnx.export`` / ``torch.jit.trace`` (an exported graph is transformers'
 own, as vit-fast's export always traces the torch path).
 Activations the GEMM epilogue does not have (CLIP's ``quick_gelu``, SwiGLU's SiLU gate) run in
-PyTorch between the fc1 and fc2 kernels. SigLIP's attention-pool head is not a layer and runs
-unchanged (unfused).
+PyTorch between the fc1 and fc2 kernels. SigLIP's attention-pool head
+(``SiglipMultiheadAttentionPoolingHead``) runs on the kernels too, under the same rules: its packed
+``in_proj`` read as two row slices (q, then k|v) through the linear kernel, the attention-pool kernel,
+``out_proj``, LayerNorm folded into fc1, the residual in fc2's epilogue
+(:class:`vit_fast.timm_blocks.PoolPlan`).
 """
 
 from __future__ import annotations
@@ -166,6 +169,62 @@ class _LayerView:
         return True
 
 
+#: transformers' attention-pool heads run on the kernels (the attention-pool kernel), by class name
+_POOL_HEADS = ("SiglipMultiheadAttentionPoolingHead",)
+
+
+class _HeadView:
+    """SigLIP's pooling head (``probe``, ``attention`` an ``nn.MultiheadAttention``, ``layernorm``, ``mlp``) seen
+    with timm's ``AttentionPoolLatent`` names, as :class:`vit_fast.timm_blocks.PoolPlan` reads them: ``latent``,
+    ``q`` and ``kv`` (row slices of the packed ``in_proj``: q rows ``[0:D]``, k and v rows ``[D:3D]``, views, no
+    copy), ``proj``, ``norm``, ``mlp``; read from the live modules on every call."""
+
+    def __init__(self, head: nn.Module, hidden_act: str | None) -> None:
+        from .timm_blocks import MlpPlan, PoolPlan
+
+        self.head = head
+        att = head.attention
+        heads = att.num_heads
+        kernel_act = HF_ACTIVATIONS.get(hidden_act or "", None)
+        self.plan = PoolPlan(heads, att.head_dim, att.head_dim**-0.5, MlpPlan(kernel_act or "torch"), "token")
+
+    def refresh(self) -> bool:
+        """Read the head's modules; False where the kernels cannot stand in for its forward (a submodule replaced
+        by another type, or hooked by the user)."""
+        head = self.head
+        att, mlp = head.attention, head.mlp
+        linears = (att.out_proj, mlp.fc1, mlp.fc2)
+        if type(att) is not nn.MultiheadAttention or type(head.layernorm) is not nn.LayerNorm:
+            return False
+        if any(not isinstance(lin, nn.Linear) or type(lin).forward is not nn.Linear.forward for lin in linears):
+            return False
+        if _user_hooked(head):
+            return False
+        dim, weight, bias = att.embed_dim, att.in_proj_weight, att.in_proj_bias
+        self.latent, self.proj, self.norm = head.probe, att.out_proj, head.layernorm
+        self.q = _Proj(weight[:dim], None if bias is None else bias[:dim])
+        self.kv = _Proj(weight[dim:], None if bias is None else bias[dim:])
+        self.mlp = types.SimpleNamespace(fc1=mlp.fc1, fc2=mlp.fc2)
+        self.torch_act = mlp.activation_fn
+        return True
+
+
+def _pool_head_problems(head: nn.Module) -> list[str]:
+    """What of a SigLIP pooling head the kernels do not run (checked at patch time)."""
+    att, problems = head.attention, []
+    if type(att) is not nn.MultiheadAttention:
+        return [f"head.attention {type(att).__name__} (nn.MultiheadAttention is expected)"]
+    if not att._qkv_same_embed_dim or att.in_proj_weight is None:
+        problems.append("head.attention with kdim / vdim other than embed_dim (separate q, k, v weights)")
+    if att.bias_k is not None or att.add_zero_attn:
+        problems.append("head.attention add_bias_kv / add_zero_attn")
+    if not att.batch_first:
+        problems.append("head.attention batch_first=False")
+    if not hasattr(head, "probe") or head.probe.shape[1] != 1:
+        problems.append("head.probe with other than one query")
+    return problems
+
+
 def _run_view(view: _LayerView, x: torch.Tensor) -> torch.Tensor:
     """One layer on the kernels. With an activation the fc1 epilogue has, exactly what ``vit_fast.patching`` runs
     for a timm block; otherwise fc1 without activation, the layer's own activation in PyTorch, then fc2."""
@@ -196,6 +255,12 @@ def _vision_layers(model: nn.Module) -> list[nn.Module]:
     return [m for m in root.modules() if type(m).__name__ in _LAYOUTS]
 
 
+def _pool_heads(model: nn.Module) -> list[nn.Module]:
+    """The vision tower's attention-pool heads (SigLIP's ``vision_use_head``)."""
+    root = getattr(model, "vision_model", None) or model
+    return [m for m in root.modules() if type(m).__name__ in _POOL_HEADS]
+
+
 def _vision_config(model: nn.Module) -> Any:
     config = model.config
     return getattr(config, "vision_config", None) or config
@@ -216,6 +281,12 @@ def check_supported(model: nn.Module, backend: str) -> tuple[list[nn.Module], An
         raise TypeError(
             f"apply_vit_fast: {name}'s layers have transformers 4.x's layout (attention.attention.query); the "
             "in-place patch reads 5.x's (q_proj, k_proj, v_proj): upgrade transformers, or use vit_fast.from_hf(model)"
+        )
+    problems = [p for head in _pool_heads(model) for p in _pool_head_problems(head)]
+    if problems:
+        raise ValueError(
+            f"apply_vit_fast: {name}'s attention-pool head uses what vit-fast's kernels do not run: "
+            f"{'; '.join(problems)}: run this model as it is"
         )
     head_dim = getattr(layers[0], _LAYOUTS[type(layers[0]).__name__][0]).q_proj.weight.shape[0] // heads
     if not _MIN_HEAD_DIM <= head_dim <= _MAX_HEAD_DIM:
@@ -254,12 +325,31 @@ def apply_hf(model: nn.Module, backend: str) -> nn.Module:
             return original(hidden_states, *args, **kwargs)
         return _run_view(view, hidden_states.contiguous())  # SigLIP's embeddings are a transposed view
 
+    def fast_head(head: nn.Module, hidden_state: torch.Tensor) -> torch.Tensor:
+        original = head.__dict__[_ORIGINAL]
+        if attentions_requested({}, collector) or not _kernels_can_run(hidden_state, backend):
+            return original(hidden_state)
+        if torch.compiler.is_exporting() or torch.jit.is_tracing():  # export traces transformers' own graph
+            return original(hidden_state)
+        if torch.is_grad_enabled() and (head.training or hidden_state.requires_grad):
+            return original(hidden_state)
+        view = head.__dict__[_STATE]
+        if not view.refresh():
+            return original(hidden_state)
+        return view.plan.run(view, hidden_state)
+
     for layer in layers:
         if _ORIGINAL in layer.__dict__:
             continue  # already patched
         layer.__dict__[_STATE] = _LayerView(layer, config.num_attention_heads, hidden_act)
         layer.__dict__[_ORIGINAL] = layer.forward
         layer.forward = types.MethodType(fast_hf, layer)
+    for head in _pool_heads(model) if layers else ():  # no layers patched (head dim out of range): no head either
+        if _ORIGINAL in head.__dict__:
+            continue
+        head.__dict__[_STATE] = _HeadView(head, hidden_act)
+        head.__dict__[_ORIGINAL] = head.forward
+        head.forward = types.MethodType(fast_head, head)
     return model
 
 

@@ -5,7 +5,8 @@
 
 The object, its class and its ``state_dict`` stay the user's: only each transformer block's
 ``forward`` is replaced, by one that runs LayerNorm, the qkv GEMM, flash-style attention, the
-projection with its residual, and the MLP with its residual on the block's own parameters. It
+projection with its residual, and the MLP with its residual on the block's own parameters (and a
+SigLIP attention-pool head's, by one that runs it on the attention-pool kernel). It
 takes the kernel path where ``VisionTransformer``'s ``backend="auto"`` would (a CUDA tensor on a card
 with tensor cores, sm_80 and up), or for any tensor with ``backend="triton"`` (on a CPU: Triton's
 interpreter), and the block's original forward otherwise (and for anything the kernels do not
@@ -105,8 +106,10 @@ def apply_vit_fast(model: nn.Module, backend: str = "auto") -> nn.Module:
 
     Everything is checked before anything is patched: a model, block, attention or activation the kernels do not
     run is refused by name (a ValueError or TypeError), and ``backend="triton"`` refuses a head dim our attention
-    does not take. Outside the blocks (patch / hybrid embedding, pooling, heads such as SigLIP's attention pool or
-    DeiT's distillation head) the model runs its own code. ``torch.jit.script`` compiles the model unpatched.
+    does not take. SigLIP's attention-pool head (timm's ``AttentionPoolLatent``, transformers'
+    ``SiglipMultiheadAttentionPoolingHead``) runs on the kernels too; the rest outside the blocks (patch / hybrid
+    embedding, token / avg pooling, DeiT's distillation head) runs the model's own code. ``torch.jit.script``
+    compiles the model unpatched.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -114,9 +117,10 @@ def apply_vit_fast(model: nn.Module, backend: str = "auto") -> nn.Module:
         runtime.require_triton()
     module = type(model).__module__
     if module.startswith("timm."):
-        from .timm_blocks import plan_timm_model
+        from .timm_blocks import plan_attention_pool, plan_timm_model
 
         plans = plan_timm_model(model, backend)  # refuses, by name, every feature the kernels do not run
+        pool_plan = plan_attention_pool(model, backend)  # the map head (None: not an AttentionPoolLatent)
 
         def fast_timm(block: nn.Module, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
             plan = block.__dict__["_vit_fast_plan"]
@@ -133,6 +137,9 @@ def apply_vit_fast(model: nn.Module, backend: str = "auto") -> nn.Module:
         for block, plan in zip(model.blocks, plans, strict=True):
             block.__dict__["_vit_fast_plan"] = plan
             _patch(block, fast_timm)
+        if pool_plan is not None:
+            model.attn_pool.__dict__["_vit_fast_plan"] = pool_plan
+            _patch(model.attn_pool, _fast_timm_pool(backend))
         model.__dict__[_SCRIPTABLE] = types.MethodType(_unpatched_copy, model)  # a deepcopy binds to the copy
         return model
     if module.startswith("transformers."):
@@ -145,8 +152,24 @@ def apply_vit_fast(model: nn.Module, backend: str = "auto") -> nn.Module:
     )
 
 
+def _fast_timm_pool(backend: str) -> Any:
+    """The forward of a patched timm ``AttentionPoolLatent``: its plan on the kernels, or timm's own forward where
+    the blocks would take theirs (an attention mask, training, autograd, a dtype or device the kernels skip)."""
+
+    def fast_pool(pool: nn.Module, x: torch.Tensor, attn_mask: Any = None) -> torch.Tensor:
+        plan = pool.__dict__["_vit_fast_plan"]
+        original = pool.__dict__[_ORIGINAL]
+        if attn_mask is not None or pool.training or not _kernels_can_run(x, backend, plan.head_dim):
+            return original(x, attn_mask=attn_mask)
+        if _needs_original(pool, x) and not torch.compiler.is_exporting():
+            return original(x)
+        return plan.run(pool, x)
+
+    return fast_pool
+
+
 def remove_vit_fast(model: nn.Module) -> int:
-    """Undo :func:`apply_vit_fast`; returns how many blocks were restored."""
+    """Undo :func:`apply_vit_fast`; returns how many modules were restored (blocks, and an attention-pool head)."""
     restored = 0
     model.__dict__.pop(_SCRIPTABLE, None)
     for module in model.modules():

@@ -10,8 +10,10 @@ kernels do not run (rotary or relative position attention, qk-norm, gated attent
     ParallelThingsBlock   x = x + sum_i ls(attn_i(norm_i(x)));  x = x + sum_i ls(mlp_i(norm_i(x)))
 
 with timm's ``Mlp`` (GELU, tanh GELU, QuickGELU or SiLU in the fc1 GEMM's epilogue) or ``GluMlp`` (SwiGLU: fc1
-and fc2 on the kernels, the gate ``act(x1) * x2`` in torch between them). Everything outside the blocks (patch or
-hybrid embedding, pooling, attention-pool heads, distillation heads) stays timm's own code.
+and fc2 on the kernels, the gate ``act(x1) * x2`` in torch between them). The attention-pool head of
+``global_pool='map'`` models (``AttentionPoolLatent``, the SigLIP family) runs on the kernels too
+(:func:`plan_attention_pool`, :class:`PoolPlan`). Everything else outside the blocks (patch or hybrid embedding,
+token / avg pooling, the PRR pool, distillation heads) stays timm's own code.
 """
 
 from __future__ import annotations
@@ -252,3 +254,96 @@ def plan_timm_model(model: nn.Module, backend: str) -> list[BlockPlan]:
                     f"model's is {head_dim}: use backend='auto' (it keeps timm's attention where ours cannot run)"
                 )
     return plans
+
+
+# --------------------------------------------------------------------------- attention-pool heads
+@dataclass(frozen=True)
+class PoolPlan:
+    """How an attention-pool head (timm's ``AttentionPoolLatent``, ``global_pool='map'``; transformers' SigLIP
+    pooling head through :mod:`vit_fast.hf_patch`) runs on the kernels:
+
+        q = q_proj(latent) [1, L, D];  kv = kv_proj(x) [B, T, 2D]            (linear kernel)
+        a = proj(attention_pool(q, kv))  [B, L, D]                            (attention-pool kernel, linear)
+        a = a + fc2(act(fc1(norm(a))))                                        (LayerNorm folded into fc1)
+        pool: a[:, 0] ("token"), a.mean(1) ("avg") or a ("")
+    """
+
+    num_heads: int
+    head_dim: int
+    scale: float
+    mlp: MlpPlan | None  # None: no MLP (timm's out_features=0)
+    pool: str  # "token", "avg" or "" (every latent)
+
+    def run(self, head, x: torch.Tensor) -> torch.Tensor:
+        """``x [B, T, D]`` -> the pooled ``[B, D]`` (``[B, L, D]`` with pool ""). ``head`` has timm's names:
+        ``latent`` ``[1, L, D]``, ``q`` (a Linear, or None / nn.Identity: the latent is the query), ``kv``,
+        ``proj`` (None / nn.Identity: none), ``norm``, ``mlp`` (``fc1``, ``fc2``; None: none), and ``torch_act``
+        where the plan's MLP activation is ``"torch"`` (run in PyTorch between fc1 and fc2)."""
+        from vit_fast.kernels.attention_pool import attention_pool
+
+        from . import first_use
+        from .triton_path import _CHECKED_THROUGH, _THROUGH_OPS, _norm_linear, fuse_ln_from_env
+
+        checked = first_use.enabled() and (first_use.failed_ops() or first_use.eligible(x))
+        ops = _CHECKED_THROUGH if checked else _THROUGH_OPS
+        x = x.contiguous()
+        latent = head.latent
+        q = latent if _is_identity(head.q) else ops.linear(latent, head.q)  # [1, L, D]: once, not per image
+        kv = ops.linear(x, head.kv)  # [B, T, 2 * D], read in place as [B, T, 2, H, Dh]
+        a = attention_pool(q, kv, self.num_heads, self.scale)  # [B, L, D]
+        if not _is_identity(head.proj):
+            a = ops.linear(a, head.proj)
+        if self.mlp is not None and self.mlp.act == "torch":  # an activation fc1's epilogue does not have
+            h = head.torch_act(_norm_linear(ops, head.norm, a, head.mlp.fc1, None, fuse_ln_from_env()))
+            a = ops.linear(h, head.mlp.fc2, residual=a)
+        elif self.mlp is not None:
+            a = _mlp(ops, head.norm, head.mlp, self.mlp, a, a, nn.Identity(), fuse_ln_from_env())
+        if self.pool == "token":
+            return a[:, 0]
+        if self.pool == "avg":
+            return a.mean(1)
+        return a
+
+
+def plan_attention_pool(model: nn.Module, backend: str) -> PoolPlan | None:
+    """The plan of a timm ViT's ``attn_pool`` when it is an ``AttentionPoolLatent`` (None for any other head, which
+    keeps timm's code); a ValueError names each feature of it the kernels do not run (a pos_embed on the pool,
+    qk-norm, more than 16 latents, a norm other than LayerNorm, ...), and with ``backend="triton"`` a head dim the
+    attention-pool kernel does not take."""
+    pool = getattr(model, "attn_pool", None)
+    if type(pool).__name__ != "AttentionPoolLatent":
+        return None
+    from vit_fast.kernels.attention_pool import MAX_QUERIES
+
+    where, problems = "attn_pool", []
+    if getattr(pool, "pos_embed", None) is not None:
+        problems.append(f"{where}.pos_embed (a position embedding added inside the pool)")
+    for part in ("q_norm", "k_norm"):
+        if not _is_identity(getattr(pool, part, None)):
+            problems.append(f"{where}.{part} (qk-norm)")
+    if not (_is_identity(pool.q) or isinstance(pool.q, nn.Linear)):
+        problems.append(f"{where}.q {type(pool.q).__name__} (a Linear, or none)")
+    if not isinstance(pool.kv, nn.Linear):
+        problems.append(f"{where}.kv {type(pool.kv).__name__} (a Linear is expected)")
+    if not (_is_identity(pool.proj) or isinstance(pool.proj, nn.Linear)):
+        problems.append(f"{where}.proj {type(pool.proj).__name__} (a Linear, or none)")
+    if not 1 <= pool.latent_len <= MAX_QUERIES:
+        problems.append(f"{where} latent_len {pool.latent_len} (the kernel takes 1..{MAX_QUERIES} latents)")
+    mlp = None
+    if pool.mlp is not None:
+        _norm_problems(pool.norm, f"{where}.norm", problems, allow_identity=True)
+        mlp = _mlp_plan(pool.mlp, f"{where}.mlp", problems)
+    if problems:
+        raise ValueError(
+            f"apply_vit_fast: timm {type(model).__name__}'s attention-pool head uses features vit-fast's kernels do "
+            f"not run: {'; '.join(problems)}. Run this model unpatched"
+        )
+    head_dim = int(pool.head_dim)
+    if backend == "triton" and not runtime.head_dim_supported(head_dim):
+        low, high = runtime.head_dim_range()
+        raise ValueError(
+            f"apply_vit_fast(backend='triton'): the attention-pool kernel takes head dims {low}..{high}, this "
+            f"model's attn_pool has {head_dim}: use backend='auto' (it keeps timm's head where ours cannot run)"
+        )
+    pool_type = pool.pool if pool.pool in ("token", "avg") else ""
+    return PoolPlan(pool.num_heads, head_dim, float(pool.scale), mlp, pool_type)

@@ -1,0 +1,434 @@
+"""Cross-attention with a short query (the attention-pool / "map" head), reading the kv GEMM output in place.
+
+``attention_pool(q, kv, num_heads)`` is the attention inside timm's ``AttentionPoolLatent`` (SigLIP's
+``global_pool='map'``) and transformers' ``SiglipMultiheadAttentionPoolingHead``: a few learned latent queries
+``q [1 or B, Lq, H * Dh]`` (``Lq`` 1..16, usually 1; a latent shared by the batch has batch 1 or batch stride 0)
+against the tokens' keys and values, ``kv [B, T, 2 * H * Dh]`` as the kv ``nn.Linear`` writes it, viewed by
+strides as ``[B, T, 2, H, Dh]``. The output ``softmax(q k^T * scale) v`` is written as ``[B, Lq, H * Dh]``, the
+layout the proj GEMM reads. The softmax is the online (streaming) one over tiles of T, in fp32, with fp32
+accumulation. One program per (image, head) holds all the queries (padded to 16 rows, the dot's minimum) and walks
+the tokens: the head is memory-bound (each k / v element is read once and meets at most 16 queries).
+
+Top to bottom: the autotune configs and their prune, the kernel, the launcher :func:`launch_attention_pool`
+(input checks, allocation, grid), the ``torch.library`` custom op ``vit_fast::attention_pool`` (fake
+implementation + autograd), the public :func:`attention_pool` and the eager reference :func:`attention_pool_ref`.
+Backward is not a kernel: it recomputes the forward through the eager reference, in fp32 for half inputs.
+
+Importing this module never touches a GPU driver.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from vit_fast.kernels._common import (
+    SUPPORTED_DTYPES,
+    ResolvedLaunches,
+    autotune_cache_enabled,
+    check_device,
+    closest_config,
+    dot,
+    dot_in_fp32,
+    eager_direct,
+    interpret_bf16,
+    interpreter_enabled,
+    register_recompute_backward,
+    to_bf16_rtne,
+    tune_key,
+    tuning_requested,
+)
+from vit_fast.kernels.attention import LOG2E, MAX_HEAD_DIM, MIN_HEAD_DIM, block_d_for
+from vit_fast.kernels.cards import Card, card_for_arch, tensor_arch
+
+#: the most latent queries one launch takes (they share one program's 16-row tile; SigLIP heads have 1)
+MAX_QUERIES = 16
+#: query rows of the kernel's tile: every query of the head at once, padded to the dot's minimum of 16 rows
+BLOCK_Q = 16
+#: num_stages of the configs meant for cards without tensor cores (sm_75): every other config has more
+FMA_POOL_STAGES = 1
+
+
+def _pool_configs() -> list[triton.Config]:
+    """Autotune candidates: the key/value tile (BLOCK_N), warps and pipelining stages. Built from the environment
+    only (never a device query); the prune keeps those that suit the card. The interpreter cannot time configs:
+    it gets one, with BLOCK_N below some tested token counts so the loop over tiles and its tail both run."""
+    if interpreter_enabled():
+        return [triton.Config({"BLOCK_N": 32}, num_warps=4, num_stages=1)]
+    return [
+        triton.Config({"BLOCK_N": block_n}, num_warps=num_warps, num_stages=num_stages)
+        for block_n in (16, 32, 64, 128)  # 16 keys: what fits 99 KB cards at Dh 256 in fp32
+        for num_warps in (2, 4)
+        for num_stages in (2, 3)
+    ] + [
+        # cards without tensor cores (sm_75): no asynchronous copies to pipeline, small tiles (the prune keeps
+        # those not expected to spill, _fma_pool_fits; 16 keys: what fits 64 KB at Dh 256 in fp32)
+        triton.Config({"BLOCK_N": block_n}, num_warps=4, num_stages=FMA_POOL_STAGES)
+        for block_n in (16, 32, 64)
+    ]
+
+
+def _fma_pool_fits(config: triton.Config, block_d: int, elem_bytes: int) -> bool:
+    """Whether a config is expected not to spill where ``tl.dot`` is FMA (sm_75): the self-attention kernel's
+    bound on its q / accumulator and score tiles (``_fma_attention_fits``), here with 16 query rows, and in 16-bit
+    at most 32 keys per tile (triton 3.9, sm_75, Dh 64: 64 keys spilled 680-700 B per thread in fp16 and bf16,
+    32 and 16 none; fp32 none up to 64)."""
+    block_n = config.kwargs["BLOCK_N"]
+    if elem_bytes < 4 and block_n > 32:
+        return False
+    return BLOCK_Q * (block_d + block_n) <= (5120 if elem_bytes == 4 else 3072)
+
+
+def _pool_tile_fits(config: triton.Config, block_d: int, elem_bytes: int) -> bool:
+    """Whether a config is expected not to spill on a card with tensor cores: k and v tiles of at most
+    ``1024 * num_warps`` elements each in fp32 (its dots run on FMA there too), ``2048 * num_warps`` in 16-bit.
+    From triton 3.9's compiles for sm_80 and sm_90 (spilled bytes per thread): fp32 Dh 64, 64 keys with 2 warps
+    404-496, 128 keys with 2 warps 3.2-31.8 KB, with 4 warps 216-316, 64 keys with 4 warps none; 16-bit Dh 72
+    (128 lanes), 64 keys with 2 warps 288-552, 128 keys with 4 warps 320-400, with 2 warps 6-18 KB, 64 keys
+    with 4 warps and 32 with 2 none; 16-bit Dh 256, 64 keys with 2 warps 516. Not caught: fp32 at 128 and 256
+    lanes spilled 8-16 B in some configs the bound keeps (tools/README.md)."""
+    return config.kwargs["BLOCK_N"] * block_d <= (1024 if elem_bytes == 4 else 2048) * config.num_warps
+
+
+def _pool_shared_bytes(config: triton.Config, block_d: int, elem_bytes: int, card: Card) -> int:
+    """An upper bound of a config's shared memory on ``card``: k and v tiles apart at every stage, plus the q and
+    p tiles padded by a column (the layout conversions into the dot's operands); on cards without tensor cores
+    every tile counted as fp32, as the self-attention kernel's bound does (``_attention_shared_bytes``)."""
+    block_n, stages = config.kwargs["BLOCK_N"], max(config.num_stages, 1)
+    size = 4 if card.dot == "fma" else elem_bytes
+    return 2 * stages * block_n * block_d * size + BLOCK_Q * (block_d + 1 + block_n + 1) * size
+
+
+def _prune_pool_configs(configs, named_args, **kwargs):
+    """The candidates for one launch, read only from its autotune key (T, the head dim, the card ``ARCH``, the
+    dtype, ``TUNE``): the configs for this kind of card (tensor cores or not, :data:`FMA_POOL_STAGES`) that fit
+    its shared memory; wide heads (Dh > 128) only with key tiles of at most 64 rows; only the tiles not expected
+    to spill (:func:`_fma_pool_fits` without tensor cores, :func:`_pool_tile_fits` with). Without tuning one config: the fitting one nearest 64 keys, 4 warps,
+    2 stages (a card without tensor cores: its own, nearest 32 keys)."""
+    block_d = kwargs.get("BLOCK_D", named_args.get("BLOCK_D"))
+    if block_d is None:
+        return configs
+    card = card_for_arch(named_args["ARCH"])
+    kv = named_args.get("kv_ptr")
+    elem_bytes = kv.element_size() if isinstance(kv, torch.Tensor) else 2
+
+    def shared(config: triton.Config) -> int:
+        return _pool_shared_bytes(config, block_d, elem_bytes, card)
+
+    def fits(config: triton.Config) -> bool:
+        if block_d > 128 and config.kwargs["BLOCK_N"] > 64:
+            return False
+        if not card.tensor_cores and not _fma_pool_fits(config, block_d, elem_bytes):
+            return False
+        if card.tensor_cores and not _pool_tile_fits(config, block_d, elem_bytes):
+            return False
+        return shared(config) <= card.shared_memory
+
+    same_kind = [c for c in configs if (c.num_stages > FMA_POOL_STAGES) == card.tensor_cores] or configs
+    kept = [c for c in same_kind if fits(c)] or [min(same_kind, key=shared)]
+    if tuning_requested(named_args) or len(kept) == 1:
+        return kept
+    if not card.tensor_cores:
+        return [closest_config(kept, {"BLOCK_N": 32}, 4, FMA_POOL_STAGES)]
+    return [closest_config(kept, {"BLOCK_N": 64}, 4, 2)]
+
+
+@triton.autotune(
+    configs=_pool_configs(),
+    # everything _prune_pool_configs reads (BLOCK_D follows HEAD_DIM; the autotuner adds the dtypes itself)
+    key=["T", "HEAD_DIM", "ARCH", "TUNE"],
+    prune_configs_by={"early_config_prune": _prune_pool_configs},
+    cache_results=autotune_cache_enabled(),
+)
+@triton.jit(do_not_specialize=["ARCH", "TUNE"])  # key-only: one compile whatever their values
+def _attention_pool_kernel(
+    q_ptr,  # [Bq, Lq, H * Dh] queries; unit stride along the last dim, batch stride 0 for a shared latent
+    kv_ptr,  # [B, T, 2, H * Dh] fused k|v viewed by strides; unit stride along the last dim
+    out_ptr,  # [B, Lq, H * Dh] attention output, unit stride along its last dim
+    qk_scale,  # softmax scale * log2(e): exp2 of scaled logits equals exp of the unscaled ones
+    T,  # tokens per image (rows of k and v)
+    LQ,  # queries per image (rows of q), 1..16
+    H,  # number of heads
+    HEAD_DIM,  # Dh, the true head dim (BLOCK_D is it rounded up to a power of two)
+    stride_q_b,  # elements between images in q (0: one latent for the whole batch)
+    stride_q_l,  # elements between queries in q
+    stride_kv_b,  # elements between images in kv
+    stride_kv_t,  # elements between tokens in kv (2 * H * Dh when kv is contiguous)
+    stride_out_b,  # elements between images in out
+    stride_out_l,  # elements between queries in out
+    ARCH,  # compute capability of the tensors' device (cards.tensor_arch), never read: the prune's card
+    TUNE,  # _common.tune_key(): 1 while tuning, never read: a heuristic pick never answers a tuned request
+    DOT_IN_FP32: tl.constexpr,  # dot operands as fp32 at IEEE precision (fp32, or bf16 under the interpreter)
+    ROUND_BF16: tl.constexpr,  # round the bf16 store by hand (interpreter: its fp32 -> bf16 cast truncates)
+    BLOCK_D: tl.constexpr,  # head dim padded to a power of two >= 16; padding lanes are masked
+    BLOCK_Q: tl.constexpr,  # query rows of the tile (>= LQ, >= 16: the dot's minimum)
+    BLOCK_N: tl.constexpr,  # key/value rows per inner step
+):
+    pid = tl.program_id(0)  # one flat axis over image * head: axis 1 caps at 65535
+    off_b = pid // H
+    off_h = pid % H
+    embed_dim = H * HEAD_DIM
+    # int64 batch offsets: B * T * 2 * D overflows int32 for large serving batches
+    q_base = q_ptr + off_b.to(tl.int64) * stride_q_b + off_h * HEAD_DIM
+    k_base = kv_ptr + off_b.to(tl.int64) * stride_kv_b + off_h * HEAD_DIM
+    v_base = k_base + embed_dim
+
+    offs_q = tl.arange(0, BLOCK_Q)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    q_mask = offs_q < LQ
+
+    # zero-filled padding rows / lanes of q and k add nothing to q k^T; padded query rows are never stored
+    q = tl.load(
+        q_base + offs_q[:, None] * stride_q_l + offs_d[None, :], mask=q_mask[:, None] & d_mask[None, :], other=0.0
+    )
+    if DOT_IN_FP32:
+        q = q.to(tl.float32)
+
+    m_i = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)  # running row max (log2 units)
+    l_i = tl.zeros([BLOCK_Q], dtype=tl.float32)  # running softmax denominator
+    acc = tl.zeros([BLOCK_Q, BLOCK_D], dtype=tl.float32)
+
+    for start_n in range(0, T, BLOCK_N):
+        cols = start_n + offs_n
+        col_mask = cols < T
+        kv_offsets = cols[:, None] * stride_kv_t + offs_d[None, :]
+        kv_mask = col_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_base + kv_offsets, mask=kv_mask, other=0.0)
+        v = tl.load(v_base + kv_offsets, mask=kv_mask, other=0.0)
+        if DOT_IN_FP32:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        s = dot(q, tl.trans(k), None, DOT_IN_FP32) * qk_scale
+        # key tail -> -inf, so exp2 gives exactly 0. The first tile always holds key 0, so m_new is finite for
+        # every row (padded query rows included) and no inf - inf NaN can arise
+        s = tl.where(col_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.math.exp2(m_i - m_new)  # rescales what was summed under the old max
+        p = tl.math.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, None, DOT_IN_FP32)
+        m_i = m_new
+
+    acc = acc / l_i[:, None]
+    out_ptrs = (
+        out_ptr
+        + off_b.to(tl.int64) * stride_out_b
+        + offs_q[:, None] * stride_out_l
+        + off_h * HEAD_DIM
+        + offs_d[None, :]
+    )
+    out = to_bf16_rtne(acc) if ROUND_BF16 else acc.to(out_ptr.dtype.element_ty)
+    tl.store(out_ptrs, out, mask=q_mask[:, None] & d_mask[None, :])
+
+
+_attention_pool_launches = ResolvedLaunches(_attention_pool_kernel)
+
+
+# ---------------------------------------------------------------------------------- launcher
+def _check_pool_inputs(q: torch.Tensor, kv: torch.Tensor, num_heads: int, scale: float | None) -> None:
+    """Raise a clear error, before any launch, when the inputs do not fit the kernel."""
+    for name, t in (("q", q), ("kv", kv)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"attention_pool: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if kv.dim() != 3:
+        raise ValueError(
+            f"attention_pool: kv must have shape [B, T, 2 * num_heads * head_dim], got {tuple(kv.shape)}; "
+            "pass the kv GEMM output before any reshape"
+        )
+    if q.dim() != 3:
+        raise ValueError(
+            f"attention_pool: q must have shape [1 or B, Lq, num_heads * head_dim], got {tuple(q.shape)}; "
+            "pass the latent query projection (e.g. latent [1, Lq, D] through the q Linear)"
+        )
+    if kv.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(
+            f"attention_pool: kv dtype {kv.dtype} is not supported; use float16, bfloat16 or float32 "
+            "(e.g. kv.to(torch.float16))"
+        )
+    if q.dtype != kv.dtype:
+        raise TypeError(f"attention_pool: q is {q.dtype} but kv is {kv.dtype}; cast q to kv's dtype")
+    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
+        raise ValueError(f"attention_pool: num_heads must be a positive int, got {num_heads!r}")
+    batch, tokens, width = kv.shape
+    if width % (2 * num_heads) != 0:
+        raise ValueError(
+            f"attention_pool: kv's last dim {width} is not 2 * num_heads * head_dim with num_heads={num_heads}; "
+            "check num_heads, or that kv is the fused [k | v] projection"
+        )
+    head_dim = width // (2 * num_heads)
+    if not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM:
+        raise ValueError(
+            f"attention_pool: head_dim {head_dim} (= {width} / (2 * {num_heads})) is outside the supported range "
+            f"{MIN_HEAD_DIM}..{MAX_HEAD_DIM}; use the torch backend for this model"
+        )
+    if q.shape[-1] != width // 2:
+        raise ValueError(
+            f"attention_pool: q's last dim {q.shape[-1]} is not kv's half ({width // 2} = num_heads * head_dim); "
+            "q and kv must be projected to the same embed dim"
+        )
+    if q.shape[0] not in (1, batch):
+        raise ValueError(
+            f"attention_pool: q has batch {q.shape[0]}, kv has {batch}; q's batch must be 1 (one latent for every "
+            "image) or kv's"
+        )
+    if not 1 <= q.shape[1] <= MAX_QUERIES:
+        raise ValueError(
+            f"attention_pool: q has {q.shape[1]} queries; the kernel takes 1..{MAX_QUERIES} (a latent pool's "
+            "latent_len): use the attention kernel or the torch backend for longer queries"
+        )
+    if tokens == 0:
+        raise ValueError("attention_pool: kv has T = 0 tokens; attention needs at least one token")
+    for name, t in (("q", q), ("kv", kv)):
+        if t.stride(-1) != 1:
+            raise ValueError(
+                f"attention_pool: {name}'s last dim must be contiguous (stride 1), got stride {t.stride(-1)}; "
+                f"call {name}.contiguous() first"
+            )
+    if q.device != kv.device:
+        raise ValueError(f"attention_pool: q is on {q.device} but kv is on {kv.device}; move both to one device")
+    # not while compiling: a scale that changed between compiled calls arrives as a symbolic float
+    if scale is not None and not torch.compiler.is_compiling():
+        if not (isinstance(scale, (int, float)) and math.isfinite(scale)):
+            raise ValueError(f"attention_pool: scale must be a finite float or None, got {scale!r}")
+    check_device("attention_pool", kv)
+
+
+def launch_attention_pool(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    num_heads: int,
+    scale: float | None = None,
+    *,
+    out: torch.Tensor | None = None,
+    checked: bool = False,
+) -> torch.Tensor:
+    """Check the inputs, then run the kernel once (no autograd, no custom op); returns ``[B, Lq, H * Dh]``.
+
+    ``checked=True`` skips the checks: only for the custom op, whose one caller (:func:`attention_pool`) has just
+    run them. ``out``, if given, must be ``[B, Lq, H * Dh]`` in kv's dtype and device with a unit-stride last dim;
+    tests pass a NaN-filled one so an element the kernel leaves unwritten is caught.
+    """
+    if not checked:
+        _check_pool_inputs(q, kv, num_heads, scale)
+    batch, tokens, width = kv.shape
+    queries = q.shape[1]
+    embed_dim = width // 2
+    head_dim = embed_dim // num_heads
+    if out is None:
+        out = torch.empty((batch, queries, embed_dim), dtype=kv.dtype, device=kv.device)
+    elif (
+        tuple(out.shape) != (batch, queries, embed_dim)
+        or out.dtype != kv.dtype
+        or out.device != kv.device
+        or out.stride(-1) != 1
+    ):
+        raise ValueError(
+            f"attention_pool: out must be [{batch}, {queries}, {embed_dim}] {kv.dtype} on {kv.device} with a "
+            f"contiguous last dim, got {tuple(out.shape)} {out.dtype} on {out.device} stride {tuple(out.stride())}"
+        )
+    if batch == 0:
+        return out
+    scale = head_dim**-0.5 if scale is None else float(scale)
+    grid = (batch * num_heads,)
+    _attention_pool_launches(
+        grid,
+        (batch,),  # what the grid depends on beyond the arguments below
+        q,
+        kv,
+        out,
+        scale * LOG2E,
+        tokens,
+        queries,
+        num_heads,
+        head_dim,
+        q.stride(0) if q.shape[0] == batch else 0,  # a batch-1 latent serves every image
+        q.stride(1),
+        kv.stride(0),
+        kv.stride(1),
+        out.stride(0),
+        out.stride(1),
+        tensor_arch(kv),
+        tune_key(),
+        DOT_IN_FP32=dot_in_fp32(kv.dtype),
+        ROUND_BF16=interpret_bf16(kv.dtype),
+        BLOCK_D=block_d_for(head_dim),
+        BLOCK_Q=BLOCK_Q,
+    )
+    return out
+
+
+# ---------------------------------------------------------------------------------- custom op
+@torch.library.custom_op("vit_fast::attention_pool", mutates_args=())
+def _attention_pool_op(q: torch.Tensor, kv: torch.Tensor, num_heads: int, scale: float) -> torch.Tensor:
+    return launch_attention_pool(q, kv, num_heads, scale, checked=True)  # attention_pool() checked the inputs
+
+
+@_attention_pool_op.register_fake
+def _attention_pool_fake(q: torch.Tensor, kv: torch.Tensor, num_heads: int, scale: float) -> torch.Tensor:
+    _check_pool_inputs(q, kv, num_heads, scale)
+    batch, _, width = kv.shape
+    return kv.new_empty((batch, q.shape[1], width // 2))
+
+
+register_recompute_backward(
+    _attention_pool_op,
+    lambda q, kv, num_heads, scale: attention_pool_ref(q, kv, num_heads, scale, upcast=True),
+)
+
+
+def attention_pool(q: torch.Tensor, kv: torch.Tensor, num_heads: int, scale: float | None = None) -> torch.Tensor:
+    """Multi-head cross-attention of a few queries over the tokens' fused k|v projection, without copies.
+
+    Args:
+        q: ``[1 or B, Lq, H * Dh]`` queries (``Lq`` 1..16), kv's dtype and device, unit stride along the last
+            dim; batch 1 (or batch stride 0) is one latent for every image.
+        kv: ``[B, T, 2 * H * Dh]`` float16 / bfloat16 / float32, CUDA (or CPU under ``TRITON_INTERPRET=1``),
+            unit stride along the last dim; read as ``[B, T, 2, H, Dh]``: k, then v.
+        num_heads: H. ``Dh`` must lie in 16..256.
+        scale: softmax scale; ``Dh ** -0.5`` when None.
+
+    Returns:
+        ``[B, Lq, H * Dh]`` in kv's dtype, heads side by side (timm's ``transpose(1, 2).reshape``).
+
+    A ``torch.library`` custom op (``vit_fast::attention_pool``) with a fake implementation, so it traces under
+    ``torch.compile(fullgraph=True)``. Backward recomputes the forward through :func:`attention_pool_ref`.
+    """
+    _check_pool_inputs(q, kv, num_heads, scale)
+    head_dim = kv.shape[-1] // (2 * num_heads)
+    scale = head_dim**-0.5 if scale is None else float(scale)
+    if eager_direct(kv, q):  # plain eager: skip the custom op's dispatch
+        return launch_attention_pool(q, kv, num_heads, scale, checked=True)
+    return _attention_pool_op(q, kv, num_heads, scale)
+
+
+# ---------------------------------------------------------------------------------- reference
+def attention_pool_ref(
+    q: torch.Tensor, kv: torch.Tensor, num_heads: int, scale: float | None = None, upcast: bool = False
+) -> torch.Tensor:
+    """Eager cross-attention, written as timm's ``AttentionPoolLatent.forward`` (its unfused path):
+    ``q [1 or B, Lq, HDh]``, ``kv [B, T, 2HDh]`` -> ``[B, Lq, HDh]``.
+
+    ``upcast=False`` computes in kv's dtype (what eager PyTorch does: the error a kernel is judged against).
+    ``upcast=True`` computes float16 / bfloat16 inputs in float32 and casts the result back. For a float64
+    reference, pass ``q.double()`` and ``kv.double()``.
+    """
+    batch, tokens, width = kv.shape
+    queries = q.shape[1]
+    head_dim = width // (2 * num_heads)
+    scale = head_dim**-0.5 if scale is None else scale
+    dtype = kv.dtype
+    if upcast and dtype in (torch.float16, torch.bfloat16):
+        q, kv = q.float(), kv.float()
+    q = q.expand(batch, -1, -1).reshape(batch, queries, num_heads, head_dim).transpose(1, 2)
+    k, v = kv.reshape(batch, tokens, 2, num_heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+    attn = ((q * scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+    out = (attn @ v).transpose(1, 2).reshape(batch, queries, num_heads * head_dim)
+    return out.to(dtype)
+
+
+__all__ = ["MAX_QUERIES", "attention_pool", "attention_pool_ref", "launch_attention_pool"]
