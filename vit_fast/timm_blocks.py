@@ -135,14 +135,16 @@ def _parallel_scaling(ops, block, plan: MlpPlan, x: torch.Tensor, fused: bool) -
     :func:`_qk_norm`) between them. Then ``x + ls(A + M) == (x + ls(A)) + ls(M)``: the attention projection adds
     ``x`` and gamma in its epilogue, and the MLP projection adds that, with the same gamma. With ``fuse_out_proj``
     the one ``out_proj`` over ``cat(A, M)`` is split by weight columns ``[:D]`` and ``[D:]`` (strided views the
-    GEMM reads by row stride), its bias riding on the first. 6 launches without qk-norm, 8 with it (+ a cat).
+    GEMM reads by row stride), its bias riding on the first. 5 launches without qk-norm, 7 with it (+ a cat).
     """
     from .triton_path import _gamma, _norm, _norm_linear
 
     width = x.shape[-1]
     hidden = block.in_proj.out_features - 3 * width
     weight, bias = block.in_proj.weight, block.in_proj.bias
-    mlp_bias = block.mlp_bias if block.mlp_bias is not None else (bias[:hidden] if bias is not None else None)
+    mlp_bias = getattr(block, "mlp_bias", None)
+    if mlp_bias is None and bias is not None:
+        mlp_bias = bias[:hidden]  # qkv_bias=True: in_proj.bias holds fc1's bias too
     fc1 = _Rows(weight[:hidden], mlp_bias)
     qkv_proj = _Rows(weight[hidden:], bias[hidden:] if bias is not None else None)
     if fused:  # the norm's statistics are taken in both GEMMs' prologues: cheaper than a launch and a round trip
@@ -154,7 +156,8 @@ def _parallel_scaling(ops, block, plan: MlpPlan, x: torch.Tensor, fused: bool) -
     qkv = _qk_norm(ops, block, qkv)
     a = ops.attention(qkv, block.num_heads, block.scale)  # [B, T, D]
     gamma = _gamma(block.ls)
-    if block.out_proj is not None:  # fuse_out_proj: out_proj(cat(a, m)) == a @ W[:, :D]^T + m @ W[:, D:]^T + b
+    if getattr(block, "out_proj", None) is not None:
+        # fuse_out_proj: out_proj(cat(a, m)) == a @ W[:, :D]^T + m @ W[:, D:]^T + b
         out_weight = block.out_proj.weight
         x = ops.linear(a, _Rows(out_weight[:, :width], block.out_proj.bias), residual=x, gamma=gamma)
         return ops.linear(m, _Rows(out_weight[:, width:], None), residual=x, gamma=gamma)
@@ -296,17 +299,19 @@ def _parallel_scaling_plan(block: nn.Module, where: str, problems: list[str]) ->
         return BlockPlan("ParallelScalingBlock", (), 0)
     width, heads, head_dim = in_proj.in_features, int(block.num_heads), int(block.head_dim)
     hidden = in_proj.out_features - 3 * width
-    if heads * head_dim != width or list(getattr(block, "in_split", [])) != [hidden, width, width, width]:
+    if heads * head_dim != width:
+        problems.append(f"{where} has {heads} heads of {head_dim}, not D = {width} features")
+    elif list(getattr(block, "in_split", [])) != [hidden, width, width, width]:
         problems.append(f"{where}.in_split {getattr(block, 'in_split', None)} (expected [hidden, D, D, D])")
-    _scaling_norm_problems(block.in_norm, width, f"{where}.in_norm", problems)
+    _scaling_norm_problems(getattr(block, "in_norm", None), width, f"{where}.in_norm", problems)
     for part in ("q_norm", "k_norm"):
-        _scaling_norm_problems(getattr(block, part), head_dim, f"{where}.{part}", problems, allow_identity=True)
-    if block.mlp_bias is not None and in_proj.bias is not None:
+        _scaling_norm_problems(getattr(block, part, None), head_dim, f"{where}.{part}", problems, allow_identity=True)
+    if getattr(block, "mlp_bias", None) is not None and in_proj.bias is not None:
         problems.append(f"{where}.mlp_bias beside in_proj.bias (timm builds one or the other)")
     found: list[str] = []
-    act = _activation(block.mlp_act, where, found)
+    act = _activation(getattr(block, "mlp_act", None), where, found)
     problems += [p.replace(f"{where}.act ", f"{where}.mlp_act ", 1) for p in found]
-    if block.out_proj is not None:
+    if getattr(block, "out_proj", None) is not None:
         if not isinstance(block.out_proj, nn.Linear) or block.out_proj.in_features != width + hidden:
             problems.append(f"{where}.out_proj {type(block.out_proj).__name__} (a Linear over D + hidden features)")
     elif not all(isinstance(getattr(block, p, None), nn.Linear) for p in ("attn_out_proj", "mlp_out_proj")):
@@ -315,7 +320,7 @@ def _parallel_scaling_plan(block: nn.Module, where: str, problems: list[str]) ->
         module = getattr(block, part, None)
         if not (_is_identity(module) or type(module).__name__ in ("Dropout", "DropPath")):
             problems.append(f"{where}.{part} {type(module).__name__} (dropout or drop-path, training only)")
-    _layer_scale_problems(block.ls, f"{where}.ls", problems)
+    _layer_scale_problems(getattr(block, "ls", None), f"{where}.ls", problems)
     return BlockPlan("ParallelScalingBlock", (MlpPlan(act),), head_dim)
 
 
