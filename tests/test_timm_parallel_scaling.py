@@ -190,3 +190,20 @@ def test_attention_mask_and_training_run_timms_forward(monkeypatch):
     block.train()
     block(tokens).sum().backward()
     assert runs == [] and torch.equal(masked, expected)
+
+
+def test_torch_export_records_the_rms_ops():
+    """backend='triton': torch.export of a patched xp model records the RMS ops (qk-norm and in_norm folded into the
+    GEMMs) and computes what timm computes."""
+    torch.manual_seed(0)
+    model = _trained_like(timm.create_model(XP, pretrained=False, **dict(SMALL, depth=1)), 5)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        eager = model(x)
+        expected = copy.deepcopy(model).double()(x.double())
+    vit_fast.apply_vit_fast(model, backend="triton")
+    exported = torch.export.export(model, (x,))
+    ops = {str(n.target) for n in exported.graph.nodes if n.op == "call_function"}
+    assert {"vit_fast.rms_norm_linear.default", "vit_fast.rms_norm.default", "vit_fast.attention.default"} <= ops
+    with torch.no_grad():
+        assert_within_eager(exported.module()(x), eager, expected, name="exported patched xp model")
