@@ -1,12 +1,14 @@
-"""Residual add + LayerNorm in one pass over the rows: ``summed = x + residual``, ``normed = LN(summed)``.
+"""Residual add + LayerNorm in one pass over the rows: ``summed = x + residual``, ``normed = LN(summed)``; with
+``RMS`` the same kernel computes RmsNorm (``x * rsqrt(mean(x^2) + eps) * weight``: no mean subtracted, as timm's
+``RmsNorm`` / ``RmsNormFp32`` and the "xp" ViTs' qk-norm compute it).
 
 Top to bottom: the block-size choice, the kernel, the launchers :func:`launch_add_layer_norm` and
 :func:`launch_layer_norm` (input checks, reshape to rows, allocation, grid), the ``torch.library``
-custom ops ``vit_fast::add_layer_norm`` and ``vit_fast::layer_norm`` (fake implementations +
-autograd), the public :func:`add_layer_norm` and :func:`layer_norm`, and the eager reference
-:func:`add_layer_norm_ref`.
+custom ops ``vit_fast::add_layer_norm``, ``vit_fast::layer_norm`` and ``vit_fast::rms_norm`` (fake implementations +
+autograd), the public :func:`add_layer_norm`, :func:`layer_norm` and :func:`rms_norm`, and the eager references
+:func:`add_layer_norm_ref` and :func:`rms_norm_ref`.
 
-Statistics (mean, variance) are taken in float32 on the float32 sum, whatever the storage dtype;
+Statistics (mean and variance; the mean square for RmsNorm) are taken in float32 on the float32 sum, whatever the storage dtype;
 ``summed`` is stored in the input dtype. Backward is not a kernel: it recomputes the forward
 through the eager reference in the inputs' dtype (``_common.register_recompute_backward``), which
 is exact but costs an eager forward + backward; training through this op is for correctness, not speed.
@@ -69,6 +71,7 @@ def _layer_norm_kernel(
     HAS_RESIDUAL: tl.constexpr,  # residual_ptr is given and summed_ptr is written
     HAS_WEIGHT: tl.constexpr,  # w_ptr is given
     HAS_BIAS: tl.constexpr,  # bias_ptr is given
+    RMS: tl.constexpr,  # RmsNorm: normalise by the root mean square, no mean subtracted
     ROUND_BF16: tl.constexpr,  # round bf16 stores by hand (interpreter: its fp32 -> bf16 cast truncates)
     BLOCK_M: tl.constexpr,  # rows per program
     BLOCK_N: tl.constexpr,  # next power of two >= N: a whole row per program row
@@ -90,9 +93,12 @@ def _layer_norm_kernel(
             mask=mask,
         )
 
-    # two-pass statistics on the registers (not E[x^2] - E[x]^2, which cancels badly)
-    mean = tl.sum(x, axis=1) / N
-    centred = tl.where(mask, x - mean[:, None], 0.0)
+    if RMS:
+        centred = x  # masked columns were loaded as 0: they add nothing to the mean square
+    else:
+        # two-pass statistics on the registers (not E[x^2] - E[x]^2, which cancels badly)
+        mean = tl.sum(x, axis=1) / N
+        centred = tl.where(mask, x - mean[:, None], 0.0)
     var = tl.sum(centred * centred, axis=1) / N
     rstd = 1.0 / tl.sqrt(var + eps)
     y = centred * rstd[:, None]
@@ -162,9 +168,10 @@ def launch_add_layer_norm(
     *,
     summed_out: torch.Tensor | None = None,
     normed_out: torch.Tensor | None = None,
+    rms: bool = False,
     checked: bool = False,
 ) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """Check the inputs, then run the kernel once (no autograd, no custom op).
+    """Check the inputs, then run the kernel once (no autograd, no custom op); ``rms=True``: RmsNorm, not LayerNorm.
 
     Returns ``(summed, normed)``, both shaped like ``x``; ``summed`` is None when ``residual`` is.
     ``checked=True`` skips the checks: only for the custom ops, whose callers (:func:`add_layer_norm`,
@@ -214,6 +221,7 @@ def launch_add_layer_norm(
         HAS_RESIDUAL=residual is not None,
         HAS_WEIGHT=weight is not None,
         HAS_BIAS=bias is not None,
+        RMS=bool(rms),
         ROUND_BF16=interpret_bf16(x.dtype),
         **config.kwargs,
         num_warps=config.num_warps,
@@ -232,6 +240,19 @@ def launch_layer_norm(
 ) -> torch.Tensor:
     """:func:`launch_add_layer_norm` without a residual: returns ``normed``, shaped like ``x``."""
     return launch_add_layer_norm(x, None, weight, bias, eps, normed_out=out, checked=checked)[1]
+
+
+def launch_rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+    *,
+    out: torch.Tensor | None = None,
+    checked: bool = False,
+) -> torch.Tensor:
+    """The kernel in its RmsNorm mode, no residual: returns ``rms_norm(x)``, shaped like ``x``."""
+    return launch_add_layer_norm(x, None, weight, bias, eps, normed_out=out, rms=True, checked=checked)[1]
 
 
 # ---------------------------------------------------------------------------------- custom ops
@@ -271,6 +292,20 @@ register_recompute_backward(
 )
 
 
+@torch.library.custom_op("vit_fast::rms_norm", mutates_args=())
+def _rms_norm_op(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+    return launch_rms_norm(x, weight, bias, eps, checked=True)  # rms_norm() checked
+
+
+@_rms_norm_op.register_fake
+def _rms_norm_fake(x, weight, bias, eps) -> torch.Tensor:
+    _check_layer_norm_inputs(x, None, weight, bias, eps)
+    return x.new_empty(x.shape)
+
+
+register_recompute_backward(_rms_norm_op, lambda x, weight, bias, eps: rms_norm_ref(x, weight, bias, eps))
+
+
 def add_layer_norm(
     x: torch.Tensor,
     residual: torch.Tensor | None,
@@ -301,6 +336,20 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
     return _layer_norm_op(x, weight, bias, eps)
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """RmsNorm over the last dim of ``x [..., D]``: ``x * rsqrt(mean(x^2) + eps) * weight (+ bias)``, one launch.
+
+    ``weight`` / ``bias`` ``[D]`` or None (timm's ``RmsNorm`` has a weight and no bias); the mean square is taken
+    in float32 and the result rounded once to x's dtype (what timm's ``RmsNormFp32`` computes; its ``RmsNorm``
+    rounds after each op in a 16-bit dtype). A ``torch.library`` custom op (``vit_fast::rms_norm``); backward
+    recomputes through :func:`rms_norm_ref`.
+    """
+    _check_layer_norm_inputs(x, None, weight, bias, eps)
+    if eager_direct(x, weight, bias):  # plain eager: skip the custom op's dispatch
+        return launch_rms_norm(x, weight, bias, eps, checked=True)
+    return _rms_norm_op(x, weight, bias, eps)
+
+
 # ---------------------------------------------------------------------------------- reference
 def add_layer_norm_ref(
     x: torch.Tensor,
@@ -326,4 +375,36 @@ def add_layer_norm_ref(
     return summed.to(dtype), normed.to(dtype)
 
 
-__all__ = ["add_layer_norm", "add_layer_norm_ref", "launch_add_layer_norm", "launch_layer_norm", "layer_norm"]
+def rms_norm_ref(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+    upcast: bool = False,
+) -> torch.Tensor:
+    """Eager PyTorch RmsNorm as timm's ``rms_norm`` writes it: ``x * rsqrt(mean(x^2) + eps) * weight (+ bias)``.
+
+    ``upcast=True`` computes in float32 and casts back to ``x``'s dtype; pass float64 tensors for a float64
+    reference.
+    """
+    dtype = x.dtype
+    if upcast:
+        x, weight, bias = (t.float() if t is not None else None for t in (x, weight, bias))
+    y = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)
+    if weight is not None:
+        y = y * weight
+    if bias is not None:
+        y = y + bias
+    return y.to(dtype)
+
+
+__all__ = [
+    "add_layer_norm",
+    "add_layer_norm_ref",
+    "launch_add_layer_norm",
+    "launch_layer_norm",
+    "launch_rms_norm",
+    "layer_norm",
+    "rms_norm",
+    "rms_norm_ref",
+]

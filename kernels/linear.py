@@ -2,7 +2,9 @@
 
 One kernel covers every linear layer of a ViT block: qkv (+bias), proj (+bias +residual
 +LayerScale), fc1 (+bias +GELU) and fc2 (+bias +residual +LayerScale); with a LayerNorm prologue
-(:func:`layer_norm_linear`) it also takes the LayerNorm before qkv and fc1, so a block is 5 launches. Accumulation and the
+(:func:`layer_norm_linear`) it also takes the LayerNorm before qkv and fc1, so a block is 5 launches; the same
+prologue in its RMS mode (:func:`rms_norm_linear`: no mean subtracted, the mean square as the statistic) takes timm's
+RmsNorm before a GEMM, so RmsNorm is folded too, never a launch of its own. Accumulation and the
 whole epilogue are fp32; the output is rounded once, to x's dtype.
 
 Two tilings, chosen for the card of the tensors' device (``cards``) by a heuristic (the default) or, when tuning,
@@ -217,6 +219,7 @@ def _linear_tile(
     NORM_INPUT: tl.constexpr,
     LN_HAS_WEIGHT: tl.constexpr,
     LN_HAS_BIAS: tl.constexpr,
+    LN_RMS: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
     ROUND_BF16: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -250,10 +253,12 @@ def _linear_tile(
         # LayerNorm prologue: this program's rows' statistics over all of K, two passes in fp32 as the
         # LayerNorm kernel takes them (not E[x^2] - E[x]^2, which cancels badly). The rows are re-read
         # from L2 by every program along N: cheaper than a LayerNorm launch plus a round trip of LN(x).
+        # (RmsNorm: no mean pass; the mean stays 0, so the second pass sums squares and nothing is subtracted)
         row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            k_mask = offs_k < K - k0
-            row_sum += tl.sum(tl.load(x_ptrs + k0, mask=k_mask[None, :], other=0.0).to(tl.float32), axis=1)
+        if not LN_RMS:
+            for k0 in range(0, K, BLOCK_K):
+                k_mask = offs_k < K - k0
+                row_sum += tl.sum(tl.load(x_ptrs + k0, mask=k_mask[None, :], other=0.0).to(tl.float32), axis=1)
         mean = row_sum / K
         row_var = tl.zeros([BLOCK_M], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
@@ -349,6 +354,7 @@ def _linear_kernel(
     NORM_INPUT: tl.constexpr,  # LayerNorm the rows of x first (prologue): the op is linear(LN(x))
     LN_HAS_WEIGHT: tl.constexpr,  # the LayerNorm has a weight (elementwise affine)
     LN_HAS_BIAS: tl.constexpr,  # the LayerNorm has a bias
+    LN_RMS: tl.constexpr,  # the input norm is RmsNorm: no mean subtracted, normalised by the root mean square
     DOT_IN_FP32: tl.constexpr,  # dot operands as fp32 at IEEE precision (fp32, or bf16 under the interpreter)
     ROUND_BF16: tl.constexpr,  # round the bf16 store by hand (interpreter: its fp32 -> bf16 cast truncates)
     BLOCK_M: tl.constexpr,  # rows of the output tile
@@ -367,14 +373,14 @@ def _linear_kernel(
             _linear_tile(
                 tile, x_desc, w_desc, x_ptr, w_ptr, bias_ptr, residual_ptr, gamma_ptr, ln_w_ptr, ln_b_ptr, out_ptr,
                 M, N, K, stride_x_m, stride_w_n, stride_residual_m, stride_out_m, ln_eps,
-                ACTIVATION, HAS_BIAS, HAS_RESIDUAL, HAS_GAMMA, NORM_INPUT, LN_HAS_WEIGHT, LN_HAS_BIAS,
+                ACTIVATION, HAS_BIAS, HAS_RESIDUAL, HAS_GAMMA, NORM_INPUT, LN_HAS_WEIGHT, LN_HAS_BIAS, LN_RMS,
                 DOT_IN_FP32, ROUND_BF16, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, True,
             )  # fmt: skip
     else:
         _linear_tile(
             tl.program_id(0), None, None, x_ptr, w_ptr, bias_ptr, residual_ptr, gamma_ptr, ln_w_ptr, ln_b_ptr, out_ptr,
             M, N, K, stride_x_m, stride_w_n, stride_residual_m, stride_out_m, ln_eps,
-            ACTIVATION, HAS_BIAS, HAS_RESIDUAL, HAS_GAMMA, NORM_INPUT, LN_HAS_WEIGHT, LN_HAS_BIAS,
+            ACTIVATION, HAS_BIAS, HAS_RESIDUAL, HAS_GAMMA, NORM_INPUT, LN_HAS_WEIGHT, LN_HAS_BIAS, LN_RMS,
             DOT_IN_FP32, ROUND_BF16, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, False,
         )  # fmt: skip
 
@@ -443,23 +449,25 @@ def _check_linear_inputs(
     check_device("linear", x)
 
 
-def _check_input_norm(x: torch.Tensor, ln_weight: torch.Tensor | None, ln_bias: torch.Tensor | None, eps) -> None:
-    """Raise before launch unless the input LayerNorm's parameters fit ``x [..., K]``."""
+def _check_input_norm(
+    x: torch.Tensor, ln_weight: torch.Tensor | None, ln_bias: torch.Tensor | None, eps, op: str = "layer_norm_linear"
+) -> None:
+    """Raise before launch unless the input norm's parameters fit ``x [..., K]`` (``op`` names the caller)."""
     if not isinstance(eps, (float, int)) or isinstance(eps, bool) or not eps > 0:
-        raise ValueError(f"layer_norm_linear: eps must be a positive float, got {eps!r}")
+        raise ValueError(f"{op}: eps must be a positive float, got {eps!r}")
     for name, t in (("ln_weight", ln_weight), ("ln_bias", ln_bias)):
         if t is None:
             continue
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"layer_norm_linear: {name} must be a torch.Tensor or None, got {type(t).__name__}")
+            raise TypeError(f"{op}: {name} must be a torch.Tensor or None, got {type(t).__name__}")
         if tuple(t.shape) != (x.shape[-1],):
-            raise ValueError(f"layer_norm_linear: {name} must have shape ({x.shape[-1]},), got {tuple(t.shape)}")
+            raise ValueError(f"{op}: {name} must have shape ({x.shape[-1]},), got {tuple(t.shape)}")
         if t.dtype != x.dtype:
-            raise TypeError(f"layer_norm_linear: {name} is {t.dtype} but x is {x.dtype}: pass {name}.to({x.dtype})")
+            raise TypeError(f"{op}: {name} is {t.dtype} but x is {x.dtype}: pass {name}.to({x.dtype})")
         if t.device != x.device:
-            raise ValueError(f"layer_norm_linear: {name} is on {t.device} but x is on {x.device}")
+            raise ValueError(f"{op}: {name} is on {t.device} but x is on {x.device}")
         if t.stride(-1) != 1:
-            raise ValueError(f"layer_norm_linear: {name} must be contiguous; call {name}.contiguous() first")
+            raise ValueError(f"{op}: {name} must be contiguous; call {name}.contiguous() first")
 
 
 def launch_linear(
@@ -473,13 +481,15 @@ def launch_linear(
     ln_weight: torch.Tensor | None = None,
     ln_bias: torch.Tensor | None = None,
     ln_eps: float | None = None,
+    ln_rms: bool = False,
     out: torch.Tensor | None = None,
     checked: bool = False,
 ) -> torch.Tensor:
     """Check the inputs, then run the kernel once (no autograd, no custom op); returns ``[..., N]``.
 
     With ``ln_eps`` given, the rows of ``x`` are LayerNormed first inside the kernel (``ln_weight`` /
-    ``ln_bias`` ``[K]`` or None): ``linear(LayerNorm(x), ...)`` in one launch.
+    ``ln_bias`` ``[K]`` or None): ``linear(LayerNorm(x), ...)`` in one launch; with ``ln_rms=True`` as well, RmsNorm
+    instead of LayerNorm: ``linear(RmsNorm(x), ...)``.
 
     ``checked=True`` skips the checks: only for the custom op, whose one caller (:func:`linear`)
     has just run them, so a forward pays for each check once.
@@ -545,6 +555,7 @@ def launch_linear(
         NORM_INPUT=ln_eps is not None,
         LN_HAS_WEIGHT=ln_weight is not None,
         LN_HAS_BIAS=ln_bias is not None,
+        LN_RMS=bool(ln_rms),
         DOT_IN_FP32=dot_in_fp32(x.dtype),
         ROUND_BF16=interpret_bf16(x.dtype),
     )
@@ -668,7 +679,94 @@ def layer_norm_linear(
     return _layer_norm_linear_op(x, ln_weight, ln_bias, ln_eps, weight, bias, activation)
 
 
+@torch.library.custom_op("vit_fast::rms_norm_linear", mutates_args=())
+def _rms_norm_linear_op(
+    x: torch.Tensor,
+    norm_weight: torch.Tensor | None,
+    norm_bias: torch.Tensor | None,
+    norm_eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    activation: str | None,
+) -> torch.Tensor:
+    # rms_norm_linear() checked the inputs
+    return launch_linear(
+        x,
+        weight,
+        bias,
+        activation,
+        ln_weight=norm_weight,
+        ln_bias=norm_bias,
+        ln_eps=norm_eps,
+        ln_rms=True,
+        checked=True,
+    )
+
+
+@_rms_norm_linear_op.register_fake
+def _rms_norm_linear_fake(x, norm_weight, norm_bias, norm_eps, weight, bias, activation) -> torch.Tensor:
+    _check_linear_inputs(x, weight, bias, activation, None, None)
+    _check_input_norm(x, norm_weight, norm_bias, norm_eps, "rms_norm_linear")
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+register_recompute_backward(
+    _rms_norm_linear_op,
+    lambda x, norm_weight, norm_bias, norm_eps, weight, bias, activation: rms_norm_linear_ref(
+        x, norm_weight, norm_bias, norm_eps, weight, bias, activation, upcast=True
+    ),
+)
+
+
+def rms_norm_linear(
+    x: torch.Tensor,
+    norm_weight: torch.Tensor | None,
+    norm_bias: torch.Tensor | None,
+    norm_eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str | None = None,
+) -> torch.Tensor:
+    """``act(RmsNorm(x) @ weight^T + bias)`` in one launch, as :func:`layer_norm_linear` with the prologue in its
+    RMS mode: each row's mean square in fp32 over all of K, no mean subtracted, ``RmsNorm(x)`` rounded to x's dtype
+    before the dot. ``norm_weight`` / ``norm_bias`` ``[K]`` or None (timm's RmsNorm: a weight, no bias).
+    A ``torch.library`` custom op (``vit_fast::rms_norm_linear``); backward recomputes through
+    :func:`rms_norm_linear_ref` in fp32.
+    """
+    _check_linear_inputs(x, weight, bias, activation, None, None)
+    _check_input_norm(x, norm_weight, norm_bias, norm_eps, "rms_norm_linear")
+    if eager_direct(x, norm_weight, norm_bias, weight, bias):  # plain eager: skip the custom op's dispatch
+        return launch_linear(
+            x, weight, bias, activation, ln_weight=norm_weight, ln_bias=norm_bias, ln_eps=norm_eps, ln_rms=True,
+            checked=True,
+        )  # fmt: skip
+    return _rms_norm_linear_op(x, norm_weight, norm_bias, norm_eps, weight, bias, activation)
+
+
 # ---------------------------------------------------------------------------------- reference
+def rms_norm_linear_ref(
+    x: torch.Tensor,
+    norm_weight: torch.Tensor | None,
+    norm_bias: torch.Tensor | None,
+    norm_eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str | None = None,
+    upcast: bool = False,
+) -> torch.Tensor:
+    """Eager RmsNorm (timm's ``rms_norm``: ``x * rsqrt(mean(x^2) + eps) * weight``) then :func:`linear_ref`;
+    ``upcast`` as there."""
+    dtype = x.dtype
+    if upcast and dtype in (torch.float16, torch.bfloat16):
+        x, norm_weight, norm_bias = (t.float() if t is not None else None for t in (x, norm_weight, norm_bias))
+    h = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + norm_eps)
+    if norm_weight is not None:
+        h = h * norm_weight
+    if norm_bias is not None:
+        h = h + norm_bias
+    return linear_ref(h.to(dtype), weight, bias, activation, upcast=upcast)
+
+
 def layer_norm_linear_ref(
     x: torch.Tensor,
     ln_weight: torch.Tensor | None,
@@ -724,4 +822,13 @@ def linear_ref(
     return y.to(dtype)
 
 
-__all__ = ["linear", "linear_ref", "layer_norm_linear", "layer_norm_linear_ref", "launch_linear", "ACTIVATIONS"]
+__all__ = [
+    "linear",
+    "linear_ref",
+    "layer_norm_linear",
+    "layer_norm_linear_ref",
+    "rms_norm_linear",
+    "rms_norm_linear_ref",
+    "launch_linear",
+    "ACTIVATIONS",
+]

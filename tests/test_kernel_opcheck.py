@@ -92,6 +92,12 @@ CASES = {
         layer_norm.add_layer_norm,
     ),
     "layer_norm": ("layer_norm", lambda d: [_randn(d, 5, 9), _randn(d, 9), None, 1e-6], layer_norm.layer_norm),
+    "rms_norm": ("rms_norm", lambda d: [_randn(d, 5, 9), _randn(d, 9), None, 1e-6], layer_norm.rms_norm),
+    "rms_norm_linear": (
+        "rms_norm_linear",
+        lambda d: [_randn(d, 2, 3, 7), _randn(d, 7), None, 1e-6, _randn(d, 5, 7), _randn(d, 5), "silu"],
+        linear.rms_norm_linear,
+    ),
 }
 
 
@@ -135,6 +141,8 @@ BAD_INPUTS = {
     "add_layer_norm-residual-dtype": ("add_layer_norm", 1, lambda d, a: _half(a[1]), TypeError, "residual has dtype"),
     "add_layer_norm-weight-shape": ("add_layer_norm", 2, lambda d, a: a[2][:8], ValueError, "weight has shape"),
     "layer_norm-eps": ("layer_norm", 3, lambda d, a: 0.0, ValueError, "eps must be a positive float"),
+    "rms_norm-weight-shape": ("rms_norm", 1, lambda d, a: a[1][:8], ValueError, "weight has shape"),
+    "rms_norm_linear-eps": ("rms_norm_linear", 3, lambda d, a: 0.0, ValueError, "rms_norm_linear: eps must be"),
 }
 
 

@@ -228,6 +228,12 @@ def layer_norm_cases(variant_set: str, full: bool):
         label = f"{dtype} D{D} b{b} | res={int(res)} weight={int(weight)} bias={int(bias)}"
         params = {"dtype": dtype, "D": D, "M": 197 * b, "res": res, "weight": weight, "bias": bias}
         cases.append(("layer_norm", label, params, "pick"))
+    if variant_set == "sweep":
+        # the RMS mode (timm's RmsNorm: a weight, no bias, no residual): the xp ViTs' widths, and qk-norm over
+        # head dims 64 and 80 (rows: tokens x heads)
+        for dtype, D in itertools.product(DTYPES, (64, 80, 768, 1024, 1280)):
+            params = {"dtype": dtype, "D": D, "M": 197 * 8, "res": False, "weight": True, "bias": False, "rms": True}
+            cases.append(("layer_norm", f"{dtype} D{D} b8 | rms weight=1", params, "pick"))
     return cases
 
 
@@ -245,6 +251,7 @@ def layer_norm_launch(params):
         _empty((D,), dtype) if params["weight"] else None,
         _empty((D,), dtype) if params["bias"] else None,
         1e-6,
+        rms=params.get("rms", False),
     )
 
 
@@ -334,6 +341,10 @@ LINEAR_VARIANTS = (
     ("fc1 quick_gelu+bias", (1576, 3072, 768), "quick_gelu", True, False, False),
     ("fc1 silu+bias", (1576, 3072, 768), "silu", True, False, False),
     ("fc2 bias+res+gamma", (1576, 768, 3072), "none", True, True, True),
+    # the RmsNorm prologue (LN_RMS: timm's xp ViTs, ParallelScalingBlock's in_proj as fc1 and qkv GEMMs; no qkv bias)
+    ("rms+qkv none", (1576, 2304, 768), "none", False, False, False),
+    ("rms+fc1 gelu+bias", (1576, 3072, 768), "gelu", True, False, False),
+    ("rms+qkv b1 none", (197, 2304, 768), "none", False, False, False),
 )
 # every config for the heaviest epilogues (erf GELU; residual + LayerScale); the others on two tiles unless --full
 LINEAR_EVERY_CONFIG = ("fc1 gelu+bias", "fc2 bias+res+gamma", "ln+fc1 gelu+bias")
@@ -368,6 +379,8 @@ def linear_launch(params):
     name, (M, N, K), act, has_bias, has_res, has_gamma = params["variant"]
     dtype = params["dtype"]
     ln = {"ln_weight": _empty((K,), dtype), "ln_bias": _empty((K,), dtype), "ln_eps": 1e-6} if name[:3] == "ln+" else {}
+    if name[:4] == "rms+":  # timm's RmsNorm: a weight, no bias
+        ln = {"ln_weight": _empty((K,), dtype), "ln_eps": 1e-6, "ln_rms": True}
     return _recorded_launch(
         li,
         "_linear_kernel",

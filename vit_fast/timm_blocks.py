@@ -3,11 +3,14 @@ forward.
 
 :func:`plan_timm_model` reads every block of a timm ``VisionTransformer`` / ``VisionTransformerDistilled`` before
 anything is patched and returns one :class:`BlockPlan` per block, or raises a ValueError naming each feature the
-kernels do not run (rotary or relative position attention, qk-norm, gated attention, RmsNorm, ...). Block kinds run:
+kernels do not run (rotary or relative position attention, qk-norm outside ParallelScalingBlock, gated attention,
+RmsNorm outside ParallelScalingBlock, differential attention, ...). Block kinds run:
 
     Block                 x = x + ls1(attn(norm1(x)));  x = x + ls2(mlp(norm2(x)))          (pre-norm)
     ResPostBlock          x = x + norm1(attn(x));       x = x + norm2(mlp(x))                (post-norm)
     ParallelThingsBlock   x = x + sum_i ls(attn_i(norm_i(x)));  x = x + sum_i ls(mlp_i(norm_i(x)))
+    ParallelScalingBlock  y = in_norm(x) (LayerNorm or RmsNorm); [fc1 | q | k | v] = in_proj(y);
+                          x = x + ls(attn_out_proj(attn(q_norm(q), k_norm(k), v)) + mlp_out_proj(act(fc1)))
 
 with timm's ``Mlp`` (GELU, tanh GELU, QuickGELU or SiLU in the fc1 GEMM's epilogue) or ``GluMlp`` (SwiGLU: fc1
 and fc2 on the kernels, the gate ``act(x1) * x2`` in torch between them). The attention-pool head of
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -34,7 +38,6 @@ _REFUSED_MODELS = {
     "VisionTransformerRelPos": "relative position bias inside attention",
 }
 _REFUSED_BLOCKS = {
-    "ParallelScalingBlock": "parallel scaling block (one fused in_proj for attention and MLP, RmsNorm, qk-norm)",
     "DiffParallelScalingBlock": "differential attention (DiffParallelScalingBlock)",
 }
 _BLOCK_INDEX = re.compile(r"^blocks\.\d+")
@@ -53,7 +56,7 @@ class MlpPlan:
 class BlockPlan:
     """How one timm block runs on the kernels: its kind, each MLP's activation, and its attention head dim."""
 
-    kind: str  # "Block", "ResPostBlock" or "ParallelThingsBlock"
+    kind: str  # "Block", "ResPostBlock", "ParallelThingsBlock" or "ParallelScalingBlock"
     mlps: tuple[MlpPlan, ...]
     head_dim: int
 
@@ -72,6 +75,8 @@ class BlockPlan:
         if self.kind == "ResPostBlock":
             x = x + _norm(ops, block.norm1, _attention(ops, nn.Identity(), block.attn, x, None, None, fused))
             return x + _norm(ops, block.norm2, _mlp(ops, nn.Identity(), block.mlp, self.mlps[0], x, None, None, fused))
+        if self.kind == "ParallelScalingBlock":
+            return _parallel_scaling(ops, block, self.mlps[0], x, fused)
         # ParallelThingsBlock: each branch reads the block's input; the residual chain sums their outputs
         out = x
         for branch in block.attns:
@@ -113,6 +118,72 @@ def _mlp(ops, norm, mlp, plan: MlpPlan, x, residual, ls, fused) -> torch.Tensor:
     if residual is None:
         return ops.linear(h, mlp.fc2)
     return ops.linear(h, mlp.fc2, residual=residual, gamma=_gamma(ls))
+
+
+class _Rows(NamedTuple):
+    """A slice of a Linear's parameters, taken where the ops read an ``nn.Linear`` (``.weight [N, K]``, ``.bias``)."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+
+
+def _parallel_scaling(ops, block, plan: MlpPlan, x: torch.Tensor, fused: bool) -> torch.Tensor:
+    """timm's ``ParallelScalingBlock`` on the kernels, ``x [B, T, D]`` -> ``[B, T, D]``.
+
+    ``in_proj``'s weight rows ``[0:hidden]`` are the MLP's fc1 and rows ``[hidden:]`` are q, k, v (contiguous row
+    slices, no copy), so it runs as two GEMMs, each with ``in_norm`` (LayerNorm or RmsNorm) folded into its
+    prologue: fc1 with the activation in its epilogue and ``mlp_bias`` (or ``in_proj.bias[:hidden]``) as bias, and
+    qkv, whose output is the packed ``[B, T, 3, H, Dh]`` the attention kernel reads. qk-norm (see
+    :func:`_qk_norm`) between them. Then ``x + ls(A + M) == (x + ls(A)) + ls(M)``: the attention projection adds
+    ``x`` and gamma in its epilogue, and the MLP projection adds that, with the same gamma. With ``fuse_out_proj``
+    the one ``out_proj`` over ``cat(A, M)`` is split by weight columns ``[:D]`` and ``[D:]`` (strided views the
+    GEMM reads by row stride), its bias riding on the first. 5 launches without qk-norm, 7 with it (+ a cat).
+    """
+    from .triton_path import _gamma, _norm, _norm_linear
+
+    width = x.shape[-1]
+    hidden = block.in_proj.out_features - 3 * width
+    weight, bias = block.in_proj.weight, block.in_proj.bias
+    mlp_bias = getattr(block, "mlp_bias", None)
+    if mlp_bias is None and bias is not None:
+        mlp_bias = bias[:hidden]  # qkv_bias=True: in_proj.bias holds fc1's bias too
+    fc1 = _Rows(weight[:hidden], mlp_bias)
+    qkv_proj = _Rows(weight[hidden:], bias[hidden:] if bias is not None else None)
+    if fused:  # the norm's statistics are taken in both GEMMs' prologues: cheaper than a launch and a round trip
+        m = _norm_linear(ops, block.in_norm, x, fc1, plan.act, fused)
+        qkv = _norm_linear(ops, block.in_norm, x, qkv_proj, None, fused)
+    else:
+        y = _norm(ops, block.in_norm, x)
+        m, qkv = ops.linear(y, fc1, plan.act), ops.linear(y, qkv_proj)
+    qkv = _qk_norm(ops, block, qkv)
+    a = ops.attention(qkv, block.num_heads, block.scale)  # [B, T, D]
+    gamma = _gamma(block.ls)
+    if getattr(block, "out_proj", None) is not None:
+        # fuse_out_proj: out_proj(cat(a, m)) == a @ W[:, :D]^T + m @ W[:, D:]^T + b
+        out_weight = block.out_proj.weight
+        x = ops.linear(a, _Rows(out_weight[:, :width], block.out_proj.bias), residual=x, gamma=gamma)
+        return ops.linear(m, _Rows(out_weight[:, width:], None), residual=x, gamma=gamma)
+    x = ops.linear(a, block.attn_out_proj, residual=x, gamma=gamma)
+    return ops.linear(m, block.mlp_out_proj, residual=x, gamma=gamma)
+
+
+def _qk_norm(ops, block, qkv: torch.Tensor) -> torch.Tensor:
+    """``qkv [B, T, 3 * D]`` with ``q_norm`` / ``k_norm`` (LayerNorm or RmsNorm over head_dim, or Identity) applied to
+    its q and k heads. Each is one launch of the norm kernel over rows of head_dim (its LayerNorm or RMS mode);
+    ``torch.cat`` then repacks ``[q | k | v]``, since the attention kernel reads one packed qkv. That costs one more
+    read and write of qkv per block: torch ops for the repack keep the kernels as they are (the attention kernel is
+    another helper's); folding qk-norm into the qkv GEMM's epilogue (tiles of whole heads) would remove it, and is
+    worth doing once it is timed on a GPU."""
+    from .triton_path import _norm
+
+    if _is_identity(block.q_norm) and _is_identity(block.k_norm):
+        return qkv
+    batch, tokens, _ = qkv.shape
+    heads, head_dim = block.num_heads, block.head_dim
+    q, k, v = qkv.split(heads * head_dim, dim=-1)
+    q = _norm(ops, block.q_norm, q.reshape(batch, tokens, heads, head_dim))
+    k = _norm(ops, block.k_norm, k.reshape(batch, tokens, heads, head_dim))
+    return torch.cat((q.reshape(batch, tokens, -1), k.reshape(batch, tokens, -1), v), dim=-1)
 
 
 def _act_ref(x: torch.Tensor, act: str) -> torch.Tensor:
@@ -186,6 +257,75 @@ def _layer_scale_problems(ls, where: str, problems: list[str]) -> None:
         problems.append(f"{where} {type(ls).__name__} (LayerScale with a gamma, or none)")
 
 
+#: what a ParallelScalingBlock may hold (timm 1.0.31); any other submodule is refused by name
+_PARALLEL_SCALING_PARTS = (
+    "in_norm",
+    "in_proj",
+    "q_norm",
+    "k_norm",
+    "attn_drop",
+    "mlp_drop",
+    "mlp_act",
+    "out_proj",
+    "attn_out_proj",
+    "mlp_out_proj",
+    "ls",
+    "drop_path",
+)
+
+
+def _scaling_norm_problems(norm, width: int, where: str, problems: list[str], allow_identity: bool = False) -> None:
+    """A LayerNorm or timm RmsNorm over ``width`` features (or Identity where allowed); else a problem."""
+    from .triton_path import is_rms_norm
+
+    if allow_identity and _is_identity(norm):
+        return
+    if not (isinstance(norm, nn.LayerNorm) or is_rms_norm(norm)):
+        problems.append(f"{where} {type(norm).__name__} (the kernels run LayerNorm and timm's RmsNorm)")
+    elif tuple(norm.normalized_shape) != (width,):
+        problems.append(f"{where} normalises {tuple(norm.normalized_shape)}, not the last dim ({width},)")
+
+
+def _parallel_scaling_plan(block: nn.Module, where: str, problems: list[str]) -> BlockPlan:
+    """timm's ``ParallelScalingBlock``: in_norm, one in_proj for fc1 and qkv, qk-norm, two output projections (or one
+    fused ``out_proj``), LayerScale. Dropout and drop-path act in training only, where the block's own forward runs
+    (as an attention mask does: :func:`vit_fast.apply_vit_fast`)."""
+    for name, module in block.named_children():
+        if name not in _PARALLEL_SCALING_PARTS:
+            problems.append(
+                f"{where}.{name} {type(module).__name__} (not part of the ParallelScalingBlock vit-fast runs)"
+            )
+    in_proj = getattr(block, "in_proj", None)
+    if not isinstance(in_proj, nn.Linear):
+        problems.append(f"{where}.in_proj {type(in_proj).__name__} (a Linear is expected)")
+        return BlockPlan("ParallelScalingBlock", (), 0)
+    width, heads, head_dim = in_proj.in_features, int(block.num_heads), int(block.head_dim)
+    hidden = in_proj.out_features - 3 * width
+    if heads * head_dim != width:
+        problems.append(f"{where} has {heads} heads of {head_dim}, not D = {width} features")
+    elif list(getattr(block, "in_split", [])) != [hidden, width, width, width]:
+        problems.append(f"{where}.in_split {getattr(block, 'in_split', None)} (expected [hidden, D, D, D])")
+    _scaling_norm_problems(getattr(block, "in_norm", None), width, f"{where}.in_norm", problems)
+    for part in ("q_norm", "k_norm"):
+        _scaling_norm_problems(getattr(block, part, None), head_dim, f"{where}.{part}", problems, allow_identity=True)
+    if getattr(block, "mlp_bias", None) is not None and in_proj.bias is not None:
+        problems.append(f"{where}.mlp_bias beside in_proj.bias (timm builds one or the other)")
+    found: list[str] = []
+    act = _activation(getattr(block, "mlp_act", None), where, found)
+    problems += [p.replace(f"{where}.act ", f"{where}.mlp_act ", 1) for p in found]
+    if getattr(block, "out_proj", None) is not None:
+        if not isinstance(block.out_proj, nn.Linear) or block.out_proj.in_features != width + hidden:
+            problems.append(f"{where}.out_proj {type(block.out_proj).__name__} (a Linear over D + hidden features)")
+    elif not all(isinstance(getattr(block, p, None), nn.Linear) for p in ("attn_out_proj", "mlp_out_proj")):
+        problems.append(f"{where}.attn_out_proj / mlp_out_proj (Linear layers are expected)")
+    for part in ("attn_drop", "mlp_drop", "drop_path"):
+        module = getattr(block, part, None)
+        if not (_is_identity(module) or type(module).__name__ in ("Dropout", "DropPath")):
+            problems.append(f"{where}.{part} {type(module).__name__} (dropout or drop-path, training only)")
+    _layer_scale_problems(getattr(block, "ls", None), f"{where}.ls", problems)
+    return BlockPlan("ParallelScalingBlock", (MlpPlan(act),), head_dim)
+
+
 def _block_plan(block: nn.Module, where: str, problems: list[str]) -> BlockPlan:
     kind = type(block).__name__
     if kind in _REFUSED_BLOCKS:
@@ -210,7 +350,11 @@ def _block_plan(block: nn.Module, where: str, problems: list[str]) -> BlockPlan:
             _norm_problems(branch.norm, f"{where}.ffns.{i}.norm", problems, allow_identity=True)
             _layer_scale_problems(branch.ls, f"{where}.ffns.{i}.ls", problems)
         return BlockPlan(kind, tuple(mlps), min(head_dims) if head_dims else 0)
-    problems.append(f"{where} {kind} (the kernels run timm's Block, ResPostBlock and ParallelThingsBlock)")
+    if kind == "ParallelScalingBlock":
+        return _parallel_scaling_plan(block, where, problems)
+    problems.append(
+        f"{where} {kind} (the kernels run timm's Block, ResPostBlock, ParallelThingsBlock and ParallelScalingBlock)"
+    )
     return BlockPlan(kind, (), 0)
 
 

@@ -26,6 +26,7 @@ Input checks already ran in ``VisionTransformer.check_input``; pooling and the h
 
 from __future__ import annotations
 
+import sys
 import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -41,8 +42,23 @@ from vit_fast.kernels import patch_embed as _patch_embed_module
 from vit_fast.kernels._common import eager_direct, m_class
 from vit_fast.kernels._switches import switch
 from vit_fast.kernels.attention import attention, attention_ref, launch_attention
-from vit_fast.kernels.layer_norm import add_layer_norm_ref, launch_layer_norm, layer_norm
-from vit_fast.kernels.linear import launch_linear, layer_norm_linear, layer_norm_linear_ref, linear, linear_ref
+from vit_fast.kernels.layer_norm import (
+    add_layer_norm_ref,
+    launch_layer_norm,
+    launch_rms_norm,
+    layer_norm,
+    rms_norm,
+    rms_norm_ref,
+)
+from vit_fast.kernels.linear import (
+    launch_linear,
+    layer_norm_linear,
+    layer_norm_linear_ref,
+    linear,
+    linear_ref,
+    rms_norm_linear,
+    rms_norm_linear_ref,
+)
 from vit_fast.kernels.patch_embed import launch_patch_embed, patch_embed, patch_embed_ref
 
 from . import first_use
@@ -82,6 +98,19 @@ class _Ops:
         if self.direct:
             return launch_layer_norm(x, norm.weight, norm.bias, norm.eps, checked=True)
         return layer_norm(x, norm.weight, norm.bias, norm.eps)
+
+    def rms_norm(self, norm: nn.Module, x) -> torch.Tensor:
+        """timm's ``RmsNorm`` / ``RmsNormFp32`` (weight or none, no bias) on the LayerNorm kernel's RMS mode."""
+        if self.direct:
+            return launch_rms_norm(x, norm.weight, None, norm.eps, checked=True)
+        return rms_norm(x, norm.weight, None, norm.eps)
+
+    def rms_norm_linear(self, norm: nn.Module, x, lin: nn.Linear, act) -> torch.Tensor:
+        """``lin(RmsNorm(x))``: the GEMM with its norm prologue in RMS mode."""
+        if self.direct:
+            w, b = lin.weight, lin.bias
+            return launch_linear(x, w, b, act, ln_weight=norm.weight, ln_eps=norm.eps, ln_rms=True, checked=True)
+        return rms_norm_linear(x, norm.weight, None, norm.eps, lin.weight, lin.bias, act)
 
     def patch_embed(self, x, *args, **kwargs) -> torch.Tensor:
         return launch_patch_embed(x, *args, **kwargs, checked=True) if self.direct else patch_embed(x, *args, **kwargs)
@@ -137,6 +166,20 @@ class _CheckedOps(_Ops):
         kernel = _layer_norm_module._layer_norm_kernel
         args = (x, norm.weight, norm.bias, norm.eps)
         return self._run("layer_norm", kernel, x.dtype, shape, launch, _layer_norm_ref, args)
+
+    def rms_norm(self, norm: nn.Module, x) -> torch.Tensor:
+        shape = (m_class(x.numel() // x.shape[-1]), x.shape[-1])
+        launch = lambda: _Ops.rms_norm(self, norm, x)  # noqa: E731
+        kernel = _layer_norm_module._layer_norm_kernel
+        args = (x, norm.weight, None, norm.eps)
+        return self._run("rms_norm", kernel, x.dtype, shape, launch, rms_norm_ref, args)
+
+    def rms_norm_linear(self, norm: nn.Module, x, lin: nn.Linear, act) -> torch.Tensor:
+        shape = (m_class(x.numel() // x.shape[-1]), tuple(lin.weight.shape), act, lin.bias is not None)
+        args = (x, norm.weight, None, norm.eps, lin.weight, lin.bias, act)
+        launch = lambda: _Ops.rms_norm_linear(self, norm, x, lin, act)  # noqa: E731
+        kernel = _linear_module._linear_kernel
+        return self._run("rms_norm_linear", kernel, x.dtype, shape, launch, rms_norm_linear_ref, args)
 
     def patch_embed(self, x, *args, **kwargs) -> torch.Tensor:
         weight = args[0]
@@ -253,12 +296,24 @@ def _check_params_in_full(model: VisionTransformer, x: torch.Tensor) -> None:
             )
 
 
+def is_rms_norm(module: nn.Module) -> bool:
+    """timm's ``RmsNorm`` or ``RmsNormFp32`` (recognised by type; timm is imported wherever such a module exists, and
+    never imported here). Both compute ``x * rsqrt(mean(x^2) + eps) * weight`` over the last dim, with no bias."""
+    norms = sys.modules.get("timm.layers.norm")
+    types = tuple(getattr(norms, name) for name in ("RmsNorm", "RmsNormFp32") if hasattr(norms, name))
+    return bool(types) and isinstance(module, types)
+
+
 def _norm(ops: _Ops, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     if isinstance(module, nn.Identity):
         return x
     if isinstance(module, nn.LayerNorm):
         return ops.layer_norm(module, x)
-    raise TypeError(f"the triton backend runs nn.LayerNorm or nn.Identity norms, got {type(module).__name__}")
+    if is_rms_norm(module):
+        return ops.rms_norm(module, x)
+    raise TypeError(
+        f"the triton backend runs nn.LayerNorm, timm RmsNorm or nn.Identity norms, got {type(module).__name__}"
+    )
 
 
 def _gamma(module: nn.Module) -> torch.Tensor | None:
@@ -284,9 +339,11 @@ def _layer_norm_fused(model: VisionTransformer) -> bool:
 def _norm_linear(
     ops: _Ops, norm: nn.Module, x: torch.Tensor, lin: nn.Linear, act: str | None, fused: bool
 ) -> torch.Tensor:
-    """``lin(norm(x))`` (then ``act``): one launch when fused and ``norm`` is a LayerNorm, else two."""
+    """``lin(norm(x))`` (then ``act``): one launch when fused and ``norm`` is a LayerNorm or timm RmsNorm, else two."""
     if fused and isinstance(norm, nn.LayerNorm):
         return ops.norm_linear(norm, x, lin, act)
+    if fused and is_rms_norm(norm):
+        return ops.rms_norm_linear(norm, x, lin, act)
     return ops.linear(_norm(ops, norm, x), lin, act)
 
 
