@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from vit_fast.kernels import attention, layer_norm, linear, patch_embed
+from vit_fast.kernels import attention, diff_attention, layer_norm, linear, patch_embed
 
 OPCHECKS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
 
@@ -66,6 +66,19 @@ CASES = {
     "patch_embed": ("patch_embed", _patch_embed_args, _patch_embed_public),
     "patch_embed-uint8": ("patch_embed", _patch_embed_uint8_args, _patch_embed_public),
     "attention": ("attention", lambda d: [_randn(d, 2, 5, 3 * 2 * 16), 2, 0.3], attention.attention),
+    "diff_attention": (
+        "diff_attention",
+        lambda d: [
+            _randn(d, 2, 5, 3 * 2 * 2 * 8),
+            torch.randn((), device=d).requires_grad_(),
+            _randn(d, 16),
+            2,
+            0.35,
+            0.3,
+            1e-5,
+        ],
+        diff_attention.diff_attention,
+    ),
     "linear-gelu": (
         "linear",
         lambda d: [_randn(d, 2, 3, 7), _randn(d, 5, 7), _randn(d, 5), "gelu", None, None],
@@ -120,6 +133,7 @@ BAD_INPUTS = {
     "patch_embed-uint8-mean-shape": ("patch_embed-uint8", 6, lambda d, a: a[6][:2], ValueError, "mean has shape"),
     "attention-head-dim-8": ("attention", 0, lambda d, a: _randn(d, 2, 5, 48), ValueError, "head_dim 8"),
     "attention-float64": ("attention", 0, lambda d, a: a[0].detach().double(), TypeError, "float64 is not supported"),
+    "diff_attention-weight": ("diff_attention", 2, lambda d, a: a[2][:8], ValueError, r"shape \(16,\), got \(8,\)"),
     "linear-weight-transposed": ("linear-gelu", 1, lambda d, a: a[1].t(), ValueError, "in_features 5"),
     "linear-residual-shape": ("linear-residual-gamma", 4, lambda d, a: a[4][:, :4], ValueError, "residual must"),
     "linear-bias-dtype": ("linear-gelu", 2, lambda d, a: _half(a[2]), TypeError, "dtypes differ"),
