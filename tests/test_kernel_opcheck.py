@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from vit_fast.kernels import attention, attention_pool, layer_norm, linear, patch_embed
+from vit_fast.kernels import attention, attention_pool, diff_attention, layer_norm, linear, patch_embed
 
 OPCHECKS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
 
@@ -70,6 +70,19 @@ CASES = {
         "attention_pool",
         lambda d: [_randn(d, 1, 3, 2 * 16), _randn(d, 2, 5, 2 * 2 * 16), 2, 0.3],
         attention_pool.attention_pool,
+    ),
+    "diff_attention": (
+        "diff_attention",
+        lambda d: [
+            _randn(d, 2, 5, 3 * 2 * 2 * 8),
+            torch.randn((), device=d).requires_grad_(),
+            _randn(d, 16),
+            2,
+            0.35,
+            0.3,
+            1e-5,
+        ],
+        diff_attention.diff_attention,
     ),
     "linear-gelu": (
         "linear",
@@ -133,6 +146,7 @@ BAD_INPUTS = {
     "attention-float64": ("attention", 0, lambda d, a: a[0].detach().double(), TypeError, "float64 is not supported"),
     "attention_pool-q-batch": ("attention_pool", 0, lambda d, a: _randn(d, 3, 3, 32), ValueError, "q has batch 3"),
     "attention_pool-q-dtype": ("attention_pool", 0, lambda d, a: _half(a[0]), TypeError, "cast q to kv's dtype"),
+    "diff_attention-weight": ("diff_attention", 2, lambda d, a: a[2][:8], ValueError, r"shape \(16,\), got \(8,\)"),
     "linear-weight-transposed": ("linear-gelu", 1, lambda d, a: a[1].t(), ValueError, "in_features 5"),
     "linear-residual-shape": ("linear-residual-gamma", 4, lambda d, a: a[4][:, :4], ValueError, "residual must"),
     "linear-bias-dtype": ("linear-gelu", 2, lambda d, a: _half(a[2]), TypeError, "dtypes differ"),

@@ -33,6 +33,7 @@ FEATURES = {
     "no prefix tokens": ("vit_base_patch16_siglip_gap_224", dict(SMALL, img_size=48)),
     "act_layer=silu": ("vit_tiny_patch16_224", dict(SMALL, img_size=32, act_layer="silu")),
     "LayerScale + registers": ("vit_small_patch14_reg4_dinov2", dict(SMALL, img_size=28)),
+    "DiffAttention (differential)": ("vit_dwee_patch16_reg1_gap_256", dict(SMALL, img_size=48)),
 }
 
 
@@ -100,6 +101,11 @@ REFUSED = {
     "RelPos": ("vit_relpos_small_patch16_224", dict(img_size=32, depth=1), "relative position bias"),
     "DiffParallelScalingBlock": ("vit_dpwee_patch16_reg1_gap_256", dict(img_size=32, depth=1), "differential"),
     "qk_norm": ("vit_tiny_patch16_224", dict(img_size=32, depth=2, qk_norm=True), "blocks.0.attn.q_norm (qk-norm)"),
+    "DiffAttention qk_norm": (
+        "vit_dwee_patch16_reg1_gap_256",
+        dict(img_size=32, depth=2, qk_norm=True),
+        "blocks.0.attn.q_norm (qk-norm in differential attention)",
+    ),
 }
 
 

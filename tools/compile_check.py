@@ -3,6 +3,7 @@
     python tools/compile_check.py                                   # ViT-B/16's variants, sm_90 (H100), a table
     python tools/compile_check.py --targets all --jobs 1 --markdown t.md --summary-csv t.csv --csv rows.csv
     python tools/compile_check.py --targets 75,86 --kernels linear,attention      # some targets, some kernels
+    python tools/compile_check.py --targets 75,80,90 --kernels diff_attention     # timm's DiffAttention kernel
     python tools/compile_check.py --kernels layer_norm --filter fp16   # a subset: variants whose label has "fp16"
     python tools/compile_check.py --set sweep [--full]              # the wider sweep (head dims, flags; slow)
 
@@ -58,7 +59,7 @@ from vit_fast.kernels._interpret import interpreter_enabled
 
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, without its warning
 
-ALL_KERNELS = ("patch_embed", "layer_norm", "attention", "attention_pool", "linear")
+ALL_KERNELS = ("patch_embed", "layer_norm", "attention", "attention_pool", "diff_attention", "linear")
 DTYPES = ("fp32", "fp16", "bf16")
 #: the vit-b16 set's "every kept config" for these dtypes; bf16 gets its heuristic pick only: its prunes keep the
 #: same configs as fp16 (same element size) and it compiles to the same tiles, so it would double the time
@@ -311,6 +312,42 @@ def attention_pool_launch(params):
     return _recorded_launch(ap, "_attention_pool_kernel", ap.launch_attention_pool, q, kv, H)
 
 
+#: q/k head dim -> heads of timm's differential attention (output heads are 2 x head dim wide); 32: vit_dwee /
+#: vit_dlittle (4 and 5 heads of 2 x 32), 128: the kernel's MAX_HEAD_DIM (v heads of 256)
+DIFF_ATTENTION_HEADS = {16: 2, 32: 4, 64: 6, 128: 2}
+
+
+def diff_attention_cases(variant_set: str, full: bool):
+    if variant_set == "vit-b16":  # not in ViT-B/16: vit_dwee_patch16_reg1_gap_256's (4 heads of 2 x 32, T 257)
+        return [
+            ("diff_attention", f"{dtype} Dh32 T257 b8", {"dtype": dtype, "head_dim": 32, "B": 8}, "pick")
+            for dtype in DTYPES
+        ]
+    cases = []
+    for head_dim, dtype in itertools.product(DIFF_ATTENTION_HEADS, DTYPES):
+        which = "all" if full else ("kept" if dtype in EVERY_CONFIG_DTYPES else "pick")
+        label = f"{dtype} Dh{head_dim} T257 b8"
+        cases.append(("diff_attention", label, {"dtype": dtype, "head_dim": head_dim, "B": 8}, which))
+    return cases
+
+
+def diff_attention_launch(params):
+    from vit_fast.kernels import diff_attention as da
+
+    B, T, Dh, dtype = params.get("B", 8), 257, params["head_dim"], params["dtype"]
+    H = DIFF_ATTENTION_HEADS[Dh]
+    return _recorded_launch(
+        da,
+        "_diff_attention_kernel",
+        da.launch_diff_attention,
+        _empty((B, T, 3 * H * 2 * Dh), dtype),
+        _empty((), "fp32"),
+        _empty((2 * Dh,), dtype),
+        H,
+        0.5,
+    )
+
+
 # (label, (M, N, K), activation, bias, residual, gamma): "ln+" labels have the LayerNorm prologue
 # (layer_norm_linear: LN1 -> qkv, LN2 -> fc1)
 def _vit_b16_gemms(b: int):
@@ -400,6 +437,7 @@ CASES = {
     "layer_norm": layer_norm_cases,
     "attention": attention_cases,
     "attention_pool": attention_pool_cases,
+    "diff_attention": diff_attention_cases,
     "linear": linear_cases,
 }
 LAUNCH = {
@@ -407,17 +445,19 @@ LAUNCH = {
     "layer_norm": layer_norm_launch,
     "attention": attention_launch,
     "attention_pool": attention_pool_launch,
+    "diff_attention": diff_attention_launch,
     "linear": linear_launch,
 }
 
 
 def _tuner(kernel: str):
     """The kernel's Autotuner, or None for a kernel that is not autotuned (its launcher picks the config)."""
-    from vit_fast.kernels import attention, attention_pool, linear, patch_embed
+    from vit_fast.kernels import attention, attention_pool, diff_attention, linear, patch_embed
 
     return {
         "attention": attention._attention_kernel,
         "attention_pool": attention_pool._attention_pool_kernel,
+        "diff_attention": diff_attention._diff_attention_kernel,
         "linear": linear._linear_kernel,
         "patch_embed": patch_embed._patch_embed_kernel,
     }.get(kernel)

@@ -13,7 +13,9 @@ RmsNorm outside ParallelScalingBlock, differential attention, ...). Block kinds 
                           x = x + ls(attn_out_proj(attn(q_norm(q), k_norm(k), v)) + mlp_out_proj(act(fc1)))
 
 with timm's ``Mlp`` (GELU, tanh GELU, QuickGELU or SiLU in the fc1 GEMM's epilogue) or ``GluMlp`` (SwiGLU: fc1
-and fc2 on the kernels, the gate ``act(x1) * x2`` in torch between them). The attention-pool head of
+and fc2 on the kernels, the gate ``act(x1) * x2`` in torch between them), and timm's ``Attention`` or
+``DiffAttention`` (differential attention: one kernel with its sub_norm RmsNorm in the epilogue; its lambda computed
+by timm's own ``_compute_lambda`` in torch, a few tiny ops, no host sync). The attention-pool head of
 ``global_pool='map'`` models (``AttentionPoolLatent``, the SigLIP family) runs on the kernels too
 (:func:`plan_attention_pool`, :class:`PoolPlan`). Everything else outside the blocks (patch or hybrid embedding,
 token / avg pooling, the PRR pool, distillation heads) stays timm's own code.
@@ -98,10 +100,24 @@ def _attention(ops, norm, attn, x, residual, ls, fused) -> torch.Tensor:
     from .triton_path import _gamma, _norm_linear
 
     qkv = _norm_linear(ops, norm, x, attn.qkv, None, fused)  # [B, T, 3 * H * Dh]
-    a = ops.attention(qkv, attn.num_heads, attn.scale)  # [B, T, H * Dh]
+    if type(attn).__name__ == "DiffAttention":
+        a = _diff_attention(ops, attn, qkv)
+    else:
+        a = ops.attention(qkv, attn.num_heads, attn.scale)  # [B, T, H * Dh]
     if residual is None:
         return ops.linear(a, attn.proj)
     return ops.linear(a, attn.proj, residual=residual, gamma=_gamma(ls))
+
+
+def _diff_attention(ops, attn, qkv: torch.Tensor) -> torch.Tensor:
+    """timm ``DiffAttention`` from its qkv output to before proj (``[B, T, 3D] -> [B, T, D]``): both softmaxes,
+    lambda, the sub_norm RmsNorm and ``1 - lambda_init`` in one kernel. lambda is timm's own ``_compute_lambda()``,
+    cast to qkv's dtype as timm casts it, and stays on the device (the kernel reads it)."""
+    lambda_full = attn._compute_lambda().to(qkv.dtype)
+    sub_norm = attn.sub_norm
+    return ops.diff_attention(
+        qkv, lambda_full, sub_norm.weight, attn.num_heads, float(attn.lambda_init), attn.scale, sub_norm.eps
+    )
 
 
 def _mlp(ops, norm, mlp, plan: MlpPlan, x, residual, ls, fused) -> torch.Tensor:
@@ -218,7 +234,10 @@ def _norm_problems(norm, where: str, problems: list[str], allow_identity: bool =
 
 
 def _attention_problems(attn, where: str, problems: list[str]) -> int:
-    """The head dim of a timm ``Attention`` with a fused qkv; anything else goes into ``problems``."""
+    """The head dim of a timm ``Attention`` with a fused qkv (of a ``DiffAttention``: its output heads'); anything
+    else goes into ``problems``."""
+    if type(attn).__name__ == "DiffAttention":
+        return _diff_attention_problems(attn, where, problems)
     if type(attn).__name__ != "Attention" or not isinstance(getattr(attn, "qkv", None), nn.Linear):
         problems.append(f"{where} {type(attn).__name__} (the kernels run timm's Attention with a fused qkv)")
         return 0
@@ -235,6 +254,32 @@ def _attention_problems(attn, where: str, problems: list[str]) -> int:
     if attn.qkv.out_features != 3 * attn.num_heads * head_dim:
         problems.append(f"{where}.qkv gives {attn.qkv.out_features} features, not 3 x heads x head_dim")
     return head_dim
+
+
+def _diff_attention_problems(attn, where: str, problems: list[str]) -> int:
+    """What the differential attention kernel needs of a timm ``DiffAttention``: a fused qkv Linear of
+    ``3 * H * 2 * Dh`` features, a Linear proj, an affine RmsNorm ``sub_norm`` over ``2 * Dh``, timm's
+    ``_compute_lambda``, no q/k norm and no scale norm (each refused by name). Returns the output head dim, ``2 * Dh``
+    (16..256 for the kernel's 8..128 q/k head dims, the range ``runtime.head_dim_supported`` checks).
+    An ``attn_mask`` or ``is_causal`` reaches only timm's own forward (the patched block hands such calls back)."""
+    if not isinstance(getattr(attn, "qkv", None), nn.Linear):
+        problems.append(f"{where} DiffAttention without a fused qkv Linear")
+        return 0
+    for part, what in (("q_norm", "qk-norm"), ("k_norm", "qk-norm"), ("norm", "scale_attn_norm")):
+        if not _is_identity(getattr(attn, part, None)):
+            problems.append(f"{where}.{part} ({what} in differential attention)")
+    if not isinstance(getattr(attn, "proj", None), nn.Linear):
+        problems.append(f"{where}.proj {type(getattr(attn, 'proj', None)).__name__} (a Linear is expected)")
+    head_dim, heads = int(attn.head_dim), int(attn.num_heads)
+    if attn.qkv.out_features != 3 * heads * 2 * head_dim:
+        problems.append(f"{where}.qkv gives {attn.qkv.out_features} features, not 3 x heads x 2 x head_dim")
+    sub_norm = getattr(attn, "sub_norm", None)
+    weight = getattr(sub_norm, "weight", None)
+    if type(sub_norm).__name__ != "RmsNorm" or not isinstance(weight, torch.Tensor) or weight.shape != (2 * head_dim,):
+        problems.append(f"{where}.sub_norm {type(sub_norm).__name__} (an affine RmsNorm over 2 x head_dim is expected)")
+    if not callable(getattr(attn, "_compute_lambda", None)):
+        problems.append(f"{where} DiffAttention without _compute_lambda (a timm version vit-fast does not know)")
+    return 2 * head_dim
 
 
 def _mlp_plan(mlp, where: str, problems: list[str]) -> MlpPlan:

@@ -36,12 +36,14 @@ import triton
 from torch import nn
 
 from vit_fast.kernels import attention as _attention_module
+from vit_fast.kernels import diff_attention as _diff_attention_module
 from vit_fast.kernels import layer_norm as _layer_norm_module
 from vit_fast.kernels import linear as _linear_module
 from vit_fast.kernels import patch_embed as _patch_embed_module
 from vit_fast.kernels._common import eager_direct, m_class
 from vit_fast.kernels._switches import switch
 from vit_fast.kernels.attention import attention, attention_ref, launch_attention
+from vit_fast.kernels.diff_attention import diff_attention, diff_attention_ref, launch_diff_attention
 from vit_fast.kernels.layer_norm import (
     add_layer_norm_ref,
     launch_layer_norm,
@@ -93,6 +95,10 @@ class _Ops:
         if self.direct:
             return launch_attention(qkv, num_heads, scale, checked=True)
         return attention(qkv, num_heads, scale)
+
+    def diff_attention(self, qkv, lambda_full, norm_weight, num_heads: int, lambda_init, scale, eps) -> torch.Tensor:
+        args = (qkv, lambda_full, norm_weight, num_heads, lambda_init, scale, eps)
+        return launch_diff_attention(*args, checked=True) if self.direct else diff_attention(*args)
 
     def layer_norm(self, norm: nn.LayerNorm, x) -> torch.Tensor:
         if self.direct:
@@ -159,6 +165,14 @@ class _CheckedOps(_Ops):
         launch = lambda: _Ops.attention(self, qkv, num_heads, scale)  # noqa: E731
         kernel = _attention_module._attention_kernel
         return self._run("attention", kernel, qkv.dtype, shape, launch, attention_ref, (qkv, num_heads, scale))
+
+    def diff_attention(self, qkv, lambda_full, norm_weight, num_heads: int, lambda_init, scale, eps) -> torch.Tensor:
+        batch, tokens, width = qkv.shape
+        shape = (m_class(batch * tokens), tokens, num_heads, width // (6 * num_heads))
+        args = (qkv, lambda_full, norm_weight, num_heads, lambda_init, scale, eps)
+        launch = lambda: _Ops.diff_attention(self, *args)  # noqa: E731
+        kernel = _diff_attention_module._diff_attention_kernel
+        return self._run("diff_attention", kernel, qkv.dtype, shape, launch, diff_attention_ref, args)
 
     def layer_norm(self, norm: nn.LayerNorm, x) -> torch.Tensor:
         shape = (m_class(x.numel() // x.shape[-1]), x.shape[-1])

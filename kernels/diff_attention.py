@@ -1,0 +1,488 @@
+"""Flash-style differential attention forward (timm's ``DiffAttention``), reading the qkv GEMM output in place.
+
+``diff_attention(qkv, lambda_full, norm_weight, num_heads, lambda_init)`` takes ``qkv`` of shape
+``[B, T, 3 * D]`` (the output of the block's qkv ``nn.Linear``, ``D = H * 2 * Dh``) laid out as timm's
+``DiffAttention.forward`` reads it: q and k each as ``2H`` heads of ``Dh`` (head ``h``'s q1 and q2 are heads
+``2h`` and ``2h + 1``, side by side), v as ``H`` heads of ``2 * Dh``. Per head it computes
+
+    o = softmax(q1 k1^T * scale) v - lambda * softmax(q2 k2^T * scale) v         [T, 2 Dh]
+    o = rms_norm(o, sub_norm weight, eps) * (1 - lambda_init)
+
+with two online softmaxes (fp32) over the same k/v tiles, and writes ``[B, T, H * 2 Dh]``, the layout the proj
+GEMM reads: no permute and no copies. The RmsNorm and the ``(1 - lambda_init)`` factor run in the epilogue,
+where a query row's whole ``2 Dh`` output of its head is in registers.
+
+``lambda`` is a 0-dim tensor read by the kernel itself (never ``.item()``): it comes from parameters, and a host
+read would sync the stream and break CUDA-graph capture.
+
+Top to bottom: the autotune configs, the kernel, the launcher :func:`launch_diff_attention` (input checks,
+allocation, grid), the ``torch.library`` custom op ``vit_fast::diff_attention`` (fake implementation + autograd),
+the public :func:`diff_attention` and the eager reference :func:`diff_attention_ref`. Backward is not a kernel: it
+recomputes the forward through the eager reference (``_common.register_recompute_backward``).
+
+Importing this module never touches a GPU driver.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from vit_fast.kernels._common import (
+    SUPPORTED_DTYPES,
+    ResolvedLaunches,
+    autotune_cache_enabled,
+    cdiv,
+    check_device,
+    closest_config,
+    dot,
+    dot_in_fp32,
+    eager_direct,
+    interpret_bf16,
+    interpreter_enabled,
+    next_power_of_2,
+    register_recompute_backward,
+    to_bf16_rtne,
+    tune_key,
+    tuning_requested,
+)
+from vit_fast.kernels.cards import card_for_arch, tensor_arch
+
+#: q / k head dims (``Dh``; v heads and output heads are ``2 * Dh``): 8..128 gives output heads of 16..256, the
+#: range of the plain attention kernel (``attention.MIN_HEAD_DIM``, ``MAX_HEAD_DIM``)
+MIN_HEAD_DIM, MAX_HEAD_DIM = 8, 128
+LOG2E = math.log2(math.e)
+#: num_stages of the configs meant for cards without tensor cores (sm_75): every other config has more
+FMA_STAGES = 1
+
+
+def _diff_attention_configs() -> list[triton.Config]:
+    """Autotune candidates, from the environment only (no device query). The interpreter gets one."""
+    if interpreter_enabled():
+        # BLOCK_M != BLOCK_N on purpose: a query-tail mask swapped with a key-tail mask fails tests
+        return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 32}, num_warps=4, num_stages=1)]
+    return [
+        triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=num_warps, num_stages=num_stages)
+        for block_m in (32, 64)
+        for block_n in (32, 64)
+        for num_stages in (2, 3)
+        for num_warps in (4, 8)
+    ] + [
+        # cards without tensor cores (sm_75): small tiles, 4 warps, no pipelining
+        triton.Config({"BLOCK_M": block_m, "BLOCK_N": 32}, num_warps=4, num_stages=FMA_STAGES)
+        for block_m in (16, 32)
+    ]
+
+
+def block_d_for(head_dim: int) -> int:
+    """The kernel's ``BLOCK_D`` for q / k heads of ``head_dim``: a power of two, at least 16 (the dot's minimum);
+    v and output heads use ``2 * BLOCK_D``."""
+    return max(16, next_power_of_2(head_dim))
+
+
+def _diff_shared_bytes(config: triton.Config, block_d: int, elem_bytes: int, fma: bool) -> int:
+    """An upper estimate of a config's shared memory: every pipeline stage of the k1, k2 and v tiles
+    (``4 * BLOCK_N * BLOCK_D`` elements), the two q tiles and the two p tiles (layout conversions into the dots'
+    operands). Without tensor cores every tile counts as fp32, as the plain attention kernel's estimate does."""
+    block_m, block_n, stages = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], max(config.num_stages, 1)
+    elem = 4 if fma else elem_bytes
+    return (stages * 4 * block_n * block_d + 2 * block_m * block_d + 2 * block_m * block_n) * elem
+
+
+def _diff_registers_fit(config: triton.Config, block_d: int) -> bool:
+    """Whether the two fp32 accumulators (``2 * BLOCK_M * 2 * BLOCK_D``) fit in at most 128 registers a thread."""
+    threads = 32 * config.num_warps
+    return 4 * config.kwargs["BLOCK_M"] * block_d <= 128 * threads
+
+
+def _prune_diff_configs(configs, named_args, **kwargs):
+    """The candidates for one launch, read only from its autotune key (T, the head dim, ``ARCH``, the dtype,
+    ``TUNE``): the configs for this kind of card that fit its shared memory and whose accumulators fit in
+    registers. Without tuning one: the fitting config nearest 64x32, 8 warps, 2 stages (fp32: 32x32; a card
+    without tensor cores: 16x32, 4 warps, 1 stage)."""
+    block_d = kwargs.get("BLOCK_D", named_args.get("BLOCK_D"))
+    if block_d is None:
+        return configs
+    card = card_for_arch(named_args["ARCH"])
+    qkv = named_args.get("qkv_ptr")
+    elem_bytes = qkv.element_size() if isinstance(qkv, torch.Tensor) else 2
+    fma = not card.tensor_cores
+
+    def shared(config: triton.Config) -> int:
+        return _diff_shared_bytes(config, block_d, elem_bytes, fma)
+
+    same_kind = [c for c in configs if (c.num_stages > FMA_STAGES) == card.tensor_cores] or configs
+    kept = [c for c in same_kind if shared(c) <= card.shared_memory and _diff_registers_fit(c, block_d)]
+    kept = kept or [min(same_kind, key=shared)]
+    if tuning_requested(named_args) or len(kept) == 1:
+        return kept
+    if fma:
+        return [closest_config(kept, {"BLOCK_M": 16, "BLOCK_N": 32}, 4, FMA_STAGES)]
+    if elem_bytes == 4:
+        return [closest_config(kept, {"BLOCK_M": 32, "BLOCK_N": 32}, 8, 2)]
+    return [closest_config(kept, {"BLOCK_M": 64, "BLOCK_N": 32}, 8, 2)]
+
+
+@triton.autotune(
+    configs=_diff_attention_configs(),
+    key=["T", "HEAD_DIM", "ARCH", "TUNE"],
+    prune_configs_by={"early_config_prune": _prune_diff_configs},
+    cache_results=autotune_cache_enabled(),
+)
+@triton.jit(do_not_specialize=["ARCH", "TUNE"])
+def _diff_attention_kernel(
+    qkv_ptr,  # [B, T, 3 * D] fused q|k|v: q, k as [2H, Dh] (q1 = head 2h, q2 = 2h + 1), v as [H, 2 Dh]; unit stride
+    lambda_ptr,  # 0-dim lambda (any float dtype), read on the device: no host sync
+    norm_weight_ptr,  # [2 * Dh] sub_norm (RmsNorm) weight
+    out_ptr,  # [B, T, H * 2 Dh] output, unit stride along its last dim
+    qk_scale,  # softmax scale * log2(e)
+    norm_eps,  # sub_norm's eps
+    out_scale,  # 1 - lambda_init, applied after the RmsNorm
+    T,  # tokens per image
+    H,  # number of (output) heads
+    HEAD_DIM,  # Dh, the q / k head dim; v and output heads are 2 * Dh
+    stride_qkv_b,  # elements between images in qkv
+    stride_qkv_t,  # elements between tokens in qkv
+    stride_out_b,  # elements between images in out
+    stride_out_t,  # elements between tokens in out
+    ARCH,  # compute capability of the tensors' device, never read: the prune's card
+    TUNE,  # _common.tune_key(), never read: a heuristic pick never answers a tuned request
+    DOT_IN_FP32: tl.constexpr,  # dot operands as fp32 at IEEE precision (fp32, or bf16 under the interpreter)
+    ROUND_BF16: tl.constexpr,  # round the bf16 store by hand (interpreter)
+    BLOCK_D: tl.constexpr,  # Dh padded to a power of two >= 16; v and output tiles are 2 * BLOCK_D wide
+    BLOCK_M: tl.constexpr,  # query rows per program
+    BLOCK_N: tl.constexpr,  # key/value rows per inner step
+):
+    # one flat grid axis over (query block, image * head), query blocks fastest (k and v shared in L2)
+    num_m_blocks = tl.cdiv(T, BLOCK_M)
+    pid_m = tl.program_id(0) % num_m_blocks
+    pid_bh = tl.program_id(0) // num_m_blocks
+    off_b = pid_bh // H
+    off_h = pid_bh % H
+    head_width = 2 * HEAD_DIM  # q1|q2 of one head, k1|k2 of one head, its v, its output: all 2 Dh wide
+    embed_dim = H * head_width
+    q_base = qkv_ptr + off_b.to(tl.int64) * stride_qkv_b + off_h * head_width
+    k_base = q_base + embed_dim
+    v_base = q_base + 2 * embed_dim
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_v = tl.arange(0, 2 * BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    v_mask = offs_v < head_width
+    row_mask = offs_m < T
+
+    q_offsets = offs_m[:, None] * stride_qkv_t + offs_d[None, :]
+    q_mask = row_mask[:, None] & d_mask[None, :]
+    q1 = tl.load(q_base + q_offsets, mask=q_mask, other=0.0)
+    q2 = tl.load(q_base + HEAD_DIM + q_offsets, mask=q_mask, other=0.0)
+    if DOT_IN_FP32:
+        q1 = q1.to(tl.float32)
+        q2 = q2.to(tl.float32)
+
+    m1 = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running row maxima (log2 units)
+    m2 = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l1 = tl.zeros([BLOCK_M], dtype=tl.float32)  # running softmax denominators
+    l2 = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc1 = tl.zeros([BLOCK_M, 2 * BLOCK_D], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_M, 2 * BLOCK_D], dtype=tl.float32)
+
+    for start_n in range(0, T, BLOCK_N):
+        cols = start_n + offs_n
+        col_mask = cols < T
+        k_offsets = cols[:, None] * stride_qkv_t + offs_d[None, :]
+        k_mask = col_mask[:, None] & d_mask[None, :]
+        k1 = tl.load(k_base + k_offsets, mask=k_mask, other=0.0)
+        k2 = tl.load(k_base + HEAD_DIM + k_offsets, mask=k_mask, other=0.0)
+        v = tl.load(
+            v_base + cols[:, None] * stride_qkv_t + offs_v[None, :],
+            mask=col_mask[:, None] & v_mask[None, :],
+            other=0.0,
+        )
+        if DOT_IN_FP32:
+            k1 = k1.to(tl.float32)
+            k2 = k2.to(tl.float32)
+            v = v.to(tl.float32)
+        # key tail -> -inf; the first block holds key 0, so every row's max is finite from the first step
+        s1 = tl.where(col_mask[None, :], dot(q1, tl.trans(k1), None, DOT_IN_FP32) * qk_scale, float("-inf"))
+        m1_new = tl.maximum(m1, tl.max(s1, 1))
+        alpha1 = tl.math.exp2(m1 - m1_new)
+        p1 = tl.math.exp2(s1 - m1_new[:, None])
+        l1 = l1 * alpha1 + tl.sum(p1, 1)
+        acc1 = acc1 * alpha1[:, None] + dot(p1.to(v.dtype), v, None, DOT_IN_FP32)
+        m1 = m1_new
+
+        s2 = tl.where(col_mask[None, :], dot(q2, tl.trans(k2), None, DOT_IN_FP32) * qk_scale, float("-inf"))
+        m2_new = tl.maximum(m2, tl.max(s2, 1))
+        alpha2 = tl.math.exp2(m2 - m2_new)
+        p2 = tl.math.exp2(s2 - m2_new[:, None])
+        l2 = l2 * alpha2 + tl.sum(p2, 1)
+        acc2 = acc2 * alpha2[:, None] + dot(p2.to(v.dtype), v, None, DOT_IN_FP32)
+        m2 = m2_new
+
+    lam = tl.load(lambda_ptr).to(tl.float32)
+    o = acc1 / l1[:, None] - lam * (acc2 / l2[:, None])  # padding lanes are 0 (v's were), so the mean below is exact
+    mean_square = tl.sum(o * o, 1) / head_width
+    weight = tl.load(norm_weight_ptr + offs_v, mask=v_mask, other=0.0).to(tl.float32)
+    o = o * (1.0 / tl.sqrt(mean_square + norm_eps))[:, None] * weight[None, :] * out_scale
+
+    out_ptrs = (
+        out_ptr
+        + off_b.to(tl.int64) * stride_out_b
+        + offs_m[:, None] * stride_out_t
+        + off_h * head_width
+        + offs_v[None, :]
+    )
+    out = to_bf16_rtne(o) if ROUND_BF16 else o.to(out_ptr.dtype.element_ty)
+    tl.store(out_ptrs, out, mask=row_mask[:, None] & v_mask[None, :])
+
+
+_diff_attention_launches = ResolvedLaunches(_diff_attention_kernel)
+
+
+# ---------------------------------------------------------------------------------- launcher
+def _check_diff_attention_inputs(
+    qkv: torch.Tensor,
+    lambda_full: torch.Tensor,
+    norm_weight: torch.Tensor,
+    num_heads: int,
+    lambda_init: float,
+    scale: float | None,
+    norm_eps: float,
+) -> None:
+    """Raise a clear error, before any launch, when the inputs do not fit the kernel."""
+    what = "diff_attention"
+    if not isinstance(qkv, torch.Tensor):
+        raise TypeError(f"{what}: qkv must be a torch.Tensor, got {type(qkv).__name__}")
+    if qkv.dim() != 3:
+        raise ValueError(
+            f"{what}: qkv must have shape [B, T, 3 * num_heads * 2 * head_dim], got {tuple(qkv.shape)}; "
+            "pass the qkv GEMM output before any reshape"
+        )
+    if qkv.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{what}: qkv dtype {qkv.dtype} is not supported; use float16, bfloat16 or float32")
+    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
+        raise ValueError(f"{what}: num_heads must be a positive int, got {num_heads!r}")
+    width = qkv.shape[-1]
+    if width % (6 * num_heads) != 0:
+        raise ValueError(
+            f"{what}: qkv's last dim {width} is not 3 * num_heads * 2 * head_dim with num_heads={num_heads}; "
+            "check num_heads (the output heads, half the q / k heads)"
+        )
+    head_dim = width // (6 * num_heads)
+    if not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM:
+        raise ValueError(
+            f"{what}: q/k head_dim {head_dim} (= {width} / (6 * {num_heads})) is outside the supported range "
+            f"{MIN_HEAD_DIM}..{MAX_HEAD_DIM}; use the torch backend for this model"
+        )
+    if qkv.shape[1] == 0:
+        raise ValueError(f"{what}: qkv has T = 0 tokens; attention needs at least one token")
+    if qkv.stride(-1) != 1:
+        raise ValueError(
+            f"{what}: qkv's last dim must be contiguous (stride 1), got stride {qkv.stride(-1)}; call qkv.contiguous()"
+        )
+    if not isinstance(lambda_full, torch.Tensor) or lambda_full.numel() != 1 or not lambda_full.is_floating_point():
+        raise ValueError(
+            f"{what}: lambda_full must be a one-element float tensor (timm's lambda, e.g. a 0-dim tensor), got "
+            f"{lambda_full!r:.80}"
+        )
+    if lambda_full.device != qkv.device:
+        raise ValueError(
+            f"{what}: lambda_full is on {lambda_full.device}, qkv on {qkv.device}: move it to qkv's device"
+        )
+    if not isinstance(norm_weight, torch.Tensor) or tuple(norm_weight.shape) != (2 * head_dim,):
+        shape = tuple(norm_weight.shape) if isinstance(norm_weight, torch.Tensor) else type(norm_weight).__name__
+        raise ValueError(f"{what}: norm_weight must be the sub_norm weight of shape ({2 * head_dim},), got {shape}")
+    if norm_weight.dtype != qkv.dtype or norm_weight.device != qkv.device or norm_weight.stride(-1) != 1:
+        raise ValueError(
+            f"{what}: norm_weight is {norm_weight.dtype} on {norm_weight.device}, qkv {qkv.dtype} on {qkv.device}: "
+            "give it qkv's dtype and device, contiguous"
+        )
+    # not while compiling: floats that changed between compiled calls arrive symbolic
+    if not torch.compiler.is_compiling():
+        for name, value in (("scale", scale), ("norm_eps", norm_eps), ("lambda_init", lambda_init)):
+            if value is None and name == "scale":
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"{what}: {name} must be a finite float, got {value!r}")
+        if norm_eps < 0:
+            raise ValueError(f"{what}: norm_eps must be >= 0, got {norm_eps!r}")
+    check_device(what, qkv)
+
+
+def launch_diff_attention(
+    qkv: torch.Tensor,
+    lambda_full: torch.Tensor,
+    norm_weight: torch.Tensor,
+    num_heads: int,
+    lambda_init: float,
+    scale: float | None = None,
+    norm_eps: float = 1e-5,
+    *,
+    out: torch.Tensor | None = None,
+    checked: bool = False,
+) -> torch.Tensor:
+    """Check the inputs, then run the kernel once (no autograd, no custom op); returns ``[B, T, H * 2 Dh]``.
+
+    ``checked=True`` skips the checks (the custom op, whose caller has run them). ``out``, if given, must be
+    ``[B, T, H * 2 Dh]`` in qkv's dtype and device with a unit-stride last dim (tests pass a NaN-filled one).
+    """
+    if not checked:
+        _check_diff_attention_inputs(qkv, lambda_full, norm_weight, num_heads, lambda_init, scale, norm_eps)
+    batch, tokens, width = qkv.shape
+    embed_dim = width // 3
+    head_dim = embed_dim // (2 * num_heads)
+    if out is None:
+        out = torch.empty((batch, tokens, embed_dim), dtype=qkv.dtype, device=qkv.device)
+    elif (
+        tuple(out.shape) != (batch, tokens, embed_dim)
+        or out.dtype != qkv.dtype
+        or out.device != qkv.device
+        or out.stride(-1) != 1
+    ):
+        raise ValueError(
+            f"diff_attention: out must be [{batch}, {tokens}, {embed_dim}] {qkv.dtype} on {qkv.device} with a "
+            f"contiguous last dim, got {tuple(out.shape)} {out.dtype} on {out.device} stride {tuple(out.stride())}"
+        )
+    if batch == 0:
+        return out
+    scale = head_dim**-0.5 if scale is None else float(scale)
+
+    def grid(meta):
+        return (cdiv(tokens, meta["BLOCK_M"]) * batch * num_heads,)
+
+    _diff_attention_launches(
+        grid,
+        (batch,),
+        qkv,
+        lambda_full,
+        norm_weight,
+        out,
+        scale * LOG2E,
+        float(norm_eps),
+        1.0 - float(lambda_init),
+        tokens,
+        num_heads,
+        head_dim,
+        qkv.stride(0),
+        qkv.stride(1),
+        out.stride(0),
+        out.stride(1),
+        tensor_arch(qkv),
+        tune_key(),
+        DOT_IN_FP32=dot_in_fp32(qkv.dtype),
+        ROUND_BF16=interpret_bf16(qkv.dtype),
+        BLOCK_D=block_d_for(head_dim),
+    )
+    return out
+
+
+# ---------------------------------------------------------------------------------- custom op
+@torch.library.custom_op("vit_fast::diff_attention", mutates_args=())
+def _diff_attention_op(
+    qkv: torch.Tensor,
+    lambda_full: torch.Tensor,
+    norm_weight: torch.Tensor,
+    num_heads: int,
+    lambda_init: float,
+    scale: float,
+    norm_eps: float,
+) -> torch.Tensor:
+    return launch_diff_attention(qkv, lambda_full, norm_weight, num_heads, lambda_init, scale, norm_eps, checked=True)
+
+
+@_diff_attention_op.register_fake
+def _diff_attention_fake(qkv, lambda_full, norm_weight, num_heads, lambda_init, scale, norm_eps) -> torch.Tensor:
+    _check_diff_attention_inputs(qkv, lambda_full, norm_weight, num_heads, lambda_init, scale, norm_eps)
+    batch, tokens, width = qkv.shape
+    return qkv.new_empty((batch, tokens, width // 3))
+
+
+register_recompute_backward(
+    _diff_attention_op,
+    lambda qkv, lam, weight, heads, lambda_init, scale, eps: diff_attention_ref(
+        qkv, lam, weight, heads, lambda_init, scale, eps, upcast=True
+    ),
+)
+
+
+def diff_attention(
+    qkv: torch.Tensor,
+    lambda_full: torch.Tensor,
+    norm_weight: torch.Tensor,
+    num_heads: int,
+    lambda_init: float,
+    scale: float | None = None,
+    norm_eps: float = 1e-5,
+) -> torch.Tensor:
+    """Differential attention (timm's ``DiffAttention`` from the qkv GEMM to before its ``norm`` / proj).
+
+    Args:
+        qkv: ``[B, T, 3 * H * 2 * Dh]`` float16 / bfloat16 / float32, CUDA (or CPU under ``TRITON_INTERPRET=1``);
+            last dim stride 1. q and k are read as ``2H`` heads of ``Dh`` (q1, q2 of head h: heads 2h, 2h + 1),
+            v as ``H`` heads of ``2 Dh``.
+        lambda_full: one-element tensor on qkv's device (timm's ``_compute_lambda()``, cast as timm casts it).
+        norm_weight: ``[2 Dh]`` weight of timm's ``sub_norm`` RmsNorm, qkv's dtype.
+        num_heads: H (the output heads). ``Dh = qkv.shape[-1] / (6 H)`` must lie in 8..128.
+        lambda_init: the output is multiplied by ``1 - lambda_init`` after the RmsNorm.
+        scale: softmax scale; ``Dh ** -0.5`` when None.
+        norm_eps: the RmsNorm's eps (timm: 1e-5).
+
+    Returns:
+        ``[B, T, H * 2 Dh]`` in qkv's dtype, heads side by side.
+
+    A ``torch.library`` custom op (``vit_fast::diff_attention``) with a fake implementation; backward recomputes
+    the forward through :func:`diff_attention_ref` (fp32 for half inputs).
+    """
+    _check_diff_attention_inputs(qkv, lambda_full, norm_weight, num_heads, lambda_init, scale, norm_eps)
+    head_dim = qkv.shape[-1] // (6 * num_heads)
+    scale = head_dim**-0.5 if scale is None else float(scale)
+    lambda_init, norm_eps = float(lambda_init), float(norm_eps)
+    if eager_direct(qkv, lambda_full, norm_weight):
+        return launch_diff_attention(
+            qkv, lambda_full, norm_weight, num_heads, lambda_init, scale, norm_eps, checked=True
+        )
+    return _diff_attention_op(qkv, lambda_full, norm_weight, num_heads, lambda_init, scale, norm_eps)
+
+
+# ---------------------------------------------------------------------------------- reference
+def diff_attention_ref(
+    qkv: torch.Tensor,
+    lambda_full: torch.Tensor,
+    norm_weight: torch.Tensor,
+    num_heads: int,
+    lambda_init: float,
+    scale: float | None = None,
+    norm_eps: float = 1e-5,
+    upcast: bool = False,
+) -> torch.Tensor:
+    """Eager differential attention, written as timm's ``DiffAttention.forward`` (its non-fused path) from the
+    qkv output to before ``norm``: ``[B, T, 3 D] -> [B, T, D]``.
+
+    ``upcast=False`` computes in qkv's dtype (eager PyTorch's error, what a kernel is judged against);
+    ``upcast=True`` computes float16 / bfloat16 in float32 and casts back. For a float64 reference pass float64
+    tensors.
+    """
+    batch, tokens, width = qkv.shape
+    head_dim = width // (6 * num_heads)
+    scale = head_dim**-0.5 if scale is None else scale
+    dtype = qkv.dtype
+    if upcast and dtype in (torch.float16, torch.bfloat16):
+        qkv, norm_weight = qkv.float(), norm_weight.float()
+    q, k, v = qkv.chunk(3, dim=2)
+    q = q.reshape(batch, tokens, 2 * num_heads, head_dim).transpose(1, 2)
+    k = k.reshape(batch, tokens, 2 * num_heads, head_dim).transpose(1, 2)
+    v = v.reshape(batch, tokens, num_heads, 2 * head_dim).transpose(1, 2)
+    lam = lambda_full.reshape(()).to(q.dtype)
+    attn = ((q * scale) @ k.transpose(-2, -1)).softmax(dim=-1).view(batch, num_heads, 2, tokens, tokens)
+    x = (attn[:, :, 0] - lam * attn[:, :, 1]) @ v  # [B, H, T, 2 Dh]
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm_eps) * norm_weight
+    x = x * (1 - lambda_init)
+    return x.transpose(1, 2).reshape(batch, tokens, width // 3).to(dtype)
+
+
+__all__ = ["diff_attention", "diff_attention_ref", "launch_diff_attention"]
