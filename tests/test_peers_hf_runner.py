@@ -71,7 +71,7 @@ def fake_runs(peers, monkeypatch, root, outcomes):
     calls = []
 
     def run(root_, mode, backend="auto", k=None, test_file=peers.TEST_FILE, timeout=3600):
-        calls.append((mode, Path(test_file).name, timeout))
+        calls.append((mode, Path(test_file).name, timeout, k))
         return outcomes[mode, Path(test_file).name]
 
     monkeypatch.setattr(peers, "fetch", lambda dest: root)
@@ -86,9 +86,11 @@ def test_main_runs_each_file_in_each_mode_and_fails_on_a_lost_test(peers, tmp_pa
     outcomes = {(m, f"test_modeling_{n}.py"): o for (m, n), o in outcomes.items()}
     calls = fake_runs(peers, monkeypatch, root, outcomes)
     source = str(model_tests(tmp_path))
-    assert peers.main(str(tmp_path), source, timeout=60) == 0
+    assert peers.main(str(tmp_path), source, timeout=60, k="Vision") == 0
     assert calls == [
-        (mode, f"test_modeling_{name}.py", 60) for name in ("clip", "vit") for mode in ("none", "apply", "optimize")
+        (mode, f"test_modeling_{name}.py", 60, "Vision")
+        for name in ("clip", "vit")
+        for mode in ("none", "apply", "optimize")
     ]
     outcomes["optimize", "test_modeling_vit.py"] = {**same, "t::a": "FAILED"}
     assert peers.main(str(tmp_path), source) == 1

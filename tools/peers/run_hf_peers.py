@@ -12,7 +12,7 @@ helpers the sdist lacks: ``utils/test_configuration_utils.py``, ``utils/tiny_mod
 is compared the same way. No triton subset there: most of their tiny configs have head_dim 8 (hidden 32 / 4
 heads), under the attention kernel's 16, where backend "auto" keeps transformers' forward and "triton" refuses.
 
-    python tools/peers/run_hf_peers.py [.peers] [--model-tests DIR] [--timeout SECONDS]
+    python tools/peers/run_hf_peers.py [.peers] [--model-tests DIR [-k EXPR]] [--timeout SECONDS]
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def install_model_tests(root: Path, source: Path) -> list[str]:
     return [str((tests / f.relative_to(source)).relative_to(root)) for f in files]
 
 
-def main(dest: str, model_tests: str | None = None, timeout: float = 3600) -> int:
+def main(dest: str, model_tests: str | None = None, timeout: float = 3600, k: str | None = None) -> int:
     source = Path(model_tests).resolve() if model_tests else None
     if source is not None and not source.is_dir():
         raise SystemExit(
@@ -123,12 +123,12 @@ def main(dest: str, model_tests: str | None = None, timeout: float = 3600) -> in
     if source is not None:
         lost = []
         for rel in install_model_tests(root, source):
-            base = run(root, "none", test_file=rel, timeout=timeout)
+            base = run(root, "none", k=k, test_file=rel, timeout=timeout)
             print(f"{rel}\n  unpatched: {summary(base)}")
             if "PASSED" not in base.values():  # a collection error would compare as nothing lost
                 raise SystemExit(f"peers-hf: nothing in {rel} passes unpatched; run it alone with pytest to see why")
-            lost += compare("apply_vit_fast", base, run(root, "apply", test_file=rel, timeout=timeout))
-            lost += compare("optimize", base, run(root, "optimize", test_file=rel, timeout=timeout))
+            lost += compare("apply_vit_fast", base, run(root, "apply", k=k, test_file=rel, timeout=timeout))
+            lost += compare("optimize", base, run(root, "optimize", k=k, test_file=rel, timeout=timeout))
         return 1 if lost else 0
     base = run(root, "none")
     print(f"  unpatched: {summary(base)}")
@@ -151,5 +151,8 @@ if __name__ == "__main__":
         "transformers' tests/ (models/<model>/test_modeling_<model>.py, utils/...)",
     )
     parser.add_argument("--timeout", type=float, default=3600, help="seconds one pytest run may take (default 3600)")
+    parser.add_argument("-k", metavar="EXPR", help="with --model-tests: pytest's -k within each file, in every mode")
     args = parser.parse_args()
-    raise SystemExit(main(args.dest, args.model_tests, args.timeout))
+    if args.k and not args.model_tests:
+        parser.error("-k selects within --model-tests files; our testers run whole, with their own triton subset")
+    raise SystemExit(main(args.dest, args.model_tests, args.timeout, args.k))
