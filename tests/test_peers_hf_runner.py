@@ -104,3 +104,26 @@ def test_main_fails_when_nothing_passes_unpatched(peers, tmp_path, monkeypatch):
     fake_runs(peers, monkeypatch, root, outcomes)
     with pytest.raises(SystemExit, match="nothing in tests/models/clip/test_modeling_clip.py passes unpatched"):
         peers.main(str(tmp_path), str(model_tests(tmp_path)))
+
+
+def test_junit_outcomes_count_every_test(peers, tmp_path):
+    # -rA's summary groups skips by reason, so the outcomes come from pytest's JUnit XML, one entry a test
+    report = tmp_path / "r.xml"
+    report.write_text(
+        '<testsuites><testsuite name="pytest">'
+        '<testcase classname="m.T" name="test_ok" />'
+        '<testcase classname="m.T" name="test_bad"><failure message="x" /></testcase>'
+        '<testcase classname="m.T" name="test_teardown"><failure message="x" /><error message="y" /></testcase>'
+        '<testcase classname="m.T" name="test_skip_a"><skipped message="same reason" /></testcase>'
+        '<testcase classname="m.T" name="test_skip_b"><skipped message="same reason" /></testcase>'
+        '<testcase classname="" name="tests.models.vit.test_modeling_vit"><error message="collection" /></testcase>'
+        "</testsuite></testsuites>"
+    )
+    assert peers.junit_outcomes(report) == {
+        "m.T::test_ok": "PASSED",
+        "m.T::test_bad": "FAILED",
+        "m.T::test_teardown": "ERROR",
+        "m.T::test_skip_a": "SKIPPED",
+        "m.T::test_skip_b": "SKIPPED",
+        "::tests.models.vit.test_modeling_vit": "ERROR",
+    }

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
 import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from xml.etree import ElementTree
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fetch_transformers_tests import main as fetch  # noqa: E402
@@ -35,7 +35,6 @@ TRITON_K = (
     "(ViTPeer or CLIPVisionPeer or SiglipVisionPeer or Dinov2Peer) and (save_load or determinism or "
     "attention_outputs or hidden_states_output or batching_equivalence or model_forward_shapes)"
 )
-_LINE = re.compile(r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) (\S+)")
 
 
 def run(
@@ -50,19 +49,36 @@ def run(
     env = {**os.environ, "VIT_FAST_PEERS": mode, "VIT_FAST_PEERS_BACKEND": backend, "HF_HUB_OFFLINE": "1"}
     if backend == "triton":
         env["TRITON_INTERPRET"] = "1"
-    cmd = [sys.executable, "-m", "pytest", "-q", "-rA", "-W", "ignore", test_file, *(["-k", k] if k else [])]
+    # per-test outcomes from pytest's JUnit XML, kept beside the harness for a look at the failures: -rA's summary
+    # groups skips by reason ("SKIPPED [40] file:line: reason"), so it cannot count them
+    report = root / "results" / f"{Path(test_file).stem}-{mode}-{backend}.xml"
+    report.parent.mkdir(exist_ok=True)
+    report.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-W", "ignore", f"--junitxml={report}", test_file]
     try:
-        proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(
+            [*cmd, *(["-k", k] if k else [])], cwd=root, env=env, capture_output=True, text=True, timeout=timeout
+        )
     except subprocess.TimeoutExpired:
         raise SystemExit(f"peers-hf: the {mode} run of {test_file} ran past --timeout {timeout:g} s") from None
-    outcomes: dict[str, str] = {}
-    for line in proc.stdout.splitlines():
-        if m := _LINE.match(line):
-            outcomes[m.group(2)] = m.group(1)
+    outcomes = junit_outcomes(report) if report.exists() else {}
     if not outcomes:
         sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
         raise SystemExit(f"peers-hf: the {mode} run of {test_file} collected nothing (exit {proc.returncode})")
     return outcomes
+
+
+def junit_outcomes(report: Path) -> dict[str, str]:
+    """``{"module.Class::test": "PASSED" | "FAILED" | "ERROR" | "SKIPPED"}`` from a pytest JUnit XML report."""
+    outcomes = {}
+    for case in ElementTree.parse(report).iter("testcase"):
+        tags = {child.tag for child in case}
+        outcome = next((o for t, o in _JUNIT if t in tags), "PASSED")
+        outcomes[f"{case.get('classname')}::{case.get('name')}"] = outcome
+    return outcomes
+
+
+_JUNIT = (("error", "ERROR"), ("failure", "FAILED"), ("skipped", "SKIPPED"))  # the first present wins
 
 
 def summary(outcomes: dict[str, str]) -> str:
