@@ -80,10 +80,14 @@ test-oldest: $(OLDEST_VENV)/.installed  ## the kernel interpreter tests on the o
 	$(OLDEST_BIN)/python -m pytest -q -p no:cacheprovider $(OLDEST_TESTS)
 
 # transformers' released test harness for the installed version, fetched from PyPI (the sdist carries
-# tests/test_modeling_common.py but not tests/models/*: the per-model testers are ours, tools/peers/)
+# tests/test_modeling_common.py but not tests/models/*: the per-model testers are ours, tools/peers/).
+# With transformers' own per-model files at hand (a folder laid out like its tests/: models/vit/test_modeling_vit.py,
+# ..., plus utils/test_configuration_utils.py and utils/tiny_model_summary.json, which the sdist lacks):
+#   make peers-hf PEERS_ARGS="--model-tests DIR"   runs those instead of ours, each unpatched / apply / optimize
+# (add -k EXPR to select within each file; their CLIP and SigLIP files also import requests: pip install it first)
 peers-hf: setup  ## transformers' ModelTesterMixin on ViT/DeiT/DINOv2/CLIP/SigLIP: unpatched, apply_vit_fast, optimize
 	$(BIN)/python -m pip install --quiet parameterized
-	$(BIN)/python tools/peers/run_hf_peers.py $(PEERS)
+	$(BIN)/python tools/peers/run_hf_peers.py $(PEERS) $(PEERS_ARGS)
 
 $(PEERS)/timm/VERSION: $(VENV)/.installed
 	rm -rf $(PEERS)/timm && mkdir -p $(PEERS)/timm/sdist
