@@ -402,6 +402,21 @@ def dot_in_fp32(dtype: torch.dtype) -> bool:
 
 
 # ---------------------------------------------------------------------------------- checks
+
+
+def output_buffer(op: str, out: torch.Tensor | None, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+    """A launcher's output: ``out`` when it is ``shape`` in ``like``'s dtype and device with a contiguous last dim
+    (a ValueError naming ``op`` and what differs otherwise), or a new tensor when ``out`` is None."""
+    if out is None:
+        return torch.empty(shape, dtype=like.dtype, device=like.device)
+    if tuple(out.shape) != shape or out.dtype != like.dtype or out.device != like.device or out.stride(-1) != 1:
+        raise ValueError(
+            f"{op}: out must be [{', '.join(map(str, shape))}] {like.dtype} on {like.device} with a contiguous last "
+            f"dim, got {tuple(out.shape)} {out.dtype} on {out.device} stride {tuple(out.stride())}"
+        )
+    return out
+
+
 def check_device(what: str, tensor: torch.Tensor) -> None:
     """Raise before launch unless ``tensor`` can reach a kernel: CUDA, or CPU under the interpreter.
     Meta tensors pass: fake implementations run the same checks as the launchers."""

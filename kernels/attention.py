@@ -36,6 +36,7 @@ from vit_fast.kernels._common import (
     interpret_bf16,
     interpreter_enabled,
     next_power_of_2,
+    output_buffer,
     register_recompute_backward,
     to_bf16_rtne,
     tune_key,
@@ -311,18 +312,7 @@ def launch_attention(
     batch, tokens, width = qkv.shape
     embed_dim = width // 3
     head_dim = embed_dim // num_heads
-    if out is None:
-        out = torch.empty((batch, tokens, embed_dim), dtype=qkv.dtype, device=qkv.device)
-    elif (
-        tuple(out.shape) != (batch, tokens, embed_dim)
-        or out.dtype != qkv.dtype
-        or out.device != qkv.device
-        or out.stride(-1) != 1
-    ):
-        raise ValueError(
-            f"attention: out must be [{batch}, {tokens}, {embed_dim}] {qkv.dtype} on {qkv.device} with a "
-            f"contiguous last dim, got {tuple(out.shape)} {out.dtype} on {out.device} stride {tuple(out.stride())}"
-        )
+    out = output_buffer("attention", out, (batch, tokens, embed_dim), qkv)
     if batch == 0:
         return out
     scale = head_dim**-0.5 if scale is None else float(scale)

@@ -36,6 +36,7 @@ from vit_fast.kernels._common import (
     eager_direct,
     interpret_bf16,
     interpreter_enabled,
+    output_buffer,
     register_recompute_backward,
     to_bf16_rtne,
     tune_key,
@@ -319,18 +320,7 @@ def launch_attention_pool(
     queries = q.shape[1]
     embed_dim = width // 2
     head_dim = embed_dim // num_heads
-    if out is None:
-        out = torch.empty((batch, queries, embed_dim), dtype=kv.dtype, device=kv.device)
-    elif (
-        tuple(out.shape) != (batch, queries, embed_dim)
-        or out.dtype != kv.dtype
-        or out.device != kv.device
-        or out.stride(-1) != 1
-    ):
-        raise ValueError(
-            f"attention_pool: out must be [{batch}, {queries}, {embed_dim}] {kv.dtype} on {kv.device} with a "
-            f"contiguous last dim, got {tuple(out.shape)} {out.dtype} on {out.device} stride {tuple(out.stride())}"
-        )
+    out = output_buffer("attention_pool", out, (batch, queries, embed_dim), kv)
     if batch == 0:
         return out
     scale = head_dim**-0.5 if scale is None else float(scale)
