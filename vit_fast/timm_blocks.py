@@ -468,8 +468,6 @@ class PoolPlan:
         ``latent`` ``[1, L, D]``, ``q`` (a Linear, or None / nn.Identity: the latent is the query), ``kv``,
         ``proj`` (None / nn.Identity: none), ``norm``, ``mlp`` (``fc1``, ``fc2``; None: none), and ``torch_act``
         where the plan's MLP activation is ``"torch"`` (run in PyTorch between fc1 and fc2)."""
-        from vit_fast.kernels.attention_pool import attention_pool
-
         from . import first_use
         from .triton_path import _CHECKED_THROUGH, _THROUGH_OPS, _norm_linear, fuse_ln_from_env
 
@@ -479,7 +477,7 @@ class PoolPlan:
         latent = head.latent
         q = latent if _is_identity(head.q) else ops.linear(latent, head.q)  # [1, L, D]: once, not per image
         kv = ops.linear(x, head.kv)  # [B, T, 2 * D], read in place as [B, T, 2, H, Dh]
-        a = attention_pool(q, kv, self.num_heads, self.scale)  # [B, L, D]
+        a = ops.attention_pool(q, kv, self.num_heads, self.scale)  # [B, L, D]
         if not _is_identity(head.proj):
             a = ops.linear(a, head.proj)
         if self.mlp is not None and self.mlp.act == "torch":  # an activation fc1's epilogue does not have

@@ -36,6 +36,7 @@ import triton
 from torch import nn
 
 from vit_fast.kernels import attention as _attention_module
+from vit_fast.kernels import attention_pool as _attention_pool_module
 from vit_fast.kernels import diff_attention as _diff_attention_module
 from vit_fast.kernels import layer_norm as _layer_norm_module
 from vit_fast.kernels import linear as _linear_module
@@ -43,6 +44,7 @@ from vit_fast.kernels import patch_embed as _patch_embed_module
 from vit_fast.kernels._common import eager_direct, m_class
 from vit_fast.kernels._switches import switch
 from vit_fast.kernels.attention import attention, attention_ref, launch_attention
+from vit_fast.kernels.attention_pool import attention_pool, attention_pool_ref, launch_attention_pool
 from vit_fast.kernels.diff_attention import diff_attention, diff_attention_ref, launch_diff_attention
 from vit_fast.kernels.layer_norm import (
     add_layer_norm_ref,
@@ -99,6 +101,11 @@ class _Ops:
     def diff_attention(self, qkv, lambda_full, norm_weight, num_heads: int, lambda_init, scale, eps) -> torch.Tensor:
         args = (qkv, lambda_full, norm_weight, num_heads, lambda_init, scale, eps)
         return launch_diff_attention(*args, checked=True) if self.direct else diff_attention(*args)
+
+    def attention_pool(self, q, kv, num_heads: int, scale: float) -> torch.Tensor:
+        """An attention-pool head's latent queries ``q [1 or B, L, D]`` against ``kv [B, T, 2D]``."""
+        args = (q, kv, num_heads, scale)
+        return launch_attention_pool(*args, checked=True) if self.direct else attention_pool(*args)
 
     def layer_norm(self, norm: nn.LayerNorm, x) -> torch.Tensor:
         if self.direct:
@@ -173,6 +180,14 @@ class _CheckedOps(_Ops):
         launch = lambda: _Ops.diff_attention(self, *args)  # noqa: E731
         kernel = _diff_attention_module._diff_attention_kernel
         return self._run("diff_attention", kernel, qkv.dtype, shape, launch, diff_attention_ref, args)
+
+    def attention_pool(self, q, kv, num_heads: int, scale: float) -> torch.Tensor:
+        batch, tokens, width = kv.shape
+        shape = (m_class(batch), tokens, q.shape[0], q.shape[1], num_heads, width // (2 * num_heads))
+        args = (q, kv, num_heads, scale)
+        launch = lambda: _Ops.attention_pool(self, *args)  # noqa: E731
+        kernel = _attention_pool_module._attention_pool_kernel
+        return self._run("attention_pool", kernel, kv.dtype, shape, launch, attention_pool_ref, args)
 
     def layer_norm(self, norm: nn.LayerNorm, x) -> torch.Tensor:
         shape = (m_class(x.numel() // x.shape[-1]), x.shape[-1])
