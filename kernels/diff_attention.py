@@ -102,8 +102,8 @@ def _diff_registers_fit(config: triton.Config, block_d: int) -> bool:
 def _prune_diff_configs(configs, named_args, **kwargs):
     """The candidates for one launch, read only from its autotune key (T, the head dim, ``ARCH``, the dtype,
     ``TUNE``): the configs for this kind of card that fit its shared memory and whose accumulators fit in
-    registers. Without tuning one: the fitting config nearest 64x32, 8 warps, 2 stages (fp32: 32x32; a card
-    without tensor cores: 16x32, 4 warps, 1 stage)."""
+    registers. Without tuning one: the fitting config nearest 64x32, 8 warps, 2 stages (fp32: 32x32, with 4 warps
+    up to BLOCK_D 32; a card without tensor cores: 16x32, 4 warps, 1 stage)."""
     block_d = kwargs.get("BLOCK_D", named_args.get("BLOCK_D"))
     if block_d is None:
         return configs
@@ -123,7 +123,10 @@ def _prune_diff_configs(configs, named_args, **kwargs):
     if fma:
         return [closest_config(kept, {"BLOCK_M": 16, "BLOCK_N": 32}, 4, FMA_STAGES)]
     if elem_bytes == 4:
-        return [closest_config(kept, {"BLOCK_M": 32, "BLOCK_N": 32}, 8, 2)]
+        # fp32 (its dots on FMA on every card), triton 3.9, T 257, 32x32 2 stages: with 8 warps it spilled 24 B per
+        # thread on sm_80 at Dh 32 (8 B at Dh 16), 4 warps none on sm_80 and sm_90; at Dh 64 it is the other way
+        # round on sm_90 (4 warps 124 B, 8 none), so 4 warps up to BLOCK_D 32 only
+        return [closest_config(kept, {"BLOCK_M": 32, "BLOCK_N": 32}, 4 if block_d <= 32 else 8, 2)]
     return [closest_config(kept, {"BLOCK_M": 64, "BLOCK_N": 32}, 8, 2)]
 
 

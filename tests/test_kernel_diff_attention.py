@@ -9,6 +9,8 @@ import math
 import pytest
 import torch
 
+from vit_fast.kernels import cards
+from vit_fast.kernels import diff_attention as diff_module
 from vit_fast.kernels.diff_attention import diff_attention, diff_attention_ref, launch_diff_attention
 
 from ._tf32 import no_tf32  # noqa: F401  (autouse: TF32 off while comparing with torch on CUDA)
@@ -209,3 +211,40 @@ def test_cpu_tensor_without_interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(RuntimeError, match=r"need a CUDA tensor.*TRITON_INTERPRET=1"):
         diff_attention(torch.randn(1, 5, 96), torch.tensor(0.5), torch.ones(16), 2, 0.2)
+
+
+# ------------------------------------------------------------------------------ configs per card
+@pytest.mark.parametrize("arch", sorted(cards.CARDS))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_configs_fit_every_card(monkeypatch, arch, dtype):
+    """For every card and q/k head dims 16..128: each config the prune keeps for tuning, and the one it picks
+    without tuning, fits the card's shared memory by the kernel's own estimate (where none fits, sm_75 at Dh 128,
+    the smallest alone), with the FMA set (1 stage) only where tl.dot has no tensor cores; fp32 on a card with
+    tensor cores picks 32x32, 2 stages, 4 warps up to Dh 32 (8 warps spilled 24 B per thread on sm_80 at Dh 32:
+    tools/compile_check.py --targets 80 --kernels diff_attention) and 8 above (4 spilled 124 B on sm_90 at Dh 64)."""
+    monkeypatch.setattr(diff_module, "interpreter_enabled", lambda: False)
+    configs = diff_module._diff_attention_configs()
+    card = cards.CARDS[arch]
+    for head_dim in (16, 32, 64, 128):
+        block_d = diff_module.block_d_for(head_dim)
+        qkv = torch.empty((8, 257, 3 * 4 * 2 * head_dim), dtype=dtype, device="meta")
+        for tune in (1, 0):
+            named = {"qkv_ptr": qkv, "ARCH": arch, "TUNE": tune}
+            kept = diff_module._prune_diff_configs(configs, named, BLOCK_D=block_d)
+            assert kept and (tune or len(kept) == 1)
+            for config in kept:
+                assert (config.num_stages <= diff_module.FMA_STAGES) == (not card.tensor_cores), str(config)
+            same_kind = [c for c in configs if (c.num_stages > diff_module.FMA_STAGES) == card.tensor_cores]
+            shared = {
+                str(c): diff_module._diff_shared_bytes(c, block_d, qkv.element_size(), not card.tensor_cores)
+                for c in same_kind
+            }
+            if min(shared.values()) > card.shared_memory:  # nothing fits (sm_75 at Dh 128): the smallest, alone
+                assert [str(c) for c in kept] == [min(shared, key=shared.get)]
+            else:
+                assert all(shared[str(c)] <= card.shared_memory for c in kept), (head_dim, [str(c) for c in kept])
+        (pick,) = kept
+        if dtype == torch.float32 and card.tensor_cores and head_dim <= 64:  # Dh 128: what the prune keeps
+            warps = 4 if head_dim <= 32 else 8
+            picked = (pick.kwargs["BLOCK_M"], pick.kwargs["BLOCK_N"], pick.num_warps, pick.num_stages)
+            assert picked == (32, 32, warps, 2), (head_dim, str(pick))

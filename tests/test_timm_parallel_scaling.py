@@ -1,6 +1,7 @@
 """apply_vit_fast on timm's ParallelScalingBlock (the "xp" ViTs: RmsNorm, qk-norm; vit_pwee: LayerNorm, a separate
-mlp_bias, LayerScale): patched in place and judged by the numerics rule against timm in float64, kernels in Triton's
-interpreter; what the block may carry beyond that refused by name at patch time."""
+mlp_bias, LayerScale) and DiffParallelScalingBlock (vit_dpwee: the same block with differential attention): patched
+in place and judged by the numerics rule against timm in float64, kernels in Triton's interpreter; what the block may
+carry beyond that refused by name at patch time."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 timm = pytest.importorskip("timm", reason="timm is not installed (make setup installs it with --no-deps)")
 
 from timm.layers import LayerNorm, RmsNorm, RmsNormFp32  # noqa: E402
-from timm.models.vision_transformer import ParallelScalingBlock  # noqa: E402
+from timm.models.vision_transformer import DiffParallelScalingBlock, ParallelScalingBlock  # noqa: E402
 
 import vit_fast  # noqa: E402
 from vit_fast.timm_blocks import BlockPlan  # noqa: E402
@@ -23,6 +24,7 @@ from .numerics import assert_within_eager  # noqa: E402
 SMALL = dict(depth=2, embed_dim=64, num_heads=2, img_size=32)
 XP = "vit_base_patch16_xp_224"  # RmsNorm (in_norm, qk-norm, the model's norms), qkv_bias=False, pre_norm
 PWEE = "vit_pwee_patch16_reg1_gap_256"  # LayerNorm, no qk-norm, mlp_bias, LayerScale, a register, avg pool
+DPWEE = "vit_dpwee_patch16_reg1_gap_256"  # pwee's block with differential attention (heads of 2 x 16 at 64 wide)
 
 # case -> (timm name, create_model overrides)
 CASES = {
@@ -33,6 +35,15 @@ CASES = {
     "pwee: LayerNorm, mlp_bias, LayerScale": (PWEE, SMALL),
     "pwee: LayerNorm qk-norm, SiLU": (PWEE, dict(SMALL, qk_norm=True, act_layer="silu")),
     "pwee: 48 wide, 3 heads of 16": (PWEE, dict(SMALL, embed_dim=48, num_heads=3, depth=1)),
+    "dpwee: LayerNorm, in_proj.bias, LayerScale": (DPWEE, SMALL),
+    "dpwee: qk-norm, mlp_bias, dual_lambda": (
+        DPWEE,
+        dict(SMALL, qk_norm=True, qkv_bias=False, block_fn=partial(DiffParallelScalingBlock, dual_lambda=True)),
+    ),
+    "dpwee: RmsNorm, SiLU, 96 wide, 3 heads of 2 x 16": (
+        DPWEE,
+        dict(SMALL, embed_dim=96, num_heads=3, depth=1, norm_layer=RmsNorm, act_layer="silu"),
+    ),
 }
 
 
@@ -60,7 +71,8 @@ def _runs(monkeypatch) -> list[int]:
 def _patched_matches_timm(name, kwargs, monkeypatch, seed=1):
     torch.manual_seed(0)
     model = _trained_like(timm.create_model(name, pretrained=False, **kwargs), seed)
-    assert all(type(b) is ParallelScalingBlock for b in model.blocks)
+    kind = DiffParallelScalingBlock if name == DPWEE else ParallelScalingBlock
+    assert all(type(b) is kind for b in model.blocks)
     x = torch.randn(2, 3, *model.patch_embed.img_size)
     keys = list(model.state_dict())
     with torch.no_grad():
@@ -94,6 +106,36 @@ def test_xp_block_parts_are_what_the_plan_reads():
     assert isinstance(pwee.in_norm, LayerNorm) and isinstance(pwee.ls.gamma, torch.Tensor)
 
 
+def test_dpwee_block_parts_are_what_the_cases_say():
+    """The dpwee cases hold what their names say: q/k heads of 16, a sub_norm over 32 and in_proj's bias (fc1's
+    included) in the first; qk-norm, a separate mlp_bias and the scalar lambdas in the second; RmsNorm in_norm and
+    SiLU in the third."""
+    cases = ("dpwee: LayerNorm, in_proj.bias, LayerScale", "dpwee: qk-norm, mlp_bias, dual_lambda")
+    cases += ("dpwee: RmsNorm, SiLU, 96 wide, 3 heads of 2 x 16",)
+    plain, normed, rms = (timm.create_model(DPWEE, pretrained=False, **CASES[c][1]).blocks[0] for c in cases)
+    assert plain.head_dim == 16 and plain.sub_norm.weight.shape == (32,) and plain.mlp_bias is None
+    assert isinstance(plain.in_norm, LayerNorm) and isinstance(plain.ls.gamma, torch.Tensor)
+    assert isinstance(normed.q_norm, LayerNorm) and normed.in_proj.bias is None and normed.mlp_bias is not None
+    assert normed.dual_lambda and normed.lambda_q1 is None
+    assert type(rms.in_norm) is RmsNorm and isinstance(rms.mlp_act, torch.nn.SiLU) and rms.num_heads == 3
+
+
+def test_dpwee_runs_the_differential_lambda():
+    """The patched block reads the block's lambda: changing it changes the output (a plain attention would not)."""
+    torch.manual_seed(0)
+    model = _trained_like(timm.create_model(DPWEE, pretrained=False, **dict(SMALL, depth=1)), 6)
+    vit_fast.apply_vit_fast(model, backend="triton")
+    x = torch.randn(1, 5, 64)
+    block = model.blocks[0]
+    with torch.no_grad():
+        before = block(x)
+        block.lambda_q1.mul_(-3.0)
+        after = block(x)
+        expected = block.__dict__["_vit_fast_original_forward"](x)
+    assert (before - after).abs().max() > 1e-3
+    assert torch.allclose(after, expected, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("switch", ["fuse_ln_off", "first_use_check_on"])
 def test_unfused_norms_and_first_use_check(switch, monkeypatch):
     """VIT_FAST_FUSE_LN=0 (in_norm once, as its own launch, before both GEMMs) and the first-use safety net (the
@@ -125,9 +167,9 @@ def test_qk_norm_is_applied():
     assert (normed - plain).abs().max() > 1e-3
 
 
-def _with(block_change):
+def _with(block_change, name=XP):
     def make():
-        model = timm.create_model(XP, pretrained=False, **dict(SMALL, depth=2))
+        model = timm.create_model(name, pretrained=False, **dict(SMALL, depth=2))
         for block in model.blocks:
             block_change(block)
         return model
@@ -155,12 +197,33 @@ def _relu(block):
     block.mlp_act = torch.nn.ReLU()
 
 
+def _layer_norm_sub_norm(block):
+    block.sub_norm = torch.nn.LayerNorm(32)
+
+
+def _rms_sub_norm_over_head_dim(block):
+    block.sub_norm = RmsNorm(16)
+
+
 REFUSED = {
     "an extra submodule": (_with(_add_extra), "blocks.0.attn_norm LayerNorm (not part of the ParallelScalingBlock"),
     "GroupNorm in_norm": (_with(_group_norm_in), "blocks.0.in_norm GroupNorm (the kernels run LayerNorm and timm's"),
     "qk-norm not over head_dim": (_with(_rms_over_two_dims), "blocks.0.q_norm normalises (2, 16), not the last dim"),
     "mlp_bias and in_proj.bias": (_with(_both_biases), "blocks.0.mlp_bias beside in_proj.bias"),
     "ReLU": (_with(_relu), "blocks.0.mlp_act ReLU (the kernels run GELU"),
+    "dpwee: an extra submodule": (
+        _with(_add_extra, DPWEE),
+        "blocks.0.attn_norm LayerNorm (not part of the DiffParallelScalingBlock",
+    ),
+    "dpwee: LayerNorm sub_norm": (
+        _with(_layer_norm_sub_norm, DPWEE),
+        "blocks.0.sub_norm LayerNorm (an affine RmsNorm over 2 x head_dim",
+    ),
+    "dpwee: sub_norm over head_dim": (
+        _with(_rms_sub_norm_over_head_dim, DPWEE),
+        "blocks.0.sub_norm RmsNorm (an affine RmsNorm over 2 x head_dim",
+    ),
+    "dpwee: ReLU": (_with(_relu, DPWEE), "blocks.0.mlp_act ReLU (the kernels run GELU"),
 }
 
 

@@ -99,7 +99,6 @@ def test_patched_model_steps_aside_for_masks_and_float64(monkeypatch):
 REFUSED = {
     "Eva": ("eva02_tiny_patch14_224", dict(img_size=28, depth=1), "rotary position embeddings"),
     "RelPos": ("vit_relpos_small_patch16_224", dict(img_size=32, depth=1), "relative position bias"),
-    "DiffParallelScalingBlock": ("vit_dpwee_patch16_reg1_gap_256", dict(img_size=32, depth=1), "differential"),
     "qk_norm": ("vit_tiny_patch16_224", dict(img_size=32, depth=2, qk_norm=True), "blocks.0.attn.q_norm (qk-norm)"),
     "DiffAttention qk_norm": (
         "vit_dwee_patch16_reg1_gap_256",

@@ -4,13 +4,15 @@ forward.
 :func:`plan_timm_model` reads every block of a timm ``VisionTransformer`` / ``VisionTransformerDistilled`` before
 anything is patched and returns one :class:`BlockPlan` per block, or raises a ValueError naming each feature the
 kernels do not run (rotary or relative position attention, qk-norm outside ParallelScalingBlock, gated attention,
-RmsNorm outside ParallelScalingBlock, differential attention, ...). Block kinds run:
+RmsNorm outside ParallelScalingBlock, ...). Block kinds run:
 
     Block                 x = x + ls1(attn(norm1(x)));  x = x + ls2(mlp(norm2(x)))          (pre-norm)
     ResPostBlock          x = x + norm1(attn(x));       x = x + norm2(mlp(x))                (post-norm)
     ParallelThingsBlock   x = x + sum_i ls(attn_i(norm_i(x)));  x = x + sum_i ls(mlp_i(norm_i(x)))
     ParallelScalingBlock  y = in_norm(x) (LayerNorm or RmsNorm); [fc1 | q | k | v] = in_proj(y);
                           x = x + ls(attn_out_proj(attn(q_norm(q), k_norm(k), v)) + mlp_out_proj(act(fc1)))
+    DiffParallelScalingBlock  ParallelScalingBlock with differential attention (DiffAttention's kernel) and one
+                          out_proj
 
 with timm's ``Mlp`` (GELU, tanh GELU, QuickGELU or SiLU in the fc1 GEMM's epilogue) or ``GluMlp`` (SwiGLU: fc1
 and fc2 on the kernels, the gate ``act(x1) * x2`` in torch between them), and timm's ``Attention`` or
@@ -39,9 +41,6 @@ _REFUSED_MODELS = {
     "Eva": "rotary position embeddings (RoPE) inside attention",
     "VisionTransformerRelPos": "relative position bias inside attention",
 }
-_REFUSED_BLOCKS = {
-    "DiffParallelScalingBlock": "differential attention (DiffParallelScalingBlock)",
-}
 _BLOCK_INDEX = re.compile(r"^blocks\.\d+")
 #: activation module class name -> the linear kernel's epilogue (nn.GELU is read by its ``approximate``)
 _ACTIVATIONS = {"GELU": "gelu", "GELUTanh": "gelu_tanh", "QuickGELU": "quick_gelu", "SiLU": "silu", "Swish": "silu"}
@@ -58,7 +57,7 @@ class MlpPlan:
 class BlockPlan:
     """How one timm block runs on the kernels: its kind, each MLP's activation, and its attention head dim."""
 
-    kind: str  # "Block", "ResPostBlock", "ParallelThingsBlock" or "ParallelScalingBlock"
+    kind: str  # "Block", "ResPostBlock", "ParallelThingsBlock", "ParallelScalingBlock", "DiffParallelScalingBlock"
     mlps: tuple[MlpPlan, ...]
     head_dim: int
 
@@ -77,7 +76,7 @@ class BlockPlan:
         if self.kind == "ResPostBlock":
             x = x + _norm(ops, block.norm1, _attention(ops, nn.Identity(), block.attn, x, None, None, fused))
             return x + _norm(ops, block.norm2, _mlp(ops, nn.Identity(), block.mlp, self.mlps[0], x, None, None, fused))
-        if self.kind == "ParallelScalingBlock":
+        if self.kind in ("ParallelScalingBlock", "DiffParallelScalingBlock"):
             return _parallel_scaling(ops, block, self.mlps[0], x, fused)
         # ParallelThingsBlock: each branch reads the block's input; the residual chain sums their outputs
         out = x
@@ -172,7 +171,10 @@ def _parallel_scaling(ops, block, plan: MlpPlan, x: torch.Tensor, fused: bool) -
         y = _norm(ops, block.in_norm, x)
         m, qkv = ops.linear(y, fc1, plan.act), ops.linear(y, qkv_proj)
     qkv = _qk_norm(ops, block, qkv)
-    a = ops.attention(qkv, block.num_heads, block.scale)  # [B, T, D]
+    if type(block).__name__ == "DiffParallelScalingBlock":  # the block holds DiffAttention's lambda and sub_norm
+        a = _diff_attention(ops, block, qkv)
+    else:
+        a = ops.attention(qkv, block.num_heads, block.scale)  # [B, T, D]
     gamma = _gamma(block.ls)
     if getattr(block, "out_proj", None) is not None:
         # fuse_out_proj: out_proj(cat(a, m)) == a @ W[:, :D]^T + m @ W[:, D:]^T + b
@@ -194,11 +196,11 @@ def _qk_norm(ops, block, qkv: torch.Tensor) -> torch.Tensor:
 
     if _is_identity(block.q_norm) and _is_identity(block.k_norm):
         return qkv
-    batch, tokens, _ = qkv.shape
-    heads, head_dim = block.num_heads, block.head_dim
-    q, k, v = qkv.split(heads * head_dim, dim=-1)
-    q = _norm(ops, block.q_norm, q.reshape(batch, tokens, heads, head_dim))
-    k = _norm(ops, block.k_norm, k.reshape(batch, tokens, heads, head_dim))
+    batch, tokens, features = qkv.shape
+    head_dim = block.head_dim  # differential attention: 2 x heads q/k heads of head_dim each
+    q, k, v = qkv.split(features // 3, dim=-1)
+    q = _norm(ops, block.q_norm, q.reshape(batch, tokens, -1, head_dim))
+    k = _norm(ops, block.k_norm, k.reshape(batch, tokens, -1, head_dim))
     return torch.cat((q.reshape(batch, tokens, -1), k.reshape(batch, tokens, -1), v), dim=-1)
 
 
@@ -273,13 +275,20 @@ def _diff_attention_problems(attn, where: str, problems: list[str]) -> int:
     head_dim, heads = int(attn.head_dim), int(attn.num_heads)
     if attn.qkv.out_features != 3 * heads * 2 * head_dim:
         problems.append(f"{where}.qkv gives {attn.qkv.out_features} features, not 3 x heads x 2 x head_dim")
+    _lambda_and_sub_norm_problems(attn, where, problems)
+    return 2 * head_dim
+
+
+def _lambda_and_sub_norm_problems(attn, where: str, problems: list[str]) -> None:
+    """What :func:`_diff_attention` reads of a ``DiffAttention`` or ``DiffParallelScalingBlock``: an affine RmsNorm
+    ``sub_norm`` over ``2 * head_dim`` and timm's ``_compute_lambda``."""
+    head_dim, kind = int(attn.head_dim), type(attn).__name__
     sub_norm = getattr(attn, "sub_norm", None)
     weight = getattr(sub_norm, "weight", None)
     if type(sub_norm).__name__ != "RmsNorm" or not isinstance(weight, torch.Tensor) or weight.shape != (2 * head_dim,):
         problems.append(f"{where}.sub_norm {type(sub_norm).__name__} (an affine RmsNorm over 2 x head_dim is expected)")
     if not callable(getattr(attn, "_compute_lambda", None)):
-        problems.append(f"{where} DiffAttention without _compute_lambda (a timm version vit-fast does not know)")
-    return 2 * head_dim
+        problems.append(f"{where} {kind} without _compute_lambda (a timm version vit-fast does not know)")
 
 
 def _mlp_plan(mlp, where: str, problems: list[str]) -> MlpPlan:
@@ -334,20 +343,29 @@ def _scaling_norm_problems(norm, width: int, where: str, problems: list[str], al
 def _parallel_scaling_plan(block: nn.Module, where: str, problems: list[str]) -> BlockPlan:
     """timm's ``ParallelScalingBlock``: in_norm, one in_proj for fc1 and qkv, qk-norm, two output projections (or one
     fused ``out_proj``), LayerScale. Dropout and drop-path act in training only, where the block's own forward runs
-    (as an attention mask does: :func:`vit_fast.apply_vit_fast`)."""
+    (as an attention mask does: :func:`vit_fast.apply_vit_fast`). timm's ``DiffParallelScalingBlock`` is the same
+    block with differential attention (2 x heads q/k heads of ``head_dim``, heads v heads of ``2 * head_dim``, its
+    lambda and ``sub_norm`` held by the block, as a ``DiffAttention`` holds them) and always one ``out_proj``; its
+    plan's head dim is the output heads', ``2 * head_dim``, as for a ``DiffAttention``."""
+    kind = type(block).__name__
+    diff = kind == "DiffParallelScalingBlock"
+    parts = _PARALLEL_SCALING_PARTS + (("sub_norm",) if diff else ())
     for name, module in block.named_children():
-        if name not in _PARALLEL_SCALING_PARTS:
-            problems.append(
-                f"{where}.{name} {type(module).__name__} (not part of the ParallelScalingBlock vit-fast runs)"
-            )
+        if name not in parts:
+            problems.append(f"{where}.{name} {type(module).__name__} (not part of the {kind} vit-fast runs)")
     in_proj = getattr(block, "in_proj", None)
     if not isinstance(in_proj, nn.Linear):
         problems.append(f"{where}.in_proj {type(in_proj).__name__} (a Linear is expected)")
-        return BlockPlan("ParallelScalingBlock", (), 0)
+        return BlockPlan(kind, (), 0)
     width, heads, head_dim = in_proj.in_features, int(block.num_heads), int(block.head_dim)
     hidden = in_proj.out_features - 3 * width
-    if heads * head_dim != width:
-        problems.append(f"{where} has {heads} heads of {head_dim}, not D = {width} features")
+    if diff:
+        _lambda_and_sub_norm_problems(block, where, problems)
+        if getattr(block, "out_proj", None) is None:
+            problems.append(f"{where}.out_proj None (timm's DiffParallelScalingBlock has one out_proj)")
+    if heads * head_dim * (2 if diff else 1) != width:
+        per_head = f"2 x {head_dim}" if diff else str(head_dim)
+        problems.append(f"{where} has {heads} heads of {per_head}, not D = {width} features")
     elif list(getattr(block, "in_split", [])) != [hidden, width, width, width]:
         problems.append(f"{where}.in_split {getattr(block, 'in_split', None)} (expected [hidden, D, D, D])")
     _scaling_norm_problems(getattr(block, "in_norm", None), width, f"{where}.in_norm", problems)
@@ -368,14 +386,11 @@ def _parallel_scaling_plan(block: nn.Module, where: str, problems: list[str]) ->
         if not (_is_identity(module) or type(module).__name__ in ("Dropout", "DropPath")):
             problems.append(f"{where}.{part} {type(module).__name__} (dropout or drop-path, training only)")
     _layer_scale_problems(getattr(block, "ls", None), f"{where}.ls", problems)
-    return BlockPlan("ParallelScalingBlock", (MlpPlan(act),), head_dim)
+    return BlockPlan(kind, (MlpPlan(act),), 2 * head_dim if diff else head_dim)
 
 
 def _block_plan(block: nn.Module, where: str, problems: list[str]) -> BlockPlan:
     kind = type(block).__name__
-    if kind in _REFUSED_BLOCKS:
-        problems.append(f"{where}: {_REFUSED_BLOCKS[kind]}")
-        return BlockPlan(kind, (), 0)
     if kind in ("Block", "ResPostBlock"):
         head_dim = _attention_problems(block.attn, f"{where}.attn", problems)
         _norm_problems(block.norm1, f"{where}.norm1", problems)
@@ -395,10 +410,11 @@ def _block_plan(block: nn.Module, where: str, problems: list[str]) -> BlockPlan:
             _norm_problems(branch.norm, f"{where}.ffns.{i}.norm", problems, allow_identity=True)
             _layer_scale_problems(branch.ls, f"{where}.ffns.{i}.ls", problems)
         return BlockPlan(kind, tuple(mlps), min(head_dims) if head_dims else 0)
-    if kind == "ParallelScalingBlock":
+    if kind in ("ParallelScalingBlock", "DiffParallelScalingBlock"):
         return _parallel_scaling_plan(block, where, problems)
     problems.append(
-        f"{where} {kind} (the kernels run timm's Block, ResPostBlock, ParallelThingsBlock and ParallelScalingBlock)"
+        f"{where} {kind} (the kernels run timm's Block, ResPostBlock, ParallelThingsBlock, ParallelScalingBlock and "
+        "DiffParallelScalingBlock)"
     )
     return BlockPlan(kind, (), 0)
 
