@@ -35,6 +35,7 @@ from torch import nn
 
 from . import runtime
 from .convert import HF_ACTIVATIONS
+from .timm_blocks import LinearWeights
 
 #: layer class -> (attention attribute, attention output projection, norm before attention, norm before the
 #: MLP, LayerScale after attention or None, LayerScale after the MLP or None)
@@ -80,23 +81,16 @@ def attentions_requested(kwargs: dict[str, Any], collector: Any) -> bool:
     return bool(collected) and "attentions" in collected
 
 
-class _Proj:
-    """A weight/bias pair in the shape the kernel path reads (``.weight``, ``.bias``)."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        self.weight, self.bias = weight, bias
-
-
-def _fuse(linears: list[nn.Linear]) -> _Proj:
+def _fuse(linears: list[nn.Linear]) -> LinearWeights:
     """Several linears on the same input as one GEMM: weights (and biases) stacked along the outputs."""
     weight = torch.cat([lin.weight for lin in linears]).detach()
     biases = [lin.bias for lin in linears]
     if all(b is None for b in biases):
-        return _Proj(weight, None)
+        return LinearWeights(weight, None)
     filled = [
         b if b is not None else torch.zeros_like(lin.weight[:, 0]) for b, lin in zip(biases, linears, strict=True)
     ]
-    return _Proj(weight, torch.cat(filled).detach())
+    return LinearWeights(weight, torch.cat(filled).detach())
 
 
 def _user_hooked(module: nn.Module) -> bool:
@@ -121,9 +115,9 @@ class _LayerView:
         self.layer, self.num_heads = layer, num_heads
         self.layout = _LAYOUTS[type(layer).__name__]
         self.kernel_act = HF_ACTIVATIONS.get(hidden_act or "", None)
-        self._cache: dict[str, tuple[tuple, _Proj]] = {}
+        self._cache: dict[str, tuple[tuple, LinearWeights]] = {}
 
-    def _fused(self, name: str, linears: list[nn.Linear]) -> _Proj:
+    def _fused(self, name: str, linears: list[nn.Linear]) -> LinearWeights:
         params = [p for lin in linears for p in (lin.weight, lin.bias) if p is not None]
         key = tuple((id(p), p.data_ptr(), p._version, p.dtype, p.device) for p in params)
         hit = self._cache.get(name)
@@ -202,8 +196,8 @@ class _HeadView:
             return False
         dim, weight, bias = att.embed_dim, att.in_proj_weight, att.in_proj_bias
         self.latent, self.proj, self.norm = head.probe, att.out_proj, head.layernorm
-        self.q = _Proj(weight[:dim], None if bias is None else bias[:dim])
-        self.kv = _Proj(weight[dim:], None if bias is None else bias[dim:])
+        self.q = LinearWeights(weight[:dim], None if bias is None else bias[:dim])
+        self.kv = LinearWeights(weight[dim:], None if bias is None else bias[dim:])
         self.mlp = types.SimpleNamespace(fc1=mlp.fc1, fc2=mlp.fc2)
         self.torch_act = mlp.activation_fn
         return True

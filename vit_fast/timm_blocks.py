@@ -135,8 +135,10 @@ def _mlp(ops, norm, mlp, plan: MlpPlan, x, residual, ls, fused) -> torch.Tensor:
     return ops.linear(h, mlp.fc2, residual=residual, gamma=_gamma(ls))
 
 
-class _Rows(NamedTuple):
-    """A slice of a Linear's parameters, taken where the ops read an ``nn.Linear`` (``.weight [N, K]``, ``.bias``)."""
+class LinearWeights(NamedTuple):
+    """A weight ``[N, K]`` and bias where the ops read an ``nn.Linear`` (``.weight``, ``.bias``): a slice of a
+    packed projection's parameters (timm's in_proj, transformers' MultiheadAttention in_proj), or several linears
+    stacked into one GEMM (:mod:`vit_fast.hf_patch`)."""
 
     weight: torch.Tensor
     bias: torch.Tensor | None
@@ -162,8 +164,8 @@ def _parallel_scaling(ops, block, plan: MlpPlan, x: torch.Tensor, fused: bool) -
     mlp_bias = getattr(block, "mlp_bias", None)
     if mlp_bias is None and bias is not None:
         mlp_bias = bias[:hidden]  # qkv_bias=True: in_proj.bias holds fc1's bias too
-    fc1 = _Rows(weight[:hidden], mlp_bias)
-    qkv_proj = _Rows(weight[hidden:], bias[hidden:] if bias is not None else None)
+    fc1 = LinearWeights(weight[:hidden], mlp_bias)
+    qkv_proj = LinearWeights(weight[hidden:], bias[hidden:] if bias is not None else None)
     if fused:  # the norm's statistics are taken in both GEMMs' prologues: cheaper than a launch and a round trip
         m = _norm_linear(ops, block.in_norm, x, fc1, plan.act, fused)
         qkv = _norm_linear(ops, block.in_norm, x, qkv_proj, None, fused)
@@ -179,8 +181,8 @@ def _parallel_scaling(ops, block, plan: MlpPlan, x: torch.Tensor, fused: bool) -
     if getattr(block, "out_proj", None) is not None:
         # fuse_out_proj: out_proj(cat(a, m)) == a @ W[:, :D]^T + m @ W[:, D:]^T + b
         out_weight = block.out_proj.weight
-        x = ops.linear(a, _Rows(out_weight[:, :width], block.out_proj.bias), residual=x, gamma=gamma)
-        return ops.linear(m, _Rows(out_weight[:, width:], None), residual=x, gamma=gamma)
+        x = ops.linear(a, LinearWeights(out_weight[:, :width], block.out_proj.bias), residual=x, gamma=gamma)
+        return ops.linear(m, LinearWeights(out_weight[:, width:], None), residual=x, gamma=gamma)
     x = ops.linear(a, block.attn_out_proj, residual=x, gamma=gamma)
     return ops.linear(m, block.mlp_out_proj, residual=x, gamma=gamma)
 
