@@ -386,6 +386,19 @@ def dot(a, b, acc, IN_FP32: tl.constexpr):
     return result
 
 
+@triton.jit
+def online_softmax_step(s, v, m_i, l_i, acc, IN_FP32: tl.constexpr):
+    """One key tile of the streaming (online) softmax shared by the attention kernels: ``s [M, N]`` the tile's
+    logits in log2 units with masked keys at -inf, ``v [N, D]`` its values; returns the running max, the running
+    denominator and the ``p @ v`` accumulator, what was summed under the old max rescaled to the new one."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.math.exp2(m_i - m_new)
+    p = tl.math.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, None, IN_FP32)
+    return m_new, l_i, acc
+
+
 #: Triton decides at import (when ``@triton.jit`` runs) whether the kernels are interpreted; the kernels' flags
 #: follow that decision, read once rather than from the environment on every launch
 _INTERPRETED = interpreter_enabled()

@@ -36,6 +36,7 @@ from vit_fast.kernels._common import (
     interpret_bf16,
     interpreter_enabled,
     next_power_of_2,
+    online_softmax_step,
     output_buffer,
     register_recompute_backward,
     to_bf16_rtne,
@@ -225,12 +226,7 @@ def _attention_kernel(
         # key tail -> -inf, so exp2 gives exactly 0. The first block always holds key 0, so m_new
         # is finite for every row (padded query rows included) and no inf - inf NaN can arise.
         s = tl.where(col_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.math.exp2(m_i - m_new)  # rescales what was summed under the old max
-        p = tl.math.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, None, DOT_IN_FP32)
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_step(s, v, m_i, l_i, acc, DOT_IN_FP32)
 
     acc = acc / l_i[:, None]
     out_ptrs = (

@@ -44,6 +44,7 @@ from vit_fast.kernels._common import (
     interpret_bf16,
     interpreter_enabled,
     next_power_of_2,
+    online_softmax_step,
     output_buffer,
     register_recompute_backward,
     to_bf16_rtne,
@@ -213,20 +214,10 @@ def _diff_attention_kernel(
             v = v.to(tl.float32)
         # key tail -> -inf; the first block holds key 0, so every row's max is finite from the first step
         s1 = tl.where(col_mask[None, :], dot(q1, tl.trans(k1), None, DOT_IN_FP32) * qk_scale, float("-inf"))
-        m1_new = tl.maximum(m1, tl.max(s1, 1))
-        alpha1 = tl.math.exp2(m1 - m1_new)
-        p1 = tl.math.exp2(s1 - m1_new[:, None])
-        l1 = l1 * alpha1 + tl.sum(p1, 1)
-        acc1 = acc1 * alpha1[:, None] + dot(p1.to(v.dtype), v, None, DOT_IN_FP32)
-        m1 = m1_new
+        m1, l1, acc1 = online_softmax_step(s1, v, m1, l1, acc1, DOT_IN_FP32)
 
         s2 = tl.where(col_mask[None, :], dot(q2, tl.trans(k2), None, DOT_IN_FP32) * qk_scale, float("-inf"))
-        m2_new = tl.maximum(m2, tl.max(s2, 1))
-        alpha2 = tl.math.exp2(m2 - m2_new)
-        p2 = tl.math.exp2(s2 - m2_new[:, None])
-        l2 = l2 * alpha2 + tl.sum(p2, 1)
-        acc2 = acc2 * alpha2[:, None] + dot(p2.to(v.dtype), v, None, DOT_IN_FP32)
-        m2 = m2_new
+        m2, l2, acc2 = online_softmax_step(s2, v, m2, l2, acc2, DOT_IN_FP32)
 
     lam = tl.load(lambda_ptr).to(tl.float32)
     o = acc1 / l1[:, None] - lam * (acc2 / l2[:, None])  # padding lanes are 0 (v's were), so the mean below is exact
