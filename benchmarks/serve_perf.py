@@ -1,17 +1,22 @@
 """perf_analyzer against `vit-fast serve` and against a plain PyTriton script serving the same weights, side by side.
 
     python benchmarks/serve_perf.py --perf-analyzer .tools/perf_analyzer/perf_analyzer      (`make serve-bench`)
-        [--concurrency 1,2,4,8,16] [--batch 1,8] [--protocols grpc,http] [--interval-ms 3000] [--json PATH]
+        [--concurrency 1,2,4,8,16] [--batch 1,8] [--protocols grpc,http] [--interval-ms 3000] [--repeats 1]
+        [--json PATH]
 
 Both servers start once, each on its own loopback ports, from one file: the embedded default model's weights
 written as a plain safetensors state dict with its config.json (`vit-fast serve W --config C`;
 benchmarks/plain_pytriton.py W C). NVIDIA's perf_analyzer, unmodified and without a token, measures each point
 (protocol, batch, concurrency) on one server and then the other, the order alternating point by point; the
-machine's load average is recorded beside every point. perf_analyzer is asked for 3 trials within 100 % of each
-other (--stability-percentage 100, at most 10 trials): with 25 % it gave up on most points of a 2-core machine
-whose load average was 16-23 (other jobs). Prints a Markdown table of inferences/s and p50/p99 latency with
-vit-fast's ratio to the plain script (throughput: higher is better; p99: ours / plain, lower is better), and
-writes every figure to --json. Not a test: the figures depend on the machine and what else runs on it.
+machine's load average is recorded beside every point. With --repeats N each point is measured N times on each
+side (the two sides alternating: A B A B ...) and the table shows each side's median inferences/s, with the p50, p99
+and load of that median run, and the lowest and highest ratio of one run to the other side's run beside it: one
+point moves by up to about 10 % between runs on a 2-core machine, so one run says little. perf_analyzer is
+asked for 3 trials within 100 % of each other (--stability-percentage 100, at most 10 trials): with 25 % it gave
+up on most points of a 2-core machine whose load average was 16-23 (other jobs). Prints a Markdown table of
+inferences/s and p50/p99 latency with vit-fast's ratio to the plain script (throughput: higher is better; p99:
+ours / plain, lower is better), and writes every figure to --json. Not a test: the figures depend on the machine
+and what else runs on it.
 Get perf_analyzer with benchmarks/get_perf_analyzer.sh (`make perf-analyzer`).
 """
 
@@ -109,6 +114,15 @@ def measure(pa: str, ports: list[int], protocol: str, batch: int, concurrency: i
     }
 
 
+def median_run(runs: list[dict]) -> dict:
+    """Of one side's runs of a point, the one with the median inferences/s (the lower middle of an even count),
+    with every run's inferences/s under "runs"; a side with no measured run keeps its first error."""
+    ok = sorted((r for r in runs if "error" not in r), key=lambda r: r["inferences_per_s"])
+    if not ok:
+        return {**runs[0], "runs": [None] * len(runs)}
+    return {**ok[(len(ok) - 1) // 2], "runs": [r.get("inferences_per_s") for r in runs]}
+
+
 def table(points: list[dict]) -> str:
     """Markdown: one row per point; a side perf_analyzer could not measure stably reads "unstable", one it could
     not measure at all "failed" (its message is in the JSON and was printed with the point)."""
@@ -121,8 +135,8 @@ def table(points: list[dict]) -> str:
 
     lines = [
         "| protocol | batch | concurrency | vit-fast inf/s | plain inf/s | ratio | vit-fast p50 / p99 ms | "
-        "plain p50 / p99 ms | p99 ours/plain | load avg |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "plain p50 / p99 ms | p99 ours/plain | load avg | run ratios |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in points:
         ours, plain = p["vit-fast"], p["plain"]
@@ -130,9 +144,11 @@ def table(points: list[dict]) -> str:
         both = "error" not in ours and "error" not in plain
         ratio = f"{ours['inferences_per_s'] / plain['inferences_per_s']:.2f}" if both else "-"
         p99 = f"{ours['p99_ms'] / plain['p99_ms']:.2f}" if both else "-"
+        pairs = [a / b for a, b in zip(ours.get("runs", []), plain.get("runs", []), strict=True) if a and b]
+        spread = f"{min(pairs):.2f}-{max(pairs):.2f}" if len(pairs) > 1 else "-"
         lines.append(
             f"| {p['protocol']} | {p['batch']} | {p['concurrency']} | {ours_rate} | {plain_rate} | {ratio} | "
-            f"{ours_lat} | {plain_lat} | {p99} | {ours['load']:.1f} / {plain['load']:.1f} |"
+            f"{ours_lat} | {plain_lat} | {p99} | {ours['load']:.1f} / {plain['load']:.1f} | {spread} |"
         )
     return "\n".join(lines)
 
@@ -148,6 +164,13 @@ def main() -> None:
     p.add_argument("--batch", type=ints, default=[1, 8])
     p.add_argument("--protocols", default="grpc,http")
     p.add_argument("--interval-ms", type=int, default=3000)
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        metavar="N",
+        help="measure each point N times on each side, alternating, and report the median run (default 1)",
+    )
     p.add_argument("--json", default=None, metavar="PATH", help="write every figure here")
     p.add_argument(
         "--plain-threads",
@@ -163,6 +186,8 @@ def main() -> None:
         help="more flags for vit-fast serve, e.g. '--queue-delay-us 100' (default: none, serve's own defaults)",
     )
     args = p.parse_args()
+    if args.repeats < 1:
+        p.error(f"--repeats must be >= 1, got {args.repeats}")
     if not Path(args.perf_analyzer).is_file():
         sys.exit(f"no perf_analyzer at {args.perf_analyzer}: run benchmarks/get_perf_analyzer.sh (make perf-analyzer)")
     probe = subprocess.run([args.perf_analyzer, "--version"], capture_output=True, text=True, timeout=60)
@@ -193,10 +218,16 @@ def main() -> None:
                         order = ["plain", "vit-fast"] if flip else ["vit-fast", "plain"]
                         flip = not flip
                         point = {"protocol": protocol, "batch": batch, "concurrency": conc, "order": order}
+                        runs: dict[str, list[dict]] = {name: [] for name in order}
+                        for _ in range(args.repeats):
+                            for name in order:
+                                runs[name].append(
+                                    measure(
+                                        args.perf_analyzer, servers[name], protocol, batch, conc, args.interval_ms, tmp
+                                    )
+                                )
                         for name in order:
-                            point[name] = measure(
-                                args.perf_analyzer, servers[name], protocol, batch, conc, args.interval_ms, tmp
-                            )
+                            point[name] = median_run(runs[name])
                         points.append(point)
                         print(json.dumps(point), flush=True)
         finally:
