@@ -49,6 +49,7 @@ from vit_fast.export.tritonserver import (
 )
 from vit_fast.model import VisionTransformer
 from vit_fast.serve.settings import CPU_QUEUE_DELAY_US, DEFAULT_HOST, DEFAULT_PORTS, PROTECT_CHOICES
+from vit_fast.serve.threads import ThreadTuner
 from vit_fast.warmup import WarmupReport
 
 SERVE_EXTRA = "pip install 'vit-fast[serve]'"
@@ -285,9 +286,19 @@ class Server:
             raise ValueError(f"threads must be an int >= 1 (torch intra-op threads per instance), got {threads!r}")
         if protect not in PROTECT_CHOICES:
             raise ValueError(f"protect must be one of {PROTECT_CHOICES}, got {protect!r}")
-        #: torch intra-op threads every forward runs with: by default the cores left beside Triton's own
-        #: processes (one core), shared between the instances (see vit_fast.runtime.intra_op_threads)
-        self.threads = threads or runtime.intra_op_threads(self.batching.instances)
+        #: the most torch intra-op threads a forward runs with. ``threads`` fixes it. Else on the CPU the cores
+        #: shared between the instances, and :attr:`thread_tuner` picks how many of them the forwards take under
+        #: the load of the moment (see vit_fast.serve.threads); on a GPU the cores left beside Triton's own
+        #: processes (see vit_fast.runtime.intra_op_threads)
+        self.thread_tuner: ThreadTuner | None = None
+        if threads is not None:
+            self.threads = threads
+        elif self.device.type == "cuda":
+            self.threads = runtime.intra_op_threads(self.batching.instances)
+        else:
+            self.threads = runtime.intra_op_threads(self.batching.instances, reserve=0)
+            if self.threads > 1:
+                self.thread_tuner = ThreadTuner(self.threads)
         #: whether Triton's statistics, shared-memory, model-repository, trace and logging APIs need the token
         self.protected = protect == "on" or (protect == "auto" and not is_loopback(host))
         self._threads_before: int | None = None
@@ -314,7 +325,7 @@ class Server:
             f"model {self.name!r} ({where}, {str(self.dtype).removeprefix('torch.')}): {self.input.name} "
             f"{list(self.input.dims)} -> {self.output.name} {list(self.output.dims)}, max batch {b.max_batch_size}, "
             f"preferred {list(b.preferred_batch_sizes) or '-'}, {b.instances} instance(s), "
-            f"{self.threads} torch thread(s) each"
+            + (f"{self.threads} torch thread(s) each" if self.thread_tuner is None else self.thread_tuner.describe())
         )
 
     @property
@@ -351,6 +362,8 @@ class Server:
         find the same configs. Batch sizes between these are compiled when first formed (a few kernels,
         seconds; with ``tune`` a new shape class is tuned then)."""
         self.warmup_report = self.model.warmup(self.served_batch_sizes, tune=self.tune)
+        if self.model.backend != "torch":  # kernels (the interpreter in tests) do not run on torch's threads
+            self.thread_tuner = None
         return self.warmup_report
 
     def infer(self, images: Any) -> dict[str, Any]:
@@ -364,6 +377,10 @@ class Server:
             # Triton checks shapes against the config first; this guards the model should that change
             raise ValueError(f"{self.input.name} must be [B >= 1, {', '.join(map(str, want))}], got {images.shape}")
         x = torch.from_numpy(np.ascontiguousarray(images)).to(self.device, self.dtype)
+        if self.thread_tuner is not None:
+            threads = self.thread_tuner.threads_for(len(x))
+            if torch.get_num_threads() != threads:  # torch's count is per thread: each instance sets its own
+                torch.set_num_threads(threads)
         with torch.inference_mode():
             y = self.model(x)
         return {self.output.name: y.cpu().numpy()}
@@ -555,6 +572,15 @@ class Server:
         if self._threads_before is not None:
             torch.set_num_threads(self._threads_before)
             self._threads_before = None
+        tuner = self.thread_tuner
+        if triton is not None and tuner is not None and tuner.trials:
+            kept = [k for _, k, _ in tuner.trials]
+            counts = ", ".join(f"{t}: {kept.count(t)}" for t in tuner.counts)
+            print(
+                f"[vit-fast serve] torch threads kept per trial (of the last {len(kept)}): {counts}",
+                file=sys.stderr,
+                flush=True,
+            )
         if self.log_file is not None and not keep_log:
             self.log_file.unlink(missing_ok=True)
 

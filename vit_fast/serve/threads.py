@@ -1,0 +1,145 @@
+"""How many torch intra-op threads the CPU forwards of a served model run with: chosen while serving, by measuring
+which count moves the most images per second through the server under the load it has now.
+
+Why not one count: on the CPU a served forward shares the cores with Triton's own processes (the server, the
+python-backend stubs, and on one machine the clients). A forward's parallel ops are OpenMP regions whose end waits
+for every thread of the team, and the team's threads spin a while after each region, on cores the rest of the
+server needs. Which count wins depends on the load, not on the model alone. Measured with perf_analyzer over gRPC
+on the default model, `vit-fast serve --threads 1` beside `--threads 2` (2 cores, 3 runs each):
+
+- batch-1 requests, one client at a time: 1 thread 247-258 inferences/s, 2 threads 202-216 (p99 5 against 15 ms):
+  the spinning second thread delays the next request's trip through Triton;
+- batch-1 requests, 4 clients: 1 thread 332-424, 2 threads 360-439; over HTTP, 2 clients 208 and 229, 4 clients
+  500 and 520 (medians);
+- batch-8 requests, 4 clients: 1 thread 1,023-1,048, 2 threads 1,130-1,335; 16 clients: 1,234-1,294 and
+  1,500-1,748;
+- on a loaded machine (other jobs), 2 threads stalled for seconds where 1 thread took milliseconds: a descheduled
+  team member holds up every barrier.
+
+So :class:`ThreadTuner` keeps one count for all forwards and, every :data:`EVERY_S` seconds while requests come,
+runs a trial: short epochs (at least :data:`EPOCH_CALLS` forwards and :data:`EPOCH_MIN_S` seconds, at most
+:data:`EPOCH_S` seconds) alternating between the current count and its neighbours in 1, 2, 4, ..., ``most``,
+:data:`ROUNDS` epochs each in rotating order, and keeps the count whose epochs moved the most images per second of
+wall time (from an epoch's first forward to the next epoch's: the trip through Triton counts, not only the
+forward), or more threads when they come within :data:`MARGIN` of it. A stalling count loses its trial at once.
+The first trial starts with the first request; until then, and on a machine with one core per instance, forwards
+run on ``most`` threads.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+#: a trial epoch lasts at least this many forwards and this many seconds (long enough that a 5 % difference is not
+#: lost in the noise of a few requests) ...
+EPOCH_CALLS = 8
+EPOCH_MIN_S = 0.1
+#: ... and ends after this many seconds whatever the forwards (a stalling count ends its epoch early)
+EPOCH_S = 0.5
+#: epochs per count in a trial
+ROUNDS = 6
+#: seconds between the end of a trial and the next one
+EVERY_S = 10.0
+#: a trial keeps the most threads whose images/s is within this factor of the best count's: fewer threads must win
+#: clearly. Measured (see above): where fewer threads won, they won by 14-25 % (one client, batch 1); where more
+#: won, often by 4-9 % (batch 1, 2-4 clients), which one trial cannot tell from noise
+MARGIN = 1.08
+
+
+def candidates(most: int) -> list[int]:
+    """1, 2, 4, ... below ``most``, and ``most``."""
+    if isinstance(most, bool) or not isinstance(most, int) or most < 1:
+        raise ValueError(f"most must be an int >= 1, got {most!r}")
+    out, t = [], 1
+    while t < most:
+        out.append(t)
+        t *= 2
+    return [*out, most]
+
+
+class ThreadTuner:
+    """Which torch thread count a served forward runs with now (see the module's docstring).
+
+    ``most``: the most threads one forward may take (the cores shared between the instances). ``timer`` is for
+    tests. Thread-safe: the instances of a server share one tuner and call :meth:`threads_for` from their own
+    threads, each setting its own count (torch's count is per thread).
+    """
+
+    def __init__(self, most: int, timer: Callable[[], float] = time.perf_counter) -> None:
+        self.counts = candidates(most)
+        self.most = most
+        self._timer = timer
+        self._current = len(self.counts) - 1  # an index into counts
+        self._trial: list[int] | None = None  # epochs (indices) still to run in this trial
+        self._scores: dict[int, list[float]] = {}  # index -> [images, seconds] in this trial
+        self._epoch: int | None = None  # the index the running epoch measures
+        self._epoch_start = self._epoch_images = self._epoch_calls = 0
+        self._next_trial = None  # the first request starts one
+        #: one entry per finished trial: when (the timer's seconds), the count kept, images/s per count tried
+        self.trials: list[tuple[float, int, dict[int, float]]] = []
+        self._lock = threading.Lock()
+
+    @property
+    def current(self) -> int:
+        """The count forwards outside a trial run with."""
+        return self.counts[self._current]
+
+    def threads_for(self, batch: int) -> int:
+        """Call at the start of every forward, with its batch size: the threads it runs with."""
+        now = self._timer()
+        with self._lock:
+            elapsed = now - self._epoch_start
+            full = self._epoch_calls >= EPOCH_CALLS and elapsed >= EPOCH_MIN_S
+            if self._epoch is not None and (full or elapsed >= EPOCH_S):
+                score = self._scores.setdefault(self._epoch, [0.0, 0.0])
+                score[0] += self._epoch_images
+                score[1] += now - self._epoch_start
+                self._epoch = None
+            if self._epoch is None:
+                due = self._next_trial is None or now >= self._next_trial
+                if self._trial is None and len(self.counts) > 1 and due:
+                    self._trial, self._scores = self._schedule(), {}
+                if self._trial:
+                    self._epoch, self._epoch_start = self._trial.pop(0), now
+                    self._epoch_images = self._epoch_calls = 0
+                elif self._trial is not None:
+                    self._finish(now)
+            if self._epoch is None:
+                return self.current
+            self._epoch_images += batch
+            self._epoch_calls += 1
+            return self.counts[self._epoch]
+
+    def _schedule(self) -> list[int]:
+        """The current count and its neighbours, each :data:`ROUNDS` epochs, the order rotating every round (so
+        none always follows the same count)."""
+        tried = [i for i in (self._current - 1, self._current, self._current + 1) if 0 <= i < len(self.counts)]
+        return [tried[(r + k) % len(tried)] for r in range(ROUNDS) for k in range(len(tried))]
+
+    def _finish(self, now: float) -> None:
+        rates = {i: images / seconds for i, (images, seconds) in self._scores.items() if seconds > 0}
+        if rates:
+            best = max(rates.values())
+            self._current = max(i for i, r in rates.items() if r * MARGIN >= best)
+        self.trials.append((now, self.current, {self.counts[i]: round(r, 1) for i, r in sorted(rates.items())}))
+        del self.trials[:-100]  # the last hundred are enough to see what it did
+        self._trial, self._next_trial = None, now + EVERY_S
+
+    def describe(self) -> str:
+        """One line for the server's description."""
+        if len(self.counts) == 1:
+            return f"{self.most} torch thread(s) each"
+        return (
+            f"torch threads {'/'.join(map(str, self.counts))} each, the count that serves the most images/s "
+            f"kept (tried every {EVERY_S:g} s under load; --threads fixes one)"
+        )
+
+    def report(self) -> dict:
+        """What it chose, for ``--json`` and logs: the counts it tries, the current one and the last trials."""
+        return {
+            "counts": list(self.counts),
+            "current": self.current,
+            "trials": [{"at_s": round(t, 3), "kept": kept, "images_per_s": rates} for t, kept, rates in self.trials],
+        }
