@@ -238,9 +238,9 @@ def _run_view(view: _LayerView, x: torch.Tensor) -> torch.Tensor:
 
 
 def _kernels_can_run(x: torch.Tensor, backend: str) -> bool:
-    if backend == "triton":
-        return True
-    return runtime.auto_backend(x.device) == "triton"  # the model's rule: CUDA cards with tensor cores only
+    # the rule of timm's patched blocks: the model's (CUDA cards with tensor cores) and the kernels' dtypes (float64
+    # keeps transformers' forward; bf16 on a card that emulates it is refused as the model refuses it)
+    return runtime.patched_runs_kernels(x, backend)
 
 
 def _vision_layers(model: nn.Module) -> list[nn.Module]:

@@ -29,15 +29,8 @@ BACKENDS = ("auto", "triton")
 
 
 def _kernels_can_run(x: torch.Tensor, backend: str, head_dim: int | None = None) -> bool:
-    if x.dtype not in _KERNEL_DTYPES:
-        return False  # float64 and the like: the kernels take float16 / bfloat16 / float32 only
-    if backend == "triton":
-        return True
-    # the model's rule: CUDA cards with tensor cores only, and a head dim our attention takes
-    return runtime.auto_backend(x.device, head_dim) == "triton"
-
-
-_KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+    # the model's rule (CUDA cards with tensor cores, a head dim our attention takes) and the kernels' dtypes
+    return runtime.patched_runs_kernels(x, backend, head_dim)
 
 
 def _needs_original(module: nn.Module, x: torch.Tensor) -> bool:
