@@ -10,7 +10,8 @@ Supported layers (vision towers only; a ``CLIPModel``'s text tower keeps its own
 ``ViTLayer``, ``DeiTLayer``, ``Dinov2Layer`` (LayerScale; MLP or SwiGLU), ``CLIPEncoderLayer`` and
 ``SiglipEncoderLayer``. A layer runs on the kernels (LayerNorm folded into the qkv and fc1 GEMMs,
 flash-style attention, residual and LayerScale in the GEMM epilogues) when the kernels can run on
-its input, and its own forward otherwise: an attention mask, training with autograd, inputs that
+its input (:func:`vit_fast.runtime.patched_runs_kernels`, as for timm: float64 keeps the layer's own
+forward), and its own forward otherwise: an attention mask, training with autograd, inputs that
 require grad, attentions requested (by the ``output_attentions`` kwarg or the config: they come
 from the unfused path, per call), a submodule replaced (e.g. PEFT's LoRA) or hooked by the user, and
 under ``torch.export`` / ``torch.onnx.export`` / ``torch.jit.trace`` (an exported graph is transformers'

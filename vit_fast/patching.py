@@ -10,7 +10,9 @@ SigLIP attention-pool head's, by one that runs it on the attention-pool kernel).
 takes the kernel path where ``VisionTransformer``'s ``backend="auto"`` would (a CUDA tensor on a card
 with tensor cores, sm_80 and up), or for any tensor with ``backend="triton"`` (on a CPU: Triton's
 interpreter), and the block's original forward otherwise (and for anything the kernels do not
-cover: an attention mask, dropout in training, autograd).
+cover: an attention mask, dropout in training, autograd, a dtype other than float16, bfloat16 or
+float32). bf16 with ``backend="triton"`` on a card that only emulates it is refused, as
+``VisionTransformer`` refuses it. The rule is :func:`vit_fast.runtime.patched_runs_kernels`.
 """
 
 from __future__ import annotations
