@@ -209,9 +209,8 @@ def _inputs(case: KernelCase, device: torch.device, gen: torch.Generator) -> tup
         return (rnd(B, T, 3 * D), lambda_full, rnd(D // d["heads"]), d["heads"], d["lambda_init"]), {}
     if case.kernel == "attention_pool":  # one latent query for every image (batch 1), as the patched heads pass it
         return (rnd(1, d["latents"], D), rnd(B, T, 2 * D), d["heads"]), {}
-    if case.kernel == "rms_norm":
-        x = rnd(B, T, d["heads"], D, scale=2.0) if d.get("heads") else rnd(B, T, D, scale=2.0)
-        return (x, rnd(D), None, d["eps"]), {}
+    if case.kernel == "rms_norm":  # qk-norm: each head's row of Dh, [B, T, H, Dh]
+        return (rnd(B, T, d["heads"], D, scale=2.0), rnd(D), None, d["eps"]), {}
     residual = rnd(B, T, D) if case.kernel == "add_layer_norm" else None
     return (rnd(B, T, D, scale=2.0), residual, rnd(D), rnd(D), d["eps"]), {}
 
