@@ -142,6 +142,31 @@ def test_patched_timm_blocks_follow_the_same_rule(fake_cuda):
         assert _kernels_can_run(OnCuda(), "auto")
 
 
+@pytest.mark.parametrize("backend", ["auto", "triton"])
+def test_patched_models_take_the_kernels_dtypes_only(fake_cuda, backend):
+    """One rule for timm's and transformers' patched blocks (runtime.patched_runs_kernels): float64 keeps the
+    model's own forward on any card; bf16 on a card that emulates it is refused as VisionTransformer refuses it
+    (backend "auto" never reaches the kernels there: a T4 has no tensor cores for tl.dot)."""
+
+    class OnCuda:  # what the rule reads of its input: its device and dtype
+        device = torch.device("cuda:0")
+
+        def __init__(self, dtype):
+            self.dtype = dtype
+
+    with cards.pretend_arch(90):
+        assert not runtime.patched_runs_kernels(OnCuda(torch.float64), backend)
+        assert all(runtime.patched_runs_kernels(OnCuda(d), backend) for d in (torch.float16, torch.bfloat16))
+    with cards.pretend_arch(75):
+        assert not runtime.patched_runs_kernels(OnCuda(torch.float64), backend)
+        if backend == "auto":
+            assert not runtime.patched_runs_kernels(OnCuda(torch.bfloat16), backend)
+        else:
+            with pytest.raises(ValueError, match=r"bf16 is not native on Tesla T4 .*backend='auto'"):
+                runtime.patched_runs_kernels(OnCuda(torch.bfloat16), backend)
+            assert runtime.patched_runs_kernels(OnCuda(torch.float16), backend)
+
+
 def test_explicit_triton_without_tensor_cores_runs_and_warns_once(fake_cuda):
     """On a CPU under the interpreter, pretending sm_75: the forward runs our kernels, with one warning."""
     model = tiny_model().set_backend("triton")

@@ -20,7 +20,7 @@ from vit_fast.config import ViTConfig
 from vit_fast.files import MARKER_KEY
 from vit_fast.kernels import _versions
 from vit_fast.kernels.cards import pretend_arch
-from vit_fast.selfcheck import KERNELS, check_kernel, model_cases
+from vit_fast.selfcheck import DIFF_FAMILY, KERNELS, POOL_FAMILY, RMS_FAMILY, check_kernel, family_cases, model_cases
 
 #: a model with every feature a case depends on: registers, LayerScale, tanh GELU, a non-square image
 TINY = ViTConfig(
@@ -31,7 +31,7 @@ TINY = ViTConfig(
 # ------------------------------------------------------------------------------ the kernel check itself
 def test_model_cases_cover_every_kernel_of_a_forward():
     cases = model_cases(TINY, batch=2, dtype=torch.float16)
-    assert {c.kernel for c in cases} == set(KERNELS)
+    assert {c.kernel for c in cases} == set(KERNELS) - {c.kernel for c in family_cases()}
     assert [c.role for c in cases if c.kernel in ("linear", "layer_norm_linear")] == ["qkv", "proj", "fc1", "fc2"]
     qkv = next(c for c in cases if c.role == "qkv")
     assert qkv.shape() == "[2, 8, 32] -> [2, 8, 96]"  # 6 patches + class token + 1 register
@@ -81,6 +81,120 @@ def test_a_kernel_that_raises_is_a_failed_check(monkeypatch):
     (case,) = [c for c in model_cases(TINY) if c.kernel == "layer_norm"]
     result = check_kernel(case)
     assert result["status"] == "failed" and "out of resources" in result["summary"] and result["traceback"]
+
+
+# ------------------------------------------------------------------------------ the patched timm / HF families
+def test_family_cases_cover_the_kernels_only_patched_models_launch():
+    ours, families = {c.kernel for c in model_cases(TINY)}, {c.kernel for c in family_cases()}
+    assert ours | families == set(KERNELS) and not ours & families
+    full = {c.role.split(",")[0]: c for c in family_cases(batch=8, dtype=torch.float16)}
+    assert {c.dtype for c in full.values()} == {torch.float16}
+    assert full["fc1"].shape() == "[8, 197, 768] -> [8, 197, 3072]" and full["fc1"].dims["act"] == "gelu"
+    assert full["qkv"].shape() == "[8, 197, 768] -> [8, 197, 2304]" and full["qkv"].dims["bias"] is False
+    assert full["qk-norm"].shape() == "[8, 197, 12, 64]"
+    assert full["attention"].shape() == "[8, 257, 960] -> [8, 257, 320] (5 heads: q, k 10 of 32, v 5 of 64)"
+    assert full["map head"].shape() == "q [1, 1, 768], kv [8, 196, 1536] -> [8, 1, 768] (12 heads of 64)"
+    two = {c.role.split(",")[0]: c.shape() for c in family_cases(max_heads=2)}  # head dims and token counts kept
+    assert two["attention"] == "[1, 257, 384] -> [1, 257, 128] (2 heads: q, k 4 of 32, v 2 of 64)"
+    assert two["map head"] == "q [1, 1, 128], kv [1, 196, 256] -> [1, 1, 128] (2 heads of 64)"
+    assert two["qk-norm"] == "[1, 197, 2, 64]"
+
+
+def test_family_sizes_are_timms_own():
+    """The families' sizes, read from timm's models themselves (built on the meta device: no weights, no time)."""
+    timm = pytest.importorskip("timm", reason="timm is not installed (make setup installs it with --no-deps)")
+    with torch.device("meta"):
+        xp, diff, siglip = (timm.create_model(f["model"]) for f in (RMS_FAMILY, DIFF_FAMILY, POOL_FAMILY))
+    block = xp.blocks[0]
+    assert type(block).__name__ == "ParallelScalingBlock" and type(block.in_norm).__name__ == "RmsNorm"
+    assert (xp.patch_embed.num_patches + xp.num_prefix_tokens, block.num_heads, block.head_dim) == (197, 12, 64)
+    assert block.in_norm.eps == block.q_norm.eps == RMS_FAMILY["eps"] and block.in_proj.bias is None
+    assert block.in_proj.out_features == 3 * 768 + int(768 * RMS_FAMILY["mlp_ratio"])
+    attn = diff.blocks[-1].attn
+    assert type(attn).__name__ == "DiffAttention" and (attn.num_heads, attn.head_dim) == (5, 32)
+    assert diff.patch_embed.num_patches + diff.num_prefix_tokens == DIFF_FAMILY["tokens"]
+    assert attn.lambda_init == pytest.approx(DIFF_FAMILY["lambda_init"])
+    pool = siglip.attn_pool
+    assert (pool.num_heads, pool.head_dim, pool.latent_len) == (12, 64, POOL_FAMILY["latents"])
+    assert siglip.patch_embed.num_patches + siglip.num_prefix_tokens == POOL_FAMILY["tokens"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_family_kernels_pass_at_their_models_shapes(dtype):
+    """One head of each (the head dim, token count and latent length stay the family's): the interpreter's time."""
+    for case in family_cases(dtype=dtype, max_heads=1):
+        result = check_kernel(case, seed=2)
+        assert result["status"] == "ok", result
+        assert result["max_abs_err"] <= result["bound"]
+
+
+def _unwritten(real):
+    """The real launcher, then its output's last element back to NaN: a store mask that drops the tail element."""
+
+    def launch(*args, out, **kwargs):
+        real(*args, out=out, **kwargs)
+        out.view(-1)[-1] = float("nan")
+        return out
+
+    return launch
+
+
+def _column_off_by_one(real):
+    """The real launcher, then its last output column written from its neighbour: a store index one off."""
+
+    def launch(*args, out, **kwargs):
+        real(*args, out=out, **kwargs)
+        out[..., -1] = out[..., -2]
+        return out
+
+    return launch
+
+
+def _k_one_short(real):
+    """A GEMM whose reduction (and its RmsNorm prologue's statistic) stops one element short of K."""
+
+    def launch(x, weight, *args, ln_weight, **kwargs):
+        return real(x[..., :-1], weight[:, :-1], *args, ln_weight=ln_weight[:-1], **kwargs)
+
+    return launch
+
+
+def _kv_one_short(real):
+    """An attention pool whose token loop stops one short: the last token's key and value never seen."""
+
+    def launch(q, kv, *args, **kwargs):
+        return real(q, kv[:, :-1], *args, **kwargs)
+
+    return launch
+
+
+WRONG = {  # kernel -> (module, launcher), and the wrong launchers each must be caught as
+    "rms_norm": ("layer_norm", "launch_rms_norm", [_unwritten, _column_off_by_one]),
+    "rms_norm_linear": ("linear", "launch_linear", [_unwritten, _column_off_by_one, _k_one_short]),
+    "diff_attention": ("diff_attention", "launch_diff_attention", [_unwritten, _column_off_by_one]),
+    "attention_pool": ("attention_pool", "launch_attention_pool", [_unwritten, _column_off_by_one, _kv_one_short]),
+}
+
+
+@pytest.mark.parametrize(
+    "kernel, wrong",
+    [(kernel, wrong) for kernel, (_, _, wrongs) in WRONG.items() for wrong in wrongs],
+    ids=lambda v: v if isinstance(v, str) else v.__name__.strip("_"),
+)
+def test_a_wrong_family_kernel_fails_and_is_named(monkeypatch, kernel, wrong):
+    import importlib
+
+    module_name, launcher, _ = WRONG[kernel]
+    module = importlib.import_module(f"vit_fast.kernels.{module_name}")
+    monkeypatch.setattr(module, launcher, wrong(getattr(module, launcher)))
+    cases = [c for c in family_cases(max_heads=1) if c.kernel == kernel]
+    assert cases
+    for case in cases:
+        result = check_kernel(case, seed=3)
+        assert result["status"] == "failed", result
+        assert "OUTSIDE bound" in result["summary"] and result["name"].startswith(f"{kernel} (")
+        if wrong is _unwritten:
+            assert result["max_abs_err"] == float("inf")
 
 
 # ------------------------------------------------------------------------------ the environment section
@@ -237,4 +351,8 @@ def test_doctor_on_this_cpu(tmp_path):
     assert checks["model fp32"]["status"] == "ok" and "Triton interpreter" in checks["model fp32"]["summary"]
     assert "bf16" in report["skipped"]
     # one progress line per check, from the child, as it ran
-    assert "[vit-fast doctor]   [11/16] ok      attention fp16: [1, 65, 192] -> [1, 65, 64]" in run.stderr
+    for case in family_cases():  # the kernels of patched timm / HF models, whatever the model
+        for dtype in ("fp32", "fp16"):
+            assert checks[case.name.replace("fp32", dtype)]["status"] == "ok"
+    # 8 cases of the model and 5 of the families per dtype
+    assert "[vit-fast doctor]   [16/26] ok      attention fp16: [1, 65, 192] -> [1, 65, 64]" in run.stderr

@@ -238,3 +238,31 @@ def test_export_traces_transformers_own_forward():
         torch.testing.assert_close(
             program.module()(pixel_values=x).last_hidden_state, hf(pixel_values=x).last_hidden_state
         )
+
+
+def test_float64_keeps_transformers_forward_and_emulated_bf16_is_refused(monkeypatch):
+    """The dtype rule of timm's patched blocks (vit_fast.runtime.patched_runs_kernels): float64, which no kernel
+    computes in, runs transformers' own layers and attention-pool head (the result is theirs, bit for bit); bf16 on a
+    card that only emulates it (a T4, faked) is refused with the message VisionTransformer's triton backend gives."""
+    from vit_fast.kernels.cards import pretend_arch
+    from vit_fast.timm_blocks import PoolPlan
+
+    model = _model("SiglipVisionModel", "siglip_vision")  # encoder layers and the attention-pool head
+    reference = copy.deepcopy(model).double()
+    vit_fast.apply_vit_fast(model, backend="triton")
+    layers = _count_fused(monkeypatch)
+    heads = []
+    real_run = PoolPlan.run
+    monkeypatch.setattr(PoolPlan, "run", lambda plan, *a: heads.append(1) or real_run(plan, *a))
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        model.double()
+        ours = model(pixel_values=x.double()).pooler_output
+        assert (layers, heads) == ([], [])  # nothing reached the kernels
+        assert torch.equal(ours, reference(pixel_values=x.double()).pooler_output)
+        model.float()
+        model(pixel_values=x)
+        assert (len(layers), len(heads)) == (2, 1)  # float32 does: the rule is the dtype, not the patch undone
+        model.to(torch.bfloat16)
+        with pretend_arch(75), pytest.raises(ValueError, match=r"bf16 is not native .*use float16 or float32"):
+            model(pixel_values=x.to(torch.bfloat16))

@@ -10,9 +10,12 @@ Every check is a dict ``{"section", "name", "status": ok | warning | failed | sk
 
   environment  python, torch, triton and whether they belong together, the C compiler Triton builds its
                launcher with, the driver, each GPU's row of the card table, TRITON_* / VIT_FAST_* settings
-  kernels      every kernel of one forward at the model's shapes, per dtype, against float64: compiled on a
-               GPU (batch 1 and 8: both sides of the GEMMs' 512-row switch); on a CPU in Triton's interpreter
-               (batch 1, at most two heads), in a child process started with TRITON_INTERPRET=1
+  kernels      every kernel of one forward at the model's shapes, then the kernels only timm / HF models
+               patched in place run (RmsNorm and RmsNorm + GEMM of vit_base_patch16_xp_224, differential
+               attention of vit_dlittle_patch16_reg1_gap_256, the attention-pool head of
+               vit_base_patch16_siglip_224 and HF SigLIP) at those models' shapes, per dtype, against float64:
+               compiled on a GPU (batch 1 and 8: both sides of the GEMMs' 512-row switch); on a CPU in
+               Triton's interpreter (batch 1, at most two heads), in a child process with TRITON_INTERPRET=1
   model        the whole model, triton backend against the torch backend (float64 reference): per dtype on a
                GPU; on a CPU in the first dtype at batch 1, for small models only
   cuda graph   capture and replay of the triton model (GPU only)
@@ -49,7 +52,7 @@ from .kernels import _versions
 from .kernels._interpret import interpreter_enabled
 from .kernels.cards import MIN_ARCH, card_of, device_name
 from .progress import Stages
-from .selfcheck import check_kernel, model_cases
+from .selfcheck import check_kernel, family_cases, model_cases
 
 #: the environment variables reported besides every TRITON_* and VIT_FAST_* one
 OTHER_SETTINGS = ("CC", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "PYTORCH_CUDA_ALLOC_CONF")
@@ -218,16 +221,27 @@ def _note(stages: Stages, check: dict[str, Any], counter: str = "") -> None:
     stages.note(f"  {counter}{check['status']:<7} {check['name']}: {check['summary']}")
 
 
+def doctor_cases(cfg: Any, batch: int, dtype: torch.dtype, max_heads: int | None) -> list[Any]:
+    """What doctor checks per dtype and batch: every kernel of one forward of ``cfg`` (:func:`model_cases`), then
+    the kernels only patched timm / Hugging Face models run (:func:`family_cases`: RmsNorm, RmsNorm + GEMM,
+    differential attention, the attention-pool head), always, at their families' shapes. Always, since the model
+    doctor loads is vit-fast's own: the models that run these kernels are the user's timm / transformers objects
+    patched in place (``vit_fast.apply_vit_fast``), which no model name resolves to."""
+    return model_cases(cfg, batch, dtype, max_heads) + family_cases(batch, dtype, max_heads)
+
+
 def kernel_checks(cfg: Any, device: torch.device, dtypes: list[str], seed: int, stages: Stages) -> list[dict[str, Any]]:
-    """Every kernel of one forward of ``cfg``, in each of ``dtypes``, on ``device`` (compiled on a GPU, at
-    batches 1 and 8; else in the interpreter, at batch 1 with at most two heads)."""
+    """Every kernel of one forward of ``cfg`` and those of the patched timm / HF families (:func:`doctor_cases`), in
+    each of ``dtypes``, on ``device`` (compiled on a GPU, at batches 1 and 8; else in the interpreter, at batch 1
+    with at most two heads)."""
     cuda = device.type == "cuda"
     batches = GPU_KERNEL_BATCHES if cuda else (1,)
+    max_heads = None if cuda else INTERPRETER_MAX_HEADS
     runs = [
         (batch, case)
         for dtype_name in dtypes
         for batch in batches
-        for case in model_cases(cfg, batch, DTYPES[dtype_name], None if cuda else INTERPRETER_MAX_HEADS)
+        for case in doctor_cases(cfg, batch, DTYPES[dtype_name], max_heads)
     ]
     checks = []
     for i, (batch, case) in enumerate(runs, 1):
@@ -396,7 +410,8 @@ def interpreter_checks(s: DoctorSettings, stages: Stages, model: Any = None) -> 
     dtypes, _ = _dtypes_for(s, cpu)
     stages.note(
         f"kernels of {s.model} ({model.cfg.num_tokens} tokens, head dim {model.cfg.head_dim}) in Triton's "
-        f"interpreter, {', '.join(dtypes)}: {len(model_cases(model.cfg)) * len(dtypes)} checks"
+        f"interpreter, and those of patched timm / HF models at their families' shapes, {', '.join(dtypes)}: "
+        f"{len(doctor_cases(model.cfg, 1, torch.float32, None)) * len(dtypes)} checks"
     )
     checks = kernel_checks(model.cfg, cpu, dtypes, s.seed, stages)
     stages.note(f"the whole model, triton backend against the torch backend and float64, {dtypes[0]}, batch 1")

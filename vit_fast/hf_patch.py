@@ -10,7 +10,8 @@ Supported layers (vision towers only; a ``CLIPModel``'s text tower keeps its own
 ``ViTLayer``, ``DeiTLayer``, ``Dinov2Layer`` (LayerScale; MLP or SwiGLU), ``CLIPEncoderLayer`` and
 ``SiglipEncoderLayer``. A layer runs on the kernels (LayerNorm folded into the qkv and fc1 GEMMs,
 flash-style attention, residual and LayerScale in the GEMM epilogues) when the kernels can run on
-its input, and its own forward otherwise: an attention mask, training with autograd, inputs that
+its input (:func:`vit_fast.runtime.patched_runs_kernels`, as for timm: float64 keeps the layer's own
+forward), and its own forward otherwise: an attention mask, training with autograd, inputs that
 require grad, attentions requested (by the ``output_attentions`` kwarg or the config: they come
 from the unfused path, per call), a submodule replaced (e.g. PEFT's LoRA) or hooked by the user, and
 under ``torch.export`` / ``torch.onnx.export`` / ``torch.jit.trace`` (an exported graph is transformers'
@@ -238,9 +239,9 @@ def _run_view(view: _LayerView, x: torch.Tensor) -> torch.Tensor:
 
 
 def _kernels_can_run(x: torch.Tensor, backend: str) -> bool:
-    if backend == "triton":
-        return True
-    return runtime.auto_backend(x.device) == "triton"  # the model's rule: CUDA cards with tensor cores only
+    # the rule of timm's patched blocks: the model's (CUDA cards with tensor cores) and the kernels' dtypes (float64
+    # keeps transformers' forward; bf16 on a card that emulates it is refused as the model refuses it)
+    return runtime.patched_runs_kernels(x, backend)
 
 
 def _vision_layers(model: nn.Module) -> list[nn.Module]:

@@ -10,7 +10,9 @@ SigLIP attention-pool head's, by one that runs it on the attention-pool kernel).
 takes the kernel path where ``VisionTransformer``'s ``backend="auto"`` would (a CUDA tensor on a card
 with tensor cores, sm_80 and up), or for any tensor with ``backend="triton"`` (on a CPU: Triton's
 interpreter), and the block's original forward otherwise (and for anything the kernels do not
-cover: an attention mask, dropout in training, autograd).
+cover: an attention mask, dropout in training, autograd, a dtype other than float16, bfloat16 or
+float32). bf16 with ``backend="triton"`` on a card that only emulates it is refused, as
+``VisionTransformer`` refuses it. The rule is :func:`vit_fast.runtime.patched_runs_kernels`.
 """
 
 from __future__ import annotations
@@ -29,15 +31,8 @@ BACKENDS = ("auto", "triton")
 
 
 def _kernels_can_run(x: torch.Tensor, backend: str, head_dim: int | None = None) -> bool:
-    if x.dtype not in _KERNEL_DTYPES:
-        return False  # float64 and the like: the kernels take float16 / bfloat16 / float32 only
-    if backend == "triton":
-        return True
-    # the model's rule: CUDA cards with tensor cores only, and a head dim our attention takes
-    return runtime.auto_backend(x.device, head_dim) == "triton"
-
-
-_KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+    # the model's rule (CUDA cards with tensor cores, a head dim our attention takes) and the kernels' dtypes
+    return runtime.patched_runs_kernels(x, backend, head_dim)
 
 
 def _needs_original(module: nn.Module, x: torch.Tensor) -> bool:

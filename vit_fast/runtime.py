@@ -136,6 +136,34 @@ def auto_backend(device: torch.device | str, head_dim: int | None = None) -> str
     return "torch" if _auto_blocker(torch.device(device), head_dim) else "triton"
 
 
+def patched_runs_kernels(x: torch.Tensor, backend: str, head_dim: int | None = None) -> bool:
+    """Whether a block or head of a timm / transformers model patched in place (``vit_fast.patching``,
+    ``vit_fast.hf_patch``) runs on our kernels for input ``x``, else on its own forward. ``backend="auto"``: where
+    :func:`auto_backend` picks triton for ``x``'s device (``head_dim``: the model's); ``"triton"``: on any device.
+    Either way only in a dtype the kernels compute in (``vit_fast.kernels._common.SUPPORTED_DTYPES``: float64 and
+    the rest keep the model's own forward), and bf16 on a card that only emulates it is refused with a ValueError
+    naming the card, as ``VisionTransformer``'s triton backend refuses it (``vit_fast.dtypes.check_dtype_on_device``).
+    """
+    if backend != "triton" and auto_backend(x.device, head_dim) != "triton":
+        return False
+    import torch
+
+    from .kernels._common import SUPPORTED_DTYPES  # triton is imported by now: the kernels run next
+
+    if x.dtype not in SUPPORTED_DTYPES:
+        return False
+    if x.dtype == torch.bfloat16:
+        from .dtypes import check_dtype_on_device
+
+        check_dtype_on_device(
+            x.dtype,
+            x.device,
+            "use float16 or float32 (model.half() / model.float()), or patch with backend='auto', which keeps the "
+            "model's own forward on this card",
+        )
+    return True
+
+
 def choose_backend(device: torch.device | str, head_dim: int | None = None, asked: str = "auto") -> BackendChoice:
     """The backend a model asked for ``asked`` (``"auto"``, ``"torch"`` or ``"triton"``) runs on ``device``, and
     a one-line reason naming the card; what ``VisionTransformer.explain_backend`` and ``vit-fast info`` say."""

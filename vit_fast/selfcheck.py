@@ -8,7 +8,11 @@ error) and once in float64 on the CPU (the reference), and :func:`vit_fast.numer
 :func:`model_cases` lists what one forward of a model launches, with that model's shapes: the patch embedding,
 the qkv GEMM with LayerNorm in its prologue, attention, the proj GEMM with its residual (and LayerScale), the
 fc1 GEMM with LayerNorm and GELU, the fc2 GEMM with its residual, the final LayerNorm, and residual-add +
-LayerNorm. Inputs are random, fresh per seed, scaled so that outputs are of order one.
+LayerNorm. :func:`family_cases` lists the kernels that only timm / Hugging Face models patched in place
+(:func:`vit_fast.apply_vit_fast`) launch, at the shapes of one real model of each family: RmsNorm (qk-norm) and the
+GEMM with RmsNorm in its prologue (a ParallelScalingBlock ViT), differential attention (timm's DiffAttention), the
+attention-pool head (SigLIP's map head, timm's and transformers'). Inputs are random, fresh per seed, scaled so that
+outputs are of order one.
 
 Launchers and references are looked up in their kernel modules when a check runs, so a test can replace one.
 Importing this module imports no kernel (and so no triton): the check does, when it runs.
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import math
 import time
 import traceback
 from collections.abc import Iterator
@@ -38,6 +43,11 @@ KERNELS: dict[str, tuple[str, str, str]] = {
     "linear": ("linear", "launch_linear", "linear_ref"),
     "layer_norm": ("layer_norm", "launch_layer_norm", "add_layer_norm_ref"),
     "add_layer_norm": ("layer_norm", "launch_add_layer_norm", "add_layer_norm_ref"),
+    # launched only by timm / Hugging Face models patched in place (vit_fast.apply_vit_fast): see family_cases
+    "rms_norm": ("layer_norm", "launch_rms_norm", "rms_norm_ref"),
+    "rms_norm_linear": ("linear", "launch_linear", "rms_norm_linear_ref"),
+    "diff_attention": ("diff_attention", "launch_diff_attention", "diff_attention_ref"),
+    "attention_pool": ("attention_pool", "launch_attention_pool", "attention_pool_ref"),
 }
 
 
@@ -63,10 +73,19 @@ class KernelCase:
         B, T, D = d.get("batch"), d.get("tokens"), d.get("dim")
         if self.kernel == "patch_embed":
             return f"[{B}, {d['chans']}, {d['height']}, {d['width']}] -> [{B}, {T}, {D}]"
-        if self.kernel in ("linear", "layer_norm_linear"):
+        if self.kernel in ("linear", "layer_norm_linear", "rms_norm_linear"):
             return f"[{B}, {T}, {d['k_in']}] -> [{B}, {T}, {d['n_out']}]"
         if self.kernel == "attention":
             return f"[{B}, {T}, {3 * D}] -> [{B}, {T}, {D}] ({d['heads']} heads of {D // d['heads']})"
+        if self.kernel == "diff_attention":
+            H = d["heads"]
+            heads = f"{H} heads: q, k {2 * H} of {D // (2 * H)}, v {H} of {D // H}"
+            return f"[{B}, {T}, {3 * D}] -> [{B}, {T}, {D}] ({heads})"
+        if self.kernel == "attention_pool":
+            L, H = d["latents"], d["heads"]
+            return f"q [1, {L}, {D}], kv [{B}, {T}, {2 * D}] -> [{B}, {L}, {D}] ({H} heads of {D // H})"
+        if d.get("heads"):  # a norm over each head's rows (qk-norm)
+            return f"[{B}, {T}, {d['heads']}, {D}]"
         return f"[{B}, {T}, {D}]"
 
 
@@ -106,6 +125,49 @@ def model_cases(
     return cases
 
 
+#: timm models whose blocks or heads, run in place by :func:`vit_fast.apply_vit_fast`, launch the kernels that no
+#: ``ViTConfig`` model does, with their sizes as timm builds them. transformers' SigLIP pooling head
+#: (``SiglipMultiheadAttentionPoolingHead``, one probe query) launches the attention-pool kernel as timm's map
+#: head does.
+#: ParallelScalingBlock with an RmsNorm in_norm (folded into its fc1 and qkv GEMMs) and RmsNorm qk-norm, no qkv bias:
+RMS_FAMILY = dict(model="vit_base_patch16_xp_224", tokens=197, heads=12, head_dim=64, mlp_ratio=4.0, eps=1e-6)
+#: DiffAttention (its Dh is dim / heads / 2), no class token and one register; lambda_init of its last block (depth 13):
+DIFF_FAMILY = dict(
+    model="vit_dlittle_patch16_reg1_gap_256", tokens=257, heads=5, head_dim=32, lambda_init=0.8 - 0.6 * math.exp(-3.9)
+)
+#: AttentionPoolLatent (global_pool='map') with one latent query, over the patch tokens (no class token):
+POOL_FAMILY = dict(model="vit_base_patch16_siglip_224", tokens=196, heads=12, head_dim=64, latents=1)
+
+
+def family_cases(batch: int = 1, dtype: torch.dtype = torch.float32, max_heads: int | None = None) -> list[KernelCase]:
+    """The launches of the kernels only patched timm / Hugging Face models run: RmsNorm (qk-norm), the GEMM with
+    RmsNorm in its prologue (fc1 and qkv), differential attention and the attention-pool head, at the shapes of
+    :data:`RMS_FAMILY`, :data:`DIFF_FAMILY` and :data:`POOL_FAMILY` (head dims, token counts, latent length), at
+    ``batch``, in ``dtype``. ``max_heads`` keeps at most that many heads, as in :func:`model_cases`."""
+
+    def sizes(family: dict[str, Any], per_head: int = 1) -> tuple[dict[str, Any], str]:
+        heads = family["heads"] if max_heads is None else min(family["heads"], max_heads)
+        dims = dict(batch=batch, tokens=family["tokens"], dim=heads * per_head * family["head_dim"], heads=heads)
+        return dims, family["model"]
+
+    rms, model = sizes(RMS_FAMILY)
+    dim, eps = rms.pop("dim"), RMS_FAMILY["eps"]
+    gemm = dict(batch=batch, tokens=rms["tokens"], dim=dim, eps=eps, k_in=dim)
+    hidden = int(round(dim * RMS_FAMILY["mlp_ratio"]))
+    cases = [
+        KernelCase("rms_norm_linear", f"fc1, {model}", {**gemm, "n_out": hidden, "act": "gelu"}, dtype),
+        KernelCase("rms_norm_linear", f"qkv, {model}", {**gemm, "n_out": 3 * dim, "bias": False}, dtype),
+        KernelCase("rms_norm", f"qk-norm, {model}", {**rms, "dim": RMS_FAMILY["head_dim"], "eps": eps}, dtype),
+    ]
+    diff, model = sizes(DIFF_FAMILY, per_head=2)  # v and the output: 2 * Dh per head
+    diff["lambda_init"] = DIFF_FAMILY["lambda_init"]
+    cases.append(KernelCase("diff_attention", f"attention, {model}", diff, dtype))
+    pool, model = sizes(POOL_FAMILY)
+    pool["latents"] = POOL_FAMILY["latents"]
+    cases.append(KernelCase("attention_pool", f"map head, {model}", pool, dtype))
+    return cases
+
+
 def _inputs(case: KernelCase, device: torch.device, gen: torch.Generator) -> tuple[tuple, dict[str, Any]]:
     """Random inputs of ``case`` (drawn in float32 on the CPU, then cast and moved): ``(args, kwargs)`` that its
     launcher and its reference both take."""
@@ -126,17 +188,29 @@ def _inputs(case: KernelCase, device: torch.device, gen: torch.Generator) -> tup
             no_embed_class=d["no_embed_class"],
         )
         return args, tokens
-    if case.kernel in ("linear", "layer_norm_linear"):
+    if case.kernel in ("linear", "layer_norm_linear", "rms_norm_linear"):
         K, N = d["k_in"], d["n_out"]
         x, weight = rnd(B, T, K), rnd(N, K, scale=K**-0.5)
         bias = rnd(N) if d.get("bias", True) else None
         if case.kernel == "layer_norm_linear":
             return (x, rnd(K), rnd(K), d["eps"], weight, bias, d.get("act")), {}
+        if case.kernel == "rms_norm_linear":  # timm's RmsNorm: a weight, no bias
+            return (x, rnd(K), None, d["eps"], weight, bias, d.get("act")), {}
         residual = rnd(B, T, N, scale=2.0) if d.get("residual") else None
         gamma = rnd(N) if d.get("gamma") else None
         return (x, weight, bias, d.get("act"), residual, gamma), {}
     if case.kernel == "attention":
         return (rnd(B, T, 3 * D), d["heads"]), {}
+    if case.kernel == "diff_attention":
+        # timm's lambda, exp(q1 . k1) - exp(q2 . k2) + lambda_init, lies near lambda_init (its vectors start at std
+        # 0.1): drawn as lambda_init + 0.1 N(0, 1), a 0-dim tensor in qkv's dtype as timm_blocks passes it; the
+        # sub_norm weight is over 2 * Dh
+        lambda_full = (d["lambda_init"] + 0.1 * torch.randn((), generator=gen)).to(device=device, dtype=dtype)
+        return (rnd(B, T, 3 * D), lambda_full, rnd(D // d["heads"]), d["heads"], d["lambda_init"]), {}
+    if case.kernel == "attention_pool":  # one latent query for every image (batch 1), as the patched heads pass it
+        return (rnd(1, d["latents"], D), rnd(B, T, 2 * D), d["heads"]), {}
+    if case.kernel == "rms_norm":  # qk-norm: each head's row of Dh, [B, T, H, Dh]
+        return (rnd(B, T, d["heads"], D, scale=2.0), rnd(D), None, d["eps"]), {}
     residual = rnd(B, T, D) if case.kernel == "add_layer_norm" else None
     return (rnd(B, T, D, scale=2.0), residual, rnd(D), rnd(D), d["eps"]), {}
 
@@ -152,14 +226,19 @@ def _launch(case: KernelCase, args: tuple, kwargs: dict[str, Any]) -> torch.Tens
 
     if case.kernel == "patch_embed":
         return launcher(*args, **kwargs, out=poisoned(B, T, D))
-    if case.kernel == "layer_norm_linear":
+    if case.kernel in ("layer_norm_linear", "rms_norm_linear"):
         x, ln_weight, ln_bias, eps, weight, bias, act = args
         out = poisoned(B, T, weight.shape[0])
-        return launcher(x, weight, bias, act, ln_weight=ln_weight, ln_bias=ln_bias, ln_eps=eps, out=out)
+        rms = case.kernel == "rms_norm_linear"
+        return launcher(x, weight, bias, act, ln_weight=ln_weight, ln_bias=ln_bias, ln_eps=eps, ln_rms=rms, out=out)
     if case.kernel == "linear":
         return launcher(*args, out=poisoned(B, T, args[1].shape[0]))
-    if case.kernel == "attention":
+    if case.kernel in ("attention", "diff_attention"):
         return launcher(*args, out=poisoned(B, T, D))
+    if case.kernel == "attention_pool":
+        return launcher(*args, out=poisoned(B, case.dims["latents"], D))
+    if case.kernel == "rms_norm":
+        return launcher(*args, out=poisoned(*x.shape))
     x, residual, weight, bias, eps = args
     if case.kernel == "layer_norm":
         return launcher(x, weight, bias, eps, out=poisoned(B, T, D))
@@ -246,4 +325,14 @@ def check_kernel(case: KernelCase, device: torch.device | str = "cpu", seed: int
     return record
 
 
-__all__ = ["KERNELS", "KernelCase", "check_kernel", "model_cases", "no_tf32"]
+__all__ = [
+    "DIFF_FAMILY",
+    "KERNELS",
+    "POOL_FAMILY",
+    "RMS_FAMILY",
+    "KernelCase",
+    "check_kernel",
+    "family_cases",
+    "model_cases",
+    "no_tf32",
+]

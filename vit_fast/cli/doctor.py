@@ -10,7 +10,11 @@ Sections, each check reported as ok / warning / failed / skipped (with the reaso
                row of the card table (shared memory, tl.dot's unit, TMA, native bf16); every TRITON_* and
                VIT_FAST_* setting present
   kernels      every kernel of one forward at MODEL's shapes against its float64 reference, by the numerics
-               rule (at most 2x eager PyTorch's error in the same dtype, plus a floor). On a GPU: compiled,
+               rule (at most 2x eager PyTorch's error in the same dtype, plus a floor); then, whatever MODEL,
+               the kernels only timm / Hugging Face models patched in place (apply_vit_fast) launch, at the
+               shapes of one model of each family: RmsNorm qk-norm and the GEMMs with RmsNorm folded in
+               (timm vit_base_patch16_xp_224), differential attention (vit_dlittle_patch16_reg1_gap_256),
+               the attention-pool head (vit_base_patch16_siglip_224, HF SigLIP). On a GPU: compiled,
                fp32, fp16 and bf16 where the card has native bf16, batches 1 and 8. Without one: in Triton's
                interpreter (a child process started with TRITON_INTERPRET=1), fp32 and fp16, batch 1, at
                most two heads
