@@ -9,7 +9,8 @@ raises on failure and :func:`main` is the one place that turns an exception into
   backend failed, or it raised a failure the user can cause and fix: a bad value, a missing
   file or extra, a failed verification, an output that cannot be written), printed as one line
   ``vit-fast <command>: error: <what is wrong and how to fix it>`` on stderr, no traceback;
-- 2: the command line was rejected while parsing (argparse's usage message), or an environment switch
+- 2: the command line was rejected while parsing (one line naming the argument, what it got and what is
+  allowed: ``_args.Parser``; every numeric flag has a checked type from ``_args``), or an environment switch
   (``VIT_FAST_*``, ``TRITON_INTERPRET``) holds a value that is neither on nor off, named before any work;
 - 130: interrupted.
 
@@ -67,9 +68,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The whole parser; given ``argv``, only the subcommand it names gets its arguments (the others are
     listed by name and help), so ``--help``, ``--version`` and a parse error import no subcommand module and
     no torch."""
+    from vit_fast.cli._args import Parser  # one-line usage errors, for every subcommand's parser too
     from vit_fast.version import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="vit-fast",
         description="Fast Vision Transformers on NVIDIA GPUs: Triton kernels, verified ONNX/TensorRT export, "
         "honest benchmarks.",
