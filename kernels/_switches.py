@@ -5,6 +5,11 @@ ignored; unset or empty means its default. Any other value raises :class:`Switch
 the accepted values, on the first read in the Python API, and before any work at the CLI's entry
 (:func:`check_switches`). Imports nothing of ours, so the kernels (the lowest layer) read their switches here too.
 
+:data:`KNOWN` is the one list of ``VIT_FAST_*`` names vit-fast and its tools read (the switches and
+:data:`SETTINGS`). Any other ``VIT_FAST_*`` variable set (a typo such as ``VIT_FAST_AUTOTUNES``, or a known name
+in the wrong case) is warned about once per process with the closest known name (:func:`warn_unknown`), when
+this module is first imported: by whatever first reads a switch, and by the CLI at its start.
+
 ``TRITON_INTERPRET`` is Triton's, not ours: Triton turns its interpreter on for 1, true, yes, on or y in any
 case, with no spaces, and reads every other value as off. A value meant as on that Triton reads as off (``' 1'``,
 ``banana``) would end in Triton's "0 active drivers" far from its cause, so it is named too.
@@ -12,7 +17,11 @@ case, with no spaces, and reads every other value as off. A value meant as on th
 
 from __future__ import annotations
 
+import difflib
 import os
+import warnings
+from collections.abc import Mapping
+from typing import Any
 
 ON = ("1", "true", "yes", "on")
 OFF = ("0", "false", "no", "off")
@@ -28,6 +37,25 @@ SWITCHES: dict[str, bool | None] = {
     "VIT_FAST_TMA": True,
     "VIT_FAST_TRACEBACK": False,
 }
+
+#: what a switch whose default is None means when unset
+UNSET_MEANS: dict[str, str] = {"VIT_FAST_FIRST_USE_CHECK": "on for compiled kernels, off under Triton's interpreter"}
+
+#: the other ``VIT_FAST_*`` variables read (values, not switches) -> what they hold
+SETTINGS: dict[str, str] = {
+    "VIT_FAST_COMMIT": "the commit recorded in reports where the tree has no .git",
+    "VIT_FAST_PEERS": "tools/peers (make peers-hf): none, apply or optimize",
+    "VIT_FAST_PEERS_BACKEND": "tools/peers (make peers-hf): auto or triton",
+}
+
+#: every ``VIT_FAST_*`` name vit-fast and its tools read; any other one set is named by :func:`warn_unknown`
+KNOWN: tuple[str, ...] = (*SWITCHES, *SETTINGS)
+PREFIX = "VIT_FAST_"
+
+
+class UnknownSettingWarning(UserWarning):
+    """A ``VIT_FAST_*`` variable is set that vit-fast does not read (a typo: the message names the closest one)."""
+
 
 #: what Triton 3.x's ``getenv_bool`` reads as on (case-insensitive, the value exactly as set)
 TRITON_ON = ("1", "true", "yes", "on", "y")
@@ -99,3 +127,77 @@ def check_switches(environ: dict[str, str] | None = None) -> None:
         problems.append(str(err))
     if problems:
         raise SwitchError("; ".join(problems))
+
+
+def unknown_settings(environ: Mapping[str, str] | None = None) -> dict[str, str | None]:
+    """Every variable set that looks like one of ours (``VIT_FAST_*``, in any case) but is not in :data:`KNOWN`
+    -> the closest known name (None when nothing is close)."""
+    environ = os.environ if environ is None else environ
+    unknown = {}
+    for name in sorted(environ):
+        if name.upper().startswith(PREFIX) and name not in KNOWN:
+            # compared without the prefix they all share, so VIT_FAST_ZZZ is close to nothing
+            tails = {known[len(PREFIX) :]: known for known in KNOWN}
+            close = difflib.get_close_matches(name.upper()[len(PREFIX) :], tails, n=1, cutoff=0.6)
+            unknown[name] = tails[close[0]] if close else None
+    return unknown
+
+
+_WARNED: set[str] = set()  # names already warned about in this process
+
+
+def warn_unknown(environ: Mapping[str, str] | None = None) -> None:
+    """Warn (:class:`UnknownSettingWarning`), once per name and process, about each ``VIT_FAST_*`` variable set
+    that vit-fast does not read: ``VIT_FAST_AUTOTUNES=0`` would otherwise change nothing, silently. Runs when
+    this module is first imported, which every part of vit-fast that reads a switch (and the CLI) does."""
+    for name, close in unknown_settings(environ).items():
+        if name in _WARNED:
+            continue
+        _WARNED.add(name)
+        hint = f"did you mean {close}?" if close else f"vit-fast reads {', '.join(KNOWN)}"
+        warnings.warn(
+            f"{name} is set, but vit-fast reads no variable of that name: {hint} (vit-fast info lists them)",
+            UnknownSettingWarning,
+            stacklevel=2,
+        )
+
+
+def settings(environ: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+    """Every known ``VIT_FAST_*`` name with its value now (``value``: the text set, None when unset) and what it
+    means (``effective``: on / off for a switch, with ``default`` True when unset or blank), then each unknown
+    one set (``unknown``: True, ``closest``). Raises :class:`SwitchError` for a switch that is neither on nor off."""
+    environ = os.environ if environ is None else environ
+    rows: list[dict[str, Any]] = []
+    for name, default in SWITCHES.items():
+        raw = environ.get(name)
+        flag = parse_switch(name, raw, None)
+        if flag is None:
+            effective = UNSET_MEANS[name] if default is None else ("on" if default else "off")
+        else:
+            effective = "on" if flag else "off"
+        rows.append({"name": name, "value": raw, "effective": effective, "default": flag is None})
+    for name, what in SETTINGS.items():
+        raw = environ.get(name)
+        rows.append({"name": name, "value": raw, "effective": raw or "unset", "default": not raw, "what": what})
+    for name, close in unknown_settings(environ).items():
+        rows.append({"name": name, "value": environ[name], "unknown": True, "closest": close})
+    return rows
+
+
+def format_settings(rows: list[dict[str, Any]]) -> str:
+    """:func:`settings` as the lines ``vit-fast info`` prints."""
+    lines = ["settings (VIT_FAST_*; a switch takes 1/0, true/false, yes/no or on/off):"]
+    for row in rows:
+        name, raw = row["name"], row["value"]
+        if row.get("unknown"):
+            close = f"; did you mean {row['closest']}?" if row["closest"] else ""
+            lines.append(f"  {name:<26} {raw!r}: not read by vit-fast{close}")
+        elif "what" in row:  # a value, not a switch
+            lines.append(f"  {name:<26} {'unset' if raw is None else repr(raw)}  ({row['what']})")
+        else:
+            source = "default" if raw is None else f"{raw!r}" + (": blank, so the default" if row["default"] else "")
+            lines.append(f"  {name:<26} {row['effective']} ({source})")
+    return "\n".join(lines)
+
+
+warn_unknown()

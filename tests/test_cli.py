@@ -147,7 +147,7 @@ def test_dtype_spellings():
 def test_numbers_and_device():
     assert _args.positive_int("3") == 3 and _args.nonnegative_int("0") == 0 and _args.positive_float("0.5") == 0.5
     assert "must be >= 1, got 0" in _parse_error(_args.positive_int, "0")
-    assert "expected an int, got 'x'" in _parse_error(_args.nonnegative_int, "x")
+    assert "expected an int >= 0, got 'x'" in _parse_error(_args.nonnegative_int, "x")
     assert "must be > 0" in _parse_error(_args.positive_float, "0")
     assert _args.device("auto") == "auto" and _args.device("cpu") == "cpu"
     assert "unknown device 'tpu'" in _parse_error(_args.device, "tpu")

@@ -4,18 +4,29 @@ timm imports torchvision at module level for a few names (``FrozenBatchNorm2d``,
 datasets) that ViT model code never calls. torchvision's wheels are built for one torch build: on
 PyPI they link CUDA torch, so next to a CPU-only torch (PyTorch's CPU index, or a local wheel)
 ``import torchvision`` fails, and with it ``import timm``. :func:`import_timm` imports timm as it is
-where it can; where only torchvision stands in the way it puts a stand-in for ``torchvision`` on
-``sys.meta_path`` (every ``torchvision.*`` import answers with a module whose attributes are
-placeholders: importing works, using one raises a RuntimeError that says it is a stand-in), says so
-once on stderr, and imports timm again. ``timm:NAME``, the bench's timm peer and the tests use it.
+where it can; where only torchvision stands in the way it says so once on stderr and imports timm
+again with a stand-in for ``torchvision`` (every ``torchvision.*`` import answers with a module whose
+attributes are placeholders: importing works, using one raises a RuntimeError that says it is a
+stand-in). ``timm:NAME``, the bench's timm peer and the tests use it.
+
+The stand-in lives only while timm imports: its finder leaves ``sys.meta_path`` and its modules leave
+``sys.modules`` as soon as ``import timm`` returns, so anything imported later (transformers, torch.onnx,
+the user's own code) sees torchvision exactly as it is here, absent or broken, and no finder of ours
+answers for it. timm keeps working: every torchvision name it uses is bound while it imports (in timm
+1.0 each module that imports torchvision is loaded by ``import timm``; the one import inside a
+function, NaFlex ViT's debug image dump, fails later as it would without vit-fast).
+:func:`install_standin` keeps the stand-in in place for a whole process: the test session uses it,
+so test modules can ``import timm`` directly.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
 import importlib.machinery
 import sys
 import types
+from collections.abc import Iterator
 from typing import Any
 
 #: the line printed once when the stand-in is installed for vit-fast's own import of timm
@@ -76,18 +87,40 @@ def standin_installed() -> bool:
     return any(isinstance(f, StandInFinder) for f in sys.meta_path)
 
 
-def install_standin() -> str | None:
-    """Put the stand-in in place unless the real torchvision imports; returns why it could not (None: the real
-    one imports, nothing installed)."""
-    if standin_installed():
-        return "stand-in already installed"
+def _torchvision_failure() -> str | None:
+    """Why the real torchvision cannot be imported here (None: it imports)."""
     try:
         import torchvision  # noqa: F401
     except Exception as err:  # ImportError, or torchvision's RuntimeError when its ops do not match this torch
-        _drop("torchvision")
-        sys.meta_path.insert(0, StandInFinder())
+        _drop("torchvision")  # what the failed import left half-made
         return f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"
     return None
+
+
+def install_standin() -> str | None:
+    """Put the stand-in in place for the rest of the process unless the real torchvision imports (a test
+    harness's form; :func:`import_timm` scopes it); returns why it could not (None: the real one imports,
+    nothing installed)."""
+    if standin_installed():
+        return "stand-in already installed"
+    why = _torchvision_failure()
+    if why is not None:
+        sys.meta_path.insert(0, StandInFinder())
+    return why
+
+
+@contextlib.contextmanager
+def _standin_while() -> Iterator[None]:
+    """The stand-in for the block only: afterwards no finder of ours is on ``sys.meta_path`` and no stand-in
+    module in ``sys.modules`` (what imported them keeps its references)."""
+    finder = StandInFinder()
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
+        for name in [n for n, m in sys.modules.items() if isinstance(m, _StandInModule)]:
+            del sys.modules[name]
 
 
 def import_timm() -> types.ModuleType:
@@ -104,12 +137,19 @@ def import_timm() -> types.ModuleType:
         except Exception:  # torchvision's own failure, raised through timm's import
             pass
         _drop("timm")
-        why = install_standin()
+        why = _torchvision_failure()
         if why is None:  # torchvision imports: timm failed for a reason of its own; let it say so
             import timm
 
             return timm
         print(NOTE.format(why=why), file=sys.stderr)
+        try:
+            with _standin_while():
+                import timm
+        except BaseException:
+            _drop("timm")  # no half-imported timm bound to stand-ins that are gone
+            raise
+        return timm
     import timm
 
     return timm

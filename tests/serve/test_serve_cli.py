@@ -35,9 +35,10 @@ def test_cli_load_test_writes_its_report_and_stops(tmp_path, capsys) -> None:
 def test_bad_arguments_fail_before_the_server_starts(tmp_path) -> None:
     parser = argparse.ArgumentParser(prog="vit-fast serve")
     serve.add_arguments(parser)
+    for argv in (["default", "--batch", "8,x"], ["default", "--instances", "0"]):  # usage errors: test_cli_flags.py
+        with pytest.raises(SystemExit, match="^2$"):
+            parser.parse_args(argv)
     for argv, match in [
-        (["default", "--batch", "8,x"], "comma-separated"),
-        (["default", "--instances", "0"], "instances"),
         (["default", "--http-port", "9000", "--grpc-port", "9000"], "different ports"),
         (["default", "--name", "a b"], "not usable by Triton"),
     ]:

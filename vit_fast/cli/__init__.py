@@ -9,9 +9,12 @@ raises on failure and :func:`main` is the one place that turns an exception into
   backend failed, or it raised a failure the user can cause and fix: a bad value, a missing
   file or extra, a failed verification, an output that cannot be written), printed as one line
   ``vit-fast <command>: error: <what is wrong and how to fix it>`` on stderr, no traceback;
-- 2: the command line was rejected while parsing (argparse's usage message), or an environment switch
+- 2: the command line was rejected while parsing (one line naming the argument, what it got and what is
+  allowed: ``_args.Parser``; every numeric flag has a checked type from ``_args``), or an environment switch
   (``VIT_FAST_*``, ``TRITON_INTERPRET``) holds a value that is neither on nor off, named before any work;
-- 130: interrupted.
+- 130: interrupted;
+- 141: the reader of stdout closed it early (``vit-fast info | head -1``): the command stops quietly, as
+  SIGPIPE stops any Unix tool (the shell reports 128 + 13 for those too).
 
 Any other exception is a bug and keeps its traceback; set ``VIT_FAST_TRACEBACK=1`` to see the
 traceback of every failure.
@@ -67,9 +70,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The whole parser; given ``argv``, only the subcommand it names gets its arguments (the others are
     listed by name and help), so ``--help``, ``--version`` and a parse error import no subcommand module and
     no torch."""
+    from vit_fast.cli._args import Parser  # one-line usage errors, for every subcommand's parser too
     from vit_fast.version import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="vit-fast",
         description="Fast Vision Transformers on NVIDIA GPUs: Triton kernels, verified ONNX/TensorRT export, "
         "honest benchmarks.",
@@ -115,8 +119,51 @@ def error_message(err: BaseException) -> str:
     return text
 
 
+#: the exit status when the reader of stdout went away (``vit-fast info | head -1``): 128 + SIGPIPE, what the shell
+#: reports for any Unix tool that SIGPIPE stops there, so ``set -o pipefail`` scripts see vit-fast as they see ``cat``
+READER_GONE = 141
+
+
+def stdout_reader_gone() -> bool:
+    """True when stdout is a pipe or socket whose reading end is closed: a BrokenPipeError is then the reader
+    stopping early, not a failure of the command (a broken pipe to a child process or server is one)."""
+    import select
+
+    try:
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, 0)  # POLLERR / POLLHUP are always reported
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no real stdout (replaced, closed): nothing to tell
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run ``vit-fast`` with ``argv`` (default: sys.argv[1:]); returns the exit status."""
+    """Run ``vit-fast`` with ``argv`` (default: sys.argv[1:]); returns the exit status.
+
+    Output piped into something that closes early (``vit-fast info | head -1``) ends the command quietly with
+    :data:`READER_GONE`: no "Broken pipe" error and no BrokenPipeError when Python flushes stdout at exit."""
+    try:
+        try:
+            status = _main(argv)
+        except SystemExit:  # --help, --version and usage errors print, then exit
+            sys.stdout.flush()
+            raise
+        sys.stdout.flush()  # what is still buffered fails here, not in the interpreter's flush at exit
+        return status
+    except BrokenPipeError:
+        if not stdout_reader_gone():
+            raise
+        # nothing more can reach the reader; point stdout at devnull so the flush at exit has nowhere to fail
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return READER_GONE
+
+
+def _main(argv: list[str] | None) -> int:
     from vit_fast.kernels._switches import SwitchError, check_switches
 
     try:  # every VIT_FAST_* switch and TRITON_INTERPRET, before anything reads one or any work starts
@@ -146,6 +193,8 @@ def _run(args: argparse.Namespace, command: str) -> int:
     try:
         return int(args.run(args) or 0)
     except Exception as err:
+        if isinstance(err, BrokenPipeError) and stdout_reader_gone():
+            raise  # the reader of stdout stopped early: main() exits quietly
         if not is_user_error(err) or switch("VIT_FAST_TRACEBACK", False):
             raise
         print(f"vit-fast {command}: error: {error_message(err)}", file=sys.stderr)

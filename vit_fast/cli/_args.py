@@ -1,13 +1,18 @@
 """The one grammar of the command line: argument types and output paths shared by every subcommand.
 
-Argument types (``type=`` for argparse) reject a bad value while the command line is parsed, so
-argparse prints ``vit-fast <command>: error: argument --x: <why>`` and exits 2:
+Argument types (``type=`` for argparse) reject a bad value while the command line is parsed, before any work, so
+argparse prints ``vit-fast <command>: error: argument --x: <why>; see vit-fast <command> --help`` and exits 2:
 
 - ``batch_list()``: ``--batch 1,8,64``, comma-separated positive ints; ``batch_list("MIN", "MAX")``
   takes exactly those items (a range), a plain ``batch_list()`` distinct sizes;
 - ``dtype_name`` / ``dtype_names``: ``--dtype``, any spelling vit_fast.dtypes accepts (``fp16``,
   ``float16``, ``half``, ``torch.float16``), as the canonical short name(s);
-- ``positive_int``, ``nonnegative_int``, ``positive_float``, ``device``, ``seed`` (0 to 2**32 - 1).
+- :class:`Number`, the type of every numeric flag (a count, size, port, time or seed; never a bare ``int`` or
+  ``float``): ``positive_int``, ``nonnegative_int``, ``positive_float``, ``port`` (1 to 65535), ``opset``
+  (>= 17), ``seed`` (0 to 2**32 - 1);
+- ``device``.
+
+Every parser is a :class:`Parser`, so a rejected command line is one line and exit 2.
 
 Output paths (``--out``, ``--json``) behave the same everywhere: missing folders are created,
 a path under an existing regular file is refused with :class:`CommandError` before any work.
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -30,6 +36,17 @@ JSON_HELP = "also write the report as JSON to this file"
 MODEL_HELP = (
     '"default", a preset name (random weights), a checkpoint file, a Hugging Face folder, timm:NAME or hf:ORG/NAME'
 )
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser with vit-fast's one-line errors: a rejected command line prints
+    ``vit-fast <command>: error: argument --x: <why>; see vit-fast <command> --help`` and exits 2, without the
+    usage block (a subcommand's usage runs to a dozen lines and hides the line that matters). Subcommand parsers
+    are of the same class (argparse makes them with its parent's type)."""
+
+    def error(self, message: str):  # argparse's hook: must not return
+        text = " ".join(message.split())
+        self.exit(2, f"{self.prog}: error: {text}; see {self.prog} --help\n")
 
 
 class CommandError(Exception):
@@ -61,32 +78,47 @@ def os_error_text(err: OSError) -> str | None:
     return f"cannot write {' -> '.join(repr(p) for p in paths)}: {problem}; {fix}"
 
 
-def _number(text: str, kind: type, what: str) -> int | float:
-    try:
-        return kind(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+class Number:
+    """The ``type=`` of every numeric flag: ``kind`` (int or float) from ``low`` (exclusive with ``above``) up to
+    ``high``. A count, size, port or time goes through one of these, never a bare ``int`` / ``float``, so 0, a
+    negative or a word is a usage error (exit 2) naming the flag, the value and what is allowed."""
+
+    def __init__(self, kind: type, low: int | float, high: int | float | None = None, *, above: bool = False):
+        self.kind, self.low, self.high, self.above = kind, low, high, above
+        noun = "an int" if kind is int else "a number"
+        if high is not None:
+            self.bound = f"from {low} to {high}"
+        else:
+            self.bound = f"{'>' if above else '>='} {low}"
+        self.allowed = f"{noun} {self.bound}"
+        self.__name__ = self.allowed  # argparse names a type by this in its own messages
+
+    def __repr__(self) -> str:
+        return f"Number({self.allowed})"
+
+    def __call__(self, text: str) -> int | float:
+        try:
+            value = self.kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {self.allowed}, got {text!r}") from None
+        if self.kind is float and not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"expected a finite number {self.bound}, got {text!r}")
+        too_low = value <= self.low if self.above else value < self.low
+        if too_low or (self.high is not None and value > self.high):
+            # a range names its kind ("must be an int from 0 to ..."); a lower bound alone reads "must be >= 1"
+            wanted = self.allowed if self.high is not None else self.bound
+            raise argparse.ArgumentTypeError(f"must be {wanted}, got {value}")
+        return value
 
 
-def nonnegative_int(text: str) -> int:
-    value = _number(text, int, "an int")
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def positive_int(text: str) -> int:
-    value = _number(text, int, "an int")
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    value = _number(text, float, "a number")
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return value
+positive_int = Number(int, 1)
+nonnegative_int = Number(int, 0)
+positive_float = Number(float, 0, above=True)
+#: TCP ports to listen on
+port = Number(int, 1, 65535)
+#: an ONNX opset: LayerNormalization needs 17 (vit_fast.export.onnx_checks.MIN_OPSET, which imports torch; a test
+#: pins the two equal); the exporter's own check names the newest opset it can write
+opset = Number(int, 17)
 
 
 def batch_list(*names: str) -> Callable[[str], list[int]]:
@@ -109,6 +141,7 @@ def batch_list(*names: str) -> Callable[[str], list[int]]:
         return sizes
 
     parse.__name__ = "batch list"  # argparse names the type in its generic messages
+    parse.items = names  # what a valid value holds (tests/test_cli_flags.py walks every flag's type)
     return parse
 
 
@@ -199,12 +232,8 @@ def add_threads(parser: argparse.ArgumentParser, note: str) -> None:
 MAX_SEED = 2**32 - 1
 
 
-def seed(text: str) -> int:
-    """The ``--seed`` type: an int from 0 to :data:`MAX_SEED` (torch refuses larger ones only deep inside)."""
-    value = _number(text, int, "an int")
-    if not 0 <= value <= MAX_SEED:
-        raise argparse.ArgumentTypeError(f"must be an int from 0 to {MAX_SEED}, got {value}")
-    return value
+#: the ``--seed`` type (torch refuses larger seeds only deep inside)
+seed = Number(int, 0, MAX_SEED)
 
 
 def add_seed(parser: argparse.ArgumentParser, default: int | None, what: str) -> None:

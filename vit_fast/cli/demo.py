@@ -80,7 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--exporter", choices=("dynamo", "torchscript"), default=d.exporter, help="ONNX exporter (default dynamo)"
     )
-    parser.add_argument("--opset", type=int, default=d.opset, help=f"ONNX opset (default {d.opset})")
+    parser.add_argument("--opset", type=_args.opset, default=d.opset, help=f"ONNX opset (default {d.opset})")
     parser.add_argument(
         "--repeats",
         type=_args.positive_int,

@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--batch", type=_args.batch_list("MIN", "MAX"), default=[1, 64], metavar="MIN,MAX", help="batch range (1,64)"
     )
     p.add_argument("--dtype", type=_args.dtype_name, default=None, help="weights and input: fp32, fp16, bf16 (fp32)")
-    p.add_argument("--opset", type=int, default=None, help="ONNX opset (18; 23 with --attention fused)")
+    p.add_argument("--opset", type=_args.opset, default=None, help="ONNX opset (18; 23 with --attention fused)")
     p.add_argument("--exporter", choices=("dynamo", "torchscript"), default="dynamo", help="torch exporter (dynamo)")
     p.add_argument(
         "--attention",

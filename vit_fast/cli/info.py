@@ -1,7 +1,9 @@
 """Print the versions of torch, triton, onnx, onnxruntime and tensorrt; for each visible GPU its name,
 compute capability and card row (shared memory per block, tensor cores, TMA, native bf16), the backend
 that backend="auto" picks there and why, and the dtype bench and demo default to there; and which
-backends can run on this machine. Without a GPU it says so: auto runs the torch backend.
+backends can run on this machine. Without a GPU it says so: auto runs the torch backend. Last, every
+``VIT_FAST_*`` setting vit-fast reads with its value here, and any other ``VIT_FAST_*`` variable set (a typo,
+with the closest known name).
 
   vit-fast info [--json PATH] [--overwrite]
 """
@@ -24,13 +26,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from vit_fast.env import collect_info, format_info
     from vit_fast.files import MARKER_KEY, check_output_file, write_json_atomic
+    from vit_fast.kernels._switches import format_settings, settings
 
     json_path = None
     if args.json is not None:  # checked before anything is collected, as every command's output is
         json_path = _args.output_file(args.json, "--json")
         json_path = check_output_file(json_path, (".json",), "--json", overwrite=args.overwrite, make_parents=True)
     info = collect_info()
+    info["settings"] = settings()  # main() refused a switch that is neither on nor off before this
     print(format_info(info))
+    print(f"\n{format_settings(info['settings'])}")
     if json_path is not None:
         write_json_atomic({MARKER_KEY: info["vit_fast"], **info}, json_path)
         print(f"\nwrote {json_path}")

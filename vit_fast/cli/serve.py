@@ -63,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--host", default=DEFAULT_HOST, help=f"address to listen on ({DEFAULT_HOST}; 0.0.0.0 for every interface)"
     )
     for what, port in DEFAULT_PORTS.items():
-        parser.add_argument(f"--{what}-port", type=int, default=port, help=f"{what} port ({port})")
+        parser.add_argument(f"--{what}-port", type=_args.port, default=port, help=f"{what} port ({port})")
     parser.add_argument(
         "--tune",
         action="store_true",
@@ -75,8 +75,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="run a bounded load test on loopback (its clients in a separate process), then stop",
     )
-    parser.add_argument("--clients", type=int, default=8, help="load test: concurrent clients (8)")
-    parser.add_argument("--requests", type=int, default=100, help="load test: requests per client (100)")
+    parser.add_argument("--clients", type=_args.positive_int, default=8, help="load test: concurrent clients (8)")
+    parser.add_argument("--requests", type=_args.positive_int, default=100, help="load test: requests per client (100)")
     parser.add_argument(
         "--json",
         default=None,

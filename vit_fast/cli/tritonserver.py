@@ -74,17 +74,22 @@ def add_serving_arguments(
     parser.add_argument("--name", default=None, help=f"Triton model name (default: {what}'s name or file stem)")
     parser.add_argument(
         "--batch",
+        type=_args.batch_list(),
         default=None,
         metavar="1,8,64",
         help="batch sizes, comma-separated: the largest is max_batch_size, the others above 1 the dynamic "
         f"batcher's preferred sizes (default: {default_batch})",
     )
     parser.add_argument(
-        "--instances", type=int, default=1, metavar="N", help="model instances at once, on each GPU for KIND_GPU (1)"
+        "--instances",
+        type=_args.positive_int,
+        default=1,
+        metavar="N",
+        help="model instances at once, on each GPU for KIND_GPU (1)",
     )
     parser.add_argument(
         "--queue-delay-us",
-        type=int,
+        type=_args.nonnegative_int,
         default=None,  # DEFAULT_QUEUE_DELAY_US, read when the command runs (its module imports torch)
         help=f"dynamic batcher's max_queue_delay_microseconds ({default_delay})",
     )
