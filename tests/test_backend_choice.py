@@ -320,3 +320,24 @@ def test_info_refuses_to_replace_a_file_it_did_not_write(tmp_path, capsys):
     assert path.read_text() == '{"mine": true}\n'
     assert main(["info", "--json", str(path), "--overwrite"]) == 0
     assert json.loads(path.read_text())["vit_fast_version"]
+
+
+def test_a_float64_model_never_reaches_the_kernels(fake_cuda, monkeypatch):
+    """The fast path launches the kernels unchecked: a float64 model on "auto" keeps the torch path on a card where
+    "auto" picks triton (same numbers as torch), and an explicit backend="triton" is refused before any compute."""
+    import vit_fast.triton_path as triton_path
+
+    monkeypatch.setattr(triton_path, "features_triton", lambda *a: pytest.fail("the kernels ran"))
+    monkeypatch.setattr(triton_path, "stages_triton", lambda *a: pytest.fail("the kernels ran"))
+    monkeypatch.setattr(runtime, "auto_backend", lambda device, head_dim=None: "triton")  # a card with tensor cores
+    model = tiny_model().double()
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    with torch.no_grad():
+        assert model._backend_for_call(x) == "torch"
+        torch.testing.assert_close(model(x), model.set_backend("torch")(x), rtol=0, atol=0)
+        model.set_backend("triton")
+        for call in (model, lambda x: list(model.forward_stages(x))):
+            with cards.pretend_arch(90), pytest.raises(ValueError, match=r"float16, bfloat16, float32.*float64"):
+                call(x)
+    model.float()
+    assert model._backend_for_call(x.float()) == "triton"  # fp32 still goes to the kernels

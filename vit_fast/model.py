@@ -197,6 +197,18 @@ class VisionTransformer(TimmModelAPI, nn.Module):
         Runs on every forward, so the card is read at most once here: for an explicit ``backend="triton"``
         or bf16 weights (``"auto"`` picked triton only after reading a card with tensor cores)."""
         backend = self.resolved_backend(x)
+        if backend == "triton":
+            from .kernels._common import SUPPORTED_DTYPES  # triton is needed now: the kernels run next
+
+            if self.dtype not in SUPPORTED_DTYPES:
+                # the fast path launches unchecked: a float64 model would reach the kernels (tl.dot in fp64)
+                if self.backend == "auto":
+                    return "torch"
+                names = ", ".join(str(d).removeprefix("torch.") for d in SUPPORTED_DTYPES)
+                raise ValueError(
+                    f"the triton backend computes in {names}; this model's weights are "
+                    f"{str(self.dtype).removeprefix('torch.')}: convert it (model.float()) or use backend='torch'"
+                )
         bf16 = self.dtype == torch.bfloat16
         if backend == "triton" and (bf16 or self.backend == "triton"):
             card = cards.card_of(x.device)
