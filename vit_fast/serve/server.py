@@ -377,13 +377,20 @@ class Server:
             # Triton checks shapes against the config first; this guards the model should that change
             raise ValueError(f"{self.input.name} must be [B >= 1, {', '.join(map(str, want))}], got {images.shape}")
         x = torch.from_numpy(np.ascontiguousarray(images)).to(self.device, self.dtype)
-        if self.thread_tuner is not None:
-            threads = self.thread_tuner.threads_for(len(x))
+        tuner = self.thread_tuner
+        if tuner is None:
+            with torch.inference_mode():
+                y = self.model(x)
+            return {self.output.name: y.cpu().numpy()}
+        threads = tuner.threads_for(len(x))
+        try:
             if torch.get_num_threads() != threads:  # torch's count is per thread: each instance sets its own
                 torch.set_num_threads(threads)
-        with torch.inference_mode():
-            y = self.model(x)
-        return {self.output.name: y.cpu().numpy()}
+            with torch.inference_mode():
+                y = self.model(x)
+        finally:
+            tuner.finished()
+        return {self.output.name: y.numpy()}
 
     def start(self) -> Server:
         """Warm the model up (:meth:`warmup`), start Triton (in a process of its own), bind the model and wait

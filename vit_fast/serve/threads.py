@@ -16,14 +16,14 @@ on the default model, `vit-fast serve --threads 1` beside `--threads 2` (2 cores
 - on a loaded machine (other jobs), 2 threads stalled for seconds where 1 thread took milliseconds: a descheduled
   team member holds up every barrier.
 
-So :class:`ThreadTuner` keeps one count for all forwards and, every :data:`EVERY_S` seconds while requests come,
-runs a trial: short epochs (at least :data:`EPOCH_CALLS` forwards and :data:`EPOCH_MIN_S` seconds, at most
-:data:`EPOCH_S` seconds) alternating between the current count and its neighbours in 1, 2, 4, ..., ``most``,
-:data:`ROUNDS` epochs each in rotating order, and keeps the count whose epochs moved the most images per second of
-wall time (from an epoch's first forward to the next epoch's: the trip through Triton counts, not only the
-forward), or more threads when they come within :data:`MARGIN` of it. A stalling count loses its trial at once.
-The first trial starts with the first request; until then, and on a machine with one core per instance, forwards
-run on ``most`` threads.
+So :class:`ThreadTuner` keeps one count for all forwards and runs a trial when requests start coming after a
+pause of :data:`IDLE_S` (a new load), and every :data:`EVERY_S` seconds while they keep coming: short epochs (at
+least :data:`EPOCH_CALLS` forwards and :data:`EPOCH_MIN_S` seconds, at most :data:`EPOCH_S` seconds) alternating
+between the current count and its neighbours in 1, 2, 4, ..., ``most``, :data:`ROUNDS` epochs each in rotating
+order, and keeps the count whose epochs moved the most images per second of wall time (from an epoch's first
+forward to the next epoch's: the trip through Triton counts, not only the forward), or more threads when they come
+within :data:`MARGIN` of it. A stalling count loses its trial at once. The first trial starts with the first
+request; until then, and on a machine with one core per instance, forwards run on ``most`` threads.
 """
 
 from __future__ import annotations
@@ -40,8 +40,12 @@ EPOCH_MIN_S = 0.1
 EPOCH_S = 0.5
 #: epochs per count in a trial
 ROUNDS = 6
-#: seconds between the end of a trial and the next one
-EVERY_S = 10.0
+#: seconds between the end of a trial and the next one under steady load
+EVERY_S = 30.0
+#: this long with no forward running is a pause between loads (clients stopped, then started): the next forward
+#: starts a trial at once, and a running one is dropped (its epochs measured the pause). A stalled forward is not a
+#: pause: it is running
+IDLE_S = 1.0
 #: a trial keeps the most threads whose images/s is within this factor of the best count's: fewer threads must win
 #: clearly. Measured (see above): where fewer threads won, they won by 14-25 % (one client, batch 1); where more
 #: won, often by 4-9 % (batch 1, 2-4 clients), which one trial cannot tell from noise
@@ -76,7 +80,9 @@ class ThreadTuner:
         self._scores: dict[int, list[float]] = {}  # index -> [images, seconds] in this trial
         self._epoch: int | None = None  # the index the running epoch measures
         self._epoch_start = self._epoch_images = self._epoch_calls = 0
-        self._next_trial = None  # the first request starts one
+        self._next_trial: float | None = None  # the first request starts one
+        self._running = 0  # forwards started and not finished
+        self._idle_since: float | None = None  # when the last running forward finished
         #: one entry per finished trial: when (the timer's seconds), the count kept, images/s per count tried
         self.trials: list[tuple[float, int, dict[int, float]]] = []
         self._lock = threading.Lock()
@@ -87,9 +93,13 @@ class ThreadTuner:
         return self.counts[self._current]
 
     def threads_for(self, batch: int) -> int:
-        """Call at the start of every forward, with its batch size: the threads it runs with."""
+        """Call at the start of every forward, with its batch size: the threads it runs with. Call
+        :meth:`finished` when it ends."""
         now = self._timer()
         with self._lock:
+            if self._running == 0 and self._idle_since is not None and now - self._idle_since >= IDLE_S:
+                self._epoch, self._trial, self._next_trial = None, None, None
+            self._running += 1
             elapsed = now - self._epoch_start
             full = self._epoch_calls >= EPOCH_CALLS and elapsed >= EPOCH_MIN_S
             if self._epoch is not None and (full or elapsed >= EPOCH_S):
@@ -112,6 +122,13 @@ class ThreadTuner:
             self._epoch_calls += 1
             return self.counts[self._epoch]
 
+    def finished(self) -> None:
+        """Call when a forward that :meth:`threads_for` started has ended (also when it raised)."""
+        with self._lock:
+            self._running = max(0, self._running - 1)
+            if self._running == 0:
+                self._idle_since = self._timer()
+
     def _schedule(self) -> list[int]:
         """The current count and its neighbours, each :data:`ROUNDS` epochs, the order rotating every round (so
         none always follows the same count)."""
@@ -133,7 +150,7 @@ class ThreadTuner:
             return f"{self.most} torch thread(s) each"
         return (
             f"torch threads {'/'.join(map(str, self.counts))} each, the count that serves the most images/s "
-            f"kept (tried every {EVERY_S:g} s under load; --threads fixes one)"
+            f"kept (tried when a load starts and every {EVERY_S:g} s; --threads fixes one)"
         )
 
     def report(self) -> dict:
