@@ -118,6 +118,16 @@ def test_hill_climbing_tries_only_the_neighbours() -> None:
     assert set(tuner.trials[-1][2]) == {2, 4, 8}
 
 
+def test_one_lucky_epoch_does_not_move_the_count_down() -> None:
+    # one thread is 5 % slower, but its first epoch ran while the rest of the machine was quiet (40x faster):
+    # over the trial it is far ahead, yet it won one round of six, so the two threads stay
+    load = Load(lambda t: (0.1e-3 if load.now < th.EPOCH_MIN_S else 4.2e-3) if t == 1 else 4.0e-3)
+    tuner = th.ThreadTuner(2, timer=load.timer)
+    load.until_trial(tuner)
+    ((_, kept, rates),) = tuner.trials
+    assert rates[1] > th.MARGIN * rates[2] and kept == 2 and tuner.current == 2
+
+
 def test_a_pause_starts_a_new_trial_and_drops_the_one_it_interrupted() -> None:
     cycle_ms = {1: 4.0, 2: 3.0}
     load = Load(lambda t: cycle_ms[t] * 1e-3)

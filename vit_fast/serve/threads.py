@@ -21,8 +21,9 @@ pause of :data:`IDLE_S` (a new load), and every :data:`EVERY_S` seconds while th
 least :data:`EPOCH_CALLS` forwards and :data:`EPOCH_MIN_S` seconds, at most :data:`EPOCH_S` seconds) alternating
 between the current count and its neighbours in 1, 2, 4, ..., ``most``, :data:`ROUNDS` epochs each in rotating
 order, and keeps the count whose epochs moved the most images per second of wall time (from an epoch's first
-forward to the next epoch's: the trip through Triton counts, not only the forward), or more threads when they come
-within :data:`MARGIN` of it. A stalling count loses its trial at once. The first trial starts with the first
+forward to the next epoch's: the trip through Triton counts, not only the forward); more threads when they come
+within :data:`MARGIN` of the current count, fewer only when they win by it in all rounds but one. A stalling count
+loses its trial at once. The first trial starts with the first
 request; until then, and on a machine with one core per instance, forwards run on ``most`` threads.
 """
 
@@ -46,9 +47,9 @@ EVERY_S = 30.0
 #: starts a trial at once, and a running one is dropped (its epochs measured the pause). A stalled forward is not a
 #: pause: it is running
 IDLE_S = 1.0
-#: a trial keeps the most threads whose images/s is within this factor of the best count's: fewer threads must win
-#: clearly. Measured (see above): where fewer threads won, they won by 14-25 % (one client, batch 1); where more
-#: won, often by 4-9 % (batch 1, 2-4 clients), which one trial cannot tell from noise
+#: a trial keeps more threads when their images/s come within this factor of the current count's, and moves to
+#: fewer only when they win by it: measured (see above), where fewer threads won they won by 14-25 % (one client,
+#: batch 1); where more won, often by 4-9 % (batch 1, 2-4 clients), which one trial cannot tell from noise
 MARGIN = 1.08
 
 
@@ -77,7 +78,7 @@ class ThreadTuner:
         self._timer = timer
         self._current = len(self.counts) - 1  # an index into counts
         self._trial: list[int] | None = None  # epochs (indices) still to run in this trial
-        self._scores: dict[int, list[float]] = {}  # index -> [images, seconds] in this trial
+        self._scores: dict[int, list[tuple[int, float]]] = {}  # index -> (images, seconds) per epoch, round order
         self._epoch: int | None = None  # the index the running epoch measures
         self._epoch_start = self._epoch_images = self._epoch_calls = 0
         self._next_trial: float | None = None  # the first request starts one
@@ -103,9 +104,7 @@ class ThreadTuner:
             elapsed = now - self._epoch_start
             full = self._epoch_calls >= EPOCH_CALLS and elapsed >= EPOCH_MIN_S
             if self._epoch is not None and (full or elapsed >= EPOCH_S):
-                score = self._scores.setdefault(self._epoch, [0.0, 0.0])
-                score[0] += self._epoch_images
-                score[1] += now - self._epoch_start
+                self._scores.setdefault(self._epoch, []).append((self._epoch_images, now - self._epoch_start))
                 self._epoch = None
             if self._epoch is None:
                 due = self._next_trial is None or now >= self._next_trial
@@ -136,10 +135,20 @@ class ThreadTuner:
         return [tried[(r + k) % len(tried)] for r in range(ROUNDS) for k in range(len(tried))]
 
     def _finish(self, now: float) -> None:
-        rates = {i: images / seconds for i, (images, seconds) in self._scores.items() if seconds > 0}
-        if rates:
-            best = max(rates.values())
-            self._current = max(i for i, r in rates.items() if r * MARGIN >= best)
+        """Keep more threads when they come within :data:`MARGIN` of the current count; else fewer threads when
+        they beat it by :data:`MARGIN` over the trial and in all rounds but one (a single lucky epoch does not move
+        the count down: in 2-4 client loads a second thread won by 4-9 %, within the noise of one epoch)."""
+        epochs = {i: [(n, t) for n, t in runs if t > 0] for i, runs in self._scores.items()}
+        rates = {i: sum(n for n, _ in runs) / sum(t for _, t in runs) for i, runs in epochs.items() if runs}
+        cur, up, down = self._current, self._current + 1, self._current - 1
+        if cur in rates:
+            if up in rates and rates[up] * MARGIN >= rates[cur]:
+                self._current = up
+            elif down in rates and rates[down] >= rates[cur] * MARGIN:
+                pairs = list(zip(epochs[down], epochs[cur], strict=False))
+                wins = sum(a / at > b / bt for (a, at), (b, bt) in pairs)
+                if wins >= len(pairs) - 1:
+                    self._current = down
         self.trials.append((now, self.current, {self.counts[i]: round(r, 1) for i, r in sorted(rates.items())}))
         del self.trials[:-100]  # the last hundred are enough to see what it did
         self._trial, self._next_trial = None, now + EVERY_S
