@@ -172,6 +172,14 @@ def test_batch_sizes_count_as_images() -> None:
     assert rates[1] == pytest.approx(4.5 / 4e-3, rel=0.03) and rates[2] == pytest.approx(4.5 / 4e-3, rel=0.03)
 
 
+def test_each_trial_can_be_reported_as_it_ends() -> None:
+    said: list[str] = []
+    load = Load(lambda t: 5e-3 if t == 1 else 3e-3)
+    tuner = th.ThreadTuner(2, timer=load.timer, on_trial=said.append)
+    load.until_trial(tuner)
+    assert said == ["torch threads trial: images/s 1: 200, 2: 333.3; kept 2"]
+
+
 def test_one_core_each_has_nothing_to_try() -> None:
     load = Load(lambda t: 1e-3)
     tuner = th.ThreadTuner(1, timer=load.timer)

@@ -298,7 +298,8 @@ class Server:
         else:
             self.threads = runtime.intra_op_threads(self.batching.instances, reserve=0)
             if self.threads > 1:
-                self.thread_tuner = ThreadTuner(self.threads)
+                say = (lambda line: print(f"[vit-fast serve] {line}", file=sys.stderr, flush=True)) if verbose else None
+                self.thread_tuner = ThreadTuner(self.threads, on_trial=say)
         #: whether Triton's statistics, shared-memory, model-repository, trace and logging APIs need the token
         self.protected = protect == "on" or (protect == "auto" and not is_loopback(host))
         self._threads_before: int | None = None

@@ -72,7 +72,12 @@ class ThreadTuner:
     threads, each setting its own count (torch's count is per thread).
     """
 
-    def __init__(self, most: int, timer: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self,
+        most: int,
+        timer: Callable[[], float] = time.perf_counter,
+        on_trial: Callable[[str], object] | None = None,
+    ) -> None:
         self.counts = candidates(most)
         self.most = most
         self._timer = timer
@@ -86,6 +91,8 @@ class ThreadTuner:
         self._idle_since: float | None = None  # when the last running forward finished
         #: one entry per finished trial: when (the timer's seconds), the count kept, images/s per count tried
         self.trials: list[tuple[float, int, dict[int, float]]] = []
+        #: called with one line per finished trial (``serve --verbose`` prints them)
+        self.on_trial = on_trial
         self._lock = threading.Lock()
 
     @property
@@ -149,7 +156,11 @@ class ThreadTuner:
                 wins = sum(a / at > b / bt for (a, at), (b, bt) in pairs)
                 if wins >= len(pairs) - 1:
                     self._current = down
-        self.trials.append((now, self.current, {self.counts[i]: round(r, 1) for i, r in sorted(rates.items())}))
+        tried = {self.counts[i]: round(r, 1) for i, r in sorted(rates.items())}
+        self.trials.append((now, self.current, tried))
+        if self.on_trial is not None:
+            said = ", ".join(f"{t}: {r:g}" for t, r in tried.items())
+            self.on_trial(f"torch threads trial: images/s {said}; kept {self.current}")
         del self.trials[:-100]  # the last hundred are enough to see what it did
         self._trial, self._next_trial = None, now + EVERY_S
 
