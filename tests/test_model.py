@@ -352,18 +352,24 @@ def test_eager_attention_is_fused_and_export_traces_the_plain_math(monkeypatch):
 def test_forward_runs_the_last_block_for_the_class_token_alone_with_the_same_numbers(overrides, monkeypatch):
     """Class-token pooling reads token 0 only, so forward() runs the last block for it alone: the same logits and
     gradients as the whole forward_features, in float64."""
-    from vit_fast.layers import Block
+    import vit_fast.model as model_module
 
     model = tiny_model(**overrides).double()
     x = torch.randn(3, 3, 32, 32, dtype=torch.float64)
     runs = []
-    first_token = Block.forward_first_token
-    monkeypatch.setattr(Block, "forward_first_token", lambda self, t: runs.append(t.shape) or first_token(self, t))
+    functional = model_module.block_functional
+
+    def record(block, t, first_token=False):
+        runs.append((t.shape[1], first_token))
+        return functional(block, t, first_token=first_token)
+
+    monkeypatch.setattr(model_module, "block_functional", record)
     with torch.no_grad():
         whole = model.forward_head(model.forward_features(x))
-        assert runs == []
+        assert [first for _, first in runs] == [False] * model.cfg.depth
+        runs.clear()
         torch.testing.assert_close(model(x), whole, rtol=1e-12, atol=1e-12)
-    assert len(runs) == 1 and runs[0][1] == model.cfg.num_tokens
+    assert runs[-1] == (model.cfg.num_tokens, True) and [first for _, first in runs[:-1]] == [False] * (len(runs) - 1)
     grads = []
     for run in (lambda: model(x), lambda: model.forward_head(model.forward_features(x))):
         model.zero_grad()
@@ -372,6 +378,66 @@ def test_forward_runs_the_last_block_for_the_class_token_alone_with_the_same_num
     assert grads[0].keys() == grads[1].keys()
     for name in grads[0]:
         torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-10, atol=1e-12, msg=name)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, dict(init_values=0.1, act="gelu_tanh"), dict(qkv_bias=False, act="quick_gelu"), dict(act="silu")],
+    ids=["plain", "layerscale-gelutanh", "nobias-quickgelu", "silu"],
+)
+@pytest.mark.parametrize("first_token", [False, True])
+def test_functional_blocks_compute_exactly_what_the_modules_do(overrides, first_token):
+    """layers.block_functional runs the same ops in the same order as the module calls: bit for bit the same
+    outputs and gradients, for every activation, with and without LayerScale and qkv bias."""
+    from vit_fast.layers import block_functional, runs_functional
+
+    model = tiny_model(**overrides)
+    block = model.blocks[0]
+    assert runs_functional(block)
+    x = torch.randn(2, model.cfg.num_tokens, model.cfg.embed_dim, requires_grad=True)
+    outs, grads = [], []
+    for run in (block.forward_first_token if first_token else block, lambda t: block_functional(block, t, first_token)):
+        block.zero_grad()
+        x.grad = None
+        out = run(x)
+        out.square().sum().backward()
+        outs.append(out.detach())
+        grads.append([x.grad.clone(), *(p.grad.clone() for p in block.parameters())])
+    assert outs[0].shape[1] == (1 if first_token else model.cfg.num_tokens)
+    torch.testing.assert_close(outs[1], outs[0], rtol=0, atol=0)
+    for got, want in zip(grads[1], grads[0], strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_a_replaced_layer_or_a_hook_keeps_the_module_calls():
+    """A block whose parts are not exactly vit_fast's own (a LoRA-style Linear subclass) runs its modules, so the
+    replacement's forward runs; so does every block when a hook anywhere in them could watch."""
+    from vit_fast.layers import runs_functional
+
+    class Lora(torch.nn.Linear):
+        calls = 0
+
+        def forward(self, x):
+            Lora.calls += 1
+            return super().forward(x) + 0.5
+
+    model = tiny_model(depth=2).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        before = model(x)
+        fc1 = model.blocks[0].mlp.fc1
+        lora = Lora(fc1.in_features, fc1.out_features)
+        lora.load_state_dict(fc1.state_dict())
+        model.blocks[0].mlp.fc1 = lora
+        assert not runs_functional(model.blocks[0]) and runs_functional(model.blocks[1])
+        after = model(x)
+    assert Lora.calls == 1 and not torch.equal(before, after)
+    seen = []
+    handle = model.blocks[1].mlp.fc2.register_forward_hook(lambda m, args, out: seen.append(out.shape[1]))
+    with torch.no_grad():
+        model.forward_features(x)
+    handle.remove()
+    assert seen == [model.cfg.num_tokens]
 
 
 def test_forward_keeps_every_token_where_a_hook_or_an_exporter_watches(monkeypatch):
@@ -395,3 +461,24 @@ def test_forward_keeps_every_token_where_a_hook_or_an_exporter_watches(monkeypat
         handle.remove()
     torch.export.export(model, (x,))
     torch.jit.trace(model, x, check_trace=False)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize(("height", "width"), [(32, 32), (24, 40), (35, 29)])
+def test_eager_patch_embedding_is_the_convolution_as_one_gemm(bias, height, width):
+    """The eager patch embedding (patches gathered, one GEMM) against the strided convolution it replaces, in
+    float64, on sizes that are not multiples of the patch (the convolution drops the partial last patch); an
+    exporter and a hook on proj get the convolution itself."""
+    from vit_fast.layers import PatchEmbed
+
+    cfg = ViTConfig(**{**TINY, "pre_norm": not bias})
+    embed = PatchEmbed(cfg).double()
+    assert (embed.proj.bias is not None) == bias
+    x = torch.randn(2, cfg.in_chans, height, width, dtype=torch.float64)
+    conv = embed.proj(x).flatten(2).transpose(1, 2)
+    torch.testing.assert_close(embed(x), conv, rtol=1e-12, atol=1e-12)
+    seen = []
+    handle = embed.proj.register_forward_hook(lambda m, args, out: seen.append(out.shape))
+    torch.testing.assert_close(embed(x), conv, rtol=0, atol=0)
+    handle.remove()
+    assert len(seen) == 1

@@ -28,7 +28,8 @@ class Load:
         for _ in range(forwards):
             t = tuner.threads_for(batch)
             self.used.append(t)
-            self.now += self.cycle(t)
+            self.now += self.cycle(t)  # the next request is already waiting: the server is never idle
+            tuner.finished()
 
     def until_trial(self, tuner: th.ThreadTuner, batch: int = 1, limit: int = 100_000) -> None:
         """Serve until one more trial has finished."""
@@ -117,6 +118,45 @@ def test_hill_climbing_tries_only_the_neighbours() -> None:
     assert set(tuner.trials[-1][2]) == {2, 4, 8}
 
 
+def test_one_lucky_epoch_does_not_move_the_count_down() -> None:
+    # one thread is 5 % slower, but its first epoch ran while the rest of the machine was quiet (40x faster):
+    # over the trial it is far ahead, yet it won one round of six, so the two threads stay
+    load = Load(lambda t: (0.1e-3 if load.now < th.EPOCH_MIN_S else 4.2e-3) if t == 1 else 4.0e-3)
+    tuner = th.ThreadTuner(2, timer=load.timer)
+    load.until_trial(tuner)
+    ((_, kept, rates),) = tuner.trials
+    assert rates[1] > th.MARGIN * rates[2] and kept == 2 and tuner.current == 2
+
+
+def test_a_pause_starts_a_new_trial_and_drops_the_one_it_interrupted() -> None:
+    cycle_ms = {1: 4.0, 2: 3.0}
+    load = Load(lambda t: cycle_ms[t] * 1e-3)
+    tuner = th.ThreadTuner(2, timer=load.timer)
+    load.until_trial(tuner)
+    assert tuner.current == 2 and len(tuner.trials) == 1
+    # clients stop for a while, then a new load comes, where one thread wins: tried at once, not EVERY_S later
+    load.now += th.IDLE_S + 0.5
+    cycle_ms[2] = 6.0
+    began = load.now
+    load.until_trial(tuner)
+    assert tuner.current == 1 and load.now - began < th.EVERY_S / 2
+    # a pause in the middle of a trial: that trial's epochs measured the pause; it is dropped and tried again
+    load.now += th.EVERY_S
+    load.serve(tuner, 40)  # a trial is running
+    load.now += th.IDLE_S + 5.0
+    load.until_trial(tuner)
+    assert len(tuner.trials) == 3 and all(r < 400 for r in tuner.trials[-1][2].values())  # no 5 s in its epochs
+
+
+def test_a_stalled_forward_is_not_a_pause() -> None:
+    # two threads stall for 2 s per forward (longer than IDLE_S, but the forward is running): the trial ends
+    # with one thread kept, it is not started over
+    load = Load(lambda t: 2.0 if t == 2 else 4e-3)
+    tuner = th.ThreadTuner(2, timer=load.timer)
+    load.until_trial(tuner, limit=10_000)
+    assert tuner.current == 1 and len(tuner.trials) == 1
+
+
 def test_batch_sizes_count_as_images() -> None:
     # 1 thread: batches of 8 every 4 ms; 2 threads: the same cycle: a tie broken by the images, not the forwards
     load = Load(lambda t: 4e-3)
@@ -125,10 +165,19 @@ def test_batch_sizes_count_as_images() -> None:
     while not tuner.trials:
         tuner.threads_for(8 if i % 2 == 0 else 1)
         load.now += 4e-3
+        tuner.finished()
         i += 1
     rates = tuner.trials[0][2]
     # 4.5 images per 4 ms forward, not 1 forward per 4 ms (an epoch may hold one more batch of 8 than of 1)
     assert rates[1] == pytest.approx(4.5 / 4e-3, rel=0.03) and rates[2] == pytest.approx(4.5 / 4e-3, rel=0.03)
+
+
+def test_each_trial_can_be_reported_as_it_ends() -> None:
+    said: list[str] = []
+    load = Load(lambda t: 5e-3 if t == 1 else 3e-3)
+    tuner = th.ThreadTuner(2, timer=load.timer, on_trial=said.append)
+    load.until_trial(tuner)
+    assert said == ["torch threads trial: images/s 1: 200, 2: 333.3; kept 2"]
 
 
 def test_one_core_each_has_nothing_to_try() -> None:
@@ -187,6 +236,7 @@ def test_many_instance_threads_share_one_tuner() -> None:
     def instance() -> None:
         for _ in range(300):
             counts.append(tuner.threads_for(1))
+            tuner.finished()
 
     workers = [threading.Thread(target=instance) for _ in range(4)]
     for w in workers:

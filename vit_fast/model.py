@@ -22,7 +22,7 @@ from . import runtime
 from .config import ViTConfig
 from .dtypes import bf16_native, check_dtype_on_device
 from .kernels import cards
-from .layers import Block, PatchEmbed, observed, skip_identity
+from .layers import Block, PatchEmbed, block_functional, observed, runs_functional, skip_identity
 from .pos_embed import pos_embed_for_grid, resample_pos_embed
 from .timm_api import TimmModelAPI
 from .validation import finite_check_from_env, require_finite
@@ -305,22 +305,29 @@ class VisionTransformer(TimmModelAPI, nn.Module):
         if self.grad_checkpointing and torch.is_grad_enabled():  # timm's set_grad_checkpointing
             for block in self.blocks:
                 x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
-        elif first_token and self._first_token_shortcut():
-            *blocks, last = self.blocks
-            for block in blocks:
-                x = block(x)
-            x = last.forward_first_token(x)
+        elif self._eager_shortcuts():
+            # no hook can watch the blocks: the functional form of each plain block (same ops, no module calls),
+            # and with class-token pooling the last block for token 0 alone
+            last = len(self.blocks) - 1
+            for i, block in enumerate(self.blocks):
+                token0 = first_token and i == last
+                if runs_functional(block):
+                    x = block_functional(block, x, first_token=token0)
+                else:
+                    x = block.forward_first_token(x) if token0 else block(x)
         else:
             x = self.blocks(x)
         return skip_identity(self.norm, x)
 
-    def _first_token_shortcut(self) -> bool:
-        """Whether the last block may run for token 0 alone (:meth:`Block.forward_first_token`) when only the
-        pooled token is wanted: not while an exporter traces (artifacts keep the whole graph) and not when a hook
-        could watch the last block run. The same numbers; the last block's other queries, its projection and MLP
-        for T - 1 tokens are not computed (a quarter of a depth-4 model's work, 1/12 of ViT-B's less the keys)."""
-        exporting = torch.compiler.is_exporting() or torch.jit.is_tracing()
-        return not exporting and len(self.blocks) > 0 and not observed(self.blocks[-1])
+    def _eager_shortcuts(self) -> bool:
+        """Whether the blocks may run their eager shortcuts, both the same numbers: each plain block in its
+        functional form (``layers.block_functional``: no module calls) and, when only the pooled class token is
+        wanted, the last block for token 0 alone (:meth:`Block.forward_first_token`: its other queries, its
+        projection and MLP for T - 1 tokens are not computed, a quarter of a depth-4 model's work, 1/12 of
+        ViT-B's less the keys). Not while an exporter traces or a compiler runs (artifacts and graphs keep the
+        modules) and not when a hook could watch a block run."""
+        busy = torch.compiler.is_exporting() or torch.jit.is_tracing() or torch.compiler.is_compiling()
+        return not busy and len(self.blocks) > 0 and not observed(self.blocks)
 
     def _stages_torch(self, x: torch.Tensor, grid: tuple[int, int]) -> Iterator[tuple[str, torch.Tensor]]:
         x = skip_identity(self.norm_pre, self._pos_embed(self.patch_embed(self._normalize_torch(x)), grid))
@@ -355,7 +362,7 @@ class VisionTransformer(TimmModelAPI, nn.Module):
 
     def _features(self, x: torch.Tensor, first_token: bool = False) -> torch.Tensor:
         """:meth:`forward_features`; with ``first_token`` the torch backend may return token 0 alone
-        (``[B, 1, D]``, see :meth:`_first_token_shortcut`): what pooling on the class token reads."""
+        (``[B, 1, D]``, see :meth:`_eager_shortcuts`): what pooling on the class token reads."""
         if self.autotune and (scope := self._autotune_scope()) is not None:
             with scope:
                 return self._features(x, first_token)

@@ -84,7 +84,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="write a machine-readable summary: the endpoints once the server answers, or the load-test report",
     )
     parser.add_argument("--seed", type=_args.seed, default=0, help="load test: seed of the images and batch sizes (0)")
-    parser.add_argument("--verbose", action="store_true", help="print Triton's own log")
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="print Triton's own log (verbose: it slows every request) and each torch-threads trial as it ends",
+    )
     _args.add_overwrite(parser)
 
 

@@ -298,7 +298,8 @@ class Server:
         else:
             self.threads = runtime.intra_op_threads(self.batching.instances, reserve=0)
             if self.threads > 1:
-                self.thread_tuner = ThreadTuner(self.threads)
+                say = (lambda line: print(f"[vit-fast serve] {line}", file=sys.stderr, flush=True)) if verbose else None
+                self.thread_tuner = ThreadTuner(self.threads, on_trial=say)
         #: whether Triton's statistics, shared-memory, model-repository, trace and logging APIs need the token
         self.protected = protect == "on" or (protect == "auto" and not is_loopback(host))
         self._threads_before: int | None = None
@@ -377,13 +378,20 @@ class Server:
             # Triton checks shapes against the config first; this guards the model should that change
             raise ValueError(f"{self.input.name} must be [B >= 1, {', '.join(map(str, want))}], got {images.shape}")
         x = torch.from_numpy(np.ascontiguousarray(images)).to(self.device, self.dtype)
-        if self.thread_tuner is not None:
-            threads = self.thread_tuner.threads_for(len(x))
+        tuner = self.thread_tuner
+        if tuner is None:
+            with torch.inference_mode():
+                y = self.model(x)
+            return {self.output.name: y.cpu().numpy()}
+        threads = tuner.threads_for(len(x))
+        try:
             if torch.get_num_threads() != threads:  # torch's count is per thread: each instance sets its own
                 torch.set_num_threads(threads)
-        with torch.inference_mode():
-            y = self.model(x)
-        return {self.output.name: y.cpu().numpy()}
+            with torch.inference_mode():
+                y = self.model(x)
+        finally:
+            tuner.finished()
+        return {self.output.name: y.numpy()}
 
     def start(self) -> Server:
         """Warm the model up (:meth:`warmup`), start Triton (in a process of its own), bind the model and wait

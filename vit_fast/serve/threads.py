@@ -16,14 +16,15 @@ on the default model, `vit-fast serve --threads 1` beside `--threads 2` (2 cores
 - on a loaded machine (other jobs), 2 threads stalled for seconds where 1 thread took milliseconds: a descheduled
   team member holds up every barrier.
 
-So :class:`ThreadTuner` keeps one count for all forwards and, every :data:`EVERY_S` seconds while requests come,
-runs a trial: short epochs (at least :data:`EPOCH_CALLS` forwards and :data:`EPOCH_MIN_S` seconds, at most
-:data:`EPOCH_S` seconds) alternating between the current count and its neighbours in 1, 2, 4, ..., ``most``,
-:data:`ROUNDS` epochs each in rotating order, and keeps the count whose epochs moved the most images per second of
-wall time (from an epoch's first forward to the next epoch's: the trip through Triton counts, not only the
-forward), or more threads when they come within :data:`MARGIN` of it. A stalling count loses its trial at once.
-The first trial starts with the first request; until then, and on a machine with one core per instance, forwards
-run on ``most`` threads.
+So :class:`ThreadTuner` keeps one count for all forwards and runs a trial when requests start coming after a
+pause of :data:`IDLE_S` (a new load), and every :data:`EVERY_S` seconds while they keep coming: short epochs (at
+least :data:`EPOCH_CALLS` forwards and :data:`EPOCH_MIN_S` seconds, at most :data:`EPOCH_S` seconds) alternating
+between the current count and its neighbours in 1, 2, 4, ..., ``most``, :data:`ROUNDS` epochs each in rotating
+order, and keeps the count whose epochs moved the most images per second of wall time (from an epoch's first
+forward to the next epoch's: the trip through Triton counts, not only the forward); more threads when they come
+within :data:`MARGIN` of the current count, fewer only when they win by it in all rounds but one. A stalling count
+loses its trial at once. The first trial starts with the first
+request; until then, and on a machine with one core per instance, forwards run on ``most`` threads.
 """
 
 from __future__ import annotations
@@ -40,11 +41,15 @@ EPOCH_MIN_S = 0.1
 EPOCH_S = 0.5
 #: epochs per count in a trial
 ROUNDS = 6
-#: seconds between the end of a trial and the next one
-EVERY_S = 10.0
-#: a trial keeps the most threads whose images/s is within this factor of the best count's: fewer threads must win
-#: clearly. Measured (see above): where fewer threads won, they won by 14-25 % (one client, batch 1); where more
-#: won, often by 4-9 % (batch 1, 2-4 clients), which one trial cannot tell from noise
+#: seconds between the end of a trial and the next one under steady load
+EVERY_S = 30.0
+#: this long with no forward running is a pause between loads (clients stopped, then started): the next forward
+#: starts a trial at once, and a running one is dropped (its epochs measured the pause). A stalled forward is not a
+#: pause: it is running
+IDLE_S = 1.0
+#: a trial keeps more threads when their images/s come within this factor of the current count's, and moves to
+#: fewer only when they win by it: measured (see above), where fewer threads won they won by 14-25 % (one client,
+#: batch 1); where more won, often by 4-9 % (batch 1, 2-4 clients), which one trial cannot tell from noise
 MARGIN = 1.08
 
 
@@ -67,18 +72,27 @@ class ThreadTuner:
     threads, each setting its own count (torch's count is per thread).
     """
 
-    def __init__(self, most: int, timer: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self,
+        most: int,
+        timer: Callable[[], float] = time.perf_counter,
+        on_trial: Callable[[str], object] | None = None,
+    ) -> None:
         self.counts = candidates(most)
         self.most = most
         self._timer = timer
         self._current = len(self.counts) - 1  # an index into counts
         self._trial: list[int] | None = None  # epochs (indices) still to run in this trial
-        self._scores: dict[int, list[float]] = {}  # index -> [images, seconds] in this trial
+        self._scores: dict[int, list[tuple[int, float]]] = {}  # index -> (images, seconds) per epoch, round order
         self._epoch: int | None = None  # the index the running epoch measures
         self._epoch_start = self._epoch_images = self._epoch_calls = 0
-        self._next_trial = None  # the first request starts one
+        self._next_trial: float | None = None  # the first request starts one
+        self._running = 0  # forwards started and not finished
+        self._idle_since: float | None = None  # when the last running forward finished
         #: one entry per finished trial: when (the timer's seconds), the count kept, images/s per count tried
         self.trials: list[tuple[float, int, dict[int, float]]] = []
+        #: called with one line per finished trial (``serve --verbose`` prints them)
+        self.on_trial = on_trial
         self._lock = threading.Lock()
 
     @property
@@ -87,15 +101,17 @@ class ThreadTuner:
         return self.counts[self._current]
 
     def threads_for(self, batch: int) -> int:
-        """Call at the start of every forward, with its batch size: the threads it runs with."""
+        """Call at the start of every forward, with its batch size: the threads it runs with. Call
+        :meth:`finished` when it ends."""
         now = self._timer()
         with self._lock:
+            if self._running == 0 and self._idle_since is not None and now - self._idle_since >= IDLE_S:
+                self._epoch, self._trial, self._next_trial = None, None, None
+            self._running += 1
             elapsed = now - self._epoch_start
             full = self._epoch_calls >= EPOCH_CALLS and elapsed >= EPOCH_MIN_S
             if self._epoch is not None and (full or elapsed >= EPOCH_S):
-                score = self._scores.setdefault(self._epoch, [0.0, 0.0])
-                score[0] += self._epoch_images
-                score[1] += now - self._epoch_start
+                self._scores.setdefault(self._epoch, []).append((self._epoch_images, now - self._epoch_start))
                 self._epoch = None
             if self._epoch is None:
                 due = self._next_trial is None or now >= self._next_trial
@@ -112,6 +128,13 @@ class ThreadTuner:
             self._epoch_calls += 1
             return self.counts[self._epoch]
 
+    def finished(self) -> None:
+        """Call when a forward that :meth:`threads_for` started has ended (also when it raised)."""
+        with self._lock:
+            self._running = max(0, self._running - 1)
+            if self._running == 0:
+                self._idle_since = self._timer()
+
     def _schedule(self) -> list[int]:
         """The current count and its neighbours, each :data:`ROUNDS` epochs, the order rotating every round (so
         none always follows the same count)."""
@@ -119,11 +142,25 @@ class ThreadTuner:
         return [tried[(r + k) % len(tried)] for r in range(ROUNDS) for k in range(len(tried))]
 
     def _finish(self, now: float) -> None:
-        rates = {i: images / seconds for i, (images, seconds) in self._scores.items() if seconds > 0}
-        if rates:
-            best = max(rates.values())
-            self._current = max(i for i, r in rates.items() if r * MARGIN >= best)
-        self.trials.append((now, self.current, {self.counts[i]: round(r, 1) for i, r in sorted(rates.items())}))
+        """Keep more threads when they come within :data:`MARGIN` of the current count; else fewer threads when
+        they beat it by :data:`MARGIN` over the trial and in all rounds but one (a single lucky epoch does not move
+        the count down: in 2-4 client loads a second thread won by 4-9 %, within the noise of one epoch)."""
+        epochs = {i: [(n, t) for n, t in runs if t > 0] for i, runs in self._scores.items()}
+        rates = {i: sum(n for n, _ in runs) / sum(t for _, t in runs) for i, runs in epochs.items() if runs}
+        cur, up, down = self._current, self._current + 1, self._current - 1
+        if cur in rates:
+            if up in rates and rates[up] * MARGIN >= rates[cur]:
+                self._current = up
+            elif down in rates and rates[down] >= rates[cur] * MARGIN:
+                pairs = list(zip(epochs[down], epochs[cur], strict=False))
+                wins = sum(a / at > b / bt for (a, at), (b, bt) in pairs)
+                if wins >= len(pairs) - 1:
+                    self._current = down
+        tried = {self.counts[i]: round(r, 1) for i, r in sorted(rates.items())}
+        self.trials.append((now, self.current, tried))
+        if self.on_trial is not None:
+            said = ", ".join(f"{t}: {r:g}" for t, r in tried.items())
+            self.on_trial(f"torch threads trial: images/s {said}; kept {self.current}")
         del self.trials[:-100]  # the last hundred are enough to see what it did
         self._trial, self._next_trial = None, now + EVERY_S
 
@@ -133,7 +170,7 @@ class ThreadTuner:
             return f"{self.most} torch thread(s) each"
         return (
             f"torch threads {'/'.join(map(str, self.counts))} each, the count that serves the most images/s "
-            f"kept (tried every {EVERY_S:g} s under load; --threads fixes one)"
+            f"kept (tried when a load starts and every {EVERY_S:g} s; --threads fixes one)"
         )
 
     def report(self) -> dict:
