@@ -67,6 +67,16 @@ def _umask() -> int:
     return mask
 
 
+def stdout_to_null(fd: int) -> None:
+    """Point file descriptor ``fd`` (stdout, whose reader went away) at the null device, so nothing later written
+    or flushed there can fail; no file is written."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, fd)
+    finally:
+        os.close(null)
+
+
 def finish_atomic(tmp: str | os.PathLike, path: str | os.PathLike) -> Path:
     """Give ``tmp`` (written beside ``path``) ordinary permissions and rename it to ``path``."""
     os.chmod(tmp, 0o666 & ~_umask())

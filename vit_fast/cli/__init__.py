@@ -155,11 +155,9 @@ def main(argv: list[str] | None = None) -> int:
         if not stdout_reader_gone():
             raise
         # nothing more can reach the reader; point stdout at devnull so the flush at exit has nowhere to fail
-        import os
+        from vit_fast.files import stdout_to_null
 
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
+        stdout_to_null(sys.stdout.fileno())
         return READER_GONE
 
 
