@@ -48,14 +48,20 @@ def _create(case: str) -> torch.nn.Module:
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_from_timm_matches(case):
+    """Judged by the project's rule against timm's own model run in float64: ours may be at most 2x as far from it
+    as timm in float32 (the eager patch embedding sums as one GEMM, timm's convolution in its own order)."""
+    from .numerics import assert_within_eager
+
     torch.manual_seed(0)
     ref = _trained_like(_create(case), seed=1)
     model = vit_fast.from_timm(ref).eval()
     size = CASES[case]["img_size"]
     x = torch.randn(2, 3, size, size)
+    ref64 = copy.deepcopy(ref).double()
     with torch.no_grad():
-        torch.testing.assert_close(model.forward_features(x), ref.forward_features(x), rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(model(x), ref(x), rtol=1e-5, atol=1e-5)
+        for what in ("forward_features", "__call__"):
+            ours, theirs = getattr(model, what)(x), getattr(ref, what)(x)
+            assert_within_eager(ours, theirs, getattr(ref64, what)(x.double()), name=f"{case} {what}")
     # the state_dict loads as it is, both ways, trained LayerScale gammas included
     ours = vit_fast.VisionTransformer(model.cfg, backend="torch")
     ours.load_state_dict(ref.state_dict())
