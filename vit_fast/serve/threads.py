@@ -142,20 +142,19 @@ class ThreadTuner:
         return [tried[(r + k) % len(tried)] for r in range(ROUNDS) for k in range(len(tried))]
 
     def _finish(self, now: float) -> None:
-        """Keep more threads when they come within :data:`MARGIN` of the current count; else fewer threads when
-        they beat it by :data:`MARGIN` over the trial and in all rounds but one (a single lucky epoch does not move
-        the count down: in 2-4 client loads a second thread won by 4-9 %, within the noise of one epoch)."""
+        """Fewer threads when they beat the current count by :data:`MARGIN` over the trial and in all rounds but one
+        (a single lucky epoch does not move the count down: in 2-4 client loads a second thread won by 4-9 %,
+        within the noise of one epoch); else more threads when they come within :data:`MARGIN` of it."""
         epochs = {i: [(n, t) for n, t in runs if t > 0] for i, runs in self._scores.items()}
         rates = {i: sum(n for n, _ in runs) / sum(t for _, t in runs) for i, runs in epochs.items() if runs}
         cur, up, down = self._current, self._current + 1, self._current - 1
         if cur in rates:
-            if up in rates and rates[up] * MARGIN >= rates[cur]:
+            pairs = list(zip(epochs.get(down, []), epochs[cur], strict=False))
+            wins = sum(a / at > b / bt for (a, at), (b, bt) in pairs)
+            if down in rates and rates[down] >= rates[cur] * MARGIN and wins >= len(pairs) - 1:
+                self._current = down
+            elif up in rates and rates[up] * MARGIN >= rates[cur]:
                 self._current = up
-            elif down in rates and rates[down] >= rates[cur] * MARGIN:
-                pairs = list(zip(epochs[down], epochs[cur], strict=False))
-                wins = sum(a / at > b / bt for (a, at), (b, bt) in pairs)
-                if wins >= len(pairs) - 1:
-                    self._current = down
         tried = {self.counts[i]: round(r, 1) for i, r in sorted(rates.items())}
         self.trials.append((now, self.current, tried))
         if self.on_trial is not None:
@@ -172,11 +171,3 @@ class ThreadTuner:
             f"torch threads {'/'.join(map(str, self.counts))} each, the count that serves the most images/s "
             f"kept (tried when a load starts and every {EVERY_S:g} s; --threads fixes one)"
         )
-
-    def report(self) -> dict:
-        """What it chose, for ``--json`` and logs: the counts it tries, the current one and the last trials."""
-        return {
-            "counts": list(self.counts),
-            "current": self.current,
-            "trials": [{"at_s": round(t, 3), "kept": kept, "images_per_s": rates} for t, kept, rates in self.trials],
-        }
