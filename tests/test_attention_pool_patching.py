@@ -15,6 +15,7 @@ import vit_fast
 from vit_fast.timm_blocks import PoolPlan
 
 from .numerics import assert_within_eager
+from .util import check_first_use_net
 
 
 def _randomised(model: torch.nn.Module, seed: int) -> torch.nn.Module:
@@ -260,27 +261,6 @@ def test_hf_siglip_dual_model_patches_the_vision_head_only(monkeypatch):
 def test_first_use_check_judges_the_attention_pool(monkeypatch):
     """Under the first-use safety net the pool's first kernel output is judged and recorded as 'attention_pool'; a
     wrong kernel falls back to the eager reference and the model still matches timm in float64."""
-    from vit_fast import first_use, triton_path
-
-    monkeypatch.setenv(first_use.ENV, "1")
-    first_use.reset()
     model = _siglip_timm()
     x = torch.randn(2, 3, 32, 32)
-    with torch.no_grad():
-        eager = model(x)
-        expected = copy.deepcopy(model).double()(x.double())
-    vit_fast.apply_vit_fast(model, backend="triton")
-    try:
-        with torch.no_grad():
-            model(x)
-        found = [f for f in first_use.report()["checked"] if f["op"] == "attention_pool"]
-        assert len(found) == 1 and found[0]["passed"]
-        first_use.reset()
-        real_op = triton_path.attention_pool  # patched heads call the public op (not the direct launcher)
-        monkeypatch.setattr(triton_path, "attention_pool", lambda *a, **k: real_op(*a, **k) + 0.5)
-        with pytest.warns(RuntimeWarning, match="'attention_pool' runs in eager PyTorch"), torch.no_grad():
-            ours = model(x)
-        assert first_use.failed_ops() == {"attention_pool"}
-        assert_within_eager(ours, eager, expected, name="siglip map head after fallback")
-    finally:
-        first_use.reset()
+    check_first_use_net(monkeypatch, model, x, "attention_pool", "siglip map head")

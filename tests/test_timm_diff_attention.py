@@ -12,10 +12,10 @@ import torch
 timm = pytest.importorskip("timm", reason="timm is not installed (make setup installs it with --no-deps)")
 
 import vit_fast  # noqa: E402
-from vit_fast import first_use, triton_path  # noqa: E402
 
 from .numerics import assert_within_eager  # noqa: E402
 from .test_timm_patching import _count_kernel_blocks, _trained_like  # noqa: E402
+from .util import check_first_use_net  # noqa: E402
 
 NAME = "vit_dwee_patch16_reg1_gap_256"
 
@@ -59,28 +59,9 @@ def test_torch_export_records_the_diff_attention_op():
 def test_first_use_check_judges_diff_attention(monkeypatch):
     """Under the first-use safety net the kernel's first output is judged and recorded as 'diff_attention'; a wrong
     kernel falls back to the eager reference (fed the same arguments) and the model still matches timm."""
-    monkeypatch.setenv(first_use.ENV, "1")
-    first_use.reset()
     model = _model(9, depth=1, num_heads=2)
     x = torch.randn(1, 3, 32, 32)
-    with torch.no_grad():
-        eager = model(x)
-        expected = copy.deepcopy(model).double()(x.double())
-    vit_fast.apply_vit_fast(model, backend="triton")
-    try:
-        with torch.no_grad():
-            model(x)
-        found = [f for f in first_use.report()["checked"] if f["op"] == "diff_attention"]
-        assert len(found) == 1 and found[0]["passed"]
-        first_use.reset()
-        real_op = triton_path.diff_attention  # patched timm blocks call the public op (not the direct launcher)
-        monkeypatch.setattr(triton_path, "diff_attention", lambda *a, **k: real_op(*a, **k) + 0.5)
-        with pytest.warns(RuntimeWarning, match="'diff_attention' runs in eager PyTorch"), torch.no_grad():
-            ours = model(x)
-        assert first_use.failed_ops() == {"diff_attention"}
-        assert_within_eager(ours, eager, expected, name="dwee after fallback")
-    finally:
-        first_use.reset()
+    check_first_use_net(monkeypatch, model, x, "diff_attention", "dwee")
 
 
 def test_scale_norm_is_refused_by_name():

@@ -34,3 +34,39 @@ def record_triton_forwards(monkeypatch) -> list[tuple[int, bool]]:
     monkeypatch.delenv("VIT_FAST_AUTOTUNE", raising=False)
     monkeypatch.setattr(triton_path, "features_triton", features)
     return seen
+
+
+def check_first_use_net(monkeypatch, model, x: torch.Tensor, op: str, what: str) -> None:
+    """The first-use safety net on the public op ``op`` of ``vit_fast.triton_path`` in a timm model patched in
+    place: its first output is judged and recorded as passed; a wrong kernel (output + 0.5) then falls back to the
+    eager reference with a RuntimeWarning, and the model still meets the numerics rule against itself in float64.
+    (Patched timm blocks and heads call the public op, not the direct launcher.)"""
+    import copy
+
+    import pytest
+
+    import vit_fast
+    from vit_fast import first_use, triton_path
+
+    from .numerics import assert_within_eager
+
+    monkeypatch.setenv(first_use.ENV, "1")
+    first_use.reset()
+    with torch.no_grad():
+        eager = model(x)
+        expected = copy.deepcopy(model).double()(x.double())
+    vit_fast.apply_vit_fast(model, backend="triton")
+    try:
+        with torch.no_grad():
+            model(x)
+        found = [f for f in first_use.report()["checked"] if f["op"] == op]
+        assert len(found) == 1 and found[0]["passed"]
+        first_use.reset()
+        real_op = getattr(triton_path, op)
+        monkeypatch.setattr(triton_path, op, lambda *a, **k: real_op(*a, **k) + 0.5)
+        with pytest.warns(RuntimeWarning, match=f"'{op}' runs in eager PyTorch"), torch.no_grad():
+            ours = model(x)
+        assert first_use.failed_ops() == {op}
+        assert_within_eager(ours, eager, expected, name=f"{what} after fallback")
+    finally:
+        first_use.reset()
