@@ -349,3 +349,114 @@ def test_serve_and_export_tritonserver_take_config_like_every_other_command(monk
     onnx = tmp_path / "m.onnx"
     with pytest.raises(ValueError, match="--config describes a model SOURCE"):
         tritonserver.run(parser.parse_args([str(onnx), "--config", str(config), "--out", str(tmp_path / "r3")]))
+
+
+def test_cpu_serving_without_batch_sizes_sends_all_that_is_queued(monkeypatch) -> None:
+    """On the CPU, no preferred batch size unless asked for: the batcher then sends every queued request in one
+    forward (with 8 preferred it sent 8 images per forward with 64 waiting); explicit sizes and CUDA keep theirs."""
+    from vit_fast.serve.settings import CPU_PREFERRED_BATCH
+
+    model = vit_fast.load_model("default", backend="torch")
+    s = srv.Server(model)
+    assert CPU_PREFERRED_BATCH == () and (s.batching.max_batch_size, s.batching.preferred_batch_sizes) == (64, ())
+    assert "max batch 64, no preferred size" in s.description
+    assert srv.Server(model, batch=[1, 8, 64]).batching.preferred_batch_sizes == (8, 64)
+    assert srv.Server(model, batch=[16]).batching.preferred_batch_sizes == (16,)
+    monkeypatch.setattr(srv.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(srv.copy, "deepcopy", lambda m: m)  # no card to move the weights to
+    monkeypatch.setattr(type(model), "to", lambda self, *a, **k: self)
+    assert srv.Server(model).batching.preferred_batch_sizes == (8, 64)
+
+
+def test_requests_travel_as_base64_for_small_images_and_through_shared_memory_above(monkeypatch) -> None:
+    from vit_fast.serve.settings import BASE64_MAX_IMAGE_BYTES
+
+    monkeypatch.delenv(srv.NO_TENSORSTORE, raising=False)
+    assert srv.proxy_transport(1) == srv.proxy_transport(BASE64_MAX_IMAGE_BYTES) == "base64"
+    assert srv.proxy_transport(BASE64_MAX_IMAGE_BYTES + 1) == "tensor store"
+    assert srv.proxy_transport(3 * 224 * 224 * 4, {srv.NO_TENSORSTORE: "1"}) == "base64"  # the user's switch holds
+    assert srv.proxy_transport(3 * 224 * 224 * 4, {srv.NO_TENSORSTORE: ""}) == "tensor store"
+    for bad in (0, -4, 2.5, True):
+        with pytest.raises(ValueError, match="image_bytes must be an int >= 1"):
+            srv.proxy_transport(bad)
+    small = vit_fast.load_model("default", backend="torch")  # 1x32x32 fp32: 4 KiB
+    cfg = vit_fast.ViTConfig(**{**small.cfg.to_dict(), "img_size": 64, "in_chans": 3})  # 48 KiB
+    large = vit_fast.VisionTransformer(cfg, backend="torch")
+    assert srv.Server(small).transport == "base64"
+    assert "requests handed over as base64" in srv.Server(small).description
+    assert srv.Server(large).transport == "tensor store"
+    assert srv.Server(large, dtype="fp16").transport == "tensor store"  # 24 KiB
+    monkeypatch.setenv(srv.NO_TENSORSTORE, "1")
+    assert srv.Server(large).transport == "base64"
+
+
+def test_openmp_spinning_is_bounded_before_torch_loads_and_a_users_setting_is_kept(monkeypatch) -> None:
+    from vit_fast.serve.settings import OPENMP_SPIN_COUNT, limit_openmp_spin
+
+    monkeypatch.delitem(sys.modules, "torch")  # as in `vit-fast serve` before it imports torch
+    env: dict[str, str] = {}
+    assert limit_openmp_spin(env) is True and env == {"GOMP_SPINCOUNT": str(OPENMP_SPIN_COUNT)}
+    for own in ({"GOMP_SPINCOUNT": "300000"}, {"OMP_WAIT_POLICY": "active"}):
+        env = dict(own)
+        assert limit_openmp_spin(env) is True and env == own
+    monkeypatch.undo()  # torch loaded: too late to set, and said so
+    env = {}
+    assert "torch" in sys.modules and limit_openmp_spin(env) is False and env == {}
+
+
+def _gomp_spincount_at_torch_import(code: str) -> str:
+    """Run ``code`` in a child without GOMP_SPINCOUNT / OMP_WAIT_POLICY; it stops where torch is first imported
+    and this returns what GOMP_SPINCOUNT was then (libgomp reads it once, when torch loads it)."""
+    import os
+    import subprocess
+
+    probe = (
+        "import builtins, os, sys\n"
+        "real = builtins.__import__\n"
+        "def watch(name, *a, **k):\n"
+        "    if name.split('.')[0] == 'torch' and 'torch' not in sys.modules:\n"
+        "        print('at torch import:', os.environ.get('GOMP_SPINCOUNT'), flush=True); os._exit(0)\n"
+        "    return real(name, *a, **k)\n"
+        "builtins.__import__ = watch\n"
+    ) + code
+    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0 and out.stdout.startswith("at torch import: "), out.stdout + out.stderr
+    return out.stdout.strip().removeprefix("at torch import: ")
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "from vit_fast.cli import main\nsys.exit(main(['serve', 'default']))\n",  # vit-fast serve
+        # the python-backend model of `vit-fast export tritonserver`, as a stub process loads it
+        "import types\nsys.modules['triton_python_backend_utils'] = types.ModuleType('triton_python_backend_utils')\n"
+        "import vit_fast.serve.triton_model\n",
+    ],
+    ids=["serve", "python-backend-model"],
+)
+def test_openmp_spinning_is_bounded_before_torch_is_imported(code) -> None:
+    from vit_fast.serve.settings import OPENMP_SPIN_COUNT
+
+    assert _gomp_spincount_at_torch_import(code) == str(OPENMP_SPIN_COUNT)
+    # a control: without vit-fast's call first, torch loads with the variable unset
+    assert _gomp_spincount_at_torch_import("import torch\n") == "None"
+
+
+@pytest.mark.parametrize(
+    ("env", "threads", "warned"), [({}, 2, True), ({}, 1, False), ({"GOMP_SPINCOUNT": "1"}, 2, False)]
+)
+def test_a_server_started_with_torchs_openmp_spinning_says_so(monkeypatch, capsys, env, threads, warned) -> None:
+    for var in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    monkeypatch.setattr(srv.Server, "_start_once", lambda self: self)
+    monkeypatch.setattr(srv.Server, "check_ports", lambda self: None)
+    monkeypatch.setattr(srv.Server, "_wait_ready", lambda self: None)
+    s = srv.Server(vit_fast.load_model("default", backend="torch"), threads=threads)
+    try:
+        s.start()
+    finally:
+        s.stop()
+    assert ("GOMP_SPINCOUNT=10000 before Python imports torch" in capsys.readouterr().err) is warned

@@ -253,3 +253,29 @@ def test_on_other_interfaces_the_token_is_printed_and_required(tmp_path) -> None
             gclient.close()
     finally:
         assert child.terminate() == 0, child.output()[-3000:]
+
+
+@pytest.mark.parametrize(("img", "chans", "transport"), [(32, 1, "base64"), (64, 3, "tensor store")])
+def test_both_ways_pytriton_hands_requests_over_give_the_models_answers(img, chans, transport) -> None:
+    """Small images travel inside PyTriton's messages, larger ones through its shared-memory tensor store
+    (vit_fast.serve.settings.BASE64_MAX_IMAGE_BYTES): both answer as the model does, over both protocols, and
+    the switch is back as it was once the server started (another PyTriton server here is not touched)."""
+    from vit_fast.serve.server import NO_TENSORSTORE, Server
+
+    from ._support import free_ports
+
+    base = vit_fast.load_model(MODEL, backend="torch")
+    model = vit_fast.VisionTransformer(
+        vit_fast.ViTConfig(**{**base.cfg.to_dict(), "img_size": img, "in_chans": chans}), backend="torch"
+    ).eval()
+    before = os.environ.get(NO_TENSORSTORE)
+    http_port, grpc_port, metrics_port = free_ports(3)
+    x = np.random.default_rng(img).standard_normal((3, chans, img, img)).astype(np.float32)
+    with Server(model, name=MODEL, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, threads=1) as s:
+        assert s.transport == transport and os.environ.get(NO_TENSORSTORE) == before
+        for module, address in ((http, s.endpoints.http), (grpc, s.endpoints.grpc)):
+            client = module.InferenceServerClient(address)
+            try:
+                _check_answer(model, x, _infer(module, client, x))
+            finally:
+                client.close()

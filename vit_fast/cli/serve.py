@@ -40,7 +40,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", metavar="MODEL", help='"default", a preset name, or a checkpoint path')
     _args.add_model_source(parser)
     add_serving_arguments(
-        parser, "MODEL", "8 and 64", f"{CPU_QUEUE_DELAY_US} on the CPU, {QUEUE_DELAY_HELP_US} on a GPU"
+        parser,
+        "MODEL",
+        "64 on the CPU with no preferred size, so every queued request goes into one forward; 8 and 64 on a GPU",
+        f"{CPU_QUEUE_DELAY_US} on the CPU, {QUEUE_DELAY_HELP_US} on a GPU",
     )
     parser.add_argument("--dtype", choices=("fp32", "fp16"), default="fp32", help="weights and I/O dtype (fp32)")
     parser.add_argument(
@@ -50,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="T",
         help="torch CPU threads per forward, fixed (default on the CPU: 1, 2, 4, ... up to the cores shared "
         "between the instances, the count that serves the most images/s under the load of the moment, tried "
-        "every 10 s; on a GPU: the cores less one for Triton's own processes, per instance)",
+        "when a load starts and every 30 s; on a GPU: the cores less one for Triton's own processes, per instance)",
     )
     parser.add_argument(
         "--protect",
@@ -98,6 +101,9 @@ def _interrupt(*_: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``vit-fast serve``; returns 0 after a clean stop (1 when the load test fails)."""
+    from vit_fast.serve.settings import limit_openmp_spin
+
+    limit_openmp_spin()  # before torch loads OpenMP: see vit_fast.serve.settings.OPENMP_SPIN_COUNT
     from vit_fast.files import check_report_file
     from vit_fast.serve.server import require_serve
 

@@ -15,13 +15,20 @@ Two traps are handled here rather than by hand:
   ``LD_LIBRARY_PATH`` before the server starts.
 - PyTriton 0.7 needs numpy < 2, so it lives in an extra of its own; :func:`require_serve` says how
   to install it.
+
+Three choices make the CPU path as fast as it measured best (each measured with perf_analyzer against a plain
+PyTriton script; see vit_fast.serve.settings): torch's OpenMP threads stop spinning soon after each op
+(``GOMP_SPINCOUNT``, set by ``vit-fast serve`` before torch loads; a server started where it is unset says so), the
+dynamic batcher has no preferred size, and small images travel inside PyTriton's messages (:func:`proxy_transport`).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import ipaddress
 import logging
+import math
 import os
 import signal
 import socket
@@ -48,11 +55,22 @@ from vit_fast.export.tritonserver import (
     plan_batching,
 )
 from vit_fast.model import VisionTransformer
-from vit_fast.serve.settings import CPU_QUEUE_DELAY_US, DEFAULT_HOST, DEFAULT_PORTS, PROTECT_CHOICES
+from vit_fast.serve.settings import (
+    BASE64_MAX_IMAGE_BYTES,
+    CPU_PREFERRED_BATCH,
+    CPU_QUEUE_DELAY_US,
+    DEFAULT_HOST,
+    DEFAULT_PORTS,
+    OPENMP_SPIN_COUNT,
+    OPENMP_SPIN_VARS,
+    PROTECT_CHOICES,
+)
 from vit_fast.serve.threads import ThreadTuner
 from vit_fast.warmup import WarmupReport
 
 SERVE_EXTRA = "pip install 'vit-fast[serve]'"
+#: PyTriton 0.7's switch from its shared-memory tensor store to base64 in its messages (see proxy_transport)
+NO_TENSORSTORE = "PYTRITON_NO_TENSORSTORE"
 #: the start-up race between PyTriton's model instances (see Server.start), and how often to try
 HANDSHAKE_RACE = "get_config_from_handshake_server"
 START_ATTEMPTS = 3
@@ -183,6 +201,18 @@ def require_serve() -> None:
         )
 
 
+def proxy_transport(image_bytes: int, environ: dict[str, str] | None = None) -> str:
+    """How PyTriton carries each request between Triton's python-backend stub and this process, for images of
+    ``image_bytes``: ``"base64"`` inside its messages when an image is at most ``BASE64_MAX_IMAGE_BYTES`` (or when
+    ``PYTRITON_NO_TENSORSTORE`` is set in ``environ``, default ``os.environ``, already), else ``"tensor store"``
+    (its shared memory). Why: see :data:`vit_fast.serve.settings.BASE64_MAX_IMAGE_BYTES`."""
+    if isinstance(image_bytes, bool) or not isinstance(image_bytes, int) or image_bytes < 1:
+        raise ValueError(f"image_bytes must be an int >= 1, got {image_bytes!r}")
+    if (os.environ if environ is None else environ).get(NO_TENSORSTORE):
+        return "base64"
+    return "base64" if image_bytes <= BASE64_MAX_IMAGE_BYTES else "tensor store"
+
+
 def python_backend_env(environ: dict[str, str] | None = None) -> dict[str, str]:
     """``environ`` (default ``os.environ``) with this interpreter's ``LIBDIR`` first on ``LD_LIBRARY_PATH``.
 
@@ -235,8 +265,10 @@ class Server:
     - ``model``: a :class:`vit_fast.VisionTransformer`; it is served on CUDA with backend "auto" (our
       Triton kernels) where there is a GPU, else on the CPU with the torch backend, in ``dtype``.
     - ``batch``: batch sizes, e.g. ``(1, 8, 64)``: the largest is ``max_batch_size``, the others above 1
-      the dynamic batcher's preferred sizes; ``queue_delay_us`` its ``max_queue_delay_microseconds`` (default:
-      ``CPU_QUEUE_DELAY_US`` (0) on the CPU, where waiting only adds latency, the export default on CUDA).
+      the dynamic batcher's preferred sizes (default: 64 and none on the CPU, ``CPU_PREFERRED_BATCH``, so all
+      that is queued goes into one forward; 8 and 64 on CUDA); ``queue_delay_us`` its
+      ``max_queue_delay_microseconds`` (default: ``CPU_QUEUE_DELAY_US`` (0) on the CPU, where waiting only adds
+      latency, the export default on CUDA).
     - ``instances``: model instances Triton runs at once (each a thread calling the same module).
     - ``host`` and the ports: where HTTP, gRPC and metrics listen (loopback by default).
     - ``tune``: tune the kernels for the served batch sizes before serving, and serve tuned (see :meth:`warmup`).
@@ -269,6 +301,8 @@ class Server:
             queue_delay_us = DEFAULT_QUEUE_DELAY_US if self.device.type == "cuda" else CPU_QUEUE_DELAY_US
         # PyTriton's python-backend instances are CPU processes that hand each batch to this process
         self.batching = plan_batching(batch, instances, "cpu", queue_delay_us)
+        if batch is None and self.device.type != "cuda":  # see CPU_PREFERRED_BATCH
+            self.batching = dataclasses.replace(self.batching, preferred_batch_sizes=CPU_PREFERRED_BATCH)
         ports = {"http": http_port, "grpc": grpc_port, "metrics": metrics_port}
         for what, port in ports.items():
             if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
@@ -311,6 +345,8 @@ class Server:
         self.backend = "auto" if self.device.type == "cuda" else "torch"
         self.model = copy.deepcopy(model).to(self.device, self.dtype).eval().set_backend(self.backend)
         self.input, self.output = model_io(model, self.dtype)
+        #: how PyTriton carries requests between Triton and this process (see :func:`proxy_transport`)
+        self.transport = proxy_transport(math.prod(self.input.dims) * self.dtype.itemsize)
         self._triton: Any = None
         self._stop = threading.Event()
         #: Triton's own log (written by tritonserver; on stdout instead with ``verbose``)
@@ -325,8 +361,10 @@ class Server:
         return (
             f"model {self.name!r} ({where}, {str(self.dtype).removeprefix('torch.')}): {self.input.name} "
             f"{list(self.input.dims)} -> {self.output.name} {list(self.output.dims)}, max batch {b.max_batch_size}, "
-            f"preferred {list(b.preferred_batch_sizes) or '-'}, {b.instances} instance(s), "
+            f"{f'preferred {list(b.preferred_batch_sizes)}' if b.preferred_batch_sizes else 'no preferred size'}, "
+            f"{b.instances} instance(s), "
             + (f"{self.threads} torch thread(s) each" if self.thread_tuner is None else self.thread_tuner.describe())
+            + f", requests handed over as {self.transport}"
         )
 
     @property
@@ -407,6 +445,14 @@ class Server:
         before the model is loaded) and one request went through the whole path.
         """
         self.check_ports()
+        if self.device.type == "cpu" and self.threads > 1 and not any(os.environ.get(v) for v in OPENMP_SPIN_VARS):
+            print(
+                f"[vit-fast serve] torch's OpenMP threads spin on after each op (GOMP_SPINCOUNT unset: libgomp's "
+                f"300,000 rounds), on the cores Triton needs for the next request: set GOMP_SPINCOUNT="
+                f"{OPENMP_SPIN_COUNT} before Python imports torch (vit-fast serve does), or serve with threads=1",
+                file=sys.stderr,
+                flush=True,
+            )
         self._threads_before = torch.get_num_threads()
         torch.set_num_threads(self.threads)
         self.warmup()
@@ -470,6 +516,10 @@ class Server:
         infer = batch(self.infer)
         patient_handshake()
         self._triton = Triton(config=config, security_config=security)
+        # PyTriton reads the switch when the model is bound (this process) and when its stubs start (Triton's copy
+        # of os.environ): set for both, then put back, so another PyTriton server in this process is not touched
+        switch = {NO_TENSORSTORE: "1"} if self.transport == "base64" and not os.environ.get(NO_TENSORSTORE) else {}
+        os.environ.update(switch)
         try:
             self._triton.bind(
                 model_name=self.name,
@@ -493,6 +543,9 @@ class Server:
             if tail and not isinstance(err, KeyboardInterrupt):
                 raise RuntimeError(f"Triton Inference Server did not start: {err}\nits log ends:\n{tail}") from err
             raise
+        finally:
+            for key in switch:
+                os.environ.pop(key, None)
         return self
 
     def _quiet_triton_stdout(self) -> None:
@@ -610,6 +663,7 @@ __all__ = [
     "Server",
     "is_loopback",
     "port_in_use",
+    "proxy_transport",
     "python_backend_env",
     "reap_backend_stubs",
     "require_serve",

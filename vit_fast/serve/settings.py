@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from collections.abc import MutableMapping
+
 DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
 #: loopback by default: a server is reachable from other machines only when asked (--host 0.0.0.0)
 DEFAULT_HOST = "127.0.0.1"
@@ -14,3 +18,40 @@ PROTECT_CHOICES = ("auto", "on", "off")
 #: gRPC batch 1, concurrency 1-8: 0.81-0.97x the plain PyTriton script's inferences/s with 100 us, 0.93-1.01x with 0).
 #: On a GPU the export default applies (vit_fast.export.triton_config.DEFAULT_QUEUE_DELAY_US)
 CPU_QUEUE_DELAY_US = 0
+#: the dynamic batcher's preferred batch sizes when serving on the CPU without --batch: none (max batch 64). With a
+#: preferred size the batcher sends a batch of that size whenever it can form one, even with more requests queued:
+#: with 8 (the GPU default's smallest), 8 clients sending 8 images each were served 8 images per forward, where one
+#: forward of 64 takes 25 ms against eight of 8 at 38 ms (default model, 2 threads). Without one it sends all that
+#: is queued at once (measured with perf_analyzer, gRPC, batch 8 with 4 and 8 clients: 1.6-2.0x the inferences/s)
+CPU_PREFERRED_BATCH: tuple[int, ...] = ()
+#: PyTriton hands each request from Triton's python-backend stub to the serving process and back either through its
+#: shared-memory tensor store (a block allocated and released by a manager process, over a socket, per tensor) or as
+#: base64 inside the message itself (``PYTRITON_NO_TENSORSTORE``). Base64 costs about 7 ms per MB of tensor; the
+#: store's round trips cost about 0.3 ms per request in one process and more when they wake its processes on a busy
+#: machine (measured on 2 cores: 4 KB images over base64 served 1.1-1.3x the inferences/s at batch 1). So base64 when
+#: one image is at most this many bytes, the tensor store above it (a 3x224x224 fp32 image is 588 KiB: 8 ms over
+#: base64 against 0.8 ms)
+BASE64_MAX_IMAGE_BYTES = 16 * 1024
+#: how many rounds torch's idle OpenMP threads spin, waiting for the next parallel op, before they sleep
+#: (``GOMP_SPINCOUNT``; libgomp's default is 300,000, milliseconds of a core). Between ops of one forward they wait
+#: microseconds, so 10,000 keeps them awake there; after a forward they would spin on, on the cores Triton's server,
+#: stubs and clients need for the next request's trip (measured with perf_analyzer, gRPC, 2 cores, `--threads 2`:
+#: 1.4-1.5x the inferences/s at batch 1 with one client, 1.25-1.5x at batch 8; OMP_WAIT_POLICY=PASSIVE, no spinning
+#: at all, lost 5-20 %: every op then wakes a sleeping thread)
+OPENMP_SPIN_COUNT = 10_000
+#: the variables that decide the spinning: one set by the user is kept
+OPENMP_SPIN_VARS = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")
+
+
+def limit_openmp_spin(environ: MutableMapping[str, str] | None = None) -> bool:
+    """Set ``GOMP_SPINCOUNT`` to :data:`OPENMP_SPIN_COUNT` in ``environ`` (default ``os.environ``) unless one of
+    :data:`OPENMP_SPIN_VARS` is set already. libgomp reads it once, when torch loads it, so this is called before
+    torch is imported; with torch imported already it sets nothing. True when the spinning is bounded (by this call
+    or by the user's own setting), False when torch's OpenMP threads spin libgomp's default."""
+    env = os.environ if environ is None else environ
+    if any(env.get(var) for var in OPENMP_SPIN_VARS):
+        return True
+    if "torch" in sys.modules:
+        return False
+    env["GOMP_SPINCOUNT"] = str(OPENMP_SPIN_COUNT)
+    return True

@@ -14,12 +14,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
-import torch
-import triton_python_backend_utils as pb_utils
+from vit_fast.serve.settings import limit_openmp_spin
 
-from vit_fast import load_checkpoint
-from vit_fast.dtypes import parse_dtype
+# before torch loads OpenMP in this stub process: its threads then stop spinning soon after each op instead of
+# holding cores Triton needs (vit_fast.serve.settings.OPENMP_SPIN_COUNT; a GOMP_SPINCOUNT or OMP_WAIT_POLICY set in
+# the server's environment is kept)
+limit_openmp_spin()
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import triton_python_backend_utils as pb_utils  # noqa: E402
+
+from vit_fast import load_checkpoint  # noqa: E402
+from vit_fast.dtypes import parse_dtype  # noqa: E402
 
 WEIGHTS = "model.safetensors"
 DTYPE_PARAMETER = "vit_fast.dtype"
