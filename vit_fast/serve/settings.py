@@ -22,22 +22,25 @@ CPU_QUEUE_DELAY_US = 0
 #: preferred size the batcher sends a batch of that size whenever it can form one, even with more requests queued:
 #: with 8 (the GPU default's smallest), 8 clients sending 8 images each were served 8 images per forward, where one
 #: forward of 64 takes 25 ms against eight of 8 at 38 ms (default model, 2 threads). Without one it sends all that
-#: is queued at once (measured with perf_analyzer, gRPC, batch 8 with 4 and 8 clients: 1.6-2.0x the inferences/s)
+#: is queued at once (measured with perf_analyzer against the plain PyTriton script, gRPC, batch 8 with 8 clients:
+#: 0.96-0.99x its inferences/s with 8 and 64 preferred, 1.85-2.07x with none)
 CPU_PREFERRED_BATCH: tuple[int, ...] = ()
 #: PyTriton hands each request from Triton's python-backend stub to the serving process and back either through its
 #: shared-memory tensor store (a block allocated and released by a manager process, over a socket, per tensor) or as
 #: base64 inside the message itself (``PYTRITON_NO_TENSORSTORE``). Base64 costs about 7 ms per MB of tensor; the
 #: store's round trips cost about 0.3 ms per request in one process and more when they wake its processes on a busy
-#: machine (measured on 2 cores: 4 KB images over base64 served 1.1-1.3x the inferences/s at batch 1). So base64 when
+#: machine (measured on 2 cores against the plain PyTriton script at batch 1: 4 KB images over base64 0.91-1.37x its
+#: inferences/s, median 1.10, against medians of 0.92-1.18x through the store). So base64 when
 #: one image is at most this many bytes, the tensor store above it (a 3x224x224 fp32 image is 588 KiB: 8 ms over
 #: base64 against 0.8 ms)
 BASE64_MAX_IMAGE_BYTES = 16 * 1024
 #: how many rounds torch's idle OpenMP threads spin, waiting for the next parallel op, before they sleep
 #: (``GOMP_SPINCOUNT``; libgomp's default is 300,000, milliseconds of a core). Between ops of one forward they wait
 #: microseconds, so 10,000 keeps them awake there; after a forward they would spin on, on the cores Triton's server,
-#: stubs and clients need for the next request's trip (measured with perf_analyzer, gRPC, 2 cores, `--threads 2`:
-#: 1.4-1.5x the inferences/s at batch 1 with one client, 1.25-1.5x at batch 8; OMP_WAIT_POLICY=PASSIVE, no spinning
-#: at all, lost 5-20 %: every op then wakes a sleeping thread)
+#: stubs and clients need for the next request's trip (measured with perf_analyzer on 2 cores against the plain
+#: PyTriton script: gRPC batch 1, one client, 1.13-1.26x its inferences/s with libgomp's default and the threads the
+#: tuner chose, 1.41-1.51x with 10,000 on 2 threads; batch 8 0.93-1.25x, then 1.25-1.50x. OMP_WAIT_POLICY=PASSIVE, no
+#: spinning at all, served 0.88-1.14x on 2 threads: every op then wakes a sleeping thread)
 OPENMP_SPIN_COUNT = 10_000
 #: the variables that decide the spinning: one set by the user is kept
 OPENMP_SPIN_VARS = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")

@@ -16,6 +16,11 @@ on the default model, `vit-fast serve --threads 1` beside `--threads 2` (2 cores
 - on a loaded machine (other jobs), 2 threads stalled for seconds where 1 thread took milliseconds: a descheduled
   team member holds up every barrier.
 
+(Those figures are with libgomp's default spinning, 300,000 rounds after each op. `vit-fast serve` now bounds it,
+vit_fast.serve.settings.OPENMP_SPIN_COUNT; with that, 2 threads beat 1 at batch 1 with 2 and 4 HTTP clients too,
+298-310 against 239-266 and 478-557 against 447-484 inferences/s, and the trials kept 2. The trials stay: which
+count wins still depends on the machine and its other work.)
+
 So :class:`ThreadTuner` keeps one count for all forwards and runs a trial when requests start coming after a
 pause of :data:`IDLE_S` (a new load), and every :data:`EVERY_S` seconds while they keep coming: short epochs (at
 least :data:`EPOCH_CALLS` forwards and :data:`EPOCH_MIN_S` seconds, at most :data:`EPOCH_S` seconds) alternating
