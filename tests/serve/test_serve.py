@@ -273,6 +273,10 @@ def test_both_ways_pytriton_hands_requests_over_give_the_models_answers(img, cha
     x = np.random.default_rng(img).standard_normal((3, chans, img, img)).astype(np.float32)
     with Server(model, name=MODEL, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, threads=1) as s:
         assert s.transport == transport and os.environ.get(NO_TENSORSTORE) == before
+        # what PyTriton 0.7.0 (pinned by the serve extra) took from the switch: its serializer in this process
+        (bound,) = s._triton._model_manager.models
+        serializer = {"base64": "Base64SerializerDeserializer", "tensor store": "TensorStoreSerializerDeserializer"}
+        assert type(bound._serializer_deserializer).__name__ == serializer[transport]
         for module, address in ((http, s.endpoints.http), (grpc, s.endpoints.grpc)):
             client = module.InferenceServerClient(address)
             try:
