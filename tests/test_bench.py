@@ -187,15 +187,15 @@ def test_cpu_bench_lists_unavailable_backends_with_reasons(tiny_checkpoint, tmp_
     listed = {u["label"] for u in report["unavailable"]}
     assert {"triton", "triton-graph", "tensorrt", "compile-reduce-overhead", "torch+graph"} <= listed
     assert "Not run:" in md and "**triton**" in md and "**tensorrt**" in md
-    assert report["settings"]["triton_tuning"] == bench_backends.TRITON_TUNING  # how triton is timed, said
-    assert "- triton backends: tuned: before each batch size is timed, model.warmup(tune=True)" in md
+    assert report["settings"]["triton_tuning"] == bench_backends.triton_tuning(False)  # how triton is timed, said
+    assert "- triton backends: untuned: the heuristic config of each kernel, what a user gets by default" in md
     assert report["rows"][0]["floor_ms"] is None  # --no-ceilings: no floor, and no crash
     assert report["transfers"] and report["transfers"][0]["median_ms"] is None  # --h2d on CPU: n/a, said so
 
 
-def test_triton_backend_is_timed_tuned(monkeypatch, capsys):
-    """The bench times the triton backend as torch.compile's max-autotune times inductor: tuned. Preparing a batch
-    size warms it with tuning on (outside the timing); the prepared call then runs tuned."""
+def test_triton_backend_is_timed_untuned_by_default(monkeypatch, capsys):
+    """The bench times the triton backend as a user gets it: the heuristic configs. Preparing a batch size warms it
+    with tuning off (outside the timing); the prepared call runs untuned."""
     from vit_fast.kernels import _common
 
     from .util import record_triton_forwards, tiny_model
@@ -204,12 +204,71 @@ def test_triton_backend_is_timed_tuned(monkeypatch, capsys):
     built = bench_backends.build_backend(
         bench_backends.Variant("triton"), tiny_model(), "fp32", torch.device("cpu"), None, Path(".")
     )
-    assert isinstance(built, bench_backends.TritonBackend) and "tuned" in built.notes
+    assert isinstance(built, bench_backends.TritonBackend) and "untuned" in built.notes
     case = built.prepare(torch.randn(2, 3, 32, 32))
-    assert seen == [(2, True)]  # the warm-up, tuning
+    assert seen == [(2, False)]  # the warm-up, not tuning
+    assert "compiling the Triton kernels for batch 2 (fp32)" in capsys.readouterr().err
+    case.run()
+    assert seen[-1] == (2, False) and _common.autotune_enabled() is False
+
+
+def test_triton_backend_is_timed_tuned_with_tune(monkeypatch, capsys):
+    """--tune (BenchSettings.tune): the warm-up of each batch size tunes, and the prepared call then runs tuned, as
+    torch.compile's max-autotune times inductor's kernels."""
+    from vit_fast.kernels import _common
+
+    from .util import record_triton_forwards, tiny_model
+
+    seen = record_triton_forwards(monkeypatch)
+    built = bench_backends.build_backend(
+        bench_backends.Variant("triton"), tiny_model(), "fp32", torch.device("cpu"), None, Path("."), tune=True
+    )
+    assert "tuned" in built.notes and "untuned" not in built.notes
+    case = built.prepare(torch.randn(2, 3, 32, 32))
+    assert seen == [(2, True)]
     assert "tuning the Triton kernels for batch 2 (fp32)" in capsys.readouterr().err
     case.run()
     assert seen[-1] == (2, True) and _common.autotune_enabled() is False
+
+
+def test_triton_case_that_fell_back_is_marked_not_timed(monkeypatch):
+    """A triton case whose ops fell back to eager PyTorch at their first-use check times eager PyTorch: the row says
+    "fallback" with the ops, and no timing is taken under the triton label."""
+    from vit_fast import first_use
+
+    from .util import record_triton_forwards, tiny_model
+
+    record_triton_forwards(monkeypatch)
+    monkeypatch.setattr(first_use, "failed_ops", lambda: frozenset({"attention"}))
+    built = bench_backends.build_backend(
+        bench_backends.Variant("triton"), tiny_model(), "fp32", torch.device("cpu"), None, Path(".")
+    )
+    harness = bench_harness.Harness(bm.BenchSettings(model="default", device="cpu", min_samples=1))
+    row = harness.measure(lambda: built.prepare(torch.randn(1, 3, 32, 32)), 1, None, None)
+    assert row["status"] == "fallback" and "attention" in row["reason"] and "median_ms" not in row
+
+
+def test_hf_backend_matches_the_torch_backend():
+    """The transformers peer is built from our weights (every tensor placed by hf_state_dict, strict load) and
+    computes what our model computes: logits with a head, the normalised class token without one."""
+    from .util import tiny_model
+
+    for classes in (7, 0):
+        model = tiny_model(num_classes=classes).double()
+        x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+        built = bench_backends.build_backend(
+            bench_backends.Variant("hf"), model, "fp32", torch.device("cpu"), None, Path(".")
+        )
+        with torch.no_grad():
+            got, want = built.prepare(x).run(), model(x)
+        assert got.shape == want.shape and (got - want).abs().max().item() < 1e-10, classes
+
+
+def test_hf_backend_refuses_models_transformers_has_no_counterpart_of():
+    from .util import tiny_model
+
+    with pytest.raises(bench_backends.Unavailable, match="plain class-token ViT"):
+        bench_backends.build_hf(tiny_model(reg_tokens=2))
 
 
 def test_onnxruntime_backend_runs_and_is_checked(tiny_checkpoint, tmp_path):

@@ -8,7 +8,7 @@ the target model and any key that does not fit is named.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -117,6 +117,37 @@ def hf_config_to_vit(hf_config: Any, num_classes: int) -> ViTConfig:
     )
 
 
+#: ours -> the transformers hidden_act that computes it
+HF_ACTIVATION_OF = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh"}
+_QKV_PART = {"q": 0, "k": 1, "v": 2}
+
+
+def _ours_of_hf(key: str) -> tuple[str, str | None] | None:
+    """Where the transformers ViT key ``key`` lives in a timm-named state dict: ``(our key, None)``, or
+    ``(blocks.N.attn.qkv.KIND, "q" | "k" | "v")`` for the parts fused into qkv; None for the pooler (no timm
+    counterpart). A ValueError for a key with no counterpart."""
+    k = key[4:] if key.startswith("vit.") else key
+    if k.startswith("pooler."):
+        return None
+    fixed = {"embeddings.cls_token": "cls_token", "embeddings.position_embeddings": "pos_embed"}
+    if k in fixed:
+        return fixed[k], None
+    for prefix, ours in (
+        ("embeddings.patch_embeddings.projection.", "patch_embed.proj."),
+        ("layernorm.", "norm."),
+        ("classifier.", "head."),
+    ):
+        if k.startswith(prefix):
+            return ours + k.rsplit(".", 1)[1], None
+    if m := _HF_LAYER_RE.match(k):
+        idx, inner, kind = int(m.group(1)), m.group(2), m.group(3)
+        if inner in _HF_LAYER_MAP:
+            return f"blocks.{idx}.{_HF_LAYER_MAP[inner]}.{kind}", None
+        if inner in _HF_QKV:
+            return f"blocks.{idx}.attn.qkv.{kind}", _HF_QKV[inner]
+    raise ValueError(key)
+
+
 def convert_hf_state_dict(state: Mapping[str, torch.Tensor], depth: int | None = None) -> dict[str, torch.Tensor]:
     """Rename a transformers ViT state dict (4.x or 5.x names) to timm's, fusing q, k, v into qkv.
 
@@ -124,42 +155,48 @@ def convert_hf_state_dict(state: Mapping[str, torch.Tensor], depth: int | None =
     work. The pooler (dense + tanh on the class token) has no timm counterpart and is dropped.
     """
     out: dict[str, torch.Tensor] = {}
-    qkv: dict[int, dict[str, dict[str, torch.Tensor]]] = {}
+    qkv: dict[str, dict[str, torch.Tensor]] = {}
     unknown = []
     for key, value in state.items():
-        k = key[4:] if key.startswith("vit.") else key
-        if k.startswith("pooler."):
-            continue
-        if k == "embeddings.cls_token":
-            out["cls_token"] = value
-        elif k == "embeddings.position_embeddings":
-            out["pos_embed"] = value
-        elif k.startswith("embeddings.patch_embeddings.projection."):
-            out["patch_embed.proj." + k.rsplit(".", 1)[1]] = value
-        elif k.startswith("layernorm."):
-            out["norm." + k.rsplit(".", 1)[1]] = value
-        elif k.startswith("classifier."):
-            out["head." + k.rsplit(".", 1)[1]] = value
-        elif m := _HF_LAYER_RE.match(k):
-            idx, inner, kind = int(m.group(1)), m.group(2), m.group(3)
-            if inner in _HF_LAYER_MAP:
-                out[f"blocks.{idx}.{_HF_LAYER_MAP[inner]}.{kind}"] = value
-            elif inner in _HF_QKV:
-                qkv.setdefault(idx, {}).setdefault(kind, {})[_HF_QKV[inner]] = value
-            else:
-                unknown.append(key)
-        else:
+        try:
+            target = _ours_of_hf(key)
+        except ValueError:
             unknown.append(key)
+            continue
+        if target is None:
+            continue
+        ours, part = target
+        if part is None:
+            out[ours] = value
+        else:
+            qkv.setdefault(ours, {})[part] = value
     if unknown:
         raise ValueError(f"Hugging Face ViT keys with no vit-fast counterpart: {unknown}")
-    for idx, kinds in qkv.items():
-        for kind, parts in kinds.items():
-            if set(parts) != {"q", "k", "v"}:
-                raise ValueError(f"layer {idx}: {kind} of {sorted(set('qkv') - set(parts))} missing")
-            shapes = {n: tuple(t.shape) for n, t in parts.items()}
-            if len(set(shapes.values())) != 1:
-                raise ValueError(f"layer {idx}: q/k/v {kind} shapes differ: {shapes}")
-            out[f"blocks.{idx}.attn.qkv.{kind}"] = torch.cat([parts["q"], parts["k"], parts["v"]], dim=0)
+    for ours, parts in qkv.items():
+        layer, kind = ours.split(".")[1], ours.rsplit(".", 1)[1]
+        if set(parts) != {"q", "k", "v"}:
+            raise ValueError(f"layer {layer}: {kind} of {sorted(set('qkv') - set(parts))} missing")
+        shapes = {n: tuple(t.shape) for n, t in parts.items()}
+        if len(set(shapes.values())) != 1:
+            raise ValueError(f"layer {layer}: q/k/v {kind} shapes differ: {shapes}")
+        out[ours] = torch.cat([parts["q"], parts["k"], parts["v"]], dim=0)
+    return out
+
+
+def hf_state_dict(state: Mapping[str, torch.Tensor], hf_keys: Iterable[str]) -> dict[str, torch.Tensor]:
+    """The inverse of :func:`convert_hf_state_dict`: a timm-named ``state`` (ours) under the transformers ViT names
+    ``hf_keys`` (a transformers model's own ``state_dict().keys()``: 4.x or 5.x names, ``vit.`` prefix or not), q,
+    k and v cut from qkv. A ValueError names a key with no counterpart in ``state``."""
+    out: dict[str, torch.Tensor] = {}
+    for key in hf_keys:
+        try:
+            target = _ours_of_hf(key)
+        except ValueError:
+            target = None
+        if target is None or target[0] not in state:
+            raise ValueError(f"transformers key {key!r} has no counterpart in this vit-fast state dict")
+        ours, part = target
+        out[key] = state[ours] if part is None else state[ours].chunk(3, dim=0)[_QKV_PART[part]]
     return out
 
 

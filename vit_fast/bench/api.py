@@ -93,6 +93,7 @@ def benchmark(
     onnx_exporter: str = "dynamo",
     progress: bool = False,
     log: Callable[[str], None] | None = None,
+    tune: bool = False,
 ) -> BenchResult:
     """Time ``model`` from Python and return the result; nothing is written (``result.write(folder)`` does).
 
@@ -101,7 +102,8 @@ def benchmark(
     (``"1,8"``, ``"bf16,fp16"``, ``"torch,onnxruntime"`` or ``"all"``); None takes the device's defaults.
     Each case is timed for at least ``min_samples`` calls and ``min_time_s`` seconds (defaults 100 and
     1 s on CPU, 200 and 1 s on a GPU), at most ``max_samples`` calls or about ``max_seconds``. ``threads``:
-    CPU threads for every CPU backend (torch and ONNX Runtime alike), recorded in each row.
+    CPU threads for every CPU backend (torch and ONNX Runtime alike), recorded in each row. ``tune``: the
+    triton backends are tuned before they are timed (default: the heuristic configs a user gets).
 
     Returns a :class:`BenchResult`: ``.rows`` (one dict per backend, dtype and batch, with ``n`` samples,
     median / p10 / p90 / p99 ms, images/s, the ratios), ``.report`` (the whole record), ``.markdown()``,
@@ -135,6 +137,7 @@ def benchmark(
         progress=progress,
         measure_ceilings=ceilings,
         threads=threads,
+        tune=tune,
     )
     return BenchResult(_run(settings, log))
 

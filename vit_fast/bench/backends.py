@@ -84,6 +84,8 @@ def static_unavailable(variant: Variant, device: torch.device, dtype_name: str) 
         return "mode='reduce-overhead' is CUDA graphs; needs a CUDA GPU"
     if b == "timm" and importlib.util.find_spec("timm") is None:
         return "timm is not installed: pip install timm"
+    if b == "hf" and importlib.util.find_spec("transformers") is None:
+        return "transformers is not installed: pip install transformers"
     if b == "onnxruntime":
         if importlib.util.find_spec("onnxruntime") is None:
             return "onnxruntime is not installed: pip install 'vit-fast[onnx]'"
@@ -163,22 +165,98 @@ class ModuleBackend(Backend):
         self.module = None
 
 
-#: how the bench runs our triton backends, said in every report that times one
-TRITON_TUNING = (
-    "tuned: before each batch size is timed, model.warmup(tune=True) compiles and times every candidate config "
-    "of each kernel and keeps the fastest (as torch.compile's max-autotune tunes its kernels); the tuning is not "
-    "in the figures"
-)
+def triton_tuning(tune: bool) -> str:
+    """How the bench runs our triton backends, said in every report that times one."""
+    if tune:
+        return (
+            "tuned (--tune): before each batch size is timed, model.warmup(tune=True) compiles and times every "
+            "candidate config of each kernel and keeps the fastest (as torch.compile's max-autotune tunes its "
+            "kernels); the tuning is not in the figures"
+        )
+    return (
+        "untuned: the heuristic config of each kernel, what a user gets by default (model.warmup compiles them "
+        "before timing); --tune times the tuned kernels"
+    )
 
 
 class TritonBackend(ModuleBackend):
-    """Our model on the triton backend, timed tuned (:data:`TRITON_TUNING`): the first :meth:`prepare` of a batch
-    size runs ``warmup([batch], tune=True)``, after which the model's forwards (and a CUDA graph captured from
-    them) run the tuned configs. ``prepare`` is outside the timing."""
+    """Our model on the triton backend. The first :meth:`prepare` of a batch size runs ``warmup([batch])`` (tuned
+    with ``tune``, see :func:`triton_tuning`), outside the timing. A case whose ops fell back to eager PyTorch at
+    their first-use check (:mod:`vit_fast.first_use`) is refused with :class:`FellBack`: it would time eager
+    PyTorch under the triton label."""
+
+    def __init__(self, module: Any, graph: bool, tune: bool = False, notes: str = "") -> None:
+        super().__init__(module, graph, notes=notes)
+        self.tune = tune
 
     def prepare(self, x: torch.Tensor) -> Case:
-        self.module.warmup([x.shape[0]], dtype=x.dtype, tune=True)
+        from vit_fast import first_use
+
+        self.module.warmup([x.shape[0]], dtype=x.dtype, tune=self.tune)
+        fell_back = first_use.failed_ops()
+        if fell_back:
+            raise FellBack(
+                f"the first-use check failed for {', '.join(sorted(fell_back))} on this card: those ops run in eager "
+                "PyTorch, so this is not timed as triton (vit-fast doctor --json doctor.json shows the check)"
+            )
         return super().prepare(x)
+
+
+class FellBack(Exception):
+    """A triton case whose ops fell back to eager PyTorch at their first-use check (the message names them)."""
+
+
+def build_hf(model: Any) -> Any:
+    """transformers' ``ViTForImageClassification`` (``ViTModel`` for a model without a head) with ``model``'s
+    weights and SDPA attention: a plain class-token ViT only (no registers, LayerScale or average pooling)."""
+    from transformers import ViTConfig as HFViTConfig
+    from transformers import ViTForImageClassification, ViTModel
+
+    from vit_fast.convert import HF_ACTIVATION_OF, hf_state_dict
+
+    cfg = model.cfg
+    act = HF_ACTIVATION_OF.get(cfg.act)
+    plain = cfg.class_token and not cfg.reg_tokens and cfg.init_values is None and cfg.global_pool == "token"
+    if act is None or not plain or cfg.pre_norm or cfg.fc_norm or cfg.no_embed_class:
+        raise Unavailable("transformers' ViT has no counterpart of this model (a plain class-token ViT only)")
+    hf_cfg = HFViTConfig(
+        hidden_size=cfg.embed_dim,
+        num_hidden_layers=cfg.depth,
+        num_attention_heads=cfg.num_heads,
+        intermediate_size=int(round(cfg.embed_dim * cfg.mlp_ratio)),
+        hidden_act=act,
+        layer_norm_eps=cfg.layer_norm_eps,
+        image_size=cfg.img_size,
+        patch_size=cfg.patch_size,
+        num_channels=cfg.in_chans,
+        qkv_bias=cfg.qkv_bias,
+        num_labels=max(cfg.num_classes, 1),
+    )
+    cls = ViTForImageClassification if cfg.num_classes else ViTModel
+    kwargs = {} if cls is ViTForImageClassification else {"add_pooling_layer": False}
+    hf_model = cls._from_config(hf_cfg, attn_implementation="sdpa", **kwargs)
+    hf_model.load_state_dict(hf_state_dict(model.state_dict(), hf_model.state_dict().keys()), strict=True)
+    return hf_model.to(device=model.device, dtype=model.dtype).eval()
+
+
+class HFBackend(ModuleBackend):
+    """transformers' ViT: logits (a classifier) or the final normalised class token (``ViTModel``), as our
+    model's forward returns them."""
+
+    def __init__(self, hf_model: Any, graph: bool, notes: str) -> None:
+        head = hasattr(hf_model, "classifier")
+        module = _HFOutput(hf_model, head)
+        super().__init__(module, graph, notes=notes)
+
+
+class _HFOutput(torch.nn.Module):
+    def __init__(self, hf_model: Any, head: bool) -> None:
+        super().__init__()
+        self.hf_model, self.head = hf_model, head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.hf_model(pixel_values=x)
+        return out.logits if self.head else out.last_hidden_state[:, 0]
 
 
 def build_timm(model: Any) -> Any:
@@ -322,9 +400,16 @@ class TensorRTBackend(Backend):
 
 
 def build_backend(
-    variant: Variant, ref_model: Any, dtype_name: str, device: torch.device, onnx: OnnxExports, workdir: Path
+    variant: Variant,
+    ref_model: Any,
+    dtype_name: str,
+    device: torch.device,
+    onnx: OnnxExports,
+    workdir: Path,
+    tune: bool = False,
 ) -> Backend:
-    """Build ``variant`` from ``ref_model`` (our model, torch backend, in the dtype, on the device).
+    """Build ``variant`` from ``ref_model`` (our model, torch backend, in the dtype, on the device); ``tune``: the
+    triton backends are timed tuned (:func:`triton_tuning`).
 
     Raises :class:`Unavailable` when it turns out it cannot run here; other errors are the backend's failure.
     """
@@ -339,7 +424,8 @@ def build_backend(
         except ImportError as err:
             raise Unavailable(f"vit_fast.triton_path is not importable ({err})") from err
         model = copy.deepcopy(ref_model).set_backend("triton")
-        return TritonBackend(model, variant.graph, notes="vit_fast Triton kernels, tuned")
+        notes = "vit_fast Triton kernels, " + ("tuned" if tune else "heuristic configs (untuned)")
+        return TritonBackend(model, variant.graph, tune=tune, notes=notes)
     if b.startswith("compile"):
         import torch._dynamo as dynamo
 
@@ -358,6 +444,8 @@ def build_backend(
         timm_model = build_timm(ref_model)
         fused = getattr(getattr(timm_model.blocks[0], "attn", None), "fused_attn", "?")
         return ModuleBackend(timm_model, variant.graph, notes=f"timm VisionTransformer, fused_attn={fused}")
+    if b == "hf":
+        return HFBackend(build_hf(ref_model), variant.graph, notes="transformers ViT, attn_implementation='sdpa'")
     if b == "onnxruntime":
         onnx_path, note = onnx.get(ref_model, dtype_name)
         return OnnxRuntimeBackend(onnx_path, device, note)

@@ -30,15 +30,16 @@ from vit_fast.progress import duration, long_cpu_note
 
 from .artifacts import artifact_path, run_artifact
 from .backends import (
-    TRITON_TUNING,
     Backend,
     Case,
+    FellBack,
     OnnxExports,
     Variant,
     build_backend,
     graph_mode,
     plan_variants,
     static_unavailable,
+    triton_tuning,
 )
 from .ceilings import floor_ms, measure_bandwidth, measure_matrix_rate
 from .report import add_ratios, unavailable_summary
@@ -157,7 +158,7 @@ class Harness:
         return params * torch.empty((), dtype=dtype).element_size()
 
     def _build(self, variant: Variant, ref_model: Any, dtype_name: str, workdir: Path) -> Backend:
-        return build_backend(variant, ref_model, dtype_name, self.device, self._onnx, workdir)
+        return build_backend(variant, ref_model, dtype_name, self.device, self._onnx, workdir, tune=self.s.tune)
 
     @property
     def threads(self) -> int | None:
@@ -236,7 +237,7 @@ class Harness:
                 "seed": s.seed,
                 "threads": self.threads,
                 "threads_note": self.threads_note if self.device.type == "cpu" else None,
-                "triton_tuning": TRITON_TUNING if {"triton", "triton-graph"} & set(backends) else None,
+                "triton_tuning": triton_tuning(s.tune) if {"triton", "triton-graph"} & set(backends) else None,
                 **self.opts,
             },
             "unavailable": unavailable_summary(rows),
@@ -379,6 +380,13 @@ class Harness:
         device = self.device
         try:
             case = prepare()
+        except FellBack as err:  # eager PyTorch under the triton label: marked, never timed
+            _release(device)
+            return {"status": "fallback", "reason": str(err)}
+        except Exception as err:
+            _release(device)
+            return {"status": "error", "error": _short_error(err), "traceback": traceback.format_exc(limit=8)}
+        try:
             out = case.fetch(case.run())
             synchronize(device)
             err = max_abs_err_vs_torch(out, ref) if ref is not None else None

@@ -25,12 +25,13 @@ BACKENDS: tuple[str, ...] = (
     "compile-max-autotune",
     "compile-reduce-overhead",
     "timm",
+    "hf",
     "onnxruntime",
     "tensorrt",
 )
 #: backends that --graph also runs captured in a CUDA graph (triton's captured form is "triton-graph";
 #: compile-max-autotune and compile-reduce-overhead are graphed by inductor already)
-GRAPHABLE: tuple[str, ...] = ("torch", "triton", "compile", "timm")
+GRAPHABLE: tuple[str, ...] = ("torch", "triton", "compile", "timm", "hf")
 SCHEMA_VERSION = 2
 #: per device type: warm-up calls, and the sampling of each case: at least ``min_samples`` calls and
 #: ``min_time_s`` seconds of them (so a p99 rests on 100+ samples even on CPU), at most ``iters`` calls
@@ -59,7 +60,8 @@ class BenchSettings:
     runtime at the input shape its metadata (else its ONNX graph) gives. ``batches`` / ``dtypes`` /
     ``backends`` left None take the device's defaults (an artifact: its own dtype and runtime).
     ``out_dir`` is where :func:`run_benchmark` writes (None: nothing is written); ``overwrite`` lets it
-    replace an earlier run's files instead of naming the new ones apart.
+    replace an earlier run's files instead of naming the new ones apart. ``tune``: time the triton backends
+    tuned (every candidate config timed first) rather than with the heuristic configs a user gets by default.
     """
 
     model: Any
@@ -82,6 +84,7 @@ class BenchSettings:
     measure_ceilings: bool = True
     threads: int | None = None  # CPU: torch.set_num_threads and ONNX Runtime's intra-op threads
     overwrite: bool = False
+    tune: bool = False  # the triton backends tuned before they are timed (default: the heuristic configs)
 
     def resolved(self, device: torch.device) -> dict[str, Any]:
         """Warm-up calls and the sampling of each case, with the device's defaults filled in."""

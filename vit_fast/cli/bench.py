@@ -10,18 +10,21 @@ max(weight bytes / copy bandwidth, FLOPs / matmul rate).
 
   vit-fast bench MODEL --out DIR [--batch 1,8,64] [--dtype bf16,fp16] [--backends torch,triton]
                                  [--device cuda] [--graph] [--h2d] [--flush-l2] [--json PATH] [--seed 0]
-                                 [--min-samples 100] [--min-time 1] [--threads T] [--overwrite]
+                                 [--min-samples 100] [--min-time 1] [--threads T] [--tune] [--overwrite]
   vit-fast bench model.onnx|model.plan --out DIR     (time an artifact you already have)
 
 backends:
   torch                     eager PyTorch (vit_fast's torch backend): the reference
-  triton                    vit_fast's Triton kernels (CUDA only), tuned before they are timed
-                            (model.warmup(tune=True), as compile-max-autotune tunes inductor's)
+  triton                    vit_fast's Triton kernels (CUDA only), with the heuristic configs a user
+                            gets by default; --tune times them tuned (model.warmup(tune=True), as
+                            compile-max-autotune tunes inductor's). A case whose ops fell back to eager
+                            PyTorch at their first-use check is marked "fallback", never timed as triton
   triton-graph              the triton backend captured with vit_fast.CUDAGraphRunner
   compile                   torch.compile, default mode
   compile-max-autotune      torch.compile(mode="max-autotune") (inductor CUDA graphs on a GPU)
   compile-reduce-overhead   torch.compile(mode="reduce-overhead"), batch 1 only (CUDA only)
   timm                      timm's VisionTransformer (fused SDPA) with the same weights
+  hf                        transformers' ViT (attn_implementation="sdpa") with the same weights
   onnxruntime               ONNX export run by ONNX Runtime (CUDA EP + I/O binding on a GPU)
   tensorrt                  TensorRT engine built from the ONNX export (needs tensorrt + GPU)
 A backend that cannot run here is listed with the reason; one that fails is reported with its
@@ -148,6 +151,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="CPU threads for every CPU backend alike (torch and ONNX Runtime), recorded in each row "
         "(default: the cores the load average leaves free)",
     )
+    parser.add_argument(
+        "--tune",
+        action="store_true",
+        help="time the triton backends tuned (every candidate config compiled and timed first: minutes per batch "
+        "size on a fresh cache) instead of with the heuristic configs a user gets by default",
+    )
     _args.add_overwrite(parser)
     _args.add_seed(parser, 0, "preset weights and inputs")
     _args.add_model_source(parser)
@@ -196,6 +205,7 @@ def run(args: argparse.Namespace) -> int:
         progress=False if args.quiet else None,
         measure_ceilings=not args.no_ceilings,
         threads=args.threads,
+        tune=args.tune,
     )
     # the files are named after MODEL as typed, also when --config/--weights made it a loaded module
     report, paths = run_benchmark(settings, log=log, name=args.model)
