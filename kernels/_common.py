@@ -321,8 +321,12 @@ class ResolvedLaunches:
             with self.lock:
                 if key not in self.cache:
                     self._resolve(key, grid, args, constexprs)
+                    if _RECORDED is not None and key in self.cache:
+                        _RECORDED.append((self, self.cache[key]))
                     return
             entry = self.cache[key]  # another thread resolved it while this one waited: launch as resolved
+        if _RECORDED is not None:
+            _RECORDED.append((self, entry))
         compiled, (g0, g1, g2), tail = entry
         stream = driver.active.get_current_stream(device)
         enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
@@ -361,6 +365,44 @@ class ResolvedLaunches:
             return run, config
         run = self.kernel[grid](*args, **constexprs, enable_fp_fusion=FP_FUSION)
         return run, getattr(self.kernel, "best_config", None)
+
+    def describe(self, entry: tuple) -> dict:
+        """A resolved launch (a cache entry) as the evidence run records it: the kernel, the config it ran (its
+        constexprs, warps, stages), its programs, and what the compiler gave it (registers and spills per thread,
+        shared memory per program, in bytes; None where the compiled kernel does not say, e.g. a stub)."""
+        compiled, grid, tail = entry
+        meta = getattr(compiled, "metadata", None)
+        constexprs = dict(zip(self.arg_names[len(self.arg_names) - len(tail) :], tail, strict=True))
+        return {
+            "kernel": self.jit_fn.__name__,
+            "config": {k: v for k, v in constexprs.items() if k.isupper()},
+            "num_warps": getattr(meta, "num_warps", None),
+            "num_stages": getattr(meta, "num_stages", None),
+            "programs": grid[0] * grid[1] * grid[2],
+            "registers": getattr(compiled, "n_regs", None),
+            "spills": getattr(compiled, "n_spills", None),
+            "shared_bytes": getattr(meta, "shared", None),
+        }
+
+
+#: the list :func:`record_launches` fills while it is active, else None (one global read per launch)
+_RECORDED: list | None = None
+
+
+@contextlib.contextmanager
+def record_launches() -> Iterator[list[dict]]:
+    """Within the block, every compiled launch of our kernels in this process is described (see
+    :meth:`ResolvedLaunches.describe`) in the list this yields, in launch order, once the block ends. For the GPU evidence run and
+    diagnostics; under the interpreter nothing is compiled, so nothing is recorded. Not reentrant."""
+    global _RECORDED
+    seen: list[tuple] = []
+    described: list[dict] = []
+    _RECORDED = seen
+    try:
+        yield described
+    finally:
+        _RECORDED = None
+        described.extend(launches.describe(entry) for launches, entry in seen)
 
 
 # ---------------------------------------------------------------------------------- bf16 under the interpreter

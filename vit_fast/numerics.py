@@ -54,11 +54,12 @@ def compare(
 
     Returns max |error| for both, the bound, relative errors, the worst per-sample cosine, top-1
     agreement (only for ``logits`` with more than one class) and ``passed``. A non-finite value
-    in ``out`` makes its error infinite.
+    in ``out`` makes its error infinite. Computed in float64 where ``ref64`` lies (the CPU, or a GPU).
     """
     if tuple(out.shape) != tuple(ref64.shape):
         raise ValueError(f"output shape {tuple(out.shape)} differs from the reference's {tuple(ref64.shape)}")
-    ref, o, e = ref64.double().cpu(), out.double().cpu(), eager.double().cpu()
+    ref = ref64.double()
+    o, e = out.to(ref.device, torch.float64), eager.to(ref.device, torch.float64)
     scale = scale_of(ref)
     err, eager_err = (o - ref).abs().max().item(), (e - ref).abs().max().item()
     if not torch.isfinite(o).all():

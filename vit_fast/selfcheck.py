@@ -260,9 +260,9 @@ def _reference(case: KernelCase, args: tuple, kwargs: dict[str, Any]) -> torch.T
     return out
 
 
-def _float64(args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+def _float64(args: tuple, kwargs: dict[str, Any], device: torch.device) -> tuple[tuple, dict[str, Any]]:
     def up(v: Any) -> Any:
-        return v.detach().to("cpu", torch.float64) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+        return v.detach().to(device, torch.float64) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
 
     return tuple(up(a) for a in args), {k: up(v) for k, v in kwargs.items()}
 
@@ -279,8 +279,23 @@ def no_tf32() -> Iterator[None]:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
-def check_kernel(case: KernelCase, device: torch.device | str = "cpu", seed: int = 0) -> dict[str, Any]:
-    """Run ``case`` on ``device`` and judge it; never raises for the kernel's own failure.
+def launch_case(case: KernelCase, device: torch.device | str = "cpu", seed: int = 0) -> torch.Tensor:
+    """Launch ``case`` once on ``device`` with the random inputs :func:`check_kernel` draws, into NaN-filled
+    outputs, and return what it wrote, unjudged: what compiles a case's kernel (a warm-up, a count of compilations
+    with Triton's driver stubbed) without the references' cost."""
+    device = torch.device(device)
+    guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    with guard:
+        args, kwargs = _inputs(case, device, torch.Generator().manual_seed(seed))
+        return _launch(case, args, kwargs)
+
+
+def check_kernel(
+    case: KernelCase, device: torch.device | str = "cpu", seed: int = 0, reference_device: torch.device | str = "cpu"
+) -> dict[str, Any]:
+    """Run ``case`` on ``device`` and judge it; never raises for the kernel's own failure. The float64 reference
+    runs (and the errors are measured) on ``reference_device``: the CPU by default, the GPU itself where a large
+    case's float64 reference would take the CPU seconds.
 
     Returns ``{"name", "kernel", "role", "dtype", "shape", "status": "ok" | "failed", "summary", "seconds"}``,
     plus the numbers of :func:`vit_fast.numerics.compare` (``max_abs_err``, ``eager_max_abs_err``, ``bound``,
@@ -300,7 +315,7 @@ def check_kernel(case: KernelCase, device: torch.device | str = "cpu", seed: int
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             eager = _reference(case, args, kwargs)
-        ref64 = _reference(case, *_float64(args, kwargs))
+        ref64 = _reference(case, *_float64(args, kwargs, torch.device(reference_device)))
         result = compare(out, eager, ref64, case.dtype, logits=False)
     except Exception as err:  # a launch that fails (compile error, out of resources) is a failed check
         first = (str(err).strip().splitlines() or [""])[0]
@@ -333,6 +348,7 @@ __all__ = [
     "KernelCase",
     "check_kernel",
     "family_cases",
+    "launch_case",
     "model_cases",
     "no_tf32",
 ]
