@@ -312,6 +312,61 @@ def test_info_on_cpu_says_there_is_no_gpu_and_auto_picks_torch(tmp_path, capsys,
     assert report["cpu"]["default_dtype"] == "fp32"
 
 
+def _launcher_machine(monkeypatch, tmp_path):
+    """A made-up machine for what Triton's launcher needs: a C compiler (CC, a script that answers --version),
+    no Python.h in the include folder, libcuda.so.1 where TRITON_LIBCUDA_PATH points."""
+    from vit_fast import env
+
+    cc = tmp_path / "cc"
+    cc.write_text("#!/bin/sh\necho 'fakecc 1.0'\n")
+    cc.chmod(0o755)
+    monkeypatch.setenv("CC", str(cc))
+    (tmp_path / "include").mkdir()
+    monkeypatch.setattr(env, "python_include_dir", lambda: str(tmp_path / "include"))
+    (tmp_path / "driver").mkdir()
+    (tmp_path / "driver" / "libcuda.so.1").write_text("")
+    monkeypatch.setenv("TRITON_LIBCUDA_PATH", str(tmp_path / "driver"))
+
+
+def _launcher_lines(out):
+    lines = out.split("triton's C launcher, built on a GPU the first time each kernel runs, needs:\n")[1].splitlines()
+    return {line[2:17].strip(): line[17:] for line in lines[:3]}
+
+
+@pytest.mark.parametrize("cuda", [False, True], ids=["cpu", "gpu"])
+def test_info_reports_what_tritons_launcher_needs(two_gpus, monkeypatch, tmp_path, capsys, cuda):
+    """The C compiler, Python.h and libcuda, as doctor checks them (vit_fast.env.launcher_needs): a missing one
+    is a failure with the fix where kernels compile, a warning on a CPU; --json carries the same."""
+    _launcher_machine(monkeypatch, tmp_path)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    path = tmp_path / "info.json"
+    assert main(["info", "--json", str(path)]) == 0
+    lines = _launcher_lines(capsys.readouterr().out)
+    assert lines["C compiler"] == f"{tmp_path / 'cc'} (CC={tmp_path / 'cc'}: fakecc 1.0)"
+    assert lines["libcuda"].startswith(f"{tmp_path / 'driver' / 'libcuda.so.1'} (TRITON_LIBCUDA_PATH=")
+    headers = lines["Python headers"]
+    assert headers.startswith(("failed: " if cuda else "warning: ") + f"no Python.h in {tmp_path / 'include'}")
+    assert "-dev" in headers and ("not needed on this CPU" in headers) is not cuda
+    launcher = {need["name"]: need for need in json.loads(path.read_text())["triton_launcher"]}
+    assert [launcher[name]["status"] for name in ("C compiler", "Python headers", "libcuda")] == [
+        "ok",
+        "failed" if cuda else "warning",
+        "ok",
+    ]
+    assert launcher["libcuda"]["path"] == str(tmp_path / "driver" / "libcuda.so.1")
+    assert launcher["Python headers"]["summary"] in headers
+
+
+def test_info_on_cpu_says_libcuda_is_not_needed_there(monkeypatch, tmp_path, capsys):
+    _launcher_machine(monkeypatch, tmp_path)
+    monkeypatch.setenv("TRITON_LIBCUDA_PATH", str(tmp_path / "include"))  # a folder without libcuda.so.1
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["info"]) == 0
+    libcuda = _launcher_lines(capsys.readouterr().out)["libcuda"]
+    assert libcuda.startswith(f"TRITON_LIBCUDA_PATH={tmp_path / 'include'} is set, but that folder holds no libcuda")
+    assert libcuda.endswith("(not needed on this CPU: the interpreter compiles nothing)")
+
+
 def test_info_refuses_to_replace_a_file_it_did_not_write(tmp_path, capsys):
     path = tmp_path / "notes.json"
     path.write_text('{"mine": true}\n')

@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from vit_fast import doctor
+from vit_fast import doctor, env
 from vit_fast.cli import main
 from vit_fast.config import ViTConfig
 from vit_fast.files import MARKER_KEY
@@ -222,23 +222,116 @@ def test_too_old_triton_fails_and_skips_the_kernels(monkeypatch, tmp_path):
     assert "triton cannot run vit-fast's kernels here" in report["skipped"]["kernels"]
 
 
+# what Triton's C launcher needs: each finder (vit_fast.env, shared with vit-fast info) fed a made-up machine
+def _program(path, script):
+    path.write_text("#!/bin/sh\n" + script + "\n")
+    path.chmod(0o755)
+    return path
+
+
 @pytest.mark.parametrize("cuda", [False, True], ids=["cpu", "gpu"])
 def test_missing_c_compiler_is_flagged(monkeypatch, tmp_path, cuda):
     """No $CC and no gcc or clang on PATH (an empty one): a warning on a CPU, a failure where kernels compile."""
     monkeypatch.delenv("CC", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))
-    assert doctor.c_compiler() == (None, "CC is unset and neither gcc nor clang is on PATH")
-    check = doctor._compiler_check(cuda)
-    assert check["status"] == ("failed" if cuda else "warning")
+    assert env.c_compiler() == (None, "CC is unset and neither gcc nor clang is on PATH")
+    check = _by_name(doctor.launcher_checks(cuda))["C compiler"]
+    assert check["status"] == ("failed" if cuda else "warning") and check["path"] is None
     assert "no working C compiler" in check["summary"] and "set CC" in check["summary"]
+    assert ("not needed on this CPU" in check["summary"]) is not cuda
 
 
-def test_cc_that_is_not_a_program_is_flagged(monkeypatch, tmp_path):
+def test_cc_that_is_not_a_compiler_is_flagged(monkeypatch, tmp_path):
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
-    assert doctor._compiler_check(True)["status"] == "failed"
-    monkeypatch.setenv("CC", sys.executable)  # a program, but no C compiler: Triton takes $CC as it is
-    path, how = doctor.c_compiler()
-    assert path == sys.executable and how == f"CC={sys.executable}"
+    assert _by_name(doctor.launcher_checks(True))["C compiler"]["status"] == "failed"
+    monkeypatch.setenv("CC", "/bin/false")  # a program Triton would take as it is, but `--version` fails
+    check = _by_name(doctor.launcher_checks(True))["C compiler"]
+    assert check["status"] == "failed" and "'/bin/false --version' exited 1" in check["summary"]
+    monkeypatch.setenv("CC", str(_program(tmp_path / "cc", "echo 'fakecc 1.0'")))
+    check = _by_name(doctor.launcher_checks(True))["C compiler"]
+    assert check["status"] == "ok" and check["summary"] == f"{tmp_path / 'cc'} (CC={tmp_path / 'cc'}: fakecc 1.0)"
+
+
+def test_python_headers_are_looked_for_where_triton_compiles_against(monkeypatch):
+    """triton/runtime/build.py: sysconfig's include path for the default scheme, Debian's posix_local read as
+    posix_prefix (a system python's posix_local include folder is not where its -dev package puts Python.h)."""
+    import sysconfig
+
+    assert env.python_include_dir() == sysconfig.get_paths(scheme=sysconfig.get_default_scheme())["include"]
+    monkeypatch.setattr(sysconfig, "get_default_scheme", lambda: "posix_local")
+    assert env.python_include_dir() == sysconfig.get_paths(scheme="posix_prefix")["include"]
+
+
+@pytest.mark.parametrize("cuda", [False, True], ids=["cpu", "gpu"])
+def test_missing_python_headers_are_flagged_with_the_fix(monkeypatch, tmp_path, cuda):
+    monkeypatch.setattr(env, "python_include_dir", lambda: str(tmp_path))
+    check = _by_name(doctor.launcher_checks(cuda))["Python headers"]
+    xy = f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert check["status"] == ("failed" if cuda else "warning") and check["path"] is None
+    assert f"no Python.h in {tmp_path}" in check["summary"] and f"apt-get install python{xy}-dev" in check["summary"]
+    assert ("not needed on this CPU" in check["summary"]) is not cuda
+    (tmp_path / "Python.h").write_text("")
+    check = _by_name(doctor.launcher_checks(cuda))["Python headers"]
+    assert check["status"] == "ok" and check["path"] == str(tmp_path / "Python.h")
+
+
+def _ldconfig_line(path):
+    return f"\tlibcuda.so.1 (libc6,x86-64) => {path}"
+
+
+# name: (TRITON_LIBCUDA_PATH, ldconfig -p's libcuda lines or None for a failing ldconfig, LD_LIBRARY_PATH,
+#        the folder found (None: missing), how it was found or why not); folders: "lib" and "other" hold
+#        libcuda.so.1, "empty" does not; Triton's order: TRITON_LIBCUDA_PATH as it is, else ldconfig, else
+#        (only when ldconfig names none) LD_LIBRARY_PATH
+LIBCUDA_CASES = {
+    "TRITON_LIBCUDA_PATH": ("lib", [], None, "lib", "TRITON_LIBCUDA_PATH={lib}"),
+    "TRITON_LIBCUDA_PATH without it": ("empty", ["other"], "other", None, "that folder holds no libcuda.so.1"),
+    "ldconfig": (None, ["lib"], "other", "lib", "ldconfig -p"),
+    "LD_LIBRARY_PATH": (None, [], "empty:other", "other", "LD_LIBRARY_PATH"),
+    "stale ldconfig entry": (None, ["empty"], "other", None, "but none is there (a stale linker cache"),
+    "ldconfig fails": (None, None, "other", None, "-p', which Triton reads to find libcuda.so.1, failed"),
+    "nowhere": (None, [], None, None, "no libcuda.so.1 in the linker cache (ldconfig -p), and LD_LIBRARY_PATH is"),
+    "nowhere, LD_LIBRARY_PATH set": (None, [], "empty", None, "nor in any folder of LD_LIBRARY_PATH"),
+}
+
+
+@pytest.mark.parametrize("case", LIBCUDA_CASES)
+def test_libcuda_is_found_as_triton_finds_it(monkeypatch, tmp_path, case):
+    """A fake ldconfig (a script printing the cache's libcuda lines, or exiting 1) and folders with or without
+    libcuda.so.1; missing: failed where kernels compile, skipped on a CPU (it comes with a GPU's driver)."""
+    triton_path, listed, ld_path, found, how = LIBCUDA_CASES[case]
+    for name in ("lib", "other", "empty"):
+        (tmp_path / name).mkdir()
+    for name in ("lib", "other"):
+        (tmp_path / name / "libcuda.so.1").write_text("")
+    lines = "\n".join(_ldconfig_line(tmp_path / name / "libcuda.so.1") for name in listed or [])
+    script = "exit 1" if listed is None else f"echo '9 libs found in cache'; printf '%s\\n' '{lines}'"
+    monkeypatch.setattr(env, "LDCONFIG", str(_program(tmp_path / "ldconfig", script)))
+    for var, value in (("TRITON_LIBCUDA_PATH", triton_path), ("LD_LIBRARY_PATH", ld_path)):
+        if value is None:
+            monkeypatch.delenv(var, raising=False)
+        else:
+            monkeypatch.setenv(var, ":".join(str(tmp_path / part) for part in value.split(":")))
+    path, found_by = env.libcuda()
+    assert path == (None if found is None else str(tmp_path / found / "libcuda.so.1"))
+    assert how.format(lib=tmp_path / "lib") in found_by
+    gpu, cpu = (_by_name(doctor.launcher_checks(cuda))["libcuda"] for cuda in (True, False))
+    assert (gpu["status"], cpu["status"]) == (("ok", "ok") if found else ("failed", "skipped"))
+    if not found:
+        assert "install the driver, or set TRITON_LIBCUDA_PATH to the folder holding libcuda.so.1" in gpu["summary"]
+
+
+def test_no_ldconfig_is_flagged(monkeypatch, tmp_path):
+    """Triton runs /sbin/ldconfig unless TRITON_LIBCUDA_PATH is set: where there is none it cannot find libcuda."""
+    monkeypatch.delenv("TRITON_LIBCUDA_PATH", raising=False)
+    monkeypatch.setattr(env, "LDCONFIG", str(tmp_path / "no-ldconfig"))
+    path, why = env.libcuda()
+    assert path is None and f"'{tmp_path / 'no-ldconfig'} -p', which Triton reads" in why
+
+
+def test_the_environment_section_lists_what_the_launcher_needs():
+    names = [c["name"] for c in doctor.environment_checks(torch.device("cpu"))]
+    assert names[names.index("C compiler") :][:3] == ["C compiler", "Python headers", "libcuda"]
 
 
 def test_settings_report_triton_and_vit_fast_variables():

@@ -8,8 +8,9 @@ Every check is a dict ``{"section", "name", "status": ok | warning | failed | sk
 :func:`vit_fast.kernels.cards.card_of`, the versions are :mod:`vit_fast.kernels._versions`, the graph is
 :class:`vit_fast.graphs.CUDAGraphRunner`, timings are the bench timer's, files go through vit_fast.files.
 
-  environment  python, torch, triton and whether they belong together, the C compiler Triton builds its
-               launcher with, the driver, each GPU's row of the card table, TRITON_* / VIT_FAST_* settings
+  environment  python, torch, triton and whether they belong together, what Triton builds its C launcher
+               with (a C compiler, Python.h, libcuda.so.1), the driver, each GPU's row of the card table,
+               TRITON_* / VIT_FAST_* settings
   kernels      every kernel of one forward at the model's shapes, then the kernels only timm / HF models
                patched in place run (RmsNorm and RmsNorm + GEMM of vit_base_patch16_xp_224, differential
                attention of vit_dlittle_patch16_reg1_gap_256, the attention-pool head of
@@ -31,7 +32,6 @@ import copy
 import json
 import os
 import platform
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -46,7 +46,7 @@ import torch
 from . import first_use
 from .doctor_settings import DoctorSettings
 from .dtypes import DTYPES
-from .env import collect_environment, driver_version
+from .env import collect_environment, driver_version, launcher_needs
 from .files import MARKER_KEY, markdown_mark, write_atomic, write_json_atomic, write_new
 from .kernels import _versions
 from .kernels._interpret import interpreter_enabled
@@ -80,40 +80,15 @@ def _failed(section: str, name: str, err: BaseException) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- environment
-def c_compiler() -> tuple[str | None, str]:
-    """The C compiler Triton would build its launcher with, found as Triton finds it (triton/runtime/build.py:
-    ``$CC``, else ``gcc``, else ``clang`` on PATH), and how it was found; ``(None, why)`` when there is none."""
-    cc = os.environ.get("CC")
-    if cc is not None:  # Triton takes $CC as it is, even empty
-        found = shutil.which(cc) if cc else None
-        return (found, f"CC={cc}") if found else (None, f"CC={cc} is set, but {cc!r} is not an executable")
-    for name in ("gcc", "clang"):
-        found = shutil.which(name)
-        if found:
-            return found, f"{name} on PATH"
-    return None, "CC is unset and neither gcc nor clang is on PATH"
-
-
-def _compiler_check(cuda: bool) -> dict[str, Any]:
-    path, how = c_compiler()
-    version = None
-    if path is not None:
-        try:
-            run = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=20)
-            version = (run.stdout.strip().splitlines() or [""])[0] if run.returncode == 0 else None
-            if version is None:
-                how += f"; '{path} --version' exited {run.returncode}"
-        except (OSError, subprocess.SubprocessError) as err:
-            how += f"; '{path} --version' failed: {err}"
-    if version is not None:
-        return _check("environment", "C compiler", True, f"{path} ({how}): {version}", path=path, found_by=how)
-    why = (
-        f"no working C compiler ({how}): Triton compiles a small C launcher the first time each kernel runs on a "
-        "GPU; install one (apt-get install gcc, or your system's equivalent) or set CC to one"
-    )
-    if not cuda:
-        why += " (not needed on this CPU: the interpreter compiles nothing)"
-    return _check("environment", "C compiler", "failed" if cuda else "warning", why, path=path, found_by=how)
+def launcher_checks(cuda: bool) -> list[dict[str, Any]]:
+    """What Triton needs to build its C launcher on a GPU (:func:`vit_fast.env.launcher_needs`: the C compiler,
+    Python.h, libcuda.so.1): failed when missing where kernels compile (``cuda``), else a warning, or skipped for
+    libcuda (it comes with a GPU's driver)."""
+    checks = []
+    for need in launcher_needs():
+        fields = need.to_dict(cuda)
+        checks.append(_check("environment", fields.pop("name"), fields.pop("status"), fields.pop("summary"), **fields))
+    return checks
 
 
 def _triton_checks(cuda: bool) -> list[dict[str, Any]]:
@@ -187,7 +162,8 @@ def _gpu_checks(cuda: bool) -> list[dict[str, Any]]:
 
 
 def environment_checks(device: torch.device) -> list[dict[str, Any]]:
-    """The environment section: versions, their pairing, the compiler, the driver and cards, the settings."""
+    """The environment section: versions, their pairing, what Triton's launcher needs (C compiler, Python.h,
+    libcuda), the driver and cards, the settings."""
     cuda = device.type == "cuda"
     build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU build"
     checks = [
@@ -195,7 +171,7 @@ def environment_checks(device: torch.device) -> list[dict[str, Any]]:
         _check("environment", "torch", True, f"torch {torch.__version__} ({build})", version=torch.__version__),
     ]
     checks += _triton_checks(cuda)
-    checks.append(_compiler_check(cuda))
+    checks += launcher_checks(cuda)
     checks += _gpu_checks(torch.cuda.is_available())
     checks.append(_settings_check())
     return checks
@@ -505,7 +481,7 @@ def run_doctor(s: DoctorSettings) -> dict[str, Any]:
     stages = Stages("vit-fast doctor")
     device = _resolve_device(s.device)
     cuda = device.type == "cuda"
-    stages.note("environment: versions, the C compiler, the driver and cards, settings")
+    stages.note("environment: versions, the C compiler, Python.h and libcuda, the driver and cards, settings")
     checks = environment_checks(device)
     for c in checks:
         _note(stages, c)

@@ -3,6 +3,8 @@
 ``collect_environment(device)`` is what every report records (export metadata, verify JSON,
 bench rows, the demo); ``collect_info()`` / ``format_info`` are what ``vit-fast info`` prints (and
 writes with ``--json``), with each GPU's card row and the backend ``"auto"`` picks there (``card_report``).
+``launcher_needs()`` finds, as Triton finds them, the three things Triton needs to build and load its C
+launcher on a GPU (a C compiler, Python.h, libcuda.so.1), for ``vit-fast info`` and ``vit-fast doctor`` alike.
 Nothing here imports onnxruntime or tensorrt unless they are installed and asked about.
 """
 
@@ -16,6 +18,9 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
+import sysconfig
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -140,6 +145,155 @@ def driver_version(device: Any) -> str:
     return "unknown (nvidia-smi unavailable)"
 
 
+# --------------------------------------------------------------------------- what Triton's C launcher needs
+#: the CUDA driver library Triton links its launcher against (``-l:libcuda.so.1``) and looks for by this name
+LIBCUDA = "libcuda.so.1"
+#: the linker cache Triton reads to find libcuda (triton/backends/nvidia/driver.py, ``libcuda_dirs``)
+LDCONFIG = "/sbin/ldconfig"
+_NOT_COMPILED_HERE = " (not needed on this CPU: the interpreter compiles nothing)"
+
+
+def c_compiler() -> tuple[str | None, str]:
+    """The C compiler Triton would build its launcher with, found as Triton finds it (triton/runtime/build.py:
+    ``$CC``, else ``gcc``, else ``clang`` on PATH), and how it was found; ``(None, why)`` when there is none."""
+    cc = os.environ.get("CC")
+    if cc is not None:  # Triton takes $CC as it is, even empty
+        found = shutil.which(cc) if cc else None
+        return (found, f"CC={cc}") if found else (None, f"CC={cc} is set, but {cc!r} is not an executable")
+    for name in ("gcc", "clang"):
+        found = shutil.which(name)
+        if found:
+            return found, f"{name} on PATH"
+    return None, "CC is unset and neither gcc nor clang is on PATH"
+
+
+def python_include_dir() -> str:
+    """The folder Triton passes with ``-I`` for ``Python.h`` when it builds its launcher (triton/runtime/build.py):
+    sysconfig's include path for this interpreter's default install scheme, Debian's ``posix_local`` read as
+    ``posix_prefix``."""
+    scheme = sysconfig.get_default_scheme()
+    if scheme == "posix_local":
+        scheme = "posix_prefix"
+    return sysconfig.get_paths(scheme=scheme)["include"]
+
+
+def python_headers() -> tuple[str | None, str]:
+    """``Python.h`` in :func:`python_include_dir` and where it is; ``(None, why)`` when it is not there."""
+    include = python_include_dir()
+    header = os.path.join(include, "Python.h")
+    if os.path.isfile(header):
+        return header, "the include folder Triton compiles against"
+    return None, f"no Python.h in {include} (sysconfig's include folder, the one Triton compiles against)"
+
+
+def _ldconfig_listing() -> str:
+    """What ``ldconfig -p`` lists (the linker cache); raises as Triton's own call would fail."""
+    out = subprocess.run([LDCONFIG, "-p"], capture_output=True, timeout=10, check=True).stdout
+    return out.decode(errors="ignore")
+
+
+def libcuda() -> tuple[str | None, str]:
+    """Where :data:`LIBCUDA` is, found in Triton's order (triton/backends/nvidia/driver.py, ``libcuda_dirs``):
+    ``$TRITON_LIBCUDA_PATH`` (a folder, taken as it is), else the folders ``ldconfig -p`` names, else, when it
+    names none, the folders of ``$LD_LIBRARY_PATH``; and how it was found. ``(None, why)`` when Triton would not
+    find it. Reads files and the linker cache only: nothing here loads a driver."""
+    if folder := os.environ.get("TRITON_LIBCUDA_PATH"):
+        path = os.path.join(folder, LIBCUDA)
+        if os.path.exists(path):
+            return path, f"TRITON_LIBCUDA_PATH={folder}"
+        return None, f"TRITON_LIBCUDA_PATH={folder} is set, but that folder holds no {LIBCUDA}"
+    try:
+        listing = _ldconfig_listing()
+    except (OSError, subprocess.SubprocessError) as err:
+        return None, f"'{LDCONFIG} -p', which Triton reads to find {LIBCUDA}, failed: {err}"
+    listed = [line.split()[-1] for line in listing.splitlines() if LIBCUDA in line]
+    folders, how = [os.path.dirname(path) for path in listed], "ldconfig -p"
+    ld_library_path = os.environ.get("LD_LIBRARY_PATH")
+    if ld_library_path and not folders:
+        folders, how = ld_library_path.split(":"), "LD_LIBRARY_PATH"
+    for folder in folders:
+        path = os.path.join(folder, LIBCUDA)
+        if os.path.exists(path):
+            return path, how
+    if listed:
+        stale = "a stale linker cache: run ldconfig as root"
+        return None, f"ldconfig -p lists {', '.join(listed)}, but none is there ({stale})"
+    searched = " nor in any folder of LD_LIBRARY_PATH" if ld_library_path else ", and LD_LIBRARY_PATH is unset"
+    return None, f"no {LIBCUDA} in the linker cache (ldconfig -p){searched}"
+
+
+@dataclass(frozen=True)
+class LauncherNeed:
+    """One thing Triton needs to build and load its C launcher on a GPU, and whether this machine has it."""
+
+    name: str  # as doctor and info name it
+    path: str | None  # what was found (None: missing)
+    found_by: str  # how it was found, or why it was not
+    fix: str  # what to do when it is missing
+    cpu_status: str  # the status of a missing one on a machine running no compiled kernel
+
+    def status(self, cuda: bool) -> str:
+        """ok when found; when missing, failed where kernels compile (``cuda``), else :attr:`cpu_status`."""
+        return "ok" if self.path is not None else "failed" if cuda else self.cpu_status
+
+    def summary(self, cuda: bool) -> str:
+        """Where it was found and how; when missing, why and the fix (and that a CPU needs none)."""
+        if self.path is not None:
+            return f"{self.path} ({self.found_by})"
+        return f"{self.found_by}; {self.fix}" + ("" if cuda else _NOT_COMPILED_HERE)
+
+    def to_dict(self, cuda: bool) -> dict[str, Any]:
+        """``name``, ``status`` and ``summary`` as doctor reports a check, with ``path`` and ``found_by``."""
+        status, summary = self.status(cuda), self.summary(cuda)
+        return {"name": self.name, "status": status, "summary": summary, "path": self.path, "found_by": self.found_by}
+
+
+def _compiler_need() -> LauncherNeed:
+    path, how = c_compiler()
+    if path is not None:  # a program, but is it a compiler? `--version` says (cheap: nothing is compiled)
+        try:
+            run = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=20)
+        except (OSError, subprocess.SubprocessError) as err:
+            path, how = None, f"{how}; '{path} --version' failed: {err}"
+        else:
+            if run.returncode == 0:
+                how += ": " + (run.stdout.strip().splitlines() or [""])[0]
+            else:
+                path, how = None, f"{how}; '{path} --version' exited {run.returncode}"
+    if path is None:
+        how = f"no working C compiler ({how})"
+    fix = (
+        "Triton compiles a small C launcher the first time each kernel runs on a GPU; install one (apt-get install "
+        "gcc, or your system's equivalent) or set CC to one"
+    )
+    return LauncherNeed("C compiler", path, how, fix, cpu_status="warning")
+
+
+def _headers_need() -> LauncherNeed:
+    path, how = python_headers()
+    xy = f"{sys.version_info.major}.{sys.version_info.minor}"
+    fix = (
+        f"Triton's launcher includes Python.h; install the development headers of this Python {xy} "
+        f"(apt-get install python{xy}-dev on Debian/Ubuntu, python3-dev for the system's own python3; dnf install "
+        f"python3-devel on Fedora/RHEL); conda, pyenv and uv Pythons ship them, so there reinstall that Python"
+    )
+    return LauncherNeed("Python headers", path, how, fix, cpu_status="warning")
+
+
+def _libcuda_need() -> LauncherNeed:
+    path, how = libcuda()
+    fix = (
+        f"Triton links its launcher against this library of the NVIDIA driver: install the driver, or set "
+        f"TRITON_LIBCUDA_PATH to the folder holding {LIBCUDA}"
+    )
+    return LauncherNeed("libcuda", path, how, fix, cpu_status="skipped")  # it comes with a GPU's driver
+
+
+def launcher_needs() -> list[LauncherNeed]:
+    """The C compiler, Python.h and libcuda.so.1, each found as Triton finds it (no compile, no driver loaded)."""
+    return [_compiler_need(), _headers_need(), _libcuda_need()]
+
+
 def collect_environment(device: Any = None) -> dict[str, Any]:
     """What a result must record: device and driver, versions, commit, threads. ``device``: a
     torch.device (default: the first GPU when there is one, else the CPU)."""
@@ -251,6 +405,8 @@ def collect_info() -> dict[str, Any]:
         "yes" if info["tensorrt"] and runtime.cuda_available() else "no: needs the tensorrt package and a CUDA GPU"
     )
     info["backends"] = backends
+    cuda = torch.cuda.is_available()
+    info["triton_launcher"] = [need.to_dict(cuda) for need in launcher_needs()]
     return info
 
 
@@ -303,4 +459,8 @@ def format_info(info: dict[str, Any]) -> str:
     lines.append("backends:")
     for key, value in info["backends"].items():
         lines.append(f"  {key:<13} {value}")
+    lines += ["", "triton's C launcher, built on a GPU the first time each kernel runs, needs:"]
+    for need in info["triton_launcher"]:
+        shown = need["summary"] if need["status"] in ("ok", "skipped") else f"{need['status']}: {need['summary']}"
+        lines.append(f"  {need['name']:<15}{shown}")
     return "\n".join(lines)

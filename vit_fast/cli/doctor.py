@@ -5,10 +5,11 @@ model against the torch backend, a CUDA graph and a brief timing; write a report
 
 Sections, each check reported as ok / warning / failed / skipped (with the reason):
 
-  environment  python; torch and triton, and whether they belong together (torch pins one triton); the C
-               compiler Triton builds its launcher with ($CC, else gcc, else clang); the driver; each GPU's
-               row of the card table (shared memory, tl.dot's unit, TMA, native bf16); every TRITON_* and
-               VIT_FAST_* setting present
+  environment  python; torch and triton, and whether they belong together (torch pins one triton); what
+               Triton builds its C launcher with, each with its fix when missing: the C compiler ($CC, else
+               gcc, else clang), Python.h (sysconfig's include folder) and libcuda.so.1 (TRITON_LIBCUDA_PATH,
+               else ldconfig -p, else LD_LIBRARY_PATH); the driver; each GPU's row of the card table (shared
+               memory, tl.dot's unit, TMA, native bf16); every TRITON_* and VIT_FAST_* setting present
   kernels      every kernel of one forward at MODEL's shapes against its float64 reference, by the numerics
                rule (at most 2x eager PyTorch's error in the same dtype, plus a floor); then, whatever MODEL,
                the kernels only timm / Hugging Face models patched in place (apply_vit_fast) launch, at the

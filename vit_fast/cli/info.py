@@ -1,7 +1,8 @@
 """Print the versions of torch, triton, onnx, onnxruntime and tensorrt; for each visible GPU its name,
 compute capability and card row (shared memory per block, tensor cores, TMA, native bf16), the backend
 that backend="auto" picks there and why, and the dtype bench and demo default to there; and which
-backends can run on this machine. Without a GPU it says so: auto runs the torch backend. Last, every
+backends can run on this machine. Without a GPU it says so: auto runs the torch backend. Then where the C
+compiler, Python.h and libcuda.so.1 Triton's launcher needs are, or how to provide a missing one. Last, every
 ``VIT_FAST_*`` setting vit-fast reads with its value here, and any other ``VIT_FAST_*`` variable set (a typo,
 with the closest known name).
 
