@@ -1,136 +1,75 @@
 #!/usr/bin/env bash
-# The GPU session script, in stages that each finish in under 9 minutes and save their results as
-# they end (a stage killed at its limit leaves its log and everything earlier stages wrote).
+# The GPU machine's command: preflight.txt first, vit-fast installed offline (or mapped onto PYTHONPATH), then
+# benchmarks/gpu_evidence.py under a timeout, then the end of its summary. Arguments go to the script (a later
+# one wins over the defaults here).
 #
-#   benchmarks/run_gpu.sh --dry-run             # print the stages and their commands (any machine)
-#   benchmarks/run_gpu.sh                       # the default plan: env doctor tests-kernels tests-rest kernels b16
-#   benchmarks/run_gpu.sh tests-kernels b16     # some stages, in the order given
+#   bash benchmarks/run_gpu.sh          # the evidence run: phases env kernels model tma perf, budget 470 s
+#   bash benchmarks/run_gpu.sh --phases compile,tuned --budget 220 --resume /tmp/vit-fast-evidence/results.json
+#                                       # the follow-up, sent while the machine is still warm
+#   bash benchmarks/run_gpu.sh --dry-run   # the plan with estimated seconds (any machine; nothing is written)
 #
-# Stages (minutes are the budget each is held to by `timeout`, STAGE_SECONDS, default 530 s):
-#   env            environment.txt: device, driver, versions, commit                           < 1
-#   doctor         vit-fast doctor on ViT-B/16: every kernel vs float64, model, graph, timing  ~ 2
-#   host           host µs per forward and launches (Triton's driver stubbed; no GPU work)     ~ 1
-#   tests-kernels  compiled kernel + triton-backend + graph tests, VIT_FAST_AUTOTUNE=0          ~ 5
-#   tests-rest     the rest of the compiled suite (-m "not slow"), VIT_FAST_AUTOTUNE=0          ~ 6
-#   kernels        benchmarks/bench_kernels.py (autotuned; tuned configs kept in TRITON_CACHE_DIR) ~ 6
-#   b16            vit-fast bench ViT-B/16, batch 1 and 256, bf16, LayerNorm fused              ~ 5
-#   b16-unfused    the same with VIT_FAST_FUSE_LN=0 (7 launches per block), to compare          ~ 5
-#   b16-notma      triton at batch 64 and 256 with VIT_FAST_TMA=0 (no persistent TMA GEMMs)     ~ 4
-#   models         ViT-S/B/L at batches 1,8,64,256 (beyond the 25-minute plan)                  ~ 9
-#
-# Results go to benchmarks/results/<device>/<stage>.log (+ JSON/markdown from the benches). When
-# $OUT is set (the device tool's output folder) they are packed into $OUT/results-<device>.tar.gz
-# and $OUT/summary-<device>.md after EVERY stage, so a later stage killed by the session's limit
-# loses nothing already done.
-#
-# Environment (all optional):
-#   STAGE_SECONDS   limit per stage (default 530)     PYTHON  default python3
-#   DTYPES (models stage, default bf16,fp16)          BACKENDS (default torch,triton,triton-graph,compile)
-#   VIT_FAST_COMMIT the commit to record where the copy has no .git folder
+# $OUT (the device tool's output folder; default ./evidence-out) receives preflight.txt, results.json, summary.md,
+# kernels.csv, perf.csv and run.log; results.json and run.log are also kept in $EVIDENCE_KEEP (default
+# /tmp/vit-fast-evidence) for a follow-up's --resume, since the device tool empties $OUT before each command.
+# Environment: PYTHON (python3), TIMEOUT (490: seconds the script may run), VIT_FAST_COMMIT (the commit sent,
+# recorded where the copy has no .git).
 set -uo pipefail
-
 cd "$(dirname "$0")/.." || exit 1
-export PYTHONUNBUFFERED=1
-unset TRITON_INTERPRET  # the kernels run compiled here, never in the interpreter
-export TRITON_DEFAULT_FP_FUSION=1
-
 PY=${PYTHON:-python3}
-STAGE_SECONDS=${STAGE_SECONDS:-530}
-DTYPES=${DTYPES:-bf16,fp16}
-BACKENDS=${BACKENDS:-torch,triton,triton-graph,compile}
-DEFAULT_STAGES=(env doctor tests-kernels tests-rest kernels b16)
-KERNEL_TESTS="tests/test_kernel_attention.py tests/test_kernel_layer_norm.py tests/test_kernel_linear.py \
-tests/test_kernel_layer_norm_linear.py tests/test_kernel_patch_embed.py tests/test_kernel_opcheck.py \
-tests/test_triton_backend.py tests/test_graphs.py tests/test_autotune_mode.py"
+OUT=${OUT:-$PWD/evidence-out}
+KEEP=${EVIDENCE_KEEP:-/tmp/vit-fast-evidence}
+export PYTHONUNBUFFERED=1
+unset TRITON_INTERPRET # compiled kernels here, never the interpreter
 
-dry_run=0
-stages=()
 for arg in "$@"; do
-    case "$arg" in
-        --dry-run) dry_run=1 ;;
-        -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
-        *) stages+=("$arg") ;;
-    esac
-done
-[ "${#stages[@]}" -eq 0 ] && stages=("${DEFAULT_STAGES[@]}")
-
-# the command of each stage; "$R" is the results folder
-stage_command() {
-    case "$1" in
-        env) echo "{ date -u +date_utc:%Y-%m-%dT%H:%M:%SZ; echo commit: \$VIT_FAST_COMMIT; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv; $PY -m vit_fast info; } > \$R/environment.txt 2>&1; cat \$R/environment.txt" ;;
-        doctor) echo "$PY -m vit_fast doctor --model vit_base_patch16_224 --out \$R/doctor --json \$R/doctor.json" ;;
-        host) echo "$PY benchmarks/host_overhead.py --json \$R/host_overhead.json" ;;
-        tests-kernels) echo "VIT_FAST_AUTOTUNE=0 $PY -m pytest $KERNEL_TESTS -m 'not slow' -q -p no:cacheprovider --junitxml=\$R/tests-kernels.xml" ;;
-        tests-rest) echo "VIT_FAST_AUTOTUNE=0 $PY -m pytest tests -m 'not slow' -q -p no:cacheprovider $(for t in $KERNEL_TESTS; do printf -- '--ignore=%s ' "$t"; done)--junitxml=\$R/tests-rest.xml" ;;
-        kernels) echo "$PY -m pytest benchmarks/bench_kernels.py --benchmark-only -q -p no:cacheprovider --benchmark-json=\$R/kernels.json --benchmark-columns=min,median,iqr,ops" ;;
-        b16) echo "$PY -m vit_fast bench vit_base_patch16_224 --batch 1,256 --dtype bf16 --backends torch,triton,triton-graph --graph --min-samples 100 --max-samples 200 --min-time 0.5 --max-seconds 2 --out \$R/b16" ;;
-        b16-unfused) echo "VIT_FAST_FUSE_LN=0 $PY -m vit_fast bench vit_base_patch16_224 --batch 1,256 --dtype bf16 --backends triton,triton-graph --graph --min-samples 100 --max-samples 200 --min-time 0.5 --max-seconds 2 --out \$R/b16-unfused" ;;
-        b16-notma) echo "VIT_FAST_TMA=0 $PY -m vit_fast bench vit_base_patch16_224 --batch 64,256 --dtype bf16 --backends triton,triton-graph --graph --min-samples 100 --max-samples 200 --min-time 0.5 --max-seconds 2 --out \$R/b16-notma" ;;
-        models) echo "for m in vit_small_patch16_224 vit_base_patch16_224 vit_large_patch16_224; do $PY -m vit_fast bench \$m --batch 1,8,64,256 --dtype $DTYPES --backends $BACKENDS --graph --min-samples 50 --max-samples 100 --min-time 0.3 --max-seconds 1 --out \$R/models || exit 1; done" ;;
-        *) return 1 ;;
-    esac
-}
-
-for stage in "${stages[@]}"; do
-    if ! stage_command "$stage" > /dev/null; then
-        echo "run_gpu.sh: unknown stage '$stage'; stages: env doctor host tests-kernels tests-rest kernels b16 b16-unfused b16-notma models" >&2
-        exit 2
+    if [ "$arg" = "--dry-run" ] || [ "$arg" = "-h" ] || [ "$arg" = "--help" ]; then
+        PYTHONPATH=${PYTHONPATH:-} exec "$PY" benchmarks/gpu_evidence.py "$@"
     fi
 done
+mkdir -p "$OUT" "$KEEP" || exit 1
+commit=${VIT_FAST_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo "unknown (no .git in this copy; set VIT_FAST_COMMIT)")}
+export VIT_FAST_COMMIT=$commit
 
-if [ "$dry_run" -eq 1 ]; then
-    echo "stages (each limited to ${STAGE_SECONDS}s; results saved after each):"
-    for stage in "${stages[@]}"; do
-        printf '%-14s %s\n' "$stage" "$(stage_command "$stage")"
-    done
-    exit 0
+# what the machine has, written before anything can fail
+{
+    echo "date_utc: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "commit: $commit"
+    echo "== nvidia-smi"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.sm,power.limit --format=csv 2>&1
+    echo "== python: $(command -v "$PY")"
+    "$PY" -VV 2>&1
+    echo "== C compiler"
+    { ${CC:-gcc} --version 2>&1 || echo "no ${CC:-gcc}"; } | head -n 1
+    echo "== Python.h"
+    inc=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['include'])" 2>&1)
+    if [ -f "$inc/Python.h" ]; then echo "$inc/Python.h"; else echo "missing in $inc"; fi
+    echo "== libcuda (ldconfig -p)"
+    { ldconfig -p 2>/dev/null || /sbin/ldconfig -p 2>&1; } | grep libcuda || echo "no libcuda in the linker cache"
+    echo "== packages"
+    "$PY" -m pip list 2>/dev/null | grep -iE '^(torch|triton|numpy|timm|transformers|onnx|onnxruntime|safetensors|pytest|setuptools) '
+} > "$OUT/preflight.txt" 2>&1
+
+# vit-fast: installed already, else offline in editable mode, else kernels/ and export/ mapped into a copy of vit_fast
+if "$PY" -c "import vit_fast.kernels, vit_fast.export" > /dev/null 2>&1; then
+    echo "install: vit_fast.kernels and vit_fast.export import as they are" >> "$OUT/preflight.txt"
+elif "$PY" -m pip install -q --no-index --no-deps --no-build-isolation -e . >> "$OUT/preflight.txt" 2>&1 \
+    && "$PY" -c "import vit_fast.kernels, vit_fast.export" > /dev/null 2>&1; then
+    echo "install: pip install --no-index --no-deps --no-build-isolation -e ." >> "$OUT/preflight.txt"
+else
+    map=$(mktemp -d /tmp/vit-fast-path.XXXXXX)
+    cp -r vit_fast "$map/" && ln -s "$PWD/kernels" "$map/vit_fast/kernels" && ln -s "$PWD/export" "$map/vit_fast/export"
+    export PYTHONPATH="$map${PYTHONPATH:+:$PYTHONPATH}"
+    echo "install: pip failed (above); PYTHONPATH=$map: a copy of vit_fast with kernels/ and export/ linked in" \
+        >> "$OUT/preflight.txt"
 fi
+"$PY" -c "import vit_fast, vit_fast.kernels; print('vit_fast', vit_fast.__version__, 'from', vit_fast.__file__)" \
+    >> "$OUT/preflight.txt" 2>&1
 
-gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
-device=$(printf '%s' "${gpu:-unknown-gpu}" | tr '[:upper:]' '[:lower:]' | tr -cs 'a-z0-9' '-' | sed 's/^-*//; s/-*$//')
-R="benchmarks/results/${device}"
-mkdir -p "$R"
-export R
-echo "device: ${gpu:-none found}  ->  $R"
-
-if [ -z "${VIT_FAST_COMMIT:-}" ]; then
-    VIT_FAST_COMMIT=$(git rev-parse HEAD 2>/dev/null || echo "unknown (no .git in this copy; set VIT_FAST_COMMIT)")
-fi
-export VIT_FAST_COMMIT
-# autotuned configs survive between stages (and sessions, if the folder is carried back)
-export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/benchmarks/results/triton-cache}
-
-if ! "$PY" -c "import vit_fast.kernels, vit_fast.export" 2>/dev/null; then
-    "$PY" -m pip install -q --no-deps --no-build-isolation -e . \
-        || "$PY" -m pip install -q --no-deps --no-build-isolation . \
-        || { echo "could not install vit-fast" >&2; exit 1; }
-fi
-
-save() {  # pack what exists now into $OUT: called after every stage
-    [ -n "${OUT:-}" ] || return 0
-    mkdir -p "$OUT"
-    tar -czf "$OUT/results-${device}.tar.gz" -C benchmarks/results "$device"
-    {
-        cat "$R/environment.txt" 2>/dev/null
-        cat "$R/stages.txt" 2>/dev/null
-        find "$R" -name '*.md' -print0 | sort -z | xargs -0 -r -I{} sh -c 'echo; cat "{}"'
-        for log in "$R"/tests-*.log; do
-            [ -e "$log" ] && { echo; echo "## $(basename "$log")"; tail -n 15 "$log"; }
-        done
-    } > "$OUT/summary-${device}.md"
-}
-
-status=0
-for stage in "${stages[@]}"; do
-    cmd=$(stage_command "$stage")
-    echo "== $stage (limit ${STAGE_SECONDS}s): $cmd"
-    start=$(date +%s)
-    timeout --signal=INT --kill-after=20 "$STAGE_SECONDS" bash -c "$cmd" 2>&1 | tee "$R/$stage.log"
-    rc=${PIPESTATUS[0]}
-    took=$(( $(date +%s) - start ))
-    [ "$rc" -eq 124 ] && note="TIMED OUT" || note="exit $rc"
-    echo "stage $stage: $note after ${took}s" | tee -a "$R/stages.txt"
-    [ "$rc" -eq 0 ] || status=1
-    save
+timeout --signal=TERM --kill-after=15 "${TIMEOUT:-490}" "$PY" benchmarks/gpu_evidence.py --out "$OUT" --budget 470 "$@"
+rc=$?
+for f in results.json run.log; do
+    [ -f "$OUT/$f" ] && cp -f "$OUT/$f" "$KEEP/$f"
 done
-exit "$status"
+echo "== gpu_evidence.py exited $rc; from $OUT/summary.md (phases, targets, speed):"
+awk '/^## Phases/ {p = 1} /^## (Launches|Kernels)/ {p = 0} p' "$OUT/summary.md" 2>/dev/null || echo "(no summary.md)"
+exit "$rc"

@@ -25,7 +25,7 @@ import importlib
 import math
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -215,13 +215,18 @@ def _inputs(case: KernelCase, device: torch.device, gen: torch.Generator) -> tup
     return (rnd(B, T, D, scale=2.0), residual, rnd(D), rnd(D), d["eps"]), {}
 
 
-def _launch(case: KernelCase, args: tuple, kwargs: dict[str, Any]) -> torch.Tensor:
-    """The kernel's launcher on ``args``, into NaN-filled outputs; the output that is judged."""
+def _launch(
+    case: KernelCase, args: tuple, kwargs: dict[str, Any], outputs: Callable[..., torch.Tensor] | None = None
+) -> torch.Tensor:
+    """The kernel's launcher on ``args``, into outputs made by ``outputs(*shape)`` (default: NaN-filled new
+    tensors, in the order the launcher takes them); the output that is judged."""
     module_name, launcher_name, _ = KERNELS[case.kernel]
     launcher = getattr(importlib.import_module(f"vit_fast.kernels.{module_name}"), launcher_name)
     x, B, T, D = args[0], case.dims["batch"], case.dims["tokens"], case.dims["dim"]
 
     def poisoned(*shape: int) -> torch.Tensor:
+        if outputs is not None:
+            return outputs(*shape)
         return torch.full(shape, float("nan"), dtype=case.dtype, device=x.device)
 
     if case.kernel == "patch_embed":
@@ -279,15 +284,36 @@ def no_tf32() -> Iterator[None]:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
-def launch_case(case: KernelCase, device: torch.device | str = "cpu", seed: int = 0) -> torch.Tensor:
-    """Launch ``case`` once on ``device`` with the random inputs :func:`check_kernel` draws, into NaN-filled
-    outputs, and return what it wrote, unjudged: what compiles a case's kernel (a warm-up, a count of compilations
-    with Triton's driver stubbed) without the references' cost."""
+def prepared_launch(case: KernelCase, device: torch.device | str = "cpu", seed: int = 0) -> Callable[[], torch.Tensor]:
+    """``case``'s launch with the random inputs :func:`check_kernel` draws, made once on ``device``: each call of
+    the returned function launches the kernel again into the same outputs (NaN-filled before the first) and
+    returns what it wrote, unjudged. For timing a case, and for compiling one without the references' cost (a
+    warm-up; a count of compilations with Triton's driver stubbed)."""
     device = torch.device(device)
     guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     with guard:
         args, kwargs = _inputs(case, device, torch.Generator().manual_seed(seed))
-        return _launch(case, args, kwargs)
+    outs: list[torch.Tensor] = []
+
+    def launch() -> torch.Tensor:
+        taken = 0
+
+        def output(*shape: int) -> torch.Tensor:
+            nonlocal taken
+            if taken == len(outs):  # the first launch makes them
+                outs.append(torch.full(shape, float("nan"), dtype=case.dtype, device=device))
+            taken += 1
+            return outs[taken - 1]
+
+        with guard:
+            return _launch(case, args, kwargs, output)
+
+    return launch
+
+
+def launch_case(case: KernelCase, device: torch.device | str = "cpu", seed: int = 0) -> torch.Tensor:
+    """``case`` launched once (:func:`prepared_launch`): its output, unjudged."""
+    return prepared_launch(case, device, seed)()
 
 
 def check_kernel(
@@ -349,6 +375,7 @@ __all__ = [
     "check_kernel",
     "family_cases",
     "launch_case",
+    "prepared_launch",
     "model_cases",
     "no_tf32",
 ]

@@ -1,0 +1,1393 @@
+"""The GPU evidence run: one process, phases in order of worth, a time budget, and nothing lost when it is cut.
+
+    python benchmarks/gpu_evidence.py --out DIR [--budget 470] [--phases env,kernels,model,tma,perf]
+    python benchmarks/gpu_evidence.py --dry-run          # the plan, with estimated seconds on an H100
+    python benchmarks/gpu_evidence.py --stub-driver ...  # a CPU rehearsal: Triton's driver stubbed, nothing computed
+
+After every step it rewrites results.json, summary.md, kernels.csv, perf.csv and run.log in --out (each file
+replaced whole, atomically): a run killed at any moment leaves valid files holding every step that ended. Before
+each step it checks the time left against the step's estimate and stops the phase cleanly when it does not fit.
+
+Phases (default: env kernels model tma perf; the follow-up command runs compile and tuned):
+  env      versions, device, clocks, driver; the environment checks (C compiler, Python.h, libcuda); one trivial
+           Triton kernel compiled and launched; which SDPA kernel torch picks
+  kernels  every kernel of ViT-S/16 and ViT-B/16 (and those only patched timm / HF models launch, at their family
+           shapes): bf16 and fp16 at batch 1, 8, 64, fp32 at 1 and 8, each against float64 by the numerics rule
+           into NaN-filled outputs (vit_fast.selfcheck.check_kernel: the doctor's and the tests' own check), with
+           the config each ran, its programs, registers, spills and shared memory
+  model    the whole model, triton backend against the torch backend and float64 (vit_fast.export.verify)
+  tma      the 16-bit GEMMs of ViT-B/16 at batch 64 and 256 with VIT_FAST_TMA on and off: correct, and how fast
+  perf     ViT-B/16 bf16 at batch 1, 8, 64, 256, side by side in this process: torch eager (SDPA), eager in a CUDA
+           graph, timm, transformers (sdpa), our triton backend untuned (what a user gets), triton in a CUDA graph;
+           seconds to the first output and compilations before it; the first output of a fresh process on a fresh
+           cache; launches per forward (a launch hook, and torch.profiler's kernel count) with per-kernel times
+  compile  torch.compile (default mode, fullgraph, dynamic=False) of the torch backend and of timm: compile seconds,
+           then a timing per batch, for as long as the budget lasts (max-autotune is left out: it tunes 16 GEMM
+           shapes, minutes each)
+  tuned    the tuned triton backend at batch 1 and 256 (and in a CUDA graph), and the tuning's seconds
+
+The GPU machine's command (benchmarks/README.md; it writes preflight.txt, installs offline, runs this):
+
+    bash benchmarks/run_gpu.sh
+
+and, sent while the machine is still warm (it stays 30 s after a command), the follow-up for the phases left over:
+
+    bash benchmarks/run_gpu.sh --phases compile,tuned --budget 220 --resume /tmp/vit-fast-evidence/results.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import csv
+import datetime as _dt
+import gc
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+START = time.monotonic()
+HERE = Path(__file__).resolve().parent
+
+PHASES = ("env", "kernels", "model", "tma", "perf", "compile", "tuned")
+DEFAULT_PHASES = ("env", "kernels", "model", "tma", "perf")
+#: seconds one Triton compilation takes on the lent H100's host (KERNELS.md: 0.35-2 s), for the plan
+COMPILE_SECONDS = 1.0
+#: float64 FLOP/s of the GPU machine's CPU (16 cores) for verify's float64 reference, for the plan
+CPU_FLOAT64_RATE = 50e9
+#: the files this script writes into --out (preflight.txt is the wrapper's)
+FILES = ("results.json", "summary.md", "kernels.csv", "perf.csv", "run.log")
+KERNEL_FIELDS = (
+    "phase", "model", "name", "kernel", "role", "dtype", "batch", "shape", "tma", "status", "max_abs_err",
+    "eager_max_abs_err", "bound", "config", "num_warps", "num_stages", "programs", "registers", "spills",
+    "shared_bytes", "compiles", "median_ms", "tflops", "seconds", "summary",
+)  # fmt: skip
+PERF_FIELDS = (
+    "phase", "label", "dtype", "batch", "status", "median_ms", "p10_ms", "p90_ms", "n", "images_per_s",
+    "speedup_vs_best_peer", "best_peer", "floor_ms", "vs_floor", "first_output_s", "compiles", "max_abs_err_vs_torch",
+    "agrees_with_torch", "notes",
+)  # fmt: skip
+#: the tables of records in results.json (each record names the phase that made it)
+TABLES = ("kernels", "model", "tma", "perf", "compile")
+#: the rows that are ours in the perf table; every other label is a peer
+OURS = ("triton", "triton+graph", "triton tuned", "triton tuned+graph")
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """SIGTERM and SIGINT held back within the block and delivered when it ends: the bookkeeping of a step and the
+    rewriting of the files are never cut half way."""
+    held = {signal.SIGTERM, signal.SIGINT}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+class Stopped(BaseException):
+    """SIGTERM (the wrapper's timeout) or SIGINT: the run saves what it has and ends (a BaseException, as
+    KeyboardInterrupt is: no step's own error handling may swallow it)."""
+
+
+@dataclass
+class Step:
+    """One unit of work: ``run()`` returns its records; ``launch()`` launches what it would compile (a dry run
+    counts those compilations with the driver stubbed); ``seconds`` is its estimate on an H100 beyond them."""
+
+    phase: str
+    name: str
+    seconds: float | Callable[[], float]  # a callable where it depends on what ran before (a compiled model)
+    run: Callable[[], list[dict[str, Any]]]
+    launch: Callable[[], Any] | None = None
+    rows: bool = True  # its records are rows of the phase's table (else only its line in the phase's log)
+
+    def estimate(self) -> float:
+        return self.seconds() if callable(self.seconds) else self.seconds
+
+
+# --------------------------------------------------------------------------------------------- the record
+class Evidence:
+    """What the run knows, and the files that say it: rewritten whole after every step."""
+
+    def __init__(self, out: Path, budget: float, args: argparse.Namespace, mode: str) -> None:
+        self.out, self.budget, self.args, self.mode = out, budget, args, mode
+        self.lines: list[str] = []
+        self.data: dict[str, Any] = {
+            "vit_fast_version": None,
+            "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "driver": mode,
+            "budget_s": budget,
+            "argv": sys.argv[1:],
+            "env": {},
+            "phases": [],
+            "kernels": [],
+            "model": [],
+            "tma": [],
+            "perf": [],
+            "compile": [],
+            "launches": {},
+            "first_use": None,
+            "runs": [],
+        }
+        self.compiles = 0
+
+    def left(self) -> float:
+        return self.budget - (time.monotonic() - START)
+
+    def log(self, text: str) -> None:
+        line = f"[{time.monotonic() - START:6.1f} s] {text}"
+        print(line, flush=True)
+        self.lines.append(line)
+
+    def resume(self, path: Path) -> None:
+        """Carry an earlier run's records (and log) into this one, which adds its phases to them."""
+        earlier = json.loads(path.read_text())
+        for key in ("env", "phases", "kernels", "model", "tma", "perf", "compile", "launches", "first_use", "runs"):
+            if earlier.get(key):
+                self.data[key] = earlier[key]
+        log = path.with_name("run.log")
+        if log.is_file():
+            self.lines = log.read_text().splitlines() + ["", "---- resumed ----"]
+        self.log(f"resumed from {path}: phases {', '.join(p['name'] for p in self.data['phases'])}")
+
+    def save(self) -> None:
+        with signals_held():
+            self._save()
+
+    def _save(self) -> None:
+        from vit_fast import __version__
+        from vit_fast.files import json_text, write_atomic
+
+        self.data["vit_fast_version"] = __version__
+        self.data["elapsed_s"] = round(time.monotonic() - START, 1)
+        texts = {
+            "kernels.csv": _csv(KERNEL_FIELDS, self.data["kernels"] + self.data["tma"]),
+            "perf.csv": _csv(PERF_FIELDS, perf_rows(self.data)),
+            "summary.md": summary(self.data),
+            "run.log": "\n".join(self.lines) + "\n",
+        }
+        import hashlib
+
+        self.data["file_sha256"] = {name: hashlib.sha256(text.encode()).hexdigest() for name, text in texts.items()}
+        for name, text in texts.items():
+            write_atomic(self.out / name, text)
+        write_atomic(self.out / "results.json", json_text(self.data))
+
+
+def _csv(fields: tuple[str, ...], rows: list[dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: _cell(row.get(k)) for k in fields})
+    return buf.getvalue()
+
+
+def _cell(value: Any) -> Any:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, sort_keys=True)
+    return value
+
+
+def check_out(out: Path, overwrite: bool) -> None:
+    """Before any work: ``out`` is a folder we may write, and each file this run writes there is new or an earlier
+    evidence run's own (its results.json carries vit-fast's marker and the digest of the others' bytes)."""
+    import hashlib
+
+    from vit_fast.files import check_files_in, check_output_dir, written_by_vit_fast
+
+    check_output_dir(out, "--out folder")
+    digests: dict[str, str] = {}
+    if (out / "results.json").is_file() and written_by_vit_fast(out / "results.json"):
+        with contextlib.suppress(ValueError, OSError):
+            digests = json.loads((out / "results.json").read_text()).get("file_sha256") or {}
+
+    def unchanged(path: Path) -> bool:
+        return digests.get(path.name) == hashlib.sha256(path.read_bytes()).hexdigest()
+
+    ours = {name: unchanged for name in FILES if name != "results.json"}
+    check_files_in(out, FILES, "evidence", overwrite=overwrite, ours=ours)
+
+
+# --------------------------------------------------------------------------------------------- shared helpers
+def count_compiles(evidence: Evidence) -> None:
+    """Count every compilation of a Triton JIT function (ours; inductor compiles through its own path)."""
+    from triton.runtime import jit
+
+    real = jit.JITFunction._do_compile
+
+    def counted(self, *args, **kwargs):
+        evidence.compiles += 1
+        return real(self, *args, **kwargs)
+
+    jit.JITFunction._do_compile = counted
+
+
+def sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@contextlib.contextmanager
+def compiles_in(evidence: Evidence, record: dict[str, Any]) -> Iterator[None]:
+    before = evidence.compiles
+    try:
+        yield
+    finally:
+        record["compiles"] = evidence.compiles - before
+
+
+def release(device) -> None:
+    import torch
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def failure(err: BaseException) -> dict[str, Any]:
+    first = (str(err).strip().splitlines() or [""])[0]
+    return {"status": "error", "error": f"{type(err).__name__}: {first}"[:500], "traceback": traceback.format_exc()}
+
+
+def timing(fn: Callable[[], Any], device, min_time: float) -> dict[str, Any]:
+    """The bench's own sampling (vit_fast.bench.timing): CUDA events per call on a GPU, at least ``min_time``
+    seconds and 20 calls after 10 warm-up calls."""
+    from vit_fast.bench.timing import Sampling, sample, summarize
+
+    plan = Sampling(warmup=10, min_samples=20, min_time_s=min_time, max_seconds=max(2.0, 4 * min_time), floor=5)
+    times, stopped_by = sample(fn, device, plan)
+    return {**summarize(times), "stopped_by": stopped_by}
+
+
+# --------------------------------------------------------------------------------------------- phases
+class Phases:
+    """The steps of each phase, built from the command line; models and inputs are made on first use."""
+
+    def __init__(self, evidence: Evidence, args: argparse.Namespace, device) -> None:
+        self.ev, self.args, self.device = evidence, args, device
+        self.cuda = device.type == "cuda"
+        self._models: dict[tuple[str, str], Any] = {}
+        self._backends: dict[str, Any] = {}
+        self._refs: dict[int, Any] = {}
+        self._inputs: dict[int, Any] = {}
+        self.workdir = Path(tempfile.mkdtemp(prefix="vit-fast-evidence-"))
+
+    # -- models
+    def model(self, spec: str, dtype_name: str = "fp32") -> Any:
+        from vit_fast.dtypes import DTYPES
+        from vit_fast.loading import load_model
+
+        key = (spec, dtype_name)
+        if key not in self._models:
+            base = load_model(spec, backend="torch", seed=self.args.seed).eval()
+            self._models[key] = base.to(device=self.device, dtype=DTYPES[dtype_name])
+        return self._models[key]
+
+    def perf_input(self, batch: int) -> Any:
+        import torch
+
+        if batch not in self._inputs:
+            model = self.model(self.args.perf_model, self.args.perf_dtype)
+            h, w = model.cfg.img_hw
+            gen = torch.Generator().manual_seed(self.args.seed * 100003 + batch)
+            x = torch.randn(batch, model.cfg.in_chans, h, w, generator=gen)
+            self._inputs[batch] = x.to(device=self.device, dtype=model.dtype)
+        return self._inputs[batch]
+
+    def steps(self, phase: str) -> list[Step]:
+        return getattr(self, f"_{phase}")()
+
+    # -- env
+    def _env(self) -> list[Step]:
+        return [
+            Step("env", "versions and device", 3.0, self.env_versions),
+            Step("env", "environment checks", 1.0, self.env_checks),
+            Step("env", "trivial Triton kernel", 1.0, self.env_trivial_kernel, launch=self.env_trivial_kernel),
+            Step("env", "SDPA backend", 2.0, self.env_sdpa),
+        ]
+
+    def env_versions(self) -> list[dict[str, Any]]:
+        from vit_fast.env import collect_environment
+
+        env = collect_environment(self.device)
+        env["nvidia_smi"] = _command(
+            [
+                "nvidia-smi",
+                "--query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,"
+                "power.limit,temperature.gpu,persistence_mode",
+                "--format=csv",
+            ]
+        )
+        env["triton_cache_dir"] = os.environ.get("TRITON_CACHE_DIR")
+        env["mode"] = self.ev.mode
+        if self.cuda:
+            import torch
+
+            env["sm_count"] = torch.cuda.get_device_properties(self.device).multi_processor_count
+        self.ev.data["env"].update(env)
+        return [{"status": "ok", "summary": f"{env['device_name']}, torch {env['torch']}, triton {env['triton']}"}]
+
+    def env_checks(self) -> list[dict[str, Any]]:
+        from vit_fast.doctor import environment_checks
+
+        checks = environment_checks(self.device)
+        self.ev.data["env"]["checks"] = [{k: c.get(k) for k in ("name", "status", "summary")} for c in checks]
+        bad = [c["name"] for c in checks if c["status"] == "failed"]
+        return [{"status": "failed" if bad else "ok", "summary": "failed: " + ", ".join(bad) if bad else "all ok"}]
+
+    def env_trivial_kernel(self) -> list[dict[str, Any]]:
+        import torch
+
+        from vit_fast.kernels import _common
+
+        x = torch.arange(1000, dtype=torch.float32, device=self.device)
+        out = torch.full_like(x, float("nan"))
+        start = time.perf_counter()
+        _trivial_kernel()[(4,)](x, out, 1000, BLOCK=256)
+        sync(self.device)
+        seconds = time.perf_counter() - start
+        computed = bool(torch.equal(out, x + 1))
+        status = "ok" if computed else ("not computed (stubbed driver)" if self.ev.mode == "stub" else "failed")
+        del _common  # imported only so the kernels' own settings (fp fusion, allocator) are in place as in a run
+        return [{"status": status, "seconds": seconds, "summary": f"compiled and launched in {seconds:.2f} s"}]
+
+    def env_sdpa(self) -> list[dict[str, Any]]:
+        import torch
+        import torch.nn.functional as F
+
+        if not self.cuda:
+            self.ev.data["env"]["sdpa"] = "cpu: no CUDA kernel to name"
+            return [{"status": "skipped", "summary": "no CUDA"}]
+        q = torch.randn(1, 12, 197, 64, device=self.device, dtype=torch.bfloat16)
+        F.scaled_dot_product_attention(q, q, q)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            F.scaled_dot_product_attention(q, q, q)
+            sync(self.device)
+        names = sorted({e.key for e in prof.key_averages() if _is_device_event(e)})
+        kind = next((k for k in ("flash", "cudnn", "efficient", "fmha") if any(k in n.lower() for n in names)), "math")
+        self.ev.data["env"]["sdpa"] = {"kind": kind, "kernels": names}
+        return [{"status": "ok", "summary": f"{kind}: {', '.join(names)[:200]}"}]
+
+    # -- kernels
+    def kernel_cases(self) -> list[tuple[str, Any]]:
+        from vit_fast.dtypes import DTYPES
+        from vit_fast.selfcheck import family_cases, model_cases
+
+        runs = []
+        for dtype_name in self.args.dtypes:
+            batches = self.args.fp32_batches if dtype_name == "fp32" else self.args.kernel_batches
+            for batch in batches:
+                dtype = DTYPES[dtype_name]
+                for spec in self.args.models:
+                    runs += [(spec, c) for c in model_cases(self.model(spec).cfg, batch, dtype)]
+                runs += [("family", c) for c in family_cases(batch, dtype)]
+        return runs
+
+    def _kernels(self) -> list[Step]:
+        steps = []
+        for spec, case in self.kernel_cases():
+            name = f"{case.name} b={case.dims['batch']} ({spec})"
+            steps.append(
+                Step(
+                    "kernels",
+                    name,
+                    0.15,
+                    lambda spec=spec, case=case: [self.check_case("kernels", spec, case)],
+                    launch=lambda case=case: self.launch_case(case),
+                )
+            )
+        return steps
+
+    def launch_case(self, case) -> Any:
+        from vit_fast.selfcheck import launch_case
+
+        return launch_case(case, self.device, self.args.seed)
+
+    def check_case(self, phase: str, spec: str, case, tma: bool | None = None) -> dict[str, Any]:
+        from vit_fast.kernels._common import record_launches
+        from vit_fast.selfcheck import check_kernel
+
+        row: dict[str, Any] = {"phase": phase, "model": spec, "batch": case.dims["batch"], "tma": tma}
+        with compiles_in(self.ev, row), record_launches() as launches:
+            record = check_kernel(case, self.device, self.args.seed, reference_device=self.device)
+        record.pop("traceback", None) if record["status"] == "ok" else None
+        row.update(record)
+        if launches:
+            row.update({k: v for k, v in launches[-1].items() if k != "kernel"})
+        return row
+
+    # -- model
+    def _model(self) -> list[Step]:
+        from vit_fast.model import count_flops
+
+        steps = []
+        for spec in self.args.models:
+            for dtype_name in self.args.dtypes:
+                flops = count_flops(self.model(spec).cfg)
+                seconds = 2.0 + 12 * flops / CPU_FLOAT64_RATE  # verify's batches 1, 3, 8 in float64 on the CPU
+                steps.append(
+                    Step(
+                        "model",
+                        f"{spec} {dtype_name}",
+                        seconds,
+                        lambda spec=spec, d=dtype_name: [self.check_model(spec, d)],
+                        launch=lambda spec=spec, d=dtype_name: self.model_forward(spec, d, (1, 3, 8)),
+                    )
+                )
+        return steps
+
+    def model_forward(self, spec: str, dtype_name: str, batches: tuple[int, ...]) -> None:
+        import torch
+
+        model = copy.deepcopy(self.model(spec, dtype_name)).set_backend("triton")
+        h, w = model.cfg.img_hw
+        with torch.no_grad():
+            for b in batches:
+                model(torch.randn(b, model.cfg.in_chans, h, w, device=self.device, dtype=model.dtype))
+
+    def check_model(self, spec: str, dtype_name: str) -> dict[str, Any]:
+        from vit_fast.export import verify
+
+        row: dict[str, Any] = {"model": spec, "dtype": dtype_name}
+        with compiles_in(self.ev, row):
+            report = verify(
+                self.model(spec),
+                "triton",
+                dtype=dtype_name,
+                seed=self.args.seed,
+                print_table=False,
+                raise_on_failure=False,
+                progress=False,
+            ).to_dict()
+        worst = max(report["rows"], key=lambda r: r["max_abs_err"] / r["bound"] if r["bound"] else float("inf"))
+        row.update(
+            status="ok" if report["passed"] else "failed",
+            batches=sorted({r["batch"] for r in report["rows"]}),
+            runtime=report["runtime"],
+            **{k: worst[k] for k in ("max_abs_err", "eager_max_abs_err", "bound", "cosine")},
+            summary=f"worst max|err| {worst['max_abs_err']:.2e} vs torch {worst['eager_max_abs_err']:.2e}, "
+            f"bound {worst['bound']:.2e}",
+        )
+        return row
+
+    # -- tma
+    def tma_cases(self) -> list[Any]:
+        from vit_fast.dtypes import DTYPES
+        from vit_fast.selfcheck import model_cases
+
+        cfg = self.model(self.args.perf_model).cfg
+        return [
+            case
+            for dtype_name in ("bf16", "fp16")
+            for batch in self.args.tma_batches
+            for case in model_cases(cfg, batch, DTYPES[dtype_name])
+            if case.kernel in ("linear", "layer_norm_linear")
+        ]
+
+    def _tma(self) -> list[Step]:
+        return [
+            Step(
+                "tma",
+                f"{case.name} b={case.dims['batch']} TMA {'on' if tma else 'off'}",
+                0.6,
+                lambda case=case, tma=tma: [self.tma_case(case, tma)],
+                launch=lambda case=case, tma=tma: self.with_tma(tma, lambda: self.launch_case(case)),
+            )
+            for case in self.tma_cases()
+            for tma in (True, False)
+        ]
+
+    @staticmethod
+    def with_tma(on: bool, fn: Callable[[], Any]) -> Any:
+        saved = os.environ.get("VIT_FAST_TMA")
+        os.environ["VIT_FAST_TMA"] = "1" if on else "0"
+        try:
+            return fn()
+        finally:
+            os.environ.pop("VIT_FAST_TMA") if saved is None else os.environ.__setitem__("VIT_FAST_TMA", saved)
+
+    def tma_case(self, case, tma: bool) -> dict[str, Any]:
+        from vit_fast.selfcheck import prepared_launch
+
+        def work() -> dict[str, Any]:
+            row = self.check_case("tma", self.args.perf_model, case, tma=tma)
+            if row["status"] == "ok":
+                launch = prepared_launch(case, self.device, self.args.seed)
+                stats = timing(launch, self.device, 0.2)
+                row["median_ms"] = stats["median_ms"]
+                d = case.dims
+                flops = 2 * d["batch"] * d["tokens"] * d["k_in"] * d["n_out"]
+                row["tflops"] = flops / (stats["median_ms"] * 1e-3) / 1e12
+            return row
+
+        return self.with_tma(tma, work)
+
+    # -- perf
+    PERF_BACKENDS = (
+        ("torch", False),
+        ("torch", True),
+        ("timm", False),
+        ("hf", False),
+        ("triton", False),
+        ("triton", True),
+    )
+
+    def _perf(self) -> list[Step]:
+        steps = [Step("perf", "ceilings (copy bandwidth, matmul rate)", 5.0, self.perf_ceilings, rows=False)]
+        for batch in self.args.perf_batches:
+            for backend, graph in self.PERF_BACKENDS:
+                label = f"{backend}+graph" if graph else backend
+                ours = backend == "triton"
+                steps.append(
+                    Step(
+                        "perf",
+                        f"{label} batch {batch}",
+                        1.5,
+                        lambda b=backend, g=graph, n=batch: [self.perf_case(b, g, n)],
+                        launch=(lambda n=batch: self.triton_warmup(n, False)) if ours and not graph else None,
+                    )
+                )
+        steps.append(Step("perf", "first output, fresh process and cache", 25.0, self.first_output, rows=False))
+        for batch in sorted({min(self.args.perf_batches), max(self.args.perf_batches)}):
+            steps.append(
+                Step("perf", f"launches per forward, batch {batch}", 4.0, lambda n=batch: self.launches(n), rows=False)
+            )
+        return steps
+
+    def perf_ceilings(self) -> list[dict[str, Any]]:
+        from vit_fast.bench.ceilings import measure_bandwidth, measure_matrix_rate
+
+        if not self.cuda:
+            self.ev.data["ceilings"] = {"not_measured": "no GPU: a CPU's rates bound nothing here"}
+            return [{"status": "skipped", "summary": "no GPU"}]
+        ceilings = {"bandwidth": measure_bandwidth(self.device), "matrix": {}}
+        ceilings["matrix"][self.args.perf_dtype] = measure_matrix_rate(self.device, self.args.perf_dtype)
+        self.ev.data["ceilings"] = ceilings
+        release(self.device)
+        bw, rate = ceilings["bandwidth"]["GBps"], ceilings["matrix"][self.args.perf_dtype]["TFLOPs"]
+        return [{"status": "ok", "summary": f"copy {bw:.0f} GB/s, {self.args.perf_dtype} matmul {rate:.0f} TFLOP/s"}]
+
+    def backend(self, backend: str, graph: bool, tune: bool = False) -> Any:
+        from vit_fast.bench.backends import Variant, build_backend, static_unavailable
+
+        key = f"{backend}{'+graph' if graph else ''}{' tuned' if tune else ''}"
+        if key not in self._backends:
+            variant = Variant(backend, graph=graph)
+            reason = static_unavailable(variant, self.device, self.args.perf_dtype)
+            if reason is not None and not (self.ev.mode == "stub" and backend == "triton" and not graph):
+                self._backends[key] = reason  # the stub stands in for a GPU on the triton path only
+            else:
+                ref = self.model(self.args.perf_model, self.args.perf_dtype)
+                self._backends[key] = build_backend(
+                    variant, ref, self.args.perf_dtype, self.device, None, self.workdir, tune=tune
+                )
+        return self._backends[key]
+
+    def reference_output(self, batch: int) -> Any:
+        import torch
+
+        if batch not in self._refs:
+            model = self.model(self.args.perf_model, self.args.perf_dtype)
+            with torch.no_grad():
+                self._refs[batch] = model(self.perf_input(batch)).float()
+        return self._refs[batch]
+
+    def triton_warmup(self, batch: int, tune: bool) -> None:
+        built = self.backend("triton", False, tune)
+        if not isinstance(built, str):
+            built.module.warmup([batch], dtype=built.module.dtype, tune=tune, verbose=False)
+
+    def perf_case(self, backend: str, graph: bool, batch: int, tune: bool = False, phase: str = "perf") -> dict:
+        import torch
+
+        from vit_fast.bench.backends import FellBack
+        from vit_fast.numerics import agreement_bound, max_err, scale_of
+
+        label = f"{backend}{' tuned' if tune else ''}{'+graph' if graph else ''}"
+        row: dict[str, Any] = {"phase": phase, "label": label, "dtype": self.args.perf_dtype, "batch": batch}
+        built = self.backend(backend, graph, tune)
+        if isinstance(built, str):
+            return {**row, "status": "unavailable", "notes": built}
+        x = self.perf_input(batch)
+        start = time.perf_counter()
+        try:
+            with compiles_in(self.ev, row), torch.no_grad():
+                case = built.prepare(x)
+                out = case.fetch(case.run())
+                sync(self.device)
+            row["first_output_s"] = time.perf_counter() - start
+            ref = self.reference_output(batch)
+            err = max_err(out.float(), ref) if torch.isfinite(out).all() else float("nan")
+            row["max_abs_err_vs_torch"] = err
+            row["agrees_with_torch"] = bool(err <= agreement_bound(out.dtype, scale_of(ref)))
+            del out
+            with torch.no_grad():
+                stats = timing(case.run, self.device, self.args.min_time)
+        except FellBack as err:
+            return {**row, "status": "fallback", "notes": str(err)}
+        except Exception as err:  # one backend's failure is its row's; the others go on
+            release(self.device)
+            return {**row, **failure(err)}
+        row.update(stats, status="ok", images_per_s=batch / (stats["median_ms"] * 1e-3), notes=case.notes)
+        return row
+
+    def first_output(self) -> list[dict[str, Any]]:
+        """A new process, a new Triton cache: seconds from the start of Python to the first output of the perf model
+        on the triton backend at batch 1, and the compilations before it."""
+        if self.ev.mode == "stub":
+            return [{"status": "skipped", "summary": "stubbed driver: a child process would compile for real"}]
+        with tempfile.TemporaryDirectory(prefix="vit-fast-fresh-cache-") as cache:
+            env = {**os.environ, "TRITON_CACHE_DIR": cache}
+            cmd = [
+                sys.executable,
+                str(Path(__file__)),
+                "--first-output-child",
+                self.args.perf_model,
+                "--perf-dtype",
+                self.args.perf_dtype,
+            ]
+            start = time.perf_counter()
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=max(30, self.ev.left()))
+            wall = time.perf_counter() - start
+        if proc.returncode != 0:
+            return [{"status": "error", "error": proc.stderr[-2000:]}]
+        result = json.loads(proc.stdout.strip().splitlines()[-1])
+        result["process_s"] = wall
+        self.ev.data["first_output"] = result
+        return [{"status": "ok", "summary": f"{result['first_output_s']:.1f} s, {result['compiles']} compilations"}]
+
+    def launches(self, batch: int) -> list[dict[str, Any]]:
+        """Launches of one triton forward, counted by a Triton launch hook and by our launch record, and on a GPU
+        torch.profiler's count of device kernels, with each kernel's time; the same profile of torch eager."""
+        import torch
+        from triton import knobs
+
+        from vit_fast.kernels._common import record_launches
+
+        built = self.backend("triton", False)
+        if isinstance(built, str):
+            return [{"status": "unavailable", "summary": built}]
+        model, x = built.module, self.perf_input(batch)
+        hooked: list[str] = []
+
+        def hook(metadata) -> None:
+            hooked.append(metadata.get()["name"] if hasattr(metadata, "get") else "?")
+
+        with torch.no_grad():
+            model(x)  # compiled, checked and cleared before counting
+            sync(self.device)
+            knobs.runtime.launch_enter_hook.add(hook)
+            try:
+                with record_launches() as recorded:
+                    model(x)
+                    sync(self.device)
+            finally:
+                knobs.runtime.launch_enter_hook.remove(hook)
+        entry: dict[str, Any] = {"hook": len(hooked), "recorded": len(recorded)}
+        entry["programs"] = [[r["kernel"], r["programs"]] for r in recorded[:7]]
+        if self.cuda:
+            entry["profiler"] = self.profile(model, x)
+            torch_model = self.backend("torch", False)
+            if not isinstance(torch_model, str):
+                entry["torch_profiler"] = self.profile(torch_model.module, x)
+        self.ev.data["launches"][str(batch)] = entry
+        prof = entry.get("profiler", {}).get("kernels")
+        return [{"status": "ok", "summary": f"hook {len(hooked)}, recorded {len(recorded)}, profiler {prof}"}]
+
+    def profile(self, module: Any, x: Any) -> dict[str, Any]:
+        import torch
+
+        with torch.no_grad():
+            module(x)
+            sync(self.device)
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                module(x)
+                sync(self.device)
+        events = [e for e in prof.events() if _is_device_event(e)]
+        per_kernel: dict[str, list[float]] = {}
+        for e in events:
+            per_kernel.setdefault(e.name, []).append(_device_us(e))
+        top = sorted(per_kernel.items(), key=lambda kv: -sum(kv[1]))[:12]
+        return {
+            "kernels": len(events),
+            "device_us": round(sum(sum(v) for v in per_kernel.values()), 1),
+            "top": [{"kernel": k[:90], "count": len(v), "us": round(sum(v), 1)} for k, v in top],
+        }
+
+    # -- compile
+    def _compile(self) -> list[Step]:
+        steps = []
+        for batch in self.args.compile_batches:
+            for source in ("torch", "timm"):
+                # dynamo compiles the model once (about a minute) and again for each new batch size (dynamic=False)
+                steps.append(
+                    Step(
+                        "compile",
+                        f"torch.compile({source}) batch {batch}",
+                        lambda s=source: 30.0 if f"compiled {s}" in self._backends else 60.0,
+                        lambda s=source, n=batch: [self.compile_case(s, n)],
+                    )
+                )
+        return steps
+
+    def compile_case(self, source: str, batch: int) -> dict[str, Any]:
+        import torch
+
+        label = f"compile({source})"
+        key = f"compiled {source}"
+        if key not in self._backends:
+            built = self.backend(source, False)
+            if isinstance(built, str):
+                self._backends[key] = built
+            else:
+                module = copy.deepcopy(built.module)
+                self._backends[key] = torch.compile(module, fullgraph=True, dynamic=False)
+        compiled = self._backends[key]
+        row: dict[str, Any] = {"phase": "compile", "label": label, "dtype": self.args.perf_dtype, "batch": batch}
+        if isinstance(compiled, str):
+            return {**row, "status": "unavailable", "notes": compiled}
+        x = self.perf_input(batch)
+        try:
+            start = time.perf_counter()
+            with torch.no_grad():
+                out = compiled(x)
+                sync(self.device)
+            row["first_output_s"] = row["compile_s"] = time.perf_counter() - start
+            ref = self.reference_output(batch)
+            from vit_fast.numerics import agreement_bound, max_err, scale_of
+
+            err = max_err(out.float(), ref)
+            row.update(
+                max_abs_err_vs_torch=err, agrees_with_torch=bool(err <= agreement_bound(out.dtype, scale_of(ref)))
+            )
+            with torch.no_grad():
+                stats = timing(lambda: compiled(x), self.device, self.args.min_time)
+        except Exception as err:
+            release(self.device)
+            return {**row, **failure(err)}
+        notes = "torch.compile(fullgraph=True, dynamic=False), default mode; first call = compile"
+        return {**row, **stats, "status": "ok", "images_per_s": batch / (stats["median_ms"] * 1e-3), "notes": notes}
+
+    # -- tuned
+    def _tuned(self) -> list[Step]:
+        steps = []
+        for batch in self.args.tuned_batches:
+            steps.append(
+                Step(
+                    "tuned",
+                    f"tune triton batch {batch}",
+                    10.0,
+                    lambda n=batch: [self.tuned_case(n)],
+                    launch=lambda n=batch: self.triton_warmup(n, True),
+                )
+            )
+            steps.append(
+                Step(
+                    "tuned",
+                    f"triton tuned+graph batch {batch}",
+                    2.0,
+                    lambda n=batch: [self.perf_case("triton", True, n, tune=True, phase="tuned")],
+                )
+            )
+        return steps
+
+    def tuned_case(self, batch: int) -> dict[str, Any]:
+        row = self.perf_case("triton", False, batch, tune=True, phase="tuned")
+        if row.get("first_output_s") is not None:
+            row["notes"] = f"{row.get('notes', '')}; tuning and first output {row['first_output_s']:.1f} s"
+        return row
+
+
+# --------------------------------------------------------------------------------------------- small helpers
+_TRIVIAL: list[Any] = []
+
+
+def _trivial_kernel() -> Any:
+    """``out = x + 1``: the smallest @triton.jit kernel, defined when first asked for (never at import)."""
+    if not _TRIVIAL:
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def add_one(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            mask = offs < n
+            tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) + 1.0, mask=mask)
+
+        _TRIVIAL.append(add_one)
+    return _TRIVIAL[0]
+
+
+def _is_device_event(event: Any) -> bool:
+    return "CUDA" in str(getattr(event, "device_type", "")).upper()
+
+
+def _device_us(event: Any) -> float:
+    return float(getattr(event, "device_time", None) or getattr(event, "cuda_time", 0.0) or 0.0)
+
+
+def _command(cmd: list[str]) -> str:
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as err:
+        return f"not run: {err}"
+    return (proc.stdout + proc.stderr).strip()
+
+
+def _fmt(value: Any, spec: str = ".3g") -> str:
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, float):
+        return format(value, spec)
+    return str(value)
+
+
+# --------------------------------------------------------------------------------------------- the tables
+def perf_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every timed row (perf, tuned, compile) with its speed-up over the best peer at its dtype and batch (the
+    best peer's median over this row's; above 1 is faster) and its ratio to the physical floor."""
+    from vit_fast.bench.ceilings import floor_ms
+
+    rows = [dict(r) for r in data["perf"] + data["compile"]]
+    best: dict[tuple, dict[str, Any]] = {}
+    for r in rows:
+        if r.get("status") == "ok" and r["label"] not in OURS:
+            key = (r["dtype"], r["batch"])
+            if key not in best or r["median_ms"] < best[key]["median_ms"]:
+                best[key] = r
+    model = data.get("perf_model") or {}
+    for r in rows:
+        if r.get("status") != "ok":
+            continue
+        peer = best.get((r["dtype"], r["batch"]))
+        if peer is not None:
+            r["speedup_vs_best_peer"] = peer["median_ms"] / r["median_ms"]
+            r["best_peer"] = peer["label"]
+        ceilings = data.get("ceilings") or {}
+        if model and ceilings.get("bandwidth"):
+            floor = floor_ms(model["weight_bytes"], model["flops_per_image"] * r["batch"], ceilings, r["dtype"])
+            if floor:
+                r["floor_ms"], r["vs_floor"] = floor[0], r["median_ms"] / floor[0]
+    return rows
+
+
+def _best(rows: list[dict[str, Any]], batch: int, labels: tuple[str, ...]) -> dict[str, Any] | None:
+    found = [r for r in rows if r["batch"] == batch and r["label"] in labels and r.get("status") == "ok"]
+    return min(found, key=lambda r: r["median_ms"]) if found else None
+
+
+def targets(data: dict[str, Any], rows: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """The first-light targets for ViT-B/16 bf16, each as (target, what was measured, met / missed / not run)."""
+    out = []
+
+    def verdict(ok: bool | None) -> str:
+        if data["driver"] != "cuda":
+            return "n/a: not a GPU run"
+        return "not run" if ok is None else ("met" if ok else "MISSED")
+
+    graph = _best(rows, 1, ("triton+graph", "triton tuned+graph"))
+    peer = graph and graph.get("speedup_vs_best_peer")
+    measured = f"{peer:.2f}x {graph['best_peer']} ({graph['median_ms']:.3f} ms)" if peer else "-"
+    out.append(("batch 1: triton + CUDA graph >= 1.5x the best peer", measured, verdict(peer and peer >= 1.5)))
+    for batch in (8, 64):
+        ours = _best(rows, batch, OURS)
+        s = ours and ours.get("speedup_vs_best_peer")
+        measured = f"{s:.2f}x ({ours['label']} vs {ours['best_peer']})" if s else "-"
+        out.append((f"batch {batch}: ahead of the best peer", measured, verdict(s and s > 1.0)))
+    ours = _best(rows, 256, OURS)
+    s = ours and ours.get("speedup_vs_best_peer")
+    ok = None if not s else s >= 1.0 and ours["images_per_s"] >= 12000
+    measured = f"{ours['images_per_s']:.0f} images/s, {s:.2f}x the best peer" if s else "-"
+    out.append(("batch 256: >= the best peer and >= 12,000 images/s (H100)", measured, verdict(ok)))
+    first = data.get("first_output")
+    out.append(
+        (
+            "first output on a fresh cache within 10 s",
+            f"{first['first_output_s']:.1f} s, {first['compiles']} compilations" if first else "-",
+            verdict(None if not first else first["first_output_s"] <= 10),
+        )
+    )
+    launches = (data.get("launches") or {}).get("1")
+    n = launches and launches.get("hook")
+    out.append(
+        (
+            "launches per forward as designed (62 for ViT-B/16)",
+            f"{n} (launch hook)" if n else "-",
+            verdict(None if not n else n == 62),
+        )
+    )
+    failed = [r for r in data["kernels"] + data["tma"] if r.get("status") != "ok"]
+    checked = len(data["kernels"]) + len(data["tma"])
+    out.append(
+        (
+            "every kernel correct (float64 rule)",
+            f"{checked - len(failed)}/{checked} passed",
+            verdict(None if not checked else not failed),
+        )
+    )
+    net = data.get("first_use") or {}
+    out.append(
+        (
+            "the first-use safety net fired nowhere",
+            f"{len(net.get('checked', []))} first uses checked, {len(net.get('failed', []))} ops fell back"
+            if net.get("enabled")
+            else "-",
+            verdict(None if not net.get("enabled") else not net.get("failed")),
+        )
+    )
+    return out
+
+
+def summary(data: dict[str, Any]) -> str:
+    """summary.md: what ran, the targets, and each table (a reader's view of results.json)."""
+    from vit_fast.files import markdown_mark
+
+    env = data.get("env") or {}
+    rows = perf_rows(data)
+    lines = [
+        f"# GPU evidence: {env.get('device_name', '?')}",
+        "",
+        f"{data['created_utc']} · commit {env.get('git_commit', '?')} · torch {env.get('torch', '?')} · triton "
+        f"{env.get('triton', '?')} · driver {env.get('driver_version', '?')} · Triton driver: {data['driver']} · "
+        f"budget {data['budget_s']:.0f} s, {data.get('elapsed_s', 0):.0f} s used",
+    ]
+    if data["driver"] != "cuda":
+        lines += ["", f"**Not a GPU run ({data['driver']}): no figure here is a GPU figure.**"]
+    lines += [
+        "",
+        "## Phases",
+        "",
+        "| phase | status | steps done | seconds | estimate s | compilations |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for p in data["phases"]:
+        name = p["name"]
+        lines.append(
+            f"| {name} | {p['status']} | {p['done']}/{p['steps']} | {p['seconds']:.0f} | "
+            f"{p['estimate_s']:.0f} | {p['compiles']} |"
+        )
+    lines += ["", "## Targets (ViT-B/16 bf16)", "", "| target | measured | |", "|---|---|---|"]
+    lines += [f"| {t} | {m} | {v} |" for t, m, v in targets(data, rows)]
+    if rows:
+        lines += ["", "## Speed, side by side in one process", ""]
+        lines.append("speed-up: the best peer's median over the row's (above 1: faster than every peer)")
+        for batch in sorted({r["batch"] for r in rows}):
+            lines += [
+                "",
+                f"**batch {batch}**",
+                "",
+                "| backend | median ms | p10 | p90 | images/s | speed-up vs best peer | x floor | first output s "
+                "| compilations | agrees with torch |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+            ]
+            for r in [r for r in rows if r["batch"] == batch]:
+                if r.get("status") != "ok":
+                    why = r.get("notes") or r.get("error") or ""
+                    lines.append(f"| {r['label']} | {r['status']}: {why[:120]} |||||||||")
+                    continue
+                lines.append(
+                    f"| {r['label']} | {r['median_ms']:.3f} | {r['p10_ms']:.3f} | {r['p90_ms']:.3f} | "
+                    f"{r['images_per_s']:.0f} | {_fmt(r.get('speedup_vs_best_peer'), '.2f')} | "
+                    f"{_fmt(r.get('vs_floor'), '.1f')} | {_fmt(r.get('first_output_s'), '.2f')} | "
+                    f"{_fmt(r.get('compiles'))} | {_fmt(r.get('agrees_with_torch'))} |"
+                )
+    if data.get("launches"):
+        lines += [
+            "",
+            "## Launches per forward (triton)",
+            "",
+            "| batch | launch hook | our record | profiler kernels | device us | torch eager kernels |",
+            "|---:|---:|---:|---:|---:|---:|",
+        ]
+        for batch, e in data["launches"].items():
+            prof, eager = e.get("profiler") or {}, e.get("torch_profiler") or {}
+            lines.append(
+                f"| {batch} | {e['hook']} | {e['recorded']} | {_fmt(prof.get('kernels'))} | "
+                f"{_fmt(prof.get('device_us'))} | {_fmt(eager.get('kernels'))} |"
+            )
+        for batch, e in data["launches"].items():
+            if (e.get("profiler") or {}).get("top"):
+                lines += [
+                    "",
+                    f"Where the time goes, batch {batch} (triton, one forward):",
+                    "",
+                    "| kernel | launches | us |",
+                    "|---|---:|---:|",
+                ]
+                lines += [f"| {t['kernel']} | {t['count']} | {t['us']} |" for t in e["profiler"]["top"]]
+    kernels = data["kernels"]
+    if kernels:
+        lines += [
+            "",
+            "## Kernels against float64",
+            "",
+            "| kernel | dtype | checks | passed | worst err/bound | max spills B | max shared KB |",
+            "|---|---|---:|---:|---:|---:|---:|",
+        ]
+        groups: dict[tuple, list] = {}
+        for r in kernels:
+            groups.setdefault((r.get("kernel"), r.get("dtype")), []).append(r)
+        for (kernel, dtype), rs in groups.items():
+            ratios = [r["max_abs_err"] / r["bound"] for r in rs if r.get("bound")]
+            spills = [r["spills"] for r in rs if r.get("spills") is not None]
+            shared = [r["shared_bytes"] for r in rs if r.get("shared_bytes") is not None]
+            lines.append(
+                f"| {kernel} | {dtype} | {len(rs)} | {sum(r['status'] == 'ok' for r in rs)} | "
+                f"{_fmt(max(ratios) if ratios else None, '.2f')} | {_fmt(max(spills) if spills else None)} | "
+                f"{_fmt(max(shared) / 1024 if shared else None, '.0f')} |"
+            )
+        failed = [r for r in kernels if r.get("status") != "ok"]
+        if failed:
+            lines += ["", "Failed:", ""] + [f"- {r['name']} b={r['batch']}: {r.get('summary')}" for r in failed[:40]]
+    if data["model"]:
+        lines += [
+            "",
+            "## Whole model, triton against float64",
+            "",
+            "| model | dtype | status | batches | summary |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {r['model']} | {r['dtype']} | {r['status']} | {_fmt(r.get('batches'))} | "
+            f"{r.get('summary') or r.get('error', '')} |"
+            for r in data["model"]
+        ]
+    if data["tma"]:
+        lines += [
+            "",
+            "## 16-bit GEMMs, TMA on and off",
+            "",
+            "| GEMM | dtype | batch | TMA asked | TMA ran | status | median ms | TFLOP/s |",
+            "|---|---|---:|---|---|---|---:|---:|",
+        ]
+        for r in data["tma"]:
+            ran = (r.get("config") or {}).get("TMA")
+            lines.append(
+                f"| {r.get('role')} | {r.get('dtype')} | {r['batch']} | {r['tma']} | {_fmt(ran)} | "
+                f"{r['status']} | {_fmt(r.get('median_ms'), '.4f')} | {_fmt(r.get('tflops'), '.0f')} |"
+            )
+    net = data.get("first_use")
+    if net:
+        lines += [
+            "",
+            "## First-use safety net",
+            "",
+            f"{len(net.get('checked', []))} first uses checked, "
+            f"{len(net.get('failed', []))} failed: {', '.join(f['op'] for f in net.get('failed', [])) or 'none'}",
+        ]
+    if env.get("checks"):
+        lines += ["", "## Environment", ""] + [f"- {c['name']}: {c['status']}: {c['summary']}" for c in env["checks"]]
+    if env.get("sdpa"):
+        lines.append(f"- SDPA: {env['sdpa']}")
+    lines += ["", "max-autotune is left out of the compile phase: it tunes 16 GEMM shapes of ViT-B/16, minutes each."]
+    return "\n".join(lines) + "\n\n" + markdown_mark(data.get("vit_fast_version") or "?")
+
+
+# --------------------------------------------------------------------------------------------- running
+def run_phase(ev: Evidence, phases: Phases, name: str) -> None:
+    """Every step of phase ``name`` that fits the time left, the files rewritten after each."""
+    info: dict[str, Any] = {
+        "name": name,
+        "status": "planning",
+        "steps": 0,
+        "done": 0,
+        "seconds": 0.0,
+        "estimate_s": 0.0,
+        "compiles": 0,
+        "log": [],
+    }
+    # a phase run again (a follow-up) replaces its earlier record
+    ev.data["phases"] = [p for p in ev.data["phases"] if p["name"] != name] + [info]
+    for table in TABLES:
+        ev.data[table] = [r for r in ev.data[table] if r.get("phase") != name]
+    start = time.monotonic()
+    try:
+        steps = phases.steps(name)
+    except Exception as err:
+        info.update(status=f"error: {failure(err)['error']}", seconds=time.monotonic() - start)
+        ev.log(f"{name}: could not plan its steps: {failure(err)['error']}")
+        ev.save()
+        return
+    info.update(status="running", steps=len(steps), estimate_s=round(sum(s.estimate() for s in steps), 1))
+    ev.log(f"== {name}: {len(steps)} steps, about {info['estimate_s']:.0f} s plus compilations; {ev.left():.0f} s left")
+    skipped: list[str] = []
+    try:
+        _run_steps(ev, name, steps, info, skipped, start)
+    except Stopped:
+        info["status"] = f"cut by a signal after {info['done']} of {len(steps)} steps"
+        info["seconds"] = round(time.monotonic() - start, 1)
+        raise
+    info["status"] = f"cut: {len(skipped)} of {len(steps)} steps skipped for time" if skipped else "done"
+    info["seconds"] = round(time.monotonic() - start, 1)
+    ev.save()
+
+
+def _run_steps(ev: Evidence, name: str, steps: list[Step], info: dict, skipped: list[str], start: float) -> None:
+    for step in steps:
+        need = step.estimate()
+        if ev.left() < need:  # skipped, not stopped: a later, shorter step may still fit
+            skipped.append(step.name)
+            info["log"].append(
+                {"step": step.name, "status": f"skipped: {ev.left():.0f} s left, needs about {need:.0f} s"}
+            )
+            ev.log(f"{name}: {step.name}: skipped, {ev.left():.0f} s left and it needs about {need:.0f} s")
+            continue
+        before, t0 = ev.compiles, time.monotonic()
+        try:
+            records = step.run()
+        except Exception as err:  # the step's failure is its record; the run goes on
+            records = [{"name": step.name, **failure(err)}]
+        seconds, compiles = time.monotonic() - t0, ev.compiles - before
+        with signals_held():  # the step's records, its count and the files change together, or not at all
+            _record(ev, name, step, records, info, seconds, compiles, start)
+
+
+def _record(
+    ev: Evidence, name: str, step: Step, records: list[dict], info: dict, seconds: float, compiles: int, start: float
+) -> None:
+    table = "perf" if name == "tuned" else name
+    for r in records:
+        r.setdefault("name", step.name)
+        r.setdefault("phase", name)
+        r.setdefault("seconds", seconds)
+        if step.rows and table in TABLES:
+            ev.data[table].append(r)
+    status = ", ".join(sorted({str(r.get("status")) for r in records}))
+    text = "; ".join(str(r.get("summary") or r.get("error") or r.get("notes") or "") for r in records)[:300]
+    info["log"].append({"step": step.name, "status": status, "seconds": round(seconds, 2), "compiles": compiles})
+    info.update(done=info["done"] + 1, seconds=round(time.monotonic() - start, 1), compiles=info["compiles"] + compiles)
+    ev.log(f"{name}: {step.name}: {status} ({seconds:.1f} s, {compiles} compilations) {text}")
+    if name in ("perf", "tuned"):
+        from vit_fast import first_use
+
+        ev.data["first_use"] = first_use.report()
+    ev.save()
+
+
+def plan(ev: Evidence, phases: Phases, names: tuple[str, ...]) -> int:
+    """The dry run: every phase's steps, with the compilations each makes counted under the stubbed driver, and the
+    estimated seconds on an H100 (the steps' own estimates plus COMPILE_SECONDS per compilation)."""
+    import triton
+
+    # the stub's benchmarker runs each config once, so tuning compiles every candidate as a GPU's would
+    def run_once(fn, quantiles=None, **kwargs):
+        fn()
+        return [1.0, 1.0, 1.0] if quantiles else 1.0
+
+    triton.runtime.driver.active.get_benchmarker = lambda: run_once
+    rows = []
+    for name in PHASES:
+        steps = phases.steps(name)
+        before = ev.compiles
+        for step in steps:
+            if step.launch is not None:
+                with contextlib.redirect_stderr(io.StringIO()):
+                    step.launch()
+        compiles = ev.compiles - before
+        seconds = sum(s.estimate() for s in steps) + compiles * COMPILE_SECONDS
+        rows.append((name, len(steps), compiles, seconds, name in names))
+        release(phases.device)
+    print(f"{'phase':<9} {'steps':>6} {'compilations':>13} {'est. s (H100)':>14}  runs by default")
+    for name, n, compiles, seconds, default in rows:
+        print(f"{name:<9} {n:>6} {compiles:>13} {seconds:>14.0f}  {'yes' if default else 'follow-up'}")
+    chosen = sum(r[3] for r in rows if r[4])
+    print(
+        f"chosen phases ({','.join(names)}): about {chosen:.0f} s of a {ev.budget:.0f} s budget"
+        f" ({'fits' if chosen <= ev.budget else 'does NOT fit: later steps will be cut'})"
+    )
+    print(
+        f"estimates: {COMPILE_SECONDS:g} s per compilation (counted with Triton's driver stubbed) plus each step's "
+        "own seconds on an H100; the budget check before each step uses the step's own seconds"
+    )
+    return 0
+
+
+def first_output_child(spec: str, dtype_name: str) -> int:
+    """The fresh process of the perf phase's first-output step: prints one JSON line."""
+    import torch
+
+    from vit_fast.loading import load_model
+
+    counter = Evidence(Path("."), 0.0, argparse.Namespace(), "cuda")
+    count_compiles(counter)
+    imported = time.monotonic() - START
+    from vit_fast.dtypes import DTYPES
+
+    model = load_model(spec, backend="triton").to(device="cuda", dtype=DTYPES[dtype_name]).eval()
+    h, w = model.cfg.img_hw
+    x = torch.randn(1, model.cfg.in_chans, h, w, device="cuda", dtype=model.dtype)
+    built = time.monotonic() - START
+    with torch.no_grad():
+        model(x)
+    torch.cuda.synchronize()
+    result = {
+        "import_s": imported,
+        "model_s": built,
+        "first_output_s": time.monotonic() - START,
+        "compiles": counter.compiles,
+    }
+    print(json.dumps(result))
+    return 0
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    from vit_fast.batches import parse_batch_list
+
+    def batches(text: str) -> list[int]:
+        try:
+            return parse_batch_list(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    def names(allowed: tuple[str, ...]) -> Callable[[str], tuple[str, ...]]:
+        def parse(text: str) -> tuple[str, ...]:
+            chosen = tuple(t.strip() for t in text.split(",") if t.strip())
+            bad = [t for t in chosen if t not in allowed]
+            if bad or not chosen:
+                raise argparse.ArgumentTypeError(f"{text!r}: choose from {', '.join(allowed)}, comma-separated")
+            return chosen
+
+        return parse
+
+    doc = __doc__.split("\n\n")
+    parser = argparse.ArgumentParser(
+        description=doc[0], epilog="\n\n".join(doc[1:]), formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, help="folder for the five files (the wrapper adds preflight.txt)")
+    parser.add_argument("--budget", type=float, default=470.0, help="seconds from start to the last step (470)")
+    parser.add_argument(
+        "--phases",
+        type=names(PHASES),
+        default=DEFAULT_PHASES,
+        help="phases, in order (default: " + ",".join(DEFAULT_PHASES) + ")",
+    )
+    parser.add_argument("--dry-run", action="store_true", help="print the plan with estimated seconds; run nothing")
+    parser.add_argument(
+        "--stub-driver",
+        action="store_true",
+        help="Triton's driver stubbed (benchmarks/host_overhead.py): a CPU rehearsal, nothing computed",
+    )
+    parser.add_argument("--resume", type=Path, help="an earlier run's results.json: its records are carried on")
+    parser.add_argument("--overwrite", action="store_true", help="replace files in --out that are not an earlier run's")
+    parser.add_argument(
+        "--models",
+        type=lambda t: [m.strip() for m in t.split(",") if m.strip()],
+        default=["vit_small_patch16_224", "vit_base_patch16_224"],
+        help="kernels and model phases",
+    )
+    parser.add_argument("--perf-model", default="vit_base_patch16_224", help="perf, tma, compile and tuned phases")
+    parser.add_argument("--perf-dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
+    parser.add_argument("--dtypes", type=names(("bf16", "fp16", "fp32")), default=("bf16", "fp16", "fp32"))
+    parser.add_argument("--kernel-batches", type=batches, default=[1, 8, 64], help="16-bit kernel checks")
+    parser.add_argument("--fp32-batches", type=batches, default=[1, 8], help="fp32 kernel checks")
+    parser.add_argument("--tma-batches", type=batches, default=[64, 256])
+    parser.add_argument("--perf-batches", type=batches, default=[1, 8, 64, 256])
+    parser.add_argument("--compile-batches", type=batches, default=[1, 256, 8, 64])
+    parser.add_argument("--tuned-batches", type=batches, default=[1, 256])
+    parser.add_argument("--min-time", type=float, default=0.5, help="seconds timed per perf case (0.5)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--first-output-child", metavar="MODEL", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.out is None and not (args.dry_run or args.first_output_child):
+        parser.error("--out DIR is required (the folder the files are written to)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from vit_fast.kernels._switches import parse_triton_interpret
+
+    if parse_triton_interpret(os.environ.get("TRITON_INTERPRET")):
+        print(
+            "gpu_evidence: unset TRITON_INTERPRET: the interpreter would take hours here (--stub-driver rehearses "
+            "the run on a CPU)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.first_output_child:
+        return first_output_child(args.first_output_child, args.perf_dtype)
+    if args.out is not None:
+        check_out(args.out, args.overwrite)
+    # a fresh Triton cache (unless one is given): compilations and first outputs are counted from nothing
+    os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="vit-fast-triton-cache-"))
+    stub = args.stub_driver or args.dry_run
+    if stub:
+        sys.path.insert(0, str(HERE))
+        import host_overhead
+
+        os.environ.setdefault("VIT_FAST_FIRST_USE_CHECK", "0")  # nothing is computed: there is nothing to judge
+        host_overhead.install_stub_driver()
+    import torch
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    mode = "stub" if stub else ("cuda" if device.type == "cuda" else "none")
+    ev = Evidence(args.out or Path("."), args.budget, args, mode)
+    count_compiles(ev)
+    phases = Phases(ev, args, device)
+    if args.dry_run:
+        return plan(ev, phases, args.phases)
+    if mode == "none":
+        print(
+            "gpu_evidence: no CUDA GPU here; --stub-driver rehearses the run on a CPU (nothing is computed)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.resume is not None:
+        if args.resume.is_file():
+            ev.resume(args.resume)
+        else:
+            ev.log(f"--resume {args.resume}: no such file; starting a new record")
+    ev.data["runs"].append({"argv": sys.argv[1:], "phases": list(args.phases), "mode": mode, "budget_s": args.budget})
+
+    def stop(signum, frame) -> None:
+        raise Stopped(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    model = phases.model(args.perf_model)
+    from vit_fast.model import count_flops
+
+    params = sum(p.numel() for p in model.parameters())
+    from vit_fast.dtypes import DTYPES
+
+    ev.data["perf_model"] = {
+        "model": args.perf_model,
+        "params": params,
+        "flops_per_image": count_flops(model.cfg),
+        "weight_bytes": params * torch.empty((), dtype=DTYPES[args.perf_dtype]).element_size(),
+    }
+    code = 0
+    try:
+        for name in args.phases:
+            run_phase(ev, phases, name)
+    except Stopped as err:
+        ev.log(f"stopped by {err}: the files hold every step that ended")
+        code = 128 + signal.SIGTERM
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        ev.save()
+    ev.log(f"done in {time.monotonic() - START:.0f} s: {args.out}")
+    ev.save()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
