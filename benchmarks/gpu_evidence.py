@@ -138,6 +138,7 @@ class Evidence:
             "perf": [],
             "compile": [],
             "launches": {},
+            "tuning": [],
             "first_use": None,
             "runs": [],
         }
@@ -154,7 +155,7 @@ class Evidence:
     def resume(self, path: Path) -> None:
         """Carry an earlier run's records (and log) into this one, which adds its phases to them."""
         earlier = json.loads(path.read_text())
-        for key in ("env", "phases", "kernels", "model", "tma", "perf", "compile", "launches", "first_use", "runs"):
+        for key in ("env", "phases", *TABLES, "launches", "tuning", "first_use", "runs"):
             if earlier.get(key):
                 self.data[key] = earlier[key]
         log = path.with_name("run.log")
@@ -793,7 +794,7 @@ class Phases:
                 Step(
                     "tuned",
                     f"tune triton batch {batch}",
-                    10.0,
+                    self.tuning_estimate,
                     lambda n=batch: [self.tuned_case(n)],
                     launch=lambda n=batch: self.triton_warmup(n, True),
                 )
@@ -808,7 +809,16 @@ class Phases:
             )
         return steps
 
+    def tuning_estimate(self) -> float:
+        """Seconds to tune one batch class: the warm-up's own upper bound of its compilations, each compiled and
+        timed (about 0.15 s of timing a candidate beside its compilation)."""
+        from vit_fast.warmup import estimate_compilations
+
+        model = self.model(self.args.perf_model, self.args.perf_dtype)
+        return estimate_compilations(model, 1, tune=True) * (COMPILE_SECONDS + 0.15)
+
     def tuned_case(self, batch: int) -> dict[str, Any]:
+        record_candidate_timings(self.ev)
         row = self.perf_case("triton", False, batch, tune=True, phase="tuned")
         if row.get("first_output_s") is not None:
             row["notes"] = f"{row.get('notes', '')}; tuning and first output {row['first_output_s']:.1f} s"
@@ -817,6 +827,39 @@ class Phases:
 
 # --------------------------------------------------------------------------------------------- small helpers
 _TRIVIAL: list[Any] = []
+#: the shape arguments an autotune record names (the GEMMs' M, N, K; attention's T and head dim; ...)
+SHAPE_ARGS = ("M", "N", "K", "M_CLASS", "T", "HEAD_DIM", "D", "TMA_OK")
+
+
+def record_candidate_timings(evidence: Evidence) -> None:
+    """From now on, every config Triton's autotuner times goes into results.json's ``tuning`` table (kernel, shape,
+    config, warps, stages, ms): the numbers that decide a tile (e.g. split-K or narrower tiles where a batch-8 GEMM
+    leaves SMs idle), beside the pick the autotuner kept. Installed once."""
+    from triton.runtime import autotuner
+
+    if getattr(autotuner.Autotuner._bench, "_evidence", False):
+        return
+    real = autotuner.Autotuner._bench
+    table = evidence.data.setdefault("tuning", [])
+
+    def bench(self, *args, config, **meta):
+        timings = real(self, *args, config=config, **meta)
+        nargs = getattr(self, "nargs", None) or {}
+        ms = timings[0] if isinstance(timings, (list, tuple)) else timings
+        table.append(
+            {
+                "kernel": getattr(self.base_fn, "__name__", "?"),
+                "shape": {k: nargs[k] for k in SHAPE_ARGS if isinstance(nargs.get(k), int)},
+                "config": dict(config.kwargs),
+                "num_warps": config.num_warps,
+                "num_stages": config.num_stages,
+                "ms": float(ms) if ms is not None else None,
+            }
+        )
+        return timings
+
+    bench._evidence = True
+    autotuner.Autotuner._bench = bench
 
 
 def _trivial_kernel() -> Any:
@@ -1082,6 +1125,25 @@ def summary(data: dict[str, Any]) -> str:
             lines.append(
                 f"| {r.get('role')} | {r.get('dtype')} | {r['batch']} | {r['tma']} | {_fmt(ran)} | "
                 f"{r['status']} | {_fmt(r.get('median_ms'), '.4f')} | {_fmt(r.get('tflops'), '.0f')} |"
+            )
+    if data.get("tuning"):
+        lines += ["", "## Tuning: every candidate timed", "", "| kernel | shape | candidates | best ms | best config | "
+                  "slowest / best |", "|---|---|---:|---:|---|---:|"]  # fmt: skip
+        groups: dict[str, list] = {}
+        for t in data["tuning"]:
+            groups.setdefault(f"{t['kernel']} {json.dumps(t['shape'], sort_keys=True)}", []).append(t)
+        for key, ts in groups.items():
+            timed = [t for t in ts if t.get("ms")]
+            if not timed:
+                continue
+            best, worst = min(timed, key=lambda t: t["ms"]), max(t["ms"] for t in timed)
+            kernel, shape = key.split(" ", 1)
+            config = (
+                ", ".join(f"{k}={v}" for k, v in best["config"].items())
+                + f", w{best['num_warps']}s{best['num_stages']}"
+            )
+            lines.append(
+                f"| {kernel} | {shape} | {len(timed)} | {best['ms']:.4f} | {config} | {worst / best['ms']:.2f} |"
             )
     net = data.get("first_use")
     if net:

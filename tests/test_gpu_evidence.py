@@ -85,6 +85,8 @@ def test_every_phase_runs_with_the_driver_stubbed_and_writes_the_six_files(tmp_p
     assert phases["env"]["status"] == "done"
     labels = {r["label"] for r in results["perf"]}
     assert {"torch", "timm", "hf", "triton", "triton+graph", "torch+graph", "triton tuned"} <= labels
+    # the tuned phase records every candidate the autotuner timed, per kernel and shape
+    assert {t["kernel"] for t in results["tuning"]} >= {"_linear_kernel", "_attention_kernel"}
     graph = next(r for r in results["perf"] if r["label"] == "torch+graph")
     assert graph["status"] == "unavailable" and "CUDA" in graph["notes"]
     torch_rows = [r for r in results["perf"] if r["label"] == "torch"]
