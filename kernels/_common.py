@@ -1,6 +1,7 @@
 """What every kernel file shares: supported dtypes, the autotune keys (row classes, the card, tuning on or off),
 the interpreter's bf16 handling, the device check, the resolved launch (on the tensors' own device, tuning
-serialised per kernel, fp fusion pinned), and the backward that recomputes through the eager reference.
+serialised per kernel, fp fusion pinned, the config of each launch recorded per thread), and the backward that
+recomputes through the eager reference.
 Nothing here touches a GPU driver."""
 
 from __future__ import annotations
@@ -133,6 +134,14 @@ def tuning_requested(named_args: dict) -> bool:
     return autotune_enabled() if tune is None else bool(tune)
 
 
+def config_mode() -> tuple[int, bool]:
+    """What decides which config a launch runs besides its own arguments' shapes, dtypes, alignment and device,
+    read now: the tuning mode (:func:`tune_key`) and the TMA switch (:func:`tma_enabled`). A cache that answers
+    for launches without making them (the first-use net's cleared forwards, ``vit_fast.triton_path``) keys on it,
+    so a tuned config is never taken for the heuristic one it replaced."""
+    return tune_key(), tma_enabled()
+
+
 def autotune_cache_enabled() -> bool:
     """True unless ``VIT_FAST_AUTOTUNE_CACHE=0``: tuned configs are saved in Triton's cache directory
     (``TRITON_CACHE_DIR``, default ``~/.triton/cache``), so a second process starts tuned."""
@@ -263,6 +272,13 @@ def announce_first_compile(tune: bool, by: str | None = None) -> None:
     print(f"vit-fast: {text}", file=sys.stderr, flush=True)
 
 
+def config_label(config: triton.Config | None) -> str | None:
+    """How a launch's config is named where it is recorded (:meth:`ResolvedLaunches.launched_config`, the first-use
+    net's keys and findings): ``str(config)``, equal for equal configs (one reloaded from Triton's autotune cache on
+    disk included); None for none (a kernel that is not autotuned)."""
+    return None if config is None else str(config)
+
+
 class ResolvedLaunches:
     """A kernel's launches resolved once per shape: the compiled kernel, its grid and its constexprs
     (the autotuner's pick included), so a repeated call skips Triton's JIT dispatch (argument binding and
@@ -281,13 +297,18 @@ class ResolvedLaunches:
     ``get_device()`` and a comparison. A miss (Triton's own path: tuning, compiling) holds a lock per kernel,
     because Triton's Autotuner keeps per-call state on itself (``nargs``) and two threads tuning at once would
     trample it; the resolved path takes no lock. Every launch passes ``enable_fp_fusion`` (:data:`FP_FUSION`).
+
+    Each launch records, for its own thread, the config it ran with (:meth:`launched_config`): a resolved launch
+    replays its cache entry without the autotuner, so the autotuner's ``best_config`` names whatever config went
+    through Triton last (another shape, the other tuning mode, another thread), not necessarily this launch's.
     """
 
     def __init__(self, kernel) -> None:
         self.kernel = kernel  # @triton.autotune'd or @triton.jit'd
         self.enabled = not _INTERPRETED
-        self.cache: dict[tuple, tuple] = {}
+        self.cache: dict[tuple, tuple] = {}  # key -> (compiled kernel, grid, trailing arguments, config label)
         self.lock = threading.Lock()  # held only on a miss: Triton's dispatch, the autotuner's state
+        self.launched = threading.local()  # .config: the label of the config of this thread's latest launch
         jit_fn = kernel
         while isinstance(jit_fn, Autotuner):
             jit_fn = jit_fn.fn  # the autotuner's JITFunction (an InterpretedFunction under the interpreter)
@@ -306,7 +327,7 @@ class ResolvedLaunches:
         launched there before."""
         if not self.enabled:
             with self.lock:  # the interpreter shares the autotuner's per-call state too
-                self._triton(grid, args, constexprs)
+                self.launched.config = config_label(self._triton(grid, args, constexprs)[1])
             return
         device = driver.active.get_current_device()
         tensors_device = args[0].get_device()  # -1 for a CPU tensor (the stubbed driver of the host-time benchmark)
@@ -327,7 +348,7 @@ class ResolvedLaunches:
             entry = self.cache[key]  # another thread resolved it while this one waited: launch as resolved
         if _RECORDED is not None:
             _RECORDED.append((self, entry))
-        compiled, (g0, g1, g2), tail = entry
+        compiled, (g0, g1, g2), tail, self.launched.config = entry  # the config recorded for this thread
         stream = driver.active.get_current_stream(device)
         enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
         metadata = compiled.launch_metadata((g0, g1, g2), stream, *args, *tail) if enter is not None else None
@@ -335,9 +356,16 @@ class ResolvedLaunches:
             g0, g1, g2, stream, compiled.function, compiled.packed_metadata, metadata, enter, leave, *args, *tail
         )
 
+    def launched_config(self) -> str | None:
+        """The config this thread's latest launch of the kernel ran with, as :func:`config_label` names it (the
+        heuristic's pick, the autotuner's, or the one a resolved launch replayed); None before this thread's first
+        launch, and for a kernel that is not autotuned (its launcher passes its block sizes, read from the shape)."""
+        return getattr(self.launched, "config", None)
+
     def _resolve(self, key: tuple, grid, args: tuple, constexprs: dict) -> None:
         """Triton's own path (tunes / compiles / launches), then the cache entry for ``key``. Under the lock."""
         compiled, config = self._triton(grid, args, constexprs)
+        label = self.launched.config = config_label(config)
         if compiled is None or not hasattr(compiled, "packed_metadata"):
             return  # e.g. an asynchronous compile in flight: nothing to cache yet
         meta = {
@@ -348,14 +376,15 @@ class ResolvedLaunches:
         g = grid(meta) if callable(grid) else grid
         g = (*g, 1, 1)[:3]
         tail = tuple(meta[name] for name in self.arg_names[len(args) :])
-        self.cache[key] = (compiled, g, tail)
+        self.cache[key] = (compiled, g, tail, label)
 
     def _triton(self, grid, args: tuple, constexprs: dict) -> tuple:
         """Launch through Triton (compiling on first use); returns ``(compiled kernel, config or None)``. Under the
         lock. Not tuning (the ``TUNE`` key argument 0), the prune keeps the heuristic's one config, and that config
         goes straight to the JIT function: triton 3.6's Autotuner times even a lone config (a benchmark per new
-        shape on the GPU; "0 active drivers" under the interpreter), 3.9's would not. The config is recorded as
-        the autotuner's ``best_config``, where tuned picks are read too."""
+        shape on the GPU; "0 active drivers" under the interpreter), 3.9's would not. The config is set as the
+        autotuner's ``best_config`` too, as a launch through the autotuner leaves its pick there (which only a launch
+        through Triton updates: :meth:`launched_config` is the config of a launch)."""
         named = dict(zip(self.arg_names, args, strict=False))
         announce_first_compile(bool(named.get("TUNE")))  # once per process; silent under the interpreter
         if self.prune is not None and not named["TUNE"]:
@@ -370,7 +399,7 @@ class ResolvedLaunches:
         """A resolved launch (a cache entry) as the evidence run records it: the kernel, the config it ran (its
         constexprs, warps, stages), its programs, and what the compiler gave it (registers and spills per thread,
         shared memory per program, in bytes; None where the compiled kernel does not say, e.g. a stub)."""
-        compiled, grid, tail = entry
+        compiled, grid, tail, _label = entry
         meta = getattr(compiled, "metadata", None)
         constexprs = dict(zip(self.arg_names[len(self.arg_names) - len(tail) :], tail, strict=True))
         return {
@@ -392,8 +421,9 @@ _RECORDED: list | None = None
 @contextlib.contextmanager
 def record_launches() -> Iterator[list[dict]]:
     """Within the block, every compiled launch of our kernels in this process is described (see
-    :meth:`ResolvedLaunches.describe`) in the list this yields, in launch order, once the block ends. For the GPU evidence run and
-    diagnostics; under the interpreter nothing is compiled, so nothing is recorded. Not reentrant."""
+    :meth:`ResolvedLaunches.describe`) in the list this yields, in launch order, once the block ends. For the GPU
+    evidence run and diagnostics; under the interpreter nothing is compiled, so nothing is recorded. Not
+    reentrant."""
     global _RECORDED
     seen: list[tuple] = []
     described: list[dict] = []

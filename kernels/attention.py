@@ -155,8 +155,12 @@ def _prune_attention_configs(configs, named_args, **kwargs):
 
 @triton.autotune(
     configs=_attention_configs(),
-    # everything _prune_attention_configs reads (BLOCK_D follows HEAD_DIM; the autotuner adds the dtypes itself)
-    key=["T", "HEAD_DIM", "ARCH", "TUNE"],
+    key=[
+        # everything _prune_attention_configs reads (the autotuner adds the dtypes itself)
+        *("T", "HEAD_DIM", "ARCH", "TUNE"),
+        # every constexpr the configs do not set (tests/test_autotune_mode.py); these follow the dtype and head dim
+        *("DOT_IN_FP32", "ROUND_BF16", "BLOCK_D"),
+    ],
     prune_configs_by={"early_config_prune": _prune_attention_configs},
     cache_results=autotune_cache_enabled(),
 )

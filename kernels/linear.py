@@ -320,8 +320,14 @@ def _linear_tile(
 
 @triton.autotune(
     configs=_linear_configs(),
-    # everything _prune_linear_configs reads (the autotuner adds the tensors' dtypes itself)
-    key=["M_CLASS", "N", "K", "ARCH", "TMA_OK", "TUNE"],
+    key=[
+        # everything _prune_linear_configs reads (the autotuner adds the tensors' dtypes itself)
+        *("M_CLASS", "N", "K", "ARCH", "TMA_OK", "TUNE"),
+        # every constexpr the configs do not set: each prologue / epilogue is code of its own, with its own register
+        # pressure and best tile, so each gets its own tuning, in memory and on disk (tests/test_autotune_mode.py)
+        *("ACTIVATION", "HAS_BIAS", "HAS_RESIDUAL", "HAS_GAMMA", "NORM_INPUT", "LN_HAS_WEIGHT", "LN_HAS_BIAS"),
+        *("LN_RMS", "DOT_IN_FP32", "ROUND_BF16"),
+    ],
     prune_configs_by={"early_config_prune": _prune_linear_configs},
     cache_results=autotune_cache_enabled(),
 )

@@ -67,12 +67,14 @@ _real_bench = autotuner.Autotuner._bench
 
 def _bench(self, *args, config, **meta):
     """Time ``config`` for these arguments as a CRC of both (after running it once through the stub): each
-    problem has its own fastest config, a function of the problem and the candidates alone. With PREFER_TMA
-    the persistent TMA configs are the fastest."""
+    problem (the non-tensor arguments and the constexpr flags: the kernel's variant) has its own fastest config,
+    a function of the problem and the candidates alone. With PREFER_TMA the persistent TMA configs are the
+    fastest."""
     _real_bench(self, *args, config=config, **meta)
     time.sleep(BENCH_SLEEP.get(threading.current_thread().name, 0.0))
     TIMED.append(str(config))
-    problem = [a for a in args if not isinstance(a, torch.Tensor)]
+    flags = sorted((k, v) for k, v in meta.items() if isinstance(v, (bool, int, float)))  # not the grid function
+    problem = [a for a in args if not isinstance(a, torch.Tensor)] + flags
     t = 1.0 + zlib.crc32(f"{config}|{problem}".encode()) / 2**32
     if PREFER_TMA[0] and config.kwargs.get("TMA"):
         t -= 1.0
@@ -113,6 +115,70 @@ def tuning_order(batches: str) -> dict:
                 _gemm(M, N, K, dtype)
                 picks[f"b{batch} {name}"] = str(linear._linear_kernel.best_config)
     return {"picks": picks, "timed": len(TIMED)}
+
+
+def epilogues() -> dict:
+    """Two GEMMs of one (M, N, K), 1576 x 768 x 768 fp16, with different code around the dot, tuned in turn: fc1
+    with the LayerNorm prologue and the GELU epilogue, and fc2 with bias + residual + LayerScale. The pick per
+    variant, how many configs were timed (so how many tunings ran), the autotuner's keys; then each variant again,
+    replayed from the resolved-launch cache: the config each replay ran. A second process given the same
+    TRITON_CACHE_DIR reads each variant's own tuning back from disk (and times nothing)."""
+    M, N, K, dtype = 197 * 8, 768, 768, torch.float16
+    x, w, vector = torch.empty((M, K), dtype=dtype), torch.empty((N, K), dtype=dtype), torch.empty(N, dtype=dtype)
+    residual, norm = torch.empty((M, N), dtype=dtype), {"ln_weight": vector, "ln_bias": vector, "ln_eps": 1e-6}
+    variants = {
+        "ln+fc1 gelu": lambda: linear.launch_linear(x, w, vector, "gelu", **norm),
+        "fc2 bias+res+gamma": lambda: linear.launch_linear(x, w, vector, None, residual, vector),
+    }
+    picks, replayed = {}, {}
+    with _common.tuning():
+        for name, launch in variants.items():
+            launch()
+            picks[name] = str(linear._linear_kernel.best_config)
+        for name, launch in variants.items():
+            launch()
+            replayed[name] = linear._linear_launches.launched_config()
+    return {
+        "picks": picks,
+        "timed": len(TIMED),
+        "keys": len(linear._linear_kernel.cache),
+        "resolved": len(linear._linear_launches.cache),
+        "replayed": replayed,
+    }
+
+
+def launched_config() -> dict:
+    """One GEMM shape launched without tuning, tuned, then again without (replayed from the resolved-launch cache,
+    never through the autotuner), and tuned again in a fresh thread (replayed too): the config each launch recorded
+    for its thread, the autotuner's ``best_config`` after the replayed heuristic launch, and how many configs were
+    timed in all."""
+    M, N, K = 197 * 8, 768, 768
+    x, w = torch.empty((M, K), dtype=torch.float16), torch.empty((N, K), dtype=torch.float16)
+    launches = linear._linear_launches
+    seen = {}
+    linear.launch_linear(x, w)
+    seen["heuristic"] = launches.launched_config()
+    with _common.tuning():
+        linear.launch_linear(x, w)
+    seen["tuned"] = launches.launched_config()
+    linear.launch_linear(x, w)
+    seen["heuristic replayed"] = launches.launched_config()
+    seen["best_config then"] = str(linear._linear_kernel.best_config)
+    other = []
+
+    def tuned_in_a_thread() -> None:
+        with _common.tuning():
+            linear.launch_linear(x, w)
+        other.append(launches.launched_config())
+
+    thread = threading.Thread(target=tuned_in_a_thread)
+    thread.start()
+    thread.join()
+    seen["tuned replayed in another thread"] = other[0]
+    seen["this thread's after it"] = launches.launched_config()
+    seen["timed"] = len(TIMED)
+    seen["configs"] = [str(c) for c in linear._linear_kernel.configs]
+    return seen
 
 
 def misaligned_tma() -> dict:
@@ -285,6 +351,8 @@ def warm_start() -> dict:
 
 SCENARIOS = {
     "tuning_order": tuning_order,
+    "epilogues": epilogues,
+    "launched_config": launched_config,
     "misaligned_tma": misaligned_tma,
     "threads": threads,
     "device": device,

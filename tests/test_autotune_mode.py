@@ -4,6 +4,7 @@ and reloaded by a second process (Triton's autotune cache, run here with Triton'
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vit_fast.kernels import _common, attention, linear, patch_embed
+from vit_fast.kernels import _common, attention, attention_pool, diff_attention, layer_norm, linear, patch_embed
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,6 +34,30 @@ def test_m_classes_respect_what_the_prunes_read():
         assert m <= top and (m <= _common.SMALL_M) == (top <= _common.SMALL_M)
         if m <= _common.SMALL_M:
             assert top // 64 == -(-m // 64)
+
+
+AUTOTUNED = {
+    "linear": linear._linear_kernel,
+    "patch_embed": patch_embed._patch_embed_kernel,
+    "attention": attention._attention_kernel,
+    "attention_pool": attention_pool._attention_pool_kernel,
+    "diff_attention": diff_attention._diff_attention_kernel,
+}
+
+
+@pytest.mark.parametrize("kernel", AUTOTUNED.values(), ids=AUTOTUNED.keys())
+def test_every_feature_flag_is_in_the_autotune_key(kernel):
+    """A constexpr the configs do not set (a prologue, an epilogue, a dtype mode) is code of its own, with its own
+    register pressure and best tile: every one is in the autotune key, so two variants of a kernel at one shape never
+    share a tuning, in memory or in Triton's cache on disk (whose file is keyed on the same tuple). The key names
+    only kernel arguments: triton 3.6 drops an unknown name from the key without a word."""
+    params = inspect.signature(kernel.base_fn).parameters.values()  # annotations as written: "tl.constexpr"
+    set_by_configs = {name for config in kernel.configs for name in config.kwargs}
+    flags = {p.name for p in params if "constexpr" in str(p.annotation)} - set_by_configs
+    assert flags, "a kernel with no flag: nothing to check"
+    assert flags <= set(kernel.keys), sorted(flags - set(kernel.keys))
+    assert set(kernel.keys) <= {p.name for p in params}
+    assert not isinstance(layer_norm._layer_norm_kernel, type(kernel))  # not autotuned: no tuning to share
 
 
 @pytest.mark.parametrize("value, enabled", [("0", False), ("off", False), ("1", True), ("on", True), ("", False)])

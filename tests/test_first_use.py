@@ -1,7 +1,8 @@
 """The safety net at first use (vit_fast/first_use.py): a kernel's first output per (device, triton version,
-dtype, shape class) is judged against eager PyTorch and float64; a kernel that fails falls back to eager PyTorch for
-the process with one warning. Compiled kernels are checked by default; under the interpreter these tests switch it
-on with VIT_FAST_FIRST_USE_CHECK=1, and break a kernel on purpose to see the fallback."""
+dtype, config, shape class) is judged against eager PyTorch and float64; a kernel that fails falls back to eager
+PyTorch for the process with one warning. Compiled kernels are checked by default; under the interpreter these tests
+switch it on with VIT_FAST_FIRST_USE_CHECK=1, and break a kernel (or one config of it) on purpose to see the
+fallback."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import warnings
 
 import pytest
 import torch
+import triton
 
 from vit_fast import doctor, first_use, triton_path
-from vit_fast.kernels import _interpret
+from vit_fast.kernels import _common, _interpret, linear
 
 from .numerics import assert_within_eager
 from .util import tiny_model
@@ -83,6 +85,90 @@ def test_a_wrong_kernel_falls_back_to_eager_for_the_process(monkeypatch):
     assert failed["op"] == "attention" and failed["max_err"] > failed["bound"] and failed["device"] == "cpu"
     seen_by_doctor = doctor.first_use_check()  # vit-fast doctor reports it
     assert seen_by_doctor["status"] == "failed" and "_attention_kernel" in seen_by_doctor["summary"]
+
+
+#: what the GEMM's autotuner picks under tuning() in the tests below: a config other than the heuristic's (32x64x32
+#: under the interpreter), as a GPU's timings may pick
+TUNED = triton.Config({"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 2, "TMA": 0}, num_warps=4)
+GEMM_OPS = {"linear", "layer_norm_linear"}
+
+
+@pytest.fixture
+def tuned_gemm(monkeypatch) -> str:
+    """Under tuning() the GEMM's autotuner picks TUNED (the interpreter cannot time configs, and its prune keeps the
+    heuristic's pick only); its cache starts empty and is put back afterwards. The heuristic path is untouched (it
+    calls the prune directly). Returns TUNED's label, as findings name it."""
+    kernel = linear._linear_kernel
+    monkeypatch.setattr(kernel, "cache", {})
+    monkeypatch.setattr(kernel, "early_config_prune", lambda configs, named_args, **kwargs: [TUNED])
+    # triton 3.6 times even a lone config (3.9 does not): a stand-in benchmarker, so no GPU is asked for
+    monkeypatch.setitem(vars(kernel), "do_bench", lambda fn, quantiles=None: [1.0, 1.0, 1.0])
+    return str(TUNED)
+
+
+def _judged(monkeypatch) -> list[tuple]:
+    """The keys first_use.check is asked to judge, in order."""
+    judged, real_check = [], first_use.check
+    monkeypatch.setattr(first_use, "check", lambda key, *a, **k: judged.append(key) or real_check(key, *a, **k))
+    return judged
+
+
+def test_a_tuned_config_is_checked_after_the_heuristic_one(monkeypatch, tuned_gemm):
+    """An untuned forward checks the heuristic configs; the same forward tuned runs the GEMMs with another config,
+    which is checked in its turn (the forward cleared without tuning is not cleared with it), and the finding names
+    it; the kernels whose tuned config is the heuristic's are not judged twice. Afterwards both modes are cleared."""
+    model, x = _model_and_input()
+    judged = _judged(monkeypatch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing fails, nothing warns
+        _triton_forward(model, x)
+        untuned = len(judged)
+        heuristic = {f["config"] for f in first_use.report()["checked"] if f["op"] in GEMM_OPS}
+        with _common.tuning():
+            _triton_forward(model, x)
+    assert tuned_gemm not in heuristic
+    tuned = judged[untuned:]
+    assert {key[0] for key in tuned} == GEMM_OPS and all(key[4] == tuned_gemm for key in tuned)
+    findings = [f for f in first_use.report()["checked"] if f["config"] == tuned_gemm]
+    assert {f["op"] for f in findings} == GEMM_OPS and all(f["passed"] for f in findings)
+    checked = len(judged)
+    with _common.tuning():
+        _triton_forward(model, x)
+    _triton_forward(model, x)
+    assert len(judged) == checked
+    with torch.no_grad():
+        assert triton_path._ops_for(model, x) is triton_path._DIRECT  # cleared: one lookup
+        monkeypatch.setenv("VIT_FAST_TMA", "0")  # another switch that decides configs: under the net again
+        assert triton_path._ops_for(model, x) is triton_path._CHECKED_DIRECT
+
+
+def test_a_wrong_tuned_config_falls_back_to_eager(monkeypatch, tuned_gemm):
+    """The GEMM is right with its heuristic config and wrong (output + 0.5) only with the tuned one: the untuned
+    forward passes; the tuned forward's GEMMs are judged, fail, and fall back to eager PyTorch with a warning naming
+    the tuned config, and the model's output still meets the numerics rule."""
+    model, x = _model_and_input()
+    with torch.no_grad():
+        eager = model(x)  # torch backend
+        ref64 = copy.deepcopy(model).double()(x.double())
+    out_index = linear._linear_launches.arg_names.index("out_ptr")
+    real_triton = _common.ResolvedLaunches._triton
+
+    def wrong_when_tuned(self, grid, args, constexprs):
+        run, config = real_triton(self, grid, args, constexprs)
+        if self is linear._linear_launches and str(config) == tuned_gemm:
+            args[out_index].add_(0.5)
+        return run, config
+
+    monkeypatch.setattr(_common.ResolvedLaunches, "_triton", wrong_when_tuned)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _triton_forward(model, x)  # the heuristic configs: right
+    with pytest.warns(RuntimeWarning, match=r"_linear_kernel \(BLOCK_M: 16, .*runs in eager PyTorch"):
+        with _common.tuning():
+            out = _triton_forward(model, x)
+    assert first_use.failed_ops() == GEMM_OPS
+    assert all(f["config"] == tuned_gemm for f in first_use.report()["failed"])
+    assert_within_eager(out, eager, ref64, "logits with the tuned GEMM fallen back")
 
 
 def test_off_switch(monkeypatch):

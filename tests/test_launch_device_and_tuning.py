@@ -58,6 +58,36 @@ def test_tuning_order_does_not_change_the_picks(tmp_path):
     assert len(set(alone.values())) > 1  # the stubbed timings make the picks differ between problems
 
 
+def test_each_epilogue_has_its_own_tuning_in_memory_and_on_disk(tmp_path):
+    """fc1 with the LayerNorm prologue and GELU, and fc2 with residual + LayerScale, at one (M, N, K): two tunings
+    (22 candidates each for 1576 x 768 x 768 fp16 on sm_90) under two autotune keys, and with the stub's timings
+    (a function of the problem, the kernel's flags included) two different picks; where the key held only the
+    shapes, fc2 took fc1's tuning. The resolved launches keep them apart too: each replay runs its own pick. A second
+    process with the same Triton cache reads each variant's own pick back and times nothing."""
+    first = _scenario(tmp_path, "epilogues")
+    assert first["timed"] == 2 * 22 and first["keys"] == 2
+    assert len(set(first["picks"].values())) == 2
+    assert first["resolved"] == 2 and first["replayed"] == first["picks"]
+    again = _scenario(tmp_path, "epilogues")  # the same TRITON_CACHE_DIR
+    assert again["timed"] == 0
+    assert again["picks"] == first["picks"]
+
+
+def test_each_launch_records_the_config_it_ran(tmp_path):
+    """A shape launched with the heuristic config, then tuned (another config, here), then with the heuristic again:
+    the replayed launch (from the resolved-launch cache, not through the autotuner, whose best_config still names
+    the tuned pick) records the heuristic config; a tuned replay in another thread records the tuned one for that
+    thread only. What the first-use net keys its checks on (vit_fast/triton_path.py)."""
+    seen = _scenario(tmp_path, "launched_config")
+    assert seen["heuristic"] in seen["configs"] and seen["tuned"] in seen["configs"]
+    assert seen["tuned"] != seen["heuristic"]
+    assert seen["heuristic replayed"] == seen["heuristic"]
+    assert seen["best_config then"] == seen["tuned"]  # why the autotuner's best_config cannot be asked
+    assert seen["tuned replayed in another thread"] == seen["tuned"]
+    assert seen["this thread's after it"] == seen["heuristic"]
+    assert seen["timed"] == 22  # tuned once: every later launch was a replay
+
+
 def test_misaligned_operands_never_get_a_tma_config(tmp_path):
     """A shape tuned to a persistent TMA config with aligned operands; the same shape with a row stride or a base
     TMA cannot read takes pointer tiles, tuned or heuristic. A fresh thread running the TMA config has Triton's
@@ -100,7 +130,7 @@ def test_warm_start_and_tuning_cached_per_key(tmp_path):
     assert result["tuned_timed"] > 0 and result["tuned_compiles"] > len(result["default"])
     assert result["again_compiles"] == 0 and result["again_timed"] == 0
     assert result["default_after_tuning_compiles"] == 0
-    tune_flags = {key[5] for key in result["linear_keys"]}  # (M_CLASS, N, K, ARCH, TMA_OK, TUNE, dtypes...)
+    tune_flags = {key[5] for key in result["linear_keys"]}  # (M_CLASS, N, K, ARCH, TMA_OK, TUNE, flags..., dtypes)
     assert tune_flags == {"1"}
     # the slow first uses are announced, once each per process (the warm start: seconds; tuning: minutes)
     assert result["said_default"].count("vit-fast: compiling the Triton kernels") == 1, result["said_default"]

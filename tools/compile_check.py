@@ -361,7 +361,8 @@ def _vit_b16_gemms(b: int):
 
 
 #: ViT-B/16's GEMMs whose every kept config is checked (the others: the heuristic's pick only): the LayerNorm
-#: prologue with the erf GELU epilogue, the heaviest in registers (the kept tiles are the same for all four)
+#: prologue with the erf GELU epilogue, the heaviest in registers (the prune reads shapes only, so it keeps the same
+#: tiles for all four; each prologue / epilogue is tuned among them on its own: its flags are in the autotune key)
 VIT_B16_EVERY_CONFIG = ("ln+fc1",)
 
 # the sweep: the ViT-B/16 block's GEMMs at batch 8 with every epilogue, and batch 1's narrow tiles

@@ -1,14 +1,18 @@
 """The safety net at first use: each kernel proves itself on the user's card before its output is trusted.
 
-The first time a kernel runs compiled for a (device, triton version, dtype, shape class), its output is compared
-with the eager reference on that same input, both judged against a float64 computation of it by the project's one
-numerics rule (``vit_fast.numerics``). On a mismatch the op falls back to eager PyTorch for the rest of the process,
-with one warning naming the kernel, its config and the device; ``vit-fast doctor`` reports it too (:func:`report`).
+The first time a kernel runs compiled for a (device, triton version, dtype, config, shape class), its output is
+compared with the eager reference on that same input, both judged against a float64 computation of it by the
+project's one numerics rule (``vit_fast.numerics``). On a mismatch the op falls back to eager PyTorch for the rest of
+the process, with one warning naming the kernel, its config and the device; ``vit-fast doctor`` reports it too
+(:func:`report`). The config is the one that ran: a tuned config picked later for a shape class already checked with
+the heuristic's (``model.warmup(tune=True)`` after an untuned first forward, ``VIT_FAST_AUTOTUNE=1`` set later) is
+judged on its own first use.
 
-Cost: once per new (op, shape class): the op again in eager PyTorch in the same dtype and in float64, and a copy of
-the outputs to the host: about the price of three eager forwards, on the first forward of each batch-size class.
-Afterwards a forward whose shapes have all been checked pays one dictionary lookup. Only plain eager inference is
-checked (not autograd, tracing, export or CUDA-graph capture, where a float64 side computation has no place).
+Cost: once per new (op, config, shape class): the op again in eager PyTorch in the same dtype and in float64, and a
+copy of the outputs to the host: about the price of three eager forwards, on the first forward of each batch-size
+class (in each tuning mode). Afterwards a forward whose shapes have all been checked in its tuning mode pays one
+dictionary lookup. Only plain eager inference is checked (not autograd, tracing, export or CUDA-graph capture, where
+a float64 side computation has no place).
 
 ``VIT_FAST_FIRST_USE_CHECK=0`` turns it off; ``=1`` turns it on under Triton's interpreter too (off there by
 default: the interpreter is what the test suite checks against float64 already).
@@ -128,21 +132,23 @@ def check(
     args: tuple,
     kwargs: dict,
     dtype: torch.dtype,
+    config: str | None = None,
 ) -> bool:
-    """Judge a kernel's first output ``out`` for ``key``: ``reference(*args, **kwargs)`` is eager PyTorch in
-    ``dtype``, the same with float64 tensors the reference both are measured against. Records the finding; on a
-    failure warns once for the op and returns False (the caller then returns eager's output instead)."""
+    """Judge a kernel's first output ``out`` for ``key`` (its last item the shape class): ``reference(*args,
+    **kwargs)`` is eager PyTorch in ``dtype``, the same with float64 tensors the reference both are measured
+    against. ``config``: the config the launch ran with (``ResolvedLaunches.launched_config``; None for a kernel
+    that is not autotuned). Records the finding; on a failure warns once for the op and returns False (the caller
+    then returns eager's output instead)."""
     ref64 = reference(*map(_to_float64, args), **{k: _to_float64(v) for k, v in kwargs.items()})
     eager = reference(*args, **kwargs)
     eager_err, err = numerics.max_err(eager, ref64), numerics.max_err(out, ref64)
     limit = numerics.bound(eager_err, dtype, numerics.scale_of(ref64))
     passed = bool(err <= limit)  # a NaN error fails
-    config = getattr(kernel, "best_config", None)
     device = out.device
     finding = Finding(
         op=op,
         kernel=getattr(getattr(kernel, "fn", kernel), "__name__", str(kernel)),
-        config=str(config) if config is not None else "one config (not autotuned)",
+        config=config if config is not None else "one config (not autotuned)",
         device=device_name(device),
         dtype=str(dtype).replace("torch.", ""),
         shape_class=str(key[-1]),

@@ -41,7 +41,7 @@ from vit_fast.kernels import diff_attention as _diff_attention_module
 from vit_fast.kernels import layer_norm as _layer_norm_module
 from vit_fast.kernels import linear as _linear_module
 from vit_fast.kernels import patch_embed as _patch_embed_module
-from vit_fast.kernels._common import eager_direct, m_class
+from vit_fast.kernels._common import config_mode, eager_direct, m_class
 from vit_fast.kernels._switches import switch
 from vit_fast.kernels.attention import attention, attention_ref, launch_attention
 from vit_fast.kernels.attention_pool import attention_pool, attention_pool_ref, launch_attention_pool
@@ -135,16 +135,21 @@ def _layer_norm_ref(x, weight, bias, eps):
 
 class _CheckedOps(_Ops):
     """The same ops under the first-use safety net (:mod:`vit_fast.first_use`): a kernel's first output per
-    (op, device, triton version, dtype, shape class) is judged against eager PyTorch and float64; an op that failed
-    runs in eager PyTorch (its ``*_ref``) from then on."""
+    (op, device, triton version, dtype, config, shape class) is judged against eager PyTorch and float64; an op that
+    failed runs in eager PyTorch (its ``*_ref``) from then on. The config is the one the launch ran with, as the
+    kernel's ResolvedLaunches recorded it for this thread: a tuned config picked later for a shape class checked
+    with the heuristic one is judged in its turn."""
 
-    def _run(self, op, kernel, dtype, shape_class, launch, reference, args, kwargs=None) -> torch.Tensor:
+    def _run(self, op, launches, dtype, shape_class, launch, reference, args, kwargs=None) -> torch.Tensor:
         kwargs = kwargs or {}
         if op in first_use.failed_ops():
             return reference(*args, **kwargs)
         out = launch()
-        key = (op, str(out.device), triton.__version__, dtype, shape_class)
-        if first_use.is_checked(key) or first_use.check(key, op, kernel, out, reference, args, kwargs, dtype):
+        config = launches.launched_config()
+        key = (op, str(out.device), triton.__version__, dtype, config, shape_class)
+        if first_use.is_checked(key) or first_use.check(
+            key, op, launches.kernel, out, reference, args, kwargs, dtype, config=config
+        ):
             return out
         return reference(*args, **kwargs)
 
@@ -157,76 +162,80 @@ class _CheckedOps(_Ops):
         )
         args = (x, lin.weight, lin.bias, act, residual, gamma)
         launch = lambda: _Ops.linear(self, x, lin, act, residual, gamma)  # noqa: E731
-        return self._run("linear", _linear_module._linear_kernel, x.dtype, shape, launch, linear_ref, args)
+        return self._run("linear", _linear_module._linear_launches, x.dtype, shape, launch, linear_ref, args)
 
     def norm_linear(self, norm: nn.LayerNorm, x, lin: nn.Linear, act) -> torch.Tensor:
         shape = (m_class(x.numel() // x.shape[-1]), tuple(lin.weight.shape), act, lin.bias is not None)
         args = (x, norm.weight, norm.bias, norm.eps, lin.weight, lin.bias, act)
         launch = lambda: _Ops.norm_linear(self, norm, x, lin, act)  # noqa: E731
-        kernel = _linear_module._linear_kernel
-        return self._run("layer_norm_linear", kernel, x.dtype, shape, launch, layer_norm_linear_ref, args)
+        launches = _linear_module._linear_launches
+        return self._run("layer_norm_linear", launches, x.dtype, shape, launch, layer_norm_linear_ref, args)
 
     def attention(self, qkv, num_heads: int, scale: float) -> torch.Tensor:
         batch, tokens, width = qkv.shape
         shape = (m_class(batch * tokens), tokens, num_heads, width // (3 * num_heads))
         launch = lambda: _Ops.attention(self, qkv, num_heads, scale)  # noqa: E731
-        kernel = _attention_module._attention_kernel
-        return self._run("attention", kernel, qkv.dtype, shape, launch, attention_ref, (qkv, num_heads, scale))
+        launches = _attention_module._attention_launches
+        return self._run("attention", launches, qkv.dtype, shape, launch, attention_ref, (qkv, num_heads, scale))
 
     def diff_attention(self, qkv, lambda_full, norm_weight, num_heads: int, lambda_init, scale, eps) -> torch.Tensor:
         batch, tokens, width = qkv.shape
         shape = (m_class(batch * tokens), tokens, num_heads, width // (6 * num_heads))
         args = (qkv, lambda_full, norm_weight, num_heads, lambda_init, scale, eps)
         launch = lambda: _Ops.diff_attention(self, *args)  # noqa: E731
-        kernel = _diff_attention_module._diff_attention_kernel
-        return self._run("diff_attention", kernel, qkv.dtype, shape, launch, diff_attention_ref, args)
+        launches = _diff_attention_module._diff_attention_launches
+        return self._run("diff_attention", launches, qkv.dtype, shape, launch, diff_attention_ref, args)
 
     def attention_pool(self, q, kv, num_heads: int, scale: float) -> torch.Tensor:
         batch, tokens, width = kv.shape
         shape = (m_class(batch), tokens, q.shape[0], q.shape[1], num_heads, width // (2 * num_heads))
         args = (q, kv, num_heads, scale)
         launch = lambda: _Ops.attention_pool(self, *args)  # noqa: E731
-        kernel = _attention_pool_module._attention_pool_kernel
-        return self._run("attention_pool", kernel, kv.dtype, shape, launch, attention_pool_ref, args)
+        launches = _attention_pool_module._attention_pool_launches
+        return self._run("attention_pool", launches, kv.dtype, shape, launch, attention_pool_ref, args)
 
     def layer_norm(self, norm: nn.LayerNorm, x) -> torch.Tensor:
         shape = (m_class(x.numel() // x.shape[-1]), x.shape[-1])
         launch = lambda: _Ops.layer_norm(self, norm, x)  # noqa: E731
-        kernel = _layer_norm_module._layer_norm_kernel
+        launches = _layer_norm_module._layer_norm_launches
         args = (x, norm.weight, norm.bias, norm.eps)
-        return self._run("layer_norm", kernel, x.dtype, shape, launch, _layer_norm_ref, args)
+        return self._run("layer_norm", launches, x.dtype, shape, launch, _layer_norm_ref, args)
 
     def rms_norm(self, norm: nn.Module, x) -> torch.Tensor:
         shape = (m_class(x.numel() // x.shape[-1]), x.shape[-1])
         launch = lambda: _Ops.rms_norm(self, norm, x)  # noqa: E731
-        kernel = _layer_norm_module._layer_norm_kernel
+        launches = _layer_norm_module._layer_norm_launches
         args = (x, norm.weight, None, norm.eps)
-        return self._run("rms_norm", kernel, x.dtype, shape, launch, rms_norm_ref, args)
+        return self._run("rms_norm", launches, x.dtype, shape, launch, rms_norm_ref, args)
 
     def rms_norm_linear(self, norm: nn.Module, x, lin: nn.Linear, act) -> torch.Tensor:
         shape = (m_class(x.numel() // x.shape[-1]), tuple(lin.weight.shape), act, lin.bias is not None)
         args = (x, norm.weight, None, norm.eps, lin.weight, lin.bias, act)
         launch = lambda: _Ops.rms_norm_linear(self, norm, x, lin, act)  # noqa: E731
-        kernel = _linear_module._linear_kernel
-        return self._run("rms_norm_linear", kernel, x.dtype, shape, launch, rms_norm_linear_ref, args)
+        launches = _linear_module._linear_launches
+        return self._run("rms_norm_linear", launches, x.dtype, shape, launch, rms_norm_linear_ref, args)
 
     def patch_embed(self, x, *args, **kwargs) -> torch.Tensor:
         weight = args[0]
         shape = (m_class(x.shape[0]), tuple(x.shape[1:]), str(x.dtype), tuple(weight.shape))
         launch = lambda: _Ops.patch_embed(self, x, *args, **kwargs)  # noqa: E731
-        kernel = _patch_embed_module._patch_embed_kernel
-        return self._run("patch_embed", kernel, weight.dtype, shape, launch, patch_embed_ref, (x, *args), kwargs)
+        launches = _patch_embed_module._patch_embed_launches
+        return self._run("patch_embed", launches, weight.dtype, shape, launch, patch_embed_ref, (x, *args), kwargs)
 
 
 _DIRECT, _THROUGH_OPS = _Ops(direct=True), _Ops(direct=False)
 _CHECKED_DIRECT, _CHECKED_THROUGH = _CheckedOps(direct=True), _CheckedOps(direct=False)
 
-#: per model, the forwards (input shape, dtype, device, LayerNorm folding) whose every op passed its first-use check
+#: per model, the forwards (input shape, dtype, device, LayerNorm folding, config mode) whose every op passed its
+#: first-use check
 _CLEARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _forward_key(model: VisionTransformer, x: torch.Tensor) -> tuple:
-    return x.shape, x.dtype, x.device, _layer_norm_fused(model)
+    """What a cleared forward is known by: its input and everything else that decides which kernels and configs it
+    launches (``_common.config_mode``: tuning on or off, the TMA switch). A forward cleared with the heuristic
+    configs is not cleared for the tuned ones: its first tuned run goes through the net again."""
+    return x.shape, x.dtype, x.device, _layer_norm_fused(model), config_mode()
 
 
 def _ops_for(model: VisionTransformer, x: torch.Tensor) -> _Ops:
