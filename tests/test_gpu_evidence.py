@@ -90,7 +90,7 @@ def test_every_phase_runs_with_the_driver_stubbed_and_writes_the_six_files(tmp_p
     graph = next(r for r in results["perf"] if r["label"] == "torch+graph")
     assert graph["status"] == "unavailable" and "CUDA" in graph["notes"]
     torch_rows = [r for r in results["perf"] if r["label"] == "torch"]
-    assert all(r["status"] == "ok" and r["n"] >= 20 and r["agrees_with_torch"] for r in torch_rows)
+    assert all(r["status"] == "ok" and r["n"] >= 5 and r["agrees_with_torch"] for r in torch_rows), torch_rows
     # torch.compile (fullgraph, dynamic=False) runs on a CPU too (inductor's C++ backend), checked against torch
     compiled = {r["label"]: r for r in results["compile"]}
     assert set(compiled) == {"compile(torch)", "compile(timm)"}
