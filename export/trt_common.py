@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from vit_fast.dtypes import TRT_TYPES
+from vit_fast.env import install_hint
 
 from ._common import ArtifactError
 
@@ -30,8 +31,8 @@ def require_tensorrt() -> Any:
         import tensorrt as trt
     except ImportError as err:
         raise RuntimeError(
-            "TensorRT is not installed here (import tensorrt failed: "
-            f"{err}); it needs an NVIDIA GPU and `pip install tensorrt` (TensorRT 10) from NVIDIA's index"
+            f"TensorRT is not installed here (import tensorrt failed: {err}); it needs an NVIDIA GPU and the "
+            f"tensorrt extra (TensorRT 10 and polygraphy): {install_hint('tensorrt')}"
         ) from err
     if int(trt.__version__.split(".")[0]) < 10:
         raise RuntimeError(f"vit-fast needs TensorRT >= 10, found {trt.__version__}")
@@ -45,7 +46,7 @@ def require_polygraphy() -> Any:
     except ImportError as err:
         raise RuntimeError(
             f"polygraphy is not installed here (import polygraphy failed: {err}); vit-fast builds and runs TensorRT "
-            "engines through it: pip install 'vit-fast[tensorrt]' (or pip install polygraphy)"
+            f"engines through it: {install_hint('tensorrt')} (or pip install polygraphy)"
         ) from err
     return pg
 

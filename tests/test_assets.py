@@ -7,7 +7,7 @@ import importlib.util
 import pytest
 import torch
 
-pytest.importorskip("sklearn", reason="the embedded digits data needs scikit-learn (pip install 'vit-fast[demo]')")
+pytest.importorskip("sklearn", reason="the embedded digits data needs scikit-learn (pip install -e '.[demo]')")
 
 from vit_fast import VisionTransformer, ViTConfig, load_model  # noqa: E402
 from vit_fast.assets import (  # noqa: E402
@@ -129,7 +129,7 @@ def test_missing_sklearn_names_the_extra(monkeypatch):
 
     for name in ("sklearn", "sklearn.datasets", "sklearn.model_selection"):
         monkeypatch.setitem(sys.modules, name, None)  # import of a None entry raises ImportError
-    with pytest.raises(ImportError, match=r"pip install 'vit-fast\[demo\]'"):
+    with pytest.raises(ImportError, match=r"scikit-learn: pip install -e '\.\[demo\]' in a vit-fast checkout"):
         assets._load_digits_raw()
-    with pytest.raises(ImportError, match=r"pip install 'vit-fast\[demo\]'"):
+    with pytest.raises(ImportError, match=r"scikit-learn: pip install -e '\.\[demo\]' in a vit-fast checkout"):
         assets.split_indices([0, 1] * 10)

@@ -396,7 +396,7 @@ def test_serve_without_its_extra_says_how_to_install_it(user_folder, capsys):
     before = _snapshot(user_folder)
     assert main(["serve", "default"]) == 1
     err = capsys.readouterr().err
-    assert "Traceback" not in err and "pip install 'vit-fast[serve]'" in err and "numpy < 2" in err
+    assert "Traceback" not in err and "pip install -e '.[serve]' in a vit-fast checkout" in err and "numpy < 2" in err
     assert _snapshot(user_folder) == before
 
 

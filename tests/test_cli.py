@@ -72,7 +72,10 @@ def _raising(monkeypatch, err: BaseException) -> None:
         (FileNotFoundError("checkpoint 'a.pth' does not exist"), "checkpoint 'a.pth' does not exist"),
         (RuntimeError("the triton backend needs a CUDA GPU;\n set TRITON_INTERPRET=1"), "needs a CUDA GPU; set"),
         (_args.CommandError("--out 'x' cannot be a folder"), "--out 'x' cannot be a folder"),
-        (ModuleNotFoundError("No module named 'onnx'", name="onnx"), "(pip install 'vit-fast[onnx]')"),
+        (
+            ModuleNotFoundError("No module named 'onnx'", name="onnx"),
+            "(the onnx extra: pip install -e '.[onnx]' in a vit-fast checkout)",
+        ),
     ],
 )
 def test_user_errors_are_one_line_and_exit_1(monkeypatch, capsys, err, line):

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-pytest.importorskip("sklearn", reason="the demo needs scikit-learn (pip install 'vit-fast[demo]')")
+pytest.importorskip("sklearn", reason="the demo needs scikit-learn (pip install -e '.[demo]')")
 
 from vit_fast.cli import main  # noqa: E402
 
@@ -137,7 +137,9 @@ def test_demo_without_matplotlib_notes_it_in_one_line_and_does_not_fail(tmp_path
     report = _report(out)
     figs = next(s for s in report["steps"] if s["name"] == "figures")
     assert code == 0 and report["ok"] and figs["status"] == "skipped"
-    assert figs["summary"] == "matplotlib is not installed, so no pictures were drawn: pip install 'vit-fast[demo]'"
+    assert figs["summary"] == (
+        "matplotlib is not installed, so no pictures were drawn: pip install -e '.[demo]' in a vit-fast checkout"
+    )
     noted = [line.split() for line in printed.out.splitlines() if "matplotlib is not installed" in line]
     assert len(noted) == 1 and noted[0][:2] == ["figures", "skipped"]  # one table row, not a failure
     assert not list(out.glob("*.png"))

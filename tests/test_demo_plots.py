@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("sklearn", reason="the embedded digits data needs scikit-learn (pip install 'vit-fast[demo]')")
+pytest.importorskip("sklearn", reason="the embedded digits data needs scikit-learn (pip install -e '.[demo]')")
 
 from vit_fast import demo_plots  # noqa: E402
 from vit_fast.assets import load_default_eval_set, load_default_model  # noqa: E402
@@ -133,11 +133,11 @@ def test_timing_bars_carry_the_steps_numbers_unchanged():
 def test_matplotlib_missing_is_a_one_line_note(monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
     note = demo_plots.matplotlib_missing()
-    assert note is not None and "\n" not in note and "pip install 'vit-fast[demo]'" in note
+    assert note is not None and "\n" not in note and "pip install -e '.[demo]' in a vit-fast checkout" in note
 
 
 def test_write_figures_writes_four_pngs_of_the_stated_size_from_the_given_numbers(digits, tmp_path):
-    pytest.importorskip("matplotlib", reason="the pictures need matplotlib (pip install 'vit-fast[demo]')")
+    pytest.importorskip("matplotlib", reason="the pictures need matplotlib (pip install -e '.[demo]')")
     model, images, labels = digits
     with torch.no_grad():
         predictions = model(images).argmax(-1)
@@ -166,7 +166,7 @@ def test_write_figures_writes_four_pngs_of_the_stated_size_from_the_given_number
 
 
 def test_write_figures_without_a_timing_step_draws_the_other_three(digits, tmp_path):
-    pytest.importorskip("matplotlib", reason="the pictures need matplotlib (pip install 'vit-fast[demo]')")
+    pytest.importorskip("matplotlib", reason="the pictures need matplotlib (pip install -e '.[demo]')")
     model, images, labels = digits
     skipped = {"name": "timing", "status": "skipped", "summary": "--skip-timing"}
     predictions = labels.clone()  # any predictions will do: the picture draws what it is given
@@ -177,7 +177,7 @@ def test_write_figures_without_a_timing_step_draws_the_other_three(digits, tmp_p
 
 
 def test_timing_picture_with_torch_only_and_a_wide_spread(tmp_path):
-    pytest.importorskip("matplotlib", reason="the pictures need matplotlib (pip install 'vit-fast[demo]')")
+    pytest.importorskip("matplotlib", reason="the pictures need matplotlib (pip install -e '.[demo]')")
     step = timing_step(with_ort=False)
     step["cases"]["1"]["torch"]["p90_ms"] = 100 * step["cases"]["1"]["torch"]["p10_ms"]  # a busy machine: log axis
     png = demo_plots.draw_timing(demo_plots.timing_bars(step), step["clock"], step["threads"])

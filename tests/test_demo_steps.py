@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-pytest.importorskip("sklearn", reason="the demo needs scikit-learn (pip install 'vit-fast[demo]')")
+pytest.importorskip("sklearn", reason="the demo needs scikit-learn (pip install -e '.[demo]')")
 
 from vit_fast.cli import main  # noqa: E402
 from vit_fast.demo import STEPS, DemoSettings, _timing_step  # noqa: E402

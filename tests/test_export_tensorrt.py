@@ -102,7 +102,10 @@ def test_bad_files(onnx_files, tmp_path):
 
 @pytest.mark.skipif(_tensorrt_missing() is None, reason="tensorrt is importable here")
 def test_missing_tensorrt_is_reported(onnx_files, model, tmp_path):
-    with pytest.raises(RuntimeError, match=r"TensorRT is not installed here.*pip install tensorrt"):
+    installed = (
+        r"TensorRT is not installed here.*the tensorrt extra.*pip install -e '\.\[tensorrt\]' in a vit-fast checkout"
+    )
+    with pytest.raises(RuntimeError, match=installed):
         export.to_tensorrt(onnx_files["fp32"], tmp_path / "m.plan", batch=(1, 4, 16), model=model)
     plan = tmp_path / "m.plan"
     plan.write_bytes(b"engine bytes")
@@ -594,7 +597,8 @@ def test_polygraphy_errors_become_ours():
 def test_missing_polygraphy_is_reported(monkeypatch):
     monkeypatch.setitem(sys.modules, "polygraphy", None)  # import polygraphy now raises ImportError
     monkeypatch.delitem(sys.modules, "polygraphy.backend", raising=False)
-    with pytest.raises(RuntimeError, match=r"polygraphy is not installed here.*pip install 'vit-fast\[tensorrt\]'"):
+    installed = r"polygraphy is not installed here.*pip install -e '\.\[tensorrt\]' in a vit-fast checkout"
+    with pytest.raises(RuntimeError, match=installed):
         trt_common.require_polygraphy()
 
 

@@ -3,9 +3,7 @@
 import pytest
 import torch
 
-transformers = pytest.importorskip(
-    "transformers", reason="transformers is not installed (pip install 'vit-fast[test]')"
-)
+transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[test]')")
 
 import vit_fast  # noqa: E402
 from vit_fast.checkpoints import load_checkpoint  # noqa: E402

@@ -43,7 +43,7 @@ def test_verify_triton_needs_gpu_or_interpreter(monkeypatch):
 
 
 def test_verify_cli_default_triton_caps_the_labelled_set_in_the_interpreter(capsys):
-    pytest.importorskip("sklearn", reason="scikit-learn rebuilds the held-out set (pip install 'vit-fast[demo]')")
+    pytest.importorskip("sklearn", reason="scikit-learn rebuilds the held-out set (pip install -e '.[demo]')")
     assert cli.main(["verify", "default", "triton", "--batch", "1", "--seed", "0", "--limit", "8"]) == 0
     captured = capsys.readouterr()
     assert "accuracy on the first 8 of 360 labelled images" in captured.err

@@ -45,7 +45,7 @@ from .bench import summarize, time_callable
 from .bench.settings import cpu_threads_for_load
 from .demo_settings import ONNX_NAME, ONNX_REPORT, DemoSettings
 from .dtypes import dtype_name, native_dtype
-from .env import collect_environment, module_version
+from .env import collect_environment, install_hint, module_version
 from .export import VerifyOptions, is_vit_fast_artifact, to_onnx, verify
 from .export.runners import OrtRunner
 from .files import check_files_in, markdown_mark, write_atomic
@@ -205,7 +205,7 @@ def _triton_on_gpu(model: Any, images: torch.Tensor, labels: torch.Tensor, seed:
 def _onnx_step(model: Any, images: torch.Tensor, labels: torch.Tensor, s: DemoSettings, stages: Stages) -> dict:
     for module in ("onnx", "onnxruntime"):
         if importlib.util.find_spec(module) is None:
-            return _step("onnx", "skipped", f"{module} is not installed: pip install 'vit-fast[onnx]'")
+            return _step("onnx", "skipped", f"{module} is not installed: {install_hint('onnx')}")
     # the dynamo exporter warns that torchvision's detection ops are not registered: noise for a ViT
     logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
     t = time.perf_counter()

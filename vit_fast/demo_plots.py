@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .env import install_hint
 from .files import png_metadata, write_atomic
 
 #: dots per inch of every picture; the sizes below are in inches, so a picture is SIZES_IN * DPI pixels
@@ -61,7 +62,7 @@ LOG_SPREAD = 10.0
 def matplotlib_missing() -> str | None:
     """None when matplotlib can be imported, else the one-line note the demo reports instead of pictures."""
     if importlib.util.find_spec("matplotlib") is None:
-        return "matplotlib is not installed, so no pictures were drawn: pip install 'vit-fast[demo]'"
+        return f"matplotlib is not installed, so no pictures were drawn: {install_hint('demo')}"
     return None
 
 

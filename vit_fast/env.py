@@ -67,6 +67,33 @@ def importable_version(module: str) -> tuple[str | None, str | None]:
     return version, None
 
 
+#: vit-fast's extras, the keys of pyproject.toml's [project.optional-dependencies] (tests/test_install.py holds
+#: the two to the same names)
+EXTRAS = ("onnx", "tensorrt", "bench", "demo", "serve", "test", "dev")
+#: a module that may be missing -> the extra that installs it, for the one-line error of a missing import
+MODULE_EXTRAS = {
+    "onnx": "onnx",
+    "onnxruntime": "onnx",
+    "onnxscript": "onnx",
+    "sklearn": "demo",
+    "matplotlib": "bench",
+    "tqdm": "bench",
+    "tensorrt": "tensorrt",
+    "polygraphy": "tensorrt",
+}
+
+
+def install_hint(extra: str | None = None) -> str:
+    """How to install vit-fast (``extra=None``) or one of its ``EXTRAS`` into the running Python, as every message
+    that names an install says it: ``pip install -e '.[serve]' in a vit-fast checkout``. vit-fast is not on PyPI, so
+    the command installs the checkout (or a wheel built from it by ``make wheel``); pip keeps the torch already
+    installed there."""
+    if extra is not None and extra not in EXTRAS:
+        raise ValueError(f"vit-fast has no extra {extra!r}; its extras are {', '.join(EXTRAS)}")
+    target = "." if extra is None else f"'.[{extra}]'"
+    return f"pip install -e {target} in a vit-fast checkout"
+
+
 SOURCE_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -398,9 +425,7 @@ def collect_info() -> dict[str, Any]:
         backends["triton"] = "yes, under TRITON_INTERPRET=1 (slow; for tests)"
     else:
         backends["triton"] = "no GPU here: set TRITON_INTERPRET=1 to run the kernels in the interpreter"
-    backends["onnxruntime"] = (
-        f"yes ({', '.join(ort_providers)})" if ort_providers else "no: pip install 'vit-fast[onnx]'"
-    )
+    backends["onnxruntime"] = f"yes ({', '.join(ort_providers)})" if ort_providers else f"no: {install_hint('onnx')}"
     backends["tensorrt"] = (
         "yes" if info["tensorrt"] and runtime.cuda_available() else "no: needs the tensorrt package and a CUDA GPU"
     )

@@ -16,7 +16,7 @@ from pathlib import Path
 #: filled by the load tests, printed in the terminal summary so CI logs show the figures
 LOAD_TEST_REPORTS: list[str] = []
 
-NEEDS_SERVE = "needs the serve extra (pip install 'vit-fast[serve]', numpy < 2): run `make test-serve`"
+NEEDS_SERVE = "needs the serve extra (pip install -e '.[serve]', numpy < 2): run `make test-serve`"
 
 #: `vit-fast serve ...` through the CLI module itself (independent of how the top-level parser wires it)
 SERVE_SCRIPT = (

@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from vit_fast.env import install_hint
+
 ASSETS_DIR = Path(__file__).resolve().parent
 WEIGHTS_FILE = ASSETS_DIR / "digits_vit.safetensors"
 INFO_FILE = ASSETS_DIR / "digits_vit.json"
@@ -39,7 +41,7 @@ DIGITS_STD = 0.3237
 SPLIT_SEED = 0
 TEST_SIZE = 0.2
 
-_SKLEARN_HINT = "the embedded digits data needs scikit-learn: pip install 'vit-fast[demo]'"
+_SKLEARN_HINT = f"the embedded digits data needs scikit-learn: {install_hint('demo')}"
 
 
 def _load_digits_raw() -> tuple[Any, Any]:
@@ -109,7 +111,7 @@ def load_default_eval_set() -> tuple[torch.Tensor, torch.Tensor]:
 
     Returns ``(images, labels)``: images float32 ``[360, 1, 32, 32]`` normalised exactly as in
     training, labels int64 ``[360]``. Rebuilt deterministically from scikit-learn (an
-    ImportError names ``pip install 'vit-fast[demo]'`` when it is missing). Fresh copies each call.
+    ImportError names the demo extra's install when it is missing). Fresh copies each call.
     """
     images, labels = _eval_set()
     return images.clone(), labels.clone()

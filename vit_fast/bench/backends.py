@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from vit_fast.dtypes import DTYPES
+from vit_fast.env import install_hint
 
 from .settings import GRAPHABLE, BenchError, Unavailable
 
@@ -88,7 +89,7 @@ def static_unavailable(variant: Variant, device: torch.device, dtype_name: str) 
         return "transformers is not installed: pip install transformers"
     if b == "onnxruntime":
         if importlib.util.find_spec("onnxruntime") is None:
-            return "onnxruntime is not installed: pip install 'vit-fast[onnx]'"
+            return f"onnxruntime is not installed: {install_hint('onnx')}"
         import onnxruntime as ort
 
         providers = ort.get_available_providers()
@@ -101,9 +102,9 @@ def static_unavailable(variant: Variant, device: torch.device, dtype_name: str) 
             return "bf16 cannot be fed to the CPU execution provider (it takes numpy arrays; numpy has no bfloat16)"
     if b == "tensorrt":
         if importlib.util.find_spec("tensorrt") is None:
-            return "tensorrt is not installed (pip install 'vit-fast[tensorrt]'; needs a CUDA GPU)"
+            return f"tensorrt is not installed ({install_hint('tensorrt')}; needs a CUDA GPU)"
         if importlib.util.find_spec("polygraphy") is None:
-            return "polygraphy is not installed (pip install 'vit-fast[tensorrt]')"
+            return f"polygraphy is not installed ({install_hint('tensorrt')})"
         if not cuda:
             return "TensorRT needs a CUDA GPU"
     return None

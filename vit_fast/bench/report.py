@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from vit_fast.env import install_hint
 from vit_fast.files import write_atomic
 
 REPORT_SUFFIXES = (".json", ".md", ".csv", ".png")
@@ -381,8 +382,8 @@ def write_reports(report: dict[str, Any], out_dir: Path, stem: str, overwrite: b
     }
     try:
         png = plot_report(report)
-    except ImportError as err:  # matplotlib is an optional extra (vit-fast[bench])
-        print(f"vit-fast bench: no plot written: {err} (pip install 'vit-fast[bench]')", file=sys.stderr)
+    except ImportError as err:  # matplotlib comes with the bench extra
+        print(f"vit-fast bench: no plot written: {err} ({install_hint('bench')})", file=sys.stderr)
     else:
         paths["png"] = write_atomic(out_dir / f"{stem}.png", png)
     return paths

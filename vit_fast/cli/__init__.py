@@ -37,17 +37,6 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("vit_fast.cli.doctor", "prove the stack here: environment, every kernel and the model vs float64"),
 }
 
-#: missing modules -> the extra that installs them, for the one-line error
-_EXTRAS = {
-    "onnx": "onnx",
-    "onnxruntime": "onnx",
-    "onnxscript": "onnx",
-    "sklearn": "demo",
-    "matplotlib": "bench",
-    "tqdm": "bench",
-    "tensorrt": "tensorrt",
-}
-
 
 def add_subcommand(sub: argparse._SubParsersAction, name: str, doc: str | None, help: str, example: str):
     """A subcommand parser whose ``--help`` shows the module docstring and one example."""
@@ -114,8 +103,11 @@ def error_message(err: BaseException) -> str:
     text = text or (str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err))
     text = " ".join(text.split()) or type(err).__name__
     missing = getattr(err, "name", None) if isinstance(err, ModuleNotFoundError) else None
-    if missing and missing.split(".")[0] in _EXTRAS:
-        text += f" (pip install 'vit-fast[{_EXTRAS[missing.split('.')[0]]}]')"
+    if missing:
+        from vit_fast.env import MODULE_EXTRAS, install_hint  # only here: vit_fast.env imports torch
+
+        if (extra := MODULE_EXTRAS.get(missing.split(".")[0])) is not None:
+            text += f" (the {extra} extra: {install_hint(extra)})"
     return text
 
 

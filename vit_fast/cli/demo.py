@@ -27,8 +27,8 @@ Prints a summary table (stdout; progress goes to stderr) and writes report.json 
 (plus the ONNX artifact, published only once verified, its report digits_vit.verify.json and the
 pictures) into --out, creating it if needed. A file there that vit-fast did not write is kept: the
 demo refuses to start unless --overwrite. Exits 0 when no step
-failed, 1 when one did, 2 for bad arguments. Needs scikit-learn and matplotlib (pip install
-'vit-fast[demo]') and, for step 3, the onnx extra.
+failed, 1 when one did, 2 for bad arguments. Needs scikit-learn and matplotlib (the demo extra:
+pip install -e '.[demo]' in a vit-fast checkout) and, for step 3, the onnx extra.
 """
 
 from __future__ import annotations

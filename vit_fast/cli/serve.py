@@ -17,7 +17,7 @@ triton-access-token header (--protect on|off decides it yourself). Requests whos
 shape or dtype do not fit get an error response; the server keeps serving. --load-test starts the
 server, runs a bounded load test against it on loopback (HTTP and gRPC clients, mixed batch sizes,
 every answer checked against the model), prints p50/p99 latency and throughput, and stops.
-Needs the serve extra: pip install 'vit-fast[serve]' (it pins numpy < 2).
+Needs the serve extra: pip install -e '.[serve]' in a vit-fast checkout (it pins numpy < 2).
 """
 
 from __future__ import annotations

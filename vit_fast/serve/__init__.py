@@ -2,5 +2,5 @@
 model for ``vit-fast export tritonserver``'s python entry, and a bounded load-test client.
 
 Nothing here imports pytriton or tritonclient at import time; they come with the ``serve`` extra
-(``pip install 'vit-fast[serve]'``), which pins numpy < 2 as PyTriton requires.
+(``pip install -e '.[serve]'`` in a vit-fast checkout), which pins numpy < 2 as PyTriton requires.
 """

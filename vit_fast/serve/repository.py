@@ -15,6 +15,7 @@ import torch
 
 from vit_fast.checkpoints import save_checkpoint
 from vit_fast.dtypes import dtype_name, parse_dtype
+from vit_fast.env import install_hint
 from vit_fast.export.tritonserver import (
     DEFAULT_QUEUE_DELAY_US,
     MODEL_FILES,
@@ -86,7 +87,8 @@ def python_entry(
                     source_name or "a vit_fast.VisionTransformer",
                     "the module itself; check its triton backend with `vit-fast verify MODEL triton`",
                 ),
-                f"runs {where}; needs `pip install vit-fast` in the Python of Triton's python backend",
+                f"runs {where}; needs vit-fast installed in the Python of Triton's python backend: a wheel from "
+                f"`make wheel`, or {install_hint()}",
             ],
         )
 

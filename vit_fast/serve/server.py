@@ -48,6 +48,7 @@ import torch
 
 from vit_fast import runtime
 from vit_fast.dtypes import parse_dtype
+from vit_fast.env import install_hint
 from vit_fast.export.tritonserver import (
     DEFAULT_QUEUE_DELAY_US,
     check_model_name,
@@ -68,7 +69,7 @@ from vit_fast.serve.settings import (
 from vit_fast.serve.threads import ThreadTuner
 from vit_fast.warmup import WarmupReport
 
-SERVE_EXTRA = "pip install 'vit-fast[serve]'"
+SERVE_EXTRA = install_hint("serve")
 #: PyTriton 0.7's switch from its shared-memory tensor store to base64 in its messages (see proxy_transport)
 NO_TENSORSTORE = "PYTRITON_NO_TENSORSTORE"
 #: the start-up race between PyTriton's model instances (see Server.start), and how often to try
