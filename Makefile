@@ -26,7 +26,7 @@ TIMM_PEER_AUTO ?= vit_base_patch32_clip_quickgelu_224 vit_base_patch32_siglip_25
 	vit_small_patch16_18x2_224 vit_base_patch16_rpn_224 vit_tiny_r_s16_p8_224 vit_base_patch16_radio_v3 \
 	vit_pwee_patch16_reg1_gap_256
 
-.PHONY: setup demo test test-serve test-oldest peers-hf test-peers-timm test-peers-timm-full lint wheel-check clean perf-analyzer serve-bench
+.PHONY: setup demo test test-serve test-oldest peers-hf test-peers-timm test-peers-timm-full lint wheel wheel-check clean perf-analyzer serve-bench
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -107,7 +107,16 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-wheel-check: setup  ## build a wheel, install it into a fresh venv, import vit_fast.kernels and vit_fast.export
+# the wheel for the environment you already have: built by $(PYTHON) (yours, no venv made here; pip fetches the
+# setuptools it builds with), then `pip install "$(ls dist/vit_fast-*.whl)[onnx]"` there keeps your torch
+wheel:  ## build vit-fast's wheel into dist/ (replacing an older one there)
+	rm -f dist/vit_fast-*.whl
+	$(PYTHON) -m pip wheel --quiet --no-deps --wheel-dir dist .
+	@echo "built $$(ls dist/vit_fast-*.whl); install it with its extras: pip install \"$$(ls dist/vit_fast-*.whl)[onnx]\""
+
+# .ci/check_wheel.sh pins the fresh venv's torch pair itself (BESIDE_TORCH, BESIDE_TRITON there; TORCH_SPEC does
+# not reach it): never an unpinned torch
+wheel-check: setup  ## build a wheel; install it into a fresh venv (import check), then beside a pinned torch (vit-fast info)
 	VENV=$(VENV) bash .ci/check_wheel.sh
 
 clean:
