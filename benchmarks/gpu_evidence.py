@@ -515,12 +515,12 @@ class Phases:
 
     @staticmethod
     def with_tma(on: bool, fn: Callable[[], Any]) -> Any:
-        saved = os.environ.get("VIT_FAST_TMA")
-        os.environ["VIT_FAST_TMA"] = "1" if on else "0"
-        try:
+        """``fn()`` with ``VIT_FAST_TMA`` set on or off (the switch is read per tuning, and a launch's TMA_OK
+        argument, part of its cache key, follows it), the environment restored after."""
+        from unittest import mock
+
+        with mock.patch.dict(os.environ, {"VIT_FAST_TMA": "1" if on else "0"}):
             return fn()
-        finally:
-            os.environ.pop("VIT_FAST_TMA") if saved is None else os.environ.__setitem__("VIT_FAST_TMA", saved)
 
     def tma_case(self, case, tma: bool) -> dict[str, Any]:
         from vit_fast.selfcheck import prepared_launch
@@ -1372,9 +1372,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from vit_fast.kernels._switches import parse_triton_interpret
+    from vit_fast.kernels._interpret import interpreter_enabled
 
-    if parse_triton_interpret(os.environ.get("TRITON_INTERPRET")):
+    if interpreter_enabled():
         print(
             "gpu_evidence: unset TRITON_INTERPRET: the interpreter would take hours here (--stub-driver rehearses "
             "the run on a CPU)",
@@ -1392,7 +1392,6 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, str(HERE))
         import host_overhead
 
-        os.environ.setdefault("VIT_FAST_FIRST_USE_CHECK", "0")  # nothing is computed: there is nothing to judge
         host_overhead.install_stub_driver()
     import torch
 

@@ -12,10 +12,12 @@
 # kernels.csv, perf.csv and run.log; results.json and run.log are also kept in $EVIDENCE_KEEP (default
 # /tmp/vit-fast-evidence) for a follow-up's --resume, since the device tool empties $OUT before each command.
 # Environment: PYTHON (python3), TIMEOUT (490: seconds the script may run), VIT_FAST_COMMIT (the commit sent,
-# recorded where the copy has no .git).
+# recorded where the copy has no .git), EVIDENCE_INSTALL (auto; map: skip pip and map the checkout onto PYTHONPATH,
+# the fallback, as the CPU test of this script exercises it).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 PY=${PYTHON:-python3}
+case "$PY" in /*) ;; */*) PY="$PWD/$PY" ;; esac # a relative path must survive the checks' cd
 OUT=${OUT:-$PWD/evidence-out}
 KEEP=${EVIDENCE_KEEP:-/tmp/vit-fast-evidence}
 export PYTHONUNBUFFERED=1
@@ -50,19 +52,21 @@ export VIT_FAST_COMMIT=$commit
 } > "$OUT/preflight.txt" 2>&1
 
 # vit-fast: installed already, else offline in editable mode, else kernels/ and export/ mapped into a copy of vit_fast
-if "$PY" -c "import vit_fast.kernels, vit_fast.export" > /dev/null 2>&1; then
+install=${EVIDENCE_INSTALL:-auto}
+imports() { (cd / && "$PY" -c "import vit_fast.kernels, vit_fast.export") > /dev/null 2>&1; }  # not ./vit_fast
+if [ "$install" = auto ] && imports; then
     echo "install: vit_fast.kernels and vit_fast.export import as they are" >> "$OUT/preflight.txt"
-elif "$PY" -m pip install -q --no-index --no-deps --no-build-isolation -e . >> "$OUT/preflight.txt" 2>&1 \
-    && "$PY" -c "import vit_fast.kernels, vit_fast.export" > /dev/null 2>&1; then
+elif [ "$install" = auto ] && "$PY" -m pip install -q --no-index --no-deps --no-build-isolation -e . >> "$OUT/preflight.txt" 2>&1 \
+    && imports; then
     echo "install: pip install --no-index --no-deps --no-build-isolation -e ." >> "$OUT/preflight.txt"
 else
     map=$(mktemp -d /tmp/vit-fast-path.XXXXXX)
     cp -r vit_fast "$map/" && ln -s "$PWD/kernels" "$map/vit_fast/kernels" && ln -s "$PWD/export" "$map/vit_fast/export"
     export PYTHONPATH="$map${PYTHONPATH:+:$PYTHONPATH}"
-    echo "install: pip failed (above); PYTHONPATH=$map: a copy of vit_fast with kernels/ and export/ linked in" \
+    echo "install: ${install}: PYTHONPATH=$map, a copy of vit_fast with kernels/ and export/ linked in" \
         >> "$OUT/preflight.txt"
 fi
-"$PY" -c "import vit_fast, vit_fast.kernels; print('vit_fast', vit_fast.__version__, 'from', vit_fast.__file__)" \
+(cd / && "$PY" -c "import vit_fast, vit_fast.kernels; print('vit_fast', vit_fast.__version__, 'from', vit_fast.__file__)") \
     >> "$OUT/preflight.txt" 2>&1
 
 timeout --signal=TERM --kill-after=15 "${TIMEOUT:-490}" "$PY" benchmarks/gpu_evidence.py --out "$OUT" --budget 470 "$@"

@@ -147,6 +147,20 @@ def _read_without_preflight(out: Path) -> dict:
     return _read(out)
 
 
+def test_the_pythonpath_mapping_runs_the_script_where_pip_cannot_install(tmp_path):
+    """The wrapper's fallback where the offline install fails (no setuptools, say): a copy of vit_fast with kernels/
+    and export/ linked in, first on PYTHONPATH; the script runs from it."""
+    out = tmp_path / "out"
+    env = {**_env(tmp_path), "OUT": str(out), "EVIDENCE_INSTALL": "map"}
+    cmd = ["bash", str(WRAPPER), *TINY, "--phases", "env", "--budget", "60"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    preflight = (out / "preflight.txt").read_text()
+    mapped = preflight.split("install: map: PYTHONPATH=")[1].split(",")[0]
+    assert f"from {mapped}/vit_fast/__init__.py" in preflight  # imported from the mapping, not the editable install
+    assert _read(out)["phases"][0]["status"] == "done"
+
+
 def test_a_follow_up_resumes_the_earlier_record(tmp_path):
     first, second = tmp_path / "first", tmp_path / "second"
     assert _wrapper(tmp_path, first, *TINY, "--phases", "env", "--budget", "60").returncode == 0
