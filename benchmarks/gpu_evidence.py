@@ -6,7 +6,8 @@
 
 After every step it rewrites results.json, summary.md, kernels.csv, perf.csv and run.log in --out (each file
 replaced whole, atomically): a run killed at any moment leaves valid files holding every step that ended. Before
-each step it checks the time left against the step's estimate and stops the phase cleanly when it does not fit.
+each step it checks the time left against the step's estimate, and skips the step when it does not fit (a later,
+shorter one may still run).
 
 Phases (default: env kernels model tma perf; the follow-up command runs compile and tuned):
   env      versions, device, clocks, driver; the environment checks (C compiler, Python.h, libcuda); one trivial
@@ -43,6 +44,7 @@ import copy
 import csv
 import datetime as _dt
 import gc
+import hashlib
 import io
 import json
 import os
@@ -179,8 +181,6 @@ class Evidence:
             "summary.md": summary(self.data),
             "run.log": "\n".join(self.lines) + "\n",
         }
-        import hashlib
-
         self.data["file_sha256"] = {name: hashlib.sha256(text.encode()).hexdigest() for name, text in texts.items()}
         for name, text in texts.items():
             write_atomic(self.out / name, text)
@@ -207,8 +207,6 @@ def _cell(value: Any) -> Any:
 def check_out(out: Path, overwrite: bool) -> None:
     """Before any work: ``out`` is a folder we may write, and each file this run writes there is new or an earlier
     evidence run's own (its results.json carries vit-fast's marker and the digest of the others' bytes)."""
-    import hashlib
-
     from vit_fast.files import check_files_in, check_output_dir, written_by_vit_fast
 
     check_output_dir(out, "--out folder")
@@ -288,7 +286,9 @@ class Phases:
         self._backends: dict[str, Any] = {}
         self._refs: dict[int, Any] = {}
         self._inputs: dict[int, Any] = {}
-        self.workdir = Path(tempfile.mkdtemp(prefix="vit-fast-evidence-"))
+        self.workdir = Path(
+            tempfile.gettempdir()
+        )  # the bench's backends built here (no ONNX, no TensorRT) write nothing
 
     # -- models
     def model(self, spec: str, dtype_name: str = "fp32") -> Any:
@@ -1385,8 +1385,10 @@ def main(argv: list[str] | None = None) -> int:
         return first_output_child(args.first_output_child, args.perf_dtype)
     if args.out is not None:
         check_out(args.out, args.overwrite)
-    # a fresh Triton cache (unless one is given): compilations and first outputs are counted from nothing
-    os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="vit-fast-triton-cache-"))
+    # a fresh Triton cache (unless one is given): compilations and first outputs are counted from nothing; removed
+    # when the run ends
+    fresh_cache = tempfile.TemporaryDirectory(prefix="vit-fast-triton-cache-")
+    os.environ.setdefault("TRITON_CACHE_DIR", fresh_cache.name)
     stub = args.stub_driver or args.dry_run
     if stub:
         sys.path.insert(0, str(HERE))
