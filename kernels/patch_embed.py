@@ -45,7 +45,7 @@ from vit_fast.kernels._common import (
     tune_key,
     tuning_requested,
 )
-from vit_fast.kernels.cards import card_for_arch, tensor_arch
+from vit_fast.kernels.cards import CPU_SM_COUNT, card_for_arch, tensor_arch, tensor_sm_count
 
 
 def _patch_embed_configs() -> list[triton.Config]:
@@ -80,18 +80,13 @@ def _patch_embed_configs() -> list[triton.Config]:
     )
 
 
-#: programs the no-autotune heuristic aims for at few rows (H100's and H200's SM count: a constant, no device
-#: query at import)
-TARGET_PROGRAMS = 132
-
-
 def _prune_patch_embed_configs(configs, named_args, **kwargs):
     """The candidates for one launch, read only from its autotune key (row class ``m_class(M)``, D, K, the card
-    ``ARCH``, dtypes, ``TUNE``): the configs for this kind of card (tensor cores or not, :data:`FMA_STAGES`) that
-    fit its shared memory (:func:`gemm_shared_bytes`), narrow tiles only for few rows. Without tuning one
-    heuristic config: 64 rows, and for few rows the widest of 128 / 64 / 32 / 16 features that gives
-    TARGET_PROGRAMS programs; else 64x128 (fp32: 128x64, 8 warps; a card without tensor cores: 64x64, at most
-    32x64 in 16-bit)."""
+    ``ARCH``, dtypes, ``TUNE``, the device's ``SM_COUNT``): the configs for this kind of card (tensor cores or not,
+    :data:`FMA_STAGES`) that fit its shared memory (:func:`gemm_shared_bytes`), narrow tiles only for few rows.
+    Without tuning one heuristic config: 64 rows, and for few rows the widest of 128 / 64 / 32 / 16 features that
+    gives ``SM_COUNT`` programs (a direct call without it: :data:`~.cards.CPU_SM_COUNT`); else 64x128 (fp32:
+    128x64, 8 warps; a card without tensor cores: 64x64, at most 32x64 in 16-bit)."""
     M, D = named_args.get("M"), named_args.get("D")
     if M is None or D is None or len(configs) == 1:
         return configs
@@ -118,7 +113,8 @@ def _prune_patch_embed_configs(configs, named_args, **kwargs):
     block_d = 128
     if rows <= SMALL_M:
         row_tiles = rows // 64
-        block_d = next((bd for bd in (128, 64, 32) if row_tiles * cdiv(D, bd) >= TARGET_PROGRAMS), 16)
+        programs = named_args.get("SM_COUNT", CPU_SM_COUNT)
+        block_d = next((bd for bd in (128, 64, 32) if row_tiles * cdiv(D, bd) >= programs), 16)
     elif elem_bytes == 4:
         # fp32, many rows: 64x128x64 with 4 warps spilled 34 KB per thread on sm_80 (88-184 B on sm_86/89/100);
         # 128x64x32 with 8 warps nothing on any target, sm_75 to sm_120 (tools/compile_check.py, triton 3.9)
@@ -129,11 +125,11 @@ def _prune_patch_embed_configs(configs, named_args, **kwargs):
 @triton.autotune(
     configs=_patch_embed_configs(),
     # everything _prune_patch_embed_configs reads (the autotuner adds the tensors' dtypes itself)
-    key=["M_CLASS", "D", "K", "ARCH", "TUNE"],
+    key=["M_CLASS", "D", "K", "ARCH", "TUNE", "SM_COUNT"],
     prune_configs_by={"early_config_prune": _prune_patch_embed_configs},
     cache_results=autotune_cache_enabled(),
 )
-@triton.jit(do_not_specialize=["M_CLASS", "ARCH", "TUNE"])  # key-only: one compile whatever their values
+@triton.jit(do_not_specialize=["M_CLASS", "ARCH", "TUNE", "SM_COUNT"])  # key-only: one compile whatever their values
 def _patch_embed_kernel(
     x_ptr,  # image [B, C, H, W], any strides; uint8 or the weight's float dtype
     w_ptr,  # [D, K] conv weight, K = C*p*p in (c, i, j) order, unit stride along K
@@ -162,6 +158,7 @@ def _patch_embed_kernel(
     M_CLASS,  # _common.m_class(M), never read: the autotune key, so a new batch size reuses its class's pick
     ARCH,  # compute capability of the tensors' device (cards.tensor_arch), never read: the prune's card
     TUNE,  # _common.tune_key(): 1 while tuning, never read: a heuristic pick never answers a tuned request
+    SM_COUNT,  # SMs of the tensors' device (cards.tensor_sm_count), never read: the programs the heuristic fills
     HAS_BIAS: tl.constexpr,  # bias_ptr is given
     HAS_CLS: tl.constexpr,  # token 0 is the class token
     NORMALIZE: tl.constexpr,  # apply (x [/ 255] - mean[c]) / std[c] to the pixels
@@ -443,6 +440,7 @@ def launch_patch_embed(
         m_class(M),
         tensor_arch(x),
         tune_key(),
+        tensor_sm_count(x),
         HAS_BIAS=bias is not None,
         HAS_CLS=cls_token is not None,
         NORMALIZE=mean is not None,

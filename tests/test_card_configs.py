@@ -185,3 +185,44 @@ def test_tma_only_where_the_card_has_it(monkeypatch):
         assert picked.kwargs["TMA"] == int(card.tma), arch
         (picked,) = linear._prune_linear_configs(configs, {**named, "TMA_OK": 0, "TUNE": 0})
         assert picked.kwargs["TMA"] == 0, arch
+
+
+@pytest.mark.parametrize("sm_count, want_n, want_d", [(108, 64, 32), (132, 32, 16)])
+def test_few_rows_fill_the_sms_the_launcher_reads(monkeypatch, sm_count, want_n, want_d):
+    """The launchers pass the SM count of the tensors' device (``SM_COUNT``, an autotune key) and the heuristics fill
+    that many SMs, not one card's: ViT-S/16's qkv GEMM at batch 2 (394 x 1152) has 7 x 18 = 126 tiles of 64x64,
+    enough for 108 SMs (an A100) and too few for 132 (an H100 SXM: 64x32, 252); ViT-L/16's patch embedding at
+    batch 1 (197 x 1024) has 4 x 32 = 128 tiles of 64x32 (132 SMs: 64x16, 256)."""
+    linear_configs = _compiled_configs(monkeypatch, linear, linear._linear_configs)
+    pe_configs = _compiled_configs(monkeypatch, patch_embed, patch_embed._patch_embed_configs)
+    assert "SM_COUNT" in linear._linear_kernel.keys and "SM_COUNT" in patch_embed._patch_embed_kernel.keys
+    dtype = torch.float16
+    with cards.pretend_arch(90, sm_count=sm_count):
+        gemm = _recorded(
+            monkeypatch,
+            linear,
+            "_linear_launches",
+            linear._linear_kernel,
+            linear.launch_linear,
+            _meta((394, 384), dtype),
+            _meta((1152, 384), dtype),
+        )
+        embed = _recorded(
+            monkeypatch,
+            patch_embed,
+            "_patch_embed_launches",
+            patch_embed._patch_embed_kernel,
+            patch_embed.launch_patch_embed,
+            _meta((1, 3, 224, 224), dtype),
+            _meta((1024, 3, 16, 16), dtype),
+            None,
+            _meta((1, 197, 1024), dtype),
+            _meta((1, 1, 1024), dtype),
+        )
+    assert gemm[0]["SM_COUNT"] == embed[0]["SM_COUNT"] == sm_count
+    (picked,) = _pruned(monkeypatch, linear._linear_kernel, linear_configs, *gemm, tune=False)
+    assert (picked.kwargs["BLOCK_M"], picked.kwargs["BLOCK_N"]) == (64, want_n)
+    (picked,) = _pruned(monkeypatch, patch_embed._patch_embed_kernel, pe_configs, *embed, tune=False)
+    assert (picked.kwargs["BLOCK_M"], picked.kwargs["BLOCK_D"]) == (64, want_d)
+    # outside the pretence a meta (or CPU) tensor reads as the stand-in, an H100 SXM's count
+    assert cards.tensor_sm_count(_meta((1,), dtype)) == cards.CPU_SM_COUNT == 132
