@@ -171,11 +171,11 @@ def _heuristic_linear_config(
 ) -> triton.Config:
     """The no-autotune pick (the default, and the interpreter's), among the prune's survivors for ``rows`` (a row
     class: a multiple of 64 up to SMALL_M). Few rows (batch 1-2 of a ViT): 64-row tiles, and the widest of
-    64 / 32 / 16 columns that still gives ``programs`` programs (the device's SM count: every SM busy). Many
-    rows: 128x128 with 8 warps, persistent with TMA where the operands allow it (else the pointer tiling, fp32 at
-    half the depth for shared memory). A card without tensor cores: its own small tiles, 64x64 (64x32 if that
-    fills the GPU better at few rows; 16-bit: the prune leaves at most 32x64). Always the nearest fitting survivor
-    (:func:`closest_config`)."""
+    64 / 32 / 16 columns (fp32: 32 / 16, for registers) that still gives ``programs`` programs (the device's SM
+    count: every SM busy). Many rows: 128x128 with 8 warps, persistent with TMA where the operands allow it (else
+    the pointer tiling, fp32 at half the depth for shared memory). A card without tensor cores: its own small
+    tiles, 64x64 (64x32 if that fills the GPU better at few rows; 16-bit: the prune leaves at most 32x64). Always
+    the nearest fitting survivor (:func:`closest_config`)."""
     if not card.tensor_cores:
         block_n = 64 if rows > SMALL_M or cdiv(rows, 64) * cdiv(N, 64) >= programs else 32
         return closest_config(configs, {"BLOCK_M": 64, "BLOCK_N": block_n, "BLOCK_K": 32}, 4, FMA_STAGES)
@@ -184,7 +184,11 @@ def _heuristic_linear_config(
     block_k = 32 if elem_bytes == 4 else 64
     if rows <= SMALL_M:
         row_tiles = rows // 64
-        block_n = next((bn for bn in (64, 32) if row_tiles * cdiv(N, bn) >= programs), 16)
+        # fp32 stops at 32 columns: with the LayerNorm prologue and GELU its 64x64 tiles spilled on sm_80/86/90
+        # (64 deep: 496-2076 bytes per thread, triton 3.6 and 3.9; 32 deep: 16 on sm_80, 3.9), 64x32x64 and 64x16x64
+        # nothing on sm_80/86/89/90/120 (64x32: 72 bytes on sm_100, 3.6) (tools/compile_check.py, ViT-B/16)
+        widths = (32,) if elem_bytes == 4 else (64, 32)
+        block_n = next((bn for bn in widths if row_tiles * cdiv(N, bn) >= programs), 16)
         # 64 deep whatever the dtype: the narrow tiles come only so (fp32 64x32x64, 4 stages: 72 KB of shared memory)
         return closest_config(configs, {"BLOCK_M": 64, "BLOCK_N": block_n, "BLOCK_K": 64}, 4, 4)
     return closest_config(configs, {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": block_k}, 8, 3)

@@ -86,7 +86,8 @@ def _prune_patch_embed_configs(configs, named_args, **kwargs):
     :data:`FMA_STAGES`) that fit its shared memory (:func:`gemm_shared_bytes`), narrow tiles only for few rows.
     Without tuning one heuristic config: 64 rows, and for few rows the widest of 128 / 64 / 32 / 16 features that
     gives ``SM_COUNT`` programs (a direct call without it: :data:`~.cards.CPU_SM_COUNT`); else 64x128 (fp32:
-    128x64, 8 warps; a card without tensor cores: 64x64, at most 32x64 in 16-bit)."""
+    64x64x32, and at few rows 64x16x64 where 64 features leave SMs idle; a card without tensor cores: 64x64, at
+    most 32x64 in 16-bit)."""
     M, D = named_args.get("M"), named_args.get("D")
     if M is None or D is None or len(configs) == 1:
         return configs
@@ -110,15 +111,18 @@ def _prune_patch_embed_configs(configs, named_args, **kwargs):
         return kept
     if not card.tensor_cores:
         return [closest_config(kept, {"BLOCK_M": 64, "BLOCK_D": 64, "BLOCK_K": 32}, 4, FMA_STAGES)]
+    programs = named_args.get("SM_COUNT", CPU_SM_COUNT)
+    if elem_bytes == 4:
+        # fp32: 64x64x32 and 64x16x64 on 4 warps compiled without a spill on sm_80 to sm_120, triton 3.6 and 3.9;
+        # every wider or deeper tile spilled somewhere: 64x128x64 (4 warps) 34 KB per thread on sm_80 (3.9),
+        # 128x64x32 (8 warps) 12 B there (3.6), 64x64x64 1992 B and 64x32x64 104 B there (3.9), 64x128x32
+        # (8 warps) 8-76 B on sm_120 (tools/compile_check.py, ViT-B/16)
+        if rows > SMALL_M or rows // 64 * cdiv(D, 64) >= programs:
+            return [closest_config(kept, {"BLOCK_M": 64, "BLOCK_D": 64, "BLOCK_K": 32}, 4, 3)]
+        return [closest_config(kept, {"BLOCK_M": 64, "BLOCK_D": 16, "BLOCK_K": 64}, 4, 3)]
     block_d = 128
     if rows <= SMALL_M:
-        row_tiles = rows // 64
-        programs = named_args.get("SM_COUNT", CPU_SM_COUNT)
-        block_d = next((bd for bd in (128, 64, 32) if row_tiles * cdiv(D, bd) >= programs), 16)
-    elif elem_bytes == 4:
-        # fp32, many rows: 64x128x64 with 4 warps spilled 34 KB per thread on sm_80 (88-184 B on sm_86/89/100);
-        # 128x64x32 with 8 warps nothing on any target, sm_75 to sm_120 (tools/compile_check.py, triton 3.9)
-        return [closest_config(kept, {"BLOCK_M": 128, "BLOCK_D": 64, "BLOCK_K": 32}, 8, 3)]
+        block_d = next((bd for bd in (128, 64, 32) if rows // 64 * cdiv(D, bd) >= programs), 16)
     return [closest_config(kept, {"BLOCK_M": 64, "BLOCK_D": block_d, "BLOCK_K": 64}, 4, 3)]
 
 
