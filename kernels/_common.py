@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import functools
 import os
 import sys
 import threading
@@ -24,7 +23,7 @@ from triton.runtime.driver import driver
 
 from vit_fast.kernels._interpret import interpreter_enabled
 from vit_fast.kernels._switches import parse_switch, switch
-from vit_fast.kernels.cards import card_for_arch, card_of
+from vit_fast.kernels.cards import card_for_arch, card_of, device_sm_count
 
 #: storage dtypes every kernel takes (accumulation is always fp32)
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -204,15 +203,10 @@ def tma_usable(*operands: tuple[torch.Tensor, int]) -> bool:
     return True
 
 
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def persistent_programs(device: torch.device) -> int:
-    """Programs a persistent kernel launches at most: one per SM on a GPU; 3 in the interpreter, so the tests see
-    each program walk several tiles."""
-    return _sm_count(device) if device.type == "cuda" else 3
+    """Programs a persistent kernel launches at most: one per SM of ``device`` on a GPU
+    (:func:`~.cards.device_sm_count`); 3 in the interpreter, so the tests see each program walk several tiles."""
+    return device_sm_count(device) if device.type == "cuda" else 3
 
 
 def _torch_scratch(size: int, alignment: int, stream) -> torch.Tensor:

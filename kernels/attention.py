@@ -119,8 +119,8 @@ def _prune_attention_configs(configs, named_args, **kwargs):
     fit its shared memory (:func:`_attention_shared_bytes`). Wide heads (Dh > 128, padded to 256) keep the q tile
     and the accumulator in registers only with 64-row tiles and key blocks of at most 64; without tensor cores
     only the tiles not expected to spill (:func:`_fma_attention_fits`). Without tuning one config: the fitting
-    one nearest 64x64, 4 warps, 2 stages (fp32: 64x32, 8 warps; a card without tensor cores: its own, nearest
-    32x32)."""
+    one nearest 64x64, 4 warps, 2 stages (fp32: 64x32, 8 warps, 3 stages for head dims up to 64 and 2 above; a
+    card without tensor cores: its own, nearest 32x32)."""
     block_d = kwargs.get("BLOCK_D", named_args.get("BLOCK_D"))
     if block_d is None:
         return configs
@@ -148,8 +148,11 @@ def _prune_attention_configs(configs, named_args, **kwargs):
         return [closest_config(kept, {"BLOCK_M": 32, "BLOCK_N": 32}, 4, FMA_ATTENTION_STAGES)]
     if elem_bytes == 4:
         # fp32: 64x64 with 4 warps spilled 4.4-4.7 KB per thread on every target (33 KB on sm_80), 64x32 with 8
-        # warps nothing on any, sm_75 to sm_120 (tools/compile_check.py, triton 3.9, Dh 64)
-        return [closest_config(kept, {"BLOCK_M": 64, "BLOCK_N": 32}, 8, 2)]
+        # warps nothing on any, sm_75 to sm_120 (tools/compile_check.py, triton 3.9, Dh 64). On triton 3.6 that
+        # 64x32 spilled at 2 stages with Dh 64 (sm_90 56 bytes, sm_86/89 36) and not at 3 (80-92 registers on
+        # sm_80 to sm_120, 3.6 and 3.9 alike); Dh 128 the other way round on 3.6 (3 stages: 40 bytes on sm_80, 2:
+        # none; 3.9: 64 bytes there either way), and 3 stages overflow the 99 KB cards there
+        return [closest_config(kept, {"BLOCK_M": 64, "BLOCK_N": 32}, 8, 3 if block_d <= 64 else 2)]
     return [closest_config(kept, {"BLOCK_M": 64, "BLOCK_N": 64}, 4, 2)]
 
 

@@ -9,8 +9,12 @@ Figures from NVIDIA's specifications and from offline compiles (``tools/compile_
 3.9. An unlisted capability gets the nearest listed one below it in its own generation (sm_87 reads as sm_86,
 sm_103 as sm_100, sm_121 as sm_120); an unlisted generation gets the most conservative row below it.
 
-A CPU tensor (Triton's interpreter; the offline compile check) reads as sm_90 unless a test or the compile
-check pretends otherwise through :func:`pretend_arch`. Nothing here touches a GPU driver at import time.
+The SM count is a fact of the device, not of the generation (sm_90: 132 on an H100 SXM, 114 on an H100 PCIe;
+sm_80: 108 on an A100, 56 on an A30): :func:`tensor_sm_count` asks the tensors' own device.
+
+A CPU tensor (Triton's interpreter; the offline compile check) reads as sm_90 with 132 SMs (an H100 SXM) unless a
+test or the compile check pretends otherwise through :func:`pretend_arch`. Nothing here touches a GPU driver at
+import time.
 """
 
 from __future__ import annotations
@@ -69,6 +73,10 @@ CARDS: dict[int, Card] = {
 
 #: the capability a CPU tensor reads as (the interpreter, the offline compile check's default target)
 CPU_ARCH = 90
+#: the SM count a CPU or meta tensor reads as (the interpreter, the offline compile check, tests on meta tensors):
+#: an H100 SXM's, the CPU_ARCH card the project's GPU runs use. Only the no-autotune heuristics read it, for how
+#: many narrow tiles keep every SM busy; there is no device to ask, so any choice is a stand-in
+CPU_SM_COUNT = 132
 #: below this Triton has no target at all
 MIN_ARCH = 70
 
@@ -92,22 +100,28 @@ def card_for_arch(arch: int) -> Card:
 
 
 class _Pretended(threading.local):
-    arch: int | None = None  # a class default: reading it never raises (an AttributeError costs microseconds)
+    # class defaults: reading them never raises (an AttributeError costs microseconds)
+    arch: int | None = None
+    sm_count: int | None = None
 
 
 _PRETEND = _Pretended()
 
 
 @contextlib.contextmanager
-def pretend_arch(arch: int) -> Iterator[None]:
-    """Within the block (this thread), every device reads as compute capability ``arch``: how tests fake a card
-    and how ``tools/compile_check.py`` asks the launchers and prunes what they would do on a given target."""
-    previous = _PRETEND.arch
+def pretend_arch(arch: int, sm_count: int | None = None) -> Iterator[None]:
+    """Within the block (this thread), every device reads as compute capability ``arch`` (and, given
+    ``sm_count``, as a card with that many SMs; else each device's own count, :data:`CPU_SM_COUNT` for a CPU):
+    how tests fake a card and how ``tools/compile_check.py`` asks the launchers and prunes what they would do on
+    a given target."""
+    previous = _PRETEND.arch, _PRETEND.sm_count
     _PRETEND.arch = arch
+    if sm_count is not None:
+        _PRETEND.sm_count = sm_count
     try:
         yield
     finally:
-        _PRETEND.arch = previous
+        _PRETEND.arch, _PRETEND.sm_count = previous
 
 
 @functools.cache
@@ -139,6 +153,34 @@ def tensor_arch(tensor: torch.Tensor) -> int:
     return CPU_ARCH if index < 0 else _cuda_arch(index)
 
 
+@functools.cache
+def _cuda_sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def device_sm_count(device: torch.device | str | int) -> int:
+    """Streaming multiprocessors of ``device``: asked of that device (cached per index), not of the current one.
+    A CPU or meta device reads as :data:`CPU_SM_COUNT`; ``pretend_arch(..., sm_count=)`` applies."""
+    pretended = _PRETEND.sm_count
+    if pretended is not None:
+        return pretended
+    if not isinstance(device, torch.device):
+        device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    if device.type != "cuda":
+        return CPU_SM_COUNT
+    return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def tensor_sm_count(tensor: torch.Tensor) -> int:
+    """:func:`device_sm_count` of ``tensor.device``, for the launchers (read through ``get_device()``, as
+    :func:`tensor_arch`): the programs that keep every SM of the tensors' own device busy."""
+    pretended = _PRETEND.sm_count
+    if pretended is not None:
+        return pretended
+    index = tensor.get_device()
+    return CPU_SM_COUNT if index < 0 else _cuda_sm_count(index)
+
+
 def card_of(device: torch.device | str | int) -> Card:
     """The :class:`Card` of ``device`` (a tensor's ``.device``)."""
     return card_for_arch(device_arch(device))
@@ -161,12 +203,15 @@ def device_name(device: torch.device | str | int) -> str:
 __all__ = [
     "CARDS",
     "CPU_ARCH",
+    "CPU_SM_COUNT",
     "MIN_ARCH",
     "Card",
     "card_for_arch",
     "card_of",
     "device_arch",
     "device_name",
+    "device_sm_count",
     "pretend_arch",
     "tensor_arch",
+    "tensor_sm_count",
 ]

@@ -55,7 +55,7 @@ from vit_fast.kernels._common import (
     tune_key,
     tuning_requested,
 )
-from vit_fast.kernels.cards import card_for_arch, tensor_arch
+from vit_fast.kernels.cards import CPU_SM_COUNT, card_for_arch, tensor_arch, tensor_sm_count
 
 #: the epilogue's activations: exact (erf) GELU, tanh GELU, QuickGELU (``y * sigmoid(1.702 y)``, OpenAI CLIP) and
 #: SiLU (``y * sigmoid(y)``)
@@ -126,20 +126,16 @@ def _linear_configs() -> list[triton.Config]:
     )
 
 
-#: programs the no-autotune heuristic aims for at small M: H100's and H200's SM count (a constant: no device
-#: query at import)
-TARGET_PROGRAMS = 132
-
-
 def _prune_linear_configs(configs, named_args, **kwargs):
     """The candidates for one launch, read only from its autotune key (row class ``m_class(M)``, N, K, the card
-    ``ARCH``, dtype, ``TMA_OK``, ``TUNE``), so what the autotuner caches under that key holds for every launch
-    with it. Drops: configs for the other kind of card (tensor cores or not, :data:`FMA_STAGES`); tiles far
-    larger than the problem (e.g. BLOCK_N 256 for N = 64: only masked work); the narrow tiles past SMALL_M rows;
-    tiles past the card's shared memory (:func:`gemm_shared_bytes`); the persistent TMA tiles unless the card has
-    TMA, the rows are many (M > SMALL_M), the operands 16-bit and TMA can read them (``TMA_OK``: alignment and
-    ``VIT_FAST_TMA``; a direct call without it, as tools/compile_check.py makes, means contiguous operands).
-    Without tuning, one config: :func:`_heuristic_linear_config`."""
+    ``ARCH``, dtype, ``TMA_OK``, ``TUNE``, the device's ``SM_COUNT``), so what the autotuner caches under that key
+    holds for every launch with it. Drops: configs for the other kind of card (tensor cores or not,
+    :data:`FMA_STAGES`); tiles far larger than the problem (e.g. BLOCK_N 256 for N = 64: only masked work); the
+    narrow tiles past SMALL_M rows; tiles past the card's shared memory (:func:`gemm_shared_bytes`); the
+    persistent TMA tiles unless the card has TMA, the rows are many (M > SMALL_M), the operands 16-bit and TMA can
+    read them (``TMA_OK``: alignment and ``VIT_FAST_TMA``; a direct call without it, as tools/compile_check.py
+    makes, means contiguous operands). Without tuning, one config: :func:`_heuristic_linear_config` (a direct call
+    without ``SM_COUNT`` reads as :data:`~.cards.CPU_SM_COUNT`)."""
     card = card_for_arch(named_args["ARCH"])
     x = named_args.get("x_ptr")
     elem_bytes = x.element_size() if isinstance(x, torch.Tensor) else 2
@@ -166,26 +162,33 @@ def _prune_linear_configs(configs, named_args, **kwargs):
     kept = [c for c in configs if fits(c)] or configs[:1]
     if (tuning_requested(named_args) and not interpreter_enabled()) or len(kept) == 1:
         return kept
-    return [_heuristic_linear_config(kept, rows, named_args["N"], elem_bytes, card)]
+    programs = named_args.get("SM_COUNT", CPU_SM_COUNT)
+    return [_heuristic_linear_config(kept, rows, named_args["N"], elem_bytes, card, programs)]
 
 
-def _heuristic_linear_config(configs: list[triton.Config], rows: int, N: int, elem_bytes: int, card) -> triton.Config:
+def _heuristic_linear_config(
+    configs: list[triton.Config], rows: int, N: int, elem_bytes: int, card, programs: int
+) -> triton.Config:
     """The no-autotune pick (the default, and the interpreter's), among the prune's survivors for ``rows`` (a row
     class: a multiple of 64 up to SMALL_M). Few rows (batch 1-2 of a ViT): 64-row tiles, and the widest of
-    64 / 32 / 16 columns that still gives TARGET_PROGRAMS programs (every SM busy). Many rows: 128x128 with 8
-    warps, persistent with TMA where the operands allow it (else the pointer tiling, fp32 at half the depth for
-    shared memory). A card without tensor cores: its own small tiles, 64x64 (64x32 if that fills the GPU better
-    at few rows; 16-bit: the prune leaves at most 32x64). Always the nearest fitting survivor
-    (:func:`closest_config`)."""
+    64 / 32 / 16 columns (fp32: 32 / 16, for registers) that still gives ``programs`` programs (the device's SM
+    count: every SM busy). Many rows: 128x128 with 8 warps, persistent with TMA where the operands allow it (else
+    the pointer tiling, fp32 at half the depth for shared memory). A card without tensor cores: its own small
+    tiles, 64x64 (64x32 if that fills the GPU better at few rows; 16-bit: the prune leaves at most 32x64). Always
+    the nearest fitting survivor (:func:`closest_config`)."""
     if not card.tensor_cores:
-        block_n = 64 if rows > SMALL_M or cdiv(rows, 64) * cdiv(N, 64) >= TARGET_PROGRAMS else 32
+        block_n = 64 if rows > SMALL_M or cdiv(rows, 64) * cdiv(N, 64) >= programs else 32
         return closest_config(configs, {"BLOCK_M": 64, "BLOCK_N": block_n, "BLOCK_K": 32}, 4, FMA_STAGES)
     if any(c.kwargs["TMA"] for c in configs):
         return closest_config(configs, {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "TMA": 1}, 8, 3)
     block_k = 32 if elem_bytes == 4 else 64
     if rows <= SMALL_M:
         row_tiles = rows // 64
-        block_n = next((bn for bn in (64, 32) if row_tiles * cdiv(N, bn) >= TARGET_PROGRAMS), 16)
+        # fp32 stops at 32 columns: with the LayerNorm prologue and GELU its 64x64 tiles spilled on sm_80/86/90
+        # (64 deep: 496-2076 bytes per thread, triton 3.6 and 3.9; 32 deep: 16 on sm_80, 3.9), 64x32x64 and 64x16x64
+        # nothing on sm_80/86/89/90/120 (64x32: 72 bytes on sm_100, 3.6) (tools/compile_check.py, ViT-B/16)
+        widths = (32,) if elem_bytes == 4 else (64, 32)
+        block_n = next((bn for bn in widths if row_tiles * cdiv(N, bn) >= programs), 16)
         # 64 deep whatever the dtype: the narrow tiles come only so (fp32 64x32x64, 4 stages: 72 KB of shared memory)
         return closest_config(configs, {"BLOCK_M": 64, "BLOCK_N": block_n, "BLOCK_K": 64}, 4, 4)
     return closest_config(configs, {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": block_k}, 8, 3)
@@ -322,7 +325,7 @@ def _linear_tile(
     configs=_linear_configs(),
     key=[
         # everything _prune_linear_configs reads (the autotuner adds the tensors' dtypes itself)
-        *("M_CLASS", "N", "K", "ARCH", "TMA_OK", "TUNE"),
+        *("M_CLASS", "N", "K", "ARCH", "TMA_OK", "TUNE", "SM_COUNT"),
         # every constexpr the configs do not set: each prologue / epilogue is code of its own, with its own register
         # pressure and best tile, so each gets its own tuning, in memory and on disk (tests/test_autotune_mode.py)
         *("ACTIVATION", "HAS_BIAS", "HAS_RESIDUAL", "HAS_GAMMA", "NORM_INPUT", "LN_HAS_WEIGHT", "LN_HAS_BIAS"),
@@ -331,7 +334,7 @@ def _linear_tile(
     prune_configs_by={"early_config_prune": _prune_linear_configs},
     cache_results=autotune_cache_enabled(),
 )
-@triton.jit(do_not_specialize=["M_CLASS", "ARCH", "TMA_OK", "TUNE"])  # key-only: one compile whatever their values
+@triton.jit(do_not_specialize=["M_CLASS", "ARCH", "TMA_OK", "TUNE", "SM_COUNT"])  # key-only: never specialised
 def _linear_kernel(
     x_ptr,  # [M, K] activations; unit stride along K
     w_ptr,  # [N, K] weight in nn.Linear layout; unit stride along K
@@ -352,6 +355,7 @@ def _linear_kernel(
     ARCH,  # compute capability of the tensors' device (cards.tensor_arch), never read: the prune's card
     TMA_OK,  # 1 if a persistent TMA config may run here (many rows, 16-bit, TMA-readable operands), never read
     TUNE,  # _common.tune_key(): 1 while tuning, never read: a heuristic pick never answers a tuned request
+    SM_COUNT,  # SMs of the tensors' device (cards.tensor_sm_count), never read: the programs the heuristic fills
     ln_eps,  # LayerNorm epsilon, read only when NORM_INPUT (a Python float under the interpreter: no .to())
     ACTIVATION: tl.constexpr,  # 0: none, 1: exact (erf) GELU, 2: tanh GELU, 3: QuickGELU, 4: SiLU
     HAS_BIAS: tl.constexpr,  # add bias before the activation
@@ -553,6 +557,7 @@ def launch_linear(
         tensor_arch(x),
         int(tma_ok),
         tune_key(),
+        tensor_sm_count(x),
         float(ln_eps) if ln_eps is not None else 0.0,
         ACTIVATION=_ACTIVATION_CODE[activation],
         HAS_BIAS=bias is not None,

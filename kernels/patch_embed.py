@@ -45,7 +45,7 @@ from vit_fast.kernels._common import (
     tune_key,
     tuning_requested,
 )
-from vit_fast.kernels.cards import card_for_arch, tensor_arch
+from vit_fast.kernels.cards import CPU_SM_COUNT, card_for_arch, tensor_arch, tensor_sm_count
 
 
 def _patch_embed_configs() -> list[triton.Config]:
@@ -80,18 +80,14 @@ def _patch_embed_configs() -> list[triton.Config]:
     )
 
 
-#: programs the no-autotune heuristic aims for at few rows (H100's and H200's SM count: a constant, no device
-#: query at import)
-TARGET_PROGRAMS = 132
-
-
 def _prune_patch_embed_configs(configs, named_args, **kwargs):
     """The candidates for one launch, read only from its autotune key (row class ``m_class(M)``, D, K, the card
-    ``ARCH``, dtypes, ``TUNE``): the configs for this kind of card (tensor cores or not, :data:`FMA_STAGES`) that
-    fit its shared memory (:func:`gemm_shared_bytes`), narrow tiles only for few rows. Without tuning one
-    heuristic config: 64 rows, and for few rows the widest of 128 / 64 / 32 / 16 features that gives
-    TARGET_PROGRAMS programs; else 64x128 (fp32: 128x64, 8 warps; a card without tensor cores: 64x64, at most
-    32x64 in 16-bit)."""
+    ``ARCH``, dtypes, ``TUNE``, the device's ``SM_COUNT``): the configs for this kind of card (tensor cores or not,
+    :data:`FMA_STAGES`) that fit its shared memory (:func:`gemm_shared_bytes`), narrow tiles only for few rows.
+    Without tuning one heuristic config: 64 rows, and for few rows the widest of 128 / 64 / 32 / 16 features that
+    gives ``SM_COUNT`` programs (a direct call without it: :data:`~.cards.CPU_SM_COUNT`); else 64x128 (fp32:
+    64x64x32, and at few rows 64x16x64 where 64 features leave SMs idle; a card without tensor cores: 64x64, at
+    most 32x64 in 16-bit)."""
     M, D = named_args.get("M"), named_args.get("D")
     if M is None or D is None or len(configs) == 1:
         return configs
@@ -115,14 +111,18 @@ def _prune_patch_embed_configs(configs, named_args, **kwargs):
         return kept
     if not card.tensor_cores:
         return [closest_config(kept, {"BLOCK_M": 64, "BLOCK_D": 64, "BLOCK_K": 32}, 4, FMA_STAGES)]
+    programs = named_args.get("SM_COUNT", CPU_SM_COUNT)
+    if elem_bytes == 4:
+        # fp32: 64x64x32 and 64x16x64 on 4 warps compiled without a spill on sm_80 to sm_120, triton 3.6 and 3.9;
+        # every wider or deeper tile spilled somewhere: 64x128x64 (4 warps) 34 KB per thread on sm_80 (3.9),
+        # 128x64x32 (8 warps) 12 B there (3.6), 64x64x64 1992 B and 64x32x64 104 B there (3.9), 64x128x32
+        # (8 warps) 8-76 B on sm_120 (tools/compile_check.py, ViT-B/16)
+        if rows > SMALL_M or rows // 64 * cdiv(D, 64) >= programs:
+            return [closest_config(kept, {"BLOCK_M": 64, "BLOCK_D": 64, "BLOCK_K": 32}, 4, 3)]
+        return [closest_config(kept, {"BLOCK_M": 64, "BLOCK_D": 16, "BLOCK_K": 64}, 4, 3)]
     block_d = 128
     if rows <= SMALL_M:
-        row_tiles = rows // 64
-        block_d = next((bd for bd in (128, 64, 32) if row_tiles * cdiv(D, bd) >= TARGET_PROGRAMS), 16)
-    elif elem_bytes == 4:
-        # fp32, many rows: 64x128x64 with 4 warps spilled 34 KB per thread on sm_80 (88-184 B on sm_86/89/100);
-        # 128x64x32 with 8 warps nothing on any target, sm_75 to sm_120 (tools/compile_check.py, triton 3.9)
-        return [closest_config(kept, {"BLOCK_M": 128, "BLOCK_D": 64, "BLOCK_K": 32}, 8, 3)]
+        block_d = next((bd for bd in (128, 64, 32) if rows // 64 * cdiv(D, bd) >= programs), 16)
     return [closest_config(kept, {"BLOCK_M": 64, "BLOCK_D": block_d, "BLOCK_K": 64}, 4, 3)]
 
 
@@ -130,7 +130,7 @@ def _prune_patch_embed_configs(configs, named_args, **kwargs):
     configs=_patch_embed_configs(),
     key=[
         # everything _prune_patch_embed_configs reads (the autotuner adds the tensors' dtypes itself)
-        *("M_CLASS", "D", "K", "ARCH", "TUNE"),
+        *("M_CLASS", "D", "K", "ARCH", "TUNE", "SM_COUNT"),
         # every constexpr the configs do not set: the epilogue (bias, class token) and the pixel normalisation are
         # code of their own, each with its own tuning (tests/test_autotune_mode.py)
         *("HAS_BIAS", "HAS_CLS", "NORMALIZE", "IS_UINT8", "DOT_IN_FP32", "ROUND_BF16"),
@@ -138,7 +138,7 @@ def _prune_patch_embed_configs(configs, named_args, **kwargs):
     prune_configs_by={"early_config_prune": _prune_patch_embed_configs},
     cache_results=autotune_cache_enabled(),
 )
-@triton.jit(do_not_specialize=["M_CLASS", "ARCH", "TUNE"])  # key-only: one compile whatever their values
+@triton.jit(do_not_specialize=["M_CLASS", "ARCH", "TUNE", "SM_COUNT"])  # key-only: one compile whatever their values
 def _patch_embed_kernel(
     x_ptr,  # image [B, C, H, W], any strides; uint8 or the weight's float dtype
     w_ptr,  # [D, K] conv weight, K = C*p*p in (c, i, j) order, unit stride along K
@@ -167,6 +167,7 @@ def _patch_embed_kernel(
     M_CLASS,  # _common.m_class(M), never read: the autotune key, so a new batch size reuses its class's pick
     ARCH,  # compute capability of the tensors' device (cards.tensor_arch), never read: the prune's card
     TUNE,  # _common.tune_key(): 1 while tuning, never read: a heuristic pick never answers a tuned request
+    SM_COUNT,  # SMs of the tensors' device (cards.tensor_sm_count), never read: the programs the heuristic fills
     HAS_BIAS: tl.constexpr,  # bias_ptr is given
     HAS_CLS: tl.constexpr,  # token 0 is the class token
     NORMALIZE: tl.constexpr,  # apply (x [/ 255] - mean[c]) / std[c] to the pixels
@@ -448,6 +449,7 @@ def launch_patch_embed(
         m_class(M),
         tensor_arch(x),
         tune_key(),
+        tensor_sm_count(x),
         HAS_BIAS=bias is not None,
         HAS_CLS=cls_token is not None,
         NORMALIZE=mean is not None,

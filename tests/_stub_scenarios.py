@@ -15,6 +15,7 @@ import os
 import sys
 import threading
 import time
+import types
 import warnings
 import zlib
 from pathlib import Path
@@ -295,7 +296,9 @@ def device(tensor_device: str) -> dict:
     torch.Tensor.get_device = lambda self: index
     asked = []  # the devices whose compute capability the launchers asked for (the card of the tensors' device)
     torch.cuda.get_device_capability = lambda i=None: (asked.append(i), (9, 0))[1]
+    torch.cuda.get_device_properties = lambda i: types.SimpleNamespace(multi_processor_count=132)
     cards._cuda_arch.cache_clear()
+    cards._cuda_sm_count.cache_clear()
     model, x = _vit_b16()
     with torch.no_grad():
         for _ in range(2):  # Triton's own path, then the resolved launches
@@ -310,6 +313,39 @@ def device(tensor_device: str) -> dict:
     torch.ops.vit_fast.layer_norm(a, None, None, 1e-6)
     ops = list(LAUNCH_DEVICES)
     return {"forward": forward, "ops": ops, "current_after": STUB.get_current_device(), "capability_of": asked}
+
+
+def sm_counts() -> dict:
+    """Two sm_90 devices, 0 with 108 SMs (an A100's count) and 1 with 132 (an H100 SXM's), their properties faked;
+    ViT-S/16's qkv GEMM at batch 2 (394 x 1152 from 384, fp16) launched with its tensors on each in turn, twice
+    each (Triton's own path, then the resolved launch): the programs of every launch. Then the same under
+    tuning(): the SM counts the autotuner's cache is keyed on. And which devices' properties were asked."""
+    torch.cuda.device = _FakeDeviceGuard
+    on = [0]
+    torch.Tensor.get_device = lambda self: on[0]
+    torch.cuda.get_device_capability = lambda i=None: (9, 0)
+    sms, asked = {0: 108, 1: 132}, []
+
+    def properties(index: int) -> types.SimpleNamespace:
+        asked.append(index)
+        return types.SimpleNamespace(multi_processor_count=sms[index])
+
+    torch.cuda.get_device_properties = properties
+    cards._cuda_arch.cache_clear()
+    cards._cuda_sm_count.cache_clear()
+    programs = {0: [], 1: []}
+    for index in (0, 1, 0, 1):
+        on[0] = index
+        _gemm(394, 1152, 384, torch.float16)
+        programs[index].append(LAUNCHES[-1][1])
+    with _common.tuning():
+        for index in (0, 1, 0, 1):
+            on[0] = index
+            _gemm(394, 1152, 384, torch.float16)
+    # each cache key: the key arguments' values in the order of ``keys``, then the tensors' dtypes
+    position = linear._linear_kernel.keys.index("SM_COUNT")
+    tuned_sm_counts = sorted(key[position] for key in linear._linear_kernel.cache)
+    return {"programs": programs, "tuned_sm_counts": tuned_sm_counts, "asked": asked}
 
 
 def warm_start() -> dict:
@@ -356,6 +392,7 @@ SCENARIOS = {
     "misaligned_tma": misaligned_tma,
     "threads": threads,
     "device": device,
+    "sm_counts": sm_counts,
     "warm_start": warm_start,
 }
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vit_fast.kernels import _common, attention, attention_pool, diff_attention, layer_norm, linear, patch_embed
+from vit_fast.kernels import _common, attention, attention_pool, cards, diff_attention, layer_norm, linear, patch_embed
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -99,17 +99,18 @@ def test_no_autotune_picks_one_linear_config(monkeypatch, dtype, M):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("batch", [1, 2])
-def test_no_autotune_fills_the_gpu_at_small_batch(monkeypatch, dtype, batch):
-    """Every ViT-B/16 GEMM at batch 1-2 launches at least 132 programs (H100/H200 SMs) in the heuristic mode."""
+@pytest.mark.parametrize("sm_count", [58, 108, 132, 148])
+def test_no_autotune_fills_the_gpu_at_small_batch(monkeypatch, dtype, batch, sm_count):
+    """Every ViT-B/16 GEMM at batch 1-2 launches at least one program per SM of the device (``SM_COUNT``: L4,
+    A100, H100 SXM, B200) in the heuristic mode."""
     monkeypatch.setenv("VIT_FAST_AUTOTUNE", "0")
     configs = _compiled_configs(monkeypatch, linear, linear._linear_configs)
     M = 197 * batch
     for name, N, K in (("qkv", 2304, 768), ("proj", 768, 768), ("fc1", 3072, 768), ("fc2", 768, 3072)):
-        (picked,) = linear._prune_linear_configs(
-            configs, {"M": M, "N": N, "K": K, "x_ptr": torch.empty(1, dtype=dtype), "ARCH": 90}
-        )
+        named = {"M": M, "N": N, "K": K, "x_ptr": torch.empty(1, dtype=dtype), "ARCH": 90, "SM_COUNT": sm_count}
+        (picked,) = linear._prune_linear_configs(configs, named)
         programs = -(-M // picked.kwargs["BLOCK_M"]) * -(-N // picked.kwargs["BLOCK_N"])
-        assert programs >= linear.TARGET_PROGRAMS, (name, picked, programs)
+        assert programs >= sm_count, (name, picked, programs)
 
 
 def test_no_autotune_picks_one_attention_and_patch_embed_config(monkeypatch):
@@ -122,9 +123,9 @@ def test_no_autotune_picks_one_attention_and_patch_embed_config(monkeypatch):
     configs = _compiled_configs(monkeypatch, patch_embed, patch_embed._patch_embed_configs)
     (picked,) = patch_embed._prune_patch_embed_configs(configs, {"M": 197 * 64, "D": 768, "ARCH": 90})
     assert picked in configs and picked.kwargs == {"BLOCK_M": 64, "BLOCK_D": 128, "BLOCK_K": 64}
-    # batch 1 of ViT-B/16: 197 x 768 from 768, at least 132 programs
+    # batch 1 of ViT-B/16: 197 x 768 from 768, at least one program per SM (a direct call: CPU_SM_COUNT)
     (picked,) = patch_embed._prune_patch_embed_configs(configs, {"M": 197, "D": 768, "ARCH": 90})
-    assert 4 * -(-768 // picked.kwargs["BLOCK_D"]) >= patch_embed.TARGET_PROGRAMS
+    assert 4 * -(-768 // picked.kwargs["BLOCK_D"]) >= cards.CPU_SM_COUNT
 
 
 _TUNE_SCRIPT = """

@@ -147,7 +147,9 @@ def test_attention_configs_fit_every_card(monkeypatch, arch, dtype, head_dim):
 def test_fp32_attention_heuristic_fits_and_does_not_spill(monkeypatch):
     """The config that failed to launch on sm_86/89/120 (fp32, Dh 80-128: 64x64, 2 stages, 112 KB reported by
     triton 3.9 for sm_86), and that spilled 4.4-33 KB per thread on every target at Dh 64 (64x64, 4 warps), is no
-    longer the heuristic's fp32 pick anywhere: 64x32 with 8 warps, which compiled spill-free on sm_75 to sm_120."""
+    longer the heuristic's fp32 pick anywhere: 64x32 with 8 warps, which compiled spill-free on sm_75 to sm_120
+    with triton 3.9; 3 stages at Dh 64 (2 spilled 36-56 bytes on sm_86/89/90 with triton 3.6, 3 nothing), 2 at
+    Dh 128 (3 spilled 40 bytes on sm_80 with triton 3.6, and needs more than the 99 KB cards' shared memory)."""
     configs = _compiled_configs(monkeypatch, attention, attention._attention_configs)
     named = {"qkv_ptr": torch.empty(1), "TUNE": 0}
     for arch, card in cards.CARDS.items():
@@ -156,19 +158,19 @@ def test_fp32_attention_heuristic_fits_and_does_not_spill(monkeypatch):
         for block_d in (64, 128):
             (picked,) = attention._prune_attention_configs(configs, {**named, "ARCH": arch}, BLOCK_D=block_d)
             shape = (picked.kwargs["BLOCK_M"], picked.kwargs["BLOCK_N"], picked.num_warps, picked.num_stages)
-            assert shape == (64, 32, 8, 2), (arch, block_d, shape)
+            assert shape == (64, 32, 8, 3 if block_d == 64 else 2), (arch, block_d, shape)
             assert attention._attention_shared_bytes(picked, block_d, 4, card) <= card.shared_memory
 
 
 def test_fp32_patch_embed_heuristic_for_many_rows_does_not_spill(monkeypatch):
-    """fp32 patch embedding at batch 8 of ViT-B/16: 64x128x64 with 4 warps spilled 34 KB per thread on sm_80; the
-    heuristic takes 128x64x32 with 8 warps, which compiled spill-free on sm_75 to sm_120, on every card with
-    tensor cores; 16-bit keeps its 64x128 pick."""
+    """fp32 patch embedding at batch 8 of ViT-B/16: 64x128x64 with 4 warps spilled 34 KB per thread on sm_80 and
+    128x64x32 with 8 warps 12 bytes (triton 3.6; none on 3.9); the heuristic takes 64x64x32 with 4 warps, which
+    compiled spill-free on sm_80 to sm_120 with both, on every card with tensor cores; 16-bit keeps 64x128x64."""
     configs = _compiled_configs(monkeypatch, patch_embed, patch_embed._patch_embed_configs)
     for arch, card in cards.CARDS.items():
         if not card.tensor_cores:
             continue
-        for dtype, want in ((torch.float32, (128, 64, 32, 8)), (torch.float16, (64, 128, 64, 4))):
+        for dtype, want in ((torch.float32, (64, 64, 32, 4)), (torch.float16, (64, 128, 64, 4))):
             named = {"M": 197 * 8, "D": 768, "w_ptr": torch.empty(1, dtype=dtype), "ARCH": arch, "TUNE": 0}
             (picked,) = patch_embed._prune_patch_embed_configs(configs, named)
             kw = picked.kwargs
@@ -185,3 +187,121 @@ def test_tma_only_where_the_card_has_it(monkeypatch):
         assert picked.kwargs["TMA"] == int(card.tma), arch
         (picked,) = linear._prune_linear_configs(configs, {**named, "TMA_OK": 0, "TUNE": 0})
         assert picked.kwargs["TMA"] == 0, arch
+
+
+@pytest.mark.parametrize("sm_count, want_n, want_d", [(108, 64, 32), (132, 32, 16)])
+def test_few_rows_fill_the_sms_the_launcher_reads(monkeypatch, sm_count, want_n, want_d):
+    """The launchers pass the SM count of the tensors' device (``SM_COUNT``, an autotune key) and the heuristics fill
+    that many SMs, not one card's: ViT-S/16's qkv GEMM at batch 2 (394 x 1152) has 7 x 18 = 126 tiles of 64x64,
+    enough for 108 SMs (an A100) and too few for 132 (an H100 SXM: 64x32, 252); ViT-L/16's patch embedding at
+    batch 1 (197 x 1024) has 4 x 32 = 128 tiles of 64x32 (132 SMs: 64x16, 256)."""
+    linear_configs = _compiled_configs(monkeypatch, linear, linear._linear_configs)
+    pe_configs = _compiled_configs(monkeypatch, patch_embed, patch_embed._patch_embed_configs)
+    assert "SM_COUNT" in linear._linear_kernel.keys and "SM_COUNT" in patch_embed._patch_embed_kernel.keys
+    dtype = torch.float16
+    with cards.pretend_arch(90, sm_count=sm_count):
+        gemm = _recorded(
+            monkeypatch,
+            linear,
+            "_linear_launches",
+            linear._linear_kernel,
+            linear.launch_linear,
+            _meta((394, 384), dtype),
+            _meta((1152, 384), dtype),
+        )
+        embed = _recorded(
+            monkeypatch,
+            patch_embed,
+            "_patch_embed_launches",
+            patch_embed._patch_embed_kernel,
+            patch_embed.launch_patch_embed,
+            _meta((1, 3, 224, 224), dtype),
+            _meta((1024, 3, 16, 16), dtype),
+            None,
+            _meta((1, 197, 1024), dtype),
+            _meta((1, 1, 1024), dtype),
+        )
+    assert gemm[0]["SM_COUNT"] == embed[0]["SM_COUNT"] == sm_count
+    (picked,) = _pruned(monkeypatch, linear._linear_kernel, linear_configs, *gemm, tune=False)
+    assert (picked.kwargs["BLOCK_M"], picked.kwargs["BLOCK_N"]) == (64, want_n)
+    (picked,) = _pruned(monkeypatch, patch_embed._patch_embed_kernel, pe_configs, *embed, tune=False)
+    assert (picked.kwargs["BLOCK_M"], picked.kwargs["BLOCK_D"]) == (64, want_d)
+    # outside the pretence a meta (or CPU) tensor reads as the stand-in, an H100 SXM's count
+    assert cards.tensor_sm_count(_meta((1,), dtype)) == cards.CPU_SM_COUNT == 132
+
+
+#: fp32 tiles that compiled with no spill on sm_80, sm_86 and sm_90 alike, with triton 3.6.0 and 3.9.0 alike
+#: (tools/compile_check.py, ViT-S/16 and ViT-B/16 shapes at batch 1, 8 and 64 with each kernel's real epilogue;
+#: the GEMM tiles also with the heaviest, LayerNorm prologue + GELU): (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages)
+#: for the GEMM, (BLOCK_M, BLOCK_D, BLOCK_K, warps, stages) for the patch embedding, (BLOCK_M, BLOCK_N, head dim,
+#: warps, stages) for attention. Spilled there (bytes per thread), and so not listed: GEMM 64x64x64 on 4 warps
+#: (496-2076) and 64x64x32 (16 on sm_80, 3.9); patch embedding 128x64x32 on 8 warps (12 on sm_80, 3.6), 64x64x64
+#: (1992 on sm_80, 3.9) and 64x32x64 (104 on sm_80, 3.9); attention 64x32 on 8 warps, 2 stages (36-56 on sm_86 /
+#: sm_90, 3.6).
+FP32_SPILL_FREE = {
+    "linear": {(64, 16, 64, 4, 4), (64, 32, 64, 4, 4), (128, 128, 32, 8, 3)},
+    "patch_embed": {(64, 16, 64, 4, 3), (64, 64, 32, 4, 3)},
+    "attention": {(64, 32, 64, 8, 3)},
+}
+#: SM counts of cards of those generations: A30, RTX 3060 / 3070 / 3080 / 3090, A10, A40, A100, H100 PCIe, H100 SXM
+CARD_SM_COUNTS = (28, 46, 56, 68, 72, 82, 84, 108, 114, 132)
+
+
+def _tile(config, wide: str, deep) -> tuple:
+    return (config.kwargs["BLOCK_M"], config.kwargs[wide], deep, config.num_warps, config.num_stages)
+
+
+@pytest.mark.parametrize("arch", [80, 86, 90])
+def test_default_fp32_picks_are_tiles_that_compiled_without_spilling(monkeypatch, arch):
+    """Every fp32 pick the no-autotune heuristics make for ViT-S/16 and ViT-B/16 (batch 1, 2, 8, 64; each GEMM of a
+    block, the patch embedding, attention) on sm_80, sm_86 and sm_90, at the SM counts of the cards users have, is
+    a tile of :data:`FP32_SPILL_FREE` (compiled offline with triton 3.6.0 and 3.9.0). The launchers run on meta
+    tensors under ``pretend_arch(arch, sm_count=)``, so their arguments, SM_COUNT included, are a launch's."""
+    dtype = torch.float32
+    kernels = {
+        "linear": (linear, "_linear_launches", linear._linear_kernel),
+        "patch_embed": (patch_embed, "_patch_embed_launches", patch_embed._patch_embed_kernel),
+        "attention": (attention, "_attention_launches", attention._attention_kernel),
+    }
+    configs = {
+        "linear": _compiled_configs(monkeypatch, linear, linear._linear_configs),
+        "patch_embed": _compiled_configs(monkeypatch, patch_embed, patch_embed._patch_embed_configs),
+        "attention": _compiled_configs(monkeypatch, attention, attention._attention_configs),
+    }
+
+    def pick(kind, launcher, *args):
+        module, launches, kernel = kernels[kind]
+        named, constexprs = _recorded(monkeypatch, module, launches, kernel, launcher, *args)
+        (picked,) = _pruned(monkeypatch, kernel, configs[kind], named, constexprs, tune=False)
+        return picked, constexprs
+
+    seen = set()
+    for name, dim, heads, patch, tokens in MODELS[:2]:
+        for batch in (1, 2, 8, 64):
+            M = batch * tokens
+            for sm_count in CARD_SM_COUNTS:
+                with cards.pretend_arch(arch, sm_count=sm_count):
+                    for gemm, (N, K) in {"qkv": (3 * dim, dim), "proj": (dim, dim), "fc1": (4 * dim, dim)}.items():
+                        picked, _ = pick("linear", linear.launch_linear, _meta((M, K), dtype), _meta((N, K), dtype))
+                        tile = _tile(picked, "BLOCK_N", picked.kwargs["BLOCK_K"])
+                        assert tile in FP32_SPILL_FREE["linear"], (name, batch, sm_count, gemm, str(picked))
+                        seen.add(("linear", tile))
+                    picked, _ = pick(
+                        "patch_embed",
+                        patch_embed.launch_patch_embed,
+                        _meta((batch, 3, 224, 224), dtype),
+                        _meta((dim, 3, patch, patch), dtype),
+                        _meta((dim,), dtype),
+                        _meta((1, tokens, dim), dtype),
+                        _meta((1, 1, dim), dtype),
+                    )
+                    tile = _tile(picked, "BLOCK_D", picked.kwargs["BLOCK_K"])
+                    assert tile in FP32_SPILL_FREE["patch_embed"], (name, batch, sm_count, str(picked))
+                    seen.add(("patch_embed", tile))
+                    qkv = _meta((batch, tokens, 3 * dim), dtype)
+                    picked, constexprs = pick("attention", attention.launch_attention, qkv, heads)
+                    tile = _tile(picked, "BLOCK_N", constexprs["BLOCK_D"])
+                    assert tile in FP32_SPILL_FREE["attention"], (name, batch, str(picked))
+                    seen.add(("attention", tile))
+    # the sweep reached every listed tile: none of the table is dead weight
+    assert seen == {(kind, tile) for kind, tiles in FP32_SPILL_FREE.items() for tile in tiles}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -74,3 +76,32 @@ def test_tensor_arch_reads_the_tensors_device(monkeypatch):
         assert cards.tensor_arch(torch.empty(1)) == 86
     finally:
         cards._cuda_arch.cache_clear()
+
+
+def test_sm_count_is_asked_of_the_tensors_device(monkeypatch):
+    """The SM count is a fact of the device (an H100 PCIe has 114, an SXM 132; both sm_90): asked of the tensors'
+    own device once (cached per index), never of the current one; a CPU or meta tensor reads as CPU_SM_COUNT;
+    ``pretend_arch(..., sm_count=)`` overrides it, a pretence without one leaves it alone."""
+    assert cards.tensor_sm_count(torch.empty(1)) == cards.device_sm_count("cpu") == cards.CPU_SM_COUNT
+    assert cards.tensor_sm_count(torch.empty(1, device="meta")) == cards.CPU_SM_COUNT
+    with cards.pretend_arch(80, sm_count=108):
+        assert cards.tensor_sm_count(torch.empty(1)) == cards.device_sm_count(torch.device("cuda", 1)) == 108
+        with cards.pretend_arch(86):
+            assert cards.tensor_sm_count(torch.empty(1)) == 108
+    with cards.pretend_arch(75):
+        assert cards.tensor_sm_count(torch.empty(1)) == cards.CPU_SM_COUNT
+    asked = []
+
+    def properties(index):
+        asked.append(index)
+        return SimpleNamespace(multi_processor_count=114 if index == 1 else 132)
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", properties)
+    monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 1)
+    cards._cuda_sm_count.cache_clear()
+    try:
+        assert cards.tensor_sm_count(torch.empty(1)) == cards.tensor_sm_count(torch.empty(2)) == 114
+        assert cards.device_sm_count(torch.device("cuda:0")) == 132
+        assert asked == [1, 0]
+    finally:
+        cards._cuda_sm_count.cache_clear()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import importlib.util
+import itertools
 import os
 import subprocess
 import sys
@@ -182,6 +183,27 @@ def test_launchers_and_prunes_run_as_the_target(cc, monkeypatch):
     assert seen and all(s[1] == 75 for s in seen)
     assert {s[2:] for s in seen if s[0] == "prune"} == {(75, 197, 64)}
     assert cards.device_arch("cpu") == cards.CPU_ARCH  # the pretence ends with the call
+
+
+def test_the_picks_set_is_every_default_pick_of_vit_s_and_vit_b(cc):
+    """``--set picks``: the no-autotune heuristic's pick only, of every kernel of a ViT-S/16 and a ViT-B/16
+    forward (patch embedding, LayerNorm with and without the residual add, attention, the block's four GEMMs) at
+    batch 1, 8 and 64 in each dtype, with the model's own shapes."""
+    cases = [case for kernel in cc.ALL_KERNELS for case in cc.CASES[kernel]("picks", False)]
+    assert {case[3] for case in cases} == {"pick"}
+    assert {case[0] for case in cases} == {"patch_embed", "layer_norm", "attention", "linear"}
+    labels = {case[1]: case[2] for case in cases}
+    assert len(labels) == len(cases) == 3 * 2 * 3 * (1 + 2 + 1 + 4)  # dtypes x models x batches x launches
+    for dtype in ("fp32", "fp16", "bf16"):
+        for (_, D, heads), b in itertools.product(cc.PICK_MODELS, (1, 8, 64)):
+            M = 197 * b
+            gemm = labels[f"{dtype} ln+fc1 D{D} b{b} gelu+bias"]["variant"]
+            assert gemm[1:] == ((M, 4 * D, D), "gelu", True, False, False)
+            assert labels[f"{dtype} fc2 D{D} b{b} bias+res"]["variant"][1] == (M, D, 4 * D)
+            assert labels[f"{dtype} H{heads} Dh64 b{b}"] == {"dtype": dtype, "head_dim": 64, "heads": heads, "B": b}
+            assert labels[f"{dtype} D{D} b{b} | res=1 weight=1 bias=1"]["M"] == M
+            assert labels[f"{dtype} float C3 p16 D{D} b{b} | bias=1 cls=1 reg=0 nec=0"]["shape"] == (3, 16, D, b, 224)
+    assert [(name, D, heads) for name, D, heads in cc.PICK_MODELS] == [("vit-s16", 384, 6), ("vit-b16", 768, 12)]
 
 
 def test_refuses_under_the_interpreter(cc, monkeypatch):

@@ -46,6 +46,17 @@ def test_launches_run_on_the_tensors_device(tmp_path, tensor_device):
     assert result["capability_of"] == [tensor_device]  # the card read is the tensors' device's, once (cached)
 
 
+def test_the_heuristic_fills_the_sms_of_the_tensors_device(tmp_path):
+    """The no-autotune heuristic counts the SMs of the tensors' own device (its properties, asked once per device),
+    not one card's: ViT-S/16's qkv GEMM at batch 2 has 7 x 18 = 126 tiles of 64x64, one per SM on a 108-SM device,
+    too few on a 132-SM one, which gets 64x32 tiles (252 programs), on Triton's path and on the resolved launch
+    alike. The SM count is in the autotune key: tuning the shape on both devices tunes it twice, once per count."""
+    result = _scenario(tmp_path, "sm_counts")
+    assert result["programs"] == {"0": [126, 126], "1": [252, 252]}
+    assert result["asked"] == [0, 1]
+    assert result["tuned_sm_counts"] == [108, 132]
+
+
 def test_tuning_order_does_not_change_the_picks(tmp_path):
     """ViT-B/16's GEMMs tuned at batch 1, 2 and 8 in either order pick what each batch picks alone (batch 2, 394
     rows, and batch 8, 1576, used to share a key although the prune treats them differently)."""
@@ -130,7 +141,7 @@ def test_warm_start_and_tuning_cached_per_key(tmp_path):
     assert result["tuned_timed"] > 0 and result["tuned_compiles"] > len(result["default"])
     assert result["again_compiles"] == 0 and result["again_timed"] == 0
     assert result["default_after_tuning_compiles"] == 0
-    tune_flags = {key[5] for key in result["linear_keys"]}  # (M_CLASS, N, K, ARCH, TMA_OK, TUNE, flags..., dtypes)
+    tune_flags = {key[5] for key in result["linear_keys"]}  # (M_CLASS, N, K, ARCH, TMA_OK, TUNE, SM_COUNT, flags...)
     assert tune_flags == {"1"}
     # the slow first uses are announced, once each per process (the warm start: seconds; tuning: minutes)
     assert result["said_default"].count("vit-fast: compiling the Triton kernels") == 1, result["said_default"]

@@ -5,6 +5,7 @@
     python tools/compile_check.py --targets 75,86 --kernels linear,attention      # some targets, some kernels
     python tools/compile_check.py --targets 75,80,90 --kernels diff_attention     # timm's DiffAttention kernel
     python tools/compile_check.py --kernels layer_norm --filter fp16   # a subset: variants whose label has "fp16"
+    python tools/compile_check.py --set picks --filter fp32 --targets 80,86,90   # the default picks, ViT-S/B
     python tools/compile_check.py --set sweep [--full]              # the wider sweep (head dims, flags; slow)
 
 Targets are compute capabilities (75 = sm_75, T4 ... 120 = sm_120, RTX 50xx); ``all`` is every row of
@@ -65,7 +66,10 @@ DTYPES = ("fp32", "fp16", "bf16")
 #: same configs as fp16 (same element size) and it compiles to the same tiles, so it would double the time
 EVERY_CONFIG_DTYPES = ("fp32", "fp16")
 #: what ``--targets all`` means: every row of the card table
-VARIANT_SETS = ("vit-b16", "sweep")
+VARIANT_SETS = ("vit-b16", "picks", "sweep")
+#: the picks set: (name, embed dim, heads of 64) of ViT-S/16 and ViT-B/16 at 224 px (197 tokens), and its batches
+PICK_MODELS = (("vit-s16", 384, 6), ("vit-b16", 768, 12))
+PICK_BATCHES = (1, 8, 64)
 
 
 def _torch_dtype(name):
@@ -172,6 +176,11 @@ _every_config_dtypes = EVERY_CONFIG_DTYPES  # --every-config-dtypes
 
 
 def patch_embed_cases(variant_set: str, full: bool):
+    if variant_set == "picks":  # ViT-S/16 and ViT-B/16: the heuristic's pick per dtype and batch
+        return [
+            _pe_case(dtype, "float", (3, 16, D, b, 224), True, (True, 0, False), "pick")
+            for dtype, (_, D, _), b in itertools.product(DTYPES, PICK_MODELS, PICK_BATCHES)
+        ]
     if variant_set == "vit-b16":
         # ViT-B/16 at 224 px, batch 1 and 8: a float image, conv bias, the class token
         return [
@@ -223,6 +232,8 @@ def layer_norm_cases(variant_set: str, full: bool):
     if variant_set == "vit-b16":
         # the final norm (no residual) and the unfused add + LayerNorm, D 768, batch 1 and 8
         grid = itertools.product(DTYPES, (768,), (1, 8), (False, True), (True,), (True,))
+    elif variant_set == "picks":
+        grid = itertools.product(DTYPES, [D for _, D, _ in PICK_MODELS], PICK_BATCHES, (False, True), (True,), (True,))
     else:
         grid = itertools.product(DTYPES, (64, 768, 1024, 1280), (8,), (False, True), (False, True), (False, True))
     for dtype, D, b, res, weight, bias in grid:
@@ -260,6 +271,11 @@ ATTENTION_HEADS = {32: 12, 64: 12, 80: 16, 96: 12, 128: 16, 256: 4}  # head_dim 
 
 
 def attention_cases(variant_set: str, full: bool):
+    if variant_set == "picks":  # 6 (ViT-S/16) and 12 (ViT-B/16) heads of 64, 197 tokens
+        return [
+            ("attention", f"{dtype} H{H} Dh64 b{b}", {"dtype": dtype, "head_dim": 64, "heads": H, "B": b}, "pick")
+            for dtype, (_, _, H), b in itertools.product(DTYPES, PICK_MODELS, PICK_BATCHES)
+        ]
     if variant_set == "vit-b16":  # 12 heads of 64, 197 tokens, batch 1 and 8
         return [
             ("attention", f"{dtype} Dh64 b{b}", {"dtype": dtype, "head_dim": 64, "B": b}, _vit_b16_which(dtype))
@@ -277,7 +293,7 @@ def attention_launch(params):
     from vit_fast.kernels import attention as at
 
     B, T, Dh = params.get("B", 8), 197, params["head_dim"]
-    H = ATTENTION_HEADS[Dh]
+    H = params.get("heads", ATTENTION_HEADS[Dh])
     return _recorded_launch(
         at, "_attention_kernel", at.launch_attention, _empty((B, T, 3 * H * Dh), params["dtype"]), H
     )
@@ -290,6 +306,8 @@ POOL_HEADS = {64: (12, 196), 72: (16, 729), 80: (16, 256), 128: (8, 256), 256: (
 
 def attention_pool_cases(variant_set: str, full: bool):
     # the batch is only the grid's size (the kernel has no batch argument): one batch compiles what all would
+    if variant_set == "picks":  # not in ViT-S/16 or ViT-B/16
+        return []
     if variant_set == "vit-b16":  # SigLIP-B/16's head: one latent query, 12 heads of 64
         return [
             ("attention_pool", f"{dtype} Dh64 Lq1 b8", {"dtype": dtype, "head_dim": 64, "B": 8, "Lq": 1}, "kept")
@@ -318,6 +336,8 @@ DIFF_ATTENTION_HEADS = {16: 2, 32: 4, 64: 6, 128: 2}
 
 
 def diff_attention_cases(variant_set: str, full: bool):
+    if variant_set == "picks":  # not in ViT-S/16 or ViT-B/16
+        return []
     if variant_set == "vit-b16":  # not in ViT-B/16: vit_dwee_patch16_reg1_gap_256's (4 heads of 2 x 32, T 257)
         return [
             ("diff_attention", f"{dtype} Dh32 T257 b8", {"dtype": dtype, "head_dim": 32, "B": 8}, "pick")
@@ -350,13 +370,15 @@ def diff_attention_launch(params):
 
 # (label, (M, N, K), activation, bias, residual, gamma): "ln+" labels have the LayerNorm prologue
 # (layer_norm_linear: LN1 -> qkv, LN2 -> fc1)
-def _vit_b16_gemms(b: int):
+def _vit_b16_gemms(b: int, D: int = 768, tag: str = ""):
+    """A ViT block's four GEMMs at batch ``b`` (197 tokens) and width ``D`` (ViT-B/16's 768 by default);
+    ``tag`` goes into the labels after the GEMM's name."""
     M = 197 * b
     return (
-        (f"ln+qkv b{b} none+bias", (M, 2304, 768), "none", True, False, False),
-        (f"proj b{b} bias+res", (M, 768, 768), "none", True, True, False),
-        (f"ln+fc1 b{b} gelu+bias", (M, 3072, 768), "gelu", True, False, False),
-        (f"fc2 b{b} bias+res", (M, 768, 3072), "none", True, True, False),
+        (f"ln+qkv{tag} b{b} none+bias", (M, 3 * D, D), "none", True, False, False),
+        (f"proj{tag} b{b} bias+res", (M, D, D), "none", True, True, False),
+        (f"ln+fc1{tag} b{b} gelu+bias", (M, 4 * D, D), "gelu", True, False, False),
+        (f"fc2{tag} b{b} bias+res", (M, D, 4 * D), "none", True, True, False),
     )
 
 
@@ -390,6 +412,11 @@ LINEAR_EVERY_CONFIG = ("fc1 gelu+bias", "fc2 bias+res+gamma", "ln+fc1 gelu+bias"
 
 def linear_cases(variant_set: str, full: bool):
     cases = []
+    if variant_set == "picks":
+        for dtype, (_, D, _), b in itertools.product(DTYPES, PICK_MODELS, PICK_BATCHES):
+            for variant in _vit_b16_gemms(b, D, f" D{D}"):
+                cases.append(("linear", f"{dtype} {variant[0]}", {"dtype": dtype, "variant": variant}, "pick"))
+        return cases
     if variant_set == "vit-b16":
         for dtype, b in itertools.product(DTYPES, (1, 8)):
             for variant in _vit_b16_gemms(b):
@@ -930,8 +957,9 @@ def main(argv=None) -> int:
         choices=VARIANT_SETS,
         default="vit-b16",
         help="vit-b16 (default): ViT-B/16's shapes at batch 1 and 8 in fp32/fp16/bf16, every config the prunes "
-        "keep (the GEMMs: every kept config for ln+fc1, the heuristic's pick for the others); sweep: more head "
-        "dims, flag sets and epilogues, the digits model",
+        "keep (the GEMMs: every kept config for ln+fc1, the heuristic's pick for the others); picks: only the "
+        "no-autotune heuristic's pick (what a user gets by default) of every kernel of a ViT-S/16 and ViT-B/16 "
+        "forward at batch 1, 8 and 64; sweep: more head dims, flag sets and epilogues, the digits model",
     )
     parser.add_argument(
         "--full",
