@@ -21,8 +21,9 @@ from triton.runtime import _allocation
 from triton.runtime.autotuner import Autotuner
 from triton.runtime.driver import driver
 
-from vit_fast.kernels._interpret import interpreter_enabled
+from vit_fast.kernels._interpret import interpreter_enabled, interpreter_version_problem
 from vit_fast.kernels._switches import parse_switch, switch
+from vit_fast.kernels._versions import InterpreterVersionError
 from vit_fast.kernels.cards import card_for_arch, card_of
 
 #: storage dtypes every kernel takes (accumulation is always fp32)
@@ -286,7 +287,8 @@ class ResolvedLaunches:
     always get tensors), the constexprs, the device and ``grid_key``
     (whatever else the grid depends on); anything else that changes misses the cache and goes through
     Triton's own path, which resolves it again. Under the interpreter (decided at import, as Triton decides
-    its kernels' kind) every call goes through Triton. Never touches a GPU driver before the first launch.
+    its kernels' kind) every call goes through Triton, and raises :class:`~._versions.InterpreterVersionError`
+    where the installed triton and numpy break the interpreter. Never touches a GPU driver before the first launch.
 
     Every launch runs on the device of the first tensor argument: Triton launches on the current device, so
     when the tensors live on another one the launch (Triton's path and the resolved one alike) runs under a
@@ -321,6 +323,9 @@ class ResolvedLaunches:
         """``kernel[grid](*args, **constexprs)`` on the tensors' device, from the cache when this shape was
         launched there before."""
         if not self.enabled:
+            problem = interpreter_version_problem()
+            if problem is not None:  # refused before any launch: only kernels with no runtime loop bound would run
+                raise InterpreterVersionError(problem)
             with self.lock:  # the interpreter shares the autotuner's per-call state too
                 self._triton(grid, args, constexprs)
             return

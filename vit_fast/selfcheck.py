@@ -33,6 +33,7 @@ import torch
 
 from .config import ViTConfig
 from .dtypes import DTYPE_NAMES
+from .kernels._versions import InterpreterVersionError
 from .numerics import compare
 
 #: kernel -> (module in vit_fast.kernels, launcher, eager reference)
@@ -280,7 +281,9 @@ def no_tf32() -> Iterator[None]:
 
 
 def check_kernel(case: KernelCase, device: torch.device | str = "cpu", seed: int = 0) -> dict[str, Any]:
-    """Run ``case`` on ``device`` and judge it; never raises for the kernel's own failure.
+    """Run ``case`` on ``device`` and judge it; never raises for the kernel's own failure. Raises
+    :class:`~vit_fast.kernels._versions.InterpreterVersionError` where the installed triton and numpy break the
+    interpreter it would run in: no kernel is at fault there (``vit-fast doctor`` says so before any case).
 
     Returns ``{"name", "kernel", "role", "dtype", "shape", "status": "ok" | "failed", "summary", "seconds"}``,
     plus the numbers of :func:`vit_fast.numerics.compare` (``max_abs_err``, ``eager_max_abs_err``, ``bound``,
@@ -302,6 +305,8 @@ def check_kernel(case: KernelCase, device: torch.device | str = "cpu", seed: int
             eager = _reference(case, args, kwargs)
         ref64 = _reference(case, *_float64(args, kwargs))
         result = compare(out, eager, ref64, case.dtype, logits=False)
+    except InterpreterVersionError:
+        raise
     except Exception as err:  # a launch that fails (compile error, out of resources) is a failed check
         first = (str(err).strip().splitlines() or [""])[0]
         record.update(
