@@ -4,7 +4,9 @@ What runs for real: the model's forward, our launchers and input checks, the ``t
 custom ops, Triton's JIT dispatch (argument binding, specialisation, cache-key lookup), the
 autotuner's key and config lookup, the grid functions, and every ``torch.empty``. What is
 skipped: compilation (a stand-in kernel object is cached instead) and the C launcher with its
-``cuLaunchKernel`` (published at about 3.4 µs per launch on top of what is measured here).
+``cuLaunchKernel`` (published at about 3.4 µs per launch on top of what is measured here). What the
+launcher does in Python's stead runs too: Triton's own ``CompiledKernel.launch_metadata`` wherever a
+launch asks for metadata, and the launch hooks (``--launch-hook`` registers a trivial one).
 Tensors live on the CPU, with glibc told to keep freed memory (``mallopt``), so a ``torch.empty``
 reuses memory as a CUDA caching-allocator hit does instead of page-faulting fresh pages in.
 Timed: ``forward_features`` (everything the triton path runs; the head is one torch GEMM).
@@ -13,6 +15,7 @@ per forward and programs per launch.
 
     python benchmarks/host_overhead.py                       # ViT-S/B/L at batch 1, bf16
     python benchmarks/host_overhead.py --models vit_base_patch16_224 --json out.json
+    python benchmarks/host_overhead.py --models vit_base_patch16_224 --launch-hook   # as under a profiler
 
 Not a timed test: it prints a table (and optionally writes JSON). ``tests/test_launch_count.py``
 runs it in a subprocess to count launches. Run it without ``TRITON_INTERPRET`` (it refuses).
@@ -32,21 +35,27 @@ DEFAULT_MODELS = ("vit_small_patch16_224", "vit_base_patch16_224", "vit_large_pa
 
 
 class _StubKernel:
-    """What ``JITFunction.run`` needs from a compiled kernel; ``run`` records the launch instead of launching."""
+    """What ``JITFunction.run`` needs from a compiled kernel; ``run`` records the launch instead of launching.
+    ``launch_metadata`` and ``_init_handles`` are Triton's own ``CompiledKernel`` methods (set by
+    :func:`install_stub_driver`), run on this object as on a loaded kernel, so building a launch's metadata costs
+    here what it costs on a GPU; ``run`` calls the launch hooks as Triton's launcher does."""
 
     function = None
     packed_metadata = None
+    module = "stub"  # loaded: CompiledKernel._init_handles returns at once, as for a kernel launched before
 
-    def __init__(self, name: str, launches: list) -> None:
+    def __init__(self, name: str, src, launches: list) -> None:
         self.name = name
+        self.src = src  # the ASTSource Triton compiles from; launch_metadata reads its fn.launch_metadata
         self._launches = launches
 
-    def launch_metadata(self, grid, stream, *args):
-        return None
-
     def run(self, grid_0, grid_1, grid_2, stream, function, packed_metadata, launch_metadata, enter, leave, *args):
+        if enter is not None:  # what the C launcher does before cuLaunchKernel
+            enter(launch_metadata)
         self._launches.append((self.name, grid_0 * grid_1 * grid_2))
         self.last_args = args  # every kernel parameter, constexprs included, as the C launcher gets them
+        if leave is not None:
+            leave(launch_metadata)
 
 
 class _StubDriver:
@@ -112,13 +121,16 @@ def install_stub_driver() -> list[tuple[str, int]]:
     # send every op to eager PyTorch; its own steady-state cost is one lookup per forward (vit_fast/first_use.py)
     os.environ.setdefault("VIT_FAST_FIRST_USE_CHECK", "0")
     import triton
+    from triton.compiler.compiler import CompiledKernel
     from triton.runtime import jit
 
+    _StubKernel.launch_metadata = CompiledKernel.launch_metadata
+    _StubKernel._init_handles = CompiledKernel._init_handles
     launches: list[tuple[str, int]] = []
     triton.runtime.driver.set_active(_StubDriver())
 
     def do_compile(self, key, signature, device, constexprs, options, attrs, warmup):
-        kernel = _StubKernel(self.fn.__name__, launches)
+        kernel = _StubKernel(self.fn.__name__, self.ASTSource(self, signature, constexprs, attrs), launches)
         self.device_caches[device][0][key] = kernel
         return kernel
 
@@ -139,8 +151,25 @@ def install_stub_driver() -> list[tuple[str, int]]:
     return launches
 
 
-def measure(model_name: str, batch: int, dtype_name: str, iters: int, launches: list) -> dict:
-    """Host µs per forward (median and min of ``iters``), launches per forward and programs per launch."""
+def add_launch_hook() -> list[bool]:
+    """Register a trivial launch-enter hook in Triton's ``knobs.runtime.launch_enter_hook`` chain, as a profiler
+    (proton, say) registers its own: every launch then builds its launch metadata and calls the hook. Returns the
+    list each call appends to (whether it was given metadata)."""
+    from triton import knobs
+
+    calls: list[bool] = []
+
+    def hook(metadata) -> None:
+        calls.append(metadata is not None)
+
+    knobs.runtime.launch_enter_hook.add(hook)
+    return calls
+
+
+def measure(model_name: str, batch: int, dtype_name: str, iters: int, launches: list, hook_calls=None) -> dict:
+    """Host µs per forward (median and min of ``iters``), launches per forward and programs per launch; with
+    ``hook_calls`` (:func:`add_launch_hook`'s list), the hook's calls in the last forward and how many had
+    metadata."""
     import torch
 
     from vit_fast import VisionTransformer
@@ -158,6 +187,8 @@ def measure(model_name: str, batch: int, dtype_name: str, iters: int, launches: 
             model.forward_features(x)
         for _ in range(iters):
             del launches[:]
+            if hook_calls is not None:
+                del hook_calls[:]
             start = time.perf_counter()
             model.forward_features(x)
             times.append(time.perf_counter() - start)
@@ -165,7 +196,7 @@ def measure(model_name: str, batch: int, dtype_name: str, iters: int, launches: 
     programs: dict[str, list[int]] = {}
     for name, n in launches:
         programs.setdefault(name, []).append(n)
-    return {
+    row = {
         "model": model_name,
         "batch": batch,
         "dtype": dtype_name,
@@ -176,6 +207,10 @@ def measure(model_name: str, batch: int, dtype_name: str, iters: int, launches: 
         "programs_per_kernel": {name: sorted(set(ns)) for name, ns in programs.items()},
         "launch_sequence": launches[: 2 + 7 * 1],  # the patch embedding and the first block, in order
     }
+    if hook_calls is not None:
+        row["hook_calls"] = len(hook_calls)
+        row["hook_calls_with_metadata"] = sum(hook_calls)
+    return row
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -185,9 +220,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="bf16")
     parser.add_argument("--iters", type=int, default=30, help="timed forwards per model (median reported)")
     parser.add_argument("--json", help="also write the results to this JSON file")
+    parser.add_argument(
+        "--launch-hook", action="store_true", help="register a trivial Triton launch hook (as a profiler does)"
+    )
     args = parser.parse_args(argv)
     launches = install_stub_driver()
-    rows = [measure(m, args.batch, args.dtype, args.iters, launches) for m in args.models]
+    hook_calls = add_launch_hook() if args.launch_hook else None
+    rows = [measure(m, args.batch, args.dtype, args.iters, launches, hook_calls) for m in args.models]
     head = f"{'model':<26} {'batch':>5} {'us/fwd med':>11} {'min':>8} {'launches':>9} {'us/launch':>10}"
     print(head + "  programs per kernel")
     for r in rows:
@@ -197,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['launches']:>9} "
             f"{r['host_us_per_launch']:>10.1f}  {progs}"
         )
+        if hook_calls is not None:
+            calls, with_metadata = r["hook_calls"], r["hook_calls_with_metadata"]
+            print(f"  launch hook: {calls} calls in the last forward, {with_metadata} with metadata")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -1,11 +1,14 @@
-"""The one interpreter flag. Imports nothing but :mod:`._switches` (not even triton), so code that only asks
-whether the kernels would run in Triton's CPU interpreter can ask without importing them."""
+"""The one interpreter flag, and whether the interpreter can run our kernels here. Imports nothing but
+:mod:`._switches` and :mod:`._versions` (not even triton), so code that only asks whether the kernels would run in
+Triton's CPU interpreter can ask without importing them."""
 
 from __future__ import annotations
 
+import functools
 import os
 
 from ._switches import parse_triton_interpret
+from ._versions import interpreter_problem
 
 _READ: dict[str | None, bool] = {}  # raw TRITON_INTERPRET -> flag (read on every launch)
 
@@ -19,3 +22,11 @@ def interpreter_enabled() -> bool:
     if flag is None:
         flag = _READ[raw] = parse_triton_interpret(raw)
     return flag
+
+
+@functools.cache
+def interpreter_version_problem() -> str | None:
+    """Why Triton's interpreter cannot run our kernels with the installed triton and numpy, with the fix
+    (:func:`._versions.interpreter_problem`); None when it can. Read once per process: installed versions do not
+    change under it."""
+    return interpreter_problem()

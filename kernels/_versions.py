@@ -1,9 +1,10 @@
-"""Which triton our kernels need, and whether the installed torch and triton belong together.
+"""Which triton our kernels need, whether the installed torch and triton belong together, and whether Triton's
+interpreter runs our kernels with the installed numpy.
 
 torch pins triton exactly (torch 2.10/2.11 -> triton 3.6, 2.12 -> 3.7, 2.14 -> 3.8; the CPU build pins none), so
 vit-fast never asks pip for a triton newer than the user's torch pins: that would make pip replace their torch.
 The installed torch's own requirement is read from its metadata, not from a table kept here. Imports neither
-torch nor triton (metadata only), so it can run before either is imported.
+torch, triton nor numpy (metadata only), so it can run before any of them is imported.
 """
 
 from __future__ import annotations
@@ -15,6 +16,16 @@ import re
 MIN_TRITON = (3, 6)
 #: the oldest torch that pins a triton at or above MIN_TRITON
 MIN_TORCH_FOR_KERNELS = (2, 10)
+#: numpy from which triton's interpreter before INTERPRETER_FIXED_TRITON fails: numpy 2.4 turned ``int()`` of an
+#: array with ndim > 0 from a DeprecationWarning into a TypeError, and that interpreter's ``tensor.__index__`` is
+#: ``int(handle.data)`` on a one-element 1-D array (a loop bounded by a kernel argument, ``range(0, N, BLOCK)``,
+#: calls it). Compiled kernels never run that code
+INTERPRETER_BREAKING_NUMPY = (2, 4)
+#: the first triton whose interpreter squeezes the array first (``int(handle.data.squeeze())``): 3.7.0 (3.6.0 does
+#: not)
+INTERPRETER_FIXED_TRITON = (3, 7)
+#: the oldest torch that pins a triton at or above INTERPRETER_FIXED_TRITON
+TORCH_FOR_INTERPRETER_FIX = (2, 12)
 
 
 def parse_version(text: str | None) -> tuple[int, ...] | None:
@@ -66,6 +77,39 @@ def triton_problem() -> str | None:
     )
 
 
+class InterpreterVersionError(RuntimeError):
+    """Triton's interpreter cannot run our kernels with the installed triton and numpy (the message says why and
+    the fix; :func:`interpreter_problem`)."""
+
+
+def interpreter_problem() -> str | None:
+    """Why Triton's interpreter (``TRITON_INTERPRET=1``) cannot run our kernels with the installed triton and numpy,
+    with the fix; None when it can (or triton or numpy is not installed). Compiled kernels are not affected."""
+    triton_version, numpy_version = installed("triton"), installed("numpy")
+    parsed_triton, parsed_numpy = parse_version(triton_version), parse_version(numpy_version)
+    if parsed_triton is None or parsed_numpy is None:
+        return None
+    if parsed_triton[:2] >= INTERPRETER_FIXED_TRITON or parsed_numpy[:2] < INTERPRETER_BREAKING_NUMPY:
+        return None
+    numpy_below = ".".join(map(str, INTERPRETER_BREAKING_NUMPY))
+    triton_want = ".".join(map(str, INTERPRETER_FIXED_TRITON))
+    torch_want = ".".join(map(str, TORCH_FOR_INTERPRETER_FIX))
+    pinned = torch_pinned_triton()
+    triton_fix = (
+        f"upgrade torch to {torch_want} or newer, which brings triton >= {triton_want} (pip install 'torch>={torch_want}'"
+        f"; torch {installed('torch')} pins triton {pinned})"
+        if pinned
+        else f"pip install 'triton>={triton_want}'"
+    )
+    return (
+        f"Triton's interpreter in triton {triton_version} cannot run vit-fast's kernels with numpy {numpy_version}: "
+        f"a loop bounded by a kernel argument fails there with 'only 0-dimensional arrays can be converted to "
+        f"Python scalars' (numpy >= {numpy_below} made that conversion an error; triton {triton_want} fixed its "
+        f"interpreter; compiled kernels on a GPU are not affected). Fix: pip install 'numpy<{numpy_below}', or "
+        f"{triton_fix}"
+    )
+
+
 def pair_problem() -> str | None:
     """Whether the installed torch and triton belong together: None, or what is wrong (torch pins another triton
     than the one installed: pip was told to replace one of them)."""
@@ -81,9 +125,14 @@ def pair_problem() -> str | None:
 
 
 __all__ = [
+    "INTERPRETER_BREAKING_NUMPY",
+    "INTERPRETER_FIXED_TRITON",
     "MIN_TRITON",
     "MIN_TORCH_FOR_KERNELS",
+    "TORCH_FOR_INTERPRETER_FIX",
+    "InterpreterVersionError",
     "installed",
+    "interpreter_problem",
     "pair_problem",
     "parse_version",
     "torch_pinned_triton",

@@ -385,7 +385,62 @@ def warm_start() -> dict:
     }
 
 
+def launch_hooks() -> dict:
+    """A GEMM launched through Triton's own path, then resolved launches with no launch hook, with a hook in
+    Triton's enter chain, in its exit chain only, with a plain function set in the enter chain's place, and with
+    none again. Per phase: the launch metadata built (the stub's ``launch_metadata`` is Triton's
+    ``CompiledKernel.launch_metadata``), the hooks the launcher was handed and the calls each hook got."""
+    from triton import knobs
+    from triton.compiler.compiler import CompiledKernel
+
+    triton_own = host_overhead._StubKernel.launch_metadata is CompiledKernel.launch_metadata
+    built, handed, called = [], [], []
+
+    def counting_metadata(self, *args):
+        built.append(self.name)
+        return CompiledKernel.launch_metadata(self, *args)
+
+    def handing_run(self, g0, g1, g2, stream, function, packed, metadata, enter, leave, *args):
+        handed.append([enter is not None, leave is not None, metadata is not None])
+        return _seeing_run(self, g0, g1, g2, stream, function, packed, metadata, enter, leave, *args)
+
+    host_overhead._StubKernel.launch_metadata = counting_metadata
+    host_overhead._StubKernel.run = handing_run
+
+    def hook(where: str):
+        def record(metadata) -> None:
+            data = metadata.get() if metadata is not None else None
+            called.append([where, data and data["name"], data and data["stream"]])
+
+        return record
+
+    enter_hook, exit_hook, plain_hook = hook("enter"), hook("exit"), hook("plain")
+    chain = knobs.runtime.launch_enter_hook
+    phases = {}
+
+    def phase(name: str, launches: int = 2) -> None:
+        del built[:], handed[:], called[:]
+        for _ in range(launches):
+            _gemm(197, 96, 64, torch.float16)
+        phases[name] = {"built": list(built), "handed": list(handed), "called": list(called)}
+
+    phase("triton", launches=1)  # a new shape: Triton's own dispatch, which builds metadata on every launch
+    phase("none")
+    chain.add(enter_hook)
+    phase("enter")
+    chain.remove(enter_hook)
+    knobs.runtime.launch_exit_hook.add(exit_hook)
+    phase("exit")
+    knobs.runtime.launch_exit_hook.remove(exit_hook)
+    knobs.runtime.launch_enter_hook = plain_hook
+    phase("plain")
+    knobs.runtime.launch_enter_hook = chain
+    phase("none_again")
+    return {"triton_own": triton_own, "cached": len(linear._linear_launches.cache), "phases": phases}
+
+
 SCENARIOS = {
+    "launch_hooks": launch_hooks,
     "tuning_order": tuning_order,
     "epilogues": epilogues,
     "launched_config": launched_config,

@@ -16,11 +16,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _count(tmp_path, model: str, **env_overrides) -> dict:
+def _count(tmp_path, model: str, *flags: str, **env_overrides) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(TRITON_DEFAULT_FP_FUSION="1", VIT_FAST_AUTOTUNE="0", **env_overrides)
     out = tmp_path / "launches.json"
     cmd = [sys.executable, "benchmarks/host_overhead.py", "--models", model, "--iters", "1", "--json", str(out)]
+    cmd += flags
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (row,) = json.loads(out.read_text())
@@ -32,8 +33,11 @@ def test_vit_b16_batch1_launches(tmp_path):
     assert fused["launches"] == 2 + 5 * 12 <= 64
     names = [name for name, _ in fused["launch_sequence"]]
     assert names[:6] == ["_patch_embed_kernel", *["_linear_kernel", "_attention_kernel"], *["_linear_kernel"] * 3]
-    unfused = _count(tmp_path, "vit_base_patch16_224", VIT_FAST_FUSE_LN="0")
+    unfused = _count(tmp_path, "vit_base_patch16_224", "--launch-hook", VIT_FAST_FUSE_LN="0")
     assert unfused["launches"] == 2 + 7 * 12
+    # a launch hook registered (as a profiler registers one): every resolved launch hands it Triton's metadata
+    assert unfused["hook_calls"] == unfused["hook_calls_with_metadata"] == 2 + 7 * 12
+    assert "hook_calls" not in fused
 
 
 _RESOLVED_SCRIPT = """

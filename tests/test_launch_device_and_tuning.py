@@ -1,6 +1,7 @@
 """The compiled launch path on the CPU, with Triton's driver stubbed (tests/_stub_scenarios.py, run in a
 subprocess without TRITON_INTERPRET): launches on the tensors' own device, autotune keys that cannot collide,
-tuning serialised per kernel, a warm start of a handful of compilations, fp fusion pinned."""
+tuning serialised per kernel, a warm start of a handful of compilations, fp fusion pinned, launch metadata built
+only for a registered launch hook."""
 
 from __future__ import annotations
 
@@ -55,6 +56,24 @@ def test_the_heuristic_fills_the_sms_of_the_tensors_device(tmp_path):
     assert result["programs"] == {"0": [126, 126], "1": [252, 252]}
     assert result["asked"] == [0, 1]
     assert result["tuned_sm_counts"] == [108, 132]
+
+
+def test_launch_metadata_only_for_a_registered_hook(tmp_path):
+    """A resolved launch builds Triton's launch metadata (and hands the launcher its hooks) only while a launch hook
+    is registered: none with Triton's hook chains empty (triton >= 3.6 always has the chains, so a test of None
+    builds it on every launch); with a hook in the enter or the exit chain, or a plain function set in the enter
+    chain's place, every launch builds it and the hook gets it, naming the kernel and the stream."""
+    result = _scenario(tmp_path, "launch_hooks")
+    assert result["triton_own"] is True  # the stub builds metadata with Triton's own CompiledKernel.launch_metadata
+    assert result["cached"] == 1
+    phases = result["phases"]
+    assert phases["triton"]["built"] == ["_linear_kernel"]  # Triton's own dispatch: its choice, not ours
+    for quiet in ("none", "none_again"):
+        assert phases[quiet] == {"built": [], "handed": [[False, False, False]] * 2, "called": []}
+    for name, where in (("enter", "enter"), ("exit", "exit"), ("plain", "plain")):
+        assert phases[name]["built"] == ["_linear_kernel"] * 2, name
+        assert phases[name]["handed"] == [[True, True, True]] * 2, name
+        assert phases[name]["called"] == [[where, "_linear_kernel", 0]] * 2, name
 
 
 def test_tuning_order_does_not_change_the_picks(tmp_path):

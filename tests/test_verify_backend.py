@@ -4,7 +4,7 @@ import pytest
 
 from vit_fast import cli, export
 
-from .util import tiny_model
+from .util import skip_if_interpreted_and_broken, tiny_model
 
 
 def test_verify_triton_backend_passes():
@@ -25,6 +25,7 @@ def test_verify_triton_backend_catches_a_wrong_kernel(monkeypatch):
         export.verify(tiny_model(), "triton", batches=[2], seed=0, print_table=False)
 
 
+@skip_if_interpreted_and_broken
 def test_verify_cli_triton(tmp_path, capsys):
     from vit_fast import save_checkpoint
 

@@ -9,11 +9,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from packaging.requirements import Requirement
 from packaging.version import Version
 
 from vit_fast import runtime
 from vit_fast.kernels import _versions, cards
+from vit_fast.kernels._interpret import interpreter_enabled
 
 tomllib = pytest.importorskip("tomllib", reason="pyproject.toml is read with Python 3.11's tomllib")
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,6 +115,73 @@ def test_mismatched_pair_detected(monkeypatch):
 def test_matching_pairs(monkeypatch, versions, requires):
     _fake_install(monkeypatch, versions, requires)
     assert _versions.pair_problem() is None
+
+
+# ------------------------------------------------------------------------------ the interpreter with numpy >= 2.4
+@pytest.mark.parametrize(
+    "triton_version, numpy_version, broken",
+    [
+        ("3.6.0", "2.4.0", True),  # the GPU box's triton with the numpy that made int() of a 1-D array an error
+        ("3.6.0", "2.5.0", True),
+        ("3.6.0+git1234", "2.4.6", True),
+        ("3.6.0", "2.3.5", False),  # CI's oldest pair: numpy < 2.4
+        ("3.7.0", "2.4.0", False),  # triton 3.7's interpreter squeezes the array first
+        ("3.9.0", "2.5.0", False),
+        ("3.6.0", None, False),
+        (None, "2.4.0", False),
+    ],
+)
+def test_interpreter_problem_by_versions(monkeypatch, triton_version, numpy_version, broken):
+    _fake_install(monkeypatch, {"torch": "2.13.0", "triton": triton_version, "numpy": numpy_version}, [])
+    problem = _versions.interpreter_problem()
+    assert (problem is not None) is broken
+    if broken:
+        assert f"triton {triton_version}" in problem and f"numpy {numpy_version}" in problem
+        assert "only 0-dimensional arrays can be converted to Python scalars" in problem
+        assert "pip install 'numpy<2.4'" in problem and "pip install 'triton>=3.7'" in problem  # a CPU torch
+
+
+def test_interpreter_problem_keeps_the_torch_pair(monkeypatch):
+    """Where torch pins triton 3.6.0 (torch 2.10 and 2.11), the triton fix is a torch that pins 3.7 or newer, not a
+    bare triton upgrade that would break the pair."""
+    _fake_install(monkeypatch, {"torch": "2.11.0", "triton": "3.6.0", "numpy": "2.5.0"}, ["triton==3.6.0"])
+    problem = _versions.interpreter_problem()
+    assert "pip install 'numpy<2.4'" in problem and "pip install 'torch>=2.12'" in problem
+    assert "torch 2.11.0 pins triton 3.6.0" in problem and "pip install 'triton" not in problem
+    assert TORCH_PINS[_versions.TORCH_FOR_INTERPRETER_FIX] == "3.7.0"
+    assert Version(TORCH_PINS[(2, 11)]) < Version(".".join(map(str, _versions.INTERPRETER_FIXED_TRITON)))
+
+
+BROKEN = "Triton's interpreter in triton 3.6.0 cannot run vit-fast's kernels with numpy 2.5.0: (the fix)"
+
+
+@pytest.mark.skipif(not interpreter_enabled(), reason="the refusal is on the interpreted launch path (no GPU here)")
+def test_broken_interpreter_refuses_before_any_launch(monkeypatch):
+    """With a triton and numpy that break the interpreter (faked), an interpreted launch raises
+    InterpreterVersionError with the message before running anything, the triton backend refuses with it, and
+    ``vit-fast info`` says so. (Met by a test that does not expect it, the error skips that test: conftest.)"""
+    import vit_fast
+    from vit_fast.kernels import _common, layer_norm
+
+    ran = []
+    monkeypatch.setattr(_common.ResolvedLaunches, "_triton", lambda self, *a: ran.append(a))
+    monkeypatch.setattr(_common, "interpreter_version_problem", lambda: BROKEN)
+    x = torch.randn(4, 32)
+    with pytest.raises(_versions.InterpreterVersionError, match=re.escape(BROKEN)):
+        layer_norm.layer_norm(x, torch.ones(32), torch.zeros(32), 1e-6)
+    assert ran == []
+    monkeypatch.setattr(runtime, "interpreter_version_problem", lambda: BROKEN)
+    assert not runtime.triton_available()
+    with pytest.raises(_versions.InterpreterVersionError, match=re.escape(BROKEN)):
+        runtime.require_triton()
+    model = vit_fast.VisionTransformer(
+        vit_fast.ViTConfig(img_size=16, patch_size=8, embed_dim=32, depth=1, num_heads=2)
+    )
+    with pytest.raises(RuntimeError, match=re.escape(BROKEN)):
+        model.set_backend("triton")
+    from vit_fast.env import collect_info
+
+    assert collect_info()["backends"]["triton"] == f"no: {BROKEN}"
 
 
 # ------------------------------------------------------------------------------ what a too-old triton does

@@ -1,10 +1,32 @@
-"""Small models shared by tests."""
+"""Small models shared by tests, and the skip for a test whose command runs the kernels in a broken interpreter."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from vit_fast import VisionTransformer, ViTConfig
+from vit_fast.kernels._interpret import interpreter_enabled, interpreter_version_problem
+
+
+def interpreter_fault() -> str | None:
+    """Why the kernels cannot run in Triton's interpreter where this suite runs them there (no GPU, or
+    TRITON_INTERPRET set): the installed triton and numpy break it. None otherwise."""
+    if torch.cuda.is_available() and not interpreter_enabled():
+        return None
+    return interpreter_version_problem()
+
+
+# For a test that judges what a command reports after running the kernels in the interpreter: where the installed
+# triton and numpy break it, the command reports that instead (tests/test_doctor.py and tests/test_versions.py
+# check it), so the test is skipped with the reason. A test that meets the error itself is skipped by conftest.py.
+#: the command runs the interpreter on any machine (``vit-fast doctor --device cpu``, the demo's verify child)
+skip_if_interpreter_broken = pytest.mark.skipif(
+    interpreter_version_problem() is not None, reason=str(interpreter_version_problem())
+)
+#: the command runs the kernels where the suite does: in the interpreter without a GPU (``vit-fast doctor``,
+#: ``vit-fast verify MODEL triton``)
+skip_if_interpreted_and_broken = pytest.mark.skipif(interpreter_fault() is not None, reason=str(interpreter_fault()))
 
 TINY = dict(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, num_classes=7)
 

@@ -8,9 +8,9 @@ Every check is a dict ``{"section", "name", "status": ok | warning | failed | sk
 :func:`vit_fast.kernels.cards.card_of`, the versions are :mod:`vit_fast.kernels._versions`, the graph is
 :class:`vit_fast.graphs.CUDAGraphRunner`, timings are the bench timer's, files go through vit_fast.files.
 
-  environment  python, torch, triton and whether they belong together, what Triton builds its C launcher
-               with (a C compiler, Python.h, libcuda.so.1), the driver, each GPU's row of the card table,
-               TRITON_* / VIT_FAST_* settings
+  environment  python, torch, triton and whether they belong together, whether Triton's interpreter runs with
+               the installed numpy (CPU only), what Triton builds its C launcher with (a C compiler, Python.h,
+               libcuda.so.1), the driver, each GPU's row of the card table, TRITON_* / VIT_FAST_* settings
   kernels      every kernel of one forward at the model's shapes, then the kernels only timm / HF models
                patched in place run (RmsNorm and RmsNorm + GEMM of vit_base_patch16_xp_224, differential
                attention of vit_dlittle_patch16_reg1_gap_256, the attention-pool head of
@@ -66,6 +66,8 @@ INTERPRETER_MODEL_FLOPS = 0.2e9
 #: what a CPU runs by default: bf16 dots run through fp32 in the interpreter, so its bf16 path is not the GPU's
 CPU_DTYPES = ("fp32", "fp16")
 GPU_CHECKS = ("kernels, compiled", "model, compiled", "first-use check", "cuda graph", "timing")
+#: the environment check of whether Triton's interpreter runs our kernels with this triton and numpy (CPU only)
+INTERPRETER_CHECK = "triton interpreter"
 
 
 def _check(section: str, name: str, status: str | bool, summary: str, **fields: Any) -> dict[str, Any]:
@@ -96,6 +98,7 @@ def _triton_checks(cuda: bool) -> list[dict[str, Any]]:
     pinned = _versions.torch_pinned_triton()
     want = ".".join(map(str, _versions.MIN_TRITON))
     checks = []
+    triton_ok = False
     if triton_version is None:
         checks.append(
             _check(
@@ -107,8 +110,9 @@ def _triton_checks(cuda: bool) -> list[dict[str, Any]]:
         )
     else:
         problem = _versions.triton_problem()
+        triton_ok = problem is None
         summary = problem or f"triton {triton_version} (vit-fast's kernels need >= {want})"
-        checks.append(_check("environment", "triton", problem is None, summary, version=triton_version))
+        checks.append(_check("environment", "triton", triton_ok, summary, version=triton_version))
     pair = _versions.pair_problem()
     if pair is not None:
         status, summary = "warning", pair
@@ -117,6 +121,14 @@ def _triton_checks(cuda: bool) -> list[dict[str, Any]]:
     else:
         status, summary = "ok", f"torch {torch_version} pins triton {pinned}, and triton {triton_version} is installed"
     checks.append(_check("environment", "torch / triton pair", status, summary, torch_pins=pinned))
+    if triton_ok and not cuda:  # the kernel checks run in Triton's interpreter here
+        problem = _versions.interpreter_problem()
+        numpy_version = _versions.installed("numpy")
+        summary = problem or (
+            f"triton {triton_version} with numpy {numpy_version}: no known fault of the interpreter there "
+            "(the kernel checks below run in it)"
+        )
+        checks.append(_check("environment", INTERPRETER_CHECK, problem is None, summary, numpy=numpy_version))
     return checks
 
 
@@ -494,9 +506,10 @@ def run_doctor(s: DoctorSettings) -> dict[str, Any]:
         checks.append(_failed("model", "load", err))
         _note(stages, checks[-1])
         model = None
-    kernels_ready = not any(c["name"] == "triton" and c["status"] != "ok" for c in checks)
-    if not kernels_ready:
-        why = "triton cannot run vit-fast's kernels here (see environment: triton)"
+    blockers = [c["name"] for c in checks if c["name"] in ("triton", INTERPRETER_CHECK) and c["status"] != "ok"]
+    blocker = blockers[0] if blockers else None
+    if blocker is not None:
+        why = f"{blocker} cannot run vit-fast's kernels here (see environment: {blocker})"
         checks += [_check("kernels", "kernels", "skipped", why), _check("model", "model", "skipped", why)]
     elif model is None:
         checks.append(_check("kernels", "kernels", "skipped", "their shapes come from the model (see model: load)"))

@@ -422,7 +422,8 @@ def collect_info() -> dict[str, Any]:
     elif runtime.cuda_available():
         backends["triton"] = "yes (compiled on the GPU)"
     elif runtime.interpreter_enabled():
-        backends["triton"] = "yes, under TRITON_INTERPRET=1 (slow; for tests)"
+        broken = runtime.interpreter_version_problem()
+        backends["triton"] = f"no: {broken}" if broken else "yes, under TRITON_INTERPRET=1 (slow; for tests)"
     else:
         backends["triton"] = "no GPU here: set TRITON_INTERPRET=1 to run the kernels in the interpreter"
     backends["onnxruntime"] = f"yes ({', '.join(ort_providers)})" if ort_providers else f"no: {install_hint('onnx')}"

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .kernels import cards
-from .kernels._interpret import interpreter_enabled
+from .kernels._interpret import interpreter_enabled, interpreter_version_problem
+from .kernels._versions import InterpreterVersionError
 
 if TYPE_CHECKING:
     import torch
@@ -61,8 +62,13 @@ def cuda_available() -> bool:
 
 
 def triton_available() -> bool:
-    """Triton kernels can run: a new enough triton is installed and there is a GPU or the interpreter."""
-    return triton_importable() and triton_version_problem() is None and (cuda_available() or interpreter_enabled())
+    """Triton kernels can run: a new enough triton is installed and there is a GPU or the interpreter (with a
+    numpy it runs under: :func:`~.kernels._interpret.interpreter_version_problem`)."""
+    if not triton_importable() or triton_version_problem() is not None:
+        return False
+    if interpreter_enabled():
+        return interpreter_version_problem() is None
+    return cuda_available()
 
 
 def require_triton() -> None:
@@ -72,7 +78,17 @@ def require_triton() -> None:
     problem = triton_version_problem()
     if problem is not None:
         raise RuntimeError(f"the triton backend cannot run: {problem}; or use backend='torch'")
-    if not (cuda_available() or interpreter_enabled()):
+    if interpreter_enabled():
+        problem = interpreter_version_problem()
+        if problem is not None:
+            raise InterpreterVersionError(f"the triton backend cannot run: {problem}; or use backend='torch'")
+    elif not cuda_available():
+        problem = interpreter_version_problem()
+        if problem is not None:
+            raise RuntimeError(
+                "the triton backend needs a CUDA GPU, and on this CPU Triton's interpreter (TRITON_INTERPRET=1) "
+                f"cannot stand in: {problem}; or use backend='torch'"
+            )
         raise RuntimeError(
             "the triton backend needs a CUDA GPU; on a CPU-only machine set TRITON_INTERPRET=1 "
             "before importing vit_fast to run the kernels in Triton's (slow) interpreter, "

@@ -33,6 +33,7 @@ import torch
 
 from .config import ViTConfig
 from .dtypes import DTYPE_NAMES
+from .kernels._versions import InterpreterVersionError
 from .numerics import compare
 
 #: kernel -> (module in vit_fast.kernels, launcher, eager reference)
@@ -321,7 +322,9 @@ def check_kernel(
 ) -> dict[str, Any]:
     """Run ``case`` on ``device`` and judge it; never raises for the kernel's own failure. The float64 reference
     runs (and the errors are measured) on ``reference_device``: the CPU by default, the GPU itself where a large
-    case's float64 reference would take the CPU seconds.
+    case's float64 reference would take the CPU seconds. Raises
+    :class:`~vit_fast.kernels._versions.InterpreterVersionError` where the installed triton and numpy break the
+    interpreter it would run in: no kernel is at fault there (``vit-fast doctor`` says so before any case).
 
     Returns ``{"name", "kernel", "role", "dtype", "shape", "status": "ok" | "failed", "summary", "seconds"}``,
     plus the numbers of :func:`vit_fast.numerics.compare` (``max_abs_err``, ``eager_max_abs_err``, ``bound``,
@@ -343,6 +346,8 @@ def check_kernel(
             eager = _reference(case, args, kwargs)
         ref64 = _reference(case, *_float64(args, kwargs, torch.device(reference_device)))
         result = compare(out, eager, ref64, case.dtype, logits=False)
+    except InterpreterVersionError:
+        raise
     except Exception as err:  # a launch that fails (compile error, out of resources) is a failed check
         first = (str(err).strip().splitlines() or [""])[0]
         record.update(
