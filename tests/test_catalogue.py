@@ -320,6 +320,11 @@ CLI: dict[str, tuple[list[str], int, str]] = {
         1,
         r"batch 128 is outside the artifact's batch range 1\.\.64",
     ),
+    "tritonserver verify batch outside the range": (
+        ["export", "tritonserver", "default", "--out", "repo", "--batch", "1,8", "--verify-batch", "16"],
+        1,
+        r"batch 16 is outside the artifact's batch range 1\.\.8",
+    ),
     "export outputs repeat": (
         ["export", "onnx", "default", "--out", "o.onnx", "--outputs", "logits,logits"],
         2,
