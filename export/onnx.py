@@ -298,7 +298,7 @@ def to_onnx(
     model = plain_model(model, "to_onnx")
     cfg = model.cfg
     spec = check_graph_args(cfg, outputs, input_name, output_names, preprocess)
-    options = verify_options(verify, report)
+    options = verify_options(verify, report, batch_range=batch)
     if options is not None and dtype == torch.bfloat16 and verifies_on_cpu(options.provider):
         raise ValueError(
             "bf16 ONNX files cannot be verified on ONNX Runtime's CPU provider (no bf16 Conv, and its Python API "

@@ -289,7 +289,7 @@ def to_tensorrt(
     onnx_path, engine_path, batch, onnx_meta, onnx_dtype, profile = check_tensorrt_args(
         onnx_path, engine_path, batch, precision, timing_cache, overwrite
     )
-    options = verify_options(verify, report)
+    options = verify_options(verify, report, batch_range=(batch[0], batch[2]))
     report_path = check_report_path(report, overwrite, artifact=engine_path) if report is not None else None
     if options is not None and model is None and not (onnx_meta and onnx_meta.get("source")):
         raise ValueError(

@@ -130,6 +130,18 @@ def model_name_for(spec: str | os.PathLike) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", stem).strip(".") or "vit"
 
 
+def machine_kind(engine: bool = False) -> tuple[str, str]:
+    """The instance kind to write when none is asked for, and why: ``"gpu"`` for a TensorRT engine (it runs on a
+    GPU only) and where torch sees a CUDA GPU, else ``"cpu"`` (a KIND_GPU model fails to load on a server
+    without one)."""
+    if engine:
+        return "gpu", "a TensorRT engine runs on a GPU only"
+    if torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        return "gpu", f"torch sees {count} CUDA GPU{'s' if count != 1 else ''} here"
+    return "cpu", "no CUDA GPU is visible to torch here; pass --kind gpu for a repository a GPU server will load"
+
+
 def check_instances(instances: Any, kind: Any) -> tuple[int, str]:
     """Validate the instance group: ``instances`` >= 1 and ``kind`` "gpu" or "cpu"."""
     if isinstance(instances, bool) or not isinstance(instances, int) or instances < 1:
@@ -325,6 +337,7 @@ __all__ = [
     "check_queue_delay",
     "dtype_of",
     "engine_specs",
+    "machine_kind",
     "model_io",
     "model_name_for",
     "onnx_specs",

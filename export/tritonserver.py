@@ -33,7 +33,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from vit_fast.dtypes import parse_dtype
+from vit_fast.batches import MAX_BATCH
+from vit_fast.dtypes import DTYPE_NAMES, parse_dtype
 from vit_fast.files import clean_stale_staging, copy_new, make_staging, publish_folder, write_json_atomic, write_new
 from vit_fast.progress import Stages
 
@@ -98,12 +99,15 @@ def onnx_entry(
     seed: int | None = None,
     source_name: str | None = None,
     progress: bool = True,
+    verify_batches: Sequence[int] | None = None,
 ) -> ModelEntry:
     """An ``onnxruntime_onnx`` entry from a :class:`vit_fast.VisionTransformer` (exported here with
     ``to_onnx``, batch range 1..max) or from an ONNX file (copied with its metadata).
 
     ``verify``: run the ONNX file against eager PyTorch (``vit_fast.export.verify``) and keep the
-    record; for a file, against ``model`` or else the source its metadata names. ``dtype`` applies to a
+    record; for a file, against ``model`` or else the source its metadata names. ``verify_batches``: the
+    batch sizes verified (default: the minimum, an odd batch and the maximum of the file's range), inside that
+    range; fewer make a quicker check and leave the served batch sizes as they are. ``dtype`` applies to a
     model only (a file keeps its own). Arguments are checked here, before any work.
     """
     check_model_name(name)
@@ -120,6 +124,7 @@ def onnx_entry(
         plan = plan_batching(batch, **serving)
         described = source_name or "a vit_fast.VisionTransformer"
         meta, path, reference = None, None, source
+        rng: tuple[int, int] | None = (1, plan.max_batch_size)
     else:
         path = check_readable_file(source, "ONNX file")
         if path.suffix.lower() not in ONNX_SUFFIXES:
@@ -135,19 +140,27 @@ def onnx_entry(
                 "from, or skip verification"
             )
         described = str(path.resolve())
+    if verify and verify_batches is not None:
+        from .verify import check_verify_batches
+
+        verify_batches = list(verify_batches)
+        check_verify_batches(verify_batches, rng or (1, MAX_BATCH))
 
     def build(folder: Path) -> EntryConfig:
         version = folder / VERSION
         version.mkdir(parents=True)
         target = version / MODEL_FILES["onnx"]
+        shown = published_folder(folder) / VERSION / MODEL_FILES["onnx"]  # where it is served from: what we name
         record = None
         if path is None:
             from .onnx import to_onnx
 
-            to_onnx(  # verified below, where it will be served from
-                source, target, batch=(1, plan.max_batch_size), dtype=dtype, source=source_name,
-                progress=progress, verify=False,
-            )  # fmt: skip
+            what = f"exporting {shown} (ONNX, {DTYPE_NAMES[dtype]}, batch 1..{plan.max_batch_size})"
+            with Stages("vit-fast export", progress).step(what):
+                to_onnx(  # verified below, where it will be served from
+                    source, target, batch=(1, plan.max_batch_size), dtype=dtype, source=source_name,
+                    progress=False, verify=False,
+                )  # fmt: skip
         else:
             copy_new(path, target)
             if meta.get("external_data"):  # the graph names its weights file; it keeps that name
@@ -157,7 +170,16 @@ def onnx_entry(
         if verify:
             from .verify import verify as verify_artifact
 
-            report = verify_artifact(reference, target, seed=seed, print_table=progress, raise_on_failure=True)
+            report = verify_artifact(
+                reference,
+                target,
+                batches=verify_batches,
+                seed=seed,
+                print_table=progress,
+                raise_on_failure=True,
+                artifact_name=str(shown),
+                batch_flag="--verify-batch",
+            )
             record = _verification_record(report)
             # the report names the file it checked in the staging folder; name it where it now lives
             details = report.to_dict() | {"artifact": f"{VERSION}/{MODEL_FILES['onnx']}"}
@@ -234,6 +256,12 @@ def tensorrt_entry(
 
 
 # --------------------------------------------------------------------------- writing
+def published_folder(folder: Path) -> Path:
+    """Where a model folder that :func:`write_repository` builds at ``folder`` (inside its staging folder in the
+    repository) is published: what progress lines and tables name, never the staging path."""
+    return folder.parent.parent / folder.name
+
+
 def check_repository(repo: str | os.PathLike, names: Sequence[str], force: bool = False) -> Path:
     """Check that ``repo`` can hold the model folders ``names`` (before any work); returns it.
 
@@ -322,6 +350,7 @@ def to_tritonserver(
     source_name: str | None = None,
     extra: Sequence[ModelEntry] = (),
     progress: bool = True,
+    verify_batches: Sequence[int] | None = None,
 ) -> list[Path]:
     """Write a Triton model repository entry for ``source`` into ``repo``; returns the model folders.
 
@@ -333,6 +362,7 @@ def to_tritonserver(
     - ``instances`` x ``kind`` ("gpu" -> KIND_GPU, "cpu" -> KIND_CPU): the instance group.
     - ``queue_delay_us``: the dynamic batcher's ``max_queue_delay_microseconds``.
     - ``extra``: more entries written in the same all-or-nothing step (the python-backend entry).
+    - ``verify_batches``: the batch sizes an ONNX entry is verified at (:func:`onnx_entry`).
 
     Existing non-empty model folders are refused unless ``force``. Bad arguments raise before any work.
     """
@@ -351,6 +381,7 @@ def to_tritonserver(
             seed=seed,
             source_name=source_name,
             progress=progress,
+            verify_batches=verify_batches,
             **common,
         )
     elif Path(str(source)).suffix.lower() in ENGINE_SUFFIXES:
@@ -371,6 +402,7 @@ __all__ = [
     "ModelEntry",
     "check_repository",
     "onnx_entry",
+    "published_folder",
     "tensorrt_entry",
     "to_tritonserver",
     "write_repository",

@@ -56,7 +56,11 @@ class VerificationError(AssertionError):
 
 @dataclass
 class VerifyOptions:
-    """How :func:`vit_fast.export.to_onnx` / ``to_tensorrt`` verify the artifact they stage (see :func:`verify`)."""
+    """How :func:`vit_fast.export.to_onnx` / ``to_tensorrt`` verify the artifact they stage (see :func:`verify`).
+
+    ``batches``: the batch sizes verified (default: the minimum, an odd batch and the maximum of the artifact's
+    range); each must lie in that range. Fewer batches make a quicker check of the same artifact: the range it
+    is exported or built for (``batch=``) is unchanged."""
 
     batches: list[int] | None = None
     seed: int | None = None
@@ -228,6 +232,35 @@ def default_batches(batch_range: tuple[int, int]) -> list[int]:
     return sorted({lo, odd, hi})
 
 
+def quicker_check(batches: list[int], batch_range: tuple[int, int] | None, flag: str = "--batch") -> str:
+    """The smaller check a note on a slow machine suggests: ``batches`` below the largest (at most two), or the
+    range's minimum, as ``flag`` and as the API's ``batches=``. Only what is verified changes: with an
+    exporter's ``--verify-batch`` the note says that the artifact keeps its batch range."""
+    fewer = sorted(b for b in set(batches) if b < max(batches))[:2] or [batch_range[0] if batch_range else 1]
+    text = f"{flag} {','.join(map(str, fewer))} (batches={fewer}) for a quicker check"
+    if flag != "--batch" and batch_range:
+        text += f"; the artifact keeps its batch range {batch_range[0]}..{batch_range[1]}"
+    return text
+
+
+def check_verify_batches(
+    batches: list[int] | None, batch_range: tuple[int, int], flag: str = "--verify-batch", what: str = "artifact"
+) -> None:
+    """Refuse, before any work, batches to verify that the artifact will not take: each must be an int in
+    ``batch_range`` (``(min, max)``, inclusive), the range it is exported or built for."""
+    if batches is None:
+        return
+    lo, hi = batch_range
+    if not batches or any(isinstance(b, bool) or not isinstance(b, int) for b in batches):
+        raise ValueError(f"{flag} takes batch sizes (ints), got {batches!r}")
+    outside = [b for b in batches if not lo <= b <= hi]
+    if outside:
+        raise ValueError(
+            f"{flag} {','.join(map(str, batches))}: batch {outside[0]} is outside the {what}'s batch range "
+            f"{lo}..{hi}: verify batches within it, or widen the range itself (--batch; batch= in the API)"
+        )
+
+
 def draw_seed() -> int:
     """A fresh seed for random inputs, recorded so that a failure can be reproduced with it."""
     return int.from_bytes(os.urandom(4), "little") >> 1
@@ -310,6 +343,7 @@ def verify(
     overwrite: bool = False,
     artifact_name: str | None = None,
     progress: bool | None = None,
+    batch_flag: str = "--batch",
 ) -> VerifyReport:
     """Run ``artifact`` (``.onnx``, a TensorRT ``.plan`` / ``.engine``, or ``"triton"`` for our kernels
     backend) and compare each of its outputs with ``model``'s (a plain VisionTransformer, one that has
@@ -328,7 +362,9 @@ def verify(
       file vit-fast did not write is replaced only with ``overwrite``).
     - ``artifact_name``: how the report names the artifact (default: ``artifact`` itself).
     - ``progress``: a line per batch on stderr with the time taken and about how long is left, and, on a CPU,
-      a note before GPU-sized work starts (default: as ``print_table``).
+      a note before GPU-sized work starts, naming fewer batches to try (default: as ``print_table``).
+    - ``batch_flag``: the command-line flag that sets ``batches`` where the note names it (an exporter's
+      ``--verify-batch``: its ``--batch`` sets the artifact's range, not what is verified).
 
     Prints a table (``print_table``) and returns a :class:`VerifyReport`; raises :class:`VerificationError`
     naming the worst row when any row fails (``raise_on_failure``; the JSON is written first). Unreadable
@@ -403,7 +439,7 @@ def verify(
         note = long_cpu_note(
             3 * images * count_flops(cfg) / 1e9,  # the float64 reference, eager and the artifact each run it
             f"verifying {report.artifact} at batches {','.join(map(str, batches))}",
-            "--batch 1,3 (batches=[1, 3]) for a quicker check",
+            quicker_check(batches, batch_range or runner.batch_range, batch_flag),
         )
         if note:
             stages.note(note)
@@ -451,13 +487,18 @@ def verify(
     return report
 
 
-def verify_options(verify: bool | VerifyOptions | None, report: Any = None) -> VerifyOptions | None:
-    """An exporter's ``verify=`` argument as options (None: no verification); ``report=`` needs verification."""
+def verify_options(
+    verify: bool | VerifyOptions | None, report: Any = None, batch_range: tuple[int, int] | None = None
+) -> VerifyOptions | None:
+    """An exporter's ``verify=`` argument as options (None: no verification); ``report=`` needs verification;
+    ``VerifyOptions.batches`` must lie in ``batch_range``, the artifact's ``(min, max)``, where given."""
     options = VerifyOptions() if verify is True else (verify or None)
     if options is not None and not isinstance(options, VerifyOptions):
         raise TypeError(f"verify must be True, False or a VerifyOptions, got {verify!r}")
     if report is not None and options is None:
         raise ValueError("report= is the verification report: pass verify=True with it")
+    if options is not None and batch_range is not None:
+        check_verify_batches(options.batches, batch_range, "VerifyOptions(batches=...)")
     return options
 
 
@@ -473,6 +514,7 @@ def verify_staged(model: Any, staged: Path, options: VerifyOptions, final: Path)
         provider=options.provider,
         print_table=options.print_table,
         artifact_name=str(final),
+        batch_flag="--verify-batch",
     )
 
 

@@ -305,6 +305,26 @@ CLI: dict[str, tuple[list[str], int, str]] = {
         2,
         r"'a' in 'a,b' is not a number",
     ),
+    "export verify batch outside the range": (
+        ["export", "onnx", "default", "--out", "o.onnx", "--batch", "1,4", "--verify-batch", "1,8"],
+        1,
+        r"--verify-batch 1,8: batch 8 is outside the artifact's batch range 1\.\.4: verify batches within it",
+    ),
+    "export verify batch unverified": (
+        ["export", "onnx", "default", "--out", "o.onnx", "--verify-batch", "1", "--no-verify"],
+        1,
+        r"--verify-batch names batches to verify: drop it or --no-verify",
+    ),
+    "tensorrt verify batch outside the profile": (
+        ["export", "tensorrt", "x.onnx", "--out", "m.plan", "--batch", "1,8,64", "--verify-batch", "128"],
+        1,
+        r"batch 128 is outside the artifact's batch range 1\.\.64",
+    ),
+    "tritonserver verify batch outside the range": (
+        ["export", "tritonserver", "default", "--out", "repo", "--batch", "1,8", "--verify-batch", "16"],
+        1,
+        r"batch 16 is outside the artifact's batch range 1\.\.8",
+    ),
     "export outputs repeat": (
         ["export", "onnx", "default", "--out", "o.onnx", "--outputs", "logits,logits"],
         2,

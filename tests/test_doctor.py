@@ -439,6 +439,18 @@ def test_failing_kernel_makes_doctor_exit_1_naming_it(monkeypatch, tmp_path, cap
     stdout = capsys.readouterr().out
     assert "FAILED: attention fp32" in stdout
     assert "FAILED: attention fp32" in (out / "report.md").read_text()
+    _assert_each_check_printed_once(report["checks"], stdout)
+
+
+def _assert_each_check_printed_once(checks: list[dict], stdout: str) -> None:
+    """Every check is one row of doctor's output (its progress is the report: no table repeats it), and no row
+    is padded past its text."""
+    rows = [line for line in stdout.splitlines() if line.startswith("  ")]
+    assert len(rows) == len(checks), stdout
+    for c in checks:
+        row = doctor.format_check(c)[2:]  # without the indent: a kernel row has its counter before the status
+        assert sum(line.endswith(row) for line in rows) == 1, (row, stdout)
+    assert not any(line != line.rstrip() or "   " in line.split(": ", 1)[-1] for line in rows), stdout
 
 
 @skip_if_interpreted_and_broken
@@ -473,5 +485,8 @@ def test_doctor_on_this_cpu(tmp_path):
     for case in family_cases():  # the kernels of patched timm / HF models, whatever the model
         for dtype in ("fp32", "fp16"):
             assert checks[case.name.replace("fp32", dtype)]["status"] == "ok"
-    # 8 cases of the model and 5 of the families per dtype
-    assert "[vit-fast doctor]   [16/26] ok      attention fp16: [1, 65, 192] -> [1, 65, 64]" in run.stderr
+    # each check printed once, on stdout, as it finished (the child's rows passed through): 8 cases of the model
+    # and 5 of the families per dtype; no table after them
+    assert "  [16/26] ok       attention fp16: [1, 65, 192] -> [1, 65, 64]" in run.stdout
+    _assert_each_check_printed_once(report["checks"], run.stdout)
+    assert "ok       attention fp16" not in run.stderr  # stderr says what runs next, not the results

@@ -100,6 +100,24 @@ def test_verify_default_reports_accuracy(exported, monkeypatch, capsys):
     assert "labelled data (6 images): eager accuracy 100.00%, artifact accuracy 100.00%" in capsys.readouterr().out
 
 
+def test_the_cpu_hint_keeps_the_artifact_and_verify_batch_verifies_only_those(exported, tmp_path, monkeypatch, capsys):
+    """On a CPU, GPU-sized verification (the model's FLOPs read as ViT-L/16's) is announced with a quicker check that
+    changes what is verified, never what is published: --verify-batch, not --batch (the artifact's range).
+    Following it verifies only those batches; the artifact keeps its range."""
+    _, ckpt, _, _ = exported
+    monkeypatch.setattr("vit_fast.model.count_flops", lambda cfg: 61.6e9)
+    out = tmp_path / "m.onnx"
+    assert main(["export", "onnx", str(ckpt), "--out", str(out), "--exporter", "torchscript", "--batch", "1,4"]) == 0
+    [note] = [line for line in capsys.readouterr().err.splitlines() if "GFLOP on a CPU" in line]
+    assert "(try --verify-batch 1,3 (batches=[1, 3]) for a quicker check" in note, note
+    assert "the artifact keeps its batch range 1..4" in note and "--batch " not in note, note
+    argv = ["export", "onnx", str(ckpt), "--out", str(out), "--exporter", "torchscript", "--batch", "1,4"]
+    assert main([*argv, "--verify-batch", "2", "--json", str(tmp_path / "r.json"), "--quiet"]) == 0
+    meta = json.loads((tmp_path / "m.onnx.json").read_text())
+    assert meta["batch"] == [1, 4] and meta["verification"]["batches"] == [2]
+    assert [r["batch"] for r in json.loads((tmp_path / "r.json").read_text())["rows"]] == [2]
+
+
 def test_export_errors(exported, tmp_path, capsys):
     _, ckpt, _, _ = exported
     out = str(tmp_path / "m.onnx")

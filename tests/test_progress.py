@@ -68,7 +68,7 @@ def test_verify_announces_gpu_sized_work_on_a_cpu(tiny_onnx, capsys, monkeypatch
     monkeypatch.setattr("vit_fast.model.count_flops", lambda cfg: 61.6e9)
     export.verify(model, path, batches=[1, 2, 4], seed=0, print_table=False, progress=True)
     err = capsys.readouterr().err.splitlines()
-    assert "GFLOP on a CPU, sized for a GPU" in err[0] and "--batch 1,3" in err[0]
+    assert "GFLOP on a CPU, sized for a GPU" in err[0] and "(try --batch 1,2 (batches=[1, 2])" in err[0]
     assert "batch 1 at" in err[1]
 
 

@@ -6,6 +6,7 @@ and timm still builds and runs a ViT. Run in a fresh process: the test session k
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -53,3 +54,37 @@ def test_the_standin_is_gone_once_timm_is_imported_and_timm_still_works(tmp_path
     else:  # later imports of torchvision fail as they would without vit-fast: nothing answers for it
         assert seen["later"] in ("ModuleNotFoundError", "ImportError", "RuntimeError"), seen
         assert len(notes) == 1, result.stderr
+
+
+def test_the_torchvision_note_comes_with_a_use_of_timm_not_with_an_unrelated_error(tmp_path):
+    """``export onnx nosuchmodel`` looks the name up in timm (through the stand-in where torchvision cannot be
+    imported): the error is about the name, with no note about torchvision. A use of timm's model code after a
+    look-up says the note, once."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    cli = [sys.executable, "-m", "vit_fast.cli", "export", "onnx", "nosuchmodel", "--out", "o.onnx"]
+    result = subprocess.run(cli, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert result.returncode == 1 and "cannot resolve model 'nosuchmodel'" in result.stderr, result.stderr
+    assert "torchvision" not in result.stderr, result.stderr
+    probe = textwrap.dedent(
+        """
+        import sys
+        from vit_fast.timm_import import import_timm
+        import_timm(note=False)
+        print("after the look-up", file=sys.stderr, flush=True)
+        import_timm()
+        import_timm()
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    notes = [i for i, line in enumerate(lines) if "torchvision stand-in" in line]
+    if _real_torchvision():  # nothing stands in: no note at all
+        assert notes == []
+    else:
+        assert len(notes) == 1 and notes[0] > lines.index("after the look-up"), result.stderr
+
+
+def _real_torchvision() -> bool:
+    probe = "import torchvision"
+    return subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=300).returncode == 0

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
+import io
 import json
 from pathlib import Path
 
@@ -54,13 +56,21 @@ def assert_matches_onnx(config, onnx_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def default_repo(tmp_path_factory) -> Path:
-    """`vit-fast export tritonserver default --out repo/ --entries onnx,python --instances 2` (one ONNX export)."""
+def default_run(tmp_path_factory) -> tuple[Path, str]:
+    """`vit-fast export tritonserver default --out repo/ --entries onnx,python --instances 2 --verify-batch 1,3`
+    (one ONNX export, verified at two batches), with progress on: (the repository, what it printed)."""
     repo = tmp_path_factory.mktemp("triton") / "repo"
     summary = repo.parent / "summary.json"
-    assert run_cli("default", "--out", str(repo), "--entries", "onnx,python", "--instances", "2",
-                   "--json", str(summary), "--seed", "0", "--quiet") == 0  # fmt: skip
-    return repo
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+        assert run_cli("default", "--out", str(repo), "--entries", "onnx,python", "--instances", "2",
+                       "--json", str(summary), "--seed", "0", "--verify-batch", "1,3") == 0  # fmt: skip
+    return repo, printed.getvalue()
+
+
+@pytest.fixture(scope="module")
+def default_repo(default_run) -> Path:
+    return default_run[0]
 
 
 def test_default_onnx_entry_parses_and_matches_the_artifact(default_repo: Path) -> None:
@@ -71,7 +81,8 @@ def test_default_onnx_entry_parses_and_matches_the_artifact(default_repo: Path) 
     assert list(config.dynamic_batching.preferred_batch_size) == [8, 64]
     assert config.dynamic_batching.max_queue_delay_microseconds == ts.DEFAULT_QUEUE_DELAY_US
     [group] = config.instance_group
-    assert group.count == 2 and model_config_pb2.ModelInstanceGroup.Kind.Name(group.kind) == "KIND_GPU"
+    kind = "KIND_GPU" if torch.cuda.is_available() else "KIND_CPU"  # no --kind: what this machine has
+    assert group.count == 2 and model_config_pb2.ModelInstanceGroup.Kind.Name(group.kind) == kind
     assert_matches_onnx(config, folder / "1" / "model.onnx")
     cfg = vit_fast.load_model("default").cfg
     assert list(config.input[0].dims) == [cfg.in_chans, *cfg.img_hw]
@@ -81,7 +92,33 @@ def test_default_onnx_entry_parses_and_matches_the_artifact(default_repo: Path) 
     record = json.loads((folder / "verification.json").read_text())
     assert record["passed"] is True and record["report"]["artifact"] == "1/model.onnx"
     assert record["worst_ratio"] <= 1.0
+    # --verify-batch 1,3: what was verified; the served range (max_batch_size 64, the ONNX file's 1..64) is kept
+    assert [r["batch"] for r in record["report"]["rows"]] == [1, 3]
     assert "verification: PASSED" in (folder / "config.pbtxt").read_text()
+
+
+def test_the_command_names_published_paths_and_the_kind_it_wrote(default_run) -> None:
+    """Every table and progress line names the files where they are published, never the staging folder they are
+    built in; without --kind the command says which kind it wrote and why."""
+    repo, printed = default_run
+    assert ".vit-fast-repo.tmp" not in printed, printed
+    table = [line for line in printed.splitlines() if "CPUExecutionProvider, fp32; seed 0" in line]
+    assert table and table[0].startswith(f"{repo / 'default' / '1' / 'model.onnx'}  ("), printed
+    assert f"wrote {repo / 'default' / 'config.pbtxt'} (verified)" in printed
+    if torch.cuda.is_available():
+        assert "instances: 2 x KIND_GPU (torch sees" in printed
+    else:
+        assert "instances: 2 x KIND_CPU (no CUDA GPU is visible to torch here; pass --kind gpu" in printed
+
+
+def test_the_default_kind_is_what_the_machine_has(monkeypatch) -> None:
+    from vit_fast.export import triton_config
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert triton_config.machine_kind()[0] == "cpu" and triton_config.machine_kind(engine=True)[0] == "gpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert triton_config.machine_kind() == ("gpu", "torch sees 2 CUDA GPUs here")
 
 
 def test_default_python_entry_parses_and_carries_the_module(default_repo: Path) -> None:
@@ -226,6 +263,12 @@ def test_tensorrt_engine_refusals(tmp_path) -> None:
         (["--entries", "onnx,tensorrt"], ValueError, "--entries takes"),
         (["--entries", "python", "--dtype", "bf16"], ValueError, "fp32 or fp16"),
         (["--dtype", "bf16"], ValueError, "bf16 ONNX file cannot be verified"),
+        (
+            ["--batch", "1,8", "--verify-batch", "1,16"],
+            ValueError,
+            r"batch 16 is outside the artifact's batch range 1\.\.8",
+        ),
+        (["--verify-batch", "1", "--no-verify"], ValueError, "drop it or --no-verify"),
     ],
 )
 def test_bad_arguments_fail_before_any_file_is_written(tmp_path, argv, error, match) -> None:

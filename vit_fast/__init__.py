@@ -25,6 +25,7 @@ _PUBLIC: dict[str, str] = {
     "VisionTransformer": ".model",
     "apply_vit_fast": ".patching",
     "remove_vit_fast": ".patching",
+    "explain": ".explanation",
     "CUDAGraphRunner": ".graphs",
     # ``with vit_fast.tuning(): ...`` tunes the kernel shapes first seen in the block
     "tuning": ".kernels._common",
@@ -42,6 +43,7 @@ __all__ = [
     "load_model",
     "apply_vit_fast",
     "remove_vit_fast",
+    "explain",
     "CUDAGraphRunner",
     "tuning",
     "__version__",
@@ -51,6 +53,7 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__
     from .checkpoints import load_checkpoint, save_checkpoint
     from .config import PRESETS, ViTConfig
     from .convert import from_hf, from_timm, optimize
+    from .explanation import explain
     from .graphs import CUDAGraphRunner
     from .kernels._common import tuning
     from .loading import load_model

@@ -1,6 +1,6 @@
 """The demo's pictures: what the embedded model reads and what the demo measured, as PNG files.
 
-  patches.png    a few held-out digits at model resolution with the patch grid and the token order drawn,
+  patches.png    a few held-out digits at model resolution with the patch grid (token numbers beside it),
                  beside the sequence the model reads: the class token, then the patches row by row
   attention.png  the class token's attention over the patch grid in the last block, per head and averaged
                  over the heads (torch backend: the fused Triton kernel never forms these probabilities)
@@ -39,8 +39,8 @@ SIZES_IN: dict[str, tuple[float, float]] = {
 FILES = {name: f"{name}.png" for name in SIZES_IN}
 #: report.md's line under each picture
 CAPTIONS = {
-    "patches": "Held-out digits at model resolution, cut into the patch grid (token numbers drawn), and the "
-    "sequence of tokens the model reads: the class token, then each patch's pixels, row by row.",
+    "patches": "Held-out digits at model resolution, cut into the patch grid (each grid row's token numbers at its "
+    "left), and the sequence of tokens the model reads: the class token, then each patch's pixels, row by row.",
     "attention": "The class token's attention over the patches in the last block, per head and averaged "
     "(torch backend: the fused Triton kernel never forms these probabilities).",
     "confusion": "Held-out predictions of the torch backend against the true digits.",
@@ -162,9 +162,10 @@ def _outlined(**kw: Any) -> dict[str, Any]:
 
 
 def draw_patches(images: np.ndarray, patch: int, titles: list[str]) -> bytes:
-    """Per image ``[N, H, W]`` (model input values), left to right: the image with its patch grid and token
-    numbers; its patch with the most contrast, magnified, its pixels numbered in the order they are flattened;
-    the token sequence the model reads, one column per token (the class token, then each patch's p*p values)."""
+    """Per image ``[N, H, W]`` (model input values), left to right: the image with its patch grid, each grid
+    row's token numbers at its left and the columns below (none over the pixels); its patch with the most
+    contrast, magnified, its pixels numbered in the order they are flattened; the token sequence the model
+    reads, one column per token (the class token, then each patch's p*p values)."""
     plt = _pyplot()
     n, h, w = images.shape
     gh, gw = h // patch, w // patch
@@ -173,7 +174,7 @@ def draw_patches(images: np.ndarray, patch: int, titles: list[str]) -> bytes:
     cmap = plt.get_cmap("gray_r").with_extremes(bad="white")  # NaN: the class token's column, drawn over
     fig = plt.figure(figsize=SIZES_IN["patches"])
     grid = fig.add_gridspec(n, 4, width_ratios=[2.2, 1.0, 7.2, 0.13])
-    grid.update(left=0.01, right=0.93, top=0.88, bottom=0.07, hspace=0.38, wspace=0.16)
+    grid.update(left=0.055, right=0.93, top=0.88, bottom=0.07, hspace=0.42, wspace=0.2)
     fig.suptitle(
         f"How an image enters the model: {h}x{w} pixels cut into a {gh}x{gw} grid of {patch}x{patch} patches, read "
         f"as a sequence of {tokens} tokens:\ntoken 0 is the class token (a learned vector, no pixels), then the "
@@ -193,19 +194,15 @@ def draw_patches(images: np.ndarray, patch: int, titles: list[str]) -> bytes:
             ax.axvline(x, color=CLS_COLOR, linewidth=0.7)
         for y in range(0, h + 1, patch):
             ax.axhline(y, color=CLS_COLOR, linewidth=0.7)
-        for r in range(gh):
-            for c in range(gw):
-                ax.text(
-                    c * patch + 0.25,
-                    r * patch + 0.2,
-                    str(1 + r * gw + c),
-                    ha="left",
-                    va="top",
-                    **_outlined(fontsize=6.5),
-                )
         ax.add_patch(plt.Rectangle((c0 * patch, r0 * patch), patch, patch, fill=False, color=PICK_COLOR, lw=2.2))
-        ax.set_xticks([])
-        ax.set_yticks([])
+        # token numbers outside the picture, so they cover no pixel: each grid row's tokens at its left, the
+        # column at the bottom (token = the row's first + column - 1)
+        centres = [patch * (k + 0.5) for k in range(max(gh, gw))]
+        ax.set_yticks(centres[:gh], [f"{1 + r * gw}-{(r + 1) * gw}" for r in range(gh)], fontsize=6.5)
+        ax.set_xticks(centres[:gw], [str(c + 1) for c in range(gw)], fontsize=6.5)
+        ax.tick_params(length=0, pad=1.5)
+        ax.set_ylabel("tokens in the row", fontsize=7, labelpad=1)
+        ax.set_xlabel("column", fontsize=7, labelpad=1)
         ax.set_title(titles[i], fontsize=9)
 
         ax_zoom = fig.add_subplot(grid[i, 1])
@@ -340,8 +337,8 @@ def draw_timing(bars: list[dict[str, Any]], clock: str, threads: int) -> bytes:
     fig, axes = plt.subplots(1, len(batches), figsize=SIZES_IN["timing"], squeeze=False)
     fig.subplots_adjust(left=0.08, right=0.98, top=0.8, bottom=0.12, wspace=0.3)
     fig.suptitle(
-        f"Backend timings: {clock}, {threads} threads. Bars: median; whiskers: p10 to p90 of the timed runs.\n"
-        "The same numbers as the report's timing step.",
+        f"Backend timings: {clock}, {threads} thread{'' if threads == 1 else 's'} each. Bars: median; whiskers: p10 "
+        "to p90 of the timed runs.\nThe same numbers as the report's timing step; shorter is faster.",
         fontsize=10.5,
     )
     for ax, batch in zip(axes[0], batches, strict=True):
@@ -377,8 +374,10 @@ def draw_timing(bars: list[dict[str, Any]], clock: str, threads: int) -> bytes:
             ax.set_ylabel("time per call (ms)")
         runs = "/".join(sorted({str(b["n"]) for b in row}))
         title = f"batch {batch} ({runs} runs each)"
-        if [b["backend"] for b in row] == ["torch", "onnxruntime"]:
-            title += f": torch / ORT = {row[0]['median_ms'] / row[1]['median_ms']:.2f}x"
+        if len(row) == 2 and min(b["median_ms"] for b in row) > 0:  # which of the two is faster, by how much
+            fast, slow = sorted(row, key=lambda b: b["median_ms"])
+            name = BACKEND_NAMES.get(fast["backend"], fast["backend"])
+            title += f":\n{name} {slow['median_ms'] / fast['median_ms']:.2f}x faster (median)"
         ax.set_title(title, fontsize=10)
         ax.grid(axis="y", alpha=0.3)
         ax.set_axisbelow(True)

@@ -22,7 +22,9 @@ Every check is a dict ``{"section", "name", "status": ok | warning | failed | sk
   cuda graph   capture and replay of the triton model (GPU only)
   timing       triton against the torch backend, and attention against torch's SDPA (GPU only, brief)
 
-On a CPU the GPU checks are listed as skipped, each with the reason.
+On a CPU the GPU checks are listed as skipped, each with the reason. Each check is printed once, as a row on
+standard output when it finishes (:func:`format_check`; the interpreter child's rows pass through the parent);
+what runs next goes to standard error.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from dataclasses import asdict
@@ -205,8 +208,15 @@ def _dtypes_for(s: DoctorSettings, device: torch.device) -> tuple[list[str], lis
     return wanted, skipped
 
 
+def format_check(check: dict[str, Any], counter: str = "") -> str:
+    """One check as the row doctor prints: status, name and summary (``counter``: ``"[3/26] "``)."""
+    return f"  {counter}{check['status']:<7}  {check['name']}: {check['summary']}"
+
+
 def _note(stages: Stages, check: dict[str, Any], counter: str = "") -> None:
-    stages.note(f"  {counter}{check['status']:<7} {check['name']}: {check['summary']}")
+    """Print ``check`` as its row, once, when it is made (``stages`` off: nothing)."""
+    if stages.enabled:
+        print(format_check(check, counter), flush=True)
 
 
 def doctor_cases(cfg: Any, batch: int, dtype: torch.dtype, max_heads: int | None) -> list[Any]:
@@ -251,7 +261,9 @@ def model_checks(model: Any, device: torch.device, dtypes: list[str], seed: int,
             f"{count_flops(model.cfg) / 1e9:.1f} GFLOP per image is minutes in Triton's interpreter (its kernels "
             "were checked above at its token count and head dim); run vit-fast doctor on a GPU to check it whole"
         )
-        return [_check("model", "model", "skipped", why)]
+        skipped = _check("model", "model", "skipped", why)
+        _note(stages, skipped)
+        return [skipped]
     checks = []
     for dtype_name in dtypes if cuda else dtypes[:1]:  # each interpreted launch takes up to a second
         name = f"model {dtype_name}"
@@ -339,7 +351,10 @@ def _compiled_checks(model: Any, device: torch.device, dtypes: list[str], seed: 
     """Kernels, the whole model, a CUDA graph and timings on the GPU ``device`` (made the current device for them:
     the whole-model check and the timings run on the current one)."""
     if not dtypes:
-        return _gpu_skipped("no precision left to check on this card (see kernels: bf16)")
+        skipped = _gpu_skipped("no precision left to check on this card (see kernels: bf16)")
+        for c in skipped:
+            _note(stages, c)
+        return skipped
     with torch.cuda.device(device):
         stages.note(f"kernels of the model, compiled on {device_name(device)}, {', '.join(dtypes)}")
         checks = kernel_checks(model.cfg, device, dtypes, seed, stages)
@@ -408,20 +423,38 @@ def interpreter_checks(s: DoctorSettings, stages: Stages, model: Any = None) -> 
 
 def _run_in_interpreter(s: DoctorSettings, stages: Stages) -> list[dict[str, Any]]:
     """:func:`interpreter_checks` in a child process started with TRITON_INTERPRET=1 (it must be set before
-    triton is first imported, whatever this process imported already); its progress lines go to stderr."""
+    triton is first imported, whatever this process imported already); its rows (its stdout) are printed here as
+    they come, its progress lines go to stderr."""
     with tempfile.TemporaryDirectory(prefix="vit-fast-doctor-") as tmp:
         settings, result = Path(tmp) / "settings.json", Path(tmp) / "checks.json"
         write_new(settings, json.dumps(asdict(s), default=str))
         env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
         cmd = [sys.executable, "-m", "vit_fast.doctor", str(settings), str(result)]
+        killed: list[bool] = []
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
+        timer = threading.Timer(s.timeout, lambda: killed.append(True) or proc.kill())
+        timer.start()
         try:
-            proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True, timeout=s.timeout)
-        except subprocess.TimeoutExpired:
-            why = f"the interpreter run took longer than {s.timeout:g} s (raise --timeout)"
-            return [_check("kernels", "interpreter", False, why)]
-        if not result.is_file():
-            last = (proc.stdout.strip().splitlines() or [f"no output; exit status {proc.returncode}"])[-1]
-            return [_check("kernels", "interpreter", False, f"the interpreter run ended early: {last}")]
+            with proc.stdout:
+                for line in proc.stdout:
+                    if stages.enabled:
+                        print(line, end="", flush=True)
+            proc.wait()
+        except BaseException:  # Ctrl-C included: the child goes with us
+            proc.kill()
+            proc.wait()
+            raise
+        finally:
+            timer.cancel()
+        if killed or not result.is_file():
+            why = (
+                f"the interpreter run took longer than {s.timeout:g} s (raise --timeout)"
+                if killed
+                else f"the interpreter run ended early (exit status {proc.returncode}; its error is on stderr above)"
+            )
+            failed = _check("kernels", "interpreter", False, why)
+            _note(stages, failed)
+            return [failed]
         return json.loads(result.read_text())
 
 
@@ -433,6 +466,7 @@ def _child_main(settings_path: str, result_path: str) -> int:
         checks = interpreter_checks(s, stages)
     except Exception as err:  # the model could not be loaded, or the interpreter could not start
         checks = [_failed("kernels", "interpreter", err)]
+        _note(stages, checks[0])
     write_json_atomic(checks, result_path)
     return 0
 
@@ -447,18 +481,6 @@ def _resolve_device(spec: str) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {spec!r} asked for, but no CUDA GPU is visible to torch: use cpu or auto")
     return device
-
-
-def format_checks(checks: list[dict[str, Any]]) -> str:
-    """The table the CLI prints: one line per check, grouped by section (in the order sections first appear)."""
-    width = max(len(c["name"]) for c in checks)
-    lines: list[str] = []
-    for section in dict.fromkeys(c["section"] for c in checks):
-        lines += ["", f"{section}:"] if lines else [f"{section}:"]
-        lines += [
-            f"  {c['status']:<7}  {c['name']:<{width}}  {c['summary']}" for c in checks if c["section"] == section
-        ]
-    return "\n".join(lines)
 
 
 def _markdown(report: dict[str, Any]) -> str:
@@ -507,16 +529,20 @@ def run_doctor(s: DoctorSettings) -> dict[str, Any]:
         _note(stages, checks[-1])
         model = None
     blockers = [c["name"] for c in checks if c["name"] in ("triton", INTERPRETER_CHECK) and c["status"] != "ok"]
-    blocker = blockers[0] if blockers else None
-    if blocker is not None:
-        why = f"{blocker} cannot run vit-fast's kernels here (see environment: {blocker})"
-        checks += [_check("kernels", "kernels", "skipped", why), _check("model", "model", "skipped", why)]
+    kernels_ready = not blockers
+    if not kernels_ready:
+        why = f"{blockers[0]} cannot run vit-fast's kernels here (see environment: {blockers[0]})"
+        said = [_check("kernels", "kernels", "skipped", why), _check("model", "model", "skipped", why)]
     elif model is None:
-        checks.append(_check("kernels", "kernels", "skipped", "their shapes come from the model (see model: load)"))
-    elif cuda:
-        checks += checks_skipped + _compiled_checks(model, device, dtypes, s.seed, stages)
+        said = [_check("kernels", "kernels", "skipped", "their shapes come from the model (see model: load)")]
     else:
-        checks += checks_skipped
+        said = checks_skipped
+    for c in said:
+        _note(stages, c)
+    checks += said
+    if kernels_ready and model is not None and cuda:
+        checks += _compiled_checks(model, device, dtypes, s.seed, stages)
+    elif kernels_ready and model is not None:
         if interpreter_enabled():  # set before triton was imported (a test, or the user's own shell): run here
             checks += interpreter_checks(s, stages, model)
         else:
@@ -524,7 +550,9 @@ def run_doctor(s: DoctorSettings) -> dict[str, Any]:
             checks += _run_in_interpreter(s, stages)
     if not cuda:
         why = f"no CUDA GPU visible to torch {torch.__version__}" if not torch.cuda.is_available() else "--device cpu"
-        checks += _gpu_skipped(f"{why}: needs a GPU (the interpreter ran what it can instead)")
+        for c in _gpu_skipped(f"{why}: needs a GPU (the interpreter ran what it can instead)"):
+            _note(stages, c)
+            checks.append(c)
 
     env_device = device if cuda else torch.device("cpu")
     environment = collect_environment(env_device)

@@ -36,6 +36,7 @@ from torch import nn
 
 from . import runtime
 from .convert import HF_ACTIVATIONS
+from .patching import PATCHED_BACKEND
 from .timm_blocks import LinearWeights
 
 #: layer class -> (attention attribute, attention output projection, norm before attention, norm before the
@@ -127,21 +128,44 @@ class _LayerView:
             self._cache[name] = hit
         return hit[1]
 
+    def blocker(self) -> str | None:
+        """Why the fused path cannot stand in for the layer's forward now (a submodule replaced by another type,
+        e.g. PEFT's LoRA, or hooked by the user); None when it can."""
+        layer = self.layer
+        att_name, out_name, n1, n2, _, _ = self.layout
+        att = getattr(layer, att_name)
+        mlp = layer.mlp
+        mlp_parts = ("gate_proj", "up_proj", "down_proj") if hasattr(mlp, "gate_proj") else ("fc1", "fc2")
+        for owner, prefix, parts in (
+            (att, att_name, ("q_proj", "k_proj", "v_proj", out_name)),
+            (mlp, "mlp", mlp_parts),
+        ):
+            for part in parts:  # runs on every forward: text only for a refusal
+                module = getattr(owner, part)
+                if type(module) is not nn.Linear:
+                    return (
+                        f"{prefix}.{part} is a {type(module).__name__}, not an nn.Linear (replaced, e.g. by PEFT's "
+                        "LoRA)"
+                    )
+        for where in (n1, n2):
+            if type(getattr(layer, where)) is not nn.LayerNorm:
+                return f"{where} is a {type(getattr(layer, where)).__name__}, not an nn.LayerNorm"
+        if _user_hooked(layer):
+            return "a submodule has a forward hook of the user's (the fused path would skip it)"
+        return None
+
     def refresh(self) -> bool:
-        """Read the layer's modules; False where the fused path cannot stand in for its forward (a submodule
-        replaced by another type, e.g. PEFT's LoRA, or hooked by the user)."""
+        """Read the layer's modules; False where the fused path cannot stand in for its forward
+        (:meth:`blocker`)."""
+        if self.blocker() is not None:
+            return False
         layer = self.layer
         att_name, out_name, n1, n2, ls1, ls2 = self.layout
         att = getattr(layer, att_name)
         q, k, v, proj = att.q_proj, att.k_proj, att.v_proj, getattr(att, out_name)
         mlp = layer.mlp
         swiglu = hasattr(mlp, "gate_proj")
-        lins = [q, k, v, proj, *((mlp.gate_proj, mlp.up_proj, mlp.down_proj) if swiglu else (mlp.fc1, mlp.fc2))]
         norms = [getattr(layer, n1), getattr(layer, n2)]
-        if any(type(m) is not nn.Linear for m in lins) or any(type(n) is not nn.LayerNorm for n in norms):
-            return False
-        if _user_hooked(layer):
-            return False
         scale = (
             getattr(att, "scaling", None)
             or getattr(att, "scale", None)
@@ -183,18 +207,26 @@ class _HeadView:
         kernel_act = HF_ACTIVATIONS.get(hidden_act or "", None)
         self.plan = PoolPlan(heads, att.head_dim, att.head_dim**-0.5, MlpPlan(kernel_act or "torch"), "token")
 
-    def refresh(self) -> bool:
-        """Read the head's modules; False where the kernels cannot stand in for its forward (a submodule replaced
-        by another type, or hooked by the user)."""
+    def blocker(self) -> str | None:
+        """Why the kernels cannot stand in for the head's forward now (a submodule replaced by another type, or
+        hooked by the user); None when they can."""
         head = self.head
         att, mlp = head.attention, head.mlp
-        linears = (att.out_proj, mlp.fc1, mlp.fc2)
         if type(att) is not nn.MultiheadAttention or type(head.layernorm) is not nn.LayerNorm:
-            return False
-        if any(not isinstance(lin, nn.Linear) or type(lin).forward is not nn.Linear.forward for lin in linears):
-            return False
+            return "attention or layernorm replaced (nn.MultiheadAttention and nn.LayerNorm are expected)"
+        for where, lin in (("attention.out_proj", att.out_proj), ("mlp.fc1", mlp.fc1), ("mlp.fc2", mlp.fc2)):
+            if not isinstance(lin, nn.Linear) or type(lin).forward is not nn.Linear.forward:
+                return f"{where} is a {type(lin).__name__} with a forward of its own (replaced)"
         if _user_hooked(head):
+            return "a submodule has a forward hook of the user's (the kernels would skip it)"
+        return None
+
+    def refresh(self) -> bool:
+        """Read the head's modules; False where the kernels cannot stand in for its forward (:meth:`blocker`)."""
+        if self.blocker() is not None:
             return False
+        head = self.head
+        att, mlp = head.attention, head.mlp
         dim, weight, bias = att.embed_dim, att.in_proj_weight, att.in_proj_bias
         self.latent, self.proj, self.norm = head.probe, att.out_proj, head.layernorm
         self.q = LinearWeights(weight[:dim], None if bias is None else bias[:dim])
@@ -261,6 +293,32 @@ def _vision_config(model: nn.Module) -> Any:
     return getattr(config, "vision_config", None) or config
 
 
+def head_dim_problem(model: nn.Module, layers: list[nn.Module]) -> str | None:
+    """Why the attention kernel cannot run the vision ``layers`` (their head dim is outside its range); None when it
+    can."""
+    config = _vision_config(model)
+    heads = config.num_attention_heads
+    head_dim = getattr(layers[0], _LAYOUTS[type(layers[0]).__name__][0]).q_proj.weight.shape[0] // heads
+    if _MIN_HEAD_DIM <= head_dim <= _MAX_HEAD_DIM:
+        return None
+    return (
+        f"{type(model).__name__} has head_dim {head_dim} (hidden {config.hidden_size} / {heads} heads); the attention "
+        f"kernel runs head dims {_MIN_HEAD_DIM}..{_MAX_HEAD_DIM}"
+    )
+
+
+def hf_refusal(model: nn.Module) -> str | None:
+    """Why ``apply_vit_fast(model)`` refuses this transformers model as a whole (its class, no vision layers,
+    transformers 4.x's layout, its attention-pool head), as the error says it; None when it patches it."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the head-dim warning is the caller's to say
+        try:
+            check_supported(model, "auto")
+        except (TypeError, ValueError) as err:
+            return str(err)
+    return None
+
+
 def check_supported(model: nn.Module, backend: str) -> tuple[list[nn.Module], Any]:
     """The layers to patch and the vision config, or a one-line error naming what is not supported."""
     name = type(model).__name__
@@ -271,7 +329,6 @@ def check_supported(model: nn.Module, backend: str) -> tuple[list[nn.Module], An
     layers = _vision_layers(model)
     if not layers:
         raise TypeError(f"apply_vit_fast: {name} has no vision encoder layers ({', '.join(_LAYOUTS)}) to patch")
-    heads = config.num_attention_heads
     if not hasattr(getattr(layers[0], _LAYOUTS[type(layers[0]).__name__][0]), "q_proj"):
         raise TypeError(
             f"apply_vit_fast: {name}'s layers have transformers 4.x's layout (attention.attention.query); the "
@@ -283,12 +340,8 @@ def check_supported(model: nn.Module, backend: str) -> tuple[list[nn.Module], An
             f"apply_vit_fast: {name}'s attention-pool head uses what vit-fast's kernels do not run: "
             f"{'; '.join(problems)}: run this model as it is"
         )
-    head_dim = getattr(layers[0], _LAYOUTS[type(layers[0]).__name__][0]).q_proj.weight.shape[0] // heads
-    if not _MIN_HEAD_DIM <= head_dim <= _MAX_HEAD_DIM:
-        reason = (
-            f"{name} has head_dim {head_dim} (hidden {config.hidden_size} / {heads} heads); the attention kernel "
-            f"runs head dims {_MIN_HEAD_DIM}..{_MAX_HEAD_DIM}"
-        )
+    reason = head_dim_problem(model, layers)
+    if reason is not None:
         if backend == "triton":
             raise ValueError(f"apply_vit_fast(backend='triton'): {reason}: run this model as it is")
         # backend "auto": said once, here; the layers keep transformers' forward
@@ -345,6 +398,7 @@ def apply_hf(model: nn.Module, backend: str) -> nn.Module:
         head.__dict__[_STATE] = _HeadView(head, hidden_act)
         head.__dict__[_ORIGINAL] = head.forward
         head.forward = types.MethodType(fast_head, head)
+    model.__dict__.setdefault(PATCHED_BACKEND, backend)  # a second call keeps the first's forwards
     return model
 
 

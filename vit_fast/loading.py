@@ -72,7 +72,7 @@ def _timm_model(name: str, backend: str, weights: str | os.PathLike | None) -> V
     from .timm_import import import_timm
 
     try:
-        timm = import_timm()
+        timm = import_timm(note=False)  # the torchvision note, if any, comes when timm builds the model
     except ImportError as err:
         missing = getattr(err, "name", None) or "timm"
         raise ImportError(
@@ -85,6 +85,7 @@ def _timm_model(name: str, backend: str, weights: str | os.PathLike | None) -> V
         path = Path(weights)
         if not path.is_file():
             raise FileNotFoundError(f"weights file {str(path)!r} for timm model {name!r} does not exist")
+        import_timm()  # the torchvision note, where timm's model code runs through the stand-in
         # timm reads the local file instead of the hub: nothing is downloaded
         ref = timm.create_model(name, pretrained=True, pretrained_cfg_overlay={"file": str(path)})
         model = from_timm(ref, backend=backend)
@@ -100,6 +101,7 @@ def _timm_model(name: str, backend: str, weights: str | os.PathLike | None) -> V
             if arch in PRESETS
             else "Pass a local weights file (--weights FILE)",
         )
+    import_timm()  # the torchvision note, where timm's model code runs through the stand-in
     model = from_timm(timm.create_model(name, pretrained=True), backend=backend)
     model.weights_source = {"kind": "timm", "name": name}
     return model.eval()
@@ -213,7 +215,7 @@ def load_model(
     from .timm_import import import_timm
 
     try:
-        timm = import_timm()
+        timm = import_timm(note=False)  # a look-up: the torchvision note waits until timm builds the model
     except ImportError:  # not installed: then a plain name cannot be timm's
         timm = None
     if timm is not None and timm.is_model(spec):

@@ -27,6 +27,9 @@ from torch import nn
 from . import runtime
 
 _ORIGINAL = "_vit_fast_original_forward"
+#: the model attribute (in its ``__dict__``) that records the backend a model was patched with, for
+#: :func:`vit_fast.explain`
+PATCHED_BACKEND = "_vit_fast_backend"
 BACKENDS = ("auto", "triton")
 
 
@@ -104,7 +107,8 @@ def apply_vit_fast(model: nn.Module, backend: str = "auto") -> nn.Module:
     does not take. SigLIP's attention-pool head (timm's ``AttentionPoolLatent``, transformers'
     ``SiglipMultiheadAttentionPoolingHead``) runs on the kernels too; the rest outside the blocks (patch / hybrid
     embedding, token / avg pooling, DeiT's distillation head) runs the model's own code. ``torch.jit.script``
-    compiles the model unpatched.
+    compiles the model unpatched. :func:`vit_fast.explain` says what was patched, what was left alone and why, and
+    which backend runs on a given device.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -136,6 +140,7 @@ def apply_vit_fast(model: nn.Module, backend: str = "auto") -> nn.Module:
             model.attn_pool.__dict__["_vit_fast_plan"] = pool_plan
             _patch(model.attn_pool, _fast_timm_pool(backend))
         model.__dict__[_SCRIPTABLE] = types.MethodType(_unpatched_copy, model)  # a deepcopy binds to the copy
+        model.__dict__.setdefault(PATCHED_BACKEND, backend)  # a second call keeps the first's forwards
         return model
     if module.startswith("transformers."):
         from .hf_patch import apply_hf
@@ -167,6 +172,7 @@ def remove_vit_fast(model: nn.Module) -> int:
     """Undo :func:`apply_vit_fast`; returns how many modules were restored (blocks, and an attention-pool head)."""
     restored = 0
     model.__dict__.pop(_SCRIPTABLE, None)
+    model.__dict__.pop(PATCHED_BACKEND, None)
     for module in model.modules():
         if _unpatch(module):
             for name in ("_vit_fast_view", "_vit_fast_returns_tensor", "_vit_fast_plan"):

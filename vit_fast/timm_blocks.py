@@ -421,29 +421,42 @@ def _block_plan(block: nn.Module, where: str, problems: list[str]) -> BlockPlan:
     return BlockPlan(kind, (), 0)
 
 
+def timm_model_refusal(model: nn.Module) -> str | None:
+    """Why :func:`vit_fast.apply_vit_fast` refuses this timm model as a whole, before reading any block (its class,
+    or no blocks); None when its blocks are read."""
+    name = type(model).__name__
+    if name in _REFUSED_MODELS:
+        return f"timm {name} uses {_REFUSED_MODELS[name]}, which vit-fast's kernels do not run"
+    if name not in MODEL_CLASSES:
+        return f"timm model class {name} is not one vit-fast patches ({', '.join(MODEL_CLASSES)})"
+    if not list(getattr(model, "blocks", None) or []):
+        return f"timm {name} has no transformer blocks (model.blocks is empty)"
+    return None
+
+
+def read_timm_blocks(model: nn.Module) -> list[tuple[BlockPlan, list[str]]]:
+    """Each block of a timm ViT (whose class :func:`timm_model_refusal` accepts) as the kernels would run it, and
+    what of it they do not run (``blocks.N.part (why)``; empty: all of it). Refuses nothing: what
+    :func:`plan_timm_model` and :func:`vit_fast.explain` read."""
+    read = []
+    for i, block in enumerate(model.blocks):
+        found: list[str] = []
+        read.append((_block_plan(block, f"blocks.{i}", found), found))
+    return read
+
+
 def plan_timm_model(model: nn.Module, backend: str) -> list[BlockPlan]:
     """One plan per block of a timm ViT, after checking all of them; a ValueError names every feature the kernels
     do not run (each at most once, with the first block that has it), and with ``backend="triton"`` a head dim
     the attention kernel does not take."""
+    refusal = timm_model_refusal(model)
+    if refusal is not None:
+        raise ValueError(f"apply_vit_fast: {refusal}: run this model unpatched")
     name = type(model).__name__
-    if name in _REFUSED_MODELS:
-        raise ValueError(
-            f"apply_vit_fast: timm {name} uses {_REFUSED_MODELS[name]}, which vit-fast's kernels do not run: "
-            "run this model unpatched"
-        )
-    if name not in MODEL_CLASSES:
-        raise ValueError(
-            f"apply_vit_fast: timm model class {name} is not one vit-fast patches ({', '.join(MODEL_CLASSES)}): "
-            "run this model unpatched"
-        )
-    blocks = list(getattr(model, "blocks", None) or [])
-    if not blocks:
-        raise ValueError(f"apply_vit_fast: timm {name} has no transformer blocks (model.blocks is empty)")
     problems: list[str] = []
     plans = []
-    for i, block in enumerate(blocks):
-        found: list[str] = []
-        plans.append(_block_plan(block, f"blocks.{i}", found))
+    for plan, found in read_timm_blocks(model):
+        plans.append(plan)
         for problem in found:  # name each feature once: 'blocks.3.attn.q_norm' repeats 'blocks.0.attn.q_norm'
             if _BLOCK_INDEX.sub("", problem) not in {_BLOCK_INDEX.sub("", p) for p in problems}:
                 problems.append(problem)
@@ -510,11 +523,10 @@ class PoolPlan:
         return a
 
 
-def plan_attention_pool(model: nn.Module, backend: str) -> PoolPlan | None:
-    """The plan of a timm ViT's ``attn_pool`` when it is an ``AttentionPoolLatent`` (None for any other head, which
-    keeps timm's code); a ValueError names each feature of it the kernels do not run (a pos_embed on the pool,
-    qk-norm, more than 16 latents, a norm other than LayerNorm, ...), and with ``backend="triton"`` a head dim the
-    attention-pool kernel does not take."""
+def read_attention_pool(model: nn.Module) -> tuple[PoolPlan, list[str]] | None:
+    """A timm ViT's ``attn_pool`` as the attention-pool kernel would run it, and what of it the kernels do not run
+    (empty: all of it); None for any head other than an ``AttentionPoolLatent`` (it keeps timm's code). Refuses
+    nothing: what :func:`plan_attention_pool` and :func:`vit_fast.explain` read."""
     pool = getattr(model, "attn_pool", None)
     if type(pool).__name__ != "AttentionPoolLatent":
         return None
@@ -538,17 +550,28 @@ def plan_attention_pool(model: nn.Module, backend: str) -> PoolPlan | None:
     if pool.mlp is not None:
         _norm_problems(pool.norm, f"{where}.norm", problems, allow_identity=True)
         mlp = _mlp_plan(pool.mlp, f"{where}.mlp", problems)
+    pool_type = pool.pool if pool.pool in ("token", "avg") else ""
+    return PoolPlan(pool.num_heads, int(pool.head_dim), float(pool.scale), mlp, pool_type), problems
+
+
+def plan_attention_pool(model: nn.Module, backend: str) -> PoolPlan | None:
+    """The plan of a timm ViT's ``attn_pool`` when it is an ``AttentionPoolLatent`` (None for any other head, which
+    keeps timm's code); a ValueError names each feature of it the kernels do not run (a pos_embed on the pool,
+    qk-norm, more than 16 latents, a norm other than LayerNorm, ...), and with ``backend="triton"`` a head dim the
+    attention-pool kernel does not take."""
+    read = read_attention_pool(model)
+    if read is None:
+        return None
+    plan, problems = read
     if problems:
         raise ValueError(
             f"apply_vit_fast: timm {type(model).__name__}'s attention-pool head uses features vit-fast's kernels do "
             f"not run: {'; '.join(problems)}. Run this model unpatched"
         )
-    head_dim = int(pool.head_dim)
-    if backend == "triton" and not runtime.head_dim_supported(head_dim):
+    if backend == "triton" and not runtime.head_dim_supported(plan.head_dim):
         low, high = runtime.head_dim_range()
         raise ValueError(
             f"apply_vit_fast(backend='triton'): the attention-pool kernel takes head dims {low}..{high}, this "
-            f"model's attn_pool has {head_dim}: use backend='auto' (it keeps timm's head where ours cannot run)"
+            f"model's attn_pool has {plan.head_dim}: use backend='auto' (it keeps timm's head where ours cannot run)"
         )
-    pool_type = pool.pool if pool.pool in ("token", "avg") else ""
-    return PoolPlan(pool.num_heads, head_dim, float(pool.scale), mlp, pool_type)
+    return plan

@@ -4,10 +4,12 @@ timm imports torchvision at module level for a few names (``FrozenBatchNorm2d``,
 datasets) that ViT model code never calls. torchvision's wheels are built for one torch build: on
 PyPI they link CUDA torch, so next to a CPU-only torch (PyTorch's CPU index, or a local wheel)
 ``import torchvision`` fails, and with it ``import timm``. :func:`import_timm` imports timm as it is
-where it can; where only torchvision stands in the way it says so once on stderr and imports timm
-again with a stand-in for ``torchvision`` (every ``torchvision.*`` import answers with a module whose
-attributes are placeholders: importing works, using one raises a RuntimeError that says it is a
-stand-in). ``timm:NAME``, the bench's timm peer and the tests use it.
+where it can; where only torchvision stands in the way it imports timm again with a stand-in for
+``torchvision`` (every ``torchvision.*`` import answers with a module whose attributes are placeholders:
+importing works, using one raises a RuntimeError that says it is a stand-in) and says so once on stderr,
+when timm is first imported for use: a look-up of a model name (``note=False``) leaves the note for then, so
+an error about something else carries no note about torchvision. ``timm:NAME``, the bench's timm peer and
+the tests use it.
 
 The stand-in lives only while timm imports: its finder leaves ``sys.meta_path`` and its modules leave
 ``sys.modules`` as soon as ``import timm`` returns, so anything imported later (transformers, torch.onnx,
@@ -123,9 +125,21 @@ def _standin_while() -> Iterator[None]:
             del sys.modules[name]
 
 
-def import_timm() -> types.ModuleType:
-    """``import timm``; where torchvision is what fails, again with the stand-in (and a note on stderr).
-    An ImportError naming timm when timm itself is missing."""
+#: why timm was imported through the stand-in, while :data:`NOTE` has not been said yet
+_NOTE_OWED: list[str] = []
+
+
+def import_timm(note: bool = True) -> types.ModuleType:
+    """``import timm``; where torchvision is what fails, again with the stand-in, and :data:`NOTE` on stderr once
+    per process, on the first call with ``note`` (``note=False``: timm is only asked whether a name is one of its
+    models, and the note waits for a use it concerns). An ImportError naming timm when timm itself is missing."""
+    timm = _import_timm()
+    if note and _NOTE_OWED:
+        print(NOTE.format(why=_NOTE_OWED.pop()), file=sys.stderr)
+    return timm
+
+
+def _import_timm() -> types.ModuleType:
     if not standin_installed():
         try:
             import timm
@@ -142,13 +156,13 @@ def import_timm() -> types.ModuleType:
             import timm
 
             return timm
-        print(NOTE.format(why=why), file=sys.stderr)
         try:
             with _standin_while():
                 import timm
         except BaseException:
             _drop("timm")  # no half-imported timm bound to stand-ins that are gone
             raise
+        _NOTE_OWED.append(why)
         return timm
     import timm
 

@@ -227,9 +227,15 @@ def plot_report(report: dict[str, Any]) -> bytes:
     return buf.getvalue()
 
 
+#: room above the highest point of a panel (a factor on its value; a log axis gets its square): no point sits on
+#: the frame
+HEADROOM = 1.12
+
+
 def plot_figure(report: dict[str, Any]) -> Any:
     """A matplotlib figure: latency (median, with a p10-p90 bar; the axis starts at 0) and images/s against
-    batch size, one line per backend and dtype, or one bar each when the run has one batch size."""
+    batch size, one line per backend and dtype, or one bar each when the run has one batch size. Each panel
+    leaves room above its highest point, and the legend sits below the panels, over no data."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -285,12 +291,14 @@ def plot_figure(report: dict[str, Any]) -> Any:
             ax_thr.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
             ax_thr.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
             ax_thr.yaxis.set_minor_locator(NullLocator())
-        else:
-            ax_thr.set_ylim(bottom=0)
-        if series:
-            ax_thr.legend(fontsize=8, loc="best")
+            ax_thr.set_ylim(min(values) / HEADROOM**2, max(values) * HEADROOM**2)
+        elif values:
+            ax_thr.set_ylim(0, max(values) * HEADROOM)
     ax_lat.set_ylabel("latency per batch (ms): median, bar p10-p90")
-    ax_lat.set_ylim(bottom=0)  # latency from 0, so the bars and gaps read true
+    highest = [r["p90_ms"] for rs in series.values() for r in rs]
+    ax_lat.set_ylim(0, max(highest) * HEADROOM if highest else None)  # from 0, so the bars and gaps read true
+    if len(batches) == 1 and series:
+        ax_thr.set_ylim(0, max(series[k][0]["images_per_s"] for k in series) * HEADROOM)
     ax_thr.set_ylabel("images / s")
     for ax in (ax_lat, ax_thr):
         ax.grid(True, alpha=0.3)
@@ -300,7 +308,14 @@ def plot_figure(report: dict[str, Any]) -> Any:
     fig.suptitle(
         f"{report['model']} on {env['device_name'][:80]}  (torch {env['torch']}, {env['git_commit'][:12]})", fontsize=10
     )
-    fig.tight_layout()
+    handles, names = ax_thr.get_legend_handles_labels()
+    if handles:  # below both panels, where it covers no point
+        columns = min(len(handles), 4)
+        rows = -(-len(handles) // columns)
+        fig.legend(handles, names, loc="lower center", ncol=columns, fontsize=8, frameon=False)
+        fig.tight_layout(rect=(0, 0.045 * rows + 0.01, 1, 1))
+    else:
+        fig.tight_layout()
     return fig
 
 

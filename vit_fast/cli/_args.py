@@ -241,6 +241,19 @@ def add_seed(parser: argparse.ArgumentParser, default: int | None, what: str) ->
     parser.add_argument("--seed", type=seed, default=default, help=f"seed of {what} (default: {fresh})")
 
 
+def add_verify_batch(parser: argparse.ArgumentParser, range_flag: str = "--batch") -> None:
+    """``--verify-batch``: the batch sizes an exporter verifies, inside the range its ``range_flag`` sets for the
+    artifact (the quicker check on a slow machine: fewer batches, the same artifact)."""
+    parser.add_argument(
+        "--verify-batch",
+        type=batch_list(),
+        default=None,
+        metavar="B[,B...]",
+        help=f"batch sizes to verify, within {range_flag}'s range (default: its minimum, an odd batch and its "
+        f"maximum); fewer make a quicker check, the artifact keeps {range_flag}'s range",
+    )
+
+
 def name_list(text: str) -> list[str]:
     """A comma-separated list of names (``logits,pooled``): no empty item, no repeat."""
     items = [t.strip() for t in str(text).split(",")]

@@ -26,8 +26,9 @@ Sections, each check reported as ok / warning / failed / skipped (with the reaso
   timing       triton against the torch backend (batch 1 and 8) and attention against torch's SDPA (GPU
                only; a few dozen calls each, not a benchmark)
 
-Prints one line per check as it runs (stderr), then the table (stdout); writes report.json and report.md
-into --out. Exits 1 when a check failed (warnings and skipped checks do not fail), 2 for bad arguments.
+Prints each check once, as a row on stdout when it finishes (what runs next goes to stderr), then the
+verdict; writes report.json and report.md into --out. Exits 1 when a check failed (warnings and skipped
+checks do not fail), 2 for bad arguments.
 """
 
 from __future__ import annotations
@@ -76,8 +77,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``vit-fast doctor``; prints the table, returns 0 when no check failed, else 1."""
-    from vit_fast.doctor import format_checks, run_doctor
+    """Run ``vit-fast doctor``; prints each check as it finishes and the verdict, returns 0 when no check failed,
+    else 1."""
+    from vit_fast.doctor import run_doctor
 
     out = _args.output_folder(args.out)
     json_path = _args.output_file(args.json, "--json")
@@ -98,8 +100,7 @@ def run(args: argparse.Namespace) -> int:
     report = run_doctor(settings)
     if json_path is not None:
         _args.copy_file(out / "report.json", json_path)
-    print(format_checks(report["checks"]))
-    failed, skipped = report["failed"], report["skipped"]
+    failed, skipped = report["failed"], report["skipped"]  # each check was printed once, as it finished
     verdict = "OK" if not failed else "FAILED: " + ", ".join(failed)
     print(
         f"\n{verdict}; {len(skipped)} skipped, {len(report['warnings'])} warning(s); {report['wall_s']:.1f} s; "

@@ -3,8 +3,8 @@
   vit-fast export onnx MODEL --out model.onnx [--batch 1,64] [--dtype fp16] [--exporter dynamo]
                           [--attention fused] [--dynamic-size] [--opset 18] [--outputs logits,pooled]
                           [--input-name pixel_values] [--preprocess NHWC --mean .. --std ..]
-                          [--seed 0] [--json report.json] [--overwrite]
-  vit-fast export tensorrt model.onnx --out model.plan [--batch 1,8,64] [--dtype fp16]
+                          [--verify-batch 1,3] [--seed 0] [--json report.json] [--overwrite]
+  vit-fast export tensorrt model.onnx --out model.plan [--batch 1,8,64] [--dtype fp16] [--verify-batch 1,8]
   vit-fast export tritonserver SOURCE --out repo/ [--batch 1,8,64] [--instances 2]
 
 MODEL is "default" (the embedded model), a preset name (RANDOM weights, seeded: the metadata says
@@ -12,8 +12,10 @@ so), a checkpoint file (with --config for a plain timm / Hugging Face state dict
 save_pretrained folder, timm:NAME (with --weights FILE) or hf:ORG/NAME. The artifact is written
 and verified in a staging folder beside --out and published with its metadata (PATH.json, which
 records the verification: rule, worst error, batches, seed, versions, weights) and the --json
-report only when it passed; a failed or killed run leaves the target as it was. A file vit-fast
-did not write is never replaced unless --overwrite. Exit status 1 on failure.
+report only when it passed; a failed or killed run leaves the target as it was. --batch is the
+artifact's batch range; --verify-batch picks fewer batches inside it to verify (a quicker check of
+the same artifact). A file vit-fast did not write is never replaced unless --overwrite. Exit status
+1 on failure.
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--scale", type=_args.positive_float, default=1 / 255, help="pixel scale before mean/std (1/255)")
     _args.add_model_source(p)
     p.add_argument("--no-verify", action="store_true", help="publish without verification (recorded as not verified)")
+    _args.add_verify_batch(p)
     _args.add_json(p, "write the verification report as JSON here (published only with a passing artifact)")
     _args.add_seed(p, None, "the random verification inputs (drawn and recorded when not given)")
     _args.add_overwrite(p)
@@ -94,6 +97,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--workspace-gib", type=_args.positive_float, default=None, help="builder workspace limit in GiB")
     t.add_argument("--model", default=None, help="model to verify against (default: the ONNX metadata's source)")
     t.add_argument("--no-verify", action="store_true", help="publish without verification (recorded as not verified)")
+    _args.add_verify_batch(t)
     _args.add_json(t, "write the verification report as JSON here (published only with a passing engine)")
     _args.add_seed(t, None, "the random verification inputs (drawn and recorded when not given)")
     _args.add_overwrite(t)
@@ -111,10 +115,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _verify_options(args: argparse.Namespace) -> Any:
-    """``VerifyOptions`` for the command line's flags, or False for --no-verify."""
-    from vit_fast.export.verify import VerifyOptions
+    """``VerifyOptions`` for the command line's flags, or False for --no-verify. --verify-batch is checked against
+    --batch's range here, before any work."""
+    from vit_fast.export.verify import VerifyOptions, check_verify_batches
 
-    return False if args.no_verify else VerifyOptions(seed=args.seed, print_table=not args.quiet)
+    if args.no_verify:
+        if args.verify_batch is not None:
+            raise _args.CommandError("--verify-batch names batches to verify: drop it or --no-verify")
+        return False
+    check_verify_batches(args.verify_batch, (args.batch[0], args.batch[-1]))
+    return VerifyOptions(batches=args.verify_batch, seed=args.seed, print_table=not args.quiet)
 
 
 def _run_onnx(args: argparse.Namespace) -> int:
@@ -132,6 +142,7 @@ def _run_onnx(args: argparse.Namespace) -> int:
     json_path = _args.output_file(args.json, "--json")
     if json_path is not None:  # the one output policy, before any work; never the artifact's own metadata
         json_path = check_report_file(json_path, "--json", overwrite=args.overwrite, artifacts=(out,))
+    verify = _verify_options(args)  # before the model loads: a refused --verify-batch costs nothing
     model = load_model(args.model, backend="torch", config=args.config, weights=args.weights)
     batch = tuple(args.batch)
     dtype = args.dtype or "fp32"  # a default given as text would be parsed, importing torch, on every parse
@@ -152,7 +163,7 @@ def _run_onnx(args: argparse.Namespace) -> int:
         input_name=args.input_name,
         output_names=args.output_names,
         preprocess=preprocess,
-        verify=_verify_options(args),
+        verify=verify,
         report=json_path,
         overwrite=args.overwrite,
     )
@@ -167,6 +178,7 @@ def _run_tensorrt(args: argparse.Namespace) -> int:
     json_path = _args.output_file(args.json, "--json")
     if json_path is not None:  # the one output policy, before any work; never the artifact's own metadata
         json_path = check_report_file(json_path, "--json", overwrite=args.overwrite, artifacts=(out,))
+    verify = _verify_options(args)
     out.parent.mkdir(parents=True, exist_ok=True)
     to_tensorrt(
         args.onnx,
@@ -176,7 +188,7 @@ def _run_tensorrt(args: argparse.Namespace) -> int:
         timing_cache=args.timing_cache,
         workspace_gib=args.workspace_gib,
         model=args.model,
-        verify=_verify_options(args),
+        verify=verify,
         progress=not args.quiet,
         report=json_path,
         overwrite=args.overwrite,

@@ -2,12 +2,17 @@
 
   vit-fast export tritonserver SOURCE --out REPO [--config PRESET] [--weights FILE] [--name NAME] [--batch 1,8,64]
                                       [--instances 1] [--kind gpu|cpu] [--dtype fp32] [--entries onnx,python] [--force]
+                                      [--verify-batch 1,3]
 
 SOURCE is "default" (the embedded model), a preset name or a checkpoint path (exported to ONNX here
 and verified against eager PyTorch), an .onnx file, or a TensorRT engine (.plan / .engine) built by
 vit-fast export tensorrt. REPO/NAME/config.pbtxt and REPO/NAME/1/model.onnx|model.plan are written,
 with the verification record in REPO/NAME/verification.json; --entries python adds NAME_python, a
 python-backend entry serving the vit-fast module itself (Triton's Python needs vit-fast installed).
+--batch sets what is served (max_batch_size and the preferred sizes); --verify-batch only what is
+verified. Without --kind the instances are KIND_GPU where torch sees a GPU (or SOURCE is an engine)
+and KIND_CPU elsewhere; the command says which it wrote and why. Tables and progress lines name the
+published files, never the staging folder they are built in.
 Start Triton on it with: tritonserver --model-repository REPO
 """
 
@@ -46,8 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kind",
         choices=("gpu", "cpu"),
-        default="gpu",
-        help="instance kind: gpu -> KIND_GPU (default; TensorRT engines need it), cpu -> KIND_CPU",
+        default=None,
+        help="instance kind: gpu -> KIND_GPU (TensorRT engines need it), cpu -> KIND_CPU (default: gpu where torch "
+        "sees a CUDA GPU or SOURCE is an engine, else cpu; the command says which it wrote)",
     )
     parser.add_argument(
         "--entries",
@@ -58,6 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--model", default=None, help="model to verify an ONNX file against (default: its metadata's)")
     parser.add_argument("--no-verify", action="store_true", help="skip verifying the ONNX file against eager PyTorch")
+    _args.add_verify_batch(parser)
     parser.add_argument("--force", action="store_true", help="replace existing model folders of the same names")
     parser.add_argument(
         "--overwrite", action="store_true", help="replace a --json file vit-fast did not write (implies --force)"
@@ -127,8 +134,10 @@ def run(args: argparse.Namespace) -> int:
     from vit_fast.export.tritonserver import (
         DEFAULT_QUEUE_DELAY_US,
         ENGINE_SUFFIXES,
+        KINDS,
         ONNX_SUFFIXES,
         check_repository,
+        machine_kind,
         model_name_for,
         onnx_entry,
         parse_batch_sizes,
@@ -153,6 +162,11 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"{flag} describes a model SOURCE; {args.source!r} is an artifact that carries its own")
     if args.model is not None and suffix not in ONNX_SUFFIXES:
         raise ValueError("--model names the model an ONNX file is verified against; SOURCE is not an ONNX file")
+    if args.no_verify and args.verify_batch is not None:
+        raise ValueError("--verify-batch names batches to verify: drop it or --no-verify")
+    if args.verify_batch is not None and suffix in ENGINE_SUFFIXES:
+        raise ValueError("--verify-batch applies to an ONNX entry; an engine keeps the verification it was built with")
+    kind, kind_why = (args.kind, f"--kind {args.kind}") if args.kind else machine_kind(engine=suffix in ENGINE_SUFFIXES)
     dtype = args.dtype or "fp32"
     name = args.name or model_name_for(args.source)
     names = [name] if "onnx" in entries else []
@@ -160,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
     common = dict(
         batch=batch,
         instances=args.instances,
-        kind=args.kind,
+        kind=kind,
         queue_delay_us=DEFAULT_QUEUE_DELAY_US if args.queue_delay_us is None else args.queue_delay_us,
     )
     args.force = args.force or args.overwrite  # one word for replacing everywhere
@@ -177,6 +191,7 @@ def run(args: argparse.Namespace) -> int:
                 model=args.model,
                 seed=args.seed,
                 progress=not args.quiet,
+                verify_batches=args.verify_batch,
                 **common,
             )
         ]
@@ -196,6 +211,7 @@ def run(args: argparse.Namespace) -> int:
                     seed=args.seed,
                     source_name=described,
                     progress=not args.quiet,
+                    verify_batches=args.verify_batch,
                     **common,
                 )
             )
@@ -204,12 +220,13 @@ def run(args: argparse.Namespace) -> int:
 
             todo.append(python_entry(model, f"{name}_python", dtype=dtype, source_name=described, **common))
     folders = write_repository(args.out, todo, force=args.force, progress=not args.quiet)
-    summary = _summary(Path(args.out), folders)
+    summary = _summary(Path(args.out), folders) | {"kind": KINDS[kind], "kind_reason": kind_why}
     if json_path is not None:
         write_json_atomic({MARKER_KEY: vit_fast.__version__, **summary}, json_path)
     for m in summary["models"]:
         state = {True: "verified", False: "FAILED verification"}.get(m["verified"], m["verification_note"])
         print(f"wrote {m['config']} ({state})")
+    print(f"instances: {args.instances} x {KINDS[kind]} ({kind_why})")
     print(f"start Triton on it: tritonserver --model-repository {Path(args.out).resolve()}")
     return 0
 

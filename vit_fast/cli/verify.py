@@ -56,51 +56,67 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _labelled_data(spec: str, artifact: str, limit: int | None) -> tuple | None:
-    """The embedded model's labelled held-out set (its first ``limit`` images), or None where there is none."""
+def _labelled_data(spec: str, artifact: str, limit: int | None) -> tuple[tuple | None, str | None]:
+    """The embedded model's labelled held-out set (its first ``limit`` images), or None where there is none; and the
+    note that says it is a part of the set, printed once the table shows the accuracy."""
     if spec not in ("default", "embedded"):
-        return None
+        return None, None
     try:
         from vit_fast.assets import load_default_eval_set
 
         images, labels = load_default_eval_set()
     except ImportError as err:  # the assets module, or scikit-learn which rebuilds the data, is missing
         print(f"note: no labelled held-out set available ({err}); reporting numerics only", file=sys.stderr)
-        return None
+        return None, None
     if limit is None and artifact == "triton":
         import torch
 
         limit = None if torch.cuda.is_available() else INTERPRETER_LIMIT
     if limit is not None and limit < len(labels):
-        print(f"note: accuracy on the first {limit} of {len(labels)} labelled images", file=sys.stderr)
-        images, labels = images[:limit], labels[:limit]
-    return images, labels
+        note = f"note: accuracy on the first {limit} of {len(labels)} labelled images (--limit)"
+        return (images[:limit], labels[:limit]), note
+    return (images, labels), None
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``vit-fast verify``; 0 when the artifact passes (a failure raises)."""
-    from vit_fast.export.verify import verify
+    from vit_fast.export.verify import VerificationError, verify
     from vit_fast.loading import load_model
 
     json_path = _args.output_file(args.json, "--json")
     if json_path is not None:  # the one output policy, before the model loads; never the artifact's metadata
         own = () if args.artifact == "triton" else (args.artifact,)
         json_path = check_report_file(json_path, "--json", overwrite=args.overwrite, artifacts=own)
-    if args.artifact != "triton":
+    if args.artifact == "triton":  # before the model loads and any note on the labelled set is printed
+        from vit_fast.runtime import require_triton
+
+        require_triton()
+    else:
         from vit_fast.export import format_verification, read_metadata
 
         meta = read_metadata(args.artifact) if Path(args.artifact).is_file() else None
         if meta is not None:  # what the artifact says of itself, before we check it again
             print(f"{args.artifact}: recorded at export; " + format_verification(meta.get("verification")))
     model = load_model(args.model, backend="torch", config=args.config, weights=args.weights)
-    verify(
-        model,
-        args.artifact,
-        batches=args.batch,
-        data=_labelled_data(args.model, args.artifact, args.limit),
-        seed=args.seed,
-        provider=args.provider,
-        json_path=json_path,
-        overwrite=args.overwrite,
-    )
+    data, note = _labelled_data(args.model, args.artifact, args.limit)
+    try:
+        verify(
+            model,
+            args.artifact,
+            batches=args.batch,
+            data=data,
+            seed=args.seed,
+            provider=args.provider,
+            json_path=json_path,
+            overwrite=args.overwrite,
+        )
+    except VerificationError:  # the table, accuracy included, was printed: the note belongs under it
+        _say(note)
+        raise
+    _say(note)  # only after a run: an artifact that cannot run gets its error, not a note on the data
     return 0
+
+
+def _say(note: str | None) -> None:
+    if note:
+        print(note, file=sys.stderr)

@@ -1,0 +1,322 @@
+"""What vit-fast does to a model and what will run it: :func:`explain`.
+
+    report = vit_fast.explain(model)       # a timm or transformers model, patched in place or not; or vit-fast's own
+    print(report)                          # the backend on the device and why, then each block, patched or not, and why
+    report.patched, report.left_alone      # the blocks (transformers: encoder layers; attention-pool heads), as rows
+
+For a model patched in place (``apply_vit_fast(model)``, or what ``optimize`` returns for a transformers model) each
+transformer block, encoder layer and attention-pool head is listed as patched or left alone, with why, and for the
+patched ones whether they run vit-fast's kernels or their own forward on ``device`` (default: the weights') in the
+weights' dtype: the rule the patched forwards apply on every call (:func:`vit_fast.runtime.patched_runs_kernels`,
+with :func:`vit_fast.runtime.choose_backend`'s reason). For a model that is not patched, what ``apply_vit_fast``
+would patch and what it refuses, with the reasons its errors give. For vit-fast's own ``VisionTransformer`` (what
+``optimize`` returns for a timm model), its :meth:`~vit_fast.VisionTransformer.explain_backend`.
+
+What a patched forward decides per call (an attention mask, ``output_attentions``, autograd) is not known here: the
+rows say what an inference call (``model.eval()``, ``torch.no_grad()``) runs; the notes name what changes that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from . import runtime
+from .runtime import BackendChoice
+
+#: the dtypes the kernels compute in (vit_fast.kernels._common.SUPPORTED_DTYPES; kept here so that explaining a
+#: model on a machine without triton imports no kernel)
+_KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+KERNELS, OWN, RAISES = "kernels", "own forward", "raises"
+
+
+@dataclass(frozen=True)
+class ModuleReport:
+    """One block, encoder layer or attention-pool head of a model."""
+
+    name: str  #: where it is in the model (``named_modules``): ``blocks.3``, ``vit.encoder.layer.0``, ``attn_pool``
+    kind: str  #: its class name: ``Block``, ``ViTLayer``, ``AttentionPoolLatent``
+    patched: bool  #: its forward is vit-fast's (``apply_vit_fast``)
+    runs: str  #: ``"kernels"`` (vit-fast's Triton kernels), ``"own forward"``, or ``"raises"`` (a refused dtype)
+    reason: str  #: why, in one line
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """:func:`explain`'s answer; ``str()`` of it is what ``print`` shows."""
+
+    model: str  #: the model's library and class: ``timm VisionTransformer``, ``transformers ViTModel``, ...
+    device: str
+    dtype: str
+    patched_with: str | None  #: the backend ``apply_vit_fast`` was given ("auto", "triton"); None: not patched
+    backend: BackendChoice  #: what runs the (patched) blocks on ``device`` and why
+    modules: tuple[ModuleReport, ...] = ()
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def patched(self) -> list[ModuleReport]:
+        return [m for m in self.modules if m.patched]
+
+    @property
+    def left_alone(self) -> list[ModuleReport]:
+        return [m for m in self.modules if not m.patched]
+
+    def __str__(self) -> str:
+        how = f"patched with backend={self.patched_with!r}" if self.patched_with else "not patched"
+        lines = [f"{self.model} on {self.device} ({self.dtype}), {how}", f"backend: {self.backend}"]
+        for group in _runs(self.modules):
+            first, last = group[0], group[-1]
+            where = first.name if len(group) == 1 else f"{first.name} .. {last.name} ({len(group)})"
+            state = "patched" if first.patched else "left alone"
+            lines.append(f"  {where} [{first.kind}]: {state}, runs {_RUNS[first.runs]}: {first.reason}")
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+_RUNS = {KERNELS: "vit-fast's kernels", OWN: "its own forward", RAISES: "nothing (a call raises)"}
+
+
+def _runs(modules: tuple[ModuleReport, ...]) -> list[list[ModuleReport]]:
+    """Consecutive modules that read the same (kind, patched, runs, reason), grouped: twelve equal blocks, one line."""
+    groups: list[list[ModuleReport]] = []
+    for m in modules:
+        last = groups[-1][-1] if groups else None
+        if last is not None and (last.kind, last.patched, last.runs, last.reason) == (
+            m.kind,
+            m.patched,
+            m.runs,
+            m.reason,
+        ):
+            groups[-1].append(m)
+        else:
+            groups.append([m])
+    return groups
+
+
+def _weights(model: nn.Module) -> tuple[torch.device, torch.dtype]:
+    for p in model.parameters():
+        if p.is_floating_point():
+            return p.device, p.dtype
+    return torch.device("cpu"), torch.float32
+
+
+def _kernel_choice(device: torch.device, dtype: torch.dtype, head_dim: int | None, asked: str) -> BackendChoice:
+    """What a patched block with ``head_dim`` runs on ``device`` for inputs of ``dtype``: ``choose_backend``'s
+    answer for the device, then the kernels' dtypes (what ``runtime.patched_runs_kernels`` checks per call)."""
+    choice = runtime.choose_backend(device, head_dim, asked=asked)
+    if choice.backend != "triton":
+        return choice
+    if dtype not in _KERNEL_DTYPES:
+        return BackendChoice(
+            "torch", f"the weights are {dtype}, which the kernels do not compute in (fp16, bf16, fp32)"
+        )
+    if dtype == torch.bfloat16:
+        from .dtypes import check_dtype_on_device
+
+        try:
+            check_dtype_on_device(dtype, device, "use float16 or float32, or patch with backend='auto'")
+        except ValueError as err:  # the patched forward raises this on the first call
+            return BackendChoice("refused", str(err))
+    return choice
+
+
+def _row(name: str, module: nn.Module, patched: bool, choice: BackendChoice, detail: str) -> ModuleReport:
+    if not patched:
+        return ModuleReport(name, type(module).__name__, False, OWN, detail)
+    if choice.backend == "triton":
+        return ModuleReport(name, type(module).__name__, True, KERNELS, detail)
+    return ModuleReport(
+        name, type(module).__name__, True, RAISES if choice.backend == "refused" else OWN, choice.reason
+    )
+
+
+def _unpatched_choice(refusal: str | None) -> BackendChoice:
+    if refusal:
+        return BackendChoice("torch", f"not patched, and apply_vit_fast refuses this model: {refusal}")
+    why = "not patched: the model runs its own code; apply_vit_fast(model) puts its blocks on vit-fast's kernels"
+    return BackendChoice("torch", why + " where they help")
+
+
+def _timm_refusal(model: nn.Module) -> str:
+    """apply_vit_fast's own error for a timm model whose blocks or head it refuses (each feature named once)."""
+    from .timm_blocks import plan_attention_pool, plan_timm_model
+
+    try:
+        plan_timm_model(model, "auto")
+        plan_attention_pool(model, "auto")
+    except ValueError as err:
+        return str(err).removeprefix("apply_vit_fast: ")
+    return "it reads every block"  # not reached: the caller saw a refused feature
+
+
+#: what a family's reader returns: the backend it was patched with (None: not patched), the backend on the device,
+#: the rows, the notes
+_Read = tuple[str | None, BackendChoice, list[ModuleReport], list[str]]
+
+
+def _timm(model: nn.Module, device: torch.device, dtype: torch.dtype) -> _Read:
+    from .patching import _ORIGINAL, PATCHED_BACKEND
+    from .timm_blocks import _BLOCK_INDEX, read_attention_pool, read_timm_blocks, timm_model_refusal
+
+    asked = model.__dict__.get(PATCHED_BACKEND)
+    names = {id(m): n for n, m in model.named_modules()}
+    refusal = timm_model_refusal(model)
+    if refusal is not None:
+        blocks = list(getattr(model, "blocks", None) or [])
+        rows = [_row(names[id(b)], b, False, BackendChoice("torch", ""), f"refused: {refusal}") for b in blocks]
+        return asked, _unpatched_choice(refusal), rows, []
+    read = read_timm_blocks(model)
+    pool = read_attention_pool(model)
+    refused = any(found for _, found in read) or bool(pool and pool[1])
+    rows = []
+    choice = None
+    for block, (plan, found) in zip(model.blocks, read, strict=True):
+        patched = _ORIGINAL in block.__dict__
+        what = f"{plan.kind}, MLP {'/'.join(m.act for m in plan.mlps) or '?'}, head dim {plan.head_dim}"
+        if patched and block.training:  # the patched forward hands a block in training mode to timm's
+            choice = BackendChoice("torch", "in training mode: timm's forward runs it until model.eval()")
+            detail = choice.reason
+        elif patched:
+            choice = _kernel_choice(device, dtype, plan.head_dim, asked or "auto")
+            detail = f"on the kernels: {what}"
+        elif found:  # the row names the block: its features without the 'blocks.N.' prefix
+            detail = f"refused: {'; '.join(_BLOCK_INDEX.sub('', p).lstrip('.') for p in found)}"
+        elif refused:
+            detail = "the kernels run this block, but apply_vit_fast refuses the model for what the others use"
+        else:
+            detail = f"apply_vit_fast(model) would run it on the kernels ({what})"
+        rows.append(_row(names[id(block)], block, patched, choice or BackendChoice("torch", ""), detail))
+    if pool is not None:
+        plan, found = pool
+        head = model.attn_pool
+        patched = _ORIGINAL in head.__dict__
+        head_choice = _kernel_choice(device, dtype, plan.head_dim, asked or "auto") if patched else None
+        if patched and head.training:
+            head_choice = BackendChoice("torch", "in training mode: timm's forward runs it until model.eval()")
+            detail = head_choice.reason
+        elif patched:
+            detail = f"on the attention-pool kernel: head dim {plan.head_dim}"
+        elif found:
+            detail = f"refused: {'; '.join(found)}"
+        else:
+            detail = "apply_vit_fast(model) would run it on the attention-pool kernel"
+        rows.append(_row(names[id(head)], head, patched, head_choice or BackendChoice("torch", ""), detail))
+    if asked is None:
+        choice = _unpatched_choice(_timm_refusal(model) if refused else None)
+    notes = ["outside the blocks (patch embedding, position embedding, final norm, pooling, head) timm's own code runs"]
+    if asked is not None:
+        notes.append("a call with an attention mask, or with autograd on inputs that require grad, runs timm's forward")
+    return asked, choice or _unpatched_choice(None), rows, notes
+
+
+def _hf(model: nn.Module, device: torch.device, dtype: torch.dtype) -> _Read:
+    from .hf_patch import _LAYOUTS, _ORIGINAL, _STATE, _pool_heads, _vision_layers, head_dim_problem, hf_refusal
+    from .patching import PATCHED_BACKEND
+
+    asked = model.__dict__.get(PATCHED_BACKEND)
+    names = {id(m): n for n, m in model.named_modules()}
+    layers = _vision_layers(model)
+    refusal = hf_refusal(model) if asked is None else None
+    head_dim_why = head_dim_problem(model, layers) if layers and refusal is None else None
+    config = getattr(model.config, "vision_config", None) or model.config
+    head_dim = config.hidden_size // config.num_attention_heads
+    choice = _kernel_choice(device, dtype, head_dim, asked) if asked else _unpatched_choice(refusal or head_dim_why)
+    rows = []
+    for layer in layers:
+        patched = _ORIGINAL in layer.__dict__
+        blocker = layer.__dict__[_STATE].blocker() if patched else None
+        if blocker:
+            rows.append(ModuleReport(names[id(layer)], type(layer).__name__, True, OWN, f"patched, but {blocker}"))
+            continue
+        if patched:
+            act = getattr(config, "hidden_act", None)
+            detail = f"on the kernels: head dim {head_dim}, activation {act}"
+        elif refusal:
+            detail = f"refused: {refusal}"
+        elif head_dim_why:
+            detail = head_dim_why
+        else:
+            detail = "apply_vit_fast(model) would run it on the kernels"
+        rows.append(_row(names[id(layer)], layer, patched, choice, detail))
+    vision = {id(m) for m in layers}
+    for name, module in model.named_modules():  # a CLIP / SigLIP dual model's text tower
+        if type(module).__name__ in _LAYOUTS and id(module) not in vision:
+            rows.append(
+                ModuleReport(name, type(module).__name__, False, OWN, "text tower: vit-fast patches vision towers")
+            )
+    for head in _pool_heads(model):
+        patched = _ORIGINAL in head.__dict__
+        blocker = head.__dict__[_STATE].blocker() if patched else None
+        if blocker:
+            rows.append(ModuleReport(names[id(head)], type(head).__name__, True, OWN, f"patched, but {blocker}"))
+            continue
+        if patched:
+            detail = f"on the attention-pool kernel: head dim {head_dim}"
+        elif refusal or head_dim_why:
+            detail = str(refusal or head_dim_why)
+        else:
+            detail = "apply_vit_fast(model) would run it on the attention-pool kernel"
+        rows.append(_row(names[id(head)], head, patched, choice, detail))
+    notes = ["the embeddings, the final layernorm and the heads outside the encoder run transformers' own code"]
+    if asked is not None:
+        notes.append(
+            "a call with an attention mask, output_attentions, or autograd in training runs transformers' forward"
+        )
+        if getattr(config, "output_attentions", False):
+            why = "every call runs transformers' forward (the attentions come from the unfused path)"
+            notes.append(f"config.output_attentions is set: {why}")
+    return asked, choice, rows, notes
+
+
+def explain(model: nn.Module, device: torch.device | str | None = None) -> Explanation:
+    """What vit-fast did to ``model`` and what runs it on ``device`` (default: where its weights are), and why.
+
+    ``model``: a timm ``VisionTransformer`` or a transformers vision model, patched in place
+    (:func:`vit_fast.apply_vit_fast`, or a transformers model that :func:`vit_fast.optimize` returned) or not; or
+    vit-fast's own :class:`vit_fast.VisionTransformer`. Returns an :class:`Explanation`: ``.backend`` (a
+    :class:`vit_fast.runtime.BackendChoice`: what runs the patched blocks there, with the reason naming the card),
+    ``.modules`` (one :class:`ModuleReport` per block, encoder layer or attention-pool head: patched or left alone,
+    what it runs and why; ``.patched`` and ``.left_alone`` split them) and ``.notes``. ``print(explain(model))``
+    shows it. Reads the model only: nothing is patched, run or compiled. A TypeError for any other model.
+    """
+    from .model import VisionTransformer
+
+    weights_device, dtype = _weights(model)
+    device = weights_device if device is None else torch.device(device)
+    module = type(model).__module__
+    if isinstance(model, VisionTransformer):
+        return Explanation(
+            model=f"vit_fast {type(model).__name__}",
+            device=str(device),
+            dtype=str(dtype).removeprefix("torch."),
+            patched_with=None,
+            backend=model.explain_backend(device),
+            notes=(
+                f"vit-fast's own module: nothing is patched; every block runs the backend above ({model.backend=})",
+            ),
+        )
+    if module.startswith("timm."):
+        asked, choice, rows, notes = _timm(model, device, dtype)
+        library = "timm"
+    elif module.startswith("transformers."):
+        asked, choice, rows, notes = _hf(model, device, dtype)
+        library = "transformers"
+    else:
+        raise TypeError(
+            f"explain() does not know {module}.{type(model).__name__}: it explains timm VisionTransformer and "
+            "transformers vision models (patched with vit_fast.apply_vit_fast or not) and vit-fast's own"
+        )
+    return Explanation(
+        model=f"{library} {type(model).__name__}",
+        device=str(device),
+        dtype=str(dtype).removeprefix("torch."),
+        patched_with=asked,
+        backend=choice,
+        modules=tuple(rows),
+        notes=tuple(notes),
+    )
+
+
+__all__ = ["Explanation", "ModuleReport", "explain"]
