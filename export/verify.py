@@ -34,7 +34,7 @@ from vit_fast.dtypes import DTYPE_NAMES, parse_dtype
 from vit_fast.env import git_commit, module_version
 from vit_fast.files import json_text, staging_dir, write_json_atomic, write_new
 from vit_fast.numerics import FACTOR, FLOOR, RULE, compare
-from vit_fast.progress import Remaining, Stages, duration, long_cpu_note
+from vit_fast.progress import Remaining, Stages, duration, long_cpu_note, plural
 
 from ._common import ArtifactError, check_report_path, plain_model, read_metadata, vit_fast_version, weights_record
 from .graph import ExportGraph, default_outputs, example_images
@@ -431,7 +431,7 @@ def verify(
             took = duration(time.perf_counter() - started)
             stages.note(f"batch {b} at {hh}x{ww}: done ({took}){remaining.advance(work[i])}")
         if data is not None:
-            stages.note(f"accuracy on {len(data[1])} labelled images ...")
+            stages.note(f"accuracy on {plural(len(data[1]), 'labelled image')} ...")
             logits_name = dict(plan)["logits"]
             report.accuracy = _accuracy(
                 runner, logits_name, eager_graph, eager_device, data, dtype, preprocess, batch_range or (1, 8)

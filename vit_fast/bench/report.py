@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from vit_fast.files import write_atomic
+from vit_fast.progress import plural
 
 REPORT_SUFFIXES = (".json", ".md", ".csv", ".png")
 #: the CSV's columns: timm benchmark.py's inference columns (``infer_step_time`` = mean ms per batch,
@@ -133,6 +134,7 @@ def markdown_report(report: dict[str, Any]) -> str:
     st = report["settings"]
     params = t.get("params")
     flops = t.get("flops_per_image")
+    tokens = plural(t["tokens"], "token") if t.get("tokens") else "? tokens"
     lines = [
         f"# vit-fast bench: {report['model']}",
         "",
@@ -141,7 +143,7 @@ def markdown_report(report: dict[str, Any]) -> str:
         f"tensorrt {env['tensorrt']}, timm {env['timm']}, vit-fast {env['vit_fast']}",
         f"- commit: {env['git_commit']}; created {report['created_utc']}",
         (
-            f"- model: {cfg['embed_dim']}d x {cfg['depth']} blocks, {t.get('tokens', '?')} tokens, GELU {cfg['act']}, "
+            f"- model: {cfg['embed_dim']}d x {plural(cfg['depth'], 'block')}, {tokens}, activation {cfg['act']}, "
             f"{_fmt(params / 1e6 if params else None, '.1f')} M params, "
             f"{_fmt(flops / 1e9 if flops else None, '.2f')} GFLOP/image"
             if cfg
