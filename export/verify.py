@@ -22,6 +22,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,8 @@ class VerifyOptions:
     provider: str | None = None
     data: tuple[torch.Tensor, torch.Tensor] | None = None
     print_table: bool = True
+    #: called with the report once the artifact it passed is published (``vit-fast export ... --json -`` prints it)
+    on_published: Callable[[VerifyReport], Any] | None = None
 
 
 @dataclass
