@@ -10,7 +10,8 @@ MODEL is "default" (the embedded model), a preset name or a checkpoint path. It 
 with our Triton kernels where there is one, else on the CPU with the torch backend. On a GPU it runs
 the model once at each served batch size (1, the preferred sizes, the largest) before it reports ready,
 so every kernel is compiled (with --tune: tuned, and served tuned) before the first request; it says ready
-only once /v2/models/NAME/ready answers and one request went through. On loopback the statistics and
+only once /v2/models/NAME/ready answers and one request went through. Wait on that probe: Triton's own
+/v2/health/ready answers before the model is loaded. On loopback the statistics and
 shared-memory APIs are open, so perf_analyzer and model-analyzer measure it as they are; on any other
 interface they keep PyTriton's access token, printed (and written to --json) for clients to send in the
 triton-access-token header (--protect on|off decides it yourself). Requests whose
@@ -30,7 +31,7 @@ from typing import Any
 
 from . import _args
 
-EXAMPLE = "vit-fast serve default --batch 1,8,64 --instances 2   (then: curl 127.0.0.1:8000/v2/health/ready)"
+EXAMPLE = "vit-fast serve default --batch 1,8,64 --instances 2   (then: curl 127.0.0.1:8000/v2/models/default/ready)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
