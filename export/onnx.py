@@ -368,6 +368,8 @@ def to_onnx(
         publish_to(moves)
     written = f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB) and {metadata_path(path).name}"
     stages.note(written + ("" if options is None else f"; verified: {meta['verification']['passed']}"))
+    if options is not None and options.on_published is not None:
+        options.on_published(result)
     return path
 
 

@@ -360,6 +360,8 @@ def to_tensorrt(
             if report_path is not None:
                 moves.append(stage_report(stack, result, report_path))
         publish_to(moves)
+    if options is not None and options.on_published is not None:
+        options.on_published(result)
     return engine_path
 
 

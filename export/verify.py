@@ -22,6 +22,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from vit_fast.dtypes import DTYPE_NAMES, parse_dtype
 from vit_fast.env import git_commit, module_version
 from vit_fast.files import json_text, staging_dir, write_json_atomic, write_new
 from vit_fast.numerics import FACTOR, FLOOR, RULE, compare
-from vit_fast.progress import Remaining, Stages, duration, long_cpu_note
+from vit_fast.progress import Remaining, Stages, duration, long_cpu_note, plural
 
 from ._common import ArtifactError, check_report_path, plain_model, read_metadata, vit_fast_version, weights_record
 from .graph import ExportGraph, default_outputs, example_images
@@ -68,6 +69,8 @@ class VerifyOptions:
     provider: str | None = None
     data: tuple[torch.Tensor, torch.Tensor] | None = None
     print_table: bool = True
+    #: called with the report once the artifact it passed is published (``vit-fast export ... --json -`` prints it)
+    on_published: Callable[[VerifyReport], Any] | None = None
 
 
 @dataclass
@@ -467,7 +470,7 @@ def verify(
             took = duration(time.perf_counter() - started)
             stages.note(f"batch {b} at {hh}x{ww}: done ({took}){remaining.advance(work[i])}")
         if data is not None:
-            stages.note(f"accuracy on {len(data[1])} labelled images ...")
+            stages.note(f"accuracy on {plural(len(data[1]), 'labelled image')} ...")
             logits_name = dict(plan)["logits"]
             report.accuracy = _accuracy(
                 runner, logits_name, eager_graph, eager_device, data, dtype, preprocess, batch_range or (1, 8)

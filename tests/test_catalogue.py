@@ -369,6 +369,18 @@ CLI: dict[str, tuple[list[str], int, str]] = {
     "demo threads": (["demo", "--threads", "-3"], 2, r"--threads: must be >= 1, got -3"),
     "demo subset": (["demo", "--subset", "0"], 2, r"--subset: must be >= 1"),
     "demo timeout": (["demo", "--triton-timeout", "-1"], 2, r"must be > 0"),
+    "json not a .json file": (
+        ["bench", "default", "--out", "b", "--json", "notes.txt"],
+        2,  # refused while parsing: a .json file or - (standard output)
+        r"--json: 'notes.txt' is not a \.json file: give a path such as notes\.json, or - for standard output",
+    ),
+    "json empty": (["verify", "default", "triton", "--json", ""], 2, r"--json: got an empty path.*- for standard out"),
+    "json a folder": (["info", "--json", "j.onnx.json"], 1, r"--json 'j.onnx.json' is a folder; give a file path"),
+    "export json without verification": (
+        ["export", "onnx", "default", "--out", "o.onnx", "--no-verify", "--json", "-"],
+        1,
+        r"--json is the verification report: drop --no-verify, or drop --json",
+    ),
     "tritonserver instances": (
         ["export", "tritonserver", "default", "--out", "repo", "--instances", "0"],
         2,

@@ -127,3 +127,25 @@ def test_serve_instances_zero_names_the_flag_before_any_work(capsys, monkeypatch
     assert capsys.readouterr().err == (
         "vit-fast serve: error: argument --instances: must be >= 1, got 0; see vit-fast serve --help\n"
     )
+
+
+JSON_FLAGS = [(words, a) for words, a in FLAGS if a.option_strings[0] == "--json"]
+
+
+def test_every_command_with_a_report_has_the_one_json_flag():
+    """Every --json is ``_args.add_json``'s: it takes ``-`` (stdout) and refuses a non-.json path while parsing;
+    ``info --json`` alone means stdout (it has no positional argument a bare --json could swallow)."""
+    commands = {" ".join(words) for words, _ in JSON_FLAGS}
+    assert commands >= {"info", "demo", "export onnx", "export tensorrt", "export tritonserver", "verify", "bench"}
+    assert commands >= {"serve", "doctor"}
+    for words, action in JSON_FLAGS:
+        assert action.type is _args.json_target, words
+        assert action.type("-") == "-" and action.type("r.JSON") == "r.JSON"
+        assert (action.nargs, action.const) == (("?", "-") if words == ["info"] else (None, None)), words
+
+
+def test_a_bare_json_is_stdout_on_info_only(capsys):
+    assert cli.build_parser().parse_args(["info", "--json"]).json == "-"
+    with pytest.raises(SystemExit) as exc:
+        cli.build_parser().parse_args(["verify", "default", "m.onnx", "--json"])
+    assert exc.value.code == 2 and "--json: expected one argument" in capsys.readouterr().err

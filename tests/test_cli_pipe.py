@@ -32,6 +32,13 @@ def test_info_into_a_closed_pipe_exits_quietly():
     assert code == cli.READER_GONE == 141
 
 
+def test_json_report_into_a_closed_pipe_exits_quietly():
+    """``vit-fast info --json - | head -c 0``: the report meets the closed pipe; the text report went to stderr."""
+    code, err = _with_reader_gone("info", "--json", "-")
+    assert code == cli.READER_GONE and "versions:" in err
+    assert "Broken pipe" not in err and "Traceback" not in err and "vit-fast info: error" not in err
+
+
 def test_help_into_a_closed_pipe_says_nothing():
     code, err = _with_reader_gone("export", "--help")
     assert err == "" and code in (0, cli.READER_GONE)  # argparse itself ignores write errors while printing help
@@ -67,3 +74,23 @@ def test_the_reader_is_gone_only_for_a_closed_pipe(monkeypatch, tmp_path):
 def test_a_reader_that_stays_gets_everything(argv):
     result = subprocess.run([sys.executable, "-m", "vit_fast.cli", *argv], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stderr == "" and result.stdout.strip()
+
+
+@pytest.mark.parametrize(("argv", "code"), [(["info"], 0), (["info", "--json", "-"], 1)])
+def test_a_closed_stdout_is_no_traceback(argv, code):
+    """Started with fd 1 closed (``vit-fast info >&-``): Python has no sys.stdout. The text has nowhere to go and
+    is dropped; a report asked for on stdout is refused in one line before any work."""
+    import os
+
+    result = subprocess.run(
+        [sys.executable, "-m", "vit_fast.cli", *argv],
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=120,
+        preexec_fn=lambda: os.close(1),
+    )
+    assert result.returncode == code and "Traceback" not in result.stderr, result.stderr
+    if code:
+        assert result.stderr == (
+            "vit-fast info: error: --json -: standard output is closed; give a file path such as report.json\n"
+        )

@@ -49,6 +49,15 @@ def _cli(*argv: str, env: dict | None = None, cwd: Path | None = None) -> subpro
         (["demo", "--subset", "0"], 2, "--subset"),
         (["doctor", "--timeout", "-1"], 2, "--timeout"),
         (["serve", "default", "--http-port", "http"], 2, "--http-port"),
+        # --json takes a .json file or - (stdout), refused while parsing, as every argument is
+        (["info", "--json", "report.txt"], 2, "'report.txt' is not a .json file: give a path such as report.json"),
+        (["bench", "default", "--out", "o", "--json", "r.csv"], 2, "or - for standard output"),
+        (["verify", "default", "m.onnx", "--json", ""], 2, "--json: got an empty path"),
+        (["export", "tensorrt", "m.onnx", "--out", "m.plan", "--json", "m.plan"], 2, "'m.plan' is not a .json file"),
+        (["export", "tritonserver", "default", "--out", "repo", "--json", "s.jsn"], 2, "'s.jsn' is not a .json"),
+        (["serve", "default", "--json", "ready"], 2, "'ready' is not a .json file"),
+        (["demo", "--json", "d.JSON.bak"], 2, "--json"),
+        (["doctor", "--json", "out/"], 2, "--json"),
     ],
 )
 def test_help_version_and_argument_errors_do_not_import_torch(argv, code, says, tmp_path):

@@ -37,5 +37,5 @@ def test_timing_runs_on_the_threads_it_records(threads, monkeypatch):
     step = _timing_step(model, images[:4], None, DemoSettings(threads=threads, repeats=1), Stages("t", False))
     assert step["threads"] == 1 and seen and set(seen) == {1}  # every timed call ran on the recorded threads
     assert step["threads_note"] == ("--threads" if threads else "1 of 2: load average 3.0 on 2 cores")
-    assert "1 thread(s) each" in step["summary"]
+    assert "1 thread each" in step["summary"]
     assert torch.get_num_threads() == before  # the caller's setting is restored

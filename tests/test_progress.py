@@ -13,7 +13,7 @@ import torch
 
 import vit_fast
 from vit_fast import export
-from vit_fast.progress import LONG_CPU_GFLOP, Remaining, duration, long_cpu_note
+from vit_fast.progress import LONG_CPU_GFLOP, Remaining, duration, long_cpu_note, plural
 
 CFG = dict(img_size=16, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=5)
 
@@ -25,6 +25,12 @@ def test_duration_and_remaining(monkeypatch):
     left = Remaining(4)
     assert left.advance(1) == "; about 30 s left"  # 1 of 4 in 10 s: 3 more take 30 s
     assert left.advance(3) == ""  # done: nothing left to say
+
+
+def test_plural_takes_the_count():
+    assert plural(1, "torch thread") == "1 torch thread" and plural(2, "torch thread") == "2 torch threads"
+    assert plural(0, "image") == "0 images" and plural(1, "batch", "batches") == "1 batch"
+    assert plural(3, "batch", "batches") == "3 batches"
 
 
 def test_long_cpu_note_names_the_work_and_the_smaller_command():

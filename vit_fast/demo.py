@@ -52,7 +52,7 @@ from .files import check_files_in, markdown_mark, write_atomic
 from .graphs import CUDAGraphRunner
 from .loading import load_model
 from .numerics import FLOOR, max_err, scale_of
-from .progress import Stages
+from .progress import Stages, plural
 
 #: held-out accuracy must reproduce the recorded value within this many percentage points
 ACCURACY_TOLERANCE_PP = 0.5
@@ -254,7 +254,7 @@ def _timed(
     threads_note: str,
 ) -> dict:
     cpu = torch.device("cpu")
-    stages.note(f"  torch and ONNX Runtime on {threads} CPU thread(s) each ({threads_note})")
+    stages.note(f"  torch and ONNX Runtime on {plural(threads, 'CPU thread')} each ({threads_note})")
     ort = OrtRunner(onnx_path, provider="CPUExecutionProvider", threads=threads) if onnx_path is not None else None
     cases, parts = {}, []
     for batch, iters in ((1, 4 * s.repeats), (len(images), s.repeats)):
@@ -271,7 +271,7 @@ def _timed(
             o = row["onnxruntime"]["median_ms"]
             parts[-1] += f", ORT {o:.2f} ms (torch/ORT {t / o:.2f}x)"
     note = "" if ort is not None else " (ONNX Runtime not timed: step 3 did not produce an artifact)"
-    summary = f"CPU wall-clock, median, {threads} thread(s) each: " + "; ".join(parts) + note
+    summary = f"CPU wall-clock, median, {plural(threads, 'thread')} each: " + "; ".join(parts) + note
     return _step(
         "timing", "ok", summary, clock="CPU wall-clock", threads=threads, threads_note=threads_note, cases=cases
     )
@@ -355,7 +355,8 @@ def _markdown(report: dict[str, Any]) -> str:
         "# vit-fast demo",
         "",
         f"{report['created']} · vit-fast {report['vit_fast_version']} · torch {env['torch']} · "
-        f"triton {env['triton']} · onnxruntime {env['onnxruntime']} · {gpu} · {env['torch_threads']} CPU threads",
+        f"triton {env['triton']} · onnxruntime {env['onnxruntime']} · {gpu} · "
+        f"{plural(env['torch_threads'], 'CPU thread')}",
         "",
         f"Model: `{model['name']}` ({model['num_params']:,} parameters, {model['tokens']} tokens); "
         f"held-out set: {model['heldout_size']} images.",

@@ -150,7 +150,10 @@ def device_name(device: Any) -> str:
 
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"CPU: {cpu_name()} ({os.cpu_count()} logical cores, {torch.get_num_threads()} torch threads)"
+    from .progress import plural
+
+    cores = plural(os.cpu_count(), "logical core") if os.cpu_count() else "logical cores unknown"
+    return f"CPU: {cpu_name()} ({cores}, {plural(torch.get_num_threads(), 'torch thread')})"
 
 
 def driver_version(device: Any) -> str:

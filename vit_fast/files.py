@@ -77,6 +77,35 @@ def stdout_to_null(fd: int) -> None:
         os.close(null)
 
 
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[IO[str] | None]:
+    """While held, file descriptor 1 points where stderr (fd 2) does, so what a child process or native code writes
+    to standard output goes to stderr; yields a text stream on the real standard output (a duplicate of fd 1 made
+    first), or None where fd 1 or fd 2 cannot be duplicated (closed). On exit the stream is closed and fd 1 put
+    back. No file is opened by name or written."""
+    try:
+        saved = os.dup(1)
+    except OSError:
+        yield None
+        return
+    try:
+        os.dup2(2, 1)
+    except OSError:
+        os.close(saved)
+        yield None
+        return
+    kept = open(saved, "w", encoding="utf-8", closefd=False)  # noqa: SIM115 - closed below
+    try:
+        yield kept
+    finally:
+        try:
+            with contextlib.suppress(OSError):  # a write that failed has raised already
+                kept.close()
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+
+
 def finish_atomic(tmp: str | os.PathLike, path: str | os.PathLike) -> Path:
     """Give ``tmp`` (written beside ``path``) ordinary permissions and rename it to ``path``."""
     os.chmod(tmp, 0o666 & ~_umask())

@@ -34,6 +34,12 @@ class Stages:
             print(f"[{self.prefix}] {text}", file=sys.stderr, flush=True)
 
 
+def plural(n: int, noun: str, nouns: str | None = None) -> str:
+    """``n`` and ``noun`` in the number it takes: ``plural(1, "torch thread")`` is ``1 torch thread``, ``plural(2,
+    "torch thread")`` is ``2 torch threads``; ``nouns`` where the plural is not ``noun`` + s (``"batches"``)."""
+    return f"{n} {noun if n == 1 else nouns or noun + 's'}"
+
+
 def duration(seconds: float) -> str:
     """``42 s``, ``3.5 min``, ``1.2 h``: how long, at the precision a person reads."""
     if seconds < 90:

@@ -83,6 +83,19 @@ def test_health_model_and_metrics_endpoints(server: Child) -> None:
     assert f'nv_inference_request_success{{model="{MODEL}",version="1"}}' in text
 
 
+def test_the_model_is_found_by_name_not_by_the_repository_index(server: Child) -> None:
+    """What the README says: PyTriton 0.7 loads the model through the model-control API (config and files in the
+    request), so Triton's repository index, which lists its --model-repository folder, answers []; the model's own
+    probe and metadata, by name, find it."""
+    request = urllib.request.Request(f"http://{server.http}/v2/repository/index", data=b"{}", method="POST")
+    with urllib.request.urlopen(request, timeout=10) as r:
+        assert json.loads(r.read()) == []
+    with urllib.request.urlopen(f"http://{server.http}/v2/models/{MODEL}/ready", timeout=10) as r:
+        assert r.status == 200
+    with urllib.request.urlopen(f"http://{server.http}/v2/models/{MODEL}", timeout=10) as r:
+        assert json.loads(r.read())["name"] == MODEL
+
+
 def test_perf_analyzer_apis_answer_without_a_token_on_loopback(server: Child) -> None:
     """perf_analyzer reads statistics first, and --shared-memory system registers regions: both open on loopback."""
     for module, client in _clients(server).values():

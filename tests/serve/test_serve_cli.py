@@ -32,6 +32,40 @@ def test_cli_load_test_writes_its_report_and_stops(tmp_path, capsys) -> None:
     assert all(port_is_free(p) for p in ports)
 
 
+def test_json_dash_puts_the_ready_summary_alone_on_stdout(tmp_path) -> None:
+    """`vit-fast serve default --json -`, as a script reads it: one JSON document on stdout once the model answers
+    (Triton's own output, started from this command, goes to stderr with the rest), then a clean stop."""
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    ports = free_ports(3)
+    cmd = [sys.executable, "-m", "vit_fast.cli", "serve", "default", "--json", "-"]
+    cmd += ["--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2])]
+    log = tmp_path / "stderr.log"
+    with open(log, "wb") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+    try:
+        lines = []  # the report's last line is its closing brace (vit_fast.files.json_text); EOF if the start failed
+        for line in proc.stdout:
+            lines.append(line)
+            if line == "}\n":
+                break
+        info = json.loads("".join(lines))
+        with urllib.request.urlopen(info["ready"], timeout=10) as r:
+            assert r.status == 200 and info["model"] == "default"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        assert proc.stdout.read().strip() == ""  # nothing else ever reached stdout
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "ready: Ctrl-C or SIGTERM stops it" in log.read_text()
+    assert all(port_is_free(p) for p in ports)
+
+
 def test_bad_arguments_fail_before_the_server_starts(tmp_path) -> None:
     parser = argparse.ArgumentParser(prog="vit-fast serve")
     serve.add_arguments(parser)

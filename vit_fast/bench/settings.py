@@ -16,6 +16,7 @@ import torch
 
 from vit_fast.batches import parse_batch_list
 from vit_fast.dtypes import DTYPE_NAMES, DTYPES, check_dtype_on_device, native_dtype, parse_dtype_list
+from vit_fast.progress import plural
 
 BACKENDS: tuple[str, ...] = (
     "torch",
@@ -205,5 +206,5 @@ def cpu_threads_for_load() -> tuple[int, str]:
         return default, "torch default"
     free = max(1, int(cores - load + 0.5))
     if free >= default:
-        return default, f"torch default ({default}); load average {load:.1f} on {cores} cores"
-    return free, f"{free} of {default}: load average {load:.1f} on {cores} cores (use --threads to choose)"
+        return default, f"torch default ({default}); load average {load:.1f} on {plural(cores, 'core')}"
+    return free, f"{free} of {default}: load average {load:.1f} on {plural(cores, 'core')}; --threads chooses"

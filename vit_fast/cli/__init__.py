@@ -16,6 +16,9 @@ raises on failure and :func:`main` is the one place that turns an exception into
 - 141: the reader of stdout closed it early (``vit-fast info | head -1``): the command stops quietly, as
   SIGPIPE stops any Unix tool (the shell reports 128 + 13 for those too).
 
+``--json -`` (every command that has ``--json``; ``info --json`` alone too) writes the JSON report to stdout and
+everything else the command prints there to stderr, so ``vit-fast bench ... --json - | jq`` reads JSON alone.
+
 Any other exception is a bug and keeps its traceback; set ``VIT_FAST_TRACEBACK=1`` to see the
 traceback of every failure.
 """
@@ -130,6 +133,11 @@ def stdout_reader_gone() -> bool:
         return False
 
 
+def _flush_stdout() -> None:
+    if sys.stdout is not None:  # None: Python started with fd 1 closed (``vit-fast info >&-``)
+        sys.stdout.flush()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``vit-fast`` with ``argv`` (default: sys.argv[1:]); returns the exit status.
 
@@ -139,9 +147,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             status = _main(argv)
         except SystemExit:  # --help, --version and usage errors print, then exit
-            sys.stdout.flush()
+            _flush_stdout()
             raise
-        sys.stdout.flush()  # what is still buffered fails here, not in the interpreter's flush at exit
+        _flush_stdout()  # what is still buffered fails here, not in the interpreter's flush at exit
         return status
     except BrokenPipeError:
         if not stdout_reader_gone():
@@ -177,11 +185,16 @@ def _main(argv: list[str] | None) -> int:
 
 
 def _run(args: argparse.Namespace, command: str) -> int:
-    """The command's body, its failures mapped to exit statuses (see the module docstring)."""
+    """The command's body, its failures mapped to exit statuses (see the module docstring); with ``--json -`` its
+    other output goes to stderr while it runs, so that stdout holds the JSON report alone."""
+    import contextlib
+
+    from vit_fast.cli._args import STDOUT, json_only_on_stdout
     from vit_fast.kernels._switches import switch
 
     try:
-        return int(args.run(args) or 0)
+        with json_only_on_stdout() if getattr(args, "json", None) == STDOUT else contextlib.nullcontext():
+            return int(args.run(args) or 0)
     except Exception as err:
         if isinstance(err, BrokenPipeError) and stdout_reader_gone():
             raise  # the reader of stdout stopped early: main() exits quietly

@@ -16,23 +16,41 @@ Every parser is a :class:`Parser`, so a rejected command line is one line and ex
 
 Output paths (``--out``, ``--json``) behave the same everywhere: missing folders are created,
 a path under an existing regular file is refused with :class:`CommandError` before any work.
+
+``--json`` takes a ``.json`` file or ``-``, standard output (as ``gh --json`` and ``docker ... --format json``
+write theirs); anything else is refused while parsing (:func:`json_target`). With ``-`` the command's JSON
+report is the only thing on stdout: :func:`json_only_on_stdout` sends everything else printed there (tables,
+progress, child processes' output) to stderr while the command runs, and :func:`write_json` / :func:`copy_json`
+put the report on stdout instead of into a file.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import math
 import os
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import IO, Any
 
 from vit_fast.batches import parse_batch_list
-from vit_fast.files import write_atomic
+from vit_fast.files import (
+    check_report_file,
+    json_text,
+    special_kind,
+    stdout_to_stderr,
+    write_atomic,
+    write_json_atomic,
+)
 
 # nothing here imports torch at module level: the parser is built, and a bad argument refused, before torch loads
 
 JSON_HELP = "also write the report as JSON to this file"
+#: ``--json -``: the report goes to standard output, and everything else the command prints goes to stderr
+STDOUT = "-"
 MODEL_HELP = (
     '"default", a preset name (random weights), a checkpoint file, a Hugging Face folder, timm:NAME or hf:ORG/NAME'
 )
@@ -217,8 +235,114 @@ def copy_file(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
     return write_atomic(dst, Path(src).read_bytes())
 
 
-def add_json(parser: argparse.ArgumentParser, help: str = JSON_HELP) -> None:
-    parser.add_argument("--json", metavar="PATH", default=None, help=help)
+def json_target(text: str) -> str:
+    """The ``--json`` type: ``-`` (standard output) or a path ending in ``.json`` (any case). Whether the file can
+    be written is checked when the command starts (:func:`json_file`), which also names what an existing folder,
+    FIFO or device (``/dev/null``) given here is."""
+    if text == STDOUT or special_kind(text) is not None:  # a folder, FIFO or device: named when the command starts
+        return text
+    if not text.strip():
+        raise argparse.ArgumentTypeError("got an empty path: give a file such as report.json, or - for standard output")
+    if not text.lower().endswith(".json"):
+        stem = Path(text).stem or "report"
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a .json file: give a path such as {stem}.json, or - for standard output"
+        )
+    return text
+
+
+json_target.__name__ = "JSON path"  # argparse names the type in its generic messages
+
+
+def add_json(parser: argparse.ArgumentParser, help: str = JSON_HELP, *, bare: bool = False) -> None:
+    """``--json PATH|-``; with ``bare``, ``--json`` alone means standard output (``vit-fast info --json``: only
+    for a command without positional arguments, which a bare ``--json`` would otherwise swallow)."""
+    help = f"{help} (- for standard output{', as is --json alone' if bare else ''}: then the command's other "
+    help += "output goes to stderr)"
+    more: dict[str, Any] = {"nargs": "?", "const": STDOUT} if bare else {}
+    parser.add_argument("--json", metavar="PATH", type=json_target, default=None, help=help, **more)
+
+
+def json_file(
+    value: str | None, *, overwrite: bool = False, artifacts: Sequence[str | os.PathLike] = ()
+) -> Path | str | None:
+    """What ``--json`` names, checked before any work: the file, by the one output policy
+    (:func:`vit_fast.files.check_report_file`: never an artifact's metadata, a FIFO or a file vit-fast did not
+    write unless ``overwrite``); :data:`STDOUT` for ``-``; None without ``--json``."""
+    if value is None or value == STDOUT:
+        return value
+    path = output_file(value, "--json")
+    return check_report_file(path, "--json", overwrite=overwrite, artifacts=artifacts)
+
+
+def file_only(target: Path | str | None) -> Path | None:
+    """The ``--json`` file to hand to a library call that writes it; None for standard output or no ``--json``."""
+    return None if target is None or target == STDOUT else Path(target)
+
+
+#: the command's real standard output while :func:`json_only_on_stdout` sends everything else to stderr
+_json_stream: IO[str] | None = None
+
+
+def _fileno(stream: Any) -> int | None:
+    try:
+        return stream.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced (a test's capture), closed or detached
+        return None
+
+
+@contextlib.contextmanager
+def json_only_on_stdout() -> Iterator[None]:
+    """While a command runs with ``--json -``: what it prints to ``sys.stdout``, and what a child process or a
+    native library writes to file descriptor 1, goes to stderr (:func:`vit_fast.files.stdout_to_stderr`), so that
+    standard output carries the JSON report (written by :func:`write_json` / :func:`copy_json`) alone. Both are put
+    back on exit, so a reader that went away is still told apart by the CLI (``stdout_reader_gone``)."""
+    global _json_stream
+    real = sys.stdout
+    if real is None:  # Python started with fd 1 closed (``>&-``): there is nowhere to put the report
+        raise CommandError("--json -: standard output is closed; give a file path such as report.json")
+    real.flush()
+    if sys.stderr is not None:
+        sys.stderr.flush()
+    with stdout_to_stderr() as kept:
+        # sys.stdout writes to fd 1, now stderr: the report goes to the kept copy (a test's capture keeps its own)
+        _json_stream = kept if kept is not None and _fileno(real) == 1 else real
+        try:
+            with contextlib.redirect_stdout(sys.stderr):
+                yield
+        finally:
+            _json_stream = None
+            with contextlib.suppress(AttributeError, OSError, ValueError):
+                real.flush()  # what went through an older reference to sys.stdout: to stderr, with the rest
+            with contextlib.suppress(AttributeError, OSError, ValueError):
+                sys.stderr.flush()
+
+
+def _print_json(text: str) -> None:
+    stream = _json_stream or sys.stdout
+    stream.write(text)
+    stream.flush()  # a reader (``| jq``, a script waiting on serve's endpoints) gets it now
+
+
+def write_json(data: Any, target: Path | str | None) -> Path | None:
+    """Write the report ``data`` where ``--json`` said (:func:`json_file`): standard output for ``-``, else the
+    file (atomically, through :mod:`vit_fast.files`); returns the file written, if any."""
+    if target is None:
+        return None
+    if target == STDOUT:
+        _print_json(json_text(data))
+        return None
+    return write_json_atomic(data, target)
+
+
+def copy_json(src: str | os.PathLike, target: Path | str | None) -> Path | None:
+    """Put the JSON report ``src`` where ``--json`` said: its text on standard output for ``-``, else a copy."""
+    if target is None:
+        return None
+    if target == STDOUT:
+        _print_json(Path(src).read_text())
+        return None
+    return copy_file(src, target)
 
 
 def add_threads(parser: argparse.ArgumentParser, note: str) -> None:

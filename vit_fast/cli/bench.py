@@ -9,7 +9,7 @@ the same dtype and batch, and next to the physical floor measured on this device
 max(weight bytes / copy bandwidth, FLOPs / matmul rate).
 
   vit-fast bench MODEL --out DIR [--batch 1,8,64] [--dtype bf16,fp16] [--backends torch,triton]
-                                 [--device cuda] [--graph] [--h2d] [--flush-l2] [--json PATH] [--seed 0]
+                                 [--device cuda] [--graph] [--h2d] [--flush-l2] [--json PATH|-] [--seed 0]
                                  [--min-samples 100] [--min-time 1] [--threads T] [--tune] [--overwrite]
   vit-fast bench model.onnx|model.plan --out DIR     (time an artifact you already have)
 
@@ -30,6 +30,8 @@ backends:
 A backend that cannot run here is listed with the reason; one that fails is reported with its
 error and the others go on.
 
+With --json - the JSON report goes to stdout and the Markdown table and progress to stderr.
+
 Exits 0 when at least one backend ran (with --strict: and none failed), 1 otherwise.
 """
 
@@ -37,8 +39,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-
-from vit_fast.files import check_report_file
 
 from . import _args
 
@@ -175,9 +175,7 @@ def run(args: argparse.Namespace) -> int:
             print(msg, file=sys.stderr)
 
     out_dir = _args.output_folder(args.out)
-    json_path = _args.output_file(args.json, "--json")
-    if json_path is not None:  # the one output policy, before any work
-        json_path = check_report_file(json_path, "--json", overwrite=args.overwrite)
+    json_target = _args.json_file(args.json, overwrite=args.overwrite)  # the one output policy, before any work
     device = resolve_device(args.device)
     model = args.model
     if args.config is not None or args.weights is not None:
@@ -209,10 +207,11 @@ def run(args: argparse.Namespace) -> int:
     )
     # the files are named after MODEL as typed, also when --config/--weights made it a loaded module
     report, paths = run_benchmark(settings, log=log, name=args.model)
-    if json_path is not None:
-        paths["json copy"] = _args.copy_file(paths["json"], json_path)
     if not args.quiet:
         print(markdown_report(report))
+    copied = _args.copy_json(paths["json"], json_target)
+    if copied is not None:
+        paths["json copy"] = copied
     for kind, path in paths.items():  # even under --quiet: a rerun's files carry a run id, so say which
         print(f"wrote {kind}: {path}", file=sys.stderr)
     statuses = [r["status"] for r in report["rows"]]

@@ -1,7 +1,7 @@
 """Run the main job end to end on the embedded default model (a small ViT trained on
 scikit-learn's handwritten digits, shipped in vit_fast/assets) and report what it measured.
 
-  vit-fast demo [--out DIR] [--device auto|cpu|cuda] [--subset 16] [--seed 0] [--json PATH] [--no-plots]
+  vit-fast demo [--out DIR] [--device auto|cpu|cuda] [--subset 16] [--seed 0] [--json PATH|-] [--no-plots]
 
 Steps, each reported as ok / failed / skipped (with the reason):
 
@@ -23,12 +23,12 @@ Steps, each reported as ok / failed / skipped (with the reason):
                 (held-out confusion matrix), timing.png (step 4's medians, p10-p90 whiskers).
                 Skipped under --no-plots, or with a one-line note when matplotlib is missing
 
-Prints a summary table (stdout; progress goes to stderr) and writes report.json and report.md
-(plus the ONNX artifact, published only once verified, its report digits_vit.verify.json and the
-pictures) into --out, creating it if needed. A file there that vit-fast did not write is kept: the
-demo refuses to start unless --overwrite. Exits 0 when no step
-failed, 1 when one did, 2 for bad arguments. Needs scikit-learn and matplotlib (the demo extra:
-pip install -e '.[demo]' in a vit-fast checkout) and, for step 3, the onnx extra.
+Prints a summary table (stdout; stderr with --json -, which puts the JSON report on stdout; progress goes to
+stderr) and writes report.json and report.md (plus the ONNX artifact, published only once verified, its report
+digits_vit.verify.json and the pictures) into --out, creating it if needed. A file there that vit-fast did not
+write is kept: the demo refuses to start unless --overwrite. Exits 0 when no step failed, 1 when one did, 2 for
+bad arguments. Needs scikit-learn and matplotlib (the demo extra: pip install -e '.[demo]' in a vit-fast
+checkout) and, for step 3, the onnx extra.
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ import dataclasses
 from pathlib import Path
 
 from vit_fast.demo_settings import DEFAULT_OUT, ONNX_NAME, DemoSettings
-from vit_fast.files import check_report_file
 
 from . import _args
 
@@ -98,17 +97,15 @@ def run(args: argparse.Namespace) -> int:
     from vit_fast.demo import format_table, run_demo
 
     out = _args.output_folder(args.out)
-    json_path = _args.output_file(args.json, "--json")
-    if json_path is not None:  # the one output policy, before any step
-        json_path = check_report_file(json_path, "--json", overwrite=args.overwrite, artifacts=(out / ONNX_NAME,))
+    # the one output policy, before any step
+    json_target = _args.json_file(args.json, overwrite=args.overwrite, artifacts=(out / ONNX_NAME,))
     fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(DemoSettings) if f.name != "out"}
     report = run_demo(DemoSettings(out=out, **fields))
-    if json_path is not None:
-        _args.copy_file(out / "report.json", json_path)
     failed = report["failed"]
     print(format_table(report["steps"]))
     print(
         f"\n{'OK' if not failed else 'FAILED: ' + ', '.join(failed)} in {report['wall_s']:.1f} s; "
         f"report: {Path(out) / 'report.json'}, {Path(out) / 'report.md'}"
     )
+    _args.copy_json(out / "report.json", json_target)
     return report["exit_code"]

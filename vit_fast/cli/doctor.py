@@ -1,7 +1,7 @@
 """Prove the stack on this machine: the environment, every kernel at a model's shapes against float64, the whole
 model against the torch backend, a CUDA graph and a brief timing; write a report to attach to a bug report.
 
-  vit-fast doctor [--model MODEL] [--out DIR] [--json PATH] [--dtype fp16,bf16,fp32] [--device auto|cpu|cuda:N]
+  vit-fast doctor [--model MODEL] [--out DIR] [--json PATH|-] [--dtype fp16,bf16,fp32] [--device auto|cpu|cuda:N]
 
 Sections, each check reported as ok / warning / failed / skipped (with the reason):
 
@@ -26,9 +26,9 @@ Sections, each check reported as ok / warning / failed / skipped (with the reaso
   timing       triton against the torch backend (batch 1 and 8) and attention against torch's SDPA (GPU
                only; a few dozen calls each, not a benchmark)
 
-Prints each check once, as a row on stdout when it finishes (what runs next goes to stderr), then the
-verdict; writes report.json and report.md into --out. Exits 1 when a check failed (warnings and skipped
-checks do not fail), 2 for bad arguments.
+Prints each check once, as a row when it finishes (what runs next goes to stderr), then the verdict: on
+stdout, or on stderr with --json -, which puts the JSON report on stdout; writes report.json and report.md into
+--out. Exits 1 when a check failed (warnings and skipped checks do not fail), 2 for bad arguments.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import argparse
 from pathlib import Path
 
 from vit_fast.doctor_settings import DEFAULT_OUT, DoctorSettings
-from vit_fast.files import check_files_in, check_report_file
+from vit_fast.files import check_files_in
 
 from . import _args
 
@@ -82,11 +82,9 @@ def run(args: argparse.Namespace) -> int:
     from vit_fast.doctor import run_doctor
 
     out = _args.output_folder(args.out)
-    json_path = _args.output_file(args.json, "--json")
     # the one output policy, before any check runs
     check_files_in(out, ("report.json", "report.md"), "doctor --out", overwrite=args.overwrite)
-    if json_path is not None:
-        json_path = check_report_file(json_path, "--json", overwrite=args.overwrite)
+    json_target = _args.json_file(args.json, overwrite=args.overwrite)
     settings = DoctorSettings(
         model=args.model,
         config=args.config,
@@ -98,12 +96,11 @@ def run(args: argparse.Namespace) -> int:
         timeout=args.timeout,
     )
     report = run_doctor(settings)
-    if json_path is not None:
-        _args.copy_file(out / "report.json", json_path)
     failed, skipped = report["failed"], report["skipped"]  # each check was printed once, as it finished
     verdict = "OK" if not failed else "FAILED: " + ", ".join(failed)
     print(
         f"\n{verdict}; {len(skipped)} skipped, {len(report['warnings'])} warning(s); {report['wall_s']:.1f} s; "
         f"report: {Path(out) / 'report.json'}, {Path(out) / 'report.md'}"
     )
+    _args.copy_json(out / "report.json", json_target)
     return report["exit_code"]

@@ -3,7 +3,7 @@
   vit-fast export onnx MODEL --out model.onnx [--batch 1,64] [--dtype fp16] [--exporter dynamo]
                           [--attention fused] [--dynamic-size] [--opset 18] [--outputs logits,pooled]
                           [--input-name pixel_values] [--preprocess NHWC --mean .. --std ..]
-                          [--verify-batch 1,3] [--seed 0] [--json report.json] [--overwrite]
+                          [--verify-batch 1,3] [--seed 0] [--json report.json|-] [--overwrite]
   vit-fast export tensorrt model.onnx --out model.plan [--batch 1,8,64] [--dtype fp16] [--verify-batch 1,8]
   vit-fast export tritonserver SOURCE --out repo/ [--batch 1,8,64] [--instances 2]
 
@@ -15,15 +15,14 @@ records the verification: rule, worst error, batches, seed, versions, weights) a
 report only when it passed; a failed or killed run leaves the target as it was. --batch is the
 artifact's batch range; --verify-batch picks fewer batches inside it to verify (a quicker check of
 the same artifact). A file vit-fast did not write is never replaced unless --overwrite. Exit status
-1 on failure.
+1 on failure. With --json - the report goes to stdout (once the artifact is published) and everything
+else to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
-
-from vit_fast.files import check_report_file
 
 from . import _args
 
@@ -114,17 +113,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tritonserver.add_arguments(r)
 
 
-def _verify_options(args: argparse.Namespace) -> Any:
-    """``VerifyOptions`` for the command line's flags, or False for --no-verify. --verify-batch is checked against
-    --batch's range here, before any work."""
+def _verify_options(args: argparse.Namespace, json_target: Any) -> Any:
+    """``VerifyOptions`` for the command line's flags, or False for --no-verify; --verify-batch is checked against
+    --batch's range here, before any work; with ``--json -`` the report is printed to stdout once the artifact is
+    published."""
     from vit_fast.export.verify import VerifyOptions, check_verify_batches
 
     if args.no_verify:
         if args.verify_batch is not None:
             raise _args.CommandError("--verify-batch names batches to verify: drop it or --no-verify")
+        if json_target is not None:  # as the library refuses report= without verify=
+            raise _args.CommandError("--json is the verification report: drop --no-verify, or drop --json")
         return False
     check_verify_batches(args.verify_batch, (args.batch[0], args.batch[-1]))
-    return VerifyOptions(batches=args.verify_batch, seed=args.seed, print_table=not args.quiet)
+
+    def to_stdout(report: Any) -> None:
+        _args.write_json(report.to_dict(), _args.STDOUT)
+
+    on_published = to_stdout if json_target == _args.STDOUT else None
+    return VerifyOptions(
+        batches=args.verify_batch, seed=args.seed, print_table=not args.quiet, on_published=on_published
+    )
 
 
 def _run_onnx(args: argparse.Namespace) -> int:
@@ -139,10 +148,9 @@ def _run_onnx(args: argparse.Namespace) -> int:
     elif args.mean is not None or args.std is not None:
         raise _args.CommandError("--mean/--std normalise uint8 input inside the graph: give --preprocess NCHW|NHWC too")
     out = _args.output_file(args.out, "--out")
-    json_path = _args.output_file(args.json, "--json")
-    if json_path is not None:  # the one output policy, before any work; never the artifact's own metadata
-        json_path = check_report_file(json_path, "--json", overwrite=args.overwrite, artifacts=(out,))
-    verify = _verify_options(args)  # before the model loads: a refused --verify-batch costs nothing
+    # the one output policy, before any work; never the artifact's own metadata
+    json_target = _args.json_file(args.json, overwrite=args.overwrite, artifacts=(out,))
+    verify = _verify_options(args, json_target)  # before the model loads: a refused --verify-batch costs nothing
     model = load_model(args.model, backend="torch", config=args.config, weights=args.weights)
     batch = tuple(args.batch)
     dtype = args.dtype or "fp32"  # a default given as text would be parsed, importing torch, on every parse
@@ -164,7 +172,7 @@ def _run_onnx(args: argparse.Namespace) -> int:
         output_names=args.output_names,
         preprocess=preprocess,
         verify=verify,
-        report=json_path,
+        report=_args.file_only(json_target),
         overwrite=args.overwrite,
     )
     print(f"wrote {out}" + (" (not verified)" if args.no_verify else ": verified"))
@@ -175,10 +183,9 @@ def _run_tensorrt(args: argparse.Namespace) -> int:
     from vit_fast.export.tensorrt import to_tensorrt
 
     out = _args.output_file(args.out, "--out")
-    json_path = _args.output_file(args.json, "--json")
-    if json_path is not None:  # the one output policy, before any work; never the artifact's own metadata
-        json_path = check_report_file(json_path, "--json", overwrite=args.overwrite, artifacts=(out,))
-    verify = _verify_options(args)
+    # the one output policy, before any work; never the artifact's own metadata
+    json_target = _args.json_file(args.json, overwrite=args.overwrite, artifacts=(out,))
+    verify = _verify_options(args, json_target)
     out.parent.mkdir(parents=True, exist_ok=True)
     to_tensorrt(
         args.onnx,
@@ -190,7 +197,7 @@ def _run_tensorrt(args: argparse.Namespace) -> int:
         model=args.model,
         verify=verify,
         progress=not args.quiet,
-        report=json_path,
+        report=_args.file_only(json_target),
         overwrite=args.overwrite,
     )
     print(f"wrote {args.out}" + (" (not verified)" if args.no_verify else ": verified"))

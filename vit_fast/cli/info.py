@@ -6,7 +6,9 @@ compiler, Python.h and libcuda.so.1 Triton's launcher needs are, or how to provi
 ``VIT_FAST_*`` setting vit-fast reads with its value here, and any other ``VIT_FAST_*`` variable set (a typo,
 with the closest known name).
 
-  vit-fast info [--json PATH] [--overwrite]
+  vit-fast info [--json PATH|-] [--overwrite]
+
+``--json -``, or ``--json`` alone, writes the report as JSON to stdout (and the text above to stderr).
 """
 
 from __future__ import annotations
@@ -19,25 +21,25 @@ EXAMPLE = "vit-fast info --json info.json"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``vit-fast info [--json PATH] [--overwrite]``."""
-    _args.add_json(parser, "also write the report as JSON to this file (a file vit-fast did not write is kept)")
+    """``vit-fast info [--json PATH|-] [--overwrite]``."""
+    _args.add_json(
+        parser, "also write the report as JSON to this file (a file vit-fast did not write is kept)", bare=True
+    )
     _args.add_overwrite(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     from vit_fast.env import collect_info, format_info
-    from vit_fast.files import MARKER_KEY, check_output_file, write_json_atomic
+    from vit_fast.files import MARKER_KEY
     from vit_fast.kernels._switches import format_settings, settings
 
-    json_path = None
-    if args.json is not None:  # checked before anything is collected, as every command's output is
-        json_path = _args.output_file(args.json, "--json")
-        json_path = check_output_file(json_path, (".json",), "--json", overwrite=args.overwrite, make_parents=True)
+    # checked before anything is collected, as every command's output is
+    json_target = _args.json_file(args.json, overwrite=args.overwrite)
     info = collect_info()
     info["settings"] = settings()  # main() refused a switch that is neither on nor off before this
     print(format_info(info))
     print(f"\n{format_settings(info['settings'])}")
-    if json_path is not None:
-        write_json_atomic({MARKER_KEY: info["vit_fast"], **info}, json_path)
-        print(f"\nwrote {json_path}")
+    written = _args.write_json({MARKER_KEY: info["vit_fast"], **info}, json_target)
+    if written is not None:
+        print(f"\nwrote {written}")
     return 0

@@ -3,20 +3,22 @@ health and Prometheus metrics, a clean stop on SIGTERM or Ctrl-C.
 
   vit-fast serve MODEL [--config PRESET] [--weights FILE] [--batch 1,8,64] [--instances 1] [--dtype fp32]
                        [--threads T] [--host 127.0.0.1] [--protect auto|on|off] [--tune]
-                       [--http-port 8000] [--grpc-port 8001] [--metrics-port 8002] [--json ready.json]
-  vit-fast serve MODEL --load-test [--clients 8] [--requests 100] [--json load.json]
+                       [--http-port 8000] [--grpc-port 8001] [--metrics-port 8002] [--json ready.json|-]
+  vit-fast serve MODEL --load-test [--clients 8] [--requests 100] [--json load.json|-]
 
 MODEL is "default" (the embedded model), a preset name or a checkpoint path. It runs on the GPU
 with our Triton kernels where there is one, else on the CPU with the torch backend. On a GPU it runs
 the model once at each served batch size (1, the preferred sizes, the largest) before it reports ready,
 so every kernel is compiled (with --tune: tuned, and served tuned) before the first request; it says ready
-only once /v2/models/NAME/ready answers and one request went through. On loopback the statistics and
+only once /v2/models/NAME/ready answers and one request went through. Wait on that probe: Triton's own
+/v2/health/ready answers before the model is loaded. On loopback the statistics and
 shared-memory APIs are open, so perf_analyzer and model-analyzer measure it as they are; on any other
 interface they keep PyTriton's access token, printed (and written to --json) for clients to send in the
 triton-access-token header (--protect on|off decides it yourself). Requests whose
 shape or dtype do not fit get an error response; the server keeps serving. --load-test starts the
 server, runs a bounded load test against it on loopback (HTTP and gRPC clients, mixed batch sizes,
-every answer checked against the model), prints p50/p99 latency and throughput, and stops.
+every answer checked against the model), prints p50/p99 latency and throughput, and stops. With --json -
+the summary goes to stdout (the endpoints as soon as the server is ready) and everything else to stderr.
 Needs the serve extra: pip install -e '.[serve]' in a vit-fast checkout (it pins numpy < 2).
 """
 
@@ -29,7 +31,7 @@ from typing import Any
 
 from . import _args
 
-EXAMPLE = "vit-fast serve default --batch 1,8,64 --instances 2   (then: curl 127.0.0.1:8000/v2/health/ready)"
+EXAMPLE = "vit-fast serve default --batch 1,8,64 --instances 2   (then: curl 127.0.0.1:8000/v2/models/default/ready)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -80,11 +82,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--clients", type=_args.positive_int, default=8, help="load test: concurrent clients (8)")
     parser.add_argument("--requests", type=_args.positive_int, default=100, help="load test: requests per client (100)")
-    parser.add_argument(
-        "--json",
-        default=None,
-        metavar="PATH",
-        help="write a machine-readable summary: the endpoints once the server answers, or the load-test report",
+    _args.add_json(
+        parser, "write a machine-readable summary: the endpoints once the server answers, or the load-test report"
     )
     parser.add_argument("--seed", type=_args.seed, default=0, help="load test: seed of the images and batch sizes (0)")
     parser.add_argument(
@@ -104,15 +103,14 @@ def run(args: argparse.Namespace) -> int:
     from vit_fast.serve.settings import limit_openmp_spin
 
     limit_openmp_spin()  # before torch loads OpenMP: see vit_fast.serve.settings.OPENMP_SPIN_COUNT
-    from vit_fast.files import check_report_file
     from vit_fast.serve.server import require_serve
 
     # the one output policy first: before the extra's check, the model load and the server start
-    json_path = None if args.json is None else check_report_file(args.json, "--json", overwrite=args.overwrite)
+    json_target = _args.json_file(args.json, overwrite=args.overwrite)
     require_serve()  # before the model loads: a missing extra is the first thing to hear about
     from vit_fast import __version__
     from vit_fast.export.tritonserver import model_name_for, parse_batch_sizes
-    from vit_fast.files import MARKER_KEY, write_json_atomic
+    from vit_fast.files import MARKER_KEY
     from vit_fast.loading import load_model
     from vit_fast.serve.loadtest import load_test_in_child
     from vit_fast.serve.server import ACCESS_HEADERS, DRAIN_TIMEOUT_S, Server
@@ -170,13 +168,12 @@ def run(args: argparse.Namespace) -> int:
                 seed=args.seed,
             )
             print(report.format(), flush=True)
-            if json_path is not None:
-                write_json_atomic({MARKER_KEY: __version__, **report.to_dict()}, json_path)
+            _args.write_json({MARKER_KEY: __version__, **report.to_dict()}, json_target)
             return 0 if report.passed else 1
         # from here on, SIGTERM and Ctrl-C ask for a clean stop: a client may act on the ready JSON at once
         signal.signal(signal.SIGTERM, lambda *_: server.request_stop())
         signal.signal(signal.SIGINT, lambda *_: server.request_stop())
-        if json_path is not None:
+        if json_target is not None:
             info = {
                 MARKER_KEY: __version__,
                 "model": name,
@@ -190,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
                 "protected": server.protected,
                 "access_token": token,
             }
-            write_json_atomic(info | {"description": server.description}, json_path)
+            _args.write_json(info | {"description": server.description}, json_target)
         print(f"ready: Ctrl-C or SIGTERM stops it (in-flight requests get up to {DRAIN_TIMEOUT_S} s)", flush=True)
         if not server.wait():
             tail = server.log_tail()

@@ -69,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--overwrite", action="store_true", help="replace a --json file vit-fast did not write (implies --force)"
     )
-    parser.add_argument("--json", default=None, metavar="PATH", help="write a machine-readable summary here")
+    _args.add_json(parser, "write a machine-readable summary here")
     parser.add_argument("--seed", type=_args.seed, default=None, help="seed of the random verification inputs")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
 
@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
         tensorrt_entry,
         write_repository,
     )
-    from vit_fast.files import MARKER_KEY, check_report_file, write_json_atomic
+    from vit_fast.files import MARKER_KEY
 
     batch = parse_batch_sizes(args.batch) if args.batch is not None else None
     entries = _entries(args.entries)
@@ -179,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
     )
     args.force = args.force or args.overwrite  # one word for replacing everywhere
     check_repository(args.out, names, args.force)  # before any work: a refused folder costs nothing
-    json_path = None if args.json is None else check_report_file(args.json, "--json", overwrite=args.overwrite)
+    json_target = _args.json_file(args.json, overwrite=args.overwrite)
     if suffix in ENGINE_SUFFIXES:
         todo = [tensorrt_entry(args.source, name, **common)]
     elif suffix in ONNX_SUFFIXES:
@@ -221,13 +221,12 @@ def run(args: argparse.Namespace) -> int:
             todo.append(python_entry(model, f"{name}_python", dtype=dtype, source_name=described, **common))
     folders = write_repository(args.out, todo, force=args.force, progress=not args.quiet)
     summary = _summary(Path(args.out), folders) | {"kind": KINDS[kind], "kind_reason": kind_why}
-    if json_path is not None:
-        write_json_atomic({MARKER_KEY: vit_fast.__version__, **summary}, json_path)
     for m in summary["models"]:
         state = {True: "verified", False: "FAILED verification"}.get(m["verified"], m["verification_note"])
         print(f"wrote {m['config']} ({state})")
     print(f"instances: {args.instances} x {KINDS[kind]} ({kind_why})")
     print(f"start Triton on it: tritonserver --model-repository {Path(args.out).resolve()}")
+    _args.write_json({MARKER_KEY: vit_fast.__version__, **summary}, json_target)
     return 0
 
 

@@ -1,7 +1,7 @@
 """Run an exported artifact (ONNX file or TensorRT engine), or our triton backend, and compare it
 with the eager model.
 
-  vit-fast verify MODEL ARTIFACT [--batch 1,3,64] [--seed 0] [--json report.json] [--provider P]
+  vit-fast verify MODEL ARTIFACT [--batch 1,3,64] [--seed 0] [--json report.json|-] [--provider P]
   vit-fast verify MODEL triton   (our Triton kernels; on a CPU-only machine set TRITON_INTERPRET=1)
 
 MODEL is named as for every command (see vit-fast export --help): "default", a preset (random
@@ -11,6 +11,7 @@ an odd batch and the maximum batch (the batch range comes from ARTIFACT.json whe
 artifact passes when its max |error| against the float64 model is at most 2x eager PyTorch's
 error in the artifact's dtype plus a small floor. For MODEL "default", accuracy on the embedded
 labelled held-out set is reported too (--limit caps it). Exits 1 when verification fails or the artifact cannot be run.
+With --json - the report goes to stdout (a failed one too) and the table to stderr.
 """
 
 from __future__ import annotations
@@ -18,8 +19,6 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-
-from vit_fast.files import check_report_file
 
 from . import _args
 
@@ -83,10 +82,9 @@ def run(args: argparse.Namespace) -> int:
     from vit_fast.export.verify import VerificationError, verify
     from vit_fast.loading import load_model
 
-    json_path = _args.output_file(args.json, "--json")
-    if json_path is not None:  # the one output policy, before the model loads; never the artifact's metadata
-        own = () if args.artifact == "triton" else (args.artifact,)
-        json_path = check_report_file(json_path, "--json", overwrite=args.overwrite, artifacts=own)
+    # the one output policy, before the model loads; never the artifact's metadata
+    own = () if args.artifact == "triton" else (args.artifact,)
+    json_target = _args.json_file(args.json, overwrite=args.overwrite, artifacts=own)
     if args.artifact == "triton":  # before the model loads and any note on the labelled set is printed
         from vit_fast.runtime import require_triton
 
@@ -100,20 +98,24 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(args.model, backend="torch", config=args.config, weights=args.weights)
     data, note = _labelled_data(args.model, args.artifact, args.limit)
     try:
-        verify(
+        report = verify(
             model,
             args.artifact,
             batches=args.batch,
             data=data,
             seed=args.seed,
             provider=args.provider,
-            json_path=json_path,
+            json_path=_args.file_only(json_target),
             overwrite=args.overwrite,
         )
-    except VerificationError:  # the table, accuracy included, was printed: the note belongs under it
+    except VerificationError as err:  # the table, accuracy included, was printed: the note belongs under it
         _say(note)
+        if json_target == _args.STDOUT:  # a file report is written before the raise; stdout's the same
+            _args.write_json(err.report.to_dict(), json_target)
         raise
     _say(note)  # only after a run: an artifact that cannot run gets its error, not a note on the data
+    if json_target == _args.STDOUT:
+        _args.write_json(report.to_dict(), json_target)
     return 0
 
 
