@@ -407,7 +407,7 @@ def verify(
         )
         if note:
             stages.note(note)
-    remaining = Remaining(sum(work))
+    remaining = Remaining(work)
     with torch.no_grad(), contextlib.closing(runner):
         for i, (b, (hh, ww)) in enumerate(cases):
             started = time.perf_counter()
@@ -429,7 +429,8 @@ def verify(
                 row = compare(outs[name], eager[kind].cpu(), ref[kind], dtype, logits)
                 report.rows.append(VerifyRow(output=name, batch=b, height=hh, width=ww, **row))
             took = duration(time.perf_counter() - started)
-            stages.note(f"batch {b} at {hh}x{ww}: done ({took}){remaining.advance(work[i])}")
+            remaining.finished(i)
+            stages.note(f"batch {b} at {hh}x{ww}: done ({took}){remaining.text()}")
         if data is not None:
             stages.note(f"accuracy on {len(data[1])} labelled images ...")
             logits_name = dict(plan)["logits"]
