@@ -1,15 +1,89 @@
-"""Stopping a run: Ctrl-C (SIGINT) and SIGTERM (what ``timeout`` sends) raise where the run is, are held back while
-files change, and end ``vit-fast`` with 130 or 143 (vit_fast.interrupts)."""
+"""Long commands stopped part way keep what they finished: Ctrl-C (SIGINT) and SIGTERM (what ``timeout`` sends)
+reach a real ``vit-fast`` process while it runs; the finished cases are in its report files, marked as cut, and
+it exits 130 or 143. Plus the signal handling itself (vit_fast.interrupts)."""
 
 from __future__ import annotations
 
+import csv
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from vit_fast import interrupts
+
+NAMES = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM"}
+
+
+def _json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):  # not there yet (each rewrite is atomic: never half a file)
+        return None
+
+
+def interrupted(argv: list[str], ready: Callable[[], bool], sig: int, timeout: float = 300) -> tuple[int, str]:
+    """Start ``vit-fast ARGV``, wait until ``ready()``, send ``sig``; its exit status and stderr."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vit_fast.cli", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # as a terminal delivers it: a background job of a non-interactive shell inherits SIGINT ignored
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            assert proc.poll() is None, f"it ended before it was interrupted:\n{proc.communicate()[1]}"
+            assert time.monotonic() < deadline, "never got ready"
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return proc.returncode, err
+
+
+def _no_staging_left(folder: Path) -> None:
+    assert not [p.name for p in folder.iterdir() if ".tmp-" in p.name]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=NAMES.get)
+def test_an_interrupted_bench_keeps_the_finished_cases(tmp_path, sig):
+    """Four cases of at least 2 s each; the signal comes once the first case's row is on disk."""
+    out = tmp_path / "out"
+    report = out / "bench_default.json"
+    argv = ["bench", "default", "--out", str(out), "--batch", "1,2,4,8", "--backends", "torch", "--min-samples", "50"]
+    argv += ["--min-time", "2", "--device", "cpu", "--threads", "1", "--no-ceilings"]
+    code, err = interrupted(argv, lambda: ((_json(report) or {}).get("cases") or {}).get("done", 0) >= 1, sig)
+    assert code == 128 + sig, err
+    data = json.loads(report.read_text())
+    done = data["cases"]["done"]
+    assert 1 <= done < 4 and data["cases"]["total"] == 4
+    assert data["complete"] is False and data["interrupted"] == f"interrupted by {NAMES[sig]} after {done} of 4 cases"
+    assert [r["batch"] for r in data["rows"]] == [1, 2, 4, 8][:done]
+    assert all(r["status"] == "ok" and r["n"] >= 50 for r in data["rows"])
+    with open(out / "bench_default.csv") as f:
+        lines = list(csv.DictReader(f))
+    assert [int(r["infer_batch_size"]) for r in lines] == [1, 2, 4, 8][:done]
+    assert [float(r["median_ms"]) for r in lines] == [r["median_ms"] for r in data["rows"]]
+    cut = f"**incomplete: interrupted by {NAMES[sig]} after {done} of 4 cases**"
+    assert cut in (out / "bench_default.md").read_text()
+    assert (out / "bench_default.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "[bench] 1/4 fp32 torch batch 1: median" in err  # the row was printed as the case ended
+    assert f"wrote json (partial): {report}" in err
+    assert err.rstrip().endswith("vit-fast bench: interrupted" + (" by SIGTERM" if sig == signal.SIGTERM else ""))
+    _no_staging_left(out)
 
 
 # ------------------------------------------------------------------------------ vit_fast.interrupts itself
