@@ -1,6 +1,6 @@
 """Long commands stopped part way keep what they finished: Ctrl-C (SIGINT) and SIGTERM (what ``timeout`` sends)
-reach a real ``vit-fast`` process while it runs; the finished cases are in its report files, marked as cut, and
-it exits 130 or 143. Plus the signal handling itself (vit_fast.interrupts)."""
+reach a real ``vit-fast`` process while it runs; the finished cases, checks or steps are in its report files,
+marked as cut, and it exits 130 or 143. Plus the signal handling itself (vit_fast.interrupts)."""
 
 from __future__ import annotations
 
@@ -83,6 +83,58 @@ def test_an_interrupted_bench_keeps_the_finished_cases(tmp_path, sig):
     assert "[bench] 1/4 fp32 torch batch 1: median" in err  # the row was printed as the case ended
     assert f"wrote json (partial): {report}" in err
     assert err.rstrip().endswith("vit-fast bench: interrupted" + (" by SIGTERM" if sig == signal.SIGTERM else ""))
+    _no_staging_left(out)
+
+
+@pytest.mark.slow
+def test_an_interrupted_doctor_keeps_the_checks_that_ended(tmp_path):
+    """SIGTERM once a kernel check of the interpreter child (forwarded as it ends) is in report.json."""
+    out = tmp_path / "doctor"
+
+    def kernel_check_written() -> bool:
+        checks = (_json(out / "report.json") or {}).get("checks") or []
+        return any(c["section"] == "kernels" and c["status"] != "skipped" for c in checks)
+
+    code, err = interrupted(["doctor", "--out", str(out), "--device", "cpu"], kernel_check_written, signal.SIGTERM)
+    assert code == 143, err
+    data = json.loads((out / "report.json").read_text())
+    n = len(data["checks"])
+    assert data["complete"] is False and data["interrupted"] == f"interrupted by SIGTERM after {n} checks"
+    assert data["exit_code"] is None and data["ok"] is False
+    assert any(c["section"] == "environment" for c in data["checks"])
+    assert any(c["section"] == "kernels" and c["status"] == "ok" for c in data["checks"])
+    assert f"INCOMPLETE (interrupted by SIGTERM after {n} checks" in (out / "report.md").read_text()
+    assert f"interrupted by SIGTERM after {n} checks: {out / 'report.json'}" in err
+    _no_staging_left(out)
+
+
+@pytest.mark.slow
+def test_an_interrupted_verify_keeps_the_finished_cases(tmp_path):
+    """The triton backend in Triton's interpreter, four batches; Ctrl-C once the first batch's rows are written."""
+    path = tmp_path / "verify.json"
+    argv = ["verify", "default", "triton", "--batch", "1,2,3,4", "--limit", "2", "--json", str(path)]
+    code, err = interrupted(argv, lambda: bool((_json(path) or {}).get("rows")), signal.SIGINT)
+    assert code == 130, err
+    data = json.loads(path.read_text())
+    done = len({r["batch"] for r in data["rows"]})
+    assert data["complete"] is False and data["passed"] is False  # a cut run has not passed, whatever its rows say
+    assert data["interrupted"] == f"interrupted by SIGINT after {done} of 4 cases"
+    assert sorted({r["batch"] for r in data["rows"]}) == [1, 2, 3, 4][:done]
+    assert "[vit-fast verify] batch 1 at 32x32: done (" in err and f"the finished cases are in {path}" in err
+
+
+@pytest.mark.slow
+def test_an_interrupted_demo_keeps_the_steps_that_ended(tmp_path):
+    """SIGTERM once step 1 is in report.json (step 3, the ONNX export, is running then)."""
+    out = tmp_path / "demo"
+    argv = ["demo", "--out", str(out), "--skip-triton", "--no-plots"]
+    code, err = interrupted(argv, lambda: bool((_json(out / "report.json") or {}).get("steps")), signal.SIGTERM)
+    assert code == 143, err
+    data = json.loads((out / "report.json").read_text())
+    assert data["complete"] is False and data["exit_code"] is None
+    n = len(data["steps"])
+    assert data["steps"][0]["name"] == "accuracy"
+    assert data["interrupted"] == f"interrupted by SIGTERM after {n} step{'' if n == 1 else 's'}"
     _no_staging_left(out)
 
 

@@ -27,7 +27,9 @@ Sections, each check reported as ok / warning / failed / skipped (with the reaso
                only; a few dozen calls each, not a benchmark)
 
 Prints one line per check as it runs (stderr), then the table (stdout); writes report.json and report.md
-into --out. Exits 1 when a check failed (warnings and skipped checks do not fail), 2 for bad arguments.
+into --out, rewritten as each check ends ("complete": false until the last), so Ctrl-C or SIGTERM keeps the
+checks that ended there, marked "interrupted" (exit 130 or 143). Exits 1 when a check failed (warnings and
+skipped checks do not fail), 2 for bad arguments.
 """
 
 from __future__ import annotations
@@ -95,7 +97,15 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         timeout=args.timeout,
     )
-    report = run_doctor(settings)
+    from vit_fast.interrupts import INTERRUPTS, held
+
+    try:
+        report = run_doctor(settings)
+    except INTERRUPTS:  # report.json keeps the checks that ended (run_doctor said so): the --json copy too
+        if json_path is not None and (out / "report.json").is_file():
+            with held():
+                _args.copy_file(out / "report.json", json_path)
+        raise
     if json_path is not None:
         _args.copy_file(out / "report.json", json_path)
     print(format_checks(report["checks"]))
