@@ -250,6 +250,36 @@ def test_the_reports_are_rewritten_after_each_case(seeded_model, tmp_path, monke
     assert all(written_by_vit_fast(paths[kind]) for kind in ("json", "markdown", "png"))  # each carries the mark
 
 
+def test_sigterm_while_the_last_files_are_written_leaves_them_whole(seeded_model, tmp_path, monkeypatch):
+    """SIGTERM arrives inside the final write: it is held until the four files are written, then raised, with
+    the complete report and its paths on it."""
+    import os
+    import signal
+
+    from vit_fast import interrupts
+    from vit_fast.bench import api
+
+    real = api.write_reports
+
+    def signalled(report, out_dir, stem, overwrite=False, png=True):
+        if png:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+        return real(report, out_dir, stem, overwrite, png)
+
+    monkeypatch.setattr(api, "write_reports", signalled)
+    settings = bench.BenchSettings(
+        model=seeded_model, out_dir=tmp_path, batches=[1], backends=["torch"], device="cpu", threads=1,
+        min_samples=5, min_time_s=0.0, warmup=1, measure_ceilings=False, progress=False,
+    )  # fmt: skip
+    with pytest.raises(interrupts.Terminated) as caught:
+        bench.run_benchmark(settings, name="tiny")
+    err = caught.value
+    assert err.bench_report["complete"] and sorted(err.bench_paths) == ["csv", "json", "markdown", "png"]
+    assert json.loads((tmp_path / "bench_tiny.json").read_text())["complete"] is True
+    assert (tmp_path / "bench_tiny.png").is_file()
+
+
 def test_a_cpu_run_sized_for_a_gpu_says_how_long_and_the_smaller_command(seeded_model, monkeypatch):
     """The model's FLOPs read as ViT-L/16's: the note comes before any case, with the time it expects from a
     forward timed here, and the smaller command with its own time."""

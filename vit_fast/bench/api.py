@@ -88,9 +88,8 @@ def run_benchmark(
 
             def write(report: dict[str, Any], png: bool = False) -> dict[str, Path]:
                 with interrupts.held():
-                    paths = write_reports(report, out_dir, stem, overwrite=True, png=png)
-                    latest["report"] = report
-                    return paths
+                    latest.update(report=report, paths=write_reports(report, out_dir, stem, overwrite=True, png=png))
+                return latest["paths"]
 
             harness.on_case = write
             try:
@@ -98,7 +97,11 @@ def run_benchmark(
             except interrupts.INTERRUPTS as err:
                 _keep_partial(err, latest.get("report"), write, log)
                 raise
-            paths = write(report, png=True)
+            try:
+                paths = write(report, png=True)
+            except interrupts.INTERRUPTS as err:  # it came while the files were written: they are whole
+                err.bench_report, err.bench_paths = report, latest.get("paths") or {}
+                raise
     finally:
         torch.set_num_threads(threads)  # --threads is for this run only
     return report, paths

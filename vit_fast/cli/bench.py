@@ -218,11 +218,12 @@ def run(args: argparse.Namespace) -> int:
         report, paths = run_benchmark(settings, log=log, name=args.model)
     except INTERRUPTS as err:  # the cases that finished are on disk: say where (main says it was interrupted)
         paths = dict(getattr(err, "bench_paths", None) or {})
+        partial = "" if (getattr(err, "bench_report", None) or {}).get("complete") else " (partial)"
         with held():
             if json_path is not None and "json" in paths:
                 paths["json copy"] = _args.copy_file(paths["json"], json_path)
             for kind, path in paths.items():
-                print(f"wrote {kind} (partial): {path}", file=sys.stderr)
+                print(f"wrote {kind}{partial}: {path}", file=sys.stderr)
         raise
     if json_path is not None:
         paths["json copy"] = _args.copy_file(paths["json"], json_path)
