@@ -34,6 +34,7 @@ from vit_fast.batches import MAX_BATCH
 from vit_fast.dtypes import DTYPE_NAMES, parse_dtype
 from vit_fast.env import git_commit, module_version
 from vit_fast.files import json_text, staging_dir, write_json_atomic, write_new
+from vit_fast.interrupts import INTERRUPTS, cut_note, held
 from vit_fast.numerics import FACTOR, FLOOR, RULE, compare
 from vit_fast.progress import Remaining, Stages, duration, long_cpu_note, plural
 
@@ -116,10 +117,15 @@ class VerifyReport:
     created_utc: str = ""
     versions: dict[str, str | None] = field(default_factory=dict)
     git_commit: str = ""
+    #: False while the cases are still running (the JSON written after each one says so), and in a report an
+    #: interrupt cut; ``interrupted`` then says after how many cases
+    complete: bool = True
+    interrupted: str | None = None
 
     @property
     def passed(self) -> bool:
-        return bool(self.rows) and all(r.passed for r in self.rows)
+        """Every case ran and every row passed (a report cut short has not passed, whatever its rows say)."""
+        return self.complete and bool(self.rows) and all(r.passed for r in self.rows)
 
     def worst(self) -> VerifyRow:
         return max(self.rows, key=lambda r: r.ratio)
@@ -362,10 +368,14 @@ def verify(
       or uint8 pixels in the artifact's layout when it was exported with a preprocessing front.
     - ``seed``: of the random inputs; when None one is drawn, used and recorded in the report.
     - ``json_path``: where the report goes as JSON (``.json``; checked before any work: an existing
-      file vit-fast did not write is replaced only with ``overwrite``).
+      file vit-fast did not write is replaced only with ``overwrite``), rewritten after each case with
+      ``complete: false`` until the last: Ctrl-C or SIGTERM leaves the finished rows there, with
+      ``interrupted`` saying after how many cases it was cut.
     - ``artifact_name``: how the report names the artifact (default: ``artifact`` itself).
-    - ``progress``: a line per batch on stderr with the time taken and about how long is left, and, on a CPU,
-      a note before GPU-sized work starts, naming fewer batches to try (default: as ``print_table``).
+    - ``progress``: a line per batch on stderr as it starts, and as it ends with the time taken, its worst
+      row against the bound and about how long is left (once a case of comparable size has been timed),
+      and, on a CPU, a note before GPU-sized work starts, naming fewer batches to try (default: as
+      ``print_table``).
     - ``batch_flag``: the command-line flag that sets ``batches`` where the note names it (an exporter's
       ``--verify-batch``: its ``--batch`` sets the artifact's range, not what is verified).
 
@@ -446,35 +456,61 @@ def verify(
         )
         if note:
             stages.note(note)
-    remaining = Remaining(sum(work))
+    remaining = Remaining(work)
+
+    def save() -> None:  # the rows so far, after each case: an interrupt or a kill keeps what finished
+        if json_path is not None:
+            with held():
+                write_json_atomic(report.to_dict(), json_path)
+
+    report.complete = False
     with torch.no_grad(), contextlib.closing(runner):
-        for i, (b, (hh, ww)) in enumerate(cases):
-            started = time.perf_counter()
-            stages.note(
-                f"batch {b} at {hh}x{ww} ({i + 1}/{len(cases)}): float64 reference, eager and {runner.runtime} ..."
-            )
-            runner.check_batch(b)
-            x = example_images(b, cfg.in_chans, hh, ww, dtype, preprocess, gen)
-            ref = ref_graph.all_outputs(x if preprocess else x.double())
-            eager = eager_graph.all_outputs(x.to(eager_device))
-            outs = runner.run_all(x)
-            for kind, name in plan:
-                if tuple(outs[name].shape) != tuple(ref[kind].shape):
-                    raise ArtifactError(
-                        f"artifact output {name!r} has shape {tuple(outs[name].shape)}, eager's {kind} "
-                        f"{tuple(ref[kind].shape)}"
-                    )
-                logits = kind == "logits" and cfg.num_classes > 0
-                row = compare(outs[name], eager[kind].cpu(), ref[kind], dtype, logits)
-                report.rows.append(VerifyRow(output=name, batch=b, height=hh, width=ww, **row))
-            took = duration(time.perf_counter() - started)
-            stages.note(f"batch {b} at {hh}x{ww}: done ({took}){remaining.advance(work[i])}")
-        if data is not None:
-            stages.note(f"accuracy on {plural(len(data[1]), 'labelled image')} ...")
-            logits_name = dict(plan)["logits"]
-            report.accuracy = _accuracy(
-                runner, logits_name, eager_graph, eager_device, data, dtype, preprocess, batch_range or (1, 8)
-            )
+        try:
+            for i, (b, (hh, ww)) in enumerate(cases):
+                started = time.perf_counter()
+                stages.note(
+                    f"batch {b} at {hh}x{ww} ({i + 1}/{len(cases)}): float64 reference, eager and {runner.runtime} ..."
+                )
+                runner.check_batch(b)
+                x = example_images(b, cfg.in_chans, hh, ww, dtype, preprocess, gen)
+                ref = ref_graph.all_outputs(x if preprocess else x.double())
+                eager = eager_graph.all_outputs(x.to(eager_device))
+                outs = runner.run_all(x)
+                rows = []
+                for kind, name in plan:
+                    if tuple(outs[name].shape) != tuple(ref[kind].shape):
+                        raise ArtifactError(
+                            f"artifact output {name!r} has shape {tuple(outs[name].shape)}, eager's {kind} "
+                            f"{tuple(ref[kind].shape)}"
+                        )
+                    logits = kind == "logits" and cfg.num_classes > 0
+                    row = compare(outs[name], eager[kind].cpu(), ref[kind], dtype, logits)
+                    rows.append(VerifyRow(output=name, batch=b, height=hh, width=ww, **row))
+                report.rows += rows
+                took = duration(time.perf_counter() - started)
+                remaining.finished(i)
+                worst = max(rows, key=lambda r: r.ratio)
+                verdict = (
+                    f"{'ok' if all(r.passed for r in rows) else 'FAILED'}, max|err| {worst.max_abs_err:.2e} "
+                    f"{'within' if worst.passed else 'OUTSIDE'} bound {worst.bound:.2e}"
+                    + (f" (worst output: {worst.output})" if len(rows) > 1 else "")
+                )
+                stages.note(f"batch {b} at {hh}x{ww}: done ({took}): {verdict}{remaining.text()}")
+                save()
+            if data is not None:
+                stages.note(f"accuracy on {plural(len(data[1]), 'labelled image')} ...")
+                logits_name = dict(plan)["logits"]
+                report.accuracy = _accuracy(
+                    runner, logits_name, eager_graph, eager_device, data, dtype, preprocess, batch_range or (1, 8)
+                )
+        except INTERRUPTS as err:
+            done = len({(r.batch, r.height, r.width) for r in report.rows})
+            report.interrupted = cut_note(err, done, len(cases), "case")
+            save()
+            where = f"; the finished cases are in {json_path}" if json_path is not None and done else ""
+            stages.note(f"{report.interrupted}{where}")
+            raise
+    report.complete = True
     if print_table:
         print(report.format_table(), file=sys.stdout, flush=True)
     if json_path is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -120,6 +121,34 @@ def test_quiet_bench_still_names_its_files(tiny_checkpoint, tmp_path, capsys):
 
 
 # --------------------------------------------------------------------------- the CPU run
+def test_each_case_is_printed_as_it_finishes(tiny_checkpoint, tmp_path, capsys):
+    """Without --quiet (and no terminal: one line per case as it starts), each case's result is a line on stderr
+    as soon as it ends, before the next one starts; the files are named last."""
+    fast = [a for a in FAST if a != "--quiet"]
+    argv = ["bench", str(tiny_checkpoint), "--batch", "1,2", "--backends", "torch,tensorrt", "--no-ceilings"]
+    assert main([*argv, "--out", str(tmp_path), *fast]) == 0
+    err = [
+        re.sub(r"; (about .+|under 1 s) left$", "", line)  # said once a case of its size has been timed
+        for line in capsys.readouterr().err.splitlines()
+        if line.startswith(("[bench]", "wrote")) and not line.endswith(": building")
+    ]
+    rows = json.loads((tmp_path / "bench_tiny.json").read_text())["rows"]
+    torch_rows = [r for r in rows if r["backend"] == "torch"]
+    assert err[:4] == [
+        "[bench] 1/4 cases: fp32 torch batch 1",
+        f"[bench] 1/4 fp32 torch batch 1: median {torch_rows[0]['median_ms']:.3f} ms (p10 "
+        f"{torch_rows[0]['p10_ms']:.3f}, p90 {torch_rows[0]['p90_ms']:.3f}; n 3), "
+        f"{torch_rows[0]['images_per_s']:.1f} img/s, err 0",
+        "[bench] 2/4 cases: fp32 torch batch 2",
+        f"[bench] 2/4 fp32 torch batch 2: median {torch_rows[1]['median_ms']:.3f} ms (p10 "
+        f"{torch_rows[1]['p10_ms']:.3f}, p90 {torch_rows[1]['p90_ms']:.3f}; n 3), "
+        f"{torch_rows[1]['images_per_s']:.1f} img/s, err 0",
+    ]
+    assert err[4].startswith("[bench] 3/4 fp32 tensorrt batch 1: unavailable: ")  # said, with its reason
+    assert err[5].startswith("[bench] 4/4 fp32 tensorrt batch 2: unavailable: ")
+    assert [line.split(":")[0] for line in err[6:]] == ["wrote json", "wrote markdown", "wrote csv", "wrote png"]
+
+
 def test_cpu_bench_writes_json_markdown_csv_png(cpu_run):
     rc, out = cpu_run
     assert rc == 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import time
 
 import pytest
@@ -91,6 +92,19 @@ def test_sampling_stops_when_both_minimums_are_met():
     assert rule.more(100, 0.2, 0.2, 0.001) == 800  # 0.8 s more at 1 ms
     with pytest.raises(ValueError, match=r"min_samples >= 1"):
         Sampling(warmup=0, min_samples=0)
+
+
+def test_expected_calls_follow_the_stopping_rule():
+    """What the estimate of a case's time rests on: the calls sample() makes at a given time per call."""
+    rule = Sampling(warmup=2, min_samples=100, min_time_s=1.0, max_samples=1000, max_seconds=30.0, floor=3)
+    assert rule.expected_calls(0.0001) == 1000  # 1 s at 0.1 ms is 10000 calls: the sample cap
+    assert rule.expected_calls(0.002) == 500  # 1 s of calls
+    assert rule.expected_calls(0.05) == 100  # the minimum count
+    assert rule.expected_calls(1.0) == 30  # the 30 s cap
+    assert rule.expected_calls(20.0) == 3  # the cap keeps its floor
+    calls = []
+    times, why = sample(lambda: calls.append(1), torch.device("cpu"), Sampling(warmup=0, min_samples=40))
+    assert len(times) == Sampling(warmup=0, min_samples=40).expected_calls(0.0) == 40
 
 
 def test_sample_on_cpu_meets_the_minimums():
@@ -202,6 +216,81 @@ def test_run_benchmark_checks_its_folder_first(tmp_path):
     settings = bench.BenchSettings(model="no_such_model", out_dir=tmp_path / "afile", backends=["torch"])
     with pytest.raises(bench.BenchError, match=r"bench output folder '.*afile' is a file, not a folder"):
         bench.run_benchmark(settings)
+
+
+def test_the_reports_are_rewritten_after_each_case(seeded_model, tmp_path, monkeypatch):
+    """run_benchmark writes the JSON, Markdown and CSV after every case (complete: false, the cases so far) and
+    once more, with the picture, at the end; every write is this run's own files (one stem)."""
+    from vit_fast.bench import api
+
+    writes = []
+    real = api.write_reports
+
+    def spy(report, out_dir, stem, overwrite=False, png=True):
+        writes.append((stem, report["complete"], report["cases"], len(report["rows"]), png))
+        return real(report, out_dir, stem, overwrite, png)
+
+    monkeypatch.setattr(api, "write_reports", spy)
+    (tmp_path / "bench_tiny.json").write_text("{}")  # an earlier file of that name: this run's are named apart
+    settings = bench.BenchSettings(
+        model=seeded_model, out_dir=tmp_path, batches=[1, 2], backends=["torch"], device="cpu", threads=1,
+        min_samples=5, min_time_s=0.0, warmup=1, measure_ceilings=False, progress=False,
+    )  # fmt: skip
+    report, paths = bench.run_benchmark(settings, name="tiny")
+    stem = f"bench_tiny-{report['run_id']}"
+    assert writes == [
+        (stem, False, {"done": 1, "total": 2}, 1, False),
+        (stem, False, {"done": 2, "total": 2}, 2, False),
+        (stem, True, {"done": 2, "total": 2}, 2, True),
+    ]
+    assert report["complete"] and report["interrupted"] is None and paths["png"].name == f"{stem}.png"
+    assert (tmp_path / "bench_tiny.json").read_text() == "{}"
+    from vit_fast.files import written_by_vit_fast
+
+    assert all(written_by_vit_fast(paths[kind]) for kind in ("json", "markdown", "png"))  # each carries the mark
+
+
+def test_sigterm_while_the_last_files_are_written_leaves_them_whole(seeded_model, tmp_path, monkeypatch):
+    """SIGTERM arrives inside the final write: it is held until the four files are written, then raised, with
+    the complete report and its paths on it."""
+    import os
+    import signal
+
+    from vit_fast import interrupts
+    from vit_fast.bench import api
+
+    real = api.write_reports
+
+    def signalled(report, out_dir, stem, overwrite=False, png=True):
+        if png:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+        return real(report, out_dir, stem, overwrite, png)
+
+    monkeypatch.setattr(api, "write_reports", signalled)
+    settings = bench.BenchSettings(
+        model=seeded_model, out_dir=tmp_path, batches=[1], backends=["torch"], device="cpu", threads=1,
+        min_samples=5, min_time_s=0.0, warmup=1, measure_ceilings=False, progress=False,
+    )  # fmt: skip
+    with pytest.raises(interrupts.Terminated) as caught:
+        bench.run_benchmark(settings, name="tiny")
+    err = caught.value
+    assert err.bench_report["complete"] and sorted(err.bench_paths) == ["csv", "json", "markdown", "png"]
+    assert json.loads((tmp_path / "bench_tiny.json").read_text())["complete"] is True
+    assert (tmp_path / "bench_tiny.png").is_file()
+
+
+def test_a_cpu_run_sized_for_a_gpu_says_how_long_and_the_smaller_command(seeded_model, monkeypatch):
+    """The model's FLOPs read as ViT-L/16's: the note comes before any case, with the time it expects from a
+    forward timed here, and the smaller command with its own time."""
+    monkeypatch.setattr("vit_fast.model.count_flops", lambda cfg: 61.6e9)
+    lines: list[str] = []
+    bench.benchmark(seeded_model, batch="1,4", backends="torch", log=lines.append, **QUICK)
+    (note,) = [line for line in lines if "sized for a GPU" in line]
+    time_re = r"(about \d+(\.\d)? (s|min|h)|under 1 s)"
+    assert re.search(rf"expected {time_re} from one batch-1 forward timed here in each dtype", note), note
+    assert re.search(rf"\(try --batch 1 --backends torch: {time_re}; or vit-fast bench default", note), note
+    assert note.startswith("2 cases at batches 1,4 (61.6 GFLOP an image")
 
 
 def test_csv_has_timms_columns_first(result):

@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from . import demo_plots, runtime
+from . import demo_plots, interrupts, runtime
 from .assets import default_model_info, load_default_eval_set, load_default_model
 from .bench import summarize, time_callable
 from .bench.settings import cpu_threads_for_load
@@ -151,11 +151,11 @@ class _InterpreterVerify:
             why = f"the run on {self.images} images took longer than {self.timeout:g} s"
             return _step("triton", False, f"interpreter: {why} (lower --subset or raise --triton-timeout)")
         wall = time.perf_counter() - self.started
-        if not self.json.is_file():  # it could not run at all: its last line says why
+        report = json.loads(self.json.read_text()) if self.json.is_file() else None
+        if report is None or report.get("complete") is False:  # it could not run (or finish): its last line says why
             self.log.seek(0)
             last = (self.log.read().strip().splitlines() or ["no output"])[-1]
             return _step("triton", False, f"interpreter: vit-fast verify exited {self.proc.returncode}: {last}")
-        report = json.loads(self.json.read_text())
         head = f"interpreter, {report['accuracy']['n']} images: "
         version = module_version("triton")
         return _verified("triton", report, head, mode="interpreter", wall_s=wall, triton_version=version)
@@ -348,6 +348,14 @@ def format_table(steps: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _verdict(report: dict[str, Any]) -> str:
+    verdict = "FAILED" if report["failed"] else "OK"
+    if report.get("complete", True):
+        return verdict
+    ran = f"{len(report['steps'])} steps so far"
+    return f"INCOMPLETE ({report['interrupted'] or ran}; {verdict.lower()} so far)"
+
+
 def _markdown(report: dict[str, Any]) -> str:
     env, model = report["environment"], report["model"]
     gpu = env["device_name"] if env["device"].startswith("cuda") else "no GPU"
@@ -367,7 +375,7 @@ def _markdown(report: dict[str, Any]) -> str:
     lines += [f"| {s['name']} | {s['status']} | {s['summary'].replace('|', chr(92) + '|')} |" for s in report["steps"]]
     lines += [
         "",
-        f"**{'OK' if report['ok'] else 'FAILED'}** (exit code {report['exit_code']}), "
+        f"**{_verdict(report)}** (exit code {report['exit_code']}), "
         f"{report['wall_s']:.1f} s. Timings in the timing step are CPU wall-clock.",
         "",
     ]
@@ -381,12 +389,15 @@ def _markdown(report: dict[str, Any]) -> str:
 
 
 # --------------------------------------------------------------------------- the run
+@interrupts.handled()
 def run_demo(s: DemoSettings) -> dict[str, Any]:
     """Run every step, write ``report.json`` and ``report.md`` into ``s.out``; returns the report.
 
     ``report["exit_code"]`` is 0 when no step failed, else 1. Raises (before any step) when the
     embedded model or its data cannot be loaded (scikit-learn missing: ImportError) or when
-    ``s.device`` is ``"cuda"`` and no GPU is visible.
+    ``s.device`` is ``"cuda"`` and no GPU is visible. The two files are rewritten as each step ends
+    (``complete: false``); Ctrl-C or SIGTERM writes them once more with the steps that ended and
+    ``interrupted`` saying so, then lets the interrupt go on.
     """
     start = time.perf_counter()
     stages = Stages("vit-fast demo")
@@ -407,9 +418,21 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
     no_triton = "the 'triton' package is not installed (Linux: pip install triton)"
     triton_skip = "--skip-triton" if s.skip_triton else (None if runtime.triton_importable() else no_triton)
     child = None
+    steps: list[dict[str, Any]] = []
+
+    def save(complete: bool = False, interrupted: str | None = None) -> dict[str, Any]:
+        """The report of the steps so far, written (the files change together: signals held)."""
+        report = _report(s, start, use_gpu, info, model, len(labels), steps, complete, interrupted)
+        with interrupts.held():
+            write_atomic(out_dir / "report.json", json.dumps(report, indent=2, default=str) + "\n")
+            write_atomic(out_dir / "report.md", _markdown(report) + markdown_mark(report["vit_fast_version"]))
+        return report
+
     try:
+        save()  # from here on the files are this run's: "in progress", then each step as it ends
         accuracy, predictions = _accuracy_step(model, images, labels, float(info["heldout_accuracy"]))
-        steps = [accuracy]
+        steps.append(accuracy)
+        save()
         stages.note(f"  {steps[0]['summary']}")
         triton = None
         if triton_skip is not None:
@@ -438,6 +461,7 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
             triton = _guarded("triton", child.collect)
             stages.note(f"  {triton['summary']}")
         steps += [triton, onnx]
+        save()
         if s.skip_timing:
             steps.append(_step("timing", "skipped", "--skip-timing"))
             stages.note(f"4/{STEPS} timing: skipped (--skip-timing)")
@@ -445,9 +469,11 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
             stages.note(f"4/{STEPS} timing eager torch vs ONNX Runtime (CPU wall-clock, the same threads)")
             onnx_path = Path(onnx["artifact"]) if onnx["status"] == "ok" else None
             steps.append(_guarded("timing", _timing_step, model, images, onnx_path, s, stages))
+            save()
         if use_gpu:
             stages.note(f"5/{STEPS} GPU: CUDA graph and ViT-B/16 latency")
             steps.append(_guarded("cuda graph", _cuda_graph_step, model, images))
+            save()
             steps.append(_guarded("vit-b/16 latency", _vit_b16_step, s.seed))
         else:
             why = "--device cpu" if cuda else "no CUDA GPU visible"
@@ -461,13 +487,32 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
             stages.note(f"6/{STEPS} drawing the figures (patches, attention, confusion, timing)")
             steps.append(_guarded("figures", _figures_step, model, images, labels, predictions, steps, out_dir))
         stages.note(f"  {steps[-1]['summary']}")
+    except interrupts.INTERRUPTS as err:
+        note = interrupts.cut_note(err, len(steps), None, "step")
+        save(interrupted=note)
+        stages.note(f"{note}: {out_dir / 'report.json'} and {out_dir / 'report.md'} keep them")
+        raise
     finally:
         if child is not None:
             child.close()
+    return save(complete=True)
 
+
+def _report(
+    s: DemoSettings,
+    start: float,
+    use_gpu: bool,
+    info: dict[str, Any],
+    model: Any,
+    heldout_size: int,
+    steps: list[dict[str, Any]],
+    complete: bool,
+    interrupted: str | None,
+) -> dict[str, Any]:
+    """The demo's report: its steps so far, the verdict and the exit code (None until it is complete)."""
     failed = [step["name"] for step in steps if step["status"] == "failed"]
     env = collect_environment(torch.device("cuda" if use_gpu else "cpu"))
-    report = {
+    return {
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "vit_fast_version": env["vit_fast"],
         "environment": env,
@@ -477,18 +522,17 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
             "tokens": model.cfg.num_tokens,
             "num_params": sum(p.numel() for p in model.parameters()),
             "recorded_heldout_accuracy": float(info["heldout_accuracy"]),
-            "heldout_size": len(labels),
+            "heldout_size": heldout_size,
         },
         "args": asdict(s),
-        "steps": steps,
+        "complete": complete,
+        "interrupted": interrupted,
+        "steps": list(steps),
         "failed": failed,
-        "ok": not failed,
-        "exit_code": 1 if failed else 0,
+        "ok": complete and not failed,
+        "exit_code": (1 if failed else 0) if complete else None,
         "wall_s": time.perf_counter() - start,
     }
-    write_atomic(out_dir / "report.json", json.dumps(report, indent=2, default=str) + "\n")
-    write_atomic(out_dir / "report.md", _markdown(report) + markdown_mark(report["vit_fast_version"]))
-    return report
 
 
 #: every file the demo writes into its --out folder

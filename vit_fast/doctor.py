@@ -37,9 +37,9 @@ import platform
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -213,10 +213,27 @@ def format_check(check: dict[str, Any], counter: str = "") -> str:
     return f"  {counter}{check['status']:<7}  {check['name']}: {check['summary']}"
 
 
+class CheckLog(Stages):
+    """Doctor's progress lines, which also keep each check as it is noted and hand the list so far to ``saved``
+    (the report files rewritten, or the interpreter child's progress file), so an interrupt loses none."""
+
+    def __init__(self, saved: Callable[[list[dict[str, Any]]], None] | None = None) -> None:
+        super().__init__("vit-fast doctor")
+        self.checks: list[dict[str, Any]] = []
+        self.saved = saved or (lambda checks: None)
+
+    def record(self, check: dict[str, Any]) -> None:
+        self.checks.append(check)
+        self.saved(self.checks)
+
+
 def _note(stages: Stages, check: dict[str, Any], counter: str = "") -> None:
-    """Print ``check`` as its row, once, when it is made (``stages`` off: nothing)."""
+    """Print ``check`` as its row, once, when it is made (``stages`` off: nothing), and record it where ``stages``
+    is a :class:`CheckLog` (the report files rewritten with it)."""
     if stages.enabled:
         print(format_check(check, counter), flush=True)
+    if isinstance(stages, CheckLog):
+        stages.record(check)
 
 
 def doctor_cases(cfg: Any, batch: int, dtype: torch.dtype, max_heads: int | None) -> list[Any]:
@@ -423,45 +440,65 @@ def interpreter_checks(s: DoctorSettings, stages: Stages, model: Any = None) -> 
 
 def _run_in_interpreter(s: DoctorSettings, stages: Stages) -> list[dict[str, Any]]:
     """:func:`interpreter_checks` in a child process started with TRITON_INTERPRET=1 (it must be set before
-    triton is first imported, whatever this process imported already); its rows (its stdout) are printed here as
-    they come, its progress lines go to stderr."""
+    triton is first imported, whatever this process imported already); its progress lines go to stderr. The
+    child's checks so far (its progress file, rewritten after each) are printed here as their rows and reach
+    ``stages`` as they come (:func:`_note`), so this run's report holds them before the child ends, and after an
+    interrupt."""
     with tempfile.TemporaryDirectory(prefix="vit-fast-doctor-") as tmp:
         settings, result = Path(tmp) / "settings.json", Path(tmp) / "checks.json"
+        progress = Path(tmp) / "checks-so-far.json"
         write_new(settings, json.dumps(asdict(s), default=str))
         env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
-        cmd = [sys.executable, "-m", "vit_fast.doctor", str(settings), str(result)]
-        killed: list[bool] = []
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
-        timer = threading.Timer(s.timeout, lambda: killed.append(True) or proc.kill())
-        timer.start()
-        try:
-            with proc.stdout:
-                for line in proc.stdout:
-                    if stages.enabled:
-                        print(line, end="", flush=True)
-            proc.wait()
-        except BaseException:  # Ctrl-C included: the child goes with us
-            proc.kill()
-            proc.wait()
-            raise
-        finally:
-            timer.cancel()
-        if killed or not result.is_file():
-            why = (
-                f"the interpreter run took longer than {s.timeout:g} s (raise --timeout)"
-                if killed
-                else f"the interpreter run ended early (exit status {proc.returncode}; its error is on stderr above)"
-            )
-            failed = _check("kernels", "interpreter", False, why)
+        cmd = [sys.executable, "-m", "vit_fast.doctor", str(settings), str(result), str(progress)]
+        deadline, seen = time.monotonic() + s.timeout, 0
+
+        def forward(checks: list[dict[str, Any]]) -> None:  # the child's new checks: printed and recorded here
+            nonlocal seen
+            for check in checks[seen:]:
+                _note(stages, check)
+            seen = max(seen, len(checks))
+
+        # its stdout (its own copy of the rows) in an unnamed file, nothing to leave behind: its last line says
+        # why, should it end early
+        with tempfile.TemporaryFile("w+") as out, subprocess.Popen(cmd, env=env, stdout=out, text=True) as proc:
+            try:
+                while proc.poll() is None:
+                    if time.monotonic() > deadline:
+                        proc.kill()
+                        forward(_read_checks(progress))
+                        why = f"the interpreter run took longer than {s.timeout:g} s (raise --timeout)"
+                        failed = _check("kernels", "interpreter", False, why)
+                        _note(stages, failed)
+                        return [*_read_checks(progress), failed]
+                    time.sleep(0.2)
+                    forward(_read_checks(progress))
+            except BaseException:  # an interrupt, or a failure here: the child goes with it
+                proc.kill()
+                raise
+            forward(_read_checks(progress))
+            out.seek(0)
+            text = out.read().strip().splitlines()
+        if not result.is_file():
+            last = (text or [f"no output; exit status {proc.returncode}"])[-1]
+            failed = _check("kernels", "interpreter", False, f"the interpreter run ended early: {last}")
             _note(stages, failed)
-            return [failed]
+            return [*_read_checks(progress), failed]
         return json.loads(result.read_text())
 
 
-def _child_main(settings_path: str, result_path: str) -> int:
+def _read_checks(path: Path) -> list[dict[str, Any]]:
+    """The checks in the child's progress file (written atomically), or none yet."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    return data if isinstance(data, list) else []
+
+
+def _child_main(settings_path: str, result_path: str, progress_path: str | None = None) -> int:
     raw = json.loads(Path(settings_path).read_text())
     s = DoctorSettings(**{**raw, "out": Path(raw["out"])})
-    stages = Stages("vit-fast doctor")
+    stages = CheckLog((lambda checks: write_json_atomic(checks, progress_path)) if progress_path else None)
     try:
         checks = interpreter_checks(s, stages)
     except Exception as err:  # the model could not be loaded, or the interpreter could not start
@@ -498,6 +535,9 @@ def _markdown(report: dict[str, Any]) -> str:
         summary = c["summary"].replace("|", "\\|")
         lines.append(f"| {c['section']} | {c['name']} | {c['status']} | {summary} |")
     verdict = "FAILED: " + ", ".join(report["failed"]) if report["failed"] else "OK"
+    if not report.get("complete", True):  # rewritten as each check ends; or cut by an interrupt
+        ran = f"{len(report['checks'])} checks so far"
+        verdict = f"INCOMPLETE ({report['interrupted'] or ran}; {verdict.lower()} so far)"
     lines += ["", f"**{verdict}** (exit code {report['exit_code']}), {report['wall_s']:.1f} s.", ""]
     if report["skipped"]:
         lines += ["Skipped:", ""] + [f"- {name}: {why}" for name, why in report["skipped"].items()] + [""]
@@ -507,20 +547,49 @@ def _markdown(report: dict[str, Any]) -> str:
 def run_doctor(s: DoctorSettings) -> dict[str, Any]:
     """Run every check, write ``report.json`` and ``report.md`` into ``s.out``; returns the report.
 
-    ``report["exit_code"]`` is 1 when a check failed, else 0 (warnings and skipped checks do not fail).
+    ``report["exit_code"]`` is 1 when a check failed, else 0 (warnings and skipped checks do not fail). The two
+    files are rewritten as each check ends (``complete: false``); Ctrl-C or SIGTERM writes them once more with the
+    checks that ended and ``interrupted`` saying so, then lets the interrupt go on.
     """
-    from .loading import load_model
+    from . import interrupts
 
     start = time.perf_counter()
-    stages = Stages("vit-fast doctor")
     device = _resolve_device(s.device)
+    cuda = device.type == "cuda"
+    environment = collect_environment(device if cuda else torch.device("cpu"))
+    model_record: dict[str, Any] = {"name": s.model}
+    out = Path(s.out)
+
+    def save(checks: list[dict[str, Any]], complete: bool = False, interrupted: str | None = None) -> dict:
+        report = _report(s, start, environment, model_record, checks, complete, interrupted)
+        with interrupts.held():
+            write_json_atomic(report, out / "report.json")
+            write_atomic(out / "report.md", _markdown(report) + markdown_mark(report[MARKER_KEY]))
+        return report
+
+    stages = CheckLog(save)
+    with interrupts.handled():
+        save([])  # from here on the files are this run's: "in progress", then each check as it ends
+        try:
+            checks = _all_checks(s, device, model_record, stages)
+        except interrupts.INTERRUPTS as err:
+            note = interrupts.cut_note(err, len(stages.checks), None, "check")
+            save(stages.checks, interrupted=note)
+            stages.note(f"{note}: {out / 'report.json'} and {out / 'report.md'} keep them")
+            raise
+        return save(checks, complete=True)
+
+
+def _all_checks(s: DoctorSettings, device: torch.device, model_record: dict, stages: Stages) -> list[dict[str, Any]]:
+    """Every check in order (each noted, and recorded when ``stages`` is a :class:`CheckLog`, as it ends)."""
+    from .loading import load_model
+
     cuda = device.type == "cuda"
     stages.note("environment: versions, the C compiler, Python.h and libcuda, the driver and cards, settings")
     checks = environment_checks(device)
     for c in checks:
         _note(stages, c)
     dtypes, checks_skipped = _dtypes_for(s, device)
-    model_record: dict[str, Any] = {"name": s.model}
     try:
         model = load_model(s.model, backend="torch", seed=s.seed, config=s.config, weights=s.weights)
         model_record.update(config=model.cfg.to_dict(), tokens=model.cfg.num_tokens, weights=model.describe_weights())
@@ -553,30 +622,41 @@ def run_doctor(s: DoctorSettings) -> dict[str, Any]:
         for c in _gpu_skipped(f"{why}: needs a GPU (the interpreter ran what it can instead)"):
             _note(stages, c)
             checks.append(c)
+    return checks
 
-    env_device = device if cuda else torch.device("cpu")
-    environment = collect_environment(env_device)
+
+def _report(
+    s: DoctorSettings,
+    start: float,
+    environment: dict[str, Any],
+    model_record: dict[str, Any],
+    checks: list[dict[str, Any]],
+    complete: bool,
+    interrupted: str | None,
+) -> dict[str, Any]:
+    """The report: every check, the verdict and the exit code (None until the run is complete)."""
     failed = [c["name"] for c in checks if c["status"] == "failed"]
-    report = {
+    return {
         MARKER_KEY: environment["vit_fast"],
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "environment": environment,
         "model": model_record,
         "args": {**asdict(s), "out": str(s.out)},
-        "checks": checks,
+        "complete": complete,
+        "interrupted": interrupted,
+        "checks": list(checks),
         "failed": failed,
         "warnings": [c["name"] for c in checks if c["status"] == "warning"],
         "skipped": {c["name"]: c["summary"] for c in checks if c["status"] == "skipped"},
-        "ok": not failed,
-        "exit_code": 1 if failed else 0,
+        "ok": complete and not failed,
+        "exit_code": (1 if failed else 0) if complete else None,
         "wall_s": time.perf_counter() - start,
     }
-    out = Path(s.out)
-    write_json_atomic(report, out / "report.json")
-    write_atomic(out / "report.md", _markdown(report) + markdown_mark(report[MARKER_KEY]))
-    return report
 
 
-if __name__ == "__main__":  # the interpreter child: python -m vit_fast.doctor SETTINGS.json RESULT.json
-    with contextlib.suppress(BrokenPipeError):
-        sys.exit(_child_main(*sys.argv[1:3]))
+if __name__ == "__main__":  # the interpreter child: python -m vit_fast.doctor SETTINGS.json RESULT.json [PROGRESS]
+    try:
+        with contextlib.suppress(BrokenPipeError):
+            sys.exit(_child_main(*sys.argv[1:4]))
+    except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: the parent reports it, quietly here
+        sys.exit(130)

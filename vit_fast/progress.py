@@ -3,16 +3,24 @@
 ``Stages("vit-fast export").step("tracing")`` prints ``[vit-fast export] tracing ...`` and,
 when the block ends, ``... done (6.2 s)``. ``bar(total)`` is a tqdm bar on a terminal (when tqdm
 is installed) and elsewhere one line per piece of work (``[bench] 3/12 cases: fp32 torch batch 8;
-about 2.5 min left``), so a log shows where a long run is.
+about 2.5 min left``), so a log shows where a long run is. The time left is :class:`Remaining`'s: from
+measured times of finished pieces of comparable expected cost, and said only once there are some.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
+
+
+def about(seconds: float) -> str:
+    """``about 42 s`` (``under 1 s`` below a second): an estimate of how long, as a person reads it."""
+    text = duration(seconds)
+    return text if text.startswith("under") else f"about {text}"
 
 
 class Stages:
@@ -41,7 +49,9 @@ def plural(n: int, noun: str, nouns: str | None = None) -> str:
 
 
 def duration(seconds: float) -> str:
-    """``42 s``, ``3.5 min``, ``1.2 h``: how long, at the precision a person reads."""
+    """``42 s``, ``3.5 min``, ``1.2 h``: how long, at the precision a person reads (``under 1 s`` below that)."""
+    if seconds < 0.5:
+        return "under 1 s"
     if seconds < 90:
         return f"{seconds:.0f} s"
     if seconds < 90 * 60:
@@ -49,21 +59,81 @@ def duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+#: a piece of work left is predicted only from finished pieces whose expected cost lies within this factor of its own
+COMPARABLE = 4.0
+
+
 class Remaining:
-    """How long is left, from the share of the (weighted) work done so far: ``advance(work)`` after each
-    piece returns ``"; about 3.5 min left"`` (empty once everything is done)."""
+    """How long is left, from the measured times of the pieces of work already finished.
 
-    def __init__(self, total: float) -> None:
-        self.total = float(total)
-        self.done = 0.0
-        self.start = time.perf_counter()
+    Each piece has an expected cost in a unit of the caller's (FLOPs x calls, pixels, 1 an epoch): only its ratio
+    to the other pieces' matters. A piece left is predicted as its cost times the seconds per unit measured on the
+    finished pieces of comparable cost (within :data:`COMPARABLE` times its own), and nothing is said until every
+    piece left has such a neighbour: a time extrapolated from a piece of another size (a batch-1 case for a
+    batch-256 one, the fixed start of a first step for the rest) is the estimate that jumps.
 
-    def advance(self, work: float) -> str:
-        self.done += work
-        if self.done <= 0 or self.done >= self.total:
-            return ""
-        elapsed = time.perf_counter() - self.start
-        return f"; about {duration(elapsed * (self.total - self.done) / self.done)} left"
+    ``finished(i)`` after piece ``i`` (timed since the previous ``finished`` or the start, or ``seconds=``);
+    ``skip(i)`` for a piece that takes no time worth counting; ``expect(i, cost)`` where the caller learns a
+    piece's cost better as the run goes (the bench, once a call has been timed); ``seconds_left()`` (None while
+    nothing can be said); ``text()``: ``"; about 3.5 min left"`` or ``""``. ``clock``: a function returning
+    seconds (``time.perf_counter``; tests give a fake one).
+    """
+
+    def __init__(self, costs: Sequence[float], clock: Callable[[], float] | None = None) -> None:
+        self.costs = [self._checked(c) for c in costs]
+        self.clock = clock or time.perf_counter
+        self.seconds: dict[int, float] = {}
+        self.skipped: set[int] = set()
+        self.mark = self.clock()
+
+    @staticmethod
+    def _checked(cost: float) -> float:
+        cost = float(cost)
+        if not cost > 0 or math.isinf(cost):
+            raise ValueError(f"a piece of work must have a finite cost > 0, got {cost}")
+        return cost
+
+    def expect(self, index: int, cost: float) -> None:
+        """Piece ``index`` is now expected to cost ``cost``."""
+        self.costs[index] = self._checked(cost)
+
+    def finished(self, index: int, seconds: float | None = None, cost: float | None = None) -> None:
+        """Piece ``index`` is done: it took ``seconds`` (default: the clock since the previous piece ended) and,
+        where given, cost ``cost`` (what it turned out to be)."""
+        now = self.clock()
+        self.seconds[index] = max(0.0, now - self.mark if seconds is None else float(seconds))
+        self.mark = now
+        if cost is not None:
+            self.expect(index, cost)
+
+    def skip(self, index: int) -> None:
+        """Piece ``index`` takes no time worth counting (it will not run, or it failed): it is neither predicted
+        nor used to predict the others."""
+        self.skipped.add(index)
+        self.seconds.pop(index, None)
+        self.mark = self.clock()
+
+    def settled(self, index: int) -> bool:
+        """Whether piece ``index`` has finished or was skipped."""
+        return index in self.seconds or index in self.skipped
+
+    def seconds_left(self) -> float | None:
+        """Seconds the pieces not yet finished should take; None before every one of them has a finished piece of
+        comparable cost (0.0 once all are done)."""
+        total = 0.0
+        for j, cost in enumerate(self.costs):
+            if self.settled(j):
+                continue
+            near = [i for i in self.seconds if cost / COMPARABLE <= self.costs[i] <= cost * COMPARABLE]
+            if not near:
+                return None
+            total += cost * sum(self.seconds[i] for i in near) / sum(self.costs[i] for i in near)
+        return total
+
+    def text(self) -> str:
+        """``"; about 3.5 min left"``; empty while nothing can be said, and once everything is done."""
+        left = self.seconds_left()
+        return f"; {about(left)} left" if left else ""
 
 
 #: work above this many GFLOP on a CPU is announced before it starts, with a smaller command to try (a ViT-B/16
@@ -71,56 +141,99 @@ class Remaining:
 LONG_CPU_GFLOP = 1000.0
 
 
-def long_cpu_note(gflop: float, what: str, smaller: str) -> str | None:
+def long_cpu_note(gflop: float, what: str, smaller: str, expected: str | None = None) -> str | None:
     """The line that says ``what`` (``gflop`` GFLOP in all) is GPU-sized work about to run on a CPU, and the
-    smaller command to try; None when the work is small."""
+    smaller command to try; None when the work is small. ``expected``: how long it should take and what that rests
+    on (``"expected about 1.2 h (...)"``), where the caller measured it; else the line says only that it is long."""
     if gflop < LONG_CPU_GFLOP:
         return None
-    return f"{what}: {gflop:,.0f} GFLOP on a CPU, sized for a GPU; this can take many minutes (try {smaller})"
+    how_long = expected or "this can take many minutes"
+    return f"{what}: {gflop:,.0f} GFLOP on a CPU, sized for a GPU; {how_long} (try {smaller})"
 
 
 class _NoBar:
+    """No progress at all (``enabled=False``); the estimate is still kept, for a caller that reads it."""
+
+    def __init__(self, total: int, costs: Sequence[float] | None = None) -> None:
+        self.total, self.n = total, 0
+        self.remaining = Remaining(costs if costs is not None else [1.0] * total)
+
     def update(self, n: int = 1) -> None:
-        pass
+        for _ in range(n):
+            if not self.remaining.settled(self.n):  # the caller may have told its time (or skipped it) already
+                self.remaining.finished(self.n)
+            self.n += 1
 
     def set_postfix_str(self, text: str) -> None:
+        pass
+
+    def write(self, line: str) -> None:
         pass
 
     def close(self) -> None:
         pass
 
 
-class _LineBar:
-    """The bar where there is no terminal (a log, a pipe) or no tqdm: a line on stderr as each unit starts."""
+class _LineBar(_NoBar):
+    """The bar where there is no terminal (a log, a pipe) or no tqdm: a line on stderr as each unit starts, with
+    the time left once it can be estimated (:class:`Remaining`)."""
 
-    def __init__(self, total: int, desc: str, unit: str) -> None:
-        self.total, self.desc, self.unit = total, desc, unit
-        self.n = 0
-        self.remaining = Remaining(total)
-        self.left = ""
-
-    def update(self, n: int = 1) -> None:
-        self.n += n
-        self.left = self.remaining.advance(n)
+    def __init__(self, total: int, desc: str, unit: str, costs: Sequence[float] | None = None) -> None:
+        super().__init__(total, costs)
+        self.desc, self.unit = desc, unit
 
     def set_postfix_str(self, text: str) -> None:
         count = f"{min(self.n + 1, self.total)}/{self.total} {self.unit}s"
-        print(f"[{self.desc}] {count}: {text}{self.left}", file=sys.stderr, flush=True)
+        print(f"[{self.desc}] {count}: {text}{self.remaining.text()}", file=sys.stderr, flush=True)
+
+    def write(self, line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+
+class _TqdmBar(_NoBar):
+    """A tqdm bar on stderr whose time left is :class:`Remaining`'s (tqdm's own extrapolates from the share of units
+    done, which jumps when the units differ in size); ``write`` prints a line above the bar."""
+
+    def __init__(self, tqdm: Any, total: int, desc: str, unit: str, costs: Sequence[float] | None = None) -> None:
+        super().__init__(total, costs)
+        self.tqdm = tqdm
+        self.text = ""
+        fmt = "{desc}: {n_fmt}/{total_fmt} " + unit + "s |{bar}| {elapsed}{postfix}"
+        self.bar = tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=False, bar_format=fmt)
+
+    def _show(self) -> None:
+        self.bar.set_postfix_str(f"{self.text}{self.remaining.text()}".lstrip("; "))
+
+    def update(self, n: int = 1) -> None:
+        super().update(n)
+        self.bar.update(n)
+        self._show()
+
+    def set_postfix_str(self, text: str) -> None:
+        self.text = text
+        self._show()
+
+    def write(self, line: str) -> None:
+        self.tqdm.write(line, file=sys.stderr)
 
     def close(self) -> None:
-        pass
+        self.bar.close()
 
 
-def bar(total: int, desc: str, enabled: bool | None = None, unit: str = "case") -> Any:
-    """Progress over ``total`` units (``unit``): a tqdm bar on an interactive stderr when tqdm is installed,
-    else a line per unit; nothing with ``enabled=False``."""
+def bar(
+    total: int, desc: str, enabled: bool | None = None, unit: str = "case", costs: Sequence[float] | None = None
+) -> Any:
+    """Progress over ``total`` units (``unit``): a tqdm bar on an interactive stderr when tqdm is installed, else a
+    line per unit; nothing with ``enabled=False``. ``costs``: each unit's expected cost, for the time left
+    (:class:`Remaining`; default: all alike), read and refined through the bar's ``remaining``. ``update(n)``
+    after units finish, ``set_postfix_str(text)`` as one starts, ``write(line)`` for a line (a result) above it."""
     if enabled is False:
-        return _NoBar()
+        return _NoBar(total, costs)
     if sys.stderr.isatty():
         try:
             from tqdm import tqdm
         except ImportError:
             pass
         else:
-            return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=False)
-    return _LineBar(total, desc, unit)
+            return _TqdmBar(tqdm, total, desc, unit, costs)
+    return _LineBar(total, desc, unit, costs)

@@ -141,7 +141,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     warmup = steps_per_epoch * args.warmup_epochs
     step = 0
     t0 = time.perf_counter()
-    remaining = Remaining(args.epochs)
+    remaining = Remaining([1.0] * args.epochs)  # epochs alike: the first one measured says how long the rest take
     for epoch in range(args.epochs):
         perm = torch.randperm(n, generator=gen)
         running, seen = 0.0, 0
@@ -159,7 +159,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             running += float(loss.detach()) * len(idx)
             seen += len(idx)
             step += 1
-        left = remaining.advance(1)  # the first epoch is always shown: it says how long the whole run will take
+        remaining.finished(epoch)
+        left = remaining.text()  # the first epoch is always shown: it says how long the whole run will take
         if epoch == 0 or (epoch + 1) % args.log_every == 0 or epoch + 1 == args.epochs:
             elapsed = time.perf_counter() - t0
             msg = f"epoch {epoch + 1:3d}/{args.epochs}  loss {running / seen:.4f}  {elapsed:6.1f}s{left}"

@@ -1,6 +1,7 @@
 """The two ways to run the benchmark from code: :func:`benchmark` (Python: arguments in, a
 :class:`BenchResult` out, nothing written) and :func:`run_benchmark` (the command line's run: settings in,
-JSON / Markdown / CSV / PNG reports written into ``settings.out_dir``). Both run a
+JSON / Markdown / CSV / PNG reports written into ``settings.out_dir``, the first three rewritten as each case
+ends, so an interrupt keeps the finished cases). Both run a
 :class:`vit_fast.bench.harness.Harness` and restore torch's thread count afterwards.
 """
 
@@ -14,7 +15,7 @@ from typing import Any
 import torch
 
 from .harness import Harness, model_label
-from .report import BenchResult, write_reports
+from .report import BenchResult, free_stem, write_reports
 from .settings import BenchError, BenchSettings
 
 
@@ -57,7 +58,15 @@ def run_benchmark(
 
     The folder is checked before anything runs. Files are ``bench_<model>.{json,md,csv,png}``; when an
     earlier run's files are there they stay, and this run's get its run id (``-<UTC time>``) in the name,
-    unless ``settings.overwrite``."""
+    unless ``settings.overwrite``.
+
+    The JSON, Markdown and CSV are rewritten after each case (``complete: false`` and ``cases`` done of total
+    in the JSON, a line in the Markdown), the PNG drawn at the end. Ctrl-C (KeyboardInterrupt) or SIGTERM
+    (:class:`vit_fast.interrupts.Terminated`) stops the run: the four files are written once more with the
+    cases that finished and ``interrupted`` (``"interrupted by SIGTERM after 5 of 18 cases"``), ``log`` says
+    where they are, and the interrupt goes on with ``bench_report`` and ``bench_paths`` set on it (the paths
+    are empty when no case finished: nothing is written then)."""
+    from vit_fast import interrupts
     from vit_fast.files import check_output_dir
 
     if settings.out_dir is None:
@@ -66,10 +75,53 @@ def run_benchmark(
         check_output_dir(settings.out_dir, "bench output folder")
     except ValueError as err:
         raise BenchError(str(err)) from None
-    report = _run(settings, log)
-    stem = report_stem(settings.model, name)
-    paths = write_reports(report, settings.out_dir, stem, overwrite=settings.overwrite)
+    log = log or (lambda msg: None)
+    latest: dict[str, Any] = {}
+    threads = torch.get_num_threads()
+    try:
+        with interrupts.handled():
+            harness = Harness(settings, log=log)
+            # the stem is taken once, before any work: every rewrite of the run replaces this run's own files
+            out_dir = Path(settings.out_dir)
+            run_id = harness.started.strftime("%Y%m%dT%H%M%SZ")
+            stem = free_stem(out_dir, report_stem(settings.model, name), run_id, settings.overwrite)
+
+            def write(report: dict[str, Any], png: bool = False) -> dict[str, Path]:
+                with interrupts.held():
+                    latest.update(report=report, paths=write_reports(report, out_dir, stem, overwrite=True, png=png))
+                return latest["paths"]
+
+            harness.on_case = write
+            try:
+                report = harness.run()
+            except interrupts.INTERRUPTS as err:
+                _keep_partial(err, latest.get("report"), write, log)
+                raise
+            try:
+                paths = write(report, png=True)
+            except interrupts.INTERRUPTS as err:  # it came while the files were written: they are whole
+                err.bench_report, err.bench_paths = report, latest.get("paths") or {}
+                raise
+    finally:
+        torch.set_num_threads(threads)  # --threads is for this run only
     return report, paths
+
+
+def _keep_partial(
+    err: BaseException, partial: dict[str, Any] | None, write: Callable[..., dict], log: Callable[[str], None]
+) -> None:
+    """The report of the cases that finished before ``err`` (an interrupt), written once more saying so (the
+    picture too), and set on ``err`` as ``bench_report`` / ``bench_paths``."""
+    from vit_fast import interrupts
+
+    paths: dict[str, Path] = {}
+    if partial is not None:
+        partial["interrupted"] = interrupts.cut_note(err, partial["cases"]["done"], partial["cases"]["total"], "case")
+        paths = write(partial, png=True)
+        log(f"{partial['interrupted']}: the report files keep the cases that finished")
+    else:
+        log(f"interrupted by {interrupts.signal_name(err)} before any case finished: no report written")
+    err.bench_report, err.bench_paths = partial, paths
 
 
 def benchmark(

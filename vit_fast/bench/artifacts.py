@@ -7,6 +7,7 @@ the harness, so artifact rows and model rows read the same.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from vit_fast.dtypes import DTYPE_NAMES
-from vit_fast.progress import bar as progress_bar
 
 from .backends import Case
 from .settings import BenchError
@@ -85,10 +85,16 @@ def run_artifact(harness: Harness, env: dict[str, Any]) -> dict[str, Any]:
             "runtime": runner.runtime,
         }
         gen = torch.Generator().manual_seed(s.seed)
-        rows = []
-        bar = progress_bar(len(batches), "bench", s.progress)
+        rows: list[dict[str, Any]] = []
+        harness.batches = batches
+        harness.cases = [(dtype_name, path.name, b) for b in batches]
+        harness.start_cases(common["flops_per_image"])
+        harness.partial_report = lambda done: harness.report(
+            env, cfg, ceilings, list(done), flusher, [dtype_name], [backend], [], meta.get("weights"), False
+        )
         try:
             for b in batches:
+                started = time.perf_counter()
                 x = make_input(b, gen).to(device)
 
                 def case(x: torch.Tensor = x) -> Case:
@@ -96,14 +102,13 @@ def run_artifact(harness: Harness, env: dict[str, Any]) -> dict[str, Any]:
 
                 row = {**base_row, "batch": b, "torch_max_abs_err_vs_fp32": None}
                 row.update(harness.floor(weight_bytes, common["flops_per_image"], b, ceilings, dtype_name))
+                harness.bar.set_postfix_str(f"{dtype_name} {path.name} batch {b}")
                 row.update(harness.measure(case, b, None, flusher))
-                rows.append(row)
-                bar.update(1)
+                harness.case_done(rows, row, time.perf_counter() - started)
         finally:
-            bar.close()
+            harness.bar.close()
     finally:
         runner.close()
-    harness.batches = batches
     return harness.report(env, cfg, ceilings, rows, flusher, [dtype_name], [backend], [], meta.get("weights"))
 
 

@@ -15,8 +15,9 @@ import functools
 import gc
 import shutil
 import tempfile
+import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +25,10 @@ import torch
 
 from vit_fast.dtypes import DTYPES
 from vit_fast.env import collect_environment
+from vit_fast.interrupts import held
 from vit_fast.numerics import max_err
+from vit_fast.progress import LONG_CPU_GFLOP, about, duration, long_cpu_note
 from vit_fast.progress import bar as progress_bar
-from vit_fast.progress import duration, long_cpu_note
 
 from .artifacts import artifact_path, run_artifact
 from .backends import (
@@ -114,12 +116,39 @@ CPU_NO_FLOOR = (
 )
 
 
+def case_line(row: dict[str, Any], index: int, total: int) -> str:
+    """The line printed as a case finishes: ``[bench] 3/12 fp32 torch batch 8: median 12.300 ms (p10 12.100, p90
+    13.000; n 100), 650.4 img/s, err 0``, or its status and reason."""
+    head = f"[bench] {index}/{total} {row['dtype']} {row['label']} batch {row['batch']}"
+    if row.get("status") != "ok":
+        why = " ".join(str(row.get("reason") or row.get("error") or "").split())
+        return f"{head}: {row.get('status')}" + (f": {why[:160]}" if why else "")
+    err = row.get("max_abs_err_vs_torch")
+    return (
+        f"{head}: median {row['median_ms']:.3f} ms (p10 {row['p10_ms']:.3f}, p90 {row['p90_ms']:.3f}; n {row['n']}), "
+        f"{row['images_per_s']:.1f} img/s" + (f", err {err:.2g}" if err is not None else "")
+    )
+
+
 class Harness:
     """Runs :class:`BenchSettings` and returns the report dict (see :func:`write_reports`)."""
 
-    def __init__(self, settings: BenchSettings, log: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        settings: BenchSettings,
+        log: Callable[[str], None] | None = None,
+        on_case: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
         self.s = settings
         self.log = log or (lambda msg: None)
+        self.on_case = on_case or (lambda report: None)
+        self.started = _dt.datetime.now(_dt.timezone.utc)
+        self.bar: Any = progress_bar(0, "bench", False)
+        self.partial_report: Callable[[list[dict[str, Any]]], dict[str, Any]] = lambda rows: {}
+        self.cases: list[tuple[str, str, int]] = []  # (dtype, label, batch) of every case, in the order they run
+        # seconds per FLOP of one call, from the cases timed so far: by "dtype label", by dtype, and "" the last one
+        self._rates: dict[str, float] = {}
+        self._flops: float = 1.0
         self.device = resolve_device(settings.device)
         cuda = self.device.type == "cuda"
         self.threads_note = "torch default"
@@ -209,17 +238,22 @@ class Harness:
         backends: list[str],
         transfers: list[dict[str, Any]],
         weights: dict[str, Any] | None,
+        complete: bool = True,
     ) -> dict[str, Any]:
+        """The report dict; ``complete=False`` for the one written after each case (``cases`` says how many of
+        how many are in it; ``interrupted``, set by whoever stops the run, says why it ends there)."""
         from vit_fast import __version__
 
         add_ratios(rows)
-        now = _dt.datetime.now(_dt.timezone.utc)
         s = self.s
         return {
             "schema": SCHEMA_VERSION,
             "vit_fast_version": __version__,
-            "created_utc": now.isoformat(timespec="seconds"),
-            "run_id": now.strftime("%Y%m%dT%H%M%SZ"),
+            "created_utc": self.started.isoformat(timespec="seconds"),
+            "run_id": self.started.strftime("%Y%m%dT%H%M%SZ"),
+            "complete": complete,
+            "cases": {"done": len(rows), "total": len(self.cases) or len(rows)},
+            "interrupted": None,
             "model": model_label(s.model),
             "artifact": str(self.artifact) if self.artifact else None,
             "config": cfg.to_dict() if cfg is not None else None,
@@ -265,35 +299,127 @@ class Harness:
         flusher = L2Flusher(device) if s.flush_l2 else None
         common = self.row_fields(cfg, sum(p.numel() for p in base.parameters()), env, weights)
         common["flush_l2"] = bool(flusher)
-        if device.type == "cpu":  # GPU-sized work said before it starts, with the smaller command to try
-            cases = len(self.dtypes) * len(self.variants) * len(self.batches)
-            calls = self.sampling.warmup + self.sampling.floor  # the fewest calls a case makes
-            gflop = common["flops_per_image"] * sum(self.batches) * len(self.dtypes) * len(self.variants) * calls / 1e9
-            cap = self.sampling.max_seconds
-            note = long_cpu_note(
-                gflop,
-                f"{cases} cases at batches {','.join(map(str, self.batches))}, "
-                f"{common['flops_per_image'] / 1e9:.1f} GFLOP an image"
-                + (f", each timed for up to {duration(cap)} after its warm-up" if cap else ""),
-                "vit-fast bench default --out DIR, or --batch 1 --backends torch,onnxruntime",
-            )
-            if note:
-                self.log(note)
+        plan = [(d, v, b) for d in self.dtypes for v in self.variants for b in self.batches]
+        self.cases = [(d, v.label, b) for d, v, b in plan]
+        skipped = {  # known now to take no time: not in the estimate of the time left
+            j
+            for j, (d, v, b) in enumerate(plan)
+            if static_unavailable(v, device, d) is not None or (v.backend == "compile-reduce-overhead" and b != 1)
+        }
+        if device.type == "cpu":  # GPU-sized work said before it starts: how long, and the smaller command to try
+            self._cpu_note(base, common["flops_per_image"], skipped)
+        self.start_cases(common["flops_per_image"], skipped)
         rows: list[dict[str, Any]] = []
         transfers: list[dict[str, Any]] = []
-        bar = progress_bar(len(self.dtypes) * len(self.variants) * len(self.batches), "bench", s.progress)
+        self.partial_report = lambda done: self.report(
+            env, cfg, ceilings, list(done), flusher, self.dtypes, self.backends, list(transfers), weights, False
+        )
         workdir = Path(tempfile.mkdtemp(prefix="vit-fast-bench-"))
         source = str(s.model) if isinstance(s.model, (str, Path)) else None
         try:
             with torch.no_grad():
                 for dtype_name in self.dtypes:
                     self._onnx = OnnxExports(workdir, max(self.batches), s.onnx_exporter, source)
-                    rows.extend(self._run_dtype(dtype_name, base, common, ceilings, flusher, workdir, bar, transfers))
+                    self._run_dtype(dtype_name, base, common, ceilings, flusher, workdir, rows, transfers)
                     _release(device)
         finally:
-            bar.close()
+            self.bar.close()
             shutil.rmtree(workdir, ignore_errors=True)
         return self.report(env, cfg, ceilings, rows, flusher, self.dtypes, self.backends, transfers, weights)
+
+    # ----------------------------------------------------------------------------------- progress, case by case
+    def start_cases(self, flops_per_image: int | None, skipped: Collection[int] = ()) -> None:
+        """Open the progress bar over the cases of ``self.cases``, each with its expected cost for the time left
+        (``skipped``: the indices of those that will not run)."""
+        self._flops = flops_per_image or 1  # an artifact without metadata: its batch size stands for its work
+        costs = [self._expected_cost(d, label, b) for d, label, b in self.cases]
+        self.bar = progress_bar(len(self.cases), "bench", self.s.progress, costs=costs)
+        for j in skipped:
+            self.bar.remaining.skip(j)
+
+    def _expected_cost(self, dtype_name: str, label: str, batch: int) -> float:
+        """FLOPs x calls of one case: the calls the sampling rule makes at the time per call the cases timed so
+        far predict (the same backend's in that dtype, else the dtype's, else the last one timed), the warm-up and
+        the checked call included; before any case is timed, the minimum number of samples."""
+        flops = float(self._flops) * batch
+        rates = self._rates
+        rate = rates.get(f"{dtype_name} {label}") or rates.get(dtype_name) or rates.get("")
+        if rate:
+            timed = self.sampling.expected_calls(rate * flops)
+        else:
+            timed = min(self.sampling.min_samples, self.sampling.max_samples)
+        return flops * (self.sampling.warmup + 1 + timed)
+
+    def _expect_the_rest(self) -> None:
+        remaining = self.bar.remaining
+        for j, (d, label, b) in enumerate(self.cases):
+            if not remaining.settled(j):
+                remaining.expect(j, self._expected_cost(d, label, b))
+
+    def _predicted_seconds(self, per_call_s: float) -> float:
+        return per_call_s * (self.sampling.warmup + 1 + self.sampling.expected_calls(per_call_s))
+
+    def case_done(self, rows: list[dict[str, Any]], row: dict[str, Any], seconds: float) -> None:
+        """Record the finished case ``row`` (it took ``seconds``): into ``rows``, the time left, a printed line, and
+        the report so far handed to ``on_case`` (all under held signals: an interrupt never splits them)."""
+        index = len(rows)
+        remaining = self.bar.remaining
+        with held():
+            rows.append(row)
+            if row.get("status") == "ok":
+                flops = float(self._flops) * row["batch"]
+                rate = row["median_ms"] * 1e-3 / flops
+                self._rates.update({f"{row['dtype']} {row['label']}": rate, row["dtype"]: rate, "": rate})
+                cost = flops * (self.sampling.warmup + 1 + row["n"])
+                remaining.finished(index, seconds=seconds, cost=cost)
+                self._expect_the_rest()
+            else:
+                remaining.skip(index)
+            self.bar.write(case_line(row, index + 1, len(self.cases)))
+            self.bar.update(1)
+            self.on_case(self.partial_report(rows))
+
+    def _cpu_note(self, base: Any, flops_per_image: int, skipped: Collection[int]) -> None:
+        """On a CPU, before GPU-sized work: what it is, how long it should take (from one forward at batch 1 timed
+        here in each dtype, which also seeds the estimate of the time left) and the smaller command, with its time.
+        """
+        runs = [(d, b) for j, (d, _, b) in enumerate(self.cases) if j not in skipped]
+        calls = self.sampling.warmup + self.sampling.floor  # the fewest calls a case makes
+        refs = sum(self.batches) * sum(1 if d == "fp32" else 2 for d in self.dtypes)  # reference passes, in images
+        gflop = flops_per_image * (calls * sum(b for _, b in runs) + refs) / 1e9
+        if gflop < LONG_CPU_GFLOP:
+            return
+        per_image = {d: self._time_one_image(base, d) for d in dict.fromkeys(["fp32", *self.dtypes])}
+        self._rates.update({d: t / flops_per_image for d, t in per_image.items()})
+        images = sum(self.batches)  # each dtype's reference outputs, and the fp32 ones for its error column
+        total = sum(per_image[d] * images + (per_image["fp32"] * images if d != "fp32" else 0.0) for d in self.dtypes)
+        total += sum(self._predicted_seconds(per_image[d] * b) for d, b in runs)
+        small = sum(self._predicted_seconds(per_image[d]) for d in self.dtypes)
+        cap = self.sampling.max_seconds
+        left_out = len(self.cases) - len(runs)
+        rates = ", ".join(f"{d} {flops_per_image / per_image[d] / 1e9:.1f}" for d in self.dtypes)
+        sizes = f"{flops_per_image / 1e9:.1f} GFLOP an image"
+        sizes += f", each timed for up to {duration(cap)} after its warm-up" if cap else ""
+        sizes += f"; {left_out} more cannot run here" if left_out else ""
+        what = f"{len(runs)} cases at batches {','.join(map(str, self.batches))} ({sizes})"
+        expected = (
+            f"expected {about(total)} from one batch-1 forward timed here in each dtype (GFLOP/s: "
+            f"{rates}), builds and compilations not counted"
+        )
+        smaller = f"--batch 1 --backends torch: {about(small)}; or vit-fast bench default --out DIR"
+        self.log(long_cpu_note(gflop, what, smaller, expected) or "")
+
+    def _time_one_image(self, base: Any, dtype_name: str) -> float:
+        """Seconds of one forward of ``base`` at batch 1 in ``dtype_name`` (the faster of two calls)."""
+        model = base if dtype_name == "fp32" else copy.deepcopy(base).to(DTYPES[dtype_name])
+        x = _make_input(base.cfg, 1, DTYPES[dtype_name], self.device, self.s.seed)
+        times = []
+        with torch.no_grad():
+            for _ in range(2):
+                t0 = time.perf_counter()
+                model(x)
+                times.append(time.perf_counter() - t0)
+        return min(times)
 
     def _run_dtype(
         self,
@@ -303,10 +429,10 @@ class Harness:
         ceilings: dict[str, Any],
         flusher: L2Flusher | None,
         workdir: Path,
-        bar: Any,
+        rows: list[dict[str, Any]],
         transfers: list[dict[str, Any]],
-    ) -> list[dict]:
-        s, device = self.s, self.device
+    ) -> None:
+        s, device, bar = self.s, self.device, self.bar
         dtype = DTYPES[dtype_name]
         ref_model = copy.deepcopy(base).to(device=device, dtype=dtype).set_backend("torch").eval()
         weight_bytes = self.weight_bytes(common["params"], dtype)
@@ -324,7 +450,6 @@ class Harness:
             for b, x in inputs.items():
                 h2d[b] = self._time_h2d(x)
                 transfers.append({"dtype": dtype_name, "batch": b, **h2d[b]})
-        out_rows = []
         for variant in self.variants:
             base_row = {
                 **common,
@@ -346,6 +471,7 @@ class Harness:
                 except Exception as err:  # reported in every row of this backend; the others go on
                     build_error = (_short_error(err), traceback.format_exc(limit=8))
             for b in self.batches:
+                started = time.perf_counter()
                 row = {**base_row, "batch": b, "torch_max_abs_err_vs_fp32": fp32_err.get(b, 0.0)}
                 row.update(self.floor(weight_bytes, common["flops_per_image"], b, ceilings, dtype_name))
                 if b in h2d:
@@ -359,14 +485,12 @@ class Harness:
                 else:
                     bar.set_postfix_str(f"{dtype_name} {variant.label} batch {b}")
                     row.update(self.measure(functools.partial(backend.prepare, inputs[b]), b, refs[b], flusher))
-                out_rows.append(row)
-                bar.update(1)
+                self.case_done(rows, row, time.perf_counter() - started)
             if backend is not None:
                 backend.close()
             del backend
             _release(device)
         del ref_model, inputs, refs
-        return out_rows
 
     @staticmethod
     def floor(weight_bytes: int | None, flops: int | None, batch: int, ceilings: dict, dtype_name: str) -> dict:

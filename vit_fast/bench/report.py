@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from vit_fast.env import install_hint
-from vit_fast.files import write_atomic
+from vit_fast.files import markdown_mark, png_metadata, write_atomic
 from vit_fast.progress import plural
 
 REPORT_SUFFIXES = (".json", ".md", ".csv", ".png")
@@ -157,6 +157,15 @@ def markdown_report(report: dict[str, Any]) -> str:
         f"runs and {st.get('min_time_s', '?')} s of them, at most {st['iters']} runs or ~{st['max_seconds']} s "
         f"(`n` = runs timed); L2 flush: {st['flush_l2'] or 'off'}",
     ]
+    if report.get("complete") is False:  # a report written as the run goes, or one an interrupt cut
+        cases = report.get("cases") or {}
+        lines.insert(
+            2,
+            f"- **incomplete: {report['interrupted']}**; the rows below are the cases that finished"
+            if report.get("interrupted")
+            else f"- **in progress**: {cases.get('done', '?')} of {cases.get('total', '?')} cases done (this file is "
+            "rewritten as each case ends)",
+        )
     if st.get("triton_tuning"):
         lines.append(f"- triton backends: {st['triton_tuning']}")
     if report.get("artifact"):
@@ -226,7 +235,7 @@ def plot_report(report: dict[str, Any]) -> bytes:
 
     fig = plot_figure(report)
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
+    fig.savefig(buf, format="png", dpi=110, metadata=png_metadata(str(report.get("vit_fast_version") or "?")))
     plt.close(fig)
     return buf.getvalue()
 
@@ -387,26 +396,33 @@ def free_stem(out_dir: Path, stem: str, run_id: str, overwrite: bool = False) ->
     return candidate
 
 
-def write_reports(report: dict[str, Any], out_dir: Path, stem: str, overwrite: bool = False) -> dict[str, Path]:
+def write_reports(
+    report: dict[str, Any], out_dir: Path, stem: str, overwrite: bool = False, png: bool = True
+) -> dict[str, Path]:
     """Write ``<stem>.json``, ``.md``, ``.csv`` and ``.png`` into ``out_dir`` atomically (``out_dir`` is made);
     an earlier run's files are kept and this run's named apart (:func:`free_stem`) unless ``overwrite``.
+    The Markdown and the PNG carry vit-fast's mark (``vit_fast.files``), as the JSON does. ``png=False``
+    leaves the picture out (a report rewritten after each case of a run draws it only at the end).
     Returns the paths by kind."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = free_stem(out_dir, stem, report.get("run_id") or "run", overwrite)
+    version = str(report.get("vit_fast_version") or "?")
     paths = {
         "json": write_atomic(
             out_dir / f"{stem}.json", json.dumps(_json_clean(report), indent=2, default=_json_default) + "\n"
         ),
-        "markdown": write_atomic(out_dir / f"{stem}.md", markdown_report(report)),
+        "markdown": write_atomic(out_dir / f"{stem}.md", markdown_report(report) + "\n" + markdown_mark(version)),
         "csv": write_atomic(out_dir / f"{stem}.csv", csv_report(report)),
     }
+    if not png:
+        return paths
     try:
-        png = plot_report(report)
+        picture = plot_report(report)
     except ImportError as err:  # matplotlib comes with the bench extra
         print(f"vit-fast bench: no plot written: {err} ({install_hint('bench')})", file=sys.stderr)
     else:
-        paths["png"] = write_atomic(out_dir / f"{stem}.png", png)
+        paths["png"] = write_atomic(out_dir / f"{stem}.png", picture)
     return paths
 
 

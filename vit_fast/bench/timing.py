@@ -111,6 +111,15 @@ class Sampling:
             return "time cap"
         return None
 
+    def expected_calls(self, per_call_s: float) -> int:
+        """How many calls :func:`sample` times for a case whose call takes ``per_call_s`` seconds (the warm-up
+        not counted): the targets, cut by the caps, by the rule :meth:`stop` applies."""
+        per_call_s = max(per_call_s, 1e-9)
+        n = max(self.min_samples, math.ceil(self.min_time_s / per_call_s))
+        if self.max_seconds is not None:
+            n = min(n, max(min(self.floor, self.max_samples), math.ceil(self.max_seconds / per_call_s)))
+        return min(n, self.max_samples)
+
     def more(self, n: int, timed_s: float, wall_s: float, per_call_s: float) -> int:
         """How many more calls to queue (at least 1) to reach the targets without passing a cap."""
         per_call_s = max(per_call_s, 1e-7)

@@ -12,7 +12,8 @@ raises on failure and :func:`main` is the one place that turns an exception into
 - 2: the command line was rejected while parsing (one line naming the argument, what it got and what is
   allowed: ``_args.Parser``; every numeric flag has a checked type from ``_args``), or an environment switch
   (``VIT_FAST_*``, ``TRITON_INTERPRET``) holds a value that is neither on nor off, named before any work;
-- 130: interrupted;
+- 130: interrupted by Ctrl-C (SIGINT), 143: stopped by SIGTERM (``timeout``, ``kill``); a long command has
+  written what it finished by then and says where (``vit_fast.interrupts``);
 - 141: the reader of stdout closed it early (``vit-fast info | head -1``): the command stops quietly, as
   SIGPIPE stops any Unix tool (the shell reports 128 + 13 for those too).
 
@@ -169,19 +170,25 @@ def _main(argv: list[str] | None) -> int:
     except SwitchError as err:
         print(f"vit-fast: error: {err}", file=sys.stderr)
         return 2
+    from vit_fast import interrupts
+
     argv = sys.argv[1:] if argv is None else list(argv)
     command = command_in(argv) or ""
-    try:  # Ctrl-C anywhere, torch's import included, is one line and 130
-        parser = build_parser(argv)
-        args = parser.parse_args(argv)
-        if not getattr(args, "run", None):
-            parser.print_help()
-            return 2
-        command = " ".join(filter(None, (args.command, getattr(args, "target", None))))
-        return _run(args, command)
-    except KeyboardInterrupt:
-        print(f"vit-fast{' ' + command if command else ''}: interrupted", file=sys.stderr)
-        return 130
+    # Ctrl-C anywhere, torch's import included, is one line and 130; SIGTERM raises too (143), so a long command
+    # keeps what it finished (vit_fast.interrupts)
+    with interrupts.handled():
+        try:
+            parser = build_parser(argv)
+            args = parser.parse_args(argv)
+            if not getattr(args, "run", None):
+                parser.print_help()
+                return 2
+            command = " ".join(filter(None, (args.command, getattr(args, "target", None))))
+            return _run(args, command)
+        except interrupts.INTERRUPTS as err:
+            how = " by SIGTERM" if isinstance(err, interrupts.Terminated) else ""
+            print(f"vit-fast{' ' + command if command else ''}: interrupted{how}", file=sys.stderr)
+            return interrupts.exit_status(err)
 
 
 def _run(args: argparse.Namespace, command: str) -> int:

@@ -31,6 +31,10 @@ A backend that cannot run here is listed with the reason; one that fails is repo
 error and the others go on.
 
 With --json - the JSON report goes to stdout and the Markdown table and progress to stderr.
+Each case's result is printed as it finishes, and the JSON, Markdown and CSV are rewritten after each
+one (the JSON says "complete": false until the end). Ctrl-C or SIGTERM (``timeout``) stops the run and
+keeps the cases that finished in those files (and the PNG), marked "interrupted by SIGTERM after 5 of 18
+cases"; it exits 130 (Ctrl-C) or 143 (SIGTERM).
 
 Exits 0 when at least one backend ran (with --strict: and none failed), 1 otherwise.
 """
@@ -205,8 +209,21 @@ def run(args: argparse.Namespace) -> int:
         threads=args.threads,
         tune=args.tune,
     )
-    # the files are named after MODEL as typed, also when --config/--weights made it a loaded module
-    report, paths = run_benchmark(settings, log=log, name=args.model)
+    from vit_fast.interrupts import INTERRUPTS, held
+
+    try:  # the files are named after MODEL as typed, also when --config/--weights made it a loaded module
+        report, paths = run_benchmark(settings, log=log, name=args.model)
+    except INTERRUPTS as err:  # the cases that finished are on disk: say where (main says it was interrupted)
+        paths = dict(getattr(err, "bench_paths", None) or {})
+        partial = "" if (getattr(err, "bench_report", None) or {}).get("complete") else " (partial)"
+        with held():
+            if "json" in paths:
+                copied = _args.copy_json(paths["json"], json_target)
+                if copied is not None:
+                    paths["json copy"] = copied
+            for kind, path in paths.items():
+                print(f"wrote {kind}{partial}: {path}", file=sys.stderr)
+        raise
     if not args.quiet:
         print(markdown_report(report))
     copied = _args.copy_json(paths["json"], json_target)

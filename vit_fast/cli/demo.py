@@ -26,9 +26,11 @@ Steps, each reported as ok / failed / skipped (with the reason):
 Prints a summary table (stdout; stderr with --json -, which puts the JSON report on stdout; progress goes to
 stderr) and writes report.json and report.md (plus the ONNX artifact, published only once verified, its report
 digits_vit.verify.json and the pictures) into --out, creating it if needed. A file there that vit-fast did not
-write is kept: the demo refuses to start unless --overwrite. Exits 0 when no step failed, 1 when one did, 2 for
-bad arguments. Needs scikit-learn and matplotlib (the demo extra: pip install -e '.[demo]' in a vit-fast
-checkout) and, for step 3, the onnx extra.
+write is kept: the demo refuses to start unless --overwrite. report.json and report.md are rewritten as each step
+ends ("complete": false until the last), so Ctrl-C or SIGTERM keeps the steps that ended there, marked
+"interrupted" (exit 130 or 143). Exits 0 when no step failed, 1 when one did, 2 for bad arguments. Needs
+scikit-learn and matplotlib (the demo extra: pip install -e '.[demo]' in a vit-fast checkout) and, for step 3,
+the onnx extra.
 """
 
 from __future__ import annotations
@@ -100,7 +102,15 @@ def run(args: argparse.Namespace) -> int:
     # the one output policy, before any step
     json_target = _args.json_file(args.json, overwrite=args.overwrite, artifacts=(out / ONNX_NAME,))
     fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(DemoSettings) if f.name != "out"}
-    report = run_demo(DemoSettings(out=out, **fields))
+    from vit_fast.interrupts import INTERRUPTS, held
+
+    try:
+        report = run_demo(DemoSettings(out=out, **fields))
+    except INTERRUPTS:  # report.json keeps the steps that ended (run_demo said so): the --json copy too
+        if (out / "report.json").is_file():
+            with held():
+                _args.copy_json(out / "report.json", json_target)
+        raise
     failed = report["failed"]
     print(format_table(report["steps"]))
     print(

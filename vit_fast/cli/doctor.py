@@ -28,7 +28,9 @@ Sections, each check reported as ok / warning / failed / skipped (with the reaso
 
 Prints each check once, as a row when it finishes (what runs next goes to stderr), then the verdict: on
 stdout, or on stderr with --json -, which puts the JSON report on stdout; writes report.json and report.md into
---out. Exits 1 when a check failed (warnings and skipped checks do not fail), 2 for bad arguments.
+--out, rewritten as each check ends ("complete": false until the last), so Ctrl-C or SIGTERM keeps the checks
+that ended there, marked "interrupted" (exit 130 or 143). Exits 1 when a check failed (warnings and skipped
+checks do not fail), 2 for bad arguments.
 """
 
 from __future__ import annotations
@@ -95,7 +97,15 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         timeout=args.timeout,
     )
-    report = run_doctor(settings)
+    from vit_fast.interrupts import INTERRUPTS, held
+
+    try:
+        report = run_doctor(settings)
+    except INTERRUPTS:  # report.json keeps the checks that ended (run_doctor said so): the --json copy too
+        if (out / "report.json").is_file():
+            with held():
+                _args.copy_json(out / "report.json", json_target)
+        raise
     failed, skipped = report["failed"], report["skipped"]  # each check was printed once, as it finished
     verdict = "OK" if not failed else "FAILED: " + ", ".join(failed)
     print(

@@ -1,0 +1,109 @@
+"""Stopping a long run without losing what it finished.
+
+Ctrl-C raises ``KeyboardInterrupt``; SIGTERM (what ``timeout``, ``kill`` and service managers send) would end the
+process on the spot, so :func:`handled` makes it raise :class:`Terminated` instead, and every ``finally`` runs.
+A long command (bench, doctor, verify, demo) writes each finished case as it goes and, caught by an interrupt,
+writes its files once more saying where it was cut (:func:`cut_note`), then lets the interrupt go on:
+``vit-fast`` exits 130 for SIGINT, 143 for SIGTERM (:func:`exit_status`, 128 + the signal, as a shell reports a
+process the signal ended).
+
+:func:`held` keeps both signals out while a run rewrites its files: one that arrives then is raised when the
+block ends, so a set of files is never left half rewritten. It needs :func:`handled`'s handlers (installed only
+in the main thread, and only where the signal has its default handler, so a program that set its own keeps it);
+elsewhere it holds nothing back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised where the run is (a BaseException, as KeyboardInterrupt is: no step's own error handling
+    swallows it)."""
+
+
+#: what an interrupt raises: Ctrl-C (SIGINT) and SIGTERM
+INTERRUPTS: tuple[type[BaseException], ...] = (KeyboardInterrupt, Terminated)
+
+_held = 0
+_pending: int | None = None
+
+
+def _handler(signum: int, frame) -> None:
+    global _pending
+    if _held:
+        _pending = _pending or signum  # the first one decides how the run ends
+        return
+    _raise(signum)
+
+
+def _raise(signum: int) -> None:
+    if signum == signal.SIGTERM:
+        raise Terminated("SIGTERM")
+    raise KeyboardInterrupt
+
+
+def _is_default(sig: int, current) -> bool:
+    return current is signal.default_int_handler if sig == signal.SIGINT else current == signal.SIG_DFL
+
+
+@contextlib.contextmanager
+def handled() -> Iterator[None]:
+    """Within the block, SIGINT raises KeyboardInterrupt and SIGTERM raises :class:`Terminated`, both held back
+    inside :func:`held`. Installed only in the main thread and only over a signal's default handler; the
+    previous handlers come back when the block ends. Blocks nest."""
+    installed = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in SIGNALS:
+            current = signal.getsignal(sig)
+            if _is_default(sig, current):
+                installed[sig] = signal.signal(sig, _handler)
+    try:
+        yield
+    finally:
+        for sig, previous in installed.items():
+            signal.signal(sig, previous)
+
+
+@contextlib.contextmanager
+def held() -> Iterator[None]:
+    """SIGINT and SIGTERM held back within the block (where :func:`handled` installed its handlers) and raised
+    when the outermost held block ends: the files written inside change together or not at all."""
+    global _held, _pending
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        yield
+        return
+    _held += 1
+    try:
+        yield
+    finally:
+        _held -= 1
+        if not _held and _pending is not None:
+            signum, _pending = _pending, None
+            _raise(signum)
+
+
+def signal_name(err: BaseException) -> str:
+    """``SIGTERM`` for :class:`Terminated`, ``SIGINT`` for KeyboardInterrupt (Ctrl-C)."""
+    return "SIGTERM" if isinstance(err, Terminated) else "SIGINT"
+
+
+def exit_status(err: BaseException) -> int:
+    """The exit status of a run an interrupt ended: 128 + the signal (130 for SIGINT, 143 for SIGTERM)."""
+    return 128 + (signal.SIGTERM if isinstance(err, Terminated) else signal.SIGINT)
+
+
+def cut_note(err: BaseException, done: int, total: int | None, unit: str) -> str:
+    """``interrupted by SIGTERM after 5 of 18 cases`` (``after 5 checks`` where the total is not known up front):
+    what a partial report records."""
+    count = f"{done} of {total}" if total is not None else str(done)
+    return f"interrupted by {signal_name(err)} after {count} {unit}{'' if (total or done) == 1 else 's'}"
+
+
+__all__ = ["INTERRUPTS", "Terminated", "cut_note", "exit_status", "handled", "held", "signal_name"]
