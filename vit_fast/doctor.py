@@ -440,10 +440,10 @@ def interpreter_checks(s: DoctorSettings, stages: Stages, model: Any = None) -> 
 
 def _run_in_interpreter(s: DoctorSettings, stages: Stages) -> list[dict[str, Any]]:
     """:func:`interpreter_checks` in a child process started with TRITON_INTERPRET=1 (it must be set before
-    triton is first imported, whatever this process imported already); its progress lines go to stderr. The
-    child's checks so far (its progress file, rewritten after each) are printed here as their rows and reach
-    ``stages`` as they come (:func:`_note`), so this run's report holds them before the child ends, and after an
-    interrupt."""
+    triton is first imported, whatever this process imported already); it prints its rows on the stdout it
+    shares with this process and its progress lines on stderr. Its checks so far (its progress file, rewritten
+    after each) reach ``stages`` as they come, when it is a :class:`CheckLog`, so this run's report holds them
+    before the child ends, and after an interrupt."""
     with tempfile.TemporaryDirectory(prefix="vit-fast-doctor-") as tmp:
         settings, result = Path(tmp) / "settings.json", Path(tmp) / "checks.json"
         progress = Path(tmp) / "checks-so-far.json"
@@ -452,19 +452,19 @@ def _run_in_interpreter(s: DoctorSettings, stages: Stages) -> list[dict[str, Any
         cmd = [sys.executable, "-m", "vit_fast.doctor", str(settings), str(result), str(progress)]
         deadline, seen = time.monotonic() + s.timeout, 0
 
-        def forward(checks: list[dict[str, Any]]) -> None:  # the child's new checks: printed and recorded here
+        def forward(checks: list[dict[str, Any]]) -> None:  # the child's new checks, into this run's record
             nonlocal seen
-            for check in checks[seen:]:
-                _note(stages, check)
+            for check in checks[seen:] if isinstance(stages, CheckLog) else []:
+                stages.record(check)  # printed by the child itself, on the stdout it shares with this process
             seen = max(seen, len(checks))
 
-        # its stdout (its own copy of the rows) in an unnamed file, nothing to leave behind: its last line says
-        # why, should it end early
-        with tempfile.TemporaryFile("w+") as out, subprocess.Popen(cmd, env=env, stdout=out, text=True) as proc:
+        stdout = None if stages.enabled else subprocess.DEVNULL
+        with subprocess.Popen(cmd, env=env, stdout=stdout) as proc:
             try:
                 while proc.poll() is None:
                     if time.monotonic() > deadline:
                         proc.kill()
+                        proc.wait()
                         forward(_read_checks(progress))
                         why = f"the interpreter run took longer than {s.timeout:g} s (raise --timeout)"
                         failed = _check("kernels", "interpreter", False, why)
@@ -475,12 +475,10 @@ def _run_in_interpreter(s: DoctorSettings, stages: Stages) -> list[dict[str, Any
             except BaseException:  # an interrupt, or a failure here: the child goes with it
                 proc.kill()
                 raise
-            forward(_read_checks(progress))
-            out.seek(0)
-            text = out.read().strip().splitlines()
+        forward(_read_checks(progress))
         if not result.is_file():
-            last = (text or [f"no output; exit status {proc.returncode}"])[-1]
-            failed = _check("kernels", "interpreter", False, f"the interpreter run ended early: {last}")
+            why = f"the interpreter run ended early (exit status {proc.returncode}; its error is on stderr above)"
+            failed = _check("kernels", "interpreter", False, why)
             _note(stages, failed)
             return [*_read_checks(progress), failed]
         return json.loads(result.read_text())
