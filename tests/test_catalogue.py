@@ -863,3 +863,113 @@ def test_batches_beyond_range_are_refused_through_the_api(tmp_path, odd_folder):
     with pytest.raises(ValueError, match=r"at most 2147483647"):
         batch_plan([1, 2**40])
     assert _snapshot(tmp_path) == before
+
+
+# --------------------------------------------------------------------------- issue 31: loading rules, remote code
+# A model folder's own Python never runs and transformers never prompts (trust_remote_code=False; an auto_map is
+# refused before transformers reads the folder).
+
+_HF_TINY = {
+    "hidden_size": 32,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "intermediate_size": 64,
+    "image_size": 16,
+    "patch_size": 8,
+}
+
+
+def _plant_remote_code(folder: Path, marker: Path, model_type: str) -> None:
+    """A save_pretrained-looking folder whose config.json maps the Auto classes to its own module, which writes
+    ``marker`` (outside the folder: transformers imports remote code from a copy in its modules cache) when it is
+    imported."""
+    import json
+
+    folder.mkdir()
+    config = {**_HF_TINY, "model_type": model_type, "architectures": ["EvilViTModel"]}
+    config["auto_map"] = {"AutoConfig": "evil.EvilConfig", "AutoModel": "evil.EvilViTModel"}
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "evil.py").write_text(
+        f"import pathlib\npathlib.Path({str(marker)!r}).write_text('the folder ran its code')\n"
+        "from transformers import PretrainedConfig, PreTrainedModel\n"
+        f"class EvilConfig(PretrainedConfig):\n    model_type = {model_type!r}\n"
+        "class EvilViTModel(PreTrainedModel):\n    config_class = EvilConfig\n"
+    )
+
+
+@pytest.fixture(scope="module")
+def load_folder(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("loading")
+    _plant_remote_code(folder / "hf_automap", folder.parent / f"{folder.name}-MARKER", "evil-vit")
+    _plant_remote_code(folder / "hf_automap_vit", folder.parent / f"{folder.name}-MARKER-vit", "vit")
+    return folder
+
+
+def _markers(folder: Path) -> list[Path]:
+    return sorted(folder.parent.glob(f"{folder.name}-MARKER*"))
+
+
+LOAD_CLI: dict[str, tuple[list[str], int, str]] = {
+    "HF folder whose auto_map names its code": (
+        ["verify", "hf_automap", "triton"],
+        1,
+        r"Hugging Face folder 'hf_automap' names its own Python code in config.json's auto_map \(AutoConfig: "
+        r"evil.EvilConfig, AutoModel: evil.EvilViTModel\): vit-fast never runs a model's code \(transformers is "
+        r"called with trust_remote_code=False\).*remove auto_map from its config.json",
+    ),
+    "HF ViT folder with an auto_map": (
+        ["verify", "hf_automap_vit", "triton"],
+        1,
+        r"Hugging Face folder 'hf_automap_vit' names its own Python code in config.json's auto_map",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LOAD_CLI))
+def test_loading_refusals_name_the_file_the_tensor_and_the_fix(case, load_folder, capsys, monkeypatch):
+    import builtins
+
+    monkeypatch.chdir(load_folder)
+    monkeypatch.setattr(builtins, "input", lambda *a: "y")  # any prompt would be answered yes, as the attacker hopes
+    argv, code, message = LOAD_CLI[case]
+    before = _snapshot_any(load_folder)
+    rc, out, err = _run_cli(argv, capsys)
+    assert rc == code, f"{case}: exit {rc}, expected {code}; stderr: {err}"
+    assert "Traceback" not in out + err and "[y/N]" not in out + err
+    assert re.search(message, out + err), f"{case}: {message!r} not in: {out + err}"
+    assert "retry with weights_only=False" not in err  # timm's and torch's advice, which vit-fast never follows
+    assert re.search(r"^vit-fast [a-z ]+: error: ", err.strip().splitlines()[-1]), err
+    assert _snapshot_any(load_folder) == before, f"{case}: the folder changed"
+    assert _markers(load_folder) == [], "a model folder's Python ran"
+
+
+def test_planted_remote_code_never_runs_from_a_terminal(load_folder):
+    """The attack as a user meets it: `vit-fast verify FOLDER triton` on a terminal (a pty as stdin, "y" typed
+    ahead). transformers asked `[y/N]`, waited 15 s, and on "y" ran the folder's Python; now it is refused at once
+    and the module that would write the marker is never imported."""
+    import pty
+    import subprocess
+    import sys
+
+    for name in ("hf_automap", "hf_automap_vit"):
+        leader, follower = pty.openpty()
+        try:
+            os.write(leader, b"y\ny\n")
+            done = subprocess.run(
+                [sys.executable, "-m", "vit_fast", "verify", name, "triton"],
+                cwd=load_folder,
+                stdin=follower,
+                capture_output=True,
+                text=True,
+                timeout=300,
+                env={**os.environ, "TRITON_INTERPRET": "1", "HF_HUB_OFFLINE": "1"},
+            )
+        finally:
+            os.close(leader)
+            os.close(follower)
+        text = done.stdout + done.stderr
+        assert done.returncode == 1, text
+        assert "[y/N]" not in text and "Traceback" not in text, text
+        assert f"Hugging Face folder {name!r} names its own Python code" in text, text
+        assert _markers(load_folder) == [], f"{name}: the folder's Python ran"
+        assert not (load_folder / name / "__pycache__").exists()

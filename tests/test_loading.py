@@ -137,3 +137,70 @@ def test_offline_hub_names_fail_in_seconds(monkeypatch):
 def test_bad_names_say_what_to_give(spec, message):
     with pytest.raises((ValueError, FileNotFoundError), match=message):
         vit_fast.load_model(spec)
+
+
+# --------------------------------------------------------------------------- what a name or file may make vit-fast do
+def _plant(folder, marker, model_type="evil-vit"):
+    folder.mkdir()
+    config = {"model_type": model_type, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2}
+    config["auto_map"] = {"AutoConfig": "evil.EvilConfig", "AutoModel": "evil.EvilModel"}
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "evil.py").write_text(f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n")
+
+
+@pytest.mark.parametrize("model_type", ["evil-vit", "vit"])
+def test_a_folder_with_its_own_code_is_refused_and_never_asked_about(tmp_path, monkeypatch, model_type, no_network):
+    """transformers prompted `[y/N]` on a terminal and ran the folder's Python on "y"; the prompt is answered
+    "y" here, and nothing may ask it or run the module."""
+    import builtins
+
+    pytest.importorskip("transformers", reason="transformers is not installed")
+    asked = []
+    monkeypatch.setattr(builtins, "input", lambda *a: asked.append(a) or "y")
+    marker = tmp_path / "MARKER"
+    _plant(tmp_path / "planted", marker, model_type)
+    with pytest.raises(
+        ValueError,
+        match=r"Hugging Face folder '.*planted' names its own Python code in config.json's "
+        r"auto_map \(AutoConfig: evil.EvilConfig, AutoModel: evil.EvilModel\).*trust_remote_code=False",
+    ):
+        vit_fast.load_model(str(tmp_path / "planted"))
+    with pytest.raises(ValueError, match=r"names its own Python code"):
+        vit_fast.load_model("hf:" + str(tmp_path / "planted"))
+    assert asked == [] and not marker.exists()
+
+
+def test_a_hub_model_with_its_own_code_is_refused_before_transformers_reads_it(monkeypatch, no_network):
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+
+    def config_dict(name, **kwargs):
+        assert kwargs.get("local_files_only") is True  # the cache, as a downloaded model is found
+        return {"model_type": "vit", "auto_map": {"AutoModel": "org/other--modeling.Evil"}}, {}
+
+    def never(*args, **kwargs):
+        raise AssertionError("transformers was asked to build the model")
+
+    monkeypatch.setattr(transformers.PretrainedConfig, "get_config_dict", config_dict)
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", never)
+    with pytest.raises(ValueError, match=r"Hugging Face model 'org/evil' names its own Python code .*org/other--"):
+        vit_fast.load_model("hf:org/evil")
+
+
+def test_every_transformers_load_refuses_remote_code():
+    """Each from_pretrained call in the product passes trust_remote_code=False (so transformers never prompts), and
+    the only place that calls one refuses an auto_map first."""
+    import ast
+    from pathlib import Path
+
+    root = Path(vit_fast.__file__).resolve().parent.parent
+    calls = []
+    for folder in ("vit_fast", "export", "tools", "benchmarks"):
+        for path in sorted((root / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "from_pretrained":
+                    keywords = {k.arg: k.value for k in node.keywords}
+                    trusted = keywords.get("trust_remote_code")
+                    where = f"{path.relative_to(root)}:{node.lineno}"
+                    assert isinstance(trusted, ast.Constant) and trusted.value is False, where
+                    calls.append(where)
+    assert calls and all(c.startswith("vit_fast/loading.py") for c in calls), calls

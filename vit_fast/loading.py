@@ -13,6 +13,9 @@
 
 A name that is not a preset and has a ``.tag`` or is a timm model name goes to timm. A hub that
 cannot be reached fails in seconds with the reason, instead of retrying for half a minute.
+
+transformers is always called with ``trust_remote_code=False``, and a config.json with an ``auto_map`` (Python
+shipped with the model) is refused before transformers reads it: no prompt, and no model's own code runs.
 """
 
 from __future__ import annotations
@@ -105,27 +108,44 @@ def _timm_model(name: str, backend: str, weights: str | os.PathLike | None) -> V
     return model.eval()
 
 
+def refuse_remote_code(data: dict, where: str) -> None:
+    """Refuse a Hugging Face config (``data``, from ``where``) whose ``auto_map`` names Python shipped with the
+    model: transformers would offer to run it (a prompt on a terminal, the folder's code on "y"); vit-fast never
+    runs a model's own code."""
+    auto_map = data.get("auto_map")
+    if not auto_map:
+        return
+    names = ", ".join(f"{k}: {v}" for k, v in auto_map.items()) if isinstance(auto_map, dict) else repr(auto_map)
+    raise ValueError(
+        f"{where} names its own Python code in config.json's auto_map ({names[:200]}): vit-fast never runs a "
+        "model's code (transformers is called with trust_remote_code=False), and takes standard transformers "
+        "ViT models; give the folder or hub name of one, or, if this model is a standard ViT, remove auto_map "
+        "from its config.json"
+    )
+
+
 def _hf_model(spec: str, backend: str) -> VisionTransformer:
     try:
-        from transformers import AutoConfig, AutoModel, AutoModelForImageClassification
+        from transformers import AutoConfig, AutoModel, AutoModelForImageClassification, PretrainedConfig
     except ImportError as err:
         raise ImportError(f"Hugging Face model {spec!r} needs transformers: pip install transformers ({err})") from err
     local = Path(spec).is_dir()
     if not local:
+        where = f"Hugging Face model {spec!r}"
         try:  # the local cache first: no network at all when the model was downloaded before
-            AutoConfig.from_pretrained(spec, local_files_only=True)
+            data, _ = PretrainedConfig.get_config_dict(spec, local_files_only=True)
             local_only = True
         except OSError:
             local_only = False
         if not local_only:
             reason = _hub_reachable("hf")
             if reason:
-                raise _offline_error(
-                    f"Hugging Face model {spec!r}", reason, "Pass a save_pretrained folder or a weights file instead"
-                )
+                raise _offline_error(where, reason, "Pass a save_pretrained folder or a weights file instead")
+            data, _ = PretrainedConfig.get_config_dict(spec)  # config.json alone, read before any class is chosen
     else:
         local_only = True
         config_file = Path(spec) / "config.json"
+        where = f"Hugging Face folder {spec!r}"
         try:  # wrong JSON types named by file and field before transformers does arithmetic on them
             data = json.loads(config_file.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -133,12 +153,14 @@ def _hf_model(spec: str, backend: str) -> VisionTransformer:
         if not isinstance(data, dict):
             raise ValueError(f"Hugging Face config {str(config_file)!r} holds a {type(data).__name__}, not an object")
         check_hf_config_fields(data, repr(str(config_file)))
-    hf_config = AutoConfig.from_pretrained(spec, local_files_only=local_only)
+    refuse_remote_code(data, where)
+    # trust_remote_code=False as well: transformers never prompts, whatever it finds
+    hf_config = AutoConfig.from_pretrained(spec, local_files_only=local_only, trust_remote_code=False)
     archs = getattr(hf_config, "architectures", None) or []
     # a classification checkpoint keeps its head; anything else loads as the bare encoder
     loader = AutoModelForImageClassification if any("ImageClassification" in a for a in archs) else AutoModel
     try:
-        loaded = loader.from_pretrained(spec, local_files_only=local_only)
+        loaded = loader.from_pretrained(spec, local_files_only=local_only, trust_remote_code=False)
     except pickle.UnpicklingError as err:  # transformers' torch.load(weights_only=True) of a pickled .bin
         weights = next((p for p in Path(spec).glob("*.bin")), Path(spec)) if local else Path(spec)
         raise torch_load_error(weights, err) from None
