@@ -895,3 +895,238 @@ def test_batches_beyond_range_are_refused_through_the_api(tmp_path, odd_folder):
     with pytest.raises(ValueError, match=r"at most 2147483647"):
         batch_plan([1, 2**40])
     assert _snapshot(tmp_path) == before
+
+
+# --------------------------------------------------------------------------- issue 31: loading rules, remote code
+# A model folder's own Python never runs and transformers never prompts (trust_remote_code=False; an auto_map is
+# refused before transformers reads the folder); weights load as they are or are refused by file, tensor and fix
+# (never cast to one tensor's dtype, never NaN into a verification); HF_HUB_OFFLINE means no network at all.
+
+_HF_TINY = {
+    "hidden_size": 32,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "intermediate_size": 64,
+    "image_size": 16,
+    "patch_size": 8,
+}
+
+
+def _plant_remote_code(folder: Path, marker: Path, model_type: str) -> None:
+    """A save_pretrained-looking folder whose config.json maps the Auto classes to its own module, which writes
+    ``marker`` (outside the folder: transformers imports remote code from a copy in its modules cache) when it is
+    imported."""
+    import json
+
+    folder.mkdir()
+    config = {**_HF_TINY, "model_type": model_type, "architectures": ["EvilViTModel"]}
+    config["auto_map"] = {"AutoConfig": "evil.EvilConfig", "AutoModel": "evil.EvilViTModel"}
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "evil.py").write_text(
+        f"import pathlib\npathlib.Path({str(marker)!r}).write_text('the folder ran its code')\n"
+        "from transformers import PretrainedConfig, PreTrainedModel\n"
+        f"class EvilConfig(PretrainedConfig):\n    model_type = {model_type!r}\n"
+        "class EvilViTModel(PreTrainedModel):\n    config_class = EvilConfig\n"
+    )
+
+
+@pytest.fixture(scope="module")
+def load_folder(tmp_path_factory) -> Path:
+    import argparse
+    import json
+
+    from safetensors.torch import save_file
+
+    folder = tmp_path_factory.mktemp("loading")
+    _plant_remote_code(folder / "hf_automap", folder.parent / f"{folder.name}-MARKER", "evil-vit")
+    _plant_remote_code(folder / "hf_automap_vit", folder.parent / f"{folder.name}-MARKER-vit", "vit")
+    model = _tiny()
+    meta = {"vit_fast_config": json.dumps(model.cfg.to_dict())}
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+
+    def save(name: str, **changed: torch.Tensor) -> None:
+        save_file({**state, **changed}, str(folder / name), meta)
+
+    save("mixed.safetensors", pos_embed=state["pos_embed"].half())  # loaded entirely as fp16 before
+    save("mixed_up.safetensors", **{"blocks.0.mlp.fc1.weight": state["blocks.0.mlp.fc1.weight"].half()})
+    nan = state["blocks.0.attn.qkv.weight"].clone()
+    nan[0, 0] = float("nan")
+    save("nan.safetensors", **{"blocks.0.attn.qkv.weight": nan})
+    inf = state["norm.weight"].clone()
+    inf[1] = float("inf")
+    save("inf.safetensors", **{"norm.weight": inf})
+    save("int8.safetensors", **{"head.weight": state["head.weight"].to(torch.int8)})
+    save("bool.safetensors", **{k: v != 0 for k, v in state.items()})
+    save("fp8.safetensors", **{"head.weight": state["head.weight"].to(torch.float8_e4m3fn)})
+    save("half.safetensors", **{k: v.half() for k, v in state.items()})  # one dtype: loads as it is
+    torch.save({"model": model}, folder / "pickled.pth")  # a whole module: what timm's refusal met
+    torch.save({"state_dict": state, "args": argparse.Namespace(lr=0.1)}, folder / "train.pth")  # timm's trainer
+    (folder / "cfg.json").write_text(json.dumps(model.cfg.to_dict()))
+    return folder
+
+
+def _markers(folder: Path) -> list[Path]:
+    return sorted(folder.parent.glob(f"{folder.name}-MARKER*"))
+
+
+LOAD_CLI: dict[str, tuple[list[str], int, str]] = {
+    "HF folder whose auto_map names its code": (
+        ["verify", "hf_automap", "triton"],
+        1,
+        r"Hugging Face folder 'hf_automap' names its own Python code in config.json's auto_map \(AutoConfig: "
+        r"evil.EvilConfig, AutoModel: evil.EvilViTModel\): vit-fast never runs a model's code \(transformers is "
+        r"called with trust_remote_code=False\).*remove auto_map from its config.json",
+    ),
+    "HF ViT folder with an auto_map": (
+        ["verify", "hf_automap_vit", "triton"],
+        1,
+        r"Hugging Face folder 'hf_automap_vit' names its own Python code in config.json's auto_map",
+    ),
+    "fp16 pos_embed beside fp32 weights": (
+        ["verify", "mixed.safetensors", "triton"],
+        1,
+        r"weights from 'mixed.safetensors' mix dtypes: pos_embed is float16, the other 19 tensors are float32\. "
+        r"vit-fast builds a model in one dtype and does not pick one for you: cast every tensor to one dtype",
+    ),
+    "one fp16 weight among fp32": (
+        ["verify", "mixed_up.safetensors", "triton"],
+        1,
+        r"'mixed_up.safetensors' mix dtypes: blocks.0.mlp.fc1.weight is float16, the other 19 tensors are float32",
+    ),
+    "NaN weight": (
+        ["verify", "nan.safetensors", "triton"],
+        1,
+        r"weights from 'nan.safetensors': blocks.0.attn.qkv.weight holds 1 NaN value\(s\) of 768: .*vit-fast loads "
+        r"only finite weights: give another checkpoint",
+    ),
+    "infinite weight": (
+        ["verify", "inf.safetensors", "triton"],
+        1,
+        r"weights from 'inf.safetensors': norm.weight holds 1 infinite value\(s\) of 16",
+    ),
+    "int8 weight": (
+        ["verify", "int8.safetensors", "triton"],
+        1,
+        r"weights from 'int8.safetensors': head.weight is int8, not a floating-point dtype.*dequantise it",
+    ),
+    "bool weights": (
+        ["verify", "bool.safetensors", "triton"],
+        1,
+        r"weights from 'bool.safetensors': blocks.0.attn.proj.bias is bool \(and 19 more tensors\), not a "
+        r"floating-point dtype",
+    ),
+    "float8 weight": (
+        ["verify", "fp8.safetensors", "triton"],
+        1,
+        r"weights from 'fp8.safetensors': head.weight is float8_e4m3fn, not a floating-point dtype vit-fast builds",
+    ),
+    "pickled timm weights": (
+        ["verify", "timm:vit_tiny_patch16_224", "triton", "--weights", "pickled.pth"],
+        1,
+        r"'pickled.pth' holds Python objects besides tensors \(vit_fast.model.VisionTransformer\).*If you trust the "
+        r"file, convert it once yourself \(this runs the code it holds\) and give 'pickled.safetensors' instead: "
+        r"python -c .*save_file",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LOAD_CLI))
+def test_loading_refusals_name_the_file_the_tensor_and_the_fix(case, load_folder, capsys, monkeypatch):
+    import builtins
+
+    monkeypatch.chdir(load_folder)
+    monkeypatch.setattr(builtins, "input", lambda *a: "y")  # any prompt would be answered yes, as the attacker hopes
+    argv, code, message = LOAD_CLI[case]
+    before = _snapshot_any(load_folder)
+    rc, out, err = _run_cli(argv, capsys)
+    assert rc == code, f"{case}: exit {rc}, expected {code}; stderr: {err}"
+    assert "Traceback" not in out + err and "[y/N]" not in out + err
+    assert re.search(message, out + err), f"{case}: {message!r} not in: {out + err}"
+    assert "retry with weights_only=False" not in err  # timm's and torch's advice, which vit-fast never follows
+    assert re.search(r"^vit-fast [a-z ]+: error: ", err.strip().splitlines()[-1]), err
+    assert _snapshot_any(load_folder) == before, f"{case}: the folder changed"
+    assert _markers(load_folder) == [], "a model folder's Python ran"
+
+
+def test_planted_remote_code_never_runs_from_a_terminal(load_folder):
+    """The attack as a user meets it: `vit-fast verify FOLDER triton` on a terminal (a pty as stdin, "y" typed
+    ahead). transformers asked `[y/N]`, waited 15 s, and on "y" ran the folder's Python; now it is refused at once
+    and the module that would write the marker is never imported."""
+    import pty
+    import subprocess
+    import sys
+
+    for name in ("hf_automap", "hf_automap_vit"):
+        leader, follower = pty.openpty()
+        try:
+            os.write(leader, b"y\ny\n")
+            done = subprocess.run(
+                [sys.executable, "-m", "vit_fast", "verify", name, "triton"],
+                cwd=load_folder,
+                stdin=follower,
+                capture_output=True,
+                text=True,
+                timeout=300,
+                env={**os.environ, "TRITON_INTERPRET": "1", "HF_HUB_OFFLINE": "1"},
+            )
+        finally:
+            os.close(leader)
+            os.close(follower)
+        text = done.stdout + done.stderr
+        assert done.returncode == 1, text
+        assert "[y/N]" not in text and "Traceback" not in text, text
+        assert f"Hugging Face folder {name!r} names its own Python code" in text, text
+        assert _markers(load_folder) == [], f"{name}: the folder's Python ran"
+        assert not (load_folder / name / "__pycache__").exists()
+
+
+@pytest.fixture
+def socket_guard(monkeypatch) -> list:
+    """Every connect and name lookup is refused and recorded: the test asserts the list stays empty."""
+    import errno
+    import socket
+
+    attempts: list = []
+
+    def refuse(*args, **kwargs):
+        attempts.append(args[:2])
+        raise OSError(errno.ENETUNREACH, "this test allows no network")
+
+    for name in ("getaddrinfo", "gethostbyname", "gethostbyname_ex", "create_connection"):
+        monkeypatch.setattr(socket, name, refuse)
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
+    return attempts
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["verify", "timm:vit_tiny_patch16_224", "triton"],
+            r"cannot download pretrained weights for timm model 'vit_tiny_patch16_224': HF_HUB_OFFLINE is set and "
+            r"they are not in the local Hugging Face cache\. Pass a local weights file .*--weights FILE",
+        ),
+        (
+            ["verify", "vit_tiny_patch16_224.augreg_in21k", "triton"],
+            r"timm model 'vit_tiny_patch16_224.augreg_in21k': HF_HUB_OFFLINE is set",
+        ),
+        (
+            ["verify", "hf:org/none-such", "triton"],
+            r"cannot download Hugging Face model 'org/none-such': HF_HUB_OFFLINE is set",
+        ),
+    ],
+    ids=["timm name", "timm name with a tag", "hf name"],
+)
+def test_offline_hub_names_touch_no_network(argv, message, load_folder, socket_guard, capsys, monkeypatch, tmp_path):
+    """HF_HUB_OFFLINE=1: a timm: name looked huggingface.co up in DNS (the probe honoured the switch for hf: names
+    only); now no name reaches for a socket, and the refusal says what to do."""
+    from huggingface_hub import constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.chdir(load_folder)
+    rc, out, err = _run_cli(argv, capsys)
+    assert rc == 1 and "Traceback" not in err, err
+    assert re.search(message, err), err
+    assert socket_guard == [], err

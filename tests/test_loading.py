@@ -137,3 +137,226 @@ def test_offline_hub_names_fail_in_seconds(monkeypatch):
 def test_bad_names_say_what_to_give(spec, message):
     with pytest.raises((ValueError, FileNotFoundError), match=message):
         vit_fast.load_model(spec)
+
+
+# --------------------------------------------------------------------------- what a name or file may make vit-fast do
+TINY = dict(img_size=16, patch_size=8, embed_dim=16, depth=1, num_heads=2, num_classes=3)
+
+
+def test_a_name_that_is_not_a_string_says_what_it_got(tmp_path, no_network):
+    with pytest.raises(TypeError, match=r"load_model takes a model name or path \(a str or os.PathLike\), got int 123"):
+        vit_fast.load_model(123)
+    with pytest.raises(TypeError, match=r"got NoneType None: give 'default'"):
+        vit_fast.load_model(None)
+    path = vit_fast.save_checkpoint(vit_fast.VisionTransformer(vit_fast.ViTConfig(**TINY)), tmp_path / "w.safetensors")
+    assert vit_fast.load_model(path, backend="torch").cfg == vit_fast.ViTConfig(**TINY)  # a Path is a name too
+
+
+def _plant(folder, marker, model_type="evil-vit"):
+    folder.mkdir()
+    config = {"model_type": model_type, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2}
+    config["auto_map"] = {"AutoConfig": "evil.EvilConfig", "AutoModel": "evil.EvilModel"}
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "evil.py").write_text(f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n")
+
+
+@pytest.mark.parametrize("model_type", ["evil-vit", "vit"])
+def test_a_folder_with_its_own_code_is_refused_and_never_asked_about(tmp_path, monkeypatch, model_type, no_network):
+    """transformers prompted `[y/N]` on a terminal and ran the folder's Python on "y"; the prompt is answered
+    "y" here, and nothing may ask it or run the module."""
+    import builtins
+
+    pytest.importorskip("transformers", reason="transformers is not installed")
+    asked = []
+    monkeypatch.setattr(builtins, "input", lambda *a: asked.append(a) or "y")
+    marker = tmp_path / "MARKER"
+    _plant(tmp_path / "planted", marker, model_type)
+    with pytest.raises(
+        ValueError,
+        match=r"Hugging Face folder '.*planted' names its own Python code in config.json's "
+        r"auto_map \(AutoConfig: evil.EvilConfig, AutoModel: evil.EvilModel\).*trust_remote_code=False",
+    ):
+        vit_fast.load_model(str(tmp_path / "planted"))
+    with pytest.raises(ValueError, match=r"names its own Python code"):
+        vit_fast.load_model("hf:" + str(tmp_path / "planted"))
+    assert asked == [] and not marker.exists()
+
+
+def test_a_hub_model_with_its_own_code_is_refused_before_transformers_reads_it(monkeypatch, no_network):
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+
+    def config_dict(name, **kwargs):
+        assert kwargs.get("local_files_only") is True  # the cache, as a downloaded model is found
+        return {"model_type": "vit", "auto_map": {"AutoModel": "org/other--modeling.Evil"}}, {}
+
+    def never(*args, **kwargs):
+        raise AssertionError("transformers was asked to build the model")
+
+    monkeypatch.setattr(transformers.PretrainedConfig, "get_config_dict", config_dict)
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", never)
+    with pytest.raises(ValueError, match=r"Hugging Face model 'org/evil' names its own Python code .*org/other--"):
+        vit_fast.load_model("hf:org/evil")
+
+
+def test_every_transformers_load_refuses_remote_code():
+    """Each from_pretrained call in the product passes trust_remote_code=False (so transformers never prompts), and
+    the only place that calls one refuses an auto_map first."""
+    import ast
+    from pathlib import Path
+
+    root = Path(vit_fast.__file__).resolve().parent.parent
+    calls = []
+    for folder in ("vit_fast", "export", "tools", "benchmarks"):
+        for path in sorted((root / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "from_pretrained":
+                    keywords = {k.arg: k.value for k in node.keywords}
+                    trusted = keywords.get("trust_remote_code")
+                    where = f"{path.relative_to(root)}:{node.lineno}"
+                    assert isinstance(trusted, ast.Constant) and trusted.value is False, where
+                    calls.append(where)
+    assert calls and all(c.startswith("vit_fast/loading.py") for c in calls), calls
+
+
+def _fake_hub_cache(cache, repo: str, filename: str, payload: bytes) -> None:
+    """A Hugging Face cache holding ``repo``'s ``filename`` at its main revision, as a download leaves it."""
+    folder = cache / ("models--" + repo.replace("/", "--"))
+    commit = "0" * 40
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text(commit)
+    (folder / "snapshots" / commit).mkdir(parents=True)
+    (folder / "snapshots" / commit / filename).write_bytes(payload)
+
+
+def test_offline_timm_names_load_from_the_local_cache_without_any_socket(tmp_path, monkeypatch):
+    """HF_HUB_OFFLINE=1 (set after huggingface_hub was imported, as a notebook would): a timm name's weights come
+    from the local cache, and no connect or name lookup happens; a name that is not cached is refused."""
+    timm = pytest.importorskip("timm", reason="timm is not installed (make setup installs it)")
+    from huggingface_hub import constants
+    from safetensors.torch import save
+
+    attempts = []
+
+    def refuse(*args, **kwargs):
+        attempts.append(args[:2])
+        raise OSError(101, "this test allows no network")
+
+    for name in ("getaddrinfo", "create_connection"):
+        monkeypatch.setattr(socket, name, refuse)
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    torch.manual_seed(0)
+    ref = timm.create_model("vit_tiny_patch16_224", pretrained=False).eval()
+    state = {k: v.contiguous() for k, v in ref.state_dict().items()}
+    _fake_hub_cache(
+        tmp_path / "hub", "timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k", "model.safetensors", save(state)
+    )
+    model = vit_fast.load_model("timm:vit_tiny_patch16_224", backend="torch")
+    assert model.weights_source == {"kind": "timm", "name": "vit_tiny_patch16_224"}
+    assert torch.equal(model.state_dict()["blocks.0.attn.qkv.weight"], state["blocks.0.attn.qkv.weight"])
+    with pytest.raises(ValueError, match=r"'vit_tiny_patch16_224.augreg_in21k': HF_HUB_OFFLINE is set and they are "):
+        vit_fast.load_model("timm:vit_tiny_patch16_224.augreg_in21k")
+    assert attempts == [] and constants.HF_HUB_OFFLINE is False  # the switch passed on only while loading
+
+
+@pytest.mark.parametrize("value, offline", [("1", True), ("TRUE", True), ("yes", True), ("0", False), ("false", False)])
+def test_the_offline_switch_is_read_as_huggingface_hub_reads_it(monkeypatch, value, offline):
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", value)
+    assert loading.hub_offline() is offline
+
+
+def test_weights_load_as_they_are_or_are_refused(tmp_path, no_network):
+    """One dtype throughout loads in that dtype (fp16, bf16); anything else is refused by tensor, never cast."""
+    from safetensors.torch import save_file
+
+    model = vit_fast.VisionTransformer(vit_fast.ViTConfig(**TINY), backend="torch")
+    meta = {"vit_fast_config": json.dumps(model.cfg.to_dict())}
+    for dtype in (torch.float16, torch.bfloat16):
+        save_file({k: v.to(dtype) for k, v in model.state_dict().items()}, str(tmp_path / "w.safetensors"), meta)
+        loaded = vit_fast.load_model(str(tmp_path / "w.safetensors"), backend="torch")
+        assert {p.dtype for p in loaded.state_dict().values()} == {dtype}
+    with torch.no_grad():
+        model.blocks[0].norm1.weight[3] = float("nan")
+    vit_fast.save_checkpoint(model, tmp_path / "nan.safetensors")
+    with pytest.raises(ValueError, match=r"'.*nan.safetensors': blocks.0.norm1.weight holds 1 NaN value\(s\) of 16"):
+        vit_fast.load_model(str(tmp_path / "nan.safetensors"))
+
+
+def test_models_converted_in_memory_follow_the_same_rules(no_network):
+    timm = pytest.importorskip("timm", reason="timm is not installed (make setup installs it)")
+    ref = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, depth=1).eval()
+    with torch.no_grad():
+        ref.blocks[0].attn.proj.weight[0, 0] = float("inf")
+    with pytest.raises(ValueError, match=r"timm VisionTransformer state_dict: blocks.0.attn.proj.weight holds 1 inf"):
+        vit_fast.from_timm(ref)
+    with torch.no_grad():
+        ref.blocks[0].attn.proj.weight[0, 0] = 0.0
+    ref.pos_embed.data = ref.pos_embed.data.half()
+    with pytest.raises(ValueError, match=r"timm VisionTransformer state_dict mix dtypes: pos_embed is float16"):
+        vit_fast.from_timm(ref)
+
+
+def test_hf_weights_with_q_k_v_in_different_dtypes_are_refused(tmp_path, no_network):
+    """q, k and v are concatenated into one qkv: torch.cat would promote an fp16 q to fp32 without a word."""
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    from safetensors.torch import save_file
+
+    config = transformers.ViTConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, image_size=16, patch_size=8
+    )
+    hf = transformers.ViTModel(config).eval()
+    in_memory = r"weights from ViTModel state_dict: layer 0: q/k/v weight dtypes differ: \{'q': 'float16', 'k'"
+    with pytest.raises(ValueError, match=in_memory):
+        hf.layers[0].attention.q_proj.half()
+        vit_fast.from_hf(hf)
+    state = {k: v.contiguous() for k, v in hf.state_dict().items()}
+    save_file(state, str(tmp_path / "hf.safetensors"))
+    config.to_json_file(str(tmp_path / "config.json"))
+    in_file = r"'.*hf.safetensors': layer 0: q/k/v bias dtypes differ: \{'k': 'float32', 'q': 'float16'"
+    with pytest.raises(ValueError, match=in_file):
+        vit_fast.load_model(str(tmp_path / "hf.safetensors"), config=str(tmp_path / "config.json"))
+
+
+def test_the_conversion_a_refusal_advises_works(tmp_path, no_network):
+    """A pickled file is refused with a command that converts it (run by the user, on a file they trust): that
+    command, run as given, writes a safetensors file that loads; a timm training checkpoint (its arguments in an
+    argparse.Namespace) loads as it is."""
+    import argparse
+    import shlex
+    import subprocess
+    import sys
+
+    model = vit_fast.VisionTransformer(vit_fast.ViTConfig(**TINY), backend="torch").eval()
+    torch.save(model, tmp_path / "whole model.pth")  # a space: the command must quote it
+    with pytest.raises(
+        ValueError, match=r"holds Python objects besides tensors \(vit_fast.model.VisionTransformer\)"
+    ) as info:
+        vit_fast.load_model(str(tmp_path / "whole model.pth"), config=model.cfg)
+    command = shlex.split(str(info.value).split(" instead: ", 1)[1])
+    assert command[0] == "python" and "weights_only=False" in command[2]
+    subprocess.run([sys.executable, *command[1:]], check=True, cwd=tmp_path, timeout=300)
+    converted = vit_fast.load_model(str(tmp_path / "whole model.safetensors"), config=model.cfg, backend="torch")
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        assert torch.equal(converted(x), model(x))
+    torch.save({"state_dict": model.state_dict(), "args": argparse.Namespace(lr=0.1)}, tmp_path / "train.pth")
+    trained = vit_fast.load_model(str(tmp_path / "train.pth"), config=model.cfg, backend="torch")
+    assert all(
+        torch.equal(a, b) for a, b in zip(trained.state_dict().values(), model.state_dict().values(), strict=True)
+    )
+
+
+def test_a_pickled_hf_folder_is_told_to_convert_into_the_file_transformers_reads(tmp_path, no_network):
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    config = transformers.ViTConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, image_size=16, patch_size=8
+    )
+    (tmp_path / "hf").mkdir()
+    config.to_json_file(str(tmp_path / "hf" / "config.json"))
+    torch.save({"x": torch.nn.Linear(2, 2)}, tmp_path / "hf" / "pytorch_model.bin")
+    with pytest.raises(
+        ValueError, match=r"pytorch_model.bin' holds Python objects.* give '.*hf/model.safetensors' inst"
+    ):
+        vit_fast.load_model(str(tmp_path / "hf"))

@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from types import SimpleNamespace
@@ -127,17 +128,38 @@ def _file_kind(path: Path) -> str:
     return "unknown"
 
 
-def torch_load_error(path: Path, err: Exception) -> ValueError:
-    """torch.load's failure as what is wrong with the file and what to do (never torch's advice to load with
-    ``weights_only=False``: vit-fast does not run a checkpoint's code)."""
+def safetensors_command(path: Path, out: Path) -> str:
+    """A shell command that converts the torch.save file ``path`` into the safetensors file ``out``: it unpickles
+    ``path`` (``weights_only=False``, which runs whatever code the file holds: for the user to run, on a file they
+    trust, never vit-fast) and saves the tensors of its state dict (a whole module's, or the one under
+    ``state_dict`` / ``model`` / ``module``)."""
+    source, target = json.dumps(str(path)), json.dumps(str(out))  # Python string literals in double quotes
+    code = (
+        f'import torch; from safetensors.torch import save_file; obj = torch.load({source}, map_location="cpu", '
+        'weights_only=False); obj = next((obj[k] for k in ("state_dict", "model", "module") if isinstance(obj, dict) '
+        'and k in obj), obj); obj = obj.state_dict() if hasattr(obj, "state_dict") else obj; save_file({k: '
+        "v.detach().clone(memory_format=torch.contiguous_format) for k, v in obj.items() if isinstance(v, "
+        f"torch.Tensor)}}, {target})"
+    )
+    return "python -c " + shlex.quote(code)
+
+
+def torch_load_error(path: Path, err: Exception, converted: Path | None = None) -> ValueError:
+    """torch.load's failure as what is wrong with the file and what to do: never torch's (or timm's) advice to load
+    with ``weights_only=False``, which vit-fast does not do (it would run the file's code), but the command that
+    converts a file the user trusts to safetensors (written to ``converted``, by default ``path`` with a
+    .safetensors suffix)."""
     text = str(err)
     if "Weights only load failed" in text:
         found = re.search(r"Unsupported (?:global|operand)[^.\n]*?([A-Za-z_][\w.]*\.[A-Za-z_]\w*)", text)
         what = f" ({found.group(1)})" if found else ""
+        out = converted or path.with_suffix(".safetensors")
         return ValueError(
             f"{str(path)!r} holds Python objects besides tensors{what}, which vit-fast does not load: checkpoints "
             "are read with torch.load(weights_only=True) so that a file cannot run code; save the weights alone "
-            "(torch.save(model.state_dict(), ...), or a .safetensors file) and load that"
+            "(torch.save(model.state_dict(), ...), or a .safetensors file) and load that. If you trust the file, "
+            f"convert it once yourself (this runs the code it holds) and give {str(out)!r} instead: "
+            f"{safetensors_command(path, out)}"
         )
     first = text.split(". ")[0].strip() or type(err).__name__
     return ValueError(
@@ -146,11 +168,30 @@ def torch_load_error(path: Path, err: Exception) -> ValueError:
     )
 
 
-def read_state_dict(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Tensors and string metadata from a .safetensors file, or a .pth/.pt/.bin loaded with weights_only.
-    The first bytes must match the suffix: an empty file, a file of another format, or one that is neither
-    safetensors nor a torch.save archive is refused by name before any loader reads it."""
-    path = Path(path)
+def _torch_load(path: Path, mmap: bool = False) -> object:
+    """``torch.load(weights_only=True)`` of a file :func:`_checked_kind` called "torch", with argparse's
+    ``Namespace`` allowed (timm's training checkpoints keep their arguments in one; it holds only plain values);
+    ``mmap`` maps a zip archive's tensors instead of reading them. A ValueError from :func:`torch_load_error`."""
+    import argparse
+    import contextlib
+
+    allow = getattr(torch.serialization, "safe_globals", None)  # torch >= 2.5
+    try:
+        with allow([argparse.Namespace]) if allow else contextlib.nullcontext():
+            try:
+                return torch.load(str(path), map_location="cpu", weights_only=True, mmap=mmap)
+            except RuntimeError as err:
+                if not mmap or "mmap" not in str(err):
+                    raise
+                return torch.load(str(path), map_location="cpu", weights_only=True)  # a legacy (non-zip) file
+    except Exception as err:
+        raise torch_load_error(path, err) from err
+
+
+def _checked_kind(path: Path) -> str:
+    """The suffix of a checkpoint file after refusing, by name and before any loader reads it, what is not one: a
+    missing file, a FIFO or device, an unknown suffix, an empty file, a file whose first bytes are another format
+    than its suffix says, or neither safetensors nor a torch.save archive."""
     if path.exists() and not path.is_file():
         raise ValueError(f"checkpoint {str(path)!r} is not a regular file: give a .safetensors or .pth file")
     if not path.is_file():
@@ -182,7 +223,32 @@ def read_state_dict(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], d
             f"{str(path)!r} is not a PyTorch checkpoint: its first bytes are neither a torch.save archive nor a "
             "safetensors header (a partial download, or another kind of file); write it again or give another file"
         )
-    if suffix == ".safetensors":
+    return suffix
+
+
+def check_weights_file(path: str | os.PathLike) -> None:
+    """Refuse, with :func:`read_state_dict`'s words, a weights file another loader (timm's) is about to read: the
+    same format checks, a safetensors header opened, a torch file unpickled with ``weights_only=True`` (its tensors
+    mapped, not read where it is a zip archive). Nothing is kept."""
+    path = Path(path)
+    if _checked_kind(path) == ".safetensors":
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                f.metadata()
+        except Exception as err:  # safetensors raises its own types for corrupt headers
+            raise ValueError(f"cannot read {str(path)!r} as safetensors: {err}") from err
+    else:
+        _torch_load(path, mmap=True)
+
+
+def read_state_dict(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Tensors and string metadata from a .safetensors file, or a .pth/.pt/.bin loaded with weights_only.
+    The first bytes must match the suffix: an empty file, a file of another format, or one that is neither
+    safetensors nor a torch.save archive is refused by name before any loader reads it."""
+    path = Path(path)
+    if _checked_kind(path) == ".safetensors":
         from safetensors import safe_open
 
         try:
@@ -191,10 +257,7 @@ def read_state_dict(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], d
                 return {k: f.get_tensor(k) for k in f.keys()}, meta
         except Exception as err:  # safetensors raises its own types for corrupt headers
             raise ValueError(f"cannot read {str(path)!r} as safetensors: {err}") from err
-    try:
-        obj = torch.load(str(path), map_location="cpu", weights_only=True)
-    except Exception as err:
-        raise torch_load_error(path, err) from err
+    obj = _torch_load(path)
     meta: dict[str, str] = {}
     if isinstance(obj, Mapping):
         if isinstance(obj.get("config"), Mapping):
@@ -372,7 +435,10 @@ def load_checkpoint(
         cfg = config_from_fields(embedded, source, fix)
     layout = "timm"
     if _looks_hf(list(state)):
-        state = convert_hf_state_dict(state)
+        try:
+            state = convert_hf_state_dict(state)
+        except ValueError as err:
+            raise ValueError(f"{str(path)!r}: {err}") from None
         layout = "hf"
     src_grid = None
     if "pos_embed" in state:

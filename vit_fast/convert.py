@@ -18,8 +18,52 @@ from .config import ViTConfig
 from .model import VisionTransformer
 from .pos_embed import resample_pos_embed
 
-
 # --------------------------------------------------------------------------- shared loading
+#: the dtypes a model's weights may come in (all of them in one)
+WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def check_weights(state: Mapping[str, torch.Tensor], source: str) -> None:
+    """Refuse weights a model cannot be built from as they are, naming ``source``, the tensor and the fix, instead
+    of changing them silently: a tensor that is not floating point (int8, bool: a quantised or damaged file), a mix
+    of dtypes (an fp16 ``pos_embed`` beside fp32 weights would make the whole model fp16, or cast the fp16 values
+    up without saying so), or a value that is NaN or infinite."""
+    wrong = [(key, value.dtype) for key, value in state.items() if value.dtype not in WEIGHT_DTYPES]
+    if wrong:
+        (key, dtype), more = wrong[0], len(wrong) - 1
+        raise ValueError(
+            f"weights from {source}: {key} is {str(dtype).removeprefix('torch.')}"
+            + (f" (and {more} more tensor{'s' if more > 1 else ''})" if more else "")
+            + ", not a floating-point dtype vit-fast builds a model in (float32, float16, bfloat16, float64): a "
+            "quantised or damaged checkpoint; dequantise it to floating point (or give the original weights) and "
+            "save it again"
+        )
+    counts: dict[torch.dtype, int] = {}
+    for value in state.values():
+        counts[value.dtype] = counts.get(value.dtype, 0) + 1
+    if len(counts) > 1:
+        main = max(counts, key=counts.__getitem__)
+        odd = [f"{key} is {str(v.dtype).removeprefix('torch.')}" for key, v in state.items() if v.dtype != main]
+        shown = "; ".join(odd[:4]) + (f"; and {len(odd) - 4} more" if len(odd) > 4 else "")
+        raise ValueError(
+            f"weights from {source} mix dtypes: {shown}, the other {counts[main]} tensors are "
+            f"{str(main).removeprefix('torch.')}. vit-fast builds a model in one dtype and does not pick one for "
+            "you: cast every tensor to one dtype and save the weights again (a file: safetensors.torch.load_file, "
+            "cast, save_file with the same metadata; a model: model.to(dtype) before converting or saving it)"
+        )
+    for key, value in state.items():
+        if value.device.type == "meta" or bool(torch.isfinite(value).all()):
+            continue
+        nan = int(torch.isnan(value).sum())
+        inf = int(torch.isinf(value).sum())
+        what = " and ".join(part for part in (f"{nan} NaN" if nan else "", f"{inf} infinite" if inf else "") if part)
+        raise ValueError(
+            f"weights from {source}: {key} holds {what} value(s) of {value.numel()}: the weights are damaged (or "
+            "training diverged) and every output would be NaN; vit-fast loads only finite weights: give another "
+            "checkpoint, or an earlier one from the same training"
+        )
+
+
 def _load_converted(
     cfg: ViTConfig, state: Mapping[str, torch.Tensor], source: str, src_grid: tuple[int, int] | None = None
 ) -> VisionTransformer:
@@ -30,6 +74,7 @@ def _load_converted(
     with torch.device("meta"):  # shapes only: the weights come from ``state``, no throwaway random init
         model = VisionTransformer(cfg, backend="auto")
     state = dict(state)
+    given = dict(state)  # before resampling, which would cast an int8 pos_embed through float32 and back
     if "pos_embed" in state and src_grid is not None and tuple(src_grid) != tuple(cfg.grid_size):
         keep = 0 if cfg.no_embed_class else cfg.num_prefix_tokens
         state["pos_embed"] = resample_pos_embed(state["pos_embed"], cfg.grid_size, tuple(src_grid), keep)
@@ -50,9 +95,9 @@ def _load_converted(
         if wrong:
             parts.append("wrong shapes: " + "; ".join(wrong))
         raise ValueError(f"weights from {source} do not fit ViTConfig({cfg}): " + " | ".join(parts))
-    dtype = state["pos_embed"].dtype
-    # copies (never the caller's tensors), in one dtype, assigned in place of the meta parameters
-    state = {k: v.detach().to(dtype=dtype, copy=True) for k, v in state.items()}
+    check_weights(given, source)  # one floating-point dtype, finite values: never cast or loaded silently
+    # copies (never the caller's tensors), assigned in place of the meta parameters
+    state = {k: v.detach().clone() for k, v in state.items()}
     model.load_state_dict(state, strict=True, assign=True)
     return model
 
@@ -179,6 +224,12 @@ def convert_hf_state_dict(state: Mapping[str, torch.Tensor], depth: int | None =
         shapes = {n: tuple(t.shape) for n, t in parts.items()}
         if len(set(shapes.values())) != 1:
             raise ValueError(f"layer {layer}: q/k/v {kind} shapes differ: {shapes}")
+        dtypes = {n: str(t.dtype).removeprefix("torch.") for n, t in parts.items()}
+        if len(set(dtypes.values())) != 1:  # torch.cat would promote them to one silently
+            raise ValueError(
+                f"layer {layer}: q/k/v {kind} dtypes differ: {dtypes}; vit-fast builds a model in one dtype: cast "
+                "every tensor to one dtype and save the weights again"
+            )
         out[ours] = torch.cat([parts["q"], parts["k"], parts["v"]], dim=0)
     return out
 
@@ -226,7 +277,11 @@ def from_hf(
     if img_size is not None:
         cfg = cfg.replace(img_size=img_size)
     state = {k: v for k, v in hf_model.state_dict().items() if not k.endswith("mask_token")}
-    model = _load_converted(cfg, convert_hf_state_dict(state), f"{name} state_dict", src_grid)
+    try:
+        converted = convert_hf_state_dict(state)
+    except ValueError as err:
+        raise ValueError(f"weights from {name} state_dict: {err}") from None
+    model = _load_converted(cfg, converted, f"{name} state_dict", src_grid)
     model.weights_source = {"kind": "hf", "name": getattr(hf_config, "_name_or_path", "") or name}
     ref = next(hf_model.parameters())
     return model.to(device=ref.device).set_backend(backend)

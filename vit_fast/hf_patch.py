@@ -22,11 +22,15 @@ PyTorch between the fc1 and fc2 kernels. SigLIP's attention-pool head
 ``in_proj`` read as two row slices (q, then k|v) through the linear kernel, the attention-pool kernel,
 ``out_proj``, LayerNorm folded into fc1, the residual in fc2's epilogue
 (:class:`vit_fast.timm_blocks.PoolPlan`).
+
+A patched layer's forward is a :class:`vit_fast.patching.PatchedForward` of :func:`_fast_hf`: the patched model
+pickles, ``torch.save``-s and deep-copies, without the fused weight copies a layer keeps (read again after loading).
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import types
 import warnings
 from typing import Any
@@ -36,7 +40,7 @@ from torch import nn
 
 from . import runtime
 from .convert import HF_ACTIVATIONS
-from .patching import PATCHED_BACKEND
+from .patching import _ORIGINAL, PATCHED_BACKEND, patch_forward
 from .timm_blocks import LinearWeights
 
 #: layer class -> (attention attribute, attention output projection, norm before attention, norm before the
@@ -58,9 +62,10 @@ SUPPORTED = {
 }
 _SUPPORTED_NAMES = {name for names in SUPPORTED.values() for name in names}
 _MIN_HEAD_DIM, _MAX_HEAD_DIM = 16, 256  # the attention kernel's range (vit_fast.kernels.attention)
-_ORIGINAL, _STATE = "_vit_fast_original_forward", "_vit_fast_view"
+_STATE = "_vit_fast_view"  # the layer seen with timm's names (_LayerView, _HeadView)
 
 
+@functools.cache
 def _active_collector() -> Any:
     """transformers 5.x records ``outputs.attentions`` with forward hooks on the attention modules, active while
     its ``capture_outputs`` collector is set (kwarg or config); None where this transformers has no such thing."""
@@ -118,6 +123,15 @@ class _LayerView:
         self.layout = _LAYOUTS[type(layer).__name__]
         self.kernel_act = HF_ACTIVATIONS.get(hidden_act or "", None)
         self._cache: dict[str, tuple[tuple, LinearWeights]] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        # a pickle or deep copy holds the layer and how to read it; what refresh() reads (and the fused copies of
+        # q, k, v) is read again from the live modules on the next call, never saved beside the weights
+        return {"layer": self.layer, "num_heads": self.num_heads, "layout": self.layout, "kernel_act": self.kernel_act}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._cache = {}
 
     def _fused(self, name: str, linears: list[nn.Linear]) -> LinearWeights:
         params = [p for lin in linears for p in (lin.weight, lin.bias) if p is not None]
@@ -206,6 +220,10 @@ class _HeadView:
         heads = att.num_heads
         kernel_act = HF_ACTIVATIONS.get(hidden_act or "", None)
         self.plan = PoolPlan(heads, att.head_dim, att.head_dim**-0.5, MlpPlan(kernel_act or "torch"), "token")
+
+    def __getstate__(self) -> dict[str, Any]:
+        # as _LayerView: the head and its plan; the slices refresh() reads come from the live modules
+        return {"head": self.head, "plan": self.plan}
 
     def blocker(self) -> str | None:
         """Why the kernels cannot stand in for the head's forward now (a submodule replaced by another type, or
@@ -350,54 +368,58 @@ def check_supported(model: nn.Module, backend: str) -> tuple[list[nn.Module], An
     return layers, config
 
 
+def _fast_hf(layer: nn.Module, backend: str, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+    """The forward of a patched encoder layer: :func:`_run_view` on the kernels, or the layer's own forward where
+    the kernels step aside (see the module docstring)."""
+    original = layer.__dict__[_ORIGINAL]
+    mask = kwargs.get("attention_mask", kwargs.get("head_mask"))
+    if any(a is not None and a is not False for a in args) or mask is not None:
+        return original(hidden_states, *args, **kwargs)
+    if attentions_requested(kwargs, _active_collector()) or not _kernels_can_run(hidden_states, backend):
+        return original(hidden_states, *args, **kwargs)
+    if torch.compiler.is_exporting() or torch.jit.is_tracing():  # export traces transformers' own graph
+        return original(hidden_states, *args, **kwargs)
+    grad = torch.is_grad_enabled()
+    if grad and (layer.training or hidden_states.requires_grad):
+        return original(hidden_states, *args, **kwargs)
+    view = layer.__dict__[_STATE]
+    if not view.refresh():
+        return original(hidden_states, *args, **kwargs)
+    return _run_view(view, hidden_states.contiguous())  # SigLIP's embeddings are a transposed view
+
+
+def _fast_head(head: nn.Module, backend: str, hidden_state: torch.Tensor) -> torch.Tensor:
+    """The forward of a patched SigLIP pooling head: its :class:`vit_fast.timm_blocks.PoolPlan` on the kernels, or
+    its own forward under the layers' rules."""
+    original = head.__dict__[_ORIGINAL]
+    if attentions_requested({}, _active_collector()) or not _kernels_can_run(hidden_state, backend):
+        return original(hidden_state)
+    if torch.compiler.is_exporting() or torch.jit.is_tracing():  # export traces transformers' own graph
+        return original(hidden_state)
+    if torch.is_grad_enabled() and (head.training or hidden_state.requires_grad):
+        return original(hidden_state)
+    view = head.__dict__[_STATE]
+    if not view.refresh():
+        return original(hidden_state)
+    return view.plan.run(view, hidden_state)
+
+
 def apply_hf(model: nn.Module, backend: str) -> nn.Module:
-    """``apply_vit_fast`` for a transformers model (see the module docstring); in place, returns ``model``."""
+    """``apply_vit_fast`` for a transformers model (see the module docstring); in place, returns ``model``. Each
+    layer's (and pooling head's) forward becomes a :class:`vit_fast.patching.PatchedForward` of :func:`_fast_hf`
+    (:func:`_fast_head`), so the patched model pickles and deep-copies."""
     layers, config = check_supported(model, backend)
-    collector = _active_collector()
     hidden_act = getattr(config, "hidden_act", None)
-
-    def fast_hf(layer: nn.Module, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        original = layer.__dict__[_ORIGINAL]
-        mask = kwargs.get("attention_mask", kwargs.get("head_mask"))
-        if any(a is not None and a is not False for a in args) or mask is not None:
-            return original(hidden_states, *args, **kwargs)
-        if attentions_requested(kwargs, collector) or not _kernels_can_run(hidden_states, backend):
-            return original(hidden_states, *args, **kwargs)
-        if torch.compiler.is_exporting() or torch.jit.is_tracing():  # export traces transformers' own graph
-            return original(hidden_states, *args, **kwargs)
-        grad = torch.is_grad_enabled()
-        if grad and (layer.training or hidden_states.requires_grad):
-            return original(hidden_states, *args, **kwargs)
-        view = layer.__dict__[_STATE]
-        if not view.refresh():
-            return original(hidden_states, *args, **kwargs)
-        return _run_view(view, hidden_states.contiguous())  # SigLIP's embeddings are a transposed view
-
-    def fast_head(head: nn.Module, hidden_state: torch.Tensor) -> torch.Tensor:
-        original = head.__dict__[_ORIGINAL]
-        if attentions_requested({}, collector) or not _kernels_can_run(hidden_state, backend):
-            return original(hidden_state)
-        if torch.compiler.is_exporting() or torch.jit.is_tracing():  # export traces transformers' own graph
-            return original(hidden_state)
-        if torch.is_grad_enabled() and (head.training or hidden_state.requires_grad):
-            return original(hidden_state)
-        view = head.__dict__[_STATE]
-        if not view.refresh():
-            return original(hidden_state)
-        return view.plan.run(view, hidden_state)
-
     for layer in layers:
         if _ORIGINAL in layer.__dict__:
             continue  # already patched
         layer.__dict__[_STATE] = _LayerView(layer, config.num_attention_heads, hidden_act)
-        layer.__dict__[_ORIGINAL] = layer.forward
-        layer.forward = types.MethodType(fast_hf, layer)
+        patch_forward(layer, _fast_hf, backend)
     for head in _pool_heads(model) if layers else ():  # no layers patched (head dim out of range): no head either
         if _ORIGINAL in head.__dict__:
             continue
         head.__dict__[_STATE] = _HeadView(head, hidden_act)
-        head.__dict__[_ORIGINAL] = head.forward
-        head.forward = types.MethodType(fast_head, head)
+        patch_forward(head, _fast_head, backend)
     model.__dict__.setdefault(PATCHED_BACKEND, backend)  # a second call keeps the first's forwards
     return model
 

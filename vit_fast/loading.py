@@ -12,15 +12,22 @@
     hf:ORG/NAME                            a Hugging Face hub model (from its cache, else the hub)
 
 A name that is not a preset and has a ``.tag`` or is a timm model name goes to timm. A hub that
-cannot be reached fails in seconds with the reason, instead of retrying for half a minute.
+cannot be reached fails in seconds with the reason, instead of retrying for half a minute. With
+``HF_HUB_OFFLINE`` set (as huggingface_hub reads it) nothing touches the network: hub models come from the
+local Hugging Face cache or are refused.
+
+transformers is always called with ``trust_remote_code=False``, and a config.json with an ``auto_map`` (Python
+shipped with the model) is refused before transformers reads it: no prompt, and no model's own code runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -29,6 +36,7 @@ import torch
 from .checkpoints import (
     LOAD_SUFFIXES,
     check_hf_config_fields,
+    check_weights_file,
     file_sha256,
     load_checkpoint,
     resolve_config,
@@ -42,9 +50,40 @@ PREFIXES = ("preset:", "timm:", "hf:")
 _HUB_PROBE_TIMEOUT_S = 3.0
 
 
-def _hub_reachable(kind: str) -> str | None:
-    """None when the hub answers a TCP connect within a few seconds, else the reason."""
-    if kind == "hf" and os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0"):
+def hub_offline() -> bool:
+    """Whether the environment asks for no network, read as huggingface_hub reads it (``HF_HUB_OFFLINE``, else
+    ``TRANSFORMERS_OFFLINE``: 1, ON, YES or TRUE), at the moment of the call (huggingface_hub reads it once, at
+    import)."""
+    value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
+    return value.strip().upper() in ("1", "ON", "YES", "TRUE")
+
+
+@contextlib.contextmanager
+def _offline_passed_on() -> Iterator[None]:
+    """While a hub model loads, huggingface_hub sees the offline switch as it is now. It reads ``HF_HUB_OFFLINE``
+    once, at import, and when it believes it is online even a cache lookup (``local_files_only=True``) reaches the
+    hub (its user-agent header fetches a list of agent harnesses): a switch set after that import
+    (``os.environ`` in a notebook) would not keep the network untouched."""
+    if not hub_offline():
+        yield
+        return
+    try:
+        from huggingface_hub import constants
+    except ImportError:  # neither timm's hub loading nor transformers without it
+        yield
+        return
+    before = constants.HF_HUB_OFFLINE
+    constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE = before
+
+
+def _hub_reachable() -> str | None:
+    """None when the hub answers a TCP connect within a few seconds, else the reason; offline, the reason without
+    a connect (nor a DNS lookup)."""
+    if hub_offline():
         return "HF_HUB_OFFLINE is set"
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
     url = urlparse(endpoint)
@@ -68,6 +107,30 @@ def _random_preset(name: str, backend: str, seed: int) -> VisionTransformer:
     return model.eval()
 
 
+def _timm_cached_weights(timm, name: str) -> Path | None:
+    """The file timm would download for ``name``'s pretrained weights (its hub id; safetensors first, as timm
+    reads them), found in the local Hugging Face cache without any network; None when it is not there."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        cfg = timm.models.get_pretrained_cfg(name)
+    except RuntimeError:  # an unknown tag: timm says so when it builds the model
+        return None
+    hub_id = getattr(cfg, "hf_hub_id", None)
+    if not hub_id:
+        return None
+    repo, _, revision = hub_id.partition("@")
+    filename = getattr(cfg, "hf_hub_filename", None) or "pytorch_model.bin"
+    # timm's safe alternatives (timm.models._hub): pytorch_model.bin -> model.safetensors, NAME.bin -> NAME.safetensors
+    safe = {"pytorch_model.bin": "model.safetensors", "open_clip_pytorch_model.bin": "open_clip_model.safetensors"}
+    for candidate in (safe.get(filename, filename.removesuffix(".bin") + ".safetensors"), filename):
+        found = try_to_load_from_cache(repo, candidate, revision=revision or None)
+        if isinstance(found, str):
+            return Path(found)
+    return None
+
+
+@_offline_passed_on()
 def _timm_model(name: str, backend: str, weights: str | os.PathLike | None) -> VisionTransformer:
     from .timm_import import import_timm
 
@@ -85,49 +148,82 @@ def _timm_model(name: str, backend: str, weights: str | os.PathLike | None) -> V
         path = Path(weights)
         if not path.is_file():
             raise FileNotFoundError(f"weights file {str(path)!r} for timm model {name!r} does not exist")
+        if path.suffix.lower() in LOAD_SUFFIXES:  # vit-fast's refusals (a pickled file, a cut-off one) come first,
+            check_weights_file(path)  # in its words: timm's would advise weights_only=False, which vit-fast never does
         import_timm()  # the torchvision note, where timm's model code runs through the stand-in
         # timm reads the local file instead of the hub: nothing is downloaded
         ref = timm.create_model(name, pretrained=True, pretrained_cfg_overlay={"file": str(path)})
         model = from_timm(ref, backend=backend)
         model.weights_source = {"kind": "file", "file": path.name, "sha256": file_sha256(path), "layout": "timm"}
         return model.eval()
-    reason = _hub_reachable("timm")
-    if reason:
-        raise _offline_error(
-            f"pretrained weights for timm model {name!r}",
-            reason,
-            f"Pass a local weights file (Python: weights=...; command line: --weights FILE), or use the preset "
-            f"{arch!r} for random weights"
-            if arch in PRESETS
-            else "Pass a local weights file (--weights FILE)",
+    fix = (
+        f"Pass a local weights file (Python: weights=...; command line: --weights FILE), or use the preset {arch!r} "
+        "for random weights"
+        if arch in PRESETS
+        else "Pass a local weights file (--weights FILE)"
+    )
+    if hub_offline():  # timm would ask the hub (huggingface_hub may have read the switch before it was set)
+        cached = _timm_cached_weights(timm, name)
+        if cached is None:
+            raise _offline_error(
+                f"pretrained weights for timm model {name!r}",
+                "HF_HUB_OFFLINE is set and they are not in the local Hugging Face cache",
+                fix,
+            )
+        import_timm()  # the torchvision note, where timm's model code runs through the stand-in
+        model = from_timm(
+            timm.create_model(name, pretrained=True, pretrained_cfg_overlay={"file": str(cached)}), backend=backend
         )
+        model.weights_source = {"kind": "timm", "name": name}
+        return model.eval()
+    reason = _hub_reachable()
+    if reason:
+        raise _offline_error(f"pretrained weights for timm model {name!r}", reason, fix)
     import_timm()  # the torchvision note, where timm's model code runs through the stand-in
     model = from_timm(timm.create_model(name, pretrained=True), backend=backend)
     model.weights_source = {"kind": "timm", "name": name}
     return model.eval()
 
 
+def refuse_remote_code(data: dict, where: str) -> None:
+    """Refuse a Hugging Face config (``data``, from ``where``) whose ``auto_map`` names Python shipped with the
+    model: transformers would offer to run it (a prompt on a terminal, the folder's code on "y"); vit-fast never
+    runs a model's own code."""
+    auto_map = data.get("auto_map")
+    if not auto_map:
+        return
+    names = ", ".join(f"{k}: {v}" for k, v in auto_map.items()) if isinstance(auto_map, dict) else repr(auto_map)
+    raise ValueError(
+        f"{where} names its own Python code in config.json's auto_map ({names[:200]}): vit-fast never runs a "
+        "model's code (transformers is called with trust_remote_code=False), and takes standard transformers "
+        "ViT models; give the folder or hub name of one, or, if this model is a standard ViT, remove auto_map "
+        "from its config.json"
+    )
+
+
+@_offline_passed_on()
 def _hf_model(spec: str, backend: str) -> VisionTransformer:
     try:
-        from transformers import AutoConfig, AutoModel, AutoModelForImageClassification
+        from transformers import AutoConfig, AutoModel, AutoModelForImageClassification, PretrainedConfig
     except ImportError as err:
         raise ImportError(f"Hugging Face model {spec!r} needs transformers: pip install transformers ({err})") from err
     local = Path(spec).is_dir()
     if not local:
+        where = f"Hugging Face model {spec!r}"
         try:  # the local cache first: no network at all when the model was downloaded before
-            AutoConfig.from_pretrained(spec, local_files_only=True)
+            data, _ = PretrainedConfig.get_config_dict(spec, local_files_only=True)
             local_only = True
         except OSError:
             local_only = False
         if not local_only:
-            reason = _hub_reachable("hf")
+            reason = _hub_reachable()
             if reason:
-                raise _offline_error(
-                    f"Hugging Face model {spec!r}", reason, "Pass a save_pretrained folder or a weights file instead"
-                )
+                raise _offline_error(where, reason, "Pass a save_pretrained folder or a weights file instead")
+            data, _ = PretrainedConfig.get_config_dict(spec)  # config.json alone, read before any class is chosen
     else:
         local_only = True
         config_file = Path(spec) / "config.json"
+        where = f"Hugging Face folder {spec!r}"
         try:  # wrong JSON types named by file and field before transformers does arithmetic on them
             data = json.loads(config_file.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -135,15 +231,18 @@ def _hf_model(spec: str, backend: str) -> VisionTransformer:
         if not isinstance(data, dict):
             raise ValueError(f"Hugging Face config {str(config_file)!r} holds a {type(data).__name__}, not an object")
         check_hf_config_fields(data, repr(str(config_file)))
-    hf_config = AutoConfig.from_pretrained(spec, local_files_only=local_only)
+    refuse_remote_code(data, where)
+    # trust_remote_code=False as well: transformers never prompts, whatever it finds
+    hf_config = AutoConfig.from_pretrained(spec, local_files_only=local_only, trust_remote_code=False)
     archs = getattr(hf_config, "architectures", None) or []
     # a classification checkpoint keeps its head; anything else loads as the bare encoder
     loader = AutoModelForImageClassification if any("ImageClassification" in a for a in archs) else AutoModel
     try:
-        loaded = loader.from_pretrained(spec, local_files_only=local_only)
+        loaded = loader.from_pretrained(spec, local_files_only=local_only, trust_remote_code=False)
     except pickle.UnpicklingError as err:  # transformers' torch.load(weights_only=True) of a pickled .bin
         weights = next((p for p in Path(spec).glob("*.bin")), Path(spec)) if local else Path(spec)
-        raise torch_load_error(weights, err) from None
+        # converted beside it as model.safetensors, the file transformers reads first
+        raise torch_load_error(weights, err, weights.with_name("model.safetensors")) from None
     model = from_hf(loaded, backend=backend)
     if local:  # every weight file transformers may have read, hashed as a checkpoint file is
         folder = Path(spec)
@@ -168,7 +267,7 @@ def source_name(spec: str) -> str:
 
 
 def load_model(
-    spec: str,
+    spec: str | os.PathLike,
     backend: str = "auto",
     seed: int = 0,
     config: ViTConfig | str | os.PathLike | None = None,
@@ -176,7 +275,14 @@ def load_model(
 ) -> VisionTransformer:
     """A model by name (see the module docstring for every form). ``config`` describes a plain timm /
     Hugging Face state dict file; ``weights`` gives a ``timm:`` model its pretrained weights from a file."""
-    if not isinstance(spec, str) or not spec.strip():
+    if isinstance(spec, os.PathLike):
+        spec = os.fspath(spec)
+    if not isinstance(spec, str):
+        raise TypeError(
+            f"load_model takes a model name or path (a str or os.PathLike), got {type(spec).__name__} {spec!r:.80}: "
+            "give 'default', a preset name, a checkpoint file, a Hugging Face folder, timm:NAME or hf:ORG/NAME"
+        )
+    if not spec.strip():
         raise ValueError(
             "model name is empty: give 'default', a preset name, a checkpoint file, a Hugging Face folder, "
             "timm:NAME or hf:ORG/NAME"

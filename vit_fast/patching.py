@@ -13,12 +13,19 @@ interpreter), and the block's original forward otherwise (and for anything the k
 cover: an attention mask, dropout in training, autograd, a dtype other than float16, bfloat16 or
 float32). bf16 with ``backend="triton"`` on a card that only emulates it is refused, as
 ``VisionTransformer`` refuses it. The rule is :func:`vit_fast.runtime.patched_runs_kernels`.
+
+A patched module's ``forward`` is a :class:`PatchedForward`: a module-level function of vit-fast bound to the module
+and the backend, never a closure. So a patched model pickles (``torch.save``, ``pickle``) and deep-copies, and
+loads back (``torch.load(..., weights_only=False)``) still patched where vit-fast is installed; where it is not,
+unpickling stops at its first reference with Python's own ``ModuleNotFoundError: No module named 'vit_fast'``. For
+a file that loads without vit-fast, save the model after :func:`remove_vit_fast`, or its ``state_dict``.
 """
 
 from __future__ import annotations
 
-import types
+import functools
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -26,11 +33,57 @@ from torch import nn
 
 from . import runtime
 
-_ORIGINAL = "_vit_fast_original_forward"
+#: a patched module's ``__dict__`` keys: the forward it had before (called where the kernels step aside), and how
+#: its kernels run (a :class:`vit_fast.timm_blocks.BlockPlan` / ``PoolPlan``)
+_ORIGINAL, _PLAN = "_vit_fast_original_forward", "_vit_fast_plan"
 #: the model attribute (in its ``__dict__``) that records the backend a model was patched with, for
 #: :func:`vit_fast.explain`
 PATCHED_BACKEND = "_vit_fast_backend"
 BACKENDS = ("auto", "triton")
+
+
+class PatchedForward:
+    """What a patched module's ``forward`` is: ``run(module, backend, *args, **kwargs)``, with ``run`` a
+    module-level function of vit-fast. It pickles by reference (``run`` by its qualified name, the module and
+    the backend as arguments) and deep-copies onto the copy; a bound method of a closure, what a patch used to be,
+    pickled as ``getattr(module, "fast_timm")``, which no module has, so a saved model could never load back."""
+
+    __slots__ = ("module", "run", "backend")
+
+    def __init__(self, module: nn.Module, run: Callable[..., Any], backend: str) -> None:
+        self.module, self.run, self.backend = module, run, backend
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.run(self.module, self.backend, *args, **kwargs)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (PatchedForward, (self.module, self.run, self.backend))
+
+
+class ClassForward:
+    """A module's own class ``forward``, bound to it: what a patched module falls back to. A bound method would
+    pickle as ``getattr(module, "forward")``, an attribute the patched module answers with its patch."""
+
+    __slots__ = ("module",)
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return type(self.module).forward(self.module, *args, **kwargs)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ClassForward, (self.module,))
+
+
+def patch_forward(module: nn.Module, run: Callable[..., Any], backend: str) -> None:
+    """Make ``module.forward`` call ``run(module, backend, ...)`` (a module-level function), keeping the forward it
+    had (its class's, or one set on the instance before) as ``module.__dict__[_ORIGINAL]``; a module already
+    patched is left as it is."""
+    if _ORIGINAL in module.__dict__:
+        return
+    module.__dict__[_ORIGINAL] = module.__dict__.get("forward") or ClassForward(module)
+    module.__dict__["forward"] = PatchedForward(module, run, backend)
 
 
 def _kernels_can_run(x: torch.Tensor, backend: str, head_dim: int | None = None) -> bool:
@@ -61,18 +114,16 @@ def _say_export_runs_timm(x: torch.Tensor, backend: str) -> None:
 _EXPORT_WARNED: set[tuple[str, str, str]] = set()
 
 
-def _patch(module: nn.Module, fast: Any) -> None:
-    if _ORIGINAL in module.__dict__:
-        return  # already patched
-    module.__dict__[_ORIGINAL] = module.forward
-    module.forward = types.MethodType(fast, module)
-
-
-def _unpatch(module: nn.Module) -> bool:
-    original = module.__dict__.pop(_ORIGINAL, None)
+def _drop_patch(state: dict[str, Any]) -> bool:
+    """Take a patch out of a module's ``__dict__`` (``state``): the forward it had before comes back (its class's,
+    or one set on the instance before the patch). False when ``state`` holds no patch."""
+    original = state.pop(_ORIGINAL, None)
     if original is None:
         return False
-    module.__dict__.pop("forward", None)
+    if isinstance(original, ClassForward):
+        state.pop("forward", None)
+    else:
+        state["forward"] = original
     return True
 
 
@@ -85,8 +136,7 @@ def _unpatched_copy(module: nn.Module) -> nn.Module:
     copy = object.__new__(type(module))
     copy.__dict__.update(module.__dict__)
     copy.__dict__.pop(_SCRIPTABLE, None)
-    if copy.__dict__.pop(_ORIGINAL, None) is not None:
-        copy.__dict__.pop("forward", None)
+    _drop_patch(copy.__dict__)
     copy._modules = {name: None if m is None else _unpatched_copy(m) for name, m in module._modules.items()}
     return copy
 
@@ -108,7 +158,8 @@ def apply_vit_fast(model: nn.Module, backend: str = "auto") -> nn.Module:
     ``SiglipMultiheadAttentionPoolingHead``) runs on the kernels too; the rest outside the blocks (patch / hybrid
     embedding, token / avg pooling, DeiT's distillation head) runs the model's own code. ``torch.jit.script``
     compiles the model unpatched. :func:`vit_fast.explain` says what was patched, what was left alone and why, and
-    which backend runs on a given device.
+    which backend runs on a given device. The patched model pickles, ``torch.save``-s and deep-copies (see the
+    module docstring).
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -120,26 +171,13 @@ def apply_vit_fast(model: nn.Module, backend: str = "auto") -> nn.Module:
 
         plans = plan_timm_model(model, backend)  # refuses, by name, every feature the kernels do not run
         pool_plan = plan_attention_pool(model, backend)  # the map head (None: not an AttentionPoolLatent)
-
-        def fast_timm(block: nn.Module, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-            plan = block.__dict__["_vit_fast_plan"]
-            extra = any(a is not None and a is not False for a in (*args, *kwargs.values()))  # a mask, is_causal
-            exporting = torch.compiler.is_exporting()
-            if extra or block.training or not _kernels_can_run(x, backend, plan.head_dim):
-                if exporting and not extra:
-                    _say_export_runs_timm(x, backend)
-                return block.__dict__[_ORIGINAL](x, *args, **kwargs)
-            if _needs_original(block, x) and not exporting:  # torch.export traces with parameters requiring grad
-                return block.__dict__[_ORIGINAL](x, *args, **kwargs)
-            return plan.run(block, x)  # our custom ops: what torch.export records
-
         for block, plan in zip(model.blocks, plans, strict=True):
-            block.__dict__["_vit_fast_plan"] = plan
-            _patch(block, fast_timm)
+            block.__dict__[_PLAN] = plan
+            patch_forward(block, _fast_timm, backend)
         if pool_plan is not None:
-            model.attn_pool.__dict__["_vit_fast_plan"] = pool_plan
-            _patch(model.attn_pool, _fast_timm_pool(backend))
-        model.__dict__[_SCRIPTABLE] = types.MethodType(_unpatched_copy, model)  # a deepcopy binds to the copy
+            model.attn_pool.__dict__[_PLAN] = pool_plan
+            patch_forward(model.attn_pool, _fast_timm_pool, backend)
+        model.__dict__[_SCRIPTABLE] = functools.partial(_unpatched_copy, model)  # pickles; a deepcopy binds the copy
         model.__dict__.setdefault(PATCHED_BACKEND, backend)  # a second call keeps the first's forwards
         return model
     if module.startswith("transformers."):
@@ -152,20 +190,31 @@ def apply_vit_fast(model: nn.Module, backend: str = "auto") -> nn.Module:
     )
 
 
-def _fast_timm_pool(backend: str) -> Any:
+def _fast_timm(block: nn.Module, backend: str, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """The forward of a patched timm block: its plan on the kernels, or timm's own forward where the kernels step
+    aside (a mask or ``is_causal``, training, autograd, a dtype or device the kernels skip)."""
+    plan = block.__dict__[_PLAN]
+    extra = any(a is not None and a is not False for a in (*args, *kwargs.values()))  # a mask, is_causal
+    exporting = torch.compiler.is_exporting()
+    if extra or block.training or not _kernels_can_run(x, backend, plan.head_dim):
+        if exporting and not extra:
+            _say_export_runs_timm(x, backend)
+        return block.__dict__[_ORIGINAL](x, *args, **kwargs)
+    if _needs_original(block, x) and not exporting:  # torch.export traces with parameters requiring grad
+        return block.__dict__[_ORIGINAL](x, *args, **kwargs)
+    return plan.run(block, x)  # our custom ops: what torch.export records
+
+
+def _fast_timm_pool(pool: nn.Module, backend: str, x: torch.Tensor, attn_mask: Any = None) -> torch.Tensor:
     """The forward of a patched timm ``AttentionPoolLatent``: its plan on the kernels, or timm's own forward where
     the blocks would take theirs (an attention mask, training, autograd, a dtype or device the kernels skip)."""
-
-    def fast_pool(pool: nn.Module, x: torch.Tensor, attn_mask: Any = None) -> torch.Tensor:
-        plan = pool.__dict__["_vit_fast_plan"]
-        original = pool.__dict__[_ORIGINAL]
-        if attn_mask is not None or pool.training or not _kernels_can_run(x, backend, plan.head_dim):
-            return original(x, attn_mask=attn_mask)
-        if _needs_original(pool, x) and not torch.compiler.is_exporting():
-            return original(x)
-        return plan.run(pool, x)
-
-    return fast_pool
+    plan = pool.__dict__[_PLAN]
+    original = pool.__dict__[_ORIGINAL]
+    if attn_mask is not None or pool.training or not _kernels_can_run(x, backend, plan.head_dim):
+        return original(x, attn_mask=attn_mask)
+    if _needs_original(pool, x) and not torch.compiler.is_exporting():
+        return original(x)
+    return plan.run(pool, x)
 
 
 def remove_vit_fast(model: nn.Module) -> int:
@@ -174,8 +223,8 @@ def remove_vit_fast(model: nn.Module) -> int:
     model.__dict__.pop(_SCRIPTABLE, None)
     model.__dict__.pop(PATCHED_BACKEND, None)
     for module in model.modules():
-        if _unpatch(module):
-            for name in ("_vit_fast_view", "_vit_fast_returns_tensor", "_vit_fast_plan"):
+        if _drop_patch(module.__dict__):
+            for name in ("_vit_fast_view", "_vit_fast_returns_tensor", _PLAN):
                 module.__dict__.pop(name, None)
             restored += 1
     return restored
