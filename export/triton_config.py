@@ -30,7 +30,7 @@ from vit_fast.batches import MAX_BATCH, parse_batch_list
 from vit_fast.dtypes import parse_dtype
 from vit_fast.env import git_commit
 
-from ._common import ArtifactError, vit_fast_version
+from ._common import ArtifactError, inside, metadata_path, vit_fast_version
 
 #: torch dtype -> Triton model-config data type
 TRITON_TYPES: dict[torch.dtype, str] = {
@@ -238,8 +238,9 @@ def onnx_specs(path: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
 def engine_specs(path: Path, meta: dict[str, Any]) -> tuple[list[TensorSpec], list[TensorSpec], tuple[int, int, int]]:
     """Inputs, outputs and the batch profile (min, opt, max) of a vit-fast TensorRT engine, from its metadata.
 
-    The input and its shape come from the recorded optimization profile; the output's name and dims from
-    the ONNX file the engine was built from where it is still there, else from the recorded model config.
+    The input and its shape come from the recorded optimization profile; the outputs' names and dims from
+    the ONNX file the engine was built from when it lies beside the engine (looked up by its name only: the
+    path recorded at build time is never followed), else from the recorded outputs and model config.
     I/O dtypes: a strongly typed engine keeps its ONNX file's dtype, a weakly typed one fp32 I/O.
     """
     profiles = meta.get("profiles") or []
@@ -248,21 +249,48 @@ def engine_specs(path: Path, meta: dict[str, Any]) -> tuple[list[TensorSpec], li
     p = profiles[0]
     io_dtype = parse_dtype(meta["precision"]) if meta.get("strongly_typed") else torch.float32
     inputs = [TensorSpec(p["input"], io_dtype, tuple(int(d) for d in p["max"][1:]))]
-    onnx_file = Path(meta["onnx"]) if meta.get("onnx") else None
+    recorded = meta.get("onnx")
+    onnx_file = None
+    if isinstance(recorded, str) and recorded.strip():
+        field = "field 'onnx' (its file name)"
+        onnx_file = inside(path.parent, Path(recorded).name, source=metadata_path(path), field=field)
     if onnx_file is not None and onnx_file.is_file():
         _, onnx_outputs = onnx_specs(onnx_file)
         outputs = [TensorSpec(s.name, io_dtype, s.dims) for s in onnx_outputs]
     else:
-        cfg = meta.get("config") or {}
-        if "num_classes" not in cfg or "embed_dim" not in cfg:
-            raise ArtifactError(
-                f"engine {str(path)!r}: its ONNX file {str(onnx_file)!r} is gone and its metadata records no model "
-                "config, so its output is unknown: rebuild it with vit-fast export tensorrt"
-            )
-        width = cfg["num_classes"] or cfg["embed_dim"]
-        outputs = [TensorSpec("logits" if cfg["num_classes"] else "features", io_dtype, (int(width),))]
+        outputs = _recorded_outputs(path, meta, io_dtype)
     profile = (int(p["min"][0]), int(p["opt"][0]), int(p["max"][0]))
     return inputs, outputs, profile
+
+
+def _recorded_outputs(path: Path, meta: dict[str, Any], dtype: torch.dtype) -> list[TensorSpec]:
+    """An engine's outputs from its metadata alone: the recorded output kinds and names (default: the
+    model's logits, or its features without a head) with dims from the recorded model config."""
+    from vit_fast.config import ViTConfig
+
+    raw = meta.get("config")
+    try:
+        cfg = ViTConfig.from_dict(raw) if isinstance(raw, dict) else None
+    except (TypeError, ValueError) as err:
+        raise ArtifactError(f"engine {str(path)!r}: the model config in its metadata is unusable: {err}") from err
+    if cfg is None:
+        raise ArtifactError(
+            f"engine {str(path)!r}: the ONNX file it was built from is not beside it and its metadata records no "
+            "model config, so its outputs are unknown: put the ONNX file beside the engine, or rebuild it with "
+            "vit-fast export tensorrt"
+        )
+    tokens = -1 if cfg.dynamic_img_size or meta.get("dynamic_size") else cfg.num_tokens
+    dims = {"logits": (cfg.num_classes,), "pooled": (cfg.embed_dim,), "last_hidden_state": (tokens, cfg.embed_dim)}
+    kinds = meta.get("outputs") or ["logits" if cfg.num_classes else "pooled"]
+    # named as exported; metadata from before outputs were recorded: the single output's name of that time
+    former = ["logits" if cfg.num_classes else "features"]
+    names = meta.get("output_names") or (kinds if meta.get("outputs") else former)
+    if not isinstance(kinds, list) or not isinstance(names, list) or len(kinds) != len(names):
+        raise ArtifactError(f"engine {str(path)!r}: its metadata's outputs {kinds!r} and output_names {names!r} differ")
+    unknown = [k for k in kinds if k not in dims]
+    if unknown:
+        raise ArtifactError(f"engine {str(path)!r}: its metadata names unknown outputs {unknown}: rebuild it")
+    return [TensorSpec(str(n), dtype, dims[k]) for k, n in zip(kinds, names, strict=True)]
 
 
 # --------------------------------------------------------------------------- models and provenance

@@ -6,6 +6,7 @@ Triton's own layout, one folder per model::
                                         instance groups, and comments naming the source and its verification
     REPO/NAME/verification.json         the verification record the artifact was published with
     REPO/NAME/1/model.onnx | model.plan the artifact, with its vit-fast metadata beside it (model.onnx.json)
+                                        and the external data files its graph names, under those names
 
 Input and output names, dtypes and dims are read from the artifact (the ONNX graph; for an
 engine, its vit-fast metadata and the ONNX file it was built from, since opening an engine
@@ -43,6 +44,7 @@ from ._common import (
     ONNX_SUFFIXES,
     ArtifactError,
     check_readable_file,
+    external_data_files,
     metadata_path,
     read_metadata,
 )
@@ -85,6 +87,19 @@ def _verification_record(report: Any) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- entries
+def _check_data_names(path: Path, names: list[str]) -> list[str]:
+    """``names`` (the external data files of ONNX file ``path``), refused where one would take the place of the
+    file Triton loads or of its metadata in the version folder."""
+    taken = {MODEL_FILES["onnx"], metadata_path(MODEL_FILES["onnx"]).name}
+    clash = [n for n in names if n in taken]
+    if clash:
+        raise ArtifactError(
+            f"{str(path)!r} keeps tensors in external data named {clash[0]!r}, the name of a file the model folder "
+            "needs: save the ONNX file with another external data name (onnx.save_model(..., location=...))"
+        )
+    return names
+
+
 def onnx_entry(
     source: nn.Module | str | os.PathLike,
     name: str,
@@ -100,7 +115,8 @@ def onnx_entry(
     progress: bool = True,
 ) -> ModelEntry:
     """An ``onnxruntime_onnx`` entry from a :class:`vit_fast.VisionTransformer` (exported here with
-    ``to_onnx``, batch range 1..max) or from an ONNX file (copied with its metadata).
+    ``to_onnx``, batch range 1..max) or from an ONNX file (copied with its metadata and the external data
+    files its graph names, each of which must lie inside the file's folder).
 
     ``verify``: run the ONNX file against eager PyTorch (``vit_fast.export.verify``) and keep the
     record; for a file, against ``model`` or else the source its metadata names. ``dtype`` applies to a
@@ -126,6 +142,7 @@ def onnx_entry(
             raise ValueError(f"{str(path)!r} is not an ONNX file (.onnx)")
         meta = read_metadata(path) or {}
         onnx_specs(path)  # readable, batchable: fail before any work
+        _check_data_names(path, external_data_files(path))
         rng = tuple(meta["batch"]) if meta.get("batch") else None
         plan = plan_batching(batch, **serving, limit=rng, what=f"ONNX file {str(path)!r}")
         reference = model if model is not None else meta.get("source")
@@ -150,8 +167,11 @@ def onnx_entry(
             )  # fmt: skip
         else:
             copy_new(path, target)
-            if meta.get("external_data"):  # the graph names its weights file; it keeps that name
-                copy_new(path.parent / meta["external_data"], version / meta["external_data"])
+            # the weights files the graph itself names travel with it under those names (read again here: what
+            # was checked before the work is what is copied), whatever its metadata says
+            for data_name in _check_data_names(path, external_data_files(path)):
+                (version / data_name).parent.mkdir(parents=True, exist_ok=True)
+                copy_new(path.parent / data_name, version / data_name)
             if metadata_path(path).is_file():
                 copy_new(metadata_path(path), metadata_path(target))
         if verify:

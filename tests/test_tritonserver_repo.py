@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -212,6 +213,66 @@ def test_tensorrt_engine_refusals(tmp_path) -> None:
     with pytest.raises(vit_fast.export.ArtifactError, match="no vit-fast metadata"):
         run_cli(str(bare), "--out", str(repo), "--quiet")
     assert not repo.exists() or not any(repo.iterdir())
+
+
+def test_tensorrt_engine_outputs_come_from_an_onnx_file_beside_it_or_its_metadata(default_repo: Path, tmp_path) -> None:
+    """An engine's outputs come from the ONNX file it was built from only where that lies beside it (looked up by
+    its name: the recorded path is never followed), else from its recorded outputs and config."""
+    cfg = vit_fast.load_model("default").cfg
+    engine = _fake_engine(
+        tmp_path,
+        Path("/elsewhere/never/read.onnx"),
+        outputs=["pooled", "last_hidden_state"],
+        output_names=["feat", "tokens"],
+    )
+    repo = tmp_path / "repo"
+    assert run_cli(str(engine), "--out", str(repo), "--quiet") == 0
+    assert [(t.name, list(t.dims), type_name(t.data_type)) for t in parse_config(repo / "vit").output] == [
+        ("feat", [cfg.embed_dim], "TYPE_FP32"),
+        ("tokens", [cfg.num_tokens, cfg.embed_dim], "TYPE_FP32"),
+    ]
+    # the ONNX file of that name beside the engine is read instead
+    shutil.copy(default_repo / "default" / "1" / "model.onnx", tmp_path / "read.onnx")
+    assert run_cli(str(engine), "--out", str(repo), "--name", "beside", "--quiet") == 0
+    assert [(t.name, list(t.dims)) for t in parse_config(repo / "beside").output] == [("logits", [cfg.num_classes])]
+    # ... but not through a link that leads out of the engine's folder
+    (tmp_path / "read.onnx").unlink()
+    (tmp_path / "read.onnx").symlink_to(default_repo / "default" / "1" / "model.onnx")
+    with pytest.raises(vit_fast.export.ArtifactError, match=r"vit.plan.json': field 'onnx' \(its file name\) is "
+                       r"'read.onnx', which leads out of its folder through a link"):  # fmt: skip
+        run_cli(str(engine), "--out", str(repo), "--name", "linked", "--quiet")
+    assert not (repo / "linked").exists()
+
+
+@pytest.mark.parametrize(("location", "named"), [("ext.onnx.data", False), ("weights/ext.bin", False), ("w", True)])
+def test_external_data_the_graph_names_travels_with_it(default_repo: Path, tmp_path, location, named) -> None:
+    """A repository was published without its weights when the metadata did not name them (and the copy followed
+    whatever the metadata named). The graph's own external data locations decide what travels, under the same
+    names (a subfolder kept), whether or not the metadata names the file, and the copy runs on its own."""
+    ort = pytest.importorskip("onnxruntime", reason="the onnx extra runs the repository's copy")
+    src = default_repo / "default" / "1" / "model.onnx"
+    art = tmp_path / "art"
+    (art / "weights").mkdir(parents=True)
+    onnx.save_model(onnx.load(str(src)), str(art / "ext.onnx"), save_as_external_data=True, location=location)
+    meta = json.loads(Path(str(src) + ".json").read_text())
+    meta.pop("external_data", None)
+    (art / "ext.onnx.json").write_text(json.dumps(meta | ({"external_data": location} if named else {})))
+    repo = tmp_path / "repo"
+    assert run_cli(str(art / "ext.onnx"), "--out", str(repo), "--seed", "0", "--quiet") == 0
+    version = repo / "ext" / "1"
+    assert (version / location).read_bytes() == (art / location).read_bytes()
+    assert json.loads((repo / "ext" / "verification.json").read_text())["passed"] is True  # run from the copy
+    shutil.rmtree(art)  # nothing outside the model folder is needed
+    session = ort.InferenceSession(str(version / "model.onnx"))
+    assert session.get_inputs()[0].name == "images"
+
+
+def test_external_data_that_would_replace_the_model_file_is_refused(default_repo: Path, tmp_path) -> None:
+    src = default_repo / "default" / "1" / "model.onnx"
+    onnx.save_model(onnx.load(str(src)), str(tmp_path / "ext.onnx"), save_as_external_data=True, location="model.onnx")
+    with pytest.raises(vit_fast.export.ArtifactError, match=r"external data named 'model.onnx', the name of a file"):
+        run_cli(str(tmp_path / "ext.onnx"), "--out", str(tmp_path / "repo"), "--no-verify", "--quiet")
+    assert not (tmp_path / "repo").exists()
 
 
 @pytest.mark.parametrize(
