@@ -8,9 +8,9 @@ Triton's own layout, one folder per model::
     REPO/NAME/1/model.onnx | model.plan the artifact, with its vit-fast metadata beside it (model.onnx.json)
                                         and the external data files its graph names, under those names
 
-Input and output names, dtypes and dims are read from the artifact (the ONNX graph; for an
-engine, its vit-fast metadata and the ONNX file it was built from, since opening an engine
-needs a GPU); ``max_batch_size`` is bounded by the batch range the artifact was exported or
+Input and output names, dtypes and dims are read from the artifact (the ONNX graph, a uint8 input
+declared in its recorded layout; for an engine, its vit-fast metadata and the ONNX file it was built
+from where that lies beside it, since opening an engine needs a GPU); ``max_batch_size`` is bounded by the batch range the artifact was exported or
 built for. Every folder is built in a private staging folder beside its target and renamed into
 place only when all of them are complete; an existing non-empty model folder is refused unless
 ``force=True``, before any work. Other entries (the python-backend entry of ``vit_fast.serve``)
@@ -57,6 +57,7 @@ from .triton_config import (
     EntryConfig,
     check_model_name,
     engine_specs,
+    input_layout,
     model_name_for,
     onnx_specs,
     plan_batching,
@@ -141,7 +142,7 @@ def onnx_entry(
         if path.suffix.lower() not in ONNX_SUFFIXES:
             raise ValueError(f"{str(path)!r} is not an ONNX file (.onnx)")
         meta = read_metadata(path) or {}
-        onnx_specs(path)  # readable, batchable: fail before any work
+        onnx_specs(path, input_layout(meta, path))  # readable, batchable: fail before any work
         _check_data_names(path, external_data_files(path))
         rng = tuple(meta["batch"]) if meta.get("batch") else None
         plan = plan_batching(batch, **serving, limit=rng, what=f"ONNX file {str(path)!r}")
@@ -186,7 +187,7 @@ def onnx_entry(
             write_json_atomic(
                 {"passed": None, "note": "not verified (verification was skipped)"}, folder / "verification.json"
             )
-        inputs, outputs = onnx_specs(target)
+        inputs, outputs = onnx_specs(target, input_layout(meta, path) if path is not None else None)
         return EntryConfig(
             name=name,
             platform=PLATFORMS["onnx"],

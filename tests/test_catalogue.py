@@ -1029,6 +1029,40 @@ def test_names_other_files_record_stay_inside_their_folder(case, planted_folder,
     assert not (planted_folder / "PLANTED.txt").exists()
 
 
+# --------------------------------------------------------------------------- artifacts that take uint8 pixels
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+def test_uint8_artifacts_are_verified_with_pixels_and_served(layout, tmp_path, capsys, monkeypatch):
+    """An artifact exported with --preprocess failed `vit-fast verify default` every time (the labelled set went in
+    as normalised floats) and `export tritonserver` refused it ("ONNX element type 2"). Now the labelled set goes in
+    as uint8 pixels in the artifact's layout, and the repository serves a TYPE_UINT8 input in that layout."""
+    pytest.importorskip("sklearn", reason="scikit-learn rebuilds the held-out set (pip install -e '.[demo]')")
+    from vit_fast.assets import DIGITS_MEAN, DIGITS_STD
+
+    monkeypatch.chdir(tmp_path)
+    stats = ["--mean", str(DIGITS_MEAN), "--std", str(DIGITS_STD)]
+    argv = ["export", "onnx", "default", "--out", "pp/m.onnx", "--batch", "1,4", "--preprocess", layout, *stats]
+    rc, _, err = _run_cli(argv, capsys)
+    assert rc == 0, err
+    rc, out, err = _run_cli(["verify", "default", "pp/m.onnx", "--batch", "1,3", "--seed", "0"], capsys)
+    assert rc == 0 and "Traceback" not in err, err
+    accuracy = re.search(r"labelled data \(360 images\): eager accuracy ([\d.]+)%, artifact accuracy ([\d.]+)%", out)
+    assert accuracy, out
+    # the pixels are the held-out set itself: through the artifact's own normalisation (training's constants) the
+    # model scores what it scored on the float set, up to the pixels' rounding (at most 2 of 360 images apart)
+    floats, labels = __import__("vit_fast.assets", fromlist=["x"]).load_default_eval_set()
+    with torch.no_grad():
+        recorded = (vit_fast.load_model("default", backend="torch")(floats).argmax(-1) == labels).double().mean()
+    assert abs(float(accuracy.group(1)) / 100 - recorded.item()) <= 2 / 360 + 1e-9, (accuracy.group(0), recorded)
+    assert float(accuracy.group(2)) == float(accuracy.group(1))
+    rc, _, err = _run_cli(["export", "tritonserver", "pp/m.onnx", "--out", "repo", "--seed", "0", "--quiet"], capsys)
+    assert rc == 0, err
+    config = (tmp_path / "repo" / "m" / "config.pbtxt").read_text()
+    dims = "32, 32, 1" if layout == "NHWC" else "1, 32, 32"
+    assert f'name: "images"\n    data_type: TYPE_UINT8\n    format: FORMAT_{layout}\n    dims: [ {dims} ]' in config
+    assert 'name: "logits"\n    data_type: TYPE_FP32\n    dims: [ 10 ]' in config
+    assert "verification: PASSED" in config
+
+
 def test_contained_path_refuses_every_way_out(tmp_path):
     """The one containment check: each way a recorded name can lead out of its folder is refused, naming the file,
     the field and the name; names inside (a subfolder, a link that stays inside, a folder reached through a link)

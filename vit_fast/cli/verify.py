@@ -10,7 +10,8 @@ own verification record (from its export) is shown first. Inputs are random imag
 an odd batch and the maximum batch (the batch range comes from ARTIFACT.json when present). The
 artifact passes when its max |error| against the float64 model is at most 2x eager PyTorch's
 error in the artifact's dtype plus a small floor. For MODEL "default", accuracy on the embedded
-labelled held-out set is reported too (--limit caps it). Exits 1 when verification fails or the artifact cannot be run.
+labelled held-out set is reported too (--limit caps it; an artifact exported with --preprocess is fed
+the set as uint8 pixels in its layout). Exits 1 when verification fails or the artifact cannot be run.
 """
 
 from __future__ import annotations
@@ -56,14 +57,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _labelled_data(spec: str, artifact: str, limit: int | None) -> tuple | None:
-    """The embedded model's labelled held-out set (its first ``limit`` images), or None where there is none."""
+def _labelled_data(spec: str, artifact: str, limit: int | None, preprocess: dict | None = None) -> tuple | None:
+    """The embedded model's labelled held-out set (its first ``limit`` images), or None where there is none.
+    For an artifact with a preprocessing front (``preprocess``, from its metadata) the images are uint8
+    pixels in its layout: it normalises them itself."""
     if spec not in ("default", "embedded"):
         return None
     try:
-        from vit_fast.assets import load_default_eval_set
+        if preprocess:
+            from vit_fast.assets import load_default_eval_pixels
 
-        images, labels = load_default_eval_set()
+            images, labels = load_default_eval_pixels()
+            if preprocess.get("layout") == "NHWC":
+                images = images.permute(0, 2, 3, 1).contiguous()
+        else:
+            from vit_fast.assets import load_default_eval_set
+
+            images, labels = load_default_eval_set()
     except ImportError as err:  # the assets module, or scikit-learn which rebuilds the data, is missing
         print(f"note: no labelled held-out set available ({err}); reporting numerics only", file=sys.stderr)
         return None
@@ -77,6 +87,12 @@ def _labelled_data(spec: str, artifact: str, limit: int | None) -> tuple | None:
     return images, labels
 
 
+def _front(meta: dict | None) -> dict | None:
+    """The preprocessing front an artifact's metadata records (a dict), or None."""
+    front = (meta or {}).get("preprocess")
+    return front if isinstance(front, dict) else None
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``vit-fast verify``; 0 when the artifact passes (a failure raises)."""
     from vit_fast.export.verify import verify
@@ -86,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
     if json_path is not None:  # the one output policy, before the model loads; never the artifact's metadata
         own = () if args.artifact == "triton" else (args.artifact,)
         json_path = check_report_file(json_path, "--json", overwrite=args.overwrite, artifacts=own)
+    meta = None
     if args.artifact != "triton":
         from vit_fast.export import format_verification, read_metadata
 
@@ -97,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         model,
         args.artifact,
         batches=args.batch,
-        data=_labelled_data(args.model, args.artifact, args.limit),
+        data=_labelled_data(args.model, args.artifact, args.limit, _front(meta)),
         seed=args.seed,
         provider=args.provider,
         json_path=json_path,
