@@ -15,12 +15,14 @@ from typing import Any
 
 from vit_fast.batches import MAX_BATCH
 from vit_fast.checkpoints import file_sha256
-from vit_fast.files import check_output_file, check_report_file, read_head, written_by_vit_fast
+from vit_fast.files import check_output_file, check_report_file, contained_path, read_head, written_by_vit_fast
 
 METADATA_SUFFIX = ".json"
 ONNX_SUFFIXES = (".onnx",)
 ENGINE_SUFFIXES = (".plan", ".engine", ".trt")
 REPORT_SUFFIXES = (".json",)
+#: the metadata fields that name a file beside the artifact (kept inside its folder: contained_path)
+METADATA_FILE_FIELDS = ("external_data",)
 #: what an artifact of each kind is called in messages, and the suffixes it may have
 ARTIFACT_KINDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "onnx": ("ONNX file", ONNX_SUFFIXES),
@@ -200,7 +202,72 @@ def read_metadata(artifact: str | os.PathLike) -> dict[str, Any] | None:
         raise ArtifactError(f"metadata {str(path)!r} beside {str(artifact)!r} cannot be read as JSON: {err}") from err
     if not isinstance(data, dict):
         raise ArtifactError(f"metadata {str(path)!r} holds a {type(data).__name__}, expected a JSON object")
+    for field in METADATA_FILE_FIELDS:  # a name that leads out of the artifact's folder is refused for every reader
+        if data.get(field) is not None:
+            inside(path.parent, data[field], source=path, field=f"field {field!r}")
     return data
+
+
+def inside(folder: str | os.PathLike, name: Any, *, source: str | os.PathLike, field: str) -> Path:
+    """:func:`vit_fast.files.contained_path` for artifacts: ``folder / name``, or an ArtifactError naming the
+    file ``source``, its ``field`` and the name when the name leads out of ``folder``."""
+    try:
+        return contained_path(folder, name, source=source, field=field)
+    except ValueError as err:
+        raise ArtifactError(str(err)) from None
+
+
+def _node_tensors(nodes: Any) -> Any:
+    """Every tensor held in the attributes of ``nodes``, subgraphs included."""
+    for node in nodes:
+        for attr in node.attribute:
+            yield from ([attr.t] if attr.HasField("t") else [])
+            yield from attr.tensors
+            for sparse in [*([attr.sparse_tensor] if attr.HasField("sparse_tensor") else []), *attr.sparse_tensors]:
+                yield from (sparse.values, sparse.indices)
+            for sub in [*([attr.g] if attr.HasField("g") else []), *attr.graphs]:
+                yield from _graph_tensors(sub)
+
+
+def _graph_tensors(graph: Any) -> Any:
+    """Every tensor an ONNX graph holds: initializers (dense and sparse) and node attributes."""
+    yield from graph.initializer
+    for sparse in graph.sparse_initializer:
+        yield from (sparse.values, sparse.indices)
+    yield from _node_tensors(graph.node)
+
+
+def external_data_files(onnx_path: str | os.PathLike, proto: Any = None) -> list[str]:
+    """The external data files the ONNX file ``onnx_path`` keeps its tensors in, as the graph itself names
+    them (each tensor's ``location``; ``proto`` is the file already loaded with ``load_external_data=False``),
+    in order, each once: what must travel with the file and what ONNX Runtime will open beside it.
+
+    Each name is kept inside the file's folder (:func:`inside`: no absolute path, no ``..``, no link leading
+    out) and must be a regular file there; an ArtifactError names the ONNX file, the tensor and the name."""
+    import onnx
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+    path = Path(onnx_path)
+    if proto is None:
+        try:
+            proto = onnx.load(str(path), load_external_data=False)
+        except Exception as err:
+            raise ArtifactError(f"cannot read {str(path)!r} as an ONNX model: {type(err).__name__}: {err}") from err
+    names: dict[str, None] = {}
+    tensors = [*_graph_tensors(proto.graph), *(t for f in proto.functions for t in _node_tensors(f.node))]
+    for tensor in tensors:
+        if not uses_external_data(tensor):
+            continue
+        location = ExternalDataInfo(tensor).location
+        field = f"the external data location of tensor {tensor.name!r}"
+        data = inside(path.parent, location, source=path, field=field)
+        if location not in names and not data.is_file():
+            raise ArtifactError(
+                f"{str(path)!r} keeps tensor {tensor.name!r} in external data {location!r}, which is not a file in "
+                f"{str(path.parent) or '.'!r}: copy it there beside the ONNX file"
+            )
+        names[location] = None
+    return list(names)
 
 
 def vit_fast_version() -> str:

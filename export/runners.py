@@ -34,7 +34,14 @@ from torch import nn
 
 from vit_fast.dtypes import ONNX_ELEM_TYPES, ORT_TYPES
 
-from ._common import ENGINE_SUFFIXES, ONNX_SUFFIXES, ArtifactError, check_readable_file, read_metadata
+from ._common import (
+    ENGINE_SUFFIXES,
+    ONNX_SUFFIXES,
+    ArtifactError,
+    check_readable_file,
+    external_data_files,
+    read_metadata,
+)
 from .trt_common import (
     check_batch_in_profile,
     check_engine_compat,
@@ -116,6 +123,7 @@ class OrtRunner(Runner):
             raise ArtifactError(msg) from err
         if not proto.graph.input or not proto.graph.output:
             raise ArtifactError(f"{str(self.path)!r} is not an ONNX model (a graph with inputs and outputs)")
+        external_data_files(self.path, proto)  # each inside the file's folder and there, before ONNX Runtime opens it
         elem = proto.graph.input[0].type.tensor_type.elem_type
         if elem not in INPUT_ELEM_TYPES:
             raise ArtifactError(f"{str(self.path)!r}: input element type {elem} is not fp32, fp16, bf16 or uint8")

@@ -39,6 +39,7 @@ from ._common import (
     check_batch_range,
     check_readable_file,
     check_report_path,
+    external_data_files,
     file_sha256,
     metadata_path,
     read_metadata,
@@ -149,6 +150,7 @@ def check_tensorrt_args(
         raise ArtifactError(f"cannot read {str(onnx_path)!r} as an ONNX model: {type(err).__name__}: {err}") from err
     if not proto.graph.input:
         raise ArtifactError(f"{str(onnx_path)!r} is not an ONNX model (its graph has no inputs)")
+    external_data_files(onnx_path, proto)  # each inside the file's folder and there, before TensorRT's parser opens it
     # the graph's compute dtype: its input's, or for uint8 pixels (a preprocessing front) its first output's
     inp = proto.graph.input[0]
     elem = ONNX_ELEM_TYPES.get(inp.type.tensor_type.elem_type)

@@ -30,13 +30,14 @@ from vit_fast.batches import MAX_BATCH, parse_batch_list
 from vit_fast.dtypes import parse_dtype
 from vit_fast.env import git_commit
 
-from ._common import ArtifactError, vit_fast_version
+from ._common import ArtifactError, inside, metadata_path, vit_fast_version
 
-#: torch dtype -> Triton model-config data type
+#: torch dtype -> Triton model-config data type (uint8: the pixels an artifact with a preprocessing front takes)
 TRITON_TYPES: dict[torch.dtype, str] = {
     torch.float32: "TYPE_FP32",
     torch.float16: "TYPE_FP16",
     torch.bfloat16: "TYPE_BF16",
+    torch.uint8: "TYPE_UINT8",
 }
 #: artifact format -> Triton platform
 PLATFORMS = {"onnx": "onnxruntime_onnx", "tensorrt": "tensorrt_plan"}
@@ -55,11 +56,14 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """One model input or output as Triton sees it: ``dims`` exclude the batch dimension; -1 is variable."""
+    """One model input or output as Triton sees it: ``dims`` exclude the batch dimension; -1 is variable.
+    ``layout`` (``"NCHW"`` / ``"NHWC"``, inputs only) is the image layout the config states as the input's
+    ``format``; None states none."""
 
     name: str
     dtype: torch.dtype
     dims: tuple[int, ...]
+    layout: str | None = None
 
 
 @dataclass(frozen=True)
@@ -99,7 +103,8 @@ class EntryConfig:
         for key, specs in (("input", self.inputs), ("output", self.outputs)):
             items = [
                 f'  {{\n    name: "{s.name}"\n    data_type: {TRITON_TYPES[s.dtype]}\n'
-                f"    dims: [ {', '.join(map(str, s.dims))} ]\n  }}"
+                + (f"    format: FORMAT_{s.layout}\n" if s.layout else "")
+                + f"    dims: [ {', '.join(map(str, s.dims))} ]\n  }}"
                 for s in specs
             ]
             lines.append(f"{key} [\n" + ",\n".join(items) + "\n]")
@@ -214,11 +219,14 @@ def plan_batching(
 
 
 # --------------------------------------------------------------------------- reading artifacts
-def onnx_specs(path: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
-    """Inputs and outputs of an ONNX graph whose dim 0 is a symbolic batch."""
+def onnx_specs(path: Path, layout: str | None = None) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """Inputs and outputs of an ONNX graph whose dim 0 is a symbolic batch: float tensors, and uint8 pixels
+    for an input (a preprocessing front; ``layout``, from the artifact's metadata, is stated for them)."""
     import onnx
 
     from vit_fast.dtypes import ONNX_ELEM_TYPES
+
+    from .runners import INPUT_ELEM_TYPES
 
     try:
         proto = onnx.load(str(path), load_external_data=False)
@@ -231,9 +239,12 @@ def onnx_specs(path: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
             if v.name in weights:
                 continue
             tt = v.type.tensor_type
-            if tt.elem_type not in ONNX_ELEM_TYPES:
+            types = INPUT_ELEM_TYPES if key == "input" else ONNX_ELEM_TYPES
+            if tt.elem_type not in types:
                 raise ArtifactError(
-                    f"{str(path)!r}: {key} {v.name!r} has ONNX element type {tt.elem_type}, not fp32/16"
+                    f"{str(path)!r}: {key} {v.name!r} has ONNX element type {tt.elem_type}, not fp32, fp16 or bf16"
+                    + (" (nor uint8 pixels)" if key == "input" else "")
+                    + ": Triton repositories serve the graphs vit-fast export onnx writes"
                 )
             dims = [d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim]
             if not dims or dims[0] != -1:
@@ -241,17 +252,34 @@ def onnx_specs(path: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
                     f"{str(path)!r}: {key} {v.name!r} has shape {dims} without a variable batch dimension 0, so Triton "
                     "cannot batch it: export it with vit-fast export onnx (dim 0 symbolic)"
                 )
-            specs[key].append(TensorSpec(v.name, ONNX_ELEM_TYPES[tt.elem_type], tuple(dims[1:])))
+            dtype = types[tt.elem_type]
+            stated = layout if dtype == torch.uint8 and len(dims) == 4 else None  # Triton states it for 3 dims
+            specs[key].append(TensorSpec(v.name, dtype, tuple(dims[1:]), stated))
     if not specs["input"] or not specs["output"]:
         raise ArtifactError(f"{str(path)!r} is not an ONNX model with inputs and outputs")
     return specs["input"], specs["output"]
 
 
+def input_layout(meta: dict[str, Any] | None, path: Path) -> str | None:
+    """The image layout an artifact's metadata records for its uint8 input (``input_layout``, else its
+    preprocessing front's), or None where it records none; a value other than NCHW / NHWC raises naming it."""
+    meta = meta or {}
+    front = meta.get("preprocess") if isinstance(meta.get("preprocess"), dict) else {}
+    layout = meta.get("input_layout") or front.get("layout")
+    if layout is None:
+        return None
+    if layout not in ("NCHW", "NHWC"):
+        raise ArtifactError(f"metadata of {str(path)!r}: input_layout {layout!r} is not NCHW or NHWC: fix that field")
+    return layout
+
+
 def engine_specs(path: Path, meta: dict[str, Any]) -> tuple[list[TensorSpec], list[TensorSpec], tuple[int, int, int]]:
     """Inputs, outputs and the batch profile (min, opt, max) of a vit-fast TensorRT engine, from its metadata.
 
-    The input and its shape come from the recorded optimization profile; the output's name and dims from
-    the ONNX file the engine was built from where it is still there, else from the recorded model config.
+    The input and its shape come from the recorded optimization profile (uint8 pixels, in their recorded
+    layout, for a graph with a preprocessing front); the outputs' names and dims from the ONNX file the
+    engine was built from when it lies beside the engine (looked up by its name only: the path recorded at
+    build time is never followed), else from the recorded outputs and model config.
     I/O dtypes: a strongly typed engine keeps its ONNX file's dtype, a weakly typed one fp32 I/O.
     """
     profiles = meta.get("profiles") or []
@@ -259,22 +287,52 @@ def engine_specs(path: Path, meta: dict[str, Any]) -> tuple[list[TensorSpec], li
         raise ArtifactError(f"metadata of engine {str(path)!r} records no optimization profile: rebuild it")
     p = profiles[0]
     io_dtype = parse_dtype(meta["precision"]) if meta.get("strongly_typed") else torch.float32
-    inputs = [TensorSpec(p["input"], io_dtype, tuple(int(d) for d in p["max"][1:]))]
-    onnx_file = Path(meta["onnx"]) if meta.get("onnx") else None
+    pixels = meta.get("input_dtype") == "uint8"
+    layout = input_layout(meta, path) if pixels else None
+    dims = tuple(int(d) for d in p["max"][1:])
+    inputs = [TensorSpec(p["input"], torch.uint8 if pixels else io_dtype, dims, layout if len(dims) == 3 else None)]
+    recorded = meta.get("onnx")
+    onnx_file = None
+    if isinstance(recorded, str) and recorded.strip():
+        field = "field 'onnx' (its file name)"
+        onnx_file = inside(path.parent, Path(recorded).name, source=metadata_path(path), field=field)
     if onnx_file is not None and onnx_file.is_file():
         _, onnx_outputs = onnx_specs(onnx_file)
         outputs = [TensorSpec(s.name, io_dtype, s.dims) for s in onnx_outputs]
     else:
-        cfg = meta.get("config") or {}
-        if "num_classes" not in cfg or "embed_dim" not in cfg:
-            raise ArtifactError(
-                f"engine {str(path)!r}: its ONNX file {str(onnx_file)!r} is gone and its metadata records no model "
-                "config, so its output is unknown: rebuild it with vit-fast export tensorrt"
-            )
-        width = cfg["num_classes"] or cfg["embed_dim"]
-        outputs = [TensorSpec("logits" if cfg["num_classes"] else "features", io_dtype, (int(width),))]
+        outputs = _recorded_outputs(path, meta, io_dtype)
     profile = (int(p["min"][0]), int(p["opt"][0]), int(p["max"][0]))
     return inputs, outputs, profile
+
+
+def _recorded_outputs(path: Path, meta: dict[str, Any], dtype: torch.dtype) -> list[TensorSpec]:
+    """An engine's outputs from its metadata alone: the recorded output kinds and names (default: the
+    model's logits, or its features without a head) with dims from the recorded model config."""
+    from vit_fast.config import ViTConfig
+
+    raw = meta.get("config")
+    try:
+        cfg = ViTConfig.from_dict(raw) if isinstance(raw, dict) else None
+    except (TypeError, ValueError) as err:
+        raise ArtifactError(f"engine {str(path)!r}: the model config in its metadata is unusable: {err}") from err
+    if cfg is None:
+        raise ArtifactError(
+            f"engine {str(path)!r}: the ONNX file it was built from is not beside it and its metadata records no "
+            "model config, so its outputs are unknown: put the ONNX file beside the engine, or rebuild it with "
+            "vit-fast export tensorrt"
+        )
+    tokens = -1 if cfg.dynamic_img_size or meta.get("dynamic_size") else cfg.num_tokens
+    dims = {"logits": (cfg.num_classes,), "pooled": (cfg.embed_dim,), "last_hidden_state": (tokens, cfg.embed_dim)}
+    kinds = meta.get("outputs") or ["logits" if cfg.num_classes else "pooled"]
+    # named as exported; metadata from before outputs were recorded: the single output's name of that time
+    former = ["logits" if cfg.num_classes else "features"]
+    names = meta.get("output_names") or (kinds if meta.get("outputs") else former)
+    if not isinstance(kinds, list) or not isinstance(names, list) or len(kinds) != len(names):
+        raise ArtifactError(f"engine {str(path)!r}: its metadata's outputs {kinds!r} and output_names {names!r} differ")
+    unknown = [k for k in kinds if k not in dims]
+    if unknown:
+        raise ArtifactError(f"engine {str(path)!r}: its metadata names unknown outputs {unknown}: rebuild it")
+    return [TensorSpec(str(n), dtype, dims[k]) for k, n in zip(kinds, names, strict=True)]
 
 
 # --------------------------------------------------------------------------- models and provenance
@@ -337,6 +395,7 @@ __all__ = [
     "check_queue_delay",
     "dtype_of",
     "engine_specs",
+    "input_layout",
     "machine_kind",
     "model_io",
     "model_name_for",

@@ -6,12 +6,13 @@ Triton's own layout, one folder per model::
                                         instance groups, and comments naming the source and its verification
     REPO/NAME/verification.json         the verification record the artifact was published with
     REPO/NAME/1/model.onnx | model.plan the artifact, with its vit-fast metadata beside it (model.onnx.json)
+                                        and the external data files its graph names, under those names
 
-Input and output names, dtypes and dims are read from the artifact (the ONNX graph; for an
-engine, its vit-fast metadata and the ONNX file it was built from, since opening an engine
-needs a GPU); ``max_batch_size`` is bounded by the batch range the artifact was exported or
-built for. Every folder is built in a private staging folder beside its target and renamed into
-place only when all of them are complete; an existing non-empty model folder is refused unless
+Input and output names, dtypes and dims are read from the artifact (the ONNX graph, a uint8 input
+declared in its recorded layout; for an engine, its vit-fast metadata and the ONNX file it was built
+from where that lies beside it, since opening an engine needs a GPU); ``max_batch_size`` is bounded by the
+batch range the artifact was exported or built for. Every folder is built in a private staging folder
+beside its target and renamed into place only when all of them are complete; an existing non-empty model folder is refused unless
 ``force=True``, before any work. Other entries (the python-backend entry of ``vit_fast.serve``)
 plug in as :class:`ModelEntry` builders.
 
@@ -44,6 +45,7 @@ from ._common import (
     ONNX_SUFFIXES,
     ArtifactError,
     check_readable_file,
+    external_data_files,
     metadata_path,
     read_metadata,
 )
@@ -56,6 +58,7 @@ from .triton_config import (
     EntryConfig,
     check_model_name,
     engine_specs,
+    input_layout,
     model_name_for,
     onnx_specs,
     plan_batching,
@@ -86,6 +89,19 @@ def _verification_record(report: Any) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- entries
+def _check_data_names(path: Path, names: list[str]) -> list[str]:
+    """``names`` (the external data files of ONNX file ``path``), refused where one would take the place of the
+    file Triton loads or of its metadata in the version folder."""
+    taken = {MODEL_FILES["onnx"], metadata_path(MODEL_FILES["onnx"]).name}
+    clash = [n for n in names if n in taken]
+    if clash:
+        raise ArtifactError(
+            f"{str(path)!r} keeps tensors in external data named {clash[0]!r}, the name of a file the model folder "
+            "needs: save the ONNX file with another external data name (onnx.save_model(..., location=...))"
+        )
+    return names
+
+
 def onnx_entry(
     source: nn.Module | str | os.PathLike,
     name: str,
@@ -102,7 +118,8 @@ def onnx_entry(
     verify_batches: Sequence[int] | None = None,
 ) -> ModelEntry:
     """An ``onnxruntime_onnx`` entry from a :class:`vit_fast.VisionTransformer` (exported here with
-    ``to_onnx``, batch range 1..max) or from an ONNX file (copied with its metadata).
+    ``to_onnx``, batch range 1..max) or from an ONNX file (copied with its metadata and the external data
+    files its graph names, each of which must lie inside the file's folder).
 
     ``verify``: run the ONNX file against eager PyTorch (``vit_fast.export.verify``) and keep the
     record; for a file, against ``model`` or else the source its metadata names. ``verify_batches``: the
@@ -130,7 +147,8 @@ def onnx_entry(
         if path.suffix.lower() not in ONNX_SUFFIXES:
             raise ValueError(f"{str(path)!r} is not an ONNX file (.onnx)")
         meta = read_metadata(path) or {}
-        onnx_specs(path)  # readable, batchable: fail before any work
+        onnx_specs(path, input_layout(meta, path))  # readable, batchable: fail before any work
+        _check_data_names(path, external_data_files(path))
         rng = tuple(meta["batch"]) if meta.get("batch") else None
         plan = plan_batching(batch, **serving, limit=rng, what=f"ONNX file {str(path)!r}")
         reference = model if model is not None else meta.get("source")
@@ -163,8 +181,11 @@ def onnx_entry(
                 )  # fmt: skip
         else:
             copy_new(path, target)
-            if meta.get("external_data"):  # the graph names its weights file; it keeps that name
-                copy_new(path.parent / meta["external_data"], version / meta["external_data"])
+            # the weights files the graph itself names travel with it under those names (read again here: what
+            # was checked before the work is what is copied), whatever its metadata says
+            for data_name in _check_data_names(path, external_data_files(path)):
+                (version / data_name).parent.mkdir(parents=True, exist_ok=True)
+                copy_new(path.parent / data_name, version / data_name)
             if metadata_path(path).is_file():
                 copy_new(metadata_path(path), metadata_path(target))
         if verify:
@@ -188,7 +209,7 @@ def onnx_entry(
             write_json_atomic(
                 {"passed": None, "note": "not verified (verification was skipped)"}, folder / "verification.json"
             )
-        inputs, outputs = onnx_specs(target)
+        inputs, outputs = onnx_specs(target, input_layout(meta, path) if path is not None else None)
         return EntryConfig(
             name=name,
             platform=PLATFORMS["onnx"],

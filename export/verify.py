@@ -419,7 +419,7 @@ def verify(
             raise ValueError(f"{str(artifact)!r} takes {h}x{w} images only (exported without dynamic_size)")
     _check_input_size(runner, cfg.in_chans, image_sizes, preprocess, artifact)
     if data is not None:
-        _check_data(data, preprocess, [k for k, _ in plan])
+        _check_data(data, preprocess, [k for k, _ in plan], cfg.in_chans)
 
     kinds = [k for k, _ in plan]
     eager_device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -566,7 +566,7 @@ def stage_report(stack: contextlib.ExitStack, report: VerifyReport, path: Path) 
     return staged, path
 
 
-def _check_data(data: Any, preprocess: dict[str, Any] | None, kinds: list[str]) -> None:
+def _check_data(data: Any, preprocess: dict[str, Any] | None, kinds: list[str], channels: int) -> None:
     images, labels = data
     if images.ndim != 4 or labels.ndim != 1 or images.shape[0] != labels.shape[0] or images.shape[0] == 0:
         raise ValueError(
@@ -579,6 +579,14 @@ def _check_data(data: Any, preprocess: dict[str, Any] | None, kinds: list[str]) 
         raise ValueError(
             f"this artifact takes uint8 images ({preprocess['layout']}) through its preprocessing front: data "
             f"images must be uint8 pixels, got {images.dtype}"
+        )
+    nhwc = bool(preprocess) and preprocess.get("layout") == "NHWC"
+    if images.shape[3 if nhwc else 1] != channels:
+        layout = "[N, H, W, C]" if nhwc else "[N, C, H, W]"
+        fix = "images.permute(0, 2, 3, 1)" if nhwc else "images.permute(0, 3, 1, 2)"
+        raise ValueError(
+            f"data images have shape {tuple(images.shape)}, but this artifact takes {channels}-channel images as "
+            f"{layout}: give them in that layout (e.g. {fix})"
         )
 
 

@@ -1130,3 +1130,269 @@ def test_offline_hub_names_touch_no_network(argv, message, load_folder, socket_g
     assert rc == 1 and "Traceback" not in err, err
     assert re.search(message, err), err
     assert socket_guard == [], err
+
+
+# --------------------------------------------------------------------------- names that other files record
+# A file name read from an artifact's metadata, an ONNX graph (its external data) or a Hugging Face weights index
+# is followed only inside that file's folder (vit_fast.files.contained_path). The planted bundle wrote PLANTED.txt
+# outside the repository before (and left it there when the export failed): each case here is refused before any
+# work, names the file, the field and the name, and leaves the folder byte-identical (no PLANTED.txt beside it).
+
+
+def _with_locations(proto, location: str):
+    """``proto`` (loaded without its external data) with every external tensor's location set to ``location``."""
+    from onnx.external_data_helper import uses_external_data
+
+    for tensor in proto.graph.initializer:
+        if uses_external_data(tensor):
+            for entry in tensor.external_data:
+                if entry.key == "location":
+                    entry.value = location
+    return proto
+
+
+@pytest.fixture(scope="module")
+def planted_folder(tmp_path_factory) -> Path:
+    import json
+
+    import onnx
+    from safetensors.torch import save_file
+
+    from vit_fast import export
+
+    folder = tmp_path_factory.mktemp("planted")
+    bundle = folder / "a" / "b" / "c" / "d" / "e"
+    bundle.mkdir(parents=True)
+    export.to_onnx(_tiny(), bundle / "m.onnx", batch=(1, 2), exporter="torchscript", progress=False, verify=False)
+    (folder / "a" / "PLANTED.txt").write_text("the attacker's file\n")
+    meta = json.loads((bundle / "m.onnx.json").read_text())
+
+    def bundle_with(name: str, external_data: str) -> None:
+        (folder / name).mkdir()
+        (folder / name / "m.onnx").write_bytes((bundle / "m.onnx").read_bytes())
+        (folder / name / "m.onnx.json").write_text(json.dumps({**meta, "external_data": external_data}))
+
+    (bundle / "m.onnx.json").write_text(json.dumps({**meta, "external_data": "../../../../PLANTED.txt"}))
+    bundle_with("abs", str(folder / "a" / "PLANTED.txt"))
+    bundle_with("lnk", "w.data")
+    (folder / "lnk" / "w.data").symlink_to(Path("..") / "a" / "PLANTED.txt")
+    # ONNX graphs whose tensors name their external data outside their folder
+    proto = onnx.load(str(bundle / "m.onnx"))
+    (folder / "ext").mkdir()
+    onnx.save_model(proto, str(folder / "ext" / "t.onnx"), save_as_external_data=True, location="t.onnx.data")
+    graph = onnx.load(str(folder / "ext" / "t.onnx"), load_external_data=False)
+    data = (folder / "ext" / "t.onnx.data").read_bytes()
+    (folder / "trav" / "x").mkdir(parents=True)
+    (folder / "trav" / "outside.data").write_bytes(data)
+    onnx.save_model(_with_locations(graph, "../outside.data"), str(folder / "trav" / "x" / "t.onnx"))
+    (folder / "absloc").mkdir()
+    onnx.save_model(_with_locations(graph, str(folder / "trav" / "outside.data")), str(folder / "absloc" / "t.onnx"))
+    (folder / "linkloc").mkdir()
+    (folder / "linkloc" / "w.data").symlink_to(Path("..") / "trav" / "outside.data")
+    onnx.save_model(_with_locations(graph, "w.data"), str(folder / "linkloc" / "t.onnx"))
+    (folder / "nodata").mkdir()
+    onnx.save_model(_with_locations(graph, "t.onnx.data"), str(folder / "nodata" / "t.onnx"))
+    # Hugging Face folders whose weights index names shards outside them
+    hf = {
+        "model_type": "vit",
+        "hidden_size": 16,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "intermediate_size": 32,
+        "image_size": 16,
+        "patch_size": 8,
+        "architectures": ["ViTModel"],
+    }
+    (folder / "elsewhere").mkdir()
+    save_file({"embeddings.cls_token": torch.zeros(1, 1, 16)}, str(folder / "elsewhere" / "model.safetensors"))
+    for name, shard in [("hfdotdot", "../elsewhere/model.safetensors"), ("hfabs", str(folder / "elsewhere"))]:
+        (folder / name).mkdir()
+        (folder / name / "config.json").write_text(json.dumps(hf))
+        index = {"metadata": {"total_size": 64}, "weight_map": {"embeddings.cls_token": shard}}
+        (folder / name / "model.safetensors.index.json").write_text(json.dumps(index))
+    return folder
+
+
+# id -> (argv, regex naming the file, the field, the name and the fix); every one exits 1
+PLANTED_CLI: dict[str, tuple[list[str], str]] = {
+    "metadata external_data climbs out (unverified)": (
+        ["export", "tritonserver", "a/b/c/d/e/m.onnx", "--out", "repo", "--no-verify"],
+        r"'a/b/c/d/e/m.onnx.json': field 'external_data' is '../../../../PLANTED.txt', which climbs out of its "
+        r"folder through '..'; vit-fast follows only names of files inside 'a/b/c/d/e': put the file there",
+    ),
+    "metadata external_data climbs out (a failing export)": (
+        ["export", "tritonserver", "a/b/c/d/e/m.onnx", "--out", "repo"],  # its metadata names no source to verify by
+        r"'a/b/c/d/e/m.onnx.json': field 'external_data' is '../../../../PLANTED.txt', which climbs out",
+    ),
+    "metadata external_data climbs out (verify)": (
+        ["verify", "default", "a/b/c/d/e/m.onnx"],
+        r"'a/b/c/d/e/m.onnx.json': field 'external_data' is '../../../../PLANTED.txt', which climbs out",
+    ),
+    "metadata external_data absolute": (
+        ["export", "tritonserver", "abs/m.onnx", "--out", "repo", "--no-verify"],
+        r"'abs/m.onnx.json': field 'external_data' is '/.*/a/PLANTED.txt', which is an absolute path",
+    ),
+    "metadata external_data a link out": (
+        ["export", "tritonserver", "lnk/m.onnx", "--out", "repo", "--no-verify"],
+        r"'lnk/m.onnx.json': field 'external_data' is 'w.data', which leads out of its folder through a link "
+        r"\(to '/.*/a/PLANTED.txt'\)",
+    ),
+    "graph location climbs out": (
+        ["export", "tritonserver", "trav/x/t.onnx", "--out", "repo", "--no-verify"],
+        r"'trav/x/t.onnx': the external data location of tensor '.+' is '../outside.data', which climbs out of "
+        r"its folder through '..'; vit-fast follows only names of files inside 'trav/x'",
+    ),
+    "graph location climbs out (verify)": (
+        ["verify", "default", "trav/x/t.onnx"],
+        r"'trav/x/t.onnx': the external data location of tensor '.+' is '../outside.data', which climbs out",
+    ),
+    "graph location climbs out (tensorrt)": (
+        ["export", "tensorrt", "trav/x/t.onnx", "--out", "m.plan"],
+        r"'trav/x/t.onnx': the external data location of tensor '.+' is '../outside.data', which climbs out",
+    ),
+    "graph location climbs out (bench)": (
+        ["bench", "trav/x/t.onnx", "--out", "b"],
+        r"'trav/x/t.onnx': the external data location of tensor '.+' is '../outside.data', which climbs out",
+    ),
+    "graph location absolute": (
+        ["export", "tritonserver", "absloc/t.onnx", "--out", "repo", "--no-verify"],
+        r"'absloc/t.onnx': the external data location of tensor '.+' is '/.*/trav/outside.data', which is an "
+        r"absolute path",
+    ),
+    "graph location a link out": (
+        ["verify", "default", "linkloc/t.onnx"],
+        r"'linkloc/t.onnx': the external data location of tensor '.+' is 'w.data', which leads out of its folder "
+        r"through a link",
+    ),
+    "graph external data missing": (
+        ["export", "tritonserver", "nodata/t.onnx", "--out", "repo", "--no-verify"],
+        r"'nodata/t.onnx' keeps tensor '.+' in external data 't.onnx.data', which is not a file in 'nodata': copy "
+        r"it there beside the ONNX file",
+    ),
+    "HF weights index climbs out": (
+        ["verify", "hfdotdot", "triton"],
+        r"'hfdotdot/model.safetensors.index.json': weight_map\['embeddings.cls_token'\] is "
+        r"'../elsewhere/model.safetensors', which climbs out of its folder through '..'",
+    ),
+    "HF weights index absolute": (
+        ["verify", "hfabs", "triton"],
+        r"'hfabs/model.safetensors.index.json': weight_map\['embeddings.cls_token'\] is '/.*/elsewhere', which is "
+        r"an absolute path",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PLANTED_CLI))
+def test_names_other_files_record_stay_inside_their_folder(case, planted_folder, capsys, monkeypatch):
+    monkeypatch.chdir(planted_folder)
+    argv, message = PLANTED_CLI[case]
+    before = _snapshot_any(planted_folder)
+    rc, out, err = _run_cli(argv, capsys)
+    assert rc == 1, f"{case}: exit {rc}; stderr: {err}"
+    assert "Traceback" not in out + err
+    assert re.search(message, err), f"{case}: {message!r} not in: {err}"
+    assert re.search(r"^vit-fast [a-z ]+: error: ", err.strip().splitlines()[-1]), err
+    assert _snapshot_any(planted_folder) == before, f"{case}: the folder changed"
+    assert not (planted_folder / "PLANTED.txt").exists()
+
+
+# --------------------------------------------------------------------------- artifacts that take uint8 pixels
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+def test_uint8_artifacts_are_verified_with_pixels_and_served(layout, tmp_path, capsys, monkeypatch):
+    """An artifact exported with --preprocess failed `vit-fast verify default` every time (the labelled set went in
+    as normalised floats) and `export tritonserver` refused it ("ONNX element type 2"). Now the labelled set goes in
+    as uint8 pixels in the artifact's layout, and the repository serves a TYPE_UINT8 input in that layout."""
+    pytest.importorskip("sklearn", reason="scikit-learn rebuilds the held-out set (pip install -e '.[demo]')")
+    from vit_fast.assets import DIGITS_MEAN, DIGITS_STD
+
+    monkeypatch.chdir(tmp_path)
+    stats = ["--mean", str(DIGITS_MEAN), "--std", str(DIGITS_STD)]
+    argv = ["export", "onnx", "default", "--out", "pp/m.onnx", "--batch", "1,4", "--preprocess", layout, *stats]
+    rc, _, err = _run_cli(argv, capsys)
+    assert rc == 0, err
+    rc, out, err = _run_cli(["verify", "default", "pp/m.onnx", "--batch", "1,3", "--seed", "0"], capsys)
+    assert rc == 0 and "Traceback" not in err, err
+    accuracy = re.search(r"labelled data \(360 images\): eager accuracy ([\d.]+)%, artifact accuracy ([\d.]+)%", out)
+    assert accuracy, out
+    # the pixels are the held-out set itself: through the artifact's own normalisation (training's constants) the
+    # model scores what it scored on the float set, up to the pixels' rounding (at most 2 of 360 images apart)
+    floats, labels = __import__("vit_fast.assets", fromlist=["x"]).load_default_eval_set()
+    with torch.no_grad():
+        recorded = (vit_fast.load_model("default", backend="torch")(floats).argmax(-1) == labels).double().mean()
+    assert abs(float(accuracy.group(1)) / 100 - recorded.item()) <= 2 / 360 + 1e-9, (accuracy.group(0), recorded)
+    assert float(accuracy.group(2)) == float(accuracy.group(1))
+    rc, _, err = _run_cli(["export", "tritonserver", "pp/m.onnx", "--out", "repo", "--seed", "0", "--quiet"], capsys)
+    assert rc == 0, err
+    config = (tmp_path / "repo" / "m" / "config.pbtxt").read_text()
+    dims = "32, 32, 1" if layout == "NHWC" else "1, 32, 32"
+    assert f'name: "images"\n    data_type: TYPE_UINT8\n    format: FORMAT_{layout}\n    dims: [ {dims} ]' in config
+    assert 'name: "logits"\n    data_type: TYPE_FP32\n    dims: [ 10 ]' in config
+    assert "verification: PASSED" in config
+
+
+def test_contained_path_refuses_every_way_out(tmp_path):
+    """The one containment check: each way a recorded name can lead out of its folder is refused, naming the file,
+    the field and the name; names inside (a subfolder, a link that stays inside, a folder reached through a link)
+    pass, and links leading out pass only where the folder's files are links by design."""
+    from vit_fast.files import contained_path
+
+    folder = tmp_path / "art"
+    (folder / "sub").mkdir(parents=True)
+    (tmp_path / "outside.data").write_bytes(b"x")
+    (folder / "in.data").write_bytes(b"x")
+    (folder / "inner.data").symlink_to("sub")
+    (folder / "out.data").symlink_to(Path("..") / "outside.data")
+    (tmp_path / "via").symlink_to("art")
+    refused = [
+        ("", "is not a file name"),
+        (None, "is not a file name"),
+        (3, "is not a file name"),
+        ("a\0b", "holds a NUL character"),
+        (str(tmp_path / "outside.data"), "is an absolute path"),
+        ("../outside.data", "climbs out of its folder through '..'"),
+        ("sub/../../outside.data", "climbs out of its folder through '..'"),
+        ("sub/..", "climbs out of its folder through '..'"),
+        ("..\\outside.data", "climbs out of its folder through '..'"),
+        ("out.data", "leads out of its folder through a link"),
+    ]
+    for name, why in refused:
+        with pytest.raises(ValueError) as info:
+            contained_path(folder, name, source=folder / "m.onnx.json", field="field 'external_data'")
+        text = str(info.value)
+        assert f"m.onnx.json': field 'external_data' is {name!r}, which {why}" in text, text
+        assert "put the file there and name it relative to that folder" in text, text
+    for name in ("in.data", "sub/w.data", "inner.data", "./in.data"):
+        assert contained_path(folder, name, source="s", field="f") == folder / name
+    assert contained_path(tmp_path / "via", "in.data", source="s", field="f") == tmp_path / "via" / "in.data"
+    assert contained_path(folder, "out.data", source="s", field="f", links_may_leave=True) == folder / "out.data"
+    with pytest.raises(ValueError, match=r"climbs out"):
+        contained_path(folder, "../outside.data", source="s", field="f", links_may_leave=True)
+
+
+def test_a_sharded_hugging_face_folder_loads_and_its_index_stays_inside(tmp_path):
+    """A sharded save_pretrained folder loads, also when its files are links into a cache as in a hub snapshot
+    (there links may lead out: only the names the index records are judged); the same index naming a shard by
+    '..' is refused before transformers reads anything (it joined the name to the folder and loaded it)."""
+    import json
+
+    transformers = pytest.importorskip("transformers", reason="Hugging Face folders need transformers")
+    cfg = transformers.ViTConfig(
+        hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32, image_size=16, patch_size=8
+    )
+    torch.manual_seed(0)
+    snapshot, blobs = tmp_path / "snapshot", tmp_path / "blobs"
+    transformers.ViTModel(cfg).save_pretrained(snapshot, max_shard_size="4KB")
+    index = json.loads((snapshot / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) > 1, shards
+    blobs.mkdir()
+    for shard in shards:  # as a hub snapshot keeps them: links into ../blobs
+        (snapshot / shard).rename(blobs / shard)
+        (snapshot / shard).symlink_to(Path("..") / "blobs" / shard)
+    model = vit_fast.load_model(str(snapshot), backend="torch")
+    assert model.cfg.depth == 2
+    planted = {**index, "weight_map": {k: f"../blobs/{v}" for k, v in index["weight_map"].items()}}
+    (snapshot / "model.safetensors.index.json").write_text(json.dumps(planted))
+    with pytest.raises(ValueError, match=r"model.safetensors.index.json': weight_map\['.+'\] is '../blobs/.+', which "
+                       r"climbs out of its folder through '..'"):  # fmt: skip
+        vit_fast.load_model(str(snapshot), backend="torch")

@@ -456,6 +456,11 @@ def test_preprocessed_artifact_accuracy_takes_uint8_images(models, artifacts):
     assert report.accuracy["n"] == 5 and report.accuracy["top1_agreement"] == 1.0
     with pytest.raises(ValueError, match=r"takes uint8 images \(NHWC\).*got torch.float32"):
         export.verify(model, path, data=(pixels.float(), labels), print_table=False)
+    # pixels in the other layout are refused before any run, with the permute that fixes them (ONNX Runtime
+    # answered with its raw "Got invalid dimensions" text)
+    with pytest.raises(ValueError, match=r"shape \(5, 3, 48, 48\), but this artifact takes 3-channel images as "
+                       r"\[N, H, W, C\]: give them in that layout \(e.g. images.permute\(0, 2, 3, 1\)\)"):  # fmt: skip
+        export.verify(model, path, data=(pixels.permute(0, 3, 1, 2), labels), print_table=False)
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ import ast
 import contextlib
 import io
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ model_config_pb2 = pytest.importorskip(
 text_format = pytest.importorskip("google.protobuf.text_format", reason="protobuf comes with tritonclient[grpc]")
 onnx = pytest.importorskip("onnx", reason="the onnx extra is needed to export and read ONNX files")
 
-TRITON_TO_ONNX = {"TYPE_FP32": 1, "TYPE_FP16": 10, "TYPE_BF16": 16}
+TRITON_TO_ONNX = {"TYPE_FP32": 1, "TYPE_FP16": 10, "TYPE_BF16": 16, "TYPE_UINT8": 2}
 
 
 def parse_config(folder: Path):
@@ -249,6 +250,104 @@ def test_tensorrt_engine_refusals(tmp_path) -> None:
     with pytest.raises(vit_fast.export.ArtifactError, match="no vit-fast metadata"):
         run_cli(str(bare), "--out", str(repo), "--quiet")
     assert not repo.exists() or not any(repo.iterdir())
+
+
+def test_tensorrt_engine_of_pixels_and_outputs_from_its_metadata(default_repo: Path, tmp_path) -> None:
+    """An engine built from a graph with a uint8 front takes uint8 pixels in its recorded layout; its outputs come
+    from the ONNX file it was built from only where that lies beside it (looked up by its name: the recorded path
+    is never followed), else from its recorded outputs and config."""
+    cfg = vit_fast.load_model("default").cfg
+    pixels = {"min": [1, 32, 32, 1], "opt": [8, 32, 32, 1], "max": [32, 32, 32, 1]}
+    engine = _fake_engine(
+        tmp_path,
+        Path("/elsewhere/never/read.onnx"),
+        input_dtype="uint8",
+        input_layout="NHWC",
+        profiles=[{"input": "images", **pixels}],
+        outputs=["pooled", "last_hidden_state"],
+        output_names=["feat", "tokens"],
+    )
+    repo = tmp_path / "repo"
+    assert run_cli(str(engine), "--out", str(repo), "--quiet") == 0
+    config = parse_config(repo / "vit")
+    [inp] = config.input
+    assert (type_name(inp.data_type), list(inp.dims)) == ("TYPE_UINT8", [32, 32, 1])
+    assert model_config_pb2.ModelInput.Format.Name(inp.format) == "FORMAT_NHWC"
+    assert [(t.name, list(t.dims), type_name(t.data_type)) for t in config.output] == [
+        ("feat", [cfg.embed_dim], "TYPE_FP32"),
+        ("tokens", [cfg.num_tokens, cfg.embed_dim], "TYPE_FP32"),
+    ]
+    # the ONNX file of that name beside the engine is read instead
+    shutil.copy(default_repo / "default" / "1" / "model.onnx", tmp_path / "read.onnx")
+    assert run_cli(str(engine), "--out", str(repo), "--name", "beside", "--quiet") == 0
+    assert [(t.name, list(t.dims)) for t in parse_config(repo / "beside").output] == [("logits", [cfg.num_classes])]
+    # ... but not through a link that leads out of the engine's folder
+    (tmp_path / "read.onnx").unlink()
+    (tmp_path / "read.onnx").symlink_to(default_repo / "default" / "1" / "model.onnx")
+    with pytest.raises(vit_fast.export.ArtifactError, match=r"vit.plan.json': field 'onnx' \(its file name\) is "
+                       r"'read.onnx', which leads out of its folder through a link"):  # fmt: skip
+        run_cli(str(engine), "--out", str(repo), "--name", "linked", "--quiet")
+    assert not (repo / "linked").exists()
+
+
+@pytest.mark.parametrize(("location", "named"), [("ext.onnx.data", False), ("weights/ext.bin", False), ("w", True)])
+def test_external_data_the_graph_names_travels_with_it(default_repo: Path, tmp_path, location, named) -> None:
+    """A repository was published without its weights when the metadata did not name them (and the copy followed
+    whatever the metadata named). The graph's own external data locations decide what travels, under the same
+    names (a subfolder kept), whether or not the metadata names the file, and the copy runs on its own."""
+    ort = pytest.importorskip("onnxruntime", reason="the onnx extra runs the repository's copy")
+    src = default_repo / "default" / "1" / "model.onnx"
+    art = tmp_path / "art"
+    (art / "weights").mkdir(parents=True)
+    onnx.save_model(onnx.load(str(src)), str(art / "ext.onnx"), save_as_external_data=True, location=location)
+    meta = json.loads(Path(str(src) + ".json").read_text())
+    meta.pop("external_data", None)
+    (art / "ext.onnx.json").write_text(json.dumps(meta | ({"external_data": location} if named else {})))
+    repo = tmp_path / "repo"
+    assert run_cli(str(art / "ext.onnx"), "--out", str(repo), "--seed", "0", "--quiet") == 0
+    version = repo / "ext" / "1"
+    assert (version / location).read_bytes() == (art / location).read_bytes()
+    assert json.loads((repo / "ext" / "verification.json").read_text())["passed"] is True  # run from the copy
+    shutil.rmtree(art)  # nothing outside the model folder is needed
+    session = ort.InferenceSession(str(version / "model.onnx"))
+    assert session.get_inputs()[0].name == "images"
+
+
+def test_external_data_that_would_replace_the_model_file_is_refused(default_repo: Path, tmp_path) -> None:
+    src = default_repo / "default" / "1" / "model.onnx"
+    onnx.save_model(onnx.load(str(src)), str(tmp_path / "ext.onnx"), save_as_external_data=True, location="model.onnx")
+    with pytest.raises(vit_fast.export.ArtifactError, match=r"external data named 'model.onnx', the name of a file"):
+        run_cli(str(tmp_path / "ext.onnx"), "--out", str(tmp_path / "repo"), "--no-verify", "--quiet")
+    assert not (tmp_path / "repo").exists()
+
+
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+def test_uint8_artifact_entry_takes_pixels_in_its_layout(tmp_path, layout) -> None:
+    """`export tritonserver` refused a graph with a uint8 front ("ONNX element type 2"). Its entry now declares a
+    TYPE_UINT8 input with the graph's dims and its layout as the input's format, and the model file there runs on
+    exactly what that input describes (what Triton's onnxruntime backend would feed it)."""
+    ort = pytest.importorskip("onnxruntime", reason="the onnx extra runs the repository's copy")
+    np = pytest.importorskip("numpy")
+    model = vit_fast.load_model("default", backend="torch")
+    front = dict(layout=layout, mean=0.5, std=0.25)
+    art = vit_fast.export.to_onnx(
+        model, tmp_path / "pp.onnx", batch=(1, 4), preprocess=front, source="default", progress=False, verify=False
+    )
+    repo = tmp_path / "repo"
+    assert run_cli(str(art), "--out", str(repo), "--batch", "1,4", "--seed", "0", "--quiet") == 0
+    config = parse_config(repo / "pp")
+    assert_matches_onnx(config, repo / "pp" / "1" / "model.onnx")
+    [inp] = config.input
+    assert type_name(inp.data_type) == "TYPE_UINT8"
+    assert model_config_pb2.ModelInput.Format.Name(inp.format) == f"FORMAT_{layout}"
+    assert list(inp.dims) == ([32, 32, 1] if layout == "NHWC" else [1, 32, 32])
+    assert [(t.name, type_name(t.data_type), list(t.dims)) for t in config.output] == [("logits", "TYPE_FP32", [10])]
+    assert json.loads((repo / "pp" / "verification.json").read_text())["passed"] is True
+    session = ort.InferenceSession(str(repo / "pp" / "1" / "model.onnx"))
+    x = np.random.default_rng(0).integers(0, 256, (config.max_batch_size, *inp.dims), dtype=np.uint8)
+    [y] = session.run(None, {inp.name: x})
+    assert y.shape == (config.max_batch_size, *config.output[0].dims) and y.dtype == np.float32
+    assert ts.dtype_of("TYPE_UINT8") == torch.uint8
 
 
 @pytest.mark.parametrize(

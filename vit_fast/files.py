@@ -20,6 +20,8 @@ The policy, the same for every writer (export, verify, bench, demo, serve, ``sav
   by name pattern or age alone.
 - Files written inside a staging folder go through ``write_new`` / ``copy_new`` / ``open_new``
   (``O_CREAT | O_EXCL | O_NOFOLLOW``): never through a planted file or symlink.
+- A file name that another file records (external data an ONNX graph or its metadata names, the shards of
+  a weights index) is followed only inside that file's folder (:func:`contained_path`).
 """
 
 from __future__ import annotations
@@ -618,3 +620,45 @@ def check_files_in(
         if path.is_dir() and not path.is_symlink():
             raise ValueError(f"{what} file {str(path)!r} is a folder: move it away or choose another {what} folder")
         refuse_foreign(path, f"{what} file", (ours or {}).get(name, written_by_vit_fast), overwrite)
+
+
+# --------------------------------------------------------------------------- names read from files
+def contained_path(
+    folder: str | os.PathLike,
+    name: Any,
+    *,
+    source: str | os.PathLike,
+    field: str,
+    links_may_leave: bool = False,
+) -> Path:
+    """``folder / name`` for a file name that another file records (``source``: an artifact's metadata, an
+    ONNX graph, a weights index; ``field`` says where in it, e.g. ``field 'external_data'``), kept inside
+    ``folder``: the one check every reader of such a name makes before it opens, copies or writes anything
+    by it.
+
+    Refused with a ValueError naming ``source``, ``field`` and the name: anything but a non-empty string, a
+    NUL character, an absolute path, a ``..`` part and, unless ``links_may_leave``, a name whose location
+    with every link resolved lies outside ``folder`` with every link resolved (ONNX Runtime's own rule for
+    external data). ``links_may_leave`` is for folders whose files are links by design (a Hugging Face hub
+    snapshot links each file into ``../../blobs``): there only the name itself is judged. Nothing is
+    opened or made here; whether the file exists is the caller's check."""
+    folder = Path(folder)
+    why = None
+    if not isinstance(name, str) or not name.strip():
+        why = "is not a file name"
+    elif "\0" in name:
+        why = "holds a NUL character"
+    elif os.path.isabs(name) or name.startswith(("/", "\\")):
+        why = "is an absolute path"
+    elif ".." in re.split(r"[/\\]", name):
+        why = "climbs out of its folder through '..'"
+    elif not links_may_leave:
+        root, target = os.path.realpath(folder), os.path.realpath(folder / name)
+        if os.path.commonpath([root, target]) != root:
+            why = f"leads out of its folder through a link (to {target!r})"
+    if why is not None:
+        raise ValueError(
+            f"{str(source)!r}: {field} is {name!r}, which {why}; vit-fast follows only names of files "
+            f"inside {str(folder) or '.'!r}: put the file there and name it relative to that folder"
+        )
+    return folder / name

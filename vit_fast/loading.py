@@ -231,6 +231,7 @@ def _hf_model(spec: str, backend: str) -> VisionTransformer:
         if not isinstance(data, dict):
             raise ValueError(f"Hugging Face config {str(config_file)!r} holds a {type(data).__name__}, not an object")
         check_hf_config_fields(data, repr(str(config_file)))
+        check_hf_index_files(Path(spec))
     refuse_remote_code(data, where)
     # trust_remote_code=False as well: transformers never prompts, whatever it finds
     hf_config = AutoConfig.from_pretrained(spec, local_files_only=local_only, trust_remote_code=False)
@@ -257,6 +258,29 @@ def _hf_model(spec: str, backend: str) -> VisionTransformer:
 
 #: the weight files of a Hugging Face save_pretrained folder (sharded or not): hashed into weights_source
 HF_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pth", ".pt")
+#: the index files of a sharded save_pretrained folder; transformers opens each file their weight_map names
+HF_INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+def check_hf_index_files(folder: Path) -> None:
+    """Refuse (ValueError naming the index, the entry and the name) a weight file that an index in ``folder``
+    names outside it: transformers joins each name to the folder as it stands (an absolute name replaces
+    the folder). A hub snapshot links its files into the cache's blobs, so links may lead out; names may not."""
+    from .files import contained_path, read_json_object
+
+    for index_name in HF_INDEX_FILES:
+        index = folder / index_name
+        if not index.is_file():
+            continue
+        data = read_json_object(index)
+        weight_map = data.get("weight_map") if data is not None else None
+        if not isinstance(weight_map, dict):
+            raise ValueError(
+                f"weights index {str(index)!r} has no weight_map object (not a readable JSON object with one): "
+                "write it again with save_pretrained, or remove it with its shards"
+            )
+        for key, name in weight_map.items():
+            contained_path(folder, name, source=index, field=f"weight_map[{key!r}]", links_may_leave=True)
 
 
 def source_name(spec: str) -> str:

@@ -117,6 +117,26 @@ def load_default_eval_set() -> tuple[torch.Tensor, torch.Tensor]:
     return images.clone(), labels.clone()
 
 
+@cache
+def _eval_pixels() -> tuple[torch.Tensor, torch.Tensor]:
+    pixels, labels = _load_digits_raw()
+    _, test_idx = split_indices(labels)
+    images = (upsample(pixels[test_idx]) * 255).round().to(torch.uint8)
+    return images.contiguous(), torch.as_tensor(labels[test_idx], dtype=torch.int64)
+
+
+def load_default_eval_pixels() -> tuple[torch.Tensor, torch.Tensor]:
+    """The same held-out split as uint8 pixels, for artifacts that normalise pixels themselves (exported with
+    a preprocessing front).
+
+    Returns ``(images, labels)``: images uint8 ``[360, 1, 32, 32]`` (steps 1 and 2 of the preprocessing,
+    times 255, rounded), labels int64 ``[360]``, in the order of :func:`load_default_eval_set`. A front with
+    ``mean=DIGITS_MEAN, std=DIGITS_STD`` (scale 1/255) gives the model training's inputs up to that rounding.
+    Fresh copies each call."""
+    images, labels = _eval_pixels()
+    return images.clone(), labels.clone()
+
+
 def default_model_info() -> dict[str, Any]:
     """The training record ``digits_vit.json``: held-out accuracy, split seed, command, versions."""
     if not INFO_FILE.is_file():

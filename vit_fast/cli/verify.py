@@ -10,7 +10,8 @@ own verification record (from its export) is shown first. Inputs are random imag
 an odd batch and the maximum batch (the batch range comes from ARTIFACT.json when present). The
 artifact passes when its max |error| against the float64 model is at most 2x eager PyTorch's
 error in the artifact's dtype plus a small floor. For MODEL "default", accuracy on the embedded
-labelled held-out set is reported too (--limit caps it). Exits 1 when verification fails or the artifact cannot be run.
+labelled held-out set is reported too (--limit caps it; an artifact exported with --preprocess is fed
+the set as uint8 pixels in its layout). Exits 1 when verification fails or the artifact cannot be run.
 With --json - the report goes to stdout (a failed one too) and the table to stderr.
 """
 
@@ -55,15 +56,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _labelled_data(spec: str, artifact: str, limit: int | None) -> tuple[tuple | None, str | None]:
+def _labelled_data(
+    spec: str, artifact: str, limit: int | None, preprocess: dict | None = None
+) -> tuple[tuple | None, str | None]:
     """The embedded model's labelled held-out set (its first ``limit`` images), or None where there is none; and the
-    note that says it is a part of the set, printed once the table shows the accuracy."""
+    note that says it is a part of the set, printed once the table shows the accuracy. For an artifact with a
+    preprocessing front (``preprocess``, from its metadata) the images are uint8 pixels in its layout: it
+    normalises them itself."""
     if spec not in ("default", "embedded"):
         return None, None
     try:
-        from vit_fast.assets import load_default_eval_set
+        if preprocess:
+            from vit_fast.assets import load_default_eval_pixels
 
-        images, labels = load_default_eval_set()
+            images, labels = load_default_eval_pixels()
+            if preprocess.get("layout") == "NHWC":
+                images = images.permute(0, 2, 3, 1).contiguous()
+        else:
+            from vit_fast.assets import load_default_eval_set
+
+            images, labels = load_default_eval_set()
     except ImportError as err:  # the assets module, or scikit-learn which rebuilds the data, is missing
         print(f"note: no labelled held-out set available ({err}); reporting numerics only", file=sys.stderr)
         return None, None
@@ -77,6 +89,12 @@ def _labelled_data(spec: str, artifact: str, limit: int | None) -> tuple[tuple |
     return (images, labels), None
 
 
+def _front(meta: dict | None) -> dict | None:
+    """The preprocessing front an artifact's metadata records (a dict), or None."""
+    front = (meta or {}).get("preprocess")
+    return front if isinstance(front, dict) else None
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``vit-fast verify``; 0 when the artifact passes (a failure raises)."""
     from vit_fast.export.verify import VerificationError, verify
@@ -85,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
     # the one output policy, before the model loads; never the artifact's metadata
     own = () if args.artifact == "triton" else (args.artifact,)
     json_target = _args.json_file(args.json, overwrite=args.overwrite, artifacts=own)
+    meta = None
     if args.artifact == "triton":  # before the model loads and any note on the labelled set is printed
         from vit_fast.runtime import require_triton
 
@@ -96,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         if meta is not None:  # what the artifact says of itself, before we check it again
             print(f"{args.artifact}: recorded at export; " + format_verification(meta.get("verification")))
     model = load_model(args.model, backend="torch", config=args.config, weights=args.weights)
-    data, note = _labelled_data(args.model, args.artifact, args.limit)
+    data, note = _labelled_data(args.model, args.artifact, args.limit, _front(meta))
     try:
         report = verify(
             model,
