@@ -12,8 +12,8 @@ Input and output names, dtypes and dims are read from the artifact (the ONNX gra
 declared in its recorded layout; for an engine, its vit-fast metadata and the ONNX file it was built
 from where that lies beside it, since opening an engine needs a GPU); ``max_batch_size`` is bounded by the
 batch range the artifact was exported or built for. Every folder is built in a private staging folder
-beside its target and renamed into place only when all of them are complete; an existing non-empty model folder is refused unless
-``force=True``, before any work. Other entries (the python-backend entry of ``vit_fast.serve``)
+beside its target and renamed into place only when all of them are complete; an existing non-empty model
+folder is refused unless ``force=True``, before any work. Other entries (the python-backend entry of ``vit_fast.serve``)
 plug in as :class:`ModelEntry` builders.
 
 Here: the entries (:func:`onnx_entry`, :func:`tensorrt_entry`), the all-or-nothing writer
