@@ -10,10 +10,13 @@ MODEL is "default" (the embedded model), a preset name or a checkpoint path. It 
 with our Triton kernels where there is one, else on the CPU with the torch backend. On a GPU it runs
 the model once at each served batch size (1, the preferred sizes, the largest) before it reports ready,
 so every kernel is compiled (with --tune: tuned, and served tuned) before the first request; it says ready
-only once /v2/models/NAME/ready answers and one request went through. On loopback the statistics and
+only once /v2/models/NAME/ready answers and one request went through. No client can unload the model or load
+another one (Triton's model control is off), and each port is held by one vit-fast serve at a time: a second
+one on a port in use is refused at once, naming the first one's pid. On loopback the statistics and
 shared-memory APIs are open, so perf_analyzer and model-analyzer measure it as they are; on any other
-interface they keep PyTriton's access token, printed (and written to --json) for clients to send in the
-triton-access-token header (--protect on|off decides it yourself). Requests whose
+interface they keep PyTriton's access token, printed (and written to --json, readable by you only) for clients
+to send in the triton-access-token header (--protect on|off decides it yourself); Triton takes that token on its
+command line, where other users of this machine can read it. Requests whose
 shape or dtype do not fit get an error response; the server keeps serving. --load-test starts the
 server, runs a bounded load test against it on loopback (HTTP and gRPC clients, mixed batch sizes,
 every answer checked against the model), prints p50/p99 latency and throughput, and stops.
@@ -59,8 +62,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--protect",
         choices=PROTECT_CHOICES,
         default="auto",
-        help="Triton's statistics, shared-memory, repository, trace and logging APIs behind an access token: auto "
-        "(default) opens them on a loopback --host and protects them elsewhere, printing the token",
+        help="Triton's statistics, shared-memory, trace and logging APIs behind an access token: auto (default) "
+        "opens them on a loopback --host and protects them elsewhere, printing the token (Triton reads it from its "
+        "command line, which every local user can see: it keeps other machines out). Loading and unloading models "
+        "is closed to every client either way",
     )
     parser.add_argument(
         "--host", default=DEFAULT_HOST, help=f"address to listen on ({DEFAULT_HOST}; 0.0.0.0 for every interface)"
@@ -84,7 +89,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--json",
         default=None,
         metavar="PATH",
-        help="write a machine-readable summary: the endpoints once the server answers, or the load-test report",
+        help="write a machine-readable summary: the endpoints (and the access token, if any) once the server "
+        "answers, readable by you only (mode 0600), or the load-test report",
     )
     parser.add_argument("--seed", type=_args.seed, default=0, help="load test: seed of the images and batch sizes (0)")
     parser.add_argument(
@@ -152,8 +158,9 @@ def run(args: argparse.Namespace) -> int:
         token = server.access_token
         if token is not None:
             print(
-                f"statistics, shared-memory, repository, trace and logging APIs need the access token {token} in "
-                f"the header {ACCESS_HEADERS['http']} (HTTP) or {ACCESS_HEADERS['grpc']} (gRPC)",
+                f"statistics, shared-memory, trace and logging APIs need the access token {token} in the header "
+                f"{ACCESS_HEADERS['http']} (HTTP) or {ACCESS_HEADERS['grpc']} (gRPC); it keeps other machines out, "
+                "not other users of this one (Triton reads it from its command line, which they can list)",
                 flush=True,
             )
         if args.load_test:
@@ -190,7 +197,8 @@ def run(args: argparse.Namespace) -> int:
                 "protected": server.protected,
                 "access_token": token,
             }
-            write_json_atomic(info | {"description": server.description}, json_path)
+            # readable by this user only, whatever a file it replaces allowed: it may carry the access token
+            write_json_atomic(info | {"description": server.description}, json_path, mode=0o600)
         print(f"ready: Ctrl-C or SIGTERM stops it (in-flight requests get up to {DRAIN_TIMEOUT_S} s)", flush=True)
         if not server.wait():
             tail = server.log_tail()
