@@ -166,6 +166,10 @@ def _serve_cli_with_fake_triton(
         events.append(("model ready probed", ready.exists(), torch.get_num_threads()))
 
     monkeypatch.setattr(srv, "require_serve", lambda: None)
+    if real_port_check:  # port locks of this test's own: the real folder is shared by every serve of this user
+        from vit_fast.serve import ports
+
+        monkeypatch.setattr(ports, "LOCK_ROOT", tmp_path)
     monkeypatch.setattr(VisionTransformer, "warmup", warmup)
     monkeypatch.setattr(srv.Server, "_start_once", start_once)
     monkeypatch.setattr(srv.Server, "wait", wait)
@@ -272,6 +276,25 @@ def test_a_busy_port_is_named_before_any_long_work(monkeypatch, tmp_path) -> Non
         with pytest.raises(OSError, match=rf"gRPC port {port} on 127.0.0.1 is already in use.*--grpc-port"):
             _serve_cli_with_fake_triton(monkeypatch, tmp_path, "--grpc-port", str(port), real_port_check=True)
     assert not (tmp_path / "ready.json").exists()
+
+
+@pytest.mark.parametrize("before", [0o600, 0o644])
+def test_the_ready_json_is_readable_by_its_user_only(monkeypatch, tmp_path, before) -> None:
+    """It may carry the access token: 0600 whatever an earlier run's file there allowed (it used to become 0644,
+    widening a 0600 file)."""
+    import json
+    import os
+    import stat
+
+    from vit_fast.files import MARKER_KEY
+
+    ready = tmp_path / "ready.json"
+    ready.write_text(json.dumps({MARKER_KEY: "0"}))
+    ready.chmod(before)
+    status, _ = _serve_cli_with_fake_triton(monkeypatch, tmp_path, "--threads", "1", "--protect", "on")
+    assert status == 0
+    assert json.loads(ready.read_text())["protected"] is True  # this run's, not the earlier one
+    assert stat.S_IMODE(os.stat(ready).st_mode) == 0o600
 
 
 def test_threads_default_fits_the_instances_and_the_cores(monkeypatch) -> None:

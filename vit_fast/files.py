@@ -22,6 +22,8 @@ The policy, the same for every writer (export, verify, bench, demo, serve, ``sav
   (``O_CREAT | O_EXCL | O_NOFOLLOW``): never through a planted file or symlink.
 - A file name that another file records (external data an ONNX graph or its metadata names, the shards of
   a weights index) is followed only inside that file's folder (:func:`contained_path`).
+- A file that holds a secret is written with ``mode=0o600`` (``write_atomic``), never wider for a moment.
+- ``hold_lock`` locks a file (flock, mode 0600) for a process's life: one owner of a resource at a time.
 """
 
 from __future__ import annotations
@@ -108,30 +110,31 @@ def stdout_to_stderr() -> Iterator[IO[str] | None]:
             os.close(saved)
 
 
-def finish_atomic(tmp: str | os.PathLike, path: str | os.PathLike) -> Path:
-    """Give ``tmp`` (written beside ``path``) ordinary permissions and rename it to ``path``."""
-    os.chmod(tmp, 0o666 & ~_umask())
+def finish_atomic(tmp: str | os.PathLike, path: str | os.PathLike, mode: int | None = None) -> Path:
+    """Give ``tmp`` (written beside ``path``) ordinary permissions (``mode``, e.g. 0o600 for a file that holds a
+    secret, less the umask) and rename it to ``path``: the file never appears at ``path`` with wider ones."""
+    os.chmod(tmp, (0o666 if mode is None else mode) & ~_umask())
     os.replace(tmp, path)
     return Path(path)
 
 
 # --------------------------------------------------------------------------- exclusive creation
 @contextlib.contextmanager
-def open_new(path: str | os.PathLike) -> Iterator[IO[bytes]]:
+def open_new(path: str | os.PathLike, mode: int = 0o666) -> Iterator[IO[bytes]]:
     """A new file at ``path`` opened for binary writing: created exclusively (``O_EXCL``), never through a
-    symlink (``O_NOFOLLOW``); an existing file or link there is an error, never opened. For files written
-    inside a staging folder (or a folder this run made)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW, 0o666)
+    symlink (``O_NOFOLLOW``), with ``mode`` (less the umask); an existing file or link there is an error, never
+    opened. For files written inside a staging folder (or a folder this run made)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW, mode)
     with os.fdopen(fd, "wb") as f:
         yield f
 
 
-def write_new(path: str | os.PathLike, data: str | bytes, *, replace: bool = False) -> Path:
+def write_new(path: str | os.PathLike, data: str | bytes, *, replace: bool = False, mode: int = 0o666) -> Path:
     """Write ``data`` to a new file at ``path`` (see :func:`open_new`); with ``replace``, a file this run
     wrote there before (in its own staging folder) is removed first."""
     if replace:
         os.unlink(path) if os.path.lexists(path) else None
-    with open_new(path) as f:
+    with open_new(path, mode) as f:
         f.write(data.encode() if isinstance(data, str) else data)
     return Path(path)
 
@@ -143,19 +146,20 @@ def copy_new(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
     return Path(dst)
 
 
-def write_atomic(path: str | os.PathLike, data: str | bytes) -> Path:
+def write_atomic(path: str | os.PathLike, data: str | bytes, *, mode: int | None = None) -> Path:
     """Write ``data`` to ``path`` through a staging folder beside it, then rename it over ``path``.
 
     A failure (or a kill) leaves ``path`` as it was; the staging folder is removed (a killed run's by the
-    next write). The result gets an ordinary file's permissions. Missing parent folders are made. A
-    symlink at ``path`` is replaced, never written through. Ownership is the caller's check
+    next write). The result gets an ordinary file's permissions, or ``mode`` (0o600: readable by this user
+    only, whatever the file it replaces allowed; the staged file has it from its creation on). Missing parent
+    folders are made. A symlink at ``path`` is replaced, never written through. Ownership is the caller's check
     (:func:`check_output_file`, made before any work).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with staging_dir(path) as tmp:
-        staged = write_new(tmp / path.name, data)
-        publish_to([(staged, path)])
+        staged = write_new(tmp / path.name, data, mode=0o666 if mode is None else mode)
+        publish_to([(staged, path)], mode=mode)
     return path
 
 
@@ -164,9 +168,10 @@ def json_text(data: Any) -> str:
     return json.dumps(data, indent=2, sort_keys=True, default=str) + "\n"
 
 
-def write_json_atomic(data: Any, path: str | os.PathLike) -> Path:
-    """Write ``data`` as indented JSON (non-JSON values as text) to ``path``, atomically."""
-    return write_atomic(path, json_text(data))
+def write_json_atomic(data: Any, path: str | os.PathLike, *, mode: int | None = None) -> Path:
+    """Write ``data`` as indented JSON (non-JSON values as text) to ``path``, atomically (``mode``: see
+    :func:`write_atomic`)."""
+    return write_atomic(path, json_text(data), mode=mode)
 
 
 def markdown_mark(version: str) -> str:
@@ -331,8 +336,9 @@ def _keep_previous(dst: Path, staging: Path) -> Path | None:
     return keep
 
 
-def publish_to(moves: Sequence[tuple[Path, Path]]) -> list[Path]:
-    """Move each staged file over its target, in order (data first, the artifact, its metadata, reports last).
+def publish_to(moves: Sequence[tuple[Path, Path]], *, mode: int | None = None) -> list[Path]:
+    """Move each staged file over its target, in order (data first, the artifact, its metadata, reports last),
+    each with ordinary permissions or ``mode`` (see :func:`finish_atomic`).
 
     Each staged file must lie in a staging folder beside its target (one file system). A target is
     replaced only by the move itself. If a move fails, the targets this call already replaced get their
@@ -343,7 +349,7 @@ def publish_to(moves: Sequence[tuple[Path, Path]]) -> list[Path]:
         for src, dst in moves:
             src, dst = Path(src), Path(dst)
             previous = _keep_previous(dst, src.parent)
-            finish_atomic(src, dst)
+            finish_atomic(src, dst, mode)
             done.append((dst, previous))
     except BaseException:
         for dst, previous in reversed(done):
@@ -662,3 +668,30 @@ def contained_path(
             f"inside {str(folder) or '.'!r}: put the file there and name it relative to that folder"
         )
     return folder / name
+
+
+# --------------------------------------------------------------------------- locks held for a process's life
+def hold_lock(path: str | os.PathLike, note: str) -> int | None:
+    """Lock the file at ``path`` for this process and write ``note`` in it (who holds it); the lock is an
+    exclusive ``flock``, released when the returned descriptor is closed or the process dies (even by SIGKILL:
+    the kernel drops it). None when another process holds it (its note: :func:`read_head`).
+
+    The file is created with mode 0600 if missing, opened never through a symlink and never when it is not a
+    regular file; it is left in place when released (removing a lock file lets two processes lock two files)."""
+    if fcntl is None:  # pragma: no cover - Windows
+        raise OSError(f"cannot lock {str(path)!r}: no flock on this platform")
+    flags = os.O_RDWR | os.O_CREAT | _O_NOFOLLOW | _O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags, 0o600)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"lock file {str(path)!r} is not a regular file: remove it")
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, note.encode(), 0)
+    return fd

@@ -1,4 +1,5 @@
-"""Helpers of the serve tests: loopback ports, `vit-fast serve` as a child process, and Triton's own
+"""Helpers of the serve tests: loopback ports, `vit-fast serve` as a child process (`python -m vit_fast serve`: the
+command line as users run it, its one-line errors included), and Triton's own
 tritonserver binary (the one PyTriton bundles) started on a model repository."""
 
 from __future__ import annotations
@@ -18,11 +19,6 @@ LOAD_TEST_REPORTS: list[str] = []
 
 NEEDS_SERVE = "needs the serve extra (pip install -e '.[serve]', numpy < 2): run `make test-serve`"
 
-#: `vit-fast serve ...` through the CLI module itself (independent of how the top-level parser wires it)
-SERVE_SCRIPT = (
-    "import argparse, sys; from vit_fast.cli import serve; p = argparse.ArgumentParser(prog='vit-fast serve'); "
-    "serve.add_arguments(p); sys.exit(serve.run(p.parse_args(sys.argv[1:])))"
-)
 START_TIMEOUT_S = 180.0
 
 
@@ -87,24 +83,69 @@ class Child:
             raise AssertionError(msg) from err
 
 
-def start_serve(tmp: Path, *args: str) -> Child:
-    """`vit-fast serve ARGS` on three free loopback ports; returns once it wrote its ready JSON."""
-    ports = free_ports(3)
-    ready, log = tmp / "ready.json", tmp / "serve.log"
-    cmd = [sys.executable, "-c", SERVE_SCRIPT, *args, "--json", str(ready)]
+def ready_info(ready: Path) -> dict | None:
+    """What a ready JSON says once `vit-fast serve` wrote it (None before: missing, or a file from before)."""
+    try:
+        info = json.loads(ready.read_text())
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) and "http" in info else None
+
+
+def spawn_serve(tmp: Path, ports: list[int], *args: str, ready: Path | None = None, name: str = "serve") -> Child:
+    """`python -m vit_fast serve ARGS --json READY` on ``ports`` (http, grpc, metrics), not waited for."""
+    ready = ready or tmp / "ready.json"
+    log = tmp / f"{name}.log"
+    cmd = [sys.executable, "-m", "vit_fast", "serve", *args, "--json", str(ready)]
     cmd += ["--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2])]
     with open(log, "wb") as out:  # a session of its own: Ctrl-C can be sent to its whole process group
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    child = Child(proc, ports, log)
+    return Child(proc, ports, log)
+
+
+def wait_ready(child: Child, ready: Path) -> dict:
+    """The ready JSON ``child`` writes, once written (an AssertionError with its output if it exits first)."""
     deadline = time.monotonic() + START_TIMEOUT_S
-    while not ready.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
+    while (info := ready_info(ready)) is None:
+        if child.proc.poll() is not None or time.monotonic() > deadline:
             child.terminate()
-            raise AssertionError(f"vit-fast serve did not become ready (exit {proc.poll()}):\n{child.output()[-3000:]}")
+            raise AssertionError(
+                f"vit-fast serve did not become ready (exit {child.proc.poll()}):\n{child.output()[-3000:]}"
+            )
         time.sleep(0.2)
-    info = json.loads(ready.read_text())
     assert info["http"] == child.http and info["grpc"] == child.grpc, info
+    return info
+
+
+def start_serve(tmp: Path, *args: str) -> Child:
+    """`vit-fast serve ARGS` on three free loopback ports; returns once it wrote its ready JSON (tmp/ready.json,
+    which may exist before: it counts once the server wrote its endpoints there)."""
+    child = spawn_serve(tmp, free_ports(3), *args)
+    wait_ready(child, tmp / "ready.json")
     return child
+
+
+def tritonserver_pid(server_pid: int) -> int:
+    """The pid of the tritonserver that the `vit-fast serve` process ``server_pid`` started."""
+    from vit_fast.serve.server import _processes
+
+    found = [
+        pid
+        for pid, (ppid, cmd) in _processes().items()
+        if ppid == server_pid and cmd.split(" ", 1)[0].endswith("/bin/tritonserver")
+    ]
+    assert len(found) == 1, f"tritonserver children of {server_pid}: {found}"
+    return found[0]
+
+
+def process_tree(pid: int) -> set[int]:
+    """``pid`` and all its descendants."""
+    from vit_fast.serve.server import _processes
+
+    procs, tree = _processes(), {pid}
+    while more := {p for p, (ppid, _) in procs.items() if ppid in tree} - tree:
+        tree |= more
+    return tree
 
 
 def start_tritonserver(tmp: Path, repo: Path, models: list[str]) -> Child:

@@ -167,22 +167,33 @@ def test_malformed_requests_get_errors_and_the_server_keeps_serving(server: Chil
         client.close()
 
 
-def test_a_second_serve_on_busy_ports_names_the_port_at_once(server: Child, tmp_path) -> None:
+def test_a_second_serve_on_its_ports_names_the_owner_at_once_and_the_first_keeps_serving(server: Child, model) -> None:
+    """The same user's second server on a port in use is refused on its lock, before any work, in one line naming
+    the port and the first server's pid; the first one's model is untouched."""
     import subprocess
     import sys
     import time
 
-    from ._support import SERVE_SCRIPT
-
     ports = server.ports
-    cmd = [sys.executable, "-c", SERVE_SCRIPT, MODEL, "--http-port", str(ports[0])]
+    cmd = [sys.executable, "-m", "vit_fast", "serve", MODEL, "--http-port", str(ports[0])]
     cmd += ["--grpc-port", str(ports[1]), "--metrics-port", str(ports[2])]
     t0 = time.monotonic()
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert done.returncode != 0
-    assert f"HTTP port {ports[0]} on 127.0.0.1 is already in use" in done.stderr + done.stdout
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"vit-fast serve: error: HTTP port {ports[0]} is held by another vit-fast serve (pid {server.proc.pid}): "
+        "stop that server, or pick another port with --http-port"
+    ]
     assert "starting Triton" not in done.stdout  # refused before the model warmed up and Triton started
     assert time.monotonic() - t0 < 60
+    assert server.proc.poll() is None
+    module, client = _clients(server)["http"]
+    try:
+        assert client.is_model_ready(MODEL)
+        good = np.random.default_rng(2).standard_normal((2, 1, 32, 32)).astype(np.float32)
+        _check_answer(model, good, _infer(module, client, good))
+    finally:
+        client.close()
 
 
 def test_sigterm_under_load_stops_the_server_in_bounded_time_and_releases_its_ports(server: Child) -> None:

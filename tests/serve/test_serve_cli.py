@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import pytest
 
@@ -80,21 +81,35 @@ def test_bad_arguments_fail_before_the_server_starts(tmp_path) -> None:
             serve.run(parser.parse_args(argv))
 
 
-def test_later_instances_wait_for_the_first_ones_handshake() -> None:
-    """The start-up race's cause: PyTriton's proxy code, sent to Triton's python backend with each model, waits 1 s
-    for the first instance's handshake; the files this process sends wait 60 s."""
+def test_later_instances_wait_for_the_first_ones_handshake(tmp_path) -> None:
+    """The start-up race's cause: PyTriton's proxy code, copied into the model store for Triton's python backend
+    when a model is bound, waits 1 s for the first instance's handshake; the copies this process makes wait 60 s."""
     import types
 
     from pytriton.models.model import Model
 
     from vit_fast.serve.server import HANDSHAKE_WAIT, patient_handshake
 
-    stand_in = types.SimpleNamespace(model_version=1, SCRIPT_FILES_TO_COPY=Model.SCRIPT_FILES_TO_COPY)
-    unpatched = getattr(Model.get_proxy_model_files, "__wrapped__", Model.get_proxy_model_files)  # an earlier test
-    before = unpatched(stand_in)["file:1/communication.py"]
+    stand_in = types.SimpleNamespace(model_name="m", model_version=1, SCRIPT_FILES_TO_COPY=Model.SCRIPT_FILES_TO_COPY)
+    stand_in._get_triton_model_config = lambda: None
+    unpatched = getattr(Model.generate_model, "__wrapped__", Model.generate_model)  # an earlier test patched it
+
+    def generate(method, store: Path) -> bytes:
+        # Model.generate_model writes config.pbtxt first: stand in for that part, keep the copying of the scripts
+        import pytriton.models.model as model_module
+
+        real_generator = model_module.ModelConfigGenerator
+        model_module.ModelConfigGenerator = lambda config: types.SimpleNamespace(to_file=lambda path: None)
+        try:
+            method(stand_in, store)
+        finally:
+            model_module.ModelConfigGenerator = real_generator
+        return (store / "m" / "1" / "communication.py").read_bytes()
+
+    before = generate(unpatched, tmp_path / "before")
     assert HANDSHAKE_WAIT[0].encode() in before  # the text replaced is there in this PyTriton
     patient_handshake()
     patient_handshake()  # idempotent
-    after = Model.get_proxy_model_files(stand_in)["file:1/communication.py"]
+    after = generate(Model.generate_model, tmp_path / "after")
     assert b"timeout_s: float = 60.0" in after and HANDSHAKE_WAIT[0].encode() not in after
     assert after.replace(b"60.0", b"1.0") == before  # nothing else changed

@@ -324,15 +324,16 @@ def _print_json(text: str) -> None:
     stream.flush()  # a reader (``| jq``, a script waiting on serve's endpoints) gets it now
 
 
-def write_json(data: Any, target: Path | str | None) -> Path | None:
+def write_json(data: Any, target: Path | str | None, mode: int | None = None) -> Path | None:
     """Write the report ``data`` where ``--json`` said (:func:`json_file`): standard output for ``-``, else the
-    file (atomically, through :mod:`vit_fast.files`); returns the file written, if any."""
+    file (atomically, through :mod:`vit_fast.files`, with ``mode`` where given: 0o600 for a secret); returns the
+    file written, if any."""
     if target is None:
         return None
     if target == STDOUT:
         _print_json(json_text(data))
         return None
-    return write_json_atomic(data, target)
+    return write_json_atomic(data, target, mode=mode)
 
 
 def copy_json(src: str | os.PathLike, target: Path | str | None) -> Path | None:

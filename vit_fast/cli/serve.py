@@ -11,10 +11,13 @@ with our Triton kernels where there is one, else on the CPU with the torch backe
 the model once at each served batch size (1, the preferred sizes, the largest) before it reports ready,
 so every kernel is compiled (with --tune: tuned, and served tuned) before the first request; it says ready
 only once /v2/models/NAME/ready answers and one request went through. Wait on that probe: Triton's own
-/v2/health/ready answers before the model is loaded. On loopback the statistics and
+/v2/health/ready answers before the model is loaded. No client can unload the model or load another one
+(Triton's model control is off), and each port is held by one vit-fast serve at a time: a second one on a
+port in use is refused at once, naming the first one's pid. On loopback the statistics and
 shared-memory APIs are open, so perf_analyzer and model-analyzer measure it as they are; on any other
-interface they keep PyTriton's access token, printed (and written to --json) for clients to send in the
-triton-access-token header (--protect on|off decides it yourself). Requests whose
+interface they keep PyTriton's access token, printed (and written to --json, readable by you only) for clients
+to send in the triton-access-token header (--protect on|off decides it yourself); Triton takes that token on its
+command line, where other users of this machine can read it. Requests whose
 shape or dtype do not fit get an error response; the server keeps serving. --load-test starts the
 server, runs a bounded load test against it on loopback (HTTP and gRPC clients, mixed batch sizes,
 every answer checked against the model), prints p50/p99 latency and throughput, and stops. With --json -
@@ -61,8 +64,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--protect",
         choices=PROTECT_CHOICES,
         default="auto",
-        help="Triton's statistics, shared-memory, repository, trace and logging APIs behind an access token: auto "
-        "(default) opens them on a loopback --host and protects them elsewhere, printing the token",
+        help="Triton's statistics, shared-memory, trace and logging APIs behind an access token: auto (default) "
+        "opens them on a loopback --host and protects them elsewhere, printing the token (Triton reads it from its "
+        "command line, which every local user can see: it keeps other machines out). Loading and unloading models "
+        "is closed to every client either way",
     )
     parser.add_argument(
         "--host", default=DEFAULT_HOST, help=f"address to listen on ({DEFAULT_HOST}; 0.0.0.0 for every interface)"
@@ -83,7 +88,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clients", type=_args.positive_int, default=8, help="load test: concurrent clients (8)")
     parser.add_argument("--requests", type=_args.positive_int, default=100, help="load test: requests per client (100)")
     _args.add_json(
-        parser, "write a machine-readable summary: the endpoints once the server answers, or the load-test report"
+        parser,
+        "write a machine-readable summary: the endpoints (and the access token, if any) once the server answers, "
+        "readable by you only (mode 0600), or the load-test report",
     )
     parser.add_argument("--seed", type=_args.seed, default=0, help="load test: seed of the images and batch sizes (0)")
     parser.add_argument(
@@ -150,8 +157,9 @@ def run(args: argparse.Namespace) -> int:
         token = server.access_token
         if token is not None:
             print(
-                f"statistics, shared-memory, repository, trace and logging APIs need the access token {token} in "
-                f"the header {ACCESS_HEADERS['http']} (HTTP) or {ACCESS_HEADERS['grpc']} (gRPC)",
+                f"statistics, shared-memory, trace and logging APIs need the access token {token} in the header "
+                f"{ACCESS_HEADERS['http']} (HTTP) or {ACCESS_HEADERS['grpc']} (gRPC); it keeps other machines out, "
+                "not other users of this one (Triton reads it from its command line, which they can list)",
                 flush=True,
             )
         if args.load_test:
@@ -187,7 +195,8 @@ def run(args: argparse.Namespace) -> int:
                 "protected": server.protected,
                 "access_token": token,
             }
-            _args.write_json(info | {"description": server.description}, json_target)
+            # readable by this user only, whatever a file it replaces allowed: it may carry the access token
+            _args.write_json(info | {"description": server.description}, json_target, mode=0o600)
         print(f"ready: Ctrl-C or SIGTERM stops it (in-flight requests get up to {DRAIN_TIMEOUT_S} s)", flush=True)
         if not server.wait():
             tail = server.log_tail()

@@ -16,6 +16,15 @@ Two traps are handled here rather than by hand:
 - PyTriton 0.7 needs numpy < 2, so it lives in an extra of its own; :func:`require_serve` says how
   to install it.
 
+What only its owner may do stays with the owner:
+
+- Triton runs with model control "none" (:func:`close_model_control`): no client can unload the model or load
+  another one, token or not.
+- Each port is locked for the server's life (:mod:`vit_fast.serve.ports`): a second ``vit-fast serve`` on the
+  same port is refused before its warm-up and Triton's start, naming the owner's pid.
+- The shared-memory blocks Triton's python backend makes for requests and responses are made private to this
+  user once Triton started, before the first request (:func:`make_shm_private`).
+
 Three choices make the CPU path as fast as it measured best (each measured with perf_analyzer against a plain
 PyTriton script; see vit_fast.serve.settings): torch's OpenMP threads stop spinning soon after each op
 (``GOMP_SPINCOUNT``, set by ``vit-fast serve`` before torch loads; a server started where it is unset says so), the
@@ -32,6 +41,7 @@ import math
 import os
 import signal
 import socket
+import stat
 import sys
 import sysconfig
 import tempfile
@@ -41,6 +51,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
+from glob import escape as glob_escape
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +67,7 @@ from vit_fast.export.tritonserver import (
     plan_batching,
 )
 from vit_fast.model import VisionTransformer
+from vit_fast.serve.ports import claim_ports, release_ports
 from vit_fast.serve.settings import (
     BASE64_MAX_IMAGE_BYTES,
     CPU_PREFERRED_BATCH,
@@ -83,6 +95,8 @@ ACCESS_HEADERS = {"http": "triton-access-token", "grpc": "triton-grpc-protocol-t
 DRAIN_TIMEOUT_S = 10
 #: seconds start() waits for /v2/models/NAME/ready after Triton started
 READY_TIMEOUT_S = 120.0
+#: where POSIX shared-memory blocks live on Linux (shm_open's folder)
+SHM_DIR = Path("/dev/shm")
 
 
 def is_loopback(host: str) -> bool:
@@ -146,28 +160,79 @@ def patient_handshake() -> None:
     and every instance but the first asks the first, over ``NAME-config.sock``, for its configuration, giving up
     after 1 s (``get_config_from_handshake_server(..., timeout_s=1.0)`` in ``pytriton/proxy/communication.py``).
     On a busy machine the first instance takes longer than that to start (seen here: 3 failed starts in a row
-    with 2 instances while other servers started). That code runs in Triton's python-backend stubs, which get it
-    as file contents PyTriton sends with the model (``Model.get_proxy_model_files``); this wraps that method so
-    the default reads 60 s. Exact-text replacement: another PyTriton version's file goes unchanged (and the
-    retry in :meth:`Server.start` remains). Idempotent; only the files this process sends change."""
+    with 2 instances while other servers started). That code runs in Triton's python-backend stubs, which read it
+    from the model's folder in PyTriton's model store, where ``Model.generate_model`` copies it when the model is
+    bound; this wraps that method so the copy's default reads 60 s. Exact-text replacement: another PyTriton
+    version's file goes unchanged (and the retry in :meth:`Server.start` remains). Idempotent; only the model
+    stores of this process change."""
     from pytriton.models.model import Model
 
-    if getattr(Model.get_proxy_model_files, "_vit_fast_patient", False):
+    from vit_fast.files import write_atomic
+
+    if getattr(Model.generate_model, "_vit_fast_patient", False):
         return
-    original = Model.get_proxy_model_files
+    original = Model.generate_model
     old, wait_s = HANDSHAKE_WAIT
-    new = old.replace("timeout_s: float = 1.0", f"timeout_s: float = {wait_s}").encode()
+    new = old.replace("timeout_s: float = 1.0", f"timeout_s: float = {wait_s}")
 
-    def get_proxy_model_files(self) -> dict:
-        files = original(self)
-        for key, content in files.items():
-            if key.endswith("/communication.py"):
-                files[key] = content.replace(old.encode(), new)
-        return files
+    def generate_model(self, model_repository: Path) -> None:
+        original(self, model_repository)
+        script = Path(model_repository) / self.model_name / str(self.model_version) / "communication.py"
+        text = script.read_text()
+        if old in text:
+            write_atomic(script, text.replace(old, new))
 
-    get_proxy_model_files._vit_fast_patient = True
-    get_proxy_model_files.__wrapped__ = original
-    Model.get_proxy_model_files = get_proxy_model_files
+    generate_model._vit_fast_patient = True
+    generate_model.__wrapped__ = original
+    Model.generate_model = generate_model
+
+
+def close_model_control(triton: Any) -> None:
+    """Make ``triton`` (PyTriton 0.7's ``Triton``, made with a local model store and not started yet) run Triton
+    with model control "none": Triton loads the models in its repository when it starts and refuses every load
+    and unload request after that, over HTTP and gRPC, with or without an access token ("explicit model load /
+    unload is not allowed").
+
+    Why not PyTriton's way: it runs Triton in "explicit" mode and loads each model through that API, which then
+    stays open to every client that reaches the port (on loopback: every local user) unless an access token
+    restricts it, and Triton takes its token on its command line only, where every local user reads it (``ps``).
+    Open, the API takes the model down (unload, while the server runs on and answers "not ready") and loads
+    models whose files come with the request: Triton's python backend runs such a model's code as this user.
+    A RuntimeError where PyTriton's server settings are not where 0.7 keeps them: never an open API silently."""
+    config = getattr(triton, "_triton_server_config", None)
+    policy = getattr(triton, "_triton_lifecycle_policy", None)
+    if config is None or not getattr(policy, "local_model_store", False):
+        raise RuntimeError(
+            "vit-fast serve cannot close Triton's model-control API with this PyTriton (its server settings are not "
+            f"where PyTriton 0.7 keeps them): {SERVE_EXTRA} (it pins nvidia-pytriton 0.7.0)"
+        )
+    config["model-control-mode"] = "none"
+    config["load-model"] = None  # Triton refuses --load-model outside "explicit": every model loads at start
+
+
+def make_shm_private(prefix: str, shm_dir: Path = SHM_DIR) -> list[Path]:
+    """Give the shared-memory blocks in ``shm_dir`` whose names start with ``prefix`` mode 0600; returns them.
+
+    Triton's python backend makes one block per model instance (``pytrtion<pid>-...``, PyTriton's prefix) and
+    carries every request and response through it between tritonserver and the instance's stub. It sets their
+    mode itself (``fchmod`` to 0644 after ``shm_open``), so a umask cannot narrow them and PyTriton has no
+    setting for it: they are narrowed here, once Triton has loaded the model (which makes them) and before the
+    first request. Only this user's regular files are touched (``lstat``, opened without following a link)."""
+    narrowed = []
+    for path in sorted(shm_dir.glob(f"{glob_escape(prefix)}*")):
+        try:
+            st = os.lstat(path)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+                continue
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue  # gone meanwhile
+        try:
+            os.fchmod(fd, 0o600)
+        finally:
+            os.close(fd)
+        narrowed.append(path)
+    return narrowed
 
 
 def port_in_use(host: str, port: int) -> bool:
@@ -335,7 +400,8 @@ class Server:
             if self.threads > 1:
                 say = (lambda line: print(f"[vit-fast serve] {line}", file=sys.stderr, flush=True)) if verbose else None
                 self.thread_tuner = ThreadTuner(self.threads, on_trial=say)
-        #: whether Triton's statistics, shared-memory, model-repository, trace and logging APIs need the token
+        #: whether Triton's statistics, shared-memory, trace and logging APIs need the token (model control is
+        #: closed to every client either way: close_model_control)
         self.protected = protect == "on" or (protect == "auto" and not is_loopback(host))
         self._threads_before: int | None = None
         self.endpoints = Endpoints(host, http_port, grpc_port, metrics_port)
@@ -350,6 +416,8 @@ class Server:
         self.transport = proxy_transport(math.prod(self.input.dims) * self.dtype.itemsize)
         self._triton: Any = None
         self._stop = threading.Event()
+        #: the port locks this server holds (see check_ports), released by stop()
+        self._port_locks: list[int] = []
         #: Triton's own log (written by tritonserver; on stdout instead with ``verbose``)
         self.log_file: Path | None = None
 
@@ -377,11 +445,21 @@ class Server:
         return self._triton.get_access_token()
 
     def check_ports(self) -> None:
-        """Raise an OSError naming the first of the three ports that something already listens on, and the flag
-        that moves it: before the model warms up and Triton starts (which would fail only after its start-up)."""
+        """Claim the three ports for this server, then make sure nothing listens on them: before the model warms
+        up and Triton starts (which would fail only after its start-up).
+
+        The claim is a lock per port held until :meth:`stop` (:mod:`vit_fast.serve.ports`): of two servers of
+        this user started at once on a port, one holds it and the other gets a PortTaken naming the port and
+        the holder's pid. Then an OSError names the first port something else (another user's server, another
+        program) listens on, and the flag that moves it; the locks are released again then. Claiming twice
+        keeps the locks."""
         e = self.endpoints
-        for what, port in (("HTTP", e.http_port), ("gRPC", e.grpc_port), ("metrics", e.metrics_port)):
+        ports = {"HTTP": e.http_port, "gRPC": e.grpc_port, "metrics": e.metrics_port}
+        if not self._port_locks:
+            self._port_locks = claim_ports(ports)
+        for what, port in ports.items():
             if port_in_use(e.host, port):
+                release_ports(self._port_locks)
                 flag = f"--{what.lower()}-port"
                 raise OSError(
                     f"{what} port {port} on {e.host} is already in use (another server, or another program): stop "
@@ -441,9 +519,10 @@ class Server:
         ``get_config_from_handshake_server``, seen here with 2 instances on a busy 2-core machine): that
         start-up is retried, up to ``START_ATTEMPTS`` times in all, and said so on stderr.
 
-        Busy ports are refused first (:meth:`check_ports`); ``torch.set_num_threads(threads)`` holds until
-        :meth:`stop`. It returns only once ``/v2/models/NAME/ready`` answers 200 (``/v2/health/ready`` answers
-        before the model is loaded) and one request went through the whole path.
+        The ports are claimed and busy ones refused first (:meth:`check_ports`);
+        ``torch.set_num_threads(threads)`` holds until :meth:`stop`. It returns only once ``/v2/models/NAME/ready``
+        answers 200 (``/v2/health/ready`` answers before the model is loaded) and one request went through the
+        whole path.
         """
         self.check_ports()
         if self.device.type == "cpu" and self.threads > 1 and not any(os.environ.get(v) for v in OPENMP_SPIN_VARS):
@@ -454,32 +533,32 @@ class Server:
                 file=sys.stderr,
                 flush=True,
             )
-        self._threads_before = torch.get_num_threads()
-        torch.set_num_threads(self.threads)
-        self.warmup()
-        attempt = 1
-        while True:
-            try:
-                self._start_once()
-            except Exception as err:
-                if HANDSHAKE_RACE not in f"{err} {err.__cause__}" or attempt >= START_ATTEMPTS:
-                    raise
-                attempt += 1
-                print(
-                    f"[vit-fast serve] PyTriton's model instances raced at start-up ({HANDSHAKE_RACE}); "
-                    f"starting again ({attempt}/{START_ATTEMPTS})",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                # the failed attempt's stop() gave torch its threads back
-                self._threads_before = torch.get_num_threads()
-                torch.set_num_threads(self.threads)
-            else:
-                break
         try:
+            self._threads_before = torch.get_num_threads()
+            torch.set_num_threads(self.threads)
+            self.warmup()
+            attempt = 1
+            while True:
+                try:
+                    self._start_once()
+                except Exception as err:
+                    if HANDSHAKE_RACE not in f"{err} {err.__cause__}" or attempt >= START_ATTEMPTS:
+                        raise
+                    attempt += 1
+                    print(
+                        f"[vit-fast serve] PyTriton's model instances raced at start-up ({HANDSHAKE_RACE}); "
+                        f"starting again ({attempt}/{START_ATTEMPTS})",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    # the failed attempt's stop() gave torch its threads back
+                    self._threads_before = torch.get_num_threads()
+                    torch.set_num_threads(self.threads)
+                else:
+                    break
             self._wait_ready()
         except BaseException:
-            self.stop()
+            self.stop()  # Triton, torch's threads and the ports as they were
             raise
         return self
 
@@ -488,7 +567,7 @@ class Server:
         import numpy as np
         from pytriton.decorators import batch
         from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
-        from pytriton.triton import Triton, TritonConfig, TritonSecurityConfig
+        from pytriton.triton import Triton, TritonConfig, TritonLifecyclePolicy, TritonSecurityConfig
 
         # the python-backend stub is started by tritonserver, which PyTriton starts with a copy of os.environ
         os.environ.update(python_backend_env())
@@ -512,11 +591,16 @@ class Server:
             exit_on_error=True,
             exit_timeout_secs=DRAIN_TIMEOUT_S,
         )
-        # open: [] restricts nothing (PyTriton's default list protects statistics and shared memory with a token)
+        # open: [] restricts nothing (PyTriton's default list protects statistics and shared memory with a token);
+        # model control is closed to every client either way (close_model_control)
         security = TritonSecurityConfig() if self.protected else TritonSecurityConfig(restricted_endpoints=[])
         infer = batch(self.infer)
         patient_handshake()
-        self._triton = Triton(config=config, security_config=security)
+        # the model's files go to PyTriton's private model store when it is bound, and Triton loads them when it
+        # starts: no load request is ever needed
+        local_store = TritonLifecyclePolicy(launch_triton_on_startup=True, local_model_store=True)
+        self._triton = Triton(config=config, security_config=security, triton_lifecycle_policy=local_store)
+        close_model_control(self._triton)
         # PyTriton reads the switch when the model is bound (this process) and when its stubs start (Triton's copy
         # of os.environ): set for both, then put back, so another PyTriton server in this process is not touched
         switch = {NO_TENSORSTORE: "1"} if self.transport == "base64" and not os.environ.get(NO_TENSORSTORE) else {}
@@ -536,11 +620,10 @@ class Server:
                 ),
                 strict=True,
             )
-            self._triton.run()
-            self._quiet_triton_stdout()
+            self._run_triton()
         except BaseException as err:
             tail = self.log_tail()
-            self.stop()
+            self._stop_serving()
             if tail and not isinstance(err, KeyboardInterrupt):
                 raise RuntimeError(f"Triton Inference Server did not start: {err}\nits log ends:\n{tail}") from err
             raise
@@ -548,6 +631,31 @@ class Server:
             for key in switch:
                 os.environ.pop(key, None)
         return self
+
+    def _run_triton(self) -> None:
+        """Start tritonserver, wait until it answers (or fail at once with its log when it exits during its start:
+        PyTriton would wait its full 120 s), connect PyTriton's side of the model, and make the request blocks
+        private (:func:`make_shm_private`). PyTriton 0.7's ``run()`` is ``_run_server()`` then ``connect()``."""
+        self._triton._run_server()
+        self._quiet_triton_stdout()
+        process = self._triton._triton_server
+        url = self.endpoints.health_url
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while True:
+            if not process.is_alive():
+                raise RuntimeError("tritonserver exited during its start-up")
+            try:
+                with urllib.request.urlopen(url, timeout=5) as reply:
+                    if reply.status == 200:
+                        break
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{url} did not answer 200 within {READY_TIMEOUT_S:g} s of Triton's start")
+            time.sleep(0.2)
+        self._triton.connect()
+        prefix = self._triton._python_backend_config["shm-region-prefix-name"] or f"pytrtion{os.getpid()}-"
+        make_shm_private(prefix)
 
     def _quiet_triton_stdout(self) -> None:
         """Triton logs to :attr:`log_file`; what tritonserver still writes on its stdout (the "Signal (2)
@@ -618,9 +726,16 @@ class Server:
         return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
 
     def stop(self, keep_log: bool = False) -> None:
-        """Stop Triton and its python backend; waits for them to exit. Safe to call twice.
+        """Stop Triton and its python backend; waits for them to exit; then release the ports. Safe to call twice.
 
         Triton's log file is removed unless ``keep_log`` (kept to explain a failure)."""
+        try:
+            self._stop_serving(keep_log)
+        finally:
+            release_ports(self._port_locks)
+
+    def _stop_serving(self, keep_log: bool = False) -> None:
+        """:meth:`stop` but for the port locks (a start-up that is retried keeps them)."""
         triton, self._triton = self._triton, None
         if triton is not None:
             triton.stop()
@@ -660,9 +775,12 @@ __all__ = [
     "DRAIN_TIMEOUT_S",
     "Endpoints",
     "PROTECT_CHOICES",
+    "SHM_DIR",
     "SERVE_EXTRA",
     "Server",
+    "close_model_control",
     "is_loopback",
+    "make_shm_private",
     "port_in_use",
     "proxy_transport",
     "python_backend_env",
