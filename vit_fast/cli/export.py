@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from vit_fast.files import check_report_file
+from vit_fast.files import ENGINE_SUFFIXES, ONNX_SUFFIXES, check_report_file, make_folders
 
 from . import _args
 
@@ -128,7 +128,7 @@ def _run_onnx(args: argparse.Namespace) -> int:
         preprocess = dict(layout=args.preprocess, mean=tuple(args.mean), std=tuple(args.std), scale=args.scale)
     elif args.mean is not None or args.std is not None:
         raise _args.CommandError("--mean/--std normalise uint8 input inside the graph: give --preprocess NCHW|NHWC too")
-    out = _args.output_file(args.out, "--out")
+    out = _args.output_file(args.out, "--out", ONNX_SUFFIXES)
     json_path = _args.output_file(args.json, "--json")
     if json_path is not None:  # the one output policy, before any work; never the artifact's own metadata
         json_path = check_report_file(json_path, "--json", overwrite=args.overwrite, artifacts=(out,))
@@ -136,7 +136,7 @@ def _run_onnx(args: argparse.Namespace) -> int:
     batch = tuple(args.batch)
     dtype = args.dtype or "fp32"  # a default given as text would be parsed, importing torch, on every parse
     check_onnx_args(model, batch, dtype, args.opset, args.exporter, args.dynamic_size, args.attention)
-    out.parent.mkdir(parents=True, exist_ok=True)  # checked above; made only now that the work starts
+    make_folders(out.parent, "--out")  # checked above; made only now that the work starts
     to_onnx(
         model,
         out,
@@ -163,11 +163,11 @@ def _run_onnx(args: argparse.Namespace) -> int:
 def _run_tensorrt(args: argparse.Namespace) -> int:
     from vit_fast.export.tensorrt import to_tensorrt
 
-    out = _args.output_file(args.out, "--out")
+    out = _args.output_file(args.out, "--out", ENGINE_SUFFIXES)
     json_path = _args.output_file(args.json, "--json")
     if json_path is not None:  # the one output policy, before any work; never the artifact's own metadata
         json_path = check_report_file(json_path, "--json", overwrite=args.overwrite, artifacts=(out,))
-    out.parent.mkdir(parents=True, exist_ok=True)
+    make_folders(out.parent, "--out")
     to_tensorrt(
         args.onnx,
         out,
