@@ -21,7 +21,6 @@ runs it in a subprocess to count launches. Run it without ``TRITON_INTERPRET`` (
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -186,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=30, help="timed forwards per model (median reported)")
     parser.add_argument("--json", help="also write the results to this JSON file")
     args = parser.parse_args(argv)
+    from vit_fast.files import check_report_file, write_json_atomic
+
+    json_path = None if args.json is None else check_report_file(args.json, "--json")  # before any measurement
     launches = install_stub_driver()
     rows = [measure(m, args.batch, args.dtype, args.iters, launches) for m in args.models]
     head = f"{'model':<26} {'batch':>5} {'us/fwd med':>11} {'min':>8} {'launches':>9} {'us/launch':>10}"
@@ -197,9 +199,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['launches']:>9} "
             f"{r['host_us_per_launch']:>10.1f}  {progs}"
         )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    if json_path is not None:
+        write_json_atomic({"rows": rows}, json_path)
     return 0
 
 
