@@ -998,7 +998,7 @@ def targets(data: dict[str, Any], rows: list[dict[str, Any]]) -> list[tuple[str,
 
 def summary(data: dict[str, Any]) -> str:
     """summary.md: what ran, the targets, and each table (a reader's view of results.json)."""
-    from vit_fast.files import markdown_mark
+    from vit_fast.files import seal_markdown
 
     env = data.get("env") or {}
     rows = perf_rows(data)
@@ -1157,7 +1157,7 @@ def summary(data: dict[str, Any]) -> str:
     if env.get("sdpa"):
         lines.append(f"- SDPA: {env['sdpa']}")
     lines += ["", "max-autotune is left out of the compile phase: it tunes 16 GEMM shapes of ViT-B/16, minutes each."]
-    return "\n".join(lines) + "\n\n" + markdown_mark(data.get("vit_fast_version") or "?")
+    return seal_markdown("\n".join(lines) + "\n\n", data.get("vit_fast_version") or "?")
 
 
 # --------------------------------------------------------------------------------------------- running

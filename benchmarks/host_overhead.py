@@ -24,7 +24,6 @@ runs it in a subprocess to count launches. Run it without ``TRITON_INTERPRET`` (
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -224,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
         "--launch-hook", action="store_true", help="register a trivial Triton launch hook (as a profiler does)"
     )
     args = parser.parse_args(argv)
+    from vit_fast.files import check_report_file, write_json_atomic
+
+    json_path = None if args.json is None else check_report_file(args.json, "--json")  # before any measurement
     launches = install_stub_driver()
     hook_calls = add_launch_hook() if args.launch_hook else None
     rows = [measure(m, args.batch, args.dtype, args.iters, launches, hook_calls) for m in args.models]
@@ -239,9 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         if hook_calls is not None:
             calls, with_metadata = r["hook_calls"], r["hook_calls_with_metadata"]
             print(f"  launch hook: {calls} calls in the last forward, {with_metadata} with metadata")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    if json_path is not None:
+        write_json_atomic({"rows": rows}, json_path)
     return 0
 
 

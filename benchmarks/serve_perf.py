@@ -55,14 +55,15 @@ def free_ports(n: int) -> list[int]:
 
 def write_weights(folder: Path) -> tuple[Path, Path]:
     """The default model as a plain state dict and its config.json, the one file both servers load."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     import vit_fast
+    from vit_fast.files import write_new
 
     model = vit_fast.load_model("default", backend="torch")
     weights, config = folder / "default.safetensors", folder / "config.json"
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(weights))
-    config.write_text(json.dumps(model.cfg.to_dict()))
+    write_new(weights, save({k: v.contiguous() for k, v in model.state_dict().items()}))
+    write_new(config, json.dumps(model.cfg.to_dict()))
     return weights, config
 
 
@@ -74,7 +75,9 @@ def start(name: str, cmd: list[str], ports: list[int], log: Path, threads: int |
     env = dict(os.environ, LD_LIBRARY_PATH=os.pathsep.join(p for p in (libdir, os.environ.get("LD_LIBRARY_PATH")) if p))
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
-    with open(log, "wb") as out:
+    from vit_fast.files import open_new
+
+    with open_new(log) as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     url = f"http://127.0.0.1:{ports[0]}/v2/models/{MODEL}/ready"
     deadline = time.monotonic() + READY_TIMEOUT_S
@@ -194,6 +197,9 @@ def main() -> None:
     if probe.returncode != 0:  # e.g. a launcher whose libraries were moved: say so before the servers start
         said = (probe.stdout + probe.stderr).strip().splitlines()[-1:] or [f"exit status {probe.returncode}"]
         sys.exit(f"{args.perf_analyzer} does not run: {said[0]}\nget it again with benchmarks/get_perf_analyzer.sh")
+    from vit_fast.files import check_report_file, write_json_atomic
+
+    json_path = None if args.json is None else check_report_file(args.json, "--json")  # before the servers start
     with tempfile.TemporaryDirectory(prefix="vit-fast-serve-perf-") as folder:
         tmp = Path(folder)
         weights, config = write_weights(tmp)
@@ -239,8 +245,8 @@ def main() -> None:
                 except subprocess.TimeoutExpired:
                     proc.kill()
     print(table(points))
-    if args.json:
-        Path(args.json).write_text(json.dumps({"points": points, "cores": os.cpu_count()}, indent=2))
+    if json_path is not None:
+        write_json_atomic({"points": points, "cores": os.cpu_count()}, json_path)
 
 
 if __name__ == "__main__":

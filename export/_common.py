@@ -15,11 +15,20 @@ from typing import Any
 
 from vit_fast.batches import MAX_BATCH
 from vit_fast.checkpoints import file_sha256
-from vit_fast.files import check_output_file, check_report_file, contained_path, read_head, written_by_vit_fast
+from vit_fast.files import (
+    DIGEST_KEY,
+    ENGINE_SUFFIXES,
+    ONNX_SUFFIXES,
+    check_output_file,
+    check_report_file,
+    claim,
+    contained_path,
+    ownership_note,
+    read_head,
+    written_by_vit_fast,
+)
 
 METADATA_SUFFIX = ".json"
-ONNX_SUFFIXES = (".onnx",)
-ENGINE_SUFFIXES = (".plan", ".engine", ".trt")
 REPORT_SUFFIXES = (".json",)
 #: the metadata fields that name a file beside the artifact (kept inside its folder: contained_path)
 METADATA_FILE_FIELDS = ("external_data",)
@@ -99,7 +108,8 @@ def check_artifact_outputs(
     ``PATH.json`` and, with ``external_data``, ``PATH.data``. A ValueError names the path and the fix.
 
     An existing artifact with vit-fast's metadata may be replaced; anything else only with ``overwrite``.
-    A folder where one of the files goes is always refused.
+    A folder where one of the files goes is always refused. Every path is claimed
+    (:func:`vit_fast.files.claim`): the publish replaces only the files checked here.
     """
     what, suffixes = ARTIFACT_KINDS[kind]
     path = check_output_file(path, suffixes, what, ours=is_vit_fast_artifact, overwrite=overwrite)
@@ -117,11 +127,16 @@ def check_artifact_outputs(
             continue
         mine = written_by_vit_fast(side) if role == "metadata" else bool(ours)
         if not mine:
+            note = ownership_note(side) if role == "metadata" else "it was not written by vit-fast"
+            foreign = note.startswith("it was not")
+            state = "was not written by vit-fast" if foreign else f"is not provably vit-fast's as written ({note})"
             raise ValueError(
-                f"the {role} of {what} {str(path)!r} goes to {str(side)!r}, which exists and was not written by "
-                "vit-fast; refusing to replace it: choose another output path, or allow replacing it "
-                "(overwrite=True; --overwrite on the command line)"
+                f"the {role} of {what} {str(path)!r} goes to {str(side)!r}, which exists and {state}; refusing to "
+                "replace it: choose another output path, or allow replacing it (overwrite=True; --overwrite on the "
+                "command line)"
             )
+    for side, _ in sidecars:
+        claim(side, overwrite=overwrite)
     return path
 
 
@@ -192,7 +207,8 @@ def metadata_path(artifact: str | os.PathLike) -> Path:
 
 
 def read_metadata(artifact: str | os.PathLike) -> dict[str, Any] | None:
-    """The metadata JSON beside ``artifact``, or None when there is none; a corrupt file raises naming it."""
+    """The metadata JSON beside ``artifact`` (without the file's own ``vit_fast_digest``, which proves the file, not
+    the artifact), or None when there is none; a corrupt file raises naming it."""
     path = metadata_path(artifact)
     if not path.exists():
         return None
@@ -202,6 +218,7 @@ def read_metadata(artifact: str | os.PathLike) -> dict[str, Any] | None:
         raise ArtifactError(f"metadata {str(path)!r} beside {str(artifact)!r} cannot be read as JSON: {err}") from err
     if not isinstance(data, dict):
         raise ArtifactError(f"metadata {str(path)!r} holds a {type(data).__name__}, expected a JSON object")
+    data.pop(DIGEST_KEY, None)
     for field in METADATA_FILE_FIELDS:  # a name that leads out of the artifact's folder is refused for every reader
         if data.get(field) is not None:
             inside(path.parent, data[field], source=path, field=f"field {field!r}")

@@ -29,7 +29,7 @@ import torch
 
 from vit_fast.dtypes import DTYPE_NAMES, ONNX_ELEM_TYPES
 from vit_fast.env import git_commit
-from vit_fast.files import json_text, publish_to, staging_dir, write_atomic, write_new
+from vit_fast.files import claim, json_text, publish_to, staging_dir, write_atomic, write_new
 from vit_fast.progress import Stages
 
 from ._common import (
@@ -305,6 +305,7 @@ def to_tensorrt(
     stages = Stages("vit-fast export", progress)
     sm, gpu = gpu_sm(), torch.cuda.get_device_name()
     cache_path = Path(timing_cache) if timing_cache else default_timing_cache(engine_path, trt.__version__, sm)
+    claim(cache_path, overwrite=True)  # a cache, read before the build and replaced after it, whatever it holds then
     strongly_typed = onnx_dtype in ("fp16", "bf16")
     with contextlib.ExitStack() as stack:
         staging = stack.enter_context(staging_dir(engine_path))

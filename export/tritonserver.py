@@ -13,7 +13,9 @@ declared in its recorded layout; for an engine, its vit-fast metadata and the ON
 from where that lies beside it, since opening an engine needs a GPU); ``max_batch_size`` is bounded by the
 batch range the artifact was exported or built for. Every folder is built in a private staging folder
 beside its target and renamed into place only when all of them are complete; an existing non-empty model
-folder is refused unless ``force=True``, before any work. Other entries (the python-backend entry of ``vit_fast.serve``)
+folder is refused unless ``force=True``, before any work, and a model folder that appeared or changed while
+the new one was built (a version folder added, a file edited) is never moved away: the write is refused and it
+stays as it is. Other entries (the python-backend entry of ``vit_fast.serve``)
 plug in as :class:`ModelEntry` builders.
 
 Here: the entries (:func:`onnx_entry`, :func:`tensorrt_entry`), the all-or-nothing writer
@@ -36,7 +38,17 @@ from torch import nn
 
 from vit_fast.batches import MAX_BATCH
 from vit_fast.dtypes import DTYPE_NAMES, parse_dtype
-from vit_fast.files import clean_stale_staging, copy_new, make_staging, publish_folder, write_json_atomic, write_new
+from vit_fast.files import (
+    check_output_dir,
+    claim_folder,
+    clean_stale_staging,
+    copy_new,
+    make_folders,
+    make_staging,
+    publish_folders,
+    write_json_atomic,
+    write_new,
+)
 from vit_fast.progress import Stages
 
 from . import triton_config
@@ -166,7 +178,7 @@ def onnx_entry(
 
     def build(folder: Path) -> EntryConfig:
         version = folder / VERSION
-        version.mkdir(parents=True)
+        version.mkdir()
         target = version / MODEL_FILES["onnx"]
         shown = published_folder(folder) / VERSION / MODEL_FILES["onnx"]  # where it is served from: what we name
         record = None
@@ -254,7 +266,7 @@ def tensorrt_entry(
 
     def build(folder: Path) -> EntryConfig:
         version = folder / VERSION
-        version.mkdir(parents=True)
+        version.mkdir()
         target = version / MODEL_FILES["tensorrt"]
         copy_new(path, target)
         copy_new(metadata_path(path), metadata_path(target))
@@ -286,12 +298,15 @@ def published_folder(folder: Path) -> Path:
 def check_repository(repo: str | os.PathLike, names: Sequence[str], force: bool = False) -> Path:
     """Check that ``repo`` can hold the model folders ``names`` (before any work); returns it.
 
-    The repository folder may be missing (it is created, its parent must exist). A model folder that
-    exists and is not empty is refused unless ``force``; duplicate names are refused.
+    The repository folder may be missing (it is created, its parent must exist); it (or, when missing, its
+    parent) must be writable, and a link on the way must lead somewhere. A model folder that exists and is
+    not empty is refused unless ``force``; duplicate names are refused. Each model folder is claimed
+    (:func:`vit_fast.files.claim_folder`): the write replaces only what is there now.
     """
     repo = Path(repo)
     if repo.exists() and not repo.is_dir():
         raise ValueError(f"model repository {str(repo)!r} is a file; give a folder")
+    check_output_dir(repo, "model repository")  # a link that leads nowhere, a folder that cannot be written
     parent = repo.parent if str(repo.parent) else Path(".")
     if not repo.exists() and not parent.is_dir():
         raise ValueError(f"folder {str(parent)!r} for the model repository does not exist: create it first")
@@ -307,24 +322,28 @@ def check_repository(repo: str | os.PathLike, names: Sequence[str], force: bool 
                 f"model folder {str(target)!r} exists and is not empty: pass force (--force) to replace it, "
                 "or pick another name or repository"
             )
+    for name in names:
+        claim_folder(repo / name)
     return repo
 
 
 def write_repository(
     repo: str | os.PathLike, entries: Sequence[ModelEntry], force: bool = False, progress: bool = True
 ) -> list[Path]:
-    """Build each entry's model folder in a staging folder inside ``repo``, then rename them all into place.
+    """Build each entry's model folder in a staging folder inside ``repo``, then move them all into place.
 
     Nothing appears in ``repo`` unless every entry was built. With ``force``, an existing model folder of
-    the same name is swapped out and removed after the new one is in place. Returns the model folders.
+    the same name is swapped out and removed after the new one is in place, but only while it is as
+    :func:`check_repository` saw it: a model folder that appeared or changed meanwhile (a version added)
+    stays as it is and the write is refused (:class:`vit_fast.files.OutputChanged`), nothing published.
+    Returns the model folders.
     """
     names = [e.name for e in entries]
     repo = check_repository(repo, names, force)
-    repo.mkdir(exist_ok=True)
+    make_folders(repo, "model repository")
     stages = Stages("vit-fast export", progress)
     clean_stale_staging(repo)  # a killed run's staging folder, proven ours by its marker and free lock
     staging, lock = make_staging(repo, "vit-fast-repo")  # .vit-fast-repo.tmp-TOKEN
-    published: list[tuple[Path, Path | None]] = []  # (model folder, the old folder it replaced)
     try:
         for entry in entries:
             folder = staging / entry.name
@@ -334,25 +353,15 @@ def write_repository(
             if config.name != entry.name:
                 raise RuntimeError(f"entry {entry.name!r} produced a config named {config.name!r}")
             write_new(folder / "config.pbtxt", config.to_pbtxt())
-        for entry in entries:
-            target, old = repo / entry.name, None
-            if target.is_dir():  # empty, or replaced under force: move it aside first
-                old = staging / f".old-{entry.name}"
-                publish_folder(target, old)
-            publish_folder(staging / entry.name, target)
-            published.append((target, old))
-    except BaseException:
-        for target, old in reversed(published):  # put back what was there before
-            shutil.rmtree(target, ignore_errors=True)
-            if old is not None:
-                publish_folder(old, target)
-        raise
+        # the folders replaced end up inside the staging folder, and go with it
+        publish_folders([(staging / e.name, repo / e.name) for e in entries])
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         os.close(lock)
-    for target, _ in published:
+    published = [repo / e.name for e in entries]
+    for target in published:
         stages.note(f"wrote {target}/config.pbtxt")
-    return [t for t, _ in published]
+    return published
 
 
 def to_tritonserver(

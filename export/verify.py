@@ -33,7 +33,7 @@ from torch import nn
 from vit_fast.batches import MAX_BATCH
 from vit_fast.dtypes import DTYPE_NAMES, parse_dtype
 from vit_fast.env import git_commit, module_version
-from vit_fast.files import json_text, staging_dir, write_json_atomic, write_new
+from vit_fast.files import json_text, make_folders, staging_dir, write_json_atomic, write_new
 from vit_fast.interrupts import INTERRUPTS, cut_note, held
 from vit_fast.numerics import FACTOR, FLOOR, RULE, compare
 from vit_fast.progress import Remaining, Stages, duration, long_cpu_note, plural
@@ -560,7 +560,7 @@ def verify_staged(model: Any, staged: Path, options: VerifyOptions, final: Path)
 def stage_report(stack: contextlib.ExitStack, report: VerifyReport, path: Path) -> tuple[Path, Path]:
     """Write ``report`` as JSON into a staging folder beside ``path`` (held open by ``stack``); returns the
     ``(staged file, target)`` pair to publish. The report's folder is made here (checked up front)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folders(path.parent, "report")
     staged = stack.enter_context(staging_dir(path)) / path.name
     write_new(staged, json_text(report.to_dict()))
     return staged, path

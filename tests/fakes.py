@@ -1,8 +1,7 @@
-"""Stand-ins shared by the export and bench tests: a tiny Hugging Face classifier, a failing os.replace."""
+"""Stand-ins shared by the export and bench tests: a tiny Hugging Face classifier, a failing publish."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import pytest
@@ -30,13 +29,16 @@ def tiny_hf_classifier(num_labels: int = 4, seed: int = 0) -> Any:
 
 
 def fail_replace_onto(monkeypatch: pytest.MonkeyPatch, suffix: str, staging_mark: str) -> None:
-    """Make ``os.replace`` fail with ENOSPC when it moves a staged file (a path holding ``staging_mark``) onto a
-    target ending in ``suffix``; every other move goes through."""
-    real = os.replace
+    """Make the move of a staged file (a path holding ``staging_mark``) onto a target ending in ``suffix`` fail with
+    ENOSPC, however vit_fast.files moves it (a rename that cannot replace, an exchange, ``os.replace``); every
+    other move goes through."""
+    from vit_fast import files
 
-    def replace(src: Any, dst: Any) -> None:
+    real = files._rename
+
+    def rename(src: Any, dst: Any, mode: str) -> bool:
         if str(dst).endswith(suffix) and staging_mark in str(src):
             raise OSError(28, "No space left on device")
-        real(src, dst)
+        return real(src, dst, mode)
 
-    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(files, "_rename", rename)

@@ -13,6 +13,7 @@ import hashlib
 import os
 import re
 import stat
+import subprocess
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -194,7 +195,7 @@ def test_export_api_refusals_touch_nothing(tmp_path):
     cases = [
         (dict(path=tmp_path / "notes.txt"), r"wrong suffix '.txt'", r"\.onnx"),
         (dict(path=tmp_path / "mine.onnx"), r"not written by vit-fast", r"overwrite"),
-        (dict(path=tmp_path / "afile" / "m.onnx"), r"is a file", r"choose a path"),
+        (dict(path=tmp_path / "afile" / "m.onnx"), r"is a file", r"choose another path"),
         (dict(path=tmp_path / "j.onnx"), r"j.onnx.json", r"folder"),
         (dict(path=tmp_path / "m.onnx", opset=99), r"opset 99 is newer", r"--opset 23 or lower"),
         (dict(path=tmp_path / "m.onnx", opset=11), r"opset 11 is too old", r">= 17"),
@@ -205,7 +206,7 @@ def test_export_api_refusals_touch_nothing(tmp_path):
             r"needs exporter='dynamo'",
             r"dynamo",
         ),
-        (dict(path=tmp_path / "m.onnx", report=tmp_path / "afile" / "r.json"), r"is a file", r"choose a path"),
+        (dict(path=tmp_path / "m.onnx", report=tmp_path / "afile" / "r.json"), r"is a file", r"choose another path"),
     ]
     for kwargs, problem, fix in cases:
         with pytest.raises(ValueError) as info:
@@ -1396,3 +1397,182 @@ def test_a_sharded_hugging_face_folder_loads_and_its_index_stays_inside(tmp_path
     with pytest.raises(ValueError, match=r"model.safetensors.index.json': weight_map\['.+'\] is '../blobs/.+', which "
                        r"climbs out of its folder through '..'"):  # fmt: skip
         vit_fast.load_model(str(snapshot), backend="torch")
+
+
+# --------------------------------------------------------------------------- links that lead nowhere, bare suffixes
+# With `dang -> /nonexistent/results` (a drive not mounted) or a looping link on the way, each --out / --json below
+# ran the whole command, then failed with "[Errno 17] File exists: 'dang'" and the results were lost; `--out .onnx`
+# passed the suffix check and failed after the export, naming a staging path. Each is now refused before any work,
+# by name, with the fix; the folder (its links included) is as it was.
+DANGLING = (
+    r"'dang' is a symbolic link to '/nonexistent/results', which does not exist \(a drive not mounted, or a folder "
+    r"moved\?\); mount or create it, fix the link, or choose another path"
+)
+LOOPING = r"'loop' is a symbolic link that loops \(it leads back to itself\); fix the link, or choose another path"
+NO_NAME = r"has no name before its suffix"
+# id -> (argv, regex naming the problem and the fix); each exits 1 with the policy's one line
+LINK_CLI: dict[str, tuple[list[str], str]] = {
+    "bench out under a dangling link": (["bench", "default", "--out", "dang/b"], rf"--out 'dang/b': {DANGLING}"),
+    "bench out is a dangling link": (["bench", "default", "--out", "dang"], rf"--out 'dang': {DANGLING}"),
+    "bench json under a dangling link": (
+        ["bench", "default", "--out", "b", "--json", "dang/b.json"],
+        rf"--json 'dang/b.json': {DANGLING}",
+    ),
+    "verify json under a dangling link": (
+        ["verify", "default", "triton", "--json", "dang/v.json"],
+        rf"--json 'dang/v.json': {DANGLING}",
+    ),
+    "doctor out under a dangling link": (["doctor", "--out", "dang/doc"], rf"--out 'dang/doc': {DANGLING}"),
+    "doctor out is a dangling link": (["doctor", "--out", "dang"], rf"--out 'dang': {DANGLING}"),
+    "demo out under a dangling link": (["demo", "--out", "dang/d"], rf"--out 'dang/d': {DANGLING}"),
+    "info json under a dangling link": (["info", "--json", "dang/i.json"], rf"--json 'dang/i.json': {DANGLING}"),
+    "serve json under a dangling link": (
+        ["serve", "default", "--json", "dang/s.json"],
+        rf"--json 'dang/s.json': {DANGLING}",
+    ),
+    "export out under a dangling link": (
+        ["export", "onnx", "default", "--out", "dang/m.onnx"],
+        rf"--out 'dang/m.onnx': {DANGLING}",
+    ),
+    "export json under a dangling link": (
+        ["export", "onnx", "default", "--out", "m.onnx", "--json", "dang/r.json"],
+        rf"--json 'dang/r.json': {DANGLING}",
+    ),
+    "export out under a chain of links": (
+        ["export", "onnx", "default", "--out", "chain/m.onnx"],
+        r"'chain' is a symbolic link to 'dang', then '/nonexistent/results', which does not exist",
+    ),
+    "tritonserver out is a dangling link": (
+        ["export", "tritonserver", "default", "--out", "dang"],
+        rf"model repository 'dang': {DANGLING}",
+    ),
+    "tritonserver out under a dangling link": (
+        ["export", "tritonserver", "default", "--out", "dang/repo"],
+        rf"model repository 'dang/repo': {DANGLING}",
+    ),
+    "bench out under a looping link": (["bench", "default", "--out", "loop/b"], rf"--out 'loop/b': {LOOPING}"),
+    "verify json under a looping link": (
+        ["verify", "default", "triton", "--json", "loop/v.json"],
+        rf"--json 'loop/v.json': {LOOPING}",
+    ),
+    "doctor out under a looping link": (["doctor", "--out", "loop/doc"], rf"--out 'loop/doc': {LOOPING}"),
+    "export out under a looping link": (
+        ["export", "onnx", "default", "--out", "loop/m.onnx"],
+        rf"--out 'loop/m.onnx': {LOOPING}",
+    ),
+    "export out only a suffix": (
+        ["export", "onnx", "default", "--out", ".onnx"],
+        rf"--out '.onnx' {NO_NAME} '.onnx' .*give it a name, e.g. 'model.onnx'",
+    ),
+    "export out only a suffix, in a new folder": (
+        ["export", "onnx", "default", "--out", "new/.ONNX"],
+        rf"--out 'new/.ONNX' {NO_NAME} '.onnx' .*e.g. 'new/model.onnx'",
+    ),
+    "export out dots and a suffix": (["export", "onnx", "default", "--out", "..onnx"], rf"'..onnx' {NO_NAME}"),
+    "export json only a suffix": (
+        ["export", "onnx", "default", "--out", "o.onnx", "--json", ".json"],
+        rf"--json '.json' {NO_NAME} '.json'",
+    ),
+    "verify json only a suffix": (["verify", "default", "triton", "--json", ".json"], rf"--json '.json' {NO_NAME}"),
+    "tensorrt out only a suffix": (
+        ["export", "tensorrt", "x.onnx", "--out", ".plan"],
+        rf"--out '.plan' {NO_NAME} '.plan' .*e.g. 'model.plan'",
+    ),
+}
+
+
+@pytest.fixture
+def link_folder(tmp_path, monkeypatch):
+    """A folder with a dangling link (an unmounted drive behind it), a chain ending in it, and a looping link."""
+    (tmp_path / "dang").symlink_to("/nonexistent/results")
+    (tmp_path / "chain").symlink_to("dang")
+    (tmp_path / "loop").symlink_to("loop")
+    (tmp_path / "x.onnx").write_text("not really ONNX")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _links(folder: Path) -> dict[str, str]:
+    """Every entry below ``folder`` (links not followed: a link as its target text) with a hash of its bytes."""
+    out = {}
+    for p in sorted(folder.rglob("*")):
+        mode = p.lstat().st_mode
+        kind = os.readlink(p) if stat.S_ISLNK(mode) else "dir" if stat.S_ISDIR(mode) else p.read_bytes().hex()
+        out[str(p.relative_to(folder))] = kind
+    return out
+
+
+@pytest.mark.parametrize("case", sorted(LINK_CLI))
+def test_links_and_bare_suffixes_are_refused_before_any_work(case, link_folder, capsys):
+    argv, message = LINK_CLI[case]
+    before = _links(link_folder)
+    rc, out, err = _run_cli(argv, capsys)
+    assert rc == 1, f"{case}: exit {rc}; stderr: {err}"
+    assert "Traceback" not in out + err and "Errno" not in err
+    assert re.search(message, err), f"{case}: {message!r} not in: {err}"
+    assert re.search(r"^vit-fast [a-z ]+: error: ", err.strip().splitlines()[-1]), err
+    assert _links(link_folder) == before, f"{case}: the folder changed"
+
+
+def test_links_that_lead_somewhere_are_followed(link_folder):
+    """The neighbours: a link to a folder is a folder to write into; a link made good again is written through."""
+    from vit_fast import files
+
+    (link_folder / "real").mkdir()
+    (link_folder / "good").symlink_to("real")
+    files.write_json_atomic({files.MARKER_KEY: "t"}, files.check_report_file("good/sub/r.json"))
+    assert files.written_by_vit_fast(link_folder / "real" / "sub" / "r.json")
+    assert files.check_output_dir("good/deeper") == Path("good/deeper")
+    with pytest.raises(ValueError, match=DANGLING):
+        files.make_folders("dang/x")
+    (link_folder / "dang").unlink()
+    (link_folder / "dang").symlink_to("real")  # the drive is back
+    assert files.make_folders("dang/x").is_dir() and (link_folder / "real" / "x").is_dir()
+
+
+def test_checkpoints_and_the_api_see_the_final_name(tmp_path):
+    from vit_fast import export, files
+
+    with pytest.raises(ValueError, match=r"cannot tell the format of '.*\.safetensors' from its suffix ''"):
+        vit_fast.save_checkpoint(_tiny(), tmp_path / ".safetensors")
+    with pytest.raises(ValueError, match=rf"ONNX file '.*/\.onnx' {NO_NAME} '\.onnx'"):
+        export.to_onnx(_tiny(), tmp_path / ".onnx")
+    with pytest.raises(ValueError, match=rf"report '.*/\.\.json' {NO_NAME}"):
+        files.check_report_file(tmp_path / "..json")
+    for fine in ("m.onnx", "M.ONNX", ".m.onnx", "m..onnx"):  # a hidden name is still a name
+        files.check_output_file(tmp_path / fine, (".onnx",), "ONNX file")
+    assert os.listdir(tmp_path) == []
+
+
+def _immutable(folder: Path, on: bool) -> None:
+    proc = subprocess.run(["chattr", "+i" if on else "-i", str(folder)], capture_output=True, text=True)
+    if on and proc.returncode != 0:
+        pytest.skip(f"chattr +i is not permitted here (needs root and ext4/xfs): {proc.stderr.strip()}")
+
+
+def test_an_unwritable_repository_is_named_with_the_fix(tmp_path, monkeypatch, capsys):
+    """It gave a raw "[Errno 1] Operation not permitted"; root writes through chmod, so the folder is made immutable."""
+    import shutil as _shutil
+
+    if _shutil.which("chattr") is None:
+        pytest.skip("chattr is not installed")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    monkeypatch.chdir(tmp_path)
+    _immutable(ro, True)
+    try:
+        for out in ("ro", "ro/sub"):
+            rc, _, err = _run_cli(["export", "tritonserver", "default", "--out", out, "--no-verify", "--quiet"], capsys)
+            assert rc == 1 and "Errno" not in err and "Traceback" not in err, err
+            assert re.search(
+                rf"^vit-fast export tritonserver: error: output folder 'ro' for model repository '{out}' cannot be "
+                r"written: Operation not permitted; choose a folder you can write to$",
+                err.strip(),
+            ), err
+        from vit_fast import files
+
+        with pytest.raises(files.OutputNotWritable, match=r"cannot write in folder 'ro': Operation not permitted"):
+            files.make_staging(Path("ro"), "x")  # met in the middle of a run: the same words
+    finally:
+        _immutable(ro, False)
+    assert os.listdir(ro) == []

@@ -116,7 +116,9 @@ def test_export_and_verify(name, exporter, models, artifacts):
 
 def test_metadata_json_and_props(models, artifacts):
     path = artifacts("cls37", "torchscript")
+    assert files.written_by_vit_fast(Path(str(path) + ".json"))  # it carries the digest of its own bytes
     meta = json.loads(Path(str(path) + ".json").read_text())
+    assert len(meta.pop(files.DIGEST_KEY)) == 64 and meta == export.read_metadata(path)
     assert meta["config"] == models["cls37"].cfg.to_dict()
     assert meta["exporter"] == "torchscript" and meta["opset"] == 18 and meta["dtype"] == "fp32"
     assert meta["batch"] == list(BATCH) and meta["vit_fast_version"] == vit_fast.__version__

@@ -80,6 +80,8 @@ def test_staging_names_fit_name_max_for_a_250_character_target(tmp_path):
 def test_publish_puts_previous_files_back_when_a_later_move_fails(tmp_path, monkeypatch):
     (tmp_path / "a").write_text("old a")
     (tmp_path / "b").write_text("old b")
+    for name in ("a", "b"):  # the check before the work: these two may be replaced
+        files.claim(tmp_path / name)
     with files.staging_dir(tmp_path / "a") as stage:
         for name in ("a", "b", "c"):
             (stage / name).write_text(f"new {name}")

@@ -1,11 +1,14 @@
 """One output policy: no module of the package writes a file except through vit_fast/files.py.
 
-An AST scan of every module (kernels/, vit_fast/, export/) for the ways Python opens a path for
-writing or moves a file into place: ``open(..., "w"/"a"/"x"/"+")``, ``os.open`` with a write flag,
-``Path.write_text`` / ``write_bytes`` / ``rename``, ``torch.save`` / ``json.dump`` / ``np.save`` to a path,
-``shutil.copy*`` / ``move``, ``os.replace`` / ``os.rename``, ``onnx.save*``, ``torch.onnx.export``. Only
-files.py may do these; the few third-party writers that need a path name (the ONNX exporters, which
-write into a staging folder that files.py made) are listed below with why, so a new one fails here.
+An AST scan of every module (kernels/, vit_fast/, export/, benchmarks/) for the ways Python opens a path for
+writing, moves a file into place or makes folders on the way to one: ``open(..., "w"/"a"/"x"/"+")``, ``os.open``
+with a write flag, ``Path.write_text`` / ``write_bytes`` / ``rename``, ``torch.save`` / ``json.dump`` /
+``np.save`` / safetensors' ``save_file`` to a path, ``shutil.copy*`` / ``move``, ``os.replace`` / ``os.rename`` /
+``os.link`` / ``os.symlink``, ``os.makedirs`` / ``mkdir(parents=True)`` (a dangling link on the way fails there
+as "[Errno 17] File exists"; files.make_folders names it), ``onnx.save*``, ``torch.onnx.export``. Only files.py
+may do these, so every write meets its claim at publish; the few third-party writers that need a path name
+(the ONNX exporters, which write into a staging folder that files.py made) are listed below with why, so a new
+one fails here.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGE = [ROOT / "kernels", ROOT / "vit_fast", ROOT / "export"]
+PACKAGE = [ROOT / "kernels", ROOT / "vit_fast", ROOT / "export", ROOT / "benchmarks"]
 HOME = ROOT / "vit_fast" / "files.py"
 
 WRITE_ATTRS = {"write_text", "write_bytes", "rename"}
@@ -30,6 +33,9 @@ WRITE_CALLS = {
     ("shutil", "move"),
     ("os", "replace"),
     ("os", "rename"),
+    ("os", "link"),
+    ("os", "symlink"),
+    ("os", "makedirs"),
     ("onnx", "save"),
     ("onnx", "save_model"),
     ("onnx", "export"),  # torch.onnx.export
@@ -66,6 +72,17 @@ def _finding(call: ast.Call, safe: set[str] = frozenset()) -> str | None:
     """What ``call`` writes, or None. ``safe``: names bound by ``with files.open_new(...) as NAME`` (a file
     created exclusively by files.py), which torch.save / json.dump may write into."""
     func = call.func
+    if isinstance(func, ast.Name) and func.id == "save_file":  # safetensors' writer to a path
+        return "save_file(...)"
+    if (
+        isinstance(func, ast.Attribute)
+        and func.attr == "mkdir"
+        and any(
+            k.arg == "parents" and not (isinstance(k.value, ast.Constant) and k.value.value is False)
+            for k in call.keywords
+        )
+    ):
+        return ".mkdir(parents=True)"
     if isinstance(func, ast.Name) and func.id == "open":
         mode = _mode(call)
         if mode is None and (len(call.args) > 1 or any(k.arg == "mode" for k in call.keywords)):
@@ -151,12 +168,14 @@ def test_the_scan_finds_what_it_looks_for(tmp_path):
         "    p.write_text('x'); p.write_bytes(b'x'); p.rename('q')\n"
         "    torch.save(d, p); json.dump(d, open(p)); shutil.copyfile(p, 'q'); shutil.move(p, 'q')\n"
         "    os.replace(p, 'q'); os.rename(p, 'q'); os.open(p, os.O_WRONLY | os.O_CREAT)\n"
+        "    os.link(p, 'q'); os.symlink(p, 'q'); os.makedirs(p); p.mkdir(parents=True); save_file(d, p)\n"
+        "    p.mkdir(); p.mkdir(parents=False)\n"
         "    open(p); open(p, 'rb'); 'a'.replace('a', 'b'); os.open(p, os.O_RDONLY)\n"
         "    with files.open_new(p) as f:\n"
         "        torch.save(d, f)\n"
     )
     found = [what for _, _, what, _ in _findings_at(sample)]
-    assert len(found) == 14, found
+    assert len(found) == 19, found
 
 
 def _findings_at(path: Path) -> list[tuple[str, str, str, int]]:

@@ -11,7 +11,7 @@ they get.
 
     python tools/timm_family.py                    # all of them (about 10 minutes on 2 CPU cores)
     python tools/timm_family.py --filter siglip    # names containing 'siglip'
-    python tools/timm_family.py --json out.json    # one row per model as well
+    python tools/timm_family.py --json out.json    # one row per model as well ({"rows": [...]})
     python tools/timm_family.py --shard 2/3        # every third name from the second (one of 3 processes)
 
 Exit status 0 when at least ``--target`` percent (97) pass. On a CPU machine without torchvision it imports timm
@@ -132,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shard", default="1/1", help="K/N: every N-th name from the K-th")
     parser.add_argument("--target", type=float, default=97.0, help="percent that must match (default 97)")
     args = parser.parse_args(argv)
+    from vit_fast.files import check_report_file, write_json_atomic
+
+    json_path = None if args.json is None else check_report_file(args.json, "--json")  # before any model is built
     timm = _import_timm()
     names = sorted(set(timm.list_models("vit_*")) | set(timm.list_models("deit*")))
     names = [n for n in names if args.filter in n and n > args.after]
@@ -157,10 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         f"models of these names: {sum(r['status'] == 'refused' for r in rows if r not in counted)} refused by name; "
         f"{time.perf_counter() - start:.0f} s"
     )
-    if args.json:
-        from vit_fast.files import write_json_atomic
-
-        write_json_atomic(rows, args.json)
+    if json_path is not None:
+        write_json_atomic({"rows": rows}, json_path)  # an object: it carries the digest that proves it ours
     return 0 if share >= args.target else 1
 
 

@@ -48,7 +48,7 @@ from .dtypes import dtype_name, native_dtype
 from .env import collect_environment, install_hint, module_version
 from .export import VerifyOptions, is_vit_fast_artifact, to_onnx, verify
 from .export.runners import OrtRunner
-from .files import check_files_in, markdown_mark, write_atomic
+from .files import check_files_in, json_text, make_folders, seal_markdown, write_atomic
 from .graphs import CUDAGraphRunner
 from .loading import load_model
 from .numerics import FLOOR, max_err, scale_of
@@ -409,7 +409,7 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
     use_gpu = cuda and s.device != "cpu"
     out_dir = Path(s.out)
     check_demo_outputs(out_dir, s.overwrite)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_folders(out_dir, "demo --out")
 
     stages.note(f"1/{STEPS} loading the embedded model and the held-out digits")
     model = load_default_model(backend="torch")
@@ -424,8 +424,8 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
         """The report of the steps so far, written (the files change together: signals held)."""
         report = _report(s, start, use_gpu, info, model, len(labels), steps, complete, interrupted)
         with interrupts.held():
-            write_atomic(out_dir / "report.json", json.dumps(report, indent=2, default=str) + "\n")
-            write_atomic(out_dir / "report.md", _markdown(report) + markdown_mark(report["vit_fast_version"]))
+            write_atomic(out_dir / "report.json", json_text(report, sort_keys=False))
+            write_atomic(out_dir / "report.md", seal_markdown(_markdown(report), report["vit_fast_version"]))
         return report
 
     try:

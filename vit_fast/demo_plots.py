@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from .env import install_hint
-from .files import png_metadata, write_atomic
+from .files import png_metadata, seal_png, write_atomic
 
 #: dots per inch of every picture; the sizes below are in inches, so a picture is SIZES_IN * DPI pixels
 DPI = 110
@@ -141,10 +141,10 @@ def _png(fig: Any) -> bytes:
     buf = io.BytesIO()
     from . import __version__
 
-    # no bbox_inches="tight": the size stays SIZES_IN * DPI; the Software text is the proof vit-fast drew it
+    # no bbox_inches="tight": the size stays SIZES_IN * DPI; the digest chunk is the proof vit-fast drew it
     fig.savefig(buf, format="png", dpi=DPI, metadata=png_metadata(__version__))
     _pyplot().close(fig)
-    return buf.getvalue()
+    return seal_png(buf.getvalue())
 
 
 def png_size(data: bytes) -> tuple[int, int]:

@@ -50,7 +50,7 @@ from . import first_use
 from .doctor_settings import DoctorSettings
 from .dtypes import DTYPES
 from .env import collect_environment, driver_version, launcher_needs
-from .files import MARKER_KEY, markdown_mark, write_atomic, write_json_atomic, write_new
+from .files import MARKER_KEY, seal_markdown, write_atomic, write_json_atomic, write_new
 from .kernels import _versions
 from .kernels._interpret import interpreter_enabled
 from .kernels.cards import MIN_ARCH, card_of, device_name
@@ -562,7 +562,7 @@ def run_doctor(s: DoctorSettings) -> dict[str, Any]:
         report = _report(s, start, environment, model_record, checks, complete, interrupted)
         with interrupts.held():
             write_json_atomic(report, out / "report.json")
-            write_atomic(out / "report.md", _markdown(report) + markdown_mark(report[MARKER_KEY]))
+            write_atomic(out / "report.md", seal_markdown(_markdown(report), report[MARKER_KEY]))
         return report
 
     stages = CheckLog(save)

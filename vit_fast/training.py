@@ -22,7 +22,6 @@ import platform
 import shlex
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -105,9 +104,11 @@ def lr_at(step: int, total: int, warmup: int, base: float, final_frac: float = 0
 def train(args: argparse.Namespace) -> dict[str, Any]:
     from . import assets
     from .checkpoints import save_checkpoint
-    from .files import write_atomic
+    from .files import claim, make_folders, write_atomic
     from .model import VisionTransformer
 
+    out = make_folders(args.out, "--out")
+    claim(out / INFO_NAME)  # the record beside the weights, as it is before training: replaced only if unchanged
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     torch.use_deterministic_algorithms(True)
@@ -178,8 +179,6 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         file=sys.stderr,
     )
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     extra = {"vit_fast_default": "digits", "heldout_accuracy": f"{test_acc:.6f}"}
     save_checkpoint(model, out / WEIGHTS_NAME, extra=extra)
     import sklearn

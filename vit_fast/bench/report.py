@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from vit_fast.env import install_hint
-from vit_fast.files import markdown_mark, png_metadata, write_atomic
+from vit_fast.files import claim, json_text, make_folders, png_metadata, seal_markdown, seal_png, write_atomic
 from vit_fast.progress import plural
 
 REPORT_SUFFIXES = (".json", ".md", ".csv", ".png")
@@ -386,7 +386,7 @@ def free_stem(out_dir: Path, stem: str, run_id: str, overwrite: bool = False) ->
     ``<stem>-<run_id>`` (``-2``, ``-3`` ... after it if even that is taken): a run never replaces another's."""
 
     def taken(s: str) -> bool:
-        return any((out_dir / f"{s}{suffix}").exists() for suffix in REPORT_SUFFIXES)
+        return any(os.path.lexists(out_dir / f"{s}{suffix}") for suffix in REPORT_SUFFIXES)
 
     if overwrite or not taken(stem):
         return stem
@@ -401,18 +401,20 @@ def write_reports(
 ) -> dict[str, Path]:
     """Write ``<stem>.json``, ``.md``, ``.csv`` and ``.png`` into ``out_dir`` atomically (``out_dir`` is made);
     an earlier run's files are kept and this run's named apart (:func:`free_stem`) unless ``overwrite``.
-    The Markdown and the PNG carry vit-fast's mark (``vit_fast.files``), as the JSON does. ``png=False``
-    leaves the picture out (a report rewritten after each case of a run draws it only at the end).
-    Returns the paths by kind."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    The Markdown and the PNG carry vit-fast's seal (``vit_fast.files``), as the JSON does. ``png=False``
+    leaves the picture out (a report rewritten after each case of a run draws it only at the end). The names
+    chosen are claimed as they are (:func:`vit_fast.files.claim`): a file that appears under one of them before
+    it is written is never replaced. Returns the paths by kind."""
+    out_dir = make_folders(out_dir, "bench output folder")
     stem = free_stem(out_dir, stem, report.get("run_id") or "run", overwrite)
+    for suffix in REPORT_SUFFIXES:
+        claim(out_dir / f"{stem}{suffix}", overwrite=overwrite)
     version = str(report.get("vit_fast_version") or "?")
     paths = {
         "json": write_atomic(
-            out_dir / f"{stem}.json", json.dumps(_json_clean(report), indent=2, default=_json_default) + "\n"
+            out_dir / f"{stem}.json", json_text(_json_clean(report), sort_keys=False, default=_json_default)
         ),
-        "markdown": write_atomic(out_dir / f"{stem}.md", markdown_report(report) + "\n" + markdown_mark(version)),
+        "markdown": write_atomic(out_dir / f"{stem}.md", seal_markdown(markdown_report(report), version)),
         "csv": write_atomic(out_dir / f"{stem}.csv", csv_report(report)),
     }
     if not png:
@@ -422,7 +424,7 @@ def write_reports(
     except ImportError as err:  # matplotlib comes with the bench extra
         print(f"vit-fast bench: no plot written: {err} ({install_hint('bench')})", file=sys.stderr)
     else:
-        paths["png"] = write_atomic(out_dir / f"{stem}.png", picture)
+        paths["png"] = write_atomic(out_dir / f"{stem}.png", seal_png(picture))
     return paths
 
 

@@ -39,6 +39,8 @@ from typing import IO, Any
 from vit_fast.batches import parse_batch_list
 from vit_fast.files import (
     check_report_file,
+    check_suffix,
+    existing_folder,
     json_text,
     special_kind,
     stdout_to_stderr,
@@ -205,27 +207,36 @@ def device(text: str) -> str:
 def output_folder(folder: str | os.PathLike, flag: str = "--out", given: str | os.PathLike | None = None) -> Path:
     """Check, before any work, that ``folder`` can be written: it exists as a writable folder, or its nearest
     existing parent is one (missing folders are made when the first file is written, so a run that fails
-    early leaves the file system as it was). A path under a regular file is refused.
+    early leaves the file system as it was). A path under a regular file is refused, and so is a link on the
+    way that dangles (an unmounted drive behind it) or loops (:func:`vit_fast.files.existing_folder`).
 
     ``given``: the path the user typed, when ``folder`` is the folder of a file to write (named in errors).
     """
     folder = Path(folder)
     named = f"{flag} {str(given if given is not None else folder)!r}"
-    existing = next((p for p in (folder, *folder.parents) if p.exists()), Path("."))
-    if not existing.is_dir():
-        raise CommandError(f"{named}: {str(existing)!r} is a file, not a folder; choose another path")
+    try:
+        existing = existing_folder(folder, flag, named=given if given is not None else folder)
+    except ValueError as err:
+        raise CommandError(str(err)) from None
     if not os.access(existing, os.W_OK | os.X_OK):
         raise CommandError(f"{named}: the folder {str(existing)!r} cannot be written; choose another path")
     return folder
 
 
-def output_file(path: str | os.PathLike | None, flag: str) -> Path | None:
-    """Check a file to write (``--json``, ``export --out``): create its folder; refuse a folder or a file's child."""
+def output_file(path: str | os.PathLike | None, flag: str, suffixes: tuple[str, ...] = ()) -> Path | None:
+    """Check a file to write (``--json``, ``export --out``): refuse a folder, a file's child, a link on the way that
+    dangles or loops, and, given ``suffixes``, a final name without one of them (:func:`vit_fast.files.check_suffix`).
+    Its folder is made when the file is written."""
     if path is None:
         return None
     path = Path(path)
     if path.is_dir():
         raise CommandError(f"{flag} {str(path)!r} is a folder; give a file path such as {str(path / 'report.json')!r}")
+    if suffixes:
+        try:
+            check_suffix(path, suffixes, flag)
+        except ValueError as err:
+            raise CommandError(str(err)) from None
     output_folder(path.parent, flag, given=path)
     return path
 

@@ -24,6 +24,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from vit_fast.files import ENGINE_SUFFIXES, ONNX_SUFFIXES, make_folders
+
 from . import _args
 
 EXAMPLE = "vit-fast export onnx default --out artifacts/digits.onnx --batch 1,64 --dtype fp16"
@@ -147,7 +149,7 @@ def _run_onnx(args: argparse.Namespace) -> int:
         preprocess = dict(layout=args.preprocess, mean=tuple(args.mean), std=tuple(args.std), scale=args.scale)
     elif args.mean is not None or args.std is not None:
         raise _args.CommandError("--mean/--std normalise uint8 input inside the graph: give --preprocess NCHW|NHWC too")
-    out = _args.output_file(args.out, "--out")
+    out = _args.output_file(args.out, "--out", ONNX_SUFFIXES)
     # the one output policy, before any work; never the artifact's own metadata
     json_target = _args.json_file(args.json, overwrite=args.overwrite, artifacts=(out,))
     verify = _verify_options(args, json_target)  # before the model loads: a refused --verify-batch costs nothing
@@ -155,7 +157,7 @@ def _run_onnx(args: argparse.Namespace) -> int:
     batch = tuple(args.batch)
     dtype = args.dtype or "fp32"  # a default given as text would be parsed, importing torch, on every parse
     check_onnx_args(model, batch, dtype, args.opset, args.exporter, args.dynamic_size, args.attention)
-    out.parent.mkdir(parents=True, exist_ok=True)  # checked above; made only now that the work starts
+    make_folders(out.parent, "--out")  # checked above; made only now that the work starts
     to_onnx(
         model,
         out,
@@ -182,11 +184,11 @@ def _run_onnx(args: argparse.Namespace) -> int:
 def _run_tensorrt(args: argparse.Namespace) -> int:
     from vit_fast.export.tensorrt import to_tensorrt
 
-    out = _args.output_file(args.out, "--out")
+    out = _args.output_file(args.out, "--out", ENGINE_SUFFIXES)
     # the one output policy, before any work; never the artifact's own metadata
     json_target = _args.json_file(args.json, overwrite=args.overwrite, artifacts=(out,))
     verify = _verify_options(args, json_target)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    make_folders(out.parent, "--out")
     to_tensorrt(
         args.onnx,
         out,

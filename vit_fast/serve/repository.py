@@ -68,7 +68,7 @@ def python_entry(
 
     def build(folder: Path) -> EntryConfig:
         version = folder / VERSION
-        version.mkdir(parents=True)
+        version.mkdir()
         copy_new(TEMPLATE, version / MODEL_FILES["python"])
         save_checkpoint(model, version / WEIGHTS)
         note = "no artifact: the entry serves the vit-fast module itself"
