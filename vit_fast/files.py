@@ -159,6 +159,7 @@ def stdout_to_stderr() -> Iterator[IO[str] | None]:
             os.close(saved)
 
 
+@contextlib.contextmanager
 def _writable(folder: str | os.PathLike, doing: str = "write in") -> Iterator[None]:
     """Turn a permission error met while writing in ``folder`` into one naming it and the fix."""
     try:
