@@ -196,7 +196,7 @@ def onnx_entry(
             # the weights files the graph itself names travel with it under those names (read again here: what
             # was checked before the work is what is copied), whatever its metadata says
             for data_name in _check_data_names(path, external_data_files(path)):
-                (version / data_name).parent.mkdir(parents=True, exist_ok=True)
+                make_folders((version / data_name).parent, "external data folder")
                 copy_new(path.parent / data_name, version / data_name)
             if metadata_path(path).is_file():
                 copy_new(metadata_path(path), metadata_path(target))

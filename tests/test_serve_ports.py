@@ -143,6 +143,7 @@ def test_a_secret_is_written_0600_whatever_the_file_it_replaces_allowed(tmp_path
     if before is not None:
         path.write_text("{}")
         path.chmod(before)
+        files.claim(path)  # what a check before the work does: this file may be replaced
     files.write_json_atomic({"access_token": "s3cret"}, path, mode=0o600)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     files.write_json_atomic({"access_token": None}, path)  # without mode: ordinary permissions, as before

@@ -286,10 +286,10 @@ def test_the_ready_json_is_readable_by_its_user_only(monkeypatch, tmp_path, befo
     import os
     import stat
 
-    from vit_fast.files import MARKER_KEY
+    from vit_fast.files import MARKER_KEY, json_text
 
     ready = tmp_path / "ready.json"
-    ready.write_text(json.dumps({MARKER_KEY: "0"}))
+    ready.write_text(json_text({MARKER_KEY: "0"}))  # an earlier run's, sealed as vit-fast writes it
     ready.chmod(before)
     status, _ = _serve_cli_with_fake_triton(monkeypatch, tmp_path, "--threads", "1", "--protect", "on")
     assert status == 0
