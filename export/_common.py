@@ -7,7 +7,6 @@ vit_fast.env.)"""
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,7 +14,14 @@ from typing import Any
 
 from vit_fast.batches import MAX_BATCH
 from vit_fast.checkpoints import file_sha256
-from vit_fast.files import check_output_file, check_report_file, read_head, written_by_vit_fast
+from vit_fast.files import (
+    check_output_file,
+    check_report_file,
+    read_head,
+    read_json,
+    read_json_object,
+    written_by_vit_fast,
+)
 
 METADATA_SUFFIX = ".json"
 ONNX_SUFFIXES = (".onnx",)
@@ -82,10 +88,7 @@ def is_vit_fast_artifact(path: str | os.PathLike) -> bool:
     side = metadata_path(path)
     if not written_by_vit_fast(side):
         return False
-    try:
-        recorded = json.loads(side.read_text()).get("sha256")
-    except (OSError, ValueError, AttributeError):
-        return False
+    recorded = (read_json_object(side) or {}).get("sha256")
     return isinstance(recorded, str) and recorded == file_sha256(path)
 
 
@@ -190,17 +193,31 @@ def metadata_path(artifact: str | os.PathLike) -> Path:
 
 
 def read_metadata(artifact: str | os.PathLike) -> dict[str, Any] | None:
-    """The metadata JSON beside ``artifact``, or None when there is none; a corrupt file raises naming it."""
+    """The metadata JSON beside ``artifact``, or None when there is none; a corrupt file raises naming it, as does
+    one too large, nested too deep or holding an integer too long to read (:func:`vit_fast.files.read_json`)."""
     path = metadata_path(artifact)
     if not path.exists():
         return None
     try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ArtifactError(f"metadata {str(path)!r} beside {str(artifact)!r} cannot be read as JSON: {err}") from err
+        data = read_json(path, "metadata", f" beside {str(artifact)!r}")
+    except (OSError, ValueError) as err:
+        raise ArtifactError(str(err)) from err
     if not isinstance(data, dict):
         raise ArtifactError(f"metadata {str(path)!r} holds a {type(data).__name__}, expected a JSON object")
     return data
+
+
+def metadata_batch(meta: dict[str, Any], artifact: str | os.PathLike) -> tuple[int, int]:
+    """The ``batch`` range ``artifact``'s metadata records, as (min, max) ints from 1 to ``MAX_BATCH``; an
+    ArtifactError naming the file and the field otherwise (a hand-edited or hostile file)."""
+    try:
+        low, high = check_batch_range(meta.get("batch"))
+    except ValueError as err:
+        raise ArtifactError(
+            f"metadata {str(metadata_path(artifact))!r}: field 'batch' is unusable ({err}): export the artifact "
+            "again, or give the batches to use (--batch 1,3; Python: batches=[1, 3])"
+        ) from None
+    return low, high
 
 
 def vit_fast_version() -> str:

@@ -34,7 +34,14 @@ import torch
 from torch import nn
 
 from vit_fast.dtypes import parse_dtype
-from vit_fast.files import clean_stale_staging, copy_new, make_staging, publish_folder, write_json_atomic, write_new
+from vit_fast.files import (
+    clean_stale_staging,
+    copy_new,
+    make_staging,
+    publish_folder,
+    write_json_atomic,
+    write_new,
+)
 from vit_fast.progress import Stages
 
 from . import triton_config
@@ -43,6 +50,7 @@ from ._common import (
     ONNX_SUFFIXES,
     ArtifactError,
     check_readable_file,
+    metadata_batch,
     metadata_path,
     read_metadata,
 )
@@ -126,7 +134,7 @@ def onnx_entry(
             raise ValueError(f"{str(path)!r} is not an ONNX file (.onnx)")
         meta = read_metadata(path) or {}
         onnx_specs(path)  # readable, batchable: fail before any work
-        rng = tuple(meta["batch"]) if meta.get("batch") else None
+        rng = metadata_batch(meta, path) if meta.get("batch") else None
         plan = plan_batching(batch, **serving, limit=rng, what=f"ONNX file {str(path)!r}")
         reference = model if model is not None else meta.get("source")
         if verify and reference is None:

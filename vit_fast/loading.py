@@ -17,7 +17,6 @@ cannot be reached fails in seconds with the reason, instead of retrying for half
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import socket
@@ -28,7 +27,7 @@ import torch
 
 from .checkpoints import (
     LOAD_SUFFIXES,
-    check_hf_config_fields,
+    _hf_config_dict_to_vit,
     file_sha256,
     load_checkpoint,
     resolve_config,
@@ -36,6 +35,7 @@ from .checkpoints import (
 )
 from .config import PRESETS, ViTConfig
 from .convert import from_hf, from_timm
+from .files import read_json
 from .model import VisionTransformer
 
 PREFIXES = ("preset:", "timm:", "hf:")
@@ -126,14 +126,16 @@ def _hf_model(spec: str, backend: str) -> VisionTransformer:
     else:
         local_only = True
         config_file = Path(spec) / "config.json"
-        try:  # wrong JSON types named by file and field before transformers does arithmetic on them
-            data = json.loads(config_file.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise ValueError(f"Hugging Face config {str(config_file)!r} cannot be read as JSON: {err}") from err
+        try:  # bounded, and wrong JSON types named by file and field, before transformers reads it whole
+            data = read_json(config_file, "Hugging Face config")
+        except OSError as err:
+            raise ValueError(f"Hugging Face config {str(config_file)!r} cannot be read: {err.strerror or err}") from err
         if not isinstance(data, dict):
             raise ValueError(f"Hugging Face config {str(config_file)!r} holds a {type(data).__name__}, not an object")
-        check_hf_config_fields(data, repr(str(config_file)))
+        _hf_config_dict_to_vit(data, repr(str(config_file)))  # types, sizes and memory, before anything is built
     hf_config = AutoConfig.from_pretrained(spec, local_files_only=local_only)
+    if not local:  # a hub model's config: the same checks before transformers builds it
+        _hf_config_dict_to_vit(hf_config.to_dict(), repr(spec))
     archs = getattr(hf_config, "architectures", None) or []
     # a classification checkpoint keeps its head; anything else loads as the bare encoder
     loader = AutoModelForImageClassification if any("ImageClassification" in a for a in archs) else AutoModel
@@ -206,8 +208,9 @@ def load_model(
     if path.suffix.lower() in LOAD_SUFFIXES or path.is_file():
         if not path.exists():
             raise FileNotFoundError(f"checkpoint {spec!r} does not exist")
-        cfg = resolve_config(config) if config is not None else None
-        return load_checkpoint(path, cfg=cfg, backend=backend).eval()
+        if config is not None:
+            resolve_config(config)  # a bad config is named before the weights are read
+        return load_checkpoint(path, cfg=config, backend=backend).eval()
     if weights is not None or "." in spec:
         return _timm_model(spec, backend, weights)
     from .timm_import import import_timm
