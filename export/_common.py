@@ -20,6 +20,7 @@ from vit_fast.files import (
     read_head,
     read_json,
     read_json_object,
+    refuse_non_utf8,
     written_by_vit_fast,
 )
 
@@ -103,6 +104,8 @@ def check_artifact_outputs(
     A folder where one of the files goes is always refused.
     """
     what, suffixes = ARTIFACT_KINDS[kind]
+    if kind == "onnx":  # onnx.checker and ONNX Runtime (the verification) take UTF-8 paths only
+        refuse_non_utf8(path, what, "onnx.checker or ONNX Runtime")
     path = check_output_file(path, suffixes, what, ours=is_vit_fast_artifact, overwrite=overwrite)
     ours = is_vit_fast_artifact(path) if path.exists() else None
     sidecars = [(metadata_path(path), "metadata")] + (

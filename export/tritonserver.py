@@ -39,6 +39,7 @@ from vit_fast.files import (
     copy_new,
     make_staging,
     publish_folder,
+    refuse_non_utf8,
     write_json_atomic,
     write_new,
 )
@@ -249,6 +250,7 @@ def check_repository(repo: str | os.PathLike, names: Sequence[str], force: bool 
     exists and is not empty is refused unless ``force``; duplicate names are refused.
     """
     repo = Path(repo)
+    refuse_non_utf8(repo, "model repository", "ONNX Runtime (verifying the model where it will be served from)")
     if repo.exists() and not repo.is_dir():
         raise ValueError(f"model repository {str(repo)!r} is a file; give a folder")
     parent = repo.parent if str(repo.parent) else Path(".")

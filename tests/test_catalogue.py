@@ -13,6 +13,8 @@ import hashlib
 import os
 import re
 import stat
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -953,6 +955,10 @@ def bounded_folder(tmp_path_factory) -> Path:
         (folder / f"{name}.onnx.json").write_text(text)
     (folder / "sparsemeta.onnx").write_bytes((folder / "m.onnx").read_bytes())
     _sparse(folder / "sparsemeta.onnx.json")
+    # names that are not UTF-8 (class 8): ONNX, ONNX Runtime and safetensors cannot open them
+    (folder / os.fsdecode(b"\xfe.onnx")).write_bytes((folder / "m.onnx").read_bytes())
+    (folder / os.fsdecode(b"\xfe.onnx.json")).write_bytes((folder / "m.onnx.json").read_bytes())
+    (folder / os.fsdecode(b"\xfd.safetensors")).write_bytes((folder / "tiny.safetensors").read_bytes())
     return folder
 
 
@@ -1120,6 +1126,28 @@ BOUNDED_CLI: dict[str, tuple[list[str], int, str]] = {
         1,
         r"batches from --batch / batches=\), whose float64 reference: batch 10000000 .*more than the 8.0 GB",
     ),
+    # class 8: names that are not UTF-8, refused before any work where a library cannot open them
+    "export to a non-UTF-8 name": (
+        ["export", "onnx", "tiny.safetensors", "--out", os.fsdecode(b"\xff.onnx")],
+        1,
+        r"ONNX file b'\\xff.onnx' is not a UTF-8 path \(byte 0xff at 0\), and onnx.checker or ONNX Runtime opens "
+        r"only UTF-8 paths: rename it, e.g. '_.onnx'",
+    ),
+    "verify a non-UTF-8 ONNX name": (
+        ["verify", "tiny.safetensors", os.fsdecode(b"\xfe.onnx")],
+        1,
+        r"artifact b'\\xfe.onnx' is not a UTF-8 path .*ONNX Runtime opens only UTF-8 paths: rename it",
+    ),
+    "verify a non-UTF-8 checkpoint name": (
+        ["verify", os.fsdecode(b"\xfd.safetensors"), "triton"],
+        1,
+        r"checkpoint b'\\xfd.safetensors' is not a UTF-8 path .*safetensors opens only UTF-8 paths: rename it",
+    ),
+    "Triton repository with a non-UTF-8 name": (
+        ["export", "tritonserver", "tiny.safetensors", "--out", os.fsdecode(b"repo\xff")],
+        1,
+        r"model repository b'repo\\xff' is not a UTF-8 path",
+    ),
 }
 
 
@@ -1143,6 +1171,19 @@ def test_unbounded_input_is_refused_with_the_file_and_the_field(case, bounded_fo
     assert len(err.strip().splitlines()[-1]) < 1000, "the error line is not one readable line"
     assert took < 60, f"{case}: {took:.0f} s before the refusal"
     assert _snapshot_sparse(bounded_folder) == before, f"{case}: the folder changed"
+
+
+def test_a_non_utf8_report_name_works_and_prints_as_its_bytes(tmp_path):
+    """Where nothing but vit-fast opens the file, a name that is not UTF-8 is written, and printed as its bytes."""
+    import json
+
+    name = b"r\xfc.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "vit_fast", "info", "--json", os.fsdecode(name)], cwd=tmp_path, capture_output=True
+    )
+    assert proc.returncode == 0 and b"Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert os.listdir(os.fsencode(tmp_path)) == [name]
+    assert json.loads((tmp_path / os.fsdecode(name)).read_text())[vit_fast.files.MARKER_KEY]
 
 
 def test_bounded_json_reader_limits():
@@ -1249,3 +1290,53 @@ def test_available_memory_is_read_from_the_machine():
     if not os.path.exists("/proc/meminfo"):
         pytest.skip("no /proc/meminfo: the memory check is skipped here by design (ceilings still apply)")
     assert found is not None and 0 < found < 2**50
+
+
+# --------------------------------------------------------------------------- closed standard streams
+# Issue 31, class 8. Before: `vit-fast info >&-`, `--version >&-` and `export ... >&-` ended with "'NoneType' object
+# has no attribute 'flush'" and a traceback, exit 1, the export after writing its artifact. Now a closed (or
+# read-only) stream points at the null device with a note on stderr, and the command's own status stands.
+def _shell(command: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``command`` in sh, ``vit-fast`` standing for this Python's ``-m vit_fast``; stderr captured as bytes."""
+    import shlex
+
+    script = command.replace("vit-fast", f"{shlex.quote(sys.executable)} -m vit_fast")
+    return subprocess.run(["sh", "-c", script], cwd=cwd, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=600)
+
+
+@pytest.mark.parametrize(
+    "command, note",
+    [
+        ("vit-fast info >&-", "stdout is closed"),
+        ("vit-fast --version >&-", "stdout is closed"),
+        ("vit-fast info 1</dev/null", "stdout is open for reading only"),
+        ("vit-fast info >/dev/null 2>&-", None),  # nowhere to say it: quietly
+        ("vit-fast info >&- 2>&-", None),
+        ("vit-fast info >/dev/null <&-", None),  # stdin is not said: nothing is read from it
+    ],
+)
+def test_closed_streams_are_not_failures(command, note, tmp_path):
+    proc = _shell(command, tmp_path)
+    err = proc.stderr.decode(errors="replace")
+    assert proc.returncode == 0, f"{command}: exit {proc.returncode}: {err[-2000:]}"
+    assert "Traceback" not in err and "NoneType" not in err
+    if note is not None:
+        assert re.search(rf"^vit-fast: note: {note}; it now points at /dev/null: what goes there is lost$", err, re.M)
+    assert os.listdir(tmp_path) == []
+
+
+def test_an_export_with_stdout_closed_writes_its_artifact_and_succeeds(bounded_folder, tmp_path):
+    (tmp_path / "tiny.safetensors").write_bytes((bounded_folder / "tiny.safetensors").read_bytes())
+    proc = _shell("vit-fast export onnx tiny.safetensors --out m.onnx --batch 1,2 >&-", tmp_path)
+    err = proc.stderr.decode(errors="replace")
+    assert proc.returncode == 0 and "Traceback" not in err, err[-2000:]
+    assert sorted(os.listdir(tmp_path)) == ["m.onnx", "m.onnx.json", "tiny.safetensors"]
+    assert vit_fast.files.read_json(tmp_path / "m.onnx.json")["verification"]["passed"] is True
+
+
+def test_main_without_a_stdout_object_does_not_fail(monkeypatch, capsys):
+    """An embedding program (or pythonw) with sys.stdout None: main() neither flushes None nor loses the status."""
+    monkeypatch.setattr(sys, "stdout", None)
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0

@@ -26,6 +26,7 @@ from .files import (
     publish_to,
     read_head,
     read_json,
+    refuse_non_utf8,
     staging_dir,
     write_new,
 )
@@ -194,6 +195,8 @@ def read_state_dict(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], d
         )
     if suffix == ".safetensors":
         from safetensors import safe_open
+
+        refuse_non_utf8(path, "checkpoint", "safetensors")
 
         try:
             with safe_open(str(path), framework="pt") as f:

@@ -68,13 +68,53 @@ def _umask() -> int:
 
 
 def stdout_to_null(fd: int) -> None:
-    """Point file descriptor ``fd`` (stdout, whose reader went away) at the null device, so nothing later written
-    or flushed there can fail; no file is written."""
-    null = os.open(os.devnull, os.O_WRONLY)
+    """Point file descriptor ``fd`` (stdout, whose reader went away; or a standard stream that is closed) at the
+    null device, so nothing later written or flushed there can fail and no file opened later takes its number;
+    no file is written. (When ``fd`` is closed, opening the null device may take that number itself.)"""
+    null = os.open(os.devnull, os.O_RDWR)
+    if null == fd:
+        return
     try:
         os.dup2(null, fd)
     finally:
         os.close(null)
+
+
+_STREAMS = ((0, "stdin", os.O_RDONLY), (1, "stdout", os.O_WRONLY), (2, "stderr", os.O_WRONLY))
+
+
+def _stream_flags(fd: int) -> int | None:
+    """The status flags of ``fd``; None when it is closed; -1 where they cannot be read (no fcntl)."""
+    try:
+        if fcntl is None:  # pragma: no cover - Windows: only a closed stream is found
+            os.fstat(fd)
+            return -1
+        return fcntl.fcntl(fd, fcntl.F_GETFL)
+    except OSError:
+        return None
+
+
+def usable_standard_streams() -> list[str]:
+    """Point each standard stream that is closed (``>&-``), or open only the other way (stdout read-only,
+    ``1</dev/null``), at the null device, and give Python a stream object for one it found closed at start-up;
+    returns what was wrong, one phrase a stream (``"stdout is closed"``). Afterwards nothing written or flushed
+    there fails, and no file opened later takes a standard stream's number (a child would print into it)."""
+    import sys
+
+    done = []
+    for fd, name, mode in _STREAMS:
+        flags = _stream_flags(fd)
+        if flags is None:
+            problem = "is closed"
+        elif flags >= 0 and (flags & os.O_ACCMODE) not in (mode, os.O_RDWR):
+            problem = f"is open for {'reading' if mode == os.O_WRONLY else 'writing'} only"
+        else:
+            continue
+        stdout_to_null(fd)
+        if getattr(sys, name) is None:  # Python found it closed at start-up
+            setattr(sys, name, open(fd, "r" if fd == 0 else "w", closefd=False))  # noqa: SIM115 (the process's own)
+        done.append(f"{name} {problem}")
+    return done
 
 
 def finish_atomic(tmp: str | os.PathLike, path: str | os.PathLike) -> Path:
@@ -607,6 +647,21 @@ def _check_folder(path: Path, what: str, make_parents: bool) -> None:
             f"output folder {str(existing)!r} for {what} {str(path)!r} cannot be written: {err.strerror or err}; "
             "choose a folder you can write to"
         ) from err
+
+
+def refuse_non_utf8(path: str | os.PathLike, what: str, reader: str) -> None:
+    """Refuse (ValueError) a ``path`` whose bytes are not UTF-8 (Python holds such a name with lone surrogates)
+    before any work, naming it, when ``reader`` (e.g. "ONNX Runtime") takes UTF-8 paths only and would fail on it
+    with its own binding's text. Everything vit-fast does itself takes any name."""
+    raw = os.fsencode(path)
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        fixed = raw.decode("utf-8", "replace").replace("\ufffd", "_")
+        raise ValueError(
+            f"{what} {raw!r} is not a UTF-8 path (byte {raw[err.start]:#04x} at {err.start}), and {reader} opens only "
+            f"UTF-8 paths: rename it, e.g. {fixed!r}"
+        ) from None
 
 
 def refuse_special(path: str | os.PathLike, what: str) -> None:
