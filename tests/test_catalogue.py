@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import os
 import re
+import signal
 import stat
 import subprocess
 import sys
@@ -25,6 +26,8 @@ import torch
 import vit_fast
 from vit_fast import VisionTransformer, ViTConfig
 from vit_fast.cli import main
+
+from .util import skip_if_interpreter_broken
 
 TINY = dict(img_size=16, patch_size=8, embed_dim=16, depth=1, num_heads=2, num_classes=3)
 
@@ -1340,3 +1343,211 @@ def test_main_without_a_stdout_object_does_not_fail(monkeypatch, capsys):
     with pytest.raises(SystemExit) as info:
         main(["--version"])
     assert info.value.code == 0
+
+
+# --------------------------------------------------------------------------- children and temp folders
+# Issue 31, class 9. Before: SIGTERM to `vit-fast doctor` left its interpreter child running as an orphan that kept
+# printing, and `$TMPDIR/vit-fast-doctor-*` stayed; SIGTERM or SIGKILL to `bench` during the ONNX Runtime case left
+# `$TMPDIR/vit-fast-bench-*` with a partial export, never cleaned. Now every Python child is guarded
+# (vit_fast.children: PR_SET_PDEATHSIG and a watch of its parent), every temp folder is a staging folder in $TMPDIR
+# (vit_fast.files.temp_staging): removed on SIGTERM (the CLI turns it into an exception that unwinds), and a
+# SIGKILLed run's is removed by the next run.
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG and /proc are Linux's")
+
+
+def _children_of(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        found.append(int(entry))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _until(condition: Callable[[], object], seconds: float, what: str) -> object:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not (found := condition()):
+        if time.monotonic() > deadline:
+            pytest.fail(f"no {what} after {seconds:g} s")
+        time.sleep(0.05)
+    return found
+
+
+def _staging_in(folder: Path, name: str) -> list[Path]:
+    return sorted(folder.glob(f".{name}.tmp-*"))
+
+
+def _start(argv: list[str], cwd: Path, tmpdir: Path) -> subprocess.Popen:
+    """``vit-fast ARGV`` in ``cwd`` with ``$TMPDIR`` at ``tmpdir``, as from a shell (without the suite's
+    TRITON_INTERPRET, with which the doctor would run the interpreter in itself); its stderr goes to
+    ``cwd/err.txt`` (a pipe nobody reads would stop it once full)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TMPDIR": str(tmpdir)}
+    with open(cwd / "err.txt", "wb") as err:
+        return subprocess.Popen(
+            [sys.executable, "-m", "vit_fast", *argv], cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=err
+        )
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+@linux_only
+@skip_if_interpreter_broken  # the child would end at once with the interpreter's fault, not live on
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_the_doctors_child_and_folder_end_with_it(sig, tmp_path):
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    parent = _start(["doctor", "--out", "dd"], tmp_path, tmpdir)
+    try:
+        (folder,) = _until(lambda: _staging_in(tmpdir, "vit-fast-doctor"), 120, "doctor's temp folder")
+        interpreter = lambda: [c for c in _children_of(parent.pid) if "vit_fast.doctor" in _cmdline(c)]  # noqa: E731
+        (child,) = _until(interpreter, 120, "interpreter child")
+        parent.send_signal(sig)
+        code = parent.wait(60)
+        _until(lambda: not _alive(child), 15, "end of the child after its parent")
+        _until(lambda: not folder.exists(), 15, "removal of the temp folder")
+        err = (tmp_path / "err.txt").read_text(errors="replace")
+        if sig == signal.SIGTERM:  # unwound: the child stopped, the folder removed, one line, 143
+            assert code == 128 + signal.SIGTERM and err.rstrip().endswith("vit-fast doctor: terminated (SIGTERM)")
+            assert "Traceback" not in err
+        else:  # the child was told by the kernel (PR_SET_PDEATHSIG) and removed the folder of its dead parent
+            assert code == -signal.SIGKILL
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+
+
+@linux_only
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_the_benchs_temp_folder_ends_with_it_or_with_the_next_run(sig, bounded_folder, tmp_path):
+    """During the ONNX Runtime case (its export in the temp folder, the timing long): SIGTERM removes the folder;
+    after SIGKILL nobody can, and the next run that makes one removes it."""
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    (tmp_path / "tiny.safetensors").write_bytes((bounded_folder / "tiny.safetensors").read_bytes())
+    argv = ["bench", "tiny.safetensors", "--backends", "onnxruntime", "--batch", "1", "--out", "b"]
+    parent = _start([*argv, "--min-time", "300", "--max-seconds", "600"], tmp_path, tmpdir)
+    try:
+        (folder,) = _until(lambda: _staging_in(tmpdir, "vit-fast-bench"), 120, "bench temp folder")
+        _until(lambda: list(folder.glob("*.onnx")), 120, "ONNX export in the bench's temp folder")
+        parent.send_signal(sig)
+        code = parent.wait(60)
+        err = (tmp_path / "err.txt").read_text(errors="replace")
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+    if sig == signal.SIGTERM:
+        assert code == 128 + signal.SIGTERM and "vit-fast bench: terminated (SIGTERM)" in err and "Traceback" not in err
+        assert not folder.exists()
+        return
+    assert code == -signal.SIGKILL and folder.is_dir()  # nothing can run in a SIGKILLed process
+    subprocess.run(
+        [sys.executable, "-c", "from vit_fast.files import temp_staging\nwith temp_staging('vit-fast-bench'): pass"],
+        env=dict(os.environ, TMPDIR=str(tmpdir)),
+        check=True,
+        timeout=120,
+    )
+    assert not folder.exists() and _staging_in(tmpdir, "vit-fast-bench") == []  # torch's own folders may be there
+
+
+SLEEPER = "import sys, time\nprint('child up', flush=True)\ntime.sleep(600)\n"
+GUARDED_PARENT = (
+    "import subprocess, sys, time\n"
+    "from vit_fast.children import guarded_python\n"
+    "child = subprocess.Popen(guarded_python(['sleeper'], cleanup=sys.argv[1]), stdout=subprocess.PIPE, text=True)\n"
+    "child.stdout.readline()\n"
+    "print(child.pid, flush=True)\n"
+    "time.sleep(600)\n"
+)
+
+
+@linux_only
+def test_a_guarded_child_dies_with_its_parent_and_removes_its_folder(tmp_path):
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    folder = tmp_path / "work"
+    folder.mkdir()
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    parent = subprocess.Popen(
+        [sys.executable, "-c", GUARDED_PARENT, str(folder)], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        child = int(parent.stdout.readline())
+        assert _alive(child) and folder.is_dir()
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(30)
+        _until(lambda: not _alive(child), 15, "end of the guarded child")
+        assert not folder.exists()
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+
+
+@linux_only
+def test_a_guarded_child_whose_parent_is_already_gone_does_not_run(tmp_path):
+    """The parent died before the child asked for PR_SET_PDEATHSIG: the child's check of its parent ends it."""
+    from vit_fast.children import GUARD
+
+    (tmp_path / "sleeper.py").write_text("open('ran', 'w').close()\n")
+    folder = tmp_path / "work"
+    folder.mkdir()
+    not_its_parent = os.getppid()  # the child's parent is this process, not ours
+    proc = subprocess.run(
+        [sys.executable, "-c", GUARD, str(not_its_parent), str(folder), "sleeper"], cwd=tmp_path, timeout=60
+    )
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert not (tmp_path / "ran").exists() and not folder.exists()
+
+
+def test_temp_folders_of_live_runs_and_look_alikes_are_kept(tmp_path, monkeypatch):
+    """The next run removes only a dead run's folder (its marker proves it vit-fast's, its lock is free)."""
+    import tempfile
+
+    from vit_fast import files
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    look_alike = tmp_path / ".vit-fast-bench.tmp-0123456789abcdef"
+    look_alike.mkdir()
+    with files.temp_staging("vit-fast-bench") as live:
+        dead = subprocess.run(
+            [sys.executable, "-c", KILLED_TEMP],
+            env=dict(os.environ, TMPDIR=str(tmp_path)),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        dead_folder = Path(dead.stdout.strip())
+        assert dead.returncode == -signal.SIGKILL and dead_folder.is_dir()
+        with files.temp_staging("vit-fast-bench") as mine:
+            assert live.is_dir() and look_alike.is_dir() and not dead_folder.exists()
+        assert not mine.exists()
+    assert not live.exists() and look_alike.is_dir()
+
+
+KILLED_TEMP = (
+    "import os, signal\n"
+    "from vit_fast.files import temp_staging\n"
+    "with temp_staging('vit-fast-bench') as folder:\n"
+    "    print(folder, flush=True)\n"
+    "    os.kill(os.getpid(), signal.SIGKILL)\n"
+)

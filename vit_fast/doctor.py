@@ -34,7 +34,6 @@ import os
 import platform
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from dataclasses import asdict
@@ -44,10 +43,11 @@ from typing import Any
 import torch
 
 from . import first_use
+from .children import guarded_python
 from .doctor_settings import DoctorSettings
 from .dtypes import DTYPES
 from .env import collect_environment, driver_version, launcher_needs
-from .files import MARKER_KEY, markdown_mark, write_atomic, write_json_atomic, write_new
+from .files import MARKER_KEY, markdown_mark, read_json, temp_staging, write_atomic, write_json_atomic, write_new
 from .kernels import _versions
 from .kernels._interpret import interpreter_enabled
 from .kernels.cards import MIN_ARCH, card_of, device_name
@@ -409,11 +409,12 @@ def interpreter_checks(s: DoctorSettings, stages: Stages, model: Any = None) -> 
 def _run_in_interpreter(s: DoctorSettings, stages: Stages) -> list[dict[str, Any]]:
     """:func:`interpreter_checks` in a child process started with TRITON_INTERPRET=1 (it must be set before
     triton is first imported, whatever this process imported already); its progress lines go to stderr."""
-    with tempfile.TemporaryDirectory(prefix="vit-fast-doctor-") as tmp:
-        settings, result = Path(tmp) / "settings.json", Path(tmp) / "checks.json"
+    with temp_staging("vit-fast-doctor") as tmp:  # removed on SIGTERM; a SIGKILLed run's, by the next run
+        settings, result = tmp / "settings.json", tmp / "checks.json"
         write_new(settings, json.dumps(asdict(s), default=str))
         env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
-        cmd = [sys.executable, "-m", "vit_fast.doctor", str(settings), str(result)]
+        # the child dies with this process, and removes the folder if this process is gone (SIGKILL)
+        cmd = guarded_python(["vit_fast.doctor", str(settings), str(result)], cleanup=tmp)
         try:
             proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True, timeout=s.timeout)
         except subprocess.TimeoutExpired:
@@ -422,11 +423,11 @@ def _run_in_interpreter(s: DoctorSettings, stages: Stages) -> list[dict[str, Any
         if not result.is_file():
             last = (proc.stdout.strip().splitlines() or [f"no output; exit status {proc.returncode}"])[-1]
             return [_check("kernels", "interpreter", False, f"the interpreter run ended early: {last}")]
-        return json.loads(result.read_text())
+        return read_json(result, "the interpreter run's checks")
 
 
 def _child_main(settings_path: str, result_path: str) -> int:
-    raw = json.loads(Path(settings_path).read_text())
+    raw = read_json(settings_path, "doctor settings")
     s = DoctorSettings(**{**raw, "out": Path(raw["out"])})
     stages = Stages("vit-fast doctor")
     try:

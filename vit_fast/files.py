@@ -18,6 +18,8 @@ The policy, the same for every writer (export, verify, bench, demo, serve, ``sav
   its run while it lives. ``clean_stale_staging`` removes only folders whose marker proves they are ours
   (the token inside matches the name) and whose lock is free (their run is gone, even by SIGKILL): never
   by name pattern or age alone.
+- A working folder that is not an output (the bench's exports, the interpreter child's files) is a staging
+  folder in ``$TMPDIR`` (:func:`temp_staging`), under the same rules.
 - Files written inside a staging folder go through ``write_new`` / ``copy_new`` / ``open_new``
   (``O_CREAT | O_EXCL | O_NOFOLLOW``): never through a planted file or symlink.
 """
@@ -325,6 +327,17 @@ def staging_dir(target: str | os.PathLike) -> Iterator[Path]:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         os.close(fd)
+
+
+@contextlib.contextmanager
+def temp_staging(name: str) -> Iterator[Path]:
+    """A private working folder in the system's temporary folder (``$TMPDIR/.NAME.tmp-TOKEN``), made, locked and
+    removed as :func:`staging_dir` does beside a target: removed on the way out (an exception, Ctrl-C, SIGTERM
+    through the CLI), and one a killed run left behind is found and removed by the next run that makes one (its
+    marker proves it vit-fast's, its free lock that its run is gone). For everything vit-fast writes that is
+    not an output: the bench's exports, the interpreter child's files."""
+    with staging_dir(Path(tempfile.gettempdir()) / name) as folder:
+        yield folder
 
 
 def _keep_previous(dst: Path, staging: Path) -> Path | None:

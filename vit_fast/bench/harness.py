@@ -9,12 +9,11 @@ the entry points that run it.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime as _dt
 import functools
 import gc
-import shutil
-import tempfile
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -24,6 +23,7 @@ import torch
 
 from vit_fast.dtypes import DTYPES
 from vit_fast.env import collect_environment
+from vit_fast.files import temp_staging
 from vit_fast.numerics import max_err
 from vit_fast.progress import bar as progress_bar
 from vit_fast.progress import duration, long_cpu_note
@@ -282,7 +282,9 @@ class Harness:
         rows: list[dict[str, Any]] = []
         transfers: list[dict[str, Any]] = []
         bar = progress_bar(len(self.dtypes) * len(self.variants) * len(self.batches), "bench", s.progress)
-        workdir = Path(tempfile.mkdtemp(prefix="vit-fast-bench-"))
+        # a staging folder in $TMPDIR: removed on the way out (SIGTERM included), a SIGKILLed run's by the next run
+        workdir_scope = contextlib.ExitStack()
+        workdir = workdir_scope.enter_context(temp_staging("vit-fast-bench"))
         source = str(s.model) if isinstance(s.model, (str, Path)) else None
         try:
             with torch.no_grad():
@@ -292,7 +294,7 @@ class Harness:
                     _release(device)
         finally:
             bar.close()
-            shutil.rmtree(workdir, ignore_errors=True)
+            workdir_scope.close()
         return self.report(env, cfg, ceilings, rows, flusher, self.dtypes, self.backends, transfers, weights)
 
     def _run_dtype(

@@ -12,7 +12,8 @@ raises on failure and :func:`main` is the one place that turns an exception into
 - 2: the command line was rejected while parsing (one line naming the argument, what it got and what is
   allowed: ``_args.Parser``; every numeric flag has a checked type from ``_args``), or an environment switch
   (``VIT_FAST_*``, ``TRITON_INTERPRET``) holds a value that is neither on nor off, named before any work;
-- 130: interrupted;
+- 130: interrupted (Ctrl-C); 143: terminated (SIGTERM, raised as :class:`Terminated` in the main thread so that
+  every ``finally`` runs: temporary folders are removed, children stopped);
 - 141: the reader of stdout closed it early (``vit-fast info | head -1``): the command stops quietly, as
   SIGPIPE stops any Unix tool (the shell reports 128 + 13 for those too).
 
@@ -31,7 +32,9 @@ import argparse
 import contextlib
 import importlib
 import os
+import signal
 import sys
+import threading
 from collections.abc import Iterator
 
 # subcommand -> (module defining EXAMPLE, add_arguments(parser) and run(args) -> int, one-line help)
@@ -138,6 +141,34 @@ def stdout_reader_gone() -> bool:
         return False
 
 
+#: the exit status after SIGTERM: 128 + 15, what the shell reports for a process SIGTERM ended
+TERMINATED = 128 + signal.SIGTERM
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread while :func:`main` runs: every ``finally`` and context manager on the
+    way out runs (temporary folders are removed, child processes stopped), and every path that handles Ctrl-C
+    handles it too."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    """Within the block, SIGTERM raises :class:`Terminated` in the main thread, unless a handler other than the
+    default one is in place (a guarded child's, an embedding program's); the previous handler comes back after."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 @contextlib.contextmanager
 def _any_file_name_prints() -> Iterator[None]:
     """Within the block, the process's own stdout and stderr write a file name that is not UTF-8 (Python holds it
@@ -167,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
 
     Output piped into something that closes early (``vit-fast info | head -1``) ends the command quietly with
     :data:`READER_GONE`: no "Broken pipe" error and no BrokenPipeError when Python flushes stdout at exit.
-    Closed standard streams are handled as the module docstring says."""
+    Closed standard streams and SIGTERM are handled as the module docstring says."""
     from vit_fast.files import usable_standard_streams
 
     for what in usable_standard_streams():
@@ -175,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"vit-fast: note: {what}; it now points at {os.devnull}: what goes there is lost", file=sys.stderr)
     try:
         try:
-            with _any_file_name_prints():
+            with _sigterm_unwinds(), _any_file_name_prints():
                 status = _main(argv)
                 _flush_stdout()  # what is still buffered fails here, not in the interpreter's flush at exit
         except SystemExit:  # --help, --version and usage errors print, then exit
@@ -210,9 +241,10 @@ def _main(argv: list[str] | None) -> int:
             return 2
         command = " ".join(filter(None, (args.command, getattr(args, "target", None))))
         return _run(args, command)
-    except KeyboardInterrupt:
-        print(f"vit-fast{' ' + command if command else ''}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stop:
+        what = "terminated (SIGTERM)" if isinstance(stop, Terminated) else "interrupted"
+        print(f"vit-fast{' ' + command if command else ''}: {what}", file=sys.stderr)
+        return TERMINATED if isinstance(stop, Terminated) else 130
 
 
 def _run(args: argparse.Namespace, command: str) -> int:
