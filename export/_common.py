@@ -7,7 +7,6 @@ vit_fast.env.)"""
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,6 +24,9 @@ from vit_fast.files import (
     contained_path,
     ownership_note,
     read_head,
+    read_json,
+    read_json_object,
+    refuse_non_utf8,
     written_by_vit_fast,
 )
 
@@ -93,10 +95,7 @@ def is_vit_fast_artifact(path: str | os.PathLike) -> bool:
     side = metadata_path(path)
     if not written_by_vit_fast(side):
         return False
-    try:
-        recorded = json.loads(side.read_text()).get("sha256")
-    except (OSError, ValueError, AttributeError):
-        return False
+    recorded = (read_json_object(side) or {}).get("sha256")
     return isinstance(recorded, str) and recorded == file_sha256(path)
 
 
@@ -112,6 +111,8 @@ def check_artifact_outputs(
     (:func:`vit_fast.files.claim`): the publish replaces only the files checked here.
     """
     what, suffixes = ARTIFACT_KINDS[kind]
+    if kind == "onnx":  # onnx.checker and ONNX Runtime (the verification) take UTF-8 paths only
+        refuse_non_utf8(path, what, "onnx.checker or ONNX Runtime")
     path = check_output_file(path, suffixes, what, ours=is_vit_fast_artifact, overwrite=overwrite)
     ours = is_vit_fast_artifact(path) if path.exists() else None
     sidecars = [(metadata_path(path), "metadata")] + (
@@ -208,14 +209,15 @@ def metadata_path(artifact: str | os.PathLike) -> Path:
 
 def read_metadata(artifact: str | os.PathLike) -> dict[str, Any] | None:
     """The metadata JSON beside ``artifact`` (without the file's own ``vit_fast_digest``, which proves the file, not
-    the artifact), or None when there is none; a corrupt file raises naming it."""
+    the artifact), or None when there is none; a corrupt file raises naming it, as does one too large, nested too
+    deep or holding an integer too long to read (:func:`vit_fast.files.read_json`)."""
     path = metadata_path(artifact)
     if not path.exists():
         return None
     try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ArtifactError(f"metadata {str(path)!r} beside {str(artifact)!r} cannot be read as JSON: {err}") from err
+        data = read_json(path, "metadata", f" beside {str(artifact)!r}")
+    except (OSError, ValueError) as err:
+        raise ArtifactError(str(err)) from err
     if not isinstance(data, dict):
         raise ArtifactError(f"metadata {str(path)!r} holds a {type(data).__name__}, expected a JSON object")
     data.pop(DIGEST_KEY, None)
@@ -285,6 +287,19 @@ def external_data_files(onnx_path: str | os.PathLike, proto: Any = None) -> list
             )
         names[location] = None
     return list(names)
+
+
+def metadata_batch(meta: dict[str, Any], artifact: str | os.PathLike) -> tuple[int, int]:
+    """The ``batch`` range ``artifact``'s metadata records, as (min, max) ints from 1 to ``MAX_BATCH``; an
+    ArtifactError naming the file and the field otherwise (a hand-edited or hostile file)."""
+    try:
+        low, high = check_batch_range(meta.get("batch"))
+    except ValueError as err:
+        raise ArtifactError(
+            f"metadata {str(metadata_path(artifact))!r}: field 'batch' is unusable ({err}): export the artifact "
+            "again, or give the batches to use (--batch 1,3; Python: batches=[1, 3])"
+        ) from None
+    return low, high
 
 
 def vit_fast_version() -> str:

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from vit_fast.dtypes import ONNX_ELEM_TYPES, ORT_TYPES
+from vit_fast.files import refuse_non_utf8
 
 from ._common import (
     ENGINE_SUFFIXES,
@@ -395,6 +396,13 @@ class ModelRunner(Runner):
         self.model = None
 
 
+def check_artifact_name(artifact: str | os.PathLike) -> None:
+    """Refuse, before any work, an artifact whose name its runtime cannot open: ONNX Runtime takes UTF-8 paths
+    only (its binding fails on any other with its own text)."""
+    if Path(artifact).suffix.lower() in ONNX_SUFFIXES:
+        refuse_non_utf8(artifact, "artifact", "ONNX Runtime")
+
+
 def open_artifact(artifact: str | os.PathLike, provider: str | None = None, threads: int | None = None) -> Runner:
     """A runner for ``artifact``: ONNX Runtime for ``.onnx`` (``provider``, CPU ``threads``), TensorRT for
     ``.plan`` / ``.engine`` / ``.trt``. A missing or unreadable file, or an unknown suffix, raises naming it."""
@@ -403,6 +411,7 @@ def open_artifact(artifact: str | os.PathLike, provider: str | None = None, thre
     if suffix in ENGINE_SUFFIXES:
         return EngineRunner(path)
     if suffix in ONNX_SUFFIXES:
+        check_artifact_name(path)
         return OrtRunner(path, provider, threads)
     raise ArtifactError(
         f"cannot tell what {str(path)!r} is from its suffix {suffix!r}: "
@@ -417,5 +426,6 @@ __all__ = [
     "ModelRunner",
     "OrtRunner",
     "Runner",
+    "check_artifact_name",
     "open_artifact",
 ]

@@ -41,6 +41,7 @@ from ._common import (
     check_report_path,
     external_data_files,
     file_sha256,
+    metadata_batch,
     metadata_path,
     read_metadata,
     vit_fast_version,
@@ -164,7 +165,7 @@ def check_tensorrt_args(
         )
     meta = read_metadata(onnx_path)
     if meta and meta.get("batch"):
-        lo, hi = meta["batch"]
+        lo, hi = metadata_batch(meta, onnx_path)
         if batch[0] < lo or batch[2] > hi:
             raise ValueError(
                 f"engine batch profile {batch} lies outside the ONNX file's exported batch range [{lo}, {hi}]: "

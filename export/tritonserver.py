@@ -46,6 +46,7 @@ from vit_fast.files import (
     make_folders,
     make_staging,
     publish_folders,
+    refuse_non_utf8,
     write_json_atomic,
     write_new,
 )
@@ -58,6 +59,7 @@ from ._common import (
     ArtifactError,
     check_readable_file,
     external_data_files,
+    metadata_batch,
     metadata_path,
     read_metadata,
 )
@@ -161,7 +163,7 @@ def onnx_entry(
         meta = read_metadata(path) or {}
         onnx_specs(path, input_layout(meta, path))  # readable, batchable: fail before any work
         _check_data_names(path, external_data_files(path))
-        rng = tuple(meta["batch"]) if meta.get("batch") else None
+        rng = metadata_batch(meta, path) if meta.get("batch") else None
         plan = plan_batching(batch, **serving, limit=rng, what=f"ONNX file {str(path)!r}")
         reference = model if model is not None else meta.get("source")
         if verify and reference is None:
@@ -304,6 +306,7 @@ def check_repository(repo: str | os.PathLike, names: Sequence[str], force: bool 
     (:func:`vit_fast.files.claim_folder`): the write replaces only what is there now.
     """
     repo = Path(repo)
+    refuse_non_utf8(repo, "model repository", "ONNX Runtime (verifying the model where it will be served from)")
     if repo.exists() and not repo.is_dir():
         raise ValueError(f"model repository {str(repo)!r} is a file; give a folder")
     check_output_dir(repo, "model repository")  # a link that leads nowhere, a folder that cannot be written

@@ -35,10 +35,20 @@ from vit_fast.dtypes import DTYPE_NAMES, parse_dtype
 from vit_fast.env import git_commit, module_version
 from vit_fast.files import json_text, make_folders, staging_dir, write_json_atomic, write_new
 from vit_fast.interrupts import INTERRUPTS, cut_note, held
+from vit_fast.limits import check_batch_fits, forward_bytes
 from vit_fast.numerics import FACTOR, FLOOR, RULE, compare
 from vit_fast.progress import Remaining, Stages, duration, long_cpu_note, plural
 
-from ._common import ArtifactError, check_report_path, plain_model, read_metadata, vit_fast_version, weights_record
+from ._common import (
+    ArtifactError,
+    check_report_path,
+    metadata_batch,
+    metadata_path,
+    plain_model,
+    read_metadata,
+    vit_fast_version,
+    weights_record,
+)
 from .graph import ExportGraph, default_outputs, example_images
 from .runners import ModelRunner, Runner, open_artifact
 
@@ -381,7 +391,9 @@ def verify(
 
     Prints a table (``print_table``) and returns a :class:`VerifyReport`; raises :class:`VerificationError`
     naming the worst row when any row fails (``raise_on_failure``; the JSON is written first). Unreadable
-    artifacts raise before any work, naming the file.
+    artifacts raise before any work, naming the file, as do a metadata ``batch`` that is not a range of ints
+    and a largest case whose float64 reference alone needs more memory than is available here
+    (:func:`vit_fast.limits.check_batch_fits`).
     """
     if json_path is not None:
         own = None if str(artifact) in BACKEND_ARTIFACTS else artifact
@@ -403,9 +415,17 @@ def verify(
     plan = _output_plan(meta, runner, cfg.num_classes)
     preprocess = (meta or {}).get("preprocess")
     dynamic = bool(meta and meta.get("dynamic_size"))
-    batch_range = tuple(meta["batch"]) if meta and meta.get("batch") else runner.batch_range
+    batch_range = metadata_batch(meta, artifact) if meta and meta.get("batch") else runner.batch_range
+    batches_from = "--batch / batches="
     if batches is None:  # what the runner itself takes (a fixed batch, an engine's profile) comes first
         batches = default_batches(runner.batch_range or batch_range or (1, 8))
+        batches_from = (
+            f"the batch range {list(runner.batch_range)} of {str(artifact)!r}"
+            if runner.batch_range
+            else f"the field 'batch' {list(batch_range)} of metadata {str(metadata_path(artifact))!r}"
+            if batch_range
+            else "the default batches"
+        )
     for b in batches:
         if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= MAX_BATCH:
             raise ValueError(f"batches must be ints >= 1 (at most {MAX_BATCH}), got {batches!r}")
@@ -420,6 +440,17 @@ def verify(
     _check_input_size(runner, cfg.in_chans, image_sizes, preprocess, artifact)
     if data is not None:
         _check_data(data, preprocess, [k for k, _ in plan], cfg.in_chans)
+    # the largest case, before any input is made: its float64 reference alone holds this much
+    b, (hh, ww) = max(((b, s) for b in batches for s in image_sizes), key=lambda c: forward_bytes(cfg, c[0], *c[1], 8))
+    check_batch_fits(
+        cfg,
+        b,
+        hh,
+        ww,
+        8,
+        f"verifying {str(artifact)!r} (batches from {batches_from}), whose float64 reference",
+        "verify with smaller batches (--batch 1,3; Python: batches=[1, 3])",
+    )
 
     kinds = [k for k, _ in plan]
     eager_device = "cuda" if torch.cuda.is_available() else "cpu"

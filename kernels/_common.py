@@ -287,6 +287,14 @@ def _calls_something(hook) -> bool:
     return bool(hook.calls) if isinstance(hook, _HOOK_CHAIN) else hook is not None
 
 
+#: held by every interpreted launch of every kernel: Triton's interpreter keeps a launch's state in module globals
+#: (one ``interpreter_builder`` holds the grid and the current program's ids, and each launch patches the
+#: ``triton.language`` functions in place), so two launches at once in two threads, of one kernel or of two,
+#: trample each other (``InterpreterError``: "x >= grid_dim[0]", "Did you forget to add @triton.jit").
+#: Compiled launches take no such lock.
+INTERPRETER_LOCK = threading.Lock()
+
+
 class ResolvedLaunches:
     """A kernel's launches resolved once per shape: the compiled kernel, its grid and its constexprs
     (the autotuner's pick included), so a repeated call skips Triton's JIT dispatch (argument binding and
@@ -297,8 +305,9 @@ class ResolvedLaunches:
     always get tensors), the constexprs, the device and ``grid_key``
     (whatever else the grid depends on); anything else that changes misses the cache and goes through
     Triton's own path, which resolves it again. Under the interpreter (decided at import, as Triton decides
-    its kernels' kind) every call goes through Triton, and raises :class:`~._versions.InterpreterVersionError`
-    where the installed triton and numpy break the interpreter. Never touches a GPU driver before the first launch.
+    its kernels' kind) every call goes through Triton, one at a time in the whole process
+    (:data:`INTERPRETER_LOCK`), and raises :class:`~._versions.InterpreterVersionError` where the installed triton
+    and numpy break the interpreter. Never touches a GPU driver before the first launch.
 
     Every launch runs on the device of the first tensor argument: Triton launches on the current device, so
     when the tensors live on another one the launch (Triton's path and the resolved one alike) runs under a
@@ -342,7 +351,7 @@ class ResolvedLaunches:
             problem = interpreter_version_problem()
             if problem is not None:  # refused before any launch: only kernels with no runtime loop bound would run
                 raise InterpreterVersionError(problem)
-            with self.lock:  # the interpreter shares the autotuner's per-call state too
+            with INTERPRETER_LOCK:  # one interpreted launch at a time in the process: its state is global
                 self.launched.config = config_label(self._triton(grid, args, constexprs)[1])
             return
         device = driver.active.get_current_device()

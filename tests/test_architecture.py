@@ -41,7 +41,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
         "base",
         _modules("version", "dtypes", "batches", "files", "progress", "numerics", "env", "runtime", "pos_embed")
-        + _modules("first_use", "timm_import", "interrupts"),
+        + _modules("first_use", "timm_import", "interrupts", "limits", "children"),
     ),
     (
         "model",

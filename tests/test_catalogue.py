@@ -12,8 +12,10 @@ import contextlib
 import hashlib
 import os
 import re
+import signal
 import stat
 import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +26,8 @@ import torch
 import vit_fast
 from vit_fast import VisionTransformer, ViTConfig
 from vit_fast.cli import main
+
+from .util import skip_if_interpreter_broken
 
 TINY = dict(img_size=16, patch_size=8, embed_dim=16, depth=1, num_heads=2, num_classes=3)
 
@@ -1576,3 +1580,686 @@ def test_an_unwritable_repository_is_named_with_the_fix(tmp_path, monkeypatch, c
     finally:
         _immutable(ro, False)
     assert os.listdir(ro) == []
+
+
+# --------------------------------------------------------------------------- bounded input
+# Issue 31, class 7. Before: a config, an HF config.json, an artifact's metadata or a checkpoint's embedded config
+# nested 100,000 deep ended in a RecursionError traceback; an 8 GiB one was read whole (MemoryError); a 5000-digit
+# integer gave Python's digit-limit text without the file's name; depth 20000 beside a 4-block checkpoint took 18 s
+# and printed a 7 MB line; an HF config with 100000 layers built for minutes (std::bad_alloc); embed_dim or
+# hidden_size 10^9: "Storage size calculation overflowed"; metadata batch [1, 10**7] tried to allocate 40 GB.
+# Now each is refused before anything is read whole, built or allocated, naming the file and the field.
+
+#: the memory these cases see as available (vit_fast.limits.available_bytes), so no answer depends on the machine
+AVAILABLE = 8 * 10**9
+DEEP = "[" * 100_000 + "]" * 100_000
+HUGE_INT = "9" * 5000
+SPARSE = 8 * 2**30  # made with truncate: nothing is written
+
+
+def _sparse(path: Path) -> None:
+    with open(path, "wb") as f:
+        f.truncate(SPARSE)
+
+
+@pytest.fixture(scope="module")
+def bounded_folder(tmp_path_factory) -> Path:
+    import json
+
+    from safetensors.torch import save_file
+
+    from vit_fast import export
+
+    folder = tmp_path_factory.mktemp("bounded")
+    model = _tiny()
+    tensors = {k: v.contiguous() for k, v in model.state_dict().items()}
+    save_file(tensors, str(folder / "plain.safetensors"))
+    four = VisionTransformer(ViTConfig(**{**TINY, "depth": 4}), backend="torch")
+    save_file({k: v.contiguous() for k, v in four.state_dict().items()}, str(folder / "plain4.safetensors"))
+    vit_fast.save_checkpoint(model, folder / "tiny.safetensors")
+    fields = {**TINY, "mlp_ratio": 4.0}
+    configs = {
+        "deep.json": DEEP,
+        "deepobj.json": '{"a": ' * 100_000 + "1" + "}" * 100_000,
+        "bigint.json": json.dumps({**fields, "depth": 1}).replace('"depth": 1', f'"depth": {HUGE_INT}'),
+        "depth20000.json": json.dumps({**fields, "depth": 20000}),
+        "depth1000.json": json.dumps({**fields, "depth": 1000}),
+        "embed1e9.json": json.dumps({**fields, "embed_dim": 10**9, "num_heads": 1}),
+        "wide.json": json.dumps({**fields, "embed_dim": 60000, "num_heads": 2}),
+    }
+    for name, text in configs.items():
+        (folder / name).write_text(text)
+    _sparse(folder / "sparse.json")
+    hf = {
+        "model_type": "vit",
+        "hidden_size": 16,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "intermediate_size": 64,
+        "image_size": 16,
+        "patch_size": 8,
+        "architectures": ["ViTModel"],
+    }
+    hf_cases = {
+        "hflayers": {"num_hidden_layers": 100_000},
+        "hfhidden": {"hidden_size": 10**9, "num_attention_heads": 1},
+        "hfwide": {"hidden_size": 60000, "intermediate_size": 240000},
+    }
+    for name, change in hf_cases.items():
+        (folder / f"{name}.json").write_text(json.dumps({**hf, **change}))
+        (folder / name).mkdir()
+        (folder / name / "config.json").write_text(json.dumps({**hf, **change}))
+    (folder / "hfdeep").mkdir()
+    (folder / "hfdeep" / "config.json").write_text(DEEP)
+    (folder / "hfsparse").mkdir()
+    _sparse(folder / "hfsparse" / "config.json")
+    for name, text in [("deepcfg", DEEP), ("bigintcfg", configs["bigint.json"])]:
+        save_file(tensors, str(folder / f"{name}.safetensors"), {"vit_fast_config": text})
+    _deep_config_pth(folder / "deepcfg.pth")
+    # an artifact, and copies of it whose metadata is too deep, too large, too long, or asks for too large a batch
+    export.to_onnx(model, folder / "m.onnx", batch=(1, 2), exporter="torchscript", progress=False, verify=False)
+    meta = json.loads((folder / "m.onnx.json").read_text())
+    variants = {
+        "deepmeta": DEEP,
+        "longbatch": json.dumps({**meta, "batch": [1, 2]}).replace('"batch": [1, 2]', f'"batch": [1, {HUGE_INT}]'),
+        "bigbatch": json.dumps({**meta, "batch": [1, 10**7]}),
+        "textbatch": json.dumps({**meta, "batch": [1, "x"]}),
+    }
+    for name, text in variants.items():
+        (folder / f"{name}.onnx").write_bytes((folder / "m.onnx").read_bytes())
+        (folder / f"{name}.onnx.json").write_text(text)
+    (folder / "sparsemeta.onnx").write_bytes((folder / "m.onnx").read_bytes())
+    _sparse(folder / "sparsemeta.onnx.json")
+    # names that are not UTF-8 (class 8): ONNX, ONNX Runtime and safetensors cannot open them
+    (folder / os.fsdecode(b"\xfe.onnx")).write_bytes((folder / "m.onnx").read_bytes())
+    (folder / os.fsdecode(b"\xfe.onnx.json")).write_bytes((folder / "m.onnx.json").read_bytes())
+    (folder / os.fsdecode(b"\xfd.safetensors")).write_bytes((folder / "tiny.safetensors").read_bytes())
+    return folder
+
+
+def _deep_config_pth(path: Path) -> None:
+    """A torch.save archive whose ``config`` is a dict nested 100,000 deep, as a crafted file holds it (torch.save
+    itself cannot write one; the unpickler builds it without recursion, json.dumps then recursed)."""
+    import zipfile
+
+    torch.save({"config": {}, "state_dict": {}}, path.with_suffix(".tmp"))
+
+    def text(t: str) -> bytes:
+        return b"X" + len(t).to_bytes(4, "little") + t.encode()
+
+    pickled = b"\x80\x02}" + text("config") + b"}" + (text("a") + b"}") * 100_000 + b"s" * 100_001
+    pickled += text("state_dict") + b"}s."
+    with zipfile.ZipFile(path.with_suffix(".tmp")) as src, zipfile.ZipFile(path, "w") as dst:
+        for item in src.infolist():
+            dst.writestr(item, pickled if item.filename.endswith("data.pkl") else src.read(item.filename))
+    path.with_suffix(".tmp").unlink()
+
+
+def _snapshot_sparse(folder: Path) -> dict[str, object]:
+    """Like _snapshot_any, but a file over 1 MiB (a sparse 8 GiB one) is recorded by size and time, never read."""
+    out: dict[str, object] = {}
+    for p in sorted(folder.rglob("*")):
+        st = p.lstat()
+        if stat.S_ISREG(st.st_mode) and st.st_size > 2**20:
+            out[str(p.relative_to(folder))] = (st.st_size, st.st_mtime_ns)
+        elif stat.S_ISREG(st.st_mode):
+            out[str(p.relative_to(folder))] = hashlib.sha256(p.read_bytes()).hexdigest()
+        else:
+            out[str(p.relative_to(folder))] = "dir" if stat.S_ISDIR(st.st_mode) else f"special {st.st_mode:o}"
+    return out
+
+
+VERIFY = ["verify", "plain.safetensors", "triton", "--config"]
+BOUNDED_CLI: dict[str, tuple[list[str], int, str]] = {
+    "config nested 100,000 deep": (
+        [*VERIFY, "deep.json"],
+        1,
+        r"config 'deep.json' nests arrays and objects more than 64 levels deep .*give the right file",
+    ),
+    "config object nested 100,000 deep": ([*VERIFY, "deepobj.json"], 1, r"'deepobj.json' nests .* more than 64"),
+    "config of 8 GiB": (
+        [*VERIFY, "sparse.json"],
+        1,
+        r"config 'sparse.json' is 8.0 GiB, more than the 16.0 MiB vit-fast reads as JSON .*give the right file",
+    ),
+    "config with a 5000-digit integer": (
+        [*VERIFY, "bigint.json"],
+        1,
+        r"config 'bigint.json': field 'depth' holds a 5000-digit integer; vit-fast reads integers of at most 40 "
+        r"digits: fix that field",
+    ),
+    "config depth 20000": (
+        ["verify", "plain4.safetensors", "triton", "--config", "depth20000.json"],
+        1,
+        r"config file 'depth20000.json': ViTConfig.depth is 20000, above the largest vit-fast builds \(1024;.*"
+        r"fix the file",
+    ),
+    "config depth beside a 4-block checkpoint": (
+        ["verify", "plain4.safetensors", "triton", "--config", "depth1000.json"],
+        1,
+        r"^vit-fast verify: error: config 'depth1000.json' says depth 1000, but the weights from 'plain4.safetensors' "
+        r"hold 4 blocks \(blocks.0 to blocks.3\): fix the field 'depth'.{0,120}$",
+    ),
+    "config embed_dim 10^9": (
+        [*VERIFY, "embed1e9.json"],
+        1,
+        r"config file 'embed1e9.json': ViTConfig.embed_dim is 1000000000, above the largest vit-fast builds \(65536",
+    ),
+    "config larger than the memory": (
+        [*VERIFY, "wide.json"],
+        1,
+        r"config file 'wide.json': the model has 43,213,020,003 parameters, 86.4 GB at 2 bytes each, more than the "
+        r"8.0 GB of memory available here; most are in its blocks \(depth=1, embed_dim=60000, mlp_ratio=4.0\): fix "
+        r"depth, embed_dim or mlp_ratio",
+    ),
+    "HF config num_hidden_layers 100000": (
+        [*VERIFY, "hflayers.json"],
+        1,
+        r"Hugging Face config 'hflayers.json': field 'num_hidden_layers' is 100000, above the largest vit-fast builds "
+        r"\(1024;.*fix that field in the file",
+    ),
+    "HF config hidden_size 10^9": (
+        [*VERIFY, "hfhidden.json"],
+        1,
+        r"Hugging Face config 'hfhidden.json': field 'hidden_size' is 1000000000, above .*fix that field in the file",
+    ),
+    "HF folder num_hidden_layers 100000": (
+        ["verify", "hflayers", "triton"],
+        1,
+        r"Hugging Face config 'hflayers/config.json': field 'num_hidden_layers' is 100000, above",
+    ),
+    "HF folder hidden_size 10^9": (
+        ["verify", "hfhidden", "triton"],
+        1,
+        r"Hugging Face config 'hfhidden/config.json': field 'hidden_size' is 1000000000",
+    ),
+    "HF folder larger than the memory": (
+        ["verify", "hfwide", "triton"],
+        1,
+        r"Hugging Face config 'hfwide/config.json': the model has [\d,]+ parameters, .* more than the 8.0 GB of "
+        r"memory available here; most are in its blocks \(num_hidden_layers=1, hidden_size=60000, "
+        r"intermediate_size=240000\): fix num_hidden_layers, hidden_size or intermediate_size",
+    ),
+    "HF folder config nested deep": (
+        ["verify", "hfdeep", "triton"],
+        1,
+        r"Hugging Face config 'hfdeep/config.json' nests arrays and objects more than 64 levels deep",
+    ),
+    "HF folder config of 8 GiB": (
+        ["verify", "hfsparse", "triton"],
+        1,
+        r"Hugging Face config 'hfsparse/config.json' is 8.0 GiB, more than the 16.0 MiB",
+    ),
+    "checkpoint's embedded config nested deep": (
+        ["verify", "deepcfg.safetensors", "triton"],
+        1,
+        r"the config embedded in checkpoint 'deepcfg.safetensors' \(not a --config file\) nests arrays and objects "
+        r"more than 64 levels deep.*give the right config with --config",
+    ),
+    "checkpoint's embedded config with a 5000-digit integer": (
+        ["verify", "bigintcfg.safetensors", "triton"],
+        1,
+        r"the config embedded in checkpoint 'bigintcfg.safetensors' \(not a --config file\): field 'depth' holds a "
+        r"5000-digit integer",
+    ),
+    "a .pth checkpoint's config nested deep": (
+        ["verify", "deepcfg.pth", "triton"],
+        1,
+        r"the config in checkpoint 'deepcfg.pth' cannot be read \(RecursionError: nested too deep, or not plain "
+        r"data\): write the checkpoint again",
+    ),
+    "metadata nested deep": (
+        ["verify", "tiny.safetensors", "deepmeta.onnx"],
+        1,
+        r"metadata 'deepmeta.onnx.json' beside 'deepmeta.onnx' nests arrays and objects more than 64 levels deep",
+    ),
+    "metadata of 8 GiB": (
+        ["verify", "tiny.safetensors", "sparsemeta.onnx"],
+        1,
+        r"metadata 'sparsemeta.onnx.json' beside 'sparsemeta.onnx' is 8.0 GiB, more than the 16.0 MiB",
+    ),
+    "metadata batch with a 5000-digit integer": (
+        ["verify", "tiny.safetensors", "longbatch.onnx"],
+        1,
+        r"metadata 'longbatch.onnx.json' beside 'longbatch.onnx': field 'batch\[1\]' holds a 5000-digit integer",
+    ),
+    "metadata batch [1, 10**7]": (
+        ["verify", "tiny.safetensors", "bigbatch.onnx"],
+        1,
+        r"verifying 'bigbatch.onnx' \(batches from the field 'batch' \[1, 10000000\] of metadata "
+        r"'bigbatch.onnx.json'\), whose float64 reference: batch 10000000 of 16x16 images needs at least [\d.]+ GB, "
+        r"more than the 8.0 GB of memory available here: verify with smaller batches \(--batch 1,3",
+    ),
+    "metadata batch not ints": (
+        ["verify", "tiny.safetensors", "textbatch.onnx"],
+        1,
+        r"metadata 'textbatch.onnx.json': field 'batch' is unusable \(batch \(min, max\): max must be an int, got "
+        r"'x' \(str\)\): export the artifact again",
+    ),
+    "verify --batch larger than the memory": (
+        ["verify", "tiny.safetensors", "m.onnx", "--batch", "1,10000000"],
+        1,
+        r"batches from --batch / batches=\), whose float64 reference: batch 10000000 .*more than the 8.0 GB",
+    ),
+    # class 8: names that are not UTF-8, refused before any work where a library cannot open them
+    "export to a non-UTF-8 name": (
+        ["export", "onnx", "tiny.safetensors", "--out", os.fsdecode(b"\xff.onnx")],
+        1,
+        r"ONNX file b'\\xff.onnx' is not a UTF-8 path \(byte 0xff at 0\), and onnx.checker or ONNX Runtime opens "
+        r"only UTF-8 paths: rename it, e.g. '_.onnx'",
+    ),
+    "verify a non-UTF-8 ONNX name": (
+        ["verify", "tiny.safetensors", os.fsdecode(b"\xfe.onnx")],
+        1,
+        r"artifact b'\\xfe.onnx' is not a UTF-8 path .*ONNX Runtime opens only UTF-8 paths: rename it",
+    ),
+    "verify a non-UTF-8 checkpoint name": (
+        ["verify", os.fsdecode(b"\xfd.safetensors"), "triton"],
+        1,
+        r"checkpoint b'\\xfd.safetensors' is not a UTF-8 path .*safetensors opens only UTF-8 paths: rename it",
+    ),
+    "Triton repository with a non-UTF-8 name": (
+        ["export", "tritonserver", "tiny.safetensors", "--out", os.fsdecode(b"repo\xff")],
+        1,
+        r"model repository b'repo\\xff' is not a UTF-8 path",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BOUNDED_CLI))
+def test_unbounded_input_is_refused_with_the_file_and_the_field(case, bounded_folder, capsys, monkeypatch):
+    import time
+
+    from vit_fast import limits
+
+    monkeypatch.chdir(bounded_folder)
+    monkeypatch.setattr(limits, "available_bytes", lambda: AVAILABLE)
+    argv, code, message = BOUNDED_CLI[case]
+    before = _snapshot_sparse(bounded_folder)
+    started = time.perf_counter()
+    rc, out, err = _run_cli(argv, capsys)
+    took = time.perf_counter() - started
+    assert rc == code, f"{case}: exit {rc}, expected {code}; stderr: {err[-2000:]}"
+    assert "Traceback" not in out + err
+    assert re.search(message, err, re.MULTILINE), f"{case}: {message!r} not in: {err[-2000:]}"
+    assert re.search(r"^vit-fast [a-z ]+: error: ", err.strip().splitlines()[-1]), err[-2000:]
+    assert len(err.strip().splitlines()[-1]) < 1000, "the error line is not one readable line"
+    assert took < 60, f"{case}: {took:.0f} s before the refusal"
+    assert _snapshot_sparse(bounded_folder) == before, f"{case}: the folder changed"
+
+
+def test_a_non_utf8_report_name_works_and_prints_as_its_bytes(tmp_path):
+    """Where nothing but vit-fast opens the file, a name that is not UTF-8 is written, and printed as its bytes."""
+    import json
+
+    name = b"r\xfc.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "vit_fast", "info", "--json", os.fsdecode(name)], cwd=tmp_path, capture_output=True
+    )
+    assert proc.returncode == 0 and b"Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert os.listdir(os.fsencode(tmp_path)) == [name]
+    assert json.loads((tmp_path / os.fsdecode(name)).read_text())[vit_fast.files.MARKER_KEY]
+
+
+def test_bounded_json_reader_limits():
+    from vit_fast.files import JSON_MAX_DEPTH, JSONInputError, loads_json
+
+    ok = '{"a": [1, {"b": "[[[{{ not brackets ]", "c": "\\"[["}], "d": -' + "9" * 40 + ', "e": 1.' + "0" * 60 + "}"
+    assert loads_json(ok, "x")["d"] == -int("9" * 40)
+    assert loads_json("[" * JSON_MAX_DEPTH + "]" * JSON_MAX_DEPTH, "x") is not None
+    cases = [
+        ("[" * (JSON_MAX_DEPTH + 1) + "]" * (JSON_MAX_DEPTH + 1), r"^src nests arrays and objects more than 64"),
+        ('{"a":' * 40 + "[" * 30 + "]" * 30 + "}" * 40, r"more than 64 levels deep"),
+        ('{"x": {"y": [1, ' + HUGE_INT + "]}}", r"^src: field 'x.y\[1\]' holds a 5000-digit integer"),
+        ('{"x": -' + "9" * 41 + "}", r"field 'x' holds a 41-digit integer"),
+        (b'{"x": "\xff"}', r"^src is not UTF-8 text \(byte 7\)"),
+        ("[1, }", r"^src cannot be read as JSON \(Expecting value"),
+    ]
+    for text, problem in cases:
+        with pytest.raises(JSONInputError, match=problem):
+            loads_json(text, "src")
+
+
+def test_bounded_json_reader_never_opens_a_fifo_or_reads_a_large_file(tmp_path):
+    from vit_fast import files
+
+    os.mkfifo(tmp_path / "fifo.json")
+    _sparse(tmp_path / "big.json")
+    with pytest.raises(files.JSONInputError, match=r"config '.*fifo.json' is not a regular file"):
+        files.read_json(tmp_path / "fifo.json", "config")
+    with pytest.raises(files.JSONInputError, match=r"'.*big.json' is 8.0 GiB"):
+        files.read_json(tmp_path / "big.json")
+    with pytest.raises(FileNotFoundError, match=r"metadata '.*none.json' does not exist"):
+        files.read_json(tmp_path / "none.json", "metadata")
+    (tmp_path / "deep.json").write_text(DEEP)
+    for name in ("fifo.json", "big.json", "deep.json"):  # the never-raising reader of proofs and reports
+        assert files.read_json_object(tmp_path / name) is None
+        assert files.written_by_vit_fast(tmp_path / name) is False
+
+
+def test_a_foreign_checkpoint_with_a_deep_header_is_refused_not_a_recursion_error(tmp_path):
+    """save_checkpoint's ownership check reads a safetensors header: 100,000 levels deep raised RecursionError."""
+    header = DEEP.encode()
+    (tmp_path / "w.safetensors").write_bytes(len(header).to_bytes(8, "little") + header)
+    with pytest.raises(ValueError, match=r"exists and was not written by vit-fast"):
+        vit_fast.save_checkpoint(_tiny(), tmp_path / "w.safetensors")
+
+
+def test_sizes_beyond_any_model_are_refused_before_building(monkeypatch):
+    """Through the API: each size field's ceiling, a value too long to print, and the memory the weights need,
+    all before a parameter is made."""
+    import time
+
+    from vit_fast import limits
+
+    monkeypatch.setattr(limits, "available_bytes", lambda: AVAILABLE)
+    cases = [
+        (dict(depth=20000), r"ViTConfig.depth is 20000, above the largest vit-fast builds \(1024"),
+        (dict(embed_dim=10**9, num_heads=1), r"ViTConfig.embed_dim is 1000000000, above"),
+        (
+            dict(mlp_ratio=1e300),
+            r"ViTConfig.mlp_ratio 1e\+300 gives an MLP whose size .* is an integer of about 302",
+        ),
+        (dict(depth=10**5000), r"ViTConfig.depth is an integer of about 5001 digits, above"),
+        (dict(depth=-(10**5000)), r"ViTConfig.depth must be an int >= 1, got a negative integer of about 5001"),
+        (dict(patch_size=10**5000), r"ViTConfig.patch_size is an integer of about 5001 digits"),
+        (dict(mlp_ratio=10**5000), r"ViTConfig.mlp_ratio must be a number > 0, got an integer of about 5001"),
+        (dict(img_size=2**17, patch_size=2**16), r"ViTConfig.img_size: its larger side is 131072, above"),
+        (dict(num_classes=10**30), r"ViTConfig.num_classes is 1000000000000000000000000000000, above"),
+        (dict(in_chans=5000), r"ViTConfig.in_chans is 5000, above"),
+    ]
+    for fields, problem in cases:
+        with pytest.raises(ValueError, match=problem):
+            ViTConfig(**{**TINY, **fields})
+    ViTConfig(**{**TINY, "depth": 1024})  # the ceilings themselves are allowed
+    started = time.perf_counter()
+    with pytest.raises(ValueError, match=r"^ViTConfig: the model has [\d,]+ parameters, .* at 4 bytes each, more than"):
+        VisionTransformer(ViTConfig(**{**TINY, "embed_dim": 60000, "num_heads": 2}))
+    assert time.perf_counter() - started < 1.0  # refused from the numbers, nothing allocated
+    cfg = ViTConfig(**TINY)
+    need = limits.parameter_count(cfg) * 4
+    limits.check_model_fits(cfg, available=need)  # exactly enough: built
+    with pytest.raises(ValueError, match=r"more than the"):
+        limits.check_model_fits(cfg, available=need - 1)
+
+
+def test_parameter_count_is_the_models(monkeypatch):
+    from vit_fast.limits import parameter_count
+
+    variants = [{}, dict(pre_norm=True), dict(qkv_bias=False, num_classes=0), dict(global_pool="avg")]
+    variants += [dict(init_values=1e-5, reg_tokens=2, no_embed_class=True), dict(class_token=False, global_pool="avg")]
+    for fields in variants:
+        cfg = ViTConfig(**{**TINY, **fields})
+        assert parameter_count(cfg) == sum(p.numel() for p in VisionTransformer(cfg).parameters()), fields
+    for name in vit_fast.PRESETS:
+        cfg = ViTConfig.from_name(name)
+        with torch.device("meta"):
+            model = VisionTransformer(cfg)
+        assert parameter_count(cfg) == sum(p.numel() for p in model.parameters()), name
+
+
+def test_available_memory_is_read_from_the_machine():
+    from vit_fast.limits import available_bytes
+
+    found = available_bytes()
+    if not os.path.exists("/proc/meminfo"):
+        pytest.skip("no /proc/meminfo: the memory check is skipped here by design (ceilings still apply)")
+    assert found is not None and 0 < found < 2**50
+
+
+# --------------------------------------------------------------------------- closed standard streams
+# Issue 31, class 8. Before: `vit-fast info >&-`, `--version >&-` and `export ... >&-` ended with "'NoneType' object
+# has no attribute 'flush'" and a traceback, exit 1, the export after writing its artifact. Now a closed (or
+# read-only) stream points at the null device with a note on stderr, and the command's own status stands.
+def _shell(command: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``command`` in sh, ``vit-fast`` standing for this Python's ``-m vit_fast``; stderr captured as bytes."""
+    import shlex
+
+    script = command.replace("vit-fast", f"{shlex.quote(sys.executable)} -m vit_fast")
+    return subprocess.run(["sh", "-c", script], cwd=cwd, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=600)
+
+
+@pytest.mark.parametrize(
+    "command, note",
+    [
+        ("vit-fast info >&-", "stdout is closed"),
+        ("vit-fast --version >&-", "stdout is closed"),
+        ("vit-fast info 1</dev/null", "stdout is open for reading only"),
+        ("vit-fast info >/dev/null 2>&-", None),  # nowhere to say it: quietly
+        ("vit-fast info >&- 2>&-", None),
+        ("vit-fast info >/dev/null <&-", None),  # stdin is not said: nothing is read from it
+    ],
+)
+def test_closed_streams_are_not_failures(command, note, tmp_path):
+    proc = _shell(command, tmp_path)
+    err = proc.stderr.decode(errors="replace")
+    assert proc.returncode == 0, f"{command}: exit {proc.returncode}: {err[-2000:]}"
+    assert "Traceback" not in err and "NoneType" not in err
+    if note is not None:
+        assert re.search(rf"^vit-fast: note: {note}; it now points at /dev/null: what goes there is lost$", err, re.M)
+    assert os.listdir(tmp_path) == []
+
+
+def test_an_export_with_stdout_closed_writes_its_artifact_and_succeeds(bounded_folder, tmp_path):
+    (tmp_path / "tiny.safetensors").write_bytes((bounded_folder / "tiny.safetensors").read_bytes())
+    proc = _shell("vit-fast export onnx tiny.safetensors --out m.onnx --batch 1,2 >&-", tmp_path)
+    err = proc.stderr.decode(errors="replace")
+    assert proc.returncode == 0 and "Traceback" not in err, err[-2000:]
+    assert sorted(os.listdir(tmp_path)) == ["m.onnx", "m.onnx.json", "tiny.safetensors"]
+    assert vit_fast.files.read_json(tmp_path / "m.onnx.json")["verification"]["passed"] is True
+
+
+def test_main_without_a_stdout_object_does_not_fail(monkeypatch, capsys):
+    """An embedding program (or pythonw) with sys.stdout None: main() neither flushes None nor loses the status."""
+    monkeypatch.setattr(sys, "stdout", None)
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+
+
+# --------------------------------------------------------------------------- children and temp folders
+# Issue 31, class 9. Before: SIGTERM to `vit-fast doctor` left its interpreter child running as an orphan that kept
+# printing, and `$TMPDIR/vit-fast-doctor-*` stayed; SIGTERM or SIGKILL to `bench` during the ONNX Runtime case left
+# `$TMPDIR/vit-fast-bench-*` with a partial export, never cleaned. Now every Python child is guarded
+# (vit_fast.children: PR_SET_PDEATHSIG and a watch of its parent), every temp folder is a staging folder in $TMPDIR
+# (vit_fast.files.temp_staging): removed on SIGTERM (the CLI turns it into an exception that unwinds), and a
+# SIGKILLed run's is removed by the next run.
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG and /proc are Linux's")
+
+
+def _children_of(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        found.append(int(entry))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _until(condition: Callable[[], object], seconds: float, what: str) -> object:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not (found := condition()):
+        if time.monotonic() > deadline:
+            pytest.fail(f"no {what} after {seconds:g} s")
+        time.sleep(0.05)
+    return found
+
+
+def _staging_in(folder: Path, name: str) -> list[Path]:
+    return sorted(folder.glob(f".{name}.tmp-*"))
+
+
+def _start(argv: list[str], cwd: Path, tmpdir: Path) -> subprocess.Popen:
+    """``vit-fast ARGV`` in ``cwd`` with ``$TMPDIR`` at ``tmpdir``, as from a shell (without the suite's
+    TRITON_INTERPRET, with which the doctor would run the interpreter in itself); its stderr goes to
+    ``cwd/err.txt`` (a pipe nobody reads would stop it once full)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TMPDIR": str(tmpdir)}
+    with open(cwd / "err.txt", "wb") as err:
+        return subprocess.Popen(
+            [sys.executable, "-m", "vit_fast", *argv], cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=err
+        )
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+@linux_only
+@skip_if_interpreter_broken  # the child would end at once with the interpreter's fault, not live on
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_the_doctors_child_and_folder_end_with_it(sig, tmp_path):
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    parent = _start(["doctor", "--out", "dd"], tmp_path, tmpdir)
+    try:
+        (folder,) = _until(lambda: _staging_in(tmpdir, "vit-fast-doctor"), 120, "doctor's temp folder")
+        interpreter = lambda: [c for c in _children_of(parent.pid) if "vit_fast.doctor" in _cmdline(c)]  # noqa: E731
+        (child,) = _until(interpreter, 120, "interpreter child")
+        parent.send_signal(sig)
+        code = parent.wait(60)
+        _until(lambda: not _alive(child), 15, "end of the child after its parent")
+        _until(lambda: not folder.exists(), 15, "removal of the temp folder")
+        err = (tmp_path / "err.txt").read_text(errors="replace")
+        if sig == signal.SIGTERM:  # unwound: the child stopped, the folder removed, one line, 143
+            assert code == 128 + signal.SIGTERM and err.rstrip().endswith("vit-fast doctor: terminated (SIGTERM)")
+            assert "Traceback" not in err
+        else:  # the child was told by the kernel (PR_SET_PDEATHSIG) and removed the folder of its dead parent
+            assert code == -signal.SIGKILL
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+
+
+@linux_only
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_the_benchs_temp_folder_ends_with_it_or_with_the_next_run(sig, bounded_folder, tmp_path):
+    """During the ONNX Runtime case (its export in the temp folder, the timing long): SIGTERM removes the folder;
+    after SIGKILL nobody can, and the next run that makes one removes it."""
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    (tmp_path / "tiny.safetensors").write_bytes((bounded_folder / "tiny.safetensors").read_bytes())
+    argv = ["bench", "tiny.safetensors", "--backends", "onnxruntime", "--batch", "1", "--out", "b"]
+    parent = _start([*argv, "--min-time", "300", "--max-seconds", "600"], tmp_path, tmpdir)
+    try:
+        (folder,) = _until(lambda: _staging_in(tmpdir, "vit-fast-bench"), 120, "bench temp folder")
+        _until(lambda: list(folder.glob("*.onnx")), 120, "ONNX export in the bench's temp folder")
+        parent.send_signal(sig)
+        code = parent.wait(60)
+        err = (tmp_path / "err.txt").read_text(errors="replace")
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+    if sig == signal.SIGTERM:
+        assert code == 128 + signal.SIGTERM and "vit-fast bench: terminated (SIGTERM)" in err and "Traceback" not in err
+        assert not folder.exists()
+        return
+    assert code == -signal.SIGKILL and folder.is_dir()  # nothing can run in a SIGKILLed process
+    subprocess.run(
+        [sys.executable, "-c", "from vit_fast.files import temp_staging\nwith temp_staging('vit-fast-bench'): pass"],
+        env=dict(os.environ, TMPDIR=str(tmpdir)),
+        check=True,
+        timeout=120,
+    )
+    assert not folder.exists() and _staging_in(tmpdir, "vit-fast-bench") == []  # torch's own folders may be there
+
+
+SLEEPER = "import sys, time\nprint('child up', flush=True)\ntime.sleep(600)\n"
+GUARDED_PARENT = (
+    "import subprocess, sys, time\n"
+    "from vit_fast.children import guarded_python\n"
+    "child = subprocess.Popen(guarded_python(['sleeper'], cleanup=sys.argv[1]), stdout=subprocess.PIPE, text=True)\n"
+    "child.stdout.readline()\n"
+    "print(child.pid, flush=True)\n"
+    "time.sleep(600)\n"
+)
+
+
+@linux_only
+def test_a_guarded_child_dies_with_its_parent_and_removes_its_folder(tmp_path):
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    folder = tmp_path / "work"
+    folder.mkdir()
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    parent = subprocess.Popen(
+        [sys.executable, "-c", GUARDED_PARENT, str(folder)], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        child = int(parent.stdout.readline())
+        assert _alive(child) and folder.is_dir()
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(30)
+        _until(lambda: not _alive(child), 15, "end of the guarded child")
+        assert not folder.exists()
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+
+
+@linux_only
+def test_a_guarded_child_whose_parent_is_already_gone_does_not_run(tmp_path):
+    """The parent died before the child asked for PR_SET_PDEATHSIG: the child's check of its parent ends it."""
+    from vit_fast.children import GUARD
+
+    (tmp_path / "sleeper.py").write_text("open('ran', 'w').close()\n")
+    folder = tmp_path / "work"
+    folder.mkdir()
+    not_its_parent = os.getppid()  # the child's parent is this process, not ours
+    proc = subprocess.run(
+        [sys.executable, "-c", GUARD, str(not_its_parent), str(folder), "sleeper"], cwd=tmp_path, timeout=60
+    )
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert not (tmp_path / "ran").exists() and not folder.exists()
+
+
+def test_temp_folders_of_live_runs_and_look_alikes_are_kept(tmp_path, monkeypatch):
+    """The next run removes only a dead run's folder (its marker proves it vit-fast's, its lock is free)."""
+    import tempfile
+
+    from vit_fast import files
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    look_alike = tmp_path / ".vit-fast-bench.tmp-0123456789abcdef"
+    look_alike.mkdir()
+    with files.temp_staging("vit-fast-bench") as live:
+        dead = subprocess.run(
+            [sys.executable, "-c", KILLED_TEMP],
+            env=dict(os.environ, TMPDIR=str(tmp_path)),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        dead_folder = Path(dead.stdout.strip())
+        assert dead.returncode == -signal.SIGKILL and dead_folder.is_dir()
+        with files.temp_staging("vit-fast-bench") as mine:
+            assert live.is_dir() and look_alike.is_dir() and not dead_folder.exists()
+        assert not mine.exists()
+    assert not live.exists() and look_alike.is_dir()
+
+
+KILLED_TEMP = (
+    "import os, signal\n"
+    "from vit_fast.files import temp_staging\n"
+    "with temp_staging('vit-fast-bench') as folder:\n"
+    "    print(folder, flush=True)\n"
+    "    os.kill(os.getpid(), signal.SIGKILL)\n"
+)

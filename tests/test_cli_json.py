@@ -134,7 +134,10 @@ def test_bench_json_dash_and_its_text(folder, capsys):
 
 
 def test_demo_json_dash(folder, capsys):
-    pytest.importorskip("sklearn", reason="the demo needs scikit-learn (the demo extra: pip install -e '.[demo]' in a vit-fast checkout)")
+    pytest.importorskip(
+        "sklearn",
+        reason="the demo needs scikit-learn (the demo extra: pip install -e '.[demo]' in a vit-fast checkout)",
+    )
     argv = ["demo", "--out", "d", "--skip-triton", "--skip-onnx", "--skip-timing", "--no-plots", "--json", "-"]
     rc, report, err = _run(argv, capsys)
     assert rc == 0 and report == json.loads((folder / "d" / "report.json").read_text())

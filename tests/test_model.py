@@ -245,8 +245,15 @@ def test_wrong_shapes_and_keys_are_named(tmp_path):
         load_checkpoint(path, cfg=ViTConfig(**{**TINY, "embed_dim": 64, "num_heads": 4}))
     with pytest.raises(ValueError, match=r"missing keys: \['reg_token'\]"):
         load_checkpoint(path, cfg=ViTConfig(**{**TINY, "reg_tokens": 1, "no_embed_class": True}))
-    with pytest.raises(ValueError, match=r"unexpected keys: \['blocks.1.attn.proj.bias'"):
+    # a depth that differs from the blocks in the file is named before the model is built
+    with pytest.raises(ValueError, match=r"says depth 1, but the weights from .* hold 2 blocks \(blocks.0 to blocks.1"):
         load_checkpoint(path, cfg=ViTConfig(**{**TINY, "depth": 1}))
+    from safetensors.torch import save_file
+
+    extra = {**{k: v.contiguous() for k, v in model.state_dict().items()}, "dist_token": torch.zeros(1, 1, 48)}
+    save_file(extra, str(tmp_path / "extra.safetensors"))
+    with pytest.raises(ValueError, match=r"unexpected keys: \['dist_token'\]"):
+        load_checkpoint(tmp_path / "extra.safetensors", cfg=ViTConfig(**TINY))
 
 
 def test_pos_embed_resampled_for_another_image_size(tmp_path):

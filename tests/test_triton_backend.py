@@ -267,3 +267,84 @@ def test_parameter_changes_after_a_forward_are_still_refused():
                 model(x)
             put_right()
             assert torch.equal(model(x), expected)
+
+
+# --------------------------------------------------------------------------- threads under the interpreter
+# Triton's interpreter keeps a launch's state in module globals; with a lock per kernel, 7 of 8 threads running
+# the triton backend at once raised InterpreterError ("x >= grid_dim[0]", "Did you forget to add @triton.jit").
+# Interpreted launches now take one lock for the whole process (kernels._common.INTERPRETER_LOCK).
+interpreted = pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's lock: kernels run compiled here")
+
+
+def _in_threads(work, n: int) -> list:
+    """``work(i)`` in ``n`` threads started together; each thread's result, or the exception it raised."""
+    import threading
+
+    results: list = [None] * n
+    start = threading.Barrier(n)
+
+    def run(i: int) -> None:
+        start.wait()
+        try:
+            results[i] = work(i)
+        except Exception as err:  # noqa: BLE001 - the test reports what each thread raised
+            results[i] = err
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not any(t.is_alive() for t in threads), "a thread did not finish"
+    return results
+
+
+@interpreted
+def test_eight_threads_on_the_triton_backend_match_one_thread():
+    model = tiny_model(seed=12, img_size=16, embed_dim=32, num_heads=2, depth=1).set_backend("triton")
+    xs = [torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(i)) for i in range(8)]
+    with torch.no_grad():
+        alone = [model(x) for x in xs]
+        results = _in_threads(lambda i: model(xs[i]), 8)
+    failed = [r for r in results if isinstance(r, BaseException)]
+    assert not failed, f"{len(failed)} of 8 threads failed: {failed[:2]}"
+    for i, out in enumerate(results):  # the interpreter is deterministic: serialised runs give the same bits
+        assert torch.equal(out, alone[i]), f"thread {i}"
+
+
+@interpreted
+def test_two_kernels_in_two_threads_at_once():
+    """The interpreter's state is global, not per kernel: two different kernels launched together collided too."""
+    from vit_fast.kernels.layer_norm import add_layer_norm_ref, layer_norm
+    from vit_fast.kernels.linear import linear, linear_ref
+
+    gen = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(37, 32, generator=gen), torch.randn(48, 32, generator=gen), torch.randn(48, generator=gen)
+    g, beta = torch.randn(32, generator=gen), torch.randn(32, generator=gen)
+    calls = [lambda: linear(x, w, b, "gelu"), lambda: layer_norm(x, g, beta, 1e-6)] * 4
+    results = _in_threads(lambda i: calls[i](), 8)
+    assert not any(isinstance(r, BaseException) for r in results), results
+    for r in results[0::2]:
+        assert_within_eager(r, linear_ref(x, w, b, "gelu"), linear_ref(x.double(), w.double(), b.double(), "gelu"))
+    ln_eager = add_layer_norm_ref(x, None, g, beta, 1e-6)[1]
+    ln_ref = add_layer_norm_ref(x.double(), None, g.double(), beta.double(), 1e-6)[1]
+    for r in results[1::2]:
+        assert_within_eager(r, ln_eager, ln_ref)
+
+
+@interpreted
+def test_an_interpreted_launch_waits_for_the_process_wide_lock():
+    """The lock is one for every kernel: while it is held, a launch of any kernel in another thread waits."""
+    import threading
+
+    from vit_fast.kernels._common import INTERPRETER_LOCK
+    from vit_fast.kernels.layer_norm import layer_norm
+
+    x = torch.randn(4, 32)
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (layer_norm(x, None, None, 1e-6), done.set()))
+    with INTERPRETER_LOCK:
+        worker.start()
+        assert not done.wait(1.0), "a launch ran while another held the interpreter"
+    worker.join(60)
+    assert done.is_set()

@@ -276,7 +276,7 @@ PARENT = textwrap.dedent(
     import sys, time
     from vit_fast.demo import _InterpreterVerify
     child = _InterpreterVerify(1, 0, 600.0)
-    print(child.proc.pid, child.tmp.name, flush=True)
+    print(child.proc.pid, child.tmp, flush=True)
     time.sleep(600)
     """
 )

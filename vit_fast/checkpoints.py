@@ -20,7 +20,18 @@ import torch
 
 from .config import PRESETS, ViTConfig
 from .convert import _grid_from_pos_embed, _load_converted, convert_hf_state_dict
-from .files import check_output_file, open_new, publish_to, read_head, staging_dir, write_new
+from .files import (
+    check_output_file,
+    loads_json,
+    open_new,
+    publish_to,
+    read_head,
+    read_json,
+    refuse_non_utf8,
+    staging_dir,
+    write_new,
+)
+from .limits import above_ceiling, check_model_fits, number_text
 from .model import VisionTransformer
 
 CONFIG_METADATA_KEY = "vit_fast_config"
@@ -48,8 +59,8 @@ def is_vit_fast_checkpoint(path: str | os.PathLike) -> bool:
         size = int.from_bytes(head, "little")
         raw = read_head(path, 8 + min(size, 100 * 2**20))
         try:
-            header = json.loads(raw[8:].decode())
-        except (TypeError, UnicodeDecodeError, ValueError):
+            header = loads_json(raw[8:], f"the safetensors header of {str(path)!r}")
+        except (TypeError, ValueError):
             return False
         return isinstance(header, dict) and CONFIG_METADATA_KEY in (header.get("__metadata__") or {})
     try:
@@ -251,6 +262,8 @@ def read_state_dict(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], d
     if _checked_kind(path) == ".safetensors":
         from safetensors import safe_open
 
+        refuse_non_utf8(path, "checkpoint", "safetensors")
+
         try:
             with safe_open(str(path), framework="pt") as f:
                 meta = dict(f.metadata() or {})
@@ -261,7 +274,13 @@ def read_state_dict(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], d
     meta: dict[str, str] = {}
     if isinstance(obj, Mapping):
         if isinstance(obj.get("config"), Mapping):
-            meta[CONFIG_METADATA_KEY] = json.dumps(dict(obj["config"]))
+            try:  # checked as the JSON text of a .safetensors file's config is (vit_fast.files.loads_json)
+                meta[CONFIG_METADATA_KEY] = json.dumps(dict(obj["config"]))
+            except (RecursionError, TypeError, ValueError) as err:  # a crafted file: nested too deep, or not data
+                raise ValueError(
+                    f"the config in checkpoint {str(path)!r} cannot be read ({type(err).__name__}: nested too deep, "
+                    "or not plain data): write the checkpoint again with save_checkpoint, or give another file"
+                ) from None
         if isinstance(obj.get("metadata"), Mapping):
             meta.update({str(k): str(v) for k, v in obj["metadata"].items()})
         for key in ("state_dict", "model", "module"):
@@ -301,9 +320,32 @@ _HF_FIELD_TYPES = {
 }
 
 
+#: a Hugging Face ViT config.json's size fields -> the vit_fast.limits ceiling each is held to
+_HF_CEILINGS = {
+    "hidden_size": "embed_dim",
+    "num_hidden_layers": "depth",
+    "num_attention_heads": "num_heads",
+    "intermediate_size": "mlp_hidden_dim",
+    "image_size": "img_size",
+    "patch_size": "patch_size",
+    "num_channels": "in_chans",
+    "num_labels": "num_classes",
+}
+#: ViTConfig's names -> a Hugging Face config's, for messages about the size of the model it describes
+_HF_NAMES = {
+    "embed_dim": "hidden_size",
+    "depth": "num_hidden_layers",
+    "mlp_hidden_dim": "intermediate_size",
+    "img_size": "image_size",
+    "in_chans": "num_channels",
+    "num_classes": "num_labels",
+}
+
+
 def check_hf_config_fields(data: dict, source: str) -> None:
     """Raise ValueError naming ``source`` and the first field of a Hugging Face ViT config.json whose JSON type is
-    wrong (``"hidden_size": "768"``), before any arithmetic on it."""
+    wrong (``"hidden_size": "768"``) or whose size is beyond what vit-fast builds (``vit_fast.limits.CEILINGS``),
+    before any arithmetic on it and before transformers builds anything."""
     for name, kind in _HF_FIELD_TYPES.items():
         if name not in data or (name == "num_labels" and data[name] is None):
             continue
@@ -317,9 +359,16 @@ def check_hf_config_fields(data: dict, source: str) -> None:
         if not ok:
             want = {"int": "an integer", "number": "a number", "bool": "true or false", "str": "a string"}[kind]
             raise ValueError(
-                f"Hugging Face config {source}: field {name!r} is {value!r} ({type(value).__name__}), expected "
-                f"{want}: fix that field in the file"
+                f"Hugging Face config {source}: field {name!r} is {number_text(value)} ({type(value).__name__}), "
+                f"expected {want}: fix that field in the file"
             )
+        too_large = above_ceiling(_HF_CEILINGS[name], value) if name in _HF_CEILINGS else None
+        if too_large:
+            raise ValueError(f"Hugging Face config {source}: field {name!r} {too_large}: fix that field in the file")
+    labels = data.get("id2label")
+    too_many = above_ceiling("num_classes", len(labels)) if isinstance(labels, (dict, list)) else None
+    if too_many:
+        raise ValueError(f"Hugging Face config {source}: field 'id2label' names {too_many}: fix that field")
 
 
 def _hf_config_dict_to_vit(data: dict, source: str) -> ViTConfig:
@@ -337,9 +386,12 @@ def _hf_config_dict_to_vit(data: dict, source: str) -> ViTConfig:
     fields.update(qkv_bias=True)
     fields.update({k: v for k, v in data.items() if k in fields})
     try:
-        return hf_config_to_vit(SimpleNamespace(**fields), num_classes)
+        cfg = hf_config_to_vit(SimpleNamespace(**fields), num_classes)
     except (TypeError, ValueError) as err:
         raise ValueError(f"Hugging Face config {source}: {err}") from err
+    # before anything is built (transformers' from_pretrained included); 2 bytes a parameter: the least it can take
+    check_model_fits(cfg, f"Hugging Face config {source}", element_size=2, names=_HF_NAMES)
+    return cfg
 
 
 def config_from_fields(data: object, source: str, fix: str) -> ViTConfig:
@@ -355,9 +407,11 @@ def config_from_fields(data: object, source: str, fix: str) -> ViTConfig:
             f"(it would be ViT-B/16's); {fix}"
         )
     try:
-        return ViTConfig.from_dict(data)
+        cfg = ViTConfig.from_dict(data)
     except (TypeError, ValueError) as err:
         raise ValueError(f"{source}: {err}; {fix}") from err
+    check_model_fits(cfg, source, element_size=2)  # before anything is built; 2 bytes: the least a parameter takes
+    return cfg
 
 
 def resolve_config(config: ViTConfig | str | os.PathLike | dict) -> ViTConfig:
@@ -382,10 +436,10 @@ def resolve_config(config: ViTConfig | str | os.PathLike | dict) -> ViTConfig:
         raise ValueError(f"config {str(path)!r} is not a regular file: give a config.json file or a preset name")
     if not path.is_file():
         raise FileNotFoundError(f"config file {str(path)!r} does not exist")
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"config {str(path)!r} cannot be read as JSON: {err}") from err
+    try:  # bounded: size, nesting and integer length, each refusal naming the file (and the field)
+        data = read_json(path, "config")
+    except OSError as err:
+        raise ValueError(f"config {str(path)!r} cannot be read: {err.strerror or err}") from err
     if not isinstance(data, dict):
         raise ValueError(f"config {str(path)!r} holds a {type(data).__name__}, expected a JSON object")
     if data.get("model_type") == "vit" or "hidden_size" in data:
@@ -417,6 +471,7 @@ def load_checkpoint(
     """
     state, meta = read_state_dict(path)
     if cfg is not None:
+        source = f"config {str(cfg)!r}" if isinstance(cfg, (str, os.PathLike)) else "the config given"
         cfg = resolve_config(cfg)
     else:
         if CONFIG_METADATA_KEY not in meta:
@@ -429,9 +484,9 @@ def load_checkpoint(
         source = f"the config embedded in checkpoint {str(path)!r} (not a --config file)"
         fix = "give the right config with --config (Python: cfg=...), which is used instead, or re-save the checkpoint"
         try:
-            embedded = json.loads(meta[CONFIG_METADATA_KEY])
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{source} cannot be read as JSON ({err}); {fix}") from err
+            embedded = loads_json(meta[CONFIG_METADATA_KEY], source)
+        except ValueError as err:
+            raise ValueError(f"{err}; {fix}") from err
         cfg = config_from_fields(embedded, source, fix)
     layout = "timm"
     if _looks_hf(list(state)):
@@ -445,11 +500,11 @@ def load_checkpoint(
         keep = 0 if cfg.no_embed_class else cfg.num_prefix_tokens
         if state["pos_embed"].shape[1] != cfg.pos_embed_len:
             src_grid = _grid_from_pos_embed(state["pos_embed"], keep)
-    model = _load_converted(cfg, state, repr(str(path)), src_grid).set_backend(backend)
+    model = _load_converted(cfg, state, repr(str(path)), src_grid, source).set_backend(backend)
     model.weights_source = {"kind": "file", "file": Path(path).name, "sha256": file_sha256(path), "layout": layout}
     if NORMALIZATION_METADATA_KEY in meta:
         try:
-            norm = json.loads(meta[NORMALIZATION_METADATA_KEY])
+            norm = loads_json(meta[NORMALIZATION_METADATA_KEY], NORMALIZATION_METADATA_KEY)
             model.set_input_normalization(norm["mean"], norm["std"])
         except (ValueError, KeyError, TypeError) as err:
             raise ValueError(

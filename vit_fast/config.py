@@ -8,6 +8,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from .limits import above_ceiling, number_text
+
 _GLOBAL_POOLS = ("token", "avg")
 _ACTS = ("gelu", "gelu_tanh", "quick_gelu", "silu")
 
@@ -17,7 +19,8 @@ def _pair(value: int | tuple[int, int] | list[int], name: str) -> tuple[int, int
         return (int(value), int(value))
     if isinstance(value, (tuple, list)) and len(value) == 2 and all(_is_int(v) for v in value):
         return (int(value[0]), int(value[1]))
-    raise ValueError(f"{name} must be an int or a pair of ints (height, width), got {value!r}")
+    shown = f"({', '.join(map(number_text, value))})" if isinstance(value, (tuple, list)) else number_text(value)
+    raise ValueError(f"{name} must be an int or a pair of ints (height, width), got {shown}")
 
 
 def _is_int(value: Any) -> bool:
@@ -25,7 +28,10 @@ def _is_int(value: Any) -> bool:
 
 
 def _is_real(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    try:  # an int too large for a float is no real number here
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def _type_name(value: Any) -> str:
@@ -37,12 +43,18 @@ def _check_fields(cfg: ViTConfig) -> None:
     for name in ("patch_size", "in_chans", "embed_dim", "depth", "num_heads"):
         value = getattr(cfg, name)
         if not _is_int(value) or value < 1:
-            raise ValueError(f"ViTConfig.{name} must be an int >= 1, got {value!r} ({_type_name(value)})")
+            raise ValueError(f"ViTConfig.{name} must be an int >= 1, got {number_text(value)} ({_type_name(value)})")
     for name in ("reg_tokens", "num_classes"):
         value = getattr(cfg, name)
         if not _is_int(value) or value < 0:
             what = " (0 = pooled features)" if name == "num_classes" else ""
-            raise ValueError(f"ViTConfig.{name} must be an int >= 0{what}, got {value!r} ({_type_name(value)})")
+            raise ValueError(
+                f"ViTConfig.{name} must be an int >= 0{what}, got {number_text(value)} ({_type_name(value)})"
+            )
+    for name in ("depth", "embed_dim", "num_heads", "patch_size", "in_chans", "reg_tokens", "num_classes"):
+        too_large = above_ceiling(name, getattr(cfg, name))
+        if too_large:
+            raise ValueError(f"ViTConfig.{name} {too_large}")
     for name in ("qkv_bias", "class_token", "pre_norm", "dynamic_img_size", "no_embed_class"):
         value = getattr(cfg, name)
         if not isinstance(value, bool):
@@ -51,19 +63,24 @@ def _check_fields(cfg: ViTConfig) -> None:
         raise ValueError(f"ViTConfig.fc_norm must be True, False or None (timm's rule), got {cfg.fc_norm!r}")
     if not _is_real(cfg.mlp_ratio) or not cfg.mlp_ratio > 0:
         raise ValueError(
-            f"ViTConfig.mlp_ratio must be a number > 0, got {cfg.mlp_ratio!r} ({_type_name(cfg.mlp_ratio)})"
+            f"ViTConfig.mlp_ratio must be a number > 0, got {number_text(cfg.mlp_ratio)} ({_type_name(cfg.mlp_ratio)})"
         )
     if int(cfg.embed_dim * cfg.mlp_ratio) < 1:
         raise ValueError(
             f"ViTConfig.mlp_ratio {cfg.mlp_ratio!r} gives an MLP of {int(cfg.embed_dim * cfg.mlp_ratio)} hidden units "
             f"(embed_dim {cfg.embed_dim} x mlp_ratio): use mlp_ratio >= {1 / cfg.embed_dim:.3g}"
         )
+    too_large = above_ceiling("mlp_hidden_dim", int(cfg.embed_dim * cfg.mlp_ratio))
+    if too_large:
+        raise ValueError(
+            f"ViTConfig.mlp_ratio {cfg.mlp_ratio!r} gives an MLP whose size (embed_dim x mlp_ratio) {too_large}"
+        )
     if not _is_real(cfg.layer_norm_eps) or not cfg.layer_norm_eps > 0:
-        raise ValueError(f"ViTConfig.layer_norm_eps must be a number > 0, got {cfg.layer_norm_eps!r}")
+        raise ValueError(f"ViTConfig.layer_norm_eps must be a number > 0, got {number_text(cfg.layer_norm_eps)}")
     if cfg.init_values is not None and (not _is_real(cfg.init_values) or not cfg.init_values > 0):
         raise ValueError(
             f"ViTConfig.init_values must be None (no LayerScale) or a number > 0 (LayerScale's initial gamma; "
-            f"trained gammas come from the weights), got {cfg.init_values!r}"
+            f"trained gammas come from the weights), got {number_text(cfg.init_values)}"
         )
     for name, choices in (("global_pool", _GLOBAL_POOLS), ("act", _ACTS)):
         value = getattr(cfg, name)
@@ -116,7 +133,10 @@ class ViTConfig:
         self.img_size = h if h == w else (h, w)
         _check_fields(self)
         if h < 1 or w < 1:
-            raise ValueError(f"ViTConfig.img_size must be positive, got {self.img_size!r}")
+            raise ValueError(f"ViTConfig.img_size must be positive, got ({number_text(h)}, {number_text(w)})")
+        too_large = above_ceiling("img_size", max(h, w))
+        if too_large:
+            raise ValueError(f"ViTConfig.img_size: its larger side {too_large}")
         if h % self.patch_size or w % self.patch_size:
             raise ValueError(
                 f"img_size {h}x{w} is not divisible by patch_size {self.patch_size}: "

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from .config import ViTConfig
+from .limits import check_model_fits
 from .model import VisionTransformer
 from .pos_embed import resample_pos_embed
 
@@ -64,13 +65,41 @@ def check_weights(state: Mapping[str, torch.Tensor], source: str) -> None:
         )
 
 
+#: the keys a mismatch message lists by name, per kind (missing, unexpected, wrong shape); the rest are counted
+_LISTED_KEYS = 8
+
+
+def _listed(keys: list[str]) -> str:
+    """``keys`` for a message: the first :data:`_LISTED_KEYS` and how many more (a config 1000 blocks too deep
+    misses 12000 keys: the line stays readable)."""
+    shown = ", ".join(map(repr, keys[:_LISTED_KEYS]))
+    return f"[{shown}{f', ... and {len(keys) - _LISTED_KEYS} more' if len(keys) > _LISTED_KEYS else ''}]"
+
+
+def _check_depth(cfg: ViTConfig, state: Mapping[str, torch.Tensor], source: str, config_source: str) -> None:
+    """Refuse, before the model is built, a config whose depth differs from the blocks the weights hold."""
+    blocks = {int(m.group(1)) for k in state if (m := re.match(r"blocks\.(\d+)\.", k))}
+    if blocks and len(blocks) != cfg.depth:
+        raise ValueError(
+            f"{config_source} says depth {cfg.depth}, but the weights from {source} hold {len(blocks)} blocks "
+            f"(blocks.{min(blocks)} to blocks.{max(blocks)}): fix the field 'depth' ('num_hidden_layers' in a Hugging "
+            "Face config.json), or give the config these weights were saved with"
+        )
+
+
 def _load_converted(
-    cfg: ViTConfig, state: Mapping[str, torch.Tensor], source: str, src_grid: tuple[int, int] | None = None
+    cfg: ViTConfig,
+    state: Mapping[str, torch.Tensor],
+    source: str,
+    src_grid: tuple[int, int] | None = None,
+    config_source: str = "the config",
 ) -> VisionTransformer:
     """Build a model for ``cfg`` and load a state dict already in timm names, checking every key.
 
-    A position embedding made for another grid (``src_grid``) is resampled bicubically.
+    A position embedding made for another grid (``src_grid``) is resampled bicubically. ``config_source`` says
+    where ``cfg`` came from (a file, a checkpoint's metadata), for the message when it does not fit the weights.
     """
+    _check_depth(cfg, state, source, config_source)  # before building: 20000 blocks take minutes even on meta
     with torch.device("meta"):  # shapes only: the weights come from ``state``, no throwaway random init
         model = VisionTransformer(cfg, backend="auto")
     state = dict(state)
@@ -89,15 +118,19 @@ def _load_converted(
     if missing or unexpected or wrong:
         parts = []
         if missing:
-            parts.append(f"missing keys: {missing}")
+            parts.append(f"missing keys: {_listed(missing)}")
         if unexpected:
-            parts.append(f"unexpected keys: {unexpected}")
+            parts.append(f"unexpected keys: {_listed(unexpected)}")
         if wrong:
-            parts.append("wrong shapes: " + "; ".join(wrong))
-        raise ValueError(f"weights from {source} do not fit ViTConfig({cfg}): " + " | ".join(parts))
+            more = f"; ... and {len(wrong) - _LISTED_KEYS} more" if len(wrong) > _LISTED_KEYS else ""
+            parts.append("wrong shapes: " + "; ".join(wrong[:_LISTED_KEYS]) + more)
+        raise ValueError(f"weights from {source} do not fit {config_source}, {cfg}: " + " | ".join(parts))
     check_weights(given, source)  # one floating-point dtype, finite values: never cast or loaded silently
-    # copies (never the caller's tensors), assigned in place of the meta parameters
-    state = {k: v.detach().clone() for k, v in state.items()}
+    dtype = next(iter(given.values())).dtype  # the weights' one dtype
+    check_model_fits(cfg, f"{config_source} for the weights from {source}", dtype.itemsize)  # the copies below
+    # copies (never the caller's tensors) in the weights' dtype (a resampled pos_embed too), assigned in place of
+    # the meta parameters
+    state = {k: v.detach().to(dtype=dtype, copy=True) for k, v in state.items()}
     model.load_state_dict(state, strict=True, assign=True)
     return model
 

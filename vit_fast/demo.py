@@ -22,13 +22,12 @@ ONNX file is ``to_onnx``'s, timings are the bench timer's, the environment is vi
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
-import json
 import logging
 import os
 import subprocess
-import sys
 import tempfile
 import time
 import traceback
@@ -43,12 +42,13 @@ from . import demo_plots, interrupts, runtime
 from .assets import default_model_info, load_default_eval_set, load_default_model
 from .bench import summarize, time_callable
 from .bench.settings import cpu_threads_for_load
+from .children import guarded_python
 from .demo_settings import ONNX_NAME, ONNX_REPORT, DemoSettings
 from .dtypes import dtype_name, native_dtype
 from .env import collect_environment, install_hint, module_version
 from .export import VerifyOptions, is_vit_fast_artifact, to_onnx, verify
 from .export.runners import OrtRunner
-from .files import check_files_in, json_text, make_folders, seal_markdown, write_atomic
+from .files import check_files_in, json_text, make_folders, read_json, seal_markdown, temp_staging, write_atomic
 from .graphs import CUDAGraphRunner
 from .loading import load_model
 from .numerics import FLOOR, max_err, scale_of
@@ -59,24 +59,6 @@ ACCURACY_TOLERANCE_PP = 0.5
 #: the random-input batches the interpreter child verifies beside the held-out subset (small: it is slow)
 INTERPRETER_BATCHES = "1,3"
 STEPS = 6
-#: what the interpreter child runs: it dies with the demo (PR_SET_PDEATHSIG on Linux, and a check that its
-#: parent is still the demo), and on the way out removes its temporary folder
-CHILD = """
-import ctypes, os, shutil, signal, sys
-tmp, parent = sys.argv[1], int(sys.argv[2])
-def gone(*_):
-    shutil.rmtree(tmp, ignore_errors=True)
-    os._exit(128 + signal.SIGTERM)
-signal.signal(signal.SIGTERM, gone)
-try:
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: SIGTERM when the demo dies
-except (OSError, AttributeError):  # not Linux: the parent check below and the demo's own cleanup remain
-    pass
-if os.getppid() != parent:  # the demo died before the line above ran
-    gone()
-from vit_fast.cli import main
-sys.exit(main(sys.argv[3:]))
-"""
 
 
 def _step(name: str, status: str | bool, summary: str, **fields: Any) -> dict[str, Any]:
@@ -127,21 +109,26 @@ class _InterpreterVerify:
     so that the variable is set before triton is first imported whatever this process imported already, a
     crash or hang in the interpreter cannot take the demo down, and it runs while this process exports.
 
-    The child dies with the demo, even by SIGKILL (:data:`CHILD`), and removes its temporary folder then;
-    the log is an unnamed file (nothing to leave behind)."""
+    The child dies with the demo, even by SIGKILL (:func:`vit_fast.children.guarded_python`), and removes the
+    demo's temporary folder then (a staging folder in ``$TMPDIR``: :func:`vit_fast.files.temp_staging`); the log
+    is an unnamed file (nothing to leave behind)."""
 
     def __init__(self, images: int, seed: int, timeout: float) -> None:
         self.images, self.timeout = images, timeout
-        self.tmp = tempfile.TemporaryDirectory(prefix="vit-fast-demo-")
-        self.json = Path(self.tmp.name) / "triton.json"
-        self.log = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed in close())
-        cmd = [sys.executable, "-c", CHILD, self.tmp.name, str(os.getpid())]
-        cmd += ["verify", "default", "triton", "--limit", str(images)]
+        self.scope = contextlib.ExitStack()
+        self.tmp = self.scope.enter_context(temp_staging("vit-fast-demo"))
+        self.json = self.tmp / "triton.json"
+        self.log = self.scope.enter_context(tempfile.TemporaryFile("w+"))
+        cmd = guarded_python(["vit_fast", "verify", "default", "triton", "--limit", str(images)], cleanup=self.tmp)
         cmd += ["--batch", INTERPRETER_BATCHES, "--seed", str(seed), "--json", str(self.json)]
         # one thread, so the export running beside it keeps its cores; no GPU, so the kernels run interpreted
         env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
         self.started = time.perf_counter()
-        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        try:
+            self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        except BaseException:
+            self.scope.close()
+            raise
 
     def collect(self) -> dict[str, Any]:
         """The triton step, once the child has ended (at most ``timeout`` seconds after its start)."""
@@ -151,7 +138,7 @@ class _InterpreterVerify:
             why = f"the run on {self.images} images took longer than {self.timeout:g} s"
             return _step("triton", False, f"interpreter: {why} (lower --subset or raise --triton-timeout)")
         wall = time.perf_counter() - self.started
-        report = json.loads(self.json.read_text()) if self.json.is_file() else None
+        report = read_json(self.json, "the interpreter run's report") if self.json.is_file() else None
         if report is None or report.get("complete") is False:  # it could not run (or finish): its last line says why
             self.log.seek(0)
             last = (self.log.read().strip().splitlines() or ["no output"])[-1]
@@ -165,8 +152,7 @@ class _InterpreterVerify:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-        self.log.close()
-        self.tmp.cleanup()
+        self.scope.close()
 
 
 # --------------------------------------------------------------------------- the steps
@@ -219,7 +205,7 @@ def _onnx_step(model: Any, images: torch.Tensor, labels: torch.Tensor, s: DemoSe
     )  # fmt: skip
     export_s = time.perf_counter() - t  # the export and its verification
     stages.note(f"  exported and verified {path.name} ({path.stat().st_size / 1e6:.2f} MB) in {export_s:.1f} s")
-    report = json.loads((Path(s.out) / ONNX_REPORT).read_text())
+    report = read_json(Path(s.out) / ONNX_REPORT, "the export's report")
     accuracy = report["accuracy"]
     delta_pp = 100 * (accuracy["artifact_accuracy"] - accuracy["eager_accuracy"])
     head = (

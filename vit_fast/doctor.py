@@ -36,7 +36,6 @@ import os
 import platform
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -47,10 +46,11 @@ from typing import Any
 import torch
 
 from . import first_use
+from .children import guarded_python
 from .doctor_settings import DoctorSettings
 from .dtypes import DTYPES
 from .env import collect_environment, driver_version, launcher_needs
-from .files import MARKER_KEY, seal_markdown, write_atomic, write_json_atomic, write_new
+from .files import MARKER_KEY, read_json, seal_markdown, temp_staging, write_atomic, write_json_atomic, write_new
 from .kernels import _versions
 from .kernels._interpret import interpreter_enabled
 from .kernels.cards import MIN_ARCH, card_of, device_name
@@ -443,13 +443,15 @@ def _run_in_interpreter(s: DoctorSettings, stages: Stages) -> list[dict[str, Any
     triton is first imported, whatever this process imported already); it prints its rows on the stdout it
     shares with this process and its progress lines on stderr. Its checks so far (its progress file, rewritten
     after each) reach ``stages`` as they come, when it is a :class:`CheckLog`, so this run's report holds them
-    before the child ends, and after an interrupt."""
-    with tempfile.TemporaryDirectory(prefix="vit-fast-doctor-") as tmp:
-        settings, result = Path(tmp) / "settings.json", Path(tmp) / "checks.json"
-        progress = Path(tmp) / "checks-so-far.json"
+    before the child ends, and after an interrupt. The child dies with this process and its folder is removed on
+    the way out (a SIGKILLed run's by the child, or by the next run)."""
+    with temp_staging("vit-fast-doctor") as tmp:  # removed on SIGTERM; a SIGKILLed run's, by the next run
+        settings, result = tmp / "settings.json", tmp / "checks.json"
+        progress = tmp / "checks-so-far.json"
         write_new(settings, json.dumps(asdict(s), default=str))
         env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
-        cmd = [sys.executable, "-m", "vit_fast.doctor", str(settings), str(result), str(progress)]
+        # the child dies with this process, and removes the folder if this process is gone (SIGKILL)
+        cmd = guarded_python(["vit_fast.doctor", str(settings), str(result), str(progress)], cleanup=tmp)
         deadline, seen = time.monotonic() + s.timeout, 0
 
         def forward(checks: list[dict[str, Any]]) -> None:  # the child's new checks, into this run's record
@@ -481,20 +483,20 @@ def _run_in_interpreter(s: DoctorSettings, stages: Stages) -> list[dict[str, Any
             failed = _check("kernels", "interpreter", False, why)
             _note(stages, failed)
             return [*_read_checks(progress), failed]
-        return json.loads(result.read_text())
+        return read_json(result, "the interpreter run's checks")
 
 
 def _read_checks(path: Path) -> list[dict[str, Any]]:
-    """The checks in the child's progress file (written atomically), or none yet."""
+    """The checks in the child's progress file (written atomically), or none yet (or a partial one: unreadable)."""
     try:
-        data = json.loads(path.read_text())
+        data = read_json(path, "the interpreter run's checks so far")
     except (OSError, ValueError):
         return []
     return data if isinstance(data, list) else []
 
 
 def _child_main(settings_path: str, result_path: str, progress_path: str | None = None) -> int:
-    raw = json.loads(Path(settings_path).read_text())
+    raw = read_json(settings_path, "doctor settings")
     s = DoctorSettings(**{**raw, "out": Path(raw["out"])})
     stages = CheckLog((lambda checks: write_json_atomic(checks, progress_path)) if progress_path else None)
     try:

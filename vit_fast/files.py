@@ -42,6 +42,8 @@ The policy, the same for every writer (export, verify, bench, demo, doctor, serv
   its run while it lives. ``clean_stale_staging`` removes only folders whose marker proves they are ours
   (the token inside matches the name) and whose lock is free (their run is gone, even by SIGKILL): never
   by name pattern or age alone.
+- A working folder that is not an output (the bench's exports, the interpreter child's files) is a staging
+  folder in ``$TMPDIR`` (:func:`temp_staging`), under the same rules.
 - Files written inside a staging folder go through ``write_new`` / ``copy_new`` / ``open_new``
   (``O_CREAT | O_EXCL | O_NOFOLLOW``): never through a planted file or symlink. Folders on the way to a
   target are made with ``make_folders`` (links checked as above).
@@ -121,9 +123,12 @@ def _umask() -> int:
 
 
 def stdout_to_null(fd: int) -> None:
-    """Point file descriptor ``fd`` (stdout, whose reader went away) at the null device, so nothing later written
-    or flushed there can fail; no file is written."""
-    null = os.open(os.devnull, os.O_WRONLY)
+    """Point file descriptor ``fd`` (stdout, whose reader went away; or a standard stream that is closed) at the
+    null device, so nothing later written or flushed there can fail and no file opened later takes its number;
+    no file is written. (When ``fd`` is closed, opening the null device may take that number itself.)"""
+    null = os.open(os.devnull, os.O_RDWR)
+    if null == fd:
+        return
     try:
         os.dup2(null, fd)
     finally:
@@ -328,6 +333,43 @@ def _claimed_now(paths: Iterable[Path]) -> None:
     with _claims_lock:
         for path in paths:
             _claims[_key(path)] = _Claim(identity(path), False, _tree(path) if os.path.isdir(path) else ())
+
+
+_STREAMS = ((0, "stdin", os.O_RDONLY), (1, "stdout", os.O_WRONLY), (2, "stderr", os.O_WRONLY))
+
+
+def _stream_flags(fd: int) -> int | None:
+    """The status flags of ``fd``; None when it is closed; -1 where they cannot be read (no fcntl)."""
+    try:
+        if fcntl is None:  # pragma: no cover - Windows: only a closed stream is found
+            os.fstat(fd)
+            return -1
+        return fcntl.fcntl(fd, fcntl.F_GETFL)
+    except OSError:
+        return None
+
+
+def usable_standard_streams() -> list[str]:
+    """Point each standard stream that is closed (``>&-``), or open only the other way (stdout read-only,
+    ``1</dev/null``), at the null device, and give Python a stream object for one it found closed at start-up;
+    returns what was wrong, one phrase a stream (``"stdout is closed"``). Afterwards nothing written or flushed
+    there fails, and no file opened later takes a standard stream's number (a child would print into it)."""
+    import sys
+
+    done = []
+    for fd, name, mode in _STREAMS:
+        flags = _stream_flags(fd)
+        if flags is None:
+            problem = "is closed"
+        elif flags >= 0 and (flags & os.O_ACCMODE) not in (mode, os.O_RDWR):
+            problem = f"is open for {'reading' if mode == os.O_WRONLY else 'writing'} only"
+        else:
+            continue
+        stdout_to_null(fd)
+        if getattr(sys, name) is None:  # Python found it closed at start-up
+            setattr(sys, name, open(fd, "r" if fd == 0 else "w", closefd=False))  # noqa: SIM115 (the process's own)
+        done.append(f"{name} {problem}")
+    return done
 
 
 # --------------------------------------------------------------------------- exclusive creation
@@ -556,6 +598,17 @@ def staging_dir(target: str | os.PathLike) -> Iterator[Path]:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         os.close(fd)
+
+
+@contextlib.contextmanager
+def temp_staging(name: str) -> Iterator[Path]:
+    """A private working folder in the system's temporary folder (``$TMPDIR/.NAME.tmp-TOKEN``), made, locked and
+    removed as :func:`staging_dir` does beside a target: removed on the way out (an exception, Ctrl-C, SIGTERM
+    through the CLI), and one a killed run left behind is found and removed by the next run that makes one (its
+    marker proves it vit-fast's, its free lock that its run is gone). For everything vit-fast writes that is
+    not an output: the bench's exports, the interpreter child's files."""
+    with staging_dir(Path(tempfile.gettempdir()) / name) as folder:
+        yield folder
 
 
 # --------------------------------------------------------------------------- publishing
@@ -813,20 +866,149 @@ def read_head(path: str | os.PathLike, limit: int) -> bytes | None:
         os.close(fd)
 
 
+# --------------------------------------------------------------------------- bounded JSON input
+#: the largest JSON file vit-fast reads (a config, an artifact's metadata, a report: a few KB; a Hugging Face
+#: config with 22k class names, about 1 MB); a larger one is refused from its size, never read
+JSON_MAX_BYTES = 16 * 2**20
+#: the deepest nesting of arrays and objects read (ours and transformers' files nest 4 levels at most); Python's
+#: parser recurses once a level and fails near 1000 with a RecursionError
+JSON_MAX_DEPTH = 64
+#: the longest integer read, in digits (seeds have 20, sizes 10); Python's own limit is 4300 digits, whose
+#: ValueError names neither the file nor the field, and whose parse time grows with the square of the length
+JSON_MAX_INT_DIGITS = 40
+
+
+class JSONInputError(ValueError):
+    """A JSON file or text that vit-fast does not read: too large, nested too deep, an integer too long, not
+    UTF-8, not JSON. The message names where it came from and, for an integer, the field."""
+
+
+class _LongInt(str):
+    """An integer literal over :data:`JSON_MAX_INT_DIGITS` digits, kept as its text until its field is named."""
+
+
+def _parse_int(text: str) -> int | _LongInt:
+    return _LongInt(text) if len(text.lstrip("-")) > JSON_MAX_INT_DIGITS else int(text)
+
+
+def _long_int_field(value: Any, where: str = "") -> tuple[str, _LongInt] | None:
+    """The first :class:`_LongInt` in ``value`` and its field (``a.b[2]``); ``value`` is at most
+    :data:`JSON_MAX_DEPTH` deep, so the recursion is bounded."""
+    if isinstance(value, _LongInt):
+        return where or "(the whole document)", value
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _long_int_field(item, f"{where}[{key}]" if isinstance(key, int) else f"{where}.{key}".lstrip("."))
+        if found is not None:
+            return found
+    return None
+
+
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)  # one string, escapes included
+_JSON_INNERMOST = re.compile(rb"\[\]|\{\}")
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_LONG_DIGITS = re.compile(rb"[0-9]{%d}" % (JSON_MAX_INT_DIGITS + 1))
+
+
+def _json_depth_exceeds(unquoted: bytes, limit: int) -> bool:
+    """Whether the arrays and objects in JSON text ``unquoted`` (its strings dropped: they may hold brackets)
+    nest deeper than ``limit``: each pass removes the innermost empty pairs, so a document nested ``d`` deep is
+    empty after ``d`` passes; each pass is one scan in C."""
+    brackets = unquoted.translate(None, _NOT_BRACKETS)
+    for _ in range(limit):
+        if not brackets:
+            return False
+        brackets, removed = _JSON_INNERMOST.subn(b"", brackets)
+        if not removed:  # unbalanced: the parser names the syntax error
+            return False
+    return bool(brackets) and _JSON_INNERMOST.search(brackets) is not None
+
+
+def loads_json(text: str | bytes, source: str) -> Any:
+    """Parse JSON ``text`` read from ``source`` (e.g. ``"config 'c.json'"``) within the limits above; a
+    :class:`JSONInputError` naming ``source`` (and the field, for an integer too long) otherwise."""
+    raw = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
+    if len(raw) > JSON_MAX_BYTES:
+        raise JSONInputError(
+            f"{source} is {_size_text(len(raw))}, more than the {_size_text(JSON_MAX_BYTES)} vit-fast reads as JSON "
+            "(a config or metadata file is a few KB): give the right file"
+        )
+    unquoted = _JSON_STRING.sub(b"", raw)
+    if _json_depth_exceeds(unquoted, JSON_MAX_DEPTH):
+        raise JSONInputError(
+            f"{source} nests arrays and objects more than {JSON_MAX_DEPTH} levels deep (a config or metadata file "
+            "needs a few): give the right file"
+        )
+    try:
+        decoded = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise JSONInputError(f"{source} is not UTF-8 text (byte {err.start}): give a JSON file") from None
+    try:
+        # integers are checked one by one (to name the field) only when a long run of digits is there at all
+        data = json.loads(decoded, parse_int=_parse_int if _LONG_DIGITS.search(unquoted) else None)
+    except json.JSONDecodeError as err:
+        raise JSONInputError(f"{source} cannot be read as JSON ({err}): fix the file or give another") from None
+    except RecursionError:  # the depth check above keeps the parser far from this; the stack was deep already
+        raise JSONInputError(f"{source} nests arrays and objects too deep for Python's JSON parser") from None
+    found = _long_int_field(data)
+    if found is not None:
+        field, digits = found
+        raise JSONInputError(
+            f"{source}: field {field!r} holds a {len(digits.lstrip('-'))}-digit integer; vit-fast reads integers of "
+            f"at most {JSON_MAX_INT_DIGITS} digits: fix that field"
+        )
+    return data
+
+
+def _size_text(size: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size} bytes"
+
+
+def read_json(path: str | os.PathLike, what: str = "JSON file", where: str = "") -> Any:
+    """The JSON value in the regular file ``path`` (``what`` names it in messages: ``"config"``, ``"metadata"``;
+    ``where`` may follow the path: ``" beside 'm.onnx'"``), read within the limits above: a file over
+    :data:`JSON_MAX_BYTES` is refused from its size without being read, anything that is not a regular file (a
+    FIFO, a device) is never opened. Raises FileNotFoundError for a missing file, :class:`JSONInputError` (a
+    ValueError) naming the file for everything else."""
+    source = f"{what} {str(path)!r}{where}"
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{source} does not exist") from None
+    except OSError as err:
+        raise JSONInputError(f"{source} cannot be read: {err.strerror or err}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise JSONInputError(f"{source} is not a regular file: give a JSON file")
+    if st.st_size > JSON_MAX_BYTES:
+        raise JSONInputError(
+            f"{source} is {_size_text(st.st_size)}, more than the {_size_text(JSON_MAX_BYTES)} vit-fast reads as "
+            "JSON (a config or metadata file is a few KB): give the right file"
+        )
+    raw = read_head(path, JSON_MAX_BYTES + 1)  # the size may change, or lie (a file in /proc): read at most this
+    if raw is None:
+        raise JSONInputError(f"{source} cannot be read as a regular file")
+    return loads_json(raw, source)
+
+
 #: the most bytes of a file read to judge it (a report, a picture); a longer file proves nothing
 _PROOF_LIMIT = 64 * 2**20
 
 
 def _parse_json_object(raw: bytes) -> dict[str, Any] | None:
+    """The JSON object ``raw`` holds, read within :func:`loads_json`'s limits, or None."""
     try:
-        data = json.loads(raw.decode())
-    except (UnicodeDecodeError, ValueError, RecursionError):
+        data = loads_json(raw, "a JSON file")
+    except ValueError:
         return None
     return data if isinstance(data, dict) else None
 
 
 def read_json_object(path: str | os.PathLike) -> dict[str, Any] | None:
-    """The JSON object in ``path``, or None when it is not a readable JSON object in a regular file (never raises)."""
+    """The JSON object in ``path``, or None when it is not a readable JSON object in a regular file within the
+    limits of :func:`read_json` (never raises)."""
     raw = read_head(path, _PROOF_LIMIT)
     return None if raw is None else _parse_json_object(raw)
 
@@ -1051,6 +1233,21 @@ def _check_folder(path: Path, what: str, make_parents: bool, named: Path | None 
             f"output folder {str(existing)!r} for {what} {str(named)!r} cannot be written: {err.strerror or err}; "
             "choose a folder you can write to"
         ) from err
+
+
+def refuse_non_utf8(path: str | os.PathLike, what: str, reader: str) -> None:
+    """Refuse (ValueError) a ``path`` whose bytes are not UTF-8 (Python holds such a name with lone surrogates)
+    before any work, naming it, when ``reader`` (e.g. "ONNX Runtime") takes UTF-8 paths only and would fail on it
+    with its own binding's text. Everything vit-fast does itself takes any name."""
+    raw = os.fsencode(path)
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        fixed = raw.decode("utf-8", "replace").replace("\ufffd", "_")
+        raise ValueError(
+            f"{what} {raw!r} is not a UTF-8 path (byte {raw[err.start]:#04x} at {err.start}), and {reader} opens only "
+            f"UTF-8 paths: rename it, e.g. {fixed!r}"
+        ) from None
 
 
 def refuse_special(path: str | os.PathLike, what: str) -> None:

@@ -23,7 +23,6 @@ shipped with the model) is refused before transformers reads it: no prompt, and 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import pickle
 import socket
@@ -35,7 +34,7 @@ import torch
 
 from .checkpoints import (
     LOAD_SUFFIXES,
-    check_hf_config_fields,
+    _hf_config_dict_to_vit,
     check_weights_file,
     file_sha256,
     load_checkpoint,
@@ -44,6 +43,7 @@ from .checkpoints import (
 )
 from .config import PRESETS, ViTConfig
 from .convert import from_hf, from_timm
+from .files import read_json
 from .model import VisionTransformer
 
 PREFIXES = ("preset:", "timm:", "hf:")
@@ -224,17 +224,19 @@ def _hf_model(spec: str, backend: str) -> VisionTransformer:
         local_only = True
         config_file = Path(spec) / "config.json"
         where = f"Hugging Face folder {spec!r}"
-        try:  # wrong JSON types named by file and field before transformers does arithmetic on them
-            data = json.loads(config_file.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise ValueError(f"Hugging Face config {str(config_file)!r} cannot be read as JSON: {err}") from err
+        try:  # bounded, and wrong JSON types named by file and field, before transformers reads it whole
+            data = read_json(config_file, "Hugging Face config")
+        except OSError as err:
+            raise ValueError(f"Hugging Face config {str(config_file)!r} cannot be read: {err.strerror or err}") from err
         if not isinstance(data, dict):
             raise ValueError(f"Hugging Face config {str(config_file)!r} holds a {type(data).__name__}, not an object")
-        check_hf_config_fields(data, repr(str(config_file)))
+        _hf_config_dict_to_vit(data, repr(str(config_file)))  # types, sizes and memory, before anything is built
         check_hf_index_files(Path(spec))
     refuse_remote_code(data, where)
     # trust_remote_code=False as well: transformers never prompts, whatever it finds
     hf_config = AutoConfig.from_pretrained(spec, local_files_only=local_only, trust_remote_code=False)
+    if not local:  # a hub model's config: the same checks before transformers builds it
+        _hf_config_dict_to_vit(hf_config.to_dict(), repr(spec))
     archs = getattr(hf_config, "architectures", None) or []
     # a classification checkpoint keeps its head; anything else loads as the bare encoder
     loader = AutoModelForImageClassification if any("ImageClassification" in a for a in archs) else AutoModel
@@ -338,8 +340,9 @@ def load_model(
     if path.suffix.lower() in LOAD_SUFFIXES or path.is_file():
         if not path.exists():
             raise FileNotFoundError(f"checkpoint {spec!r} does not exist")
-        cfg = resolve_config(config) if config is not None else None
-        return load_checkpoint(path, cfg=cfg, backend=backend).eval()
+        if config is not None:
+            resolve_config(config)  # a bad config is named before the weights are read
+        return load_checkpoint(path, cfg=config, backend=backend).eval()
     if weights is not None or "." in spec:
         return _timm_model(spec, backend, weights)
     from .timm_import import import_timm

@@ -23,6 +23,7 @@ from .config import ViTConfig
 from .dtypes import bf16_native, check_dtype_on_device
 from .kernels import cards
 from .layers import Block, PatchEmbed, block_functional, observed, runs_functional, skip_identity
+from .limits import check_model_fits
 from .pos_embed import pos_embed_for_grid, resample_pos_embed
 from .timm_api import TimmModelAPI
 from .validation import finite_check_from_env, require_finite
@@ -58,6 +59,8 @@ class VisionTransformer(TimmModelAPI, nn.Module):
             raise TypeError(
                 f"VisionTransformer takes a ViTConfig or a preset name (see vit_fast.PRESETS), got {type(cfg).__name__}"
             )
+        if torch.get_default_device().type == "cpu":  # a meta build allocates nothing: its caller checks the weights
+            check_model_fits(cfg, "ViTConfig", torch.get_default_dtype().itemsize)
         self.cfg = cfg
         self.num_prefix_tokens = cfg.num_prefix_tokens
         self.patch_embed = PatchEmbed(cfg)

@@ -134,7 +134,9 @@ def artifact_input(runner: Any, meta: dict[str, Any], cfg: Any, path: Path) -> C
 
 def artifact_batches(harness: Harness, runner: Any, meta: dict[str, Any]) -> list[int]:
     """The batches to time: those asked for (each must fit), else the defaults that fit the artifact."""
-    lo, hi = runner.batch_range or tuple(meta.get("batch") or (1, 1 << 30))
+    from vit_fast.export._common import metadata_batch
+
+    lo, hi = runner.batch_range or (metadata_batch(meta, runner.path) if meta.get("batch") else (1, 1 << 30))
     if harness.s.batches is not None:
         outside = [b for b in harness.s.batches if not lo <= b <= hi]
         if outside:

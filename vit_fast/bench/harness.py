@@ -9,12 +9,11 @@ the entry points that run it.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime as _dt
 import functools
 import gc
-import shutil
-import tempfile
 import time
 import traceback
 from collections.abc import Callable, Collection, Sequence
@@ -25,6 +24,7 @@ import torch
 
 from vit_fast.dtypes import DTYPES
 from vit_fast.env import collect_environment
+from vit_fast.files import temp_staging
 from vit_fast.interrupts import held
 from vit_fast.numerics import max_err
 from vit_fast.progress import LONG_CPU_GFLOP, about, duration, long_cpu_note
@@ -314,7 +314,9 @@ class Harness:
         self.partial_report = lambda done: self.report(
             env, cfg, ceilings, list(done), flusher, self.dtypes, self.backends, list(transfers), weights, False
         )
-        workdir = Path(tempfile.mkdtemp(prefix="vit-fast-bench-"))
+        # a staging folder in $TMPDIR: removed on the way out (SIGTERM included), a SIGKILLed run's by the next run
+        workdir_scope = contextlib.ExitStack()
+        workdir = workdir_scope.enter_context(temp_staging("vit-fast-bench"))
         source = str(s.model) if isinstance(s.model, (str, Path)) else None
         try:
             with torch.no_grad():
@@ -324,7 +326,7 @@ class Harness:
                     _release(device)
         finally:
             self.bar.close()
-            shutil.rmtree(workdir, ignore_errors=True)
+            workdir_scope.close()
         return self.report(env, cfg, ceilings, rows, flusher, self.dtypes, self.backends, transfers, weights)
 
     # ----------------------------------------------------------------------------------- progress, case by case

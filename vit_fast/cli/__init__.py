@@ -13,12 +13,18 @@ raises on failure and :func:`main` is the one place that turns an exception into
   allowed: ``_args.Parser``; every numeric flag has a checked type from ``_args``), or an environment switch
   (``VIT_FAST_*``, ``TRITON_INTERPRET``) holds a value that is neither on nor off, named before any work;
 - 130: interrupted by Ctrl-C (SIGINT), 143: stopped by SIGTERM (``timeout``, ``kill``); a long command has
-  written what it finished by then and says where (``vit_fast.interrupts``);
+  written what it finished by then and says where (``vit_fast.interrupts``); on the way out every ``finally``
+  runs, so temporary folders are removed and child processes stopped;
 - 141: the reader of stdout closed it early (``vit-fast info | head -1``): the command stops quietly, as
   SIGPIPE stops any Unix tool (the shell reports 128 + 13 for those too).
 
 ``--json -`` (every command that has ``--json``; ``info --json`` alone too) writes the JSON report to stdout and
 everything else the command prints there to stderr, so ``vit-fast bench ... --json - | jq`` reads JSON alone.
+
+A standard stream that is closed (``vit-fast export ... >&-``) or open the wrong way (``1</dev/null``) is pointed
+at the null device before anything runs, with a note on stderr: the command does its work and its exit status is
+its own (what it prints goes nowhere), and no file it opens can take the stream's number (a child process would
+print into it). Text is written with ``surrogateescape``, so a file name that is not UTF-8 prints as its bytes.
 
 Any other exception is a bug and keeps its traceback; set ``VIT_FAST_TRACEBACK=1`` to see the
 traceback of every failure.
@@ -27,8 +33,11 @@ traceback of every failure.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import os
 import sys
+from collections.abc import Iterator
 
 # subcommand -> (module defining EXAMPLE, add_arguments(parser) and run(args) -> int, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -134,8 +143,27 @@ def stdout_reader_gone() -> bool:
         return False
 
 
+@contextlib.contextmanager
+def _any_file_name_prints() -> Iterator[None]:
+    """Within the block, the process's own stdout and stderr write a file name that is not UTF-8 (Python holds it
+    with lone surrogates) as its own bytes, as ``ls`` does, instead of failing with UnicodeEncodeError after the
+    work is done; their previous error handling comes back after (streams a caller put in their place, such as a
+    test's capture, are left alone)."""
+    previous = []
+    for stream in (sys.__stdout__, sys.__stderr__):
+        with contextlib.suppress(AttributeError, ValueError, OSError):
+            previous.append((stream, stream.errors))
+            stream.reconfigure(errors="surrogateescape")
+    try:
+        yield
+    finally:
+        for stream, errors in previous:
+            with contextlib.suppress(AttributeError, ValueError, OSError):
+                stream.reconfigure(errors=errors)
+
+
 def _flush_stdout() -> None:
-    if sys.stdout is not None:  # None: Python started with fd 1 closed (``vit-fast info >&-``)
+    if sys.stdout is not None:  # None: a caller embedding vit-fast without one
         sys.stdout.flush()
 
 
@@ -143,14 +171,21 @@ def main(argv: list[str] | None = None) -> int:
     """Run ``vit-fast`` with ``argv`` (default: sys.argv[1:]); returns the exit status.
 
     Output piped into something that closes early (``vit-fast info | head -1``) ends the command quietly with
-    :data:`READER_GONE`: no "Broken pipe" error and no BrokenPipeError when Python flushes stdout at exit."""
+    :data:`READER_GONE`: no "Broken pipe" error and no BrokenPipeError when Python flushes stdout at exit.
+    Closed standard streams and SIGTERM are handled as the module docstring says."""
+    from vit_fast.files import usable_standard_streams
+
+    for what in usable_standard_streams():
+        if not what.startswith("stdin"):
+            print(f"vit-fast: note: {what}; it now points at {os.devnull}: what goes there is lost", file=sys.stderr)
     try:
         try:
-            status = _main(argv)
+            with _any_file_name_prints():
+                status = _main(argv)
+                _flush_stdout()  # what is still buffered fails here, not in the interpreter's flush at exit
         except SystemExit:  # --help, --version and usage errors print, then exit
             _flush_stdout()
             raise
-        _flush_stdout()  # what is still buffered fails here, not in the interpreter's flush at exit
         return status
     except BrokenPipeError:
         if not stdout_reader_gone():

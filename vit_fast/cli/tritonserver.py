@@ -19,7 +19,6 @@ Start Triton on it with: tritonserver --model-repository REPO
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -111,10 +110,12 @@ def _entries(text: str) -> list[str]:
 
 
 def _summary(repo: Path, folders: list[Path]) -> dict[str, Any]:
+    from vit_fast.files import read_json_object
+
     models = []
     for folder in folders:
         record_path = folder / "verification.json"
-        record = json.loads(record_path.read_text()) if record_path.is_file() else {}
+        record = read_json_object(record_path) or {}
         models.append(
             {
                 "name": folder.name,

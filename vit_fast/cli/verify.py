@@ -110,6 +110,9 @@ def run(args: argparse.Namespace) -> int:
         require_triton()
     else:
         from vit_fast.export import format_verification, read_metadata
+        from vit_fast.export.runners import check_artifact_name
+
+        check_artifact_name(args.artifact)  # a name its runtime cannot open: refused before anything is printed
 
         meta = read_metadata(args.artifact) if Path(args.artifact).is_file() else None
         if meta is not None:  # what the artifact says of itself, before we check it again
