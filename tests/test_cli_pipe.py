@@ -92,5 +92,6 @@ def test_a_closed_stdout_is_no_traceback(argv, code):
     assert result.returncode == code and "Traceback" not in result.stderr, result.stderr
     if code:
         assert result.stderr == (
+            f"vit-fast: note: stdout is closed; it now points at {os.devnull}: what goes there is lost\n"
             "vit-fast info: error: --json -: standard output is closed; give a file path such as report.json\n"
         )

@@ -82,7 +82,9 @@ def test_an_interrupted_bench_keeps_the_finished_cases(tmp_path, sig):
     assert (out / "bench_default.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "[bench] 1/4 fp32 torch batch 1: median" in err  # the row was printed as the case ended
     assert f"wrote json (partial): {report}" in err
-    assert err.rstrip().endswith("vit-fast bench: interrupted" + (" by SIGTERM" if sig == signal.SIGTERM else ""))
+    assert err.rstrip().endswith(
+        "vit-fast bench: " + ("terminated (SIGTERM)" if sig == signal.SIGTERM else "interrupted")
+    )
     _no_staging_left(out)
 
 

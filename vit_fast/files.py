@@ -349,6 +349,16 @@ def _stream_flags(fd: int) -> int | None:
         return None
 
 
+#: the standard streams :func:`usable_standard_streams` pointed at the null device in this process
+_NULLED: set[str] = set()
+
+
+def nulled_streams() -> frozenset[str]:
+    """The standard streams (``"stdout"``, ...) found closed or open the wrong way and pointed at the null device
+    (:func:`usable_standard_streams`): what is written there is lost, so a report asked for there is refused."""
+    return frozenset(_NULLED)
+
+
 def usable_standard_streams() -> list[str]:
     """Point each standard stream that is closed (``>&-``), or open only the other way (stdout read-only,
     ``1</dev/null``), at the null device, and give Python a stream object for one it found closed at start-up;
@@ -366,6 +376,7 @@ def usable_standard_streams() -> list[str]:
         else:
             continue
         stdout_to_null(fd)
+        _NULLED.add(name)
         if getattr(sys, name) is None:  # Python found it closed at start-up
             setattr(sys, name, open(fd, "r" if fd == 0 else "w", closefd=False))  # noqa: SIM115 (the process's own)
         done.append(f"{name} {problem}")

@@ -221,8 +221,8 @@ def _main(argv: list[str] | None) -> int:
             command = " ".join(filter(None, (args.command, getattr(args, "target", None))))
             return _run(args, command)
         except interrupts.INTERRUPTS as err:
-            how = " by SIGTERM" if isinstance(err, interrupts.Terminated) else ""
-            print(f"vit-fast{' ' + command if command else ''}: interrupted{how}", file=sys.stderr)
+            what = "terminated (SIGTERM)" if isinstance(err, interrupts.Terminated) else "interrupted"
+            print(f"vit-fast{' ' + command if command else ''}: {what}", file=sys.stderr)
             return interrupts.exit_status(err)
 
 

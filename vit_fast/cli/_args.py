@@ -42,6 +42,7 @@ from vit_fast.files import (
     check_suffix,
     existing_folder,
     json_text,
+    nulled_streams,
     special_kind,
     stdout_to_stderr,
     write_atomic,
@@ -310,7 +311,7 @@ def json_only_on_stdout() -> Iterator[None]:
     back on exit, so a reader that went away is still told apart by the CLI (``stdout_reader_gone``)."""
     global _json_stream
     real = sys.stdout
-    if real is None:  # Python started with fd 1 closed (``>&-``): there is nowhere to put the report
+    if real is None or "stdout" in nulled_streams():  # fd 1 was closed (``>&-``): nowhere to put the report
         raise CommandError("--json -: standard output is closed; give a file path such as report.json")
     real.flush()
     if sys.stderr is not None:
