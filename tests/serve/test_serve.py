@@ -83,13 +83,12 @@ def test_health_model_and_metrics_endpoints(server: Child) -> None:
     assert f'nv_inference_request_success{{model="{MODEL}",version="1"}}' in text
 
 
-def test_the_model_is_found_by_name_not_by_the_repository_index(server: Child) -> None:
-    """What the README says: PyTriton 0.7 loads the model through the model-control API (config and files in the
-    request), so Triton's repository index, which lists its --model-repository folder, answers []; the model's own
-    probe and metadata, by name, find it."""
+def test_the_model_is_listed_by_the_repository_index_and_found_by_name(server: Child) -> None:
+    """Triton loads the model from its --model-repository folder when it starts (model control "none"), so a client
+    that discovers models through the repository index finds it, READY; its own probe and metadata, by name, too."""
     request = urllib.request.Request(f"http://{server.http}/v2/repository/index", data=b"{}", method="POST")
     with urllib.request.urlopen(request, timeout=10) as r:
-        assert json.loads(r.read()) == []
+        assert [(m["name"], m.get("state")) for m in json.loads(r.read())] == [(MODEL, "READY")]
     with urllib.request.urlopen(f"http://{server.http}/v2/models/{MODEL}/ready", timeout=10) as r:
         assert r.status == 200
     with urllib.request.urlopen(f"http://{server.http}/v2/models/{MODEL}", timeout=10) as r:

@@ -41,7 +41,7 @@ http = pytest.importorskip("tritonclient.http", reason=NEEDS_SERVE)
 grpc = pytest.importorskip("tritonclient.grpc", reason=NEEDS_SERVE)
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-from vit_fast.files import MARKER_KEY  # noqa: E402
+from vit_fast.files import MARKER_KEY, json_text  # noqa: E402
 
 MODEL = "default"
 #: what Triton answers to a load or unload with model control "none"
@@ -64,7 +64,7 @@ def protected(tmp_path_factory):
     """`vit-fast serve default --protect on --json ready.json` over a ready JSON of an earlier run, mode 0644."""
     tmp = tmp_path_factory.mktemp("serve-protected")
     earlier = tmp / "ready.json"
-    earlier.write_text(json.dumps({MARKER_KEY: "0", "note": "an earlier run's ready JSON"}))
+    earlier.write_text(json_text({MARKER_KEY: "0", "note": "an earlier run's ready JSON"}))  # sealed, as ours are
     earlier.chmod(0o644)
     child = start_serve(tmp, MODEL, "--batch", "1,8", "--protect", "on")
     yield child, tmp / "ready.json"

@@ -167,7 +167,7 @@ def patient_handshake() -> None:
     stores of this process change."""
     from pytriton.models.model import Model
 
-    from vit_fast.files import write_atomic
+    from vit_fast.files import claim, write_atomic
 
     if getattr(Model.generate_model, "_vit_fast_patient", False):
         return
@@ -180,6 +180,7 @@ def patient_handshake() -> None:
         script = Path(model_repository) / self.model_name / str(self.model_version) / "communication.py"
         text = script.read_text()
         if old in text:
+            claim(script)  # PyTriton's copy in this server's own workspace, just read: that file may be replaced
             write_atomic(script, text.replace(old, new))
 
     generate_model._vit_fast_patient = True
