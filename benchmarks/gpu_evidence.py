@@ -114,9 +114,15 @@ class Step:
     run: Callable[[], list[dict[str, Any]]]
     launch: Callable[[], Any] | None = None
     rows: bool = True  # its records are rows of the phase's table (else only its line in the phase's log)
+    #: the dry run's seconds for the step given the compilations it counted (default: its estimate plus
+    #: COMPILE_SECONDS each); for a step whose own estimate depends on what ran before it
+    planned: Callable[[int], float] | None = None
 
     def estimate(self) -> float:
         return self.seconds() if callable(self.seconds) else self.seconds
+
+    def plan(self, compiles: int) -> float:
+        return self.planned(compiles) if self.planned else self.estimate() + compiles * COMPILE_SECONDS
 
 
 # --------------------------------------------------------------------------------------------- the record
@@ -742,6 +748,7 @@ class Phases:
                         f"torch.compile({source}) batch {batch}",
                         lambda s=source: 30.0 if f"compiled {s}" in self._backends else 60.0,
                         lambda s=source, n=batch: [self.compile_case(s, n)],
+                        planned=lambda _, first=batch == self.args.compile_batches[0]: 60.0 if first else 30.0,
                     )
                 )
         return steps
@@ -795,6 +802,7 @@ class Phases:
                     self.tuning_estimate,
                     lambda n=batch: [self.tuned_case(n)],
                     launch=lambda n=batch: self.triton_warmup(n, True),
+                    planned=lambda compiles: 2.0 + compiles * (COMPILE_SECONDS + 0.15),  # each compiled, then timed
                 )
             )
             steps.append(
@@ -1255,13 +1263,15 @@ def plan(ev: Evidence, phases: Phases, names: tuple[str, ...]) -> int:
     rows = []
     for name in PHASES:
         steps = phases.steps(name)
-        before = ev.compiles
+        compiles = 0
+        seconds = 0.0
         for step in steps:
+            before = ev.compiles
             if step.launch is not None:
                 with contextlib.redirect_stderr(io.StringIO()):
                     step.launch()
-        compiles = ev.compiles - before
-        seconds = sum(s.estimate() for s in steps) + compiles * COMPILE_SECONDS
+            compiles += ev.compiles - before
+            seconds += step.plan(ev.compiles - before)
         rows.append((name, len(steps), compiles, seconds, name in names))
         release(phases.device)
     print(f"{'phase':<9} {'steps':>6} {'compilations':>13} {'est. s (H100)':>14}  runs by default")
