@@ -326,6 +326,24 @@ class Endpoints:
         return "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
 
 
+def _answers_200(url: str, timeout_s: float, since: str, alive: Any = None) -> None:
+    """Poll ``url`` until it answers 200: a TimeoutError naming it after ``timeout_s`` seconds (``since``: from
+    when, for the message), a RuntimeError at once when ``alive()`` (tritonserver's process) says it ended."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if alive is not None and not alive():
+            raise RuntimeError("tritonserver exited during its start-up")
+        try:
+            with urllib.request.urlopen(url, timeout=5) as reply:
+                if reply.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{url} did not answer 200 within {timeout_s:g} s {since}")
+        time.sleep(0.2)
+
+
 class Server:
     """A model served by Triton through PyTriton; ``start()`` returns once it answers, ``stop()`` ends it.
 
@@ -640,20 +658,7 @@ class Server:
         self._triton._run_server()
         self._quiet_triton_stdout()
         process = self._triton._triton_server
-        url = self.endpoints.health_url
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while True:
-            if not process.is_alive():
-                raise RuntimeError("tritonserver exited during its start-up")
-            try:
-                with urllib.request.urlopen(url, timeout=5) as reply:
-                    if reply.status == 200:
-                        break
-            except (urllib.error.URLError, OSError):
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{url} did not answer 200 within {READY_TIMEOUT_S:g} s of Triton's start")
-            time.sleep(0.2)
+        _answers_200(self.endpoints.health_url, READY_TIMEOUT_S, "of Triton's start", alive=process.is_alive)
         self._triton.connect()
         prefix = self._triton._python_backend_config["shm-region-prefix-name"] or f"pytrtion{os.getpid()}-"
         make_shm_private(prefix)
@@ -670,18 +675,7 @@ class Server:
     def _wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
         """Wait until ``/v2/models/NAME/ready`` answers 200, then send one request of one image through HTTP (the
         model path, end to end); a TimeoutError / RuntimeError naming the URL otherwise."""
-        url = f"http://{self.endpoints.http}/v2/models/{self.name}/ready"
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                with urllib.request.urlopen(url, timeout=5) as reply:
-                    if reply.status == 200:
-                        break
-            except (urllib.error.URLError, OSError):
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{url} did not answer 200 within {timeout_s:g} s after Triton started")
-            time.sleep(0.2)
+        _answers_200(f"http://{self.endpoints.http}/v2/models/{self.name}/ready", timeout_s, "after Triton started")
         import numpy as np
         import tritonclient.http as httpclient
 
