@@ -78,6 +78,15 @@ class Explanation:
 _RUNS = {KERNELS: "vit-fast's kernels", OWN: "its own forward", RAISES: "nothing (a call raises)"}
 
 
+def _blocked(name: str, module: nn.Module) -> ModuleReport | None:
+    """The row of a patched HF layer or head whose kernels step aside now (a submodule replaced or hooked since the
+    patch), naming why; None when they run."""
+    from .hf_patch import _STATE
+
+    blocker = module.__dict__[_STATE].blocker()
+    return None if not blocker else ModuleReport(name, type(module).__name__, True, OWN, f"patched, but {blocker}")
+
+
 def _runs(modules: tuple[ModuleReport, ...]) -> list[list[ModuleReport]]:
     """Consecutive modules that read the same (kind, patched, runs, reason), grouped: twelve equal blocks, one line."""
     groups: list[list[ModuleReport]] = []
@@ -212,7 +221,7 @@ def _timm(model: nn.Module, device: torch.device, dtype: torch.dtype) -> _Read:
 
 
 def _hf(model: nn.Module, device: torch.device, dtype: torch.dtype) -> _Read:
-    from .hf_patch import _LAYOUTS, _ORIGINAL, _STATE, _pool_heads, _vision_layers, head_dim_problem, hf_refusal
+    from .hf_patch import _LAYOUTS, _ORIGINAL, _pool_heads, _vision_layers, head_dim_problem, hf_refusal
     from .patching import PATCHED_BACKEND
 
     asked = model.__dict__.get(PATCHED_BACKEND)
@@ -226,9 +235,9 @@ def _hf(model: nn.Module, device: torch.device, dtype: torch.dtype) -> _Read:
     rows = []
     for layer in layers:
         patched = _ORIGINAL in layer.__dict__
-        blocker = layer.__dict__[_STATE].blocker() if patched else None
-        if blocker:
-            rows.append(ModuleReport(names[id(layer)], type(layer).__name__, True, OWN, f"patched, but {blocker}"))
+        blocked = _blocked(names[id(layer)], layer) if patched else None
+        if blocked is not None:
+            rows.append(blocked)
             continue
         if patched:
             act = getattr(config, "hidden_act", None)
@@ -248,9 +257,9 @@ def _hf(model: nn.Module, device: torch.device, dtype: torch.dtype) -> _Read:
             )
     for head in _pool_heads(model):
         patched = _ORIGINAL in head.__dict__
-        blocker = head.__dict__[_STATE].blocker() if patched else None
-        if blocker:
-            rows.append(ModuleReport(names[id(head)], type(head).__name__, True, OWN, f"patched, but {blocker}"))
+        blocked = _blocked(names[id(head)], head) if patched else None
+        if blocked is not None:
+            rows.append(blocked)
             continue
         if patched:
             detail = f"on the attention-pool kernel: head dim {head_dim}"
