@@ -40,8 +40,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("kernels", _modules("kernels", "kernels.*")),
     (
         "base",
-        _modules("version", "dtypes", "batches", "files", "progress", "numerics", "env", "runtime", "pos_embed")
-        + _modules("first_use", "timm_import", "interrupts", "limits", "children"),
+        _modules("version", "dtypes", "batches", "files", "files.*", "progress", "numerics", "env", "runtime")
+        + _modules("pos_embed", "first_use", "timm_import", "interrupts", "limits", "children"),
     ),
     (
         "model",

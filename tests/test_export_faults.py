@@ -232,7 +232,7 @@ def test_unwritable_folder_is_refused(previous, never_traced, monkeypatch):
     def denied(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(files.tempfile, "mkstemp", denied)  # root ignores chmod: the probe is what is refused
+    monkeypatch.setattr(files.checks.tempfile, "mkstemp", denied)  # root ignores chmod: the probe is what is refused
     with pytest.raises(ValueError, match=r"output folder '.*' for ONNX file .* cannot be written: Permission denied"):
         export.to_onnx(tiny_model(), previous / "m.onnx", **QUIET)
 

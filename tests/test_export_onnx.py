@@ -279,7 +279,7 @@ def test_bad_model_and_paths(models, tmp_path, monkeypatch):
     def denied(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(files.tempfile, "mkstemp", denied)  # root ignores chmod, so simulate it
+    monkeypatch.setattr(files.checks.tempfile, "mkstemp", denied)  # root ignores chmod, so simulate it
     with pytest.raises(ValueError, match=r"output folder .* cannot be written: Permission denied"):
         export.to_onnx(models["avg"], tmp_path / "m.onnx")
 

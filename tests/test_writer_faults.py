@@ -355,14 +355,14 @@ def test_serve_checks_json_before_the_server_starts(folder, monkeypatch, capsys,
 @pytest.fixture(params=["renameat2", "hard links", "neither"])
 def rename_mode(request, monkeypatch):
     if request.param != "renameat2":
-        monkeypatch.setattr(files, "_renameat2", lambda: None)
+        monkeypatch.setattr(files.renames, "_renameat2", lambda: None)
     if request.param == "neither":
         import errno
 
         def no_links(*args, **kwargs):
             raise OSError(errno.EPERM, "this file system has no hard links")
 
-        monkeypatch.setattr(files.os, "link", no_links)
+        monkeypatch.setattr(files.renames.os, "link", no_links)
     return request.param
 
 
@@ -374,7 +374,7 @@ def test_this_machine_has_renameat2():
     """The mechanism the other modes stand in for is the one that runs here (Linux, glibc >= 2.28)."""
     if not sys.platform.startswith("linux"):
         pytest.skip("renameat2 is Linux's")
-    assert files._renameat2() is not None
+    assert files.renames._renameat2() is not None
 
 
 def test_a_file_that_appears_after_the_check_is_never_replaced(tmp_path, rename_mode):
@@ -426,7 +426,7 @@ def test_an_unchanged_file_is_replaced_and_a_removed_one_written_again(tmp_path,
 
 def test_a_path_never_checked_is_written_only_when_new_or_provably_ours(tmp_path, rename_mode):
     ours = files.write_json_atomic({files.MARKER_KEY: "t"}, tmp_path / "ours.json")
-    files._claims.pop(files._key(ours))  # as if another process had written it
+    files.claims._claims.pop(files.claims._key(ours))  # as if another process had written it
     files.write_json_atomic({files.MARKER_KEY: "t", "again": True}, ours)
     theirs = tmp_path / "theirs.json"
     theirs.write_text('{"vit_fast_version": "0.0.1"}\n')  # a marker of old, no digest

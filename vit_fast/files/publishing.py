@@ -1,0 +1,224 @@
+"""Publishing: staged files and folders moved into place only at the end, each claim re-checked at the move; a
+failed set is put back and this run's files kept beside the target (``NAME.unpublished-TOKEN``)."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+import shutil
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from .base import KEPT_MARK, OWNER_FILE, OutputChanged, _umask, _writable
+from .claims import Identity, _claim_of, _claimed_now, _tree, identity
+from .proof import ownership_note, written_by_vit_fast
+from .renames import _rename
+from .staging import _STAGING_RE, _fitted_name, is_our_staging
+
+
+def _changed(target: Path, seen: Identity | None, now: Identity | None, kind: str = "file") -> str:
+    if seen is None:
+        return f"{str(target)!r} appeared while vit-fast was working (it did not exist when checked)"
+    if now is None:
+        return f"{str(target)!r} was removed while vit-fast was working"
+    return f"{str(target)!r} changed while vit-fast was working (it is not the {kind} checked before the work)"
+
+
+def _set_aside(folders: Iterable[Path]) -> list[Path]:
+    """Turn each staging folder of ``folders`` into a kept folder of results beside it (``NAME.unpublished-TOKEN``,
+    ordinary permissions, the marker removed so no cleaner takes it); returns the kept folders."""
+    kept = []
+    for folder in sorted(set(folders)):
+        match = _STAGING_RE.match(folder.name)
+        if match is None or not is_our_staging(folder):
+            continue
+        with contextlib.suppress(OSError):
+            for leftover in folder.glob(".previous-*"):
+                leftover.unlink()
+            (folder / OWNER_FILE).unlink()
+            target = folder.parent / _fitted_name("", match.group(1), f"{KEPT_MARK}{match.group(2)}")
+            _rename(folder, target, "new")
+            os.chmod(target, 0o777 & ~_umask())
+            for f in target.iterdir():
+                with contextlib.suppress(OSError):
+                    os.chmod(f, 0o666 & ~_umask())
+            kept.append(target)
+    return kept
+
+
+def _kept_text(kept: Sequence[Path]) -> str:
+    if not kept:
+        return "nothing of this run was published"
+    where = ", ".join(repr(str(k)) for k in kept)
+    return f"this run's files were kept in {where}: compare, and move them into place yourself, or remove them"
+
+
+def _swap_in(src: Path, dst: Path, expected: Identity | None) -> Path | None:
+    """Replace the file at ``dst`` with ``src`` only while it is ``expected`` (None: whatever it is); returns
+    where the replaced file now lies (inside ``src``'s staging folder), or None when ``dst`` had gone meanwhile."""
+    try:
+        exchanged = _rename(src, dst, "exchange")
+    except FileNotFoundError:  # removed since it was looked at: nothing to replace
+        _rename(src, dst, "new")
+        return None
+    if exchanged:
+        if expected is None or identity(src) == expected:  # exactly the file checked was swapped out
+            return src
+        _rename(dst, src, "exchange")  # another file: put it back
+        raise OutputChanged(_changed(dst, expected, identity(dst)))
+    # no exchange here: keep a second name for the file, compare it, then replace (a change in between is lost)
+    keep = src.parent / f".previous-{secrets.token_hex(8)}"
+    try:
+        os.link(dst, keep, follow_symlinks=False)
+        kept_is_it = expected is None or identity(keep) == expected
+    except OSError:
+        shutil.copy2(dst, keep, follow_symlinks=False)
+        kept_is_it = expected is None or identity(dst) == expected
+    if not kept_is_it:
+        os.unlink(keep)
+        raise OutputChanged(_changed(dst, expected, identity(dst)))
+    _rename(src, dst, "replace")
+    return keep
+
+
+def _publish_file(src: Path, dst: Path) -> Path | None:
+    """Move one staged file to its target under its claim; returns where the file it replaced now lies."""
+    held = _claim_of(dst)
+    now = identity(dst)
+    if held is not None and held.overwrite:
+        return _swap_in(src, dst, None) if now is not None else _publish_new(src, dst)
+    if now is None:
+        return _publish_new(src, dst)
+    if held is not None:
+        if held.seen != now:
+            raise OutputChanged(_changed(dst, held.seen, now))
+    elif not written_by_vit_fast(dst):  # never checked: only a file that proves itself ours now is replaced
+        raise OutputChanged(
+            f"{str(dst)!r} exists, was not checked before the work, and does not prove itself vit-fast's "
+            f"({ownership_note(dst)})"
+        )
+    return _swap_in(src, dst, now)
+
+
+def _publish_new(src: Path, dst: Path) -> None:
+    try:
+        _rename(src, dst, "new")
+    except FileExistsError:
+        raise OutputChanged(_changed(dst, None, identity(dst))) from None
+
+
+def _take_back(src: Path, dst: Path, replaced: Path | None, published: Identity | None) -> None:
+    """Undo one publish: the file that was at ``dst`` goes back, this run's returns to ``src``."""
+    if replaced == src:  # swapped: swap again
+        _rename(dst, src, "exchange")
+    elif replaced is not None:  # a second name was kept: ours gets one too, for the kept results
+        try:
+            os.link(dst, src, follow_symlinks=False)
+        except OSError:  # no hard links: ours moves back (the target is empty for that moment)
+            _rename(dst, src, "new")
+        _rename(replaced, dst, "replace")
+    elif identity(dst) == published:  # nothing was there: take ours away, and only ours
+        _rename(dst, src, "new")
+
+
+def publish_to(moves: Sequence[tuple[Path, Path]], *, mode: int | None = None) -> list[Path]:
+    """Move each staged file to its target, in order (data first, the artifact, its metadata, reports last),
+    each with ordinary permissions or ``mode`` (less the umask, set before the move: 0o600 for a secret).
+
+    Each staged file must lie in a staging folder beside its target (one file system). Each target is
+    checked against its claim at the moment of its move (see the module's docstring): a target that
+    appeared, or that is not the file checked, raises :class:`OutputChanged`, and this run's files are then
+    kept beside it in ``NAME.unpublished-TOKEN`` (named in the message). If any move fails, the targets this
+    call already moved get their previous file back (or are removed where there was none), so no target is
+    left half-updated.
+    """
+    done: list[tuple[Path, Path, Path | None, Identity | None]] = []
+    try:
+        for src, dst in moves:
+            src, dst = Path(src), Path(dst)
+            os.chmod(src, (0o666 if mode is None else mode) & ~_umask())
+            with _writable(dst.parent):
+                replaced = _publish_file(src, dst)
+            done.append((src, dst, replaced, identity(dst)))
+    except BaseException as err:
+        for src, dst, replaced, published in reversed(done):
+            with contextlib.suppress(OSError):
+                _take_back(src, dst, replaced, published)
+        if isinstance(err, OutputChanged):
+            kept = _set_aside(Path(src).parent for src, _ in moves)
+            raise OutputChanged(f"{err}: it was left as it is, and {_kept_text(kept)}") from None
+        raise
+    _claimed_now(dst for _, dst, _, _ in done)
+    return [dst for _, dst, _, _ in done]
+
+
+def publish(staged: Sequence[Path], folder: str | os.PathLike) -> list[Path]:
+    """Move staged files into ``folder`` under their own names, in order; see :func:`publish_to`."""
+    return publish_to([(Path(src), Path(folder) / Path(src).name) for src in staged])
+
+
+def _publish_one_folder(staged: Path, target: Path) -> Path | None:
+    held = _claim_of(target)
+    now = identity(target)
+    if now is None:
+        try:
+            _rename(staged, target, "new")
+        except OSError as err:
+            if err.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                raise OutputChanged(_changed(target, None, identity(target))) from None
+            raise
+        return None
+    if held is None or held.seen is None:
+        raise OutputChanged(_changed(target, None, now))
+    try:
+        exchanged = _rename(staged, target, "exchange")
+    except FileNotFoundError:  # removed since it was looked at: nothing to replace
+        _rename(staged, target, "new")
+        return None
+    if not exchanged:
+        # no exchange here: move the old folder aside, compare it, put it back if it changed
+        aside = staged.parent / f".previous-{target.name}"
+        _rename(target, aside, "new")
+        if _tree(aside) != held.tree:
+            _rename(aside, target, "new")
+            raise OutputChanged(_changed(target, held.seen, now, "folder"))
+        _rename(staged, target, "new")
+        return aside
+    if _tree(staged) == held.tree:  # ``staged`` now holds the folder that was at ``target``
+        return staged
+    _rename(target, staged, "exchange")
+    raise OutputChanged(_changed(target, held.seen, now, "folder"))
+
+
+def publish_folders(moves: Sequence[tuple[Path, Path]]) -> list[Path | None]:
+    """Move each folder built in a staging folder to its target, all or none; returns, for each, where the
+    folder it replaced now lies (inside the staging folder, removed with it), or None.
+
+    A target that did not exist when claimed (:func:`claim_folder`) must still not exist; one that did is
+    replaced only while every entry below it is as claimed (a user's file added meanwhile is never lost): otherwise
+    :class:`OutputChanged`, and the folders already moved are put back. A folder's rename never replaces a
+    non-empty folder, even without ``renameat2``. Nothing of a refused set is kept (the caller removes its
+    staging folder; a Triton repository would take a kept folder for a model)."""
+    done: list[tuple[Path, Path, Path | None]] = []
+    try:
+        for staged, target in moves:
+            staged, target = Path(staged), Path(target)
+            with _writable(target.parent):
+                done.append((staged, target, _publish_one_folder(staged, target)))
+    except BaseException as err:
+        for staged, target, replaced in reversed(done):
+            with contextlib.suppress(OSError):
+                if replaced == staged:
+                    _rename(target, staged, "exchange")
+                elif replaced is not None:
+                    _rename(target, staged, "new")
+                    _rename(replaced, target, "new")
+                else:
+                    _rename(target, staged, "new")
+        if isinstance(err, OutputChanged):
+            raise OutputChanged(f"{err}: it was left as it is, and this run's folders were removed") from None
+        raise
+    _claimed_now(target for _, target, _ in done)
+    return [replaced for _, _, replaced in done]
