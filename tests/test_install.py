@@ -16,7 +16,7 @@ tomllib = pytest.importorskip("tomllib", reason="tomllib (to read pyproject.toml
 
 ROOT = Path(__file__).resolve().parent.parent
 #: what ships or is read by a user: the packages, the developer tools, CI, the documents and the tests
-SCANNED = ("vit_fast", "kernels", "export", "tools", "benchmarks", "tests", ".ci")
+SCANNED = ("vit_fast", "kernels", "export", "tools", "benchmarks", "tests", ".ci", "docs")
 SUFFIXES = {".py", ".md", ".sh", ".toml", ".txt"}
 #: ``pip install vit-fast``, ``pip install -U 'vit-fast[onnx]'``, ``"vit_fast>=0.1"``: a package index install
 INDEX_INSTALL = re.compile(r"pip3? install\s+(?:-{1,2}[\w-]+\s+)*['\"]?vit[-_]fast\b(?![-\w.]*\.whl)")
