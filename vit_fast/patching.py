@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from . import runtime
+from .naflex import key_padding_lengths
 
 #: a patched module's ``__dict__`` keys: the forward it had before (called where the kernels step aside), and how
 #: its kernels run (a :class:`vit_fast.timm_blocks.BlockPlan` / ``PoolPlan``)
@@ -192,29 +193,47 @@ def apply_vit_fast(model: nn.Module, backend: str = "auto") -> nn.Module:
 
 def _fast_timm(block: nn.Module, backend: str, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     """The forward of a patched timm block: its plan on the kernels, or timm's own forward where the kernels step
-    aside (a mask or ``is_causal``, training, autograd, a dtype or device the kernels skip)."""
+    aside (a mask other than key padding, ``is_causal``, ``rope``, training, autograd, a dtype or device the kernels
+    skip). A key-padding ``attn_mask`` (NaFlexVit's) runs on the kernels as ``lengths`` (:mod:`vit_fast.naflex`)."""
     plan = block.__dict__[_PLAN]
-    extra = any(a is not None and a is not False for a in (*args, *kwargs.values()))  # a mask, is_causal
+    mask = kwargs.get("attn_mask") if not args else args[0]
+    rest = (*args[1:], *(v for k, v in kwargs.items() if k != "attn_mask"))
+    extra = any(a is not None and a is not False for a in rest)  # is_causal, rope
     exporting = torch.compiler.is_exporting()
+    lengths = None
+    if mask is not None and not extra and not exporting and not _differential(block):
+        lengths = key_padding_lengths(mask, x.shape[0], x.shape[1])  # None: not key padding of a prefix
+    extra = extra or (mask is not None and lengths is None)
     if extra or block.training or not _kernels_can_run(x, backend, plan.head_dim):
         if exporting and not extra:
             _say_export_runs_timm(x, backend)
         return block.__dict__[_ORIGINAL](x, *args, **kwargs)
     if _needs_original(block, x) and not exporting:  # torch.export traces with parameters requiring grad
         return block.__dict__[_ORIGINAL](x, *args, **kwargs)
+    if lengths is not None:
+        return plan.run(block, x, lengths)
     return plan.run(block, x)  # our custom ops: what torch.export records
+
+
+def _differential(block: nn.Module) -> bool:
+    """Whether a block runs differential attention (its kernel takes no key-padding lengths)."""
+    return any(type(m).__name__ in ("DiffAttention", "DiffParallelScalingBlock") for m in block.modules())
 
 
 def _fast_timm_pool(pool: nn.Module, backend: str, x: torch.Tensor, attn_mask: Any = None) -> torch.Tensor:
     """The forward of a patched timm ``AttentionPoolLatent``: its plan on the kernels, or timm's own forward where
-    the blocks would take theirs (an attention mask, training, autograd, a dtype or device the kernels skip)."""
+    the blocks would take theirs (a mask other than key padding, training, autograd, a dtype or device the kernels
+    skip)."""
     plan = pool.__dict__[_PLAN]
     original = pool.__dict__[_ORIGINAL]
-    if attn_mask is not None or pool.training or not _kernels_can_run(x, backend, plan.head_dim):
+    lengths = None
+    if attn_mask is not None and not torch.compiler.is_exporting():
+        lengths = key_padding_lengths(attn_mask, x.shape[0], x.shape[1])
+    if (attn_mask is not None and lengths is None) or pool.training or not _kernels_can_run(x, backend, plan.head_dim):
         return original(x, attn_mask=attn_mask)
     if _needs_original(pool, x) and not torch.compiler.is_exporting():
-        return original(x)
-    return plan.run(pool, x)
+        return original(x, attn_mask=attn_mask)
+    return plan.run(pool, x) if lengths is None else plan.run(pool, x, lengths)
 
 
 def remove_vit_fast(model: nn.Module) -> int:
