@@ -402,7 +402,8 @@ def _fast_hf(layer: nn.Module, backend: str, hidden_states: torch.Tensor, *args:
     view = layer.__dict__[_STATE]
     if not view.refresh():
         return original(hidden_states, *args, **kwargs)
-    return _run_view(view, hidden_states.contiguous(), lengths)  # SigLIP's embeddings are a transposed view
+    hidden_states = hidden_states.contiguous()  # SigLIP's embeddings are a transposed view
+    return _run_view(view, hidden_states) if lengths is None else _run_view(view, hidden_states, lengths)
 
 
 def _fast_head(head: nn.Module, backend: str, hidden_state: torch.Tensor, *mask: Any) -> torch.Tensor:
