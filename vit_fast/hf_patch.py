@@ -425,7 +425,7 @@ def _fast_head(head: nn.Module, backend: str, hidden_state: torch.Tensor, *mask:
     view = head.__dict__[_STATE]
     if not view.refresh():
         return original(hidden_state, *mask)
-    return view.plan.run(view, hidden_state, lengths)
+    return view.plan.run(view, hidden_state) if lengths is None else view.plan.run(view, hidden_state, lengths)
 
 
 def apply_hf(model: nn.Module, backend: str) -> nn.Module:
