@@ -7,11 +7,14 @@ an instance of the user's class: ``save_pretrained`` / ``from_pretrained``, Hugg
 embeddings are untouched), PEFT and the output classes behave as in transformers.
 
 Supported layers (vision towers only; a ``CLIPModel``'s text tower keeps its own forward):
-``ViTLayer``, ``DeiTLayer``, ``Dinov2Layer`` (LayerScale; MLP or SwiGLU), ``CLIPEncoderLayer`` and
-``SiglipEncoderLayer``. A layer runs on the kernels (LayerNorm folded into the qkv and fc1 GEMMs,
+``ViTLayer``, ``DeiTLayer``, ``Dinov2Layer`` (LayerScale; MLP or SwiGLU), ``CLIPEncoderLayer``,
+``SiglipEncoderLayer`` and ``Siglip2EncoderLayer`` (SigLIP 2's padded batches: the key-padding mask and the head's
+``pixel_attention_mask`` run as per-sample lengths, :mod:`vit_fast.naflex`).
+A layer runs on the kernels (LayerNorm folded into the qkv and fc1 GEMMs,
 flash-style attention, residual and LayerScale in the GEMM epilogues) when the kernels can run on
 its input (:func:`vit_fast.runtime.patched_runs_kernels`, as for timm: float64 keeps the layer's own
-forward), and its own forward otherwise: an attention mask, training with autograd, inputs that
+forward), and its own forward otherwise: an attention mask other than key padding at the end of each row,
+training with autograd, inputs that
 require grad, attentions requested (by the ``output_attentions`` kwarg or the config: they come
 from the unfused path, per call), a submodule replaced (e.g. PEFT's LoRA) or hooked by the user, and
 under ``torch.export`` / ``torch.onnx.export`` / ``torch.jit.trace`` (an exported graph is transformers'

@@ -10,8 +10,10 @@ SigLIP attention-pool head's, by one that runs it on the attention-pool kernel).
 takes the kernel path where ``VisionTransformer``'s ``backend="auto"`` would (a CUDA tensor on a card
 with tensor cores, sm_80 and up), or for any tensor with ``backend="triton"`` (on a CPU: Triton's
 interpreter), and the block's original forward otherwise (and for anything the kernels do not
-cover: an attention mask, dropout in training, autograd, a dtype other than float16, bfloat16 or
-float32). bf16 with ``backend="triton"`` on a card that only emulates it is refused, as
+cover: an attention mask other than key padding at the end of each row, dropout in training, autograd, a dtype
+other than float16, bfloat16 or float32). timm's ``NaFlexVit`` (images at their own size, padded into one batch)
+is patched the same way, its padding mask run as per-sample lengths (:mod:`vit_fast.naflex`).
+bf16 with ``backend="triton"`` on a card that only emulates it is refused, as
 ``VisionTransformer`` refuses it. The rule is :func:`vit_fast.runtime.patched_runs_kernels`.
 
 A patched module's ``forward`` is a :class:`PatchedForward`: a module-level function of vit-fast bound to the module
@@ -150,8 +152,10 @@ _SCRIPTABLE = "__prepare_scriptable__"
 
 
 def apply_vit_fast(model: nn.Module, backend: str = "auto") -> nn.Module:
-    """Make a timm ``VisionTransformer`` / ``VisionTransformerDistilled`` or a transformers vision model (ViT, DeiT,
-    DINOv2, CLIP, SigLIP: :mod:`vit_fast.hf_patch`) run its blocks on our kernels, in place; returns the same object.
+    """Make a timm ``VisionTransformer`` / ``VisionTransformerDistilled`` / ``NaFlexVit`` or a transformers vision
+    model (ViT, DeiT, DINOv2, CLIP, SigLIP, SigLIP 2: :mod:`vit_fast.hf_patch`) run its blocks on our kernels, in
+    place; returns the same object. A padded batch of images at their own sizes (NaFlexVit, SigLIP 2) runs its
+    key-padding mask on the kernels as per-sample lengths (:mod:`vit_fast.naflex`).
 
     Everything is checked before anything is patched: a model, block, attention or activation the kernels do not
     run is refused by name (a ValueError or TypeError), and ``backend="triton"`` refuses a head dim our attention
