@@ -1,10 +1,10 @@
 """timm's transformer blocks on our kernels: what :func:`vit_fast.apply_vit_fast` runs in place of a timm block's
 forward.
 
-:func:`plan_timm_model` reads every block of a timm ``VisionTransformer`` / ``VisionTransformerDistilled`` (or
-``NaFlexVit``: :mod:`vit_fast.naflex`) before anything is patched and returns one :class:`BlockPlan` per block, or
-raises a ValueError naming each feature the kernels do not run (rotary or relative position attention, qk-norm
-outside ParallelScalingBlock, gated attention, RmsNorm outside ParallelScalingBlock, ...). Block kinds run:
+:func:`plan_timm_model` reads every block of a timm ``VisionTransformer`` / ``VisionTransformerDistilled`` before
+anything is patched and returns one :class:`BlockPlan` per block, or raises a ValueError naming each feature the
+kernels do not run (rotary or relative position attention, qk-norm outside ParallelScalingBlock, gated attention,
+RmsNorm outside ParallelScalingBlock, ...). Block kinds run:
 
     Block                 x = x + ls1(attn(norm1(x)));  x = x + ls2(mlp(norm2(x)))          (pre-norm)
     ResPostBlock          x = x + norm1(attn(x));       x = x + norm2(mlp(x))                (post-norm)
