@@ -13,7 +13,7 @@ import torch
 timm = pytest.importorskip("timm", reason="timm is not installed (make setup installs it with --no-deps)")
 
 import vit_fast  # noqa: E402
-from vit_fast.naflex import key_padding_lengths  # noqa: E402
+from vit_fast.naflex import key_padding_lengths, pack_images  # noqa: E402
 from vit_fast.timm_blocks import BlockPlan  # noqa: E402
 
 from .fakes import count_launches  # noqa: E402
@@ -51,16 +51,9 @@ def test_naflexvit_features_refused_by_name(feature):
 
 
 def naflex_batch(sizes: list[tuple[int, int]], patch: int, seed: int) -> dict[str, torch.Tensor]:
-    """Images of ``sizes`` (h, w) as timm's NaFlex loader hands them to the model: patches packed per image and
-    padded at the end to the longest (``patches``, ``patch_coord``, ``patch_valid``)."""
-    from timm.data.naflex_dataset import NaFlexCollator
-    from timm.data.naflex_transforms import Patchify
-
+    """Random images of ``sizes`` (h, w) packed and padded as timm's NaFlex loader hands them to the model."""
     gen = torch.Generator().manual_seed(seed)
-    items = [(Patchify(patch)(torch.randn(3, h, w, generator=gen)), 0) for h, w in sizes]
-    longest = max(item["patches"].shape[0] for item, _ in items)
-    batch, _ = NaFlexCollator(max_seq_len=longest)(items)
-    return {k: batch[k] for k in ("patches", "patch_coord", "patch_valid")}
+    return pack_images([torch.randn(3, h, w, generator=gen) for h, w in sizes], patch)
 
 
 #: image-size mixes (16 px patches): padded twice, and once with every image the same number of patches
@@ -194,3 +187,14 @@ def test_key_padding_lengths_reads_prefix_masks_only():
     assert key_padding_lengths(in_place, 3, 5) is not None
     in_place[1, 1] = False  # the same tensor, changed: read again
     assert key_padding_lengths(in_place, 3, 5) is None
+
+
+def test_pack_images_pads_each_image_at_the_end():
+    images = [torch.randn(3, 16, 48, dtype=torch.float64), torch.randn(3, 20, 16, dtype=torch.float64)]  # 3, 2 patches
+    batch = pack_images(images, 16)
+    assert batch["patches"].shape == (2, 3, 16 * 16 * 3) and batch["patches"].dtype == torch.float64
+    assert batch["patch_valid"].tolist() == [[True, True, True], [True, True, False]]
+    assert batch["patch_coord"][0].tolist() == [[0, 0], [0, 1], [0, 2]]
+    assert batch["patch_coord"][1, 1].tolist() == [1, 0]  # the second image is 2 patches high (20 px, zero-padded)
+    assert torch.equal(batch["patches"][0, 1], images[0][:, :, 16:32].permute(1, 2, 0).reshape(-1))  # P-P-C
+    assert not batch["patches"][1, 2].any()  # padding is zeros

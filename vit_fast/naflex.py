@@ -92,3 +92,22 @@ def _read_lengths(mask: torch.Tensor, batch: int, tokens: int) -> torch.Tensor |
         if not bool(((attend == key_only) | (padding_query & ~attend)).all()):
             return None
     return lengths
+
+
+def pack_images(images: list[torch.Tensor], patch_size: int) -> dict[str, torch.Tensor]:
+    """Images ``[C, H, W]`` of any sizes as timm's NaFlex loader hands them to a ``NaFlexVit``: each image's patches
+    (zero-padded to whole patches; timm's ``patchify_image``, imported here) packed row-major, then zeros at the end
+    up to the longest image: ``patches [B, T, p * p * C]`` in the images' dtype (timm's collator would make them
+    float32), ``patch_coord [B, T, 2]`` (row, column), ``patch_valid [B, T]``. Call the model as ``model(patches,
+    patch_coord=..., patch_valid=...)``, or with this dict."""
+    from timm.data.naflex_transforms import patchify_image
+
+    packed = [patchify_image(image, (patch_size, patch_size)) for image in images]
+    longest = max(patches.shape[0] for patches, _, _ in packed)
+    first = packed[0][0]
+    patches = first.new_zeros(len(images), longest, first.shape[1])
+    coord = torch.zeros(len(images), longest, 2, dtype=torch.int64)
+    valid = torch.zeros(len(images), longest, dtype=torch.bool)
+    for i, (p, c, v) in enumerate(packed):
+        patches[i, : len(p)], coord[i, : len(p)], valid[i, : len(p)] = p, c, v
+    return {"patches": patches, "patch_coord": coord, "patch_valid": valid}
