@@ -390,11 +390,6 @@ def _fast_hf(layer: nn.Module, backend: str, hidden_states: torch.Tensor, *args:
     mask = args[0] if args else kwargs.get("attention_mask")  # SigLIP 2's encoder passes it by position
     if any(a is not None and a is not False for a in args[1:]) or kwargs.get("head_mask") is not None:
         return original(hidden_states, *args, **kwargs)
-    lengths = None
-    if mask is not None:
-        lengths = key_padding_lengths(mask, *hidden_states.shape[:2])  # None: not key padding of a prefix
-        if lengths is None:
-            return original(hidden_states, *args, **kwargs)
     if attentions_requested(kwargs, _active_collector()) or not _kernels_can_run(hidden_states, backend):
         return original(hidden_states, *args, **kwargs)
     if torch.compiler.is_exporting() or torch.jit.is_tracing():  # export traces transformers' own graph
@@ -405,6 +400,9 @@ def _fast_hf(layer: nn.Module, backend: str, hidden_states: torch.Tensor, *args:
     view = layer.__dict__[_STATE]
     if not view.refresh():
         return original(hidden_states, *args, **kwargs)
+    lengths = None if mask is None else key_padding_lengths(mask, *hidden_states.shape[:2])  # where kernels run
+    if mask is not None and lengths is None:  # not key padding of a prefix of each row
+        return original(hidden_states, *args, **kwargs)
     hidden_states = hidden_states.contiguous()  # SigLIP's embeddings are a transposed view
     return _run_view(view, hidden_states) if lengths is None else _run_view(view, hidden_states, lengths)
 
@@ -414,11 +412,6 @@ def _fast_head(head: nn.Module, backend: str, hidden_state: torch.Tensor, *mask:
     its own forward under the layers' rules. SigLIP 2's head also takes the ``pixel_attention_mask`` ``[B, T]``:
     key padding, run as per-sample lengths."""
     original = head.__dict__[_ORIGINAL]
-    lengths = None
-    if mask and mask[0] is not None:
-        lengths = key_padding_lengths(mask[0], *hidden_state.shape[:2])
-        if lengths is None:
-            return original(hidden_state, *mask)
     if attentions_requested({}, _active_collector()) or not _kernels_can_run(hidden_state, backend):
         return original(hidden_state, *mask)
     if torch.compiler.is_exporting() or torch.jit.is_tracing():  # export traces transformers' own graph
@@ -427,6 +420,9 @@ def _fast_head(head: nn.Module, backend: str, hidden_state: torch.Tensor, *mask:
         return original(hidden_state, *mask)
     view = head.__dict__[_STATE]
     if not view.refresh():
+        return original(hidden_state, *mask)
+    lengths = key_padding_lengths(mask[0], *hidden_state.shape[:2]) if mask and mask[0] is not None else None
+    if mask and mask[0] is not None and lengths is None:  # not key padding of a prefix of each row
         return original(hidden_state, *mask)
     return view.plan.run(view, hidden_state) if lengths is None else view.plan.run(view, hidden_state, lengths)
 

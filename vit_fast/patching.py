@@ -204,19 +204,19 @@ def _fast_timm(block: nn.Module, backend: str, x: torch.Tensor, *args: Any, **kw
     rest = (*args[1:], *(v for k, v in kwargs.items() if k != "attn_mask"))
     extra = any(a is not None and a is not False for a in rest)  # is_causal, rope
     exporting = torch.compiler.is_exporting()
-    lengths = None
-    if mask is not None and not extra and not exporting and not _differential(block):
-        lengths = key_padding_lengths(mask, x.shape[0], x.shape[1])  # None: not key padding of a prefix
-    extra = extra or (mask is not None and lengths is None)
     if extra or block.training or not _kernels_can_run(x, backend, plan.head_dim):
-        if exporting and not extra:
+        if exporting and not extra and mask is None:
             _say_export_runs_timm(x, backend)
         return block.__dict__[_ORIGINAL](x, *args, **kwargs)
     if _needs_original(block, x) and not exporting:  # torch.export traces with parameters requiring grad
         return block.__dict__[_ORIGINAL](x, *args, **kwargs)
-    if lengths is not None:
-        return plan.run(block, x, lengths)
-    return plan.run(block, x)  # our custom ops: what torch.export records
+    if mask is None:
+        return plan.run(block, x)  # our custom ops: what torch.export records
+    # read only where the kernels would run: the check syncs with the device (once per mask, see key_padding_lengths)
+    lengths = None if exporting or _differential(block) else key_padding_lengths(mask, x.shape[0], x.shape[1])
+    if lengths is None:  # not key padding of a prefix of each row
+        return block.__dict__[_ORIGINAL](x, *args, **kwargs)
+    return plan.run(block, x, lengths)
 
 
 def _differential(block: nn.Module) -> bool:
@@ -230,14 +230,15 @@ def _fast_timm_pool(pool: nn.Module, backend: str, x: torch.Tensor, attn_mask: A
     skip)."""
     plan = pool.__dict__[_PLAN]
     original = pool.__dict__[_ORIGINAL]
-    lengths = None
-    if attn_mask is not None and not torch.compiler.is_exporting():
-        lengths = key_padding_lengths(attn_mask, x.shape[0], x.shape[1])
-    if (attn_mask is not None and lengths is None) or pool.training or not _kernels_can_run(x, backend, plan.head_dim):
+    if pool.training or not _kernels_can_run(x, backend, plan.head_dim):
         return original(x, attn_mask=attn_mask)
     if _needs_original(pool, x) and not torch.compiler.is_exporting():
         return original(x, attn_mask=attn_mask)
-    return plan.run(pool, x) if lengths is None else plan.run(pool, x, lengths)
+    if attn_mask is None:
+        return plan.run(pool, x)
+    exporting = torch.compiler.is_exporting()
+    lengths = None if exporting else key_padding_lengths(attn_mask, x.shape[0], x.shape[1])
+    return original(x, attn_mask=attn_mask) if lengths is None else plan.run(pool, x, lengths)
 
 
 def remove_vit_fast(model: nn.Module) -> int:
