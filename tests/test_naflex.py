@@ -198,3 +198,19 @@ def test_pack_images_pads_each_image_at_the_end():
     assert batch["patch_coord"][1, 1].tolist() == [1, 0]  # the second image is 2 patches high (20 px, zero-padded)
     assert torch.equal(batch["patches"][0, 1], images[0][:, :, 16:32].permute(1, 2, 0).reshape(-1))  # P-P-C
     assert not batch["patches"][1, 2].any()  # padding is zeros
+
+
+def test_differential_attention_with_key_padding_runs_timms_block(monkeypatch):
+    """The differential-attention kernel takes no lengths: a padded batch keeps timm's own block forward."""
+    model = timm.create_model("vit_dwee_patch16_reg1_gap_256", pretrained=False, img_size=32, depth=1, embed_dim=64)
+    model = _trained_like(model, 4)
+    vit_fast.apply_vit_fast(model, backend="triton")
+    runs: list[int] = []
+    original = BlockPlan.run
+    monkeypatch.setattr(BlockPlan, "run", lambda plan, *args: runs.append(1) or original(plan, *args))
+    tokens = torch.randn(2, 5, 64)
+    mask = _prefix([3, 5], 5)[:, None, None, :]
+    block = model.blocks[0]
+    with torch.no_grad():
+        assert torch.equal(block(tokens, attn_mask=mask), block.__dict__[_ORIGINAL](tokens, attn_mask=mask))
+    assert runs == []
