@@ -1,4 +1,4 @@
-"""Stand-ins shared by the export and bench tests: a tiny Hugging Face classifier, a failing publish."""
+"""Stand-ins shared by the tests: a tiny Hugging Face classifier, a failing publish, a kernel launch counter."""
 
 from __future__ import annotations
 
@@ -42,3 +42,19 @@ def fail_replace_onto(monkeypatch: pytest.MonkeyPatch, suffix: str, staging_mark
         return real(src, dst, mode)
 
     monkeypatch.setattr(files.publishing, "_rename", rename)
+
+
+def count_launches(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The name of every kernel our launchers run from now on (``ResolvedLaunches``), in order; in Triton's
+    interpreter too, where ``record_launches`` sees nothing (no compiled launch)."""
+    from vit_fast.kernels._common import ResolvedLaunches
+
+    names: list[str] = []
+    original = ResolvedLaunches.__call__
+
+    def counted(self, *args, **kwargs):
+        names.append(self.jit_fn.__name__)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(ResolvedLaunches, "__call__", counted)
+    return names

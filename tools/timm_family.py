@@ -1,13 +1,14 @@
 """How many of timm's ViT family ``apply_vit_fast`` patches in place with parity.
 
-Every ``vit_*`` / ``deit*`` name in ``timm.list_models`` whose class is ``VisionTransformer`` or
-``VisionTransformerDistilled`` is built with ``pretrained=False``, shrunk so the kernels run in Triton's
-interpreter (depth 1, ``embed_dim`` 64 in 2 heads, a 3x3 patch grid; every other argument, so every feature, is the
-model's own), given trained-like random weights (LayerScale gammas and norm scales signed and far from their
-init), and patched with ``apply_vit_fast(model, backend="triton")``. A model counts when it patches, every block ran
-on the kernels, and its float32 logits meet the numerics rule (at most 2x eager float32's error against timm in
-float64, plus the floor). Other classes of those names (Eva, VisionTransformerRelPos) are listed with the refusal
-they get.
+Every ``vit_*`` / ``deit*`` / ``naflexvit_*`` name in ``timm.list_models`` whose class is ``VisionTransformer``,
+``VisionTransformerDistilled`` or ``NaFlexVit`` is built with ``pretrained=False``, shrunk so the kernels run in
+Triton's interpreter (depth 1, ``embed_dim`` 64 in 2 heads, a 3x3 patch grid; every other argument, so every
+feature, is the model's own), given trained-like random weights (LayerScale gammas and norm scales signed and far
+from their init), and patched with ``apply_vit_fast(model, backend="triton")``. A NaFlexVit takes a padded batch of
+two images at their own sizes (3x3 and 2x3 patches: ``vit_fast.naflex.pack_images``). A model counts when it
+patches, every block ran on the kernels, and its float32 logits meet the numerics rule (at most 2x eager float32's
+error against timm in float64, plus the floor). Other classes of those names (Eva, VisionTransformerRelPos) are
+listed with the refusal they get.
 
     python tools/timm_family.py                    # all of them (about 10 minutes on 2 CPU cores)
     python tools/timm_family.py --filter siglip    # names containing 'siglip'
@@ -30,7 +31,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-CLASSES = ("VisionTransformer", "VisionTransformerDistilled")
+CLASSES = ("VisionTransformer", "VisionTransformerDistilled", "NaFlexVit")
 
 
 def _import_timm():
@@ -61,8 +62,9 @@ def _trained_like(model: torch.nn.Module, seed: int) -> torch.nn.Module:
 
 def _small(timm, name: str, full: torch.nn.Module):
     """The model shrunk (depth 1, 64 or 96 wide in heads of 32, a 3x3 grid), or depth 1 only where timm refuses."""
-    hybrid = type(full.patch_embed).__name__ == "HybridEmbed"
-    patch = full.patch_embed.patch_size[0]
+    embed = getattr(full, "patch_embed", None) or full.embeds  # NaFlexVit: embeds
+    hybrid = type(embed).__name__ == "HybridEmbed"
+    patch = embed.patch_size[0]
     img = 64 if hybrid else 3 * patch
     small = [dict(depth=1, embed_dim=w, num_heads=w // 32, img_size=img) for w in (64, 96)]
     for kwargs in (*small, dict(depth=1, img_size=img)):  # 96 wide: SwiGLU's hidden width must be even
@@ -71,6 +73,23 @@ def _small(timm, name: str, full: torch.nn.Module):
         except Exception:  # noqa: BLE001  (some builders fix the width: try the next reduction)
             continue
     return timm.create_model(name, pretrained=False, depth=1), dict(depth=1), type(full).__name__
+
+
+def _inputs(model: torch.nn.Module):
+    """Two images for ``model``: at its own size, or for a NaFlexVit 3x3 and 2x3 patches, packed and padded."""
+    gen = torch.Generator().manual_seed(2)
+    if type(model).__name__ != "NaFlexVit":
+        return torch.randn(2, 3, *model.patch_embed.img_size, generator=gen)
+    from vit_fast.naflex import pack_images
+
+    patch = model.embeds.patch_size[0]
+    return pack_images([torch.randn(3, 3 * patch, h * patch, generator=gen) for h in (3, 2)], patch)
+
+
+def _double(x):
+    if isinstance(x, dict):  # a NaFlex batch: its patches in float64, coordinates and validity as they are
+        return {k: v.double() if v.is_floating_point() else v for k, v in x.items()}
+    return x.double()
 
 
 def check(timm, name: str) -> dict:
@@ -93,11 +112,10 @@ def check(timm, name: str) -> dict:
     model, kwargs, _ = _small(timm, name, full)
     row = dict(name=name, cls=cls, kwargs=kwargs)
     model = _trained_like(model, seed=1)
-    size = model.patch_embed.img_size
-    x = torch.randn(2, 3, *size)
+    x = _inputs(model)
     with torch.no_grad():
         eager = model(x)
-        ref64 = copy.deepcopy(model).double()(x.double())
+        ref64 = copy.deepcopy(model).double()(_double(x))
     try:
         vit_fast.apply_vit_fast(model, backend="triton")
     except (TypeError, ValueError) as err:
@@ -105,7 +123,7 @@ def check(timm, name: str) -> dict:
         return row
     runs = []
     original = BlockPlan.run
-    BlockPlan.run = lambda plan, block, t: runs.append(1) or original(plan, block, t)
+    BlockPlan.run = lambda plan, *args: runs.append(1) or original(plan, *args)
     try:
         with torch.no_grad():
             ours = model(x)
@@ -136,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
 
     json_path = None if args.json is None else check_report_file(args.json, "--json")  # before any model is built
     timm = _import_timm()
-    names = sorted(set(timm.list_models("vit_*")) | set(timm.list_models("deit*")))
+    names = sorted(
+        set(timm.list_models("vit_*")) | set(timm.list_models("deit*")) | set(timm.list_models("naflexvit_*"))
+    )
     names = [n for n in names if args.filter in n and n > args.after]
     k, n = (int(v) for v in args.shard.split("/"))
     names = names[k - 1 :: n]

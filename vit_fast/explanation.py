@@ -216,7 +216,10 @@ def _timm(model: nn.Module, device: torch.device, dtype: torch.dtype) -> _Read:
         choice = _unpatched_choice(_timm_refusal(model) if refused else None)
     notes = ["outside the blocks (patch embedding, position embedding, final norm, pooling, head) timm's own code runs"]
     if asked is not None:
-        notes.append("a call with an attention mask, or with autograd on inputs that require grad, runs timm's forward")
+        notes.append(
+            "a call with an attention mask other than key padding at the end of each row (NaFlex's padding runs on the "
+            "kernels), or with autograd on inputs that require grad, runs timm's forward"
+        )
     return asked, choice or _unpatched_choice(None), rows, notes
 
 
@@ -271,7 +274,8 @@ def _hf(model: nn.Module, device: torch.device, dtype: torch.dtype) -> _Read:
     notes = ["the embeddings, the final layernorm and the heads outside the encoder run transformers' own code"]
     if asked is not None:
         notes.append(
-            "a call with an attention mask, output_attentions, or autograd in training runs transformers' forward"
+            "a call with an attention mask other than key padding at the end of each row (SigLIP 2's padding runs "
+            "on the kernels), output_attentions, or autograd in training runs transformers' forward"
         )
         if getattr(config, "output_attentions", False):
             why = "every call runs transformers' forward (the attentions come from the unfused path)"

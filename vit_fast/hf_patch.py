@@ -7,11 +7,14 @@ an instance of the user's class: ``save_pretrained`` / ``from_pretrained``, Hugg
 embeddings are untouched), PEFT and the output classes behave as in transformers.
 
 Supported layers (vision towers only; a ``CLIPModel``'s text tower keeps its own forward):
-``ViTLayer``, ``DeiTLayer``, ``Dinov2Layer`` (LayerScale; MLP or SwiGLU), ``CLIPEncoderLayer`` and
-``SiglipEncoderLayer``. A layer runs on the kernels (LayerNorm folded into the qkv and fc1 GEMMs,
+``ViTLayer``, ``DeiTLayer``, ``Dinov2Layer`` (LayerScale; MLP or SwiGLU), ``CLIPEncoderLayer``,
+``SiglipEncoderLayer`` and ``Siglip2EncoderLayer`` (SigLIP 2's padded batches: the key-padding mask and the head's
+``pixel_attention_mask`` run as per-sample lengths, :mod:`vit_fast.naflex`).
+A layer runs on the kernels (LayerNorm folded into the qkv and fc1 GEMMs,
 flash-style attention, residual and LayerScale in the GEMM epilogues) when the kernels can run on
 its input (:func:`vit_fast.runtime.patched_runs_kernels`, as for timm: float64 keeps the layer's own
-forward), and its own forward otherwise: an attention mask, training with autograd, inputs that
+forward), and its own forward otherwise: an attention mask other than key padding at the end of each row,
+training with autograd, inputs that
 require grad, attentions requested (by the ``output_attentions`` kwarg or the config: they come
 from the unfused path, per call), a submodule replaced (e.g. PEFT's LoRA) or hooked by the user, and
 under ``torch.export`` / ``torch.onnx.export`` / ``torch.jit.trace`` (an exported graph is transformers'
@@ -40,6 +43,7 @@ from torch import nn
 
 from . import runtime
 from .convert import HF_ACTIVATIONS
+from .naflex import key_padding_lengths
 from .patching import _ORIGINAL, PATCHED_BACKEND, patch_forward
 from .timm_blocks import LinearWeights
 
@@ -51,6 +55,7 @@ _LAYOUTS: dict[str, tuple[str, str, str, str, str | None, str | None]] = {
     "Dinov2Layer": ("attention", "o_proj", "norm1", "norm2", "layer_scale1", "layer_scale2"),
     "CLIPEncoderLayer": ("self_attn", "out_proj", "layer_norm1", "layer_norm2", None, None),
     "SiglipEncoderLayer": ("self_attn", "out_proj", "layer_norm1", "layer_norm2", None, None),
+    "Siglip2EncoderLayer": ("self_attn", "out_proj", "layer_norm1", "layer_norm2", None, None),
 }
 #: the model classes accepted, by family (their vision encoder layers are patched)
 SUPPORTED = {
@@ -59,6 +64,7 @@ SUPPORTED = {
     "dinov2": ("Dinov2Model", "Dinov2ForImageClassification", "Dinov2Backbone"),
     "clip": ("CLIPVisionModel", "CLIPVisionModelWithProjection", "CLIPModel", "CLIPForImageClassification"),
     "siglip": ("SiglipVisionModel", "SiglipModel", "SiglipForImageClassification"),
+    "siglip2": ("Siglip2VisionModel", "Siglip2Model", "Siglip2ForImageClassification"),  # padded: vit_fast.naflex
 }
 _SUPPORTED_NAMES = {name for names in SUPPORTED.values() for name in names}
 _MIN_HEAD_DIM, _MAX_HEAD_DIM = 16, 256  # the attention kernel's range (vit_fast.kernels.attention)
@@ -203,7 +209,7 @@ class _LayerView:
 
 
 #: transformers' attention-pool heads run on the kernels (the attention-pool kernel), by class name
-_POOL_HEADS = ("SiglipMultiheadAttentionPoolingHead",)
+_POOL_HEADS = ("SiglipMultiheadAttentionPoolingHead", "Siglip2MultiheadAttentionPoolingHead")
 
 
 class _HeadView:
@@ -270,16 +276,25 @@ def _pool_head_problems(head: nn.Module) -> list[str]:
     return problems
 
 
-def _run_view(view: _LayerView, x: torch.Tensor) -> torch.Tensor:
+def _run_view(view: _LayerView, x: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
     """One layer on the kernels. With an activation the fc1 epilogue has, exactly what ``vit_fast.patching`` runs
-    for a timm block; otherwise fc1 without activation, the layer's own activation in PyTorch, then fc2."""
+    for a timm block; otherwise fc1 without activation, the layer's own activation in PyTorch, then fc2.
+    ``lengths [B]``: a padded batch's valid tokens per sample (SigLIP 2, :mod:`vit_fast.naflex`)."""
     from . import first_use
-    from .triton_path import _CHECKED_THROUGH, _THROUGH_OPS, _block, _gamma, _norm_linear, fuse_ln_from_env
+    from .triton_path import (
+        _CHECKED_THROUGH,
+        _THROUGH_OPS,
+        _block,
+        _gamma,
+        _norm_linear,
+        fuse_ln_from_env,
+        with_lengths,
+    )
 
     if view.torch_act is None:
-        return _block(view, x, view.kernel_act)
+        return _block(view, x, view.kernel_act, lengths)
     checked = first_use.enabled() and (first_use.failed_ops() or first_use.eligible(x))
-    ops = _CHECKED_THROUGH if checked else _THROUGH_OPS
+    ops = with_lengths(_CHECKED_THROUGH if checked else _THROUGH_OPS, lengths)
     fused = fuse_ln_from_env()
     qkv = _norm_linear(ops, view.norm1, x, view.attn.qkv, None, fused)
     a = ops.attention(qkv, view.attn.num_heads, view.attn.scale)
@@ -372,8 +387,8 @@ def _fast_hf(layer: nn.Module, backend: str, hidden_states: torch.Tensor, *args:
     """The forward of a patched encoder layer: :func:`_run_view` on the kernels, or the layer's own forward where
     the kernels step aside (see the module docstring)."""
     original = layer.__dict__[_ORIGINAL]
-    mask = kwargs.get("attention_mask", kwargs.get("head_mask"))
-    if any(a is not None and a is not False for a in args) or mask is not None:
+    mask = args[0] if args else kwargs.get("attention_mask")  # SigLIP 2's encoder passes it by position
+    if any(a is not None and a is not False for a in args[1:]) or kwargs.get("head_mask") is not None:
         return original(hidden_states, *args, **kwargs)
     if attentions_requested(kwargs, _active_collector()) or not _kernels_can_run(hidden_states, backend):
         return original(hidden_states, *args, **kwargs)
@@ -385,23 +400,31 @@ def _fast_hf(layer: nn.Module, backend: str, hidden_states: torch.Tensor, *args:
     view = layer.__dict__[_STATE]
     if not view.refresh():
         return original(hidden_states, *args, **kwargs)
-    return _run_view(view, hidden_states.contiguous())  # SigLIP's embeddings are a transposed view
+    lengths = None if mask is None else key_padding_lengths(mask, *hidden_states.shape[:2])  # where kernels run
+    if mask is not None and lengths is None:  # not key padding of a prefix of each row
+        return original(hidden_states, *args, **kwargs)
+    hidden_states = hidden_states.contiguous()  # SigLIP's embeddings are a transposed view
+    return _run_view(view, hidden_states) if lengths is None else _run_view(view, hidden_states, lengths)
 
 
-def _fast_head(head: nn.Module, backend: str, hidden_state: torch.Tensor) -> torch.Tensor:
+def _fast_head(head: nn.Module, backend: str, hidden_state: torch.Tensor, *mask: Any) -> torch.Tensor:
     """The forward of a patched SigLIP pooling head: its :class:`vit_fast.timm_blocks.PoolPlan` on the kernels, or
-    its own forward under the layers' rules."""
+    its own forward under the layers' rules. SigLIP 2's head also takes the ``pixel_attention_mask`` ``[B, T]``:
+    key padding, run as per-sample lengths."""
     original = head.__dict__[_ORIGINAL]
     if attentions_requested({}, _active_collector()) or not _kernels_can_run(hidden_state, backend):
-        return original(hidden_state)
+        return original(hidden_state, *mask)
     if torch.compiler.is_exporting() or torch.jit.is_tracing():  # export traces transformers' own graph
-        return original(hidden_state)
+        return original(hidden_state, *mask)
     if torch.is_grad_enabled() and (head.training or hidden_state.requires_grad):
-        return original(hidden_state)
+        return original(hidden_state, *mask)
     view = head.__dict__[_STATE]
     if not view.refresh():
-        return original(hidden_state)
-    return view.plan.run(view, hidden_state)
+        return original(hidden_state, *mask)
+    lengths = key_padding_lengths(mask[0], *hidden_state.shape[:2]) if mask and mask[0] is not None else None
+    if mask and mask[0] is not None and lengths is None:  # not key padding of a prefix of each row
+        return original(hidden_state, *mask)
+    return view.plan.run(view, hidden_state) if lengths is None else view.plan.run(view, hidden_state, lengths)
 
 
 def apply_hf(model: nn.Module, backend: str) -> nn.Module:

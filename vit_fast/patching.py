@@ -10,8 +10,10 @@ SigLIP attention-pool head's, by one that runs it on the attention-pool kernel).
 takes the kernel path where ``VisionTransformer``'s ``backend="auto"`` would (a CUDA tensor on a card
 with tensor cores, sm_80 and up), or for any tensor with ``backend="triton"`` (on a CPU: Triton's
 interpreter), and the block's original forward otherwise (and for anything the kernels do not
-cover: an attention mask, dropout in training, autograd, a dtype other than float16, bfloat16 or
-float32). bf16 with ``backend="triton"`` on a card that only emulates it is refused, as
+cover: an attention mask other than key padding at the end of each row, dropout in training, autograd, a dtype
+other than float16, bfloat16 or float32). timm's ``NaFlexVit`` (images at their own size, padded into one batch)
+is patched the same way, its padding mask run as per-sample lengths (:mod:`vit_fast.naflex`).
+bf16 with ``backend="triton"`` on a card that only emulates it is refused, as
 ``VisionTransformer`` refuses it. The rule is :func:`vit_fast.runtime.patched_runs_kernels`.
 
 A patched module's ``forward`` is a :class:`PatchedForward`: a module-level function of vit-fast bound to the module
@@ -32,6 +34,7 @@ import torch
 from torch import nn
 
 from . import runtime
+from .naflex import key_padding_lengths
 
 #: a patched module's ``__dict__`` keys: the forward it had before (called where the kernels step aside), and how
 #: its kernels run (a :class:`vit_fast.timm_blocks.BlockPlan` / ``PoolPlan``)
@@ -149,8 +152,10 @@ _SCRIPTABLE = "__prepare_scriptable__"
 
 
 def apply_vit_fast(model: nn.Module, backend: str = "auto") -> nn.Module:
-    """Make a timm ``VisionTransformer`` / ``VisionTransformerDistilled`` or a transformers vision model (ViT, DeiT,
-    DINOv2, CLIP, SigLIP: :mod:`vit_fast.hf_patch`) run its blocks on our kernels, in place; returns the same object.
+    """Make a timm ``VisionTransformer`` / ``VisionTransformerDistilled`` / ``NaFlexVit`` or a transformers vision
+    model (ViT, DeiT, DINOv2, CLIP, SigLIP, SigLIP 2: :mod:`vit_fast.hf_patch`) run its blocks on our kernels, in
+    place; returns the same object. A padded batch of images at their own sizes (NaFlexVit, SigLIP 2) runs its
+    key-padding mask on the kernels as per-sample lengths (:mod:`vit_fast.naflex`).
 
     Everything is checked before anything is patched: a model, block, attention or activation the kernels do not
     run is refused by name (a ValueError or TypeError), and ``backend="triton"`` refuses a head dim our attention
@@ -192,29 +197,48 @@ def apply_vit_fast(model: nn.Module, backend: str = "auto") -> nn.Module:
 
 def _fast_timm(block: nn.Module, backend: str, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     """The forward of a patched timm block: its plan on the kernels, or timm's own forward where the kernels step
-    aside (a mask or ``is_causal``, training, autograd, a dtype or device the kernels skip)."""
+    aside (a mask other than key padding, ``is_causal``, ``rope``, training, autograd, a dtype or device the kernels
+    skip). A key-padding ``attn_mask`` (NaFlexVit's) runs on the kernels as ``lengths`` (:mod:`vit_fast.naflex`)."""
     plan = block.__dict__[_PLAN]
-    extra = any(a is not None and a is not False for a in (*args, *kwargs.values()))  # a mask, is_causal
+    mask = kwargs.get("attn_mask") if not args else args[0]
+    rest = (*args[1:], *(v for k, v in kwargs.items() if k != "attn_mask"))
+    extra = any(a is not None and a is not False for a in rest)  # is_causal, rope
     exporting = torch.compiler.is_exporting()
     if extra or block.training or not _kernels_can_run(x, backend, plan.head_dim):
-        if exporting and not extra:
+        if exporting and not extra and mask is None:
             _say_export_runs_timm(x, backend)
         return block.__dict__[_ORIGINAL](x, *args, **kwargs)
     if _needs_original(block, x) and not exporting:  # torch.export traces with parameters requiring grad
         return block.__dict__[_ORIGINAL](x, *args, **kwargs)
-    return plan.run(block, x)  # our custom ops: what torch.export records
+    if mask is None:
+        return plan.run(block, x)  # our custom ops: what torch.export records
+    # read only where the kernels would run: the check syncs with the device (once per mask, see key_padding_lengths)
+    lengths = None if exporting or _differential(block) else key_padding_lengths(mask, x.shape[0], x.shape[1])
+    if lengths is None:  # not key padding of a prefix of each row
+        return block.__dict__[_ORIGINAL](x, *args, **kwargs)
+    return plan.run(block, x, lengths)
+
+
+def _differential(block: nn.Module) -> bool:
+    """Whether a block runs differential attention (its kernel takes no key-padding lengths)."""
+    return any(type(m).__name__ in ("DiffAttention", "DiffParallelScalingBlock") for m in block.modules())
 
 
 def _fast_timm_pool(pool: nn.Module, backend: str, x: torch.Tensor, attn_mask: Any = None) -> torch.Tensor:
     """The forward of a patched timm ``AttentionPoolLatent``: its plan on the kernels, or timm's own forward where
-    the blocks would take theirs (an attention mask, training, autograd, a dtype or device the kernels skip)."""
+    the blocks would take theirs (a mask other than key padding, training, autograd, a dtype or device the kernels
+    skip)."""
     plan = pool.__dict__[_PLAN]
     original = pool.__dict__[_ORIGINAL]
-    if attn_mask is not None or pool.training or not _kernels_can_run(x, backend, plan.head_dim):
+    if pool.training or not _kernels_can_run(x, backend, plan.head_dim):
         return original(x, attn_mask=attn_mask)
     if _needs_original(pool, x) and not torch.compiler.is_exporting():
-        return original(x)
-    return plan.run(pool, x)
+        return original(x, attn_mask=attn_mask)
+    if attn_mask is None:
+        return plan.run(pool, x)
+    exporting = torch.compiler.is_exporting()
+    lengths = None if exporting else key_padding_lengths(attn_mask, x.shape[0], x.shape[1])
+    return original(x, attn_mask=attn_mask) if lengths is None else plan.run(pool, x, lengths)
 
 
 def remove_vit_fast(model: nn.Module) -> int:

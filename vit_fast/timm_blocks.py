@@ -34,9 +34,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import runtime
+from .naflex import MODEL_CLASSES as NAFLEX_CLASSES
+from .naflex import naflex_refusal
 
-#: timm model classes whose blocks are read here, and the ones refused for what their attention does
-MODEL_CLASSES = ("VisionTransformer", "VisionTransformerDistilled")
+#: timm model classes whose blocks are read here (NaFlexVit: :mod:`vit_fast.naflex`), and the ones refused for what
+#: their attention does
+MODEL_CLASSES = ("VisionTransformer", "VisionTransformerDistilled", *NAFLEX_CLASSES)
 _REFUSED_MODELS = {
     "Eva": "rotary position embeddings (RoPE) inside attention",
     "VisionTransformerRelPos": "relative position bias inside attention",
@@ -61,13 +64,14 @@ class BlockPlan:
     mlps: tuple[MlpPlan, ...]
     head_dim: int
 
-    def run(self, block: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """The block's forward on the kernels, ``x [B, T, D]`` -> ``[B, T, D]``."""
+    def run(self, block: nn.Module, x: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """The block's forward on the kernels, ``x [B, T, D]`` -> ``[B, T, D]``; ``lengths [B]``: a padded batch's
+        valid tokens per sample (:func:`vit_fast.triton_path.attention_with_lengths`)."""
         from . import first_use
-        from .triton_path import _CHECKED_THROUGH, _THROUGH_OPS, fuse_ln_from_env
+        from .triton_path import _CHECKED_THROUGH, _THROUGH_OPS, fuse_ln_from_env, with_lengths
 
         checked = first_use.enabled() and (first_use.failed_ops() or first_use.eligible(x))
-        ops = _CHECKED_THROUGH if checked else _THROUGH_OPS
+        ops = with_lengths(_CHECKED_THROUGH if checked else _THROUGH_OPS, lengths)
         fused = fuse_ln_from_env()
         x = x.contiguous()  # a model without prefix tokens hands its patch embedding's transposed view to block 0
         if self.kind == "Block":
@@ -429,6 +433,8 @@ def timm_model_refusal(model: nn.Module) -> str | None:
         return f"timm {name} uses {_REFUSED_MODELS[name]}, which vit-fast's kernels do not run"
     if name not in MODEL_CLASSES:
         return f"timm model class {name} is not one vit-fast patches ({', '.join(MODEL_CLASSES)})"
+    if name in NAFLEX_CLASSES and naflex_refusal(model) is not None:
+        return naflex_refusal(model)
     if not list(getattr(model, "blocks", None) or []):
         return f"timm {name} has no transformer blocks (model.blocks is empty)"
     return None
@@ -494,16 +500,17 @@ class PoolPlan:
     mlp: MlpPlan | None  # None: no MLP (timm's out_features=0)
     pool: str  # "token", "avg" or "" (every latent)
 
-    def run(self, head, x: torch.Tensor) -> torch.Tensor:
-        """``x [B, T, D]`` -> the pooled ``[B, D]`` (``[B, L, D]`` with pool ""). ``head`` has timm's names:
+    def run(self, head, x: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """``x [B, T, D]`` -> the pooled ``[B, D]`` (``[B, L, D]`` with pool ""); ``lengths [B]``: a padded batch's
+        valid tokens per sample. ``head`` has timm's names:
         ``latent`` ``[1, L, D]``, ``q`` (a Linear, or None / nn.Identity: the latent is the query), ``kv``,
         ``proj`` (None / nn.Identity: none), ``norm``, ``mlp`` (``fc1``, ``fc2``; None: none), and ``torch_act``
         where the plan's MLP activation is ``"torch"`` (run in PyTorch between fc1 and fc2)."""
         from . import first_use
-        from .triton_path import _CHECKED_THROUGH, _THROUGH_OPS, _norm_linear, fuse_ln_from_env
+        from .triton_path import _CHECKED_THROUGH, _THROUGH_OPS, _norm_linear, fuse_ln_from_env, with_lengths
 
         checked = first_use.enabled() and (first_use.failed_ops() or first_use.eligible(x))
-        ops = _CHECKED_THROUGH if checked else _THROUGH_OPS
+        ops = with_lengths(_CHECKED_THROUGH if checked else _THROUGH_OPS, lengths)
         x = x.contiguous()
         latent = head.latent
         q = latent if _is_identity(head.q) else ops.linear(latent, head.q)  # [1, L, D]: once, not per image

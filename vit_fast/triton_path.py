@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
+import torch.nn.functional as F
 import triton
 from torch import nn
 
@@ -394,12 +395,89 @@ def _run_block(ops: _Ops, block: Block, x: torch.Tensor, act: str, fused: bool) 
     return ops.linear(m, mlp.fc2, residual=x, gamma=_gamma(block.ls2))
 
 
-def _block(block: Block, x: torch.Tensor, act: str) -> torch.Tensor:
+def _block(block: Block, x: torch.Tensor, act: str, lengths: torch.Tensor | None = None) -> torch.Tensor:
     """One block through the custom ops (what ``vit_fast.patching`` runs inside timm / HF models), LayerNorm
-    fused unless ``VIT_FAST_FUSE_LN=0``; under the first-use safety net in plain eager inference."""
+    fused unless ``VIT_FAST_FUSE_LN=0``; under the first-use safety net in plain eager inference. ``lengths``
+    ``[B]``: each sample's valid tokens, a prefix of its row (:func:`attention_with_lengths`)."""
     checked = first_use.enabled() and (first_use.failed_ops() or first_use.eligible(x))
     ops = _CHECKED_THROUGH if checked else _THROUGH_OPS
-    return _run_block(ops, block, x, act, fuse_ln_from_env())
+    return _run_block(with_lengths(ops, lengths), block, x, act, fuse_ln_from_env())
+
+
+# --------------------------------------------------------------------------- key padding (native resolution)
+def attention_with_lengths(ops: _Ops, qkv: torch.Tensor, num_heads: int, scale: float, lengths: torch.Tensor):
+    """Self-attention of a padded batch, ``qkv [B, T, 3 * H * Dh]`` -> ``[B, T, H * Dh]``: every masked attention
+    of a patched layer (timm's NaFlexVit, transformers' SigLIP 2) comes here. ``lengths [B]`` (int32, on qkv's
+    device): sample b's tokens ``[0, lengths[b])`` are its keys, the rest padding, whose content (even NaN) never
+    reaches a valid row. A padding row's output is not defined (the model discards it).
+
+    With no padding in the batch (every length is T) the attention kernel runs as for an unmasked layer; otherwise
+    :func:`attention_lengths_torch`, until the kernel takes ``lengths`` itself: the ``return`` below is the one
+    line that then calls it."""
+    if int(lengths.min()) == qkv.shape[1]:
+        return ops.attention(qkv, num_heads, scale)
+    return attention_lengths_torch(qkv, num_heads, scale, lengths)
+
+
+def _key_padding(k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor) -> tuple:
+    """``k``, ``v`` ``[B, H, T, Dh]`` with padding keys zeroed (NaN there would survive a -inf mask in the sum),
+    and the boolean key mask ``[B, 1, 1, T]`` (True: attend)."""
+    valid = torch.arange(k.shape[2], device=k.device) < lengths.to(k.device)[:, None]
+    keep = valid[:, None, :, None]
+    return k.masked_fill(~keep, 0), v.masked_fill(~keep, 0), valid[:, None, None, :]
+
+
+def attention_lengths_torch(qkv: torch.Tensor, num_heads: int, scale: float, lengths: torch.Tensor) -> torch.Tensor:
+    """:func:`attention_with_lengths` in PyTorch (``scaled_dot_product_attention`` with the boolean key mask built
+    from ``lengths``), in qkv's dtype."""
+    batch, tokens, width = qkv.shape
+    head_dim = width // (3 * num_heads)
+    q, k, v = qkv.reshape(batch, tokens, 3, num_heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+    k, v, mask = _key_padding(k, v, lengths)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    return out.transpose(1, 2).reshape(batch, tokens, num_heads * head_dim)
+
+
+def attention_pool_with_lengths(ops: _Ops, q, kv, num_heads: int, scale: float, lengths: torch.Tensor):
+    """An attention-pool head's latent queries ``q [1 or B, L, D]`` against the valid keys of ``kv [B, T, 2D]``
+    (``lengths`` as for :func:`attention_with_lengths`) -> ``[B, L, D]``: the attention-pool kernel when nothing is
+    padded, else PyTorch (the pool kernel takes no lengths)."""
+    batch, tokens, width = kv.shape
+    if int(lengths.min()) == tokens:
+        return ops.attention_pool(q, kv, num_heads, scale)
+    dim = width // 2
+    head_dim = dim // num_heads
+    k, v = kv.reshape(batch, tokens, 2, num_heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+    k, v, mask = _key_padding(k, v, lengths)
+    latents = q.shape[1]
+    queries = q.reshape(q.shape[0], latents, num_heads, head_dim).transpose(1, 2).expand(batch, -1, -1, -1)
+    out = F.scaled_dot_product_attention(queries, k, v, attn_mask=mask, scale=scale)
+    return out.transpose(1, 2).reshape(batch, latents, dim)
+
+
+class _WithLengths:
+    """``ops`` whose attention and attention pool see only each sample's first ``lengths[b]`` keys; every other op
+    is ``ops``' own."""
+
+    def __init__(self, ops: _Ops, lengths: torch.Tensor) -> None:
+        self.ops, self.lengths = ops, lengths
+
+    def __getattr__(self, name: str):
+        return getattr(self.ops, name)
+
+    def attention(self, qkv, num_heads: int, scale: float) -> torch.Tensor:
+        return attention_with_lengths(self.ops, qkv, num_heads, scale, self.lengths)
+
+    def attention_pool(self, q, kv, num_heads: int, scale: float) -> torch.Tensor:
+        return attention_pool_with_lengths(self.ops, q, kv, num_heads, scale, self.lengths)
+
+    def diff_attention(self, *args) -> torch.Tensor:
+        raise TypeError("differential attention takes no key-padding lengths (its layers run their own forward)")
+
+
+def with_lengths(ops: _Ops, lengths: torch.Tensor | None):
+    """``ops`` for a padded batch (see :class:`_WithLengths`); ``ops`` itself when ``lengths`` is None."""
+    return ops if lengths is None else _WithLengths(ops, lengths)
 
 
 def _embed(ops: _Ops, model: VisionTransformer, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
