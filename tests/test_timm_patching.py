@@ -14,6 +14,7 @@ timm = pytest.importorskip("timm", reason="timm is not installed (make setup ins
 import vit_fast  # noqa: E402
 from vit_fast.timm_blocks import BlockPlan  # noqa: E402
 
+from .fakes import trained_like  # noqa: E402
 from .numerics import assert_within_eager  # noqa: E402
 
 SMALL = dict(depth=2, embed_dim=64, num_heads=2)
@@ -37,20 +38,6 @@ FEATURES = {
 }
 
 
-def _trained_like(model: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """Signed LayerScale gammas and norm scales far from their init (a ResPostBlock's norms start at init_values)."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith(".gamma"):
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
-            elif p.ndim == 1 and "norm" in name and name.endswith(".weight"):
-                p.copy_(1.0 + torch.randn(p.shape, generator=gen) * 0.5)
-            else:
-                p.add_(torch.randn(p.shape, generator=gen) * 0.05)
-    return model.eval()
-
-
 def _count_kernel_blocks(monkeypatch) -> list[int]:
     runs: list[int] = []
     original = BlockPlan.run
@@ -62,7 +49,7 @@ def _count_kernel_blocks(monkeypatch) -> list[int]:
 def test_timm_feature_patched_in_place(feature, monkeypatch):
     name, kwargs = FEATURES[feature]
     torch.manual_seed(0)
-    model = _trained_like(timm.create_model(name, pretrained=False, **kwargs), seed=1)
+    model = trained_like(timm.create_model(name, pretrained=False, **kwargs), seed=1)
     x = torch.randn(2, 3, *model.patch_embed.img_size)
     keys, cls = list(model.state_dict()), type(model)
     with torch.no_grad():
@@ -83,7 +70,7 @@ def test_timm_feature_patched_in_place(feature, monkeypatch):
 
 def test_patched_model_steps_aside_for_masks_and_float64(monkeypatch):
     """An attention mask or a float64 input runs timm's own block forward (the kernels take neither)."""
-    model = _trained_like(timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, **SMALL), 2)
+    model = trained_like(timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, **SMALL), 2)
     vit_fast.apply_vit_fast(model, backend="triton")
     runs = _count_kernel_blocks(monkeypatch)
     tokens = torch.randn(2, 5, 64)
@@ -132,7 +119,7 @@ def test_triton_backend_refuses_small_head_dims_at_patch_time():
 def test_torchscript_of_a_patched_model():
     """torch.jit.script compiles the model as timm wrote it (TorchScript cannot compile our forwards); the user's
     model stays patched, and a deepcopy scripts as itself."""
-    model = _trained_like(timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, **SMALL), 3)
+    model = trained_like(timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, **SMALL), 3)
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         expected = model(x)
@@ -152,7 +139,7 @@ def test_torchscript_of_a_patched_model():
 def test_torch_export_of_a_patched_model():
     """backend='triton': the exported graph holds our custom ops and computes what timm computes; backend='auto'
     where the kernels do not run (a CPU): it says so, once, and the graph is timm's."""
-    model = _trained_like(timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, **SMALL), 5)
+    model = trained_like(timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, **SMALL), 5)
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         eager = model(x)
