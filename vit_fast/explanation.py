@@ -12,8 +12,8 @@ with :func:`vit_fast.runtime.choose_backend`'s reason). For a model that is not 
 would patch and what it refuses, with the reasons its errors give. For vit-fast's own ``VisionTransformer`` (what
 ``optimize`` returns for a timm model), its :meth:`~vit_fast.VisionTransformer.explain_backend`.
 
-What a patched forward decides per call (an attention mask, ``output_attentions``, autograd) is not known here: the
-rows say what an inference call (``model.eval()``, ``torch.no_grad()``) runs; the notes name what changes that.
+What a patched forward decides per call (an attention mask, ``output_attentions``) is not known here: the rows say
+what an eval-mode call runs (with autograd on or off alike); the notes name what changes that.
 """
 
 from __future__ import annotations
@@ -79,10 +79,18 @@ _RUNS = {KERNELS: "vit-fast's kernels", OWN: "its own forward", RAISES: "nothing
 
 
 def _blocked(name: str, module: nn.Module) -> ModuleReport | None:
-    """The row of a patched HF layer or head whose kernels step aside now (a submodule replaced or hooked since the
-    patch), naming why; None when they run."""
+    """The row of a patched HF layer or head whose kernels step aside now (training mode, or a submodule replaced or
+    hooked since the patch), naming why; None when they run."""
     from .hf_patch import _STATE
 
+    if module.training:  # the patched forward hands a module in training mode to transformers' (dropout)
+        return ModuleReport(
+            name,
+            type(module).__name__,
+            True,
+            OWN,
+            "patched, but in training mode: transformers' forward runs it until model.eval()",
+        )
     blocker = module.__dict__[_STATE].blocker()
     return None if not blocker else ModuleReport(name, type(module).__name__, True, OWN, f"patched, but {blocker}")
 
@@ -216,7 +224,10 @@ def _timm(model: nn.Module, device: torch.device, dtype: torch.dtype) -> _Read:
         choice = _unpatched_choice(_timm_refusal(model) if refused else None)
     notes = ["outside the blocks (patch embedding, position embedding, final norm, pooling, head) timm's own code runs"]
     if asked is not None:
-        notes.append("a call with an attention mask, or with autograd on inputs that require grad, runs timm's forward")
+        notes.append(
+            "a call with an attention mask runs timm's forward; an eval-mode call with autograd on runs the kernels "
+            "(gradients through their backward, recomputed in eager PyTorch)"
+        )
     return asked, choice or _unpatched_choice(None), rows, notes
 
 
@@ -271,7 +282,8 @@ def _hf(model: nn.Module, device: torch.device, dtype: torch.dtype) -> _Read:
     notes = ["the embeddings, the final layernorm and the heads outside the encoder run transformers' own code"]
     if asked is not None:
         notes.append(
-            "a call with an attention mask, output_attentions, or autograd in training runs transformers' forward"
+            "a call with an attention mask or output_attentions, or in training mode, runs transformers' forward; "
+            "an eval-mode call with autograd on runs the kernels (gradients through their eager-recompute backward)"
         )
         if getattr(config, "output_attentions", False):
             why = "every call runs transformers' forward (the attentions come from the unfused path)"

@@ -10,9 +10,11 @@ SigLIP attention-pool head's, by one that runs it on the attention-pool kernel).
 takes the kernel path where ``VisionTransformer``'s ``backend="auto"`` would (a CUDA tensor on a card
 with tensor cores, sm_80 and up), or for any tensor with ``backend="triton"`` (on a CPU: Triton's
 interpreter), and the block's original forward otherwise (and for anything the kernels do not
-cover: an attention mask, dropout in training, autograd, a dtype other than float16, bfloat16 or
-float32). bf16 with ``backend="triton"`` on a card that only emulates it is refused, as
-``VisionTransformer`` refuses it. The rule is :func:`vit_fast.runtime.patched_runs_kernels`.
+cover: an attention mask, training mode (dropout, drop path), a dtype other than float16, bfloat16 or
+float32). An eval-mode call with autograd on (no ``torch.no_grad()``, parameters that require grad) runs the
+kernels: gradients flow through their backward, which recomputes through the eager references (exact, not
+fused). bf16 with ``backend="triton"`` on a card that only emulates it is refused, as ``VisionTransformer``
+refuses it. The rule is :func:`vit_fast.runtime.patched_runs_kernels`.
 
 A patched module's ``forward`` is a :class:`PatchedForward`: a module-level function of vit-fast bound to the module
 and the backend, never a closure. So a patched model pickles (``torch.save``, ``pickle``) and deep-copies, and
@@ -89,10 +91,6 @@ def patch_forward(module: nn.Module, run: Callable[..., Any], backend: str) -> N
 def _kernels_can_run(x: torch.Tensor, backend: str, head_dim: int | None = None) -> bool:
     # the model's rule (CUDA cards with tensor cores, a head dim our attention takes) and the kernels' dtypes
     return runtime.patched_runs_kernels(x, backend, head_dim)
-
-
-def _needs_original(module: nn.Module, x: torch.Tensor) -> bool:
-    return (module.training and torch.is_grad_enabled()) or (torch.is_grad_enabled() and x.requires_grad)
 
 
 def _say_export_runs_timm(x: torch.Tensor, backend: str) -> None:
@@ -192,7 +190,9 @@ def apply_vit_fast(model: nn.Module, backend: str = "auto") -> nn.Module:
 
 def _fast_timm(block: nn.Module, backend: str, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     """The forward of a patched timm block: its plan on the kernels, or timm's own forward where the kernels step
-    aside (a mask or ``is_causal``, training, autograd, a dtype or device the kernels skip)."""
+    aside (a mask or ``is_causal``, training mode, a dtype or device the kernels skip). In eval mode the kernels run
+    with autograd on too (an eval model called without ``torch.no_grad()``, parameters requiring grad): the custom
+    ops' backward recomputes through the eager references, exact gradients."""
     plan = block.__dict__[_PLAN]
     extra = any(a is not None and a is not False for a in (*args, *kwargs.values()))  # a mask, is_causal
     exporting = torch.compiler.is_exporting()
@@ -200,21 +200,19 @@ def _fast_timm(block: nn.Module, backend: str, x: torch.Tensor, *args: Any, **kw
         if exporting and not extra:
             _say_export_runs_timm(x, backend)
         return block.__dict__[_ORIGINAL](x, *args, **kwargs)
-    if _needs_original(block, x) and not exporting:  # torch.export traces with parameters requiring grad
-        return block.__dict__[_ORIGINAL](x, *args, **kwargs)
-    return plan.run(block, x)  # our custom ops: what torch.export records
+    # eval mode, autograd on or off: our custom ops (what torch.export records); under autograd their backward
+    # recomputes through the eager references, so gradients reach x and the block's parameters
+    return plan.run(block, x)
 
 
 def _fast_timm_pool(pool: nn.Module, backend: str, x: torch.Tensor, attn_mask: Any = None) -> torch.Tensor:
     """The forward of a patched timm ``AttentionPoolLatent``: its plan on the kernels, or timm's own forward where
-    the blocks would take theirs (an attention mask, training, autograd, a dtype or device the kernels skip)."""
+    the blocks would take theirs (an attention mask, training mode, a dtype or device the kernels skip)."""
     plan = pool.__dict__[_PLAN]
     original = pool.__dict__[_ORIGINAL]
     if attn_mask is not None or pool.training or not _kernels_can_run(x, backend, plan.head_dim):
         return original(x, attn_mask=attn_mask)
-    if _needs_original(pool, x) and not torch.compiler.is_exporting():
-        return original(x)
-    return plan.run(pool, x)
+    return plan.run(pool, x)  # under autograd too, as the blocks
 
 
 def remove_vit_fast(model: nn.Module) -> int:
