@@ -382,7 +382,8 @@ def _input_and_parameter_grads(model, cls_name: str, x: torch.Tensor) -> dict[st
     x = x.clone().requires_grad_()
     out, _ = _outputs(model, cls_name, x)
     weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).reshape(out.shape)
-    names, params = zip(*[(n, p) for n, p in model.named_parameters() if p.requires_grad], strict=True)
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    names, params = [n for n, _ in named], [p for _, p in named]
     grads = torch.autograd.grad((out * weight).sum(), (x, *params), allow_unused=True)
     return {name: g for name, g in zip(("input", *names), grads, strict=True) if g is not None}
 
@@ -416,3 +417,19 @@ def test_training_mode_runs_transformers_own_forward_with_or_without_autograd(gr
     with torch.set_grad_enabled(grad):
         _, launched = kernel_launches(lambda: patched(pixel_values=x).pooler_output)
     assert sum(launched.values()) == 0, launched
+
+
+def test_a_frozen_model_gives_an_input_gradient_after_inference_mode():
+    """Parameters frozen (requires_grad False), a first call under torch.inference_mode(), then a saliency-style
+    input gradient: the q, k, v stack made in inference mode is not reused for the autograd call (autograd cannot
+    save an inference tensor), and the gradient matches the unpatched model's by the rule."""
+    model = _model("ViTForImageClassification", "vit").requires_grad_(False)
+    patched = vit_fast.apply_vit_fast(copy.deepcopy(model), backend="triton")
+    x = torch.randn(2, 3, 16, 16)
+    with torch.inference_mode():
+        patched(pixel_values=x)
+    eager = _input_and_parameter_grads(model, "ViTForImageClassification", x)
+    expected = _input_and_parameter_grads(copy.deepcopy(model).double(), "ViTForImageClassification", x)
+    ours, launched = kernel_launches(lambda: _input_and_parameter_grads(patched, "ViTForImageClassification", x))
+    assert launched["_attention_kernel"] == 2 and set(ours) == {"input"}
+    assert_within_eager(ours["input"], eager["input"], expected["input"], name="input gradient, frozen model")

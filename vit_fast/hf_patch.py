@@ -157,7 +157,10 @@ class _LayerView:
             # autograd: stacked afresh in this call's graph (a cached stack would hold an old graph, or none), so
             # the gradient reaches q, k and v (gate and up) through the backward of the cat
             return _fuse(linears, detach=False)
-        key = tuple((id(p), p.data_ptr(), p._version, p.dtype, p.device) for p in params)
+        # a stack made under torch.inference_mode() is an inference tensor, which autograd may not save for a
+        # backward (a frozen model's input gradient): one made there serves inference mode only
+        inference = torch.is_inference_mode_enabled()
+        key = (inference, *((id(p), p.data_ptr(), p._version, p.dtype, p.device) for p in params))
         hit = self._cache.get(name)
         if hit is None or hit[0] != key:
             hit = (key, _fuse(linears))
@@ -300,8 +303,7 @@ def _run_view(view: _LayerView, x: torch.Tensor) -> torch.Tensor:
 
     if view.torch_act is None:
         return _block(view, x, view.kernel_act)
-    checked = first_use.enabled() and (first_use.failed_ops() or first_use.eligible(x))
-    ops = _CHECKED_THROUGH if checked else _THROUGH_OPS
+    ops = _CHECKED_THROUGH if first_use.applies(x) else _THROUGH_OPS
     fused = fuse_ln_from_env()
     qkv = _norm_linear(ops, view.norm1, x, view.attn.qkv, None, fused)
     a = ops.attention(qkv, view.attn.num_heads, view.attn.scale)

@@ -69,8 +69,7 @@ class BlockPlan:
         from . import first_use
         from .triton_path import _CHECKED_THROUGH, _THROUGH_OPS, fuse_ln_from_env
 
-        checked = first_use.enabled() and (first_use.failed_ops() or first_use.eligible(x))
-        ops = _CHECKED_THROUGH if checked else _THROUGH_OPS
+        ops = _CHECKED_THROUGH if first_use.applies(x) else _THROUGH_OPS
         fused = fuse_ln_from_env()
         x = x.contiguous()  # a model without prefix tokens hands its patch embedding's transposed view to block 0
         if self.kind == "Block":
@@ -509,8 +508,7 @@ class PoolPlan:
         from . import first_use
         from .triton_path import _CHECKED_THROUGH, _THROUGH_OPS, _norm_linear, fuse_ln_from_env
 
-        checked = first_use.enabled() and (first_use.failed_ops() or first_use.eligible(x))
-        ops = _CHECKED_THROUGH if checked else _THROUGH_OPS
+        ops = _CHECKED_THROUGH if first_use.applies(x) else _THROUGH_OPS
         x = x.contiguous()
         latent = head.latent
         q = latent if _is_identity(head.q) else ops.linear(latent, head.q)  # [1, L, D]: once, not per image
