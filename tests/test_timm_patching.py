@@ -92,6 +92,7 @@ def test_patched_model_steps_aside_for_masks_and_float64(monkeypatch):
 REFUSED = {
     "Eva": ("eva02_tiny_patch14_224", dict(img_size=28, depth=1), "rotary position embeddings"),
     "RelPos": ("vit_relpos_small_patch16_224", dict(img_size=32, depth=1), "relative position bias"),
+    "RelPos (test_vit_relpos)": ("test_vit_relpos", dict(img_size=32, depth=1), "relative position bias"),
     "qk_norm": ("vit_tiny_patch16_224", dict(img_size=32, depth=2, qk_norm=True), "blocks.0.attn.q_norm (qk-norm)"),
     "DiffAttention qk_norm": (
         "vit_dwee_patch16_reg1_gap_256",
@@ -110,6 +111,14 @@ def test_unsupported_timm_features_are_refused_by_name(feature):
     assert expected in str(info.value)
     assert "blocks.1." not in str(info.value)  # each feature named once, not once per block
     assert vit_fast.remove_vit_fast(model) == 0  # nothing was patched
+
+
+@pytest.mark.parametrize("name", timm.list_models("test_vit*"))
+def test_timms_own_test_vits_are_patched_or_refused_by_name(name):
+    """timm's own test ViTs (timm's test suite builds them): each is a patched row of FEATURES or a refusal row."""
+    patched = {model for model, _ in FEATURES.values()}
+    refused = {model for model, _, _ in REFUSED.values()}
+    assert name in patched | refused, f"{name}: neither a FEATURES row (patched) nor a REFUSED row"
 
 
 def test_triton_backend_refuses_small_head_dims_at_patch_time():
