@@ -353,6 +353,8 @@ class ResolvedLaunches:
                 raise InterpreterVersionError(problem)
             with INTERPRETER_LOCK:  # one interpreted launch at a time in the process: its state is global
                 self.launched.config = config_label(self._triton(grid, args, constexprs)[1])
+            if _RECORDED is not None:
+                _RECORDED.append((self, None))  # nothing compiled: the kernel's name is all there is to describe
             return
         device = driver.active.get_current_device()
         tensors_device = args[0].get_device()  # -1 for a CPU tensor (the stubbed driver of the host-time benchmark)
@@ -426,7 +428,11 @@ class ResolvedLaunches:
     def describe(self, entry: tuple) -> dict:
         """A resolved launch (a cache entry) as the evidence run records it: the kernel, the config it ran (its
         constexprs, warps, stages), its programs, and what the compiler gave it (registers and spills per thread,
-        shared memory per program, in bytes; None where the compiled kernel does not say, e.g. a stub)."""
+        shared memory per program, in bytes; None where the compiled kernel does not say, e.g. a stub). ``entry``
+        None: an interpreted launch, the kernel named and everything else None."""
+        if entry is None:
+            keys = ("config", "num_warps", "num_stages", "programs", "registers", "spills", "shared_bytes")
+            return {"kernel": self.jit_fn.__name__, **dict.fromkeys(keys)}
         compiled, grid, tail, _label = entry
         meta = getattr(compiled, "metadata", None)
         constexprs = dict(zip(self.arg_names[len(self.arg_names) - len(tail) :], tail, strict=True))
@@ -448,10 +454,10 @@ _RECORDED: list | None = None
 
 @contextlib.contextmanager
 def record_launches() -> Iterator[list[dict]]:
-    """Within the block, every compiled launch of our kernels in this process is described (see
+    """Within the block, every launch of our kernels in this process is described (see
     :meth:`ResolvedLaunches.describe`) in the list this yields, in launch order, once the block ends. For the GPU
-    evidence run and diagnostics; under the interpreter nothing is compiled, so nothing is recorded. Not
-    reentrant."""
+    evidence run, diagnostics and the tests: under the interpreter nothing is compiled, and each launch is recorded
+    by its kernel's name alone. Not reentrant."""
     global _RECORDED
     seen: list[tuple] = []
     described: list[dict] = []

@@ -1,7 +1,10 @@
-"""Stand-ins shared by the tests: a tiny Hugging Face classifier, a failing publish, a kernel launch counter."""
+"""Stand-ins shared by the tests: a tiny Hugging Face classifier, trained-like weights for a timm model, the kernel
+launches of a call counted, a failing publish."""
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -28,6 +31,33 @@ def tiny_hf_classifier(num_labels: int = 4, seed: int = 0) -> Any:
     return model
 
 
+def trained_like(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """A timm model's weights as training leaves them, in place; returns it in eval mode: signed LayerScale gammas,
+    norm scales far from 1 (a ResPostBlock's norms start at init_values), every other parameter (biases that start
+    at zero included) perturbed."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(".gamma"):
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+            elif p.ndim == 1 and "norm" in name and name.endswith(".weight"):
+                p.copy_(1.0 + torch.randn(p.shape, generator=gen) * 0.5)
+            else:
+                p.add_(torch.randn(p.shape, generator=gen) * 0.05)
+    return model.eval()
+
+
+def kernel_launches(call: Callable[[], Any]) -> tuple[Any, Counter]:
+    """``call()``'s result and how many times each of our kernels launched in it, by kernel name
+    (``vit_fast.kernels._common.record_launches``; under Triton's interpreter too): a fallback to eager PyTorch
+    launches none."""
+    from vit_fast.kernels._common import record_launches
+
+    with record_launches() as launches:
+        result = call()
+    return result, Counter(launch["kernel"] for launch in launches)
+
+
 def fail_replace_onto(monkeypatch: pytest.MonkeyPatch, suffix: str, staging_mark: str) -> None:
     """Make the move of a staged file (a path holding ``staging_mark``) onto a target ending in ``suffix`` fail with
     ENOSPC, however vit_fast.files moves it (a rename that cannot replace, an exchange, ``os.replace``); every
@@ -42,19 +72,3 @@ def fail_replace_onto(monkeypatch: pytest.MonkeyPatch, suffix: str, staging_mark
         return real(src, dst, mode)
 
     monkeypatch.setattr(files.publishing, "_rename", rename)
-
-
-def count_launches(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The name of every kernel our launchers run from now on (``ResolvedLaunches``), in order; in Triton's
-    interpreter too, where ``record_launches`` sees nothing (no compiled launch)."""
-    from vit_fast.kernels._common import ResolvedLaunches
-
-    names: list[str] = []
-    original = ResolvedLaunches.__call__
-
-    def counted(self, *args, **kwargs):
-        names.append(self.jit_fn.__name__)
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(ResolvedLaunches, "__call__", counted)
-    return names

@@ -128,6 +128,8 @@ def test_hf_layers_left_alone_or_stepping_aside_say_why(monkeypatch):
     first, second = vit_fast.explain(model).patched
     assert first.runs == OWN and "attention.q_proj is a LoRALike, not an nn.Linear" in first.reason
     assert second.runs == KERNELS
+    model.train()  # the patched forward hands layers in training mode to transformers' (dropout)
+    assert all(m.runs == OWN and "training mode" in m.reason for m in vit_fast.explain(model).patched)
 
 
 def test_vit_fasts_own_model_is_its_explain_backend_and_others_are_refused():

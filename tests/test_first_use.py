@@ -193,8 +193,30 @@ def test_a_bad_switch_value_is_named(monkeypatch):
         first_use.enabled()
 
 
-def test_not_under_autograd():
+def _input_grad(model, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    x = x.clone().requires_grad_()
+    out = model(x)
+    (grad,) = torch.autograd.grad((out * torch.linspace(-1, 1, out.numel()).reshape(out.shape)).sum(), x)
+    return out, grad
+
+
+def test_checked_under_autograd_and_a_failed_op_keeps_its_gradient(monkeypatch):
+    """An eval model called with autograd on (parameters requiring grad) runs the custom ops: they are judged on
+    first use as in inference, with the side computations outside autograd's graph; an op that fails hands back its
+    eager reference's output, whose gradient is eager's."""
     model, x = _model_and_input()
+    with torch.no_grad():
+        eager = model(x)  # torch backend
+    ref64 = copy.deepcopy(model).double()
+    _, eager_grad = _input_grad(model, x)
+    _, grad64 = _input_grad(ref64, x.double())
+    real = triton_path.attention
+    monkeypatch.setattr(triton_path, "attention", lambda *args: real(*args) + 0.5)  # the op autograd goes through
     model.set_backend("triton")
-    model(x.requires_grad_())
-    assert first_use.report()["checked"] == []
+    with pytest.warns(RuntimeWarning, match=r"'attention' runs in eager PyTorch"):
+        out, grad = _input_grad(model, x)
+    assert first_use.failed_ops() == {"attention"}
+    assert {f["op"] for f in first_use.report()["checked"]} >= {"attention", "layer_norm_linear", "linear"}
+    assert out.requires_grad
+    assert_within_eager(out.detach(), eager, ref64(x.double()).detach(), "logits with attention fallen back")
+    assert_within_eager(grad, eager_grad, grad64, "input gradient with attention fallen back")

@@ -15,6 +15,7 @@ transformers = pytest.importorskip("transformers", reason="transformers is not i
 import vit_fast  # noqa: E402
 from vit_fast import hf_patch  # noqa: E402
 
+from .fakes import kernel_launches  # noqa: E402
 from .numerics import assert_within_eager  # noqa: E402
 
 TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=16, patch_size=4)
@@ -32,10 +33,14 @@ def _config(family: str, **extra):
         return transformers.CLIPVisionConfig(intermediate_size=64, **extra)  # quick_gelu
     if family == "siglip_vision":
         return transformers.SiglipVisionConfig(intermediate_size=64, **extra)  # gelu_pytorch_tanh
+    text = dict(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
     if family == "clip":
-        text = dict(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
         return transformers.CLIPConfig(
-            text_config=text, vision_config=dict(intermediate_size=64, **extra), projection_dim=8
+            text_config=text, vision_config=dict(intermediate_size=64, **extra), projection_dim=8, num_labels=5
+        )
+    if family == "siglip":
+        return transformers.SiglipConfig(
+            text_config=text, vision_config=dict(intermediate_size=64, **extra), num_labels=5
         )
     raise KeyError(family)
 
@@ -266,3 +271,165 @@ def test_float64_keeps_transformers_forward_and_emulated_bf16_is_refused(monkeyp
         model.to(torch.bfloat16)
         with pretend_arch(75), pytest.raises(ValueError, match=r"bf16 is not native .*use float16 or float32"):
             model(pixel_values=x.to(torch.bfloat16))
+
+
+# ------------------------------------------------------------------------------------------ every class, every mode
+#: transformers' model classes of each family (their modeling module's __all__, less the abstract *PreTrainedModel)
+FAMILY_MODULES = {"vit": "vit", "deit": "deit", "dinov2": "dinov2", "clip": "clip", "siglip": "siglip"}
+
+
+def _family_classes(family: str) -> list[str]:
+    import importlib
+
+    module = importlib.import_module(f"transformers.models.{FAMILY_MODULES[family]}.modeling_{family}")
+    return [name for name in module.__all__ if not name.endswith("PreTrainedModel")]
+
+
+ALL_CLASSES = sorted((family, name) for family in FAMILY_MODULES for name in _family_classes(family))
+
+
+@pytest.mark.parametrize(("family", "cls_name"), ALL_CLASSES, ids=[name for _, name in ALL_CLASSES])
+def test_every_class_of_the_families_is_patched_or_refused_by_name(family, cls_name):
+    """Each model class transformers has for ViT, DeiT, DINOv2, CLIP and SigLIP: patched (and then it has a parity
+    row below) or refused by name with the reason (the text-only towers)."""
+    if cls_name in hf_patch.SUPPORTED[family]:
+        assert cls_name in PARITY, f"{cls_name} is patched but has no parity row"
+        return
+    assert cls_name in hf_patch.REFUSED, f"{cls_name} is neither in hf_patch.SUPPORTED nor in hf_patch.REFUSED"
+    text = dict(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    config_cls = transformers.CLIPTextConfig if family == "clip" else transformers.SiglipTextConfig
+    model = getattr(transformers, cls_name)(config_cls(**text, projection_dim=8))
+    with pytest.raises(TypeError, match=rf"apply_vit_fast: {cls_name} is a text-only model: .*no vision tower"):
+        vit_fast.apply_vit_fast(model, backend="triton")
+    assert vit_fast.remove_vit_fast(model) == 0  # nothing was patched
+
+
+def test_supported_names_are_transformers_own():
+    """No stale name in SUPPORTED or REFUSED: each is a class this transformers has in that family."""
+    for family, names in hf_patch.SUPPORTED.items():
+        assert set(names) <= set(_family_classes(family)), family
+    assert set(hf_patch.REFUSED) <= {name for _, name in ALL_CLASSES}
+
+
+#: class -> (family, extra config, what its main output is: an output field, or "image_features" for a dual model)
+PARITY = {
+    "ViTModel": ("vit", {}, "pooler_output"),
+    "ViTForImageClassification": ("vit", {}, "logits"),
+    "ViTForMaskedImageModeling": ("vit", {"encoder_stride": 4}, "reconstruction"),
+    "DeiTModel": ("deit", {}, "pooler_output"),
+    "DeiTForImageClassification": ("deit", {}, "logits"),
+    "DeiTForImageClassificationWithTeacher": ("deit", {}, "logits"),
+    "DeiTForMaskedImageModeling": ("deit", {"encoder_stride": 4}, "reconstruction"),
+    "Dinov2Model": ("dinov2", {}, "pooler_output"),
+    "Dinov2ForImageClassification": ("dinov2", {"use_swiglu_ffn": True}, "logits"),
+    "Dinov2Backbone": ("dinov2", {"out_features": ["stage1", "stage2"]}, "feature_maps"),
+    "CLIPVisionModel": ("clip_vision", {}, "pooler_output"),
+    "CLIPVisionModelWithProjection": ("clip_vision", {"projection_dim": 8}, "image_embeds"),
+    "CLIPModel": ("clip", {}, "image_features"),
+    "CLIPForImageClassification": ("clip", {}, "logits"),
+    "SiglipVisionModel": ("siglip_vision", {}, "pooler_output"),
+    "SiglipModel": ("siglip", {}, "image_features"),
+    "SiglipForImageClassification": ("siglip", {}, "logits"),
+}
+MODES = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode, "eval_with_grad": torch.enable_grad}
+
+
+def test_every_patched_class_has_a_parity_row():
+    assert set(PARITY) == {name for names in hf_patch.SUPPORTED.values() for name in names}
+
+
+def _outputs(model, cls_name: str, x: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """The model's main output and the vision tower's hidden states (embeddings, then each layer's output)."""
+    main = PARITY[cls_name][2]
+    if main == "image_features":  # a dual model: its image features, and its vision tower's hidden states
+        return _image_features(model, x), model.vision_model(pixel_values=x, output_hidden_states=True).hidden_states
+    out = model(pixel_values=x, output_hidden_states=True)
+    value = getattr(out, main)
+    return (value[-1] if main == "feature_maps" else value), out.hidden_states
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+@pytest.mark.parametrize("cls_name", sorted(PARITY))
+def test_patched_class_matches_the_unpatched_model(cls_name, mode):
+    """A deep copy patched with backend="triton" against the unpatched original, on the same weights and input: the
+    main output and every hidden state within the numerics rule against the unpatched model in float64, in each
+    mode (autograd off, inference mode, and an eval model called with autograd on); every vision layer (and a
+    SigLIP attention-pool head) launched its kernels, so a fallback to transformers' forward cannot pass."""
+    family, extra, _ = PARITY[cls_name]
+    model = _model(cls_name, family, **extra)
+    patched = vit_fast.apply_vit_fast(copy.deepcopy(model), backend="triton")
+    ref64 = copy.deepcopy(model).double()
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        eager, eager_hidden = _outputs(model, cls_name, x)
+        expected, expected_hidden = _outputs(ref64, cls_name, x.double())
+    with MODES[mode]():
+        (ours, ours_hidden), launched = kernel_launches(lambda: _outputs(patched, cls_name, x))
+    assert ours.requires_grad == (mode == "eval_with_grad")  # autograd was on, and the output is in its graph
+    layers, heads = len(hf_patch._vision_layers(patched)), len(hf_patch._pool_heads(patched))
+    # the hidden states' call runs the layers a second time for a dual model (its image features are the first)
+    calls = 2 if PARITY[cls_name][2] == "image_features" else 1
+    assert launched["_attention_kernel"] == calls * layers, launched
+    assert launched["_attention_pool_kernel"] == calls * heads, launched
+    assert_within_eager(ours.detach(), eager, expected, name=f"{cls_name} {mode}")
+    assert len(ours_hidden) == len(expected_hidden) == layers + 1
+    for i, (o, e, r) in enumerate(zip(ours_hidden, eager_hidden, expected_hidden, strict=True)):
+        assert_within_eager(o.detach(), e, r, name=f"{cls_name} {mode} hidden_states[{i}]")
+
+
+def _input_and_parameter_grads(model, cls_name: str, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """d(sum of the main output times a fixed weight)/d(input, every parameter), autograd on, the model in eval."""
+    x = x.clone().requires_grad_()
+    out, _ = _outputs(model, cls_name, x)
+    weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).reshape(out.shape)
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    names, params = [n for n, _ in named], [p for _, p in named]
+    grads = torch.autograd.grad((out * weight).sum(), (x, *params), allow_unused=True)
+    return {name: g for name, g in zip(("input", *names), grads, strict=True) if g is not None}
+
+
+@pytest.mark.parametrize("cls_name", ["ViTForImageClassification", "Dinov2ForImageClassification", "SiglipVisionModel"])
+def test_eval_with_grad_runs_the_kernels_and_their_gradients_match(cls_name):
+    """An eval model called without torch.no_grad() (its parameters require grad, as they do after loading): the
+    layers (and SigLIP's head) run on the kernels, and the gradients w.r.t. the input and every parameter (q, k, v
+    and SwiGLU's gate and up, which the fused path stacks) are within the numerics rule of the unpatched model's,
+    both against the unpatched model in float64."""
+    family, extra, _ = PARITY[cls_name]
+    model = _model(cls_name, family, **extra)
+    patched = vit_fast.apply_vit_fast(copy.deepcopy(model), backend="triton")
+    ref64 = copy.deepcopy(model).double()
+    x = torch.randn(2, 3, 16, 16)
+    eager, expected = _input_and_parameter_grads(model, cls_name, x), _input_and_parameter_grads(ref64, cls_name, x)
+    ours, launched = kernel_launches(lambda: _input_and_parameter_grads(patched, cls_name, x))
+    assert launched["_attention_kernel"] == len(hf_patch._vision_layers(patched)), launched
+    assert set(ours) == set(eager) == set(expected)
+    assert any(".q_proj." in name for name in ours) and any(".k_proj." in name for name in ours)
+    for name in ours:
+        assert_within_eager(ours[name], eager[name], expected[name], name=f"{cls_name} grad {name}")
+
+
+@pytest.mark.parametrize("grad", [True, False])
+def test_training_mode_runs_transformers_own_forward_with_or_without_autograd(grad):
+    """Training mode (dropout) keeps transformers' forward, under torch.no_grad() too: the kernels have no dropout."""
+    model = _model("SiglipVisionModel", "siglip_vision")
+    patched = vit_fast.apply_vit_fast(copy.deepcopy(model), backend="triton").train()
+    x = torch.randn(2, 3, 16, 16)
+    with torch.set_grad_enabled(grad):
+        _, launched = kernel_launches(lambda: patched(pixel_values=x).pooler_output)
+    assert sum(launched.values()) == 0, launched
+
+
+def test_a_frozen_model_gives_an_input_gradient_after_inference_mode():
+    """Parameters frozen (requires_grad False), a first call under torch.inference_mode(), then a saliency-style
+    input gradient: the q, k, v stack made in inference mode is not reused for the autograd call (autograd cannot
+    save an inference tensor), and the gradient matches the unpatched model's by the rule."""
+    model = _model("ViTForImageClassification", "vit").requires_grad_(False)
+    patched = vit_fast.apply_vit_fast(copy.deepcopy(model), backend="triton")
+    x = torch.randn(2, 3, 16, 16)
+    with torch.inference_mode():
+        patched(pixel_values=x)
+    eager = _input_and_parameter_grads(model, "ViTForImageClassification", x)
+    expected = _input_and_parameter_grads(copy.deepcopy(model).double(), "ViTForImageClassification", x)
+    ours, launched = kernel_launches(lambda: _input_and_parameter_grads(patched, "ViTForImageClassification", x))
+    assert launched["_attention_kernel"] == 2 and set(ours) == {"input"}
+    assert_within_eager(ours["input"], eager["input"], expected["input"], name="input gradient, frozen model")

@@ -16,7 +16,7 @@ import vit_fast  # noqa: E402
 from vit_fast.naflex import key_padding_lengths, pack_images  # noqa: E402
 from vit_fast.timm_blocks import BlockPlan  # noqa: E402
 
-from .fakes import count_launches  # noqa: E402
+from .fakes import kernel_launches  # noqa: E402
 from .numerics import assert_within_eager  # noqa: E402
 from .test_timm_patching import _trained_like  # noqa: E402
 
@@ -114,23 +114,24 @@ def test_naflexvit_matches_timm_at_native_resolution(key, mix, backend, monkeypa
     expected = _run(reference, batch64)
     expected_tokens = _valid_tokens(model, _run(reference, batch64, features=True), valid)
     vit_fast.apply_vit_fast(model, backend=backend)
-    launches = count_launches(monkeypatch)
-    ours, tokens = _run(model, batch), _valid_tokens(model, _run(model, batch, features=True), valid)
+    (ours, tokens), launches = kernel_launches(
+        lambda: (_run(model, batch), _valid_tokens(model, _run(model, batch, features=True), valid))
+    )
     assert_within_eager(ours, eager, expected, name=f"{key} logits")
     assert_within_eager(tokens, eager_tokens, expected_tokens, name=f"{key} valid tokens")
     if backend == "auto":
-        assert launches == []
+        assert not launches
         return
-    assert "_linear_kernel" in launches  # every block ran on the kernels
-    attention = [n for n in launches if "attention" in n]
+    assert launches["_linear_kernel"]  # every block ran on the kernels
+    attention = {n: c for n, c in launches.items() if "attention" in n}
     if padded:  # masked attention in PyTorch until the attention kernel takes lengths
-        assert attention == []
+        assert attention == {}
         poisoned = dict(batch, patches=batch["patches"].masked_fill(~valid[..., None], float("nan")))
         tokens = _valid_tokens(model, _run(model, poisoned, features=True), valid)
         assert_within_eager(tokens, eager_tokens, expected_tokens, name=f"{key} valid tokens, NaN padding")
     else:
-        assert attention.count("_attention_kernel") == 2 * len(model.blocks)  # two forwards
-        assert attention.count("_attention_pool_kernel") == (model.attn_pool is not None)  # the logits' forward
+        assert attention.get("_attention_kernel", 0) == 2 * len(model.blocks)  # two forwards
+        assert attention.get("_attention_pool_kernel", 0) == (model.attn_pool is not None)  # the logits' forward
 
 
 def test_a_mask_other_than_key_padding_runs_timm_blocks(monkeypatch):

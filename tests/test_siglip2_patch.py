@@ -16,7 +16,7 @@ transformers = pytest.importorskip("transformers", reason="transformers is not i
 import vit_fast  # noqa: E402
 from vit_fast import hf_patch  # noqa: E402
 
-from .fakes import count_launches  # noqa: E402
+from .fakes import kernel_launches  # noqa: E402
 from .numerics import assert_within_eager  # noqa: E402
 
 PATCH = 4
@@ -80,22 +80,21 @@ def test_siglip2_vision_model_matches_at_native_resolution(mix, backend, attn, m
     runs: list[int] = []
     real = hf_patch._run_view
     monkeypatch.setattr(hf_patch, "_run_view", lambda view, *a: runs.append(1) or real(view, *a))
-    launches = count_launches(monkeypatch)
     if backend == "triton" and padded:  # poisoned padding: nothing of it may reach a valid token or the pool
         keep = batch["pixel_attention_mask"].bool()[..., None]
         batch = dict(batch, pixel_values=batch["pixel_values"].masked_fill(~keep, float("nan")))
-    tokens, pooled = _outputs(model, batch)
+    (tokens, pooled), launches = kernel_launches(lambda: _outputs(model, batch))
     assert_within_eager(tokens, eager_tokens, tokens64, name="valid tokens")
     assert_within_eager(pooled, eager_pooled, pooled64, name="pooler_output")
     if backend == "auto":
-        assert runs == [] and launches == []
+        assert runs == [] and not launches
         return
-    assert len(runs) == VISION["num_hidden_layers"] and "_linear_kernel" in launches
-    attention = [n for n in launches if "attention" in n]
+    assert len(runs) == VISION["num_hidden_layers"] and launches["_linear_kernel"]
+    attention = {n: c for n, c in launches.items() if "attention" in n}
     if padded:  # masked attention in PyTorch until the attention kernel takes lengths
-        assert attention == []
+        assert attention == {}
     else:
-        assert attention == ["_attention_kernel"] * VISION["num_hidden_layers"] + ["_attention_pool_kernel"]
+        assert attention == {"_attention_kernel": VISION["num_hidden_layers"], "_attention_pool_kernel": 1}
 
 
 def test_a_mask_other_than_key_padding_runs_transformers_layers(monkeypatch):
@@ -105,9 +104,8 @@ def test_a_mask_other_than_key_padding_runs_transformers_layers(monkeypatch):
     batch["pixel_attention_mask"][2, 1] = 0
     eager = _outputs(model, batch)
     vit_fast.apply_vit_fast(model, backend="triton")
-    launches = count_launches(monkeypatch)
-    ours = _outputs(model, batch)
-    assert launches == [] and all(torch.equal(a, b) for a, b in zip(ours, eager, strict=True))
+    ours, launches = kernel_launches(lambda: _outputs(model, batch))
+    assert not launches and all(torch.equal(a, b) for a, b in zip(ours, eager, strict=True))
 
 
 def _dual_config(**vision):
@@ -137,9 +135,9 @@ def test_siglip2_model_vision_tower_patched(how, monkeypatch):
     vision = [m for m in patched.vision_model.modules() if hf_patch._ORIGINAL in m.__dict__]
     assert len(vision) == VISION["num_hidden_layers"] + 1  # layers and the pooling head
     assert not any(hf_patch._ORIGINAL in m.__dict__ for m in patched.text_model.modules())
-    launches = count_launches(monkeypatch)
-    assert_within_eager(features(patched, batch), eager, expected, name="image features")
-    assert "_linear_kernel" in launches
+    image_features, launches = kernel_launches(lambda: features(patched, batch))
+    assert_within_eager(image_features, eager, expected, name="image features")
+    assert launches["_linear_kernel"]
 
 
 def test_siglip2_image_classification_patched(monkeypatch):
@@ -152,10 +150,9 @@ def test_siglip2_image_classification_patched(monkeypatch):
         eager = model(**batch).logits
         expected = copy.deepcopy(model).double()(**dict(batch, pixel_values=batch["pixel_values"].double())).logits
         vit_fast.apply_vit_fast(model, backend="triton")
-        launches = count_launches(monkeypatch)
-        ours = model(**batch).logits
+        ours, launches = kernel_launches(lambda: model(**batch).logits)
     assert_within_eager(ours, eager, expected, name="logits")
-    assert "_linear_kernel" in launches
+    assert launches["_linear_kernel"]
 
 
 def test_siglip2_small_head_dim_refused_by_name():

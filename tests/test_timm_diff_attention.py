@@ -13,8 +13,9 @@ timm = pytest.importorskip("timm", reason="timm is not installed (make setup ins
 
 import vit_fast  # noqa: E402
 
+from .fakes import trained_like  # noqa: E402
 from .numerics import assert_within_eager  # noqa: E402
-from .test_timm_patching import _count_kernel_blocks, _trained_like  # noqa: E402
+from .test_timm_patching import _count_kernel_blocks  # noqa: E402
 from .util import check_first_use_net  # noqa: E402
 
 NAME = "vit_dwee_patch16_reg1_gap_256"
@@ -22,7 +23,7 @@ NAME = "vit_dwee_patch16_reg1_gap_256"
 
 def _model(seed: int, **kwargs):
     torch.manual_seed(seed)
-    return _trained_like(timm.create_model(NAME, pretrained=False, **{"img_size": 32, "embed_dim": 64, **kwargs}), seed)
+    return trained_like(timm.create_model(NAME, pretrained=False, **{"img_size": 32, "embed_dim": 64, **kwargs}), seed)
 
 
 def test_lambda_init_follows_depth(monkeypatch):

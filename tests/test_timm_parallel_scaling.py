@@ -19,6 +19,7 @@ from timm.models.vision_transformer import DiffParallelScalingBlock, ParallelSca
 import vit_fast  # noqa: E402
 from vit_fast.timm_blocks import BlockPlan  # noqa: E402
 
+from .fakes import trained_like  # noqa: E402
 from .numerics import assert_within_eager  # noqa: E402
 
 SMALL = dict(depth=2, embed_dim=64, num_heads=2, img_size=32)
@@ -47,20 +48,6 @@ CASES = {
 }
 
 
-def _trained_like(model: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """Signed LayerScale gammas, norm scales far from 1, every bias nonzero (mlp_bias starts at zeros)."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith(".gamma"):
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
-            elif p.ndim == 1 and "norm" in name and name.endswith(".weight"):
-                p.copy_(1.0 + torch.randn(p.shape, generator=gen) * 0.5)
-            else:
-                p.add_(torch.randn(p.shape, generator=gen) * 0.05)
-    return model.eval()
-
-
 def _runs(monkeypatch) -> list[int]:
     runs: list[int] = []
     original = BlockPlan.run
@@ -70,7 +57,7 @@ def _runs(monkeypatch) -> list[int]:
 
 def _patched_matches_timm(name, kwargs, monkeypatch, seed=1):
     torch.manual_seed(0)
-    model = _trained_like(timm.create_model(name, pretrained=False, **kwargs), seed)
+    model = trained_like(timm.create_model(name, pretrained=False, **kwargs), seed)
     kind = DiffParallelScalingBlock if name == DPWEE else ParallelScalingBlock
     assert all(type(b) is kind for b in model.blocks)
     x = torch.randn(2, 3, *model.patch_embed.img_size)
@@ -123,7 +110,7 @@ def test_dpwee_block_parts_are_what_the_cases_say():
 def test_dpwee_runs_the_differential_lambda():
     """The patched block reads the block's lambda: changing it changes the output (a plain attention would not)."""
     torch.manual_seed(0)
-    model = _trained_like(timm.create_model(DPWEE, pretrained=False, **dict(SMALL, depth=1)), 6)
+    model = trained_like(timm.create_model(DPWEE, pretrained=False, **dict(SMALL, depth=1)), 6)
     vit_fast.apply_vit_fast(model, backend="triton")
     x = torch.randn(1, 5, 64)
     block = model.blocks[0]
@@ -155,7 +142,7 @@ def test_qk_norm_is_applied():
     """A ParallelScalingBlock whose qk-norm weights are far from 1 differs from the same block without them: the
     parity tests above would catch a qk-norm the kernels skipped."""
     torch.manual_seed(0)
-    model = _trained_like(timm.create_model(XP, pretrained=False, **dict(SMALL, depth=1)), 2)
+    model = trained_like(timm.create_model(XP, pretrained=False, **dict(SMALL, depth=1)), 2)
     vit_fast.apply_vit_fast(model, backend="triton")
     x = torch.randn(1, 5, 64)
     block = model.blocks[0]
@@ -241,7 +228,7 @@ def test_parallel_scaling_refusals_name_the_part(case):
 def test_attention_mask_and_training_run_timms_forward(monkeypatch):
     """An attention mask, or training with grad, runs the block's own forward (the kernels take neither)."""
     torch.manual_seed(0)
-    model = _trained_like(timm.create_model(XP, pretrained=False, **dict(SMALL, depth=1)), 3)
+    model = trained_like(timm.create_model(XP, pretrained=False, **dict(SMALL, depth=1)), 3)
     vit_fast.apply_vit_fast(model, backend="triton")
     runs = _runs(monkeypatch)
     tokens = torch.randn(2, 5, 64)
@@ -259,7 +246,7 @@ def test_torch_export_records_the_rms_ops():
     """backend='triton': torch.export of a patched xp model records the RMS ops (qk-norm and in_norm folded into the
     GEMMs) and computes what timm computes."""
     torch.manual_seed(0)
-    model = _trained_like(timm.create_model(XP, pretrained=False, **dict(SMALL, depth=1)), 5)
+    model = trained_like(timm.create_model(XP, pretrained=False, **dict(SMALL, depth=1)), 5)
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         eager = model(x)

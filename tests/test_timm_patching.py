@@ -12,8 +12,10 @@ import torch
 timm = pytest.importorskip("timm", reason="timm is not installed (make setup installs it with --no-deps)")
 
 import vit_fast  # noqa: E402
+from vit_fast import timm_blocks  # noqa: E402
 from vit_fast.timm_blocks import BlockPlan  # noqa: E402
 
+from .fakes import kernel_launches, trained_like  # noqa: E402
 from .numerics import assert_within_eager  # noqa: E402
 
 SMALL = dict(depth=2, embed_dim=64, num_heads=2)
@@ -34,21 +36,12 @@ FEATURES = {
     "act_layer=silu": ("vit_tiny_patch16_224", dict(SMALL, img_size=32, act_layer="silu")),
     "LayerScale + registers": ("vit_small_patch14_reg4_dinov2", dict(SMALL, img_size=28)),
     "DiffAttention (differential)": ("vit_dwee_patch16_reg1_gap_256", dict(SMALL, img_size=48)),
+    # timm's own test models: test_vit4's Block, final norm and fc_norm are RmsNorm
+    "test_vit: dynamic_img_size": ("test_vit", dict(depth=2, img_size=32)),
+    "test_vit2: registers, avg pool, fc_norm": ("test_vit2", dict(depth=2, img_size=32)),
+    "test_vit3: map head over the prefix tokens": ("test_vit3", dict(depth=2, img_size=32)),
+    "test_vit4: RmsNorm Block": ("test_vit4", dict(depth=2, img_size=32)),
 }
-
-
-def _trained_like(model: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """Signed LayerScale gammas and norm scales far from their init (a ResPostBlock's norms start at init_values)."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith(".gamma"):
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
-            elif p.ndim == 1 and "norm" in name and name.endswith(".weight"):
-                p.copy_(1.0 + torch.randn(p.shape, generator=gen) * 0.5)
-            else:
-                p.add_(torch.randn(p.shape, generator=gen) * 0.05)
-    return model.eval()
 
 
 def _count_kernel_blocks(monkeypatch) -> list[int]:
@@ -62,7 +55,7 @@ def _count_kernel_blocks(monkeypatch) -> list[int]:
 def test_timm_feature_patched_in_place(feature, monkeypatch):
     name, kwargs = FEATURES[feature]
     torch.manual_seed(0)
-    model = _trained_like(timm.create_model(name, pretrained=False, **kwargs), seed=1)
+    model = trained_like(timm.create_model(name, pretrained=False, **kwargs), seed=1)
     x = torch.randn(2, 3, *model.patch_embed.img_size)
     keys, cls = list(model.state_dict()), type(model)
     with torch.no_grad():
@@ -83,7 +76,7 @@ def test_timm_feature_patched_in_place(feature, monkeypatch):
 
 def test_patched_model_steps_aside_for_masks_and_float64(monkeypatch):
     """An attention mask or a float64 input runs timm's own block forward (the kernels take neither)."""
-    model = _trained_like(timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, **SMALL), 2)
+    model = trained_like(timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, **SMALL), 2)
     vit_fast.apply_vit_fast(model, backend="triton")
     runs = _count_kernel_blocks(monkeypatch)
     tokens = torch.randn(2, 5, 64)
@@ -99,6 +92,7 @@ def test_patched_model_steps_aside_for_masks_and_float64(monkeypatch):
 REFUSED = {
     "Eva": ("eva02_tiny_patch14_224", dict(img_size=28, depth=1), "rotary position embeddings"),
     "RelPos": ("vit_relpos_small_patch16_224", dict(img_size=32, depth=1), "relative position bias"),
+    "RelPos (test_vit_relpos)": ("test_vit_relpos", dict(img_size=32, depth=1), "relative position bias"),
     "qk_norm": ("vit_tiny_patch16_224", dict(img_size=32, depth=2, qk_norm=True), "blocks.0.attn.q_norm (qk-norm)"),
     "DiffAttention qk_norm": (
         "vit_dwee_patch16_reg1_gap_256",
@@ -119,6 +113,14 @@ def test_unsupported_timm_features_are_refused_by_name(feature):
     assert vit_fast.remove_vit_fast(model) == 0  # nothing was patched
 
 
+@pytest.mark.parametrize("name", timm.list_models("test_vit*"))
+def test_timms_own_test_vits_are_patched_or_refused_by_name(name):
+    """timm's own test ViTs (timm's test suite builds them): each is a patched row of FEATURES or a refusal row."""
+    patched = {model for model, _ in FEATURES.values()}
+    refused = {model for model, _, _ in REFUSED.values()}
+    assert name in patched | refused, f"{name}: neither a FEATURES row (patched) nor a REFUSED row"
+
+
 def test_triton_backend_refuses_small_head_dims_at_patch_time():
     model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, depth=1, embed_dim=24)
     with pytest.raises(ValueError, match=r"head dims 16\.\.\d+, this model's is 8"):
@@ -132,7 +134,7 @@ def test_triton_backend_refuses_small_head_dims_at_patch_time():
 def test_torchscript_of_a_patched_model():
     """torch.jit.script compiles the model as timm wrote it (TorchScript cannot compile our forwards); the user's
     model stays patched, and a deepcopy scripts as itself."""
-    model = _trained_like(timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, **SMALL), 3)
+    model = trained_like(timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, **SMALL), 3)
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         expected = model(x)
@@ -152,7 +154,7 @@ def test_torchscript_of_a_patched_model():
 def test_torch_export_of_a_patched_model():
     """backend='triton': the exported graph holds our custom ops and computes what timm computes; backend='auto'
     where the kernels do not run (a CPU): it says so, once, and the graph is timm's."""
-    model = _trained_like(timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, **SMALL), 5)
+    model = trained_like(timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, **SMALL), 5)
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         eager = model(x)
@@ -168,3 +170,127 @@ def test_torch_export_of_a_patched_model():
     with pytest.warns(UserWarning, match=r"torch.export on cpu \(torch.float32\) records timm's own block forwards"):
         exported = torch.export.export(model, (x,))
     assert not any("vit_fast" in str(n.target) for n in exported.graph.nodes)
+
+
+# ------------------------------------------------------------------------------ every kind, every mode
+#: one tiny model per model class, block kind, attention and head apply_vit_fast runs (head dims of 16 and up)
+PARITY = {
+    "VisionTransformer Block": ("vit_tiny_patch16_224", dict(SMALL, img_size=32)),
+    "Block with RmsNorm (test_vit4)": ("test_vit4", dict(depth=2, img_size=32)),
+    "Block with DiffAttention": ("vit_dwee_patch16_reg1_gap_256", dict(SMALL, img_size=32)),
+    "ResPostBlock": ("vit_base_patch16_rpn_224", dict(SMALL, img_size=32)),
+    "ParallelThingsBlock": ("vit_small_patch16_18x2_224", dict(SMALL, img_size=32)),
+    "ParallelScalingBlock (RmsNorm, qk-norm)": ("vit_base_patch16_xp_224", dict(SMALL, img_size=32)),
+    "DiffParallelScalingBlock": ("vit_dpwee_patch16_reg1_gap_256", dict(SMALL, img_size=32)),
+    "VisionTransformerDistilled": ("deit_tiny_distilled_patch16_224", dict(SMALL, img_size=32)),
+    "AttentionPoolLatent head": ("vit_base_patch16_siglip_224", dict(SMALL, img_size=32)),
+}
+TIMM_MODES = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode, "eval_with_grad": torch.enable_grad}
+
+
+def _parity_model(case: str) -> torch.nn.Module:
+    name, kwargs = PARITY[case]
+    torch.manual_seed(0)
+    return trained_like(timm.create_model(name, pretrained=False, **kwargs), seed=4)
+
+
+def _kinds(model: torch.nn.Module) -> set[str]:
+    """The model's class, its blocks' classes, their attentions' and its attention-pool head's."""
+    kinds = {type(model).__name__, type(getattr(model, "attn_pool", None)).__name__}
+    for block in model.blocks:
+        kinds.add(type(block).__name__)
+        attns = [getattr(block, "attn", None), *(b.attn for b in getattr(block, "attns", ()))]
+        kinds.update(type(a).__name__ for a in attns if a is not None)
+    return kinds
+
+
+def test_every_kind_apply_vit_fast_takes_has_a_parity_row():
+    """The model classes and block kinds timm_blocks runs, differential attention and the attention-pool head each
+    appear in a parity row; the model classes it refuses each have a refusal row."""
+    seen = set().union(*(_kinds(_parity_model(case)) for case in PARITY))
+    wanted = {*timm_blocks.MODEL_CLASSES, *timm_blocks.BLOCK_KINDS, "Attention", "DiffAttention", "AttentionPoolLatent"}
+    assert wanted <= seen, sorted(wanted - seen)
+    refused = {type(timm.create_model(name, pretrained=False, **kw)).__name__ for name, kw, _ in REFUSED.values()}
+    assert set(timm_blocks._REFUSED_MODELS) <= refused
+
+
+def _attention_launches(model: torch.nn.Module) -> int:
+    """Attention kernel launches (plain or differential) of one forward through the blocks."""
+    return sum(len(getattr(block, "attns", ())) or 1 for block in model.blocks)
+
+
+def _outputs(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """The logits, and forward_intermediates' final tokens and every block's output ([B, N, D])."""
+    final, intermediates = model.forward_intermediates(x, output_fmt="NLC")
+    return model(x), final, intermediates
+
+
+@pytest.mark.parametrize("mode", sorted(TIMM_MODES))
+@pytest.mark.parametrize("case", sorted(PARITY))
+def test_patched_kind_matches_the_unpatched_model(case, mode):
+    """A deep copy patched with backend="triton" against the unpatched original on the same weights and input:
+    logits, final tokens and every block's output within the numerics rule against the unpatched model in float64,
+    with autograd off, in inference mode, and in eval with autograd on; every block's attention (and a map head's)
+    launched its kernel, so a fallback to timm's forward cannot pass."""
+    model = _parity_model(case)
+    patched = vit_fast.apply_vit_fast(copy.deepcopy(model), backend="triton")
+    ref64 = copy.deepcopy(model).double()
+    x = torch.randn(2, 3, *model.patch_embed.img_size)
+    with torch.no_grad():
+        eager, expected = _outputs(model, x), _outputs(ref64, x.double())
+    with TIMM_MODES[mode]():
+        ours, launched = kernel_launches(lambda: _outputs(patched, x))
+    assert ours[0].requires_grad == (mode == "eval_with_grad")
+    attention = launched["_attention_kernel"] + launched["_diff_attention_kernel"]
+    assert attention == 2 * _attention_launches(patched), launched  # model(x) and forward_intermediates
+    map_head = type(getattr(patched, "attn_pool", None)).__name__ == "AttentionPoolLatent"
+    assert launched["_attention_pool_kernel"] == map_head, launched  # forward_intermediates stops before the head
+    (logits, final, blocks), (e_logits, e_final, e_blocks), (r_logits, r_final, r_blocks) = ours, eager, expected
+    assert_within_eager(logits.detach(), e_logits, r_logits, name=f"{case} {mode} logits")
+    assert_within_eager(final.detach(), e_final, r_final, name=f"{case} {mode} final tokens")
+    assert len(blocks) == len(model.blocks)
+    for i, (o, e, r) in enumerate(zip(blocks, e_blocks, r_blocks, strict=True)):
+        assert_within_eager(o.detach(), e, r, name=f"{case} {mode} block {i}")
+
+
+def _grads(model: torch.nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """d(logits . fixed weight)/d(input, every parameter), autograd on, the model in eval."""
+    x = x.clone().requires_grad_()
+    out = model(x)
+    weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).reshape(out.shape)
+    names, params = zip(*model.named_parameters(), strict=True)
+    grads = torch.autograd.grad((out * weight).sum(), (x, *params), allow_unused=True)
+    return {name: g for name, g in zip(("input", *names), grads, strict=True) if g is not None}
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "VisionTransformer Block",
+        "Block with RmsNorm (test_vit4)",
+        "ParallelScalingBlock (RmsNorm, qk-norm)",
+        "AttentionPoolLatent head",
+    ],
+)
+def test_eval_with_grad_runs_the_kernels_and_their_gradients_match(case):
+    """An eval model called without torch.no_grad() (parameters requiring grad, as timm's own tests call it): the
+    blocks run on the kernels, and the gradients w.r.t. the input and every parameter are within the numerics rule of
+    the unpatched model's, both against the unpatched model in float64 (the ops' backward recomputes eagerly)."""
+    model = _parity_model(case)
+    patched = vit_fast.apply_vit_fast(copy.deepcopy(model), backend="triton")
+    x = torch.randn(2, 3, *model.patch_embed.img_size)
+    eager, expected = _grads(model, x), _grads(copy.deepcopy(model).double(), x.double())
+    ours, launched = kernel_launches(lambda: _grads(patched, x))
+    assert launched["_attention_kernel"] == _attention_launches(patched), launched
+    assert set(ours) == set(eager) == set(expected)
+    for name in ours:
+        assert_within_eager(ours[name], eager[name], expected[name], name=f"{case} grad {name}")
+
+
+@pytest.mark.parametrize("grad", [True, False])
+def test_training_mode_runs_timms_own_forward(grad):
+    """Training mode (dropout, drop path) keeps timm's forward, with autograd on or off."""
+    patched = vit_fast.apply_vit_fast(_parity_model("AttentionPoolLatent head"), backend="triton").train()
+    with torch.set_grad_enabled(grad):
+        _, launched = kernel_launches(lambda: patched(torch.randn(2, 3, 32, 32)))
+    assert sum(launched.values()) == 0, launched

@@ -12,8 +12,8 @@ with :func:`vit_fast.runtime.choose_backend`'s reason). For a model that is not 
 would patch and what it refuses, with the reasons its errors give. For vit-fast's own ``VisionTransformer`` (what
 ``optimize`` returns for a timm model), its :meth:`~vit_fast.VisionTransformer.explain_backend`.
 
-What a patched forward decides per call (an attention mask, ``output_attentions``, autograd) is not known here: the
-rows say what an inference call (``model.eval()``, ``torch.no_grad()``) runs; the notes name what changes that.
+What a patched forward decides per call (an attention mask, ``output_attentions``) is not known here: the rows say
+what an eval-mode call runs (with autograd on or off alike); the notes name what changes that.
 """
 
 from __future__ import annotations
@@ -79,10 +79,18 @@ _RUNS = {KERNELS: "vit-fast's kernels", OWN: "its own forward", RAISES: "nothing
 
 
 def _blocked(name: str, module: nn.Module) -> ModuleReport | None:
-    """The row of a patched HF layer or head whose kernels step aside now (a submodule replaced or hooked since the
-    patch), naming why; None when they run."""
+    """The row of a patched HF layer or head whose kernels step aside now (training mode, or a submodule replaced or
+    hooked since the patch), naming why; None when they run."""
     from .hf_patch import _STATE
 
+    if module.training:  # the patched forward hands a module in training mode to transformers' (dropout)
+        return ModuleReport(
+            name,
+            type(module).__name__,
+            True,
+            OWN,
+            "patched, but in training mode: transformers' forward runs it until model.eval()",
+        )
     blocker = module.__dict__[_STATE].blocker()
     return None if not blocker else ModuleReport(name, type(module).__name__, True, OWN, f"patched, but {blocker}")
 
@@ -218,7 +226,8 @@ def _timm(model: nn.Module, device: torch.device, dtype: torch.dtype) -> _Read:
     if asked is not None:
         notes.append(
             "a call with an attention mask other than key padding at the end of each row (NaFlex's padding runs on the "
-            "kernels), or with autograd on inputs that require grad, runs timm's forward"
+            "kernels) runs timm's forward; an eval-mode call with autograd on runs the kernels (gradients through "
+            "their backward, recomputed in eager PyTorch)"
         )
     return asked, choice or _unpatched_choice(None), rows, notes
 
@@ -275,7 +284,8 @@ def _hf(model: nn.Module, device: torch.device, dtype: torch.dtype) -> _Read:
     if asked is not None:
         notes.append(
             "a call with an attention mask other than key padding at the end of each row (SigLIP 2's padding runs "
-            "on the kernels), output_attentions, or autograd in training runs transformers' forward"
+            "on the kernels), output_attentions, or in training mode runs transformers' forward; an eval-mode call "
+            "with autograd on runs the kernels (gradients through their eager-recompute backward)"
         )
         if getattr(config, "output_attentions", False):
             why = "every call runs transformers' forward (the attentions come from the unfused path)"

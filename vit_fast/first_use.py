@@ -11,8 +11,10 @@ judged on its own first use.
 Cost: once per new (op, config, shape class): the op again in eager PyTorch in the same dtype and in float64, and a
 copy of the outputs to the host: about the price of three eager forwards, on the first forward of each batch-size
 class (in each tuning mode). Afterwards a forward whose shapes have all been checked in its tuning mode pays one
-dictionary lookup. Only plain eager inference is checked (not autograd, tracing, export or CUDA-graph capture, where
-a float64 side computation has no place).
+dictionary lookup. Eager calls are checked, with autograd on or off (an eval model called without
+``torch.no_grad()`` runs the kernels too: the side computations run without autograd, and an op that failed hands
+back its eager reference's output, in autograd's graph); tracing, export and CUDA-graph capture are not, where a
+float64 side computation has no place.
 
 ``VIT_FAST_FIRST_USE_CHECK=0`` turns it off; ``=1`` turns it on under Triton's interpreter too (off there by
 default: the interpreter is what the test suite checks against float64 already).
@@ -45,13 +47,19 @@ def enabled() -> bool:
 
 
 def eligible(x: torch.Tensor) -> bool:
-    """Whether a call on ``x`` may be checked: plain eager inference, not traced, not under autograd, not inside
-    a CUDA graph capture."""
-    if torch.is_grad_enabled() or torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
+    """Whether a call on ``x`` may be checked: eager (autograd on or off), not traced, not inside a CUDA graph
+    capture."""
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
         return False
     if type(x) is not torch.Tensor or x.is_meta:
         return False
     return not (x.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
+def applies(x: torch.Tensor) -> bool:
+    """Whether a forward on ``x`` runs its ops under the net: it is on (:func:`enabled`) and the call may be checked
+    (:func:`eligible`), or an op failed its check (it runs eagerly then, on any call)."""
+    return enabled() and bool(failed_ops() or eligible(x))
 
 
 @dataclass
@@ -139,8 +147,9 @@ def check(
     against. ``config``: the config the launch ran with (``ResolvedLaunches.launched_config``; None for a kernel
     that is not autotuned). Records the finding; on a failure warns once for the op and returns False (the caller
     then returns eager's output instead)."""
-    ref64 = reference(*map(_to_float64, args), **{k: _to_float64(v) for k, v in kwargs.items()})
-    eager = reference(*args, **kwargs)
+    with torch.no_grad():  # side computations: nothing of them reaches autograd's graph
+        ref64 = reference(*map(_to_float64, args), **{k: _to_float64(v) for k, v in kwargs.items()})
+        eager = reference(*args, **kwargs)
     eager_err, err = numerics.max_err(eager, ref64), numerics.max_err(out, ref64)
     limit = numerics.bound(eager_err, dtype, numerics.scale_of(ref64))
     passed = bool(err <= limit)  # a NaN error fails
@@ -169,4 +178,4 @@ def check(
     return passed
 
 
-__all__ = ["ENV", "Finding", "check", "eligible", "enabled", "failed_ops", "is_checked", "report", "reset"]
+__all__ = ["ENV", "Finding", "applies", "check", "eligible", "enabled", "failed_ops", "is_checked", "report", "reset"]

@@ -14,11 +14,14 @@ A layer runs on the kernels (LayerNorm folded into the qkv and fc1 GEMMs,
 flash-style attention, residual and LayerScale in the GEMM epilogues) when the kernels can run on
 its input (:func:`vit_fast.runtime.patched_runs_kernels`, as for timm: float64 keeps the layer's own
 forward), and its own forward otherwise: an attention mask other than key padding at the end of each row,
-training with autograd, inputs that
-require grad, attentions requested (by the ``output_attentions`` kwarg or the config: they come
+training mode (dropout, gradient checkpointing), attentions requested (by the ``output_attentions`` kwarg or the
+config: they come
 from the unfused path, per call), a submodule replaced (e.g. PEFT's LoRA) or hooked by the user, and
 under ``torch.export`` / ``torch.onnx.export`` / ``torch.jit.trace`` (an exported graph is transformers'
 own, as vit-fast's export always traces the torch path).
+In eval mode the kernels run with autograd on as well (a model called without ``torch.no_grad()``, parameters
+that require grad): the custom ops' backward recomputes through the eager references (exact gradients, not fused),
+and q, k and v are stacked afresh in each such call's graph, so their own gradients come back.
 Activations the GEMM epilogue does not have (CLIP's ``quick_gelu``, SwiGLU's SiLU gate) run in
 PyTorch between the fc1 and fc2 kernels. SigLIP's attention-pool head
 (``SiglipMultiheadAttentionPoolingHead``) runs on the kernels too, under the same rules: its packed
@@ -60,13 +63,24 @@ _LAYOUTS: dict[str, tuple[str, str, str, str, str | None, str | None]] = {
 #: the model classes accepted, by family (their vision encoder layers are patched)
 SUPPORTED = {
     "vit": ("ViTModel", "ViTForImageClassification", "ViTForMaskedImageModeling"),
-    "deit": ("DeiTModel", "DeiTForImageClassification", "DeiTForImageClassificationWithTeacher"),
+    "deit": (
+        "DeiTModel",
+        "DeiTForImageClassification",
+        "DeiTForImageClassificationWithTeacher",
+        "DeiTForMaskedImageModeling",
+    ),
     "dinov2": ("Dinov2Model", "Dinov2ForImageClassification", "Dinov2Backbone"),
     "clip": ("CLIPVisionModel", "CLIPVisionModelWithProjection", "CLIPModel", "CLIPForImageClassification"),
     "siglip": ("SiglipVisionModel", "SiglipModel", "SiglipForImageClassification"),
     "siglip2": ("Siglip2VisionModel", "Siglip2Model", "Siglip2ForImageClassification"),  # padded: vit_fast.naflex
 }
 _SUPPORTED_NAMES = {name for names in SUPPORTED.values() for name in names}
+#: the other model classes of those families, refused by name with the reason
+REFUSED = {
+    "CLIPTextModel": "a text-only model: it has no vision tower to patch",
+    "CLIPTextModelWithProjection": "a text-only model: it has no vision tower to patch",
+    "SiglipTextModel": "a text-only model: it has no vision tower to patch",
+}
 _MIN_HEAD_DIM, _MAX_HEAD_DIM = 16, 256  # the attention kernel's range (vit_fast.kernels.attention)
 _STATE = "_vit_fast_view"  # the layer seen with timm's names (_LayerView, _HeadView)
 
@@ -94,16 +108,20 @@ def attentions_requested(kwargs: dict[str, Any], collector: Any) -> bool:
     return bool(collected) and "attentions" in collected
 
 
-def _fuse(linears: list[nn.Linear]) -> LinearWeights:
-    """Several linears on the same input as one GEMM: weights (and biases) stacked along the outputs."""
-    weight = torch.cat([lin.weight for lin in linears]).detach()
+def _fuse(linears: list[nn.Linear], detach: bool = True) -> LinearWeights:
+    """Several linears on the same input as one GEMM: weights (and biases) stacked along the outputs; ``detach=False``
+    keeps the stack in autograd's graph, so a gradient reaches each linear's parameters."""
+    weight = torch.cat([lin.weight for lin in linears])
     biases = [lin.bias for lin in linears]
-    if all(b is None for b in biases):
-        return LinearWeights(weight, None)
-    filled = [
-        b if b is not None else torch.zeros_like(lin.weight[:, 0]) for b, lin in zip(biases, linears, strict=True)
-    ]
-    return LinearWeights(weight, torch.cat(filled).detach())
+    bias = None
+    if not all(b is None for b in biases):
+        filled = [
+            b if b is not None else torch.zeros_like(lin.weight[:, 0]) for b, lin in zip(biases, linears, strict=True)
+        ]
+        bias = torch.cat(filled)
+    if detach:
+        return LinearWeights(weight.detach(), None if bias is None else bias.detach())
+    return LinearWeights(weight, bias)
 
 
 def _user_hooked(module: nn.Module) -> bool:
@@ -141,7 +159,14 @@ class _LayerView:
 
     def _fused(self, name: str, linears: list[nn.Linear]) -> LinearWeights:
         params = [p for lin in linears for p in (lin.weight, lin.bias) if p is not None]
-        key = tuple((id(p), p.data_ptr(), p._version, p.dtype, p.device) for p in params)
+        if torch.is_grad_enabled() and any(p.requires_grad for p in params):
+            # autograd: stacked afresh in this call's graph (a cached stack would hold an old graph, or none), so
+            # the gradient reaches q, k and v (gate and up) through the backward of the cat
+            return _fuse(linears, detach=False)
+        # a stack made under torch.inference_mode() is an inference tensor, which autograd may not save for a
+        # backward (a frozen model's input gradient): one made there serves inference mode only
+        inference = torch.is_inference_mode_enabled()
+        key = (inference, *((id(p), p.data_ptr(), p._version, p.dtype, p.device) for p in params))
         hit = self._cache.get(name)
         if hit is None or hit[0] != key:
             hit = (key, _fuse(linears))
@@ -293,8 +318,7 @@ def _run_view(view: _LayerView, x: torch.Tensor, lengths: torch.Tensor | None = 
 
     if view.torch_act is None:
         return _block(view, x, view.kernel_act, lengths)
-    checked = first_use.enabled() and (first_use.failed_ops() or first_use.eligible(x))
-    ops = with_lengths(_CHECKED_THROUGH if checked else _THROUGH_OPS, lengths)
+    ops = with_lengths(_CHECKED_THROUGH if first_use.applies(x) else _THROUGH_OPS, lengths)
     fused = fuse_ln_from_env()
     qkv = _norm_linear(ops, view.norm1, x, view.attn.qkv, None, fused)
     a = ops.attention(qkv, view.attn.num_heads, view.attn.scale)
@@ -355,6 +379,8 @@ def hf_refusal(model: nn.Module) -> str | None:
 def check_supported(model: nn.Module, backend: str) -> tuple[list[nn.Module], Any]:
     """The layers to patch and the vision config, or a one-line error naming what is not supported."""
     name = type(model).__name__
+    if name in REFUSED:
+        raise TypeError(f"apply_vit_fast: {name} is {REFUSED[name]}")
     if name not in _SUPPORTED_NAMES:
         families = ", ".join(n for names in SUPPORTED.values() for n in names)
         raise TypeError(f"apply_vit_fast supports the transformers models {families}; got {name}")
@@ -394,8 +420,7 @@ def _fast_hf(layer: nn.Module, backend: str, hidden_states: torch.Tensor, *args:
         return original(hidden_states, *args, **kwargs)
     if torch.compiler.is_exporting() or torch.jit.is_tracing():  # export traces transformers' own graph
         return original(hidden_states, *args, **kwargs)
-    grad = torch.is_grad_enabled()
-    if grad and (layer.training or hidden_states.requires_grad):
+    if layer.training:  # dropout; gradient checkpointing (transformers' own forward); eval + autograd: the kernels
         return original(hidden_states, *args, **kwargs)
     view = layer.__dict__[_STATE]
     if not view.refresh():
@@ -416,7 +441,7 @@ def _fast_head(head: nn.Module, backend: str, hidden_state: torch.Tensor, *mask:
         return original(hidden_state, *mask)
     if torch.compiler.is_exporting() or torch.jit.is_tracing():  # export traces transformers' own graph
         return original(hidden_state, *mask)
-    if torch.is_grad_enabled() and (head.training or hidden_state.requires_grad):
+    if head.training:
         return original(hidden_state, *mask)
     view = head.__dict__[_STATE]
     if not view.refresh():

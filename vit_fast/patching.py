@@ -10,11 +10,13 @@ SigLIP attention-pool head's, by one that runs it on the attention-pool kernel).
 takes the kernel path where ``VisionTransformer``'s ``backend="auto"`` would (a CUDA tensor on a card
 with tensor cores, sm_80 and up), or for any tensor with ``backend="triton"`` (on a CPU: Triton's
 interpreter), and the block's original forward otherwise (and for anything the kernels do not
-cover: an attention mask other than key padding at the end of each row, dropout in training, autograd, a dtype
-other than float16, bfloat16 or float32). timm's ``NaFlexVit`` (images at their own size, padded into one batch)
-is patched the same way, its padding mask run as per-sample lengths (:mod:`vit_fast.naflex`).
-bf16 with ``backend="triton"`` on a card that only emulates it is refused, as
-``VisionTransformer`` refuses it. The rule is :func:`vit_fast.runtime.patched_runs_kernels`.
+cover: an attention mask other than key padding at the end of each row, training mode (dropout, drop path), a
+dtype other than float16, bfloat16 or float32). An eval-mode call with autograd on (no ``torch.no_grad()``,
+parameters that require grad) runs the kernels: gradients flow through their backward, which recomputes through the
+eager references (exact, not fused). timm's ``NaFlexVit`` (images at their own size, padded into one batch) is
+patched the same way, its padding mask run as per-sample lengths (:mod:`vit_fast.naflex`). bf16 with
+``backend="triton"`` on a card that only emulates it is refused, as ``VisionTransformer`` refuses it. The rule is
+:func:`vit_fast.runtime.patched_runs_kernels`.
 
 A patched module's ``forward`` is a :class:`PatchedForward`: a module-level function of vit-fast bound to the module
 and the backend, never a closure. So a patched model pickles (``torch.save``, ``pickle``) and deep-copies, and
@@ -92,10 +94,6 @@ def patch_forward(module: nn.Module, run: Callable[..., Any], backend: str) -> N
 def _kernels_can_run(x: torch.Tensor, backend: str, head_dim: int | None = None) -> bool:
     # the model's rule (CUDA cards with tensor cores, a head dim our attention takes) and the kernels' dtypes
     return runtime.patched_runs_kernels(x, backend, head_dim)
-
-
-def _needs_original(module: nn.Module, x: torch.Tensor) -> bool:
-    return (module.training and torch.is_grad_enabled()) or (torch.is_grad_enabled() and x.requires_grad)
 
 
 def _say_export_runs_timm(x: torch.Tensor, backend: str) -> None:
@@ -197,8 +195,10 @@ def apply_vit_fast(model: nn.Module, backend: str = "auto") -> nn.Module:
 
 def _fast_timm(block: nn.Module, backend: str, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     """The forward of a patched timm block: its plan on the kernels, or timm's own forward where the kernels step
-    aside (a mask other than key padding, ``is_causal``, ``rope``, training, autograd, a dtype or device the kernels
-    skip). A key-padding ``attn_mask`` (NaFlexVit's) runs on the kernels as ``lengths`` (:mod:`vit_fast.naflex`)."""
+    aside (a mask other than key padding, ``is_causal``, ``rope``, training mode, a dtype or device the kernels
+    skip). A key-padding ``attn_mask`` (NaFlexVit's) runs on the kernels as ``lengths`` (:mod:`vit_fast.naflex`). In
+    eval mode the kernels run with autograd on too: the custom ops' backward recomputes through the eager references,
+    exact gradients."""
     plan = block.__dict__[_PLAN]
     mask = kwargs.get("attn_mask") if not args else args[0]
     rest = (*args[1:], *(v for k, v in kwargs.items() if k != "attn_mask"))
@@ -208,10 +208,8 @@ def _fast_timm(block: nn.Module, backend: str, x: torch.Tensor, *args: Any, **kw
         if exporting and not extra and mask is None:
             _say_export_runs_timm(x, backend)
         return block.__dict__[_ORIGINAL](x, *args, **kwargs)
-    if _needs_original(block, x) and not exporting:  # torch.export traces with parameters requiring grad
-        return block.__dict__[_ORIGINAL](x, *args, **kwargs)
     if mask is None:
-        return plan.run(block, x)  # our custom ops: what torch.export records
+        return plan.run(block, x)  # our custom ops (what torch.export records), autograd on or off
     # read only where the kernels would run: the check syncs with the device (once per mask, see key_padding_lengths)
     lengths = None if exporting or _differential(block) else key_padding_lengths(mask, x.shape[0], x.shape[1])
     if lengths is None:  # not key padding of a prefix of each row
@@ -226,16 +224,14 @@ def _differential(block: nn.Module) -> bool:
 
 def _fast_timm_pool(pool: nn.Module, backend: str, x: torch.Tensor, attn_mask: Any = None) -> torch.Tensor:
     """The forward of a patched timm ``AttentionPoolLatent``: its plan on the kernels, or timm's own forward where
-    the blocks would take theirs (a mask other than key padding, training, autograd, a dtype or device the kernels
+    the blocks would take theirs (a mask other than key padding, training mode, a dtype or device the kernels
     skip)."""
     plan = pool.__dict__[_PLAN]
     original = pool.__dict__[_ORIGINAL]
     if pool.training or not _kernels_can_run(x, backend, plan.head_dim):
         return original(x, attn_mask=attn_mask)
-    if _needs_original(pool, x) and not torch.compiler.is_exporting():
-        return original(x, attn_mask=attn_mask)
     if attn_mask is None:
-        return plan.run(pool, x)
+        return plan.run(pool, x)  # under autograd too, as the blocks
     exporting = torch.compiler.is_exporting()
     lengths = None if exporting else key_padding_lengths(attn_mask, x.shape[0], x.shape[1])
     return original(x, attn_mask=attn_mask) if lengths is None else plan.run(pool, x, lengths)

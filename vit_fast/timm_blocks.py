@@ -4,7 +4,8 @@ forward.
 :func:`plan_timm_model` reads every block of a timm ``VisionTransformer`` / ``VisionTransformerDistilled`` before
 anything is patched and returns one :class:`BlockPlan` per block, or raises a ValueError naming each feature the
 kernels do not run (rotary or relative position attention, qk-norm outside ParallelScalingBlock, gated attention,
-RmsNorm outside ParallelScalingBlock, ...). Block kinds run:
+a norm other than LayerNorm or timm's RmsNorm, ...). Block kinds run (each norm a LayerNorm or timm's RmsNorm /
+RmsNormFp32, on the kernels in their LayerNorm or RMS mode):
 
     Block                 x = x + ls1(attn(norm1(x)));  x = x + ls2(mlp(norm2(x)))          (pre-norm)
     ResPostBlock          x = x + norm1(attn(x));       x = x + norm2(mlp(x))                (post-norm)
@@ -44,6 +45,8 @@ _REFUSED_MODELS = {
     "Eva": "rotary position embeddings (RoPE) inside attention",
     "VisionTransformerRelPos": "relative position bias inside attention",
 }
+#: the timm block classes whose forward runs on the kernels (each read by :func:`_block_plan`)
+BLOCK_KINDS = ("Block", "ResPostBlock", "ParallelThingsBlock", "ParallelScalingBlock", "DiffParallelScalingBlock")
 _BLOCK_INDEX = re.compile(r"^blocks\.\d+")
 #: activation module class name -> the linear kernel's epilogue (nn.GELU is read by its ``approximate``)
 _ACTIVATIONS = {"GELU": "gelu", "GELUTanh": "gelu_tanh", "QuickGELU": "quick_gelu", "SiLU": "silu", "Swish": "silu"}
@@ -70,8 +73,7 @@ class BlockPlan:
         from . import first_use
         from .triton_path import _CHECKED_THROUGH, _THROUGH_OPS, fuse_ln_from_env, with_lengths
 
-        checked = first_use.enabled() and (first_use.failed_ops() or first_use.eligible(x))
-        ops = with_lengths(_CHECKED_THROUGH if checked else _THROUGH_OPS, lengths)
+        ops = with_lengths(_CHECKED_THROUGH if first_use.applies(x) else _THROUGH_OPS, lengths)
         fused = fuse_ln_from_env()
         x = x.contiguous()  # a model without prefix tokens hands its patch embedding's transposed view to block 0
         if self.kind == "Block":
@@ -236,9 +238,16 @@ def _activation(act, where: str, problems: list[str]) -> str:
 
 
 def _norm_problems(norm, where: str, problems: list[str], allow_identity: bool = False) -> None:
-    if isinstance(norm, nn.LayerNorm) or (allow_identity and _is_identity(norm)):
+    """A LayerNorm or timm RmsNorm / RmsNormFp32 over one (the last) dim, or Identity where allowed; else a problem.
+    Both run on the norm kernel (or folded into the next GEMM's prologue), in its LayerNorm or RMS mode."""
+    from .triton_path import is_rms_norm
+
+    if allow_identity and _is_identity(norm):
         return
-    problems.append(f"{where} {type(norm).__name__} (the kernels run LayerNorm)")
+    if not (isinstance(norm, nn.LayerNorm) or is_rms_norm(norm)):
+        problems.append(f"{where} {type(norm).__name__} (the kernels run LayerNorm and timm's RmsNorm)")
+    elif len(norm.normalized_shape) != 1:
+        problems.append(f"{where} normalises {tuple(norm.normalized_shape)} (the kernels normalise the last dim)")
 
 
 def _attention_problems(attn, where: str, problems: list[str]) -> int:
@@ -418,10 +427,7 @@ def _block_plan(block: nn.Module, where: str, problems: list[str]) -> BlockPlan:
         return BlockPlan(kind, tuple(mlps), min(head_dims) if head_dims else 0)
     if kind in ("ParallelScalingBlock", "DiffParallelScalingBlock"):
         return _parallel_scaling_plan(block, where, problems)
-    problems.append(
-        f"{where} {kind} (the kernels run timm's Block, ResPostBlock, ParallelThingsBlock, ParallelScalingBlock and "
-        "DiffParallelScalingBlock)"
-    )
+    problems.append(f"{where} {kind} (the kernels run timm's {', '.join(BLOCK_KINDS)})")
     return BlockPlan(kind, (), 0)
 
 
@@ -509,8 +515,7 @@ class PoolPlan:
         from . import first_use
         from .triton_path import _CHECKED_THROUGH, _THROUGH_OPS, _norm_linear, fuse_ln_from_env, with_lengths
 
-        checked = first_use.enabled() and (first_use.failed_ops() or first_use.eligible(x))
-        ops = with_lengths(_CHECKED_THROUGH if checked else _THROUGH_OPS, lengths)
+        ops = with_lengths(_CHECKED_THROUGH if first_use.applies(x) else _THROUGH_OPS, lengths)
         x = x.contiguous()
         latent = head.latent
         q = latent if _is_identity(head.q) else ops.linear(latent, head.q)  # [1, L, D]: once, not per image

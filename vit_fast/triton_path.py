@@ -146,6 +146,8 @@ class _CheckedOps(_Ops):
         if op in first_use.failed_ops():
             return reference(*args, **kwargs)
         out = launch()
+        if not first_use.eligible(out):  # traced or captured (an op failed earlier brought us here): not judged now
+            return out
         config = launches.launched_config()
         key = (op, str(out.device), triton.__version__, dtype, config, shape_class)
         if first_use.is_checked(key) or first_use.check(
@@ -240,10 +242,12 @@ def _forward_key(model: VisionTransformer, x: torch.Tensor) -> tuple:
 
 
 def _ops_for(model: VisionTransformer, x: torch.Tensor) -> _Ops:
-    """Direct launches for plain eager inference, after one check of every parameter; else the custom ops. Under
-    the first-use safety net until this forward's shapes have all been checked (then one lookup per forward)."""
+    """Direct launches for plain eager inference, after one check of every parameter; else the custom ops (direct
+    launches bypass autograd, and tracing must see the ops). Under the first-use safety net until this forward's
+    shapes have all been checked (then one lookup per forward); the custom ops under it wherever it may check
+    (:func:`vit_fast.first_use.eligible`: eager with autograd on) or an op failed it."""
     if torch.is_grad_enabled() or not eager_direct(x):
-        return _THROUGH_OPS
+        return _CHECKED_THROUGH if first_use.applies(x) else _THROUGH_OPS
     _check_params(model, x)
     if not first_use.enabled():
         return _DIRECT
@@ -397,10 +401,9 @@ def _run_block(ops: _Ops, block: Block, x: torch.Tensor, act: str, fused: bool) 
 
 def _block(block: Block, x: torch.Tensor, act: str, lengths: torch.Tensor | None = None) -> torch.Tensor:
     """One block through the custom ops (what ``vit_fast.patching`` runs inside timm / HF models), LayerNorm
-    fused unless ``VIT_FAST_FUSE_LN=0``; under the first-use safety net in plain eager inference. ``lengths``
-    ``[B]``: each sample's valid tokens, a prefix of its row (:func:`attention_with_lengths`)."""
-    checked = first_use.enabled() and (first_use.failed_ops() or first_use.eligible(x))
-    ops = _CHECKED_THROUGH if checked else _THROUGH_OPS
+    fused unless ``VIT_FAST_FUSE_LN=0``; under the first-use safety net in eager calls (autograd on or off).
+    ``lengths [B]``: each sample's valid tokens, a prefix of its row (:func:`attention_with_lengths`)."""
+    ops = _CHECKED_THROUGH if first_use.applies(x) else _THROUGH_OPS
     return _run_block(with_lengths(ops, lengths), block, x, act, fuse_ln_from_env())
 
 
