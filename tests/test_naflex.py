@@ -16,9 +16,8 @@ import vit_fast  # noqa: E402
 from vit_fast.naflex import key_padding_lengths, pack_images  # noqa: E402
 from vit_fast.timm_blocks import BlockPlan  # noqa: E402
 
-from .fakes import kernel_launches  # noqa: E402
+from .fakes import kernel_launches, trained_like  # noqa: E402
 from .numerics import assert_within_eager  # noqa: E402
-from .test_timm_patching import _trained_like  # noqa: E402
 
 TINY = dict(depth=1, embed_dim=32, num_heads=2)  # head dim 16: the attention kernel's smallest
 
@@ -79,7 +78,7 @@ def _model(key: str) -> torch.nn.Module:
 
         extra = dict(extra, block_fn=ParallelScalingBlock)
     torch.manual_seed(0)
-    return _trained_like(timm.create_model(name, pretrained=False, num_classes=8, **dict(TINY, depth=2), **extra), 1)
+    return trained_like(timm.create_model(name, pretrained=False, num_classes=8, **dict(TINY, depth=2), **extra), 1)
 
 
 def _run(model, batch, features: bool = False):
@@ -204,7 +203,7 @@ def test_pack_images_pads_each_image_at_the_end():
 def test_differential_attention_with_key_padding_runs_timms_block(monkeypatch):
     """The differential-attention kernel takes no lengths: a padded batch keeps timm's own block forward."""
     model = timm.create_model("vit_dwee_patch16_reg1_gap_256", pretrained=False, img_size=32, depth=1, embed_dim=64)
-    model = _trained_like(model, 4)
+    model = trained_like(model, 4)
     vit_fast.apply_vit_fast(model, backend="triton")
     runs: list[int] = []
     original = BlockPlan.run
