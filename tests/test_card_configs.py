@@ -120,18 +120,33 @@ def test_patch_embed_configs_fit_every_card(monkeypatch, arch, dtype):
 @pytest.mark.parametrize("arch", sorted(cards.CARDS))
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("head_dim", [64, 80])
-def test_attention_configs_fit_every_card(monkeypatch, arch, dtype, head_dim):
+@pytest.mark.parametrize("mask", [None, "lengths", "packed"])
+def test_attention_configs_fit_every_card(monkeypatch, arch, dtype, head_dim, mask):
+    """The unmasked kernel and its masked variants (a padded batch, packed images): their flags are in the key."""
     card = cards.CARDS[arch]
     configs = _compiled_configs(monkeypatch, attention, attention._attention_configs)
     kernel = attention._attention_kernel
     for heads in (6, 12, 16):
         for batch, tokens in ((1, 197), (8, 197), (8, 257)):
             qkv = _meta((batch, tokens, 3 * heads * head_dim), dtype)
+            masks = {
+                None: {},
+                "lengths": {"lengths": _meta((batch,), torch.int32)},
+                "packed": {"cu_seqlens": _meta((3 * batch + 1,), torch.int32)},
+            }[mask]
             with cards.pretend_arch(arch):
                 named, constexprs = _recorded(
-                    monkeypatch, attention, "_attention_launches", kernel, attention.launch_attention, qkv, heads
+                    monkeypatch,
+                    attention,
+                    "_attention_launches",
+                    kernel,
+                    attention.launch_attention,
+                    qkv,
+                    heads,
+                    **masks,
                 )
             assert named["ARCH"] == arch
+            assert (constexprs["HAS_LENGTHS"], constexprs["PACKED"]) == (mask == "lengths", mask == "packed")
             block_d = constexprs["BLOCK_D"]
             for tune in (True, False):
                 kept = _pruned(monkeypatch, kernel, configs, named, constexprs, tune)
