@@ -120,12 +120,13 @@ def _attention_shared_bytes(config: triton.Config, block_d: int, elem_bytes: int
 
 def _prune_attention_configs(configs, named_args, **kwargs):
     """The candidates for one launch, read only from its autotune key (T, the head dim, the card ``ARCH``, the
-    dtype, ``TUNE``): the configs for this kind of card (tensor cores or not, :data:`FMA_ATTENTION_STAGES`) that
-    fit its shared memory (:func:`_attention_shared_bytes`). Wide heads (Dh > 128, padded to 256) keep the q tile
-    and the accumulator in registers only with 64-row tiles and key blocks of at most 64; without tensor cores
-    only the tiles not expected to spill (:func:`_fma_attention_fits`). Without tuning one config: the fitting
-    one nearest 64x64, 4 warps, 2 stages (fp32: 64x32, 8 warps, 3 stages for head dims up to 64 and 2 above; a
-    card without tensor cores: its own, nearest 32x32)."""
+    dtype, ``TUNE``, the mask flags ``HAS_LENGTHS`` / ``PACKED``): the configs for this kind of card (tensor cores
+    or not, :data:`FMA_ATTENTION_STAGES`) that fit its shared memory (:func:`_attention_shared_bytes`; a mask adds
+    no tile). Wide heads (Dh > 128, padded to 256) keep the q tile and the accumulator in registers only with
+    64-row tiles and key blocks of at most 64; without tensor cores only the tiles not expected to spill
+    (:func:`_fma_attention_fits`). Without tuning one config: the fitting one nearest 64x64, 4 warps, 2 stages
+    (fp32: 64x32, 8 warps, 3 stages for head dims up to 64 and 2 above; a card without tensor cores: its own,
+    nearest 32x32; packed images in 16 bits with head dims above 64 on mma.sync cards: 8 warps)."""
     block_d = kwargs.get("BLOCK_D", named_args.get("BLOCK_D"))
     if block_d is None:
         return configs
@@ -158,6 +159,10 @@ def _prune_attention_configs(configs, named_args, **kwargs):
         # sm_80 to sm_120, 3.6 and 3.9 alike); Dh 128 the other way round on 3.6 (3 stages: 40 bytes on sm_80, 2:
         # none; 3.9: 64 bytes there either way), and 3 stages overflow the 99 KB cards there
         return [closest_config(kept, {"BLOCK_M": 64, "BLOCK_N": 32}, 8, 3 if block_d <= 64 else 2)]
+    if kwargs.get("PACKED", named_args.get("PACKED")) and card.dot == "mma.sync" and block_d > 64:
+        # packed images, 16-bit, Dh 128 on mma.sync cards: 64x64 with 4 warps spilled 32 bytes per thread on sm_80
+        # (255 registers, triton 3.6 and 3.9; the unmasked kernel and the padded batch there: none), 8 warps none
+        return [closest_config(kept, {"BLOCK_M": 64, "BLOCK_N": 64}, 8, 2)]
     return [closest_config(kept, {"BLOCK_M": 64, "BLOCK_N": 64}, 4, 2)]
 
 
@@ -287,8 +292,18 @@ def _attention_kernel(
     d_mask = offs_d < HEAD_DIM
     if HAS_LENGTHS:
         seq_len = tl.minimum(tl.maximum(tl.load(lengths_ptr + off_b), 0), T)
-        # keys end at the image's end; a query tile wholly in its padding skips every key tile (zeros out)
-        kv_end = tl.where(pid_m * BLOCK_M < seq_len, seq_len, 0)
+        if pid_m * BLOCK_M >= seq_len:  # a query tile wholly in the image's padding: zeros, no key tile loaded
+            zero_ptrs = (
+                out_ptr
+                + off_b.to(tl.int64) * stride_out_b
+                + offs_m[:, None] * stride_out_t
+                + off_h * HEAD_DIM
+                + offs_d[None, :]
+            )
+            zeros = tl.zeros([BLOCK_M, BLOCK_D], dtype=out_ptr.dtype.element_ty)
+            tl.store(zero_ptrs, zeros, mask=(offs_m < T)[:, None] & d_mask[None, :])
+            return
+        kv_end = seq_len  # keys end at the image's end
     elif not PACKED:
         seq_len = T
         kv_end = T

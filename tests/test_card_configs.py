@@ -177,6 +177,29 @@ def test_fp32_attention_heuristic_fits_and_does_not_spill(monkeypatch):
             assert attention._attention_shared_bytes(picked, block_d, 4, card) <= card.shared_memory
 
 
+def test_packed_attention_heuristic_on_mma_sync_takes_8_warps(monkeypatch):
+    """Packed images in 16 bits with Dh 80-128 (BLOCK_D 128): the usual pick, 64x64 with 4 warps, spilled 32 bytes
+    per thread on sm_80 (triton 3.6 and 3.9); with 8 warps nothing there or on sm_86 (174-176 registers). Only the
+    packed variant on mma.sync cards moves: the unmasked kernel and the padded batch keep 4 warps, and so does
+    every variant on sm_90 (wgmma, 188-190 registers, no spills)."""
+    configs = _compiled_configs(monkeypatch, attention, attention._attention_configs)
+    named = {"qkv_ptr": torch.empty(1, dtype=torch.float16), "TUNE": 0}
+    for arch, card in cards.CARDS.items():
+        if not card.tensor_cores:
+            continue
+        for block_d, has_lengths, packed in (
+            (64, False, True),
+            (128, False, False),
+            (128, True, False),
+            (128, False, True),
+        ):
+            flags = {"BLOCK_D": block_d, "HAS_LENGTHS": has_lengths, "PACKED": packed}
+            (picked,) = attention._prune_attention_configs(configs, {**named, "ARCH": arch}, **flags)
+            warps = 8 if packed and block_d > 64 and card.dot == "mma.sync" else 4
+            shape = (picked.kwargs["BLOCK_M"], picked.kwargs["BLOCK_N"], picked.num_warps, picked.num_stages)
+            assert shape == (64, 64, warps, 2), (arch, flags, shape)
+
+
 def test_fp32_patch_embed_heuristic_for_many_rows_does_not_spill(monkeypatch):
     """fp32 patch embedding at batch 8 of ViT-B/16: 64x128x64 with 4 warps spilled 34 KB per thread on sm_80 and
     128x64x32 with 8 warps 12 bytes (triton 3.6; none on 3.9); the heuristic takes 64x64x32 with 4 warps, which
