@@ -338,7 +338,7 @@ def _attention_kernel(
         m_i, l_i, acc = online_softmax_step(s, v, m_i, l_i, acc, DOT_IN_FP32)
 
     if HAS_LENGTHS or PACKED:
-        # padding query rows -> exact zeros; a tile that ran no key tile has l_i = 0 there, never divided by
+        # padding query rows -> exact zeros (they summed valid keys with q = 0; the guard keeps any l_i = 0 out)
         acc = tl.where(row_mask[:, None], acc / tl.where(row_mask, l_i, 1.0)[:, None], 0.0)
     else:
         acc = acc / l_i[:, None]
