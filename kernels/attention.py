@@ -6,6 +6,11 @@ ViT block's qkv ``nn.Linear``), views it by strides as ``[B, T, 3, H, Dh]`` and 
 no permute and no contiguous copies. The softmax is the online (streaming) one, in fp32, with
 fp32 accumulation.
 
+Two masks, each a constexpr flag of the one kernel (off, it compiles to the unmasked code): ``lengths`` (a padded
+batch: image ``b`` has ``lengths[b]`` valid tokens, the rest is padding) and ``cu_seqlens`` (several images packed
+along the ``B * T`` tokens, each attending within itself). Padding is never read, its output rows are zeros, and a
+program's key loop ends at its sequence's last key tile.
+
 Top to bottom: the autotune configs, the kernel, the launcher :func:`launch_attention` (input
 checks, allocation, grid), the ``torch.library`` custom op ``vit_fast::attention`` (fake
 implementation + autograd), the public :func:`attention` and the eager reference
@@ -115,12 +120,13 @@ def _attention_shared_bytes(config: triton.Config, block_d: int, elem_bytes: int
 
 def _prune_attention_configs(configs, named_args, **kwargs):
     """The candidates for one launch, read only from its autotune key (T, the head dim, the card ``ARCH``, the
-    dtype, ``TUNE``): the configs for this kind of card (tensor cores or not, :data:`FMA_ATTENTION_STAGES`) that
-    fit its shared memory (:func:`_attention_shared_bytes`). Wide heads (Dh > 128, padded to 256) keep the q tile
-    and the accumulator in registers only with 64-row tiles and key blocks of at most 64; without tensor cores
-    only the tiles not expected to spill (:func:`_fma_attention_fits`). Without tuning one config: the fitting
-    one nearest 64x64, 4 warps, 2 stages (fp32: 64x32, 8 warps, 3 stages for head dims up to 64 and 2 above; a
-    card without tensor cores: its own, nearest 32x32)."""
+    dtype, ``TUNE``, the mask flags ``HAS_LENGTHS`` / ``PACKED``): the configs for this kind of card (tensor cores
+    or not, :data:`FMA_ATTENTION_STAGES`) that fit its shared memory (:func:`_attention_shared_bytes`; a mask adds
+    no tile). Wide heads (Dh > 128, padded to 256) keep the q tile and the accumulator in registers only with
+    64-row tiles and key blocks of at most 64; without tensor cores only the tiles not expected to spill
+    (:func:`_fma_attention_fits`). Without tuning one config: the fitting one nearest 64x64, 4 warps, 2 stages
+    (fp32: 64x32, 8 warps, 3 stages for head dims up to 64 and 2 above; a card without tensor cores: its own,
+    nearest 32x32; packed images in 16 bits with head dims above 64 on mma.sync cards: 8 warps)."""
     block_d = kwargs.get("BLOCK_D", named_args.get("BLOCK_D"))
     if block_d is None:
         return configs
@@ -153,7 +159,39 @@ def _prune_attention_configs(configs, named_args, **kwargs):
         # sm_80 to sm_120, 3.6 and 3.9 alike); Dh 128 the other way round on 3.6 (3 stages: 40 bytes on sm_80, 2:
         # none; 3.9: 64 bytes there either way), and 3 stages overflow the 99 KB cards there
         return [closest_config(kept, {"BLOCK_M": 64, "BLOCK_N": 32}, 8, 3 if block_d <= 64 else 2)]
+    if kwargs.get("PACKED", named_args.get("PACKED")) and card.dot == "mma.sync" and block_d > 64:
+        # packed images, 16-bit, Dh 128 on mma.sync cards: 64x64 with 4 warps spilled 32 bytes per thread on sm_80
+        # (255 registers, triton 3.6 and 3.9; the unmasked kernel and the padded batch there: none), 8 warps none
+        return [closest_config(kept, {"BLOCK_M": 64, "BLOCK_N": 64}, 8, 2)]
     return [closest_config(kept, {"BLOCK_M": 64, "BLOCK_N": 64}, 4, 2)]
+
+
+@triton.jit
+def _zero_tokens(
+    out_ptr,
+    start,
+    end,
+    T,
+    stride_out_b,
+    stride_out_t,
+    col,
+    HEAD_DIM,
+    first_row,
+    step,
+    BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Zeros over one head's ``HEAD_DIM`` columns (``col`` on) of tokens ``[start, end)`` of the ``B * T`` (a run
+    may cross image rows): this program's ``BLOCK_M`` tokens at ``first_row`` of every ``step``."""
+    offs_m = first_row + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    zeros = tl.zeros([BLOCK_M, BLOCK_D], dtype=out_ptr.dtype.element_ty)
+    for first in range(start, end, step):
+        tokens = first + offs_m
+        row = tokens // T
+        ptrs = out_ptr + row.to(tl.int64)[:, None] * stride_out_b + (tokens - row * T)[:, None] * stride_out_t
+        tl.store(ptrs + col + offs_d[None, :], zeros, mask=(tokens < end)[:, None] & d_mask[None, :])
 
 
 @triton.autotune(
@@ -161,16 +199,21 @@ def _prune_attention_configs(configs, named_args, **kwargs):
     key=[
         # everything _prune_attention_configs reads (the autotuner adds the dtypes itself)
         *("T", "HEAD_DIM", "ARCH", "TUNE"),
-        # every constexpr the configs do not set (tests/test_autotune_mode.py); these follow the dtype and head dim
-        *("DOT_IN_FP32", "ROUND_BF16", "BLOCK_D"),
+        # every constexpr the configs do not set (tests/test_autotune_mode.py); these follow the dtype, the head dim
+        # and which mask the launch has
+        *("DOT_IN_FP32", "ROUND_BF16", "HAS_LENGTHS", "PACKED", "BLOCK_D"),
     ],
     prune_configs_by={"early_config_prune": _prune_attention_configs},
     cache_results=autotune_cache_enabled(),
 )
-@triton.jit(do_not_specialize=["ARCH", "TUNE"])  # key-only: one compile whatever their values
+# key-only (ARCH, TUNE) or read by the masked variants only (batch, num_seqs, max_seqlen): one compile whatever their
+# values, so the unmasked kernel never specialises on a batch of 1
+@triton.jit(do_not_specialize=["batch", "num_seqs", "max_seqlen", "ARCH", "TUNE"])
 def _attention_kernel(
     qkv_ptr,  # [B, T, 3, H, Dh] fused q|k|v viewed by strides; unit stride along Dh
     out_ptr,  # [B, T, H * Dh] attention output, unit stride along its last dim
+    lengths_ptr,  # [B] int32 valid tokens per image (HAS_LENGTHS; otherwise any tensor, never read)
+    cu_seqlens_ptr,  # [N + 1] int32 segment offsets into the B * T tokens (PACKED; otherwise any tensor, never read)
     qk_scale,  # softmax scale * log2(e): exp2 of scaled logits equals exp of the unscaled ones
     T,  # tokens per image (rows of q, k and v)
     H,  # number of heads
@@ -179,25 +222,67 @@ def _attention_kernel(
     stride_qkv_t,  # elements between tokens in qkv (3 * H * Dh when qkv is contiguous)
     stride_out_b,  # elements between images in out
     stride_out_t,  # elements between tokens in out
+    batch,  # B (PACKED: the segments and the padding after them cover the B * T tokens; otherwise unused)
+    num_seqs,  # PACKED: N, the number of segments; otherwise unused
+    max_seqlen,  # PACKED: query rows the grid gives each segment, at least its longest; otherwise unused
     ARCH,  # compute capability of the tensors' device (cards.tensor_arch), never read: the prune's card
     TUNE,  # _common.tune_key(): 1 while tuning, never read: a heuristic pick never answers a tuned request
     DOT_IN_FP32: tl.constexpr,  # dot operands as fp32 at IEEE precision (fp32, or bf16 under the interpreter)
     ROUND_BF16: tl.constexpr,  # round the bf16 store by hand (interpreter: its fp32 -> bf16 cast truncates)
+    HAS_LENGTHS: tl.constexpr,  # a padded batch: image b's tokens >= lengths[b] are padding (zeros out)
+    PACKED: tl.constexpr,  # packed images: a program attends within one segment of cu_seqlens
     BLOCK_D: tl.constexpr,  # head dim padded to a power of two >= 16; padding lanes are masked
     BLOCK_M: tl.constexpr,  # query rows per program
     BLOCK_N: tl.constexpr,  # key/value rows per inner step
 ):
-    # one flat grid axis over (query block, image * head): grid axis 1 caps at 65535, which B * H
-    # passes at batch ~5.5k for 12 heads. Query blocks vary fastest, so programs running together
-    # share one head's k and v in L2.
-    num_m_blocks = tl.cdiv(T, BLOCK_M)
+    # one flat grid axis over (query block, image * head), or (query block, segment * head) when PACKED: grid axis 1
+    # caps at 65535, which B * H passes at batch ~5.5k for 12 heads. Query blocks vary fastest, so programs running
+    # together share one head's k and v in L2.
+    if PACKED:
+        num_m_blocks = tl.cdiv(max_seqlen, BLOCK_M)
+    else:
+        num_m_blocks = tl.cdiv(T, BLOCK_M)
     pid_m = tl.program_id(0) % num_m_blocks
     pid_bh = tl.program_id(0) // num_m_blocks
-    off_b = pid_bh // H
-    off_h = pid_bh % H
+    if PACKED:
+        # segment `seg` is tokens [cu_seqlens[seg], cu_seqlens[seg + 1]) of the B * T, inside one image row; the
+        # launcher checked the offsets, and clamping them keeps a bad one from reaching outside qkv and out
+        seg = pid_bh // H
+        off_h = pid_bh % H
+        total = batch * T
+        seg_start = tl.minimum(tl.maximum(tl.load(cu_seqlens_ptr + seg), 0), total)
+        if seg == num_seqs:  # the programs after the last segment write zeros over the padding that follows it
+            zero_from = seg_start  # cu_seqlens[N]
+            _zero_tokens(
+                out_ptr,
+                zero_from,
+                total,
+                T,
+                stride_out_b,
+                stride_out_t,
+                off_h * HEAD_DIM,
+                HEAD_DIM,
+                pid_m * BLOCK_M,
+                num_m_blocks * BLOCK_M,
+                BLOCK_M,
+                BLOCK_D,
+            )
+            return
+        off_b = seg_start // T
+        row_start = seg_start - off_b * T
+        seg_end = tl.minimum(tl.maximum(tl.load(cu_seqlens_ptr + seg + 1), seg_start), total)
+        seq_len = tl.minimum(seg_end - seg_start, T - row_start)  # a segment never runs past its image row
+        if pid_m * BLOCK_M >= seq_len:  # beyond this segment's end: its rows belong to the next one
+            return
+        kv_end = seq_len  # the segment's last key tile bounds the loop
+    else:
+        off_b = pid_bh // H
+        off_h = pid_bh % H
     embed_dim = H * HEAD_DIM
     # int64 batch offset: B * T * 3 * D overflows int32 for large serving batches
     q_base = qkv_ptr + off_b.to(tl.int64) * stride_qkv_b + off_h * HEAD_DIM
+    if PACKED:
+        q_base += row_start * stride_qkv_t
     k_base = q_base + embed_dim
     v_base = q_base + 2 * embed_dim
 
@@ -205,10 +290,27 @@ def _attention_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
-    row_mask = offs_m < T
+    if HAS_LENGTHS:
+        seq_len = tl.minimum(tl.maximum(tl.load(lengths_ptr + off_b), 0), T)
+        if pid_m * BLOCK_M >= seq_len:  # a query tile wholly in the image's padding: zeros, no key tile loaded
+            zero_ptrs = (
+                out_ptr
+                + off_b.to(tl.int64) * stride_out_b
+                + offs_m[:, None] * stride_out_t
+                + off_h * HEAD_DIM
+                + offs_d[None, :]
+            )
+            zeros = tl.zeros([BLOCK_M, BLOCK_D], dtype=out_ptr.dtype.element_ty)
+            tl.store(zero_ptrs, zeros, mask=(offs_m < T)[:, None] & d_mask[None, :])
+            return
+        kv_end = seq_len  # keys end at the image's end
+    elif not PACKED:
+        seq_len = T
+        kv_end = T
+    row_mask = offs_m < seq_len  # seq_len is T without a mask
 
     # zero-filled padding lanes of q and k add nothing to q k^T; those of v give output lanes
-    # that are never stored
+    # that are never stored. Padding tokens (HAS_LENGTHS, PACKED) are never loaded
     q = tl.load(
         q_base + offs_m[:, None] * stride_qkv_t + offs_d[None, :], mask=row_mask[:, None] & d_mask[None, :], other=0.0
     )
@@ -219,9 +321,9 @@ def _attention_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running softmax denominator
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-    for start_n in range(0, T, BLOCK_N):
+    for start_n in range(0, kv_end, BLOCK_N):
         cols = start_n + offs_n
-        col_mask = cols < T
+        col_mask = cols < kv_end
         kv_offsets = cols[:, None] * stride_qkv_t + offs_d[None, :]
         kv_mask = col_mask[:, None] & d_mask[None, :]
         k = tl.load(k_base + kv_offsets, mask=kv_mask, other=0.0)
@@ -230,12 +332,16 @@ def _attention_kernel(
             k = k.to(tl.float32)
             v = v.to(tl.float32)
         s = dot(q, tl.trans(k), None, DOT_IN_FP32) * qk_scale
-        # key tail -> -inf, so exp2 gives exactly 0. The first block always holds key 0, so m_new
-        # is finite for every row (padded query rows included) and no inf - inf NaN can arise.
+        # key tail (and padding) -> -inf, so exp2 gives exactly 0. The first block always holds key 0, a valid
+        # one, so m_new is finite for every row (padded query rows included) and no inf - inf NaN can arise.
         s = tl.where(col_mask[None, :], s, float("-inf"))
         m_i, l_i, acc = online_softmax_step(s, v, m_i, l_i, acc, DOT_IN_FP32)
 
-    acc = acc / l_i[:, None]
+    if HAS_LENGTHS or PACKED:
+        # padding query rows -> exact zeros (they summed valid keys with q = 0; the guard keeps any l_i = 0 out)
+        acc = tl.where(row_mask[:, None], acc / tl.where(row_mask, l_i, 1.0)[:, None], 0.0)
+    else:
+        acc = acc / l_i[:, None]
     out_ptrs = (
         out_ptr
         + off_b.to(tl.int64) * stride_out_b
@@ -243,15 +349,28 @@ def _attention_kernel(
         + off_h * HEAD_DIM
         + offs_d[None, :]
     )
+    if PACKED:
+        out_ptrs += row_start * stride_out_t
+    if HAS_LENGTHS:
+        store_mask = offs_m < T  # padding rows are written too: zeros
+    else:
+        store_mask = row_mask  # PACKED: the rows after the segment's end belong to the next segment
     out = to_bf16_rtne(acc) if ROUND_BF16 else acc.to(out_ptr.dtype.element_ty)
-    tl.store(out_ptrs, out, mask=row_mask[:, None] & d_mask[None, :])
+    tl.store(out_ptrs, out, mask=store_mask[:, None] & d_mask[None, :])
 
 
 _attention_launches = ResolvedLaunches(_attention_kernel)
 
 
 # ---------------------------------------------------------------------------------- launcher
-def _check_attention_inputs(qkv: torch.Tensor, num_heads: int, scale: float | None) -> None:
+def _check_attention_inputs(
+    qkv: torch.Tensor,
+    num_heads: int,
+    scale: float | None,
+    lengths: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    max_seqlen: int | None = None,
+) -> None:
     """Raise a clear error, before any launch, when the inputs do not fit the kernel."""
     if not isinstance(qkv, torch.Tensor):
         raise TypeError(f"attention: qkv must be a torch.Tensor, got {type(qkv).__name__}")
@@ -292,6 +411,78 @@ def _check_attention_inputs(qkv: torch.Tensor, num_heads: int, scale: float | No
         if not (isinstance(scale, (int, float)) and math.isfinite(scale)):
             raise ValueError(f"attention: scale must be a finite float or None, got {scale!r}")
     check_device("attention", qkv)
+    if lengths is not None or cu_seqlens is not None or max_seqlen is not None:
+        _check_mask(qkv, lengths, cu_seqlens, max_seqlen)
+
+
+def _check_mask(
+    qkv: torch.Tensor, lengths: torch.Tensor | None, cu_seqlens: torch.Tensor | None, max_seqlen: int | None
+) -> None:
+    """The mask arguments: their kind, dtype, device and shape always; their values where they can be read
+    (:func:`_values_readable`), which costs one device-to-host copy of ``lengths`` or ``cu_seqlens``."""
+    batch, tokens = qkv.shape[0], qkv.shape[1]
+    if lengths is not None and cu_seqlens is not None:
+        raise ValueError("attention: pass lengths (a padded batch) or cu_seqlens (images packed into rows), not both")
+    if max_seqlen is not None and cu_seqlens is None:
+        raise ValueError("attention: max_seqlen goes with cu_seqlens (the longest packed segment); got no cu_seqlens")
+    for name, mask in (("lengths", lengths), ("cu_seqlens", cu_seqlens)):
+        if mask is None:
+            continue
+        if not isinstance(mask, torch.Tensor):
+            raise ValueError(f"attention: {name} must be an int32 torch.Tensor, got {type(mask).__name__}")
+        if mask.dtype != torch.int32:
+            raise ValueError(f"attention: {name} must be int32, got {mask.dtype}; pass {name}.to(torch.int32)")
+        if mask.device != qkv.device:
+            raise ValueError(
+                f"attention: {name} is on {mask.device} but qkv is on {qkv.device}; pass {name}.to(qkv.device)"
+            )
+    if lengths is not None and tuple(lengths.shape) != (batch,):
+        raise ValueError(f"attention: lengths must have shape [B] = [{batch}], got {tuple(lengths.shape)}")
+    if cu_seqlens is not None and (cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 2):
+        raise ValueError(
+            f"attention: cu_seqlens must have shape [N + 1] with N >= 1 segments, got {tuple(cu_seqlens.shape)}"
+        )
+    if max_seqlen is not None and not torch.compiler.is_compiling():
+        if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int) or max_seqlen < 0:
+            raise ValueError(f"attention: max_seqlen must be an int >= 0 or None, got {max_seqlen!r}")
+    if lengths is not None and _values_readable(lengths):
+        values = lengths.tolist()
+        for b, n in enumerate(values):
+            if not 0 <= n <= tokens:
+                raise ValueError(f"attention: lengths[{b}] = {n} is outside 0..T = 0..{tokens}")
+    if cu_seqlens is not None and _values_readable(cu_seqlens):
+        offsets = cu_seqlens.tolist()
+        if offsets[0] != 0:
+            raise ValueError(f"attention: cu_seqlens[0] must be 0, got {offsets[0]}")
+        for i in range(1, len(offsets)):
+            start, end = offsets[i - 1], offsets[i]
+            if end < start:
+                raise ValueError(
+                    f"attention: cu_seqlens must be non-decreasing, got cu_seqlens[{i}] = {end} < "
+                    f"cu_seqlens[{i - 1}] = {start}"
+                )
+            if end > batch * tokens:
+                raise ValueError(
+                    f"attention: cu_seqlens[{i}] = {end} is past the B * T = {batch} * {tokens} tokens of qkv"
+                )
+            if end > start and start // tokens != (end - 1) // tokens:
+                raise ValueError(
+                    f"attention: segment {i - 1} (tokens {start}..{end - 1} of the B * T) crosses from image row "
+                    f"{start // tokens} into row {(end - 1) // tokens}; a segment must lie in one row of T = {tokens}"
+                )
+            if max_seqlen is not None and end - start > max_seqlen:
+                raise ValueError(
+                    f"attention: segment {i - 1} has {end - start} tokens, more than max_seqlen = {max_seqlen}"
+                )
+
+
+def _values_readable(mask: torch.Tensor) -> bool:
+    """Whether a mask tensor's values can be checked on the host: a plain tensor with data, outside
+    ``torch.compile`` tracing and CUDA-graph capture (where a host read is not possible). Elsewhere the kernel
+    clamps what it reads, so a bad value gives a wrong answer but never a read or write outside the tensors."""
+    if torch.compiler.is_compiling() or type(mask) is not torch.Tensor or mask.is_meta:
+        return False
+    return not (mask.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
 def launch_attention(
@@ -299,19 +490,24 @@ def launch_attention(
     num_heads: int,
     scale: float | None = None,
     *,
+    lengths: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    max_seqlen: int | None = None,
     out: torch.Tensor | None = None,
     checked: bool = False,
 ) -> torch.Tensor:
     """Check the inputs, then run the kernel once (no autograd, no custom op); returns ``[B, T, H * Dh]``.
 
-    ``checked=True`` skips the checks: only for the custom op, whose one caller (:func:`attention`)
-    has just run them, so a forward pays for each check once.
+    ``lengths``, ``cu_seqlens`` and ``max_seqlen`` as in :func:`attention`. ``checked=True`` skips the checks
+    (the values of ``lengths`` / ``cu_seqlens`` included, so no host read): for the custom op, whose one caller
+    (:func:`attention`) has just run them, so a forward pays for each check once, and for callers that checked
+    them already.
 
     ``out``, if given, must be ``[B, T, H * Dh]`` in qkv's dtype and device with a unit-stride last
     dim; tests pass a NaN-filled one so an element the kernel leaves unwritten is caught.
     """
     if not checked:
-        _check_attention_inputs(qkv, num_heads, scale)
+        _check_attention_inputs(qkv, num_heads, scale, lengths, cu_seqlens, max_seqlen)
     batch, tokens, width = qkv.shape
     embed_dim = width // 3
     head_dim = embed_dim // num_heads
@@ -319,15 +515,25 @@ def launch_attention(
     if batch == 0:
         return out
     scale = head_dim**-0.5 if scale is None else float(scale)
+    if cu_seqlens is not None:
+        num_seqs = cu_seqlens.shape[0] - 1
+        # a segment lies in one row, so T query rows cover the longest; the grid's last "segment" zeroes the
+        # padding after cu_seqlens[N]
+        rows = tokens if max_seqlen is None else min(max(max_seqlen, 1), tokens)
+        grid_seqs = num_seqs + 1
+    else:
+        num_seqs, rows, grid_seqs = batch, tokens, batch
 
     def grid(meta):
-        return (cdiv(tokens, meta["BLOCK_M"]) * batch * num_heads,)
+        return (cdiv(rows, meta["BLOCK_M"]) * grid_seqs * num_heads,)
 
     _attention_launches(
         grid,
-        (batch,),
+        (grid_seqs,),
         qkv,
         out,
+        qkv if lengths is None else lengths,  # a stand-in pointer the kernel never reads
+        qkv if cu_seqlens is None else cu_seqlens,
         scale * LOG2E,
         tokens,
         num_heads,
@@ -336,10 +542,15 @@ def launch_attention(
         qkv.stride(1),
         out.stride(0),
         out.stride(1),
+        batch,
+        num_seqs,
+        rows,
         tensor_arch(qkv),
         tune_key(),
         DOT_IN_FP32=dot_in_fp32(qkv.dtype),
         ROUND_BF16=interpret_bf16(qkv.dtype),
+        HAS_LENGTHS=lengths is not None,
+        PACKED=cu_seqlens is not None,
         BLOCK_D=block_d_for(head_dim),
     )
     return out
@@ -347,23 +558,51 @@ def launch_attention(
 
 # ---------------------------------------------------------------------------------- custom op
 @torch.library.custom_op("vit_fast::attention", mutates_args=())
-def _attention_op(qkv: torch.Tensor, num_heads: int, scale: float) -> torch.Tensor:
-    return launch_attention(qkv, num_heads, scale, checked=True)  # attention() checked the inputs
+def _attention_op(
+    qkv: torch.Tensor,
+    num_heads: int,
+    scale: float,
+    lengths: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    max_seqlen: int | None = None,
+) -> torch.Tensor:
+    # attention() checked the inputs
+    return launch_attention(
+        qkv, num_heads, scale, lengths=lengths, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, checked=True
+    )
 
 
 @_attention_op.register_fake
-def _attention_fake(qkv: torch.Tensor, num_heads: int, scale: float) -> torch.Tensor:
-    _check_attention_inputs(qkv, num_heads, scale)
+def _attention_fake(
+    qkv: torch.Tensor,
+    num_heads: int,
+    scale: float,
+    lengths: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    max_seqlen: int | None = None,
+) -> torch.Tensor:
+    _check_attention_inputs(qkv, num_heads, scale, lengths, cu_seqlens, max_seqlen)  # values: not readable here
     batch, tokens, width = qkv.shape
     return qkv.new_empty((batch, tokens, width // 3))
 
 
 register_recompute_backward(
-    _attention_op, lambda qkv, num_heads, scale: attention_ref(qkv, num_heads, scale, upcast=True)
+    _attention_op,
+    lambda qkv, num_heads, scale, lengths, cu_seqlens, max_seqlen: attention_ref(
+        qkv, num_heads, scale, upcast=True, lengths=lengths, cu_seqlens=cu_seqlens
+    ),
 )
 
 
-def attention(qkv: torch.Tensor, num_heads: int, scale: float | None = None) -> torch.Tensor:
+def attention(
+    qkv: torch.Tensor,
+    num_heads: int,
+    scale: float | None = None,
+    *,
+    lengths: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    max_seqlen: int | None = None,
+) -> torch.Tensor:
     """Multi-head self-attention on the fused qkv projection, without copies.
 
     Args:
@@ -372,31 +611,73 @@ def attention(qkv: torch.Tensor, num_heads: int, scale: float | None = None) -> 
             (e.g. a slice of a larger buffer). Read as ``[B, T, 3, H, Dh]``: q, then k, then v.
         num_heads: H. ``Dh = qkv.shape[-1] / (3 * H)`` must lie in 16..256.
         scale: softmax scale; ``Dh ** -0.5`` when None.
+        lengths: a padded batch: ``[B]`` int32 on qkv's device, image ``b``'s valid tokens (0..T). Its tokens
+            ``>= lengths[b]`` are padding: never read (NaN there changes nothing), and their output rows are zeros.
+        cu_seqlens: packed images: ``[N + 1]`` int32 on qkv's device, offsets into the ``B * T`` tokens (row-major:
+            token ``t`` of row ``b`` is ``b * T + t``), ``cu_seqlens[0] = 0``, non-decreasing, each segment inside
+            one row of ``T``. Segment ``i`` (tokens ``cu_seqlens[i]`` up to ``cu_seqlens[i + 1]``) attends within
+            itself only. Tokens from ``cu_seqlens[N]`` to ``B * T`` are padding: never read, zeros out. Not with
+            ``lengths``.
+        max_seqlen: with ``cu_seqlens``, optional: at least the longest segment's tokens. The grid gives every
+            segment ``T`` query rows without it (the extra programs exit at once); a tighter bound launches fewer.
 
     Returns:
         ``[B, T, H * Dh]`` in qkv's dtype, heads side by side (timm's ``transpose(1, 2).reshape``).
 
+    With a mask, a key tile wholly past a sequence's end is never loaded (the key loop ends at the sequence's
+    end); without one the kernel is the unmasked one (the mask flags are constexprs). The values of ``lengths`` /
+    ``cu_seqlens`` are checked on the host (one device-to-host copy: the call waits for the GPU), except under
+    ``torch.compile`` and CUDA-graph capture; there the kernel clamps them, so a bad one gives wrong rows but
+    never a read or write outside qkv and the output.
+
     A ``torch.library`` custom op (``vit_fast::attention``) with a fake implementation, so it
     traces under ``torch.compile(fullgraph=True)``. Backward is supported but not fused: it
     recomputes the forward through ``attention_ref`` (fp32 for half inputs) and differentiates
-    that, so it costs eager attention's time and memory.
+    that, so it costs eager attention's time and memory (padding gets zero gradients).
     """
-    _check_attention_inputs(qkv, num_heads, scale)
+    _check_attention_inputs(qkv, num_heads, scale, lengths, cu_seqlens, max_seqlen)
     head_dim = qkv.shape[-1] // (3 * num_heads)
     scale = head_dim**-0.5 if scale is None else float(scale)
     if eager_direct(qkv):  # plain eager: skip the custom op's dispatch
-        return launch_attention(qkv, num_heads, scale, checked=True)
-    return _attention_op(qkv, num_heads, scale)
+        return launch_attention(
+            qkv, num_heads, scale, lengths=lengths, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, checked=True
+        )
+    return _attention_op(qkv, num_heads, scale, lengths, cu_seqlens, max_seqlen)
 
 
 # ---------------------------------------------------------------------------------- reference
-def attention_ref(qkv: torch.Tensor, num_heads: int, scale: float | None = None, upcast: bool = False) -> torch.Tensor:
+def _token_segments(
+    batch: int, tokens: int, lengths: torch.Tensor | None, cu_seqlens: torch.Tensor | None, device: torch.device
+) -> torch.Tensor:
+    """``[B, T]`` int64: which sequence each token belongs to (tokens attend within their own), -1 for padding."""
+    positions = torch.arange(batch * tokens, device=device)
+    if lengths is not None:
+        in_image = positions.view(batch, tokens) % tokens < lengths.to(device, torch.int64)[:, None]
+        return torch.where(in_image, 0, -1)
+    offsets = cu_seqlens.to(device, torch.int64)
+    segment = torch.searchsorted(offsets[1:], positions, right=True)
+    return torch.where(positions < offsets[-1], segment, -1).view(batch, tokens)
+
+
+def attention_ref(
+    qkv: torch.Tensor,
+    num_heads: int,
+    scale: float | None = None,
+    upcast: bool = False,
+    *,
+    lengths: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Eager attention, written as timm's ``Attention.forward``: ``[B, T, 3HDh] -> [B, T, HDh]``.
 
     ``upcast=False`` computes in qkv's dtype (what eager PyTorch does: the error a kernel is
     judged against). ``upcast=True`` computes float16 / bfloat16 inputs in float32 and casts the
     result back; float32 and float64 inputs are computed as they are. For a float64 reference,
     pass ``qkv.double()``.
+
+    ``lengths`` / ``cu_seqlens`` as in :func:`attention`: padding tokens are zeroed before use (a NaN there
+    changes nothing), keys outside a query's sequence are masked out of its softmax, and padding rows come out
+    zero (a padding query attends to itself alone, so no row is all masked and gradients stay finite).
     """
     batch, tokens, width = qkv.shape
     head_dim = width // (3 * num_heads)
@@ -404,8 +685,18 @@ def attention_ref(qkv: torch.Tensor, num_heads: int, scale: float | None = None,
     dtype = qkv.dtype
     if upcast and dtype in (torch.float16, torch.bfloat16):
         qkv = qkv.float()
+    allowed = None
+    if lengths is not None or cu_seqlens is not None:
+        segment = _token_segments(batch, tokens, lengths, cu_seqlens, qkv.device)
+        padding = segment < 0
+        qkv = qkv.masked_fill(padding[..., None], 0.0)
+        allowed = (segment[:, :, None] == segment[:, None, :]) & ~padding[:, None, :]
+        allowed |= torch.eye(tokens, dtype=torch.bool, device=qkv.device) & padding[:, :, None]
     q, k, v = qkv.reshape(batch, tokens, 3, num_heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-    attn = ((q * scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+    scores = (q * scale) @ k.transpose(-2, -1)
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed[:, None], float("-inf"))
+    attn = scores.softmax(dim=-1)
     out = (attn @ v).transpose(1, 2).reshape(batch, tokens, num_heads * head_dim)
     return out.to(dtype)
 

@@ -120,18 +120,33 @@ def test_patch_embed_configs_fit_every_card(monkeypatch, arch, dtype):
 @pytest.mark.parametrize("arch", sorted(cards.CARDS))
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("head_dim", [64, 80])
-def test_attention_configs_fit_every_card(monkeypatch, arch, dtype, head_dim):
+@pytest.mark.parametrize("mask", [None, "lengths", "packed"])
+def test_attention_configs_fit_every_card(monkeypatch, arch, dtype, head_dim, mask):
+    """The unmasked kernel and its masked variants (a padded batch, packed images): their flags are in the key."""
     card = cards.CARDS[arch]
     configs = _compiled_configs(monkeypatch, attention, attention._attention_configs)
     kernel = attention._attention_kernel
     for heads in (6, 12, 16):
         for batch, tokens in ((1, 197), (8, 197), (8, 257)):
             qkv = _meta((batch, tokens, 3 * heads * head_dim), dtype)
+            masks = {
+                None: {},
+                "lengths": {"lengths": _meta((batch,), torch.int32)},
+                "packed": {"cu_seqlens": _meta((3 * batch + 1,), torch.int32)},
+            }[mask]
             with cards.pretend_arch(arch):
                 named, constexprs = _recorded(
-                    monkeypatch, attention, "_attention_launches", kernel, attention.launch_attention, qkv, heads
+                    monkeypatch,
+                    attention,
+                    "_attention_launches",
+                    kernel,
+                    attention.launch_attention,
+                    qkv,
+                    heads,
+                    **masks,
                 )
             assert named["ARCH"] == arch
+            assert (constexprs["HAS_LENGTHS"], constexprs["PACKED"]) == (mask == "lengths", mask == "packed")
             block_d = constexprs["BLOCK_D"]
             for tune in (True, False):
                 kept = _pruned(monkeypatch, kernel, configs, named, constexprs, tune)
@@ -160,6 +175,29 @@ def test_fp32_attention_heuristic_fits_and_does_not_spill(monkeypatch):
             shape = (picked.kwargs["BLOCK_M"], picked.kwargs["BLOCK_N"], picked.num_warps, picked.num_stages)
             assert shape == (64, 32, 8, 3 if block_d == 64 else 2), (arch, block_d, shape)
             assert attention._attention_shared_bytes(picked, block_d, 4, card) <= card.shared_memory
+
+
+def test_packed_attention_heuristic_on_mma_sync_takes_8_warps(monkeypatch):
+    """Packed images in 16 bits with Dh 80-128 (BLOCK_D 128): the usual pick, 64x64 with 4 warps, spilled 32 bytes
+    per thread on sm_80 (triton 3.6 and 3.9); with 8 warps nothing there or on sm_86 (174-176 registers). Only the
+    packed variant on mma.sync cards moves: the unmasked kernel and the padded batch keep 4 warps, and so does
+    every variant on sm_90 (wgmma, 188-190 registers, no spills)."""
+    configs = _compiled_configs(monkeypatch, attention, attention._attention_configs)
+    named = {"qkv_ptr": torch.empty(1, dtype=torch.float16), "TUNE": 0}
+    for arch, card in cards.CARDS.items():
+        if not card.tensor_cores:
+            continue
+        for block_d, has_lengths, packed in (
+            (64, False, True),
+            (128, False, False),
+            (128, True, False),
+            (128, False, True),
+        ):
+            flags = {"BLOCK_D": block_d, "HAS_LENGTHS": has_lengths, "PACKED": packed}
+            (picked,) = attention._prune_attention_configs(configs, {**named, "ARCH": arch}, **flags)
+            warps = 8 if packed and block_d > 64 and card.dot == "mma.sync" else 4
+            shape = (picked.kwargs["BLOCK_M"], picked.kwargs["BLOCK_N"], picked.num_warps, picked.num_stages)
+            assert shape == (64, 64, warps, 2), (arch, flags, shape)
 
 
 def test_fp32_patch_embed_heuristic_for_many_rows_does_not_spill(monkeypatch):

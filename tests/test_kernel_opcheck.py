@@ -61,11 +61,32 @@ def _patch_embed_public(x, weight, bias, pos_embed, cls_token, reg_token, mean, 
     )
 
 
+def _attention_public(qkv, num_heads, scale, lengths, cu_seqlens, max_seqlen):
+    return attention.attention(qkv, num_heads, scale, lengths=lengths, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
+
+
 # id -> (op name, args builder (the op's arguments in its order), the public function on the same arguments)
 CASES = {
     "patch_embed": ("patch_embed", _patch_embed_args, _patch_embed_public),
     "patch_embed-uint8": ("patch_embed", _patch_embed_uint8_args, _patch_embed_public),
     "attention": ("attention", lambda d: [_randn(d, 2, 5, 3 * 2 * 16), 2, 0.3], attention.attention),
+    "attention-lengths": (
+        "attention",
+        lambda d: [_randn(d, 2, 5, 3 * 2 * 16), 2, 0.3, torch.tensor([5, 2], dtype=torch.int32, device=d), None, None],
+        _attention_public,
+    ),
+    "attention-packed": (
+        "attention",
+        lambda d: [
+            _randn(d, 2, 5, 3 * 2 * 16),
+            2,
+            0.3,
+            None,
+            torch.tensor([0, 3, 5, 9], dtype=torch.int32, device=d),
+            4,
+        ],
+        _attention_public,
+    ),
     "attention_pool": (
         "attention_pool",
         lambda d: [_randn(d, 1, 3, 2 * 16), _randn(d, 2, 5, 2 * 2 * 16), 2, 0.3],
@@ -144,6 +165,9 @@ BAD_INPUTS = {
     "patch_embed-uint8-mean-shape": ("patch_embed-uint8", 6, lambda d, a: a[6][:2], ValueError, "mean has shape"),
     "attention-head-dim-8": ("attention", 0, lambda d, a: _randn(d, 2, 5, 48), ValueError, "head_dim 8"),
     "attention-float64": ("attention", 0, lambda d, a: a[0].detach().double(), TypeError, "float64 is not supported"),
+    "attention-lengths-dtype": ("attention-lengths", 3, lambda d, a: a[3].long(), ValueError, "lengths must be int32"),
+    "attention-lengths-shape": ("attention-lengths", 3, lambda d, a: a[3][:1], ValueError, r"shape \[B\] = \[2\]"),
+    "attention-packed-both": ("attention-packed", 3, lambda d, a: a[4][:2], ValueError, "not both"),
     "attention_pool-q-batch": ("attention_pool", 0, lambda d, a: _randn(d, 3, 3, 32), ValueError, "q has batch 3"),
     "attention_pool-q-dtype": ("attention_pool", 0, lambda d, a: _half(a[0]), TypeError, "cast q to kv's dtype"),
     "diff_attention-weight": ("diff_attention", 2, lambda d, a: a[2][:8], ValueError, r"shape \(16,\), got \(8,\)"),

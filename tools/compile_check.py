@@ -75,7 +75,13 @@ PICK_BATCHES = (1, 8, 64)
 def _torch_dtype(name):
     import torch
 
-    return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "u8": torch.uint8}[name]
+    return {
+        "fp32": torch.float32,
+        "fp16": torch.float16,
+        "bf16": torch.bfloat16,
+        "u8": torch.uint8,
+        "i32": torch.int32,
+    }[name]
 
 
 def _empty(shape, dtype):
@@ -270,22 +276,36 @@ def layer_norm_launch(params):
 ATTENTION_HEADS = {32: 12, 64: 12, 80: 16, 96: 12, 128: 16, 256: 4}  # head_dim -> num_heads (256: MAX_HEAD_DIM)
 
 
+#: the attention kernel's masked variants (its HAS_LENGTHS / PACKED flags): a padded batch, packed images
+ATTENTION_MASKS = ("lengths", "packed")
+
+
+def _attention_case(dtype, head_dim, b, which, mask=None, heads=None):
+    label = f"{dtype}{f' H{heads}' if heads else ''} Dh{head_dim} b{b}{f' | {mask}' if mask else ''}"
+    params = {"dtype": dtype, "head_dim": head_dim, "B": b, **({"heads": heads} if heads else {})}
+    return ("attention", label, {**params, **({"mask": mask} if mask else {})}, which)
+
+
 def attention_cases(variant_set: str, full: bool):
     if variant_set == "picks":  # 6 (ViT-S/16) and 12 (ViT-B/16) heads of 64, 197 tokens
         return [
-            ("attention", f"{dtype} H{H} Dh64 b{b}", {"dtype": dtype, "head_dim": 64, "heads": H, "B": b}, "pick")
+            _attention_case(dtype, 64, b, "pick", heads=H)
             for dtype, (_, _, H), b in itertools.product(DTYPES, PICK_MODELS, PICK_BATCHES)
         ]
-    if variant_set == "vit-b16":  # 12 heads of 64, 197 tokens, batch 1 and 8
+    if variant_set == "vit-b16":  # 12 heads of 64, 197 tokens, batch 1 and 8; the masked variants at batch 8
         return [
-            ("attention", f"{dtype} Dh64 b{b}", {"dtype": dtype, "head_dim": 64, "B": b}, _vit_b16_which(dtype))
-            for dtype, b in itertools.product(DTYPES, (1, 8))
+            _attention_case(dtype, 64, b, _vit_b16_which(dtype)) for dtype, b in itertools.product(DTYPES, (1, 8))
+        ] + [
+            _attention_case(dtype, 64, 8, _vit_b16_which(dtype), mask)
+            for dtype, mask in itertools.product(DTYPES, ATTENTION_MASKS)
         ]
     cases = []
     for head_dim, dtype in itertools.product(ATTENTION_HEADS, DTYPES):
         # Dh 80 and 96 have the same tiles as Dh 128 (BLOCK_D 128), only the masks differ
         which = "all" if full else ("ends" if head_dim in (80, 96) else "kept")
-        cases.append(("attention", f"{dtype} Dh{head_dim} b8", {"dtype": dtype, "head_dim": head_dim, "B": 8}, which))
+        cases.append(_attention_case(dtype, head_dim, 8, which))
+        # the masked variants: the smallest and largest kept tile (and the pick) unless --full
+        cases += [_attention_case(dtype, head_dim, 8, "all" if full else "ends", mask) for mask in ATTENTION_MASKS]
     return cases
 
 
@@ -294,8 +314,19 @@ def attention_launch(params):
 
     B, T, Dh = params.get("B", 8), 197, params["head_dim"]
     H = params.get("heads", ATTENTION_HEADS[Dh])
+    mask = params.get("mask")
+    masks = {
+        "lengths": {"lengths": _empty((B,), "i32")},
+        # four images in each row's 197 tokens; the launcher reads no values (checked=True)
+        "packed": {"cu_seqlens": _empty((4 * B + 1,), "i32"), "max_seqlen": 64},
+    }
     return _recorded_launch(
-        at, "_attention_kernel", at.launch_attention, _empty((B, T, 3 * H * Dh), params["dtype"]), H
+        at,
+        "_attention_kernel",
+        at.launch_attention,
+        _empty((B, T, 3 * H * Dh), params["dtype"]),
+        H,
+        **(masks[mask] if mask else {}),
     )
 
 
