@@ -123,14 +123,16 @@ def test_naflexvit_matches_timm_at_native_resolution(key, mix, backend, monkeypa
         return
     assert launches["_linear_kernel"]  # every block ran on the kernels
     attention = {n: c for n, c in launches.items() if "attention" in n}
-    if padded:  # masked attention in PyTorch until the attention kernel takes lengths
-        assert attention == {}
+    # the attention kernel in every block, padded or not (its lengths); the pool kernel takes none: PyTorch when padded
+    pooled = model.attn_pool is not None and not padded
+    assert attention == {
+        "_attention_kernel": 2 * len(model.blocks),
+        **({"_attention_pool_kernel": 1} if pooled else {}),
+    }
+    if padded:
         poisoned = dict(batch, patches=batch["patches"].masked_fill(~valid[..., None], float("nan")))
         tokens = _valid_tokens(model, _run(model, poisoned, features=True), valid)
         assert_within_eager(tokens, eager_tokens, expected_tokens, name=f"{key} valid tokens, NaN padding")
-    else:
-        assert attention.get("_attention_kernel", 0) == 2 * len(model.blocks)  # two forwards
-        assert attention.get("_attention_pool_kernel", 0) == (model.attn_pool is not None)  # the logits' forward
 
 
 def test_a_mask_other_than_key_padding_runs_timm_blocks(monkeypatch):

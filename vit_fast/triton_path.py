@@ -94,10 +94,11 @@ class _Ops:
             return launch_linear(x, w, b, act, ln_weight=norm.weight, ln_bias=norm.bias, ln_eps=norm.eps, checked=True)
         return layer_norm_linear(x, norm.weight, norm.bias, norm.eps, lin.weight, lin.bias, act)
 
-    def attention(self, qkv, num_heads: int, scale: float) -> torch.Tensor:
+    def attention(self, qkv, num_heads: int, scale: float, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """``lengths [B]`` (int32): a padded batch's valid tokens per sample, a prefix of each row."""
         if self.direct:
-            return launch_attention(qkv, num_heads, scale, checked=True)
-        return attention(qkv, num_heads, scale)
+            return launch_attention(qkv, num_heads, scale, lengths=lengths, checked=True)
+        return attention(qkv, num_heads, scale, lengths=lengths)
 
     def diff_attention(self, qkv, lambda_full, norm_weight, num_heads: int, lambda_init, scale, eps) -> torch.Tensor:
         args = (qkv, lambda_full, norm_weight, num_heads, lambda_init, scale, eps)
@@ -174,12 +175,13 @@ class _CheckedOps(_Ops):
         launches = _linear_module._linear_launches
         return self._run("layer_norm_linear", launches, x.dtype, shape, launch, layer_norm_linear_ref, args)
 
-    def attention(self, qkv, num_heads: int, scale: float) -> torch.Tensor:
+    def attention(self, qkv, num_heads: int, scale: float, lengths: torch.Tensor | None = None) -> torch.Tensor:
         batch, tokens, width = qkv.shape
-        shape = (m_class(batch * tokens), tokens, num_heads, width // (3 * num_heads))
-        launch = lambda: _Ops.attention(self, qkv, num_heads, scale)  # noqa: E731
+        shape = (m_class(batch * tokens), tokens, num_heads, width // (3 * num_heads), lengths is not None)
+        launch = lambda: _Ops.attention(self, qkv, num_heads, scale, lengths)  # noqa: E731
         launches = _attention_module._attention_launches
-        return self._run("attention", launches, qkv.dtype, shape, launch, attention_ref, (qkv, num_heads, scale))
+        args, kwargs = (qkv, num_heads, scale), {"lengths": lengths}
+        return self._run("attention", launches, qkv.dtype, shape, launch, attention_ref, args, kwargs)
 
     def diff_attention(self, qkv, lambda_full, norm_weight, num_heads: int, lambda_init, scale, eps) -> torch.Tensor:
         batch, tokens, width = qkv.shape
@@ -410,16 +412,10 @@ def _block(block: Block, x: torch.Tensor, act: str, lengths: torch.Tensor | None
 # --------------------------------------------------------------------------- key padding (native resolution)
 def attention_with_lengths(ops: _Ops, qkv: torch.Tensor, num_heads: int, scale: float, lengths: torch.Tensor):
     """Self-attention of a padded batch, ``qkv [B, T, 3 * H * Dh]`` -> ``[B, T, H * Dh]``: every masked attention
-    of a patched layer (timm's NaFlexVit, transformers' SigLIP 2) comes here. ``lengths [B]`` (int32, on qkv's
-    device): sample b's tokens ``[0, lengths[b])`` are its keys, the rest padding, whose content (even NaN) never
-    reaches a valid row. A padding row's output is not defined (the model discards it).
-
-    With no padding in the batch (every length is T) the attention kernel runs as for an unmasked layer; otherwise
-    :func:`attention_lengths_torch`, until the kernel takes ``lengths`` itself: the ``return`` below is the one
-    line that then calls it."""
-    if int(lengths.min()) == qkv.shape[1]:
-        return ops.attention(qkv, num_heads, scale)
-    return attention_lengths_torch(qkv, num_heads, scale, lengths)
+    of a patched layer (timm's NaFlexVit, transformers' SigLIP 2) comes here, to the attention kernel with its
+    ``lengths``. ``lengths [B]`` (int32, on qkv's device): sample b's tokens ``[0, lengths[b])`` are its keys and
+    queries; the rest is padding, never read (even NaN there reaches no valid row), its output rows zeros."""
+    return ops.attention(qkv, num_heads, scale, lengths)
 
 
 def _key_padding(k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor) -> tuple:
@@ -428,17 +424,6 @@ def _key_padding(k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor) -> tup
     valid = torch.arange(k.shape[2], device=k.device) < lengths.to(k.device)[:, None]
     keep = valid[:, None, :, None]
     return k.masked_fill(~keep, 0), v.masked_fill(~keep, 0), valid[:, None, None, :]
-
-
-def attention_lengths_torch(qkv: torch.Tensor, num_heads: int, scale: float, lengths: torch.Tensor) -> torch.Tensor:
-    """:func:`attention_with_lengths` in PyTorch (``scaled_dot_product_attention`` with the boolean key mask built
-    from ``lengths``), in qkv's dtype."""
-    batch, tokens, width = qkv.shape
-    head_dim = width // (3 * num_heads)
-    q, k, v = qkv.reshape(batch, tokens, 3, num_heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-    k, v, mask = _key_padding(k, v, lengths)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-    return out.transpose(1, 2).reshape(batch, tokens, num_heads * head_dim)
 
 
 def attention_pool_with_lengths(ops: _Ops, q, kv, num_heads: int, scale: float, lengths: torch.Tensor):
