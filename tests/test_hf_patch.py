@@ -6,6 +6,7 @@ rule against the same model in float64, on random weights and tiny configs."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import pytest
@@ -354,7 +355,7 @@ class Row(NamedTuple):
     family: str
     extra: dict[str, Any]
     main: str
-    inputs: Any = _images
+    inputs: Callable[[], dict[str, torch.Tensor]] = _images
 
 
 PARITY = {

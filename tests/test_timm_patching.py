@@ -5,6 +5,7 @@ time, by name, with nothing patched; torch.jit.script of a patched model."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import pytest
@@ -17,6 +18,7 @@ from vit_fast import timm_blocks  # noqa: E402
 from vit_fast.timm_blocks import BlockPlan, PoolPlan  # noqa: E402
 
 from .fakes import (  # noqa: E402
+    Inputs,
     as_float64,
     assert_attention_launches,
     kernel_launches,
@@ -206,7 +208,7 @@ class Row(NamedTuple):
 
     name: str
     kwargs: dict[str, Any]
-    inputs: Any = _images
+    inputs: Callable[[torch.nn.Module], Inputs] = _images
 
 
 #: one tiny model per model class, block kind, attention and head apply_vit_fast runs (head dims of 16 and up)
@@ -256,12 +258,12 @@ def _attention_launches(model: torch.nn.Module) -> int:
     return sum(len(getattr(block, "attns", ())) or 1 for block in model.blocks)
 
 
-def _padded(x: torch.Tensor | dict[str, torch.Tensor]) -> bool:
+def _padded(x: Inputs) -> bool:
     """Whether some image of a NaFlex batch is padded."""
     return isinstance(x, dict) and not bool(x["patch_valid"].all())
 
 
-def _valid_tokens(tokens: torch.Tensor, x: torch.Tensor | dict[str, torch.Tensor]) -> torch.Tensor:
+def _valid_tokens(tokens: torch.Tensor, x: Inputs) -> torch.Tensor:
     """``tokens [B, P + T, D]`` (P prefix tokens, then T patches): for a NaFlex batch the prefix tokens and valid
     patches, ``[N, D]`` (padding rows are nobody's output: the rule judges the valid ones); all of them otherwise."""
     if not isinstance(x, dict):
@@ -271,9 +273,7 @@ def _valid_tokens(tokens: torch.Tensor, x: torch.Tensor | dict[str, torch.Tensor
     return tokens[torch.cat([prefix, valid], dim=1)]
 
 
-def _outputs(
-    model: torch.nn.Module, x: torch.Tensor | dict[str, torch.Tensor]
-) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+def _outputs(model: torch.nn.Module, x: Inputs) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     """The logits, and forward_intermediates' final tokens and every block's output (``[B, N, D]``; a NaFlex
     batch's at valid tokens)."""
     final, intermediates = model.forward_intermediates(x, output_fmt="NLC")
@@ -311,7 +311,7 @@ def test_patched_kind_matches_the_unpatched_model(case, mode, monkeypatch):
         assert_within_eager(o.detach(), e, r, name=f"{case} {mode} block {i}")
 
 
-def _grads(model: torch.nn.Module, x: torch.Tensor | dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def _grads(model: torch.nn.Module, x: Inputs) -> dict[str, torch.Tensor]:
     """d(logits . fixed weight)/d(input pixels or patches, every parameter), autograd on, the model in eval."""
     x, pixels = requiring_grad(x)
     out = model(x)
