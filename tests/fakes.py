@@ -1,5 +1,6 @@
-"""Stand-ins shared by the tests: a tiny Hugging Face classifier, trained-like weights for a timm model, the kernel
-launches of a call counted, a failing publish."""
+"""Stand-ins shared by the tests: a tiny Hugging Face classifier, trained-like weights for a timm model, padded
+native-resolution batches (timm's NaFlex, transformers' SigLIP 2), a model's inputs in float64 or requiring grad, the
+kernel launches of a call counted and the attention launches expected of them, a failing publish."""
 
 from __future__ import annotations
 
@@ -56,6 +57,61 @@ def kernel_launches(call: Callable[[], Any]) -> tuple[Any, Counter]:
     with record_launches() as launches:
         result = call()
     return result, Counter(launch["kernel"] for launch in launches)
+
+
+def assert_attention_launches(launches: Counter, attention: int, pool: int = 0, *, padded: bool) -> None:
+    """The attention kernel (plain or differential) launched ``attention`` times and the attention-pool kernel
+    ``pool`` times in ``launches`` (:func:`kernel_launches`). A ``padded`` batch's attention runs on the kernel with
+    its key-padding lengths (:mod:`vit_fast.naflex`); its attention-pool head runs in PyTorch (that kernel takes no
+    lengths), so ``pool`` is not expected there."""
+    seen = Counter(
+        attention=launches["_attention_kernel"] + launches["_diff_attention_kernel"],
+        pool=launches["_attention_pool_kernel"],
+    )
+    expected = Counter(attention=attention, pool=0 if padded else pool)
+    assert seen == expected, f"attention launches {dict(seen)}, expected {dict(expected)} (padded={padded}): {launches}"
+
+
+def naflex_batch(sizes: list[tuple[int, int]], patch: int, seed: int) -> dict[str, torch.Tensor]:
+    """Random images of ``sizes`` (h, w pixels) packed and padded as timm's NaFlex loader hands them to a
+    ``NaFlexVit`` (:func:`vit_fast.naflex.pack_images`): ``patches``, ``patch_coord``, ``patch_valid``."""
+    from vit_fast.naflex import pack_images
+
+    gen = torch.Generator().manual_seed(seed)
+    return pack_images([torch.randn(3, h, w, generator=gen) for h, w in sizes], patch)
+
+
+def siglip2_batch(shapes: list[tuple[int, int]], patch: int, seed: int) -> dict[str, torch.Tensor]:
+    """Images of ``shapes`` (rows x columns of ``patch``-pixel patches) as transformers' Siglip2ImageProcessor hands
+    them over: ``pixel_values [B, T, 3 * patch * patch]`` (patches packed per image and padded at the end to the
+    longest), ``pixel_attention_mask [B, T]`` (1: a patch, 0: padding), ``spatial_shapes [B, 2]``."""
+    gen = torch.Generator().manual_seed(seed)
+    tokens = max(h * w for h, w in shapes)
+    pixel_values = torch.randn(len(shapes), tokens, 3 * patch * patch, generator=gen)
+    lengths = torch.tensor([h * w for h, w in shapes])
+    mask = (torch.arange(tokens) < lengths[:, None]).long()
+    return dict(pixel_values=pixel_values, pixel_attention_mask=mask, spatial_shapes=torch.tensor(shapes))
+
+
+Inputs = torch.Tensor | dict[str, torch.Tensor]
+
+
+def as_float64(inputs: Inputs) -> Inputs:
+    """A model's inputs (an image tensor, or a dict of them) with the floating ones in float64; masks, coordinates
+    and shapes as they are."""
+    if isinstance(inputs, torch.Tensor):
+        return inputs.double()
+    return {k: v.double() if v.is_floating_point() else v for k, v in inputs.items()}
+
+
+def requiring_grad(inputs: Inputs) -> tuple[Inputs, torch.Tensor]:
+    """A copy of a model's inputs whose one floating tensor (the pixels or patches) requires grad, and that tensor."""
+    if isinstance(inputs, torch.Tensor):
+        leaf = inputs.clone().requires_grad_()
+        return leaf, leaf
+    (key,) = [k for k, v in inputs.items() if v.is_floating_point()]
+    leaf = inputs[key].clone().requires_grad_()
+    return {**inputs, key: leaf}, leaf
 
 
 def fail_replace_onto(monkeypatch: pytest.MonkeyPatch, suffix: str, staging_mark: str) -> None:

@@ -211,7 +211,9 @@ def test_checked_under_autograd_and_a_failed_op_keeps_its_gradient(monkeypatch):
     _, eager_grad = _input_grad(model, x)
     _, grad64 = _input_grad(ref64, x.double())
     real = triton_path.attention
-    monkeypatch.setattr(triton_path, "attention", lambda *args, **kwargs: real(*args, **kwargs) + 0.5)  # the op autograd goes through
+    monkeypatch.setattr(
+        triton_path, "attention", lambda *args, **kwargs: real(*args, **kwargs) + 0.5
+    )  # the op autograd goes through
     model.set_backend("triton")
     with pytest.warns(RuntimeWarning, match=r"'attention' runs in eager PyTorch"):
         out, grad = _input_grad(model, x)

@@ -1,4 +1,4 @@
-"""vit_fast.hf_patch: transformers' own vision models (ViT, DeiT, DINOv2, CLIP, SigLIP) with their encoder
+"""vit_fast.hf_patch: transformers' own vision models (ViT, DeiT, DINOv2, CLIP, SigLIP, SigLIP 2) with their encoder
 layers on our kernels, in place (apply_vit_fast) or as a patched copy (optimize), still instances of the
 user's class. Kernels run in Triton's interpreter (backend="triton"); every model is judged by the numerics
 rule against the same model in float64, on random weights and tiny configs."""
@@ -6,6 +6,8 @@ rule against the same model in float64, on random weights and tiny configs."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import pytest
 import torch
@@ -15,7 +17,13 @@ transformers = pytest.importorskip("transformers", reason="transformers is not i
 import vit_fast  # noqa: E402
 from vit_fast import hf_patch  # noqa: E402
 
-from .fakes import kernel_launches  # noqa: E402
+from .fakes import (  # noqa: E402
+    as_float64,
+    assert_attention_launches,
+    kernel_launches,
+    requiring_grad,
+    siglip2_batch,
+)
 from .numerics import assert_within_eager  # noqa: E402
 
 TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=16, patch_size=4)
@@ -33,6 +41,9 @@ def _config(family: str, **extra):
         return transformers.CLIPVisionConfig(intermediate_size=64, **extra)  # quick_gelu
     if family == "siglip_vision":
         return transformers.SiglipVisionConfig(intermediate_size=64, **extra)  # gelu_pytorch_tanh
+    siglip2 = dict(intermediate_size=64, num_patches=16, **{k: v for k, v in extra.items() if k != "image_size"})
+    if family == "siglip2_vision":  # native resolution: a 4 x 4 position-embedding grid, resized to each image's
+        return transformers.Siglip2VisionConfig(**siglip2)
     text = dict(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
     if family == "clip":
         return transformers.CLIPConfig(
@@ -42,6 +53,8 @@ def _config(family: str, **extra):
         return transformers.SiglipConfig(
             text_config=text, vision_config=dict(intermediate_size=64, **extra), num_labels=5
         )
+    if family == "siglip2":
+        return transformers.Siglip2Config(text_config=text, vision_config=siglip2, num_labels=5)
     raise KeyError(family)
 
 
@@ -57,7 +70,12 @@ def _model(cls_name: str, family: str, **extra):
 
 
 def _image_features(model, x):
-    out = model.get_image_features(pixel_values=x)
+    return _features(model, {"pixel_values": x})
+
+
+def _features(model, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """A dual model's image features for its vision inputs (``get_image_features``)."""
+    out = model.get_image_features(**inputs)
     return getattr(out, "pooler_output", out)
 
 
@@ -98,9 +116,9 @@ def _count_fused(monkeypatch) -> list[int]:
     calls = []
     real = hf_patch._run_view
 
-    def spy(view, x):
+    def spy(view, *args):  # (x) or (x, lengths)
         calls.append(1)
-        return real(view, x)
+        return real(view, *args)
 
     monkeypatch.setattr(hf_patch, "_run_view", spy)
     return calls
@@ -275,7 +293,16 @@ def test_float64_keeps_transformers_forward_and_emulated_bf16_is_refused(monkeyp
 
 # ------------------------------------------------------------------------------------------ every class, every mode
 #: transformers' model classes of each family (their modeling module's __all__, less the abstract *PreTrainedModel)
-FAMILY_MODULES = {"vit": "vit", "deit": "deit", "dinov2": "dinov2", "clip": "clip", "siglip": "siglip"}
+FAMILY_MODULES = {
+    "vit": "vit",
+    "deit": "deit",
+    "dinov2": "dinov2",
+    "clip": "clip",
+    "siglip": "siglip",
+    "siglip2": "siglip2",
+}
+#: the text config a family's text-only model is built with (refused by name)
+TEXT_CONFIGS = {"clip": "CLIPTextConfig", "siglip": "SiglipTextConfig", "siglip2": "Siglip2TextConfig"}
 
 
 def _family_classes(family: str) -> list[str]:
@@ -290,14 +317,14 @@ ALL_CLASSES = sorted((family, name) for family in FAMILY_MODULES for name in _fa
 
 @pytest.mark.parametrize(("family", "cls_name"), ALL_CLASSES, ids=[name for _, name in ALL_CLASSES])
 def test_every_class_of_the_families_is_patched_or_refused_by_name(family, cls_name):
-    """Each model class transformers has for ViT, DeiT, DINOv2, CLIP and SigLIP: patched (and then it has a parity
-    row below) or refused by name with the reason (the text-only towers)."""
+    """Each model class transformers has for ViT, DeiT, DINOv2, CLIP, SigLIP and SigLIP 2: patched (and then it has a
+    parity row below) or refused by name with the reason (the text-only towers)."""
     if cls_name in hf_patch.SUPPORTED[family]:
         assert cls_name in PARITY, f"{cls_name} is patched but has no parity row"
         return
     assert cls_name in hf_patch.REFUSED, f"{cls_name} is neither in hf_patch.SUPPORTED nor in hf_patch.REFUSED"
     text = dict(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
-    config_cls = transformers.CLIPTextConfig if family == "clip" else transformers.SiglipTextConfig
+    config_cls = getattr(transformers, TEXT_CONFIGS[family])
     model = getattr(transformers, cls_name)(config_cls(**text, projection_dim=8))
     with pytest.raises(TypeError, match=rf"apply_vit_fast: {cls_name} is a text-only model: .*no vision tower"):
         vit_fast.apply_vit_fast(model, backend="triton")
@@ -311,25 +338,47 @@ def test_supported_names_are_transformers_own():
     assert set(hf_patch.REFUSED) <= {name for _, name in ALL_CLASSES}
 
 
-#: class -> (family, extra config, what its main output is: an output field, or "image_features" for a dual model)
+def _images() -> dict[str, torch.Tensor]:
+    """Two 16 x 16 images (TINY's image_size), as ``pixel_values``."""
+    return {"pixel_values": torch.randn(2, 3, 16, 16)}
+
+
+def _siglip2_padded() -> dict[str, torch.Tensor]:
+    """SigLIP 2's inputs for a 2 x 2 and a 2 x 4 patch grid: the first image padded (key padding, run as lengths)."""
+    return siglip2_batch([(2, 2), (2, 4)], TINY["patch_size"], seed=5)
+
+
+class Row(NamedTuple):
+    """A parity row: the family and extra config the model is built with, what its main output is (an output field,
+    or "image_features" for a dual model), and its inputs (the keyword arguments of its forward)."""
+
+    family: str
+    extra: dict[str, Any]
+    main: str
+    inputs: Callable[[], dict[str, torch.Tensor]] = _images
+
+
 PARITY = {
-    "ViTModel": ("vit", {}, "pooler_output"),
-    "ViTForImageClassification": ("vit", {}, "logits"),
-    "ViTForMaskedImageModeling": ("vit", {"encoder_stride": 4}, "reconstruction"),
-    "DeiTModel": ("deit", {}, "pooler_output"),
-    "DeiTForImageClassification": ("deit", {}, "logits"),
-    "DeiTForImageClassificationWithTeacher": ("deit", {}, "logits"),
-    "DeiTForMaskedImageModeling": ("deit", {"encoder_stride": 4}, "reconstruction"),
-    "Dinov2Model": ("dinov2", {}, "pooler_output"),
-    "Dinov2ForImageClassification": ("dinov2", {"use_swiglu_ffn": True}, "logits"),
-    "Dinov2Backbone": ("dinov2", {"out_features": ["stage1", "stage2"]}, "feature_maps"),
-    "CLIPVisionModel": ("clip_vision", {}, "pooler_output"),
-    "CLIPVisionModelWithProjection": ("clip_vision", {"projection_dim": 8}, "image_embeds"),
-    "CLIPModel": ("clip", {}, "image_features"),
-    "CLIPForImageClassification": ("clip", {}, "logits"),
-    "SiglipVisionModel": ("siglip_vision", {}, "pooler_output"),
-    "SiglipModel": ("siglip", {}, "image_features"),
-    "SiglipForImageClassification": ("siglip", {}, "logits"),
+    "ViTModel": Row("vit", {}, "pooler_output"),
+    "ViTForImageClassification": Row("vit", {}, "logits"),
+    "ViTForMaskedImageModeling": Row("vit", {"encoder_stride": 4}, "reconstruction"),
+    "DeiTModel": Row("deit", {}, "pooler_output"),
+    "DeiTForImageClassification": Row("deit", {}, "logits"),
+    "DeiTForImageClassificationWithTeacher": Row("deit", {}, "logits"),
+    "DeiTForMaskedImageModeling": Row("deit", {"encoder_stride": 4}, "reconstruction"),
+    "Dinov2Model": Row("dinov2", {}, "pooler_output"),
+    "Dinov2ForImageClassification": Row("dinov2", {"use_swiglu_ffn": True}, "logits"),
+    "Dinov2Backbone": Row("dinov2", {"out_features": ["stage1", "stage2"]}, "feature_maps"),
+    "CLIPVisionModel": Row("clip_vision", {}, "pooler_output"),
+    "CLIPVisionModelWithProjection": Row("clip_vision", {"projection_dim": 8}, "image_embeds"),
+    "CLIPModel": Row("clip", {}, "image_features"),
+    "CLIPForImageClassification": Row("clip", {}, "logits"),
+    "SiglipVisionModel": Row("siglip_vision", {}, "pooler_output"),
+    "SiglipModel": Row("siglip", {}, "image_features"),
+    "SiglipForImageClassification": Row("siglip", {}, "logits"),
+    "Siglip2VisionModel": Row("siglip2_vision", {}, "pooler_output", _siglip2_padded),
+    "Siglip2Model": Row("siglip2", {}, "image_features", _siglip2_padded),
+    "Siglip2ForImageClassification": Row("siglip2", {}, "logits", _siglip2_padded),
 }
 MODES = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode, "eval_with_grad": torch.enable_grad}
 
@@ -338,70 +387,108 @@ def test_every_patched_class_has_a_parity_row():
     assert set(PARITY) == {name for names in hf_patch.SUPPORTED.values() for name in names}
 
 
-def _outputs(model, cls_name: str, x: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-    """The model's main output and the vision tower's hidden states (embeddings, then each layer's output)."""
-    main = PARITY[cls_name][2]
+def _padded(inputs: dict[str, torch.Tensor]) -> bool:
+    """Whether some image of the batch is padded (SigLIP 2's ``pixel_attention_mask``)."""
+    mask = inputs.get("pixel_attention_mask")
+    return mask is not None and not bool(mask.all())
+
+
+def _valid_tokens(hidden: torch.Tensor, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``hidden [B, T, D]``'s tokens of a padded batch that are patches, ``[N, D]``; all of them otherwise. Padding
+    rows are nobody's output: the rule judges the valid ones."""
+    mask = inputs.get("pixel_attention_mask")
+    return hidden if mask is None else hidden[mask.bool()]
+
+
+def _outputs(model, cls_name: str, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """The model's main output and the vision tower's hidden states (embeddings, then each layer's output) at the
+    valid tokens."""
+    main = PARITY[cls_name].main
     if main == "image_features":  # a dual model: its image features, and its vision tower's hidden states
-        return _image_features(model, x), model.vision_model(pixel_values=x, output_hidden_states=True).hidden_states
-    out = model(pixel_values=x, output_hidden_states=True)
-    value = getattr(out, main)
-    return (value[-1] if main == "feature_maps" else value), out.hidden_states
+        value, out = _features(model, inputs), model.vision_model(**inputs, output_hidden_states=True)
+    else:
+        out = model(**inputs, output_hidden_states=True)
+        value = getattr(out, main)
+        value = value[-1] if main == "feature_maps" else value
+    return value, tuple(_valid_tokens(h, inputs) for h in out.hidden_states)
+
+
+def _count_kernel_runs(monkeypatch) -> tuple[list[int], list[int]]:
+    """Runs of the kernel path by the encoder layers and by the attention-pool heads (a fallback to transformers'
+    forward runs neither)."""
+    from vit_fast.timm_blocks import PoolPlan
+
+    heads: list[int] = []
+    real_run = PoolPlan.run
+    monkeypatch.setattr(PoolPlan, "run", lambda plan, *a: heads.append(1) or real_run(plan, *a))
+    return _count_fused(monkeypatch), heads
 
 
 @pytest.mark.parametrize("mode", sorted(MODES))
 @pytest.mark.parametrize("cls_name", sorted(PARITY))
-def test_patched_class_matches_the_unpatched_model(cls_name, mode):
-    """A deep copy patched with backend="triton" against the unpatched original, on the same weights and input: the
-    main output and every hidden state within the numerics rule against the unpatched model in float64, in each
-    mode (autograd off, inference mode, and an eval model called with autograd on); every vision layer (and a
-    SigLIP attention-pool head) launched its kernels, so a fallback to transformers' forward cannot pass."""
-    family, extra, _ = PARITY[cls_name]
-    model = _model(cls_name, family, **extra)
+def test_patched_class_matches_the_unpatched_model(cls_name, mode, monkeypatch):
+    """A deep copy patched with backend="triton" against the unpatched original, on the same weights and input (the
+    row's: images, or SigLIP 2's padded patches): the main output and every hidden state (at valid tokens) within
+    the numerics rule against the unpatched model in float64, in each mode (autograd off, inference mode, and an
+    eval model called with autograd on); every vision layer (and a SigLIP attention-pool head) ran on the kernels
+    and launched its attention kernel (or, for a padded batch, PyTorch's attention), so a fallback to transformers'
+    forward cannot pass."""
+    row = PARITY[cls_name]
+    model = _model(cls_name, row.family, **row.extra)
     patched = vit_fast.apply_vit_fast(copy.deepcopy(model), backend="triton")
     ref64 = copy.deepcopy(model).double()
-    x = torch.randn(2, 3, 16, 16)
+    inputs = row.inputs()
     with torch.no_grad():
-        eager, eager_hidden = _outputs(model, cls_name, x)
-        expected, expected_hidden = _outputs(ref64, cls_name, x.double())
+        eager, eager_hidden = _outputs(model, cls_name, inputs)
+        expected, expected_hidden = _outputs(ref64, cls_name, as_float64(inputs))
+    runs, head_runs = _count_kernel_runs(monkeypatch)
     with MODES[mode]():
-        (ours, ours_hidden), launched = kernel_launches(lambda: _outputs(patched, cls_name, x))
+        (ours, ours_hidden), launched = kernel_launches(lambda: _outputs(patched, cls_name, inputs))
     assert ours.requires_grad == (mode == "eval_with_grad")  # autograd was on, and the output is in its graph
     layers, heads = len(hf_patch._vision_layers(patched)), len(hf_patch._pool_heads(patched))
     # the hidden states' call runs the layers a second time for a dual model (its image features are the first)
-    calls = 2 if PARITY[cls_name][2] == "image_features" else 1
-    assert launched["_attention_kernel"] == calls * layers, launched
-    assert launched["_attention_pool_kernel"] == calls * heads, launched
+    calls = 2 if row.main == "image_features" else 1
+    assert (len(runs), len(head_runs)) == (calls * layers, calls * heads), launched
+    assert_attention_launches(launched, calls * layers, pool=calls * heads, padded=_padded(inputs))
     assert_within_eager(ours.detach(), eager, expected, name=f"{cls_name} {mode}")
     assert len(ours_hidden) == len(expected_hidden) == layers + 1
     for i, (o, e, r) in enumerate(zip(ours_hidden, eager_hidden, expected_hidden, strict=True)):
         assert_within_eager(o.detach(), e, r, name=f"{cls_name} {mode} hidden_states[{i}]")
 
 
-def _input_and_parameter_grads(model, cls_name: str, x: torch.Tensor) -> dict[str, torch.Tensor]:
-    """d(sum of the main output times a fixed weight)/d(input, every parameter), autograd on, the model in eval."""
-    x = x.clone().requires_grad_()
-    out, _ = _outputs(model, cls_name, x)
+def _input_and_parameter_grads(model, cls_name: str, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """d(sum of the main output times a fixed weight)/d(input pixels, every parameter), autograd on, the model in
+    eval."""
+    inputs, pixels = requiring_grad(inputs)
+    out, _ = _outputs(model, cls_name, inputs)
     weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).reshape(out.shape)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     names, params = [n for n, _ in named], [p for _, p in named]
-    grads = torch.autograd.grad((out * weight).sum(), (x, *params), allow_unused=True)
+    grads = torch.autograd.grad((out * weight).sum(), (pixels, *params), allow_unused=True)
     return {name: g for name, g in zip(("input", *names), grads, strict=True) if g is not None}
 
 
-@pytest.mark.parametrize("cls_name", ["ViTForImageClassification", "Dinov2ForImageClassification", "SiglipVisionModel"])
-def test_eval_with_grad_runs_the_kernels_and_their_gradients_match(cls_name):
+@pytest.mark.parametrize(
+    "cls_name",
+    ["ViTForImageClassification", "Dinov2ForImageClassification", "SiglipVisionModel", "Siglip2VisionModel"],
+)
+def test_eval_with_grad_runs_the_kernels_and_their_gradients_match(cls_name, monkeypatch):
     """An eval model called without torch.no_grad() (its parameters require grad, as they do after loading): the
-    layers (and SigLIP's head) run on the kernels, and the gradients w.r.t. the input and every parameter (q, k, v
-    and SwiGLU's gate and up, which the fused path stacks) are within the numerics rule of the unpatched model's,
-    both against the unpatched model in float64."""
-    family, extra, _ = PARITY[cls_name]
-    model = _model(cls_name, family, **extra)
+    layers (and SigLIP's head) run on the kernels, SigLIP 2 on a padded batch, and the gradients w.r.t. the input and
+    every parameter (q, k, v and SwiGLU's gate and up, which the fused path stacks) are within the numerics rule of
+    the unpatched model's, both against the unpatched model in float64."""
+    row = PARITY[cls_name]
+    model = _model(cls_name, row.family, **row.extra)
     patched = vit_fast.apply_vit_fast(copy.deepcopy(model), backend="triton")
     ref64 = copy.deepcopy(model).double()
-    x = torch.randn(2, 3, 16, 16)
-    eager, expected = _input_and_parameter_grads(model, cls_name, x), _input_and_parameter_grads(ref64, cls_name, x)
-    ours, launched = kernel_launches(lambda: _input_and_parameter_grads(patched, cls_name, x))
-    assert launched["_attention_kernel"] == len(hf_patch._vision_layers(patched)), launched
+    inputs = row.inputs()
+    eager = _input_and_parameter_grads(model, cls_name, inputs)
+    expected = _input_and_parameter_grads(ref64, cls_name, as_float64(inputs))
+    runs, head_runs = _count_kernel_runs(monkeypatch)
+    ours, launched = kernel_launches(lambda: _input_and_parameter_grads(patched, cls_name, inputs))
+    layers, heads = len(hf_patch._vision_layers(patched)), len(hf_patch._pool_heads(patched))
+    assert (len(runs), len(head_runs)) == (layers, heads), launched
+    assert_attention_launches(launched, layers, pool=heads, padded=_padded(inputs))
     assert set(ours) == set(eager) == set(expected)
     assert any(".q_proj." in name for name in ours) and any(".k_proj." in name for name in ours)
     for name in ours:
@@ -428,8 +515,11 @@ def test_a_frozen_model_gives_an_input_gradient_after_inference_mode():
     x = torch.randn(2, 3, 16, 16)
     with torch.inference_mode():
         patched(pixel_values=x)
-    eager = _input_and_parameter_grads(model, "ViTForImageClassification", x)
-    expected = _input_and_parameter_grads(copy.deepcopy(model).double(), "ViTForImageClassification", x)
-    ours, launched = kernel_launches(lambda: _input_and_parameter_grads(patched, "ViTForImageClassification", x))
+    inputs = {"pixel_values": x}
+    eager = _input_and_parameter_grads(model, "ViTForImageClassification", inputs)
+    expected = _input_and_parameter_grads(
+        copy.deepcopy(model).double(), "ViTForImageClassification", as_float64(inputs)
+    )
+    ours, launched = kernel_launches(lambda: _input_and_parameter_grads(patched, "ViTForImageClassification", inputs))
     assert launched["_attention_kernel"] == 2 and set(ours) == {"input"}
     assert_within_eager(ours["input"], eager["input"], expected["input"], name="input gradient, frozen model")

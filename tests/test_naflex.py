@@ -16,7 +16,7 @@ import vit_fast  # noqa: E402
 from vit_fast.naflex import key_padding_lengths, pack_images  # noqa: E402
 from vit_fast.timm_blocks import BlockPlan  # noqa: E402
 
-from .fakes import kernel_launches, trained_like  # noqa: E402
+from .fakes import assert_attention_launches, kernel_launches, naflex_batch, trained_like  # noqa: E402
 from .numerics import assert_within_eager  # noqa: E402
 
 TINY = dict(depth=1, embed_dim=32, num_heads=2)  # head dim 16: the attention kernel's smallest
@@ -47,12 +47,6 @@ def test_naflexvit_features_refused_by_name(feature):
         vit_fast.apply_vit_fast(model, backend="triton")
     assert expected in str(info.value)
     assert vit_fast.remove_vit_fast(model) == 0
-
-
-def naflex_batch(sizes: list[tuple[int, int]], patch: int, seed: int) -> dict[str, torch.Tensor]:
-    """Random images of ``sizes`` (h, w) packed and padded as timm's NaFlex loader hands them to the model."""
-    gen = torch.Generator().manual_seed(seed)
-    return pack_images([torch.randn(3, h, w, generator=gen) for h, w in sizes], patch)
 
 
 #: image-size mixes (16 px patches): padded twice, and once with every image the same number of patches
@@ -122,13 +116,8 @@ def test_naflexvit_matches_timm_at_native_resolution(key, mix, backend, monkeypa
         assert not launches
         return
     assert launches["_linear_kernel"]  # every block ran on the kernels
-    attention = {n: c for n, c in launches.items() if "attention" in n}
-    # the attention kernel in every block, padded or not (its lengths); the pool kernel takes none: PyTorch when padded
-    pooled = model.attn_pool is not None and not padded
-    assert attention == {
-        "_attention_kernel": 2 * len(model.blocks),
-        **({"_attention_pool_kernel": 1} if pooled else {}),
-    }
+    # two forwards through the blocks; the head in the logits' one
+    assert_attention_launches(launches, 2 * len(model.blocks), pool=int(model.attn_pool is not None), padded=padded)
     if padded:
         poisoned = dict(batch, patches=batch["patches"].masked_fill(~valid[..., None], float("nan")))
         tokens = _valid_tokens(model, _run(model, poisoned, features=True), valid)
@@ -189,6 +178,12 @@ def test_key_padding_lengths_reads_prefix_masks_only():
     assert key_padding_lengths(in_place, 3, 5) is not None
     in_place[1, 1] = False  # the same tensor, changed: read again
     assert key_padding_lengths(in_place, 3, 5) is None
+    with torch.inference_mode():  # an inference tensor has no version counter: read at every call
+        made_in_inference = valid.clone()
+        assert torch.equal(key_padding_lengths(made_in_inference, 3, 5), expected)
+        made_in_inference[1, 1] = False
+        assert key_padding_lengths(made_in_inference, 3, 5) is None
+    assert key_padding_lengths(made_in_inference, 3, 5) is None  # and outside inference mode
 
 
 def test_pack_images_pads_each_image_at_the_end():

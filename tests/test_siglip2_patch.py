@@ -16,7 +16,7 @@ transformers = pytest.importorskip("transformers", reason="transformers is not i
 import vit_fast  # noqa: E402
 from vit_fast import hf_patch  # noqa: E402
 
-from .fakes import kernel_launches  # noqa: E402
+from .fakes import assert_attention_launches, kernel_launches, siglip2_batch  # noqa: E402
 from .numerics import assert_within_eager  # noqa: E402
 
 PATCH = 4
@@ -36,17 +36,6 @@ def _vision_model(attn: str = "sdpa"):
     config = transformers.Siglip2VisionConfig(**VISION)
     config._attn_implementation = attn  # sdpa: a boolean mask reaches the layers; eager: an additive one
     return _randomised(transformers.Siglip2VisionModel(config))
-
-
-def siglip2_batch(shapes: list[tuple[int, int]], seed: int) -> dict[str, torch.Tensor]:
-    """Images of ``shapes`` (rows x columns of patches) as Siglip2ImageProcessor hands them over: patches packed
-    per image and padded at the end to the longest."""
-    gen = torch.Generator().manual_seed(seed)
-    tokens = max(h * w for h, w in shapes)
-    pixel_values = torch.randn(len(shapes), tokens, 3 * PATCH * PATCH, generator=gen)
-    lengths = torch.tensor([h * w for h, w in shapes])
-    mask = (torch.arange(tokens) < lengths[:, None]).long()
-    return dict(pixel_values=pixel_values, pixel_attention_mask=mask, spatial_shapes=torch.tensor(shapes))
 
 
 #: patch-grid mixes: padded twice, and once with every image the same number of patches
@@ -71,7 +60,7 @@ def test_siglip2_vision_model_matches_at_native_resolution(mix, backend, attn, m
     """backend "triton": every layer and the pooling head on the kernels (the attention kernels where no image is
     padded, PyTorch's masked attention otherwise); backend "auto" on a CPU: transformers' own forwards."""
     model = _vision_model(attn)
-    batch = siglip2_batch(MIXES[mix], seed=1)
+    batch = siglip2_batch(MIXES[mix], PATCH, seed=1)
     padded = not bool(batch["pixel_attention_mask"].all())
     eager_tokens, eager_pooled = _outputs(model, batch)
     reference = copy.deepcopy(model).double()
@@ -90,15 +79,13 @@ def test_siglip2_vision_model_matches_at_native_resolution(mix, backend, attn, m
         assert runs == [] and not launches
         return
     assert len(runs) == VISION["num_hidden_layers"] and launches["_linear_kernel"]
-    attention = {n: c for n, c in launches.items() if "attention" in n}
-    layers = {"_attention_kernel": VISION["num_hidden_layers"]}  # padded or not: the kernel takes the lengths
-    assert attention == (layers if padded else {**layers, "_attention_pool_kernel": 1})  # the pool kernel takes none
+    assert_attention_launches(launches, VISION["num_hidden_layers"], pool=1, padded=padded)
 
 
 def test_a_mask_other_than_key_padding_runs_transformers_layers(monkeypatch):
     """Padding inside a row: transformers' own layers and head, the same numbers."""
     model = _vision_model()
-    batch = siglip2_batch(MIXES["1x3 + 2x2 + 3x3"], seed=2)
+    batch = siglip2_batch(MIXES["1x3 + 2x2 + 3x3"], PATCH, seed=2)
     batch["pixel_attention_mask"][2, 1] = 0
     eager = _outputs(model, batch)
     vit_fast.apply_vit_fast(model, backend="triton")
@@ -117,7 +104,7 @@ def test_siglip2_model_vision_tower_patched(how, monkeypatch):
     left alone; image features with a padded batch within the rule."""
     torch.manual_seed(0)
     model = _randomised(transformers.Siglip2Model(_dual_config()))
-    batch = siglip2_batch(MIXES["2x2 + 2x4"], seed=3)
+    batch = siglip2_batch(MIXES["2x2 + 2x4"], PATCH, seed=3)
 
     def features(m, b):
         with torch.no_grad():
@@ -143,7 +130,7 @@ def test_siglip2_image_classification_patched(monkeypatch):
     config = _dual_config()
     config.num_labels = 5
     model = _randomised(transformers.Siglip2ForImageClassification(config))
-    batch = siglip2_batch(MIXES["1x3 + 2x2 + 3x3"], seed=4)
+    batch = siglip2_batch(MIXES["1x3 + 2x2 + 3x3"], PATCH, seed=4)
     with torch.no_grad():
         eager = model(**batch).logits
         expected = copy.deepcopy(model).double()(**dict(batch, pixel_values=batch["pixel_values"].double())).logits

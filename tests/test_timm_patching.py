@@ -5,6 +5,8 @@ time, by name, with nothing patched; torch.jit.script of a patched model."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import pytest
 import torch
@@ -13,9 +15,17 @@ timm = pytest.importorskip("timm", reason="timm is not installed (make setup ins
 
 import vit_fast  # noqa: E402
 from vit_fast import timm_blocks  # noqa: E402
-from vit_fast.timm_blocks import BlockPlan  # noqa: E402
+from vit_fast.timm_blocks import BlockPlan, PoolPlan  # noqa: E402
 
-from .fakes import kernel_launches, trained_like  # noqa: E402
+from .fakes import (  # noqa: E402
+    Inputs,
+    as_float64,
+    assert_attention_launches,
+    kernel_launches,
+    naflex_batch,
+    requiring_grad,
+    trained_like,
+)
 from .numerics import assert_within_eager  # noqa: E402
 
 SMALL = dict(depth=2, embed_dim=64, num_heads=2)
@@ -47,7 +57,15 @@ FEATURES = {
 def _count_kernel_blocks(monkeypatch) -> list[int]:
     runs: list[int] = []
     original = BlockPlan.run
-    monkeypatch.setattr(BlockPlan, "run", lambda plan, block, x: runs.append(1) or original(plan, block, x))
+    monkeypatch.setattr(BlockPlan, "run", lambda plan, *args: runs.append(1) or original(plan, *args))
+    return runs
+
+
+def _count_kernel_heads(monkeypatch) -> list[int]:
+    """Runs of an attention-pool head on the kernel path (a fallback to timm's forward runs none)."""
+    runs: list[int] = []
+    original = PoolPlan.run
+    monkeypatch.setattr(PoolPlan, "run", lambda plan, *args: runs.append(1) or original(plan, *args))
     return runs
 
 
@@ -173,23 +191,44 @@ def test_torch_export_of_a_patched_model():
 
 
 # ------------------------------------------------------------------------------ every kind, every mode
+def _images(model: torch.nn.Module) -> torch.Tensor:
+    """Two images of the model's size."""
+    return torch.randn(2, 3, *model.patch_embed.img_size)
+
+
+def _naflex_padded(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A NaFlex batch of a 1-patch and a 3-patch image (16 px patches): the first padded (key padding, run as
+    lengths)."""
+    return naflex_batch([(16, 16), (16, 48)], 16, seed=6)
+
+
+class Row(NamedTuple):
+    """A parity row: the timm model and its create_model overrides, and its input for a model built so (an image
+    tensor, or a NaFlex batch, which NaFlexVit's forward and forward_intermediates take as a dict)."""
+
+    name: str
+    kwargs: dict[str, Any]
+    inputs: Callable[[torch.nn.Module], Inputs] = _images
+
+
 #: one tiny model per model class, block kind, attention and head apply_vit_fast runs (head dims of 16 and up)
 PARITY = {
-    "VisionTransformer Block": ("vit_tiny_patch16_224", dict(SMALL, img_size=32)),
-    "Block with RmsNorm (test_vit4)": ("test_vit4", dict(depth=2, img_size=32)),
-    "Block with DiffAttention": ("vit_dwee_patch16_reg1_gap_256", dict(SMALL, img_size=32)),
-    "ResPostBlock": ("vit_base_patch16_rpn_224", dict(SMALL, img_size=32)),
-    "ParallelThingsBlock": ("vit_small_patch16_18x2_224", dict(SMALL, img_size=32)),
-    "ParallelScalingBlock (RmsNorm, qk-norm)": ("vit_base_patch16_xp_224", dict(SMALL, img_size=32)),
-    "DiffParallelScalingBlock": ("vit_dpwee_patch16_reg1_gap_256", dict(SMALL, img_size=32)),
-    "VisionTransformerDistilled": ("deit_tiny_distilled_patch16_224", dict(SMALL, img_size=32)),
-    "AttentionPoolLatent head": ("vit_base_patch16_siglip_224", dict(SMALL, img_size=32)),
+    "VisionTransformer Block": Row("vit_tiny_patch16_224", dict(SMALL, img_size=32)),
+    "Block with RmsNorm (test_vit4)": Row("test_vit4", dict(depth=2, img_size=32)),
+    "Block with DiffAttention": Row("vit_dwee_patch16_reg1_gap_256", dict(SMALL, img_size=32)),
+    "ResPostBlock": Row("vit_base_patch16_rpn_224", dict(SMALL, img_size=32)),
+    "ParallelThingsBlock": Row("vit_small_patch16_18x2_224", dict(SMALL, img_size=32)),
+    "ParallelScalingBlock (RmsNorm, qk-norm)": Row("vit_base_patch16_xp_224", dict(SMALL, img_size=32)),
+    "DiffParallelScalingBlock": Row("vit_dpwee_patch16_reg1_gap_256", dict(SMALL, img_size=32)),
+    "VisionTransformerDistilled": Row("deit_tiny_distilled_patch16_224", dict(SMALL, img_size=32)),
+    "AttentionPoolLatent head": Row("vit_base_patch16_siglip_224", dict(SMALL, img_size=32)),
+    "NaFlexVit, padded (map head, register)": Row("naflexvit_base_patch16_map", dict(SMALL), _naflex_padded),
 }
 TIMM_MODES = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode, "eval_with_grad": torch.enable_grad}
 
 
 def _parity_model(case: str) -> torch.nn.Module:
-    name, kwargs = PARITY[case]
+    name, kwargs, _ = PARITY[case]
     torch.manual_seed(0)
     return trained_like(timm.create_model(name, pretrained=False, **kwargs), seed=4)
 
@@ -219,32 +258,51 @@ def _attention_launches(model: torch.nn.Module) -> int:
     return sum(len(getattr(block, "attns", ())) or 1 for block in model.blocks)
 
 
-def _outputs(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
-    """The logits, and forward_intermediates' final tokens and every block's output ([B, N, D])."""
+def _padded(x: Inputs) -> bool:
+    """Whether some image of a NaFlex batch is padded."""
+    return isinstance(x, dict) and not bool(x["patch_valid"].all())
+
+
+def _valid_tokens(tokens: torch.Tensor, x: Inputs) -> torch.Tensor:
+    """``tokens [B, P + T, D]`` (P prefix tokens, then T patches): for a NaFlex batch the prefix tokens and valid
+    patches, ``[N, D]`` (padding rows are nobody's output: the rule judges the valid ones); all of them otherwise."""
+    if not isinstance(x, dict):
+        return tokens
+    valid = x["patch_valid"]
+    prefix = valid.new_ones(valid.shape[0], tokens.shape[1] - valid.shape[1])
+    return tokens[torch.cat([prefix, valid], dim=1)]
+
+
+def _outputs(model: torch.nn.Module, x: Inputs) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """The logits, and forward_intermediates' final tokens and every block's output (``[B, N, D]``; a NaFlex
+    batch's at valid tokens)."""
     final, intermediates = model.forward_intermediates(x, output_fmt="NLC")
-    return model(x), final, intermediates
+    blocks = [_valid_tokens(tokens, x) for tokens in intermediates]
+    return model(x), _valid_tokens(final, x), blocks
 
 
 @pytest.mark.parametrize("mode", sorted(TIMM_MODES))
 @pytest.mark.parametrize("case", sorted(PARITY))
-def test_patched_kind_matches_the_unpatched_model(case, mode):
-    """A deep copy patched with backend="triton" against the unpatched original on the same weights and input:
-    logits, final tokens and every block's output within the numerics rule against the unpatched model in float64,
-    with autograd off, in inference mode, and in eval with autograd on; every block's attention (and a map head's)
-    launched its kernel, so a fallback to timm's forward cannot pass."""
+def test_patched_kind_matches_the_unpatched_model(case, mode, monkeypatch):
+    """A deep copy patched with backend="triton" against the unpatched original on the same weights and input (the
+    row's: images, or a padded NaFlex batch): logits, final tokens and every block's output (at valid tokens) within
+    the numerics rule against the unpatched model in float64, with autograd off, in inference mode, and in eval with
+    autograd on; every block ran on the kernels and its attention (and a map head's) launched its kernel (or, for a
+    padded batch, PyTorch's attention), so a fallback to timm's forward cannot pass."""
     model = _parity_model(case)
     patched = vit_fast.apply_vit_fast(copy.deepcopy(model), backend="triton")
     ref64 = copy.deepcopy(model).double()
-    x = torch.randn(2, 3, *model.patch_embed.img_size)
+    x = PARITY[case].inputs(model)
     with torch.no_grad():
-        eager, expected = _outputs(model, x), _outputs(ref64, x.double())
+        eager, expected = _outputs(model, x), _outputs(ref64, as_float64(x))
+    runs, head_runs = _count_kernel_blocks(monkeypatch), _count_kernel_heads(monkeypatch)
     with TIMM_MODES[mode]():
         ours, launched = kernel_launches(lambda: _outputs(patched, x))
     assert ours[0].requires_grad == (mode == "eval_with_grad")
-    attention = launched["_attention_kernel"] + launched["_diff_attention_kernel"]
-    assert attention == 2 * _attention_launches(patched), launched  # model(x) and forward_intermediates
-    map_head = type(getattr(patched, "attn_pool", None)).__name__ == "AttentionPoolLatent"
-    assert launched["_attention_pool_kernel"] == map_head, launched  # forward_intermediates stops before the head
+    map_head = int(type(getattr(patched, "attn_pool", None)).__name__ == "AttentionPoolLatent")
+    # the blocks run twice (model(x) and forward_intermediates), the head once (forward_intermediates stops before it)
+    assert (len(runs), len(head_runs)) == (2 * len(patched.blocks), map_head), launched
+    assert_attention_launches(launched, 2 * _attention_launches(patched), pool=map_head, padded=_padded(x))
     (logits, final, blocks), (e_logits, e_final, e_blocks), (r_logits, r_final, r_blocks) = ours, eager, expected
     assert_within_eager(logits.detach(), e_logits, r_logits, name=f"{case} {mode} logits")
     assert_within_eager(final.detach(), e_final, r_final, name=f"{case} {mode} final tokens")
@@ -253,13 +311,13 @@ def test_patched_kind_matches_the_unpatched_model(case, mode):
         assert_within_eager(o.detach(), e, r, name=f"{case} {mode} block {i}")
 
 
-def _grads(model: torch.nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
-    """d(logits . fixed weight)/d(input, every parameter), autograd on, the model in eval."""
-    x = x.clone().requires_grad_()
+def _grads(model: torch.nn.Module, x: Inputs) -> dict[str, torch.Tensor]:
+    """d(logits . fixed weight)/d(input pixels or patches, every parameter), autograd on, the model in eval."""
+    x, pixels = requiring_grad(x)
     out = model(x)
     weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).reshape(out.shape)
     names, params = zip(*model.named_parameters(), strict=True)
-    grads = torch.autograd.grad((out * weight).sum(), (x, *params), allow_unused=True)
+    grads = torch.autograd.grad((out * weight).sum(), (pixels, *params), allow_unused=True)
     return {name: g for name, g in zip(("input", *names), grads, strict=True) if g is not None}
 
 
@@ -270,18 +328,23 @@ def _grads(model: torch.nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
         "Block with RmsNorm (test_vit4)",
         "ParallelScalingBlock (RmsNorm, qk-norm)",
         "AttentionPoolLatent head",
+        "NaFlexVit, padded (map head, register)",
     ],
 )
-def test_eval_with_grad_runs_the_kernels_and_their_gradients_match(case):
+def test_eval_with_grad_runs_the_kernels_and_their_gradients_match(case, monkeypatch):
     """An eval model called without torch.no_grad() (parameters requiring grad, as timm's own tests call it): the
-    blocks run on the kernels, and the gradients w.r.t. the input and every parameter are within the numerics rule of
-    the unpatched model's, both against the unpatched model in float64 (the ops' backward recomputes eagerly)."""
+    blocks run on the kernels (NaFlexVit on a padded batch), and the gradients w.r.t. the input and every parameter
+    are within the numerics rule of the unpatched model's, both against the unpatched model in float64 (the ops'
+    backward recomputes eagerly)."""
     model = _parity_model(case)
     patched = vit_fast.apply_vit_fast(copy.deepcopy(model), backend="triton")
-    x = torch.randn(2, 3, *model.patch_embed.img_size)
-    eager, expected = _grads(model, x), _grads(copy.deepcopy(model).double(), x.double())
+    x = PARITY[case].inputs(model)
+    eager, expected = _grads(model, x), _grads(copy.deepcopy(model).double(), as_float64(x))
+    runs, head_runs = _count_kernel_blocks(monkeypatch), _count_kernel_heads(monkeypatch)
     ours, launched = kernel_launches(lambda: _grads(patched, x))
-    assert launched["_attention_kernel"] == _attention_launches(patched), launched
+    map_head = int(type(getattr(patched, "attn_pool", None)).__name__ == "AttentionPoolLatent")
+    assert (len(runs), len(head_runs)) == (len(patched.blocks), map_head), launched
+    assert_attention_launches(launched, _attention_launches(patched), pool=map_head, padded=_padded(x))
     assert set(ours) == set(eager) == set(expected)
     for name in ours:
         assert_within_eager(ours[name], eager[name], expected[name], name=f"{case} grad {name}")

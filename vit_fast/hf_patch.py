@@ -80,6 +80,7 @@ REFUSED = {
     "CLIPTextModel": "a text-only model: it has no vision tower to patch",
     "CLIPTextModelWithProjection": "a text-only model: it has no vision tower to patch",
     "SiglipTextModel": "a text-only model: it has no vision tower to patch",
+    "Siglip2TextModel": "a text-only model: it has no vision tower to patch",
 }
 _MIN_HEAD_DIM, _MAX_HEAD_DIM = 16, 256  # the attention kernel's range (vit_fast.kernels.attention)
 _STATE = "_vit_fast_view"  # the layer seen with timm's names (_LayerView, _HeadView)

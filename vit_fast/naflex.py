@@ -51,7 +51,10 @@ def key_padding_lengths(mask: torch.Tensor, batch: int, tokens: int) -> torch.Te
     masked), each query row the key mask (key-only, transformers' and timm's ``use_key_only_attn_mask``), or, for a
     padding query, all masked (timm's symmetric NaFlex mask). A sample with no valid token is refused (its rows have
     no key to attend to). The check reads the whole mask once (a host sync); a model hands the same mask tensor to
-    every layer of a forward, so the answer is kept for it until it changes (its version counter)."""
+    every layer of a forward, so the answer is kept for it until it changes (its version counter). A mask made under
+    ``torch.inference_mode()`` has no version counter to tell a change by: it is read at every call."""
+    if not isinstance(mask, torch.Tensor) or mask.is_inference():
+        return _read_lengths(mask, batch, tokens)
     last = getattr(_CACHE, "last", None)
     if last is not None and last[0]() is mask and last[1:4] == (mask._version, batch, tokens):
         return last[4]
