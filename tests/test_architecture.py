@@ -10,7 +10,7 @@ kernels/ and export/):
            patching, explanation, assets, graphs, training, warmup, selfcheck,
            and vit_fast itself (the public facade over the model layer)
   export   vit_fast.export.*
-  app      vit_fast.bench.*, vit_fast.demo, vit_fast.doctor.*, vit_fast.serve.*
+  app      vit_fast.bench.*, vit_fast.demo.*, vit_fast.doctor.*, vit_fast.serve.*
   cli      vit_fast.cli.*, vit_fast.__main__
 
 Every import counts for the layer check, at module level or inside a function; imports under
@@ -57,7 +57,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("export", _modules("export", "export.*")),
     (
         "app",
-        _modules("bench", "bench.*", "demo", "demo_plots", "demo_settings", "doctor", "doctor.*", "serve", "serve.*"),
+        _modules("bench", "bench.*", "demo", "demo.*", "doctor", "doctor.*", "serve", "serve.*"),
     ),
     ("cli", _modules("cli", "cli.*", "__main__")),
 ]

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 
-def lazy_names(package: str, homes: Mapping[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """``__getattr__`` and ``__dir__`` for ``package`` (call it from the package's ``__init__``): each name in
-    ``homes`` comes from the submodule it maps to, imported on first use; any other name that is a submodule is
-    that submodule, imported then."""
+def lazy_names(
+    package: str, names: Mapping[str, Iterable[str]]
+) -> tuple[list[str], Callable[[str], Any], Callable[[], list[str]]]:
+    """``__all__``, ``__getattr__`` and ``__dir__`` for ``package`` (call it from the package's ``__init__``):
+    ``names`` maps each submodule to the public names it defines, each imported from there on first use; any
+    other name that is a submodule is that submodule, imported then."""
     namespace = vars(sys.modules[package])
+    homes = {name: module for module, defined in names.items() for name in defined}
 
     def __getattr__(name: str) -> Any:
         if name in homes:
@@ -31,4 +34,4 @@ def lazy_names(package: str, homes: Mapping[str, str]) -> tuple[Callable[[str], 
     def __dir__() -> list[str]:
         return sorted(set(namespace) | set(homes))
 
-    return __getattr__, __dir__
+    return sorted(homes), __getattr__, __dir__

@@ -8,30 +8,33 @@ from __future__ import annotations
 
 from ..lazy import lazy_names
 
-#: public name -> the submodule that defines it
-_HOMES = {
-    "DEFAULT_OUT": "settings",
-    "DoctorSettings": "settings",
-    "CheckLog": "base",
-    "format_check": "base",
-    "INTERPRETER_CHECK": "environment",
-    "OTHER_SETTINGS": "environment",
-    "environment_checks": "environment",
-    "launcher_checks": "environment",
-    "settings_present": "environment",
-    "CPU_DTYPES": "checks",
-    "GPU_CHECKS": "checks",
-    "GPU_KERNEL_BATCHES": "checks",
-    "INTERPRETER_MAX_HEADS": "checks",
-    "INTERPRETER_MODEL_FLOPS": "checks",
-    "cuda_graph_check": "checks",
-    "doctor_cases": "checks",
-    "first_use_check": "checks",
-    "kernel_checks": "checks",
-    "model_checks": "checks",
-    "timing_check": "checks",
-    "interpreter_checks": "interpreter",
-    "run_doctor": "report",
-}
-__all__ = sorted(_HOMES)
-__getattr__, __dir__ = lazy_names(__name__, _HOMES)
+#: submodule -> the public names it defines
+__all__, __getattr__, __dir__ = lazy_names(
+    __name__,
+    {
+        "settings": ("DEFAULT_OUT", "DoctorSettings"),
+        "base": ("CheckLog", "format_check"),
+        "environment": (
+            "INTERPRETER_CHECK",
+            "OTHER_SETTINGS",
+            "environment_checks",
+            "launcher_checks",
+            "settings_present",
+        ),
+        "checks": (
+            "CPU_DTYPES",
+            "GPU_CHECKS",
+            "GPU_KERNEL_BATCHES",
+            "INTERPRETER_MAX_HEADS",
+            "INTERPRETER_MODEL_FLOPS",
+            "cuda_graph_check",
+            "doctor_cases",
+            "first_use_check",
+            "kernel_checks",
+            "model_checks",
+            "timing_check",
+        ),
+        "interpreter": ("interpreter_checks",),
+        "report": ("run_doctor",),
+    },
+)
