@@ -9,8 +9,8 @@ publish it (with its metadata and report) only when it passed; the metadata then
 (``format_verification`` shows that record). onnx, onnxruntime and tensorrt are imported only when
 those functions run.
 
-Imports inside the package point one way: _common <- graph <- trt_common <- runners <- verify <- onnx_checks
-<- onnx, tensorrt; _common <- triton_config <- tritonserver.
+Imports inside the package point one way: _common <- graph <- trt_common <- runners <- verify_checks,
+verify_report <- verify <- onnx_checks <- onnx, tensorrt; _common <- triton_config <- tritonserver.
 """
 
 from __future__ import annotations
