@@ -1,17 +1,8 @@
-"""Export to ONNX and TensorRT, installed as ``vit_fast.export``; every artifact can be verified before
-it is published.
-
-``to_onnx`` writes an ONNX file (plus metadata JSON beside it; outputs, I/O names and an opt-in uint8
-preprocessing front selectable), ``to_tensorrt`` builds a TensorRT engine from the ONNX file,
-``open_artifact`` gives the one runner for an artifact (runners.py) and ``verify`` runs it and judges
-every output against eager PyTorch. With ``verify=`` the exporters verify the staged artifact and
-publish it (with its metadata and report) only when it passed; the metadata then records how
-(``format_verification`` shows that record). onnx, onnxruntime and tensorrt are imported only when
-those functions run.
-
-Imports inside the package point one way: _common <- graph <- trt_common <- runners <- verify <- onnx_checks
-<- onnx, tensorrt; _common <- triton_config <- tritonserver.
-"""
+"""Export to ONNX and TensorRT, installed as ``vit_fast.export``: ``to_onnx``, ``to_tensorrt``, ``open_artifact`` (the
+one runner for an artifact) and ``verify`` (judged against eager PyTorch); with ``verify=`` an artifact is published
+only once it passed (docs/deploy.md). onnx, onnxruntime and tensorrt are imported only when those functions run.
+Imports point one way: _common <- graph <- trt_common <- runners <- verify_checks, verify_report <- verify <-
+onnx_checks <- onnx, tensorrt; _common <- triton_config <- tritonserver."""
 
 from __future__ import annotations
 

@@ -1,16 +1,7 @@
-"""Judge an artifact against eager PyTorch by the project's numerics rule (vit_fast.numerics).
-
-The artifact is run by one of the runners in ``runners.py``. Reference: the model in float64 on
-CPU. Eager error: the model in the artifact's dtype (torch backend; on the GPU where there is one).
-Both run the artifact's own graph (:class:`graph.ExportGraph`: its outputs and its preprocessing front,
-recorded in the metadata beside it), so every output is judged, each with the same preprocessing the
-graph applies. An artifact passes when, on every output, batch and image size, its max |error| against
-the reference is at most 2x eager's plus a floor (``FLOOR[dtype]`` times the reference's largest
-magnitude, at least 1). Relative error, cosine similarity and top-1 agreement are reported beside it.
-
-The report records how it was made (rule, seed, batches, sizes, date, versions, the weights compared
-against); :meth:`VerifyReport.record` is the compact form kept in an artifact's metadata, and
-:func:`format_verification` shows such a record.
+"""Judge an artifact against eager PyTorch by the project's numerics rule (vit_fast.numerics): :func:`verify`
+runs it beside the model in float64 (the reference) and in the artifact's dtype (eager's error), on every output
+the artifact's graph returns. The report: :mod:`.verify_report`; the checks before any input: :mod:`.verify_checks`;
+the whole method: docs/deploy.md.
 """
 
 from __future__ import annotations
@@ -18,12 +9,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import datetime as _dt
-import json
 import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +26,7 @@ from vit_fast.env import git_commit, module_version
 from vit_fast.files import json_text, make_folders, staging_dir, write_json_atomic, write_new
 from vit_fast.interrupts import INTERRUPTS, cut_note, held
 from vit_fast.limits import check_batch_fits, forward_bytes
-from vit_fast.numerics import FACTOR, FLOOR, RULE, compare
+from vit_fast.numerics import FACTOR, FLOOR, compare
 from vit_fast.progress import Remaining, Stages, duration, long_cpu_note, plural
 
 from ._common import (
@@ -46,24 +36,43 @@ from ._common import (
     metadata_path,
     plain_model,
     read_metadata,
-    vit_fast_version,
     weights_record,
 )
-from .graph import ExportGraph, default_outputs, example_images
+from .graph import ExportGraph, example_images
 from .runners import ModelRunner, Runner, open_artifact
+from .verify_checks import (
+    _check_config,
+    _check_data,
+    _check_input_size,
+    _output_plan,
+    check_verify_batches,
+    default_batches,
+    quicker_check,
+)
+from .verify_report import VerificationError, VerifyReport, VerifyRow, format_verification
+
+__all__ = [
+    "BACKEND_ARTIFACTS",
+    "RECORDED_VERSIONS",
+    "VerificationError",
+    "VerifyOptions",
+    "VerifyReport",
+    "VerifyRow",
+    "check_verify_batches",
+    "default_batches",
+    "draw_seed",
+    "format_verification",
+    "quicker_check",
+    "stage_report",
+    "verify",
+    "verify_options",
+    "verify_staged",
+]
 
 #: names that verify() runs as a backend of the model itself rather than as a file
 BACKEND_ARTIFACTS = ("triton",)
 #: the packages whose versions a verification record names
 RECORDED_VERSIONS = ("torch", "onnx", "onnxruntime", "tensorrt", "triton")
-
-
-class VerificationError(AssertionError):
-    """An artifact's error exceeded its bound; ``.report`` holds every row."""
-
-    def __init__(self, message: str, report: VerifyReport) -> None:
-        super().__init__(message)
-        self.report = report
 
 
 @dataclass
@@ -82,202 +91,6 @@ class VerifyOptions:
     print_table: bool = True
     #: called with the report once the artifact it passed is published (``vit-fast export ... --json -`` prints it)
     on_published: Callable[[VerifyReport], Any] | None = None
-
-
-@dataclass
-class VerifyRow:
-    """One comparison: one output at one batch size and image size. Errors are against the float64 reference."""
-
-    output: str
-    batch: int
-    height: int
-    width: int
-    max_abs_err: float
-    eager_max_abs_err: float
-    bound: float
-    rel_err: float
-    eager_rel_err: float
-    cosine: float
-    top1_agreement: float | None
-    eager_top1_agreement: float | None
-    passed: bool
-
-    @property
-    def ratio(self) -> float:
-        """Error over bound: > 1 fails."""
-        return self.max_abs_err / self.bound if self.bound > 0 else float("inf")
-
-
-@dataclass
-class VerifyReport:
-    """Everything :func:`verify` measured; ``passed`` is True when every row passed."""
-
-    artifact: str
-    runtime: str
-    dtype: str
-    rows: list[VerifyRow] = field(default_factory=list)
-    accuracy: dict[str, Any] | None = None
-    rule: str = RULE
-    floor: float = 0.0
-    seed: int | None = None
-    outputs: list[str] = field(default_factory=list)
-    preprocess: dict[str, Any] | None = None
-    weights: dict[str, Any] | None = None
-    artifact_weights: dict[str, Any] | None = None
-    created_utc: str = ""
-    versions: dict[str, str | None] = field(default_factory=dict)
-    git_commit: str = ""
-    #: False while the cases are still running (the JSON written after each one says so), and in a report an
-    #: interrupt cut; ``interrupted`` then says after how many cases
-    complete: bool = True
-    interrupted: str | None = None
-
-    @property
-    def passed(self) -> bool:
-        """Every case ran and every row passed (a report cut short has not passed, whatever its rows say)."""
-        return self.complete and bool(self.rows) and all(r.passed for r in self.rows)
-
-    def worst(self) -> VerifyRow:
-        return max(self.rows, key=lambda r: r.ratio)
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["passed"] = self.passed
-        out["vit_fast_version"] = vit_fast_version()
-        return out
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
-
-    def record(self) -> dict[str, Any]:
-        """The compact record an artifact's metadata keeps: whether and how it was verified."""
-        w = self.worst()
-        return {
-            "passed": self.passed,
-            "rule": self.rule,
-            "floor": self.floor,
-            "worst": {
-                "output": w.output,
-                "batch": w.batch,
-                "height": w.height,
-                "width": w.width,
-                "max_abs_err": w.max_abs_err,
-                "bound": w.bound,
-                "ratio": w.ratio,
-            },
-            "outputs": list(self.outputs),
-            "batches": sorted({r.batch for r in self.rows}),
-            "image_sizes": sorted({(r.height, r.width) for r in self.rows}),
-            "seed": self.seed,
-            "date_utc": self.created_utc,
-            "runtime": self.runtime,
-            "dtype": self.dtype,
-            "weights": self.weights,
-            "versions": {"vit_fast": vit_fast_version(), **self.versions},
-            "git_commit": self.git_commit,
-        }
-
-    def format_table(self) -> str:
-        head = (
-            f"{'output':<17} {'batch':>5} {'size':>9} {'max|err|':>10} {'eager':>10} {'bound':>10} "
-            f"{'rel err':>9} {'cosine':>10} {'top1':>6} {'ok':>4}"
-        )
-        weights = f"; weights {self.weights['description']}" if self.weights else ""
-        lines = [f"{self.artifact}  ({self.runtime}, {self.dtype}; seed {self.seed}{weights})", head, "-" * len(head)]
-        for r in self.rows:
-            top1 = "-" if r.top1_agreement is None else f"{r.top1_agreement:.0%}"
-            lines.append(
-                f"{r.output:<17} {r.batch:>5} {f'{r.height}x{r.width}':>9} {r.max_abs_err:>10.3e} "
-                f"{r.eager_max_abs_err:>10.3e} {r.bound:>10.3e} {r.rel_err:>9.2e} {r.cosine:>10.7f} {top1:>6} "
-                f"{'yes' if r.passed else 'NO':>4}"
-            )
-        if self.accuracy:
-            a = self.accuracy
-            lines.append(
-                f"labelled data ({a['n']} images): eager accuracy {a['eager_accuracy']:.2%}, artifact accuracy "
-                f"{a['artifact_accuracy']:.2%}, top-1 agreement {a['top1_agreement']:.2%}"
-            )
-        lines.append(("PASSED" if self.passed else "FAILED") + f": {self.rule}, floor {self.floor:g}")
-        return "\n".join(lines)
-
-
-def format_verification(record: dict[str, Any] | None) -> str:
-    """An artifact's verification record (``read_metadata(path)["verification"]``) as lines to show. A record
-    that is not what vit-fast writes (a string, a list, fields of other types: a hand-edited or damaged file)
-    is shown as unreadable, with how to check the artifact again, never as an exception."""
-    if not record:
-        return "verification: none recorded (the artifact was written without verification)"
-    unreadable = (
-        "verification: the recorded verification is unreadable ({}): the metadata beside the artifact was edited "
-        "or damaged; run vit-fast verify MODEL ARTIFACT to check the artifact again, or export it again"
-    )
-    if not isinstance(record, dict):
-        return unreadable.format(f"a {type(record).__name__}, not an object")
-    try:
-        return _format_record(record)
-    except (TypeError, ValueError, AttributeError) as err:
-        return unreadable.format(f"{type(err).__name__}: {err}")
-
-
-def _format_record(record: dict[str, Any]) -> str:
-    w = record.get("worst") or {}
-    sizes = ", ".join(f"{h}x{w_}" for h, w_ in record.get("image_sizes") or [])
-    versions = ", ".join(f"{k} {v}" for k, v in (record.get("versions") or {}).items() if v)
-    weights = (record.get("weights") or {}).get("description", "not recorded")
-    return "\n".join(
-        [
-            f"verification: {'PASSED' if record.get('passed') else 'FAILED'} on {record.get('date_utc') or '?'} "
-            f"({record.get('runtime', '?')}, {record.get('dtype', '?')})",
-            f"  rule: {record.get('rule', '?')}",
-            f"  worst: {w.get('output', '?')} at batch {w.get('batch', '?')} ({w.get('height', '?')}x"
-            f"{w.get('width', '?')}): max|err| {w.get('max_abs_err', float('nan')):.3e} <= bound "
-            f"{w.get('bound', float('nan')):.3e} (ratio {w.get('ratio', float('nan')):.3f})"
-            if w
-            else "  worst: not recorded",
-            f"  outputs {', '.join(record.get('outputs') or []) or '?'}; batches "
-            f"{', '.join(map(str, record.get('batches') or []))}; sizes {sizes}; seed {record.get('seed')}",
-            f"  weights: {weights}",
-            f"  versions: {versions}; commit {record.get('git_commit', '?')}",
-        ]
-    )
-
-
-def default_batches(batch_range: tuple[int, int]) -> list[int]:
-    """Batch 1 (or the minimum), an odd batch inside the range, and the maximum."""
-    lo, hi = batch_range
-    odd = next((b for b in (3, 5, 7) if lo < b < hi), None)
-    if odd is None:
-        odd = next((b for b in range(lo + 1, hi) if b % 2), lo)
-    return sorted({lo, odd, hi})
-
-
-def quicker_check(batches: list[int], batch_range: tuple[int, int] | None, flag: str = "--batch") -> str:
-    """The smaller check a note on a slow machine suggests: ``batches`` below the largest (at most two), or the
-    range's minimum, as ``flag`` and as the API's ``batches=``. Only what is verified changes: with an
-    exporter's ``--verify-batch`` the note says that the artifact keeps its batch range."""
-    fewer = sorted(b for b in set(batches) if b < max(batches))[:2] or [batch_range[0] if batch_range else 1]
-    text = f"{flag} {','.join(map(str, fewer))} (batches={fewer}) for a quicker check"
-    if flag != "--batch" and batch_range:
-        text += f"; the artifact keeps its batch range {batch_range[0]}..{batch_range[1]}"
-    return text
-
-
-def check_verify_batches(
-    batches: list[int] | None, batch_range: tuple[int, int], flag: str = "--verify-batch", what: str = "artifact"
-) -> None:
-    """Refuse, before any work, batches to verify that the artifact will not take: each must be an int in
-    ``batch_range`` (``(min, max)``, inclusive), the range it is exported or built for."""
-    if batches is None:
-        return
-    lo, hi = batch_range
-    if not batches or any(isinstance(b, bool) or not isinstance(b, int) for b in batches):
-        raise ValueError(f"{flag} takes batch sizes (ints), got {batches!r}")
-    outside = [b for b in batches if not lo <= b <= hi]
-    if outside:
-        raise ValueError(
-            f"{flag} {','.join(map(str, batches))}: batch {outside[0]} is outside the {what}'s batch range "
-            f"{lo}..{hi}: verify batches within it, or widen the range itself (--batch; batch= in the API)"
-        )
 
 
 def draw_seed() -> int:
@@ -299,52 +112,6 @@ def _copy(model: nn.Module, dtype: torch.dtype, device: str, dynamic: bool) -> n
     if dynamic and not m.cfg.dynamic_img_size:
         m.cfg = m.cfg.replace(dynamic_img_size=True)
     return m
-
-
-def _output_plan(meta: dict[str, Any] | None, runner: Runner, num_classes: int) -> list[tuple[str, str]]:
-    """``(output kind, the runner's output name)`` for every output the artifact's graph returns."""
-    kinds = list((meta or {}).get("outputs") or default_outputs(num_classes))
-    names = list((meta or {}).get("output_names") or runner.output_names[: len(kinds)])
-    missing = [n for n in names if n not in runner.output_names]
-    if missing or len(names) != len(kinds):
-        raise ArtifactError(
-            f"the metadata names outputs {names} ({kinds}), but the artifact has outputs {runner.output_names}"
-        )
-    return list(zip(kinds, names, strict=True))
-
-
-def _check_config(meta: dict[str, Any] | None, cfg: Any, artifact: Any) -> None:
-    if meta and isinstance(meta.get("config"), dict):
-        theirs = {k: v for k, v in meta["config"].items() if k != "dynamic_img_size"}
-        ours = {k: v for k, v in cfg.to_dict().items() if k != "dynamic_img_size"}
-        diff = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
-        if diff:
-            raise ValueError(
-                f"{str(artifact)!r} was exported from another architecture: config fields {diff} differ "
-                f"(artifact {[theirs.get(k) for k in diff]}, model {[ours.get(k) for k in diff]})"
-            )
-
-
-def _check_input_size(
-    runner: Runner, channels: int, sizes: list[tuple[int, int]], preprocess: dict | None, artifact: Any
-) -> None:
-    """Raise ValueError naming both sizes when the artifact's fixed input dims (``runner.image_shape``, where the
-    runner knows them) do not fit the model's images, before any input is run (ONNX Runtime would answer with
-    its raw "Got invalid dimensions" text)."""
-    fixed = getattr(runner, "image_shape", None)
-    if not fixed or len(fixed) != 3:
-        return
-    nhwc = bool(preprocess) and preprocess.get("layout") == "NHWC"
-    for h, w in sizes:
-        want = (h, w, channels) if nhwc else (channels, h, w)
-        if all(not isinstance(have, int) or have == need for have, need in zip(fixed, want, strict=True)):
-            continue
-        theirs_h, theirs_w = (fixed[0], fixed[1]) if nhwc else (fixed[1], fixed[2])
-        raise ValueError(
-            f"{str(artifact)!r} was exported for {theirs_h}x{theirs_w} images (input dims {list(fixed)}), but the "
-            f"model takes {h}x{w} images ({channels} channels): verify it against the model it was exported from, "
-            "or export this model again"
-        )
 
 
 def verify(
@@ -595,30 +362,6 @@ def stage_report(stack: contextlib.ExitStack, report: VerifyReport, path: Path) 
     staged = stack.enter_context(staging_dir(path)) / path.name
     write_new(staged, json_text(report.to_dict()))
     return staged, path
-
-
-def _check_data(data: Any, preprocess: dict[str, Any] | None, kinds: list[str], channels: int) -> None:
-    images, labels = data
-    if images.ndim != 4 or labels.ndim != 1 or images.shape[0] != labels.shape[0] or images.shape[0] == 0:
-        raise ValueError(
-            f"data must be (images [N, C, H, W], labels [N]) with N >= 1, got {tuple(images.shape)} and "
-            f"{tuple(labels.shape)}"
-        )
-    if "logits" not in kinds:
-        raise ValueError(f"data= measures accuracy on the 'logits' output; this artifact returns {kinds}")
-    if preprocess and images.dtype != torch.uint8:
-        raise ValueError(
-            f"this artifact takes uint8 images ({preprocess['layout']}) through its preprocessing front: data "
-            f"images must be uint8 pixels, got {images.dtype}"
-        )
-    nhwc = bool(preprocess) and preprocess.get("layout") == "NHWC"
-    if images.shape[3 if nhwc else 1] != channels:
-        layout = "[N, H, W, C]" if nhwc else "[N, C, H, W]"
-        fix = "images.permute(0, 2, 3, 1)" if nhwc else "images.permute(0, 3, 1, 2)"
-        raise ValueError(
-            f"data images have shape {tuple(images.shape)}, but this artifact takes {channels}-channel images as "
-            f"{layout}: give them in that layout (e.g. {fix})"
-        )
 
 
 def _accuracy(

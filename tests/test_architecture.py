@@ -5,12 +5,12 @@ Layers, lowest first (vit_fast.kernels and vit_fast.export are installed from th
 kernels/ and export/):
 
   kernels  vit_fast.kernels.*
-  base     vit_fast.version, dtypes, batches, files, progress, numerics, env, runtime, pos_embed, first_use
+  base     vit_fast.version, dtypes, batches, files, lazy, progress, numerics, env, runtime, pos_embed, first_use
   model    vit_fast.config, layers, model, triton_path, validation, convert, checkpoints, loading, hf,
            patching, naflex, explanation, assets, graphs, training, warmup, selfcheck,
            and vit_fast itself (the public facade over the model layer)
   export   vit_fast.export.*
-  app      vit_fast.bench.*, vit_fast.demo, vit_fast.doctor, vit_fast.serve.*
+  app      vit_fast.bench.*, vit_fast.demo.*, vit_fast.doctor.*, vit_fast.serve.*
   cli      vit_fast.cli.*, vit_fast.__main__
 
 Every import counts for the layer check, at module level or inside a function; imports under
@@ -40,7 +40,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("kernels", _modules("kernels", "kernels.*")),
     (
         "base",
-        _modules("version", "dtypes", "batches", "files", "files.*", "progress", "numerics", "env", "runtime")
+        _modules("version", "dtypes", "batches", "files", "files.*", "lazy", "progress", "numerics", "env", "runtime")
         + _modules("pos_embed", "first_use", "timm_import", "interrupts", "limits", "children"),
     ),
     (
@@ -57,9 +57,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("export", _modules("export", "export.*")),
     (
         "app",
-        _modules(
-            "bench", "bench.*", "demo", "demo_plots", "demo_settings", "doctor", "doctor_settings", "serve", "serve.*"
-        ),
+        _modules("bench", "bench.*", "demo", "demo.*", "doctor", "doctor.*", "serve", "serve.*"),
     ),
     ("cli", _modules("cli", "cli.*", "__main__")),
 ]

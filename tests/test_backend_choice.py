@@ -266,9 +266,9 @@ def test_demo_times_vit_b16_in_the_cards_native_dtype(fake_cuda, monkeypatch, ar
             asked.append((device, dtype))
             raise Stop
 
-    monkeypatch.setattr(demo, "load_model", lambda *a, **k: Model())
+    monkeypatch.setattr(demo.steps, "load_model", lambda *a, **k: Model())
     with cards.pretend_arch(arch), pytest.raises(Stop):
-        demo._vit_b16_step(0)
+        demo.steps._vit_b16_step(0)
     assert asked == [(torch.device("cuda:0"), expected)]
 
 

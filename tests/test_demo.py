@@ -161,7 +161,7 @@ def test_demo_reports_a_failed_triton_step_without_numbers_and_exits_nonzero(tmp
 
 @pytest.mark.skipif(not HAVE_TRITON, reason="triton is not installed")
 def test_demo_reports_why_the_verify_child_could_not_run(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("vit_fast.demo.INTERPRETER_BATCHES", "0")  # a command line the child rejects
+    monkeypatch.setattr("vit_fast.demo.interpreter.INTERPRETER_BATCHES", "0")  # a command line the child rejects
     out = tmp_path / "child"
     code = main(["demo", "--out", str(out), "--device", "cpu", "--skip-onnx", "--skip-timing"])
     capsys.readouterr()

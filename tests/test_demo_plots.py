@@ -1,4 +1,4 @@
-"""vit_fast.demo_plots: the data behind the demo's pictures is the model's (token order, attention) and the
+"""vit_fast.demo.plots: the data behind the demo's pictures is the model's (token order, attention) and the
 report's (confusion, timings), and the pictures are PNG files of the size the module says."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import torch
 
 pytest.importorskip("sklearn", reason="the embedded digits data needs scikit-learn (pip install -e '.[demo]')")
 
-from vit_fast import demo_plots  # noqa: E402
 from vit_fast.assets import load_default_eval_set, load_default_model  # noqa: E402
+from vit_fast.demo import plots as demo_plots  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -187,6 +187,7 @@ def test_timing_picture_with_torch_only_and_a_wide_spread(tmp_path):
 
 
 def test_importing_vit_fast_and_its_cli_does_not_import_matplotlib():
-    code = "import sys, vit_fast, vit_fast.demo, vit_fast.demo_plots, vit_fast.cli; print('matplotlib' in sys.modules)"
+    modules = "vit_fast, vit_fast.demo.report, vit_fast.demo.plots, vit_fast.cli"
+    code = f"import sys, {modules}; print('matplotlib' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"

@@ -11,7 +11,8 @@ import torch
 pytest.importorskip("sklearn", reason="the demo needs scikit-learn (pip install -e '.[demo]')")
 
 from vit_fast.cli import main  # noqa: E402
-from vit_fast.demo import STEPS, DemoSettings, _timing_step  # noqa: E402
+from vit_fast.demo import STEPS, DemoSettings  # noqa: E402
+from vit_fast.demo.steps import _timing_step  # noqa: E402
 from vit_fast.progress import Stages  # noqa: E402
 
 
@@ -28,10 +29,10 @@ def test_timing_runs_on_the_threads_it_records(threads, monkeypatch):
 
     model = load_default_model(backend="torch")
     images, _ = load_default_eval_set()
-    monkeypatch.setattr("vit_fast.demo.cpu_threads_for_load", lambda: (1, "1 of 2: load average 3.0 on 2 cores"))
+    monkeypatch.setattr("vit_fast.demo.steps.cpu_threads_for_load", lambda: (1, "1 of 2: load average 3.0 on 2 cores"))
     seen = []
     monkeypatch.setattr(
-        "vit_fast.demo.summarize", lambda times: seen.append(torch.get_num_threads()) or {"median_ms": 1.0}
+        "vit_fast.demo.steps.summarize", lambda times: seen.append(torch.get_num_threads()) or {"median_ms": 1.0}
     )
     before = torch.get_num_threads()
     step = _timing_step(model, images[:4], None, DemoSettings(threads=threads, repeats=1), Stages("t", False))

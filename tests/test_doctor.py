@@ -364,11 +364,15 @@ def test_settings_report_triton_and_vit_fast_variables():
 
 def test_bf16_skipped_on_a_card_without_native_bf16():
     with pretend_arch(75):
-        dtypes, skipped = doctor._dtypes_for(doctor.DoctorSettings(), torch.device("cuda", 0))
+        dtypes, skipped = doctor.checks._dtypes_for(doctor.DoctorSettings(), torch.device("cuda", 0))
     assert dtypes == ["fp32", "fp16"]
     assert skipped[0]["name"] == "bf16" and "emulates bf16" in skipped[0]["summary"]
     with pretend_arch(80):
-        assert doctor._dtypes_for(doctor.DoctorSettings(), torch.device("cuda", 0))[0] == ["fp32", "fp16", "bf16"]
+        assert doctor.checks._dtypes_for(doctor.DoctorSettings(), torch.device("cuda", 0))[0] == [
+            "fp32",
+            "fp16",
+            "bf16",
+        ]
 
 
 @skip_if_interpreter_broken
@@ -387,23 +391,25 @@ def test_gpu_path_runs_every_check_and_reports_a_crash_as_failed(monkeypatch, tm
     import contextlib
 
     calls = []
-    monkeypatch.setattr(doctor, "_resolve_device", lambda spec: torch.device("cuda", 0))
+    monkeypatch.setattr(doctor.report, "_resolve_device", lambda spec: torch.device("cuda", 0))
     monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
-    monkeypatch.setattr(doctor, "environment_checks", lambda device: [])
+    monkeypatch.setattr(doctor.report, "environment_checks", lambda device: [])
 
     def kernels(cfg, device, dtypes, seed, stages):
         calls.append(("kernels", tuple(dtypes), doctor.GPU_KERNEL_BATCHES))
-        return [doctor._check("kernels", "attention fp16 b=8", True, "fine")]
+        return [doctor.base._check("kernels", "attention fp16 b=8", True, "fine")]
 
     def graph(model, device, dtype_name):
         raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
 
-    monkeypatch.setattr(doctor, "kernel_checks", kernels)
-    monkeypatch.setattr(doctor, "model_checks", lambda *a: calls.append(("model",)) or [])
-    monkeypatch.setattr(doctor, "cuda_graph_check", graph)
-    monkeypatch.setattr(doctor, "timing_check", lambda m, d, name: doctor._check("timing", f"timing {name}", 1, "t"))
+    monkeypatch.setattr(doctor.checks, "kernel_checks", kernels)
+    monkeypatch.setattr(doctor.checks, "model_checks", lambda *a: calls.append(("model",)) or [])
+    monkeypatch.setattr(doctor.checks, "cuda_graph_check", graph)
     monkeypatch.setattr(
-        doctor,
+        doctor.checks, "timing_check", lambda m, d, name: doctor.base._check("timing", f"timing {name}", 1, "t")
+    )
+    monkeypatch.setattr(
+        doctor.report,
         "collect_environment",
         lambda device: {"vit_fast": "0", "torch": "t", "triton": "t", "device_name": "T4"},
     )
@@ -430,7 +436,7 @@ def test_failing_kernel_makes_doctor_exit_1_naming_it(monkeypatch, tmp_path, cap
 
     real = attention.launch_attention
     monkeypatch.setattr(attention, "launch_attention", lambda *a, **k: real(*a, **k) + 0.5)
-    monkeypatch.setattr(doctor, "model_checks", lambda *a, **k: [])
+    monkeypatch.setattr(doctor.interpreter, "model_checks", lambda *a, **k: [])
     out = tmp_path / "out"
     code = main(["doctor", "--dtype", "fp32", "--out", str(out), "--json", str(tmp_path / "d.json")])
     assert code == 1

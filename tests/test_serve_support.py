@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import vit_fast
+from vit_fast.serve import backend as srv_backend
 from vit_fast.serve import server as srv
 from vit_fast.serve.loadtest import percentile
 
@@ -31,8 +32,10 @@ def test_serve_without_the_extra_says_how_to_install_it() -> None:
 
 
 def _libdir(monkeypatch, folder) -> None:
-    real = srv.sysconfig.get_config_var
-    monkeypatch.setattr(srv.sysconfig, "get_config_var", lambda name: str(folder) if name == "LIBDIR" else real(name))
+    real = srv_backend.sysconfig.get_config_var
+    monkeypatch.setattr(
+        srv_backend.sysconfig, "get_config_var", lambda name: str(folder) if name == "LIBDIR" else real(name)
+    )
 
 
 def test_python_backend_env_puts_this_interpreters_libpython_first(monkeypatch, tmp_path) -> None:

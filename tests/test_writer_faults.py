@@ -208,7 +208,7 @@ def test_bench_checks_json_before_any_work(folder, monkeypatch, capsys, json_nam
 def test_demo_checks_its_files_before_any_step(folder, monkeypatch, capsys, given, refused):
     from vit_fast import demo
 
-    monkeypatch.setattr(demo, "load_default_model", reached)
+    monkeypatch.setattr(demo.report, "load_default_model", reached)
     (folder / "d").mkdir()
     if given is not None:
         (folder / "d" / given).write_bytes(b"the user's own file")
@@ -227,7 +227,7 @@ def test_demo_checks_its_files_before_any_step(folder, monkeypatch, capsys, give
 
 def test_demo_files_it_wrote_carry_their_own_proof(tmp_path):
     pytest.importorskip("matplotlib", reason="matplotlib is not installed")
-    from vit_fast import demo_plots
+    from vit_fast.demo import plots as demo_plots
 
     png = demo_plots._png(demo_plots._pyplot().figure(figsize=(1, 1)))
     files.write_atomic(tmp_path / "patches.png", png)
@@ -258,11 +258,11 @@ def test_demo_publishes_its_onnx_only_verified(tmp_path, monkeypatch):
         for p in other.parameters():
             p.add_(0.5)
     monkeypatch.setattr(onnx_export, "verify_staged", lambda m, *a: real(other, *a))
-    step = demo._guarded("onnx", demo._onnx_step, model, images, labels, s, stages)
+    step = demo.base._guarded("onnx", demo.steps._onnx_step, model, images, labels, s, stages)
     assert step["status"] == "failed" and "VerificationError" in step["summary"], step["summary"]
     assert [p.name for p in tmp_path.iterdir()] == []
     monkeypatch.setattr(onnx_export, "verify_staged", real)
-    step = demo._onnx_step(model, images, labels, s, stages)
+    step = demo.steps._onnx_step(model, images, labels, s, stages)
     assert step["status"] == "ok", step["summary"]
     record = read_metadata(tmp_path / demo.ONNX_NAME)["verification"]
     assert record["passed"] is True and record["seed"] == s.seed
@@ -274,7 +274,7 @@ def test_demo_publishes_its_onnx_only_verified(tmp_path, monkeypatch):
 PARENT = textwrap.dedent(
     """
     import sys, time
-    from vit_fast.demo import _InterpreterVerify
+    from vit_fast.demo.interpreter import _InterpreterVerify
     child = _InterpreterVerify(1, 0, 600.0)
     print(child.proc.pid, child.tmp, flush=True)
     time.sleep(600)

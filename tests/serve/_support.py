@@ -127,7 +127,7 @@ def start_serve(tmp: Path, *args: str) -> Child:
 
 def tritonserver_pid(server_pid: int) -> int:
     """The pid of the tritonserver that the `vit-fast serve` process ``server_pid`` started."""
-    from vit_fast.serve.server import _processes
+    from vit_fast.serve.backend import _processes
 
     found = [
         pid
@@ -140,7 +140,7 @@ def tritonserver_pid(server_pid: int) -> int:
 
 def process_tree(pid: int) -> set[int]:
     """``pid`` and all its descendants."""
-    from vit_fast.serve.server import _processes
+    from vit_fast.serve.backend import _processes
 
     procs, tree = _processes(), {pid}
     while more := {p for p, (ppid, _) in procs.items() if ppid in tree} - tree:

@@ -232,7 +232,7 @@ def test_sigterm_under_load_stops_the_server_in_bounded_time_and_releases_its_po
     left = {n for n in set(os.listdir("/dev/shm")) - shm_before if n.startswith(f"pytrtion{server.proc.pid}")}
     assert not left, f"shared memory left behind: {sorted(left)}"
     # no python-backend stub of this server outlives it (they hold the psm_* shared-memory blocks)
-    from vit_fast.serve.server import _processes
+    from vit_fast.serve.backend import _processes
 
     marker = f"pytrtion{server.proc.pid}-"
     assert not [pid for pid, (_, cmd) in _processes().items() if marker in cmd], "a backend stub outlived the server"

@@ -88,7 +88,7 @@ def test_later_instances_wait_for_the_first_ones_handshake(tmp_path) -> None:
 
     from pytriton.models.model import Model
 
-    from vit_fast.serve.server import HANDSHAKE_WAIT, patient_handshake
+    from vit_fast.serve.backend import HANDSHAKE_WAIT, patient_handshake
 
     stand_in = types.SimpleNamespace(model_name="m", model_version=1, SCRIPT_FILES_TO_COPY=Model.SCRIPT_FILES_TO_COPY)
     stand_in._get_triton_model_config = lambda: None

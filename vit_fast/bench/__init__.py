@@ -1,18 +1,7 @@
-"""The benchmark harness behind ``vit-fast bench``: every backend timed side by side, in one process,
-on the same inputs, each output checked against the eager torch backend's; or an existing ONNX file
-or TensorRT engine timed by its own runtime.
-
-From Python, ``benchmark(model, batch=..., dtypes=..., backends=...)`` returns a :class:`BenchResult`
-(rows, Markdown, CSV) and writes nothing; ``run_benchmark(settings)`` is the command line's run, which
-writes JSON, Markdown, CSV and PNG files that never replace an earlier run's unless asked.
-
-One home per job: ``settings`` (the request, its defaults, parsers and checks), ``timing`` (how many
-calls, each timed, many summarized), ``ceilings`` (measured bandwidth and matrix rate, the floor),
-``backends`` (what is timed; ONNX Runtime and TensorRT through ``vit_fast.export.runners``), ``harness``
-(the run), ``artifacts`` (an existing ONNX file or engine timed through the harness), ``api``
-(``benchmark`` and ``run_benchmark``), ``report`` (ratios, JSON, Markdown, CSV, PNG). The environment
-comes from ``vit_fast.env``, the progress bar from ``vit_fast.progress``, dtypes from ``vit_fast.dtypes``.
-Nothing here touches a GPU at import time.
+"""The benchmark harness behind ``vit-fast bench``: every backend timed side by side, in one process, on the same
+inputs, each output checked against the eager torch backend's; or an existing ONNX file or TensorRT engine timed
+by its own runtime. ``benchmark(...)`` returns a :class:`BenchResult` and writes nothing; ``run_benchmark`` is the
+command line's run, which writes its files. Which module holds each job: docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from vit_fast.demo_settings import DEFAULT_OUT, ONNX_NAME, DemoSettings
+from vit_fast.demo.settings import DEFAULT_OUT, ONNX_NAME, DemoSettings
 
 from . import _args
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vit_fast.doctor_settings import DEFAULT_OUT, DoctorSettings
+from vit_fast.doctor.settings import DEFAULT_OUT, DoctorSettings
 from vit_fast.files import check_files_in
 
 from . import _args

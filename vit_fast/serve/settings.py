@@ -12,7 +12,7 @@ DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
 DEFAULT_HOST = "127.0.0.1"
 #: ``protect``: "auto" opens the statistics and shared-memory APIs (what perf_analyzer and model-analyzer read) on
 #: loopback only and keeps PyTriton's access token on any other interface; "on" / "off" force it. Loading and
-#: unloading models is closed to every client whatever it says (vit_fast.serve.server.close_model_control)
+#: unloading models is closed to every client whatever it says (vit_fast.serve.backend.close_model_control)
 PROTECT_CHOICES = ("auto", "on", "off")
 #: the dynamic batcher's max_queue_delay_microseconds when serving on the CPU: 0. One instance runs one forward at a
 #: time, so requests that arrive meanwhile are batched anyway; waiting only adds latency (measured with perf_analyzer,

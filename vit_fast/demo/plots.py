@@ -1,18 +1,6 @@
-"""The demo's pictures: what the embedded model reads and what the demo measured, as PNG files.
-
-  patches.png    a few held-out digits at model resolution with the patch grid (token numbers beside it),
-                 beside the sequence the model reads: the class token, then the patches row by row
-  attention.png  the class token's attention over the patch grid in the last block, per head and averaged
-                 over the heads (torch backend: the fused Triton kernel never forms these probabilities)
-  confusion.png  the held-out confusion matrix, with the accuracy in the title
-  timing.png     the timing step's medians as bars, whiskers from p10 to p90
-
-The data behind each picture is computed here (the patch sequence, the attention probabilities, the
-confusion matrix) or taken as it is from the demo's report (predictions, timings); every ``draw_*`` returns
-PNG bytes and draws only what it is given, and :func:`write_figures` returns that data for report.json.
-matplotlib (the ``demo`` extra) is imported inside the drawing functions with the Agg backend, never when
-vit_fast is imported.
-"""
+"""The demo's pictures as PNG files: patches.png, attention.png, confusion.png, timing.png. The data behind each
+is computed here or taken from the demo's report; every ``draw_*`` returns PNG bytes, and matplotlib (the ``demo``
+extra) is imported inside them, never when vit_fast is imported. Each picture: docs/cli.md."""
 
 from __future__ import annotations
 
@@ -25,8 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .env import install_hint
-from .files import png_metadata, seal_png, write_atomic
+from ..env import install_hint
+from ..files import png_metadata, seal_png, write_atomic
 
 #: dots per inch of every picture; the sizes below are in inches, so a picture is SIZES_IN * DPI pixels
 DPI = 110
@@ -139,7 +127,7 @@ def _pyplot() -> Any:
 
 def _png(fig: Any) -> bytes:
     buf = io.BytesIO()
-    from . import __version__
+    from .. import __version__
 
     # no bbox_inches="tight": the size stays SIZES_IN * DPI; the digest chunk is the proof vit-fast drew it
     fig.savefig(buf, format="png", dpi=DPI, metadata=png_metadata(__version__))

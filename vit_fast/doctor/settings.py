@@ -1,5 +1,5 @@
 """What ``vit-fast doctor`` asks for, without importing torch: the command line builds its parser from these
-defaults (``vit-fast doctor --help`` stays fast); :mod:`vit_fast.doctor` runs the checks."""
+defaults (``vit-fast doctor --help`` stays fast); :func:`vit_fast.doctor.run_doctor` runs the checks."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """What ``vit-fast demo`` asks for, without importing torch: the command line builds its parser from these
-defaults (``vit-fast demo --help`` stays fast); :mod:`vit_fast.demo` runs the steps."""
+defaults (``vit-fast demo --help`` stays fast); :func:`vit_fast.demo.run_demo` runs the steps."""
 
 from __future__ import annotations
 

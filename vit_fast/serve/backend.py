@@ -1,0 +1,222 @@
+"""Triton's process and its python backend as vit-fast serve runs them through PyTriton 0.7: the serve extra's
+check, the environment the backend stub needs, how requests travel, the start-up handshake, model control
+closed, request blocks made private, and the stubs that outlive Triton ended."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import sys
+import sysconfig
+import time
+from glob import escape as glob_escape
+from pathlib import Path
+from typing import Any
+
+from vit_fast.env import install_hint
+from vit_fast.serve.endpoints import _answers_200
+from vit_fast.serve.settings import BASE64_MAX_IMAGE_BYTES
+
+SERVE_EXTRA = install_hint("serve")
+#: PyTriton 0.7's switch from its shared-memory tensor store to base64 in its messages (see proxy_transport)
+NO_TENSORSTORE = "PYTRITON_NO_TENSORSTORE"
+#: the handshake's wait in the proxy code PyTriton 0.7 sends to Triton with each model, and how long ours waits
+HANDSHAKE_WAIT = ("def get_config_from_handshake_server(socket_path: pathlib.Path, timeout_s: float = 1.0)", 60.0)
+#: seconds start() waits for /v2/models/NAME/ready after Triton started
+READY_TIMEOUT_S = 120.0
+#: where POSIX shared-memory blocks live on Linux (shm_open's folder)
+SHM_DIR = Path("/dev/shm")
+
+
+def _processes() -> dict[int, tuple[int, str]]:
+    """Every process this user can see: pid -> (parent pid, command line); empty where there is no /proc."""
+    found = {}
+    for entry in Path("/proc").glob("[0-9]*") if Path("/proc").is_dir() else ():
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue  # ended meanwhile, or not ours to read
+        found[int(entry.name)] = (ppid, cmdline)
+    return found
+
+
+def reap_backend_stubs(owner_pid: int | None = None, grace_s: float = 3.0) -> list[int]:
+    """End the python-backend stubs Triton started for this process's models, with their children, when they
+    outlive Triton; returns the pids that had to be ended.
+
+    Seen here: after SIGTERM under load, tritonserver exited but both stubs of a 2-instance model stayed (they
+    ignore SIGTERM), with their shared-memory blocks (``/dev/shm/psm_*``) held. PyTriton names each stub's
+    shared-memory region ``pytrtion<pid>-...`` after the process that started the server, which is how ours are
+    told apart from any other server's. SIGTERM, then SIGKILL after ``grace_s``; once a stub is gone its
+    ``multiprocessing`` resource tracker unlinks the blocks it tracked, and this waits (``grace_s`` more) for that.
+    """
+    marker = f"pytrtion{os.getpid() if owner_pid is None else owner_pid}-"
+    procs = _processes()
+    stubs = {pid for pid, (_, cmd) in procs.items() if "triton_python_backend_stub" in cmd and marker in cmd}
+    doomed = set(stubs)
+    while True:  # their descendants (PyTriton's proxy process, its resource tracker)
+        more = {pid for pid, (ppid, _) in procs.items() if ppid in doomed} - doomed
+        if not more:
+            break
+        doomed |= more
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in stubs:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in doomed):
+            time.sleep(0.1)
+    return sorted(stubs)
+
+
+def patient_handshake() -> None:
+    """Let a model's later instances wait up to ``HANDSHAKE_WAIT[1]`` s (not 1 s) for the first one's handshake.
+
+    The cause of the start-up race (see :meth:`vit_fast.serve.server.Server.start`): PyTriton 0.7 starts a
+    model's instances at once, and every instance but the first asks the first, over ``NAME-config.sock``, for
+    its configuration, giving up after 1 s (``get_config_from_handshake_server(..., timeout_s=1.0)`` in
+    ``pytriton/proxy/communication.py``). On a busy machine the first instance takes longer than that to start
+    (seen here: 3 failed starts in a row with 2 instances while other servers started). That code runs in
+    Triton's python-backend stubs, which read it from the model's folder in PyTriton's model store, where
+    ``Model.generate_model`` copies it when the model is bound; this wraps that method so the copy's default
+    reads 60 s. Exact-text replacement: another PyTriton version's file goes unchanged (and the retry in
+    ``Server.start`` remains). Idempotent; only the model stores of this process change."""
+    from pytriton.models.model import Model
+
+    from vit_fast.files import claim, write_atomic
+
+    if getattr(Model.generate_model, "_vit_fast_patient", False):
+        return
+    original = Model.generate_model
+    old, wait_s = HANDSHAKE_WAIT
+    new = old.replace("timeout_s: float = 1.0", f"timeout_s: float = {wait_s}")
+
+    def generate_model(self, model_repository: Path) -> None:
+        original(self, model_repository)
+        script = Path(model_repository) / self.model_name / str(self.model_version) / "communication.py"
+        text = script.read_text()
+        if old in text:
+            claim(script)  # PyTriton's copy in this server's own workspace, just read: that file may be replaced
+            write_atomic(script, text.replace(old, new))
+
+    generate_model._vit_fast_patient = True
+    generate_model.__wrapped__ = original
+    Model.generate_model = generate_model
+
+
+def close_model_control(triton: Any) -> None:
+    """Make ``triton`` (PyTriton 0.7's ``Triton``, made with a local model store and not started yet) run Triton
+    with model control "none": Triton loads the models in its repository when it starts and refuses every load
+    and unload request after that, over HTTP and gRPC, with or without an access token ("explicit model load /
+    unload is not allowed").
+
+    Why not PyTriton's way: it runs Triton in "explicit" mode and loads each model through that API, which then
+    stays open to every client that reaches the port (on loopback: every local user) unless an access token
+    restricts it, and Triton takes its token on its command line only, where every local user reads it (``ps``).
+    Open, the API takes the model down (unload, while the server runs on and answers "not ready") and loads
+    models whose files come with the request: Triton's python backend runs such a model's code as this user.
+    A RuntimeError where PyTriton's server settings are not where 0.7 keeps them: never an open API silently."""
+    config = getattr(triton, "_triton_server_config", None)
+    policy = getattr(triton, "_triton_lifecycle_policy", None)
+    if config is None or not getattr(policy, "local_model_store", False):
+        raise RuntimeError(
+            "vit-fast serve cannot close Triton's model-control API with this PyTriton (its server settings are not "
+            f"where PyTriton 0.7 keeps them): {SERVE_EXTRA} (it pins nvidia-pytriton 0.7.0)"
+        )
+    config["model-control-mode"] = "none"
+    config["load-model"] = None  # Triton refuses --load-model outside "explicit": every model loads at start
+
+
+def make_shm_private(prefix: str, shm_dir: Path = SHM_DIR) -> list[Path]:
+    """Give the shared-memory blocks in ``shm_dir`` whose names start with ``prefix`` mode 0600; returns them.
+
+    Triton's python backend makes one block per model instance (``pytrtion<pid>-...``, PyTriton's prefix) and
+    carries every request and response through it between tritonserver and the instance's stub. It sets their
+    mode itself (``fchmod`` to 0644 after ``shm_open``), so a umask cannot narrow them and PyTriton has no
+    setting for it: they are narrowed here, once Triton has loaded the model (which makes them) and before the
+    first request. Only this user's regular files are touched (``lstat``, opened without following a link)."""
+    narrowed = []
+    for path in sorted(shm_dir.glob(f"{glob_escape(prefix)}*")):
+        try:
+            st = os.lstat(path)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+                continue
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue  # gone meanwhile
+        try:
+            os.fchmod(fd, 0o600)
+        finally:
+            os.close(fd)
+        narrowed.append(path)
+    return narrowed
+
+
+def require_serve() -> None:
+    """An ImportError saying how to install the serve extra unless PyTriton, tritonclient and numpy < 2 are here."""
+    try:
+        import numpy
+        import pytriton  # noqa: F401
+        import tritonclient.grpc  # noqa: F401
+        import tritonclient.http  # noqa: F401
+    except ImportError as err:
+        raise ImportError(
+            f"vit-fast serve needs PyTriton and tritonclient: {SERVE_EXTRA} (it pins numpy < 2, so give it a "
+            f"virtual environment of its own); import failed: {err}"
+        ) from err
+    if int(numpy.__version__.split(".")[0]) >= 2:
+        raise ImportError(
+            f"PyTriton 0.7 needs numpy < 2, and numpy {numpy.__version__} is installed here: {SERVE_EXTRA} in a "
+            "virtual environment of its own (the extra pins numpy < 2)"
+        )
+
+
+def proxy_transport(image_bytes: int, environ: dict[str, str] | None = None) -> str:
+    """How PyTriton carries each request between Triton's python-backend stub and this process, for images of
+    ``image_bytes``: ``"base64"`` inside its messages when an image is at most ``BASE64_MAX_IMAGE_BYTES`` (or when
+    ``PYTRITON_NO_TENSORSTORE`` is set in ``environ``, default ``os.environ``, already), else ``"tensor store"``
+    (its shared memory). Why: see :data:`vit_fast.serve.settings.BASE64_MAX_IMAGE_BYTES`."""
+    if isinstance(image_bytes, bool) or not isinstance(image_bytes, int) or image_bytes < 1:
+        raise ValueError(f"image_bytes must be an int >= 1, got {image_bytes!r}")
+    if (os.environ if environ is None else environ).get(NO_TENSORSTORE):
+        return "base64"
+    return "base64" if image_bytes <= BASE64_MAX_IMAGE_BYTES else "tensor store"
+
+
+def python_backend_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """``environ`` (default ``os.environ``) with this interpreter's ``LIBDIR`` first on ``LD_LIBRARY_PATH``.
+
+    Only where that folder holds this interpreter's shared ``libpython`` (a static build has none; the
+    stub then needs a matching system libpython, and nothing here can help).
+    """
+    env = dict(os.environ if environ is None else environ)
+    libdir = sysconfig.get_config_var("LIBDIR")
+    soname = f"libpython{sys.version_info.major}.{sys.version_info.minor}.so.1.0"
+    if not libdir or not (Path(libdir) / soname).exists():
+        return env
+    paths = [p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p and p != libdir]
+    env["LD_LIBRARY_PATH"] = os.pathsep.join([libdir, *paths])
+    return env
+
+
+def run_triton(triton: Any, health_url: str, verbose: bool) -> None:
+    """Start tritonserver, wait until ``health_url`` answers (or fail at once with its log when it exits during its
+    start: PyTriton would wait its full 120 s), connect PyTriton's side of the model, and make the request blocks
+    private (:func:`make_shm_private`). PyTriton 0.7's ``run()`` is ``_run_server()`` then ``connect()``.
+
+    Triton logs to its log file; what tritonserver still writes on its stdout (the "Signal (2) received." of every
+    stop) PyTriton 0.7 echoes to ours unless its server process is told otherwise (a private flag,
+    ``TritonServer._verbose``: left alone where it is missing). PyTriton keeps the lines in its own record either
+    way; ``verbose`` shows them as before."""
+    triton._run_server()
+    process = getattr(triton, "_triton_server", None)
+    if not verbose and process is not None and hasattr(process, "_verbose"):
+        process._verbose = False
+    _answers_200(health_url, READY_TIMEOUT_S, "of Triton's start", alive=triton._triton_server.is_alive)
+    triton.connect()
+    prefix = triton._python_backend_config["shm-region-prefix-name"] or f"pytrtion{os.getpid()}-"
+    make_shm_private(prefix)
