@@ -432,9 +432,10 @@ class ResolvedLaunches:
         return run, getattr(self.kernel, "best_config", None)
 
     def describe(self, entry: tuple) -> dict:
-        """A resolved launch (a cache entry) as the evidence run records it: the kernel, the config it ran (its
-        constexprs, warps, stages), its programs, and what the compiler gave it (registers and spills per thread,
-        shared memory per program, in bytes; None where the compiled kernel does not say, e.g. a stub)."""
+        """A resolved launch (a cache entry, or an interpreted launch's, whose compiled kernel is None) as the
+        evidence run records it: the kernel, the config it ran (its constexprs, warps, stages), its programs, and
+        what the compiler gave it (registers and spills per thread, shared memory per program, in bytes; None where
+        the compiled kernel does not say, e.g. a stub, or where nothing was compiled)."""
         compiled, grid, tail, _label = entry
         meta = getattr(compiled, "metadata", None)
         constexprs = dict(zip(self.arg_names[len(self.arg_names) - len(tail) :], tail, strict=True))

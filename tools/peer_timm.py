@@ -95,7 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     lost = sorted(t for r in rows for t in r.lost)
     for test in lost:
         print(f"REGRESSION {test}: passed unpatched, {after.get(test, 'missing').lower()} patched")
-    print(f"{len(lost)} tests that pass unpatched do not pass patched (timm {installed}, {len(args.models)} models)")
+    print(
+        f"{len(lost)} tests that pass unpatched do not pass patched (timm {installed}, -k {' or '.join(args.models)})"
+    )
     failed = [r for r in rows if r.failures]
     if failed:
         print(

@@ -100,6 +100,7 @@ class Row:
     launches: int
     must_launch: bool
     failures: list[str] = field(default_factory=list)
+    why_not: str = ""  # why launches are not required, where they are not
 
 
 def judge(
@@ -127,6 +128,11 @@ def judge(
             sorted(t for t in tests if base.get(t) == "PASSED" and patched.get(t) != "PASSED"),
             count.get("launches", 0),
             must_launch and count.get("patched", 0) > 0,
+            why_not=""
+            if must_launch and count.get("patched", 0)
+            else "not required"
+            if not must_launch
+            else "nothing patched",
         )
         if row.lost:
             row.failures.append(f"{len(row.lost)} tests passed unpatched and not patched")
@@ -142,7 +148,7 @@ def table(rows: list[Row]) -> str:
     mode_width = max([len(r.mode) for r in rows] + [4])
     lines = [f"  {'suite':<{width}}  {'mode':<{mode_width}}  unpatched  patched  lost  launches"]
     for r in rows:
-        launches = f"{r.launches}" + ("" if r.must_launch else " (not required)")
+        launches = f"{r.launches}" + (f" ({r.why_not})" if r.why_not else "")
         lines.append(
             f"  {r.suite:<{width}}  {r.mode:<{mode_width}}  {r.unpatched:>9}  {r.patched:>7}  {len(r.lost):>4}  "
             f"{launches}" + "".join(f"\n    FAIL: {f}" for f in r.failures)
