@@ -115,24 +115,22 @@ def judge(
     FAILED, ...); ``suite_of_test``: test id -> suite (a test missing there counts under ``"?"``); ``counts``: the
     patched run's :func:`read_counts`. With ``must_launch`` (a patched mode with backend triton) a suite that
     patched a model and launched nothing fails, as does a lost test anywhere."""
-    suites = sorted({suite_of_test.get(t, "?") for t in (*base, *patched)} | set(counts))
+    by_suite: dict[str, list[str]] = {name: [] for name in counts}
+    for test in sorted({*base, *patched}):
+        by_suite.setdefault(suite_of_test.get(test, "?"), []).append(test)
     rows = []
-    for suite in suites:
-        tests = [t for t in {*base, *patched} if suite_of_test.get(t, "?") == suite]
+    for suite, tests in sorted(by_suite.items()):
         count = counts.get(suite, {})
+        asked = must_launch and count.get("patched", 0) > 0
         row = Row(
             suite,
             mode,
             sum(base.get(t) == "PASSED" for t in tests),
             sum(patched.get(t) == "PASSED" for t in tests),
-            sorted(t for t in tests if base.get(t) == "PASSED" and patched.get(t) != "PASSED"),
+            [t for t in tests if base.get(t) == "PASSED" and patched.get(t) != "PASSED"],
             count.get("launches", 0),
-            must_launch and count.get("patched", 0) > 0,
-            why_not=""
-            if must_launch and count.get("patched", 0)
-            else "not required"
-            if not must_launch
-            else "nothing patched",
+            asked,
+            why_not="" if asked else "nothing patched" if must_launch else "not required",
         )
         if row.lost:
             row.failures.append(f"{len(row.lost)} tests passed unpatched and not patched")

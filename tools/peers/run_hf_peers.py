@@ -45,8 +45,8 @@ PATCHED = (("apply", "triton"), ("optimize", "triton"), ("apply", "auto"), ("opt
 
 def left_out(test: str, backend: str) -> bool:
     """Whether a test of our testers is left out of a patched run: with backend "triton", the fp16 and bf16
-    variants of eager-vs-sdpa (about two thirds of the interpreter's time: it emulates half precision; the fp32
-    variants run the same padding and mask cases, and tests/ judges our kernels in half precision)."""
+    variants of eager-vs-sdpa (about half of a triton run's time, the interpreter emulating half precision; the
+    fp32 variants run the same padding and mask cases, and tests/ judges our kernels in half precision)."""
     return backend == "triton" and re.search(r"::test_eager_matches_sdpa_inference_\d+_(fp16|bf16)_", test) is not None
 
 
