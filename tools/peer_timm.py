@@ -7,9 +7,9 @@ run for a set of models unpatched and patched (tests/peers/timm_plugin.py), test
 Prints the outcome counts of both runs, then one row per model (tests passed unpatched and patched, tests lost, our
 kernels' launches, counted by tools/peers/launches.py) and every test that passed unpatched and did not pass patched.
 Exit status 1 when there is any, when a model patched with backend "triton" launched none of our kernels, when the
-unpatched run launched any, or when the fetched tests are of another timm version than the installed one. (A block
-under autograd keeps timm's forward, and timm's tests mostly call the model with autograd on: the launches counted
-come from the tests that run without it.)
+unpatched run launched any, or when the fetched tests are of another timm version than the installed one. (A test
+in which every patched block keeps timm's forward, by the rules of vit_fast/patching.py, launches nothing: a model's
+count comes from its other tests.)
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def run(tests: Path, models: list[str], backend: str, extra: list[str]) -> tuple
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[i] for i in (0, 2)))
     parser.add_argument("--tests", type=Path, required=True, help="timm's tests/test_models.py (released file)")
     parser.add_argument("--backend", choices=("auto", "triton"), default="triton", help="apply_vit_fast backend")
     parser.add_argument("models", nargs="+", help="timm model names (pytest -k terms)")

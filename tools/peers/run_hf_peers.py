@@ -2,7 +2,7 @@
 fetch_transformers_tests.py) on tiny ViT, DeiT, DINOv2, CLIP-vision and SigLIP-vision models (our testers, head dim
 16), run unpatched and then patched: with ``apply_vit_fast`` and with ``optimize``, each with backend "triton" in
 Triton's interpreter (our kernels in every eligible forward; the half-precision eager-vs-sdpa variants left out,
-see :func:`left_out`) and with backend "auto" (on a CPU every patched layer keeps transformers' forward: the path a
+named in ``left_out``) and with backend "auto" (on a CPU every patched layer keeps transformers' forward: the path a
 CPU user of the default backend gets). Our kernels' launches are counted per suite (a tester class) in every run
 (launches.py, a pytest plugin).
 
@@ -204,7 +204,7 @@ def main(dest: str, model_tests: str | None = None, timeout: float = 3600, k: st
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description="\n\n".join(__doc__.split("\n\n")[:2]))
     parser.add_argument("dest", nargs="?", default=".peers", help="folder for the fetched harness (default .peers)")
     parser.add_argument(
         "--model-tests",
