@@ -17,9 +17,10 @@ OLDEST_SPEC ?= triton==3.6.0 numpy<2.4
 OLDEST_TESTS ?= tests/test_kernel_*.py tests/test_cards.py tests/test_versions.py
 
 # timm's own tests/test_models.py (the released file of the installed timm, from its sdist on the package registry)
-# against apply_vit_fast: the tiny test_vit* models with the kernels running (Triton's interpreter on a CPU; in CI),
-# and one model per ViT feature at full size with backend auto (timm's forwards on a CPU; the kernels on a CUDA
-# card; test-peers-timm-full, not in CI)
+# against apply_vit_fast: the tiny test_vit* models with backend triton (our kernels in Triton's interpreter on a
+# CPU, their launches counted per model: a patched model that launched none fails; in CI), and one model per ViT
+# feature at full size with backend auto (timm's forwards on a CPU; the kernels on a CUDA card; test-peers-timm-full,
+# not in CI). docs/peers.md says what these runs prove and what they do not
 PEERS ?= .peers
 TIMM_PEER_TRITON ?= test_vit
 TIMM_PEER_AUTO ?= vit_base_patch32_clip_quickgelu_224 vit_base_patch32_siglip_256 deit_tiny_distilled_patch16_224 \
@@ -85,7 +86,9 @@ test-oldest: $(OLDEST_VENV)/.installed  ## the kernel interpreter tests on the o
 # ..., plus utils/test_configuration_utils.py and utils/tiny_model_summary.json, which the sdist lacks):
 #   make peers-hf PEERS_ARGS="--model-tests DIR"   runs those instead of ours, each unpatched / apply / optimize
 # (add -k EXPR to select within each file; their CLIP and SigLIP files also import requests: pip install it first)
-peers-hf: setup  ## transformers' ModelTesterMixin on ViT/DeiT/DINOv2/CLIP/SigLIP: unpatched, apply_vit_fast, optimize
+# Our testers run unpatched, then with apply_vit_fast and optimize, each with backend triton (our kernels in Triton's
+# interpreter) and auto (transformers' forwards on a CPU); our kernels' launches are counted per tester class.
+peers-hf: setup  ## transformers' ModelTesterMixin on ViT/DeiT/DINOv2/CLIP/SigLIP, patched vs not: no test lost, kernels launched
 	$(BIN)/python -m pip install --quiet parameterized
 	$(BIN)/python tools/peers/run_hf_peers.py $(PEERS) $(PEERS_ARGS)
 
@@ -96,7 +99,7 @@ $(PEERS)/timm/VERSION: $(VENV)/.installed
 	tar xzf $(PEERS)/timm/sdist/timm-$$v.tar.gz -C $(PEERS)/timm --strip-components=1 timm-$$v/tests && \
 	echo $$v > $@
 
-test-peers-timm: $(PEERS)/timm/VERSION  ## timm's tests/test_models.py unpatched and with apply_vit_fast: no test may be lost
+test-peers-timm: $(PEERS)/timm/VERSION  ## timm's tests/test_models.py unpatched and with apply_vit_fast (triton): no test lost, kernels launched
 	$(BIN)/python tools/peer_timm.py --tests $(PEERS)/timm/tests/test_models.py --backend triton $(TIMM_PEER_TRITON)
 
 # not in CI: full-size models on a CPU (timm's own forwards there), for a machine with time or a GPU

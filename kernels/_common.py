@@ -352,9 +352,10 @@ class ResolvedLaunches:
             if problem is not None:  # refused before any launch: only kernels with no runtime loop bound would run
                 raise InterpreterVersionError(problem)
             with INTERPRETER_LOCK:  # one interpreted launch at a time in the process: its state is global
-                self.launched.config = config_label(self._triton(grid, args, constexprs)[1])
-            if _RECORDED is not None:
-                _RECORDED.append((self, None))  # nothing compiled: the kernel's name is all there is to describe
+                _, config = self._triton(grid, args, constexprs)
+                self.launched.config = config_label(config)
+            if _RECORDED is not None:  # nothing compiled: the entry's kernel is None, the rest as resolved
+                _RECORDED.append((self, self._entry(None, config, grid, args, constexprs)))
             return
         device = driver.active.get_current_device()
         tensors_device = args[0].get_device()  # -1 for a CPU tensor (the stubbed driver of the host-time benchmark)
@@ -395,9 +396,14 @@ class ResolvedLaunches:
     def _resolve(self, key: tuple, grid, args: tuple, constexprs: dict) -> None:
         """Triton's own path (tunes / compiles / launches), then the cache entry for ``key``. Under the lock."""
         compiled, config = self._triton(grid, args, constexprs)
-        label = self.launched.config = config_label(config)
+        self.launched.config = config_label(config)
         if compiled is None or not hasattr(compiled, "packed_metadata"):
             return  # e.g. an asynchronous compile in flight: nothing to cache yet
+        self.cache[key] = self._entry(compiled, config, grid, args, constexprs)
+
+    def _entry(self, compiled, config, grid, args: tuple, constexprs: dict) -> tuple:
+        """``(compiled kernel, grid as three ints, trailing arguments, config label)`` of a launch through Triton:
+        what the cache holds and :meth:`describe` reads."""
         meta = {
             **dict(zip(self.arg_names, args, strict=False)),
             **constexprs,
@@ -406,7 +412,7 @@ class ResolvedLaunches:
         g = grid(meta) if callable(grid) else grid
         g = (*g, 1, 1)[:3]
         tail = tuple(meta[name] for name in self.arg_names[len(args) :])
-        self.cache[key] = (compiled, g, tail, label)
+        return compiled, g, tail, config_label(config)
 
     def _triton(self, grid, args: tuple, constexprs: dict) -> tuple:
         """Launch through Triton (compiling on first use); returns ``(compiled kernel, config or None)``. Under the
@@ -426,13 +432,10 @@ class ResolvedLaunches:
         return run, getattr(self.kernel, "best_config", None)
 
     def describe(self, entry: tuple) -> dict:
-        """A resolved launch (a cache entry) as the evidence run records it: the kernel, the config it ran (its
-        constexprs, warps, stages), its programs, and what the compiler gave it (registers and spills per thread,
-        shared memory per program, in bytes; None where the compiled kernel does not say, e.g. a stub). ``entry``
-        None: an interpreted launch, the kernel named and everything else None."""
-        if entry is None:
-            keys = ("config", "num_warps", "num_stages", "programs", "registers", "spills", "shared_bytes")
-            return {"kernel": self.jit_fn.__name__, **dict.fromkeys(keys)}
+        """A resolved launch (a cache entry, or an interpreted launch's, whose compiled kernel is None) as the
+        evidence run records it: the kernel, the config it ran (its constexprs, warps, stages), its programs, and
+        what the compiler gave it (registers and spills per thread, shared memory per program, in bytes; None where
+        the compiled kernel does not say, e.g. a stub, or where nothing was compiled)."""
         compiled, grid, tail, _label = entry
         meta = getattr(compiled, "metadata", None)
         constexprs = dict(zip(self.arg_names[len(self.arg_names) - len(tail) :], tail, strict=True))
@@ -456,8 +459,9 @@ _RECORDED: list | None = None
 def record_launches() -> Iterator[list[dict]]:
     """Within the block, every launch of our kernels in this process is described (see
     :meth:`ResolvedLaunches.describe`) in the list this yields, in launch order, once the block ends. For the GPU
-    evidence run, diagnostics and the tests: under the interpreter nothing is compiled, and each launch is recorded
-    by its kernel's name alone. Not reentrant."""
+    evidence run, the peers' test runs and diagnostics. Under the interpreter every launch is recorded too, with
+    nothing compiled: what the compiler would give (warps, stages, registers, spills, shared memory) reads None.
+    Not reentrant."""
     global _RECORDED
     seen: list[tuple] = []
     described: list[dict] = []

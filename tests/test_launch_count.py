@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -76,3 +78,21 @@ def test_resolved_launch_passes_what_triton_passes(tmp_path):
     first, *later = result["seen"]
     assert result["cached"] == 1
     assert all(s == first for s in later) and first["x"] is True
+
+
+def test_record_launches_under_the_interpreter():
+    """Interpreted launches are recorded too (the peers' test runs count them): the kernel, its config and its
+    programs as a compiled launch would be described; nothing compiled, so the compiler's numbers read None."""
+    from vit_fast.kernels._common import _INTERPRETED, record_launches
+    from vit_fast.kernels.layer_norm import launch_layer_norm
+
+    assert _INTERPRETED, "tests/conftest.py sets TRITON_INTERPRET=1"
+    x, w, b = torch.randn(5, 32), torch.randn(32), torch.randn(32)
+    launch_layer_norm(x, w, b, 1e-6)  # outside the block: not recorded
+    with record_launches() as launches:
+        launch_layer_norm(x, w, b, 1e-6)
+        launch_layer_norm(x[:3], w, b, 1e-6)
+    assert [r["kernel"] for r in launches] == ["_layer_norm_kernel"] * 2
+    assert all(r["programs"] >= 1 and r["registers"] is None and r["num_warps"] is None for r in launches)
+    launch_layer_norm(x, w, b, 1e-6)  # after the block: the list is closed
+    assert len(launches) == 2

@@ -8,12 +8,19 @@ forwards, on a CUDA card with tensor cores they run our kernels) or ``triton`` (
 interpreter on a CPU: keep to timm's tiny ``test_vit*`` models there). A model apply_vit_fast refuses (by name: Eva's
 rotary attention, RelPos, ...) or that is no timm ViT is left as timm built it, and counted in the summary line.
 The torchvision stand-in (tests/_torchvision_standin.py) is installed where the real torchvision is missing.
+
+The launch counter (tools/peers/launches.py) is registered too, in every mode: with ``VIT_FAST_PEERS_LAUNCHES`` set
+(tools/peer_timm.py sets it) our kernels' launches are counted per model (the tests' ``model_name`` parameter),
+and each model patched here is noted for its suite.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
+import sys
+from pathlib import Path
 
 import torch
 
@@ -51,6 +58,7 @@ def _wrap(create_model, backend: str):
         try:
             vit_fast.apply_vit_fast(model, backend=backend)
             _COUNTS["patched"] += 1
+            _launches().note_patched()
         except ValueError:  # refused by name (rotary attention, relative position bias, head dim ...)
             _COUNTS["refused"] += 1
         return model
@@ -58,7 +66,19 @@ def _wrap(create_model, backend: str):
     return create_and_patch
 
 
+def _launches():
+    """tools/peers/launches.py (tools/ is no package), loaded once under the name the transformers harness gives it."""
+    name = "vit_fast_peer_launches"
+    if name not in sys.modules:
+        path = Path(__file__).resolve().parents[2] / "tools" / "peers" / "launches.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
 def pytest_configure(config) -> None:
+    config.pluginmanager.register(_launches(), "vit_fast_peer_launches")
     backend = config.getoption("--vit-fast")
     if backend == "off":
         return

@@ -4,6 +4,8 @@
 it is constructed; ``optimize``: the constructed instance takes over the state of ``vit_fast.optimize(model)``
 (a patched deep copy), so every test that builds a model (``model_class(config)``, ``from_pretrained``) runs
 on ours. Only the outermost construction is patched (a ViTForImageClassification builds a ViTModel inside).
+Each patched model is noted for the launch counter (launches.py, loaded with ``-p vit_fast_peer_launches``): a
+suite that patched a model with backend "triton" must have launched our kernels.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import functools
 import os
 
 import transformers
+from vit_fast_peer_launches import note_patched  # tools/peers/launches.py, copied beside this file
 
 MODE = os.environ.get("VIT_FAST_PEERS", "none")
 BACKEND = os.environ.get("VIT_FAST_PEERS_BACKEND", "auto")
@@ -36,6 +39,7 @@ def _wrap(cls):
             vit_fast.apply_vit_fast(self, backend=BACKEND)
         else:
             self.__dict__.update(vit_fast.optimize(self, backend=BACKEND).__dict__)
+        note_patched()
 
     cls.__init__ = __init__
 

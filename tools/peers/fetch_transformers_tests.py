@@ -7,7 +7,8 @@ What the registry offers (checked for transformers 5.23.0): the sdist holds only
 ``tests/generation`` / ``tests/utils``, which ``test_modeling_common.py`` and ``test_configuration_common.py``
 import. So this writes empty stand-ins for those two mixins (``ExportTesterMixin``: transformers' torch.export
 tests do not run here; ``GenerationTesterMixin``: unused by vision models) and copies in vit-fast's own model
-testers (tools/peers/test_vision_peers.py) and the patching plugin (tools/peers/conftest.py).
+testers (tools/peers/test_vision_peers.py), the patching plugin (tools/peers/conftest.py) and the launch counter
+(tools/peers/launches.py).
 
     python tools/peers/fetch_transformers_tests.py .peers      # prints the harness folder
 """
@@ -22,6 +23,8 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+#: the module name launches.py (the launch counter, a pytest plugin) has in the harness
+LAUNCH_PLUGIN = "vit_fast_peer_launches"
 STUBS = {
     "__init__.py": "",
     "models/__init__.py": "",
@@ -67,6 +70,7 @@ def main(dest: str) -> Path:
     (tests / "models" / "vit_fast_peers" / "__init__.py").write_text("")
     shutil.copy(HERE / "test_vision_peers.py", tests / "models" / "vit_fast_peers" / "test_vision_peers.py")
     shutil.copy(HERE / "conftest.py", root / "conftest.py")
+    shutil.copy(HERE / "launches.py", root / f"{LAUNCH_PLUGIN}.py")  # the launch counter, loaded with -p
     # the harness's own pytest root: vit-fast's pyproject settings (strict markers) are not transformers'
     (root / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider\n")
     return root

@@ -1,16 +1,21 @@
 """``make peers-hf``: transformers' released ModelTesterMixin (fetched from PyPI for the installed version, see
-fetch_transformers_tests.py) on tiny ViT, DeiT, DINOv2, CLIP-vision and SigLIP-vision models, run unpatched, with
-``apply_vit_fast`` and with ``optimize`` (backend "auto": on a CPU the layers keep transformers' forward, so this
-checks the mechanism: classes, save/load, outputs, attentions, training), then a subset with backend="triton" in
-Triton's interpreter (our kernels in every eligible forward). Fails when a test that passes unpatched does not pass
-patched, and prints the counts.
+fetch_transformers_tests.py) on tiny ViT, DeiT, DINOv2, CLIP-vision and SigLIP-vision models (our testers, head dim
+16), run unpatched and then patched: with ``apply_vit_fast`` and with ``optimize``, each with backend "triton" in
+Triton's interpreter (our kernels in every eligible forward; the half-precision eager-vs-sdpa variants left out,
+named in ``left_out``) and with backend "auto" (on a CPU every patched layer keeps transformers' forward: the path a
+CPU user of the default backend gets). Our kernels' launches are counted per suite (a tester class) in every run
+(launches.py, a pytest plugin).
+
+Prints one row per suite and patched mode (tests passed unpatched and patched, tests lost, launches) and fails
+(exit 1) on a test that passes unpatched and not patched, on a suite patched with backend "triton" that launched
+none of our kernels, and on an unpatched run that launched any.
 
 ``--model-tests DIR``: transformers' own per-model test files, which the sdist lacks (so CI keeps our testers), run
 instead of ours: DIR is laid out like transformers' ``tests/`` (``models/vit/test_modeling_vit.py``, ... and the
 helpers the sdist lacks: ``utils/test_configuration_utils.py``, ``utils/tiny_model_summary.json``); each
 ``models/*/test_modeling_*.py`` runs unpatched, with ``apply_vit_fast`` and with ``optimize`` (backend "auto") and
-is compared the same way. No triton subset there: most of their tiny configs have head_dim 8 (hidden 32 / 4
-heads), under the attention kernel's 16, where backend "auto" keeps transformers' forward and "triton" refuses.
+is compared the same way. No triton run there: most of their tiny configs have head_dim 8 (hidden 32 / 4 heads),
+under the attention kernel's 16, where backend "auto" keeps transformers' forward and "triton" refuses.
 
     python tools/peers/run_hf_peers.py [.peers] [--model-tests DIR [-k EXPR]] [--timeout SECONDS]
 """
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -27,14 +33,27 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import launches  # noqa: E402
+from fetch_transformers_tests import LAUNCH_PLUGIN  # noqa: E402
 from fetch_transformers_tests import main as fetch  # noqa: E402
 
 TEST_FILE = "tests/models/vit_fast_peers/test_vision_peers.py"
-#: the triton subset (the interpreter is slow): forwards whose outputs the mixin compares, save/load, attentions
-TRITON_K = (
-    "(ViTPeer or CLIPVisionPeer or SiglipVisionPeer or Dinov2Peer) and (save_load or determinism or "
-    "attention_outputs or hidden_states_output or batching_equivalence or model_forward_shapes)"
-)
+#: the patched modes of our testers' run, as (mode, backend): backend "triton" runs our kernels in Triton's
+#: interpreter (each suite must launch them); "auto" on a CPU keeps transformers' forward in every patched layer
+PATCHED = (("apply", "triton"), ("optimize", "triton"), ("apply", "auto"), ("optimize", "auto"))
+
+
+def left_out(test: str, backend: str) -> bool:
+    """Whether a test of our testers is left out of a patched run: with backend "triton", the fp16 and bf16
+    variants of eager-vs-sdpa (about half of a triton run's time, the interpreter emulating half precision; the
+    fp32 variants run the same padding and mask cases, and tests/ judges our kernels in half precision)."""
+    return backend == "triton" and re.search(r"::test_eager_matches_sdpa_inference_\d+_(fp16|bf16)_", test) is not None
+
+
+def node_id(test_file: str, test: str) -> str:
+    """pytest's node id of a JUnit test id (``package.module.Class::test``) in ``test_file``."""
+    classname, name = test.split("::")
+    return f"{test_file}::{classname.rsplit('.', 1)[-1]}::{name}"
 
 
 def run(
@@ -44,28 +63,45 @@ def run(
     k: str | None = None,
     test_file: str = TEST_FILE,
     timeout: float = 3600,
-) -> dict[str, str]:
-    # HF_HUB_OFFLINE: only package registries are reachable; a download would retry with back-off for minutes
-    env = {**os.environ, "VIT_FAST_PEERS": mode, "VIT_FAST_PEERS_BACKEND": backend, "HF_HUB_OFFLINE": "1"}
-    if backend == "triton":
-        env["TRITON_INTERPRET"] = "1"
+    deselect: list[str] = (),
+) -> tuple[dict[str, str], dict[str, dict]]:
+    """One pytest run of ``test_file`` in the harness (less the node ids ``deselect``): ``(test id -> outcome,
+    suite -> launch counts)``."""
     # per-test outcomes from pytest's JUnit XML, kept beside the harness for a look at the failures: -rA's summary
-    # groups skips by reason ("SKIPPED [40] file:line: reason"), so it cannot count them
+    # groups skips by reason ("SKIPPED [40] file:line: reason"), so it cannot count them; the launch counts beside
     report = root / "results" / f"{Path(test_file).stem}-{mode}-{backend}.xml"
+    counted = report.with_suffix(".launches.json")
     report.parent.mkdir(exist_ok=True)
     report.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "pytest", "-q", "-W", "ignore", f"--junitxml={report}", test_file]
+    counted.unlink(missing_ok=True)
+    # HF_HUB_OFFLINE: only package registries are reachable; a download would retry with back-off for minutes
+    env = {**os.environ, "VIT_FAST_PEERS": mode, "VIT_FAST_PEERS_BACKEND": backend, "HF_HUB_OFFLINE": "1"}
+    env[launches.ENV] = str(counted)
+    if backend == "triton":
+        env["TRITON_INTERPRET"] = "1"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-W", "ignore", "-p", LAUNCH_PLUGIN, f"--junitxml={report}"]
     try:
         proc = subprocess.run(
-            [*cmd, *(["-k", k] if k else [])], cwd=root, env=env, capture_output=True, text=True, timeout=timeout
+            [*cmd, test_file, *(["-k", k] if k else []), *(f"--deselect={t}" for t in deselect)],
+            cwd=root,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
     except subprocess.TimeoutExpired:
         raise SystemExit(f"peers-hf: the {mode} run of {test_file} ran past --timeout {timeout:g} s") from None
     outcomes = junit_outcomes(report) if report.exists() else {}
-    if not outcomes:
+    if not outcomes or not counted.exists():
         sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
-        raise SystemExit(f"peers-hf: the {mode} run of {test_file} collected nothing (exit {proc.returncode})")
-    return outcomes
+        what = "collected nothing" if not outcomes else f"wrote no launch counts ({counted.name})"
+        raise SystemExit(f"peers-hf: the {mode} run of {test_file} {what} (exit {proc.returncode})")
+    return outcomes, launches.read_counts(counted)[0]
+
+
+def suite_of(test: str) -> str:
+    """A JUnit test id's suite as the launch counter names it: its class (the classname's last part)."""
+    return test.split("::")[0].rsplit(".", 1)[-1]
 
 
 def junit_outcomes(report: Path) -> dict[str, str]:
@@ -86,12 +122,29 @@ def summary(outcomes: dict[str, str]) -> str:
     return ", ".join(f"{counts[k]} {k.lower()}" for k in ("PASSED", "FAILED", "ERROR", "SKIPPED") if counts[k])
 
 
-def compare(name: str, base: dict[str, str], patched: dict[str, str]) -> list[str]:
-    lost = sorted(t for t, o in base.items() if o == "PASSED" and patched.get(t) != "PASSED")
-    print(f"  {name}: {summary(patched)}; {len(lost)} passed unpatched but not patched")
-    for t in lost:
-        print(f"    {patched.get(t, 'MISSING')} {t}")
-    return lost
+def compare(
+    root: Path, base: tuple[dict, dict], modes, k: str | None = None, test_file: str = TEST_FILE, timeout: float = 3600
+) -> list[launches.Row]:
+    """Each patched ``(mode, backend)`` of ``modes`` run and judged against the unpatched run ``base`` suite by
+    suite (a lost test fails; with backend "triton" so does a suite that launched none of our kernels); an
+    unpatched run that launched any of ours fails too (the baseline would not be transformers alone)."""
+    outcomes, counts = base
+    print(f"  unpatched: {summary(outcomes)}")
+    if "PASSED" not in outcomes.values():  # a collection error would compare as nothing lost
+        raise SystemExit(f"peers-hf: nothing in {test_file} passes unpatched; run it alone with pytest to see why")
+    rows = []
+    launched = sum(c["launches"] for c in counts.values())
+    if launched:
+        rows.append(launches.Row("(all)", "unpatched", 0, 0, [], launched, False, ["launched our kernels"]))
+    for mode, backend in modes:
+        out = sorted(t for t in outcomes if left_out(t, backend))
+        deselect = [node_id(test_file, t) for t in out]
+        patched, counted = run(root, mode, backend, k, test_file, timeout, deselect)
+        print(f"  {mode}, backend {backend}: {summary(patched)}" + (f" ({len(out)} left out)" if out else ""))
+        kept = {t: o for t, o in outcomes.items() if t not in out}
+        suites = {t: suite_of(t) for t in (*kept, *patched)}
+        rows += launches.judge(f"{mode}/{backend}", kept, patched, suites, counted, backend == "triton")
+    return rows
 
 
 def install_model_tests(root: Path, source: Path) -> list[str]:
@@ -136,29 +189,22 @@ def main(dest: str, model_tests: str | None = None, timeout: float = 3600, k: st
     import transformers
 
     print(f"peers-hf: transformers {transformers.__version__} ModelTesterMixin, harness in {root}")
+    rows = []
     if source is not None:
-        lost = []
         for rel in install_model_tests(root, source):
+            print(rel)
             base = run(root, "none", k=k, test_file=rel, timeout=timeout)
-            print(f"{rel}\n  unpatched: {summary(base)}")
-            if "PASSED" not in base.values():  # a collection error would compare as nothing lost
-                raise SystemExit(f"peers-hf: nothing in {rel} passes unpatched; run it alone with pytest to see why")
-            lost += compare("apply_vit_fast", base, run(root, "apply", k=k, test_file=rel, timeout=timeout))
-            lost += compare("optimize", base, run(root, "optimize", k=k, test_file=rel, timeout=timeout))
-        return 1 if lost else 0
-    base = run(root, "none")
-    print(f"  unpatched: {summary(base)}")
-    lost = compare("apply_vit_fast", base, run(root, "apply"))
-    lost += compare("optimize", base, run(root, "optimize"))
-    base_t = run(root, "none", k=TRITON_K)
-    print(f"  triton subset unpatched: {summary(base_t)}")
-    lost += compare("apply_vit_fast(backend='triton')", base_t, run(root, "apply", "triton", TRITON_K))
-    lost += compare("optimize(backend='triton')", base_t, run(root, "optimize", "triton", TRITON_K))
-    return 1 if lost else 0
+            rows += compare(root, base, (("apply", "auto"), ("optimize", "auto")), k, rel, timeout)
+    else:
+        rows += compare(root, run(root, "none", timeout=timeout), PATCHED, timeout=timeout)
+    print(launches.table(rows))
+    failed = [r for r in rows if r.failures]
+    print(f"peers-hf: {len(failed)} of {len(rows)} suite rows fail" if failed else "peers-hf: every suite row passes")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description="\n\n".join(__doc__.split("\n\n")[:2]))
     parser.add_argument("dest", nargs="?", default=".peers", help="folder for the fetched harness (default .peers)")
     parser.add_argument(
         "--model-tests",
@@ -170,5 +216,5 @@ if __name__ == "__main__":
     parser.add_argument("-k", metavar="EXPR", help="with --model-tests: pytest's -k within each file, in every mode")
     args = parser.parse_args()
     if args.k and not args.model_tests:
-        parser.error("-k selects within --model-tests files; our testers run whole, with their own triton subset")
+        parser.error("-k selects within --model-tests files; our testers run whole (less what left_out names)")
     raise SystemExit(main(args.dest, args.model_tests, args.timeout, args.k))

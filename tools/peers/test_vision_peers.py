@@ -19,7 +19,10 @@ class VisionTester:
         self.batch_size, self.image_size, self.patch_size, self.num_channels = batch_size, image_size, patch_size, 3
         self.hidden_size, self.num_hidden_layers, self.num_attention_heads = 32, 2, 2  # head_dim 16
         self.is_training, self.type_sequence_label_size = True, 5
-        self.seq_length = (image_size // patch_size) ** 2 + int(cls_token) + self.extra.pop("_extra_tokens", 0)
+        num_patches = (image_size // patch_size) ** 2
+        self.seq_length = num_patches + int(cls_token) + self.extra.pop("_extra_tokens", 0)
+        # bool_masked_pos for the models that take it (ViT, DeiT, DINOv2), as transformers' own testers set it
+        self.num_masks, self.mask_length = int(0.5 * self.seq_length), num_patches
 
     def get_config(self):
         return self.config_class(
