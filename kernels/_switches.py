@@ -46,6 +46,7 @@ SETTINGS: dict[str, str] = {
     "VIT_FAST_COMMIT": "the commit recorded in reports where the tree has no .git",
     "VIT_FAST_PEERS": "tools/peers (make peers-hf): none, apply or optimize",
     "VIT_FAST_PEERS_BACKEND": "tools/peers (make peers-hf): auto or triton",
+    "VIT_FAST_PEERS_LAUNCHES": "tools/peers: the file a peers' test run writes its kernel launch counts to",
 }
 
 #: every ``VIT_FAST_*`` name vit-fast and its tools read; any other one set is named by :func:`warn_unknown`

@@ -142,6 +142,16 @@ def test_an_interrupted_demo_keeps_the_steps_that_ended(tmp_path):
 
 # ------------------------------------------------------------------------------ vit_fast.interrupts itself
 def test_sigterm_raises_and_is_held_while_files_change():
+    # a process started in the background by a non-interactive shell (`cmd &`) inherits SIGINT ignored; handled()
+    # installs over the default handler only, which is what this test is about
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _sigterm_then_sigint()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _sigterm_then_sigint():
     with interrupts.handled():
         assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
         with pytest.raises(interrupts.Terminated):

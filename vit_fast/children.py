@@ -11,8 +11,8 @@ first imported). A child started through :func:`guarded_python` runs :data:`GUAR
   was given (the parent's temporary folder: nobody else would remove it now; a parent that lives removes its
   own, and a killed run's left over is removed by the next run, see :func:`vit_fast.files.temp_staging`). The
   kernel sends the signal when the parent's thread that started the child exits, which may be while the parent's
-  other threads are still exiting (a SIGKILLed parent with torch's threads): the child waits up to 2 s for
-  its parent to be gone for good before it decides;
+  other threads are still exiting (a SIGKILLed parent with torch's threads, slow on a loaded machine): the
+  child waits up to 10 s for its parent to be gone for good before it decides;
 - then runs ``python -m MODULE ARGS`` as Python would.
 """
 
@@ -29,7 +29,7 @@ import os, signal, sys, threading
 parent, cleanup = int(sys.argv[1]), sys.argv[2]
 def leave(*_):
     import time
-    for _ in range(40):  # a parent's other threads may still be exiting: it is gone once it is no longer the parent
+    for _ in range(200):  # a parent's other threads may still be exiting: it is gone once it is no longer the parent
         if os.getppid() != parent:
             if cleanup:
                 import shutil
