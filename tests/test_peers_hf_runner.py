@@ -192,8 +192,14 @@ def test_judge_counts_per_suite_and_asks_launches_only_of_patched_suites():
         "a": {"launches": 7, "patched": 1},
         "b": {"launches": 0, "patched": 0},
         "c": {"launches": 0, "patched": 2},
+        "d": {"launches": 0, "patched": 0, "patched_meta": 1},
     }
+    base["d::t1"] = patched["d::t1"] = "PASSED"
+    suites["d::t1"] = "d"
     rows = {r.suite: r for r in launches.judge("apply/triton", base, patched, suites, counts, must_launch=True)}
+    # a model built on the meta device (timm's config tests) computes nothing: not asked to launch, and says why
+    assert rows["d"].failures == [] and not rows["d"].must_launch
+    assert rows["d"].why_not == "patched on the meta device only: nothing computed"
     assert (rows["a"].unpatched, rows["a"].patched, rows["a"].lost, rows["a"].launches) == (2, 1, ["a::t2"], 7)
     assert rows["a"].failures == ["1 tests passed unpatched and not patched"]
     assert rows["b"].failures == [] and not rows["b"].must_launch  # nothing patched there (refused by name)

@@ -58,7 +58,7 @@ def _wrap(create_model, backend: str):
         try:
             vit_fast.apply_vit_fast(model, backend=backend)
             _COUNTS["patched"] += 1
-            _launches().note_patched()
+            _launches().note_patched(meta=any(p.is_meta for p in model.parameters()))
         except ValueError:  # refused by name (rotary attention, relative position bias, head dim ...)
             _COUNTS["refused"] += 1
         return model
