@@ -49,6 +49,16 @@ class _VisionTest(ModelTesterMixin):
     def test_inputs_embeds(self):
         self.skipTest("vision models take pixel_values, not inputs_embeds")
 
+    def test_model_get_set_embeddings(self):
+        """A vision model's input embedding is its patch embedding (a module, not a token table), as transformers'
+        own vision testers check it; its output embedding is none or a Linear."""
+        config, _ = self.model_tester.prepare_config_and_inputs_for_common()
+        for model_class in self.all_model_classes:
+            model = model_class(config)
+            self.assertIsInstance(model.get_input_embeddings(), torch.nn.Module)
+            output = model.get_output_embeddings()
+            self.assertTrue(output is None or isinstance(output, torch.nn.Linear))
+
     def test_model_forward_shapes(self):
         config, inputs = self.model_tester.prepare_config_and_inputs_for_common()
         for model_class in self.all_model_classes:
