@@ -7,73 +7,36 @@ Every public name is imported on first use (PEP 562), so ``import vit_fast`` and
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
+from .lazy import lazy_names
 from .version import __version__
 
-#: public name -> the module that defines it
-_PUBLIC: dict[str, str] = {
-    "load_checkpoint": ".checkpoints",
-    "save_checkpoint": ".checkpoints",
-    "PRESETS": ".config",
-    "ViTConfig": ".config",
-    "from_hf": ".convert",
-    "from_timm": ".convert",
-    "optimize": ".convert",
-    "load_model": ".loading",
-    "VisionTransformer": ".model",
-    "apply_vit_fast": ".patching",
-    "remove_vit_fast": ".patching",
-    "explain": ".explanation",
-    "CUDAGraphRunner": ".graphs",
-    # ``with vit_fast.tuning(): ...`` tunes the kernel shapes first seen in the block
-    "tuning": ".kernels._common",
-}
-
-__all__ = [
-    "PRESETS",
-    "ViTConfig",
-    "VisionTransformer",
-    "from_hf",
-    "from_timm",
-    "optimize",
-    "load_checkpoint",
-    "save_checkpoint",
-    "load_model",
-    "apply_vit_fast",
-    "remove_vit_fast",
-    "explain",
-    "CUDAGraphRunner",
-    "tuning",
-    "__version__",
-]
+#: submodule -> the public names it defines, each imported from there on first use; any other name that is a
+#: submodule (``vit_fast.export``) is that submodule, imported then
+_public, __getattr__, __dir__ = lazy_names(
+    __name__,
+    {
+        "checkpoints": ("load_checkpoint", "save_checkpoint"),
+        "config": ("PRESETS", "ViTConfig"),
+        "convert": ("from_hf", "from_timm", "optimize"),
+        "loading": ("load_model",),
+        "model": ("VisionTransformer",),
+        "patching": ("apply_vit_fast", "remove_vit_fast"),
+        "explanation": ("explain",),
+        "graphs": ("CUDAGraphRunner",),
+        "kernels._common": ("tuning",),  # ``with vit_fast.tuning(): ...`` tunes the kernel shapes first seen in it
+    },
+)
+__all__ = [*_public, "__version__"]
 
 if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__ imports on first use
-    from .checkpoints import load_checkpoint, save_checkpoint
-    from .config import PRESETS, ViTConfig
-    from .convert import from_hf, from_timm, optimize
-    from .explanation import explain
-    from .graphs import CUDAGraphRunner
-    from .kernels._common import tuning
-    from .loading import load_model
-    from .model import VisionTransformer
-    from .patching import apply_vit_fast, remove_vit_fast
-
-
-def __getattr__(name: str):
-    if name in _PUBLIC:
-        value = getattr(importlib.import_module(_PUBLIC[name], __name__), name)
-        globals()[name] = value  # looked up once
-        return value
-    if not name.startswith("__"):  # ``import vit_fast; vit_fast.export.to_onnx(...)``: a submodule on first use
-        try:
-            return importlib.import_module(f".{name}", __name__)
-        except ModuleNotFoundError as err:
-            if err.name != f"{__name__}.{name}":
-                raise
-    raise AttributeError(f"module 'vit_fast' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    from .checkpoints import load_checkpoint, save_checkpoint  # noqa: F401 (public through __all__)
+    from .config import PRESETS, ViTConfig  # noqa: F401 (public through __all__)
+    from .convert import from_hf, from_timm, optimize  # noqa: F401 (public through __all__)
+    from .explanation import explain  # noqa: F401 (public through __all__)
+    from .graphs import CUDAGraphRunner  # noqa: F401 (public through __all__)
+    from .kernels._common import tuning  # noqa: F401 (public through __all__)
+    from .loading import load_model  # noqa: F401 (public through __all__)
+    from .model import VisionTransformer  # noqa: F401 (public through __all__)
+    from .patching import apply_vit_fast, remove_vit_fast  # noqa: F401 (public through __all__)
