@@ -39,7 +39,7 @@ $(VENV)/.installed: pyproject.toml Makefile | $(BIN)/activate
 	# timm without its dependencies: its torchvision dependency would pull CUDA torch on a CPU machine, and
 	# PyPI's torchvision (0.28.0 for torch 2.13.0) is built against CUDA torch: next to the CPU torch its import
 	# fails ("operator torchvision::nms does not exist"). vit-fast imports timm's model code through its own
-	# torchvision stand-in where torchvision does not import (vit_fast/timm_import.py): timm:NAME, the bench's
+	# torchvision stand-in where torchvision does not import (vit_fast/interop/timm_import.py): timm:NAME, the bench's
 	# timm peer and the tests work; `import timm` in your own code needs the torchvision build of your torch
 	$(BIN)/python -m pip install --quiet --no-deps "$(TIMM_SPEC)"
 	touch $@

@@ -97,7 +97,7 @@ def _run(
 @functools.cache
 def _dtype() -> torch.dtype:
     """bf16 where the card has it natively, else fp16: asked of the card once, never at import (no GPU here)."""
-    from vit_fast.dtypes import native_dtype
+    from vit_fast.util.dtypes import native_dtype
 
     return native_dtype(torch.device("cuda", torch.cuda.current_device()))
 

@@ -14,7 +14,7 @@ Phases (default: env kernels model tma perf; the follow-up command runs compile 
            Triton kernel compiled and launched; which SDPA kernel torch picks
   kernels  every kernel of ViT-S/16 and ViT-B/16 (and those only patched timm / HF models launch, at their family
            shapes): bf16 and fp16 at batch 1, 8, 64, fp32 at 1 and 8, each against float64 by the numerics rule
-           into NaN-filled outputs (vit_fast.selfcheck.check_kernel: the doctor's and the tests' own check), with
+           into NaN-filled outputs (vit_fast.model.selfcheck.check_kernel: the doctor's and the tests' own check), with
            the config each ran, its programs, registers, spills and shared memory
   model    the whole model, triton backend against the torch backend and float64 (vit_fast.export.verify)
   tma      the 16-bit GEMMs of ViT-B/16 at batch 64 and 256 with VIT_FAST_TMA on and off: correct, and how fast
@@ -177,7 +177,7 @@ class Evidence:
 
     def _save(self) -> None:
         from vit_fast import __version__
-        from vit_fast.files import json_text, write_atomic
+        from vit_fast.util.files import json_text, write_atomic
 
         self.data["vit_fast_version"] = __version__
         self.data["elapsed_s"] = round(time.monotonic() - START, 1)
@@ -213,7 +213,7 @@ def _cell(value: Any) -> Any:
 def check_out(out: Path, overwrite: bool) -> None:
     """Before any work: ``out`` is a folder we may write, and each file this run writes there is new or an earlier
     evidence run's own (its results.json carries vit-fast's marker and the digest of the others' bytes)."""
-    from vit_fast.files import check_files_in, check_output_dir, written_by_vit_fast
+    from vit_fast.util.files import check_files_in, check_output_dir, written_by_vit_fast
 
     check_output_dir(out, "--out folder")
     digests: dict[str, str] = {}
@@ -298,8 +298,8 @@ class Phases:
 
     # -- models
     def model(self, spec: str, dtype_name: str = "fp32") -> Any:
-        from vit_fast.dtypes import DTYPES
-        from vit_fast.loading import load_model
+        from vit_fast.interop.loading import load_model
+        from vit_fast.util.dtypes import DTYPES
 
         key = (spec, dtype_name)
         if key not in self._models:
@@ -331,7 +331,7 @@ class Phases:
         ]
 
     def env_versions(self) -> list[dict[str, Any]]:
-        from vit_fast.env import collect_environment
+        from vit_fast.backend.env import collect_environment
 
         env = collect_environment(self.device)
         env["nvidia_smi"] = _command(
@@ -392,8 +392,8 @@ class Phases:
 
     # -- kernels
     def kernel_cases(self) -> list[tuple[str, Any]]:
-        from vit_fast.dtypes import DTYPES
-        from vit_fast.selfcheck import family_cases, model_cases
+        from vit_fast.model.selfcheck import family_cases, model_cases
+        from vit_fast.util.dtypes import DTYPES
 
         runs = []
         for dtype_name in self.args.dtypes:
@@ -421,13 +421,13 @@ class Phases:
         return steps
 
     def launch_case(self, case) -> Any:
-        from vit_fast.selfcheck import launch_case
+        from vit_fast.model.selfcheck import launch_case
 
         return launch_case(case, self.device, self.args.seed)
 
     def check_case(self, phase: str, spec: str, case, tma: bool | None = None) -> dict[str, Any]:
         from vit_fast.kernels._common import record_launches
-        from vit_fast.selfcheck import check_kernel
+        from vit_fast.model.selfcheck import check_kernel
 
         row: dict[str, Any] = {"phase": phase, "model": spec, "batch": case.dims["batch"], "tma": tma}
         with compiles_in(self.ev, row), record_launches() as launches:
@@ -440,7 +440,7 @@ class Phases:
 
     # -- model
     def _model(self) -> list[Step]:
-        from vit_fast.model import count_flops
+        from vit_fast.model.vit import count_flops
 
         steps = []
         for spec in self.args.models:
@@ -494,8 +494,8 @@ class Phases:
 
     # -- tma
     def tma_cases(self) -> list[Any]:
-        from vit_fast.dtypes import DTYPES
-        from vit_fast.selfcheck import model_cases
+        from vit_fast.model.selfcheck import model_cases
+        from vit_fast.util.dtypes import DTYPES
 
         cfg = self.model(self.args.perf_model).cfg
         return [
@@ -529,7 +529,7 @@ class Phases:
             return fn()
 
     def tma_case(self, case, tma: bool) -> dict[str, Any]:
-        from vit_fast.selfcheck import prepared_launch
+        from vit_fast.model.selfcheck import prepared_launch
 
         def work() -> dict[str, Any]:
             row = self.check_case("tma", self.args.perf_model, case, tma=tma)
@@ -623,7 +623,7 @@ class Phases:
         import torch
 
         from vit_fast.bench.backends import FellBack
-        from vit_fast.numerics import agreement_bound, max_err, scale_of
+        from vit_fast.util.numerics import agreement_bound, max_err, scale_of
 
         label = f"{backend}{' tuned' if tune else ''}{'+graph' if graph else ''}"
         row: dict[str, Any] = {"phase": phase, "label": label, "dtype": self.args.perf_dtype, "batch": batch}
@@ -777,7 +777,7 @@ class Phases:
                 sync(self.device)
             row["first_output_s"] = row["compile_s"] = time.perf_counter() - start
             ref = self.reference_output(batch)
-            from vit_fast.numerics import agreement_bound, max_err, scale_of
+            from vit_fast.util.numerics import agreement_bound, max_err, scale_of
 
             err = max_err(out.float(), ref)
             row.update(
@@ -818,7 +818,7 @@ class Phases:
     def tuning_estimate(self) -> float:
         """Seconds to tune one batch class: the warm-up's own upper bound of its compilations, each compiled and
         timed (about 0.15 s of timing a candidate beside its compilation)."""
-        from vit_fast.warmup import estimate_compilations
+        from vit_fast.model.warmup import estimate_compilations
 
         model = self.model(self.args.perf_model, self.args.perf_dtype)
         return estimate_compilations(model, 1, tune=True) * (COMPILE_SECONDS + 0.15)
@@ -1006,7 +1006,7 @@ def targets(data: dict[str, Any], rows: list[dict[str, Any]]) -> list[tuple[str,
 
 def summary(data: dict[str, Any]) -> str:
     """summary.md: what ran, the targets, and each table (a reader's view of results.json)."""
-    from vit_fast.files import seal_markdown
+    from vit_fast.util.files import seal_markdown
 
     env = data.get("env") or {}
     rows = perf_rows(data)
@@ -1243,7 +1243,7 @@ def _record(
     info.update(done=info["done"] + 1, seconds=round(time.monotonic() - start, 1), compiles=info["compiles"] + compiles)
     ev.log(f"{name}: {step.name}: {status} ({seconds:.1f} s, {compiles} compilations) {text}")
     if name in ("perf", "tuned"):
-        from vit_fast import first_use
+        from vit_fast.backend import first_use
 
         ev.data["first_use"] = first_use.report()
     ev.save()
@@ -1293,12 +1293,12 @@ def first_output_child(spec: str, dtype_name: str) -> int:
     """The fresh process of the perf phase's first-output step: prints one JSON line."""
     import torch
 
-    from vit_fast.loading import load_model
+    from vit_fast.interop.loading import load_model
 
     counter = Evidence(Path("."), 0.0, argparse.Namespace(), "cuda")
     count_compiles(counter)
     imported = time.monotonic() - START
-    from vit_fast.dtypes import DTYPES
+    from vit_fast.util.dtypes import DTYPES
 
     model = load_model(spec, backend="triton").to(device="cuda", dtype=DTYPES[dtype_name]).eval()
     h, w = model.cfg.img_hw
@@ -1318,7 +1318,7 @@ def first_output_child(spec: str, dtype_name: str) -> int:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    from vit_fast.batches import parse_batch_list
+    from vit_fast.util.batches import parse_batch_list
 
     def batches(text: str) -> list[int]:
         try:
@@ -1433,10 +1433,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     model = phases.model(args.perf_model)
-    from vit_fast.model import count_flops
+    from vit_fast.model.vit import count_flops
 
     params = sum(p.numel() for p in model.parameters())
-    from vit_fast.dtypes import DTYPES
+    from vit_fast.util.dtypes import DTYPES
 
     ev.data["perf_model"] = {
         "model": args.perf_model,

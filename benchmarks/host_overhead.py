@@ -117,7 +117,8 @@ def install_stub_driver() -> list[tuple[str, int]]:
     # the stub cannot time configs: report the programs of the no-autotune heuristic, not of an arbitrary pick
     os.environ.setdefault("VIT_FAST_AUTOTUNE", "0")
     # nothing is computed (the stand-in launches write nothing): the first-use check would judge empty buffers and
-    # send every op to eager PyTorch; its own steady-state cost is one lookup per forward (vit_fast/first_use.py)
+    # send every op to eager PyTorch; its own steady-state cost is one lookup per forward
+    # (vit_fast/backend/first_use.py)
     os.environ.setdefault("VIT_FAST_FIRST_USE_CHECK", "0")
     import triton
     from triton.compiler.compiler import CompiledKernel
@@ -135,7 +136,7 @@ def install_stub_driver() -> list[tuple[str, int]]:
 
     jit.JITFunction._do_compile = do_compile
 
-    import vit_fast.runtime
+    import vit_fast.backend.runtime
     from vit_fast.kernels import _common, attention, layer_norm, linear, patch_embed
 
     def check_device(what, tensor) -> None:  # the real check's cost, with CPU standing in for CUDA
@@ -145,7 +146,7 @@ def install_stub_driver() -> list[tuple[str, int]]:
     for module in (_common, attention, layer_norm, linear, patch_embed):
         if hasattr(module, "check_device"):
             module.check_device = check_device
-    vit_fast.runtime.cuda_available = lambda: True
+    vit_fast.backend.runtime.cuda_available = lambda: True
     _keep_freed_memory()
     return launches
 
@@ -172,7 +173,7 @@ def measure(model_name: str, batch: int, dtype_name: str, iters: int, launches: 
     import torch
 
     from vit_fast import VisionTransformer
-    from vit_fast.dtypes import parse_dtype
+    from vit_fast.util.dtypes import parse_dtype
 
     dtype = parse_dtype(dtype_name)
     torch.manual_seed(0)
@@ -223,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         "--launch-hook", action="store_true", help="register a trivial Triton launch hook (as a profiler does)"
     )
     args = parser.parse_args(argv)
-    from vit_fast.files import check_report_file, write_json_atomic
+    from vit_fast.util.files import check_report_file, write_json_atomic
 
     json_path = None if args.json is None else check_report_file(args.json, "--json")  # before any measurement
     launches = install_stub_driver()

@@ -58,7 +58,7 @@ def write_weights(folder: Path) -> tuple[Path, Path]:
     from safetensors.torch import save
 
     import vit_fast
-    from vit_fast.files import write_new
+    from vit_fast.util.files import write_new
 
     model = vit_fast.load_model("default", backend="torch")
     weights, config = folder / "default.safetensors", folder / "config.json"
@@ -75,7 +75,7 @@ def start(name: str, cmd: list[str], ports: list[int], log: Path, threads: int |
     env = dict(os.environ, LD_LIBRARY_PATH=os.pathsep.join(p for p in (libdir, os.environ.get("LD_LIBRARY_PATH")) if p))
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
-    from vit_fast.files import open_new
+    from vit_fast.util.files import open_new
 
     with open_new(log) as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
@@ -197,7 +197,7 @@ def main() -> None:
     if probe.returncode != 0:  # e.g. a launcher whose libraries were moved: say so before the servers start
         said = (probe.stdout + probe.stderr).strip().splitlines()[-1:] or [f"exit status {probe.returncode}"]
         sys.exit(f"{args.perf_analyzer} does not run: {said[0]}\nget it again with benchmarks/get_perf_analyzer.sh")
-    from vit_fast.files import check_report_file, write_json_atomic
+    from vit_fast.util.files import check_report_file, write_json_atomic
 
     json_path = None if args.json is None else check_report_file(args.json, "--json")  # before the servers start
     with tempfile.TemporaryDirectory(prefix="vit-fast-serve-perf-") as folder:

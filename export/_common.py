@@ -2,8 +2,8 @@
 argument and output-path checks, the metadata JSON beside an artifact, the one place a model subclass
 (the Hugging Face drop-in) becomes the plain module, and the weights record every artifact and report
 carries. Nothing here imports onnx, onnxruntime or tensorrt at import time. (dtypes, atomic writes,
-progress and the commit have their own homes: vit_fast.dtypes, vit_fast.files, vit_fast.progress,
-vit_fast.env.)"""
+progress and the commit have their own homes: vit_fast.util.dtypes, vit_fast.util.files, vit_fast.util.progress,
+vit_fast.backend.env.)"""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from vit_fast.batches import MAX_BATCH
-from vit_fast.checkpoints import file_sha256
-from vit_fast.files import (
+from vit_fast.interop.checkpoints import file_sha256
+from vit_fast.util.batches import MAX_BATCH
+from vit_fast.util.files import (
     DIGEST_KEY,
     ENGINE_SUFFIXES,
     ONNX_SUFFIXES,
@@ -108,7 +108,7 @@ def check_artifact_outputs(
 
     An existing artifact with vit-fast's metadata may be replaced; anything else only with ``overwrite``.
     A folder where one of the files goes is always refused. Every path is claimed
-    (:func:`vit_fast.files.claim`): the publish replaces only the files checked here.
+    (:func:`vit_fast.util.files.claim`): the publish replaces only the files checked here.
     """
     what, suffixes = ARTIFACT_KINDS[kind]
     if kind == "onnx":  # onnx.checker and ONNX Runtime (the verification) take UTF-8 paths only
@@ -145,7 +145,7 @@ def check_report_path(
     path: str | os.PathLike, overwrite: bool = False, artifact: str | os.PathLike | None = None
 ) -> Path:
     """A JSON report's path, checked before any work (``.json``; a missing folder is made when written);
-    never ``artifact``'s own metadata, nor any artifact's (:func:`vit_fast.files.check_report_file`)."""
+    never ``artifact``'s own metadata, nor any artifact's (:func:`vit_fast.util.files.check_report_file`)."""
     return check_report_file(path, "report", overwrite=overwrite, artifacts=() if artifact is None else (artifact,))
 
 
@@ -154,10 +154,10 @@ def plain_model(model: Any, what: str = "export") -> Any:
     is not the plain one, its ``as_vit_fast()``; a transformers ViT (``vit_fast.optimize(hf_model)`` is one)
     converted by ``vit_fast.from_hf``. Export, verify and the bench take every model through here; anything else
     is a TypeError saying how to convert it."""
-    from vit_fast.model import VisionTransformer
+    from vit_fast.model.vit import VisionTransformer
 
     if type(model).__module__.startswith("transformers."):  # e.g. vit_fast.optimize(hf_model): the user's class
-        from vit_fast.convert import from_hf
+        from vit_fast.interop.convert import from_hf
 
         return from_hf(model).train(model.training)
     if not isinstance(model, VisionTransformer):
@@ -210,7 +210,7 @@ def metadata_path(artifact: str | os.PathLike) -> Path:
 def read_metadata(artifact: str | os.PathLike) -> dict[str, Any] | None:
     """The metadata JSON beside ``artifact`` (without the file's own ``vit_fast_digest``, which proves the file, not
     the artifact), or None when there is none; a corrupt file raises naming it, as does one too large, nested too
-    deep or holding an integer too long to read (:func:`vit_fast.files.read_json`)."""
+    deep or holding an integer too long to read (:func:`vit_fast.util.files.read_json`)."""
     path = metadata_path(artifact)
     if not path.exists():
         return None
@@ -228,7 +228,7 @@ def read_metadata(artifact: str | os.PathLike) -> dict[str, Any] | None:
 
 
 def inside(folder: str | os.PathLike, name: Any, *, source: str | os.PathLike, field: str) -> Path:
-    """:func:`vit_fast.files.contained_path` for artifacts: ``folder / name``, or an ArtifactError naming the
+    """:func:`vit_fast.util.files.contained_path` for artifacts: ``folder / name``, or an ArtifactError naming the
     file ``source``, its ``field`` and the name when the name leads out of ``folder``."""
     try:
         return contained_path(folder, name, source=source, field=field)

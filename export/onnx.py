@@ -39,10 +39,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vit_fast.dtypes import DTYPE_NAMES
-from vit_fast.env import git_commit
-from vit_fast.files import publish_to, staging_dir
-from vit_fast.progress import Stages
+from vit_fast.backend.env import git_commit
+from vit_fast.util.dtypes import DTYPE_NAMES
+from vit_fast.util.files import publish_to, staging_dir
+from vit_fast.util.progress import Stages
 
 from ._common import (
     ExportError,
@@ -70,7 +70,7 @@ _EXTERNAL_DATA_BYTES = 1_800_000_000
 
 
 class FusedAttention(nn.Module):
-    """Export stand-in for :class:`vit_fast.layers.Attention`: the same parameters and math, with the
+    """Export stand-in for :class:`vit_fast.model.layers.Attention`: the same parameters and math, with the
     core written as ``scaled_dot_product_attention`` so the exporter emits one ONNX ``Attention``."""
 
     def __init__(self, attn: nn.Module) -> None:

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from vit_fast.dtypes import parse_dtype
-from vit_fast.files import OWNER_FILE, json_text, write_new
+from vit_fast.util.dtypes import parse_dtype
+from vit_fast.util.files import OWNER_FILE, json_text, write_new
 
 from ._common import ExportError, check_batch_range, metadata_path, plain_model
 from .graph import check_io_names, check_outputs, check_preprocess, image_axes
@@ -127,12 +127,12 @@ def _props(meta: dict[str, Any]) -> list[tuple[str, str]]:
     """The ONNX ``metadata_props`` vit-fast writes: the whole record, and its main fields on their own."""
     return [
         (METADATA_PROP, json.dumps(meta, sort_keys=True)),
-        ("vit_fast.config", json.dumps(meta["config"], sort_keys=True)),
+        ("vit_fast.model.config", json.dumps(meta["config"], sort_keys=True)),
         ("vit_fast.dtype", meta["dtype"]),
         ("vit_fast.batch", json.dumps(meta["batch"])),
         ("vit_fast.exporter", meta["exporter"]),
         ("vit_fast.opset", str(meta["opset"])),
-        ("vit_fast.version", meta["vit_fast_version"]),
+        ("vit_fast.util.version", meta["vit_fast_version"]),
         ("vit_fast.git_commit", meta["git_commit"]),
         ("vit_fast.weights", meta["weights"]["description"]),
         ("vit_fast.verified", json.dumps(bool(meta["verification"] and meta["verification"]["passed"]))),

@@ -32,8 +32,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from vit_fast.dtypes import ONNX_ELEM_TYPES, ORT_TYPES
-from vit_fast.files import refuse_non_utf8
+from vit_fast.util.dtypes import ONNX_ELEM_TYPES, ORT_TYPES
+from vit_fast.util.files import refuse_non_utf8
 
 from ._common import (
     ENGINE_SUFFIXES,
@@ -371,7 +371,7 @@ class ModelRunner(Runner):
     BACKENDS = ("torch", "triton")
 
     def __init__(self, model: nn.Module, backend: str, dtype: torch.dtype, device: str | None = None) -> None:
-        from vit_fast.runtime import interpreter_enabled
+        from vit_fast.backend.runtime import interpreter_enabled
 
         if backend not in self.BACKENDS:
             raise ValueError(f"backend must be one of {self.BACKENDS}, got {backend!r}")

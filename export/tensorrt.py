@@ -27,10 +27,10 @@ from typing import Any
 
 import torch
 
-from vit_fast.dtypes import DTYPE_NAMES, ONNX_ELEM_TYPES
-from vit_fast.env import git_commit
-from vit_fast.files import claim, json_text, publish_to, staging_dir, write_atomic, write_new
-from vit_fast.progress import Stages
+from vit_fast.backend.env import git_commit
+from vit_fast.util.dtypes import DTYPE_NAMES, ONNX_ELEM_TYPES
+from vit_fast.util.files import claim, json_text, publish_to, staging_dir, write_atomic, write_new
+from vit_fast.util.progress import Stages
 
 from ._common import (
     ArtifactError,

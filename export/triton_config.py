@@ -26,9 +26,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from vit_fast.batches import MAX_BATCH, parse_batch_list
-from vit_fast.dtypes import parse_dtype
-from vit_fast.env import git_commit
+from vit_fast.backend.env import git_commit
+from vit_fast.util.batches import MAX_BATCH, parse_batch_list
+from vit_fast.util.dtypes import parse_dtype
 
 from ._common import ArtifactError, inside, metadata_path, vit_fast_version
 
@@ -224,7 +224,7 @@ def onnx_specs(path: Path, layout: str | None = None) -> tuple[list[TensorSpec],
     for an input (a preprocessing front; ``layout``, from the artifact's metadata, is stated for them)."""
     import onnx
 
-    from vit_fast.dtypes import ONNX_ELEM_TYPES
+    from vit_fast.util.dtypes import ONNX_ELEM_TYPES
 
     from .runners import INPUT_ELEM_TYPES
 
@@ -308,7 +308,7 @@ def engine_specs(path: Path, meta: dict[str, Any]) -> tuple[list[TensorSpec], li
 def _recorded_outputs(path: Path, meta: dict[str, Any], dtype: torch.dtype) -> list[TensorSpec]:
     """An engine's outputs from its metadata alone: the recorded output kinds and names (default: the
     model's logits, or its features without a head) with dims from the recorded model config."""
-    from vit_fast.config import ViTConfig
+    from vit_fast.model.config import ViTConfig
 
     raw = meta.get("config")
     try:

@@ -36,9 +36,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from vit_fast.batches import MAX_BATCH
-from vit_fast.dtypes import DTYPE_NAMES, parse_dtype
-from vit_fast.files import (
+from vit_fast.util.batches import MAX_BATCH
+from vit_fast.util.dtypes import DTYPE_NAMES, parse_dtype
+from vit_fast.util.files import (
     check_output_dir,
     claim_folder,
     clean_stale_staging,
@@ -50,7 +50,7 @@ from vit_fast.files import (
     write_json_atomic,
     write_new,
 )
-from vit_fast.progress import Stages
+from vit_fast.util.progress import Stages
 
 from . import triton_config
 from ._common import (
@@ -143,7 +143,7 @@ def onnx_entry(
     """
     check_model_name(name)
     serving = dict(instances=instances, kind=kind, queue_delay_us=queue_delay_us)
-    from vit_fast.model import VisionTransformer
+    from vit_fast.model.vit import VisionTransformer
 
     if isinstance(source, VisionTransformer):
         dtype = parse_dtype(dtype)
@@ -303,7 +303,7 @@ def check_repository(repo: str | os.PathLike, names: Sequence[str], force: bool 
     The repository folder may be missing (it is created, its parent must exist); it (or, when missing, its
     parent) must be writable, and a link on the way must lead somewhere. A model folder that exists and is
     not empty is refused unless ``force``; duplicate names are refused. Each model folder is claimed
-    (:func:`vit_fast.files.claim_folder`): the write replaces only what is there now.
+    (:func:`vit_fast.util.files.claim_folder`): the write replaces only what is there now.
     """
     repo = Path(repo)
     refuse_non_utf8(repo, "model repository", "ONNX Runtime (verifying the model where it will be served from)")
@@ -338,7 +338,7 @@ def write_repository(
     Nothing appears in ``repo`` unless every entry was built. With ``force``, an existing model folder of
     the same name is swapped out and removed after the new one is in place, but only while it is as
     :func:`check_repository` saw it: a model folder that appeared or changed meanwhile (a version added)
-    stays as it is and the write is refused (:class:`vit_fast.files.OutputChanged`), nothing published.
+    stays as it is and the write is refused (:class:`vit_fast.util.files.OutputChanged`), nothing published.
     Returns the model folders.
     """
     names = [e.name for e in entries]
@@ -399,7 +399,7 @@ def to_tritonserver(
 
     Existing non-empty model folders are refused unless ``force``. Bad arguments raise before any work.
     """
-    from vit_fast.model import VisionTransformer
+    from vit_fast.model.vit import VisionTransformer
 
     if name is None:
         name = model_name_for(source_name or ("vit" if isinstance(source, VisionTransformer) else source))

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from vit_fast.dtypes import TRT_TYPES
-from vit_fast.env import install_hint
+from vit_fast.backend.env import install_hint
+from vit_fast.util.dtypes import TRT_TYPES
 
 from ._common import ArtifactError
 

@@ -1,4 +1,4 @@
-"""Judge an artifact against eager PyTorch by the project's numerics rule (vit_fast.numerics): :func:`verify`
+"""Judge an artifact against eager PyTorch by the project's numerics rule (vit_fast.util.numerics): :func:`verify`
 runs it beside the model in float64 (the reference) and in the artifact's dtype (eager's error), on every output
 the artifact's graph returns. The report: :mod:`.verify_report`; the checks before any input: :mod:`.verify_checks`;
 the whole method: docs/deploy.md.
@@ -20,14 +20,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from vit_fast.batches import MAX_BATCH
-from vit_fast.dtypes import DTYPE_NAMES, parse_dtype
-from vit_fast.env import git_commit, module_version
-from vit_fast.files import json_text, make_folders, staging_dir, write_json_atomic, write_new
-from vit_fast.interrupts import INTERRUPTS, cut_note, held
-from vit_fast.limits import check_batch_fits, forward_bytes
-from vit_fast.numerics import FACTOR, FLOOR, compare
-from vit_fast.progress import Remaining, Stages, duration, long_cpu_note, plural
+from vit_fast.backend.env import git_commit, module_version
+from vit_fast.util.batches import MAX_BATCH
+from vit_fast.util.dtypes import DTYPE_NAMES, parse_dtype
+from vit_fast.util.files import json_text, make_folders, staging_dir, write_json_atomic, write_new
+from vit_fast.util.interrupts import INTERRUPTS, cut_note, held
+from vit_fast.util.limits import check_batch_fits, forward_bytes
+from vit_fast.util.numerics import FACTOR, FLOOR, compare
+from vit_fast.util.progress import Remaining, Stages, duration, long_cpu_note, plural
 
 from ._common import (
     ArtifactError,
@@ -100,7 +100,7 @@ def draw_seed() -> int:
 
 def _as_model(model: nn.Module | str) -> nn.Module:
     if isinstance(model, str):
-        from vit_fast.loading import load_model
+        from vit_fast.interop.loading import load_model
 
         model = load_model(model, backend="torch")
     return plain_model(model, "verify")
@@ -160,7 +160,7 @@ def verify(
     naming the worst row when any row fails (``raise_on_failure``; the JSON is written first). Unreadable
     artifacts raise before any work, naming the file, as do a metadata ``batch`` that is not a range of ints
     and a largest case whose float64 reference alone needs more memory than is available here
-    (:func:`vit_fast.limits.check_batch_fits`).
+    (:func:`vit_fast.util.limits.check_batch_fits`).
     """
     if json_path is not None:
         own = None if str(artifact) in BACKEND_ARTIFACTS else artifact
@@ -244,7 +244,7 @@ def verify(
     stages = Stages("vit-fast verify", print_table if progress is None else progress)
     work = [(b + 2) * hh * ww for b, (hh, ww) in cases]  # a case costs about its pixels, plus a fixed start
     if eager_device == "cpu":
-        from vit_fast.model import count_flops
+        from vit_fast.model.vit import count_flops
 
         images = sum(b * hh * ww for b, (hh, ww) in cases) / (h * w) + (len(data[1]) if data is not None else 0)
         note = long_cpu_note(

@@ -7,7 +7,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from vit_fast.numerics import RULE
+from vit_fast.util.numerics import RULE
 
 from ._common import vit_fast_version
 

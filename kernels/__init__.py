@@ -8,7 +8,7 @@ With a triton older than the kernels need (``_versions.MIN_TRITON``; e.g. the 3.
 pins), importing this package (and so ``import vit_fast``) warns once with
 :class:`TritonVersionWarning`, naming both versions and the fix. vit-fast keeps working on the
 torch backend (export, verification, the CPU paths); the triton backend refuses to run with the
-same message (``vit_fast.runtime.require_triton``) and ``backend="auto"`` stays on torch.
+same message (``vit_fast.backend.runtime.require_triton``) and ``backend="auto"`` stays on torch.
 Raising ImportError here instead would break ``import vit_fast`` for a user whose torch pins an
 older triton, for the parts that need no kernel at all.
 """

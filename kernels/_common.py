@@ -137,7 +137,7 @@ def tuning_requested(named_args: dict) -> bool:
 def config_mode() -> tuple[int, bool]:
     """What decides which config a launch runs besides its own arguments' shapes, dtypes, alignment and device,
     read now: the tuning mode (:func:`tune_key`) and the TMA switch (:func:`tma_enabled`). A cache that answers
-    for launches without making them (the first-use net's cleared forwards, ``vit_fast.triton_path``) keys on it,
+    for launches without making them (the first-use net's cleared forwards, ``vit_fast.backend.triton_path``) keys on it,
     so a tuned config is never taken for the heuristic one it replaced."""
     return tune_key(), tma_enabled()
 

@@ -355,7 +355,7 @@ def _check_patch_embed_inputs(
         raise ValueError(
             f"pos_embed has {pos_embed.shape[1]} rows but a {H}x{W} image is a {gh}x{gw} grid of {p}-px patches, "
             f"so it needs {L} rows ({covered}): resample it to this grid first with "
-            "vit_fast.pos_embed.resample_pos_embed, or check no_embed_class"
+            "vit_fast.backend.pos_embed.resample_pos_embed, or check no_embed_class"
         )
     for name, t in (("bias", bias), ("pos_embed", pos_embed), ("cls_token", cls_token), ("reg_token", reg_token)):
         if t is not None and t.dtype != weight.dtype:
@@ -529,7 +529,7 @@ def patch_embed(
     ``weight [D, C, p, p]`` and ``bias [D]`` are the Conv2d's (patch size p = stride = kernel).
     ``pos_embed [1, L, D]``: ``L = (H/p)*(W/p)`` with ``no_embed_class=True`` (patches only), else
     ``L`` also counts the prefix tokens (pos[0] to cls, pos[1:1+R] to the registers); resample it
-    to this image's grid beforehand (``vit_fast.pos_embed.resample_pos_embed``).
+    to this image's grid beforehand (``vit_fast.backend.pos_embed.resample_pos_embed``).
     ``cls_token [1, 1, D]`` and ``reg_token [1, R, D]`` are optional. The output is in
     ``weight``'s dtype; ``T = [cls] + R + (H/p)*(W/p)``.
 

@@ -62,8 +62,8 @@ def kernel_launches(call: Callable[[], Any]) -> tuple[Any, Counter]:
 def assert_attention_launches(launches: Counter, attention: int, pool: int = 0, *, padded: bool) -> None:
     """The attention kernel (plain or differential) launched ``attention`` times and the attention-pool kernel
     ``pool`` times in ``launches`` (:func:`kernel_launches`). A ``padded`` batch's attention runs on the kernel with
-    its key-padding lengths (:mod:`vit_fast.naflex`); its attention-pool head runs in PyTorch (that kernel takes no
-    lengths), so ``pool`` is not expected there."""
+    its key-padding lengths (:mod:`vit_fast.interop.naflex`); its attention-pool head runs in PyTorch (that kernel takes
+    no lengths), so ``pool`` is not expected there."""
     seen = Counter(
         attention=launches["_attention_kernel"] + launches["_diff_attention_kernel"],
         pool=launches["_attention_pool_kernel"],
@@ -74,8 +74,8 @@ def assert_attention_launches(launches: Counter, attention: int, pool: int = 0, 
 
 def naflex_batch(sizes: list[tuple[int, int]], patch: int, seed: int) -> dict[str, torch.Tensor]:
     """Random images of ``sizes`` (h, w pixels) packed and padded as timm's NaFlex loader hands them to a
-    ``NaFlexVit`` (:func:`vit_fast.naflex.pack_images`): ``patches``, ``patch_coord``, ``patch_valid``."""
-    from vit_fast.naflex import pack_images
+    ``NaFlexVit`` (:func:`vit_fast.interop.naflex.pack_images`): ``patches``, ``patch_coord``, ``patch_valid``."""
+    from vit_fast.interop.naflex import pack_images
 
     gen = torch.Generator().manual_seed(seed)
     return pack_images([torch.randn(3, h, w, generator=gen) for h, w in sizes], patch)
@@ -116,9 +116,9 @@ def requiring_grad(inputs: Inputs) -> tuple[Inputs, torch.Tensor]:
 
 def fail_replace_onto(monkeypatch: pytest.MonkeyPatch, suffix: str, staging_mark: str) -> None:
     """Make the move of a staged file (a path holding ``staging_mark``) onto a target ending in ``suffix`` fail with
-    ENOSPC, however vit_fast.files moves it (a rename that cannot replace, an exchange, ``os.replace``); every
+    ENOSPC, however vit_fast.util.files moves it (a rename that cannot replace, an exchange, ``os.replace``); every
     other move goes through."""
-    from vit_fast import files
+    from vit_fast.util import files
 
     real = files.publishing._rename
 

@@ -1,10 +1,10 @@
-"""Test helpers around the one numerics rule, which lives in ``vit_fast.numerics``."""
+"""Test helpers around the one numerics rule, which lives in ``vit_fast.util.numerics``."""
 
 from __future__ import annotations
 
 import torch
 
-from vit_fast.numerics import FLOOR, assert_within_eager, max_err  # noqa: F401  (the tests' vocabulary)
+from vit_fast.util.numerics import FLOOR, assert_within_eager, max_err  # noqa: F401  (the tests' vocabulary)
 
 
 def poisoned(shape, dtype, device="cpu") -> torch.Tensor:

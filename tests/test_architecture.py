@@ -1,17 +1,8 @@
 """Imports point down: every import of our own modules goes to the same layer or a lower one, and no
 module-level imports form a cycle.
 
-Layers, lowest first (vit_fast.kernels and vit_fast.export are installed from the top-level folders
-kernels/ and export/):
-
-  kernels  vit_fast.kernels.*
-  base     vit_fast.version, dtypes, batches, files, lazy, progress, numerics, env, runtime, pos_embed, first_use
-  model    vit_fast.config, layers, model, triton_path, validation, convert, checkpoints, loading, hf,
-           patching, naflex, explanation, assets, graphs, training, warmup, selfcheck,
-           and vit_fast itself (the public facade over the model layer)
-  export   vit_fast.export.*
-  app      vit_fast.bench.*, vit_fast.demo.*, vit_fast.doctor.*, vit_fast.serve.*
-  cli      vit_fast.cli.*, vit_fast.__main__
+Layers, lowest first, are the folders (vit_fast.kernels and vit_fast.export are installed from the
+top-level folders kernels/ and export/); LAYERS below is the one place they are written.
 
 Every import counts for the layer check, at module level or inside a function; imports under
 ``if TYPE_CHECKING:`` are ignored. Only module-level imports count for cycles (an import inside a
@@ -38,27 +29,14 @@ def _modules(*names: str) -> tuple[str, ...]:
 #: lowest first; "x.*" stands for every module inside package x
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("kernels", _modules("kernels", "kernels.*")),
-    (
-        "base",
-        _modules("version", "dtypes", "batches", "files", "files.*", "lazy", "progress", "numerics", "env", "runtime")
-        + _modules("pos_embed", "first_use", "timm_import", "interrupts", "limits", "children"),
-    ),
-    (
-        "model",
-        ("vit_fast",)  # the package itself: the public facade over the model layer
-        + _modules(
-            "config", "layers", "timm_api", "model", "triton_path", "validation", "convert", "assets", "assets.*"
-        )
-        + _modules(
-            "checkpoints", "loading", "hf_patch", "patching", "timm_blocks", "graphs", "training", "warmup", "selfcheck"
-        )
-        + _modules("explanation", "naflex"),
-    ),
+    ("util", _modules("util", "util.*")),
+    ("backend", _modules("backend", "backend.*")),
+    ("model", _modules("model", "model.*")),
+    # the package itself is the public facade over the interop layer (its names load on first use); assets: the
+    # embedded default model, loaded as a checkpoint
+    ("interop", ("vit_fast",) + _modules("interop", "interop.*", "assets", "assets.*")),
     ("export", _modules("export", "export.*")),
-    (
-        "app",
-        _modules("bench", "bench.*", "demo", "demo.*", "doctor", "doctor.*", "serve", "serve.*"),
-    ),
+    ("app", _modules("bench", "bench.*", "demo", "demo.*", "doctor", "doctor.*", "serve", "serve.*")),
     ("cli", _modules("cli", "cli.*", "__main__")),
 ]
 
@@ -84,6 +62,7 @@ def layer_of(module: str) -> str | None:
 
 
 RANK = {name: i for i, (name, _) in enumerate(LAYERS)}
+ORDER = " < ".join(RANK)
 
 
 def discover(packages: dict[str, Path]) -> dict[str, tuple[Path, bool]]:
@@ -149,8 +128,8 @@ def check(sources: dict[str, tuple[str, bool]], allowed: set[tuple[str, str]] = 
     """Problems in a set of modules (name -> (source, is_package)): unplaced modules, upward imports, cycles."""
     known = set(sources)
     problems = [
-        f"{m} is in no layer: add it to LAYERS in tests/test_architecture.py (kernels < base < model < export "
-        "< app < cli), at the lowest layer whose modules it may import"
+        f"{m} is in no layer: add it to LAYERS in tests/test_architecture.py ({ORDER}), at the lowest layer whose "
+        "modules it may import"
         for m in sorted(known)
         if layer_of(m) is None
     ]
@@ -161,7 +140,7 @@ def check(sources: dict[str, tuple[str, bool]], allowed: set[tuple[str, str]] = 
             if low and high and RANK[high] > RANK[low] and (imp.importer, imp.imported) not in allowed:
                 problems.append(
                     f"upward import: {imp.importer} ({low}) imports {imp.imported} ({high}) at line {imp.line}; "
-                    "imports must point down (kernels < base < model < export < app < cli)"
+                    f"imports must point down ({ORDER})"
                 )
             if imp.module_level and imp.imported in edges:
                 edges[module].add(imp.imported)
@@ -245,27 +224,27 @@ def test_every_folder_is_walked():
 
 # --------------------------------------------------------------------------- the checker itself
 SYNTHETIC = {
-    "vit_fast": ("from .config import ViTConfig\n", True),
-    "vit_fast.config": ("import torch\n", False),
+    "vit_fast": ("from .model.config import ViTConfig\n", True),
+    "vit_fast.model.config": ("import torch\n", False),
     "vit_fast.kernels": ("", True),
-    "vit_fast.kernels.attention": ("from vit_fast.model import VisionTransformer\n", False),  # kernels -> model
-    "vit_fast.model": (
+    "vit_fast.kernels.attention": ("from vit_fast.model.vit import VisionTransformer\n", False),  # kernels -> model
+    "vit_fast.model.vit": (
         "from typing import TYPE_CHECKING\n"
         "from .config import ViTConfig\n"
         "if TYPE_CHECKING:\n"
         "    from vit_fast.cli import main\n"  # ignored: typing only
         "def f():\n"
-        "    from . import demo\n",  # model -> app, inside a function: still upward
+        "    from vit_fast import demo\n",  # model -> app, inside a function: still upward
         False,
     ),
     "vit_fast.demo": ("import vit_fast.export.verify\n", False),
     "vit_fast.export": ("from .verify import verify\n", True),
     "vit_fast.export.verify": ("from . import onnx\n", False),
     "vit_fast.export.onnx": ("from vit_fast.export import verify\n", False),  # the package's name, a module here
-    "vit_fast.numerics": ("from . import env\n", False),
-    "vit_fast.env": ("from .numerics import FLOOR\n", False),  # numerics <-> env: a cycle
-    "vit_fast.files": ("def f():\n    from . import progress\n", False),
-    "vit_fast.progress": ("from . import files\n", False),  # not a cycle: files imports progress lazily
+    "vit_fast.util.numerics": ("from . import limits\n", False),
+    "vit_fast.util.limits": ("from .numerics import FLOOR\n", False),  # numerics <-> limits: a cycle
+    "vit_fast.util.files": ("def f():\n    from . import progress\n", False),
+    "vit_fast.util.progress": ("from . import files\n", False),  # not a cycle: files imports progress lazily
 }
 
 
@@ -274,32 +253,36 @@ def test_checker_reports_upward_imports_cycles_and_unplaced_modules():
     problems = check(sources)
     upward = [p for p in problems if p.startswith("upward")]
     assert len(upward) == 2, problems
-    assert any("vit_fast.kernels.attention (kernels) imports vit_fast.model (model) at line 1" in p for p in upward)
-    assert any("vit_fast.model (model) imports vit_fast.demo (app) at line 6" in p for p in upward)
+    assert any("vit_fast.kernels.attention (kernels) imports vit_fast.model.vit (model) at line 1" in p for p in upward)
+    assert any("vit_fast.model.vit (model) imports vit_fast.demo (app) at line 6" in p for p in upward)
     found = sorted(p for p in problems if "cycle" in p)
     assert found == [
-        "import cycle between modules at module level: vit_fast.env -> vit_fast.numerics -> vit_fast.env",
         "import cycle between modules at module level: vit_fast.export.onnx -> vit_fast.export.verify "
         "-> vit_fast.export.onnx",
+        "import cycle between modules at module level: vit_fast.util.limits -> vit_fast.util.numerics "
+        "-> vit_fast.util.limits",
     ], problems
     assert any(p.startswith("vit_fast.brand_new is in no layer: add it to LAYERS") for p in problems)
     assert len(problems) == 5, problems
 
 
 def test_checker_honours_allowed_exceptions_only_for_the_named_pair():
-    sources = {k: SYNTHETIC[k] for k in ("vit_fast.kernels", "vit_fast.kernels.attention", "vit_fast.model")}
-    sources["vit_fast.model"] = ("", False)
-    assert check(sources, {("vit_fast.kernels.attention", "vit_fast.model")}) == []
-    assert len(check(sources, {("vit_fast.kernels.attention", "vit_fast.config")})) == 1
+    sources = {k: SYNTHETIC[k] for k in ("vit_fast.kernels", "vit_fast.kernels.attention", "vit_fast.model.vit")}
+    sources["vit_fast.model.vit"] = ("", False)
+    assert check(sources, {("vit_fast.kernels.attention", "vit_fast.model.vit")}) == []
+    assert len(check(sources, {("vit_fast.kernels.attention", "vit_fast.model.config")})) == 1
 
 
 @pytest.mark.parametrize(
     ("module", "layer"),
     [
         ("vit_fast.kernels.linear", "kernels"),
-        ("vit_fast.numerics", "base"),
-        ("vit_fast", "model"),
-        ("vit_fast.assets", "model"),
+        ("vit_fast.util.numerics", "util"),
+        ("vit_fast.backend.triton_path", "backend"),
+        ("vit_fast.model.vit", "model"),
+        ("vit_fast.interop.convert", "interop"),
+        ("vit_fast", "interop"),
+        ("vit_fast.assets", "interop"),
         ("vit_fast.export.runners", "export"),
         ("vit_fast.bench.timing", "app"),
         ("vit_fast.serve.triton", "app"),

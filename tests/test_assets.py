@@ -20,7 +20,7 @@ from vit_fast.assets import (  # noqa: E402
     load_default_model,
     load_digits_split,
 )
-from vit_fast.checkpoints import CONFIG_METADATA_KEY, read_state_dict  # noqa: E402
+from vit_fast.interop.checkpoints import CONFIG_METADATA_KEY, read_state_dict  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +72,7 @@ def test_info_records_training(info):
         assert key in info, key
     assert info["split"]["random_state"] == SPLIT_SEED
     assert info["preprocessing"]["mean"] == DIGITS_MEAN and info["preprocessing"]["std"] == DIGITS_STD
-    assert info["command"].startswith("python -m vit_fast.training")
+    assert info["command"].startswith("python -m vit_fast.interop.training")
     assert info["training"]["epochs"] >= 1
     assert info["heldout_accuracy"] >= 0.95
 

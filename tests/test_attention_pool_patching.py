@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import vit_fast
-from vit_fast.timm_blocks import PoolPlan
+from vit_fast.interop.timm_blocks import PoolPlan
 
 from .numerics import assert_within_eager
 from .util import check_first_use_net

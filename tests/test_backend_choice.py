@@ -5,7 +5,7 @@ reports each card and writes --json.
 
 No CUDA tensor can exist here, so the choice is asked of ``torch.device("cuda:N")`` with the card faked
 (``cards.pretend_arch`` or a patched ``torch.cuda.get_device_capability``) and CUDA availability faked the
-way ``benchmarks/host_overhead.py`` does (``vit_fast.runtime.cuda_available``). Forward-time checks run on
+way ``benchmarks/host_overhead.py`` does (``vit_fast.backend.runtime.cuda_available``). Forward-time checks run on
 CPU tensors under ``pretend_arch``, where the CPU reads as the pretended card.
 """
 
@@ -18,12 +18,14 @@ import warnings
 import pytest
 import torch
 
-import vit_fast.model as model_module
-from vit_fast import demo, dtypes, runtime
+import vit_fast.model.vit as model_module
+from vit_fast import demo
+from vit_fast.backend import runtime
 from vit_fast.bench import harness as bench_harness
 from vit_fast.bench import settings as bench_settings
 from vit_fast.cli import main
 from vit_fast.kernels import cards
+from vit_fast.util import dtypes
 
 from .util import tiny_model
 
@@ -129,7 +131,7 @@ def test_explicit_backends_are_kept_and_explained(fake_cuda):
 
 
 def test_patched_timm_blocks_follow_the_same_rule(fake_cuda):
-    from vit_fast.patching import _kernels_can_run
+    from vit_fast.interop.patching import _kernels_can_run
 
     class OnCuda:  # all _kernels_can_run reads of its input: its device and dtype
         device = torch.device("cuda:0")
@@ -206,7 +208,7 @@ def test_is_bf16_supported_is_never_asked(fake_cuda, monkeypatch):
 
 
 def test_triton_path_refuses_bf16_before_any_compute(fake_cuda, monkeypatch):
-    import vit_fast.triton_path as triton_path
+    import vit_fast.backend.triton_path as triton_path
 
     model = tiny_model().to(torch.bfloat16).set_backend("triton")
     monkeypatch.setattr(triton_path, "features_triton", lambda *a: pytest.fail("the kernels ran"))
@@ -315,7 +317,7 @@ def test_info_on_cpu_says_there_is_no_gpu_and_auto_picks_torch(tmp_path, capsys,
 def _launcher_machine(monkeypatch, tmp_path):
     """A made-up machine for what Triton's launcher needs: a C compiler (CC, a script that answers --version),
     no Python.h in the include folder, libcuda.so.1 where TRITON_LIBCUDA_PATH points."""
-    from vit_fast import env
+    from vit_fast.backend import env
 
     cc = tmp_path / "cc"
     cc.write_text("#!/bin/sh\necho 'fakecc 1.0'\n")
@@ -335,7 +337,7 @@ def _launcher_lines(out):
 
 @pytest.mark.parametrize("cuda", [False, True], ids=["cpu", "gpu"])
 def test_info_reports_what_tritons_launcher_needs(two_gpus, monkeypatch, tmp_path, capsys, cuda):
-    """The C compiler, Python.h and libcuda, as doctor checks them (vit_fast.env.launcher_needs): a missing one
+    """The C compiler, Python.h and libcuda, as doctor checks them (vit_fast.backend.env.launcher_needs): a missing one
     is a failure with the fix where kernels compile, a warning on a CPU; --json carries the same."""
     _launcher_machine(monkeypatch, tmp_path)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
@@ -380,7 +382,7 @@ def test_info_refuses_to_replace_a_file_it_did_not_write(tmp_path, capsys):
 def test_a_float64_model_never_reaches_the_kernels(fake_cuda, monkeypatch):
     """The fast path launches the kernels unchecked: a float64 model on "auto" keeps the torch path on a card where
     "auto" picks triton (same numbers as torch), and an explicit backend="triton" is refused before any compute."""
-    import vit_fast.triton_path as triton_path
+    import vit_fast.backend.triton_path as triton_path
 
     monkeypatch.setattr(triton_path, "features_triton", lambda *a: pytest.fail("the kernels ran"))
     monkeypatch.setattr(triton_path, "stages_triton", lambda *a: pytest.fail("the kernels ran"))

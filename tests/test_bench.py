@@ -263,7 +263,7 @@ def test_triton_backend_is_timed_tuned_with_tune(monkeypatch, capsys):
 def test_triton_case_that_fell_back_is_marked_not_timed(monkeypatch):
     """A triton case whose ops fell back to eager PyTorch at their first-use check times eager PyTorch: the row says
     "fallback" with the ops, and no timing is taken under the triton label."""
-    from vit_fast import first_use
+    from vit_fast.backend import first_use
 
     from .util import record_triton_forwards, tiny_model
 

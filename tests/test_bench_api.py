@@ -245,7 +245,7 @@ def test_the_reports_are_rewritten_after_each_case(seeded_model, tmp_path, monke
     ]
     assert report["complete"] and report["interrupted"] is None and paths["png"].name == f"{stem}.png"
     assert (tmp_path / "bench_tiny.json").read_text() == "{}"
-    from vit_fast.files import written_by_vit_fast
+    from vit_fast.util.files import written_by_vit_fast
 
     assert all(written_by_vit_fast(paths[kind]) for kind in ("json", "markdown", "png"))  # each carries the mark
 
@@ -256,8 +256,8 @@ def test_sigterm_while_the_last_files_are_written_leaves_them_whole(seeded_model
     import os
     import signal
 
-    from vit_fast import interrupts
     from vit_fast.bench import api
+    from vit_fast.util import interrupts
 
     real = api.write_reports
 
@@ -283,7 +283,7 @@ def test_sigterm_while_the_last_files_are_written_leaves_them_whole(seeded_model
 def test_a_cpu_run_sized_for_a_gpu_says_how_long_and_the_smaller_command(seeded_model, monkeypatch):
     """The model's FLOPs read as ViT-L/16's: the note comes before any case, with the time it expects from a
     forward timed here, and the smaller command with its own time."""
-    monkeypatch.setattr("vit_fast.model.count_flops", lambda cfg: 61.6e9)
+    monkeypatch.setattr("vit_fast.model.vit.count_flops", lambda cfg: 61.6e9)
     lines: list[str] = []
     bench.benchmark(seeded_model, batch="1,4", backends="torch", log=lines.append, **QUICK)
     (note,) = [line for line in lines if "sized for a GPU" in line]

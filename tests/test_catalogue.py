@@ -631,7 +631,8 @@ def test_checkpoints_follow_the_same_policy(tmp_path):
 
 
 def test_reports_never_land_on_an_artifacts_metadata(tmp_path):
-    from vit_fast import export, files
+    from vit_fast import export
+    from vit_fast.util import files
 
     (tmp_path / "m.onnx").write_bytes(b"an artifact")
     files.write_json_atomic({files.MARKER_KEY: "0.1", "format": "onnx"}, tmp_path / "other.json")
@@ -1028,7 +1029,8 @@ LOAD_CLI: dict[str, tuple[list[str], int, str]] = {
     "pickled timm weights": (
         ["verify", "timm:vit_tiny_patch16_224", "triton", "--weights", "pickled.pth"],
         1,
-        r"'pickled.pth' holds Python objects besides tensors \(vit_fast.model.VisionTransformer\).*If you trust the "
+        r"'pickled.pth' holds Python objects besides tensors \(vit_fast.model.vit.VisionTransformer\).*"
+        r"If you trust the "
         r"file, convert it once yourself \(this runs the code it holds\) and give 'pickled.safetensors' instead: "
         r"python -c .*save_file",
     ),
@@ -1139,7 +1141,7 @@ def test_offline_hub_names_touch_no_network(argv, message, load_folder, socket_g
 
 # --------------------------------------------------------------------------- names that other files record
 # A file name read from an artifact's metadata, an ONNX graph (its external data) or a Hugging Face weights index
-# is followed only inside that file's folder (vit_fast.files.contained_path). The planted bundle wrote PLANTED.txt
+# is followed only inside that file's folder (vit_fast.util.files.contained_path). The planted bundle wrote PLANTED.txt
 # outside the repository before (and left it there when the export failed): each case here is refused before any
 # work, names the file, the field and the name, and leaves the folder byte-identical (no PLANTED.txt beside it).
 
@@ -1339,7 +1341,7 @@ def test_contained_path_refuses_every_way_out(tmp_path):
     """The one containment check: each way a recorded name can lead out of its folder is refused, naming the file,
     the field and the name; names inside (a subfolder, a link that stays inside, a folder reached through a link)
     pass, and links leading out pass only where the folder's files are links by design."""
-    from vit_fast.files import contained_path
+    from vit_fast.util.files import contained_path
 
     folder = tmp_path / "art"
     (folder / "sub").mkdir(parents=True)
@@ -1520,7 +1522,7 @@ def test_links_and_bare_suffixes_are_refused_before_any_work(case, link_folder, 
 
 def test_links_that_lead_somewhere_are_followed(link_folder):
     """The neighbours: a link to a folder is a folder to write into; a link made good again is written through."""
-    from vit_fast import files
+    from vit_fast.util import files
 
     (link_folder / "real").mkdir()
     (link_folder / "good").symlink_to("real")
@@ -1535,7 +1537,8 @@ def test_links_that_lead_somewhere_are_followed(link_folder):
 
 
 def test_checkpoints_and_the_api_see_the_final_name(tmp_path):
-    from vit_fast import export, files
+    from vit_fast import export
+    from vit_fast.util import files
 
     with pytest.raises(ValueError, match=r"cannot tell the format of '.*\.safetensors' from its suffix ''"):
         vit_fast.save_checkpoint(_tiny(), tmp_path / ".safetensors")
@@ -1573,7 +1576,7 @@ def test_an_unwritable_repository_is_named_with_the_fix(tmp_path, monkeypatch, c
                 r"written: Operation not permitted; choose a folder you can write to$",
                 err.strip(),
             ), err
-        from vit_fast import files
+        from vit_fast.util import files
 
         with pytest.raises(files.OutputNotWritable, match=r"cannot write in folder 'ro': Operation not permitted"):
             files.make_staging(Path("ro"), "x")  # met in the middle of a run: the same words
@@ -1590,7 +1593,7 @@ def test_an_unwritable_repository_is_named_with_the_fix(tmp_path, monkeypatch, c
 # hidden_size 10^9: "Storage size calculation overflowed"; metadata batch [1, 10**7] tried to allocate 40 GB.
 # Now each is refused before anything is read whole, built or allocated, naming the file and the field.
 
-#: the memory these cases see as available (vit_fast.limits.available_bytes), so no answer depends on the machine
+#: the memory these cases see as available (vit_fast.util.limits.available_bytes), so no answer depends on the machine
 AVAILABLE = 8 * 10**9
 DEEP = "[" * 100_000 + "]" * 100_000
 HUGE_INT = "9" * 5000
@@ -1870,7 +1873,7 @@ BOUNDED_CLI: dict[str, tuple[list[str], int, str]] = {
 def test_unbounded_input_is_refused_with_the_file_and_the_field(case, bounded_folder, capsys, monkeypatch):
     import time
 
-    from vit_fast import limits
+    from vit_fast.util import limits
 
     monkeypatch.chdir(bounded_folder)
     monkeypatch.setattr(limits, "available_bytes", lambda: AVAILABLE)
@@ -1898,11 +1901,11 @@ def test_a_non_utf8_report_name_works_and_prints_as_its_bytes(tmp_path):
     )
     assert proc.returncode == 0 and b"Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert os.listdir(os.fsencode(tmp_path)) == [name]
-    assert json.loads((tmp_path / os.fsdecode(name)).read_text())[vit_fast.files.MARKER_KEY]
+    assert json.loads((tmp_path / os.fsdecode(name)).read_text())[vit_fast.util.files.MARKER_KEY]
 
 
 def test_bounded_json_reader_limits():
-    from vit_fast.files import JSON_MAX_DEPTH, JSONInputError, loads_json
+    from vit_fast.util.files import JSON_MAX_DEPTH, JSONInputError, loads_json
 
     ok = '{"a": [1, {"b": "[[[{{ not brackets ]", "c": "\\"[["}], "d": -' + "9" * 40 + ', "e": 1.' + "0" * 60 + "}"
     assert loads_json(ok, "x")["d"] == -int("9" * 40)
@@ -1921,7 +1924,7 @@ def test_bounded_json_reader_limits():
 
 
 def test_bounded_json_reader_never_opens_a_fifo_or_reads_a_large_file(tmp_path):
-    from vit_fast import files
+    from vit_fast.util import files
 
     os.mkfifo(tmp_path / "fifo.json")
     _sparse(tmp_path / "big.json")
@@ -1950,7 +1953,7 @@ def test_sizes_beyond_any_model_are_refused_before_building(monkeypatch):
     all before a parameter is made."""
     import time
 
-    from vit_fast import limits
+    from vit_fast.util import limits
 
     monkeypatch.setattr(limits, "available_bytes", lambda: AVAILABLE)
     cases = [
@@ -1984,7 +1987,7 @@ def test_sizes_beyond_any_model_are_refused_before_building(monkeypatch):
 
 
 def test_parameter_count_is_the_models(monkeypatch):
-    from vit_fast.limits import parameter_count
+    from vit_fast.util.limits import parameter_count
 
     variants = [{}, dict(pre_norm=True), dict(qkv_bias=False, num_classes=0), dict(global_pool="avg")]
     variants += [dict(init_values=1e-5, reg_tokens=2, no_embed_class=True), dict(class_token=False, global_pool="avg")]
@@ -1999,7 +2002,7 @@ def test_parameter_count_is_the_models(monkeypatch):
 
 
 def test_available_memory_is_read_from_the_machine():
-    from vit_fast.limits import available_bytes
+    from vit_fast.util.limits import available_bytes
 
     found = available_bytes()
     if not os.path.exists("/proc/meminfo"):
@@ -2046,7 +2049,7 @@ def test_an_export_with_stdout_closed_writes_its_artifact_and_succeeds(bounded_f
     err = proc.stderr.decode(errors="replace")
     assert proc.returncode == 0 and "Traceback" not in err, err[-2000:]
     assert sorted(os.listdir(tmp_path)) == ["m.onnx", "m.onnx.json", "tiny.safetensors"]
-    assert vit_fast.files.read_json(tmp_path / "m.onnx.json")["verification"]["passed"] is True
+    assert vit_fast.util.files.read_json(tmp_path / "m.onnx.json")["verification"]["passed"] is True
 
 
 def test_main_without_a_stdout_object_does_not_fail(monkeypatch, capsys):
@@ -2061,8 +2064,8 @@ def test_main_without_a_stdout_object_does_not_fail(monkeypatch, capsys):
 # Issue 31, class 9. Before: SIGTERM to `vit-fast doctor` left its interpreter child running as an orphan that kept
 # printing, and `$TMPDIR/vit-fast-doctor-*` stayed; SIGTERM or SIGKILL to `bench` during the ONNX Runtime case left
 # `$TMPDIR/vit-fast-bench-*` with a partial export, never cleaned. Now every Python child is guarded
-# (vit_fast.children: PR_SET_PDEATHSIG and a watch of its parent), every temp folder is a staging folder in $TMPDIR
-# (vit_fast.files.temp_staging): removed on SIGTERM (the CLI turns it into an exception that unwinds), and a
+# (vit_fast.util.children: PR_SET_PDEATHSIG and a watch of its parent), every temp folder is a staging folder in $TMPDIR
+# (vit_fast.util.files.temp_staging): removed on SIGTERM (the CLI turns it into an exception that unwinds), and a
 # SIGKILLed run's is removed by the next run.
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG and /proc are Linux's")
 
@@ -2174,7 +2177,11 @@ def test_the_benchs_temp_folder_ends_with_it_or_with_the_next_run(sig, bounded_f
         return
     assert code == -signal.SIGKILL and folder.is_dir()  # nothing can run in a SIGKILLed process
     subprocess.run(
-        [sys.executable, "-c", "from vit_fast.files import temp_staging\nwith temp_staging('vit-fast-bench'): pass"],
+        [
+            sys.executable,
+            "-c",
+            "from vit_fast.util.files import temp_staging\nwith temp_staging('vit-fast-bench'): pass",
+        ],
         env=dict(os.environ, TMPDIR=str(tmpdir)),
         check=True,
         timeout=120,
@@ -2185,7 +2192,7 @@ def test_the_benchs_temp_folder_ends_with_it_or_with_the_next_run(sig, bounded_f
 SLEEPER = "import sys, time\nprint('child up', flush=True)\ntime.sleep(600)\n"
 GUARDED_PARENT = (
     "import subprocess, sys, time\n"
-    "from vit_fast.children import guarded_python\n"
+    "from vit_fast.util.children import guarded_python\n"
     "child = subprocess.Popen(guarded_python(['sleeper'], cleanup=sys.argv[1]), stdout=subprocess.PIPE, text=True)\n"
     "child.stdout.readline()\n"
     "print(child.pid, flush=True)\n"
@@ -2218,7 +2225,7 @@ def test_a_guarded_child_dies_with_its_parent_and_removes_its_folder(tmp_path):
 @linux_only
 def test_a_guarded_child_whose_parent_is_already_gone_does_not_run(tmp_path):
     """The parent died before the child asked for PR_SET_PDEATHSIG: the child's check of its parent ends it."""
-    from vit_fast.children import GUARD
+    from vit_fast.util.children import GUARD
 
     (tmp_path / "sleeper.py").write_text("open('ran', 'w').close()\n")
     folder = tmp_path / "work"
@@ -2235,7 +2242,7 @@ def test_temp_folders_of_live_runs_and_look_alikes_are_kept(tmp_path, monkeypatc
     """The next run removes only a dead run's folder (its marker proves it vit-fast's, its lock is free)."""
     import tempfile
 
-    from vit_fast import files
+    from vit_fast.util import files
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     look_alike = tmp_path / ".vit-fast-bench.tmp-0123456789abcdef"
@@ -2258,7 +2265,7 @@ def test_temp_folders_of_live_runs_and_look_alikes_are_kept(tmp_path, monkeypatc
 
 KILLED_TEMP = (
     "import os, signal\n"
-    "from vit_fast.files import temp_staging\n"
+    "from vit_fast.util.files import temp_staging\n"
     "with temp_staging('vit-fast-bench') as folder:\n"
     "    print(folder, flush=True)\n"
     "    os.kill(os.getpid(), signal.SIGKILL)\n"

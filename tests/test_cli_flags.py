@@ -120,7 +120,7 @@ def test_serve_instances_zero_names_the_flag_before_any_work(capsys, monkeypatch
     def must_not_load(*args, **kwargs):
         raise AssertionError("the model loaded before the flag was checked")
 
-    monkeypatch.setattr("vit_fast.loading.load_model", must_not_load)
+    monkeypatch.setattr("vit_fast.interop.loading.load_model", must_not_load)
     with pytest.raises(SystemExit) as exc:
         cli.main(["serve", "default", "--instances", "0"])
     assert exc.value.code == 2

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from vit_fast.cli import _args, main
-from vit_fast.files import MARKER_KEY, json_text
+from vit_fast.util.files import MARKER_KEY, json_text
 
 
 def _run(argv: list[str], capsys) -> tuple[int, dict, str]:

@@ -135,7 +135,7 @@ def test_ctrl_c_while_torch_imports_is_one_line_and_130(tmp_path):
 def test_info_names_a_package_present_only_when_it_imports(monkeypatch):
     """An installed package whose import fails (timm without torchvision) is reported as not usable, with
     the reason, never by its version alone."""
-    from vit_fast import env
+    from vit_fast.backend import env
 
     real = env.module_version
     monkeypatch.setattr(env, "module_version", lambda m: "1.0.31" if m == "timm" else real(m))
@@ -162,12 +162,12 @@ def test_timm_paths_work_where_torchvision_cannot_be_imported(tmp_path):
             import torchvision
         except Exception:
             torchvision_ok = False
-        from vit_fast.timm_import import import_timm
+        from vit_fast.interop.timm_import import import_timm
         timm = import_timm()
         ref = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8).eval()
         path = {str(tmp_path / "w.pth")!r}
         torch.save(ref.state_dict(), path)
-        from vit_fast.loading import load_model
+        from vit_fast.interop.loading import load_model
         model = load_model("timm:vit_tiny_patch16_224", backend="torch", weights=path)
         print("sha256" in model.weights_source, torchvision_ok)
         """

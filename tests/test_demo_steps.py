@@ -13,7 +13,7 @@ pytest.importorskip("sklearn", reason="the demo needs scikit-learn (pip install 
 from vit_fast.cli import main  # noqa: E402
 from vit_fast.demo import STEPS, DemoSettings  # noqa: E402
 from vit_fast.demo.steps import _timing_step  # noqa: E402
-from vit_fast.progress import Stages  # noqa: E402
+from vit_fast.util.progress import Stages  # noqa: E402
 
 
 def test_every_step_number_once_and_in_order(tmp_path, capsys):

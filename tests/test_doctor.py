@@ -1,6 +1,6 @@
-"""``vit-fast doctor`` on this CPU, and the checks it is built of (vit_fast.doctor, vit_fast.selfcheck).
+"""``vit-fast doctor`` on this CPU, and the checks it is built of (vit_fast.doctor, vit_fast.model.selfcheck).
 
-The kernel check is :func:`vit_fast.selfcheck.check_kernel`, the function doctor runs on a user's card; here it
+The kernel check is :func:`vit_fast.model.selfcheck.check_kernel`, the function doctor runs on a user's card; here it
 runs in Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1 before triton is imported).
 """
 
@@ -14,13 +14,22 @@ import sys
 import pytest
 import torch
 
-from vit_fast import doctor, env
+from vit_fast import doctor
+from vit_fast.backend import env
 from vit_fast.cli import main
-from vit_fast.config import ViTConfig
-from vit_fast.files import MARKER_KEY
 from vit_fast.kernels import _versions
 from vit_fast.kernels.cards import pretend_arch
-from vit_fast.selfcheck import DIFF_FAMILY, KERNELS, POOL_FAMILY, RMS_FAMILY, check_kernel, family_cases, model_cases
+from vit_fast.model.config import ViTConfig
+from vit_fast.model.selfcheck import (
+    DIFF_FAMILY,
+    KERNELS,
+    POOL_FAMILY,
+    RMS_FAMILY,
+    check_kernel,
+    family_cases,
+    model_cases,
+)
+from vit_fast.util.files import MARKER_KEY
 
 from .util import skip_if_interpreted_and_broken, skip_if_interpreter_broken
 
@@ -224,7 +233,7 @@ def test_too_old_triton_fails_and_skips_the_kernels(monkeypatch, tmp_path):
     assert "triton cannot run vit-fast's kernels here" in report["skipped"]["kernels"]
 
 
-# what Triton's C launcher needs: each finder (vit_fast.env, shared with vit-fast info) fed a made-up machine
+# what Triton's C launcher needs: each finder (vit_fast.backend.env, shared with vit-fast info) fed a made-up machine
 def _program(path, script):
     path.write_text("#!/bin/sh\n" + script + "\n")
     path.chmod(0o755)

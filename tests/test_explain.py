@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import vit_fast
-from vit_fast.explanation import KERNELS, OWN
+from vit_fast.interop.explanation import KERNELS, OWN
 
 timm = pytest.importorskip("timm", reason="timm is not installed (make setup installs it with --no-deps)")
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (make setup installs it)")
@@ -23,7 +23,7 @@ def _timm(**extra) -> torch.nn.Module:
 
 
 def _kernel_blocks(monkeypatch) -> list[int]:
-    from vit_fast.timm_blocks import BlockPlan
+    from vit_fast.interop.timm_blocks import BlockPlan
 
     runs: list[int] = []
     original = BlockPlan.run
@@ -53,14 +53,14 @@ def test_auto_on_a_cpu_says_the_blocks_run_timms_forward_and_why(monkeypatch):
     model = vit_fast.apply_vit_fast(_timm())
     report = vit_fast.explain(model)
     assert report.patched_with == "auto" and report.backend.backend == "torch"
-    assert report.backend == vit_fast.runtime.choose_backend("cpu", 32)  # the model's own rule and reason
+    assert report.backend == vit_fast.backend.runtime.choose_backend("cpu", 32)  # the model's own rule and reason
     assert all(m.patched and m.runs == OWN and "not a CUDA device" in m.reason for m in report.modules)
     runs = _kernel_blocks(monkeypatch)
     with torch.no_grad():
         model(torch.randn(1, 3, 32, 32))
     assert runs == []  # as explained: timm's forward
     cuda = vit_fast.explain(model, "cuda:0")  # another device: its own reason
-    assert cuda.device == "cuda:0" and cuda.backend == vit_fast.runtime.choose_backend("cuda:0", 32)
+    assert cuda.device == "cuda:0" and cuda.backend == vit_fast.backend.runtime.choose_backend("cuda:0", 32)
 
 
 def test_training_mode_and_float64_are_explained(monkeypatch):
@@ -141,6 +141,6 @@ def test_vit_fasts_own_model_is_its_explain_backend_and_others_are_refused():
 
 
 def test_explain_is_public():
-    from vit_fast.explanation import explain
+    from vit_fast.interop.explanation import explain
 
     assert "explain" in vit_fast.__all__ and vit_fast.explain is explain

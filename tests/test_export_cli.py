@@ -95,7 +95,7 @@ def test_verify_default_reports_accuracy(exported, monkeypatch, capsys):
     assets.load_default_eval_set = lambda: (images, labels)
     monkeypatch.setitem(sys.modules, "vit_fast.assets", assets)
     # verify imports load_model when it runs (the command line imports no torch before that)
-    monkeypatch.setattr("vit_fast.loading.load_model", lambda spec, backend="auto", seed=0, **kwargs: model)
+    monkeypatch.setattr("vit_fast.interop.loading.load_model", lambda spec, backend="auto", seed=0, **kwargs: model)
     assert main(["verify", "default", str(out)]) == 0
     assert "labelled data (6 images): eager accuracy 100.00%, artifact accuracy 100.00%" in capsys.readouterr().out
 
@@ -105,7 +105,7 @@ def test_the_cpu_hint_keeps_the_artifact_and_verify_batch_verifies_only_those(ex
     changes what is verified, never what is published: --verify-batch, not --batch (the artifact's range).
     Following it verifies only those batches; the artifact keeps its range."""
     _, ckpt, _, _ = exported
-    monkeypatch.setattr("vit_fast.model.count_flops", lambda cfg: 61.6e9)
+    monkeypatch.setattr("vit_fast.model.vit.count_flops", lambda cfg: 61.6e9)
     out = tmp_path / "m.onnx"
     assert main(["export", "onnx", str(ckpt), "--out", str(out), "--exporter", "torchscript", "--batch", "1,4"]) == 0
     [note] = [line for line in capsys.readouterr().err.splitlines() if "GFLOP on a CPU" in line]

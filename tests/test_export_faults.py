@@ -25,9 +25,10 @@ pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
 import onnx  # noqa: E402
 
 import vit_fast  # noqa: E402
-from vit_fast import export, files  # noqa: E402
+from vit_fast import export
 from vit_fast.export import onnx as onnx_export  # noqa: E402
 from vit_fast.export import runners  # noqa: E402
+from vit_fast.util import files  # noqa: E402
 
 from .fakes import fail_replace_onto  # noqa: E402
 from .util import tiny_model  # noqa: E402

@@ -20,10 +20,14 @@ pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
 import onnx  # noqa: E402
 
 import vit_fast  # noqa: E402
-from vit_fast import export, files, numerics  # noqa: E402
+from vit_fast import export
 from vit_fast.export import onnx as onnx_export  # noqa: E402
 from vit_fast.export import runners  # noqa: E402
 from vit_fast.export.verify import default_batches  # noqa: E402
+from vit_fast.util import (
+    files,
+    numerics,  # noqa: E402
+)
 
 from .fakes import tiny_hf_classifier  # noqa: E402
 
@@ -125,7 +129,7 @@ def test_metadata_json_and_props(models, artifacts):
     assert meta["git_commit"] == "unknown" or len(meta["git_commit"].split("+")[0]) == 40
     props = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
     assert json.loads(props["vit_fast"]) == meta
-    assert json.loads(props["vit_fast.config"]) == meta["config"] and props["vit_fast.batch"] == "[1, 5]"
+    assert json.loads(props["vit_fast.model.config"]) == meta["config"] and props["vit_fast.batch"] == "[1, 5]"
     assert sorted(os.listdir(path.parent)) == sorted(  # nothing but artifacts and their metadata
         f for f in os.listdir(path.parent) if f.endswith((".onnx", ".onnx.json"))
     )

@@ -1,4 +1,4 @@
-"""The safety net at first use (vit_fast/first_use.py): a kernel's first output per (device, triton version,
+"""The safety net at first use (vit_fast/backend/first_use.py): a kernel's first output per (device, triton version,
 dtype, config, shape class) is judged against eager PyTorch and float64; a kernel that fails falls back to eager
 PyTorch for the process with one warning. Compiled kernels are checked by default; under the interpreter these tests
 switch it on with VIT_FAST_FIRST_USE_CHECK=1, and break a kernel (or one config of it) on purpose to see the
@@ -13,7 +13,8 @@ import pytest
 import torch
 import triton
 
-from vit_fast import doctor, first_use, triton_path
+from vit_fast import doctor
+from vit_fast.backend import first_use, triton_path
 from vit_fast.kernels import _common, _interpret, linear
 
 from .numerics import assert_within_eager

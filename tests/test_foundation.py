@@ -10,7 +10,8 @@ import sys
 import pytest
 import torch
 
-from vit_fast import dtypes, env, files, numerics
+from vit_fast.backend import env
+from vit_fast.util import dtypes, files, numerics
 
 from .fakes import fail_replace_onto
 
@@ -94,7 +95,7 @@ def test_publish_puts_previous_files_back_when_a_later_move_fails(tmp_path, monk
 def test_a_dead_runs_staging_folder_is_cleaned_at_once(tmp_path):
     """The run's lock dies with its process (here: the process that made it exits without cleaning)."""
     code = (
-        "import os, sys; from vit_fast import files; "
+        "import os, sys; from vit_fast.util import files; "
         "cm = files.staging_dir(sys.argv[1]); cm.__enter__(); os._exit(0)"  # exit without leaving the context
     )
     subprocess.run([sys.executable, "-c", code, str(tmp_path / "m.onnx")], check=True)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import vit_fast
-from vit_fast.graphs import CUDAGraphRunner, graph_input_mismatch
+from vit_fast.backend.graphs import CUDAGraphRunner, graph_input_mismatch
 
 from ._tf32 import no_tf32  # noqa: F401  (autouse: TF32 off while comparing with torch on CUDA)
 

@@ -6,8 +6,8 @@ import torch
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[test]')")
 
 import vit_fast  # noqa: E402
-from vit_fast.checkpoints import load_checkpoint  # noqa: E402
-from vit_fast.convert import convert_hf_state_dict  # noqa: E402
+from vit_fast.interop.checkpoints import load_checkpoint  # noqa: E402
+from vit_fast.interop.convert import convert_hf_state_dict  # noqa: E402
 
 # name -> (transformers ViTConfig kwargs); token counts in the comments
 CONFIGS = {
@@ -153,7 +153,7 @@ def test_from_hf_at_another_image_size_resamples_pos_embed():
     hf = _hf("cls", **CONFIGS["37tok_48px_p8"])
     model = vit_fast.from_hf(hf, img_size=64).eval()
     assert model.cfg.num_tokens == 65 and model.pos_embed.shape == (1, 65, 48)
-    expected = vit_fast.pos_embed.resample_pos_embed(hf.vit.embeddings.position_embeddings, (8, 8), (6, 6), 1)
+    expected = vit_fast.backend.pos_embed.resample_pos_embed(hf.vit.embeddings.position_embeddings, (8, 8), (6, 6), 1)
     torch.testing.assert_close(model.pos_embed, expected, rtol=0, atol=0)
     assert torch.isfinite(model(torch.randn(1, 3, 64, 64))).all()
 

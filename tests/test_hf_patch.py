@@ -1,5 +1,5 @@
-"""vit_fast.hf_patch: transformers' own vision models (ViT, DeiT, DINOv2, CLIP, SigLIP, SigLIP 2) with their encoder
-layers on our kernels, in place (apply_vit_fast) or as a patched copy (optimize), still instances of the
+"""vit_fast.interop.hf_patch: transformers' own vision models (ViT, DeiT, DINOv2, CLIP, SigLIP, SigLIP 2) with their
+encoder layers on our kernels, in place (apply_vit_fast) or as a patched copy (optimize), still instances of the
 user's class. Kernels run in Triton's interpreter (backend="triton"); every model is judged by the numerics
 rule against the same model in float64, on random weights and tiny configs."""
 
@@ -15,7 +15,7 @@ import torch
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (make setup installs it)")
 
 import vit_fast  # noqa: E402
-from vit_fast import hf_patch  # noqa: E402
+from vit_fast.interop import hf_patch  # noqa: E402
 
 from .fakes import (  # noqa: E402
     as_float64,
@@ -264,11 +264,11 @@ def test_export_traces_transformers_own_forward():
 
 
 def test_float64_keeps_transformers_forward_and_emulated_bf16_is_refused(monkeypatch):
-    """The dtype rule of timm's patched blocks (vit_fast.runtime.patched_runs_kernels): float64, which no kernel
+    """The dtype rule of timm's patched blocks (vit_fast.backend.runtime.patched_runs_kernels): float64, which no kernel
     computes in, runs transformers' own layers and attention-pool head (the result is theirs, bit for bit); bf16 on a
     card that only emulates it (a T4, faked) is refused with the message VisionTransformer's triton backend gives."""
+    from vit_fast.interop.timm_blocks import PoolPlan
     from vit_fast.kernels.cards import pretend_arch
-    from vit_fast.timm_blocks import PoolPlan
 
     model = _model("SiglipVisionModel", "siglip_vision")  # encoder layers and the attention-pool head
     reference = copy.deepcopy(model).double()
@@ -416,7 +416,7 @@ def _outputs(model, cls_name: str, inputs: dict[str, torch.Tensor]) -> tuple[tor
 def _count_kernel_runs(monkeypatch) -> tuple[list[int], list[int]]:
     """Runs of the kernel path by the encoder layers and by the attention-pool heads (a fallback to transformers'
     forward runs neither)."""
-    from vit_fast.timm_blocks import PoolPlan
+    from vit_fast.interop.timm_blocks import PoolPlan
 
     heads: list[int] = []
     real_run = PoolPlan.run

@@ -1,6 +1,6 @@
 """How vit-fast says it is installed: every message, docstring and document names an install that works from a
-checkout (vit-fast is not on PyPI), through the one helper ``vit_fast.env.install_hint``, with extras that exist;
-and the license is declared as pyproject.toml's SPDX string with its LICENSE file. The wheel itself, installed
+checkout (vit-fast is not on PyPI), through the one helper ``vit_fast.backend.env.install_hint``, with extras that
+exist; and the license is declared as pyproject.toml's SPDX string with its LICENSE file. The wheel itself, installed
 beside a pinned torch, is checked by ``make wheel-check`` (.ci/check_wheel.sh): too slow for the suite."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from vit_fast.env import EXTRAS, MODULE_EXTRAS, install_hint
+from vit_fast.backend.env import EXTRAS, MODULE_EXTRAS, install_hint
 
 tomllib = pytest.importorskip("tomllib", reason="tomllib (to read pyproject.toml) comes with Python >= 3.11")
 
@@ -68,7 +68,7 @@ def test_nothing_says_to_install_vit_fast_from_an_index():
         for pattern in (INDEX_INSTALL, INDEX_EXTRA)
         for m in pattern.finditer(text)
     ]
-    advice = "vit-fast is not on PyPI: name a checkout install (vit_fast.env.install_hint)"
+    advice = "vit-fast is not on PyPI: name a checkout install (vit_fast.backend.env.install_hint)"
     assert not found, "\n".join([advice, *found])
 
 

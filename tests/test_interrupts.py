@@ -1,6 +1,6 @@
 """Long commands stopped part way keep what they finished: Ctrl-C (SIGINT) and SIGTERM (what ``timeout`` sends)
 reach a real ``vit-fast`` process while it runs; the finished cases, checks or steps are in its report files,
-marked as cut, and it exits 130 or 143. Plus the signal handling itself (vit_fast.interrupts)."""
+marked as cut, and it exits 130 or 143. Plus the signal handling itself (vit_fast.util.interrupts)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from vit_fast import interrupts
+from vit_fast.util import interrupts
 
 NAMES = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM"}
 
@@ -140,7 +140,7 @@ def test_an_interrupted_demo_keeps_the_steps_that_ended(tmp_path):
     _no_staging_left(out)
 
 
-# ------------------------------------------------------------------------------ vit_fast.interrupts itself
+# ------------------------------------------------------------------------------ vit_fast.util.interrupts itself
 def test_sigterm_raises_and_is_held_while_files_change():
     # a process started in the background by a non-interactive shell (`cmd &`) inherits SIGINT ignored; handled()
     # installs over the default handler only, which is what this test is about

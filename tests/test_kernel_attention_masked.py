@@ -1,7 +1,7 @@
 """vit_fast::attention with a key-padding mask (``lengths``) and packed images (``cu_seqlens``).
 
 Judged as the unmasked kernel is (tests/test_kernel_attention.py): against a float64 reference, at most 2x eager's
-error in the same dtype plus the floor (``vit_fast.numerics``); bf16 runs through the interpreter's fp32 dot path.
+error in the same dtype plus the floor (``vit_fast.util.numerics``); bf16 runs through the interpreter's fp32 dot path.
 Every padding token of qkv is NaN, and the output buffer starts as NaN: a valid row that read padding, or an element
 the kernel left unwritten, is not finite. The masked reference is itself checked against the unmasked reference
 run on each sequence cut out alone, so the kernel and its reference cannot share a masking mistake.

@@ -8,7 +8,7 @@ import sys
 
 CODE = """
 import torch
-import vit_fast, vit_fast.triton_path
+import vit_fast, vit_fast.backend.triton_path
 import vit_fast.kernels.attention as attention
 import vit_fast.kernels.attention_pool as attention_pool
 import vit_fast.kernels.layer_norm as layer_norm

@@ -107,7 +107,7 @@ def test_each_launch_records_the_config_it_ran(tmp_path):
     """A shape launched with the heuristic config, then tuned (another config, here), then with the heuristic again:
     the replayed launch (from the resolved-launch cache, not through the autotuner, whose best_config still names
     the tuned pick) records the heuristic config; a tuned replay in another thread records the tuned one for that
-    thread only. What the first-use net keys its checks on (vit_fast/triton_path.py)."""
+    thread only. What the first-use net keys its checks on (vit_fast/backend/triton_path.py)."""
     seen = _scenario(tmp_path, "launched_config")
     assert seen["heuristic"] in seen["configs"] and seen["tuned"] in seen["configs"]
     assert seen["tuned"] != seen["heuristic"]

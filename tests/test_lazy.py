@@ -1,4 +1,4 @@
-"""vit_fast.lazy: a package's public names load from their submodules on first use, so its settings module
+"""vit_fast.util.lazy: a package's public names load from their submodules on first use, so its settings module
 imports without torch, and each name it lists resolves to its submodule's object."""
 
 from __future__ import annotations

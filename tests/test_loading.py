@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import vit_fast
-from vit_fast import loading
+from vit_fast.interop import loading
 
 
 @pytest.fixture
@@ -215,7 +215,7 @@ def test_every_transformers_load_refuses_remote_code():
                     where = f"{path.relative_to(root)}:{node.lineno}"
                     assert isinstance(trusted, ast.Constant) and trusted.value is False, where
                     calls.append(where)
-    assert calls and all(c.startswith("vit_fast/loading.py") for c in calls), calls
+    assert calls and all(c.startswith("vit_fast/interop/loading.py") for c in calls), calls
 
 
 def _fake_hub_cache(cache, repo: str, filename: str, payload: bytes) -> None:
@@ -331,7 +331,7 @@ def test_the_conversion_a_refusal_advises_works(tmp_path, no_network):
     model = vit_fast.VisionTransformer(vit_fast.ViTConfig(**TINY), backend="torch").eval()
     torch.save(model, tmp_path / "whole model.pth")  # a space: the command must quote it
     with pytest.raises(
-        ValueError, match=r"holds Python objects besides tensors \(vit_fast.model.VisionTransformer\)"
+        ValueError, match=r"holds Python objects besides tensors \(vit_fast.model.vit.VisionTransformer\)"
     ) as info:
         vit_fast.load_model(str(tmp_path / "whole model.pth"), config=model.cfg)
     command = shlex.split(str(info.value).split(" instead: ", 1)[1])

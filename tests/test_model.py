@@ -5,7 +5,7 @@ import torch
 
 import vit_fast
 from vit_fast import VisionTransformer, ViTConfig
-from vit_fast.checkpoints import load_checkpoint, save_checkpoint
+from vit_fast.interop.checkpoints import load_checkpoint, save_checkpoint
 
 from .util import TINY, tiny_model
 
@@ -264,7 +264,7 @@ def test_pos_embed_resampled_for_another_image_size(tmp_path):
     pe = big.pos_embed
     assert pe.shape == (1, 1 + 36, TINY["embed_dim"])
     assert torch.equal(pe[:, :1], model.pos_embed[:, :1])  # class-token row kept as is
-    expected = vit_fast.pos_embed.resample_pos_embed(model.pos_embed, (6, 6), (4, 4), 1)
+    expected = vit_fast.backend.pos_embed.resample_pos_embed(model.pos_embed, (6, 6), (4, 4), 1)
     assert torch.equal(pe, expected)
     assert big(torch.randn(1, 3, 48, 48)).shape == (1, 7)
 
@@ -292,7 +292,7 @@ def test_save_checkpoint_round_trips_every_suffix_it_accepts(tmp_path, suffix):
     assert again.cfg == model.cfg
     for (k, a), (_, b) in zip(model.state_dict().items(), again.state_dict().items(), strict=True):
         assert torch.equal(a, b), k
-    from vit_fast.checkpoints import read_state_dict
+    from vit_fast.interop.checkpoints import read_state_dict
 
     assert read_state_dict(path)[1]["note"] == "hello"
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"w{suffix}"]  # no temporary left
@@ -359,7 +359,7 @@ def test_eager_attention_is_fused_and_export_traces_the_plain_math(monkeypatch):
 def test_forward_runs_the_last_block_for_the_class_token_alone_with_the_same_numbers(overrides, monkeypatch):
     """Class-token pooling reads token 0 only, so forward() runs the last block for it alone: the same logits and
     gradients as the whole forward_features, in float64."""
-    import vit_fast.model as model_module
+    import vit_fast.model.vit as model_module
 
     model = tiny_model(**overrides).double()
     x = torch.randn(3, 3, 32, 32, dtype=torch.float64)
@@ -396,7 +396,7 @@ def test_forward_runs_the_last_block_for_the_class_token_alone_with_the_same_num
 def test_functional_blocks_compute_exactly_what_the_modules_do(overrides, first_token):
     """layers.block_functional runs the same ops in the same order as the module calls: bit for bit the same
     outputs and gradients, for every activation, with and without LayerScale and qkv bias."""
-    from vit_fast.layers import block_functional, runs_functional
+    from vit_fast.model.layers import block_functional, runs_functional
 
     model = tiny_model(**overrides)
     block = model.blocks[0]
@@ -419,7 +419,7 @@ def test_functional_blocks_compute_exactly_what_the_modules_do(overrides, first_
 def test_a_replaced_layer_or_a_hook_keeps_the_module_calls():
     """A block whose parts are not exactly vit_fast's own (a LoRA-style Linear subclass) runs its modules, so the
     replacement's forward runs; so does every block when a hook anywhere in them could watch."""
-    from vit_fast.layers import runs_functional
+    from vit_fast.model.layers import runs_functional
 
     class Lora(torch.nn.Linear):
         calls = 0
@@ -449,7 +449,7 @@ def test_a_replaced_layer_or_a_hook_keeps_the_module_calls():
 
 def test_forward_keeps_every_token_where_a_hook_or_an_exporter_watches(monkeypatch):
     """A hook anywhere in the last block (or a global one) sees the tokens it always saw; export traces it all."""
-    from vit_fast.layers import Block
+    from vit_fast.model.layers import Block
 
     model = tiny_model().double()
     x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
@@ -476,7 +476,7 @@ def test_eager_patch_embedding_is_the_convolution_as_one_gemm(bias, height, widt
     """The eager patch embedding (patches gathered, one GEMM) against the strided convolution it replaces, in
     float64, on sizes that are not multiples of the patch (the convolution drops the partial last patch); an
     exporter and a hook on proj get the convolution itself."""
-    from vit_fast.layers import PatchEmbed
+    from vit_fast.model.layers import PatchEmbed
 
     cfg = ViTConfig(**{**TINY, "pre_norm": not bias})
     embed = PatchEmbed(cfg).double()

@@ -1,7 +1,7 @@
 """timm's NaFlexVit at native resolution: images of different sizes packed and padded into one batch, patched in
 place by apply_vit_fast and judged by the numerics rule against timm in float64 at valid tokens and logits; padding
 poisoned with NaN must not reach them. Every ``naflexvit_*`` of timm patches or is refused by name. The mask reader
-(``vit_fast.naflex.key_padding_lengths``) takes key padding of a prefix and nothing else."""
+(``vit_fast.interop.naflex.key_padding_lengths``) takes key padding of a prefix and nothing else."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import torch
 timm = pytest.importorskip("timm", reason="timm is not installed (make setup installs it with --no-deps)")
 
 import vit_fast  # noqa: E402
-from vit_fast.naflex import key_padding_lengths, pack_images  # noqa: E402
-from vit_fast.timm_blocks import BlockPlan  # noqa: E402
+from vit_fast.interop.naflex import key_padding_lengths, pack_images  # noqa: E402
+from vit_fast.interop.timm_blocks import BlockPlan  # noqa: E402
 
 from .fakes import assert_attention_launches, kernel_launches, naflex_batch, trained_like  # noqa: E402
 from .numerics import assert_within_eager  # noqa: E402

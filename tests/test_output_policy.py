@@ -1,14 +1,14 @@
-"""One output policy: no module of the package writes a file except through vit_fast/files.
+"""One output policy: no module of the package writes a file except through vit_fast/util/files.
 
 An AST scan of every module (kernels/, vit_fast/, export/, benchmarks/) for the ways Python opens a path for
 writing, moves a file into place or makes folders on the way to one: ``open(..., "w"/"a"/"x"/"+")``, ``os.open``
 with a write flag, ``Path.write_text`` / ``write_bytes`` / ``rename``, ``torch.save`` / ``json.dump`` /
 ``np.save`` / safetensors' ``save_file`` to a path, ``shutil.copy*`` / ``move``, ``os.replace`` / ``os.rename`` /
 ``os.link`` / ``os.symlink``, ``os.makedirs`` / ``mkdir(parents=True)`` (a dangling link on the way fails there
-as "[Errno 17] File exists"; files.make_folders names it), ``onnx.save*``, ``torch.onnx.export``. Only vit_fast.files
-may do these, so every write meets its claim at publish; the few third-party writers that need a path name
-(the ONNX exporters, which write into a staging folder that vit_fast.files made) are listed below with why, so a new
-one fails here.
+as "[Errno 17] File exists"; files.make_folders names it), ``onnx.save*``, ``torch.onnx.export``. Only
+vit_fast.util.files may do these, so every write meets its claim at publish; the few third-party writers that need a
+path name (the ONNX exporters, which write into a staging folder that vit_fast.util.files made) are listed below with
+why, so a new one fails here.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = [ROOT / "kernels", ROOT / "vit_fast", ROOT / "export", ROOT / "benchmarks"]
-HOME = ROOT / "vit_fast" / "files"
+HOME = ROOT / "vit_fast" / "util" / "files"
 
 WRITE_ATTRS = {"write_text", "write_bytes", "rename"}
 WRITE_CALLS = {
@@ -43,7 +43,7 @@ WRITE_CALLS = {
 WRITE_FLAGS = {"O_WRONLY", "O_RDWR", "O_CREAT", "O_APPEND", "O_TRUNC"}
 
 #: (file, function, call): third-party writers that take only a path, each writing into a staging folder
-#: made by vit_fast.files.staging_dir (exclusive, marked, locked) and published through files.publish_to
+#: made by vit_fast.util.files.staging_dir (exclusive, marked, locked) and published through files.publish_to
 ALLOWED = {
     (
         "export/onnx.py",
@@ -70,7 +70,7 @@ def _mode(call: ast.Call) -> str | None:
 
 def _finding(call: ast.Call, safe: set[str] = frozenset()) -> str | None:
     """What ``call`` writes, or None. ``safe``: names bound by ``with files.open_new(...) as NAME`` (a file
-    created exclusively by vit_fast.files), which torch.save / json.dump may write into."""
+    created exclusively by vit_fast.util.files), which torch.save / json.dump may write into."""
     func = call.func
     if isinstance(func, ast.Name) and func.id == "save_file":  # safetensors' writer to a path
         return "save_file(...)"
@@ -146,8 +146,9 @@ def scan() -> list[tuple[str, str, str, int]]:
 
 def test_no_module_writes_a_file_outside_files_py():
     stray = [f for f in scan() if f[:3] not in ALLOWED]
-    assert not stray, "write through vit_fast/files (write_atomic, staging_dir + write_new, open_new):\n" + "\n".join(
-        f"{rel}:{line} in {function}(): {what}" for rel, function, what, line in stray
+    assert not stray, (
+        "write through vit_fast/util/files (write_atomic, staging_dir + write_new, open_new):\n"
+        + "\n".join(f"{rel}:{line} in {function}(): {what}" for rel, function, what, line in stray)
     )
 
 

@@ -182,7 +182,7 @@ def _patched(model) -> list[torch.nn.Module]:
 def _count_kernel_runs(monkeypatch) -> list[str]:
     """Every run of a patched module on the kernels: timm blocks and heads (BlockPlan / PoolPlan), transformers
     layers (_run_view) and heads (PoolPlan)."""
-    from vit_fast import hf_patch, timm_blocks
+    from vit_fast.interop import hf_patch, timm_blocks
 
     runs: list[str] = []
     for owner, name in ((timm_blocks.BlockPlan, "run"), (timm_blocks.PoolPlan, "run"), (hf_patch, "_run_view")):

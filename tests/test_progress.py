@@ -12,8 +12,9 @@ import pytest
 import torch
 
 import vit_fast
-from vit_fast import export, progress
-from vit_fast.progress import LONG_CPU_GFLOP, Remaining, duration, long_cpu_note, plural
+from vit_fast import export
+from vit_fast.util import progress
+from vit_fast.util.progress import LONG_CPU_GFLOP, Remaining, duration, long_cpu_note, plural
 
 CFG = dict(img_size=16, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=5)
 
@@ -98,7 +99,7 @@ def test_the_estimate_does_not_jump():
 
 def test_the_line_bar_says_the_time_left_only_once_it_is_measured(capsys, monkeypatch):
     clock = FakeClock()
-    monkeypatch.setattr("vit_fast.progress.time.perf_counter", clock)
+    monkeypatch.setattr("vit_fast.util.progress.time.perf_counter", clock)
     bar = progress.bar(3, "bench", costs=[1, 1, 100])
     bar.set_postfix_str("first")
     clock.run(5)
@@ -160,7 +161,7 @@ def test_verify_announces_gpu_sized_work_on_a_cpu(tiny_onnx, capsys, monkeypatch
     """The same run, with the model's FLOPs read as ViT-L/16's (61.6 GFLOP an image: 7 images, each run three
     times, are over progress.LONG_CPU_GFLOP): the note comes before the first batch."""
     model, path = tiny_onnx
-    monkeypatch.setattr("vit_fast.model.count_flops", lambda cfg: 61.6e9)
+    monkeypatch.setattr("vit_fast.model.vit.count_flops", lambda cfg: 61.6e9)
     export.verify(model, path, batches=[1, 2, 4], seed=0, print_table=False, progress=True)
     err = capsys.readouterr().err.splitlines()
     assert "GFLOP on a CPU, sized for a GPU" in err[0] and "(try --batch 1,2 (batches=[1, 2])" in err[0]
@@ -186,7 +187,8 @@ def test_dynamo_export_prints_no_torchvision_lines(tmp_path):
     code = textwrap.dedent(
         f"""
         import torch, vit_fast
-        from vit_fast import export, progress
+        from vit_fast import export
+        from vit_fast.util import progress
         model = vit_fast.VisionTransformer(vit_fast.ViTConfig(**{CFG!r}), backend="torch").eval()
         export.to_onnx(model, {str(tmp_path / "d.onnx")!r}, batch=(1, 2), exporter="dynamo", progress=False,
                        verify=False)
@@ -200,7 +202,7 @@ def test_dynamo_export_prints_no_torchvision_lines(tmp_path):
 def test_training_says_each_reported_epoch_and_what_is_left(tmp_path, capsys):
     """The retrain of the embedded model (tiny here): the first epoch is always reported (it says how long the
     whole run will take), the last one too; no line in between at --log-every 5."""
-    from vit_fast import training
+    from vit_fast.interop import training
 
     argv = ["--out", str(tmp_path), "--epochs", "3", "--embed-dim", "16", "--depth", "1", "--heads", "2"]
     assert training.main([*argv, "--threads", "1", "--log-every", "5"]) == 0

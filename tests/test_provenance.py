@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import vit_fast
-from vit_fast.checkpoints import NORMALIZATION_METADATA_KEY, file_sha256
+from vit_fast.interop.checkpoints import NORMALIZATION_METADATA_KEY, file_sha256
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 

@@ -16,9 +16,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from vit_fast import files
 from vit_fast.serve import ports
 from vit_fast.serve import server as srv
+from vit_fast.util import files
 
 
 @pytest.fixture

@@ -140,7 +140,7 @@ def _serve_cli_with_fake_triton(
     import torch
 
     from vit_fast.cli import serve
-    from vit_fast.model import VisionTransformer
+    from vit_fast.model.vit import VisionTransformer
 
     events: list[tuple] = []
     ready = tmp_path / "ready.json"
@@ -245,7 +245,7 @@ def test_python_backend_entry_warms_its_served_batch_sizes(monkeypatch, tmp_path
     import json
     import types
 
-    from vit_fast.model import VisionTransformer
+    from vit_fast.model.vit import VisionTransformer
 
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", types.ModuleType("triton_python_backend_utils"))
     monkeypatch.delitem(sys.modules, "vit_fast.serve.triton_model", raising=False)
@@ -289,7 +289,7 @@ def test_the_ready_json_is_readable_by_its_user_only(monkeypatch, tmp_path, befo
     import os
     import stat
 
-    from vit_fast.files import MARKER_KEY, json_text
+    from vit_fast.util.files import MARKER_KEY, json_text
 
     ready = tmp_path / "ready.json"
     ready.write_text(json_text({MARKER_KEY: "0"}))  # an earlier run's, sealed as vit-fast writes it
@@ -301,7 +301,7 @@ def test_the_ready_json_is_readable_by_its_user_only(monkeypatch, tmp_path, befo
 
 
 def test_threads_default_fits_the_instances_and_the_cores(monkeypatch) -> None:
-    from vit_fast import runtime
+    from vit_fast.backend import runtime
 
     assert runtime.intra_op_threads(1, cores=2) == 1  # one core left for Triton's own processes
     assert runtime.intra_op_threads(2, cores=16) == 7

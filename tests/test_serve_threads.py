@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import vit_fast
-from vit_fast import runtime
+from vit_fast.backend import runtime
 from vit_fast.serve import server as srv
 from vit_fast.serve import threads as th
 

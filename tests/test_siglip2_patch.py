@@ -14,7 +14,7 @@ import torch
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (make setup installs it)")
 
 import vit_fast  # noqa: E402
-from vit_fast import hf_patch  # noqa: E402
+from vit_fast.interop import hf_patch  # noqa: E402
 
 from .fakes import assert_attention_launches, kernel_launches, siglip2_batch  # noqa: E402
 from .numerics import assert_within_eager  # noqa: E402

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from vit_fast import first_use, validation
+from vit_fast.backend import first_use
+from vit_fast.backend.triton_path import fuse_ln_from_env
 from vit_fast.cli import main
 from vit_fast.kernels import _common, _interpret, _switches
-from vit_fast.triton_path import fuse_ln_from_env
+from vit_fast.model import validation
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,4 +1,4 @@
-"""vit_fast/timm_import.py: the torchvision stand-in lives only while timm imports. Afterwards no finder of ours
+"""vit_fast/interop/timm_import.py: the torchvision stand-in lives only while timm imports. Afterwards no finder of ours
 is on sys.meta_path and no stand-in module in sys.modules, so later imports see torchvision as it is here,
 and timm still builds and runs a ViT. Run in a fresh process: the test session keeps its own stand-in
 (tests/conftest.py)."""
@@ -15,7 +15,7 @@ PROBE = textwrap.dedent(
     """
     import json, sys
     import torch
-    from vit_fast.timm_import import StandInFinder, import_timm
+    from vit_fast.interop.timm_import import StandInFinder, import_timm
 
     try:
         import torchvision  # noqa: F401
@@ -68,7 +68,7 @@ def test_the_torchvision_note_comes_with_a_use_of_timm_not_with_an_unrelated_err
     probe = textwrap.dedent(
         """
         import sys
-        from vit_fast.timm_import import import_timm
+        from vit_fast.interop.timm_import import import_timm
         import_timm(note=False)
         print("after the look-up", file=sys.stderr, flush=True)
         import_timm()

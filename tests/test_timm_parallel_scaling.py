@@ -17,7 +17,7 @@ from timm.layers import LayerNorm, RmsNorm, RmsNormFp32  # noqa: E402
 from timm.models.vision_transformer import DiffParallelScalingBlock, ParallelScalingBlock  # noqa: E402
 
 import vit_fast  # noqa: E402
-from vit_fast.timm_blocks import BlockPlan  # noqa: E402
+from vit_fast.interop.timm_blocks import BlockPlan  # noqa: E402
 
 from .fakes import trained_like  # noqa: E402
 from .numerics import assert_within_eager  # noqa: E402
@@ -127,7 +127,7 @@ def test_dpwee_runs_the_differential_lambda():
 def test_unfused_norms_and_first_use_check(switch, monkeypatch):
     """VIT_FAST_FUSE_LN=0 (in_norm once, as its own launch, before both GEMMs) and the first-use safety net (the
     checked ops, each judged against eager) give the same parity; the net finds no failing op."""
-    from vit_fast import first_use
+    from vit_fast.backend import first_use
 
     if switch == "fuse_ln_off":
         monkeypatch.setenv("VIT_FAST_FUSE_LN", "0")

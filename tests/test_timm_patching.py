@@ -14,8 +14,8 @@ import torch
 timm = pytest.importorskip("timm", reason="timm is not installed (make setup installs it with --no-deps)")
 
 import vit_fast  # noqa: E402
-from vit_fast import timm_blocks  # noqa: E402
-from vit_fast.timm_blocks import BlockPlan, PoolPlan  # noqa: E402
+from vit_fast.interop import timm_blocks  # noqa: E402
+from vit_fast.interop.timm_blocks import BlockPlan, PoolPlan  # noqa: E402
 
 from .fakes import (  # noqa: E402
     Inputs,

@@ -12,7 +12,7 @@ import copy
 import pytest
 import torch
 
-from vit_fast import runtime
+from vit_fast.backend import runtime
 
 from ._tf32 import no_tf32  # noqa: F401  (autouse: TF32 off while comparing with torch on CUDA)
 from .numerics import assert_within_eager, max_err
@@ -211,7 +211,7 @@ def test_unfused_layer_norm_env_matches(monkeypatch):
 
 
 def test_check_finite_on_triton_backend_names_the_stage():
-    from vit_fast.validation import NonFiniteError
+    from vit_fast.model.validation import NonFiniteError
 
     model, x = _model_and_input("dim96-headdim32", batch=1)
     model.set_backend("triton").check_finite = True

@@ -17,7 +17,7 @@ def test_verify_triton_backend_passes():
 
 
 def test_verify_triton_backend_catches_a_wrong_kernel(monkeypatch):
-    import vit_fast.triton_path as tp
+    import vit_fast.backend.triton_path as tp
 
     real = tp.features_triton
     monkeypatch.setattr(tp, "features_triton", lambda m, x, grid: real(m, x, grid) * 1.01)
@@ -35,7 +35,7 @@ def test_verify_cli_triton(tmp_path, capsys):
 
 
 def test_verify_triton_needs_gpu_or_interpreter(monkeypatch):
-    from vit_fast import runtime
+    from vit_fast.backend import runtime
 
     monkeypatch.setattr(runtime, "interpreter_enabled", lambda: False)
     monkeypatch.setattr(runtime, "cuda_available", lambda: False)

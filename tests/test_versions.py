@@ -13,7 +13,7 @@ import torch
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from vit_fast import runtime
+from vit_fast.backend import runtime
 from vit_fast.kernels import _versions, cards
 from vit_fast.kernels._interpret import interpreter_enabled
 
@@ -179,7 +179,7 @@ def test_broken_interpreter_refuses_before_any_launch(monkeypatch):
     )
     with pytest.raises(RuntimeError, match=re.escape(BROKEN)):
         model.set_backend("triton")
-    from vit_fast.env import collect_info
+    from vit_fast.backend.env import collect_info
 
     assert collect_info()["backends"]["triton"] == f"no: {BROKEN}"
 
@@ -198,7 +198,7 @@ def test_triton_backend_refused_with_the_message(monkeypatch):
     model = vit_fast.VisionTransformer(cfg)
     with pytest.raises(RuntimeError, match="triton 3.4.0 is installed"):
         model.set_backend("triton")
-    from vit_fast.env import collect_info
+    from vit_fast.backend.env import collect_info
 
     assert collect_info()["backends"]["triton"] == f"no: {message}"  # vit-fast info says so too
     monkeypatch.setattr(runtime, "cuda_available", lambda: True)

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from vit_fast import triton_path
+from vit_fast.backend import triton_path
 from vit_fast.kernels import _common
-from vit_fast.warmup import WarmupReport
+from vit_fast.model.warmup import WarmupReport
 
 from .util import tiny_model
 
@@ -158,7 +158,7 @@ triton.runtime.driver.active.get_benchmarker = lambda: bench
 
 from vit_fast import VisionTransformer
 from vit_fast.kernels._common import autotune_enabled
-from vit_fast.warmup import kernel_shapes
+from vit_fast.model.warmup import kernel_shapes
 
 model = VisionTransformer("vit_base_patch16_224", backend="torch").eval().to(torch.float16).set_backend("triton")
 out = {"shapes": kernel_shapes(model), "batches": {}}

@@ -25,8 +25,8 @@ from types import SimpleNamespace
 import pytest
 
 import vit_fast
-from vit_fast import files
 from vit_fast.cli import main
+from vit_fast.util import files
 
 from .util import skip_if_interpreter_broken, tiny_model
 
@@ -87,7 +87,7 @@ KILL_SAVE = textwrap.dedent(
     """
     import os, signal, sys
     import vit_fast
-    from vit_fast import checkpoints
+    from vit_fast.interop import checkpoints
     from tests.util import tiny_model
 
     def die(*a, **k):
@@ -118,7 +118,7 @@ def test_sigkill_while_saving_leaves_the_previous_checkpoint(tmp_path, suffix):
 
 
 def test_a_failing_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
-    from vit_fast import checkpoints
+    from vit_fast.interop import checkpoints
 
     path = vit_fast.save_checkpoint(tiny_model(), tmp_path / "m.safetensors")
     before = snapshot(tmp_path)
@@ -144,7 +144,7 @@ KILL_REPO = textwrap.dedent(
     """
     import os, signal, sys
     from pathlib import Path
-    from vit_fast import files
+    from vit_fast.util import files
     from vit_fast.export.tritonserver import ModelEntry, write_repository
 
     def build(folder):
@@ -244,7 +244,7 @@ def test_demo_publishes_its_onnx_only_verified(tmp_path, monkeypatch):
     from vit_fast.assets import load_default_eval_set, load_default_model
     from vit_fast.export import onnx as onnx_export
     from vit_fast.export import read_metadata
-    from vit_fast.progress import Stages
+    from vit_fast.util.progress import Stages
 
     model = load_default_model(backend="torch")
     images, labels = load_default_eval_set()

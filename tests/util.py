@@ -44,7 +44,7 @@ def tiny_model(seed: int = 0, **overrides) -> VisionTransformer:
 def record_triton_forwards(monkeypatch) -> list[tuple[int, bool]]:
     """Replace the triton path's forward with one that records ``(batch, tuning on)`` per call and returns zeros:
     what a test of who tunes when (bench, serve) needs, without running the kernels."""
-    from vit_fast import triton_path
+    from vit_fast.backend import triton_path
     from vit_fast.kernels import _common
 
     seen: list[tuple[int, bool]] = []
@@ -59,7 +59,7 @@ def record_triton_forwards(monkeypatch) -> list[tuple[int, bool]]:
 
 
 def check_first_use_net(monkeypatch, model, x: torch.Tensor, op: str, what: str) -> None:
-    """The first-use safety net on the public op ``op`` of ``vit_fast.triton_path`` in a timm model patched in
+    """The first-use safety net on the public op ``op`` of ``vit_fast.backend.triton_path`` in a timm model patched in
     place: its first output is judged and recorded as passed; a wrong kernel (output + 0.5) then falls back to the
     eager reference with a RuntimeWarning, and the model still meets the numerics rule against itself in float64.
     (Patched timm blocks and heads call the public op, not the direct launcher.)"""
@@ -68,7 +68,7 @@ def check_first_use_net(monkeypatch, model, x: torch.Tensor, op: str, what: str)
     import pytest
 
     import vit_fast
-    from vit_fast import first_use, triton_path
+    from vit_fast.backend import first_use, triton_path
 
     from .numerics import assert_within_eager
 

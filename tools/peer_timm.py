@@ -8,8 +8,8 @@ Prints the outcome counts of both runs, then one row per model (tests passed unp
 kernels' launches, counted by tools/peers/launches.py) and every test that passed unpatched and did not pass patched.
 Exit status 1 when there is any, when a model patched with backend "triton" launched none of our kernels, when the
 unpatched run launched any, or when the fetched tests are of another timm version than the installed one. (A test
-in which every patched block keeps timm's forward, by the rules of vit_fast/patching.py, launches nothing: a model's
-count comes from its other tests.)
+in which every patched block keeps timm's forward, by the rules of vit_fast/interop/patching.py, launches nothing: a
+model's count comes from its other tests.)
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Every ``vit_*`` / ``deit*`` / ``naflexvit_*`` name in ``timm.list_models`` whose
 Triton's interpreter (depth 1, ``embed_dim`` 64 in 2 heads, a 3x3 patch grid; every other argument, so every
 feature, is the model's own), given trained-like random weights (LayerScale gammas and norm scales signed and far
 from their init), and patched with ``apply_vit_fast(model, backend="triton")``. A NaFlexVit takes a padded batch of
-two images at their own sizes (3x3 and 2x3 patches: ``vit_fast.naflex.pack_images``). A model counts when it
+two images at their own sizes (3x3 and 2x3 patches: ``vit_fast.interop.naflex.pack_images``). A model counts when it
 patches, every block ran on the kernels, and its float32 logits meet the numerics rule (at most 2x eager float32's
 error against timm in float64, plus the floor). Other classes of those names (Eva, VisionTransformerRelPos) are
 listed with the refusal they get.
@@ -80,7 +80,7 @@ def _inputs(model: torch.nn.Module):
     gen = torch.Generator().manual_seed(2)
     if type(model).__name__ != "NaFlexVit":
         return torch.randn(2, 3, *model.patch_embed.img_size, generator=gen)
-    from vit_fast.naflex import pack_images
+    from vit_fast.interop.naflex import pack_images
 
     patch = model.embeds.patch_size[0]
     return pack_images([torch.randn(3, 3 * patch, h * patch, generator=gen) for h in (3, 2)], patch)
@@ -94,8 +94,8 @@ def _double(x):
 
 def check(timm, name: str) -> dict:
     import vit_fast
-    from vit_fast.numerics import compare
-    from vit_fast.timm_blocks import BlockPlan
+    from vit_fast.interop.timm_blocks import BlockPlan
+    from vit_fast.util.numerics import compare
 
     with torch.device("meta"):  # the class, and its refusal where it is not counted, without any weights
         full = timm.create_model(name, pretrained=False)
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shard", default="1/1", help="K/N: every N-th name from the K-th")
     parser.add_argument("--target", type=float, default=97.0, help="percent that must match (default 97)")
     args = parser.parse_args(argv)
-    from vit_fast.files import check_report_file, write_json_atomic
+    from vit_fast.util.files import check_report_file, write_json_atomic
 
     json_path = None if args.json is None else check_report_file(args.json, "--json")  # before any model is built
     timm = _import_timm()

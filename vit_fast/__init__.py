@@ -9,34 +9,36 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .lazy import lazy_names
-from .version import __version__
+from vit_fast.util.lazy import lazy_names
+from vit_fast.util.version import __version__
 
 #: submodule -> the public names it defines, each imported from there on first use; any other name that is a
 #: submodule (``vit_fast.export``) is that submodule, imported then
 _public, __getattr__, __dir__ = lazy_names(
     __name__,
     {
-        "checkpoints": ("load_checkpoint", "save_checkpoint"),
-        "config": ("PRESETS", "ViTConfig"),
-        "convert": ("from_hf", "from_timm", "optimize"),
-        "loading": ("load_model",),
-        "model": ("VisionTransformer",),
-        "patching": ("apply_vit_fast", "remove_vit_fast"),
-        "explanation": ("explain",),
-        "graphs": ("CUDAGraphRunner",),
+        "interop.checkpoints": ("load_checkpoint", "save_checkpoint"),
+        "model.config": ("PRESETS", "ViTConfig"),
+        "interop.convert": ("from_hf", "from_timm", "optimize"),
+        "interop.loading": ("load_model",),
+        "interop.timm_import": ("import_timm",),
+        "model.vit": ("VisionTransformer",),
+        "interop.patching": ("apply_vit_fast", "remove_vit_fast"),
+        "interop.explanation": ("explain",),
+        "backend.graphs": ("CUDAGraphRunner",),
         "kernels._common": ("tuning",),  # ``with vit_fast.tuning(): ...`` tunes the kernel shapes first seen in it
     },
 )
 __all__ = [*_public, "__version__"]
 
 if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__ imports on first use
-    from .checkpoints import load_checkpoint, save_checkpoint  # noqa: F401 (public through __all__)
-    from .config import PRESETS, ViTConfig  # noqa: F401 (public through __all__)
-    from .convert import from_hf, from_timm, optimize  # noqa: F401 (public through __all__)
-    from .explanation import explain  # noqa: F401 (public through __all__)
-    from .graphs import CUDAGraphRunner  # noqa: F401 (public through __all__)
-    from .kernels._common import tuning  # noqa: F401 (public through __all__)
-    from .loading import load_model  # noqa: F401 (public through __all__)
-    from .model import VisionTransformer  # noqa: F401 (public through __all__)
-    from .patching import apply_vit_fast, remove_vit_fast  # noqa: F401 (public through __all__)
+    from vit_fast.backend.graphs import CUDAGraphRunner  # noqa: F401 (public through __all__)
+    from vit_fast.interop.checkpoints import load_checkpoint, save_checkpoint  # noqa: F401 (public through __all__)
+    from vit_fast.interop.convert import from_hf, from_timm, optimize  # noqa: F401 (public through __all__)
+    from vit_fast.interop.explanation import explain  # noqa: F401 (public through __all__)
+    from vit_fast.interop.loading import load_model  # noqa: F401 (public through __all__)
+    from vit_fast.interop.patching import apply_vit_fast, remove_vit_fast  # noqa: F401 (public through __all__)
+    from vit_fast.interop.timm_import import import_timm  # noqa: F401 (public through __all__)
+    from vit_fast.kernels._common import tuning  # noqa: F401 (public through __all__)
+    from vit_fast.model.config import PRESETS, ViTConfig  # noqa: F401 (public through __all__)
+    from vit_fast.model.vit import VisionTransformer  # noqa: F401 (public through __all__)

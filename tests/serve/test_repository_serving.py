@@ -19,7 +19,7 @@ grpc = pytest.importorskip("tritonclient.grpc", reason=NEEDS_SERVE)
 
 import vit_fast  # noqa: E402
 from vit_fast.cli import tritonserver as cli  # noqa: E402
-from vit_fast.numerics import assert_within_eager  # noqa: E402
+from vit_fast.util.numerics import assert_within_eager  # noqa: E402
 
 
 def test_python_entry_loads_and_answers_in_tritonserver(tmp_path) -> None:

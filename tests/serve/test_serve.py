@@ -22,8 +22,8 @@ grpc = pytest.importorskip("tritonclient.grpc", reason=NEEDS_SERVE)
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 import vit_fast  # noqa: E402
-from vit_fast.numerics import assert_within_eager  # noqa: E402
 from vit_fast.serve.loadtest import load_test  # noqa: E402
+from vit_fast.util.numerics import assert_within_eager  # noqa: E402
 
 MODEL = "default"
 MAX_BATCH = 64

@@ -48,7 +48,8 @@ def test_json_dash_puts_the_ready_summary_alone_on_stdout(tmp_path) -> None:
     with open(log, "wb") as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
     try:
-        lines = []  # the report's last line is its closing brace (vit_fast.files.json_text); EOF if the start failed
+        # the report's last line is its closing brace (vit_fast.util.files.json_text); EOF if the start failed
+        lines = []
         for line in proc.stdout:
             lines.append(line)
             if line == "}\n":

@@ -41,7 +41,7 @@ http = pytest.importorskip("tritonclient.http", reason=NEEDS_SERVE)
 grpc = pytest.importorskip("tritonclient.grpc", reason=NEEDS_SERVE)
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-from vit_fast.files import MARKER_KEY, json_text  # noqa: E402
+from vit_fast.util.files import MARKER_KEY, json_text  # noqa: E402
 
 MODEL = "default"
 #: what Triton answers to a load or unload with model control "none"

@@ -7,7 +7,7 @@ interpreter. The launches are added up per suite: the test's ``model_name`` para
 tests/test_models.py), else its class (a tester class of transformers' mixin: ViTPeerTest, ...), else the last part
 of its module's name. A patching plugin calls :func:`note_patched` for each model it patches, so a suite says
 whether it had any. At the session's end the counts go to the JSON file named by ``VIT_FAST_PEERS_LAUNCHES``
-(through ``vit_fast.files``); without that variable the plugin counts nothing.
+(through ``vit_fast.util.files``); without that variable the plugin counts nothing.
 
 The runner side: :func:`read_counts` reads that file back, :func:`judge` compares a patched run with the
 unpatched one suite by suite (tests lost, launches) and says what fails the run, :func:`table` prints the rows.
@@ -77,7 +77,7 @@ def pytest_sessionfinish(session, exitstatus) -> None:
     path = os.environ.get(ENV)
     if not path:
         return
-    from vit_fast import files
+    from vit_fast.util import files
 
     data = {name: {**s, "kernels": dict(s["kernels"])} for name, s in sorted(_suites.items())}
     files.write_json_atomic({"suites": data, "tests": dict(sorted(_tests.items()))}, path)
@@ -86,7 +86,7 @@ def pytest_sessionfinish(session, exitstatus) -> None:
 def read_counts(path: Path) -> tuple[dict[str, dict], dict[str, str]]:
     """What a run wrote: the per-suite counts ``{suite: {"tests", "launches", "patched", "kernels": {name: n}}}``
     and each test's suite ``{node id: suite}``."""
-    from vit_fast import files
+    from vit_fast.util import files
 
     data = files.loads_json(Path(path).read_text(), f"launch counts {path}")
     return data["suites"], data["tests"]

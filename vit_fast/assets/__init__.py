@@ -2,7 +2,7 @@
 
 ``digits_vit.safetensors`` holds fp32 weights with the :class:`~vit_fast.ViTConfig` in the file's
 metadata (written by :func:`vit_fast.save_checkpoint`); ``digits_vit.json`` records how it was
-trained and its held-out accuracy. Both are produced by ``python -m vit_fast.training --out
+trained and its held-out accuracy. Both are produced by ``python -m vit_fast.interop.training --out
 vit_fast/assets``.
 
 Data: ``sklearn.datasets.load_digits`` (1797 grey 8x8 images, pixel values 0..16, shipped inside
@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from vit_fast.env import install_hint
+from vit_fast.backend.env import install_hint
 
 ASSETS_DIR = Path(__file__).resolve().parent
 WEIGHTS_FILE = ASSETS_DIR / "digits_vit.safetensors"
@@ -140,16 +140,20 @@ def load_default_eval_pixels() -> tuple[torch.Tensor, torch.Tensor]:
 def default_model_info() -> dict[str, Any]:
     """The training record ``digits_vit.json``: held-out accuracy, split seed, command, versions."""
     if not INFO_FILE.is_file():
-        raise FileNotFoundError(f"{INFO_FILE} is missing: run `python -m vit_fast.training --out vit_fast/assets`")
+        raise FileNotFoundError(
+            f"{INFO_FILE} is missing: run `python -m vit_fast.interop.training --out vit_fast/assets`"
+        )
     return json.loads(INFO_FILE.read_text())
 
 
 def load_default_model(backend: str = "auto"):
     """The embedded digits ViT (fp32, CPU, eval mode) with the given backend."""
-    from ..checkpoints import load_checkpoint
+    from vit_fast.interop.checkpoints import load_checkpoint
 
     if not WEIGHTS_FILE.is_file():
-        raise FileNotFoundError(f"{WEIGHTS_FILE} is missing: run `python -m vit_fast.training --out vit_fast/assets`")
+        raise FileNotFoundError(
+            f"{WEIGHTS_FILE} is missing: run `python -m vit_fast.interop.training --out vit_fast/assets`"
+        )
     return load_checkpoint(WEIGHTS_FILE, backend=backend).eval()
 
 

@@ -62,12 +62,12 @@ def run_benchmark(
 
     The JSON, Markdown and CSV are rewritten after each case (``complete: false`` and ``cases`` done of total
     in the JSON, a line in the Markdown), the PNG drawn at the end. Ctrl-C (KeyboardInterrupt) or SIGTERM
-    (:class:`vit_fast.interrupts.Terminated`) stops the run: the four files are written once more with the
+    (:class:`vit_fast.util.interrupts.Terminated`) stops the run: the four files are written once more with the
     cases that finished and ``interrupted`` (``"interrupted by SIGTERM after 5 of 18 cases"``), ``log`` says
     where they are, and the interrupt goes on with ``bench_report`` and ``bench_paths`` set on it (the paths
     are empty when no case finished: nothing is written then)."""
-    from vit_fast import interrupts
-    from vit_fast.files import check_output_dir
+    from vit_fast.util import interrupts
+    from vit_fast.util.files import check_output_dir
 
     if settings.out_dir is None:
         raise BenchError("run_benchmark writes reports: give out_dir (or call vit_fast.bench.benchmark)")
@@ -112,7 +112,7 @@ def _keep_partial(
 ) -> None:
     """The report of the cases that finished before ``err`` (an interrupt), written once more saying so (the
     picture too), and set on ``err`` as ``bench_report`` / ``bench_paths``."""
-    from vit_fast import interrupts
+    from vit_fast.util import interrupts
 
     paths: dict[str, Path] = {}
     if partial is not None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from vit_fast.dtypes import DTYPE_NAMES
+from vit_fast.util.dtypes import DTYPE_NAMES
 
 from .backends import Case
 from .settings import BenchError
@@ -36,11 +36,11 @@ def artifact_path(model: Any) -> Path | None:
 def run_artifact(harness: Harness, env: dict[str, Any]) -> dict[str, Any]:
     """Time an existing artifact at every batch, by its own runtime, on inputs its metadata (else its ONNX
     graph) describes; there is no reference model, so no error column."""
-    from vit_fast.config import ViTConfig
     from vit_fast.export import read_metadata
     from vit_fast.export._common import ENGINE_SUFFIXES, ArtifactError
     from vit_fast.export.runners import CPU_EP, CUDA_EP, open_artifact
-    from vit_fast.model import VisionTransformer
+    from vit_fast.model.config import ViTConfig
+    from vit_fast.model.vit import VisionTransformer
 
     s, device, path = harness.s, harness.device, harness.artifact
     cuda = device.type == "cuda"

@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from vit_fast.dtypes import DTYPES
-from vit_fast.env import install_hint
+from vit_fast.backend.env import install_hint
+from vit_fast.util.dtypes import DTYPES
 
 from .settings import GRAPHABLE, BenchError, Unavailable
 
@@ -72,7 +72,7 @@ def static_unavailable(variant: Variant, device: torch.device, dtype_name: str) 
     if variant.graph and not cuda:
         return "CUDA graphs need a CUDA GPU; none here"
     if b in ("triton", "triton-graph"):
-        from vit_fast import runtime
+        from vit_fast.backend import runtime
 
         if not runtime.triton_importable():
             return "the triton package is not installed"
@@ -143,7 +143,7 @@ class ModuleBackend(Backend):
 
     def prepare(self, x: torch.Tensor) -> Case:
         if self.graph:
-            from vit_fast.graphs import CUDAGraphRunner
+            from vit_fast.backend.graphs import CUDAGraphRunner
 
             self.runners.clear()  # one graph alive at a time: free the previous batch's pool
             gc.collect()
@@ -183,7 +183,7 @@ def triton_tuning(tune: bool) -> str:
 class TritonBackend(ModuleBackend):
     """Our model on the triton backend. The first :meth:`prepare` of a batch size runs ``warmup([batch])`` (tuned
     with ``tune``, see :func:`triton_tuning`), outside the timing. A case whose ops fell back to eager PyTorch at
-    their first-use check (:mod:`vit_fast.first_use`) is refused with :class:`FellBack`: it would time eager
+    their first-use check (:mod:`vit_fast.backend.first_use`) is refused with :class:`FellBack`: it would time eager
     PyTorch under the triton label."""
 
     def __init__(self, module: Any, graph: bool, tune: bool = False, notes: str = "") -> None:
@@ -191,7 +191,7 @@ class TritonBackend(ModuleBackend):
         self.tune = tune
 
     def prepare(self, x: torch.Tensor) -> Case:
-        from vit_fast import first_use
+        from vit_fast.backend import first_use
 
         self.module.warmup([x.shape[0]], dtype=x.dtype, tune=self.tune)
         fell_back = first_use.failed_ops()
@@ -213,7 +213,7 @@ def build_hf(model: Any) -> Any:
     from transformers import ViTConfig as HFViTConfig
     from transformers import ViTForImageClassification, ViTModel
 
-    from vit_fast.convert import HF_ACTIVATION_OF, hf_state_dict
+    from vit_fast.interop.convert import HF_ACTIVATION_OF, hf_state_dict
 
     cfg = model.cfg
     act = HF_ACTIVATION_OF.get(cfg.act)
@@ -262,7 +262,7 @@ class _HFOutput(torch.nn.Module):
 
 def build_timm(model: Any) -> Any:
     """timm's VisionTransformer for ``model.cfg`` with ``model``'s weights (timm uses fused SDPA attention)."""
-    from vit_fast.timm_import import import_timm
+    from vit_fast.interop.timm_import import import_timm
 
     import_timm()  # where torchvision cannot be imported: timm's model code through vit-fast's stand-in
     from timm.models.vision_transformer import VisionTransformer as TimmViT
@@ -421,9 +421,9 @@ def build_backend(
         return ModuleBackend(model, variant.graph, notes="eager PyTorch (vit_fast torch backend)")
     if b in ("triton", "triton-graph"):
         try:
-            importlib.import_module("vit_fast.triton_path")
+            importlib.import_module("vit_fast.backend.triton_path")
         except ImportError as err:
-            raise Unavailable(f"vit_fast.triton_path is not importable ({err})") from err
+            raise Unavailable(f"vit_fast.backend.triton_path is not importable ({err})") from err
         model = copy.deepcopy(ref_model).set_backend("triton")
         notes = "vit_fast Triton kernels, " + ("tuned" if tune else "heuristic configs (untuned)")
         return TritonBackend(model, variant.graph, tune=tune, notes=notes)

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from vit_fast.dtypes import DTYPES
+from vit_fast.util.dtypes import DTYPES
 
 from .timing import summarize, time_callable
 

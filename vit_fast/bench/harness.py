@@ -18,11 +18,11 @@ from typing import Any
 
 import torch
 
-from vit_fast.dtypes import DTYPES
-from vit_fast.env import collect_environment
-from vit_fast.files import temp_staging
-from vit_fast.numerics import max_err
-from vit_fast.progress import bar as progress_bar
+from vit_fast.backend.env import collect_environment
+from vit_fast.util.dtypes import DTYPES
+from vit_fast.util.files import temp_staging
+from vit_fast.util.numerics import max_err
+from vit_fast.util.progress import bar as progress_bar
 
 from .artifacts import artifact_path, run_artifact
 from .backends import (
@@ -183,7 +183,7 @@ class Harness(CasePacing):
         return ceilings
 
     def row_fields(self, cfg: Any, params: int | None, env: dict[str, Any], weights: dict[str, Any] | None) -> dict:
-        from vit_fast.model import count_flops
+        from vit_fast.model.vit import count_flops
 
         return {
             "model": model_label(self.s.model),
@@ -260,7 +260,7 @@ class Harness(CasePacing):
         if self.artifact is not None:
             return run_artifact(self, env)
         from vit_fast.export._common import plain_model, weights_record
-        from vit_fast.loading import load_model
+        from vit_fast.interop.loading import load_model
 
         s, device = self.s, self.device
         if isinstance(s.model, (str, Path)):

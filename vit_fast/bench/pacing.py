@@ -11,10 +11,10 @@ from typing import Any
 
 import torch
 
-from vit_fast.dtypes import DTYPES
-from vit_fast.interrupts import held
-from vit_fast.progress import LONG_CPU_GFLOP, about, duration, long_cpu_note
-from vit_fast.progress import bar as progress_bar
+from vit_fast.util.dtypes import DTYPES
+from vit_fast.util.interrupts import held
+from vit_fast.util.progress import LONG_CPU_GFLOP, about, duration, long_cpu_note
+from vit_fast.util.progress import bar as progress_bar
 
 from .settings import BenchSettings
 from .timing import Sampling

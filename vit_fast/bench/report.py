@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
-from vit_fast.env import install_hint
-from vit_fast.files import claim, json_text, make_folders, png_metadata, seal_markdown, seal_png, write_atomic
-from vit_fast.progress import plural
+from vit_fast.backend.env import install_hint
+from vit_fast.util.files import claim, json_text, make_folders, png_metadata, seal_markdown, seal_png, write_atomic
+from vit_fast.util.progress import plural
 
 REPORT_SUFFIXES = (".json", ".md", ".csv", ".png")
 #: the CSV's columns: timm benchmark.py's inference columns (``infer_step_time`` = mean ms per batch,
@@ -401,9 +401,9 @@ def write_reports(
 ) -> dict[str, Path]:
     """Write ``<stem>.json``, ``.md``, ``.csv`` and ``.png`` into ``out_dir`` atomically (``out_dir`` is made);
     an earlier run's files are kept and this run's named apart (:func:`free_stem`) unless ``overwrite``.
-    The Markdown and the PNG carry vit-fast's seal (``vit_fast.files``), as the JSON does. ``png=False``
+    The Markdown and the PNG carry vit-fast's seal (``vit_fast.util.files``), as the JSON does. ``png=False``
     leaves the picture out (a report rewritten after each case of a run draws it only at the end). The names
-    chosen are claimed as they are (:func:`vit_fast.files.claim`): a file that appears under one of them before
+    chosen are claimed as they are (:func:`vit_fast.util.files.claim`): a file that appears under one of them before
     it is written is never replaced. Returns the paths by kind."""
     out_dir = make_folders(out_dir, "bench output folder")
     stem = free_stem(out_dir, stem, report.get("run_id") or "run", overwrite)

@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from vit_fast.batches import parse_batch_list
-from vit_fast.dtypes import DTYPE_NAMES, DTYPES, check_dtype_on_device, native_dtype, parse_dtype_list
-from vit_fast.progress import plural
+from vit_fast.util.batches import parse_batch_list
+from vit_fast.util.dtypes import DTYPE_NAMES, DTYPES, check_dtype_on_device, native_dtype, parse_dtype_list
+from vit_fast.util.progress import plural
 
 BACKENDS: tuple[str, ...] = (
     "torch",
@@ -109,7 +109,7 @@ class BenchSettings:
 
 
 def parse_batches(text: str) -> list[int]:
-    """``"1,8,64"`` -> ``[1, 8, 64]``: positive ints, no duplicates, order kept (``vit_fast.batches``)."""
+    """``"1,8,64"`` -> ``[1, 8, 64]``: positive ints, no duplicates, order kept (``vit_fast.util.batches``)."""
     try:
         return parse_batch_list(text)
     except ValueError as err:

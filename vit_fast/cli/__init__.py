@@ -13,7 +13,7 @@ raises on failure and :func:`main` is the one place that turns an exception into
   allowed: ``_args.Parser``; every numeric flag has a checked type from ``_args``), or an environment switch
   (``VIT_FAST_*``, ``TRITON_INTERPRET``) holds a value that is neither on nor off, named before any work;
 - 130: interrupted by Ctrl-C (SIGINT), 143: stopped by SIGTERM (``timeout``, ``kill``); a long command has
-  written what it finished by then and says where (``vit_fast.interrupts``); on the way out every ``finally``
+  written what it finished by then and says where (``vit_fast.util.interrupts``); on the way out every ``finally``
   runs, so temporary folders are removed and child processes stopped;
 - 141: the reader of stdout closed it early (``vit-fast info | head -1``): the command stops quietly, as
   SIGPIPE stops any Unix tool (the shell reports 128 + 13 for those too).
@@ -73,7 +73,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     listed by name and help), so ``--help``, ``--version`` and a parse error import no subcommand module and
     no torch."""
     from vit_fast.cli._args import Parser  # one-line usage errors, for every subcommand's parser too
-    from vit_fast.version import __version__
+    from vit_fast.util.version import __version__
 
     parser = Parser(
         prog="vit-fast",
@@ -117,7 +117,7 @@ def error_message(err: BaseException) -> str:
     text = " ".join(text.split()) or type(err).__name__
     missing = getattr(err, "name", None) if isinstance(err, ModuleNotFoundError) else None
     if missing:
-        from vit_fast.env import MODULE_EXTRAS, install_hint  # only here: vit_fast.env imports torch
+        from vit_fast.backend.env import MODULE_EXTRAS, install_hint  # only here: vit_fast.backend.env imports torch
 
         if (extra := MODULE_EXTRAS.get(missing.split(".")[0])) is not None:
             text += f" (the {extra} extra: {install_hint(extra)})"
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     Output piped into something that closes early (``vit-fast info | head -1``) ends the command quietly with
     :data:`READER_GONE`: no "Broken pipe" error and no BrokenPipeError when Python flushes stdout at exit.
     Closed standard streams and SIGTERM are handled as the module docstring says."""
-    from vit_fast.files import usable_standard_streams
+    from vit_fast.util.files import usable_standard_streams
 
     for what in usable_standard_streams():
         if not what.startswith("stdin"):
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         if not stdout_reader_gone():
             raise
         # nothing more can reach the reader; point stdout at devnull so the flush at exit has nowhere to fail
-        from vit_fast.files import stdout_to_null
+        from vit_fast.util.files import stdout_to_null
 
         stdout_to_null(sys.stdout.fileno())
         return READER_GONE
@@ -205,12 +205,12 @@ def _main(argv: list[str] | None) -> int:
     except SwitchError as err:
         print(f"vit-fast: error: {err}", file=sys.stderr)
         return 2
-    from vit_fast import interrupts
+    from vit_fast.util import interrupts
 
     argv = sys.argv[1:] if argv is None else list(argv)
     command = command_in(argv) or ""
     # Ctrl-C anywhere, torch's import included, is one line and 130; SIGTERM raises too (143), so a long command
-    # keeps what it finished (vit_fast.interrupts)
+    # keeps what it finished (vit_fast.util.interrupts)
     with interrupts.handled():
         try:
             parser = build_parser(argv)

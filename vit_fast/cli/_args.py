@@ -5,7 +5,7 @@ argparse prints ``vit-fast <command>: error: argument --x: <why>; see vit-fast <
 
 - ``batch_list()``: ``--batch 1,8,64``, comma-separated positive ints; ``batch_list("MIN", "MAX")``
   takes exactly those items (a range), a plain ``batch_list()`` distinct sizes;
-- ``dtype_name`` / ``dtype_names``: ``--dtype``, any spelling vit_fast.dtypes accepts (``fp16``,
+- ``dtype_name`` / ``dtype_names``: ``--dtype``, any spelling vit_fast.util.dtypes accepts (``fp16``,
   ``float16``, ``half``, ``torch.float16``), as the canonical short name(s);
 - :class:`Number`, the type of every numeric flag (a count, size, port, time or seed; never a bare ``int`` or
   ``float``): ``positive_int``, ``nonnegative_int``, ``positive_float``, ``port`` (1 to 65535), ``opset``
@@ -36,8 +36,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from vit_fast.batches import parse_batch_list
-from vit_fast.files import (
+from vit_fast.util.batches import parse_batch_list
+from vit_fast.util.files import (
     check_report_file,
     check_suffix,
     existing_folder,
@@ -146,7 +146,7 @@ def batch_list(*names: str) -> Callable[[str], list[int]]:
     """The ``--batch`` type: ``"1,8,64"`` -> ``[1, 8, 64]``, naming the bad item on error.
 
     With ``names`` (e.g. ``"MIN", "MAX"``) exactly that many items (a range); without, any number
-    of distinct sizes (``vit_fast.batches.parse_batch_list``).
+    of distinct sizes (``vit_fast.util.batches.parse_batch_list``).
     """
 
     def parse(text: str) -> list[int]:
@@ -167,8 +167,8 @@ def batch_list(*names: str) -> Callable[[str], list[int]]:
 
 
 def dtype_name(text: str) -> str:
-    """The ``--dtype`` type for one precision: any vit_fast.dtypes spelling -> ``fp32`` / ``fp16`` / ``bf16``."""
-    from vit_fast.dtypes import DTYPES, canonical_name
+    """The ``--dtype`` type for one precision: any vit_fast.util.dtypes spelling -> ``fp32`` / ``fp16`` / ``bf16``."""
+    from vit_fast.util.dtypes import DTYPES, canonical_name
 
     name = canonical_name(text)
     if name is None:
@@ -178,7 +178,7 @@ def dtype_name(text: str) -> str:
 
 def dtype_names(text: str) -> list[str]:
     """The ``--dtype`` type for a comma-separated list of precisions."""
-    from vit_fast.dtypes import parse_dtype_list
+    from vit_fast.util.dtypes import parse_dtype_list
 
     try:
         return parse_dtype_list(text)
@@ -209,7 +209,7 @@ def output_folder(folder: str | os.PathLike, flag: str = "--out", given: str | o
     """Check, before any work, that ``folder`` can be written: it exists as a writable folder, or its nearest
     existing parent is one (missing folders are made when the first file is written, so a run that fails
     early leaves the file system as it was). A path under a regular file is refused, and so is a link on the
-    way that dangles (an unmounted drive behind it) or loops (:func:`vit_fast.files.existing_folder`).
+    way that dangles (an unmounted drive behind it) or loops (:func:`vit_fast.util.files.existing_folder`).
 
     ``given``: the path the user typed, when ``folder`` is the folder of a file to write (named in errors).
     """
@@ -226,8 +226,8 @@ def output_folder(folder: str | os.PathLike, flag: str = "--out", given: str | o
 
 def output_file(path: str | os.PathLike | None, flag: str, suffixes: tuple[str, ...] = ()) -> Path | None:
     """Check a file to write (``--json``, ``export --out``): refuse a folder, a file's child, a link on the way that
-    dangles or loops, and, given ``suffixes``, a final name without one of them (:func:`vit_fast.files.check_suffix`).
-    Its folder is made when the file is written."""
+    dangles or loops, and, given ``suffixes``, a final name without one of them
+    (:func:`vit_fast.util.files.check_suffix`). Its folder is made when the file is written."""
     if path is None:
         return None
     path = Path(path)
@@ -279,7 +279,7 @@ def json_file(
     value: str | None, *, overwrite: bool = False, artifacts: Sequence[str | os.PathLike] = ()
 ) -> Path | str | None:
     """What ``--json`` names, checked before any work: the file, by the one output policy
-    (:func:`vit_fast.files.check_report_file`: never an artifact's metadata, a FIFO or a file vit-fast did not
+    (:func:`vit_fast.util.files.check_report_file`: never an artifact's metadata, a FIFO or a file vit-fast did not
     write unless ``overwrite``); :data:`STDOUT` for ``-``; None without ``--json``."""
     if value is None or value == STDOUT:
         return value
@@ -306,7 +306,7 @@ def _fileno(stream: Any) -> int | None:
 @contextlib.contextmanager
 def json_only_on_stdout() -> Iterator[None]:
     """While a command runs with ``--json -``: what it prints to ``sys.stdout``, and what a child process or a
-    native library writes to file descriptor 1, goes to stderr (:func:`vit_fast.files.stdout_to_stderr`), so that
+    native library writes to file descriptor 1, goes to stderr (:func:`vit_fast.util.files.stdout_to_stderr`), so that
     standard output carries the JSON report (written by :func:`write_json` / :func:`copy_json`) alone. Both are put
     back on exit, so a reader that went away is still told apart by the CLI (``stdout_reader_gone``)."""
     global _json_stream
@@ -338,7 +338,7 @@ def _print_json(text: str) -> None:
 
 def write_json(data: Any, target: Path | str | None, mode: int | None = None) -> Path | None:
     """Write the report ``data`` where ``--json`` said (:func:`json_file`): standard output for ``-``, else the
-    file (atomically, through :mod:`vit_fast.files`, with ``mode`` where given: 0o600 for a secret); returns the
+    file (atomically, through :mod:`vit_fast.util.files`, with ``mode`` where given: 0o600 for a secret); returns the
     file written, if any."""
     if target is None:
         return None

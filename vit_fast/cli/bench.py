@@ -183,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     model = args.model
     if args.config is not None or args.weights is not None:
-        from vit_fast.loading import load_model
+        from vit_fast.interop.loading import load_model
 
         model = load_model(args.model, backend="torch", seed=args.seed, config=args.config, weights=args.weights)
     settings = BenchSettings(
@@ -209,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
         threads=args.threads,
         tune=args.tune,
     )
-    from vit_fast.interrupts import INTERRUPTS, held
+    from vit_fast.util.interrupts import INTERRUPTS, held
 
     try:  # the files are named after MODEL as typed, also when --config/--weights made it a loaded module
         report, paths = run_benchmark(settings, log=log, name=args.model)

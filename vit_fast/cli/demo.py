@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     # the one output policy, before any step
     json_target = _args.json_file(args.json, overwrite=args.overwrite, artifacts=(out / ONNX_NAME,))
     fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(DemoSettings) if f.name != "out"}
-    from vit_fast.interrupts import INTERRUPTS, held
+    from vit_fast.util.interrupts import INTERRUPTS, held
 
     try:
         report = run_demo(DemoSettings(out=out, **fields))

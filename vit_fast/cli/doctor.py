@@ -39,7 +39,7 @@ import argparse
 from pathlib import Path
 
 from vit_fast.doctor.settings import DEFAULT_OUT, DoctorSettings
-from vit_fast.files import check_files_in
+from vit_fast.util.files import check_files_in
 
 from . import _args
 
@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         timeout=args.timeout,
     )
-    from vit_fast.interrupts import INTERRUPTS, held
+    from vit_fast.util.interrupts import INTERRUPTS, held
 
     try:
         report = run_doctor(settings)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from vit_fast.files import ENGINE_SUFFIXES, ONNX_SUFFIXES, make_folders
+from vit_fast.util.files import ENGINE_SUFFIXES, ONNX_SUFFIXES, make_folders
 
 from . import _args
 
@@ -140,7 +140,7 @@ def _verify_options(args: argparse.Namespace, json_target: Any) -> Any:
 
 def _run_onnx(args: argparse.Namespace) -> int:
     from vit_fast.export.onnx import check_onnx_args, to_onnx
-    from vit_fast.loading import load_model, source_name
+    from vit_fast.interop.loading import load_model, source_name
 
     preprocess = None
     if args.preprocess:

@@ -117,10 +117,10 @@ def run(args: argparse.Namespace) -> int:
     require_serve()  # before the model loads: a missing extra is the first thing to hear about
     from vit_fast import __version__
     from vit_fast.export.tritonserver import model_name_for, parse_batch_sizes
-    from vit_fast.files import MARKER_KEY
-    from vit_fast.loading import load_model
+    from vit_fast.interop.loading import load_model
     from vit_fast.serve.loadtest import load_test_in_child
     from vit_fast.serve.server import ACCESS_HEADERS, DRAIN_TIMEOUT_S, Server
+    from vit_fast.util.files import MARKER_KEY
 
     batch = parse_batch_sizes(args.batch) if args.batch is not None else None
     name = args.name or model_name_for(args.model)

@@ -110,7 +110,7 @@ def _entries(text: str) -> list[str]:
 
 
 def _summary(repo: Path, folders: list[Path]) -> dict[str, Any]:
-    from vit_fast.files import read_json_object
+    from vit_fast.util.files import read_json_object
 
     models = []
     for folder in folders:
@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
         tensorrt_entry,
         write_repository,
     )
-    from vit_fast.files import MARKER_KEY
+    from vit_fast.util.files import MARKER_KEY
 
     batch = parse_batch_sizes(args.batch) if args.batch is not None else None
     entries = _entries(args.entries)
@@ -197,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
             )
         ]
     else:
-        from vit_fast.loading import load_model, source_name
+        from vit_fast.interop.loading import load_model, source_name
 
         described = source_name(args.source)
         model = load_model(args.source, backend="torch", config=args.config, weights=args.weights)

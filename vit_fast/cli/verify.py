@@ -98,14 +98,14 @@ def _front(meta: dict | None) -> dict | None:
 def run(args: argparse.Namespace) -> int:
     """Run ``vit-fast verify``; 0 when the artifact passes (a failure raises)."""
     from vit_fast.export.verify import VerificationError, verify
-    from vit_fast.loading import load_model
+    from vit_fast.interop.loading import load_model
 
     # the one output policy, before the model loads; never the artifact's metadata
     own = () if args.artifact == "triton" else (args.artifact,)
     json_target = _args.json_file(args.json, overwrite=args.overwrite, artifacts=own)
     meta = None
     if args.artifact == "triton":  # before the model loads and any note on the labelled set is printed
-        from vit_fast.runtime import require_triton
+        from vit_fast.backend.runtime import require_triton
 
         require_triton()
     else:

@@ -6,7 +6,7 @@ its parser from) imports no torch. The steps, the pictures and which module hold
 
 from __future__ import annotations
 
-from ..lazy import lazy_names
+from vit_fast.util.lazy import lazy_names
 
 #: submodule -> the public names it defines
 __all__, __getattr__, __dir__ = lazy_names(

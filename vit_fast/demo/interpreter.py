@@ -10,9 +10,10 @@ import tempfile
 import time
 from typing import Any
 
-from ..children import guarded_python
-from ..env import module_version
-from ..files import read_json, temp_staging
+from vit_fast.backend.env import module_version
+from vit_fast.util.children import guarded_python
+from vit_fast.util.files import read_json, temp_staging
+
 from .base import _step, _verified
 
 #: the random-input batches the interpreter child verifies beside the held-out subset (small: it is slow)
@@ -24,8 +25,8 @@ class _InterpreterVerify:
     so that the variable is set before triton is first imported whatever this process imported already, a
     crash or hang in the interpreter cannot take the demo down, and it runs while this process exports.
 
-    The child dies with the demo, even by SIGKILL (:func:`vit_fast.children.guarded_python`), and removes the
-    demo's temporary folder then (a staging folder in ``$TMPDIR``: :func:`vit_fast.files.temp_staging`); the log
+    The child dies with the demo, even by SIGKILL (:func:`vit_fast.util.children.guarded_python`), and removes the
+    demo's temporary folder then (a staging folder in ``$TMPDIR``: :func:`vit_fast.util.files.temp_staging`); the log
     is an unnamed file (nothing to leave behind)."""
 
     def __init__(self, images: int, seed: int, timeout: float) -> None:

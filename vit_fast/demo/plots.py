@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..env import install_hint
-from ..files import png_metadata, seal_png, write_atomic
+from vit_fast.backend.env import install_hint
+from vit_fast.util.files import png_metadata, seal_png, write_atomic
 
 #: dots per inch of every picture; the sizes below are in inches, so a picture is SIZES_IN * DPI pixels
 DPI = 110
@@ -127,7 +127,7 @@ def _pyplot() -> Any:
 
 def _png(fig: Any) -> bytes:
     buf = io.BytesIO()
-    from .. import __version__
+    from vit_fast import __version__
 
     # no bbox_inches="tight": the size stays SIZES_IN * DPI; the digest chunk is the proof vit-fast drew it
     fig.savefig(buf, format="png", dpi=DPI, metadata=png_metadata(__version__))

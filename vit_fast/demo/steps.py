@@ -13,17 +13,18 @@ from typing import Any
 
 import torch
 
-from ..bench import summarize, time_callable
-from ..bench.settings import cpu_threads_for_load
-from ..dtypes import dtype_name, native_dtype
-from ..env import install_hint
-from ..export import VerifyOptions, to_onnx, verify
-from ..export.runners import OrtRunner
-from ..files import read_json
-from ..graphs import CUDAGraphRunner
-from ..loading import load_model
-from ..numerics import FLOOR, max_err, scale_of
-from ..progress import Stages, plural
+from vit_fast.backend.env import install_hint
+from vit_fast.backend.graphs import CUDAGraphRunner
+from vit_fast.bench import summarize, time_callable
+from vit_fast.bench.settings import cpu_threads_for_load
+from vit_fast.export import VerifyOptions, to_onnx, verify
+from vit_fast.export.runners import OrtRunner
+from vit_fast.interop.loading import load_model
+from vit_fast.util.dtypes import dtype_name, native_dtype
+from vit_fast.util.files import read_json
+from vit_fast.util.numerics import FLOOR, max_err, scale_of
+from vit_fast.util.progress import Stages, plural
+
 from . import plots
 from .base import _step, _verified
 from .settings import ONNX_NAME, ONNX_REPORT, DemoSettings

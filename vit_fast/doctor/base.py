@@ -7,7 +7,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from ..progress import Stages
+from vit_fast.util.progress import Stages
 
 
 def _check(section: str, name: str, status: str | bool, summary: str, **fields: Any) -> dict[str, Any]:

@@ -9,11 +9,12 @@ from typing import Any
 
 import torch
 
-from .. import first_use
-from ..dtypes import DTYPES
-from ..kernels.cards import card_of, device_name
-from ..progress import Stages
-from ..selfcheck import check_kernel, family_cases, model_cases
+from vit_fast.backend import first_use
+from vit_fast.kernels.cards import card_of, device_name
+from vit_fast.model.selfcheck import check_kernel, family_cases, model_cases
+from vit_fast.util.dtypes import DTYPES
+from vit_fast.util.progress import Stages
+
 from .base import _check, _failed, _note
 from .settings import DoctorSettings
 
@@ -77,8 +78,8 @@ def kernel_checks(cfg: Any, device: torch.device, dtypes: list[str], seed: int, 
 
 def model_checks(model: Any, device: torch.device, dtypes: list[str], seed: int, stages: Stages) -> list[dict]:
     """The whole model, triton backend against the torch backend and float64, per dtype (vit_fast.export.verify)."""
-    from ..export import verify
-    from ..model import count_flops
+    from vit_fast.export import verify
+    from vit_fast.model.vit import count_flops
 
     cuda = device.type == "cuda"
     if not cuda and count_flops(model.cfg) > INTERPRETER_MODEL_FLOPS:
@@ -118,15 +119,15 @@ def model_checks(model: Any, device: torch.device, dtypes: list[str], seed: int,
 
 # --------------------------------------------------------------------------- GPU only
 def _median_ms(fn: Any, device: torch.device, iters: int = 20) -> float:
-    from ..bench import summarize, time_callable
+    from vit_fast.bench import summarize, time_callable
 
     return summarize(time_callable(fn, device, warmup=5, iters=iters))["median_ms"]
 
 
 def cuda_graph_check(model: Any, device: torch.device, dtype_name: str) -> dict[str, Any]:
     """Capture one forward of the triton model at batch 1 and replay it: the replay must give the eager output."""
-    from ..graphs import CUDAGraphRunner
-    from ..numerics import FLOOR, max_err, scale_of
+    from vit_fast.backend.graphs import CUDAGraphRunner
+    from vit_fast.util.numerics import FLOOR, max_err, scale_of
 
     dtype = DTYPES[dtype_name]
     gpu = copy.deepcopy(model).to(device, dtype).eval().set_backend("triton")
@@ -148,7 +149,7 @@ def cuda_graph_check(model: Any, device: torch.device, dtype_name: str) -> dict[
 def timing_check(model: Any, device: torch.device, dtype_name: str) -> dict[str, Any]:
     """Median CUDA-event times: the triton backend against the torch backend (batch 1 and 8), and our attention
     kernel against torch's scaled_dot_product_attention at the model's attention shape. Informational."""
-    from ..kernels.attention import attention
+    from vit_fast.kernels.attention import attention
 
     dtype, cfg = DTYPES[dtype_name], model.cfg
     gpu = copy.deepcopy(model).to(device, dtype).eval()
@@ -199,7 +200,7 @@ def _compiled_checks(model: Any, device: torch.device, dtypes: list[str], seed: 
 
 
 def first_use_check() -> dict[str, Any]:
-    """What the safety net at first use (vit_fast/first_use.py) saw in this process: the whole-model check above
+    """What the safety net at first use (vit_fast/backend/first_use.py) saw in this process: the whole-model check above
     ran each kernel's first compiled use through it. Failed when any kernel fell back to eager PyTorch."""
     seen = first_use.report()
     if not seen["enabled"]:

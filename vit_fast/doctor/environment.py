@@ -10,9 +10,10 @@ from typing import Any
 
 import torch
 
-from ..env import driver_version, launcher_needs
-from ..kernels import _versions
-from ..kernels.cards import MIN_ARCH, card_of, device_name
+from vit_fast.backend.env import driver_version, launcher_needs
+from vit_fast.kernels import _versions
+from vit_fast.kernels.cards import MIN_ARCH, card_of, device_name
+
 from .base import _check
 
 #: the environment variables reported besides every TRITON_* and VIT_FAST_* one
@@ -22,7 +23,7 @@ INTERPRETER_CHECK = "triton interpreter"
 
 
 def launcher_checks(cuda: bool) -> list[dict[str, Any]]:
-    """What Triton needs to build its C launcher on a GPU (:func:`vit_fast.env.launcher_needs`: the C compiler,
+    """What Triton needs to build its C launcher on a GPU (:func:`vit_fast.backend.env.launcher_needs`: the C compiler,
     Python.h, libcuda.so.1): failed when missing where kernels compile (``cuda``), else a warning, or skipped for
     libcuda (it comes with a GPU's driver)."""
     checks = []

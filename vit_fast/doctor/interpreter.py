@@ -13,9 +13,10 @@ from typing import Any
 
 import torch
 
-from ..children import guarded_python
-from ..files import read_json, temp_staging, write_json_atomic, write_new
-from ..progress import Stages
+from vit_fast.util.children import guarded_python
+from vit_fast.util.files import read_json, temp_staging, write_json_atomic, write_new
+from vit_fast.util.progress import Stages
+
 from .base import CheckLog, _check, _failed, _note
 from .checks import _dtypes_for, doctor_cases, kernel_checks, model_checks
 from .settings import DoctorSettings
@@ -24,7 +25,7 @@ from .settings import DoctorSettings
 def interpreter_checks(s: DoctorSettings, stages: Stages, model: Any = None) -> list[dict[str, Any]]:
     """The kernel and model checks on the CPU, in this process: TRITON_INTERPRET=1 must have been set before
     triton was imported (a child process started by :func:`_run_in_interpreter`, or a test)."""
-    from ..loading import load_model
+    from vit_fast.interop.loading import load_model
 
     if model is None:
         model = load_model(s.model, backend="torch", seed=s.seed, config=s.config, weights=s.weights)

@@ -10,10 +10,11 @@ from typing import Any
 
 import torch
 
-from ..env import collect_environment
-from ..files import MARKER_KEY, seal_markdown, write_atomic, write_json_atomic
-from ..kernels._interpret import interpreter_enabled
-from ..progress import Stages
+from vit_fast.backend.env import collect_environment
+from vit_fast.kernels._interpret import interpreter_enabled
+from vit_fast.util.files import MARKER_KEY, seal_markdown, write_atomic, write_json_atomic
+from vit_fast.util.progress import Stages
+
 from .base import CheckLog, _check, _failed, _note
 from .checks import _compiled_checks, _dtypes_for, _gpu_skipped
 from .environment import INTERPRETER_CHECK, environment_checks
@@ -63,7 +64,7 @@ def run_doctor(s: DoctorSettings) -> dict[str, Any]:
     files are rewritten as each check ends (``complete: false``); Ctrl-C or SIGTERM writes them once more with the
     checks that ended and ``interrupted`` saying so, then lets the interrupt go on.
     """
-    from .. import interrupts
+    from vit_fast.util import interrupts
 
     start = time.perf_counter()
     device = _resolve_device(s.device)
@@ -94,7 +95,7 @@ def run_doctor(s: DoctorSettings) -> dict[str, Any]:
 
 def _all_checks(s: DoctorSettings, device: torch.device, model_record: dict, stages: Stages) -> list[dict[str, Any]]:
     """Every check in order (each noted, and recorded when ``stages`` is a :class:`CheckLog`, as it ends)."""
-    from ..loading import load_model
+    from vit_fast.interop.loading import load_model
 
     cuda = device.type == "cuda"
     stages.note("environment: versions, the C compiler, Python.h and libcuda, the driver and cards, settings")

@@ -14,7 +14,7 @@ from glob import escape as glob_escape
 from pathlib import Path
 from typing import Any
 
-from vit_fast.env import install_hint
+from vit_fast.backend.env import install_hint
 from vit_fast.serve.endpoints import _answers_200
 from vit_fast.serve.settings import BASE64_MAX_IMAGE_BYTES
 
@@ -87,7 +87,7 @@ def patient_handshake() -> None:
     ``Server.start`` remains). Idempotent; only the model stores of this process change."""
     from pytriton.models.model import Model
 
-    from vit_fast.files import claim, write_atomic
+    from vit_fast.util.files import claim, write_atomic
 
     if getattr(Model.generate_model, "_vit_fast_patient", False):
         return

@@ -23,10 +23,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from vit_fast.dtypes import dtype_name, parse_dtype
 from vit_fast.export.tritonserver import model_io
-from vit_fast.model import VisionTransformer
-from vit_fast.numerics import RULE, compare
+from vit_fast.model.vit import VisionTransformer
+from vit_fast.util.dtypes import dtype_name, parse_dtype
+from vit_fast.util.numerics import RULE, compare
 
 PROTOCOLS = ("http", "grpc")
 POOL = 64  # distinct images the requests are drawn from

@@ -3,7 +3,7 @@
 A probe (bind the port, see whether that fails) cannot decide between two servers started at once: both probe
 before either listens, both pass, and the loser's Triton finds the port taken only after its start-up. So each
 port is claimed first through a lock file, ``port-N.lock`` in this user's runtime folder (:func:`runtime_dir`),
-``flock``-ed by the serving process (:func:`vit_fast.files.hold_lock`): the kernel lets one process hold it and
+``flock``-ed by the serving process (:func:`vit_fast.util.files.hold_lock`): the kernel lets one process hold it and
 drops it when that process ends, even by SIGKILL, so a crashed server leaves nothing to clean. The loser is told
 the port and the owner's pid before it loads anything. The lock is per port number, whatever the address: two
 servers of one user on one port number are refused even on two addresses. Servers of other users, and other
@@ -17,7 +17,7 @@ import stat
 import time
 from pathlib import Path
 
-from vit_fast.files import hold_lock, read_head
+from vit_fast.util.files import hold_lock, read_head
 
 #: where the lock folder lives: a fixed place per user (not $TMPDIR or $XDG_RUNTIME_DIR, which differ between a
 #: user's sessions: two servers must find the same lock whatever their environment)

@@ -13,9 +13,7 @@ from pathlib import Path
 
 import torch
 
-from vit_fast.checkpoints import save_checkpoint
-from vit_fast.dtypes import dtype_name, parse_dtype
-from vit_fast.env import install_hint
+from vit_fast.backend.env import install_hint
 from vit_fast.export.tritonserver import (
     DEFAULT_QUEUE_DELAY_US,
     MODEL_FILES,
@@ -27,8 +25,10 @@ from vit_fast.export.tritonserver import (
     plan_batching,
     provenance_comments,
 )
-from vit_fast.files import copy_new, write_json_atomic
-from vit_fast.model import VisionTransformer
+from vit_fast.interop.checkpoints import save_checkpoint
+from vit_fast.model.vit import VisionTransformer
+from vit_fast.util.dtypes import dtype_name, parse_dtype
+from vit_fast.util.files import copy_new, write_json_atomic
 
 #: the model.py copied into the entry; it imports triton_python_backend_utils, so it is read, never imported
 TEMPLATE = Path(__file__).with_name("triton_model.py")

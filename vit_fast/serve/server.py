@@ -21,15 +21,15 @@ from typing import Any
 
 import torch
 
-from vit_fast import runtime
-from vit_fast.dtypes import parse_dtype
+from vit_fast.backend import runtime
 from vit_fast.export.tritonserver import (
     DEFAULT_QUEUE_DELAY_US,
     check_model_name,
     model_io,
     plan_batching,
 )
-from vit_fast.model import VisionTransformer
+from vit_fast.model.vit import VisionTransformer
+from vit_fast.model.warmup import WarmupReport
 from vit_fast.serve.backend import (
     NO_TENSORSTORE,
     READY_TIMEOUT_S,
@@ -56,7 +56,7 @@ from vit_fast.serve.settings import (
     PROTECT_CHOICES,
 )
 from vit_fast.serve.threads import ThreadTuner
-from vit_fast.warmup import WarmupReport
+from vit_fast.util.dtypes import parse_dtype
 
 #: the start-up race between PyTriton's model instances (see Server.start), and how often to try
 HANDSHAKE_RACE = "get_config_from_handshake_server"
@@ -129,7 +129,7 @@ class Server:
         #: the most torch intra-op threads a forward runs with. ``threads`` fixes it. Else on the CPU the cores
         #: shared between the instances, and :attr:`thread_tuner` picks how many of them the forwards take under
         #: the load of the moment (see vit_fast.serve.threads); on a GPU the cores left beside Triton's own
-        #: processes (see vit_fast.runtime.intra_op_threads)
+        #: processes (see vit_fast.backend.runtime.intra_op_threads)
         self.thread_tuner: ThreadTuner | None = None
         if threads is not None:
             self.threads = threads

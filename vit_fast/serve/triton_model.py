@@ -26,7 +26,7 @@ import torch  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
 from vit_fast import load_checkpoint  # noqa: E402
-from vit_fast.dtypes import parse_dtype  # noqa: E402
+from vit_fast.util.dtypes import parse_dtype  # noqa: E402
 
 WEIGHTS = "model.safetensors"
 DTYPE_PARAMETER = "vit_fast.dtype"

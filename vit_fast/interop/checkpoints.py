@@ -2,7 +2,7 @@
 
 ``.safetensors`` (preferred) keeps the config in the file's metadata; ``.pth`` / ``.pt`` hold
 ``{"state_dict": ..., "config": {...}}`` written with ``torch.save`` and are read back with
-``weights_only=True``. Foreign key layouts (Hugging Face) are converted by ``vit_fast.convert``.
+``weights_only=True``. Foreign key layouts (Hugging Face) are converted by ``vit_fast.interop.convert``.
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ from types import SimpleNamespace
 
 import torch
 
-from .config import PRESETS, ViTConfig
-from .convert import _grid_from_pos_embed, _load_converted, convert_hf_state_dict
-from .files import (
+from vit_fast.interop.convert import _grid_from_pos_embed, _load_converted, convert_hf_state_dict
+from vit_fast.model.config import PRESETS, ViTConfig
+from vit_fast.model.vit import VisionTransformer
+from vit_fast.util.files import (
     check_output_file,
     loads_json,
     open_new,
@@ -31,8 +32,7 @@ from .files import (
     staging_dir,
     write_new,
 )
-from .limits import above_ceiling, check_model_fits, number_text
-from .model import VisionTransformer
+from vit_fast.util.limits import above_ceiling, check_model_fits, number_text
 
 CONFIG_METADATA_KEY = "vit_fast_config"
 #: set_input_normalization's per-channel mean and std (0..1 units) as JSON, when the model normalises uint8 input
@@ -274,7 +274,7 @@ def read_state_dict(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], d
     meta: dict[str, str] = {}
     if isinstance(obj, Mapping):
         if isinstance(obj.get("config"), Mapping):
-            try:  # checked as the JSON text of a .safetensors file's config is (vit_fast.files.loads_json)
+            try:  # checked as the JSON text of a .safetensors file's config is (vit_fast.util.files.loads_json)
                 meta[CONFIG_METADATA_KEY] = json.dumps(dict(obj["config"]))
             except (RecursionError, TypeError, ValueError) as err:  # a crafted file: nested too deep, or not data
                 raise ValueError(
@@ -320,7 +320,7 @@ _HF_FIELD_TYPES = {
 }
 
 
-#: a Hugging Face ViT config.json's size fields -> the vit_fast.limits ceiling each is held to
+#: a Hugging Face ViT config.json's size fields -> the vit_fast.util.limits ceiling each is held to
 _HF_CEILINGS = {
     "hidden_size": "embed_dim",
     "num_hidden_layers": "depth",
@@ -344,7 +344,7 @@ _HF_NAMES = {
 
 def check_hf_config_fields(data: dict, source: str) -> None:
     """Raise ValueError naming ``source`` and the first field of a Hugging Face ViT config.json whose JSON type is
-    wrong (``"hidden_size": "768"``) or whose size is beyond what vit-fast builds (``vit_fast.limits.CEILINGS``),
+    wrong (``"hidden_size": "768"``) or whose size is beyond what vit-fast builds (``vit_fast.util.limits.CEILINGS``),
     before any arithmetic on it and before transformers builds anything."""
     for name, kind in _HF_FIELD_TYPES.items():
         if name not in data or (name == "num_labels" and data[name] is None):
@@ -373,7 +373,7 @@ def check_hf_config_fields(data: dict, source: str) -> None:
 
 def _hf_config_dict_to_vit(data: dict, source: str) -> ViTConfig:
     """A transformers ViT ``config.json`` (``model_type`` "vit") as a ViTConfig, without importing transformers."""
-    from .convert import hf_config_to_vit
+    from vit_fast.interop.convert import hf_config_to_vit
 
     check_hf_config_fields(data, source)
     labels = data.get("id2label") or {}

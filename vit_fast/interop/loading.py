@@ -32,7 +32,7 @@ from urllib.parse import urlparse
 
 import torch
 
-from .checkpoints import (
+from vit_fast.interop.checkpoints import (
     LOAD_SUFFIXES,
     _hf_config_dict_to_vit,
     check_weights_file,
@@ -41,10 +41,10 @@ from .checkpoints import (
     resolve_config,
     torch_load_error,
 )
-from .config import PRESETS, ViTConfig
-from .convert import from_hf, from_timm
-from .files import read_json
-from .model import VisionTransformer
+from vit_fast.interop.convert import from_hf, from_timm
+from vit_fast.model.config import PRESETS, ViTConfig
+from vit_fast.model.vit import VisionTransformer
+from vit_fast.util.files import read_json
 
 PREFIXES = ("preset:", "timm:", "hf:")
 _HUB_PROBE_TIMEOUT_S = 3.0
@@ -132,7 +132,7 @@ def _timm_cached_weights(timm, name: str) -> Path | None:
 
 @_offline_passed_on()
 def _timm_model(name: str, backend: str, weights: str | os.PathLike | None) -> VisionTransformer:
-    from .timm_import import import_timm
+    from vit_fast.interop.timm_import import import_timm
 
     try:
         timm = import_timm(note=False)  # the torchvision note, if any, comes when timm builds the model
@@ -268,7 +268,7 @@ def check_hf_index_files(folder: Path) -> None:
     """Refuse (ValueError naming the index, the entry and the name) a weight file that an index in ``folder``
     names outside it: transformers joins each name to the folder as it stands (an absolute name replaces
     the folder). A hub snapshot links its files into the cache's blobs, so links may lead out; names may not."""
-    from .files import contained_path, read_json_object
+    from vit_fast.util.files import contained_path, read_json_object
 
     for index_name in HF_INDEX_FILES:
         index = folder / index_name
@@ -317,7 +317,7 @@ def load_model(
     if weights is not None and not spec.startswith("timm:") and spec in PRESETS:
         spec = "timm:" + spec  # a preset architecture with given weights is timm's model of that name
     if spec in ("default", "embedded"):
-        from .assets import WEIGHTS_FILE, load_default_model
+        from vit_fast.assets import WEIGHTS_FILE, load_default_model
 
         model = load_default_model(backend=backend)
         model.weights_source = {"kind": "file", "file": WEIGHTS_FILE.name, "sha256": file_sha256(WEIGHTS_FILE)}
@@ -345,7 +345,7 @@ def load_model(
         return load_checkpoint(path, cfg=config, backend=backend).eval()
     if weights is not None or "." in spec:
         return _timm_model(spec, backend, weights)
-    from .timm_import import import_timm
+    from vit_fast.interop.timm_import import import_timm
 
     try:
         timm = import_timm(note=False)  # a look-up: the torchvision note waits until timm builds the model

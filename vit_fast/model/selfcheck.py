@@ -3,7 +3,7 @@
 The kernel check that ``vit-fast doctor`` runs on a user's card (compiled) and on a CPU (Triton's interpreter),
 and that ``tests/test_doctor.py`` runs: the launcher writes into a NaN-filled output (an element left unwritten
 fails), the kernel file's own eager reference ``<op>_ref`` runs once in the kernel's dtype (eager PyTorch's
-error) and once in float64 on the CPU (the reference), and :func:`vit_fast.numerics.compare` judges the result.
+error) and once in float64 on the CPU (the reference), and :func:`vit_fast.util.numerics.compare` judges the result.
 
 :func:`model_cases` lists what one forward of a model launches, with that model's shapes: the patch embedding,
 the qkv GEMM with LayerNorm in its prologue, attention, the proj GEMM with its residual (and LayerScale), the
@@ -31,10 +31,10 @@ from typing import Any
 
 import torch
 
-from .config import ViTConfig
-from .dtypes import DTYPE_NAMES
-from .kernels._versions import InterpreterVersionError
-from .numerics import compare
+from vit_fast.kernels._versions import InterpreterVersionError
+from vit_fast.model.config import ViTConfig
+from vit_fast.util.dtypes import DTYPE_NAMES
+from vit_fast.util.numerics import compare
 
 #: kernel -> (module in vit_fast.kernels, launcher, eager reference)
 KERNELS: dict[str, tuple[str, str, str]] = {
@@ -327,7 +327,7 @@ def check_kernel(
     interpreter it would run in: no kernel is at fault there (``vit-fast doctor`` says so before any case).
 
     Returns ``{"name", "kernel", "role", "dtype", "shape", "status": "ok" | "failed", "summary", "seconds"}``,
-    plus the numbers of :func:`vit_fast.numerics.compare` (``max_abs_err``, ``eager_max_abs_err``, ``bound``,
+    plus the numbers of :func:`vit_fast.util.numerics.compare` (``max_abs_err``, ``eager_max_abs_err``, ``bound``,
     ``rel_err``, ``cosine``, ``passed``) when the kernel ran, or ``error`` and ``traceback`` when it raised.
     """
     device = torch.device(device)

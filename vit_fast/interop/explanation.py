@@ -7,10 +7,11 @@
 For a model patched in place (``apply_vit_fast(model)``, or what ``optimize`` returns for a transformers model) each
 transformer block, encoder layer and attention-pool head is listed as patched or left alone, with why, and for the
 patched ones whether they run vit-fast's kernels or their own forward on ``device`` (default: the weights') in the
-weights' dtype: the rule the patched forwards apply on every call (:func:`vit_fast.runtime.patched_runs_kernels`,
-with :func:`vit_fast.runtime.choose_backend`'s reason). For a model that is not patched, what ``apply_vit_fast``
-would patch and what it refuses, with the reasons its errors give. For vit-fast's own ``VisionTransformer`` (what
-``optimize`` returns for a timm model), its :meth:`~vit_fast.VisionTransformer.explain_backend`.
+weights' dtype: the rule the patched forwards apply on every call
+(:func:`vit_fast.backend.runtime.patched_runs_kernels`, with :func:`vit_fast.backend.runtime.choose_backend`'s reason).
+For a model that is not patched, what ``apply_vit_fast`` would patch and what it refuses, with the reasons its errors
+give. For vit-fast's own ``VisionTransformer`` (what ``optimize`` returns for a timm model), its
+:meth:`~vit_fast.VisionTransformer.explain_backend`.
 
 What a patched forward decides per call (an attention mask, ``output_attentions``) is not known here: the rows say
 what an eval-mode call runs (with autograd on or off alike); the notes name what changes that.
@@ -23,8 +24,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from . import runtime
-from .runtime import BackendChoice
+from vit_fast.backend import runtime
+from vit_fast.backend.runtime import BackendChoice
 
 #: the dtypes the kernels compute in (vit_fast.kernels._common.SUPPORTED_DTYPES; kept here so that explaining a
 #: model on a machine without triton imports no kernel)
@@ -81,7 +82,7 @@ _RUNS = {KERNELS: "vit-fast's kernels", OWN: "its own forward", RAISES: "nothing
 def _blocked(name: str, module: nn.Module) -> ModuleReport | None:
     """The row of a patched HF layer or head whose kernels step aside now (training mode, or a submodule replaced or
     hooked since the patch), naming why; None when they run."""
-    from .hf_patch import _STATE
+    from vit_fast.interop.hf_patch import _STATE
 
     if module.training:  # the patched forward hands a module in training mode to transformers' (dropout)
         return ModuleReport(
@@ -130,7 +131,7 @@ def _kernel_choice(device: torch.device, dtype: torch.dtype, head_dim: int | Non
             "torch", f"the weights are {dtype}, which the kernels do not compute in (fp16, bf16, fp32)"
         )
     if dtype == torch.bfloat16:
-        from .dtypes import check_dtype_on_device
+        from vit_fast.util.dtypes import check_dtype_on_device
 
         try:
             check_dtype_on_device(dtype, device, "use float16 or float32, or patch with backend='auto'")
@@ -158,7 +159,7 @@ def _unpatched_choice(refusal: str | None) -> BackendChoice:
 
 def _timm_refusal(model: nn.Module) -> str:
     """apply_vit_fast's own error for a timm model whose blocks or head it refuses (each feature named once)."""
-    from .timm_blocks import plan_attention_pool, plan_timm_model
+    from vit_fast.interop.timm_blocks import plan_attention_pool, plan_timm_model
 
     try:
         plan_timm_model(model, "auto")
@@ -174,8 +175,8 @@ _Read = tuple[str | None, BackendChoice, list[ModuleReport], list[str]]
 
 
 def _timm(model: nn.Module, device: torch.device, dtype: torch.dtype) -> _Read:
-    from .patching import _ORIGINAL, PATCHED_BACKEND
-    from .timm_blocks import _BLOCK_INDEX, read_attention_pool, read_timm_blocks, timm_model_refusal
+    from vit_fast.interop.patching import _ORIGINAL, PATCHED_BACKEND
+    from vit_fast.interop.timm_blocks import _BLOCK_INDEX, read_attention_pool, read_timm_blocks, timm_model_refusal
 
     asked = model.__dict__.get(PATCHED_BACKEND)
     names = {id(m): n for n, m in model.named_modules()}
@@ -233,8 +234,8 @@ def _timm(model: nn.Module, device: torch.device, dtype: torch.dtype) -> _Read:
 
 
 def _hf(model: nn.Module, device: torch.device, dtype: torch.dtype) -> _Read:
-    from .hf_patch import _LAYOUTS, _ORIGINAL, _pool_heads, _vision_layers, head_dim_problem, hf_refusal
-    from .patching import PATCHED_BACKEND
+    from vit_fast.interop.hf_patch import _LAYOUTS, _ORIGINAL, _pool_heads, _vision_layers, head_dim_problem, hf_refusal
+    from vit_fast.interop.patching import PATCHED_BACKEND
 
     asked = model.__dict__.get(PATCHED_BACKEND)
     names = {id(m): n for n, m in model.named_modules()}
@@ -299,12 +300,12 @@ def explain(model: nn.Module, device: torch.device | str | None = None) -> Expla
     ``model``: a timm ``VisionTransformer`` or a transformers vision model, patched in place
     (:func:`vit_fast.apply_vit_fast`, or a transformers model that :func:`vit_fast.optimize` returned) or not; or
     vit-fast's own :class:`vit_fast.VisionTransformer`. Returns an :class:`Explanation`: ``.backend`` (a
-    :class:`vit_fast.runtime.BackendChoice`: what runs the patched blocks there, with the reason naming the card),
-    ``.modules`` (one :class:`ModuleReport` per block, encoder layer or attention-pool head: patched or left alone,
-    what it runs and why; ``.patched`` and ``.left_alone`` split them) and ``.notes``. ``print(explain(model))``
+    :class:`vit_fast.backend.runtime.BackendChoice`: what runs the patched blocks there, with the reason naming the
+    card), ``.modules`` (one :class:`ModuleReport` per block, encoder layer or attention-pool head: patched or left
+    alone, what it runs and why; ``.patched`` and ``.left_alone`` split them) and ``.notes``. ``print(explain(model))``
     shows it. Reads the model only: nothing is patched, run or compiled. A TypeError for any other model.
     """
-    from .model import VisionTransformer
+    from vit_fast.model.vit import VisionTransformer
 
     weights_device, dtype = _weights(model)
     device = weights_device if device is None else torch.device(device)

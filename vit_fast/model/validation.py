@@ -6,10 +6,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .kernels._switches import switch
+from vit_fast.kernels._switches import switch
 
 if TYPE_CHECKING:
-    from .model import VisionTransformer
+    from vit_fast.model.vit import VisionTransformer
 
 
 def _nearest_multiple(n: int, p: int) -> int:

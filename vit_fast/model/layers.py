@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import ViTConfig
+from vit_fast.model.config import ViTConfig
 
 
 class PatchEmbed(nn.Module):

@@ -2,7 +2,7 @@
 
 Two bounds, both decided from a config's numbers alone (no tensor is made):
 
-- :data:`CEILINGS`: the largest value of each size field of a :class:`~vit_fast.config.ViTConfig`. They are far
+- :data:`CEILINGS`: the largest value of each size field of a :class:`~vit_fast.model.config.ViTConfig`. They are far
   beyond every published ViT (ViT-22B has embed_dim 6144, depth 48, an MLP of 24576 units), so no real model
   meets them; they stop a typo or a hostile file before Python spends minutes building it (a depth of 20000 takes
   that long to build whatever the memory says). ``ViTConfig`` checks them; the Hugging Face config reader checks
@@ -107,7 +107,7 @@ def size_text(n: int | float) -> str:
 
 # --------------------------------------------------------------------------- a model's parameters
 def parameter_parts(cfg: Any) -> dict[str, int]:
-    """The parameters of :class:`~vit_fast.model.VisionTransformer` for ``cfg``, by part (exact counts: the model
+    """The parameters of :class:`~vit_fast.model.vit.VisionTransformer` for ``cfg``, by part (exact counts: the model
     holds their sum), from the config's numbers alone."""
     d, h, c = cfg.embed_dim, cfg.mlp_hidden_dim, cfg.num_classes
     block = 2 * d + 3 * d * d + (3 * d if cfg.qkv_bias else 0) + d * d + d  # norm1, qkv, proj

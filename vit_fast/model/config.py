@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .limits import above_ceiling, number_text
+from vit_fast.util.limits import above_ceiling, number_text
 
 _GLOBAL_POOLS = ("token", "avg")
 _ACTS = ("gelu", "gelu_tanh", "quick_gelu", "silu")

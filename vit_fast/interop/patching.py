@@ -14,9 +14,9 @@ cover: an attention mask other than key padding at the end of each row, training
 dtype other than float16, bfloat16 or float32). An eval-mode call with autograd on (no ``torch.no_grad()``,
 parameters that require grad) runs the kernels: gradients flow through their backward, which recomputes through the
 eager references (exact, not fused). timm's ``NaFlexVit`` (images at their own size, padded into one batch) is
-patched the same way, its padding mask run as per-sample lengths (:mod:`vit_fast.naflex`). bf16 with
+patched the same way, its padding mask run as per-sample lengths (:mod:`vit_fast.interop.naflex`). bf16 with
 ``backend="triton"`` on a card that only emulates it is refused, as ``VisionTransformer`` refuses it. The rule is
-:func:`vit_fast.runtime.patched_runs_kernels`.
+:func:`vit_fast.backend.runtime.patched_runs_kernels`.
 
 A patched module's ``forward`` is a :class:`PatchedForward`: a module-level function of vit-fast bound to the module
 and the backend, never a closure. So a patched model pickles (``torch.save``, ``pickle``) and deep-copies, and
@@ -35,11 +35,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import runtime
-from .naflex import key_padding_lengths
+from vit_fast.backend import runtime
+from vit_fast.interop.naflex import key_padding_lengths
 
 #: a patched module's ``__dict__`` keys: the forward it had before (called where the kernels step aside), and how
-#: its kernels run (a :class:`vit_fast.timm_blocks.BlockPlan` / ``PoolPlan``)
+#: its kernels run (a :class:`vit_fast.interop.timm_blocks.BlockPlan` / ``PoolPlan``)
 _ORIGINAL, _PLAN = "_vit_fast_original_forward", "_vit_fast_plan"
 #: the model attribute (in its ``__dict__``) that records the backend a model was patched with, for
 #: :func:`vit_fast.explain`
@@ -151,9 +151,9 @@ _SCRIPTABLE = "__prepare_scriptable__"
 
 def apply_vit_fast(model: nn.Module, backend: str = "auto") -> nn.Module:
     """Make a timm ``VisionTransformer`` / ``VisionTransformerDistilled`` / ``NaFlexVit`` or a transformers vision
-    model (ViT, DeiT, DINOv2, CLIP, SigLIP, SigLIP 2: :mod:`vit_fast.hf_patch`) run its blocks on our kernels, in
-    place; returns the same object. A padded batch of images at their own sizes (NaFlexVit, SigLIP 2) runs its
-    key-padding mask on the kernels as per-sample lengths (:mod:`vit_fast.naflex`).
+    model (ViT, DeiT, DINOv2, CLIP, SigLIP, SigLIP 2: :mod:`vit_fast.interop.hf_patch`) run its blocks on our kernels,
+    in place; returns the same object. A padded batch of images at their own sizes (NaFlexVit, SigLIP 2) runs its
+    key-padding mask on the kernels as per-sample lengths (:mod:`vit_fast.interop.naflex`).
 
     Everything is checked before anything is patched: a model, block, attention or activation the kernels do not
     run is refused by name (a ValueError or TypeError), and ``backend="triton"`` refuses a head dim our attention
@@ -170,7 +170,7 @@ def apply_vit_fast(model: nn.Module, backend: str = "auto") -> nn.Module:
         runtime.require_triton()
     module = type(model).__module__
     if module.startswith("timm."):
-        from .timm_blocks import plan_attention_pool, plan_timm_model
+        from vit_fast.interop.timm_blocks import plan_attention_pool, plan_timm_model
 
         plans = plan_timm_model(model, backend)  # refuses, by name, every feature the kernels do not run
         pool_plan = plan_attention_pool(model, backend)  # the map head (None: not an AttentionPoolLatent)
@@ -184,7 +184,7 @@ def apply_vit_fast(model: nn.Module, backend: str = "auto") -> nn.Module:
         model.__dict__.setdefault(PATCHED_BACKEND, backend)  # a second call keeps the first's forwards
         return model
     if module.startswith("transformers."):
-        from .hf_patch import apply_hf
+        from vit_fast.interop.hf_patch import apply_hf
 
         return apply_hf(model, backend)  # the vision towers of ViT, DeiT, DINOv2, CLIP and SigLIP
     raise TypeError(
@@ -196,9 +196,9 @@ def apply_vit_fast(model: nn.Module, backend: str = "auto") -> nn.Module:
 def _fast_timm(block: nn.Module, backend: str, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     """The forward of a patched timm block: its plan on the kernels, or timm's own forward where the kernels step
     aside (a mask other than key padding, ``is_causal``, ``rope``, training mode, a dtype or device the kernels
-    skip). A key-padding ``attn_mask`` (NaFlexVit's) runs on the kernels as ``lengths`` (:mod:`vit_fast.naflex`). In
-    eval mode the kernels run with autograd on too: the custom ops' backward recomputes through the eager references,
-    exact gradients."""
+    skip). A key-padding ``attn_mask`` (NaFlexVit's) runs on the kernels as ``lengths``
+    (:mod:`vit_fast.interop.naflex`). In eval mode the kernels run with autograd on too: the custom ops' backward
+    recomputes through the eager references, exact gradients."""
     plan = block.__dict__[_PLAN]
     mask = kwargs.get("attn_mask") if not args else args[0]
     rest = (*args[1:], *(v for k, v in kwargs.items() if k != "attn_mask"))

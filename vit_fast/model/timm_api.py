@@ -28,7 +28,7 @@ def _take(indices: int | list[int] | tuple[int, ...] | None, depth: int) -> list
 
 
 class TimmModelAPI:
-    """Mixed into :class:`vit_fast.model.VisionTransformer`; reads ``cfg``, ``norm``, ``forward_stages``."""
+    """Mixed into :class:`vit_fast.model.vit.VisionTransformer`; reads ``cfg``, ``norm``, ``forward_stages``."""
 
     grad_checkpointing = False
 

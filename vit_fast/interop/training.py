@@ -1,6 +1,6 @@
 """Train the embedded default model: a small ViT on scikit-learn's handwritten digits.
 
-    python -m vit_fast.training --out vit_fast/assets
+    python -m vit_fast.interop.training --out vit_fast/assets
 
 writes ``digits_vit.safetensors`` (fp32 weights, config in the metadata) and ``digits_vit.json``
 (held-out accuracy, split seed, command, epochs, versions, train time) into ``--out``.
@@ -27,15 +27,15 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .progress import Remaining
+from vit_fast.util.progress import Remaining
 
 WEIGHTS_NAME = "digits_vit.safetensors"
 INFO_NAME = "digits_vit.json"
 
 
 def model_config(embed_dim: int = 64, depth: int = 4, num_heads: int = 2):
-    from .assets import IMG_SIZE
-    from .config import ViTConfig
+    from vit_fast.assets import IMG_SIZE
+    from vit_fast.model.config import ViTConfig
 
     return ViTConfig(
         img_size=IMG_SIZE,
@@ -102,10 +102,10 @@ def lr_at(step: int, total: int, warmup: int, base: float, final_frac: float = 0
 
 
 def train(args: argparse.Namespace) -> dict[str, Any]:
-    from . import assets
-    from .checkpoints import save_checkpoint
-    from .files import claim, make_folders, write_atomic
-    from .model import VisionTransformer
+    from vit_fast import assets
+    from vit_fast.interop.checkpoints import save_checkpoint
+    from vit_fast.model.vit import VisionTransformer
+    from vit_fast.util.files import claim, make_folders, write_atomic
 
     out = make_folders(args.out, "--out")
     claim(out / INFO_NAME)  # the record beside the weights, as it is before training: replaced only if unchanged
@@ -225,7 +225,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             "threads": args.threads,
             "deterministic": True,
         },
-        "command": "python -m vit_fast.training " + " ".join(shlex.quote(a) for a in args.argv),
+        "command": "python -m vit_fast.interop.training " + " ".join(shlex.quote(a) for a in args.argv),
         "train_time_s": round(train_time, 1),
         "torch": torch.__version__,
         "sklearn": sklearn.__version__,
@@ -240,7 +240,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m vit_fast.training", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m vit_fast.interop.training",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--out", default="vit_fast/assets", help="folder for the weights and the JSON record")
     p.add_argument("--epochs", type=int, default=80)

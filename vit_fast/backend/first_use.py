@@ -2,8 +2,8 @@
 
 The first time a kernel runs compiled for a (device, triton version, dtype, config, shape class), its output is
 compared with the eager reference on that same input, both judged against a float64 computation of it by the
-project's one numerics rule (``vit_fast.numerics``). On a mismatch the op falls back to eager PyTorch for the rest of
-the process, with one warning naming the kernel, its config and the device; ``vit-fast doctor`` reports it too
+project's one numerics rule (``vit_fast.util.numerics``). On a mismatch the op falls back to eager PyTorch for the rest
+of the process, with one warning naming the kernel, its config and the device; ``vit-fast doctor`` reports it too
 (:func:`report`). The config is the one that ran: a tuned config picked later for a shape class already checked with
 the heuristic's (``model.warmup(tune=True)`` after an untuned first forward, ``VIT_FAST_AUTOTUNE=1`` set later) is
 judged on its own first use.
@@ -30,10 +30,10 @@ from typing import Any
 
 import torch
 
-from . import numerics
-from .kernels._interpret import interpreter_enabled
-from .kernels._switches import switch
-from .kernels.cards import device_name
+from vit_fast.kernels._interpret import interpreter_enabled
+from vit_fast.kernels._switches import switch
+from vit_fast.kernels.cards import device_name
+from vit_fast.util import numerics
 
 ENV = "VIT_FAST_FIRST_USE_CHECK"
 

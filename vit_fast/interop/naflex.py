@@ -6,7 +6,7 @@ and padded at the end to the longest in the batch, with a mask that keeps attent
 code still does everything outside the transformer layers (the linear patch embedding over packed patches, the
 position-embedding resizing, masked pooling); the patched layers and attention-pool head read the mask as
 ``lengths [B]``, each sample's valid tokens (:func:`key_padding_lengths`), and run
-:func:`vit_fast.triton_path.attention_with_lengths`. A mask that is anything but key padding of a prefix of each
+:func:`vit_fast.backend.triton_path.attention_with_lengths`. A mask that is anything but key padding of a prefix of each
 row (a causal mask, an additive bias, padding in the middle) keeps the layer's own forward.
 
 Refused at patch time, by name: a ``NaFlexVit`` with rotary position embeddings (``rope_type``: RADIO-style RoPE,
@@ -22,7 +22,7 @@ import weakref
 import torch
 from torch import nn
 
-#: timm model class -> why its blocks are read here (the list :mod:`vit_fast.timm_blocks` accepts it from)
+#: timm model class -> why its blocks are read here (the list :mod:`vit_fast.interop.timm_blocks` accepts it from)
 MODEL_CLASSES = ("NaFlexVit",)
 
 

@@ -9,7 +9,7 @@ first imported). A child started through :func:`guarded_python` runs :data:`GUAR
   and checks again every second on a thread of its own (the only watch where there is no ``prctl``);
 - on SIGTERM, or once its parent is gone, exits with 143; when its parent is gone, it first removes the folder it
   was given (the parent's temporary folder: nobody else would remove it now; a parent that lives removes its
-  own, and a killed run's left over is removed by the next run, see :func:`vit_fast.files.temp_staging`). The
+  own, and a killed run's left over is removed by the next run, see :func:`vit_fast.util.files.temp_staging`). The
   kernel sends the signal when the parent's thread that started the child exits, which may be while the parent's
   other threads are still exiting (a SIGKILLed parent with torch's threads, slow on a loaded machine): the
   child waits up to 10 s for its parent to be gone for good before it decides;

@@ -9,10 +9,10 @@ embeddings are untouched), PEFT and the output classes behave as in transformers
 Supported layers (vision towers only; a ``CLIPModel``'s text tower keeps its own forward):
 ``ViTLayer``, ``DeiTLayer``, ``Dinov2Layer`` (LayerScale; MLP or SwiGLU), ``CLIPEncoderLayer``,
 ``SiglipEncoderLayer`` and ``Siglip2EncoderLayer`` (SigLIP 2's padded batches: the key-padding mask and the head's
-``pixel_attention_mask`` run as per-sample lengths, :mod:`vit_fast.naflex`).
+``pixel_attention_mask`` run as per-sample lengths, :mod:`vit_fast.interop.naflex`).
 A layer runs on the kernels (LayerNorm folded into the qkv and fc1 GEMMs,
 flash-style attention, residual and LayerScale in the GEMM epilogues) when the kernels can run on
-its input (:func:`vit_fast.runtime.patched_runs_kernels`, as for timm: float64 keeps the layer's own
+its input (:func:`vit_fast.backend.runtime.patched_runs_kernels`, as for timm: float64 keeps the layer's own
 forward), and its own forward otherwise: an attention mask other than key padding at the end of each row,
 training mode (dropout, gradient checkpointing), attentions requested (by the ``output_attentions`` kwarg or the
 config: they come
@@ -27,9 +27,9 @@ PyTorch between the fc1 and fc2 kernels. SigLIP's attention-pool head
 (``SiglipMultiheadAttentionPoolingHead``) runs on the kernels too, under the same rules: its packed
 ``in_proj`` read as two row slices (q, then k|v) through the linear kernel, the attention-pool kernel,
 ``out_proj``, LayerNorm folded into fc1, the residual in fc2's epilogue
-(:class:`vit_fast.timm_blocks.PoolPlan`).
+(:class:`vit_fast.interop.timm_blocks.PoolPlan`).
 
-A patched layer's forward is a :class:`vit_fast.patching.PatchedForward` of :func:`_fast_hf`: the patched model
+A patched layer's forward is a :class:`vit_fast.interop.patching.PatchedForward` of :func:`_fast_hf`: the patched model
 pickles, ``torch.save``-s and deep-copies, without the fused weight copies a layer keeps (read again after loading).
 """
 
@@ -44,11 +44,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import runtime
-from .convert import HF_ACTIVATIONS
-from .naflex import key_padding_lengths
-from .patching import _ORIGINAL, PATCHED_BACKEND, patch_forward
-from .timm_blocks import LinearWeights
+from vit_fast.backend import runtime
+from vit_fast.interop.convert import HF_ACTIVATIONS
+from vit_fast.interop.naflex import key_padding_lengths
+from vit_fast.interop.patching import _ORIGINAL, PATCHED_BACKEND, patch_forward
+from vit_fast.interop.timm_blocks import LinearWeights
 
 #: layer class -> (attention attribute, attention output projection, norm before attention, norm before the
 #: MLP, LayerScale after attention or None, LayerScale after the MLP or None)
@@ -72,7 +72,8 @@ SUPPORTED = {
     "dinov2": ("Dinov2Model", "Dinov2ForImageClassification", "Dinov2Backbone"),
     "clip": ("CLIPVisionModel", "CLIPVisionModelWithProjection", "CLIPModel", "CLIPForImageClassification"),
     "siglip": ("SiglipVisionModel", "SiglipModel", "SiglipForImageClassification"),
-    "siglip2": ("Siglip2VisionModel", "Siglip2Model", "Siglip2ForImageClassification"),  # padded: vit_fast.naflex
+    # padded batches of images at their own sizes: vit_fast.interop.naflex
+    "siglip2": ("Siglip2VisionModel", "Siglip2Model", "Siglip2ForImageClassification"),
 }
 _SUPPORTED_NAMES = {name for names in SUPPORTED.values() for name in names}
 #: the other model classes of those families, refused by name with the reason
@@ -240,12 +241,12 @@ _POOL_HEADS = ("SiglipMultiheadAttentionPoolingHead", "Siglip2MultiheadAttention
 
 class _HeadView:
     """SigLIP's pooling head (``probe``, ``attention`` an ``nn.MultiheadAttention``, ``layernorm``, ``mlp``) seen
-    with timm's ``AttentionPoolLatent`` names, as :class:`vit_fast.timm_blocks.PoolPlan` reads them: ``latent``,
+    with timm's ``AttentionPoolLatent`` names, as :class:`vit_fast.interop.timm_blocks.PoolPlan` reads them: ``latent``,
     ``q`` and ``kv`` (row slices of the packed ``in_proj``: q rows ``[0:D]``, k and v rows ``[D:3D]``, views, no
     copy), ``proj``, ``norm``, ``mlp``; read from the live modules on every call."""
 
     def __init__(self, head: nn.Module, hidden_act: str | None) -> None:
-        from .timm_blocks import MlpPlan, PoolPlan
+        from vit_fast.interop.timm_blocks import MlpPlan, PoolPlan
 
         self.head = head
         att = head.attention
@@ -303,11 +304,11 @@ def _pool_head_problems(head: nn.Module) -> list[str]:
 
 
 def _run_view(view: _LayerView, x: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
-    """One layer on the kernels. With an activation the fc1 epilogue has, exactly what ``vit_fast.patching`` runs
-    for a timm block; otherwise fc1 without activation, the layer's own activation in PyTorch, then fc2.
-    ``lengths [B]``: a padded batch's valid tokens per sample (SigLIP 2, :mod:`vit_fast.naflex`)."""
-    from . import first_use
-    from .triton_path import (
+    """One layer on the kernels. With an activation the fc1 epilogue has, exactly what ``vit_fast.interop.patching``
+    runs for a timm block; otherwise fc1 without activation, the layer's own activation in PyTorch, then fc2.
+    ``lengths [B]``: a padded batch's valid tokens per sample (SigLIP 2, :mod:`vit_fast.interop.naflex`)."""
+    from vit_fast.backend import first_use
+    from vit_fast.backend.triton_path import (
         _CHECKED_THROUGH,
         _THROUGH_OPS,
         _block,
@@ -434,8 +435,8 @@ def _fast_hf(layer: nn.Module, backend: str, hidden_states: torch.Tensor, *args:
 
 
 def _fast_head(head: nn.Module, backend: str, hidden_state: torch.Tensor, *mask: Any) -> torch.Tensor:
-    """The forward of a patched SigLIP pooling head: its :class:`vit_fast.timm_blocks.PoolPlan` on the kernels, or
-    its own forward under the layers' rules. SigLIP 2's head also takes the ``pixel_attention_mask`` ``[B, T]``:
+    """The forward of a patched SigLIP pooling head: its :class:`vit_fast.interop.timm_blocks.PoolPlan` on the kernels,
+    or its own forward under the layers' rules. SigLIP 2's head also takes the ``pixel_attention_mask`` ``[B, T]``:
     key padding, run as per-sample lengths."""
     original = head.__dict__[_ORIGINAL]
     if attentions_requested({}, _active_collector()) or not _kernels_can_run(hidden_state, backend):
@@ -455,7 +456,7 @@ def _fast_head(head: nn.Module, backend: str, hidden_state: torch.Tensor, *mask:
 
 def apply_hf(model: nn.Module, backend: str) -> nn.Module:
     """``apply_vit_fast`` for a transformers model (see the module docstring); in place, returns ``model``. Each
-    layer's (and pooling head's) forward becomes a :class:`vit_fast.patching.PatchedForward` of :func:`_fast_hf`
+    layer's (and pooling head's) forward becomes a :class:`vit_fast.interop.patching.PatchedForward` of :func:`_fast_hf`
     (:func:`_fast_head`), so the patched model pickles and deep-copies."""
     layers, config = check_supported(model, backend)
     hidden_act = getattr(config, "hidden_act", None)

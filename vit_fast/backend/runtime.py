@@ -9,9 +9,9 @@ import importlib.util
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .kernels import cards
-from .kernels._interpret import interpreter_enabled, interpreter_version_problem
-from .kernels._versions import InterpreterVersionError
+from vit_fast.kernels import cards
+from vit_fast.kernels._interpret import interpreter_enabled, interpreter_version_problem
+from vit_fast.kernels._versions import InterpreterVersionError
 
 if TYPE_CHECKING:
     import torch
@@ -26,7 +26,7 @@ def triton_importable() -> bool:
 def triton_version_problem() -> str | None:
     """Why the installed triton is too old for our kernels, with the fix (``vit_fast.kernels._versions``); None
     when it is new enough or not installed. Read once per process: installed versions do not change under it."""
-    from .kernels._versions import triton_problem
+    from vit_fast.kernels._versions import triton_problem
 
     return triton_problem()
 
@@ -112,7 +112,7 @@ class BackendChoice:
 def head_dim_range() -> tuple[int, int]:
     """The head dims our attention kernel takes, ``(min, max)`` (imports the kernels, so triton: ask after
     :func:`triton_importable`)."""
-    from .kernels.attention import MAX_HEAD_DIM, MIN_HEAD_DIM
+    from vit_fast.kernels.attention import MAX_HEAD_DIM, MIN_HEAD_DIM
 
     return MIN_HEAD_DIM, MAX_HEAD_DIM
 
@@ -153,23 +153,24 @@ def auto_backend(device: torch.device | str, head_dim: int | None = None) -> str
 
 
 def patched_runs_kernels(x: torch.Tensor, backend: str, head_dim: int | None = None) -> bool:
-    """Whether a block or head of a timm / transformers model patched in place (``vit_fast.patching``,
-    ``vit_fast.hf_patch``) runs on our kernels for input ``x``, else on its own forward. ``backend="auto"``: where
-    :func:`auto_backend` picks triton for ``x``'s device (``head_dim``: the model's); ``"triton"``: on any device.
+    """Whether a block or head of a timm / transformers model patched in place (``vit_fast.interop.patching``,
+    ``vit_fast.interop.hf_patch``) runs on our kernels for input ``x``, else on its own forward. ``backend="auto"``:
+    where :func:`auto_backend` picks triton for ``x``'s device (``head_dim``: the model's); ``"triton"``: on any device.
     Either way only in a dtype the kernels compute in (``vit_fast.kernels._common.SUPPORTED_DTYPES``: float64 and
     the rest keep the model's own forward), and bf16 on a card that only emulates it is refused with a ValueError
-    naming the card, as ``VisionTransformer``'s triton backend refuses it (``vit_fast.dtypes.check_dtype_on_device``).
+    naming the card, as ``VisionTransformer``'s triton backend refuses it
+    (``vit_fast.util.dtypes.check_dtype_on_device``).
     """
     if backend != "triton" and auto_backend(x.device, head_dim) != "triton":
         return False
     import torch
 
-    from .kernels._common import SUPPORTED_DTYPES  # triton is imported by now: the kernels run next
+    from vit_fast.kernels._common import SUPPORTED_DTYPES  # triton is imported by now: the kernels run next
 
     if x.dtype not in SUPPORTED_DTYPES:
         return False
     if x.dtype == torch.bfloat16:
-        from .dtypes import check_dtype_on_device
+        from vit_fast.util.dtypes import check_dtype_on_device
 
         check_dtype_on_device(
             x.dtype,

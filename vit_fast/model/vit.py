@@ -3,7 +3,7 @@
 Parameter names are timm's (``patch_embed.proj``, ``blocks.N.attn.qkv``, ``ls1.gamma``, ...),
 so a timm ``state_dict`` loads as it is. The ``"torch"`` backend below is plain PyTorch: the
 reference every kernel is judged against, and the path export traces. The ``"triton"``
-backend runs the same parameters through our fused kernels (``vit_fast.triton_path``).
+backend runs the same parameters through our fused kernels (``vit_fast.backend.triton_path``).
 """
 
 from __future__ import annotations
@@ -18,19 +18,19 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 
-from . import runtime
-from .config import ViTConfig
-from .dtypes import bf16_native, check_dtype_on_device
-from .kernels import cards
-from .layers import Block, PatchEmbed, block_functional, observed, runs_functional, skip_identity
-from .limits import check_model_fits
-from .pos_embed import pos_embed_for_grid, resample_pos_embed
-from .timm_api import TimmModelAPI
-from .validation import finite_check_from_env, require_finite
+from vit_fast.backend import runtime
+from vit_fast.backend.pos_embed import pos_embed_for_grid, resample_pos_embed
+from vit_fast.kernels import cards
+from vit_fast.model.config import ViTConfig
+from vit_fast.model.layers import Block, PatchEmbed, block_functional, observed, runs_functional, skip_identity
+from vit_fast.model.timm_api import TimmModelAPI
+from vit_fast.model.validation import finite_check_from_env, require_finite
+from vit_fast.util.dtypes import bf16_native, check_dtype_on_device
+from vit_fast.util.limits import check_model_fits
 
 if TYPE_CHECKING:
-    from .runtime import BackendChoice
-    from .warmup import WarmupReport
+    from vit_fast.backend.runtime import BackendChoice
+    from vit_fast.model.warmup import WarmupReport
 
 BACKENDS = ("auto", "torch", "triton")
 
@@ -175,7 +175,7 @@ class VisionTransformer(TimmModelAPI, nn.Module):
 
         ``"auto"`` runs our kernels only where they are expected to help: a CUDA card whose ``tl.dot`` runs on
         tensor cores (sm_80 and up), with triton installed and a head dim our attention takes; the torch backend
-        everywhere else (CPU, sm_75 such as the T4). The rule is ``vit_fast.runtime``'s, for the input's device.
+        everywhere else (CPU, sm_75 such as the T4). The rule is ``vit_fast.backend.runtime``'s, for the input's device.
         """
         if self.backend != "auto":
             return self.backend
@@ -201,7 +201,7 @@ class VisionTransformer(TimmModelAPI, nn.Module):
         or bf16 weights (``"auto"`` picked triton only after reading a card with tensor cores)."""
         backend = self.resolved_backend(x)
         if backend == "triton":
-            from .kernels._common import SUPPORTED_DTYPES  # triton is needed now: the kernels run next
+            from vit_fast.kernels._common import SUPPORTED_DTYPES  # triton is needed now: the kernels run next
 
             if self.dtype not in SUPPORTED_DTYPES:
                 # the fast path launches unchecked: a float64 model would reach the kernels (tl.dot in fp64)
@@ -244,7 +244,7 @@ class VisionTransformer(TimmModelAPI, nn.Module):
 
         Returns the patch grid ``(H / p, W / p)``. Runs before any compute.
         """
-        from .validation import check_image_batch
+        from vit_fast.model.validation import check_image_batch
 
         return check_image_batch(self, x)
 
@@ -345,7 +345,7 @@ class VisionTransformer(TimmModelAPI, nn.Module):
         norm, on the model's backend: what Hugging Face's ``output_hidden_states`` and the finite check read."""
         grid = self.check_input(x)
         if self._backend_for_call(x) == "triton":
-            from .triton_path import stages_triton
+            from vit_fast.backend.triton_path import stages_triton
 
             yield from stages_triton(self, x, grid)
         else:
@@ -373,7 +373,7 @@ class VisionTransformer(TimmModelAPI, nn.Module):
             return self._features_checked(x)
         grid = self.check_input(x)
         if self._backend_for_call(x) == "triton":
-            from .triton_path import features_triton
+            from vit_fast.backend.triton_path import features_triton
 
             return features_triton(self, x, grid)
         return self._features_torch(x, grid, first_token)
@@ -413,16 +413,16 @@ class VisionTransformer(TimmModelAPI, nn.Module):
 
         Prints one line saying what it does and how long it may take, and a progress bar on a terminal
         (``verbose=False``: silent). On the torch backend there is nothing to compile: it says so and runs
-        nothing. Returns a :class:`vit_fast.warmup.WarmupReport` (seconds per batch size, tuned or not).
+        nothing. Returns a :class:`vit_fast.model.warmup.WarmupReport` (seconds per batch size, tuned or not).
         """
-        from .warmup import warmup_model
+        from vit_fast.model.warmup import warmup_model
 
         return warmup_model(self, batch_sizes, dtype=dtype, tune=tune, verbose=verbose)
 
     def _autotune_scope(self) -> contextlib.AbstractContextManager | None:
         """``tuning()`` for a forward of a model that asked for tuning, unless already on or traced (a context
         variable set inside torch.compile's tracing would break the graph)."""
-        from .kernels._common import autotune_enabled, tuning
+        from vit_fast.kernels._common import autotune_enabled, tuning
 
         if torch.compiler.is_compiling() or autotune_enabled():
             return None

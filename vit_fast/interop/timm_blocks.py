@@ -34,12 +34,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import runtime
-from .naflex import MODEL_CLASSES as NAFLEX_CLASSES
-from .naflex import naflex_refusal
+from vit_fast.backend import runtime
+from vit_fast.interop.naflex import MODEL_CLASSES as NAFLEX_CLASSES
+from vit_fast.interop.naflex import naflex_refusal
 
-#: timm model classes whose blocks are read here (NaFlexVit: :mod:`vit_fast.naflex`), and the ones refused for what
-#: their attention does
+#: timm model classes whose blocks are read here (NaFlexVit: :mod:`vit_fast.interop.naflex`), and the ones refused
+#: for what their attention does
 MODEL_CLASSES = ("VisionTransformer", "VisionTransformerDistilled", *NAFLEX_CLASSES)
 _REFUSED_MODELS = {
     "Eva": "rotary position embeddings (RoPE) inside attention",
@@ -69,9 +69,9 @@ class BlockPlan:
 
     def run(self, block: nn.Module, x: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
         """The block's forward on the kernels, ``x [B, T, D]`` -> ``[B, T, D]``; ``lengths [B]``: a padded batch's
-        valid tokens per sample (:func:`vit_fast.triton_path.attention_with_lengths`)."""
-        from . import first_use
-        from .triton_path import _CHECKED_THROUGH, _THROUGH_OPS, fuse_ln_from_env, with_lengths
+        valid tokens per sample (:func:`vit_fast.backend.triton_path.attention_with_lengths`)."""
+        from vit_fast.backend import first_use
+        from vit_fast.backend.triton_path import _CHECKED_THROUGH, _THROUGH_OPS, fuse_ln_from_env, with_lengths
 
         ops = with_lengths(_CHECKED_THROUGH if first_use.applies(x) else _THROUGH_OPS, lengths)
         fused = fuse_ln_from_env()
@@ -95,14 +95,14 @@ class BlockPlan:
 
 
 def _norm(ops, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    from .triton_path import _norm as norm_on_kernels
+    from vit_fast.backend.triton_path import _norm as norm_on_kernels
 
     return norm_on_kernels(ops, norm, x)
 
 
 def _attention(ops, norm, attn, x, residual, ls, fused) -> torch.Tensor:
     """``residual + ls(attn(norm(x)))`` (``attn(norm(x))`` when residual is None): 3 launches, LN in the qkv GEMM."""
-    from .triton_path import _gamma, _norm_linear
+    from vit_fast.backend.triton_path import _gamma, _norm_linear
 
     qkv = _norm_linear(ops, norm, x, attn.qkv, None, fused)  # [B, T, 3 * H * Dh]
     if type(attn).__name__ == "DiffAttention":
@@ -128,7 +128,7 @@ def _diff_attention(ops, attn, qkv: torch.Tensor) -> torch.Tensor:
 def _mlp(ops, norm, mlp, plan: MlpPlan, x, residual, ls, fused) -> torch.Tensor:
     """``residual + ls(mlp(norm(x)))`` (``mlp(norm(x))`` when residual is None); the activation rides in fc1's
     epilogue, a SwiGLU gate runs in torch between fc1 and fc2."""
-    from .triton_path import _gamma, _norm_linear
+    from vit_fast.backend.triton_path import _gamma, _norm_linear
 
     if plan.gated:
         h = _norm_linear(ops, norm, x, mlp.fc1, None, fused)
@@ -144,7 +144,7 @@ def _mlp(ops, norm, mlp, plan: MlpPlan, x, residual, ls, fused) -> torch.Tensor:
 class LinearWeights(NamedTuple):
     """A weight ``[N, K]`` and bias where the ops read an ``nn.Linear`` (``.weight``, ``.bias``): a slice of a
     packed projection's parameters (timm's in_proj, transformers' MultiheadAttention in_proj), or several linears
-    stacked into one GEMM (:mod:`vit_fast.hf_patch`)."""
+    stacked into one GEMM (:mod:`vit_fast.interop.hf_patch`)."""
 
     weight: torch.Tensor
     bias: torch.Tensor | None
@@ -162,7 +162,7 @@ def _parallel_scaling(ops, block, plan: MlpPlan, x: torch.Tensor, fused: bool) -
     the one ``out_proj`` over ``cat(A, M)`` is split by weight columns ``[:D]`` and ``[D:]`` (strided views the
     GEMM reads by row stride), its bias riding on the first. 5 launches without qk-norm, 7 with it (+ a cat).
     """
-    from .triton_path import _gamma, _norm, _norm_linear
+    from vit_fast.backend.triton_path import _gamma, _norm, _norm_linear
 
     width = x.shape[-1]
     hidden = block.in_proj.out_features - 3 * width
@@ -200,7 +200,7 @@ def _qk_norm(ops, block, qkv: torch.Tensor) -> torch.Tensor:
     read and write of qkv per block: torch ops for the repack keep the kernels as they are (the attention kernel is
     another helper's); folding qk-norm into the qkv GEMM's epilogue (tiles of whole heads) would remove it, and is
     worth doing once it is timed on a GPU."""
-    from .triton_path import _norm
+    from vit_fast.backend.triton_path import _norm
 
     if _is_identity(block.q_norm) and _is_identity(block.k_norm):
         return qkv
@@ -240,7 +240,7 @@ def _activation(act, where: str, problems: list[str]) -> str:
 def _norm_problems(norm, where: str, problems: list[str], allow_identity: bool = False) -> None:
     """A LayerNorm or timm RmsNorm / RmsNormFp32 over one (the last) dim, or Identity where allowed; else a problem.
     Both run on the norm kernel (or folded into the next GEMM's prologue), in its LayerNorm or RMS mode."""
-    from .triton_path import is_rms_norm
+    from vit_fast.backend.triton_path import is_rms_norm
 
     if allow_identity and _is_identity(norm):
         return
@@ -345,7 +345,7 @@ _PARALLEL_SCALING_PARTS = (
 
 def _scaling_norm_problems(norm, width: int, where: str, problems: list[str], allow_identity: bool = False) -> None:
     """A LayerNorm or timm RmsNorm over ``width`` features (or Identity where allowed); else a problem."""
-    from .triton_path import is_rms_norm
+    from vit_fast.backend.triton_path import is_rms_norm
 
     if allow_identity and _is_identity(norm):
         return
@@ -492,7 +492,7 @@ def plan_timm_model(model: nn.Module, backend: str) -> list[BlockPlan]:
 @dataclass(frozen=True)
 class PoolPlan:
     """How an attention-pool head (timm's ``AttentionPoolLatent``, ``global_pool='map'``; transformers' SigLIP
-    pooling head through :mod:`vit_fast.hf_patch`) runs on the kernels:
+    pooling head through :mod:`vit_fast.interop.hf_patch`) runs on the kernels:
 
         q = q_proj(latent) [1, L, D];  kv = kv_proj(x) [B, T, 2D]            (linear kernel)
         a = proj(attention_pool(q, kv))  [B, L, D]                            (attention-pool kernel, linear)
@@ -512,8 +512,14 @@ class PoolPlan:
         ``latent`` ``[1, L, D]``, ``q`` (a Linear, or None / nn.Identity: the latent is the query), ``kv``,
         ``proj`` (None / nn.Identity: none), ``norm``, ``mlp`` (``fc1``, ``fc2``; None: none), and ``torch_act``
         where the plan's MLP activation is ``"torch"`` (run in PyTorch between fc1 and fc2)."""
-        from . import first_use
-        from .triton_path import _CHECKED_THROUGH, _THROUGH_OPS, _norm_linear, fuse_ln_from_env, with_lengths
+        from vit_fast.backend import first_use
+        from vit_fast.backend.triton_path import (
+            _CHECKED_THROUGH,
+            _THROUGH_OPS,
+            _norm_linear,
+            fuse_ln_from_env,
+            with_lengths,
+        )
 
         ops = with_lengths(_CHECKED_THROUGH if first_use.applies(x) else _THROUGH_OPS, lengths)
         x = x.contiguous()

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import runtime
+from vit_fast.backend import runtime
 
 
 @functools.cache
@@ -114,7 +114,7 @@ def git_commit() -> str:
     inside a user's repository never records the user's HEAD. Elsewhere: ``$VIT_FAST_COMMIT``
     (set it on a copied tree, as on a benchmark machine), else ``"vit-fast <version>"``.
     """
-    from .version import __version__
+    from vit_fast.util.version import __version__
 
     fallback = os.environ.get("VIT_FAST_COMMIT") or f"vit-fast {__version__}"
     root = SOURCE_ROOT
@@ -150,7 +150,7 @@ def device_name(device: Any) -> str:
 
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    from .progress import plural
+    from vit_fast.util.progress import plural
 
     cores = plural(os.cpu_count(), "logical core") if os.cpu_count() else "logical cores unknown"
     return f"CPU: {cpu_name()} ({cores}, {plural(torch.get_num_threads(), 'torch thread')})"
@@ -329,7 +329,7 @@ def collect_environment(device: Any = None) -> dict[str, Any]:
     torch.device (default: the first GPU when there is one, else the CPU)."""
     import torch
 
-    from .version import __version__
+    from vit_fast.util.version import __version__
 
     if device is None:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -373,7 +373,7 @@ INFO_PACKAGES = ("triton", "onnx", "onnxruntime", "tensorrt", "timm", "transform
 def collect_info() -> dict[str, Any]:
     import torch
 
-    from .version import __version__
+    from vit_fast.util.version import __version__
 
     info: dict[str, Any] = {
         "vit_fast": __version__,
@@ -402,7 +402,7 @@ def collect_info() -> dict[str, Any]:
                 }
             )
     else:
-        from .dtypes import DTYPE_NAMES, native_dtype
+        from vit_fast.util.dtypes import DTYPE_NAMES, native_dtype
 
         cpu = torch.device("cpu")
         choice = runtime.choose_backend(cpu)
@@ -442,8 +442,8 @@ def collect_info() -> dict[str, Any]:
 def card_report(device: Any) -> dict[str, Any]:
     """What ``vit-fast info`` says of one GPU: its row of the cards table (``vit_fast.kernels.cards``), the
     backend ``backend="auto"`` picks there and why, and the dtype bench and demo default to there."""
-    from .dtypes import DTYPE_NAMES, native_dtype
-    from .kernels import cards
+    from vit_fast.kernels import cards
+    from vit_fast.util.dtypes import DTYPE_NAMES, native_dtype
 
     card = cards.card_of(device)
     choice = runtime.choose_backend(device)

@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .dtypes import DTYPE_NAMES, parse_dtype
-from .progress import Stages, bar
+from vit_fast.util.dtypes import DTYPE_NAMES, parse_dtype
+from vit_fast.util.progress import Stages, bar
 
 if TYPE_CHECKING:
-    from .model import VisionTransformer
+    from vit_fast.model.vit import VisionTransformer
 
 #: seconds one compilation takes on a fast host (KERNELS.md: 0.35-2 s on triton 3.6-3.9), for the announced estimate
 COMPILE_SECONDS = (0.35, 2.0)
@@ -97,7 +97,7 @@ def kernel_shapes(model: VisionTransformer) -> dict[str, int]:
     """Kernel -> distinct shapes one triton forward at one batch size compiles (every block has the same
     shapes): the patch embedding, the four GEMMs of a block (qkv, proj, fc1, fc2), attention, and one LayerNorm
     shape where a norm runs on its own (norm_pre, the final norm, or LN1/LN2 when not folded into the GEMMs)."""
-    from .triton_path import _layer_norm_fused
+    from vit_fast.backend.triton_path import _layer_norm_fused
 
     blocks = len(model.blocks)
     own_norms = [isinstance(m, torch.nn.LayerNorm) for m in (model.norm_pre, model.norm)]

@@ -52,7 +52,7 @@ def _renameat2_flags(src: str | os.PathLike, dst: str | os.PathLike, flags: int)
 
 
 def _rename(src: Path, dst: Path, mode: str) -> bool:
-    """Every move vit_fast.files makes into or out of a target goes through here (one place for fault tests):
+    """Every move vit_fast.util.files makes into or out of a target goes through here (one place for fault tests):
     ``mode`` "new" (never onto something: FileExistsError), "exchange" (swap ``src`` and ``dst``; False where
     unsupported, then nothing happened) or "replace" (``os.replace``)."""
     if mode == "exchange":

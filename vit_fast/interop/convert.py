@@ -1,8 +1,8 @@
 """Weights from elsewhere: Hugging Face and timm models converted to a :class:`VisionTransformer`.
 
 Every foreign layout is converted here, in one place (checkpoint files are read in
-``vit_fast.checkpoints``, model names resolved in ``vit_fast.loading``); each tensor's shape is checked against
-the target model and any key that does not fit is named.
+``vit_fast.interop.checkpoints``, model names resolved in ``vit_fast.interop.loading``); each tensor's shape is checked
+against the target model and any key that does not fit is named.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from .config import ViTConfig
-from .limits import check_model_fits
-from .model import VisionTransformer
-from .pos_embed import resample_pos_embed
+from vit_fast.backend.pos_embed import resample_pos_embed
+from vit_fast.model.config import ViTConfig
+from vit_fast.model.vit import VisionTransformer
+from vit_fast.util.limits import check_model_fits
 
 # --------------------------------------------------------------------------- shared loading
 #: the dtypes a model's weights may come in (all of them in one)
@@ -486,7 +486,7 @@ def optimize(model: nn.Module, backend: str = "auto") -> nn.Module:
     A transformers model (ViT, DeiT, DINOv2, CLIP and SigLIP vision towers) is not converted: the result is
     a copy of it, still an instance of its own class (a ``PreTrainedModel``: ``save_pretrained``, its
     ``state_dict`` names, gradient checkpointing, ``output_attentions`` all as in transformers) whose encoder
-    layers run our kernels (:func:`vit_fast.hf_patch.optimize_hf`; ``backend`` "auto" or "triton"; the
+    layers run our kernels (:func:`vit_fast.interop.hf_patch.optimize_hf`; ``backend`` "auto" or "triton"; the
     original is left as it was, ``apply_vit_fast`` patches in place). ``from_hf`` gives vit-fast's own
     module. A timm model behaves as timm's (``forward_features``, ``forward_head(pre_logits=)``,
     ``num_classes``, ``reset_classifier``). One of ours is returned as it is, with its backend set to
@@ -495,7 +495,7 @@ def optimize(model: nn.Module, backend: str = "auto") -> nn.Module:
         return model.set_backend(backend)
     module = type(model).__module__
     if module.startswith("transformers."):
-        from .hf_patch import optimize_hf
+        from vit_fast.interop.hf_patch import optimize_hf
 
         return optimize_hf(model, backend=backend)  # the user's own class, its layers on our kernels
     elif module.startswith("timm."):

@@ -1,4 +1,4 @@
-"""``forward_features`` of :class:`vit_fast.model.VisionTransformer` on our Triton kernels.
+"""``forward_features`` of :class:`vit_fast.model.vit.VisionTransformer` on our Triton kernels.
 
 The model's own parameters (timm names) go through the fused ops, nothing is copied or
 re-laid-out:
@@ -36,6 +36,7 @@ import torch.nn.functional as F
 import triton
 from torch import nn
 
+from vit_fast.backend import first_use
 from vit_fast.kernels import attention as _attention_module
 from vit_fast.kernels import attention_pool as _attention_pool_module
 from vit_fast.kernels import diff_attention as _diff_attention_module
@@ -66,12 +67,9 @@ from vit_fast.kernels.linear import (
 )
 from vit_fast.kernels.patch_embed import launch_patch_embed, patch_embed, patch_embed_ref
 
-from . import first_use
-from .layers import LayerScale
-
 if TYPE_CHECKING:
-    from .layers import Block
-    from .model import VisionTransformer
+    from vit_fast.model.layers import Block
+    from vit_fast.model.vit import VisionTransformer
 
 
 class _Ops:
@@ -136,7 +134,7 @@ def _layer_norm_ref(x, weight, bias, eps):
 
 
 class _CheckedOps(_Ops):
-    """The same ops under the first-use safety net (:mod:`vit_fast.first_use`): a kernel's first output per
+    """The same ops under the first-use safety net (:mod:`vit_fast.backend.first_use`): a kernel's first output per
     (op, device, triton version, dtype, config, shape class) is judged against eager PyTorch and float64; an op that
     failed runs in eager PyTorch (its ``*_ref``) from then on. The config is the one the launch ran with, as the
     kernel's ResolvedLaunches recorded it for this thread: a tuned config picked later for a shape class checked
@@ -247,7 +245,7 @@ def _ops_for(model: VisionTransformer, x: torch.Tensor) -> _Ops:
     """Direct launches for plain eager inference, after one check of every parameter; else the custom ops (direct
     launches bypass autograd, and tracing must see the ops). Under the first-use safety net until this forward's
     shapes have all been checked (then one lookup per forward); the custom ops under it wherever it may check
-    (:func:`vit_fast.first_use.eligible`: eager with autograd on) or an op failed it."""
+    (:func:`vit_fast.backend.first_use.eligible`: eager with autograd on) or an op failed it."""
     if torch.is_grad_enabled() or not eager_direct(x):
         return _CHECKED_THROUGH if first_use.applies(x) else _THROUGH_OPS
     _check_params(model, x)
@@ -364,7 +362,7 @@ def _norm(ops: _Ops, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
 def _gamma(module: nn.Module) -> torch.Tensor | None:
     """LayerScale's per-channel gamma, or None where the block has no LayerScale (nn.Identity)."""
     gamma = getattr(module, "gamma", None)  # ours or timm's LayerScale (apply_vit_fast runs timm blocks)
-    if isinstance(module, LayerScale) or isinstance(gamma, torch.Tensor):
+    if isinstance(gamma, torch.Tensor):
         return gamma
     if isinstance(module, nn.Identity):
         return None
@@ -402,7 +400,7 @@ def _run_block(ops: _Ops, block: Block, x: torch.Tensor, act: str, fused: bool) 
 
 
 def _block(block: Block, x: torch.Tensor, act: str, lengths: torch.Tensor | None = None) -> torch.Tensor:
-    """One block through the custom ops (what ``vit_fast.patching`` runs inside timm / HF models), LayerNorm
+    """One block through the custom ops (what ``vit_fast.interop.patching`` runs inside timm / HF models), LayerNorm
     fused unless ``VIT_FAST_FUSE_LN=0``; under the first-use safety net in eager calls (autograd on or off).
     ``lengths [B]``: each sample's valid tokens, a prefix of its row (:func:`attention_with_lengths`)."""
     ops = _CHECKED_THROUGH if first_use.applies(x) else _THROUGH_OPS
