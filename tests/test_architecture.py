@@ -50,9 +50,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "config", "layers", "timm_api", "model", "triton_path", "validation", "convert", "assets", "assets.*"
         )
         + _modules(
-            "checkpoints", "loading", "hf_patch", "patching", "timm_blocks", "graphs", "training", "warmup", "selfcheck"
+            "checkpoints", "loading", "hf_patch", "patching", "forwards", "timm_blocks", "graphs", "training", "warmup"
         )
-        + _modules("explanation", "naflex"),
+        + _modules("selfcheck", "explanation", "naflex"),
     ),
     ("export", _modules("export", "export.*")),
     (

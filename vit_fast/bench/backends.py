@@ -213,7 +213,8 @@ def build_hf(model: Any) -> Any:
     from transformers import ViTConfig as HFViTConfig
     from transformers import ViTForImageClassification, ViTModel
 
-    from vit_fast.convert import HF_ACTIVATION_OF, hf_state_dict
+    from vit_fast.config import HF_ACTIVATION_OF
+    from vit_fast.convert import hf_state_dict
 
     cfg = model.cfg
     act = HF_ACTIVATION_OF.get(cfg.act)
