@@ -41,12 +41,12 @@ from ._common import (
 from .graph import ExportGraph, example_images
 from .runners import ModelRunner, Runner, open_artifact
 from .verify_checks import (
-    _check_config,
-    _check_data,
-    _check_input_size,
-    _output_plan,
+    check_config,
+    check_data,
+    check_input_size,
     check_verify_batches,
     default_batches,
+    output_plan,
     quicker_check,
 )
 from .verify_report import VerificationError, VerifyReport, VerifyRow, format_verification
@@ -178,8 +178,8 @@ def verify(
         )
     dtype = runner.dtype
     cfg = model.cfg
-    _check_config(meta, cfg, artifact)
-    plan = _output_plan(meta, runner, cfg.num_classes)
+    check_config(meta, cfg, artifact)
+    plan = output_plan(meta, runner, cfg.num_classes)
     preprocess = (meta or {}).get("preprocess")
     dynamic = bool(meta and meta.get("dynamic_size"))
     batch_range = metadata_batch(meta, artifact) if meta and meta.get("batch") else runner.batch_range
@@ -204,9 +204,9 @@ def verify(
     for size in image_sizes:
         if size != (h, w) and not (dynamic or cfg.dynamic_img_size):
             raise ValueError(f"{str(artifact)!r} takes {h}x{w} images only (exported without dynamic_size)")
-    _check_input_size(runner, cfg.in_chans, image_sizes, preprocess, artifact)
+    check_input_size(runner, cfg.in_chans, image_sizes, preprocess, artifact)
     if data is not None:
-        _check_data(data, preprocess, [k for k, _ in plan], cfg.in_chans)
+        check_data(data, preprocess, [k for k, _ in plan], cfg.in_chans)
     # the largest case, before any input is made: its float64 reference alone holds this much
     b, (hh, ww) = max(((b, s) for b in batches for s in image_sizes), key=lambda c: forward_bytes(cfg, c[0], *c[1], 8))
     check_batch_fits(

@@ -50,7 +50,7 @@ def check_verify_batches(
         )
 
 
-def _output_plan(meta: dict[str, Any] | None, runner: Runner, num_classes: int) -> list[tuple[str, str]]:
+def output_plan(meta: dict[str, Any] | None, runner: Runner, num_classes: int) -> list[tuple[str, str]]:
     """``(output kind, the runner's output name)`` for every output the artifact's graph returns."""
     kinds = list((meta or {}).get("outputs") or default_outputs(num_classes))
     names = list((meta or {}).get("output_names") or runner.output_names[: len(kinds)])
@@ -62,7 +62,8 @@ def _output_plan(meta: dict[str, Any] | None, runner: Runner, num_classes: int) 
     return list(zip(kinds, names, strict=True))
 
 
-def _check_config(meta: dict[str, Any] | None, cfg: Any, artifact: Any) -> None:
+def check_config(meta: dict[str, Any] | None, cfg: Any, artifact: Any) -> None:
+    """Raise naming the fields where the config recorded in the artifact's metadata differs from the model's."""
     if meta and isinstance(meta.get("config"), dict):
         theirs = {k: v for k, v in meta["config"].items() if k != "dynamic_img_size"}
         ours = {k: v for k, v in cfg.to_dict().items() if k != "dynamic_img_size"}
@@ -74,7 +75,7 @@ def _check_config(meta: dict[str, Any] | None, cfg: Any, artifact: Any) -> None:
             )
 
 
-def _check_input_size(
+def check_input_size(
     runner: Runner, channels: int, sizes: list[tuple[int, int]], preprocess: dict | None, artifact: Any
 ) -> None:
     """Raise ValueError naming both sizes when the artifact's fixed input dims (``runner.image_shape``, where the
@@ -96,7 +97,9 @@ def _check_input_size(
         )
 
 
-def _check_data(data: Any, preprocess: dict[str, Any] | None, kinds: list[str], channels: int) -> None:
+def check_data(data: Any, preprocess: dict[str, Any] | None, kinds: list[str], channels: int) -> None:
+    """Raise naming what is wrong with a labelled set ``(images, labels [N])`` before it is verified: images
+    ``[N, C, H, W]`` (uint8 ``[N, H, W, C]`` for an artifact with an NHWC preprocessing front)."""
     images, labels = data
     if images.ndim != 4 or labels.ndim != 1 or images.shape[0] != labels.shape[0] or images.shape[0] == 0:
         raise ValueError(

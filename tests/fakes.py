@@ -120,11 +120,11 @@ def fail_replace_onto(monkeypatch: pytest.MonkeyPatch, suffix: str, staging_mark
     other move goes through."""
     from vit_fast.util import files
 
-    real = files.publishing._rename
+    real = files.publishing.rename_path
 
     def rename(src: Any, dst: Any, mode: str) -> bool:
         if str(dst).endswith(suffix) and staging_mark in str(src):
             raise OSError(28, "No space left on device")
         return real(src, dst, mode)
 
-    monkeypatch.setattr(files.publishing, "_rename", rename)
+    monkeypatch.setattr(files.publishing, "rename_path", rename)

@@ -270,7 +270,7 @@ def test_demo_times_vit_b16_in_the_cards_native_dtype(fake_cuda, monkeypatch, ar
 
     monkeypatch.setattr(demo.steps, "load_model", lambda *a, **k: Model())
     with cards.pretend_arch(arch), pytest.raises(Stop):
-        demo.steps._vit_b16_step(0)
+        demo.steps.vit_b16_step(0)
     assert asked == [(torch.device("cuda:0"), expected)]
 
 

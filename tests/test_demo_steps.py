@@ -12,7 +12,7 @@ pytest.importorskip("sklearn", reason="the demo needs scikit-learn (pip install 
 
 from vit_fast.cli import main  # noqa: E402
 from vit_fast.demo import STEPS, DemoSettings  # noqa: E402
-from vit_fast.demo.steps import _timing_step  # noqa: E402
+from vit_fast.demo.steps import timing_step  # noqa: E402
 from vit_fast.util.progress import Stages  # noqa: E402
 
 
@@ -35,7 +35,7 @@ def test_timing_runs_on_the_threads_it_records(threads, monkeypatch):
         "vit_fast.demo.steps.summarize", lambda times: seen.append(torch.get_num_threads()) or {"median_ms": 1.0}
     )
     before = torch.get_num_threads()
-    step = _timing_step(model, images[:4], None, DemoSettings(threads=threads, repeats=1), Stages("t", False))
+    step = timing_step(model, images[:4], None, DemoSettings(threads=threads, repeats=1), Stages("t", False))
     assert step["threads"] == 1 and seen and set(seen) == {1}  # every timed call ran on the recorded threads
     assert step["threads_note"] == ("--threads" if threads else "1 of 2: load average 3.0 on 2 cores")
     assert "1 thread each" in step["summary"]

@@ -373,11 +373,11 @@ def test_settings_report_triton_and_vit_fast_variables():
 
 def test_bf16_skipped_on_a_card_without_native_bf16():
     with pretend_arch(75):
-        dtypes, skipped = doctor.checks._dtypes_for(doctor.DoctorSettings(), torch.device("cuda", 0))
+        dtypes, skipped = doctor.checks.dtypes_for(doctor.DoctorSettings(), torch.device("cuda", 0))
     assert dtypes == ["fp32", "fp16"]
     assert skipped[0]["name"] == "bf16" and "emulates bf16" in skipped[0]["summary"]
     with pretend_arch(80):
-        assert doctor.checks._dtypes_for(doctor.DoctorSettings(), torch.device("cuda", 0))[0] == [
+        assert doctor.checks.dtypes_for(doctor.DoctorSettings(), torch.device("cuda", 0))[0] == [
             "fp32",
             "fp16",
             "bf16",
@@ -406,7 +406,7 @@ def test_gpu_path_runs_every_check_and_reports_a_crash_as_failed(monkeypatch, tm
 
     def kernels(cfg, device, dtypes, seed, stages):
         calls.append(("kernels", tuple(dtypes), doctor.GPU_KERNEL_BATCHES))
-        return [doctor.base._check("kernels", "attention fp16 b=8", True, "fine")]
+        return [doctor.base.check_record("kernels", "attention fp16 b=8", True, "fine")]
 
     def graph(model, device, dtype_name):
         raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
@@ -415,7 +415,7 @@ def test_gpu_path_runs_every_check_and_reports_a_crash_as_failed(monkeypatch, tm
     monkeypatch.setattr(doctor.checks, "model_checks", lambda *a: calls.append(("model",)) or [])
     monkeypatch.setattr(doctor.checks, "cuda_graph_check", graph)
     monkeypatch.setattr(
-        doctor.checks, "timing_check", lambda m, d, name: doctor.base._check("timing", f"timing {name}", 1, "t")
+        doctor.checks, "timing_check", lambda m, d, name: doctor.base.check_record("timing", f"timing {name}", 1, "t")
     )
     monkeypatch.setattr(
         doctor.report,

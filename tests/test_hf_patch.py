@@ -139,7 +139,7 @@ def test_patched_in_place_matches_float64(case, monkeypatch):
         ours = run(model, x)
     assert len(calls) == 2, f"{len(calls)} of 2 vision layers ran on the kernels"  # and a CLIP text tower none
     assert_within_eager(ours, eager, expected, name=case)
-    assert vit_fast.remove_vit_fast(model) == 2 + len(hf_patch._pool_heads(model))  # SigLIP's head is patched too
+    assert vit_fast.remove_vit_fast(model) == 2 + len(hf_patch.pool_heads(model))  # SigLIP's head is patched too
     with torch.no_grad():
         assert torch.equal(run(model, x), eager)
 
@@ -445,7 +445,7 @@ def test_patched_class_matches_the_unpatched_model(cls_name, mode, monkeypatch):
     with MODES[mode]():
         (ours, ours_hidden), launched = kernel_launches(lambda: _outputs(patched, cls_name, inputs))
     assert ours.requires_grad == (mode == "eval_with_grad")  # autograd was on, and the output is in its graph
-    layers, heads = len(hf_patch._vision_layers(patched)), len(hf_patch._pool_heads(patched))
+    layers, heads = len(hf_patch.vision_layers(patched)), len(hf_patch.pool_heads(patched))
     # the hidden states' call runs the layers a second time for a dual model (its image features are the first)
     calls = 2 if row.main == "image_features" else 1
     assert (len(runs), len(head_runs)) == (calls * layers, calls * heads), launched
@@ -486,7 +486,7 @@ def test_eval_with_grad_runs_the_kernels_and_their_gradients_match(cls_name, mon
     expected = _input_and_parameter_grads(ref64, cls_name, as_float64(inputs))
     runs, head_runs = _count_kernel_runs(monkeypatch)
     ours, launched = kernel_launches(lambda: _input_and_parameter_grads(patched, cls_name, inputs))
-    layers, heads = len(hf_patch._vision_layers(patched)), len(hf_patch._pool_heads(patched))
+    layers, heads = len(hf_patch.vision_layers(patched)), len(hf_patch.pool_heads(patched))
     assert (len(runs), len(head_runs)) == (layers, heads), launched
     assert_attention_launches(launched, layers, pool=heads, padded=_padded(inputs))
     assert set(ours) == set(eager) == set(expected)

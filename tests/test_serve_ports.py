@@ -147,7 +147,7 @@ def test_a_secret_is_written_0600_whatever_the_file_it_replaces_allowed(tmp_path
     files.write_json_atomic({"access_token": "s3cret"}, path, mode=0o600)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     files.write_json_atomic({"access_token": None}, path)  # without mode: ordinary permissions, as before
-    assert stat.S_IMODE(os.stat(path).st_mode) == 0o666 & ~files.base._umask()
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o666 & ~files.base.current_umask()
 
 
 def test_the_request_blocks_are_narrowed_to_their_user_and_nothing_else(tmp_path) -> None:

@@ -15,6 +15,7 @@ transformers = pytest.importorskip("transformers", reason="transformers is not i
 
 import vit_fast  # noqa: E402
 from vit_fast.interop import hf_patch  # noqa: E402
+from vit_fast.interop.forwards import is_patched  # noqa: E402
 
 from .fakes import assert_attention_launches, kernel_launches, siglip2_batch  # noqa: E402
 from .numerics import assert_within_eager  # noqa: E402
@@ -115,11 +116,11 @@ def test_siglip2_model_vision_tower_patched(how, monkeypatch):
     patched = vit_fast.apply_vit_fast(model, backend="triton") if how == "apply_vit_fast" else None
     if how == "optimize":
         patched = vit_fast.optimize(model, backend="triton")
-        assert patched is not model and not any(hf_patch._ORIGINAL in m.__dict__ for m in model.modules())
+        assert patched is not model and not any(is_patched(m) for m in model.modules())
     assert type(patched) is transformers.Siglip2Model
-    vision = [m for m in patched.vision_model.modules() if hf_patch._ORIGINAL in m.__dict__]
+    vision = [m for m in patched.vision_model.modules() if is_patched(m)]
     assert len(vision) == VISION["num_hidden_layers"] + 1  # layers and the pooling head
-    assert not any(hf_patch._ORIGINAL in m.__dict__ for m in patched.text_model.modules())
+    assert not any(is_patched(m) for m in patched.text_model.modules())
     image_features, launches = kernel_launches(lambda: features(patched, batch))
     assert_within_eager(image_features, eager, expected, name="image features")
     assert launches["_linear_kernel"]

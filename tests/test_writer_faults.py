@@ -258,11 +258,11 @@ def test_demo_publishes_its_onnx_only_verified(tmp_path, monkeypatch):
         for p in other.parameters():
             p.add_(0.5)
     monkeypatch.setattr(onnx_export, "verify_staged", lambda m, *a: real(other, *a))
-    step = demo.base._guarded("onnx", demo.steps._onnx_step, model, images, labels, s, stages)
+    step = demo.base.guarded_step("onnx", demo.steps.onnx_step, model, images, labels, s, stages)
     assert step["status"] == "failed" and "VerificationError" in step["summary"], step["summary"]
     assert [p.name for p in tmp_path.iterdir()] == []
     monkeypatch.setattr(onnx_export, "verify_staged", real)
-    step = demo.steps._onnx_step(model, images, labels, s, stages)
+    step = demo.steps.onnx_step(model, images, labels, s, stages)
     assert step["status"] == "ok", step["summary"]
     record = read_metadata(tmp_path / demo.ONNX_NAME)["verification"]
     assert record["passed"] is True and record["seed"] == s.seed
@@ -274,8 +274,8 @@ def test_demo_publishes_its_onnx_only_verified(tmp_path, monkeypatch):
 PARENT = textwrap.dedent(
     """
     import sys, time
-    from vit_fast.demo.interpreter import _InterpreterVerify
-    child = _InterpreterVerify(1, 0, 600.0)
+    from vit_fast.demo.interpreter import InterpreterVerify
+    child = InterpreterVerify(1, 0, 600.0)
     print(child.proc.pid, child.tmp, flush=True)
     time.sleep(600)
     """

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 def artifact_path(model: Any) -> Path | None:
     """The artifact to time when ``model`` names an ONNX file or a TensorRT engine, else None."""
-    from vit_fast.export._common import ENGINE_SUFFIXES, ONNX_SUFFIXES
+    from vit_fast.util.files import ENGINE_SUFFIXES, ONNX_SUFFIXES
 
     if isinstance(model, (str, Path)) and Path(model).suffix.lower() in (*ONNX_SUFFIXES, *ENGINE_SUFFIXES):
         return Path(model)
@@ -36,11 +36,11 @@ def artifact_path(model: Any) -> Path | None:
 def run_artifact(harness: Harness, env: dict[str, Any]) -> dict[str, Any]:
     """Time an existing artifact at every batch, by its own runtime, on inputs its metadata (else its ONNX
     graph) describes; there is no reference model, so no error column."""
-    from vit_fast.export import read_metadata
-    from vit_fast.export._common import ENGINE_SUFFIXES, ArtifactError
+    from vit_fast.export import ArtifactError, read_metadata
     from vit_fast.export.runners import CPU_EP, CUDA_EP, open_artifact
     from vit_fast.model.config import ViTConfig
     from vit_fast.model.vit import VisionTransformer
+    from vit_fast.util.files import ENGINE_SUFFIXES
 
     s, device, path = harness.s, harness.device, harness.artifact
     cuda = device.type == "cuda"
@@ -134,7 +134,7 @@ def artifact_input(runner: Any, meta: dict[str, Any], cfg: Any, path: Path) -> C
 
 def artifact_batches(harness: Harness, runner: Any, meta: dict[str, Any]) -> list[int]:
     """The batches to time: those asked for (each must fit), else the defaults that fit the artifact."""
-    from vit_fast.export._common import metadata_batch
+    from vit_fast.export import metadata_batch
 
     lo, hi = runner.batch_range or (metadata_batch(meta, runner.path) if meta.get("batch") else (1, 1 << 30))
     if harness.s.batches is not None:

@@ -213,7 +213,8 @@ def build_hf(model: Any) -> Any:
     from transformers import ViTConfig as HFViTConfig
     from transformers import ViTForImageClassification, ViTModel
 
-    from vit_fast.interop.convert import HF_ACTIVATION_OF, hf_state_dict
+    from vit_fast.interop.convert import hf_state_dict
+    from vit_fast.model.config import HF_ACTIVATION_OF
 
     cfg = model.cfg
     act = HF_ACTIVATION_OF.get(cfg.act)

@@ -38,7 +38,7 @@ from .backends import (
     triton_tuning,
 )
 from .ceilings import floor_ms, measure_bandwidth, measure_matrix_rate
-from .pacing import CasePacing, _make_input
+from .pacing import CasePacing, bench_input
 from .report import add_ratios, unavailable_summary
 from .settings import (
     BACKENDS,
@@ -259,7 +259,7 @@ class Harness(CasePacing):
         self.log(f"device: {env['device_name']}")
         if self.artifact is not None:
             return run_artifact(self, env)
-        from vit_fast.export._common import plain_model, weights_record
+        from vit_fast.export import plain_model, weights_record
         from vit_fast.interop.loading import load_model
 
         s, device = self.s, self.device
@@ -320,7 +320,7 @@ class Harness(CasePacing):
         dtype = DTYPES[dtype_name]
         ref_model = copy.deepcopy(base).to(device=device, dtype=dtype).set_backend("torch").eval()
         weight_bytes = self.weight_bytes(common["params"], dtype)
-        inputs = {b: _make_input(base.cfg, b, dtype, device, s.seed) for b in self.batches}
+        inputs = {b: bench_input(base.cfg, b, dtype, device, s.seed) for b in self.batches}
         refs = {b: ref_model(x).detach().clone() for b, x in inputs.items()}
         fp32_err: dict[int, float] = {}
         if dtype != torch.float32:

@@ -20,7 +20,9 @@ from .settings import BenchSettings
 from .timing import Sampling
 
 
-def _make_input(cfg: Any, batch: int, dtype: torch.dtype, device: torch.device, seed: int) -> torch.Tensor:
+def bench_input(cfg: Any, batch: int, dtype: torch.dtype, device: torch.device, seed: int) -> torch.Tensor:
+    """The images a benchmark times: ``[batch, in_chans, H, W]`` standard normal, the same for a given ``seed`` and
+    ``batch`` on every backend."""
     h, w = cfg.img_hw
     gen = torch.Generator().manual_seed(seed * 100003 + batch)
     return torch.randn(batch, cfg.in_chans, h, w, generator=gen).to(dtype).to(device)
@@ -140,7 +142,7 @@ class CasePacing:
     def _time_one_image(self, base: Any, dtype_name: str) -> float:
         """Seconds of one forward of ``base`` at batch 1 in ``dtype_name`` (the faster of two calls)."""
         model = base if dtype_name == "fp32" else copy.deepcopy(base).to(DTYPES[dtype_name])
-        x = _make_input(base.cfg, 1, DTYPES[dtype_name], self.device, self.s.seed)
+        x = bench_input(base.cfg, 1, DTYPES[dtype_name], self.device, self.s.seed)
         times = []
         with torch.no_grad():
             for _ in range(2):

@@ -8,23 +8,23 @@ from collections.abc import Callable
 from typing import Any
 
 
-def _step(name: str, status: str | bool, summary: str, **fields: Any) -> dict[str, Any]:
+def step_record(name: str, status: str | bool, summary: str, **fields: Any) -> dict[str, Any]:
     """One step's record; ``status`` True / False stands for "ok" / "failed"."""
     if not isinstance(status, str):
         status = "ok" if status else "failed"
     return {"name": name, "status": status, "summary": summary, **fields}
 
 
-def _guarded(name: str, fn: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
+def guarded_step(name: str, fn: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
     """Run a step; an exception becomes a failed step naming it (never a made-up number)."""
     try:
         return fn(*args)
     except Exception as err:
         first = (str(err).strip().splitlines() or [""])[0]
-        return _step(name, False, f"{type(err).__name__}: {first}".rstrip(": "), traceback=traceback.format_exc())
+        return step_record(name, False, f"{type(err).__name__}: {first}".rstrip(": "), traceback=traceback.format_exc())
 
 
-def _verified(name: str, report: dict[str, Any], head: str, **fields: Any) -> dict[str, Any]:
+def verified_step(name: str, report: dict[str, Any], head: str, **fields: Any) -> dict[str, Any]:
     """A step from a verify report (``VerifyReport.to_dict()``): ok when every random-input row is within the
     rule and top-1 agrees with eager on every labelled image. Reports the worst row and the labelled figures."""
     worst = max(report["rows"], key=lambda r: r["max_abs_err"] / r["bound"] if r["bound"] > 0 else float("inf"))
@@ -35,7 +35,7 @@ def _verified(name: str, report: dict[str, Any], head: str, **fields: Any) -> di
         f"{worst['bound']:.2e}), top-1 agreement {agreement:.0%}; verify {'PASSED' if report['passed'] else 'FAILED'}"
     )
     numbers = {k: worst[k] for k in ("max_abs_err", "eager_max_abs_err", "bound")}
-    return _step(
+    return step_record(
         name,
         report["passed"] and agreement == 1.0,
         summary,

@@ -14,13 +14,13 @@ from vit_fast.backend.env import module_version
 from vit_fast.util.children import guarded_python
 from vit_fast.util.files import read_json, temp_staging
 
-from .base import _step, _verified
+from .base import step_record, verified_step
 
 #: the random-input batches the interpreter child verifies beside the held-out subset (small: it is slow)
 INTERPRETER_BATCHES = "1,3"
 
 
-class _InterpreterVerify:
+class InterpreterVerify:
     """The triton step on a CPU: ``vit-fast verify default triton`` in a child process with TRITON_INTERPRET=1,
     so that the variable is set before triton is first imported whatever this process imported already, a
     crash or hang in the interpreter cannot take the demo down, and it runs while this process exports.
@@ -52,16 +52,16 @@ class _InterpreterVerify:
             self.proc.wait(timeout=max(1.0, self.timeout - (time.perf_counter() - self.started)))
         except subprocess.TimeoutExpired:
             why = f"the run on {self.images} images took longer than {self.timeout:g} s"
-            return _step("triton", False, f"interpreter: {why} (lower --subset or raise --triton-timeout)")
+            return step_record("triton", False, f"interpreter: {why} (lower --subset or raise --triton-timeout)")
         wall = time.perf_counter() - self.started
         report = read_json(self.json, "the interpreter run's report") if self.json.is_file() else None
         if report is None or report.get("complete") is False:  # it could not run (or finish): its last line says why
             self.log.seek(0)
             last = (self.log.read().strip().splitlines() or ["no output"])[-1]
-            return _step("triton", False, f"interpreter: vit-fast verify exited {self.proc.returncode}: {last}")
+            return step_record("triton", False, f"interpreter: vit-fast verify exited {self.proc.returncode}: {last}")
         head = f"interpreter, {report['accuracy']['n']} images: "
         version = module_version("triton")
-        return _verified("triton", report, head, mode="interpreter", wall_s=wall, triton_version=version)
+        return verified_step("triton", report, head, mode="interpreter", wall_s=wall, triton_version=version)
 
     def close(self) -> None:
         """Stop the child if it still runs (the demo ended before collecting it); remove its files."""

@@ -19,17 +19,17 @@ from vit_fast.util.files import check_files_in, json_text, make_folders, seal_ma
 from vit_fast.util.progress import Stages, plural
 
 from . import plots
-from .base import _guarded, _step
-from .interpreter import _InterpreterVerify
+from .base import guarded_step, step_record
+from .interpreter import InterpreterVerify
 from .settings import ONNX_NAME, ONNX_REPORT, DemoSettings
 from .steps import (
-    _accuracy_step,
-    _cuda_graph_step,
-    _figures_step,
-    _onnx_step,
-    _timing_step,
-    _triton_on_gpu,
-    _vit_b16_step,
+    accuracy_step,
+    cuda_graph_step,
+    figures_step,
+    onnx_step,
+    timing_step,
+    triton_on_gpu,
+    vit_b16_step,
 )
 
 STEPS = 6
@@ -126,17 +126,17 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
 
     try:
         save()  # from here on the files are this run's: "in progress", then each step as it ends
-        accuracy, predictions = _accuracy_step(model, images, labels, float(info["heldout_accuracy"]))
+        accuracy, predictions = accuracy_step(model, images, labels, float(info["heldout_accuracy"]))
         steps.append(accuracy)
         save()
         stages.note(f"  {steps[0]['summary']}")
         triton = None
         if triton_skip is not None:
-            triton = _step("triton", "skipped", triton_skip)
+            triton = step_record("triton", "skipped", triton_skip)
             stages.note(f"2/{STEPS} triton: skipped ({triton_skip})")
         elif use_gpu:
             stages.note(f"2/{STEPS} triton backend, compiled on the GPU")
-            triton = _guarded("triton", _triton_on_gpu, model, images, labels, s.seed)
+            triton = guarded_step("triton", triton_on_gpu, model, images, labels, s.seed)
             stages.note(f"  {triton['summary']}")
         else:  # the slow interpreter run starts now, in a child process, and overlaps step 3
             n = min(s.subset, len(labels))
@@ -144,44 +144,44 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
                 f"2/{STEPS} triton: `vit-fast verify default triton` on {n} images, started in a child process "
                 "(it runs beside step 3; its result follows step 3)"
             )
-            child = _InterpreterVerify(n, s.seed, s.triton_timeout)
+            child = InterpreterVerify(n, s.seed, s.triton_timeout)
         if s.skip_onnx:
-            onnx = _step("onnx", "skipped", "--skip-onnx")
+            onnx = step_record("onnx", "skipped", "--skip-onnx")
             stages.note(f"3/{STEPS} ONNX: skipped (--skip-onnx)")
         else:
             stages.note(f"3/{STEPS} exporting to ONNX ({s.exporter}, opset {s.opset}), verifying on ONNX Runtime")
-            onnx = _guarded("onnx", _onnx_step, model, images, labels, s, stages)
+            onnx = guarded_step("onnx", onnx_step, model, images, labels, s, stages)
             stages.note(f"  {onnx['summary']}")
         if child is not None:
             stages.note("  (step 2) waiting for the triton interpreter child process")
-            triton = _guarded("triton", child.collect)
+            triton = guarded_step("triton", child.collect)
             stages.note(f"  {triton['summary']}")
         steps += [triton, onnx]
         save()
         if s.skip_timing:
-            steps.append(_step("timing", "skipped", "--skip-timing"))
+            steps.append(step_record("timing", "skipped", "--skip-timing"))
             stages.note(f"4/{STEPS} timing: skipped (--skip-timing)")
         else:
             stages.note(f"4/{STEPS} timing eager torch vs ONNX Runtime (CPU wall-clock, the same threads)")
             onnx_path = Path(onnx["artifact"]) if onnx["status"] == "ok" else None
-            steps.append(_guarded("timing", _timing_step, model, images, onnx_path, s, stages))
+            steps.append(guarded_step("timing", timing_step, model, images, onnx_path, s, stages))
             save()
         if use_gpu:
             stages.note(f"5/{STEPS} GPU: CUDA graph and ViT-B/16 latency")
-            steps.append(_guarded("cuda graph", _cuda_graph_step, model, images))
+            steps.append(guarded_step("cuda graph", cuda_graph_step, model, images))
             save()
-            steps.append(_guarded("vit-b/16 latency", _vit_b16_step, s.seed))
+            steps.append(guarded_step("vit-b/16 latency", vit_b16_step, s.seed))
         else:
             why = "--device cpu" if cuda else "no CUDA GPU visible"
-            steps += [_step("cuda graph", "skipped", why), _step("vit-b/16 latency", "skipped", why)]
+            steps += [step_record("cuda graph", "skipped", why), step_record("vit-b/16 latency", "skipped", why)]
             stages.note(f"5/{STEPS} GPU: skipped ({why})")
         missing = "--no-plots" if s.no_plots else plots.matplotlib_missing()
         if missing is not None:
-            steps.append(_step("figures", "skipped", missing))
+            steps.append(step_record("figures", "skipped", missing))
             stages.note(f"6/{STEPS} figures: skipped")
         else:
             stages.note(f"6/{STEPS} drawing the figures (patches, attention, confusion, timing)")
-            steps.append(_guarded("figures", _figures_step, model, images, labels, predictions, steps, out_dir))
+            steps.append(guarded_step("figures", figures_step, model, images, labels, predictions, steps, out_dir))
         stages.note(f"  {steps[-1]['summary']}")
     except interrupts.INTERRUPTS as err:
         note = interrupts.cut_note(err, len(steps), None, "step")

@@ -26,14 +26,14 @@ from vit_fast.util.numerics import FLOOR, max_err, scale_of
 from vit_fast.util.progress import Stages, plural
 
 from . import plots
-from .base import _step, _verified
+from .base import step_record, verified_step
 from .settings import ONNX_NAME, ONNX_REPORT, DemoSettings
 
 #: held-out accuracy must reproduce the recorded value within this many percentage points
 ACCURACY_TOLERANCE_PP = 0.5
 
 
-def _accuracy_step(
+def accuracy_step(
     model: Any, images: torch.Tensor, labels: torch.Tensor, recorded: float
 ) -> tuple[dict[str, Any], torch.Tensor]:
     """The step, and the predicted labels ``[N]`` it counted (confusion.png is drawn from them)."""
@@ -46,7 +46,7 @@ def _accuracy_step(
         f"torch backend: {acc:.2%} on {len(labels)} held-out images (recorded {recorded:.2%}, "
         f"delta {round(delta_pp, 2) + 0.0:+.2f} pp)"
     )
-    step = _step(
+    step = step_record(
         "accuracy",
         abs(delta_pp) <= ACCURACY_TOLERANCE_PP,
         summary,
@@ -59,16 +59,18 @@ def _accuracy_step(
     return step, predictions
 
 
-def _triton_on_gpu(model: Any, images: torch.Tensor, labels: torch.Tensor, seed: int) -> dict[str, Any]:
+def triton_on_gpu(model: Any, images: torch.Tensor, labels: torch.Tensor, seed: int) -> dict[str, Any]:
+    """The triton step on a GPU: the compiled kernels verified against eager PyTorch on the labelled images."""
     report = verify(model, "triton", data=(images, labels), seed=seed, print_table=False, raise_on_failure=False)
     head = f"compiled on {torch.cuda.get_device_name()}, {len(labels)} images: "
-    return _verified("triton", report.to_dict(), head, mode="compiled")
+    return verified_step("triton", report.to_dict(), head, mode="compiled")
 
 
-def _onnx_step(model: Any, images: torch.Tensor, labels: torch.Tensor, s: DemoSettings, stages: Stages) -> dict:
+def onnx_step(model: Any, images: torch.Tensor, labels: torch.Tensor, s: DemoSettings, stages: Stages) -> dict:
+    """The ONNX step: the model exported and verified against eager PyTorch (skipped without onnx/onnxruntime)."""
     for module in ("onnx", "onnxruntime"):
         if importlib.util.find_spec(module) is None:
-            return _step("onnx", "skipped", f"{module} is not installed: {install_hint('onnx')}")
+            return step_record("onnx", "skipped", f"{module} is not installed: {install_hint('onnx')}")
     # the dynamo exporter warns that torchvision's detection ops are not registered: noise for a ViT
     logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
     t = time.perf_counter()
@@ -91,10 +93,11 @@ def _onnx_step(model: Any, images: torch.Tensor, labels: torch.Tensor, s: DemoSe
     )
     worst = max(r["max_abs_err"] / r["bound"] if r["bound"] > 0 else float("inf") for r in report["rows"])
     extra = dict(artifact=str(path), exporter=s.exporter, opset=s.opset, export_s=export_s, accuracy_delta_pp=delta_pp)
-    return _verified("onnx", report, head, verify_worst_ratio=worst, **extra)
+    return verified_step("onnx", report, head, verify_worst_ratio=worst, **extra)
 
 
-def _timing_step(model: Any, images: torch.Tensor, onnx_path: Path | None, s: DemoSettings, stages: Stages) -> dict:
+def timing_step(model: Any, images: torch.Tensor, onnx_path: Path | None, s: DemoSettings, stages: Stages) -> dict:
+    """The timing step: eager PyTorch (and ONNX Runtime, given ``onnx_path``) timed on the same threads."""
     # torch and ONNX Runtime run on the same threads, chosen as the bench chooses them (the cores the load average
     # leaves free, or --threads): on a busy machine torch's default threads wait on each other and the ratio
     # would measure the load, not the runtimes
@@ -135,7 +138,7 @@ def _timed(
             parts[-1] += f", ORT {o:.2f} ms (torch/ORT {t / o:.2f}x)"
     note = "" if ort is not None else " (ONNX Runtime not timed: step 3 did not produce an artifact)"
     summary = f"CPU wall-clock, median, {plural(threads, 'thread')} each: " + "; ".join(parts) + note
-    return _step(
+    return step_record(
         "timing", "ok", summary, clock="CPU wall-clock", threads=threads, threads_note=threads_note, cases=cases
     )
 
@@ -145,7 +148,9 @@ def _median_ms(fn: Callable[[], Any], iters: int) -> float:
     return summarize(time_callable(fn, torch.device("cuda"), warmup=10, iters=iters))["median_ms"]
 
 
-def _cuda_graph_step(model: Any, images: torch.Tensor) -> dict[str, Any]:
+def cuda_graph_step(model: Any, images: torch.Tensor) -> dict[str, Any]:
+    """The CUDA-graph step: a graph replay of the triton model at batch 1, timed against the eager call, and checked
+    to compute what it computed."""
     gpu = copy.deepcopy(model).cuda().set_backend("triton")
     x = images[:1].cuda()
     with torch.no_grad():
@@ -154,7 +159,7 @@ def _cuda_graph_step(model: Any, images: torch.Tensor) -> dict[str, Any]:
         out = graph(x)
         eager_ms, graph_ms = _median_ms(lambda: gpu(x), 50), _median_ms(graph.replay, 50)
     diff = max_err(out, eager)
-    return _step(
+    return step_record(
         "cuda graph",
         diff <= FLOOR[torch.float32] * scale_of(eager),  # a replay computes what the eager call computed
         f"digits model, triton, batch 1: eager {eager_ms:.3f} ms, graph replay {graph_ms:.3f} ms "
@@ -165,7 +170,8 @@ def _cuda_graph_step(model: Any, images: torch.Tensor) -> dict[str, Any]:
     )
 
 
-def _vit_b16_step(seed: int) -> dict[str, Any]:
+def vit_b16_step(seed: int) -> dict[str, Any]:
+    """The ViT-B/16 latency step on the current GPU: torch and triton backends at batches 1 and 32, CUDA events."""
     cuda = torch.device("cuda", torch.cuda.current_device())
     dtype = native_dtype(cuda)  # bf16 where the card has it, fp16 on one that would emulate bf16 (T4)
     model = load_model("vit_base_patch16_224", backend="torch", seed=seed).to(cuda, dtype).eval()
@@ -184,10 +190,10 @@ def _vit_b16_step(seed: int) -> dict[str, Any]:
     )
     name = torch.cuda.get_device_name(cuda)
     dtype_field = str(dtype).removeprefix("torch.")  # "bfloat16" / "float16"
-    return _step("vit-b/16 latency", "ok", summary, dtype=dtype_field, cases_ms=cases, device=name)
+    return step_record("vit-b/16 latency", "ok", summary, dtype=dtype_field, cases_ms=cases, device=name)
 
 
-def _figures_step(
+def figures_step(
     model: Any, images: torch.Tensor, labels: torch.Tensor, predictions: torch.Tensor, steps: list[dict], out: Path
 ) -> dict[str, Any]:
     """The four pictures, drawn from the steps' own numbers; ``figures`` holds each file and the data it shows."""
@@ -198,4 +204,4 @@ def _figures_step(
     files = [f["file"] for f in figures.values() if f["file"]]
     summary = f"{', '.join(files)} in {out}"
     summary += "".join(f"; no {plots.FILES[n]}: {f['skipped']}" for n, f in figures.items() if not f["file"])
-    return _step("figures", "ok", summary, files=files, figures=figures, seconds=time.perf_counter() - t)
+    return step_record("figures", "ok", summary, files=files, figures=figures, seconds=time.perf_counter() - t)

@@ -10,15 +10,19 @@ from typing import Any
 from vit_fast.util.progress import Stages
 
 
-def _check(section: str, name: str, status: str | bool, summary: str, **fields: Any) -> dict[str, Any]:
+def check_record(section: str, name: str, status: str | bool, summary: str, **fields: Any) -> dict[str, Any]:
+    """One check's row in the doctor's report; ``status`` True / False stands for "ok" / "failed"."""
     if not isinstance(status, str):
         status = "ok" if status else "failed"
     return {"section": section, "name": name, "status": status, "summary": summary, **fields}
 
 
-def _failed(section: str, name: str, err: BaseException) -> dict[str, Any]:
+def failed_record(section: str, name: str, err: BaseException) -> dict[str, Any]:
+    """A failed check's row naming the exception ``err`` (its first line) and keeping its traceback."""
     first = (str(err).strip().splitlines() or [""])[0]
-    return _check(section, name, False, f"{type(err).__name__}: {first}".rstrip(": "), traceback=traceback.format_exc())
+    return check_record(
+        section, name, False, f"{type(err).__name__}: {first}".rstrip(": "), traceback=traceback.format_exc()
+    )
 
 
 def format_check(check: dict[str, Any], counter: str = "") -> str:
@@ -40,7 +44,7 @@ class CheckLog(Stages):
         self.saved(self.checks)
 
 
-def _note(stages: Stages, check: dict[str, Any], counter: str = "") -> None:
+def note_check(stages: Stages, check: dict[str, Any], counter: str = "") -> None:
     """Print ``check`` as its row, once, when it is made (``stages`` off: nothing), and record it where ``stages``
     is a :class:`CheckLog` (the report files rewritten with it)."""
     if stages.enabled:

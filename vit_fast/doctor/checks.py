@@ -15,7 +15,7 @@ from vit_fast.model.selfcheck import check_kernel, family_cases, model_cases
 from vit_fast.util.dtypes import DTYPES
 from vit_fast.util.progress import Stages
 
-from .base import _check, _failed, _note
+from .base import check_record, failed_record, note_check
 from .settings import DoctorSettings
 
 #: batches of the compiled kernel checks: M = B * T on both sides of the GEMMs' 512-row switch for any T > 64
@@ -30,7 +30,7 @@ CPU_DTYPES = ("fp32", "fp16")
 GPU_CHECKS = ("kernels, compiled", "model, compiled", "first-use check", "cuda graph", "timing")
 
 
-def _dtypes_for(s: DoctorSettings, device: torch.device) -> tuple[list[str], list[dict[str, Any]]]:
+def dtypes_for(s: DoctorSettings, device: torch.device) -> tuple[list[str], list[dict[str, Any]]]:
     """The dtypes to check on ``device`` and a skipped check for each one left out, with the reason."""
     cuda = device.type == "cuda"
     wanted = list(s.dtypes) if s.dtypes else (list(DTYPES) if cuda else list(CPU_DTYPES))
@@ -38,10 +38,10 @@ def _dtypes_for(s: DoctorSettings, device: torch.device) -> tuple[list[str], lis
     if cuda and "bf16" in wanted and not card_of(device).native_bf16:
         wanted.remove("bf16")
         why = f"{device_name(device)} emulates bf16 (no native bf16): use fp16 there"
-        skipped.append(_check("kernels", "bf16", "skipped", why))
+        skipped.append(check_record("kernels", "bf16", "skipped", why))
     if not cuda and not s.dtypes:
         why = "the interpreter runs bf16 dots through fp32, so its bf16 path is not the GPU's (--dtype bf16 runs it)"
-        skipped.append(_check("kernels", "bf16", "skipped", why))
+        skipped.append(check_record("kernels", "bf16", "skipped", why))
     return wanted, skipped
 
 
@@ -71,8 +71,8 @@ def kernel_checks(cfg: Any, device: torch.device, dtypes: list[str], seed: int, 
     for i, (batch, case) in enumerate(runs, 1):
         record = check_kernel(case, device, seed)
         name = f"{record.pop('name')} b={batch}" if cuda else record.pop("name")
-        checks.append(_check("kernels", name, record.pop("status"), record.pop("summary"), **record))
-        _note(stages, checks[-1], f"[{i}/{len(runs)}] ")
+        checks.append(check_record("kernels", name, record.pop("status"), record.pop("summary"), **record))
+        note_check(stages, checks[-1], f"[{i}/{len(runs)}] ")
     return checks
 
 
@@ -87,8 +87,8 @@ def model_checks(model: Any, device: torch.device, dtypes: list[str], seed: int,
             f"{count_flops(model.cfg) / 1e9:.1f} GFLOP per image is minutes in Triton's interpreter (its kernels "
             "were checked above at its token count and head dim); run vit-fast doctor on a GPU to check it whole"
         )
-        skipped = _check("model", "model", "skipped", why)
-        _note(stages, skipped)
+        skipped = check_record("model", "model", "skipped", why)
+        note_check(stages, skipped)
         return [skipped]
     checks = []
     for dtype_name in dtypes if cuda else dtypes[:1]:  # each interpreted launch takes up to a second
@@ -104,7 +104,7 @@ def model_checks(model: Any, device: torch.device, dtypes: list[str], seed: int,
                 raise_on_failure=False,
             ).to_dict()
         except Exception as err:
-            checks.append(_failed("model", name, err))
+            checks.append(failed_record("model", name, err))
         else:
             worst = max(report["rows"], key=lambda r: r["max_abs_err"] / r["bound"] if r["bound"] else float("inf"))
             summary = (
@@ -112,8 +112,8 @@ def model_checks(model: Any, device: torch.device, dtypes: list[str], seed: int,
                 f"{worst['max_abs_err']:.2e} vs torch {worst['eager_max_abs_err']:.2e}, bound {worst['bound']:.2e}"
             )
             fields = {k: worst[k] for k in ("max_abs_err", "eager_max_abs_err", "bound")}
-            checks.append(_check("model", name, report["passed"], summary, seed=report["seed"], **fields))
-        _note(stages, checks[-1])
+            checks.append(check_record("model", name, report["passed"], summary, seed=report["seed"], **fields))
+        note_check(stages, checks[-1])
     return checks
 
 
@@ -143,7 +143,7 @@ def cuda_graph_check(model: Any, device: torch.device, dtype_name: str) -> dict[
         f"replay {graph_ms:.3f} ms"
     )
     ok = diff <= FLOOR[dtype] * scale_of(eager)
-    return _check("cuda graph", f"cuda graph {dtype_name}", ok, summary, eager_ms=eager_ms, graph_ms=graph_ms)
+    return check_record("cuda graph", f"cuda graph {dtype_name}", ok, summary, eager_ms=eager_ms, graph_ms=graph_ms)
 
 
 def timing_check(model: Any, device: torch.device, dtype_name: str) -> dict[str, Any]:
@@ -170,16 +170,18 @@ def timing_check(model: Any, device: torch.device, dtype_name: str) -> dict[str,
             "triton": _median_ms(lambda: attention(qkv, H), device),
         }
     parts = [f"{name}: {' vs '.join(f'{k} {v:.3f} ms' for k, v in row.items())}" for name, row in cases.items()]
-    return _check("timing", f"timing {dtype_name}", True, f"{dtype_name}, median; " + "; ".join(parts), cases_ms=cases)
+    return check_record(
+        "timing", f"timing {dtype_name}", True, f"{dtype_name}, median; " + "; ".join(parts), cases_ms=cases
+    )
 
 
-def _compiled_checks(model: Any, device: torch.device, dtypes: list[str], seed: int, stages: Stages) -> list[dict]:
+def compiled_checks(model: Any, device: torch.device, dtypes: list[str], seed: int, stages: Stages) -> list[dict]:
     """Kernels, the whole model, a CUDA graph and timings on the GPU ``device`` (made the current device for them:
     the whole-model check and the timings run on the current one)."""
     if not dtypes:
-        skipped = _gpu_skipped("no precision left to check on this card (see kernels: bf16)")
+        skipped = gpu_skipped("no precision left to check on this card (see kernels: bf16)")
         for c in skipped:
-            _note(stages, c)
+            note_check(stages, c)
         return skipped
     with torch.cuda.device(device):
         stages.note(f"kernels of the model, compiled on {device_name(device)}, {', '.join(dtypes)}")
@@ -187,15 +189,15 @@ def _compiled_checks(model: Any, device: torch.device, dtypes: list[str], seed: 
         stages.note("the whole model, triton backend against the torch backend and float64")
         checks += model_checks(model, device, dtypes, seed, stages)
         checks.append(first_use_check())
-        _note(stages, checks[-1])
+        note_check(stages, checks[-1])
         first = next(d for d in ("fp16", "bf16", "fp32") if d in dtypes)
         for name, step in (("cuda graph", cuda_graph_check), ("timing", timing_check)):
             stages.note(f"{name}, {first}")
             try:
                 checks.append(step(model, device, first))
             except Exception as err:
-                checks.append(_failed(name, f"{name} {first}", err))
-            _note(stages, checks[-1])
+                checks.append(failed_record(name, f"{name} {first}", err))
+            note_check(stages, checks[-1])
     return checks
 
 
@@ -204,15 +206,15 @@ def first_use_check() -> dict[str, Any]:
     ran each kernel's first compiled use through it. Failed when any kernel fell back to eager PyTorch."""
     seen = first_use.report()
     if not seen["enabled"]:
-        return _check("model", "first-use check", "skipped", f"switched off ({first_use.ENV}=0)")
+        return check_record("model", "first-use check", "skipped", f"switched off ({first_use.ENV}=0)")
     if seen["failed"]:
         named = "; ".join(
             f"{f['kernel']} ({f['config']}) on {f['device']} {f['dtype']}: "
             f"max|err| {f['max_err']:.3g} > {f['bound']:.3g}"
             for f in seen["failed"]
         )
-        return _check("model", "first-use check", False, f"fell back to eager PyTorch: {named}", first_use=seen)
-    return _check(
+        return check_record("model", "first-use check", False, f"fell back to eager PyTorch: {named}", first_use=seen)
+    return check_record(
         "model",
         "first-use check",
         True,
@@ -221,7 +223,8 @@ def first_use_check() -> dict[str, Any]:
     )
 
 
-def _gpu_skipped(reason: str) -> list[dict[str, Any]]:
+def gpu_skipped(reason: str) -> list[dict[str, Any]]:
+    """A skipped row, saying ``reason``, for each check that needs a GPU."""
     sections = {"kernels, compiled": "kernels", "model, compiled": "model", "first-use check": "model"}
     sections["cuda graph"] = "cuda graph"
-    return [_check(sections.get(name, "timing"), name, "skipped", reason) for name in GPU_CHECKS]
+    return [check_record(sections.get(name, "timing"), name, "skipped", reason) for name in GPU_CHECKS]

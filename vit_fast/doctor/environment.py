@@ -14,7 +14,7 @@ from vit_fast.backend.env import driver_version, launcher_needs
 from vit_fast.kernels import _versions
 from vit_fast.kernels.cards import MIN_ARCH, card_of, device_name
 
-from .base import _check
+from .base import check_record
 
 #: the environment variables reported besides every TRITON_* and VIT_FAST_* one
 OTHER_SETTINGS = ("CC", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "PYTORCH_CUDA_ALLOC_CONF")
@@ -29,7 +29,9 @@ def launcher_checks(cuda: bool) -> list[dict[str, Any]]:
     checks = []
     for need in launcher_needs():
         fields = need.to_dict(cuda)
-        checks.append(_check("environment", fields.pop("name"), fields.pop("status"), fields.pop("summary"), **fields))
+        checks.append(
+            check_record("environment", fields.pop("name"), fields.pop("status"), fields.pop("summary"), **fields)
+        )
     return checks
 
 
@@ -41,7 +43,7 @@ def _triton_checks(cuda: bool) -> list[dict[str, Any]]:
     triton_ok = False
     if triton_version is None:
         checks.append(
-            _check(
+            check_record(
                 "environment",
                 "triton",
                 "failed" if cuda else "warning",
@@ -52,7 +54,7 @@ def _triton_checks(cuda: bool) -> list[dict[str, Any]]:
         problem = _versions.triton_problem()
         triton_ok = problem is None
         summary = problem or f"triton {triton_version} (vit-fast's kernels need >= {want})"
-        checks.append(_check("environment", "triton", triton_ok, summary, version=triton_version))
+        checks.append(check_record("environment", "triton", triton_ok, summary, version=triton_version))
     pair = _versions.pair_problem()
     if pair is not None:
         status, summary = "warning", pair
@@ -60,7 +62,7 @@ def _triton_checks(cuda: bool) -> list[dict[str, Any]]:
         status, summary = "ok", f"torch {torch_version} pins no triton (a CPU build, or not installed by pip)"
     else:
         status, summary = "ok", f"torch {torch_version} pins triton {pinned}, and triton {triton_version} is installed"
-    checks.append(_check("environment", "torch / triton pair", status, summary, torch_pins=pinned))
+    checks.append(check_record("environment", "torch / triton pair", status, summary, torch_pins=pinned))
     if triton_ok and not cuda:  # the kernel checks run in Triton's interpreter here
         problem = _versions.interpreter_problem()
         numpy_version = _versions.installed("numpy")
@@ -68,7 +70,7 @@ def _triton_checks(cuda: bool) -> list[dict[str, Any]]:
             f"triton {triton_version} with numpy {numpy_version}: no known fault of the interpreter there "
             "(the kernel checks below run in it)"
         )
-        checks.append(_check("environment", INTERPRETER_CHECK, problem is None, summary, numpy=numpy_version))
+        checks.append(check_record("environment", INTERPRETER_CHECK, problem is None, summary, numpy=numpy_version))
     return checks
 
 
@@ -85,7 +87,7 @@ def _settings_check() -> dict[str, Any]:
     # other Triton code in the process; said, because a user comparing numerics may have set it
     fusion = os.environ.get("TRITON_DEFAULT_FP_FUSION", "unset")
     fusion_note = f"our kernels pin fp fusion per launch (TRITON_DEFAULT_FP_FUSION, {fusion}, does not reach them)"
-    return _check("environment", "settings", True, f"{shown}; {fusion_note}", variables=found)
+    return check_record("environment", "settings", True, f"{shown}; {fusion_note}", variables=found)
 
 
 def _gpu_checks(cuda: bool) -> list[dict[str, Any]]:
@@ -96,10 +98,10 @@ def _gpu_checks(cuda: bool) -> list[dict[str, Any]]:
             else " (a CPU build)"
         )
         return [
-            _check("environment", "driver", "skipped", why),
-            _check("environment", "gpu", "skipped", why),
+            check_record("environment", "driver", "skipped", why),
+            check_record("environment", "gpu", "skipped", why),
         ]
-    checks = [_check("environment", "driver", True, driver_version(torch.device("cuda", 0)))]
+    checks = [check_record("environment", "driver", True, driver_version(torch.device("cuda", 0)))]
     for index in range(torch.cuda.device_count()):
         card = card_of(index)
         summary = f"{device_name(index)}: {card.describe()}"
@@ -109,7 +111,7 @@ def _gpu_checks(cuda: bool) -> list[dict[str, Any]]:
         elif not card.tensor_cores:
             status = "warning"
             summary += "; tl.dot has no tensor cores here, so backend='auto' keeps the torch backend"
-        checks.append(_check("environment", f"gpu {index}", status, summary, card=asdict(card)))
+        checks.append(check_record("environment", f"gpu {index}", status, summary, card=asdict(card)))
     return checks
 
 
@@ -119,8 +121,8 @@ def environment_checks(device: torch.device) -> list[dict[str, Any]]:
     cuda = device.type == "cuda"
     build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU build"
     checks = [
-        _check("environment", "python", True, f"{platform.python_version()} on {platform.platform()}"),
-        _check("environment", "torch", True, f"torch {torch.__version__} ({build})", version=torch.__version__),
+        check_record("environment", "python", True, f"{platform.python_version()} on {platform.platform()}"),
+        check_record("environment", "torch", True, f"torch {torch.__version__} ({build})", version=torch.__version__),
     ]
     checks += _triton_checks(cuda)
     checks += launcher_checks(cuda)

@@ -17,20 +17,20 @@ from vit_fast.util.children import guarded_python
 from vit_fast.util.files import read_json, temp_staging, write_json_atomic, write_new
 from vit_fast.util.progress import Stages
 
-from .base import CheckLog, _check, _failed, _note
-from .checks import _dtypes_for, doctor_cases, kernel_checks, model_checks
+from .base import CheckLog, check_record, failed_record, note_check
+from .checks import doctor_cases, dtypes_for, kernel_checks, model_checks
 from .settings import DoctorSettings
 
 
 def interpreter_checks(s: DoctorSettings, stages: Stages, model: Any = None) -> list[dict[str, Any]]:
     """The kernel and model checks on the CPU, in this process: TRITON_INTERPRET=1 must have been set before
-    triton was imported (a child process started by :func:`_run_in_interpreter`, or a test)."""
+    triton was imported (a child process started by :func:`run_in_interpreter`, or a test)."""
     from vit_fast.interop.loading import load_model
 
     if model is None:
         model = load_model(s.model, backend="torch", seed=s.seed, config=s.config, weights=s.weights)
     cpu = torch.device("cpu")
-    dtypes, _ = _dtypes_for(s, cpu)
+    dtypes, _ = dtypes_for(s, cpu)
     stages.note(
         f"kernels of {s.model} ({model.cfg.num_tokens} tokens, head dim {model.cfg.head_dim}) in Triton's "
         f"interpreter, and those of patched timm / HF models at their families' shapes, {', '.join(dtypes)}: "
@@ -41,7 +41,7 @@ def interpreter_checks(s: DoctorSettings, stages: Stages, model: Any = None) -> 
     return checks + model_checks(model, cpu, dtypes, s.seed, stages)
 
 
-def _run_in_interpreter(s: DoctorSettings, stages: Stages) -> list[dict[str, Any]]:
+def run_in_interpreter(s: DoctorSettings, stages: Stages) -> list[dict[str, Any]]:
     """:func:`interpreter_checks` in a child process started with TRITON_INTERPRET=1 (it must be set before
     triton is first imported, whatever this process imported already); it prints its rows on the stdout it
     shares with this process and its progress lines on stderr. Its checks so far (its progress file, rewritten
@@ -72,8 +72,8 @@ def _run_in_interpreter(s: DoctorSettings, stages: Stages) -> list[dict[str, Any
                         proc.wait()
                         forward(_read_checks(progress))
                         why = f"the interpreter run took longer than {s.timeout:g} s (raise --timeout)"
-                        failed = _check("kernels", "interpreter", False, why)
-                        _note(stages, failed)
+                        failed = check_record("kernels", "interpreter", False, why)
+                        note_check(stages, failed)
                         return [*_read_checks(progress), failed]
                     time.sleep(0.2)
                     forward(_read_checks(progress))
@@ -83,8 +83,8 @@ def _run_in_interpreter(s: DoctorSettings, stages: Stages) -> list[dict[str, Any
         forward(_read_checks(progress))
         if not result.is_file():
             why = f"the interpreter run ended early (exit status {proc.returncode}; its error is on stderr above)"
-            failed = _check("kernels", "interpreter", False, why)
-            _note(stages, failed)
+            failed = check_record("kernels", "interpreter", False, why)
+            note_check(stages, failed)
             return [*_read_checks(progress), failed]
         return read_json(result, "the interpreter run's checks")
 
@@ -98,14 +98,16 @@ def _read_checks(path: Path) -> list[dict[str, Any]]:
     return data if isinstance(data, list) else []
 
 
-def _child_main(settings_path: str, result_path: str, progress_path: str | None = None) -> int:
+def child_main(settings_path: str, result_path: str, progress_path: str | None = None) -> int:
+    """The child process of :func:`run_in_interpreter`: the interpreter checks for the settings in
+    ``settings_path``, their rows written to ``result_path`` (and each as it is made to ``progress_path``)."""
     raw = read_json(settings_path, "doctor settings")
     s = DoctorSettings(**{**raw, "out": Path(raw["out"])})
     stages = CheckLog((lambda checks: write_json_atomic(checks, progress_path)) if progress_path else None)
     try:
         checks = interpreter_checks(s, stages)
     except Exception as err:  # the model could not be loaded, or the interpreter could not start
-        checks = [_failed("kernels", "interpreter", err)]
-        _note(stages, checks[0])
+        checks = [failed_record("kernels", "interpreter", err)]
+        note_check(stages, checks[0])
     write_json_atomic(checks, result_path)
     return 0

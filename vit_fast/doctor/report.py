@@ -15,10 +15,10 @@ from vit_fast.kernels._interpret import interpreter_enabled
 from vit_fast.util.files import MARKER_KEY, seal_markdown, write_atomic, write_json_atomic
 from vit_fast.util.progress import Stages
 
-from .base import CheckLog, _check, _failed, _note
-from .checks import _compiled_checks, _dtypes_for, _gpu_skipped
+from .base import CheckLog, check_record, failed_record, note_check
+from .checks import compiled_checks, dtypes_for, gpu_skipped
 from .environment import INTERPRETER_CHECK, environment_checks
-from .interpreter import _run_in_interpreter, interpreter_checks
+from .interpreter import interpreter_checks, run_in_interpreter
 from .settings import DoctorSettings
 
 
@@ -101,39 +101,39 @@ def _all_checks(s: DoctorSettings, device: torch.device, model_record: dict, sta
     stages.note("environment: versions, the C compiler, Python.h and libcuda, the driver and cards, settings")
     checks = environment_checks(device)
     for c in checks:
-        _note(stages, c)
-    dtypes, checks_skipped = _dtypes_for(s, device)
+        note_check(stages, c)
+    dtypes, checks_skipped = dtypes_for(s, device)
     try:
         model = load_model(s.model, backend="torch", seed=s.seed, config=s.config, weights=s.weights)
         model_record.update(config=model.cfg.to_dict(), tokens=model.cfg.num_tokens, weights=model.describe_weights())
     except Exception as err:
-        checks.append(_failed("model", "load", err))
-        _note(stages, checks[-1])
+        checks.append(failed_record("model", "load", err))
+        note_check(stages, checks[-1])
         model = None
     blockers = [c["name"] for c in checks if c["name"] in ("triton", INTERPRETER_CHECK) and c["status"] != "ok"]
     kernels_ready = not blockers
     if not kernels_ready:
         why = f"{blockers[0]} cannot run vit-fast's kernels here (see environment: {blockers[0]})"
-        said = [_check("kernels", "kernels", "skipped", why), _check("model", "model", "skipped", why)]
+        said = [check_record("kernels", "kernels", "skipped", why), check_record("model", "model", "skipped", why)]
     elif model is None:
-        said = [_check("kernels", "kernels", "skipped", "their shapes come from the model (see model: load)")]
+        said = [check_record("kernels", "kernels", "skipped", "their shapes come from the model (see model: load)")]
     else:
         said = checks_skipped
     for c in said:
-        _note(stages, c)
+        note_check(stages, c)
     checks += said
     if kernels_ready and model is not None and cuda:
-        checks += _compiled_checks(model, device, dtypes, s.seed, stages)
+        checks += compiled_checks(model, device, dtypes, s.seed, stages)
     elif kernels_ready and model is not None:
         if interpreter_enabled():  # set before triton was imported (a test, or the user's own shell): run here
             checks += interpreter_checks(s, stages, model)
         else:
             stages.note("starting a child process with TRITON_INTERPRET=1 for the interpreter checks")
-            checks += _run_in_interpreter(s, stages)
+            checks += run_in_interpreter(s, stages)
     if not cuda:
         why = f"no CUDA GPU visible to torch {torch.__version__}" if not torch.cuda.is_available() else "--device cpu"
-        for c in _gpu_skipped(f"{why}: needs a GPU (the interpreter ran what it can instead)"):
-            _note(stages, c)
+        for c in gpu_skipped(f"{why}: needs a GPU (the interpreter ran what it can instead)"):
+            note_check(stages, c)
             checks.append(c)
     return checks
 

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import torch
 
-from vit_fast.interop.convert import _grid_from_pos_embed, _load_converted, convert_hf_state_dict
+from vit_fast.interop.convert import convert_hf_state_dict, grid_from_pos_embed, load_converted
 from vit_fast.model.config import PRESETS, ViTConfig
 from vit_fast.model.vit import VisionTransformer
 from vit_fast.util.files import (
@@ -371,7 +371,7 @@ def check_hf_config_fields(data: dict, source: str) -> None:
         raise ValueError(f"Hugging Face config {source}: field 'id2label' names {too_many}: fix that field")
 
 
-def _hf_config_dict_to_vit(data: dict, source: str) -> ViTConfig:
+def hf_config_dict_to_vit(data: dict, source: str) -> ViTConfig:
     """A transformers ViT ``config.json`` (``model_type`` "vit") as a ViTConfig, without importing transformers."""
     from vit_fast.interop.convert import hf_config_to_vit
 
@@ -443,7 +443,7 @@ def resolve_config(config: ViTConfig | str | os.PathLike | dict) -> ViTConfig:
     if not isinstance(data, dict):
         raise ValueError(f"config {str(path)!r} holds a {type(data).__name__}, expected a JSON object")
     if data.get("model_type") == "vit" or "hidden_size" in data:
-        return _hf_config_dict_to_vit(data, repr(str(path)))
+        return hf_config_dict_to_vit(data, repr(str(path)))
     if "architecture" in data:  # timm's config.json
         arch = str(data["architecture"])
         if arch not in PRESETS:
@@ -499,8 +499,8 @@ def load_checkpoint(
     if "pos_embed" in state:
         keep = 0 if cfg.no_embed_class else cfg.num_prefix_tokens
         if state["pos_embed"].shape[1] != cfg.pos_embed_len:
-            src_grid = _grid_from_pos_embed(state["pos_embed"], keep)
-    model = _load_converted(cfg, state, repr(str(path)), src_grid, source).set_backend(backend)
+            src_grid = grid_from_pos_embed(state["pos_embed"], keep)
+    model = load_converted(cfg, state, repr(str(path)), src_grid, source).set_backend(backend)
     model.weights_source = {"kind": "file", "file": Path(path).name, "sha256": file_sha256(path), "layout": layout}
     if NORMALIZATION_METADATA_KEY in meta:
         try:

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from vit_fast.backend.pos_embed import resample_pos_embed
-from vit_fast.model.config import ViTConfig
+from vit_fast.model.config import HF_ACTIVATIONS, ViTConfig
 from vit_fast.model.vit import VisionTransformer
 from vit_fast.util.limits import check_model_fits
 
@@ -87,7 +87,7 @@ def _check_depth(cfg: ViTConfig, state: Mapping[str, torch.Tensor], source: str,
         )
 
 
-def _load_converted(
+def load_converted(
     cfg: ViTConfig,
     state: Mapping[str, torch.Tensor],
     source: str,
@@ -135,7 +135,7 @@ def _load_converted(
     return model
 
 
-def _grid_from_pos_embed(pos_embed: torch.Tensor, num_prefix: int) -> tuple[int, int] | None:
+def grid_from_pos_embed(pos_embed: torch.Tensor, num_prefix: int) -> tuple[int, int] | None:
     """The square patch grid a position embedding was made for, or None when it is not square
     (then the shape check names the mismatch)."""
     n = pos_embed.shape[1] - num_prefix
@@ -144,9 +144,6 @@ def _grid_from_pos_embed(pos_embed: torch.Tensor, num_prefix: int) -> tuple[int,
 
 
 # --------------------------------------------------------------------------- Hugging Face
-#: transformers' hidden_act names -> ours
-HF_ACTIVATIONS = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh"}
-
 # transformers 5.x and 4.x names inside one layer, mapped to timm's; q/k/v are fused separately.
 _HF_LAYER_MAP = {
     "layernorm_before": "norm1",
@@ -195,8 +192,6 @@ def hf_config_to_vit(hf_config: Any, num_classes: int) -> ViTConfig:
     )
 
 
-#: ours -> the transformers hidden_act that computes it
-HF_ACTIVATION_OF = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh"}
 _QKV_PART = {"q": 0, "k": 1, "v": 2}
 
 
@@ -314,7 +309,7 @@ def from_hf(
         converted = convert_hf_state_dict(state)
     except ValueError as err:
         raise ValueError(f"weights from {name} state_dict: {err}") from None
-    model = _load_converted(cfg, converted, f"{name} state_dict", src_grid)
+    model = load_converted(cfg, converted, f"{name} state_dict", src_grid)
     model.weights_source = {"kind": "hf", "name": getattr(hf_config, "_name_or_path", "") or name}
     ref = next(hf_model.parameters())
     return model.to(device=ref.device).set_backend(backend)
@@ -468,7 +463,7 @@ def from_timm(
     if img_size is not None:
         cfg = cfg.replace(img_size=img_size)
     state = dict(timm_model.state_dict())
-    model = _load_converted(cfg, state, f"timm {type(timm_model).__name__} state_dict", src_grid)
+    model = load_converted(cfg, state, f"timm {type(timm_model).__name__} state_dict", src_grid)
     name = getattr(getattr(timm_model, "pretrained_cfg", None) or {}, "get", lambda *_: None)("architecture")
     model.weights_source = {"kind": "timm", "name": name or type(timm_model).__name__}
     source_cfg = getattr(timm_model, "pretrained_cfg", None)

@@ -82,7 +82,7 @@ _RUNS = {KERNELS: "vit-fast's kernels", OWN: "its own forward", RAISES: "nothing
 def _blocked(name: str, module: nn.Module) -> ModuleReport | None:
     """The row of a patched HF layer or head whose kernels step aside now (training mode, or a submodule replaced or
     hooked since the patch), naming why; None when they run."""
-    from vit_fast.interop.hf_patch import _STATE
+    from vit_fast.interop.hf_patch import kernels_blocked
 
     if module.training:  # the patched forward hands a module in training mode to transformers' (dropout)
         return ModuleReport(
@@ -92,7 +92,7 @@ def _blocked(name: str, module: nn.Module) -> ModuleReport | None:
             OWN,
             "patched, but in training mode: transformers' forward runs it until model.eval()",
         )
-    blocker = module.__dict__[_STATE].blocker()
+    blocker = kernels_blocked(module)
     return None if not blocker else ModuleReport(name, type(module).__name__, True, OWN, f"patched, but {blocker}")
 
 
@@ -175,8 +175,8 @@ _Read = tuple[str | None, BackendChoice, list[ModuleReport], list[str]]
 
 
 def _timm(model: nn.Module, device: torch.device, dtype: torch.dtype) -> _Read:
-    from vit_fast.interop.patching import _ORIGINAL, PATCHED_BACKEND
-    from vit_fast.interop.timm_blocks import _BLOCK_INDEX, read_attention_pool, read_timm_blocks, timm_model_refusal
+    from vit_fast.interop.forwards import PATCHED_BACKEND, is_patched
+    from vit_fast.interop.timm_blocks import BLOCK_INDEX, read_attention_pool, read_timm_blocks, timm_model_refusal
 
     asked = model.__dict__.get(PATCHED_BACKEND)
     names = {id(m): n for n, m in model.named_modules()}
@@ -191,7 +191,7 @@ def _timm(model: nn.Module, device: torch.device, dtype: torch.dtype) -> _Read:
     rows = []
     choice = None
     for block, (plan, found) in zip(model.blocks, read, strict=True):
-        patched = _ORIGINAL in block.__dict__
+        patched = is_patched(block)
         what = f"{plan.kind}, MLP {'/'.join(m.act for m in plan.mlps) or '?'}, head dim {plan.head_dim}"
         if patched and block.training:  # the patched forward hands a block in training mode to timm's
             choice = BackendChoice("torch", "in training mode: timm's forward runs it until model.eval()")
@@ -200,7 +200,7 @@ def _timm(model: nn.Module, device: torch.device, dtype: torch.dtype) -> _Read:
             choice = _kernel_choice(device, dtype, plan.head_dim, asked or "auto")
             detail = f"on the kernels: {what}"
         elif found:  # the row names the block: its features without the 'blocks.N.' prefix
-            detail = f"refused: {'; '.join(_BLOCK_INDEX.sub('', p).lstrip('.') for p in found)}"
+            detail = f"refused: {'; '.join(BLOCK_INDEX.sub('', p).lstrip('.') for p in found)}"
         elif refused:
             detail = "the kernels run this block, but apply_vit_fast refuses the model for what the others use"
         else:
@@ -209,7 +209,7 @@ def _timm(model: nn.Module, device: torch.device, dtype: torch.dtype) -> _Read:
     if pool is not None:
         plan, found = pool
         head = model.attn_pool
-        patched = _ORIGINAL in head.__dict__
+        patched = is_patched(head)
         head_choice = _kernel_choice(device, dtype, plan.head_dim, asked or "auto") if patched else None
         if patched and head.training:
             head_choice = BackendChoice("torch", "in training mode: timm's forward runs it until model.eval()")
@@ -234,12 +234,12 @@ def _timm(model: nn.Module, device: torch.device, dtype: torch.dtype) -> _Read:
 
 
 def _hf(model: nn.Module, device: torch.device, dtype: torch.dtype) -> _Read:
-    from vit_fast.interop.hf_patch import _LAYOUTS, _ORIGINAL, _pool_heads, _vision_layers, head_dim_problem, hf_refusal
-    from vit_fast.interop.patching import PATCHED_BACKEND
+    from vit_fast.interop.forwards import PATCHED_BACKEND, is_patched
+    from vit_fast.interop.hf_patch import LAYOUTS, head_dim_problem, hf_refusal, pool_heads, vision_layers
 
     asked = model.__dict__.get(PATCHED_BACKEND)
     names = {id(m): n for n, m in model.named_modules()}
-    layers = _vision_layers(model)
+    layers = vision_layers(model)
     refusal = hf_refusal(model) if asked is None else None
     head_dim_why = head_dim_problem(model, layers) if layers and refusal is None else None
     config = getattr(model.config, "vision_config", None) or model.config
@@ -247,7 +247,7 @@ def _hf(model: nn.Module, device: torch.device, dtype: torch.dtype) -> _Read:
     choice = _kernel_choice(device, dtype, head_dim, asked) if asked else _unpatched_choice(refusal or head_dim_why)
     rows = []
     for layer in layers:
-        patched = _ORIGINAL in layer.__dict__
+        patched = is_patched(layer)
         blocked = _blocked(names[id(layer)], layer) if patched else None
         if blocked is not None:
             rows.append(blocked)
@@ -264,12 +264,12 @@ def _hf(model: nn.Module, device: torch.device, dtype: torch.dtype) -> _Read:
         rows.append(_row(names[id(layer)], layer, patched, choice, detail))
     vision = {id(m) for m in layers}
     for name, module in model.named_modules():  # a CLIP / SigLIP dual model's text tower
-        if type(module).__name__ in _LAYOUTS and id(module) not in vision:
+        if type(module).__name__ in LAYOUTS and id(module) not in vision:
             rows.append(
                 ModuleReport(name, type(module).__name__, False, OWN, "text tower: vit-fast patches vision towers")
             )
-    for head in _pool_heads(model):
-        patched = _ORIGINAL in head.__dict__
+    for head in pool_heads(model):
+        patched = is_patched(head)
         blocked = _blocked(names[id(head)], head) if patched else None
         if blocked is not None:
             rows.append(blocked)

@@ -29,7 +29,7 @@ PyTorch between the fc1 and fc2 kernels. SigLIP's attention-pool head
 ``out_proj``, LayerNorm folded into fc1, the residual in fc2's epilogue
 (:class:`vit_fast.interop.timm_blocks.PoolPlan`).
 
-A patched layer's forward is a :class:`vit_fast.interop.patching.PatchedForward` of :func:`_fast_hf`: the patched model
+A patched layer's forward is a :class:`vit_fast.interop.forwards.PatchedForward` of :func:`_fast_hf`: the patched model
 pickles, ``torch.save``-s and deep-copies, without the fused weight copies a layer keeps (read again after loading).
 """
 
@@ -45,14 +45,14 @@ import torch
 from torch import nn
 
 from vit_fast.backend import runtime
-from vit_fast.interop.convert import HF_ACTIVATIONS
+from vit_fast.interop.forwards import PATCHED_BACKEND, is_patched, original_forward, patch_forward
 from vit_fast.interop.naflex import key_padding_lengths
-from vit_fast.interop.patching import _ORIGINAL, PATCHED_BACKEND, patch_forward
 from vit_fast.interop.timm_blocks import LinearWeights
+from vit_fast.model.config import HF_ACTIVATIONS
 
 #: layer class -> (attention attribute, attention output projection, norm before attention, norm before the
 #: MLP, LayerScale after attention or None, LayerScale after the MLP or None)
-_LAYOUTS: dict[str, tuple[str, str, str, str, str | None, str | None]] = {
+LAYOUTS: dict[str, tuple[str, str, str, str, str | None, str | None]] = {
     "ViTLayer": ("attention", "o_proj", "layernorm_before", "layernorm_after", None, None),
     "DeiTLayer": ("attention", "o_proj", "layernorm_before", "layernorm_after", None, None),
     "Dinov2Layer": ("attention", "o_proj", "norm1", "norm2", "layer_scale1", "layer_scale2"),
@@ -146,7 +146,7 @@ class _LayerView:
 
     def __init__(self, layer: nn.Module, num_heads: int, hidden_act: str | None) -> None:
         self.layer, self.num_heads = layer, num_heads
-        self.layout = _LAYOUTS[type(layer).__name__]
+        self.layout = LAYOUTS[type(layer).__name__]
         self.kernel_act = HF_ACTIVATIONS.get(hidden_act or "", None)
         self._cache: dict[str, tuple[tuple, LinearWeights]] = {}
 
@@ -335,16 +335,23 @@ def _kernels_can_run(x: torch.Tensor, backend: str) -> bool:
     return runtime.patched_runs_kernels(x, backend)
 
 
-def _vision_layers(model: nn.Module) -> list[nn.Module]:
+def vision_layers(model: nn.Module) -> list[nn.Module]:
     """The encoder layers of the vision tower (a CLIP / SigLIP dual model's text tower is left alone)."""
     root = getattr(model, "vision_model", None) or model
-    return [m for m in root.modules() if type(m).__name__ in _LAYOUTS]
+    return [m for m in root.modules() if type(m).__name__ in LAYOUTS]
 
 
-def _pool_heads(model: nn.Module) -> list[nn.Module]:
+def pool_heads(model: nn.Module) -> list[nn.Module]:
     """The vision tower's attention-pool heads (SigLIP's ``vision_use_head``)."""
     root = getattr(model, "vision_model", None) or model
     return [m for m in root.modules() if type(m).__name__ in _POOL_HEADS]
+
+
+def kernels_blocked(module: nn.Module) -> str | None:
+    """Why a patched encoder layer or attention-pool head runs its own forward now instead of the kernels (a
+    submodule replaced by another type, e.g. PEFT's LoRA, or hooked by the user); None when the kernels run it.
+    Training mode is not looked at here (the patched forward hands a module in training mode to transformers')."""
+    return module.__dict__[_STATE].blocker()
 
 
 def _vision_config(model: nn.Module) -> Any:
@@ -357,7 +364,7 @@ def head_dim_problem(model: nn.Module, layers: list[nn.Module]) -> str | None:
     can."""
     config = _vision_config(model)
     heads = config.num_attention_heads
-    head_dim = getattr(layers[0], _LAYOUTS[type(layers[0]).__name__][0]).q_proj.weight.shape[0] // heads
+    head_dim = getattr(layers[0], LAYOUTS[type(layers[0]).__name__][0]).q_proj.weight.shape[0] // heads
     if _MIN_HEAD_DIM <= head_dim <= _MAX_HEAD_DIM:
         return None
     return (
@@ -387,15 +394,15 @@ def check_supported(model: nn.Module, backend: str) -> tuple[list[nn.Module], An
         families = ", ".join(n for names in SUPPORTED.values() for n in names)
         raise TypeError(f"apply_vit_fast supports the transformers models {families}; got {name}")
     config = _vision_config(model)
-    layers = _vision_layers(model)
+    layers = vision_layers(model)
     if not layers:
-        raise TypeError(f"apply_vit_fast: {name} has no vision encoder layers ({', '.join(_LAYOUTS)}) to patch")
-    if not hasattr(getattr(layers[0], _LAYOUTS[type(layers[0]).__name__][0]), "q_proj"):
+        raise TypeError(f"apply_vit_fast: {name} has no vision encoder layers ({', '.join(LAYOUTS)}) to patch")
+    if not hasattr(getattr(layers[0], LAYOUTS[type(layers[0]).__name__][0]), "q_proj"):
         raise TypeError(
             f"apply_vit_fast: {name}'s layers have transformers 4.x's layout (attention.attention.query); the "
             "in-place patch reads 5.x's (q_proj, k_proj, v_proj): upgrade transformers, or use vit_fast.from_hf(model)"
         )
-    problems = [p for head in _pool_heads(model) for p in _pool_head_problems(head)]
+    problems = [p for head in pool_heads(model) for p in _pool_head_problems(head)]
     if problems:
         raise ValueError(
             f"apply_vit_fast: {name}'s attention-pool head uses what vit-fast's kernels do not run: "
@@ -414,7 +421,7 @@ def check_supported(model: nn.Module, backend: str) -> tuple[list[nn.Module], An
 def _fast_hf(layer: nn.Module, backend: str, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
     """The forward of a patched encoder layer: :func:`_run_view` on the kernels, or the layer's own forward where
     the kernels step aside (see the module docstring)."""
-    original = layer.__dict__[_ORIGINAL]
+    original = original_forward(layer)
     mask = args[0] if args else kwargs.get("attention_mask")  # SigLIP 2's encoder passes it by position
     if any(a is not None and a is not False for a in args[1:]) or kwargs.get("head_mask") is not None:
         return original(hidden_states, *args, **kwargs)
@@ -438,7 +445,7 @@ def _fast_head(head: nn.Module, backend: str, hidden_state: torch.Tensor, *mask:
     """The forward of a patched SigLIP pooling head: its :class:`vit_fast.interop.timm_blocks.PoolPlan` on the kernels,
     or its own forward under the layers' rules. SigLIP 2's head also takes the ``pixel_attention_mask`` ``[B, T]``:
     key padding, run as per-sample lengths."""
-    original = head.__dict__[_ORIGINAL]
+    original = original_forward(head)
     if attentions_requested({}, _active_collector()) or not _kernels_can_run(hidden_state, backend):
         return original(hidden_state, *mask)
     if torch.compiler.is_exporting() or torch.jit.is_tracing():  # export traces transformers' own graph
@@ -456,17 +463,17 @@ def _fast_head(head: nn.Module, backend: str, hidden_state: torch.Tensor, *mask:
 
 def apply_hf(model: nn.Module, backend: str) -> nn.Module:
     """``apply_vit_fast`` for a transformers model (see the module docstring); in place, returns ``model``. Each
-    layer's (and pooling head's) forward becomes a :class:`vit_fast.interop.patching.PatchedForward` of :func:`_fast_hf`
+    layer's (and pooling head's) forward becomes a :class:`vit_fast.interop.forwards.PatchedForward` of :func:`_fast_hf`
     (:func:`_fast_head`), so the patched model pickles and deep-copies."""
     layers, config = check_supported(model, backend)
     hidden_act = getattr(config, "hidden_act", None)
     for layer in layers:
-        if _ORIGINAL in layer.__dict__:
+        if is_patched(layer):
             continue  # already patched
         layer.__dict__[_STATE] = _LayerView(layer, config.num_attention_heads, hidden_act)
         patch_forward(layer, _fast_hf, backend)
-    for head in _pool_heads(model) if layers else ():  # no layers patched (head dim out of range): no head either
-        if _ORIGINAL in head.__dict__:
+    for head in pool_heads(model) if layers else ():  # no layers patched (head dim out of range): no head either
+        if is_patched(head):
             continue
         head.__dict__[_STATE] = _HeadView(head, hidden_act)
         patch_forward(head, _fast_head, backend)

@@ -34,9 +34,9 @@ import torch
 
 from vit_fast.interop.checkpoints import (
     LOAD_SUFFIXES,
-    _hf_config_dict_to_vit,
     check_weights_file,
     file_sha256,
+    hf_config_dict_to_vit,
     load_checkpoint,
     resolve_config,
     torch_load_error,
@@ -230,13 +230,13 @@ def _hf_model(spec: str, backend: str) -> VisionTransformer:
             raise ValueError(f"Hugging Face config {str(config_file)!r} cannot be read: {err.strerror or err}") from err
         if not isinstance(data, dict):
             raise ValueError(f"Hugging Face config {str(config_file)!r} holds a {type(data).__name__}, not an object")
-        _hf_config_dict_to_vit(data, repr(str(config_file)))  # types, sizes and memory, before anything is built
+        hf_config_dict_to_vit(data, repr(str(config_file)))  # types, sizes and memory, before anything is built
         check_hf_index_files(Path(spec))
     refuse_remote_code(data, where)
     # trust_remote_code=False as well: transformers never prompts, whatever it finds
     hf_config = AutoConfig.from_pretrained(spec, local_files_only=local_only, trust_remote_code=False)
     if not local:  # a hub model's config: the same checks before transformers builds it
-        _hf_config_dict_to_vit(hf_config.to_dict(), repr(spec))
+        hf_config_dict_to_vit(hf_config.to_dict(), repr(spec))
     archs = getattr(hf_config, "architectures", None) or []
     # a classification checkpoint keeps its head; anything else loads as the bare encoder
     loader = AutoModelForImageClassification if any("ImageClassification" in a for a in archs) else AutoModel

@@ -18,77 +18,31 @@ patched the same way, its padding mask run as per-sample lengths (:mod:`vit_fast
 ``backend="triton"`` on a card that only emulates it is refused, as ``VisionTransformer`` refuses it. The rule is
 :func:`vit_fast.backend.runtime.patched_runs_kernels`.
 
-A patched module's ``forward`` is a :class:`PatchedForward`: a module-level function of vit-fast bound to the module
-and the backend, never a closure. So a patched model pickles (``torch.save``, ``pickle``) and deep-copies, and
-loads back (``torch.load(..., weights_only=False)``) still patched where vit-fast is installed; where it is not,
-unpickling stops at its first reference with Python's own ``ModuleNotFoundError: No module named 'vit_fast'``. For
-a file that loads without vit-fast, save the model after :func:`remove_vit_fast`, or its ``state_dict``.
+A patched module's ``forward`` is a :class:`vit_fast.interop.forwards.PatchedForward`: a module-level function of
+vit-fast bound to the module and the backend, never a closure. So a patched model pickles (``torch.save``, ``pickle``)
+and deep-copies, and loads back (``torch.load(..., weights_only=False)``) still patched where vit-fast is installed;
+where it is not, unpickling stops at its first reference with Python's own ``ModuleNotFoundError: No module named
+'vit_fast'``. For a file that loads without vit-fast, save the model after :func:`remove_vit_fast`, or its
+``state_dict``.
 """
 
 from __future__ import annotations
 
 import functools
 import warnings
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
 from vit_fast.backend import runtime
+from vit_fast.interop.forwards import PATCHED_BACKEND, drop_patch, is_patched, original_forward, patch_forward
 from vit_fast.interop.naflex import key_padding_lengths
 
-#: a patched module's ``__dict__`` keys: the forward it had before (called where the kernels step aside), and how
-#: its kernels run (a :class:`vit_fast.interop.timm_blocks.BlockPlan` / ``PoolPlan``)
-_ORIGINAL, _PLAN = "_vit_fast_original_forward", "_vit_fast_plan"
-#: the model attribute (in its ``__dict__``) that records the backend a model was patched with, for
-#: :func:`vit_fast.explain`
-PATCHED_BACKEND = "_vit_fast_backend"
+#: a patched module's ``__dict__`` key of how its kernels run (a :class:`vit_fast.interop.timm_blocks.BlockPlan` /
+#: ``PoolPlan``)
+_PLAN = "_vit_fast_plan"
 BACKENDS = ("auto", "triton")
-
-
-class PatchedForward:
-    """What a patched module's ``forward`` is: ``run(module, backend, *args, **kwargs)``, with ``run`` a
-    module-level function of vit-fast. It pickles by reference (``run`` by its qualified name, the module and
-    the backend as arguments) and deep-copies onto the copy; a bound method of a closure, what a patch used to be,
-    pickled as ``getattr(module, "fast_timm")``, which no module has, so a saved model could never load back."""
-
-    __slots__ = ("module", "run", "backend")
-
-    def __init__(self, module: nn.Module, run: Callable[..., Any], backend: str) -> None:
-        self.module, self.run, self.backend = module, run, backend
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.run(self.module, self.backend, *args, **kwargs)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (PatchedForward, (self.module, self.run, self.backend))
-
-
-class ClassForward:
-    """A module's own class ``forward``, bound to it: what a patched module falls back to. A bound method would
-    pickle as ``getattr(module, "forward")``, an attribute the patched module answers with its patch."""
-
-    __slots__ = ("module",)
-
-    def __init__(self, module: nn.Module) -> None:
-        self.module = module
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return type(self.module).forward(self.module, *args, **kwargs)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (ClassForward, (self.module,))
-
-
-def patch_forward(module: nn.Module, run: Callable[..., Any], backend: str) -> None:
-    """Make ``module.forward`` call ``run(module, backend, ...)`` (a module-level function), keeping the forward it
-    had (its class's, or one set on the instance before) as ``module.__dict__[_ORIGINAL]``; a module already
-    patched is left as it is."""
-    if _ORIGINAL in module.__dict__:
-        return
-    module.__dict__[_ORIGINAL] = module.__dict__.get("forward") or ClassForward(module)
-    module.__dict__["forward"] = PatchedForward(module, run, backend)
 
 
 def _kernels_can_run(x: torch.Tensor, backend: str, head_dim: int | None = None) -> bool:
@@ -115,29 +69,16 @@ def _say_export_runs_timm(x: torch.Tensor, backend: str) -> None:
 _EXPORT_WARNED: set[tuple[str, str, str]] = set()
 
 
-def _drop_patch(state: dict[str, Any]) -> bool:
-    """Take a patch out of a module's ``__dict__`` (``state``): the forward it had before comes back (its class's,
-    or one set on the instance before the patch). False when ``state`` holds no patch."""
-    original = state.pop(_ORIGINAL, None)
-    if original is None:
-        return False
-    if isinstance(original, ClassForward):
-        state.pop("forward", None)
-    else:
-        state["forward"] = original
-    return True
-
-
 def _unpatched_copy(module: nn.Module) -> nn.Module:
     """``module`` as torch.jit.script may see it: patched modules replaced by shallow copies with their own class's
     forward (parameters and buffers shared, nothing copied), the user's module tree left as it is. The module itself
     when nothing under it is patched."""
-    if not any(_ORIGINAL in m.__dict__ for m in module.modules()):
+    if not any(is_patched(m) for m in module.modules()):
         return module
     copy = object.__new__(type(module))
     copy.__dict__.update(module.__dict__)
     copy.__dict__.pop(_SCRIPTABLE, None)
-    _drop_patch(copy.__dict__)
+    drop_patch(copy.__dict__)
     copy._modules = {name: None if m is None else _unpatched_copy(m) for name, m in module._modules.items()}
     return copy
 
@@ -207,13 +148,13 @@ def _fast_timm(block: nn.Module, backend: str, x: torch.Tensor, *args: Any, **kw
     if extra or block.training or not _kernels_can_run(x, backend, plan.head_dim):
         if exporting and not extra and mask is None:
             _say_export_runs_timm(x, backend)
-        return block.__dict__[_ORIGINAL](x, *args, **kwargs)
+        return original_forward(block)(x, *args, **kwargs)
     if mask is None:
         return plan.run(block, x)  # our custom ops (what torch.export records), autograd on or off
     # read only where the kernels would run: the check syncs with the device (once per mask, see key_padding_lengths)
     lengths = None if exporting or _differential(block) else key_padding_lengths(mask, x.shape[0], x.shape[1])
     if lengths is None:  # not key padding of a prefix of each row
-        return block.__dict__[_ORIGINAL](x, *args, **kwargs)
+        return original_forward(block)(x, *args, **kwargs)
     return plan.run(block, x, lengths)
 
 
@@ -227,7 +168,7 @@ def _fast_timm_pool(pool: nn.Module, backend: str, x: torch.Tensor, attn_mask: A
     the blocks would take theirs (a mask other than key padding, training mode, a dtype or device the kernels
     skip)."""
     plan = pool.__dict__[_PLAN]
-    original = pool.__dict__[_ORIGINAL]
+    original = original_forward(pool)
     if pool.training or not _kernels_can_run(x, backend, plan.head_dim):
         return original(x, attn_mask=attn_mask)
     if attn_mask is None:
@@ -243,7 +184,7 @@ def remove_vit_fast(model: nn.Module) -> int:
     model.__dict__.pop(_SCRIPTABLE, None)
     model.__dict__.pop(PATCHED_BACKEND, None)
     for module in model.modules():
-        if _drop_patch(module.__dict__):
+        if drop_patch(module.__dict__):
             for name in ("_vit_fast_view", "_vit_fast_returns_tensor", _PLAN):
                 module.__dict__.pop(name, None)
             restored += 1

@@ -38,8 +38,8 @@ from vit_fast.backend import runtime
 from vit_fast.interop.naflex import MODEL_CLASSES as NAFLEX_CLASSES
 from vit_fast.interop.naflex import naflex_refusal
 
-#: timm model classes whose blocks are read here (NaFlexVit: :mod:`vit_fast.interop.naflex`), and the ones refused
-#: for what their attention does
+#: timm model classes whose blocks are read here (NaFlexVit: :mod:`vit_fast.interop.naflex`), and the ones refused for
+#: what their attention does
 MODEL_CLASSES = ("VisionTransformer", "VisionTransformerDistilled", *NAFLEX_CLASSES)
 _REFUSED_MODELS = {
     "Eva": "rotary position embeddings (RoPE) inside attention",
@@ -47,7 +47,8 @@ _REFUSED_MODELS = {
 }
 #: the timm block classes whose forward runs on the kernels (each read by :func:`_block_plan`)
 BLOCK_KINDS = ("Block", "ResPostBlock", "ParallelThingsBlock", "ParallelScalingBlock", "DiffParallelScalingBlock")
-_BLOCK_INDEX = re.compile(r"^blocks\.\d+")
+#: the ``blocks.N`` prefix of a block's refusal (a model's refusal names the block; a row of one block need not)
+BLOCK_INDEX = re.compile(r"^blocks\.\d+")
 #: activation module class name -> the linear kernel's epilogue (nn.GELU is read by its ``approximate``)
 _ACTIVATIONS = {"GELU": "gelu", "GELUTanh": "gelu_tanh", "QuickGELU": "quick_gelu", "SiLU": "silu", "Swish": "silu"}
 
@@ -470,7 +471,7 @@ def plan_timm_model(model: nn.Module, backend: str) -> list[BlockPlan]:
     for plan, found in read_timm_blocks(model):
         plans.append(plan)
         for problem in found:  # name each feature once: 'blocks.3.attn.q_norm' repeats 'blocks.0.attn.q_norm'
-            if _BLOCK_INDEX.sub("", problem) not in {_BLOCK_INDEX.sub("", p) for p in problems}:
+            if BLOCK_INDEX.sub("", problem) not in {BLOCK_INDEX.sub("", p) for p in problems}:
                 problems.append(problem)
     if problems:
         raise ValueError(

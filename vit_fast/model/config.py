@@ -12,6 +12,10 @@ from vit_fast.util.limits import above_ceiling, number_text
 
 _GLOBAL_POOLS = ("token", "avg")
 _ACTS = ("gelu", "gelu_tanh", "quick_gelu", "silu")
+#: transformers' hidden_act names -> ours (a converted model's ``act``, a patched layer's kernel epilogue)
+HF_ACTIVATIONS = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh"}
+#: ours -> the transformers hidden_act that computes it
+HF_ACTIVATION_OF = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh"}
 
 
 def _pair(value: int | tuple[int, int] | list[int], name: str) -> tuple[int, int]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from vit_fast.backend.env import install_hint
-from vit_fast.serve.endpoints import _answers_200
+from vit_fast.serve.endpoints import wait_for_200
 from vit_fast.serve.settings import BASE64_MAX_IMAGE_BYTES
 
 SERVE_EXTRA = install_hint("serve")
@@ -216,7 +216,7 @@ def run_triton(triton: Any, health_url: str, verbose: bool) -> None:
     process = getattr(triton, "_triton_server", None)
     if not verbose and process is not None and hasattr(process, "_verbose"):
         process._verbose = False
-    _answers_200(health_url, READY_TIMEOUT_S, "of Triton's start", alive=triton._triton_server.is_alive)
+    wait_for_200(health_url, READY_TIMEOUT_S, "of Triton's start", alive=triton._triton_server.is_alive)
     triton.connect()
     prefix = triton._python_backend_config["shm-region-prefix-name"] or f"pytrtion{os.getpid()}-"
     make_shm_private(prefix)

@@ -68,7 +68,7 @@ class Endpoints:
         return "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
 
 
-def _answers_200(url: str, timeout_s: float, since: str, alive: Any = None) -> None:
+def wait_for_200(url: str, timeout_s: float, since: str, alive: Any = None) -> None:
     """Poll ``url`` until it answers 200: a TimeoutError naming it after ``timeout_s`` seconds (``since``: from
     when, for the message), a RuntimeError at once when ``alive()`` (tritonserver's process) says it ended."""
     deadline = time.monotonic() + timeout_s

@@ -44,7 +44,7 @@ from vit_fast.serve.backend import (
     require_serve,
     run_triton,
 )
-from vit_fast.serve.endpoints import ACCESS_HEADERS, Endpoints, _answers_200, is_loopback, port_in_use
+from vit_fast.serve.endpoints import ACCESS_HEADERS, Endpoints, is_loopback, port_in_use, wait_for_200
 from vit_fast.serve.ports import claim_ports, release_ports
 from vit_fast.serve.settings import (
     CPU_PREFERRED_BATCH,
@@ -375,7 +375,7 @@ class Server:
     def _wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
         """Wait until ``/v2/models/NAME/ready`` answers 200, then send one request of one image through HTTP (the
         model path, end to end); a TimeoutError / RuntimeError naming the URL otherwise."""
-        _answers_200(f"http://{self.endpoints.http}/v2/models/{self.name}/ready", timeout_s, "after Triton started")
+        wait_for_200(f"http://{self.endpoints.http}/v2/models/{self.name}/ready", timeout_s, "after Triton started")
         import numpy as np
         import tritonclient.http as httpclient
 

@@ -53,16 +53,20 @@ MARKDOWN_MARK = "<!-- written by vit-fast"
 NAME_MAX = 255
 
 
-_TOKEN_HEX = 16
+#: hex digits in a staging name's random token (``.NAME.tmp-TOKEN``)
+TOKEN_HEX = 16
 
 
-_ZERO_DIGEST = "0" * 64
+#: the digest field's value while a file's own sha256 is computed over it (the sealed file holds the real one)
+ZERO_DIGEST = "0" * 64
 
 
-_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+#: ``os.O_NOFOLLOW`` where the platform has it, else 0 (no flag)
+O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
-_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+#: ``os.O_NONBLOCK`` where the platform has it, else 0 (no flag)
+O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 
 class OutputChanged(FileExistsError):
@@ -75,7 +79,8 @@ class OutputNotWritable(PermissionError):
     """A folder or file cannot be written (permissions, an immutable attribute); the message names it and the fix."""
 
 
-def _umask() -> int:
+def current_umask() -> int:
+    """The process's umask (read by setting it, so it is set back at once)."""
     mask = os.umask(0)
     os.umask(mask)
     return mask
@@ -124,7 +129,7 @@ def stdout_to_stderr() -> Iterator[IO[str] | None]:
 
 
 @contextlib.contextmanager
-def _writable(folder: str | os.PathLike, doing: str = "write in") -> Iterator[None]:
+def writing_in(folder: str | os.PathLike, doing: str = "write in") -> Iterator[None]:
     """Turn a permission error met while writing in ``folder`` into one naming it and the fix."""
     try:
         yield

@@ -10,7 +10,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from .base import _writable
+from .base import writing_in
 from .claims import claim
 from .proof import is_artifact_metadata, ownership_note, written_by_vit_fast
 from .reading import special_kind
@@ -62,7 +62,7 @@ def make_folders(folder: str | os.PathLike, what: str = "output folder") -> Path
     checks: a dangling or looping link on the way is named, not met as ``[Errno 17] File exists``."""
     folder = Path(folder) if str(folder) else Path(".")
     existing_folder(folder, what)
-    with _writable(folder, "make"):
+    with writing_in(folder, "make"):
         os.makedirs(folder, exist_ok=True)
     return folder
 

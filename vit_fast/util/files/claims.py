@@ -31,7 +31,7 @@ def identity(path: str | os.PathLike) -> Identity | None:
     return Identity(st.st_dev, st.st_ino, stat.S_IFMT(st.st_mode), st.st_size, st.st_mtime_ns)
 
 
-def _tree(folder: str | os.PathLike) -> tuple:
+def folder_tree(folder: str | os.PathLike) -> tuple:
     """Every entry below ``folder`` (links not followed) with its identity, in name order: the folder's content
     as a check saw it. The folder's own mtime is left out (a rename into another folder may change it)."""
     entries: list[tuple[str, Identity | None]] = []
@@ -82,16 +82,17 @@ def claim_folder(path: str | os.PathLike) -> None:
     entry, is what may be replaced; a folder that changed since (a file added, removed or edited anywhere
     below it) is never moved away."""
     with _claims_lock:
-        _claims[_key(path)] = _Claim(identity(path), False, _tree(path))
+        _claims[_key(path)] = _Claim(identity(path), False, folder_tree(path))
 
 
-def _claim_of(path: Path) -> _Claim | None:
+def claim_of(path: Path) -> _Claim | None:
+    """What this process claimed at ``path`` (what it saw there before its work), or None."""
     with _claims_lock:
         return _claims.get(_key(path))
 
 
-def _claimed_now(paths: Iterable[Path]) -> None:
+def claimed_now(paths: Iterable[Path]) -> None:
     """After a publish: the claims now name what was just put there (a second write of the same run replaces it)."""
     with _claims_lock:
         for path in paths:
-            _claims[_key(path)] = _Claim(identity(path), False, _tree(path) if os.path.isdir(path) else ())
+            _claims[_key(path)] = _Claim(identity(path), False, folder_tree(path) if os.path.isdir(path) else ())

@@ -12,7 +12,7 @@ try:  # POSIX; elsewhere a staging folder's run cannot be told gone, so none is 
     import fcntl
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
-from .base import _O_NOFOLLOW, _O_NONBLOCK
+from .base import O_NOFOLLOW, O_NONBLOCK
 
 
 def contained_path(
@@ -66,7 +66,7 @@ def hold_lock(path: str | os.PathLike, note: str) -> int | None:
     regular file; it is left in place when released (removing a lock file lets two processes lock two files)."""
     if fcntl is None:  # pragma: no cover - Windows
         raise OSError(f"cannot lock {str(path)!r}: no flock on this platform")
-    flags = os.O_RDWR | os.O_CREAT | _O_NOFOLLOW | _O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    flags = os.O_RDWR | os.O_CREAT | O_NOFOLLOW | O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     fd = os.open(path, flags, 0o600)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):

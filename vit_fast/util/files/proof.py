@@ -10,7 +10,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from .base import _ZERO_DIGEST, DIGEST_KEY, MARKDOWN_MARK, MARKER_KEY, PNG_DIGEST_KEY, PNG_KEY
+from .base import DIGEST_KEY, MARKDOWN_MARK, MARKER_KEY, PNG_DIGEST_KEY, PNG_KEY, ZERO_DIGEST
 from .json_input import loads_json
 from .reading import read_head
 
@@ -103,7 +103,7 @@ _MARKDOWN_SEAL = re.compile(rb"<!-- written by vit-fast \S+ sha256:([0-9a-f]{64}
 
 
 def _zeroed(raw: bytes, start: int, end: int) -> bytes:
-    return raw[:start] + _ZERO_DIGEST.encode() + raw[end:]
+    return raw[:start] + ZERO_DIGEST.encode() + raw[end:]
 
 
 def _seal_state(raw: bytes) -> tuple[bool | None, bool]:

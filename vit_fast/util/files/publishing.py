@@ -11,11 +11,11 @@ import shutil
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from .base import KEPT_MARK, OWNER_FILE, OutputChanged, _umask, _writable
-from .claims import Identity, _claim_of, _claimed_now, _tree, identity
+from .base import KEPT_MARK, OWNER_FILE, OutputChanged, current_umask, writing_in
+from .claims import Identity, claim_of, claimed_now, folder_tree, identity
 from .proof import ownership_note, written_by_vit_fast
-from .renames import _rename
-from .staging import _STAGING_RE, _fitted_name, is_our_staging
+from .renames import rename_path
+from .staging import STAGING_NAME_RE, fitted_name, is_our_staging
 
 
 def _changed(target: Path, seen: Identity | None, now: Identity | None, kind: str = "file") -> str:
@@ -31,19 +31,19 @@ def _set_aside(folders: Iterable[Path]) -> list[Path]:
     ordinary permissions, the marker removed so no cleaner takes it); returns the kept folders."""
     kept = []
     for folder in sorted(set(folders)):
-        match = _STAGING_RE.match(folder.name)
+        match = STAGING_NAME_RE.match(folder.name)
         if match is None or not is_our_staging(folder):
             continue
         with contextlib.suppress(OSError):
             for leftover in folder.glob(".previous-*"):
                 leftover.unlink()
             (folder / OWNER_FILE).unlink()
-            target = folder.parent / _fitted_name("", match.group(1), f"{KEPT_MARK}{match.group(2)}")
-            _rename(folder, target, "new")
-            os.chmod(target, 0o777 & ~_umask())
+            target = folder.parent / fitted_name("", match.group(1), f"{KEPT_MARK}{match.group(2)}")
+            rename_path(folder, target, "new")
+            os.chmod(target, 0o777 & ~current_umask())
             for f in target.iterdir():
                 with contextlib.suppress(OSError):
-                    os.chmod(f, 0o666 & ~_umask())
+                    os.chmod(f, 0o666 & ~current_umask())
             kept.append(target)
     return kept
 
@@ -59,14 +59,14 @@ def _swap_in(src: Path, dst: Path, expected: Identity | None) -> Path | None:
     """Replace the file at ``dst`` with ``src`` only while it is ``expected`` (None: whatever it is); returns
     where the replaced file now lies (inside ``src``'s staging folder), or None when ``dst`` had gone meanwhile."""
     try:
-        exchanged = _rename(src, dst, "exchange")
+        exchanged = rename_path(src, dst, "exchange")
     except FileNotFoundError:  # removed since it was looked at: nothing to replace
-        _rename(src, dst, "new")
+        rename_path(src, dst, "new")
         return None
     if exchanged:
         if expected is None or identity(src) == expected:  # exactly the file checked was swapped out
             return src
-        _rename(dst, src, "exchange")  # another file: put it back
+        rename_path(dst, src, "exchange")  # another file: put it back
         raise OutputChanged(_changed(dst, expected, identity(dst)))
     # no exchange here: keep a second name for the file, compare it, then replace (a change in between is lost)
     keep = src.parent / f".previous-{secrets.token_hex(8)}"
@@ -79,13 +79,13 @@ def _swap_in(src: Path, dst: Path, expected: Identity | None) -> Path | None:
     if not kept_is_it:
         os.unlink(keep)
         raise OutputChanged(_changed(dst, expected, identity(dst)))
-    _rename(src, dst, "replace")
+    rename_path(src, dst, "replace")
     return keep
 
 
 def _publish_file(src: Path, dst: Path) -> Path | None:
     """Move one staged file to its target under its claim; returns where the file it replaced now lies."""
-    held = _claim_of(dst)
+    held = claim_of(dst)
     now = identity(dst)
     if held is not None and held.overwrite:
         return _swap_in(src, dst, None) if now is not None else _publish_new(src, dst)
@@ -104,7 +104,7 @@ def _publish_file(src: Path, dst: Path) -> Path | None:
 
 def _publish_new(src: Path, dst: Path) -> None:
     try:
-        _rename(src, dst, "new")
+        rename_path(src, dst, "new")
     except FileExistsError:
         raise OutputChanged(_changed(dst, None, identity(dst))) from None
 
@@ -112,15 +112,15 @@ def _publish_new(src: Path, dst: Path) -> None:
 def _take_back(src: Path, dst: Path, replaced: Path | None, published: Identity | None) -> None:
     """Undo one publish: the file that was at ``dst`` goes back, this run's returns to ``src``."""
     if replaced == src:  # swapped: swap again
-        _rename(dst, src, "exchange")
+        rename_path(dst, src, "exchange")
     elif replaced is not None:  # a second name was kept: ours gets one too, for the kept results
         try:
             os.link(dst, src, follow_symlinks=False)
         except OSError:  # no hard links: ours moves back (the target is empty for that moment)
-            _rename(dst, src, "new")
-        _rename(replaced, dst, "replace")
+            rename_path(dst, src, "new")
+        rename_path(replaced, dst, "replace")
     elif identity(dst) == published:  # nothing was there: take ours away, and only ours
-        _rename(dst, src, "new")
+        rename_path(dst, src, "new")
 
 
 def publish_to(moves: Sequence[tuple[Path, Path]], *, mode: int | None = None) -> list[Path]:
@@ -138,8 +138,8 @@ def publish_to(moves: Sequence[tuple[Path, Path]], *, mode: int | None = None) -
     try:
         for src, dst in moves:
             src, dst = Path(src), Path(dst)
-            os.chmod(src, (0o666 if mode is None else mode) & ~_umask())
-            with _writable(dst.parent):
+            os.chmod(src, (0o666 if mode is None else mode) & ~current_umask())
+            with writing_in(dst.parent):
                 replaced = _publish_file(src, dst)
             done.append((src, dst, replaced, identity(dst)))
     except BaseException as err:
@@ -150,7 +150,7 @@ def publish_to(moves: Sequence[tuple[Path, Path]], *, mode: int | None = None) -
             kept = _set_aside(Path(src).parent for src, _ in moves)
             raise OutputChanged(f"{err}: it was left as it is, and {_kept_text(kept)}") from None
         raise
-    _claimed_now(dst for _, dst, _, _ in done)
+    claimed_now(dst for _, dst, _, _ in done)
     return [dst for _, dst, _, _ in done]
 
 
@@ -160,11 +160,11 @@ def publish(staged: Sequence[Path], folder: str | os.PathLike) -> list[Path]:
 
 
 def _publish_one_folder(staged: Path, target: Path) -> Path | None:
-    held = _claim_of(target)
+    held = claim_of(target)
     now = identity(target)
     if now is None:
         try:
-            _rename(staged, target, "new")
+            rename_path(staged, target, "new")
         except OSError as err:
             if err.errno in (errno.ENOTEMPTY, errno.EEXIST):
                 raise OutputChanged(_changed(target, None, identity(target))) from None
@@ -173,22 +173,22 @@ def _publish_one_folder(staged: Path, target: Path) -> Path | None:
     if held is None or held.seen is None:
         raise OutputChanged(_changed(target, None, now))
     try:
-        exchanged = _rename(staged, target, "exchange")
+        exchanged = rename_path(staged, target, "exchange")
     except FileNotFoundError:  # removed since it was looked at: nothing to replace
-        _rename(staged, target, "new")
+        rename_path(staged, target, "new")
         return None
     if not exchanged:
         # no exchange here: move the old folder aside, compare it, put it back if it changed
         aside = staged.parent / f".previous-{target.name}"
-        _rename(target, aside, "new")
-        if _tree(aside) != held.tree:
-            _rename(aside, target, "new")
+        rename_path(target, aside, "new")
+        if folder_tree(aside) != held.tree:
+            rename_path(aside, target, "new")
             raise OutputChanged(_changed(target, held.seen, now, "folder"))
-        _rename(staged, target, "new")
+        rename_path(staged, target, "new")
         return aside
-    if _tree(staged) == held.tree:  # ``staged`` now holds the folder that was at ``target``
+    if folder_tree(staged) == held.tree:  # ``staged`` now holds the folder that was at ``target``
         return staged
-    _rename(target, staged, "exchange")
+    rename_path(target, staged, "exchange")
     raise OutputChanged(_changed(target, held.seen, now, "folder"))
 
 
@@ -205,20 +205,20 @@ def publish_folders(moves: Sequence[tuple[Path, Path]]) -> list[Path | None]:
     try:
         for staged, target in moves:
             staged, target = Path(staged), Path(target)
-            with _writable(target.parent):
+            with writing_in(target.parent):
                 done.append((staged, target, _publish_one_folder(staged, target)))
     except BaseException as err:
         for staged, target, replaced in reversed(done):
             with contextlib.suppress(OSError):
                 if replaced == staged:
-                    _rename(target, staged, "exchange")
+                    rename_path(target, staged, "exchange")
                 elif replaced is not None:
-                    _rename(target, staged, "new")
-                    _rename(replaced, target, "new")
+                    rename_path(target, staged, "new")
+                    rename_path(replaced, target, "new")
                 else:
-                    _rename(target, staged, "new")
+                    rename_path(target, staged, "new")
         if isinstance(err, OutputChanged):
             raise OutputChanged(f"{err}: it was left as it is, and this run's folders were removed") from None
         raise
-    _claimed_now(target for _, target, _ in done)
+    claimed_now(target for _, target, _ in done)
     return [replaced for _, _, replaced in done]

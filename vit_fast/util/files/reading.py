@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import stat
 
-from .base import _O_NONBLOCK
+from .base import O_NONBLOCK
 
 _KINDS = {
     stat.S_IFIFO: "a FIFO (named pipe)",
@@ -34,7 +34,7 @@ def read_head(path: str | os.PathLike, limit: int) -> bytes | None:
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
             return None
-        fd = os.open(path, os.O_RDONLY | _O_NONBLOCK)
+        fd = os.open(path, os.O_RDONLY | O_NONBLOCK)
     except OSError:
         return None
     try:

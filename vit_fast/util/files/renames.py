@@ -51,7 +51,7 @@ def _renameat2_flags(src: str | os.PathLike, dst: str | os.PathLike, flags: int)
     raise OSError(code, os.strerror(code), os.fspath(src), None, os.fspath(dst))
 
 
-def _rename(src: Path, dst: Path, mode: str) -> bool:
+def rename_path(src: Path, dst: Path, mode: str) -> bool:
     """Every move vit_fast.util.files makes into or out of a target goes through here (one place for fault tests):
     ``mode`` "new" (never onto something: FileExistsError), "exchange" (swap ``src`` and ``dst``; False where
     unsupported, then nothing happened) or "replace" (``os.replace``)."""

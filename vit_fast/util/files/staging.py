@@ -19,10 +19,10 @@ try:  # POSIX; elsewhere a staging folder's run cannot be told gone, so none is 
     import fcntl
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
-from .base import _O_NOFOLLOW, _O_NONBLOCK, _TOKEN_HEX, NAME_MAX, OWNER_FILE, OWNER_TEXT, STAGING_MARK, _writable
+from .base import NAME_MAX, O_NOFOLLOW, O_NONBLOCK, OWNER_FILE, OWNER_TEXT, STAGING_MARK, TOKEN_HEX, writing_in
 
 
-def _fitted_name(prefix: str, target_name: str, tail: str) -> str:
+def fitted_name(prefix: str, target_name: str, tail: str) -> str:
     """``PREFIX + NAME + TAIL``, NAME cut (never the tail) so that the name fits :data:`NAME_MAX` bytes."""
     room = NAME_MAX - len(os.fsencode(prefix + tail))
     stem = target_name
@@ -33,10 +33,11 @@ def _fitted_name(prefix: str, target_name: str, tail: str) -> str:
 
 def _staging_name(target_name: str, token: str) -> str:
     """``.NAME.tmp-TOKEN``, NAME cut (never the token) so that the name fits :data:`NAME_MAX` bytes."""
-    return _fitted_name(".", target_name, f"{STAGING_MARK}{token}")
+    return fitted_name(".", target_name, f"{STAGING_MARK}{token}")
 
 
-_STAGING_RE = re.compile(rf"^\.(.*){re.escape(STAGING_MARK)}([0-9a-f]{{{_TOKEN_HEX}}})$", re.DOTALL)
+#: a staging name: ``.NAME.tmp-TOKEN``, groups (NAME as cut to fit, TOKEN)
+STAGING_NAME_RE = re.compile(rf"^\.(.*){re.escape(STAGING_MARK)}([0-9a-f]{{{TOKEN_HEX}}})$", re.DOTALL)
 
 
 def _marker_token(folder: Path) -> str | None:
@@ -45,7 +46,7 @@ def _marker_token(folder: Path) -> str | None:
     try:
         if not stat.S_ISREG(os.lstat(marker).st_mode):
             return None
-        fd = os.open(marker, os.O_RDONLY | _O_NOFOLLOW | _O_NONBLOCK)
+        fd = os.open(marker, os.O_RDONLY | O_NOFOLLOW | O_NONBLOCK)
     except OSError:
         return None
     try:
@@ -62,7 +63,7 @@ def _owner_gone(folder: Path) -> bool | None:
     if fcntl is None:
         return None
     try:
-        fd = os.open(lock, os.O_RDONLY | _O_NOFOLLOW | _O_NONBLOCK)
+        fd = os.open(lock, os.O_RDONLY | O_NOFOLLOW | O_NONBLOCK)
     except OSError:
         return None
     try:
@@ -80,7 +81,7 @@ def is_our_staging(folder: str | os.PathLike) -> bool:
     """Whether ``folder`` is a staging folder vit-fast made: a real folder (not a link) of this user named
     ``.*.tmp-TOKEN`` whose marker holds that same TOKEN. A name alone proves nothing."""
     folder = Path(folder)
-    match = _STAGING_RE.match(folder.name)
+    match = STAGING_NAME_RE.match(folder.name)
     if match is None:
         return False
     try:
@@ -118,7 +119,7 @@ def _take_ownership(folder: Path, token: str) -> int | None:
     The marker is made and locked under another name, then renamed, so a cleaner never finds a marker
     that is not yet locked."""
     init = folder / ".owner-init"
-    fd = os.open(init, os.O_CREAT | os.O_EXCL | os.O_RDWR | _O_NOFOLLOW, 0o600)
+    fd = os.open(init, os.O_CREAT | os.O_EXCL | os.O_RDWR | O_NOFOLLOW, 0o600)
     try:
         os.write(fd, (OWNER_TEXT + token + "\n").encode())
         if fcntl is not None:
@@ -135,10 +136,10 @@ def make_staging(parent: str | os.PathLike, target_name: str) -> tuple[Path, int
     and the lock's descriptor (close it after removing the folder). Made exclusively, mode 0700. A folder
     that cannot be written raises :class:`OutputNotWritable` naming it."""
     while True:
-        token = secrets.token_hex(_TOKEN_HEX // 2)
+        token = secrets.token_hex(TOKEN_HEX // 2)
         folder = Path(parent) / _staging_name(target_name, token)
         try:
-            with _writable(parent):
+            with writing_in(parent):
                 os.mkdir(folder, 0o700)
             break
         except FileExistsError:  # pragma: no cover - a 64-bit token taken: draw again

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from .base import _O_NOFOLLOW, _ZERO_DIGEST, DIGEST_KEY, MARKDOWN_MARK, PNG_KEY, PNG_VALUE
+from .base import DIGEST_KEY, MARKDOWN_MARK, O_NOFOLLOW, PNG_KEY, PNG_VALUE, ZERO_DIGEST
 from .checks import make_folders
 from .publishing import publish_to
 from .staging import staging_dir
@@ -23,7 +23,7 @@ def open_new(path: str | os.PathLike, mode: int = 0o666) -> Iterator[IO[bytes]]:
     """A new file at ``path`` opened for binary writing: created exclusively (``O_EXCL``), never through a
     symlink (``O_NOFOLLOW``), with ``mode`` (less the umask); an existing file or link there is an error, never
     opened. For files written inside a staging folder (or a folder this run made)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW, mode)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_NOFOLLOW, mode)
     with os.fdopen(fd, "wb") as f:
         yield f
 
@@ -71,8 +71,8 @@ def json_text(data: Any, *, sort_keys: bool = True, default: Callable[[Any], Any
     if not isinstance(data, dict):
         return json.dumps(data, indent=2, sort_keys=sort_keys, default=default) + "\n"
     body = {k: v for k, v in data.items() if k != DIGEST_KEY}
-    text = json.dumps({**body, DIGEST_KEY: _ZERO_DIGEST}, indent=2, sort_keys=sort_keys, default=default) + "\n"
-    field = f'"{DIGEST_KEY}": "{_ZERO_DIGEST}"'
+    text = json.dumps({**body, DIGEST_KEY: ZERO_DIGEST}, indent=2, sort_keys=sort_keys, default=default) + "\n"
+    field = f'"{DIGEST_KEY}": "{ZERO_DIGEST}"'
     if text.count(field) != 1:  # a nested object holding a zero digest: the field would not be found again
         raise ValueError(f"cannot seal JSON whose content already holds {field}")
     digest = hashlib.sha256(text.encode()).hexdigest()
@@ -88,9 +88,9 @@ def seal_markdown(text: str, version: str) -> str:
     """``text`` (a newline added when it lacks one) and the closing comment that proves vit-fast wrote it:
     ``<!-- written by vit-fast VERSION sha256:HEX -->``, HEX the SHA-256 of the whole file with HEX read as zeros."""
     body = text if not text or text.endswith("\n") else text + "\n"
-    unsealed = f"{body}{MARKDOWN_MARK} {version} sha256:{_ZERO_DIGEST} -->\n"
+    unsealed = f"{body}{MARKDOWN_MARK} {version} sha256:{ZERO_DIGEST} -->\n"
     digest = hashlib.sha256(unsealed.encode()).hexdigest()
-    return unsealed[: -len(f"{_ZERO_DIGEST} -->\n")] + f"{digest} -->\n"
+    return unsealed[: -len(f"{ZERO_DIGEST} -->\n")] + f"{digest} -->\n"
 
 
 def png_metadata(version: str) -> dict[str, str]:

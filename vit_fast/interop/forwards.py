@@ -1,0 +1,89 @@
+"""A patched module's forward: how vit-fast puts its own forward on a user's module (a timm block, a transformers
+encoder layer or attention-pool head) and takes it off again, the one mechanism under :mod:`vit_fast.interop.patching`
+and :mod:`vit_fast.interop.hf_patch`.
+
+The patch lives in the instance's ``__dict__`` (the class is the user's, untouched): ``forward`` is a
+:class:`PatchedForward`, a module-level function of vit-fast bound to the module and the backend, never a closure, so
+a patched model pickles and deep-copies; the forward the module had before is kept beside it and comes back with
+:func:`drop_patch`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+
+#: the ``__dict__`` key of the forward a patched module had before (called where the kernels step aside)
+_ORIGINAL = "_vit_fast_original_forward"
+#: the model attribute (in its ``__dict__``) that records the backend a model was patched with, for
+#: :func:`vit_fast.explain`
+PATCHED_BACKEND = "_vit_fast_backend"
+
+
+class PatchedForward:
+    """What a patched module's ``forward`` is: ``run(module, backend, *args, **kwargs)``, with ``run`` a
+    module-level function of vit-fast. It pickles by reference (``run`` by its qualified name, the module and
+    the backend as arguments) and deep-copies onto the copy; a bound method of a closure, what a patch used to be,
+    pickled as ``getattr(module, "fast_timm")``, which no module has, so a saved model could never load back."""
+
+    __slots__ = ("module", "run", "backend")
+
+    def __init__(self, module: nn.Module, run: Callable[..., Any], backend: str) -> None:
+        self.module, self.run, self.backend = module, run, backend
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.run(self.module, self.backend, *args, **kwargs)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (PatchedForward, (self.module, self.run, self.backend))
+
+
+class ClassForward:
+    """A module's own class ``forward``, bound to it: what a patched module falls back to. A bound method would
+    pickle as ``getattr(module, "forward")``, an attribute the patched module answers with its patch."""
+
+    __slots__ = ("module",)
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return type(self.module).forward(self.module, *args, **kwargs)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ClassForward, (self.module,))
+
+
+def patch_forward(module: nn.Module, run: Callable[..., Any], backend: str) -> None:
+    """Make ``module.forward`` call ``run(module, backend, ...)`` (a module-level function), keeping the forward it
+    had (its class's, or one set on the instance before) for :func:`original_forward`; a module already patched is
+    left as it is."""
+    if is_patched(module):
+        return
+    module.__dict__[_ORIGINAL] = module.__dict__.get("forward") or ClassForward(module)
+    module.__dict__["forward"] = PatchedForward(module, run, backend)
+
+
+def is_patched(module: nn.Module) -> bool:
+    """Whether ``module``'s forward is vit-fast's (:func:`patch_forward`)."""
+    return _ORIGINAL in module.__dict__
+
+
+def original_forward(module: nn.Module) -> Callable[..., Any]:
+    """The forward a patched ``module`` had before its patch (its class's, or one set on the instance before)."""
+    return module.__dict__[_ORIGINAL]
+
+
+def drop_patch(state: dict[str, Any]) -> bool:
+    """Take a patch out of a module's ``__dict__`` (``state``): the forward it had before comes back (its class's,
+    or one set on the instance before the patch). False when ``state`` holds no patch."""
+    original = state.pop(_ORIGINAL, None)
+    if original is None:
+        return False
+    if isinstance(original, ClassForward):
+        state.pop("forward", None)
+    else:
+        state["forward"] = original
+    return True
