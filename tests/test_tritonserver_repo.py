@@ -139,6 +139,20 @@ def test_default_python_entry_parses_and_carries_the_module(default_repo: Path) 
         assert k == k2 and torch.equal(a, b), k
 
 
+def test_entries_for_makes_what_a_source_can_make(tmp_path) -> None:
+    """The one dispatch of the command and to_tritonserver: a model makes its ONNX and python entries (ONNX
+    first, named as entry_names says); an artifact only its own entry; an unknown entry or source is refused."""
+    model = vit_fast.load_model("default", backend="torch")
+    made = ts.entries_for(model, "vit", ["python", "onnx"], kind="cpu", verify=False)
+    assert [e.name for e in made] == ts.entry_names("vit", ["python", "onnx"]) == ["vit", "vit_python"]
+    with pytest.raises(ValueError, match="entries must be some of onnx, python, got \\['tflite'\\]"):
+        ts.entries_for(model, "vit", ["tflite"])
+    with pytest.raises(ValueError, match="the python entry serves a model, not an artifact"):
+        ts.entries_for(tmp_path / "m.onnx", "vit", ["onnx", "python"])
+    with pytest.raises(ValueError, match="cannot tell what"):
+        ts.entries_for(tmp_path / "m.bin", "vit")
+
+
 def test_template_reads_the_names_the_entry_writes() -> None:
     """model.py cannot be imported outside Triton: read its constants from the source instead."""
     tree = ast.parse(ts.TEMPLATE.read_text())

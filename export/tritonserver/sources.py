@@ -23,7 +23,7 @@ ENTRIES = ("onnx", "python")
 
 def entry_names(name: str, entries: Sequence[str]) -> list[str]:
     """The model folders ``entries`` of a model named ``name`` make: ``NAME`` (onnx), ``NAME_python`` (python)."""
-    return [name] * ("onnx" in entries) + [f"{name}_python"] * ("python" in entries)
+    return ([name] if "onnx" in entries else []) + ([f"{name}_python"] if "python" in entries else [])
 
 
 def entries_for(
