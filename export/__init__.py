@@ -2,7 +2,7 @@
 one runner for an artifact) and ``verify`` (judged against eager PyTorch); with ``verify=`` an artifact is published
 only once it passed (docs/deploy.md). onnx, onnxruntime and tensorrt are imported only when those functions run.
 Imports point one way: _common <- graph <- trt_common <- runners <- verify_checks, verify_report <- verify <-
-onnx_checks <- onnx, tensorrt; _common <- triton_config <- tritonserver."""
+onnx_checks <- onnx, tensorrt; _common <- tritonserver (the Triton model repository package)."""
 
 from __future__ import annotations
 

@@ -891,7 +891,7 @@ def test_batches_beyond_range_are_refused_through_the_api(tmp_path, odd_folder):
     """The export, verify and Triton repository APIs refuse what the CLI's parser refuses, before any tracing
     (torch would fail on it with C++ frames)."""
     from vit_fast import export
-    from vit_fast.export.triton_config import batch_plan
+    from vit_fast.export.tritonserver import batch_plan
 
     model, before = _tiny(), _snapshot(tmp_path)
     with pytest.raises(ValueError, match=r"max 100000000000000000000 is too large: give sizes from 1 to 2147483647"):

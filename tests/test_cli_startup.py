@@ -79,7 +79,7 @@ def test_the_command_body_does_import_torch(tmp_path):
 def test_queue_delay_help_names_the_real_default():
     """--queue-delay-us's default is read when the command runs; --help shows the same number."""
     from vit_fast.cli.tritonserver import QUEUE_DELAY_HELP_US
-    from vit_fast.export.triton_config import DEFAULT_QUEUE_DELAY_US
+    from vit_fast.export.tritonserver import DEFAULT_QUEUE_DELAY_US
 
     assert QUEUE_DELAY_HELP_US == DEFAULT_QUEUE_DELAY_US
 

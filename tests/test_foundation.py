@@ -6,6 +6,7 @@ import os
 import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -166,6 +167,17 @@ def test_git_commit_is_best_effort(monkeypatch):
     assert env.git_commit() == f"vit-fast {__version__}"
     monkeypatch.setenv("VIT_FAST_COMMIT", "abc123")  # a copied tree without .git, e.g. on a GPU machine
     assert env.git_commit() == "abc123"
+
+
+def test_git_commit_in_this_checkout_is_its_head(monkeypatch):
+    """The tests run from vit-fast's own checkout (an editable install): its HEAD is recorded, not the fallback."""
+    monkeypatch.delenv("VIT_FAST_COMMIT", raising=False)
+    root = Path(__file__).resolve().parent.parent
+    if not (root / ".git").exists():
+        pytest.skip("not a git checkout: the tests run from a copied tree")
+    assert env.SOURCE_ROOT == root
+    head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert env.git_commit().removesuffix("+dirty") == head
 
 
 def test_git_commit_never_records_another_repository(tmp_path, monkeypatch):

@@ -92,7 +92,7 @@ def test_server_describes_what_it_serves() -> None:
 def test_queue_delay_defaults_to_zero_on_the_cpu_and_the_export_default_on_cuda(monkeypatch) -> None:
     """On the CPU one instance batches what queues during a forward, so the batcher does not wait; on CUDA it
     waits the export default; an explicit value is kept either way."""
-    from vit_fast.export.triton_config import DEFAULT_QUEUE_DELAY_US
+    from vit_fast.export.tritonserver import DEFAULT_QUEUE_DELAY_US
     from vit_fast.serve.settings import CPU_QUEUE_DELAY_US
 
     model = vit_fast.load_model("default", backend="torch")

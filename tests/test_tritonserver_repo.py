@@ -18,7 +18,6 @@ import torch
 import vit_fast
 from vit_fast.cli import tritonserver as cli
 from vit_fast.export import tritonserver as ts
-from vit_fast.serve import repository
 
 model_config_pb2 = pytest.importorskip(
     "tritonclient.grpc.model_config_pb2", reason="tritonclient[grpc] (the test extra) holds Triton's config schema"
@@ -113,13 +112,11 @@ def test_the_command_names_published_paths_and_the_kind_it_wrote(default_run) ->
 
 
 def test_the_default_kind_is_what_the_machine_has(monkeypatch) -> None:
-    from vit_fast.export import triton_config
-
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert triton_config.machine_kind()[0] == "cpu" and triton_config.machine_kind(engine=True)[0] == "gpu"
+    assert ts.machine_kind()[0] == "cpu" and ts.machine_kind(engine=True)[0] == "gpu"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    assert triton_config.machine_kind() == ("gpu", "torch sees 2 CUDA GPUs here")
+    assert ts.machine_kind() == ("gpu", "torch sees 2 CUDA GPUs here")
 
 
 def test_default_python_entry_parses_and_carries_the_module(default_repo: Path) -> None:
@@ -127,7 +124,7 @@ def test_default_python_entry_parses_and_carries_the_module(default_repo: Path) 
     config = parse_config(folder)
     assert config.backend == "python" and not config.platform
     assert config.max_batch_size == 64 and list(config.dynamic_batching.preferred_batch_size) == [8, 64]
-    assert config.parameters[repository.DTYPE_PARAMETER].string_value == "fp32"
+    assert config.parameters[ts.DTYPE_PARAMETER].string_value == "fp32"
     model = vit_fast.load_model("default", backend="torch")
     images, logits = ts.model_io(model, torch.float32)
     assert [(t.name, list(t.dims), type_name(t.data_type)) for t in config.input] == [
@@ -136,23 +133,37 @@ def test_default_python_entry_parses_and_carries_the_module(default_repo: Path) 
     assert [(t.name, list(t.dims), type_name(t.data_type)) for t in config.output] == [
         (logits.name, list(logits.dims), "TYPE_FP32")
     ]
-    assert (folder / "1" / "model.py").read_text() == repository.TEMPLATE.read_text()
-    served = vit_fast.load_checkpoint(folder / "1" / repository.WEIGHTS, backend="torch")
+    assert (folder / "1" / "model.py").read_text() == ts.TEMPLATE.read_text()
+    served = vit_fast.load_checkpoint(folder / "1" / ts.WEIGHTS, backend="torch")
     for (k, a), (k2, b) in zip(model.state_dict().items(), served.state_dict().items(), strict=True):
         assert k == k2 and torch.equal(a, b), k
 
 
+def test_entries_for_makes_what_a_source_can_make(tmp_path) -> None:
+    """The one dispatch of the command and to_tritonserver: a model makes its ONNX and python entries (ONNX
+    first, named as entry_names says); an artifact only its own entry; an unknown entry or source is refused."""
+    model = vit_fast.load_model("default", backend="torch")
+    made = ts.entries_for(model, "vit", ["python", "onnx"], kind="cpu", verify=False)
+    assert [e.name for e in made] == ts.entry_names("vit", ["python", "onnx"]) == ["vit", "vit_python"]
+    with pytest.raises(ValueError, match="entries must be some of onnx, python, got \\['tflite'\\]"):
+        ts.entries_for(model, "vit", ["tflite"])
+    with pytest.raises(ValueError, match="the python entry serves a model, not an artifact"):
+        ts.entries_for(tmp_path / "m.onnx", "vit", ["onnx", "python"])
+    with pytest.raises(ValueError, match="cannot tell what"):
+        ts.entries_for(tmp_path / "m.bin", "vit")
+
+
 def test_template_reads_the_names_the_entry_writes() -> None:
     """model.py cannot be imported outside Triton: read its constants from the source instead."""
-    tree = ast.parse(repository.TEMPLATE.read_text())
+    tree = ast.parse(ts.TEMPLATE.read_text())
     consts = {
         t.id: node.value.value
         for node in tree.body
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
         for t in node.targets
     }
-    assert consts["WEIGHTS"] == repository.WEIGHTS
-    assert consts["DTYPE_PARAMETER"] == repository.DTYPE_PARAMETER
+    assert consts["WEIGHTS"] == ts.WEIGHTS
+    assert consts["DTYPE_PARAMETER"] == ts.DTYPE_PARAMETER
 
 
 def test_repository_has_only_model_folders_and_a_summary(default_repo: Path) -> None:
@@ -387,7 +398,7 @@ def test_artifact_flags_that_do_not_apply_are_refused(default_repo: Path, tmp_pa
 
 def test_a_failing_entry_publishes_nothing(tmp_path) -> None:
     model = vit_fast.load_model("default", backend="torch")
-    good = repository.python_entry(model, "good", kind="cpu")
+    good = ts.python_entry(model, "good", kind="cpu")
 
     def broken(folder: Path) -> ts.EntryConfig:
         (folder / "1").mkdir()
@@ -403,13 +414,13 @@ def test_a_failing_entry_publishes_nothing(tmp_path) -> None:
 def test_force_swaps_a_model_folder_back_when_publishing_fails(tmp_path) -> None:
     model = vit_fast.load_model("default", backend="torch")
     repo = tmp_path / "repo"
-    ts.write_repository(repo, [repository.python_entry(model, "vit", batch=[1, 4], kind="cpu")], progress=False)
+    ts.write_repository(repo, [ts.python_entry(model, "vit", batch=[1, 4], kind="cpu")], progress=False)
     before = (repo / "vit" / "config.pbtxt").read_text()
 
     def fails(folder: Path) -> ts.EntryConfig:
         raise OSError("disk full")
 
-    entries = [repository.python_entry(model, "vit", batch=[1, 16], kind="cpu"), ts.ModelEntry("other", fails)]
+    entries = [ts.python_entry(model, "vit", batch=[1, 16], kind="cpu"), ts.ModelEntry("other", fails)]
     with pytest.raises(OSError, match="disk full"):
         ts.write_repository(repo, entries, force=True, progress=False)
     assert (repo / "vit" / "config.pbtxt").read_text() == before

@@ -543,9 +543,9 @@ def test_an_earlier_export_removed_during_the_export_is_written_again(tmp_path, 
 
 def _python_entry_with(monkeypatch, user) -> None:
     """The python entry (no export: quick) of the Triton repository writer, the user acting after it is built."""
-    from vit_fast.serve import repository
+    from vit_fast.export.tritonserver import python_backend
 
-    real = repository.python_entry
+    real = python_backend.python_entry
 
     def entry(*args, **kwargs):
         made = real(*args, **kwargs)
@@ -559,7 +559,7 @@ def _python_entry_with(monkeypatch, user) -> None:
         made.build = build_then_user
         return made
 
-    monkeypatch.setattr(repository, "python_entry", entry)
+    monkeypatch.setattr(python_backend, "python_entry", entry)
 
 
 REPO = ["export", "tritonserver", "default", "--out", "repoT", "--name", "default", "--entries", "python", "--quiet"]
@@ -593,12 +593,12 @@ def test_a_model_folder_added_while_the_repository_stages_is_kept(tmp_path, monk
 @pytest.mark.parametrize("where", ["a new version folder", "a file edited deep inside"])
 def test_a_forced_model_folder_that_changes_while_staging_is_kept(tmp_path, monkeypatch, capsys, rename_mode, where):
     """--force replaces the model folder as it was checked; one that changes meanwhile is never moved away."""
-    from vit_fast.serve import repository
+    from vit_fast.export.tritonserver import python_backend
 
     monkeypatch.chdir(tmp_path)
     assert main(REPO) == 0
     folder = tmp_path / "repoT" / "default_python"
-    weights = folder / "1" / repository.WEIGHTS
+    weights = folder / "1" / python_backend.WEIGHTS
 
     def user():
         if where == "a new version folder":
@@ -608,7 +608,7 @@ def test_a_forced_model_folder_that_changes_while_staging_is_kept(tmp_path, monk
             with open(weights, "ab") as f:
                 f.write(b"\0")
 
-    real = repository.python_entry
+    real = python_backend.python_entry
     _python_entry_with(monkeypatch, user)
     capsys.readouterr()
     assert main([*REPO, "--force"]) == 1
@@ -619,7 +619,7 @@ def test_a_forced_model_folder_that_changes_while_staging_is_kept(tmp_path, monk
     else:
         assert weights.read_bytes().endswith(b"\0")
     assert staging_left(tmp_path / "repoT") == []
-    monkeypatch.setattr(repository, "python_entry", real)  # the user done: --force replaces it as checked
+    monkeypatch.setattr(python_backend, "python_entry", real)  # the user done: --force replaces it as checked
     assert main([*REPO, "--force"]) == 0
     assert sorted(os.listdir(folder)) == ["1", "config.pbtxt", "verification.json"]
     assert not weights.read_bytes().endswith(b"\0") and staging_left(tmp_path / "repoT") == []

@@ -94,7 +94,7 @@ def install_hint(extra: str | None = None) -> str:
     return f"pip install -e {target} in a vit-fast checkout"
 
 
-SOURCE_ROOT = Path(__file__).resolve().parent.parent
+SOURCE_ROOT = Path(__file__).resolve().parents[2]  # vit_fast/backend/env.py -> the checkout
 
 
 def _is_own_checkout(root: Path) -> bool:

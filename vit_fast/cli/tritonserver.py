@@ -20,12 +20,10 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from . import _args
 
-ENTRIES = ("onnx", "python")
-#: vit_fast.export.triton_config.DEFAULT_QUEUE_DELAY_US as --help shows it (tests/test_cli.py holds them equal)
+#: vit_fast.export.tritonserver.DEFAULT_QUEUE_DELAY_US as --help shows it (tests/test_cli_startup.py holds them equal)
 QUEUE_DELAY_HELP_US = 100
 
 EXAMPLE = "vit-fast export tritonserver default --out repo/ --batch 1,8,64 --instances 2"
@@ -102,31 +100,13 @@ def add_serving_arguments(
 
 
 def _entries(text: str) -> list[str]:
+    from vit_fast.export.tritonserver import ENTRIES
+
     wanted = [e.strip() for e in text.split(",") if e.strip()]
     unknown = [e for e in wanted if e not in ENTRIES]
     if not wanted or unknown:
         raise ValueError(f"--entries takes a comma-separated list of {', '.join(ENTRIES)}, got {text!r}")
     return list(dict.fromkeys(wanted))
-
-
-def _summary(repo: Path, folders: list[Path]) -> dict[str, Any]:
-    from vit_fast.util.files import read_json_object
-
-    models = []
-    for folder in folders:
-        record_path = folder / "verification.json"
-        record = read_json_object(record_path) or {}
-        models.append(
-            {
-                "name": folder.name,
-                "folder": str(folder),
-                "config": str(folder / "config.pbtxt"),
-                "files": sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()),
-                "verified": record.get("passed"),
-                "verification_note": record.get("note"),
-            }
-        )
-    return {"repository": str(repo.resolve()), "models": models}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -138,11 +118,12 @@ def run(args: argparse.Namespace) -> int:
         KINDS,
         ONNX_SUFFIXES,
         check_repository,
+        entries_for,
+        entry_names,
         machine_kind,
         model_name_for,
-        onnx_entry,
         parse_batch_sizes,
-        tensorrt_entry,
+        repository_summary,
         write_repository,
     )
     from vit_fast.util.files import MARKER_KEY
@@ -170,8 +151,7 @@ def run(args: argparse.Namespace) -> int:
     kind, kind_why = (args.kind, f"--kind {args.kind}") if args.kind else machine_kind(engine=suffix in ENGINE_SUFFIXES)
     dtype = args.dtype or "fp32"
     name = args.name or model_name_for(args.source)
-    names = [name] if "onnx" in entries else []
-    names += [f"{name}_python"] if "python" in entries else []
+    names = entry_names(name, entries)
     common = dict(
         batch=batch,
         instances=args.instances,
@@ -181,47 +161,17 @@ def run(args: argparse.Namespace) -> int:
     args.force = args.force or args.overwrite  # one word for replacing everywhere
     check_repository(args.out, names, args.force)  # before any work: a refused folder costs nothing
     json_target = _args.json_file(args.json, overwrite=args.overwrite)
-    if suffix in ENGINE_SUFFIXES:
-        todo = [tensorrt_entry(args.source, name, **common)]
-    elif suffix in ONNX_SUFFIXES:
-        todo = [
-            onnx_entry(
-                args.source,
-                name,
-                verify=not args.no_verify,
-                model=args.model,
-                seed=args.seed,
-                progress=not args.quiet,
-                verify_batches=args.verify_batch,
-                **common,
-            )
-        ]
-    else:
+    source, described = args.source, None
+    if not artifact:
         from vit_fast.interop.loading import load_model, source_name
 
         described = source_name(args.source)
-        model = load_model(args.source, backend="torch", config=args.config, weights=args.weights)
-        todo = []
-        if "onnx" in entries:
-            todo.append(
-                onnx_entry(
-                    model,
-                    name,
-                    dtype=dtype,
-                    verify=not args.no_verify,
-                    seed=args.seed,
-                    source_name=described,
-                    progress=not args.quiet,
-                    verify_batches=args.verify_batch,
-                    **common,
-                )
-            )
-        if "python" in entries:
-            from vit_fast.serve.repository import python_entry
-
-            todo.append(python_entry(model, f"{name}_python", dtype=dtype, source_name=described, **common))
+        source = load_model(args.source, backend="torch", config=args.config, weights=args.weights)
+    checked = dict(verify=not args.no_verify, model=args.model, seed=args.seed, verify_batches=args.verify_batch)
+    checked |= dict(dtype=dtype, source_name=described, progress=not args.quiet)
+    todo = entries_for(source, name, entries, **checked, **common)
     folders = write_repository(args.out, todo, force=args.force, progress=not args.quiet)
-    summary = _summary(Path(args.out), folders) | {"kind": KINDS[kind], "kind_reason": kind_why}
+    summary = repository_summary(Path(args.out), folders) | {"kind": KINDS[kind], "kind_reason": kind_why}
     for m in summary["models"]:
         state = {True: "verified", False: "FAILED verification"}.get(m["verified"], m["verification_note"])
         print(f"wrote {m['config']} ({state})")

@@ -17,7 +17,7 @@ PROTECT_CHOICES = ("auto", "on", "off")
 #: the dynamic batcher's max_queue_delay_microseconds when serving on the CPU: 0. One instance runs one forward at a
 #: time, so requests that arrive meanwhile are batched anyway; waiting only adds latency (measured with perf_analyzer,
 #: gRPC batch 1, concurrency 1-8: 0.81-0.97x the plain PyTriton script's inferences/s with 100 us, 0.93-1.01x with 0).
-#: On a GPU the export default applies (vit_fast.export.triton_config.DEFAULT_QUEUE_DELAY_US)
+#: On a GPU the export default applies (vit_fast.export.tritonserver.DEFAULT_QUEUE_DELAY_US)
 CPU_QUEUE_DELAY_US = 0
 #: the dynamic batcher's preferred batch sizes when serving on the CPU without --batch: none (max batch 64). With a
 #: preferred size the batcher sends a batch of that size whenever it can form one, even with more requests queued:

@@ -1,10 +1,6 @@
-"""The python-backend entry of a Triton model repository: our module itself rather than an artifact.
-
-``REPO/NAME/1/model.py`` is :mod:`vit_fast.serve.triton_model`, ``REPO/NAME/1/model.safetensors``
-the weights with their config; config.pbtxt says ``backend: "python"`` and carries the served
-dtype as a parameter. Written through :func:`vit_fast.export.tritonserver.write_repository`
-like the artifact entries, so the same checks and all-or-nothing publishing apply.
-"""
+"""The python-backend entry (:func:`python_entry`): the vit-fast module itself rather than an artifact.
+``REPO/NAME/1/model.py`` is :mod:`vit_fast.serve.triton_model`, ``REPO/NAME/1/model.safetensors`` the weights
+with their config; config.pbtxt says ``backend: "python"`` and carries the served dtype as a parameter."""
 
 from __future__ import annotations
 
@@ -13,25 +9,20 @@ from pathlib import Path
 
 import torch
 
+import vit_fast
 from vit_fast.backend.env import install_hint
-from vit_fast.export.tritonserver import (
-    DEFAULT_QUEUE_DELAY_US,
-    MODEL_FILES,
-    VERSION,
-    EntryConfig,
-    ModelEntry,
-    check_model_name,
-    model_io,
-    plan_batching,
-    provenance_comments,
-)
 from vit_fast.interop.checkpoints import save_checkpoint
 from vit_fast.model.vit import VisionTransformer
 from vit_fast.util.dtypes import dtype_name, parse_dtype
 from vit_fast.util.files import copy_new, write_json_atomic
 
-#: the model.py copied into the entry; it imports triton_python_backend_utils, so it is read, never imported
-TEMPLATE = Path(__file__).with_name("triton_model.py")
+from .checks import check_model_name, plan_batching
+from .config import DEFAULT_QUEUE_DELAY_US, MODEL_FILES, VERSION, EntryConfig, model_io, provenance_comments
+from .layout import ModelEntry
+
+#: the model.py copied into the entry: vit_fast.serve.triton_model, the code Triton's python backend runs. It is
+#: read as a file, never imported (it imports triton_python_backend_utils, and the serve layer lies above this one)
+TEMPLATE = Path(vit_fast.__file__).parent / "serve" / "triton_model.py"
 #: names the template reads (its WEIGHTS and DTYPE_PARAMETER; a test keeps the two in step)
 WEIGHTS = "model.safetensors"
 DTYPE_PARAMETER = "vit_fast.dtype"
@@ -93,6 +84,3 @@ def python_entry(
         )
 
     return ModelEntry(name, build)
-
-
-__all__ = ["DTYPE_PARAMETER", "PYTHON_ENTRY_DTYPES", "TEMPLATE", "WEIGHTS", "python_entry"]

@@ -1,0 +1,132 @@
+"""The repository's layout and its all-or-nothing writer: ``REPO/NAME/config.pbtxt``, ``REPO/NAME/verification.json``
+and ``REPO/NAME/1/`` (the model files), built in a staging folder and moved into place together
+(:func:`write_repository`); :func:`check_repository` refuses what it would overwrite before any work."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vit_fast.util.files import (
+    check_output_dir,
+    claim_folder,
+    clean_stale_staging,
+    make_folders,
+    make_staging,
+    publish_folders,
+    read_json_object,
+    refuse_non_utf8,
+    write_new,
+)
+from vit_fast.util.progress import Stages
+
+from .checks import check_model_name
+from .config import EntryConfig
+
+
+@dataclass
+class ModelEntry:
+    """One model folder to write: ``build(folder)`` writes its files under ``folder`` (the version folder
+    ``folder/1`` included) and returns its config; :func:`write_repository` does the rest."""
+
+    name: str
+    build: Callable[[Path], EntryConfig]
+
+
+def published_folder(folder: Path) -> Path:
+    """Where a model folder that :func:`write_repository` builds at ``folder`` (inside its staging folder in the
+    repository) is published: what progress lines and tables name, never the staging path."""
+    return folder.parent.parent / folder.name
+
+
+def check_repository(repo: str | os.PathLike, names: Sequence[str], force: bool = False) -> Path:
+    """Check that ``repo`` can hold the model folders ``names`` (before any work); returns it.
+
+    The repository folder may be missing (it is created, its parent must exist); it (or, when missing, its
+    parent) must be writable, and a link on the way must lead somewhere. A model folder that exists and is
+    not empty is refused unless ``force``; duplicate names are refused. Each model folder is claimed
+    (:func:`vit_fast.util.files.claim_folder`): the write replaces only what is there now.
+    """
+    repo = Path(repo)
+    refuse_non_utf8(repo, "model repository", "ONNX Runtime (verifying the model where it will be served from)")
+    if repo.exists() and not repo.is_dir():
+        raise ValueError(f"model repository {str(repo)!r} is a file; give a folder")
+    check_output_dir(repo, "model repository")  # a link that leads nowhere, a folder that cannot be written
+    parent = repo.parent if str(repo.parent) else Path(".")
+    if not repo.exists() and not parent.is_dir():
+        raise ValueError(f"folder {str(parent)!r} for the model repository does not exist: create it first")
+    if len(set(names)) != len(names):
+        raise ValueError(f"model names must differ, got {list(names)}")
+    for name in names:
+        check_model_name(name)
+        target = repo / name
+        if target.is_symlink() or (target.exists() and not target.is_dir()):
+            raise ValueError(f"{str(target)!r} exists and is not a folder: remove it or pick another model name")
+        if target.is_dir() and any(target.iterdir()) and not force:
+            raise FileExistsError(
+                f"model folder {str(target)!r} exists and is not empty: pass force (--force) to replace it, "
+                "or pick another name or repository"
+            )
+    for name in names:
+        claim_folder(repo / name)
+    return repo
+
+
+def write_repository(
+    repo: str | os.PathLike, entries: Sequence[ModelEntry], force: bool = False, progress: bool = True
+) -> list[Path]:
+    """Build each entry's model folder in a staging folder inside ``repo``, then move them all into place.
+
+    Nothing appears in ``repo`` unless every entry was built. With ``force``, an existing model folder of
+    the same name is swapped out and removed after the new one is in place, but only while it is as
+    :func:`check_repository` saw it: a model folder that appeared or changed meanwhile (a version added)
+    stays as it is and the write is refused (:class:`vit_fast.util.files.OutputChanged`), nothing published.
+    Returns the model folders.
+    """
+    names = [e.name for e in entries]
+    repo = check_repository(repo, names, force)
+    make_folders(repo, "model repository")
+    stages = Stages("vit-fast export", progress)
+    clean_stale_staging(repo)  # a killed run's staging folder, proven ours by its marker and free lock
+    staging, lock = make_staging(repo, "vit-fast-repo")  # .vit-fast-repo.tmp-TOKEN
+    try:
+        for entry in entries:
+            folder = staging / entry.name
+            folder.mkdir()
+            with stages.step(f"building model folder {entry.name!r}"):
+                config = entry.build(folder)
+            if config.name != entry.name:
+                raise RuntimeError(f"entry {entry.name!r} produced a config named {config.name!r}")
+            write_new(folder / "config.pbtxt", config.to_pbtxt())
+        # the folders replaced end up inside the staging folder, and go with it
+        publish_folders([(staging / e.name, repo / e.name) for e in entries])
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        os.close(lock)
+    published = [repo / e.name for e in entries]
+    for target in published:
+        stages.note(f"wrote {target}/config.pbtxt")
+    return published
+
+
+def repository_summary(repo: Path, folders: list[Path]) -> dict[str, Any]:
+    """What a written repository holds, for ``--json``: each model folder, its files and its verification."""
+    models = []
+    for folder in folders:
+        record_path = folder / "verification.json"
+        record = read_json_object(record_path) or {}
+        models.append(
+            {
+                "name": folder.name,
+                "folder": str(folder),
+                "config": str(folder / "config.pbtxt"),
+                "files": sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()),
+                "verified": record.get("passed"),
+                "verification_note": record.get("note"),
+            }
+        )
+    return {"repository": str(repo.resolve()), "models": models}
