@@ -7,7 +7,7 @@ kernels/ and export/):
   kernels  vit_fast.kernels.*
   base     vit_fast.version, dtypes, batches, files, lazy, progress, numerics, env, runtime, pos_embed, first_use
   model    vit_fast.config, layers, model, triton_path, validation, convert, checkpoints, loading, hf,
-           patching, naflex, explanation, assets, graphs, training, warmup, selfcheck,
+           patching, naflex, packing, explanation, assets, graphs, training, warmup, selfcheck,
            and vit_fast itself (the public facade over the model layer)
   export   vit_fast.export.*
   app      vit_fast.bench.*, vit_fast.demo.*, vit_fast.doctor.*, vit_fast.serve.*
@@ -52,7 +52,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         + _modules(
             "checkpoints", "loading", "hf_patch", "patching", "timm_blocks", "graphs", "training", "warmup", "selfcheck"
         )
-        + _modules("explanation", "naflex"),
+        + _modules("explanation", "naflex", "packing"),
     ),
     ("export", _modules("export", "export.*")),
     (
