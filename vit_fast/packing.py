@@ -17,7 +17,9 @@ fc norm and the head on ``[N, D]``. The images' order is kept in every output. W
 image ``i`` is what ``model(images[i][None])`` computes.
 
 The layout is decided on the host from the images' shapes (no device read), so a packed forward is eager only:
-``torch.compile`` and export trace the ordinary ``forward(x)``.
+``torch.compile`` and export trace the ordinary ``forward(x)``. The blocks' parts are called one by one (the norms,
+``attn.qkv``, ``attn.proj``, the MLP): hooks on those run, a hook on a ``Block`` or its ``Attention`` as a whole does
+not, and gradient checkpointing is not applied.
 """
 
 from __future__ import annotations
