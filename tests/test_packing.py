@@ -194,7 +194,11 @@ BAD = {
         TypeError,
         r"takes a list of images \[C, H, W\].*got Tensor; a batch tensor \[B, C, H, W\] of one size goes to model\(x\)",
     ),
-    "not a tensor": (lambda: [torch.randn(3, 16, 16), "img.png"], TypeError, r"images\[1\] is a str, not a torch"),
+    "not a tensor": (
+        lambda: [torch.randn(3, 16, 16), "img.png"],
+        TypeError,
+        r"expected a torch.Tensor image \[C, H, W\] as images\[1\], got str \(a list or tuple given",
+    ),
     "batch dim kept": (
         lambda: [torch.randn(1, 3, 16, 16)],
         ValueError,

@@ -80,7 +80,10 @@ def check_images(model: VisionTransformer, images: Sequence[torch.Tensor]) -> tu
         raise ValueError("empty list of images: pass at least one image [C, H, W]")
     for i, image in enumerate(images):
         if not isinstance(image, torch.Tensor):
-            raise TypeError(f"images[{i}] is a {type(image).__name__}, not a torch.Tensor image [C, H, W]")
+            raise TypeError(
+                f"expected a torch.Tensor image [C, H, W] as images[{i}], got {type(image).__name__} (a list or tuple "
+                "given to the model is images of any sizes, run as one packed forward)"
+            )
         if image.dim() != 3:
             hint = ""
             if image.dim() == 4 and image.shape[0] == 1:
