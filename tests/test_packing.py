@@ -126,6 +126,61 @@ def test_triton_packed_attention_gets_the_images_offsets(monkeypatch):
     assert [f.shape[0] for f in feats] == [17, 4, 17]
 
 
+@pytest.fixture
+def first_use_net(monkeypatch):
+    """The first-use safety net on (under the interpreter it is off by default), fresh before and after."""
+    from vit_fast import first_use
+
+    monkeypatch.setenv(first_use.ENV, "1")
+    first_use.reset()
+    yield first_use
+    first_use.reset()
+
+
+def test_first_use_net_judges_the_packed_attention(first_use_net, monkeypatch):
+    """The packed forward's attention is judged with its cu_seqlens (a shape class of its own), even after an
+    ordinary forward of its first image cleared that one; then the packed forward is cleared too."""
+    from vit_fast import triton_path
+
+    judged, real = [], first_use_net.check
+    monkeypatch.setattr(first_use_net, "check", lambda key, *a, **k: judged.append(key) or real(key, *a, **k))
+    model = _model("cls-reg1").set_backend("triton")
+    images = _images([(24, 40), (8, 16)])
+    with torch.no_grad():
+        model(images[0][None])
+        ordinary = len(judged)
+        model(images)
+    packed = [key for key in judged[ordinary:] if key[0] == "attention"]
+    assert len(packed) == 1 and packed[0][-1][-2:] == (False, True), judged[ordinary:]
+    assert all(finding["passed"] for finding in first_use_net.report()["checked"])
+    key = ("packed", *(tuple(image.shape) for image in images))
+    with torch.no_grad():
+        assert triton_path._ops_for(model, images[0], key) is triton_path._DIRECT
+
+
+def test_a_wrong_packed_attention_falls_back_to_eager(first_use_net, monkeypatch):
+    """The attention kernel is wrong (output + 0.5) on packed input only: the net catches it, warns, and the packed
+    forward still gives each image's answer (the eager reference honours cu_seqlens)."""
+    from vit_fast import triton_path
+
+    real = triton_path.launch_attention
+
+    def wrong(*args, cu_seqlens=None, **kwargs):
+        out = real(*args, cu_seqlens=cu_seqlens, **kwargs)
+        return out if cu_seqlens is None else out + 0.5
+
+    monkeypatch.setattr(triton_path, "launch_attention", wrong)
+    model = _model("reg2-avg-layerscale").set_backend("triton")
+    images = _images(MIXES["square-wide-tiny"], seed=4)
+    with torch.no_grad(), pytest.warns(RuntimeWarning, match="'attention' runs in eager PyTorch"):
+        logits = model.forward_packed(images)
+    model64 = copy.deepcopy(model).double().set_backend("torch")
+    with torch.no_grad():
+        ref, _ = _alone(model64, [image.double() for image in images])
+        eager, _ = _alone(model.set_backend("torch"), images)
+    assert_within_eager(logits, eager, ref, "packed logits after the fallback")
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_triton_packed_half(dtype):
     """bfloat16 is valid under the interpreter only because every kernel upcasts its dot operands to fp32 there."""
