@@ -91,7 +91,7 @@ def check_images(model: VisionTransformer, images: Sequence[torch.Tensor]) -> tu
             elif image.dim() == 4:
                 hint = " Split a batch into images with list(x), or call model(x) on it."
             elif image.dim() == 2:
-                hint = " Add a channel dimension: image[None] (or repeat it to the model's channels)."
+                hint = f" Add a channel dimension: images[{i}][None] (or repeat it to the model's channels)."
             raise ValueError(f"images[{i}] has shape {tuple(image.shape)}; each image must be [C, H, W].{hint}")
     first = images[0]
     for i, image in enumerate(images):
