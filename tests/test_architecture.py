@@ -70,6 +70,10 @@ ALLOWED_PRIVATE: set[tuple[str, str]] = {
     ),
     ("vit_fast.model.warmup", "vit_fast.backend.triton_path._layer_norm_fused"),
     *(
+        ("vit_fast.model.packing", f"vit_fast.backend.triton_path.{name}")
+        for name in ("_ops_for", "_layer_norm_fused", "_norm", "_forward_done", "_embed", "_run_block")
+    ),
+    *(
         ("vit_fast.backend.triton_path", f"vit_fast.kernels.{kernel}._{kernel}_launches")
         for kernel in ("attention", "attention_pool", "diff_attention", "layer_norm", "linear", "patch_embed")
     ),

@@ -92,11 +92,22 @@ class _Ops:
             return launch_linear(x, w, b, act, ln_weight=norm.weight, ln_bias=norm.bias, ln_eps=norm.eps, checked=True)
         return layer_norm_linear(x, norm.weight, norm.bias, norm.eps, lin.weight, lin.bias, act)
 
-    def attention(self, qkv, num_heads: int, scale: float, lengths: torch.Tensor | None = None) -> torch.Tensor:
-        """``lengths [B]`` (int32): a padded batch's valid tokens per sample, a prefix of each row."""
+    def attention(
+        self,
+        qkv,
+        num_heads: int,
+        scale: float,
+        lengths: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None,
+        max_seqlen: int | None = None,
+    ) -> torch.Tensor:
+        """``lengths [B]`` (int32): a padded batch's valid tokens per sample, a prefix of each row. ``cu_seqlens
+        [N + 1]`` (int32): images packed along the tokens, each attending within itself; ``max_seqlen`` its longest
+        segment (see :func:`vit_fast.kernels.attention.attention`)."""
+        masks = dict(lengths=lengths, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
         if self.direct:
-            return launch_attention(qkv, num_heads, scale, lengths=lengths, checked=True)
-        return attention(qkv, num_heads, scale, lengths=lengths)
+            return launch_attention(qkv, num_heads, scale, **masks, checked=True)
+        return attention(qkv, num_heads, scale, **masks)
 
     def diff_attention(self, qkv, lambda_full, norm_weight, num_heads: int, lambda_init, scale, eps) -> torch.Tensor:
         args = (qkv, lambda_full, norm_weight, num_heads, lambda_init, scale, eps)
@@ -173,12 +184,21 @@ class _CheckedOps(_Ops):
         launches = _linear_module._linear_launches
         return self._run("layer_norm_linear", launches, x.dtype, shape, launch, layer_norm_linear_ref, args)
 
-    def attention(self, qkv, num_heads: int, scale: float, lengths: torch.Tensor | None = None) -> torch.Tensor:
+    def attention(
+        self,
+        qkv,
+        num_heads: int,
+        scale: float,
+        lengths: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None,
+        max_seqlen: int | None = None,
+    ) -> torch.Tensor:
         batch, tokens, width = qkv.shape
-        shape = (m_class(batch * tokens), tokens, num_heads, width // (3 * num_heads), lengths is not None)
-        launch = lambda: _Ops.attention(self, qkv, num_heads, scale, lengths)  # noqa: E731
+        masks = (lengths is not None, cu_seqlens is not None)
+        shape = (m_class(batch * tokens), tokens, num_heads, width // (3 * num_heads), *masks)
+        launch = lambda: _Ops.attention(self, qkv, num_heads, scale, lengths, cu_seqlens, max_seqlen)  # noqa: E731
         launches = _attention_module._attention_launches
-        args, kwargs = (qkv, num_heads, scale), {"lengths": lengths}
+        args, kwargs = (qkv, num_heads, scale), {"lengths": lengths, "cu_seqlens": cu_seqlens}
         return self._run("attention", launches, qkv.dtype, shape, launch, attention_ref, args, kwargs)
 
     def diff_attention(self, qkv, lambda_full, norm_weight, num_heads: int, lambda_init, scale, eps) -> torch.Tensor:
@@ -234,14 +254,15 @@ _CHECKED_DIRECT, _CHECKED_THROUGH = _CheckedOps(direct=True), _CheckedOps(direct
 _CLEARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _forward_key(model: VisionTransformer, x: torch.Tensor) -> tuple:
+def _forward_key(model: VisionTransformer, x: torch.Tensor, shape: tuple | None = None) -> tuple:
     """What a cleared forward is known by: its input and everything else that decides which kernels and configs it
     launches (``_common.config_mode``: tuning on or off, the TMA switch). A forward cleared with the heuristic
-    configs is not cleared for the tuned ones: its first tuned run goes through the net again."""
-    return x.shape, x.dtype, x.device, _layer_norm_fused(model), config_mode()
+    configs is not cleared for the tuned ones: its first tuned run goes through the net again. ``shape``: what stands
+    for x's shape where one tensor does not say it (a packed forward: every image's shape)."""
+    return shape or x.shape, x.dtype, x.device, _layer_norm_fused(model), config_mode()
 
 
-def _ops_for(model: VisionTransformer, x: torch.Tensor) -> _Ops:
+def _ops_for(model: VisionTransformer, x: torch.Tensor, shape: tuple | None = None) -> _Ops:
     """Direct launches for plain eager inference, after one check of every parameter; else the custom ops (direct
     launches bypass autograd, and tracing must see the ops). Under the first-use safety net until this forward's
     shapes have all been checked (then one lookup per forward); the custom ops under it wherever it may check
@@ -251,15 +272,15 @@ def _ops_for(model: VisionTransformer, x: torch.Tensor) -> _Ops:
     _check_params(model, x)
     if not first_use.enabled():
         return _DIRECT
-    if not first_use.failed_ops() and _forward_key(model, x) in _CLEARED.get(model, ()):
+    if not first_use.failed_ops() and _forward_key(model, x, shape) in _CLEARED.get(model, ()):
         return _DIRECT
     return _CHECKED_DIRECT if first_use.eligible(x) else _DIRECT
 
 
-def _forward_done(model: VisionTransformer, x: torch.Tensor, ops: _Ops) -> None:
+def _forward_done(model: VisionTransformer, x: torch.Tensor, ops: _Ops, shape: tuple | None = None) -> None:
     """After a forward under the safety net: its shapes are checked, later forwards of them skip the net."""
     if ops is _CHECKED_DIRECT and not first_use.failed_ops():
-        _CLEARED.setdefault(model, set()).add(_forward_key(model, x))
+        _CLEARED.setdefault(model, set()).add(_forward_key(model, x, shape))
 
 
 #: per model, the fingerprint of its parameters when they last passed :func:`_check_params` (weak: no model is kept)

@@ -40,7 +40,9 @@ class VisionTransformer(TimmModelAPI, nn.Module):
 
     ``forward(x)`` takes images ``[B, C, H, W]`` in the weights' dtype and device and returns
     logits ``[B, num_classes]`` (pooled features ``[B, embed_dim]`` when ``num_classes == 0``).
-    ``forward_features(x)`` returns all tokens ``[B, T, embed_dim]`` after the final norm.
+    ``forward_features(x)`` returns all tokens ``[B, T, embed_dim]`` after the final norm. Images of different sizes
+    go in one call as a list: ``model([img0, img1, ...])`` / :meth:`forward_packed` (one row per image) and
+    :meth:`forward_features_packed` (a list of ``[T_i, embed_dim]``).
     ``backend`` is ``"torch"``, ``"triton"`` or ``"auto"`` (triton on CUDA cards whose ``tl.dot`` runs on
     tensor cores, sm_80 and up; torch on CPU and on sm_75 such as the T4); it is chosen here and nowhere
     else, and :meth:`explain_backend` / :attr:`backend_reason` say which and why.
@@ -390,8 +392,27 @@ class VisionTransformer(TimmModelAPI, nn.Module):
             require_finite("head", out, "final norm")
         return out
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | Sequence[torch.Tensor]) -> torch.Tensor:
+        if isinstance(x, (list, tuple)):  # images of different sizes: one packed forward
+            return self.forward_packed(x)
         return self.forward_head(self._features(x, first_token=self.cfg.global_pool == "token"))
+
+    # ------------------------------------------------------------------ packed: images of different sizes
+    def forward_packed(self, images: Sequence[torch.Tensor], pre_logits: bool = False) -> torch.Tensor:
+        """Logits ``[N, num_classes]`` (pooled features ``[N, D]`` with ``pre_logits`` or ``num_classes == 0``) of
+        ``N`` images ``[C, H_i, W_i]`` of any sizes the model takes, in one forward: their tokens packed into one
+        sequence, attention within each image (``vit_fast.model.packing``). Row ``i`` is what ``model(images[i][None])``
+        computes. ``model(images)`` with a list or tuple comes here."""
+        from vit_fast.model.packing import packed_forward
+
+        return packed_forward(self, images, pre_logits)
+
+    def forward_features_packed(self, images: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Each image's tokens ``[T_i, D]`` after the final norm (T_i = prefix tokens + its patches), from one packed
+        forward of ``images`` (see :meth:`forward_packed`), in their order."""
+        from vit_fast.model.packing import packed_features
+
+        return packed_features(self, images)
 
     # ------------------------------------------------------------------ warm start
     def warmup(

@@ -1,0 +1,282 @@
+"""Images of different sizes in one forward: every image's tokens packed into one sequence.
+
+:meth:`vit_fast.model.vit.VisionTransformer.forward_packed` (and ``model(list_of_images)``) takes images ``[C, H_i,
+W_i]`` of any sizes the model accepts. Each image is patch-embedded at its own grid with its own resized position
+embedding and its own class / register tokens (images of one size share one patch-embedding call); all tokens are
+concatenated into one sequence ``[1, S, D]``, ``S = sum(T_i)``, with ``cu_seqlens`` (each image's offsets, int32) and
+run through the blocks once: LayerNorm, the GEMMs and the MLP are per token, attention stays within each image. No token
+of padding is computed, where a padded batch computes every image at the largest size.
+
+- torch backend: each block's attention runs ``F.scaled_dot_product_attention`` per run of consecutive images of one
+  length (images are packed grouped by size, so a run is a size group), the readable reference;
+- triton backend: the attention kernel's ``cu_seqlens`` path (one launch per block for the whole pack), every other
+  kernel as in an ordinary forward.
+
+Then the final norm, pooling per image (the config's ``global_pool``: class token or average of patch tokens), the
+fc norm and the head on ``[N, D]``. The images' order is kept in every output. What a packed forward computes for
+image ``i`` is what ``model(images[i][None])`` computes.
+
+The layout is decided on the host from the images' shapes (no device read), so a packed forward is eager only:
+``torch.compile`` and export trace the ordinary ``forward(x)``. The blocks' parts are called one by one (the norms,
+``attn.qkv``, ``attn.proj``, the MLP): hooks on those run, a hook on a ``Block`` or its ``Attention`` as a whole does
+not, and gradient checkpointing is not applied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from vit_fast.model.layers import Attention, Block, skip_identity
+from vit_fast.model.validation import check_image_batch, finite_check_from_env, require_finite
+
+if TYPE_CHECKING:
+    from vit_fast.model.vit import VisionTransformer
+
+
+@dataclass(frozen=True)
+class PackedLayout:
+    """Where each image's tokens lie in the packed sequence. Images are packed grouped by size, each group in the
+    order its first image comes; ``spans[i]`` is image ``i``'s ``(start, end)`` in the sequence (the images' own
+    order)."""
+
+    groups: tuple[tuple[tuple[int, ...], tuple[int, int]], ...]  # (image indices, patch grid) per size, packed order
+    spans: tuple[tuple[int, int], ...]  # per image, in the images' order: its tokens [start, end) of the sequence
+    cu_seqlens: tuple[int, ...]  # [N + 1] segment offsets in packed order (cu_seqlens[0] = 0, cu_seqlens[N] = S)
+
+    @property
+    def total_tokens(self) -> int:
+        return self.cu_seqlens[-1]
+
+    @property
+    def max_seqlen(self) -> int:
+        return max(end - start for start, end in self.spans)
+
+    def runs(self) -> Iterator[tuple[int, int, int]]:
+        """``(start, images, tokens per image)`` for each size group: consecutive segments of one length."""
+        start = 0
+        for indices, _ in self.groups:
+            length = self.spans[indices[0]][1] - self.spans[indices[0]][0]
+            yield start, len(indices), length
+            start += len(indices) * length
+
+
+def check_images(model: VisionTransformer, images: Sequence[torch.Tensor]) -> tuple[tuple[int, int], ...]:
+    """Raise a TypeError or ValueError that names what is wrong with ``images`` and how to fix it; return each
+    image's patch grid. Runs before any compute. The rules per image are those of an ordinary forward
+    (:func:`vit_fast.model.validation.check_image_batch`): channels, a multiple of the patch size (any such size when
+    the model has ``dynamic_img_size``, else its own), the weights' dtype (or uint8 with input normalisation) and
+    device."""
+    if isinstance(images, torch.Tensor) or not isinstance(images, (list, tuple)):
+        raise TypeError(
+            f"a packed forward takes a list of images [C, H, W] (each its own size), got {type(images).__name__}; "
+            "a batch tensor [B, C, H, W] of one size goes to model(x)"
+        )
+    if not images:
+        raise ValueError("empty list of images: pass at least one image [C, H, W]")
+    for i, image in enumerate(images):
+        if not isinstance(image, torch.Tensor):
+            raise TypeError(
+                f"expected a torch.Tensor image [C, H, W] as images[{i}], got {type(image).__name__} (a list or tuple "
+                "given to the model is images of any sizes, run as one packed forward)"
+            )
+        if image.dim() != 3:
+            hint = ""
+            if image.dim() == 4 and image.shape[0] == 1:
+                hint = f" Drop its batch dimension: images[{i}][0]."
+            elif image.dim() == 4:
+                hint = " Split a batch into images with list(x), or call model(x) on it."
+            elif image.dim() == 2:
+                hint = f" Add a channel dimension: images[{i}][None] (or repeat it to the model's channels)."
+            raise ValueError(f"images[{i}] has shape {tuple(image.shape)}; each image must be [C, H, W].{hint}")
+    first = images[0]
+    for i, image in enumerate(images):
+        if image.dtype != first.dtype or image.device != first.device:
+            raise ValueError(
+                f"images[0] is {first.dtype} on {first.device} but images[{i}] is {image.dtype} on {image.device}: "
+                f"one packed forward takes images of one dtype on one device (the weights' {model.dtype} on "
+                f"{model.device}): convert them with image.to(...)"
+            )
+    cfg = model.cfg
+    p = cfg.patch_size
+    grids = []
+    for i, image in enumerate(images):
+        C, H, W = image.shape
+        if C != cfg.in_chans:
+            hint = (
+                f" It looks like channels-last (HWC): pass images[{i}].permute(2, 0, 1)." if W == cfg.in_chans else ""
+            )
+            raise ValueError(
+                f"images[{i}] has {C} channels in dim 0 of [C, H, W] (shape {tuple(image.shape)}), the "
+                f"model takes {cfg.in_chans}.{hint}"
+            )
+        if H < p or W < p:
+            raise ValueError(
+                f"images[{i}] is {H}x{W}, smaller than one {p}x{p} patch: resize it to at least {p}x{p} (a multiple "
+                f"of {p} on each side)"
+            )
+        try:
+            grids.append(check_image_batch(model, image[None]))
+        except ValueError as error:
+            raise ValueError(f"images[{i}] ({H}x{W}): {error}") from None
+    for block in model.blocks:
+        if not isinstance(block, Block) or not isinstance(block.attn, Attention):
+            raise TypeError(
+                f"a packed forward runs vit_fast.model.layers.Block with its Attention, got {type(block).__name__} "
+                f"({type(getattr(block, 'attn', None)).__name__} attention): run each image with model(image[None])"
+            )
+    return tuple(grids)
+
+
+def plan(model: VisionTransformer, images: Sequence[torch.Tensor], grids: Sequence[tuple[int, int]]) -> PackedLayout:
+    """The packed layout of ``images`` (checked, with their ``grids``): grouped by size, each size group's images in
+    their order."""
+    by_size: dict[tuple[int, int], list[int]] = {}
+    for i, image in enumerate(images):
+        by_size.setdefault(tuple(image.shape[1:]), []).append(i)
+    prefix = model.num_prefix_tokens
+    groups, spans, offsets = [], [None] * len(images), [0]
+    for indices in by_size.values():
+        grid = grids[indices[0]]
+        length = prefix + grid[0] * grid[1]
+        for i in indices:
+            spans[i] = (offsets[-1], offsets[-1] + length)
+            offsets.append(offsets[-1] + length)
+        groups.append((tuple(indices), tuple(grid)))
+    return PackedLayout(groups=tuple(groups), spans=tuple(spans), cu_seqlens=tuple(offsets))
+
+
+# --------------------------------------------------------------------------- torch backend
+def attention_packed(qkv: torch.Tensor, num_heads: int, scale: float, layout: PackedLayout) -> torch.Tensor:
+    """Packed self-attention, ``qkv [1, S, 3 * H * Dh]`` -> ``[1, S, H * Dh]``, each image attending within its own
+    tokens: one ``scaled_dot_product_attention`` per size group (its images side by side as a batch)."""
+    width = qkv.shape[-1]
+    head_dim = width // (3 * num_heads)
+    out = []
+    for start, count, length in layout.runs():
+        rows = qkv[0, start : start + count * length].reshape(count, length, 3, num_heads, head_dim)
+        q, k, v = rows.permute(2, 0, 3, 1, 4).unbind(0)  # [count, H, length, Dh]
+        o = F.scaled_dot_product_attention(q, k, v, scale=scale)
+        out.append(o.transpose(1, 2).reshape(count * length, num_heads * head_dim))
+    return torch.cat(out)[None]
+
+
+def block_packed(block: Block, x: torch.Tensor, layout: PackedLayout) -> torch.Tensor:
+    """``block`` on packed tokens ``x [1, S, D]``: its own modules for the norms, GEMMs, LayerScale and MLP (per
+    token), :func:`attention_packed` between ``attn.qkv`` and ``attn.proj``."""
+    attn = block.attn
+    a = attention_packed(attn.qkv(block.norm1(x)), attn.num_heads, attn.scale, layout)
+    x = x + skip_identity(block.ls1, attn.proj(a))
+    return x + skip_identity(block.ls2, block.mlp(block.norm2(x)))
+
+
+def _stages_torch(
+    model: VisionTransformer, images: Sequence[torch.Tensor], layout: PackedLayout
+) -> Iterator[tuple[str, torch.Tensor]]:
+    parts = []
+    for indices, grid in layout.groups:
+        batch = torch.stack([images[i] for i in indices])
+        tokens = model._pos_embed(model.patch_embed(model._normalize_torch(batch)), grid)  # [count, T, D]
+        parts.append(tokens.reshape(1, -1, tokens.shape[-1]))
+    x = skip_identity(model.norm_pre, torch.cat(parts, dim=1) if len(parts) > 1 else parts[0])
+    yield "patch embedding", x
+    for i, block in enumerate(model.blocks):
+        x = block_packed(block, x, layout)
+        yield f"block {i}", x
+    yield "final norm", skip_identity(model.norm, x)
+
+
+# --------------------------------------------------------------------------- triton backend
+class _PackedOps:
+    """The triton path's ops whose attention runs the kernel's ``cu_seqlens`` path; every other op is ``ops``' own."""
+
+    def __init__(self, ops, cu_seqlens: torch.Tensor, max_seqlen: int) -> None:
+        self.ops, self.cu_seqlens, self.max_seqlen = ops, cu_seqlens, max_seqlen
+
+    def __getattr__(self, name: str):
+        return getattr(self.ops, name)
+
+    def attention(self, qkv, num_heads: int, scale: float) -> torch.Tensor:
+        return self.ops.attention(qkv, num_heads, scale, cu_seqlens=self.cu_seqlens, max_seqlen=self.max_seqlen)
+
+    def diff_attention(self, *args) -> torch.Tensor:
+        raise TypeError("differential attention takes no packed sequences")
+
+
+def _stages_triton(
+    model: VisionTransformer, images: Sequence[torch.Tensor], layout: PackedLayout
+) -> Iterator[tuple[str, torch.Tensor]]:
+    from vit_fast.backend import triton_path
+
+    first = images[0]
+    key = ("packed", *(tuple(image.shape) for image in images))  # what the first-use net knows this forward by
+    ops = triton_path._ops_for(model, first, key)
+    fused = triton_path._layer_norm_fused(model)
+    parts = []
+    for indices, grid in layout.groups:
+        batch = torch.stack([images[i] for i in indices])
+        tokens = triton_path._embed(ops, model, batch, grid)  # [count, T, D], norm_pre applied
+        parts.append(tokens.reshape(1, -1, tokens.shape[-1]))
+    x = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+    yield "patch embedding", x
+    cu_seqlens = torch.tensor(layout.cu_seqlens, dtype=torch.int32, device=first.device)
+    packed = _PackedOps(ops, cu_seqlens, layout.max_seqlen)
+    for i, block in enumerate(model.blocks):
+        x = triton_path._run_block(packed, block, x, model.cfg.act, fused)
+        yield f"block {i}", x
+    x = triton_path._norm(ops, model.norm, x)
+    triton_path._forward_done(model, first, ops, key)
+    yield "final norm", x
+
+
+# --------------------------------------------------------------------------- the model's packed forward
+def _packed_tokens(model: VisionTransformer, images: Sequence[torch.Tensor]) -> tuple[torch.Tensor, PackedLayout]:
+    """Tokens ``[S, D]`` after the final norm, and the layout."""
+    if model.autotune and (scope := model._autotune_scope()) is not None:
+        with scope:
+            return _packed_tokens(model, images)
+    grids = check_images(model, images)
+    layout = plan(model, images, grids)
+    checked = model.check_finite or finite_check_from_env()
+    if checked:
+        for i, image in enumerate(images):
+            require_finite(f"input (images[{i}])", image, None)
+    previous = "input"
+    stages = _stages_triton if model._backend_for_call(images[0]) == "triton" else _stages_torch
+    for stage, tokens in stages(model, images, layout):
+        if checked:
+            require_finite(stage, tokens, previous)
+            previous = stage
+    return tokens[0], layout
+
+
+def packed_features(model: VisionTransformer, images: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Each image's tokens ``[T_i, D]`` after the final norm (views into one packed tensor), in the images' order."""
+    tokens, layout = _packed_tokens(model, images)
+    return [tokens[start:end] for start, end in layout.spans]
+
+
+def pool_packed(model: VisionTransformer, features: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Pooled features ``[N, D]`` of each image's tokens ``[T_i, D]``, as ``forward_head`` pools one image: the class
+    token, or the average of the patch tokens (``global_pool="avg"``)."""
+    if model.cfg.global_pool == "avg":
+        prefix = model.num_prefix_tokens
+        return torch.stack([tokens[prefix:].mean(dim=0) for tokens in features])
+    return torch.stack([tokens[0] for tokens in features])
+
+
+def packed_forward(model: VisionTransformer, images: Sequence[torch.Tensor], pre_logits: bool = False) -> torch.Tensor:
+    """Logits ``[N, num_classes]`` (pooled features ``[N, D]`` with ``pre_logits`` or ``num_classes == 0``) of
+    ``images``, one row per image in their order."""
+    x = skip_identity(model.fc_norm, pool_packed(model, packed_features(model, images)))
+    out = x if pre_logits else model.head(x)
+    if model.check_finite or finite_check_from_env():
+        require_finite("head", out, "final norm")
+    return out
+
+
+__all__ = ["PackedLayout", "check_images", "packed_features", "packed_forward", "plan", "pool_packed"]
