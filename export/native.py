@@ -158,6 +158,7 @@ class NativeGraph(nn.Module):
         super().__init__()
         self.model, self.outputs = model, tuple(outputs)
         self.family = native_family(model)
+        self.eval()
 
     def forward(self, values: torch.Tensor, where: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, ...]:
         got: dict[str, torch.Tensor] = {}

@@ -111,12 +111,13 @@ def _trace(
     output_names: Sequence[str],
 ) -> None:
     family = graph.family
-    b = torch.export.Dim("batch", min=1, max=max(2, batch[1]))
+    b = torch.export.Dim("batch", min=1, max=max(3, batch[1]))  # the example holds 3 images
     t = torch.export.Dim("tokens", min=1, max=MAX_TOKENS)
     third = {0: b, 1: t} if family == "naflexvit" else {0: b}  # patch_valid [B, T]; spatial_shapes [B, 2]
     with warnings.catch_warnings(), transformers_checks_off():
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", FutureWarning)
+        warnings.filterwarnings("ignore", message="# The axis name")  # batch and tokens shared by the inputs
         torch.onnx.export(
             graph,
             inputs,
