@@ -144,3 +144,28 @@ def test_refused_by_name_before_any_work(tmp_path):
     with pytest.raises(ValueError, match="image-size mixes"):
         export.to_onnx(model, tmp_path / "a.onnx", verify=export.VerifyOptions(batches=[1]), progress=False)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_exports_a_siglip2_folder_at_the_mixes_given(tmp_path, capsys):
+    from vit_fast.cli import main
+
+    folder = tmp_path / "siglip2"
+    _siglip2().save_pretrained(folder)
+    out = tmp_path / "s.onnx"
+    mixes = [[(4, 8), (8, 4)], [(12, 12)], [(4, 4), (8, 8), (16, 12)]]
+    argv = ["export", "onnx", str(folder), "--out", str(out), "--batch", "1,3", "--quiet"]
+    assert main([*argv, *(a for m in ("4x8,8x4", "12x12", "4x4,8x8,16x12") for a in ("--size-mix", m))]) == 0
+    _check_artifact(out, native.INPUTS["siglip2"], mixes)
+
+
+def test_cli_refusals(tmp_path, capsys):
+    from vit_fast.cli import main
+
+    out = str(tmp_path / "n.onnx")
+    assert main(["export", "onnx", "timm:naflexvit_base_patch16_gap", "--out", out]) == 1
+    assert "from a local weights file: pass --weights FILE" in capsys.readouterr().err
+    assert main(["export", "onnx", "default", "--out", out, "--size-mix", "16x16"]) == 1
+    assert "--size-mix verifies a native-resolution model" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["export", "onnx", "default", "--out", out, "--size-mix", "16by16"])
+    assert list(tmp_path.iterdir()) == []
