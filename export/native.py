@@ -47,8 +47,11 @@ INPUTS = {
 }
 #: the outputs each family's graph can return
 NATIVE_OUTPUTS = ("logits", "pooled", "last_hidden_state")
-#: the largest image side, in patches, an exported NaFlexVit takes by default (its resize table's size)
+#: the largest image side, in patches, an exported NaFlexVit takes by default (its resize table's size), unless its
+#: position table is larger (RADIO's 128): then the table's own side
 DEFAULT_MAX_GRID = 64
+#: the default mixes' large image exceeds the position table by a few patches where the table is at most this side
+LARGE_BEYOND = 24
 
 
 def native_family(model: Any) -> str | None:
@@ -232,12 +235,18 @@ def patch_size(model: nn.Module) -> int:
     return int(model.config.patch_size)
 
 
+def max_grid_of(model: nn.Module, max_grid: int | None) -> int:
+    """``max_grid`` as given, or the default: :data:`DEFAULT_MAX_GRID`, or the position table's side if larger."""
+    return max(DEFAULT_MAX_GRID, *grid_of(model)) if max_grid is None else max_grid
+
+
 def default_mixes(model: nn.Module) -> list[list[tuple[int, int]]]:
     """Three image-size mixes (pixels, h x w) to verify at: two shapes of one token count (no padding); three sizes
     padded to the longest, one smaller than the position table (a downsample) and, for timm, one that is not whole
-    patches; and one image larger than the table (an upsample)."""
+    patches; and one large image, past the table (an upsample) where the table is at most :data:`LARGE_BEYOND`
+    patches a side (RADIO's 128: a large downsample, at a size a CPU verifies)."""
     p = patch_size(model)
-    gh, gw = grid_of(model)
+    gh, gw = (min(g, LARGE_BEYOND) for g in grid_of(model))
     odd = (5 * p // 2, 5 * p // 2) if native_family(model) == "naflexvit" else (3 * p, 3 * p)
     return [
         [(2 * p, 3 * p), (3 * p, 2 * p)],
@@ -306,6 +315,7 @@ __all__ = [
     "default_mixes",
     "example_batch",
     "grid_of",
+    "max_grid_of",
     "native_family",
     "native_refusal",
     "plain_copy",

@@ -54,7 +54,7 @@ from ._common import (
     weights_record,
 )
 from .graph import DEFAULT_INPUT_NAME, ExportGraph, example_images, image_axes
-from .native import DEFAULT_MAX_GRID, native_family
+from .native import native_family
 from .onnx_checks import (
     GraphSpec,
     check_graph_args,
@@ -258,7 +258,7 @@ def to_onnx(
     verify: bool | VerifyOptions = True,
     report: str | os.PathLike | None = None,
     overwrite: bool = False,
-    max_grid: int = DEFAULT_MAX_GRID,
+    max_grid: int | None = None,
 ) -> Path:
     """Export ``model`` (a :class:`vit_fast.VisionTransformer`, a subclass with ``as_vit_fast()``, or a
     transformers ViT such as ``vit_fast.optimize(hf_vit)``, converted with ``vit_fast.from_hf``) to an ONNX file
@@ -269,7 +269,8 @@ def to_onnx(
     coordinates or sizes, mask; :mod:`vit_fast.export.native`), on the dynamo exporter only, verified at three
     image-size mixes (``VerifyOptions(size_mixes=...)``), and refused by name where it cannot trace
     dynamically; ``max_grid`` is then the largest image side it takes, in patches (a NaFlexVit's position-table
-    resize weights). ``dynamic_size``, ``attention``, ``preprocess`` and ``input_name`` do not apply to it.
+    resize weights; default 64, or the position table's side where larger). ``dynamic_size``, ``attention``,
+    ``preprocess`` and ``input_name`` do not apply to it.
 
     - ``batch=(min, max)``: the batch range served; dim 0 of the input is symbolic (checked in the saved
       graph) and the range is recorded in the metadata.

@@ -35,6 +35,7 @@ from .native import (
     check_native_outputs,
     example_batch,
     grid_of,
+    max_grid_of,
     native_family,
     native_refusal,
     patch_size,
@@ -97,7 +98,9 @@ def check_native_args(
         raise ValueError(
             f"input_name=: a {type(model).__name__} graph has three inputs, named {INPUTS[native_family(model)]}"
         )
-    if isinstance(max_grid, bool) or not isinstance(max_grid, int) or not 1 <= max_grid <= 512:
+    if max_grid is not None and (
+        isinstance(max_grid, bool) or not isinstance(max_grid, int) or not 1 <= max_grid <= 512
+    ):
         raise ValueError(f"max_grid is the largest image side in patches, an int from 1 to 512; got {max_grid!r}")
 
 
@@ -171,11 +174,12 @@ def native_to_onnx(
     verify: bool | VerifyOptions,
     report: str | os.PathLike | None,
     overwrite: bool,
-    max_grid: int,
+    max_grid: int | None,
 ) -> Path:
     """:func:`vit_fast.export.to_onnx` for a native-resolution model (arguments checked by the caller's
     :func:`check_native_args`); see docs/deploy.md."""
     family = native_family(model)
+    max_grid = max_grid_of(model, max_grid)
     batch = check_batch_range(batch, ("min", "max"))
     dtype = parse_dtype(dtype)
     if dtype not in (torch.float32, torch.float16):

@@ -127,6 +127,10 @@ def test_resize_table_matches_timm(name):
         flat = grid[0, :, :gh, :gw].flatten(1).T
         reference[b, : gh * gw] += flat
     assert_within_eager(ours, theirs, reference, name=f"{name} position table")
+    # and the mixes verified by default fit the sides the export takes (RADIO's 128 table included)
+    from vit_fast.export.verify_native import check_mixes
+
+    assert len(check_mixes(model, None, native.max_grid_of(model, None))) == 3
 
 
 def test_refused_by_name_before_any_work(tmp_path):
@@ -169,3 +173,8 @@ def test_cli_refusals(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["export", "onnx", "default", "--out", out, "--size-mix", "16by16"])
     assert list(tmp_path.iterdir()) == []
+
+
+def test_verify_points_a_native_model_to_verify_native(tmp_path):
+    with pytest.raises(TypeError, match="verify_native"):
+        export.verify(_siglip2(), tmp_path / "s.onnx")
