@@ -20,8 +20,9 @@ What stops each from tracing dynamically, as measured with torch 2.13, timm 1.0.
 - transformers' SigLIP 2 resizes in the graph already; its input checks (``torch_compilable_check``) trace to
   ``aten._is_all_true``, which no ONNX function covers, so they are switched off for the trace
   (``TRANSFORMERS_DISABLE_TORCH_CHECK=1``, transformers' own switch): they validate inputs, they compute nothing.
-- The TorchScript exporter is refused for both: its tracer keeps the example batch's sizes as constants (timm's
-  grid sizes, the attention-pool head's reshape in SigLIP 2), so the graph is wrong at any other mix.
+- Both exporters trace the NaFlexVit copy (with :class:`ResizeTable`, nothing is read with ``.item()``). The
+  TorchScript exporter is refused for SigLIP 2: its tracer keeps the example batch's sizes as constants in the
+  attention-pool head's reshape (``nn.MultiheadAttention``), and ONNX Runtime refuses that graph at another mix.
 
 Refused by name, with the reason: a ``NaFlexVit`` with rotary position embeddings (sizes read per image for the RoPE
 tables), with factorized position embeddings (per-image 1-D resizes, not rewritten here), or with a patch-size
@@ -68,11 +69,11 @@ def native_refusal(model: nn.Module, exporter: str) -> str | None:
     """Why this native-resolution model cannot be exported dynamically (by name, with what to do instead), or None."""
     family = native_family(model)
     what = type(model).__name__
-    if exporter == "torchscript":
+    if exporter == "torchscript" and family == "siglip2":
         return (
-            f"{what}: the TorchScript exporter's tracer keeps the example batch's image sizes as constants "
-            "(timm reads each image's grid size with .item(); SigLIP 2's attention-pool head reshapes to the traced "
-            "batch), so its graph is wrong at any other size mix: use exporter='dynamo' (the default)"
+            f"{what} on the TorchScript exporter: its tracer keeps the example batch's sizes as constants in the "
+            "attention-pool head's reshape (nn.MultiheadAttention), so ONNX Runtime refuses the graph at any other "
+            "size mix: use exporter='dynamo' (the default)"
         )
     if family != "naflexvit":
         return None

@@ -266,7 +266,7 @@ def to_onnx(
 
     A native-resolution tower, timm's ``NaFlexVit`` or transformers' ``Siglip2VisionModel`` (patched by
     ``apply_vit_fast`` or not), exports as a graph of three inputs, all dynamic in batch and token count (patches,
-    coordinates or sizes, mask; :mod:`vit_fast.export.native`), on the dynamo exporter only, verified at three
+    coordinates or sizes, mask; :mod:`vit_fast.export.native`; SigLIP 2 on the dynamo exporter only), verified at three
     image-size mixes (``VerifyOptions(size_mixes=...)``), and refused by name where it cannot trace
     dynamically; ``max_grid`` is then the largest image side it takes, in patches (a NaFlexVit's position-table
     resize weights; default 64, or the position table's side where larger). ``dynamic_size``, ``attention``,
@@ -313,6 +313,7 @@ def to_onnx(
             batch,
             dtype,
             opset,
+            exporter,
             source,
             progress,
             outputs,

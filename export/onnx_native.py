@@ -42,7 +42,7 @@ from .native import (
     plain_copy,
     transformers_checks_off,
 )
-from .onnx_checks import MIN_OPSET, _newest_opset, _set_props, symbolic_dims, write_metadata
+from .onnx_checks import MIN_OPSET, TORCHSCRIPT_MAX_OPSET, _newest_opset, _set_props, symbolic_dims, write_metadata
 from .verify import VerifyOptions, stage_report, verify_options
 from .verify_native import check_mixes, verify_native
 
@@ -105,6 +105,7 @@ def check_native_args(
 
 
 def _trace(
+    exporter: str,
     graph: NativeGraph,
     inputs: tuple[torch.Tensor, ...],
     out: Path,
@@ -114,6 +115,30 @@ def _trace(
     output_names: Sequence[str],
 ) -> None:
     family = graph.family
+    if exporter == "torchscript":  # a NaFlexVit only (native_refusal): every axis named, the outputs' too
+        axes = {"batch": 0, "tokens": 1}
+        dynamic = {name: {v: k for k, v in axes.items()} for name in names}
+        dynamic |= {
+            name: ({0: "batch", 1: "out_tokens"} if kind == "last_hidden_state" else {0: "batch"})
+            for kind, name in zip(graph.outputs, output_names, strict=True)
+        }
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            # the gathers' indices are never negative (rows and columns of the resized table)
+            warnings.filterwarnings("ignore", message="Exporting aten::index operator of advanced indexing")
+            torch.onnx.export(
+                graph,
+                inputs,
+                str(out),
+                dynamo=False,
+                opset_version=opset,
+                input_names=list(names),
+                output_names=list(output_names),
+                dynamic_axes=dynamic,
+                do_constant_folding=True,
+            )
+        return
     b = torch.export.Dim("batch", min=1, max=max(3, batch[1]))  # the example holds 3 images
     t = torch.export.Dim("tokens", min=1, max=MAX_TOKENS)
     third = {0: b, 1: t} if family == "naflexvit" else {0: b}  # patch_valid [B, T]; spatial_shapes [B, 2]
@@ -150,7 +175,7 @@ def _finish(traced: Path, tmp: Path, path: Path, meta: dict[str, Any], family: s
     ops = [n.op_type for n in proto.graph.node]
     meta["op_counts"] = {op: ops.count(op) for op in sorted(set(ops))}
     _set_props(proto, meta)
-    proto.producer_name, proto.doc_string = "vit-fast", f"vit-fast {meta['vit_fast_version']} (dynamo)"
+    proto.producer_name, proto.doc_string = "vit-fast", f"vit-fast {meta['vit_fast_version']} ({meta['exporter']})"
     for f in tmp.iterdir():  # the exporter's own files are replaced by ours (the run's lock file stays)
         if f.name != OWNER_FILE:
             f.unlink()
@@ -167,6 +192,7 @@ def native_to_onnx(
     batch: tuple[int, int],
     dtype: torch.dtype | str,
     opset: int | None,
+    exporter: str,
     source: str | None,
     progress: bool,
     outputs: str | Sequence[str] | None,
@@ -187,6 +213,8 @@ def native_to_onnx(
     opset = 18 if opset is None else opset
     if isinstance(opset, bool) or not isinstance(opset, int) or not MIN_OPSET <= opset <= _newest_opset():
         raise ValueError(f"opset must be an int from {MIN_OPSET} to {_newest_opset()}, got {opset!r}")
+    if exporter == "torchscript" and opset > TORCHSCRIPT_MAX_OPSET:
+        raise ValueError(f"the TorchScript exporter supports opset <= {TORCHSCRIPT_MAX_OPSET}, got {opset}")
     kinds = check_native_outputs(model, outputs)
     names = (
         kinds if output_names is None else ((output_names,) if isinstance(output_names, str) else tuple(output_names))
@@ -216,7 +244,7 @@ def native_to_onnx(
         "format": "onnx",
         "family": family,
         "config": _config(model),
-        "exporter": "dynamo",
+        "exporter": exporter,
         "opset": opset,
         "dtype": DTYPE_NAMES[dtype],
         "batch": list(batch),
@@ -238,16 +266,18 @@ def native_to_onnx(
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(staging_dir(path))
         traced = tmp / path.name
-        with stages.step(f"tracing {_describe(model)} with the dynamo exporter (opset {opset}, {DTYPE_NAMES[dtype]})"):
+        with stages.step(
+            f"tracing {_describe(model)} with the {exporter} exporter (opset {opset}, {DTYPE_NAMES[dtype]})"
+        ):
             try:
                 with torch.no_grad():
-                    _trace(graph, example, traced, opset, batch, INPUTS[family], names)
+                    _trace(exporter, graph, example, traced, opset, batch, INPUTS[family], names)
             except OSError as err:
                 raise ExportError(f"cannot write the traced graph beside {str(path)!r}: {err.strerror or err}") from err
             except Exception as err:
                 first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
                 raise ExportError(
-                    f"the dynamo exporter could not trace {_describe(model)}: {type(err).__name__}: {first}"
+                    f"the {exporter} exporter could not trace {_describe(model)}: {type(err).__name__}: {first}"
                 ) from err
         del graph
         with stages.step("checking the graph and writing metadata"):

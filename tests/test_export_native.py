@@ -59,14 +59,18 @@ def _check_artifact(path, inputs, mixes):
     return record
 
 
-def test_naflexvit_exports_dynamic_and_verifies_at_three_mixes(tmp_path, capsys):
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_naflexvit_exports_dynamic_and_verifies_at_three_mixes(exporter, tmp_path, capsys):
     """bicubic antialiased position table (timm's default), registers, LayerScale, patched onto our kernels first:
     export traces PyTorch's forwards all the same."""
     model = _naflexvit()
     vit_fast.apply_vit_fast(model, backend="triton")
-    out = export.to_onnx(model, tmp_path / "naflex.onnx", batch=(1, 4), report=tmp_path / "r.json", progress=False)
+    out = export.to_onnx(
+        model, tmp_path / "naflex.onnx", batch=(1, 4), exporter=exporter, report=tmp_path / "r.json", progress=False
+    )
     record = _check_artifact(out, native.INPUTS["naflexvit"], NAFLEX_MIXES)
     assert record["outputs"] == ["logits"] and (tmp_path / "r.json").is_file()
+    assert export.read_metadata(out)["exporter"] == exporter
     assert "images {16x16, 64x48, 40x40}" in capsys.readouterr().out
     assert vit_fast.remove_vit_fast(model) == 1  # the caller's model is still patched
 
@@ -78,13 +82,21 @@ def test_siglip2_exports_dynamic_and_verifies_at_three_mixes(tmp_path):
 
 
 def test_failed_verification_publishes_nothing(tmp_path, monkeypatch):
-    """A resize that drops the position table: the graph traces, its outputs are wrong, nothing is written."""
-    monkeypatch.setattr(native.ResizeTable, "forward", lambda self, x, patch_coord: None)
+    """A resize off by up to 0.01 at every token (not the same in every channel, which a LayerNorm would take
+    away): the graph traces, its outputs are wrong, nothing is written."""
+    resize = native.ResizeTable.forward
+
+    def off(self, x, patch_coord):
+        resize(self, x, patch_coord)
+        x.add_(torch.linspace(0, 0.01, x.shape[-1]))
+
+    monkeypatch.setattr(native.ResizeTable, "forward", off)
     with pytest.raises(export.VerificationError, match=r"at images 32x48"):
         export.to_onnx(
             _naflexvit(),
             tmp_path / "bad.onnx",
             batch=(1, 2),
+            exporter="torchscript",  # the quicker trace
             verify=export.VerifyOptions(size_mixes=[[(32, 48)]], print_table=False),
             progress=False,
         )
@@ -135,8 +147,8 @@ def test_resize_table_matches_timm(name):
 
 def test_refused_by_name_before_any_work(tmp_path):
     model = _naflexvit()
-    with pytest.raises(ValueError, match="TorchScript exporter's tracer keeps the example batch's image sizes"):
-        export.to_onnx(model, tmp_path / "a.onnx", exporter="torchscript", progress=False)
+    with pytest.raises(ValueError, match="Siglip2VisionModel on the TorchScript exporter: its tracer keeps"):
+        export.to_onnx(_siglip2(), tmp_path / "a.onnx", exporter="torchscript", progress=False)
     with pytest.raises(ValueError, match=r"rotary position embeddings .* does not trace"):
         export.to_onnx(_naflexvit(rope_type="axial"), tmp_path / "a.onnx", progress=False)
     with pytest.raises(ValueError, match="factorized position embeddings"):
