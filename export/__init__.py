@@ -2,7 +2,9 @@
 one runner for an artifact) and ``verify`` (judged against eager PyTorch); with ``verify=`` an artifact is published
 only once it passed (docs/deploy.md). onnx, onnxruntime and tensorrt are imported only when those functions run.
 Imports point one way: _common <- graph <- trt_common <- runners <- verify_checks, verify_report <- verify <-
-onnx_checks <- onnx, tensorrt; _common <- tritonserver (the Triton model repository package)."""
+onnx_checks <- onnx, tensorrt; _common <- native; verify, native <- verify_native <- onnx_native <- onnx;
+_common <- tritonserver (the Triton model repository package).
+timm's NaFlexVit and transformers' Siglip2VisionModel export through ``to_onnx`` too (``native``)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from .onnx import FusedAttention, onnx_op_counts, to_onnx
 from .runners import open_artifact
 from .tensorrt import to_tensorrt
 from .verify import VerificationError, VerifyOptions, VerifyReport, VerifyRow, format_verification, verify
+from .verify_native import verify_native
 
 __all__ = [
     "LAYOUTS",
@@ -45,5 +48,6 @@ __all__ = [
     "to_onnx",
     "to_tensorrt",
     "verify",
+    "verify_native",
     "weights_record",
 ]

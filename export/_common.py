@@ -31,6 +31,8 @@ from vit_fast.util.files import (
 )
 
 METADATA_SUFFIX = ".json"
+#: native-resolution towers (timm, transformers) that export as they are (vit_fast.export.native), by class name
+NATIVE_CLASSES = ("NaFlexVit", "Siglip2VisionModel")
 REPORT_SUFFIXES = (".json",)
 #: the metadata fields that name a file beside the artifact (kept inside its folder: contained_path)
 METADATA_FILE_FIELDS = ("external_data",)
@@ -156,6 +158,12 @@ def plain_model(model: Any, what: str = "export") -> Any:
     is a TypeError saying how to convert it."""
     from vit_fast.model.vit import VisionTransformer
 
+    if type(model).__name__ in NATIVE_CLASSES:  # no VisionTransformer form: exported as it is
+        raise TypeError(
+            f"{what}: a {type(model).__name__} takes packed patches at each image's size and has no "
+            "VisionTransformer form: export it with vit_fast.export.to_onnx (as it is) and check an artifact again "
+            "with vit_fast.export.verify_native"
+        )
     if type(model).__module__.startswith("transformers."):  # e.g. vit_fast.optimize(hf_model): the user's class
         from vit_fast.interop.convert import from_hf
 

@@ -54,6 +54,7 @@ from ._common import (
     weights_record,
 )
 from .graph import DEFAULT_INPUT_NAME, ExportGraph, example_images, image_axes
+from .native import native_family
 from .onnx_checks import (
     GraphSpec,
     check_graph_args,
@@ -63,6 +64,7 @@ from .onnx_checks import (
     verifies_on_cpu,
     write_metadata,
 )
+from .onnx_native import check_native_args, native_to_onnx
 from .verify import VerifyOptions, stage_report, verify_options, verify_staged
 
 # single-file protobufs must stay below 2 GiB; larger weights go to external data beside the model
@@ -256,10 +258,19 @@ def to_onnx(
     verify: bool | VerifyOptions = True,
     report: str | os.PathLike | None = None,
     overwrite: bool = False,
+    max_grid: int | None = None,
 ) -> Path:
     """Export ``model`` (a :class:`vit_fast.VisionTransformer`, a subclass with ``as_vit_fast()``, or a
     transformers ViT such as ``vit_fast.optimize(hf_vit)``, converted with ``vit_fast.from_hf``) to an ONNX file
     at ``path``.
+
+    A native-resolution tower, timm's ``NaFlexVit`` or transformers' ``Siglip2VisionModel`` (patched by
+    ``apply_vit_fast`` or not), exports as a graph of three inputs, all dynamic in batch and token count (patches,
+    coordinates or sizes, mask; :mod:`vit_fast.export.native`; SigLIP 2 on the dynamo exporter only), verified at three
+    image-size mixes (``VerifyOptions(size_mixes=...)``), and refused by name where it cannot trace
+    dynamically; ``max_grid`` is then the largest image side it takes, in patches (a NaFlexVit's position-table
+    resize weights; default 64, or the position table's side where larger). ``dynamic_size``, ``attention``,
+    ``preprocess`` and ``input_name`` do not apply to it.
 
     - ``batch=(min, max)``: the batch range served; dim 0 of the input is symbolic (checked in the saved
       graph) and the range is recorded in the metadata.
@@ -294,6 +305,24 @@ def to_onnx(
     (``model.describe_weights()``, ``model.weights_source``). Returns ``path``. Raises ValueError /
     TypeError for bad arguments before any work and :class:`ExportError` when the exporter fails.
     """
+    if native_family(model) is not None:
+        check_native_args(model, exporter, attention, preprocess, input_name, max_grid)
+        return native_to_onnx(
+            model,
+            path,
+            batch,
+            dtype,
+            opset,
+            exporter,
+            source,
+            progress,
+            outputs,
+            output_names,
+            verify,
+            report,
+            overwrite,
+            max_grid,
+        )
     batch, dtype, opset = check_onnx_args(model, batch, dtype, opset, exporter, dynamic_size, attention)
     model = plain_model(model, "to_onnx")
     cfg = model.cfg

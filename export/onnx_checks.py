@@ -30,7 +30,7 @@ TORCHSCRIPT_MAX_OPSET = 20
 METADATA_PROP = "vit_fast"  # metadata_props key holding the whole metadata as JSON
 
 
-def _newest_opset() -> int:
+def newest_opset() -> int:
     """The newest opset both torch's exporter and the installed onnx package support."""
     newest = 23
     try:
@@ -77,7 +77,7 @@ def check_onnx_args(
             f"attention='fused' needs opset >= {FUSED_ATTENTION_OPSET} (the ONNX Attention op), got opset {opset}: "
             f"pass opset={FUSED_ATTENTION_OPSET} or leave opset unset"
         )
-    newest = _newest_opset()
+    newest = newest_opset()
     if opset > newest:
         raise ValueError(
             f"opset {opset} is newer than this torch.onnx exporter and onnx can write (at most {newest}): "
@@ -127,19 +127,20 @@ def _props(meta: dict[str, Any]) -> list[tuple[str, str]]:
     """The ONNX ``metadata_props`` vit-fast writes: the whole record, and its main fields on their own."""
     return [
         (METADATA_PROP, json.dumps(meta, sort_keys=True)),
-        ("vit_fast.model.config", json.dumps(meta["config"], sort_keys=True)),
+        ("vit_fast.config", json.dumps(meta["config"], sort_keys=True)),
         ("vit_fast.dtype", meta["dtype"]),
         ("vit_fast.batch", json.dumps(meta["batch"])),
         ("vit_fast.exporter", meta["exporter"]),
         ("vit_fast.opset", str(meta["opset"])),
-        ("vit_fast.util.version", meta["vit_fast_version"]),
+        ("vit_fast.version", meta["vit_fast_version"]),
         ("vit_fast.git_commit", meta["git_commit"]),
         ("vit_fast.weights", meta["weights"]["description"]),
         ("vit_fast.verified", json.dumps(bool(meta["verification"] and meta["verification"]["passed"]))),
     ]
 
 
-def _set_props(proto: Any, meta: dict[str, Any]) -> None:
+def set_props(proto: Any, meta: dict[str, Any]) -> None:
+    """Replace ``proto``'s ONNX metadata props with ``meta``'s, each value as the string an ONNX prop holds."""
     del proto.metadata_props[:]
     for key, value in _props(meta):
         entry = proto.metadata_props.add()
@@ -152,7 +153,7 @@ def write_metadata(staged: Path, meta: dict[str, Any]) -> None:
     import onnx
 
     proto = onnx.load(str(staged), load_external_data=False)
-    _set_props(proto, meta)
+    set_props(proto, meta)
     onnx.save_model(proto, str(staged))
     write_new(metadata_path(staged), json_text(meta), replace=True)
 
@@ -194,7 +195,7 @@ def finish_graph(
     meta["op_counts"] = {op: ops.count(op) for op in sorted(set(ops))}
     if external:  # recorded before the props are written, so the file and the JSON beside it agree
         meta["external_data"] = path.name + ".data"
-    _set_props(proto, meta)
+    set_props(proto, meta)
     proto.producer_name, proto.doc_string = "vit-fast", f"vit-fast {meta['vit_fast_version']} ({meta['exporter']})"
 
     for f in tmp.iterdir():  # the exporter's own files are replaced by ours (the run's lock file stays)

@@ -89,6 +89,9 @@ class VerifyOptions:
     provider: str | None = None
     data: tuple[torch.Tensor, torch.Tensor] | None = None
     print_table: bool = True
+    #: a native-resolution model's (timm NaFlexVit, SigLIP 2) image-size mixes to verify at: batches of (h, w)
+    #: pixels, each mix one batch (default: three, vit_fast.export.native.default_mixes)
+    size_mixes: list[list[tuple[int, int]]] | None = None
     #: called with the report once the artifact it passed is published (``vit-fast export ... --json -`` prints it)
     on_published: Callable[[VerifyReport], Any] | None = None
 

@@ -37,6 +37,9 @@ class VerifyRow:
     top1_agreement: float | None
     eager_top1_agreement: float | None
     passed: bool
+    #: a native-resolution artifact's row: every image of the batch, (h, w) pixels, in order (height and width are
+    #: then the largest of them); None for an artifact that takes one image size per batch
+    images: list[tuple[int, int]] | None = None
 
     @property
     def ratio(self) -> float:
@@ -88,6 +91,8 @@ class VerifyReport:
     def record(self) -> dict[str, Any]:
         """The compact record an artifact's metadata keeps: whether and how it was verified."""
         w = self.worst()
+        mixes = [[list(size) for size in r.images] for r in self.rows if r.images is not None]
+        mixes = [m for i, m in enumerate(mixes) if m not in mixes[:i]]
         return {
             "passed": self.passed,
             "rule": self.rule,
@@ -104,6 +109,7 @@ class VerifyReport:
             "outputs": list(self.outputs),
             "batches": sorted({r.batch for r in self.rows}),
             "image_sizes": sorted({(r.height, r.width) for r in self.rows}),
+            **({"size_mixes": mixes} if mixes else {}),
             "seed": self.seed,
             "date_utc": self.created_utc,
             "runtime": self.runtime,
@@ -126,6 +132,7 @@ class VerifyReport:
                 f"{r.output:<17} {r.batch:>5} {f'{r.height}x{r.width}':>9} {r.max_abs_err:>10.3e} "
                 f"{r.eager_max_abs_err:>10.3e} {r.bound:>10.3e} {r.rel_err:>9.2e} {r.cosine:>10.7f} {top1:>6} "
                 f"{'yes' if r.passed else 'NO':>4}"
+                + (f"  images {_mix_text(r.images)}" if r.images is not None else "")
             )
         if self.accuracy:
             a = self.accuracy
@@ -155,6 +162,10 @@ def format_verification(record: dict[str, Any] | None) -> str:
         return unreadable.format(f"{type(err).__name__}: {err}")
 
 
+def _mix_text(images: Any) -> str:
+    return "{" + ", ".join(f"{h}x{w}" for h, w in images) + "}"
+
+
 def _format_record(record: dict[str, Any]) -> str:
     w = record.get("worst") or {}
     sizes = ", ".join(f"{h}x{w_}" for h, w_ in record.get("image_sizes") or [])
@@ -172,6 +183,11 @@ def _format_record(record: dict[str, Any]) -> str:
             else "  worst: not recorded",
             f"  outputs {', '.join(record.get('outputs') or []) or '?'}; batches "
             f"{', '.join(map(str, record.get('batches') or []))}; sizes {sizes}; seed {record.get('seed')}",
+            *(
+                [f"  size mixes: {'; '.join(_mix_text(m) for m in mixes)}"]
+                if (mixes := record.get("size_mixes"))
+                else []
+            ),
             f"  weights: {weights}",
             f"  versions: {versions}; commit {record.get('git_commit', '?')}",
         ]

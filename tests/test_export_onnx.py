@@ -129,7 +129,7 @@ def test_metadata_json_and_props(models, artifacts):
     assert meta["git_commit"] == "unknown" or len(meta["git_commit"].split("+")[0]) == 40
     props = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
     assert json.loads(props["vit_fast"]) == meta
-    assert json.loads(props["vit_fast.model.config"]) == meta["config"] and props["vit_fast.batch"] == "[1, 5]"
+    assert json.loads(props["vit_fast.config"]) == meta["config"] and props["vit_fast.batch"] == "[1, 5]"
     assert sorted(os.listdir(path.parent)) == sorted(  # nothing but artifacts and their metadata
         f for f in os.listdir(path.parent) if f.endswith((".onnx", ".onnx.json"))
     )

@@ -378,6 +378,17 @@ def add_seed(parser: argparse.ArgumentParser, default: int | None, what: str) ->
     parser.add_argument("--seed", type=seed, default=default, help=f"seed of {what} (default: {fresh})")
 
 
+def size_mix(text: str) -> list[tuple[int, int]]:
+    """``32x48,48x32``: one batch of images of those sizes (h x w pixels)."""
+    sizes = []
+    for item in text.split(","):
+        h, sep, w = item.strip().lower().partition("x")
+        if not sep or not h.isdigit() or not w.isdigit() or int(h) < 1 or int(w) < 1:
+            raise argparse.ArgumentTypeError(f"expected sizes HxW[,HxW...] in pixels, e.g. 32x48,48x32; got {text!r}")
+        sizes.append((int(h), int(w)))
+    return sizes
+
+
 def add_verify_batch(parser: argparse.ArgumentParser, range_flag: str = "--batch") -> None:
     """``--verify-batch``: the batch sizes an exporter verifies, inside the range its ``range_flag`` sets for the
     artifact (the quicker check on a slow machine: fewer batches, the same artifact)."""

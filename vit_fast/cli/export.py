@@ -3,7 +3,8 @@
   vit-fast export onnx MODEL --out model.onnx [--batch 1,64] [--dtype fp16] [--exporter dynamo]
                           [--attention fused] [--dynamic-size] [--opset 18] [--outputs logits,pooled]
                           [--input-name pixel_values] [--preprocess NHWC --mean .. --std ..]
-                          [--verify-batch 1,3] [--seed 0] [--json report.json|-] [--overwrite]
+                          [--verify-batch 1,3 | --size-mix 32x48,48x32 ...] [--seed 0] [--json report.json|-]
+                          [--overwrite]
   vit-fast export tensorrt model.onnx --out model.plan [--batch 1,8,64] [--dtype fp16] [--verify-batch 1,8]
   vit-fast export tritonserver SOURCE --out repo/ [--batch 1,8,64] [--instances 2]
 
@@ -17,6 +18,10 @@ artifact's batch range; --verify-batch picks fewer batches inside it to verify (
 the same artifact). A file vit-fast did not write is never replaced unless --overwrite. Exit status
 1 on failure. With --json - the report goes to stdout (once the artifact is published) and everything
 else to stderr.
+
+A native-resolution tower (timm:naflexvit_* with --weights FILE, or a save_pretrained folder of a SigLIP 2
+vision model) exports as it is, with its patches, coordinates or sizes and mask as inputs dynamic in batch
+and tokens, and is verified at three image-size mixes (--size-mix HxW,HxW, repeated, to choose them).
 """
 
 from __future__ import annotations
@@ -77,6 +82,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _args.add_model_source(p)
     p.add_argument("--no-verify", action="store_true", help="publish without verification (recorded as not verified)")
     _args.add_verify_batch(p)
+    p.add_argument(
+        "--size-mix",
+        type=_args.size_mix,
+        action="append",
+        default=None,
+        metavar="HxW,HxW",
+        help="a native-resolution model (timm naflexvit_*, a SigLIP 2 vision folder): one batch of images of these "
+        "sizes to verify at; repeat for each mix (default: three mixes)",
+    )
     _args.add_json(p, "write the verification report as JSON here (published only with a passing artifact)")
     _args.add_seed(p, None, "the random verification inputs (drawn and recorded when not given)")
     _args.add_overwrite(p)
@@ -128,19 +142,25 @@ def _verify_options(args: argparse.Namespace, json_target: Any) -> Any:
             raise _args.CommandError("--json is the verification report: drop --no-verify, or drop --json")
         return False
     check_verify_batches(args.verify_batch, (args.batch[0], args.batch[-1]))
+    if args.target == "onnx" and args.size_mix is not None and args.verify_batch is not None:
+        raise _args.CommandError("--size-mix verifies a native-resolution model, --verify-batch any other: give one")
 
     def to_stdout(report: Any) -> None:
         _args.write_json(report.to_dict(), _args.STDOUT)
 
     on_published = to_stdout if json_target == _args.STDOUT else None
     return VerifyOptions(
-        batches=args.verify_batch, seed=args.seed, print_table=not args.quiet, on_published=on_published
+        batches=args.verify_batch,
+        seed=args.seed,
+        print_table=not args.quiet,
+        on_published=on_published,
+        size_mixes=getattr(args, "size_mix", None),
     )
 
 
 def _run_onnx(args: argparse.Namespace) -> int:
     from vit_fast.export.onnx import check_onnx_args, to_onnx
-    from vit_fast.interop.loading import load_model, source_name
+    from vit_fast.interop.loading import load_model, load_native_model, source_name
 
     preprocess = None
     if args.preprocess:
@@ -153,10 +173,14 @@ def _run_onnx(args: argparse.Namespace) -> int:
     # the one output policy, before any work; never the artifact's own metadata
     json_target = _args.json_file(args.json, overwrite=args.overwrite, artifacts=(out,))
     verify = _verify_options(args, json_target)  # before the model loads: a refused --verify-batch costs nothing
-    model = load_model(args.model, backend="torch", config=args.config, weights=args.weights)
     batch = tuple(args.batch)
     dtype = args.dtype or "fp32"  # a default given as text would be parsed, importing torch, on every parse
-    check_onnx_args(model, batch, dtype, args.opset, args.exporter, args.dynamic_size, args.attention)
+    model = load_native_model(args.model, weights=args.weights)  # a NaFlexVit or SigLIP 2 tower, exported as it is
+    if model is None:
+        if args.size_mix is not None:
+            raise _args.CommandError("--size-mix verifies a native-resolution model (timm naflexvit_*, SigLIP 2)")
+        model = load_model(args.model, backend="torch", config=args.config, weights=args.weights)
+        check_onnx_args(model, batch, dtype, args.opset, args.exporter, args.dynamic_size, args.attention)
     make_folders(out.parent, "--out")  # checked above; made only now that the work starts
     to_onnx(
         model,

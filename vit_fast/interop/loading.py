@@ -292,6 +292,53 @@ def source_name(spec: str) -> str:
     return str(Path(spec).resolve())
 
 
+#: Hugging Face ``model_type`` values of native-resolution towers, loaded as they are (not converted)
+NATIVE_HF_TYPES = ("siglip2_vision_model",)
+
+
+def load_native_model(spec: str | os.PathLike, weights: str | os.PathLike | None = None) -> torch.nn.Module | None:
+    """A native-resolution tower that ``spec`` names, loaded as its library defines it (it has no
+    VisionTransformer form: ``vit_fast.export.to_onnx`` exports it as it is), or None when ``spec`` names
+    anything else:
+
+    - ``timm:naflexvit_*`` (or the bare name) with ``weights=FILE``: timm's ``NaFlexVit`` reading the file
+      (nothing is downloaded; the file checked as any weights file is);
+    - a Hugging Face ``save_pretrained`` folder whose config.json says ``model_type`` ``siglip2_vision_model``:
+      transformers' ``Siglip2VisionModel`` (``trust_remote_code=False``; an ``auto_map`` refused first)."""
+    spec = os.fspath(spec).strip()
+    arch = spec.removeprefix("timm:").split(".", 1)[0]
+    if arch.startswith("naflexvit_"):
+        if weights is None:
+            raise ValueError(
+                f"timm model {arch!r} is exported as timm builds it, from a local weights file: pass --weights FILE "
+                "(Python: weights=...)"
+            )
+        from vit_fast.interop.timm_import import import_timm
+
+        timm = import_timm()
+        path = Path(weights)
+        if not path.is_file():
+            raise FileNotFoundError(f"weights file {str(path)!r} for timm model {arch!r} does not exist")
+        if path.suffix.lower() in LOAD_SUFFIXES:
+            check_weights_file(path)
+        name = spec.removeprefix("timm:")
+        model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay={"file": str(path)})
+        model.weights_source = {"kind": "file", "file": path.name, "sha256": file_sha256(path), "layout": "timm"}
+        return model.eval()
+    config_file = Path(spec) / "config.json"
+    if not config_file.is_file():
+        return None
+    data = read_json(config_file, "Hugging Face config")
+    if not isinstance(data, dict) or data.get("model_type") not in NATIVE_HF_TYPES:
+        return None
+    refuse_remote_code(data, f"Hugging Face folder {spec!r}")
+    from transformers import Siglip2VisionModel
+
+    model = Siglip2VisionModel.from_pretrained(spec, local_files_only=True, trust_remote_code=False)
+    model.weights_source = {"kind": "folder", "folder": Path(spec).name}
+    return model.eval()
+
+
 def load_model(
     spec: str | os.PathLike,
     backend: str = "auto",

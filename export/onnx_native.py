@@ -1,0 +1,308 @@
+"""ONNX export of a native-resolution tower (timm ``NaFlexVit``, transformers ``Siglip2VisionModel``; the graph and
+what it takes: :mod:`.native`), reached through :func:`vit_fast.export.to_onnx`. The same house rules as the plain
+exporter: every output path checked before any work, the file staged beside its target, verified there (at three
+image-size mixes by default, :mod:`.verify_native`) and published with its metadata only once it passed."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from vit_fast.backend.env import git_commit
+from vit_fast.util.dtypes import DTYPE_NAMES, parse_dtype
+from vit_fast.util.files import OWNER_FILE, json_text, publish_to, staging_dir, write_new
+from vit_fast.util.progress import Stages
+
+from ._common import (
+    ExportError,
+    check_artifact_outputs,
+    check_batch_range,
+    check_report_path,
+    metadata_path,
+    vit_fast_version,
+    weights_record,
+)
+from .native import (
+    INPUTS,
+    NativeGraph,
+    check_native_outputs,
+    example_batch,
+    grid_of,
+    max_grid_of,
+    native_family,
+    native_refusal,
+    patch_size,
+    plain_copy,
+    transformers_checks_off,
+)
+from .onnx_checks import MIN_OPSET, TORCHSCRIPT_MAX_OPSET, newest_opset, set_props, symbolic_dims, write_metadata
+from .verify import VerifyOptions, stage_report, verify_options
+from .verify_native import check_mixes, verify_native
+
+#: the most tokens (patches) an image of an exported graph may have, the token axis's upper bound for torch.export
+MAX_TOKENS = 16384
+
+
+def _describe(model: nn.Module) -> str:
+    p, (gh, gw) = patch_size(model), grid_of(model)
+    return f"{type(model).__name__}(patch={p}, position table {gh}x{gw})"
+
+
+def _config(model: nn.Module) -> dict[str, Any]:
+    """What the metadata records of the architecture."""
+    family = native_family(model)
+    if family == "naflexvit":
+        return {
+            "architecture": getattr(model, "pretrained_cfg", {}).get("architecture", type(model).__name__),
+            "embed_dim": int(model.embed_dim),
+            "depth": len(model.blocks),
+            "num_classes": int(model.num_classes),
+            "patch_size": patch_size(model),
+            "pos_embed_grid": list(grid_of(model)),
+        }
+    cfg = model.config
+    return {
+        "architecture": "Siglip2VisionModel",
+        "embed_dim": int(cfg.hidden_size),
+        "depth": int(cfg.num_hidden_layers),
+        "num_classes": 0,
+        "patch_size": int(cfg.patch_size),
+        "pos_embed_grid": list(grid_of(model)),
+    }
+
+
+def check_native_args(
+    model: nn.Module,
+    exporter: str,
+    attention: str,
+    preprocess: Any,
+    input_name: str | None,
+    max_grid: Any,
+) -> None:
+    """The plain exporter's options a native-resolution graph does not take, and the model refused by name."""
+    reason = native_refusal(model, exporter)
+    if reason is not None:
+        raise ValueError(f"to_onnx refuses {reason}")
+    if attention != "decomposed":
+        raise ValueError(f"attention={attention!r}: a {type(model).__name__} graph is exported with its own attention")
+    if preprocess is not None:
+        raise ValueError(f"preprocess=: a {type(model).__name__} graph takes packed patches, not uint8 images")
+    if input_name not in (None, "images"):
+        raise ValueError(
+            f"input_name=: a {type(model).__name__} graph has three inputs, named {INPUTS[native_family(model)]}"
+        )
+    if max_grid is not None and (
+        isinstance(max_grid, bool) or not isinstance(max_grid, int) or not 1 <= max_grid <= 512
+    ):
+        raise ValueError(f"max_grid is the largest image side in patches, an int from 1 to 512; got {max_grid!r}")
+
+
+def _trace(
+    exporter: str,
+    graph: NativeGraph,
+    inputs: tuple[torch.Tensor, ...],
+    out: Path,
+    opset: int,
+    batch: tuple[int, int],
+    names: Sequence[str],
+    output_names: Sequence[str],
+) -> None:
+    family = graph.family
+    if exporter == "torchscript":  # a NaFlexVit only (native_refusal): every axis named, the outputs' too
+        axes = {"batch": 0, "tokens": 1}
+        dynamic = {name: {v: k for k, v in axes.items()} for name in names}
+        dynamic |= {
+            name: ({0: "batch", 1: "out_tokens"} if kind == "last_hidden_state" else {0: "batch"})
+            for kind, name in zip(graph.outputs, output_names, strict=True)
+        }
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            # the gathers' indices are never negative (rows and columns of the resized table)
+            warnings.filterwarnings("ignore", message="Exporting aten::index operator of advanced indexing")
+            torch.onnx.export(
+                graph,
+                inputs,
+                str(out),
+                dynamo=False,
+                opset_version=opset,
+                input_names=list(names),
+                output_names=list(output_names),
+                dynamic_axes=dynamic,
+                do_constant_folding=True,
+            )
+        return
+    b = torch.export.Dim("batch", min=1, max=max(3, batch[1]))  # the example holds 3 images
+    t = torch.export.Dim("tokens", min=1, max=MAX_TOKENS)
+    third = {0: b, 1: t} if family == "naflexvit" else {0: b}  # patch_valid [B, T]; spatial_shapes [B, 2]
+    with warnings.catch_warnings(), transformers_checks_off():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", FutureWarning)
+        warnings.filterwarnings("ignore", message="# The axis name")  # batch and tokens shared by the inputs
+        torch.onnx.export(
+            graph,
+            inputs,
+            str(out),
+            dynamo=True,
+            opset_version=opset,
+            input_names=list(names),
+            output_names=list(output_names),
+            dynamic_shapes=({0: b, 1: t}, {0: b, 1: t}, third),
+            verbose=False,
+        )
+
+
+def _finish(traced: Path, tmp: Path, path: Path, meta: dict[str, Any], family: str) -> list[Path]:
+    """Check that every input is symbolic in batch (and tokens), add the metadata, save under the final name."""
+    import onnx
+
+    proto = onnx.load(str(traced))
+    for value in proto.graph.input:
+        symbolic = symbolic_dims(value)
+        want = [True] if (family == "siglip2" and value.name == "spatial_shapes") else [True, True]
+        if symbolic[: len(want)] != want:
+            raise ExportError(
+                f"the exported graph's input {value.name!r} is not dynamic in batch and tokens: "
+                f"{value.type.tensor_type.shape}"
+            )
+    ops = [n.op_type for n in proto.graph.node]
+    meta["op_counts"] = {op: ops.count(op) for op in sorted(set(ops))}
+    set_props(proto, meta)
+    proto.producer_name, proto.doc_string = "vit-fast", f"vit-fast {meta['vit_fast_version']} ({meta['exporter']})"
+    for f in tmp.iterdir():  # the exporter's own files are replaced by ours (the run's lock file stays)
+        if f.name != OWNER_FILE:
+            f.unlink()
+    out = tmp / path.name
+    onnx.save_model(proto, str(out))
+    onnx.checker.check_model(str(out))
+    write_new(metadata_path(out), json_text(meta))
+    return [out, metadata_path(out)]
+
+
+def native_to_onnx(
+    model: nn.Module,
+    path: str | os.PathLike,
+    batch: tuple[int, int],
+    dtype: torch.dtype | str,
+    opset: int | None,
+    exporter: str,
+    source: str | None,
+    progress: bool,
+    outputs: str | Sequence[str] | None,
+    output_names: str | Sequence[str] | None,
+    verify: bool | VerifyOptions,
+    report: str | os.PathLike | None,
+    overwrite: bool,
+    max_grid: int | None,
+) -> Path:
+    """:func:`vit_fast.export.to_onnx` for a native-resolution model (arguments checked by the caller's
+    :func:`check_native_args`); see docs/deploy.md."""
+    family = native_family(model)
+    max_grid = max_grid_of(model, max_grid)
+    batch = check_batch_range(batch, ("min", "max"))
+    dtype = parse_dtype(dtype)
+    if dtype not in (torch.float32, torch.float16):
+        raise ValueError(f"a {type(model).__name__} exports in fp32 or fp16, got {DTYPE_NAMES[dtype]}")
+    opset = 18 if opset is None else opset
+    if isinstance(opset, bool) or not isinstance(opset, int) or not MIN_OPSET <= opset <= newest_opset():
+        raise ValueError(f"opset must be an int from {MIN_OPSET} to {newest_opset()}, got {opset!r}")
+    if exporter == "torchscript" and opset > TORCHSCRIPT_MAX_OPSET:
+        raise ValueError(f"the TorchScript exporter supports opset <= {TORCHSCRIPT_MAX_OPSET}, got {opset}")
+    kinds = check_native_outputs(model, outputs)
+    names = (
+        kinds if output_names is None else ((output_names,) if isinstance(output_names, str) else tuple(output_names))
+    )
+    if len(names) != len(kinds) or len(set(names)) != len(names) or set(names) & set(INPUTS[family]):
+        raise ValueError(f"output_names {names} must give one new name for each of the outputs {kinds}")
+    options = verify_options(verify, report)
+    if options is not None:
+        if options.batches is not None or options.image_sizes is not None:
+            raise ValueError(
+                f"a {type(model).__name__} is verified at image-size mixes: give VerifyOptions(size_mixes=...), not "
+                "batches or image_sizes"
+            )
+        mixes = check_mixes(model, options.size_mixes, max_grid)
+        if max(len(m) for m in mixes) > batch[1]:
+            raise ValueError(f"a size mix of {max(len(m) for m in mixes)} images is past the batch range {batch}")
+    path = check_artifact_outputs(path, "onnx", overwrite)
+    report_path = check_report_path(report, overwrite, artifact=path) if report is not None else None
+    import onnx  # noqa: F401  (fail early and clearly where the onnx extra is missing)
+
+    stages = Stages("vit-fast export", progress)
+    graph = NativeGraph(plain_copy(model, dtype, max_grid), kinds)
+    p = patch_size(model)
+    # three images of different sizes, padded: nothing the trace could take for a constant
+    example = example_batch(model, [(p, p), (4 * p, 3 * p), (3 * p, 3 * p)], dtype, torch.Generator().manual_seed(0))
+    meta = {
+        "format": "onnx",
+        "family": family,
+        "config": _config(model),
+        "exporter": exporter,
+        "opset": opset,
+        "dtype": DTYPE_NAMES[dtype],
+        "batch": list(batch),
+        "tokens": [1, MAX_TOKENS],
+        "max_grid": max_grid if family == "naflexvit" else None,
+        "dynamic_size": True,
+        "inputs": list(INPUTS[family]),
+        "input": INPUTS[family][0],
+        "outputs": list(kinds),
+        "output_names": list(names),
+        "output": names[0],
+        "source": source,
+        "weights": weights_record(model),
+        "verification": None,
+        "vit_fast_version": vit_fast_version(),
+        "git_commit": git_commit(),
+        "torch_version": torch.__version__,
+    }
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(staging_dir(path))
+        traced = tmp / path.name
+        with stages.step(
+            f"tracing {_describe(model)} with the {exporter} exporter (opset {opset}, {DTYPE_NAMES[dtype]})"
+        ):
+            try:
+                with torch.no_grad():
+                    _trace(exporter, graph, example, traced, opset, batch, INPUTS[family], names)
+            except OSError as err:
+                raise ExportError(f"cannot write the traced graph beside {str(path)!r}: {err.strerror or err}") from err
+            except Exception as err:
+                first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                raise ExportError(
+                    f"the {exporter} exporter could not trace {_describe(model)}: {type(err).__name__}: {first}"
+                ) from err
+        del graph
+        with stages.step("checking the graph and writing metadata"):
+            staged = _finish(traced, tmp, path, meta, family)
+        moves = [(f, path.parent / f.name) for f in staged]
+        if options is not None:
+            with stages.step(f"verifying {path.name} against eager PyTorch on ONNX Runtime at {len(mixes)} size mixes"):
+                result = verify_native(
+                    model,
+                    traced,
+                    mixes,
+                    seed=options.seed,
+                    provider=options.provider,
+                    print_table=options.print_table,
+                    artifact_name=str(path),
+                )
+            meta["verification"] = result.record()
+            write_metadata(traced, meta)
+            if report_path is not None:
+                moves.append(stage_report(stack, result, report_path))
+        publish_to(moves)
+    stages.note(f"wrote {path} and {metadata_path(path).name}" + ("" if options is None else "; verified: True"))
+    if options is not None and options.on_published is not None:
+        options.on_published(result)
+    return path
+
+
+__all__ = ["MAX_TOKENS", "check_native_args", "native_to_onnx"]
