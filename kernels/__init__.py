@@ -4,7 +4,7 @@ Each file holds the kernel, its launcher (input checks, grid), a ``torch.library
 with a fake implementation, and the eager reference ``<op>_ref`` it is tested against.
 Importing this package never touches a GPU driver, and never imports triton.
 
-With a triton older than the kernels need (``_versions.MIN_TRITON``; e.g. the 3.4 that torch 2.8
+With a triton older than the kernels need (``versions.MIN_TRITON``; e.g. the 3.4 that torch 2.8
 pins), importing this package (and so ``import vit_fast``) warns once with
 :class:`TritonVersionWarning`, naming both versions and the fix. vit-fast keeps working on the
 torch backend (export, verification, the CPU paths); the triton backend refuses to run with the
@@ -15,7 +15,7 @@ older triton, for the parts that need no kernel at all.
 
 import warnings as _warnings
 
-from ._versions import triton_problem as _triton_problem
+from .versions import triton_problem as _triton_problem
 
 
 class TritonVersionWarning(UserWarning):

@@ -10,7 +10,7 @@ autograd), the public :func:`add_layer_norm`, :func:`layer_norm` and :func:`rms_
 
 Statistics (mean and variance; the mean square for RmsNorm) are taken in float32 on the float32 sum, whatever the storage dtype;
 ``summed`` is stored in the input dtype. Backward is not a kernel: it recomputes the forward
-through the eager reference in the inputs' dtype (``_common.register_recompute_backward``), which
+through the eager reference in the inputs' dtype (``_launch.register_recompute_backward``), which
 is exact but costs an eager forward + backward; training through this op is for correctness, not speed.
 
 Importing this module never touches a GPU driver.
@@ -22,18 +22,10 @@ import torch
 import triton
 import triton.language as tl
 
-from vit_fast.kernels._common import (
-    SUPPORTED_DTYPES,
-    ResolvedLaunches,
-    cdiv,
-    check_device,
-    eager_direct,
-    interpret_bf16,
-    interpreter_enabled,
-    next_power_of_2,
-    register_recompute_backward,
-    to_bf16_rtne,
-)
+from ._launch import cdiv, check_device, interpret_bf16, next_power_of_2, register_recompute_backward
+from ._tl import to_bf16_rtne
+from .interpret import interpreter_enabled
+from .launches import SUPPORTED_DTYPES, ResolvedLaunches, eager_direct
 
 # the whole row lives in registers: beyond this the single-pass kernel would spill
 _MAX_BLOCK_N = 16384

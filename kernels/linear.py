@@ -16,7 +16,7 @@ Top to bottom: the autotune configs, the tile body and the kernel, the launcher 
 checks, reshape, allocation, grid), the ``torch.library`` custom op ``vit_fast::linear`` (fake
 implementation + autograd), the public :func:`linear` and the eager reference :func:`linear_ref`.
 Backward is not a kernel: it recomputes the forward through the eager reference, in fp32 for half
-inputs (``_common.register_recompute_backward``).
+inputs (``_launch.register_recompute_backward``).
 
 Importing this module never touches a GPU driver.
 """
@@ -28,34 +28,33 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from vit_fast.kernels._common import (
-    FMA_STAGES,
-    SMALL_M,
-    SUPPORTED_DTYPES,
-    ResolvedLaunches,
-    autotune_cache_enabled,
+from ._launch import (
     cdiv,
     check_device,
-    closest_config,
-    dot,
     dot_in_fp32,
-    eager_direct,
     ensure_scratch_allocator,
+    interpret_bf16,
+    next_power_of_2,
+    register_recompute_backward,
+)
+from ._tl import dot, to_bf16_rtne
+from .autotune import (
+    FMA_STAGES,
+    SMALL_M,
+    autotune_cache_enabled,
+    closest_config,
     fma_tile_fits,
     gemm_shared_bytes,
-    interpret_bf16,
-    interpreter_enabled,
     m_class,
-    next_power_of_2,
     persistent_programs,
-    register_recompute_backward,
     tma_enabled,
     tma_usable,
-    to_bf16_rtne,
     tune_key,
     tuning_requested,
 )
-from vit_fast.kernels.cards import CPU_SM_COUNT, card_for_arch, tensor_arch, tensor_sm_count
+from .cards import CPU_SM_COUNT, card_for_arch, tensor_arch, tensor_sm_count
+from .interpret import interpreter_enabled
+from .launches import SUPPORTED_DTYPES, ResolvedLaunches, eager_direct
 
 #: the epilogue's activations: exact (erf) GELU, tanh GELU, QuickGELU (``y * sigmoid(1.702 y)``, OpenAI CLIP) and
 #: SiLU (``y * sigmoid(y)``)
@@ -114,7 +113,7 @@ def _linear_configs() -> list[triton.Config]:
             # cards without tensor cores (sm_75: tl.dot is FMA there) get only these, and only they run there: the
             # tiles above spill 1.2-28.8 KB per thread on sm_75 (issue 19's offline compiles). Small tiles, 4 warps,
             # 32 deep, 2 stages: 8-16 KB of shared memory on sm_75, and the prune keeps those not expected to
-            # spill in the dtype (_common.fma_tile_fits: 16-bit 64x64 spilled, 32x64 did not)
+            # spill in the dtype (autotune.fma_tile_fits: 16-bit 64x64 spilled, 32x64 did not)
             triton.Config(
                 {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": 32, "GROUP_M": 8, "TMA": 0},
                 num_warps=4,
@@ -351,10 +350,10 @@ def _linear_kernel(
     stride_w_n,  # elements between rows of w (TMA: a multiple of 16 bytes)
     stride_residual_m,  # elements between rows of residual
     stride_out_m,  # elements between rows of out
-    M_CLASS,  # _common.m_class(M), never read: the autotune key, so a new batch size reuses its class's tuning
+    M_CLASS,  # autotune.m_class(M), never read: the autotune key, so a new batch size reuses its class's tuning
     ARCH,  # compute capability of the tensors' device (cards.tensor_arch), never read: the prune's card
     TMA_OK,  # 1 if a persistent TMA config may run here (many rows, 16-bit, TMA-readable operands), never read
-    TUNE,  # _common.tune_key(): 1 while tuning, never read: a heuristic pick never answers a tuned request
+    TUNE,  # autotune.tune_key(): 1 while tuning, never read: a heuristic pick never answers a tuned request
     SM_COUNT,  # SMs of the tensors' device (cards.tensor_sm_count), never read: the programs the heuristic fills
     ln_eps,  # LayerNorm epsilon, read only when NORM_INPUT (a Python float under the interpreter: no .to())
     ACTIVATION: tl.constexpr,  # 0: none, 1: exact (erf) GELU, 2: tanh GELU, 3: QuickGELU, 4: SiLU
@@ -374,7 +373,7 @@ def _linear_kernel(
     TMA: tl.constexpr,  # 1: persistent (each program walks tiles, grid <= SMs), x and w tiles loaded by TMA
 ):
     if TMA:
-        # device-side descriptors (Triton keeps them in scratch memory: _common.ensure_scratch_allocator); they
+        # device-side descriptors (Triton keeps them in scratch memory: _launch.ensure_scratch_allocator); they
         # need 16-byte aligned bases and row strides, which _prune_linear_configs checked
         x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[stride_x_m, 1], block_shape=[BLOCK_M, BLOCK_K])
         w_desc = tl.make_tensor_descriptor(w_ptr, shape=[N, K], strides=[stride_w_n, 1], block_shape=[BLOCK_N, BLOCK_K])

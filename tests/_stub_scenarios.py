@@ -35,7 +35,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.runtime import _allocation, autotuner, jit  # noqa: E402
 
-from vit_fast.kernels import _common, attention, cards, linear  # noqa: E402
+from vit_fast.kernels import attention, autotune, cards, linear  # noqa: E402
 
 STUB = triton.runtime.driver.active
 COMPILES: list[dict] = []  # one per compilation: kernel, device, enable_fp_fusion
@@ -110,7 +110,7 @@ def _gemm(M: int, N: int, K: int, dtype, misaligned: bool = False) -> None:
 def tuning_order(batches: str) -> dict:
     """Tune the ViT-B/16 GEMMs (fp16) at each batch of ``batches`` ("1,2,8") in that order; the pick per shape."""
     picks = {}
-    with _common.tuning():
+    with autotune.tuning():
         for batch in map(int, batches.split(",")):
             for name, M, N, K, dtype in _vit_b16_gemms(batch):
                 _gemm(M, N, K, dtype)
@@ -132,7 +132,7 @@ def epilogues() -> dict:
         "fc2 bias+res+gamma": lambda: linear.launch_linear(x, w, vector, None, residual, vector),
     }
     picks, replayed = {}, {}
-    with _common.tuning():
+    with autotune.tuning():
         for name, launch in variants.items():
             launch()
             picks[name] = str(linear._linear_kernel.best_config)
@@ -159,7 +159,7 @@ def launched_config() -> dict:
     seen = {}
     linear.launch_linear(x, w)
     seen["heuristic"] = launches.launched_config()
-    with _common.tuning():
+    with autotune.tuning():
         linear.launch_linear(x, w)
     seen["tuned"] = launches.launched_config()
     linear.launch_linear(x, w)
@@ -168,7 +168,7 @@ def launched_config() -> dict:
     other = []
 
     def tuned_in_a_thread() -> None:
-        with _common.tuning():
+        with autotune.tuning():
             linear.launch_linear(x, w)
         other.append(launches.launched_config())
 
@@ -187,7 +187,7 @@ def misaligned_tma() -> dict:
     TMA cannot read; then a misaligned base address. The TMA flag of each pick."""
     M, N, K = 197 * 8, 2304, 768
     PREFER_TMA[0] = True
-    with _common.tuning():
+    with autotune.tuning():
         _gemm(M, N, K, torch.float16)
         aligned = linear._linear_kernel.best_config.kwargs["TMA"]
         _gemm(M, N, K, torch.float16, misaligned=True)
@@ -203,7 +203,7 @@ def misaligned_tma() -> dict:
     allocator = []
 
     def fresh_thread() -> None:
-        with _common.tuning():
+        with autotune.tuning():
             _gemm(M, N, K, torch.float16)  # resolved in the main thread: no autotuner call here
         tma = SEEN[-1][-1]  # the launch's last kernel parameter: TMA
         allocator.append((tma, not isinstance(_allocation._allocator.get(), _allocation.NullAllocator)))
@@ -233,7 +233,7 @@ def threads() -> dict:
         x, w = torch.empty((M, K), dtype=torch.float16), torch.empty((N, K), dtype=torch.float16)
         barrier.wait()
         try:
-            with _common.tuning():
+            with autotune.tuning():
                 out = linear.launch_linear(x, w)
         except Exception as e:  # noqa: BLE001 - reported to the test
             results[i] = f"{type(e).__name__}: {e}"
@@ -338,7 +338,7 @@ def sm_counts() -> dict:
         on[0] = index
         _gemm(394, 1152, 384, torch.float16)
         programs[index].append(LAUNCHES[-1][1])
-    with _common.tuning():
+    with autotune.tuning():
         for index in (0, 1, 0, 1):
             on[0] = index
             _gemm(394, 1152, 384, torch.float16)
@@ -358,7 +358,7 @@ def warm_start() -> dict:
         default = [c["kernel"] for c in COMPILES]
         timed_default = len(TIMED)
         said_default = said.getvalue()
-        with _common.tuning():
+        with autotune.tuning():
             model.forward_features(x)
             tuned_compiles, tuned_timed = len(COMPILES) - len(default), len(TIMED)
             said_tuned = said.getvalue()[len(said_default) :]

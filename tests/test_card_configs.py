@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vit_fast.kernels import _common, attention, cards, linear, patch_embed
+from vit_fast.kernels import attention, autotune, cards, linear, patch_embed
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # (name, embed dim, heads, patch, tokens at 224 px)
@@ -54,13 +54,13 @@ def _meta(shape, dtype):
 
 def _check_gemm_like(card, config, block_n_name: str, elem_bytes: int, what: str) -> None:
     kw = config.kwargs
-    shared = _common.gemm_shared_bytes(card, config, kw["BLOCK_M"], kw[block_n_name], kw["BLOCK_K"], elem_bytes)
+    shared = autotune.gemm_shared_bytes(card, config, kw["BLOCK_M"], kw[block_n_name], kw["BLOCK_K"], elem_bytes)
     assert shared <= card.shared_memory, (what, str(config), shared)
     assert not kw.get("TMA") or card.tma, (what, str(config))
     # tensor-core tiles never run where tl.dot is FMA, and the FMA set only there
-    assert (config.num_stages <= _common.FMA_STAGES) == (not card.tensor_cores), (what, str(config))
+    assert (config.num_stages <= autotune.FMA_STAGES) == (not card.tensor_cores), (what, str(config))
     if not card.tensor_cores:
-        assert config.num_warps == 4 and _common.fma_tile_fits(kw["BLOCK_M"], kw[block_n_name], elem_bytes), what
+        assert config.num_warps == 4 and autotune.fma_tile_fits(kw["BLOCK_M"], kw[block_n_name], elem_bytes), what
 
 
 @pytest.mark.parametrize("arch", sorted(cards.CARDS))

@@ -18,7 +18,7 @@ from vit_fast import doctor, env
 from vit_fast.cli import main
 from vit_fast.config import ViTConfig
 from vit_fast.files import MARKER_KEY
-from vit_fast.kernels import _versions
+from vit_fast.kernels import versions
 from vit_fast.kernels.cards import pretend_arch
 from vit_fast.selfcheck import DIFF_FAMILY, KERNELS, POOL_FAMILY, RMS_FAMILY, check_kernel, family_cases, model_cases
 
@@ -206,8 +206,8 @@ def _by_name(checks):
 
 def test_mismatched_torch_and_triton_are_flagged(monkeypatch):
     installed = {"torch": "2.10.0", "triton": "3.9.0"}
-    monkeypatch.setattr(_versions, "installed", installed.get)
-    monkeypatch.setattr(_versions, "torch_pinned_triton", lambda: "3.6.0")
+    monkeypatch.setattr(versions, "installed", installed.get)
+    monkeypatch.setattr(versions, "torch_pinned_triton", lambda: "3.6.0")
     pair = _by_name(doctor.environment_checks(torch.device("cpu")))["torch / triton pair"]
     assert pair["status"] == "warning"
     assert "built against triton 3.6.0, but triton 3.9.0 is installed" in pair["summary"]
@@ -215,8 +215,8 @@ def test_mismatched_torch_and_triton_are_flagged(monkeypatch):
 
 def test_too_old_triton_fails_and_skips_the_kernels(monkeypatch, tmp_path):
     installed = {"torch": "2.8.0", "triton": "3.4.0"}
-    monkeypatch.setattr(_versions, "installed", installed.get)
-    monkeypatch.setattr(_versions, "torch_pinned_triton", lambda: "3.4.0")
+    monkeypatch.setattr(versions, "installed", installed.get)
+    monkeypatch.setattr(versions, "torch_pinned_triton", lambda: "3.4.0")
     report = doctor.run_doctor(doctor.DoctorSettings(out=tmp_path, device="cpu"))
     checks = _by_name(report["checks"])
     assert checks["triton"]["status"] == "failed" and "triton 3.4.0 is installed" in checks["triton"]["summary"]
@@ -235,8 +235,8 @@ def test_interpreter_broken_by_numpy_fails_and_skips_the_kernels(monkeypatch, tm
     """On a CPU with torch 2.11's triton 3.6.0 and numpy 2.5 (faked): the environment names the interpreter's fault
     and both fixes, and the kernel and model checks are skipped with that reason instead of failing one by one."""
     installed = {"torch": "2.11.0", "triton": "3.6.0", "numpy": "2.5.0"}
-    monkeypatch.setattr(_versions, "installed", installed.get)
-    monkeypatch.setattr(_versions, "torch_pinned_triton", lambda: "3.6.0")
+    monkeypatch.setattr(versions, "installed", installed.get)
+    monkeypatch.setattr(versions, "torch_pinned_triton", lambda: "3.6.0")
     report = doctor.run_doctor(doctor.DoctorSettings(out=tmp_path, device="cpu"))
     checks = _by_name(report["checks"])
     summary = checks["triton interpreter"]["summary"]

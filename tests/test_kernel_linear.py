@@ -14,8 +14,9 @@ import pytest
 import torch
 import triton
 
-from vit_fast.kernels._common import autotune_enabled, cdiv, next_power_of_2, persistent_programs, tma_usable
-from vit_fast.kernels._interpret import interpreter_enabled
+from vit_fast.kernels._launch import cdiv, next_power_of_2
+from vit_fast.kernels.autotune import autotune_enabled, persistent_programs, tma_usable
+from vit_fast.kernels.interpret import interpreter_enabled
 from vit_fast.kernels.linear import _linear_kernel, launch_linear, linear, linear_ref
 
 from ._tf32 import no_tf32  # noqa: F401  (autouse: TF32 off while comparing with torch on CUDA)

@@ -83,10 +83,10 @@ def test_resolved_launch_passes_what_triton_passes(tmp_path):
 def test_record_launches_under_the_interpreter():
     """Interpreted launches are recorded too (the peers' test runs count them): the kernel, its config and its
     programs as a compiled launch would be described; nothing compiled, so the compiler's numbers read None."""
-    from vit_fast.kernels._common import _INTERPRETED, record_launches
+    from vit_fast.kernels.launches import INTERPRETED, record_launches
     from vit_fast.kernels.layer_norm import launch_layer_norm
 
-    assert _INTERPRETED, "tests/conftest.py sets TRITON_INTERPRET=1"
+    assert INTERPRETED, "tests/conftest.py sets TRITON_INTERPRET=1"
     x, w, b = torch.randn(5, 32), torch.randn(32), torch.randn(32)
     launch_layer_norm(x, w, b, 1e-6)  # outside the block: not recorded
     with record_launches() as launches:

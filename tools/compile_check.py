@@ -56,7 +56,7 @@ import time
 import warnings
 from concurrent.futures.process import BrokenProcessPool
 
-from vit_fast.kernels._interpret import interpreter_enabled
+from vit_fast.kernels.interpret import interpreter_enabled
 
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, without its warning
 
@@ -534,7 +534,7 @@ def _prune(kernel: str, params: dict, target: int, tune: bool):
     """The configs the kernel's own early_config_prune keeps for this case on ``target``, with autotuning on
     (``tune``: every candidate) or off (the heuristic's one pick); None for a kernel that is not autotuned."""
     from vit_fast.kernels import cards
-    from vit_fast.kernels._common import tuning
+    from vit_fast.kernels.autotune import tuning
 
     tuner = _tuner(kernel)
     if tuner is None:
@@ -716,7 +716,7 @@ def compile_one(task):
         from triton.runtime.jit import create_function_from_signature
 
         from vit_fast.kernels import cards
-        from vit_fast.kernels._common import FP_FUSION
+        from vit_fast.kernels.launches import FP_FUSION
 
         with cards.pretend_arch(target):
             fn, args, const = LAUNCH[kernel](params)

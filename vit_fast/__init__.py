@@ -25,7 +25,7 @@ _public, __getattr__, __dir__ = lazy_names(
         "patching": ("apply_vit_fast", "remove_vit_fast"),
         "explanation": ("explain",),
         "graphs": ("CUDAGraphRunner",),
-        "kernels._common": ("tuning",),  # ``with vit_fast.tuning(): ...`` tunes the kernel shapes first seen in it
+        "kernels.autotune": ("tuning",),  # ``with vit_fast.tuning(): ...`` tunes the kernel shapes first seen in it
     },
 )
 __all__ = [*_public, "__version__"]
@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__
     from .convert import from_hf, from_timm, optimize  # noqa: F401 (public through __all__)
     from .explanation import explain  # noqa: F401 (public through __all__)
     from .graphs import CUDAGraphRunner  # noqa: F401 (public through __all__)
-    from .kernels._common import tuning  # noqa: F401 (public through __all__)
+    from .kernels.autotune import tuning  # noqa: F401 (public through __all__)
     from .loading import load_model  # noqa: F401 (public through __all__)
     from .model import VisionTransformer  # noqa: F401 (public through __all__)
     from .patching import apply_vit_fast, remove_vit_fast  # noqa: F401 (public through __all__)

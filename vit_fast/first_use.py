@@ -31,9 +31,9 @@ from typing import Any
 import torch
 
 from . import numerics
-from .kernels._interpret import interpreter_enabled
-from .kernels._switches import switch
 from .kernels.cards import device_name
+from .kernels.interpret import interpreter_enabled
+from .kernels.switches import switch
 
 ENV = "VIT_FAST_FIRST_USE_CHECK"
 

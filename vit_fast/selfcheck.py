@@ -33,7 +33,7 @@ import torch
 
 from .config import ViTConfig
 from .dtypes import DTYPE_NAMES
-from .kernels._versions import InterpreterVersionError
+from .kernels.versions import InterpreterVersionError
 from .numerics import compare
 
 #: kernel -> (module in vit_fast.kernels, launcher, eager reference)
@@ -323,7 +323,7 @@ def check_kernel(
     """Run ``case`` on ``device`` and judge it; never raises for the kernel's own failure. The float64 reference
     runs (and the errors are measured) on ``reference_device``: the CPU by default, the GPU itself where a large
     case's float64 reference would take the CPU seconds. Raises
-    :class:`~vit_fast.kernels._versions.InterpreterVersionError` where the installed triton and numpy break the
+    :class:`~vit_fast.kernels.versions.InterpreterVersionError` where the installed triton and numpy break the
     interpreter it would run in: no kernel is at fault there (``vit-fast doctor`` says so before any case).
 
     Returns ``{"name", "kernel", "role", "dtype", "shape", "status": "ok" | "failed", "summary", "seconds"}``,

@@ -42,11 +42,11 @@ from vit_fast.kernels import diff_attention as _diff_attention_module
 from vit_fast.kernels import layer_norm as _layer_norm_module
 from vit_fast.kernels import linear as _linear_module
 from vit_fast.kernels import patch_embed as _patch_embed_module
-from vit_fast.kernels._common import config_mode, eager_direct, m_class
-from vit_fast.kernels._switches import switch
 from vit_fast.kernels.attention import attention, attention_ref, launch_attention
 from vit_fast.kernels.attention_pool import attention_pool, attention_pool_ref, launch_attention_pool
+from vit_fast.kernels.autotune import config_mode, m_class
 from vit_fast.kernels.diff_attention import diff_attention, diff_attention_ref, launch_diff_attention
+from vit_fast.kernels.launches import eager_direct
 from vit_fast.kernels.layer_norm import (
     add_layer_norm_ref,
     launch_layer_norm,
@@ -65,6 +65,7 @@ from vit_fast.kernels.linear import (
     rms_norm_linear_ref,
 )
 from vit_fast.kernels.patch_embed import launch_patch_embed, patch_embed, patch_embed_ref
+from vit_fast.kernels.switches import switch
 
 from . import first_use
 from .layers import LayerScale
@@ -238,7 +239,7 @@ _CLEARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def _forward_key(model: VisionTransformer, x: torch.Tensor) -> tuple:
     """What a cleared forward is known by: its input and everything else that decides which kernels and configs it
-    launches (``_common.config_mode``: tuning on or off, the TMA switch). A forward cleared with the heuristic
+    launches (``kernels.autotune.config_mode``: tuning on or off, the TMA switch). A forward cleared with the heuristic
     configs is not cleared for the tuned ones: its first tuned run goes through the net again."""
     return x.shape, x.dtype, x.device, _layer_norm_fused(model), config_mode()
 

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .kernels._switches import switch
+from .kernels.switches import switch
 
 if TYPE_CHECKING:
     from .model import VisionTransformer

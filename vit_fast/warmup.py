@@ -134,7 +134,7 @@ def _duration(seconds: float) -> str:
 
 def announcement(model: VisionTransformer, sizes: list[int], dtype: torch.dtype, tuned: bool) -> tuple[str, int]:
     """The one line said before the warm-up, and the compilations it announces."""
-    from vit_fast.kernels._common import autotune_cache_enabled
+    from vit_fast.kernels.autotune import autotune_cache_enabled
 
     n = estimate_compilations(model, len(sizes), tuned)
     lo, hi = (n * s for s in COMPILE_SECONDS)
@@ -186,7 +186,8 @@ def warmup_model(
         # GPU model that ended up on the torch backend, is worth one line
         say.note(f"nothing to compile: the model runs on the torch backend here ({probe.device.type} input)")
         return WarmupReport("torch", False, in_dtype)
-    from vit_fast.kernels._common import announce_first_compile, autotune_enabled, tuning
+    from vit_fast.kernels.autotune import autotune_enabled, tuning
+    from vit_fast.kernels.launches import announce_first_compile
 
     tuned = tune or autotune_enabled()
     line, n = announcement(model, sizes, in_dtype, tuned)

@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from vit_fast.env import collect_info, format_info
     from vit_fast.files import MARKER_KEY
-    from vit_fast.kernels._switches import format_settings, settings
+    from vit_fast.kernels.switches import format_settings, settings
 
     # checked before anything is collected, as every command's output is
     json_target = _args.json_file(args.json, overwrite=args.overwrite)

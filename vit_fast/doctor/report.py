@@ -12,7 +12,7 @@ import torch
 
 from ..env import collect_environment
 from ..files import MARKER_KEY, seal_markdown, write_atomic, write_json_atomic
-from ..kernels._interpret import interpreter_enabled
+from ..kernels.interpret import interpreter_enabled
 from ..progress import Stages
 from .base import CheckLog, _check, _failed, _note
 from .checks import _compiled_checks, _dtypes_for, _gpu_skipped
