@@ -14,7 +14,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from vit_fast.kernels import attention, attention_pool, autotune, cards, diff_attention, layer_norm, linear, patch_embed
+from vit_fast.kernels import (
+    KERNELS,
+    attention,
+    autotune,
+    cards,
+    linear,
+    patch_embed,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,11 +44,11 @@ def test_m_classes_respect_what_the_prunes_read():
 
 
 AUTOTUNED = {
-    "linear": linear._linear_kernel,
-    "patch_embed": patch_embed._patch_embed_kernel,
-    "attention": attention._attention_kernel,
-    "attention_pool": attention_pool._attention_pool_kernel,
-    "diff_attention": diff_attention._diff_attention_kernel,
+    "linear": KERNELS["linear"].kernel,
+    "patch_embed": KERNELS["patch_embed"].kernel,
+    "attention": KERNELS["attention"].kernel,
+    "attention_pool": KERNELS["attention_pool"].kernel,
+    "diff_attention": KERNELS["diff_attention"].kernel,
 }
 
 
@@ -57,7 +64,7 @@ def test_every_feature_flag_is_in_the_autotune_key(kernel):
     assert flags, "a kernel with no flag: nothing to check"
     assert flags <= set(kernel.keys), sorted(flags - set(kernel.keys))
     assert set(kernel.keys) <= {p.name for p in params}
-    assert not isinstance(layer_norm._layer_norm_kernel, type(kernel))  # not autotuned: no tuning to share
+    assert not isinstance(KERNELS["layer_norm"].kernel, type(kernel))  # not autotuned: no tuning to share
 
 
 @pytest.mark.parametrize("value, enabled", [("0", False), ("off", False), ("1", True), ("on", True), ("", False)])

@@ -18,9 +18,9 @@ from vit_fast import doctor, env
 from vit_fast.cli import main
 from vit_fast.config import ViTConfig
 from vit_fast.files import MARKER_KEY
-from vit_fast.kernels import versions
+from vit_fast.kernels import OPS, versions
 from vit_fast.kernels.cards import pretend_arch
-from vit_fast.selfcheck import DIFF_FAMILY, KERNELS, POOL_FAMILY, RMS_FAMILY, check_kernel, family_cases, model_cases
+from vit_fast.selfcheck import DIFF_FAMILY, POOL_FAMILY, RMS_FAMILY, check_kernel, family_cases, model_cases
 
 from .util import skip_if_interpreted_and_broken, skip_if_interpreter_broken
 
@@ -33,7 +33,7 @@ TINY = ViTConfig(
 # ------------------------------------------------------------------------------ the kernel check itself
 def test_model_cases_cover_every_kernel_of_a_forward():
     cases = model_cases(TINY, batch=2, dtype=torch.float16)
-    assert {c.kernel for c in cases} == set(KERNELS) - {c.kernel for c in family_cases()}
+    assert {c.kernel for c in cases} == set(OPS) - {c.kernel for c in family_cases()}
     assert [c.role for c in cases if c.kernel in ("linear", "layer_norm_linear")] == ["qkv", "proj", "fc1", "fc2"]
     qkv = next(c for c in cases if c.role == "qkv")
     assert qkv.shape() == "[2, 8, 32] -> [2, 8, 96]"  # 6 patches + class token + 1 register
@@ -88,7 +88,7 @@ def test_a_kernel_that_raises_is_a_failed_check(monkeypatch):
 # ------------------------------------------------------------------------------ the patched timm / HF families
 def test_family_cases_cover_the_kernels_only_patched_models_launch():
     ours, families = {c.kernel for c in model_cases(TINY)}, {c.kernel for c in family_cases()}
-    assert ours | families == set(KERNELS) and not ours & families
+    assert ours | families == set(OPS) and not ours & families
     full = {c.role.split(",")[0]: c for c in family_cases(batch=8, dtype=torch.float16)}
     assert {c.dtype for c in full.values()} == {torch.float16}
     assert full["fc1"].shape() == "[8, 197, 768] -> [8, 197, 3072]" and full["fc1"].dims["act"] == "gelu"

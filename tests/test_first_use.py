@@ -14,7 +14,7 @@ import torch
 import triton
 
 from vit_fast import doctor, first_use, triton_path
-from vit_fast.kernels import autotune, interpret, launches, linear
+from vit_fast.kernels import KERNELS, autotune, interpret, launches
 
 from .numerics import assert_within_eager
 from .util import tiny_model
@@ -98,7 +98,7 @@ def tuned_gemm(monkeypatch) -> str:
     """Under tuning() the GEMM's autotuner picks TUNED (the interpreter cannot time configs, and its prune keeps the
     heuristic's pick only); its cache starts empty and is put back afterwards. The heuristic path is untouched (it
     calls the prune directly). Returns TUNED's label, as findings name it."""
-    kernel = linear._linear_kernel
+    kernel = KERNELS["linear"].kernel
     monkeypatch.setattr(kernel, "cache", {})
     monkeypatch.setattr(kernel, "early_config_prune", lambda configs, named_args, **kwargs: [TUNED])
     # triton 3.6 times even a lone config (3.9 does not): a stand-in benchmarker, so no GPU is asked for
@@ -150,12 +150,12 @@ def test_a_wrong_tuned_config_falls_back_to_eager(monkeypatch, tuned_gemm):
     with torch.no_grad():
         eager = model(x)  # torch backend
         ref64 = copy.deepcopy(model).double()(x.double())
-    out_index = linear._linear_launches.arg_names.index("out_ptr")
+    out_index = KERNELS["linear"].launches.arg_names.index("out_ptr")
     real_triton = launches.ResolvedLaunches._triton
 
     def wrong_when_tuned(self, grid, args, constexprs):
         run, config = real_triton(self, grid, args, constexprs)
-        if self is linear._linear_launches and str(config) == tuned_gemm:
+        if self is KERNELS["linear"].launches and str(config) == tuned_gemm:
             args[out_index].add_(0.5)
         return run, config
 

@@ -14,11 +14,12 @@ import vit_fast.kernels.attention_pool as attention_pool
 import vit_fast.kernels.layer_norm as layer_norm
 import vit_fast.kernels.linear as linear
 import vit_fast.kernels.patch_embed as patch_embed
+from vit_fast.kernels import KERNELS
 
-assert len(attention._attention_kernel.configs) > 1
-assert len(attention_pool._attention_pool_kernel.configs) > 1
-assert len(linear._linear_kernel.configs) > 1
-assert len(patch_embed._patch_embed_kernel.configs) > 1
+assert len(KERNELS["attention"].kernel.configs) > 1
+assert len(KERNELS["attention_pool"].kernel.configs) > 1
+assert len(KERNELS["linear"].kernel.configs) > 1
+assert len(KERNELS["patch_embed"].kernel.configs) > 1
 calls = {
     "attention": lambda: attention.attention(torch.randn(1, 5, 96), 2),
     "attention_pool": lambda: attention_pool.attention_pool(torch.randn(1, 1, 32), torch.randn(1, 5, 64), 2),

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from vit_fast import triton_path
-from vit_fast.kernels import autotune
+from vit_fast.kernels import KERNELS, autotune
 from vit_fast.warmup import WarmupReport
 
 from .util import tiny_model
@@ -191,7 +191,7 @@ def test_default_warmup_compiles_each_kernel_once_per_shape_without_timing(tmp_p
     kernel shapes at most once (at most 8 compilations before the first output, the issue's bound), times nothing
     (the stub's benchmarker would exit), and the forwards after the warm-up compile nothing more."""
     out = _stubbed_warmup(tmp_path, "default")
-    kernels = {f"_{k}_kernel": n for k, n in out["shapes"].items() if n}
+    kernels = {KERNELS[k].kernel_name: n for k, n in out["shapes"].items() if n}
     for b, seen in out["batches"].items():
         assert not seen["tuned"] and seen["timed"] == 0, (b, seen)
         # one compilation per kernel and shape at most: proj and fc2 share theirs (K is not specialised on), and

@@ -112,11 +112,9 @@ def kernel_shapes(model: VisionTransformer) -> dict[str, int]:
 
 def _candidates(kernel: str) -> int:
     """Configs the autotuner of ``kernel`` starts from (before its prune): an upper bound of what tuning compiles."""
-    import importlib
+    from vit_fast.kernels import KERNELS
 
-    module = importlib.import_module(f"vit_fast.kernels.{kernel}")
-    tuner = getattr(module, f"_{kernel}_kernel", None)
-    return max(1, len(getattr(tuner, "configs", None) or ()))
+    return max(1, len(KERNELS[kernel].configs))
 
 
 def estimate_compilations(model: VisionTransformer, batches: int, tune: bool) -> int:
