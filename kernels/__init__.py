@@ -2,9 +2,9 @@
 
 Each file holds the kernel, its launcher (input checks, grid), a ``torch.library`` custom op
 with a fake implementation, and the eager reference ``<op>_ref`` it is tested against.
-:data:`OPS` is the one registry of them: everything that runs, checks, warms, compiles or tests a kernel by
-name (doctor's self-check, the first-use net, warm-up, ``tools/compile_check.py``, the tests) reads it, so adding
-a kernel is one file, one line here and its test.
+:data:`KERNELS` and :data:`OPS` are the one registry of them: whatever finds a kernel by name (doctor's
+self-check, the first-use net, warm-up, ``tools/compile_check.py``, the tests) reads it, so adding a kernel is its
+file, its lines here and its test (plus the inputs doctor draws for it and the variants compile_check builds).
 Importing this package never touches a GPU driver, and never imports triton (an entry imports its file when read).
 
 With a triton older than the kernels need (``versions.MIN_TRITON``; e.g. the 3.4 that torch 2.8
@@ -20,6 +20,7 @@ import importlib as _importlib
 import math as _math
 import warnings as _warnings
 from dataclasses import dataclass as _dataclass
+from dataclasses import field as _field
 from types import ModuleType as _ModuleType
 from typing import Any as _Any
 
@@ -43,18 +44,16 @@ class Kernel:
     Read when asked, so a tool may replace one for a while."""
 
     name: str
+    kernel_name: str = _field(init=False)  # the Triton kernel: ``_<name>_kernel``
+    launches_name: str = _field(init=False)  # its launches: ``_<name>_launches``
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kernel_name", f"_{self.name}_kernel")
+        object.__setattr__(self, "launches_name", f"_{self.name}_launches")
 
     @property
     def module(self) -> _ModuleType:
         return _importlib.import_module(f"{__name__}.{self.name}")
-
-    @property
-    def kernel_name(self) -> str:
-        return f"_{self.name}_kernel"
-
-    @property
-    def launches_name(self) -> str:
-        return f"_{self.name}_launches"
 
     @property
     def kernel(self) -> _Any:

@@ -1,17 +1,20 @@
 """What a kernel file's launcher and op wrapper are written with: host arithmetic for grids, the kernels' flags for
 bf16 under the interpreter, the output buffer and device checks, Triton's scratch allocator, and the backward that
-recomputes through the eager reference. Private to the kernel files; nothing here touches a GPU driver."""
+recomputes through the eager reference, and :func:`define_op`, which makes an op of a launch. Private to the kernel
+files; nothing here touches a GPU driver."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import triton
 from triton.runtime import _allocation
 
 from .interpret import interpreter_enabled
-from .launches import INTERPRETED
+from .launches import INTERPRETED, eager_direct
 
 
 def cdiv(a: int, b: int) -> int:
@@ -119,3 +122,40 @@ def register_recompute_backward(op: torch.library.CustomOpDef, reference: Callab
         return tuple(result)
 
     op.register_autograd(backward, setup_context=setup_context)
+
+
+def define_op(
+    launch: Callable[..., Any],
+    *,
+    check: Callable[..., None],
+    empty: Callable[..., Any],
+    reference: Callable[..., Any],
+) -> Callable[..., Any]:
+    """Make ``launch`` (``_<name>_op``: typed, as ``torch.library`` reads the op's schema from its annotations; it
+    launches with the inputs already checked) the custom op ``vit_fast::<name>``: its fake runs ``check`` and returns
+    ``empty``'s new outputs, its backward recomputes through ``reference`` (:func:`register_recompute_backward`), all
+    three taking the op's arguments in its order. Returns the call a public op makes: ``check``, then ``launch``
+    itself in plain eager (:func:`~.launches.eager_direct`; the op's dispatch costs about 10 µs there), else the op
+    (also its ``op`` attribute)."""
+    name = launch.__name__.removeprefix("_").removesuffix("_op")
+    op = torch.library.custom_op(f"vit_fast::{name}", mutates_args=())(launch)
+
+    def fake(*args: Any) -> Any:
+        check(*args)
+        return empty(*args)
+
+    op.register_fake(fake)
+    register_recompute_backward(op, reference)
+    parameters = inspect.signature(launch).parameters.values()
+    tensors = tuple(i for i, p in enumerate(parameters) if "Tensor" in str(p.annotation))
+    first, rest = tensors[0], tensors[1:]
+
+    def call(*args: Any) -> Any:
+        check(*args)
+        if eager_direct(args[first], *[args[i] for i in rest]):
+            return launch(*args)
+        return op(*args)
+
+    call.__name__ = call.__qualname__ = name
+    call.op = op
+    return call

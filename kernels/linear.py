@@ -31,11 +31,11 @@ import triton.language as tl
 from ._launch import (
     cdiv,
     check_device,
+    define_op,
     dot_in_fp32,
     ensure_scratch_allocator,
     interpret_bf16,
     next_power_of_2,
-    register_recompute_backward,
 )
 from ._tl import dot, to_bf16_rtne
 from .autotune import (
@@ -54,7 +54,7 @@ from .autotune import (
 )
 from .cards import CPU_SM_COUNT, card_for_arch, tensor_arch, tensor_sm_count
 from .interpret import interpreter_enabled
-from .launches import SUPPORTED_DTYPES, ResolvedLaunches, eager_direct
+from .launches import SUPPORTED_DTYPES, ResolvedLaunches
 
 #: the epilogue's activations: exact (erf) GELU, tanh GELU, QuickGELU (``y * sigmoid(1.702 y)``, OpenAI CLIP) and
 #: SiLU (``y * sigmoid(y)``)
@@ -572,8 +572,11 @@ def launch_linear(
     return out
 
 
-# ---------------------------------------------------------------------------------- custom op
-@torch.library.custom_op("vit_fast::linear", mutates_args=())
+# ---------------------------------------------------------------------------------- custom ops
+def _gemm_output(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
 def _linear_op(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -582,20 +585,69 @@ def _linear_op(
     residual: torch.Tensor | None,
     gamma: torch.Tensor | None,
 ) -> torch.Tensor:
-    return launch_linear(x, weight, bias, activation, residual, gamma, checked=True)  # linear() checked them
+    return launch_linear(x, weight, bias, activation, residual, gamma, checked=True)
 
 
-@_linear_op.register_fake
-def _linear_fake(x, weight, bias, activation, residual, gamma) -> torch.Tensor:
-    _check_linear_inputs(x, weight, bias, activation, residual, gamma)
-    return x.new_empty((*x.shape[:-1], weight.shape[0]))
-
-
-register_recompute_backward(
+_linear = define_op(
     _linear_op,
-    lambda x, weight, bias, activation, residual, gamma: linear_ref(
+    check=_check_linear_inputs,
+    empty=lambda x, weight, *_: _gemm_output(x, weight),
+    reference=lambda x, weight, bias, activation, residual, gamma: linear_ref(
         x, weight, bias, activation, residual, gamma, upcast=True
     ),
+)
+
+
+def _normed_checks(op: str):
+    """The input checks of the GEMM with a norm prologue, in its ops' argument order."""
+
+    def check(x, norm_weight, norm_bias, norm_eps, weight, bias, activation) -> None:
+        _check_linear_inputs(x, weight, bias, activation, None, None)
+        _check_input_norm(x, norm_weight, norm_bias, norm_eps, op)
+
+    return check
+
+
+def _layer_norm_linear_op(
+    x: torch.Tensor,
+    ln_weight: torch.Tensor | None,
+    ln_bias: torch.Tensor | None,
+    ln_eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    activation: str | None,
+) -> torch.Tensor:
+    return launch_linear(x, weight, bias, activation, ln_weight=ln_weight, ln_bias=ln_bias, ln_eps=ln_eps, checked=True)
+
+
+_layer_norm_linear = define_op(
+    _layer_norm_linear_op,
+    check=_normed_checks("layer_norm_linear"),
+    empty=lambda x, _w, _b, _eps, weight, *_: _gemm_output(x, weight),
+    reference=lambda *args: layer_norm_linear_ref(*args, upcast=True),
+)
+
+
+def _rms_norm_linear_op(
+    x: torch.Tensor,
+    norm_weight: torch.Tensor | None,
+    norm_bias: torch.Tensor | None,
+    norm_eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    activation: str | None,
+) -> torch.Tensor:
+    return launch_linear(
+        x, weight, bias, activation, ln_weight=norm_weight, ln_bias=norm_bias, ln_eps=norm_eps, ln_rms=True,
+        checked=True,
+    )  # fmt: skip
+
+
+_rms_norm_linear = define_op(
+    _rms_norm_linear_op,
+    check=_normed_checks("rms_norm_linear"),
+    empty=lambda x, _w, _b, _eps, weight, *_: _gemm_output(x, weight),
+    reference=lambda *args: rms_norm_linear_ref(*args, upcast=True),
 )
 
 
@@ -627,39 +679,7 @@ def linear(
     under ``torch.compile(fullgraph=True)``. Backward is supported but not fused: it recomputes
     the forward through ``linear_ref`` (fp32 for half inputs) and differentiates that.
     """
-    _check_linear_inputs(x, weight, bias, activation, residual, gamma)
-    if eager_direct(x, weight, bias, residual, gamma):  # plain eager: skip the custom op's dispatch
-        return launch_linear(x, weight, bias, activation, residual, gamma, checked=True)
-    return _linear_op(x, weight, bias, activation, residual, gamma)
-
-
-@torch.library.custom_op("vit_fast::layer_norm_linear", mutates_args=())
-def _layer_norm_linear_op(
-    x: torch.Tensor,
-    ln_weight: torch.Tensor | None,
-    ln_bias: torch.Tensor | None,
-    ln_eps: float,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    activation: str | None,
-) -> torch.Tensor:
-    # layer_norm_linear() checked the inputs
-    return launch_linear(x, weight, bias, activation, ln_weight=ln_weight, ln_bias=ln_bias, ln_eps=ln_eps, checked=True)
-
-
-@_layer_norm_linear_op.register_fake
-def _layer_norm_linear_fake(x, ln_weight, ln_bias, ln_eps, weight, bias, activation) -> torch.Tensor:
-    _check_linear_inputs(x, weight, bias, activation, None, None)
-    _check_input_norm(x, ln_weight, ln_bias, ln_eps)
-    return x.new_empty((*x.shape[:-1], weight.shape[0]))
-
-
-register_recompute_backward(
-    _layer_norm_linear_op,
-    lambda x, ln_weight, ln_bias, ln_eps, weight, bias, activation: layer_norm_linear_ref(
-        x, ln_weight, ln_bias, ln_eps, weight, bias, activation, upcast=True
-    ),
-)
+    return _linear(x, weight, bias, activation, residual, gamma)
 
 
 def layer_norm_linear(
@@ -680,52 +700,7 @@ def layer_norm_linear(
     A ``torch.library`` custom op (``vit_fast::layer_norm_linear``); backward recomputes through
     :func:`layer_norm_linear_ref` in fp32.
     """
-    _check_linear_inputs(x, weight, bias, activation, None, None)
-    _check_input_norm(x, ln_weight, ln_bias, ln_eps)
-    if eager_direct(x, ln_weight, ln_bias, weight, bias):  # plain eager: skip the custom op's dispatch
-        return launch_linear(
-            x, weight, bias, activation, ln_weight=ln_weight, ln_bias=ln_bias, ln_eps=ln_eps, checked=True
-        )
-    return _layer_norm_linear_op(x, ln_weight, ln_bias, ln_eps, weight, bias, activation)
-
-
-@torch.library.custom_op("vit_fast::rms_norm_linear", mutates_args=())
-def _rms_norm_linear_op(
-    x: torch.Tensor,
-    norm_weight: torch.Tensor | None,
-    norm_bias: torch.Tensor | None,
-    norm_eps: float,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    activation: str | None,
-) -> torch.Tensor:
-    # rms_norm_linear() checked the inputs
-    return launch_linear(
-        x,
-        weight,
-        bias,
-        activation,
-        ln_weight=norm_weight,
-        ln_bias=norm_bias,
-        ln_eps=norm_eps,
-        ln_rms=True,
-        checked=True,
-    )
-
-
-@_rms_norm_linear_op.register_fake
-def _rms_norm_linear_fake(x, norm_weight, norm_bias, norm_eps, weight, bias, activation) -> torch.Tensor:
-    _check_linear_inputs(x, weight, bias, activation, None, None)
-    _check_input_norm(x, norm_weight, norm_bias, norm_eps, "rms_norm_linear")
-    return x.new_empty((*x.shape[:-1], weight.shape[0]))
-
-
-register_recompute_backward(
-    _rms_norm_linear_op,
-    lambda x, norm_weight, norm_bias, norm_eps, weight, bias, activation: rms_norm_linear_ref(
-        x, norm_weight, norm_bias, norm_eps, weight, bias, activation, upcast=True
-    ),
-)
+    return _layer_norm_linear(x, ln_weight, ln_bias, ln_eps, weight, bias, activation)
 
 
 def rms_norm_linear(
@@ -743,14 +718,7 @@ def rms_norm_linear(
     A ``torch.library`` custom op (``vit_fast::rms_norm_linear``); backward recomputes through
     :func:`rms_norm_linear_ref` in fp32.
     """
-    _check_linear_inputs(x, weight, bias, activation, None, None)
-    _check_input_norm(x, norm_weight, norm_bias, norm_eps, "rms_norm_linear")
-    if eager_direct(x, norm_weight, norm_bias, weight, bias):  # plain eager: skip the custom op's dispatch
-        return launch_linear(
-            x, weight, bias, activation, ln_weight=norm_weight, ln_bias=norm_bias, ln_eps=norm_eps, ln_rms=True,
-            checked=True,
-        )  # fmt: skip
-    return _rms_norm_linear_op(x, norm_weight, norm_bias, norm_eps, weight, bias, activation)
+    return _rms_norm_linear(x, norm_weight, norm_bias, norm_eps, weight, bias, activation)
 
 
 # ---------------------------------------------------------------------------------- reference

@@ -4,6 +4,7 @@ A switch is on for 1, true, yes or on and off for 0, false, no or off, in any ca
 ignored; unset or empty means its default. Any other value raises :class:`SwitchError` naming the variable and
 the accepted values, on the first read in the Python API, and before any work at the CLI's entry
 (:func:`check_switches`). Imports nothing of ours, so the kernels (the lowest layer) read their switches here too.
+Every read goes through :func:`environ_value`, a dict lookup even where the kernels read a switch on each launch.
 
 :data:`KNOWN` is the one list of ``VIT_FAST_*`` names vit-fast and its tools read (the switches and
 :data:`SETTINGS`). Any other ``VIT_FAST_*`` variable set (a typo such as ``VIT_FAST_AUTOTUNES``, or a known name
