@@ -94,18 +94,21 @@ _VALUES: dict[str, str | None] | None = None
 _VALUES_LOCK = threading.Lock()  # a first read and a concurrent write of the same name, in order
 
 
-def _track_environ(event: str, args: tuple) -> None:
+def _track_environ(event: str, args: tuple, _ours=frozenset(("os.putenv", "os.unsetenv", "vit_fast.switches.track"))):
     """An audit hook (PEP 578): ``os.environ`` sets and deletes go through ``os.putenv`` / ``os.unsetenv`` (the os
-    docs), whose audit events carry the name and the new value, raised before ``os.environ`` changes."""
+    docs), whose audit events carry the name and the new value, raised before ``os.environ`` changes. Every audit
+    event of the process calls it: one set lookup for all but these."""
     global _VALUES
-    if event == "os.putenv" or event == "os.unsetenv":
-        name = os.fsdecode(args[0])
-        value = os.fsdecode(args[1]) if event == "os.putenv" else None
-        with _VALUES_LOCK:
-            if _VALUES is not None:
-                _VALUES[name] = value
-    elif event == "vit_fast.switches.track" and _VALUES is None:
-        _VALUES = {}  # this hook is in place: values may be kept from now on
+    if event not in _ours:
+        return
+    if event == "vit_fast.switches.track":
+        _VALUES = {} if _VALUES is None else _VALUES  # this hook is in place: values may be kept from now on
+        return
+    name = os.fsdecode(args[0])
+    value = os.fsdecode(args[1]) if event == "os.putenv" else None
+    with _VALUES_LOCK:
+        if _VALUES is not None:
+            _VALUES[name] = value
 
 
 sys.addaudithook(_track_environ)
