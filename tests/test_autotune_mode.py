@@ -141,7 +141,8 @@ sys.path.insert(0, "benchmarks")
 import host_overhead
 host_overhead.install_stub_driver()
 import torch, triton
-from vit_fast.kernels.linear import _linear_kernel, launch_linear
+from vit_fast.kernels import KERNELS
+from vit_fast.kernels.linear import launch_linear
 
 calls = []
 def bench(fn, quantiles=None, **kwargs):
@@ -152,7 +153,7 @@ def bench(fn, quantiles=None, **kwargs):
     return [t, t, t]
 triton.runtime.driver.active.get_benchmarker = lambda: bench
 launch_linear(torch.randn(197, 256, dtype=torch.float16), torch.randn(512, 256, dtype=torch.float16))
-print(json.dumps({"config": str(_linear_kernel.best_config), "timed": len(calls)}))
+print(json.dumps({"config": str(KERNELS["linear"].kernel.best_config), "timed": len(calls)}))
 """
 
 
