@@ -426,7 +426,7 @@ class Phases:
         return launch_case(case, self.device, self.args.seed)
 
     def check_case(self, phase: str, spec: str, case, tma: bool | None = None) -> dict[str, Any]:
-        from vit_fast.kernels._common import record_launches
+        from vit_fast.kernels.launches import record_launches
         from vit_fast.model.selfcheck import check_kernel
 
         row: dict[str, Any] = {"phase": phase, "model": spec, "batch": case.dims["batch"], "tma": tma}
@@ -684,7 +684,7 @@ class Phases:
         import torch
         from triton import knobs
 
-        from vit_fast.kernels._common import record_launches
+        from vit_fast.kernels.launches import record_launches
 
         built = self.backend("triton", False)
         if isinstance(built, str):
@@ -1382,7 +1382,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from vit_fast.kernels._interpret import interpreter_enabled
+    from vit_fast.kernels.interpret import interpreter_enabled
 
     if interpreter_enabled():
         print(

@@ -110,7 +110,7 @@ def install_stub_driver() -> list[tuple[str, int]]:
     """Replace Triton's driver and compiler with stand-ins; returns the list every launch is appended to
     as ``(kernel name, programs)``. Also lets CPU tensors past the kernels' device check and tells the model's
     backend check that there is a GPU (they would otherwise ask for a GPU or the interpreter)."""
-    from vit_fast.kernels._interpret import interpreter_enabled  # the one reading of TRITON_INTERPRET
+    from vit_fast.kernels.interpret import interpreter_enabled  # the one reading of TRITON_INTERPRET
 
     if interpreter_enabled():
         raise SystemExit("host_overhead: unset TRITON_INTERPRET; this measures the compiled path's Python")
@@ -137,13 +137,13 @@ def install_stub_driver() -> list[tuple[str, int]]:
     jit.JITFunction._do_compile = do_compile
 
     import vit_fast.backend.runtime
-    from vit_fast.kernels import _common, attention, layer_norm, linear, patch_embed
+    from vit_fast.kernels import attention, layer_norm, linear, patch_embed
 
     def check_device(what, tensor) -> None:  # the real check's cost, with CPU standing in for CUDA
         if not (tensor.is_cuda or tensor.is_cpu or tensor.is_meta):  # the real check's first test: is_cuda
             raise RuntimeError(f"{what}: unexpected device {tensor.device}")
 
-    for module in (_common, attention, layer_norm, linear, patch_embed):
+    for module in (attention, layer_norm, linear, patch_embed):
         if hasattr(module, "check_device"):
             module.check_device = check_device
     vit_fast.backend.runtime.cuda_available = lambda: True

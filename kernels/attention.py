@@ -15,7 +15,7 @@ Top to bottom: the autotune configs, the kernel, the launcher :func:`launch_atte
 checks, allocation, grid), the ``torch.library`` custom op ``vit_fast::attention`` (fake
 implementation + autograd), the public :func:`attention` and the eager reference
 :func:`attention_ref`. Backward is not a kernel: it recomputes the forward through the eager
-reference, in fp32 for half inputs (``_common.register_recompute_backward``).
+reference, in fp32 for half inputs (``_launch.register_recompute_backward``).
 
 Importing this module never touches a GPU driver.
 """
@@ -28,27 +28,20 @@ import torch
 import triton
 import triton.language as tl
 
-from vit_fast.kernels._common import (
-    SUPPORTED_DTYPES,
-    ResolvedLaunches,
-    autotune_cache_enabled,
+from ._launch import (
     cdiv,
     check_device,
-    closest_config,
-    dot,
     dot_in_fp32,
-    eager_direct,
     interpret_bf16,
-    interpreter_enabled,
     next_power_of_2,
-    online_softmax_step,
     output_buffer,
     register_recompute_backward,
-    to_bf16_rtne,
-    tune_key,
-    tuning_requested,
 )
-from vit_fast.kernels.cards import Card, card_for_arch, tensor_arch
+from ._tl import dot, online_softmax_step, to_bf16_rtne
+from .autotune import autotune_cache_enabled, closest_config, tune_key, tuning_requested
+from .cards import Card, card_for_arch, tensor_arch
+from .interpret import interpreter_enabled
+from .launches import SUPPORTED_DTYPES, ResolvedLaunches, eager_direct
 
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
 LOG2E = math.log2(math.e)
@@ -226,7 +219,7 @@ def _attention_kernel(
     num_seqs,  # PACKED: N, the number of segments; otherwise unused
     max_seqlen,  # PACKED: query rows the grid gives each segment, at least its longest; otherwise unused
     ARCH,  # compute capability of the tensors' device (cards.tensor_arch), never read: the prune's card
-    TUNE,  # _common.tune_key(): 1 while tuning, never read: a heuristic pick never answers a tuned request
+    TUNE,  # autotune.tune_key(): 1 while tuning, never read: a heuristic pick never answers a tuned request
     DOT_IN_FP32: tl.constexpr,  # dot operands as fp32 at IEEE precision (fp32, or bf16 under the interpreter)
     ROUND_BF16: tl.constexpr,  # round the bf16 store by hand (interpreter: its fp32 -> bf16 cast truncates)
     HAS_LENGTHS: tl.constexpr,  # a padded batch: image b's tokens >= lengths[b] are padding (zeros out)

@@ -25,26 +25,13 @@ import torch
 import triton
 import triton.language as tl
 
-from vit_fast.kernels._common import (
-    SUPPORTED_DTYPES,
-    ResolvedLaunches,
-    autotune_cache_enabled,
-    check_device,
-    closest_config,
-    dot,
-    dot_in_fp32,
-    eager_direct,
-    interpret_bf16,
-    interpreter_enabled,
-    online_softmax_step,
-    output_buffer,
-    register_recompute_backward,
-    to_bf16_rtne,
-    tune_key,
-    tuning_requested,
-)
-from vit_fast.kernels.attention import LOG2E, MAX_HEAD_DIM, MIN_HEAD_DIM, block_d_for
-from vit_fast.kernels.cards import Card, card_for_arch, tensor_arch
+from ._launch import check_device, dot_in_fp32, interpret_bf16, output_buffer, register_recompute_backward
+from ._tl import dot, online_softmax_step, to_bf16_rtne
+from .attention import LOG2E, MAX_HEAD_DIM, MIN_HEAD_DIM, block_d_for
+from .autotune import autotune_cache_enabled, closest_config, tune_key, tuning_requested
+from .cards import Card, card_for_arch, tensor_arch
+from .interpret import interpreter_enabled
+from .launches import SUPPORTED_DTYPES, ResolvedLaunches, eager_direct
 
 #: the most latent queries one launch takes (they share one program's 16-row tile; SigLIP heads have 1)
 MAX_QUERIES = 16
@@ -166,7 +153,7 @@ def _attention_pool_kernel(
     stride_out_b,  # elements between images in out
     stride_out_l,  # elements between queries in out
     ARCH,  # compute capability of the tensors' device (cards.tensor_arch), never read: the prune's card
-    TUNE,  # _common.tune_key(): 1 while tuning, never read: a heuristic pick never answers a tuned request
+    TUNE,  # autotune.tune_key(): 1 while tuning, never read: a heuristic pick never answers a tuned request
     DOT_IN_FP32: tl.constexpr,  # dot operands as fp32 at IEEE precision (fp32, or bf16 under the interpreter)
     ROUND_BF16: tl.constexpr,  # round the bf16 store by hand (interpreter: its fp32 -> bf16 cast truncates)
     BLOCK_D: tl.constexpr,  # head dim padded to a power of two >= 16; padding lanes are masked

@@ -18,7 +18,7 @@ read would sync the stream and break CUDA-graph capture.
 Top to bottom: the autotune configs, the kernel, the launcher :func:`launch_diff_attention` (input checks,
 allocation, grid), the ``torch.library`` custom op ``vit_fast::diff_attention`` (fake implementation + autograd),
 the public :func:`diff_attention` and the eager reference :func:`diff_attention_ref`. Backward is not a kernel: it
-recomputes the forward through the eager reference (``_common.register_recompute_backward``).
+recomputes the forward through the eager reference (``_launch.register_recompute_backward``).
 
 Importing this module never touches a GPU driver.
 """
@@ -31,27 +31,20 @@ import torch
 import triton
 import triton.language as tl
 
-from vit_fast.kernels._common import (
-    SUPPORTED_DTYPES,
-    ResolvedLaunches,
-    autotune_cache_enabled,
+from ._launch import (
     cdiv,
     check_device,
-    closest_config,
-    dot,
     dot_in_fp32,
-    eager_direct,
     interpret_bf16,
-    interpreter_enabled,
     next_power_of_2,
-    online_softmax_step,
     output_buffer,
     register_recompute_backward,
-    to_bf16_rtne,
-    tune_key,
-    tuning_requested,
 )
-from vit_fast.kernels.cards import card_for_arch, tensor_arch
+from ._tl import dot, online_softmax_step, to_bf16_rtne
+from .autotune import autotune_cache_enabled, closest_config, tune_key, tuning_requested
+from .cards import card_for_arch, tensor_arch
+from .interpret import interpreter_enabled
+from .launches import SUPPORTED_DTYPES, ResolvedLaunches, eager_direct
 
 #: q / k head dims (``Dh``; v heads and output heads are ``2 * Dh``): 8..128 gives output heads of 16..256, the
 #: range of the plain attention kernel (``attention.MIN_HEAD_DIM``, ``MAX_HEAD_DIM``)
@@ -159,7 +152,7 @@ def _diff_attention_kernel(
     stride_out_b,  # elements between images in out
     stride_out_t,  # elements between tokens in out
     ARCH,  # compute capability of the tensors' device, never read: the prune's card
-    TUNE,  # _common.tune_key(), never read: a heuristic pick never answers a tuned request
+    TUNE,  # autotune.tune_key(), never read: a heuristic pick never answers a tuned request
     DOT_IN_FP32: tl.constexpr,  # dot operands as fp32 at IEEE precision (fp32, or bf16 under the interpreter)
     ROUND_BF16: tl.constexpr,  # round the bf16 store by hand (interpreter)
     BLOCK_D: tl.constexpr,  # Dh padded to a power of two >= 16; v and output tiles are 2 * BLOCK_D wide

@@ -10,7 +10,7 @@ autograd), the public :func:`add_layer_norm`, :func:`layer_norm` and :func:`rms_
 
 Statistics (mean and variance; the mean square for RmsNorm) are taken in float32 on the float32 sum, whatever the storage dtype;
 ``summed`` is stored in the input dtype. Backward is not a kernel: it recomputes the forward
-through the eager reference in the inputs' dtype (``_common.register_recompute_backward``), which
+through the eager reference in the inputs' dtype (``_launch.register_recompute_backward``), which
 is exact but costs an eager forward + backward; training through this op is for correctness, not speed.
 
 Importing this module never touches a GPU driver.
@@ -22,18 +22,10 @@ import torch
 import triton
 import triton.language as tl
 
-from vit_fast.kernels._common import (
-    SUPPORTED_DTYPES,
-    ResolvedLaunches,
-    cdiv,
-    check_device,
-    eager_direct,
-    interpret_bf16,
-    interpreter_enabled,
-    next_power_of_2,
-    register_recompute_backward,
-    to_bf16_rtne,
-)
+from ._launch import cdiv, check_device, define_op, interpret_bf16, next_power_of_2
+from ._tl import to_bf16_rtne
+from .interpret import interpreter_enabled
+from .launches import SUPPORTED_DTYPES, ResolvedLaunches
 
 # the whole row lives in registers: beyond this the single-pass kernel would spill
 _MAX_BLOCK_N = 16384
@@ -256,54 +248,43 @@ def launch_rms_norm(
 
 
 # ---------------------------------------------------------------------------------- custom ops
-@torch.library.custom_op("vit_fast::add_layer_norm", mutates_args=())
 def _add_layer_norm_op(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    summed, normed = launch_add_layer_norm(x, residual, weight, bias, eps, checked=True)  # add_layer_norm() checked
-    return summed, normed
+    return launch_add_layer_norm(x, residual, weight, bias, eps, checked=True)
 
 
-@_add_layer_norm_op.register_fake
-def _add_layer_norm_fake(x, residual, weight, bias, eps) -> tuple[torch.Tensor, torch.Tensor]:
-    _check_layer_norm_inputs(x, residual, weight, bias, eps)
-    return x.new_empty(x.shape), x.new_empty(x.shape)
-
-
-register_recompute_backward(
+_add_layer_norm = define_op(
     _add_layer_norm_op,
-    lambda x, residual, weight, bias, eps: add_layer_norm_ref(x, residual, weight, bias, eps),
+    check=_check_layer_norm_inputs,
+    empty=lambda x, *_: (x.new_empty(x.shape), x.new_empty(x.shape)),
+    reference=lambda *args: add_layer_norm_ref(*args),
 )
 
 
-@torch.library.custom_op("vit_fast::layer_norm", mutates_args=())
+def _check_norm(x, weight, bias, eps) -> None:
+    _check_layer_norm_inputs(x, None, weight, bias, eps)
+
+
 def _layer_norm_op(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
-    return launch_layer_norm(x, weight, bias, eps, checked=True)  # layer_norm() / add_layer_norm() checked
+    return launch_layer_norm(x, weight, bias, eps, checked=True)
 
 
-@_layer_norm_op.register_fake
-def _layer_norm_fake(x, weight, bias, eps) -> torch.Tensor:
-    _check_layer_norm_inputs(x, None, weight, bias, eps)
-    return x.new_empty(x.shape)
-
-
-register_recompute_backward(
-    _layer_norm_op, lambda x, weight, bias, eps: add_layer_norm_ref(x, None, weight, bias, eps)[1]
+_layer_norm = define_op(
+    _layer_norm_op,
+    check=_check_norm,
+    empty=lambda x, *_: x.new_empty(x.shape),
+    reference=lambda x, weight, bias, eps: add_layer_norm_ref(x, None, weight, bias, eps)[1],
 )
 
 
-@torch.library.custom_op("vit_fast::rms_norm", mutates_args=())
 def _rms_norm_op(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
-    return launch_rms_norm(x, weight, bias, eps, checked=True)  # rms_norm() checked
+    return launch_rms_norm(x, weight, bias, eps, checked=True)
 
 
-@_rms_norm_op.register_fake
-def _rms_norm_fake(x, weight, bias, eps) -> torch.Tensor:
-    _check_layer_norm_inputs(x, None, weight, bias, eps)
-    return x.new_empty(x.shape)
-
-
-register_recompute_backward(_rms_norm_op, lambda x, weight, bias, eps: rms_norm_ref(x, weight, bias, eps))
+_rms_norm = define_op(
+    _rms_norm_op, check=_check_norm, empty=lambda x, *_: x.new_empty(x.shape), reference=lambda *a: rms_norm_ref(*a)
+)
 
 
 def add_layer_norm(
@@ -324,16 +305,13 @@ def add_layer_norm(
     """
     _check_layer_norm_inputs(x, residual, weight, bias, eps)
     if residual is None:
-        return x, _layer_norm_op(x, weight, bias, eps)
-    return _add_layer_norm_op(x, residual, weight, bias, eps)
+        return x, _layer_norm.op(x, weight, bias, eps)
+    return _add_layer_norm.op(x, residual, weight, bias, eps)
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
     """LayerNorm over the last dim of ``x [..., D]``, statistics in float32 (see :func:`add_layer_norm`)."""
-    _check_layer_norm_inputs(x, None, weight, bias, eps)
-    if eager_direct(x, weight, bias):  # plain eager: skip the custom op's dispatch
-        return launch_layer_norm(x, weight, bias, eps, checked=True)
-    return _layer_norm_op(x, weight, bias, eps)
+    return _layer_norm(x, weight, bias, eps)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -344,10 +322,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | 
     rounds after each op in a 16-bit dtype). A ``torch.library`` custom op (``vit_fast::rms_norm``); backward
     recomputes through :func:`rms_norm_ref`.
     """
-    _check_layer_norm_inputs(x, None, weight, bias, eps)
-    if eager_direct(x, weight, bias):  # plain eager: skip the custom op's dispatch
-        return launch_rms_norm(x, weight, bias, eps, checked=True)
-    return _rms_norm_op(x, weight, bias, eps)
+    return _rms_norm(x, weight, bias, eps)
 
 
 # ---------------------------------------------------------------------------------- reference

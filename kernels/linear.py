@@ -16,7 +16,7 @@ Top to bottom: the autotune configs, the tile body and the kernel, the launcher 
 checks, reshape, allocation, grid), the ``torch.library`` custom op ``vit_fast::linear`` (fake
 implementation + autograd), the public :func:`linear` and the eager reference :func:`linear_ref`.
 Backward is not a kernel: it recomputes the forward through the eager reference, in fp32 for half
-inputs (``_common.register_recompute_backward``).
+inputs (``_launch.register_recompute_backward``).
 
 Importing this module never touches a GPU driver.
 """
@@ -28,34 +28,33 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from vit_fast.kernels._common import (
-    FMA_STAGES,
-    SMALL_M,
-    SUPPORTED_DTYPES,
-    ResolvedLaunches,
-    autotune_cache_enabled,
+from ._launch import (
     cdiv,
     check_device,
-    closest_config,
-    dot,
+    define_op,
     dot_in_fp32,
-    eager_direct,
     ensure_scratch_allocator,
+    interpret_bf16,
+    next_power_of_2,
+)
+from ._tl import dot, to_bf16_rtne
+from .autotune import (
+    FMA_STAGES,
+    SMALL_M,
+    autotune_cache_enabled,
+    closest_config,
     fma_tile_fits,
     gemm_shared_bytes,
-    interpret_bf16,
-    interpreter_enabled,
     m_class,
-    next_power_of_2,
     persistent_programs,
-    register_recompute_backward,
     tma_enabled,
     tma_usable,
-    to_bf16_rtne,
     tune_key,
     tuning_requested,
 )
-from vit_fast.kernels.cards import CPU_SM_COUNT, card_for_arch, tensor_arch, tensor_sm_count
+from .cards import CPU_SM_COUNT, card_for_arch, tensor_arch, tensor_sm_count
+from .interpret import interpreter_enabled
+from .launches import SUPPORTED_DTYPES, ResolvedLaunches
 
 #: the epilogue's activations: exact (erf) GELU, tanh GELU, QuickGELU (``y * sigmoid(1.702 y)``, OpenAI CLIP) and
 #: SiLU (``y * sigmoid(y)``)
@@ -114,7 +113,7 @@ def _linear_configs() -> list[triton.Config]:
             # cards without tensor cores (sm_75: tl.dot is FMA there) get only these, and only they run there: the
             # tiles above spill 1.2-28.8 KB per thread on sm_75 (issue 19's offline compiles). Small tiles, 4 warps,
             # 32 deep, 2 stages: 8-16 KB of shared memory on sm_75, and the prune keeps those not expected to
-            # spill in the dtype (_common.fma_tile_fits: 16-bit 64x64 spilled, 32x64 did not)
+            # spill in the dtype (autotune.fma_tile_fits: 16-bit 64x64 spilled, 32x64 did not)
             triton.Config(
                 {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": 32, "GROUP_M": 8, "TMA": 0},
                 num_warps=4,
@@ -351,10 +350,10 @@ def _linear_kernel(
     stride_w_n,  # elements between rows of w (TMA: a multiple of 16 bytes)
     stride_residual_m,  # elements between rows of residual
     stride_out_m,  # elements between rows of out
-    M_CLASS,  # _common.m_class(M), never read: the autotune key, so a new batch size reuses its class's tuning
+    M_CLASS,  # autotune.m_class(M), never read: the autotune key, so a new batch size reuses its class's tuning
     ARCH,  # compute capability of the tensors' device (cards.tensor_arch), never read: the prune's card
     TMA_OK,  # 1 if a persistent TMA config may run here (many rows, 16-bit, TMA-readable operands), never read
-    TUNE,  # _common.tune_key(): 1 while tuning, never read: a heuristic pick never answers a tuned request
+    TUNE,  # autotune.tune_key(): 1 while tuning, never read: a heuristic pick never answers a tuned request
     SM_COUNT,  # SMs of the tensors' device (cards.tensor_sm_count), never read: the programs the heuristic fills
     ln_eps,  # LayerNorm epsilon, read only when NORM_INPUT (a Python float under the interpreter: no .to())
     ACTIVATION: tl.constexpr,  # 0: none, 1: exact (erf) GELU, 2: tanh GELU, 3: QuickGELU, 4: SiLU
@@ -374,7 +373,7 @@ def _linear_kernel(
     TMA: tl.constexpr,  # 1: persistent (each program walks tiles, grid <= SMs), x and w tiles loaded by TMA
 ):
     if TMA:
-        # device-side descriptors (Triton keeps them in scratch memory: _common.ensure_scratch_allocator); they
+        # device-side descriptors (Triton keeps them in scratch memory: _launch.ensure_scratch_allocator); they
         # need 16-byte aligned bases and row strides, which _prune_linear_configs checked
         x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[stride_x_m, 1], block_shape=[BLOCK_M, BLOCK_K])
         w_desc = tl.make_tensor_descriptor(w_ptr, shape=[N, K], strides=[stride_w_n, 1], block_shape=[BLOCK_N, BLOCK_K])
@@ -573,8 +572,11 @@ def launch_linear(
     return out
 
 
-# ---------------------------------------------------------------------------------- custom op
-@torch.library.custom_op("vit_fast::linear", mutates_args=())
+# ---------------------------------------------------------------------------------- custom ops
+def _gemm_output(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
 def _linear_op(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -583,20 +585,69 @@ def _linear_op(
     residual: torch.Tensor | None,
     gamma: torch.Tensor | None,
 ) -> torch.Tensor:
-    return launch_linear(x, weight, bias, activation, residual, gamma, checked=True)  # linear() checked them
+    return launch_linear(x, weight, bias, activation, residual, gamma, checked=True)
 
 
-@_linear_op.register_fake
-def _linear_fake(x, weight, bias, activation, residual, gamma) -> torch.Tensor:
-    _check_linear_inputs(x, weight, bias, activation, residual, gamma)
-    return x.new_empty((*x.shape[:-1], weight.shape[0]))
-
-
-register_recompute_backward(
+_linear = define_op(
     _linear_op,
-    lambda x, weight, bias, activation, residual, gamma: linear_ref(
+    check=_check_linear_inputs,
+    empty=lambda x, weight, *_: _gemm_output(x, weight),
+    reference=lambda x, weight, bias, activation, residual, gamma: linear_ref(
         x, weight, bias, activation, residual, gamma, upcast=True
     ),
+)
+
+
+def _normed_checks(op: str):
+    """The input checks of the GEMM with a norm prologue, in its ops' argument order."""
+
+    def check(x, norm_weight, norm_bias, norm_eps, weight, bias, activation) -> None:
+        _check_linear_inputs(x, weight, bias, activation, None, None)
+        _check_input_norm(x, norm_weight, norm_bias, norm_eps, op)
+
+    return check
+
+
+def _layer_norm_linear_op(
+    x: torch.Tensor,
+    ln_weight: torch.Tensor | None,
+    ln_bias: torch.Tensor | None,
+    ln_eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    activation: str | None,
+) -> torch.Tensor:
+    return launch_linear(x, weight, bias, activation, ln_weight=ln_weight, ln_bias=ln_bias, ln_eps=ln_eps, checked=True)
+
+
+_layer_norm_linear = define_op(
+    _layer_norm_linear_op,
+    check=_normed_checks("layer_norm_linear"),
+    empty=lambda x, _w, _b, _eps, weight, *_: _gemm_output(x, weight),
+    reference=lambda *args: layer_norm_linear_ref(*args, upcast=True),
+)
+
+
+def _rms_norm_linear_op(
+    x: torch.Tensor,
+    norm_weight: torch.Tensor | None,
+    norm_bias: torch.Tensor | None,
+    norm_eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    activation: str | None,
+) -> torch.Tensor:
+    return launch_linear(
+        x, weight, bias, activation, ln_weight=norm_weight, ln_bias=norm_bias, ln_eps=norm_eps, ln_rms=True,
+        checked=True,
+    )  # fmt: skip
+
+
+_rms_norm_linear = define_op(
+    _rms_norm_linear_op,
+    check=_normed_checks("rms_norm_linear"),
+    empty=lambda x, _w, _b, _eps, weight, *_: _gemm_output(x, weight),
+    reference=lambda *args: rms_norm_linear_ref(*args, upcast=True),
 )
 
 
@@ -628,39 +679,7 @@ def linear(
     under ``torch.compile(fullgraph=True)``. Backward is supported but not fused: it recomputes
     the forward through ``linear_ref`` (fp32 for half inputs) and differentiates that.
     """
-    _check_linear_inputs(x, weight, bias, activation, residual, gamma)
-    if eager_direct(x, weight, bias, residual, gamma):  # plain eager: skip the custom op's dispatch
-        return launch_linear(x, weight, bias, activation, residual, gamma, checked=True)
-    return _linear_op(x, weight, bias, activation, residual, gamma)
-
-
-@torch.library.custom_op("vit_fast::layer_norm_linear", mutates_args=())
-def _layer_norm_linear_op(
-    x: torch.Tensor,
-    ln_weight: torch.Tensor | None,
-    ln_bias: torch.Tensor | None,
-    ln_eps: float,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    activation: str | None,
-) -> torch.Tensor:
-    # layer_norm_linear() checked the inputs
-    return launch_linear(x, weight, bias, activation, ln_weight=ln_weight, ln_bias=ln_bias, ln_eps=ln_eps, checked=True)
-
-
-@_layer_norm_linear_op.register_fake
-def _layer_norm_linear_fake(x, ln_weight, ln_bias, ln_eps, weight, bias, activation) -> torch.Tensor:
-    _check_linear_inputs(x, weight, bias, activation, None, None)
-    _check_input_norm(x, ln_weight, ln_bias, ln_eps)
-    return x.new_empty((*x.shape[:-1], weight.shape[0]))
-
-
-register_recompute_backward(
-    _layer_norm_linear_op,
-    lambda x, ln_weight, ln_bias, ln_eps, weight, bias, activation: layer_norm_linear_ref(
-        x, ln_weight, ln_bias, ln_eps, weight, bias, activation, upcast=True
-    ),
-)
+    return _linear(x, weight, bias, activation, residual, gamma)
 
 
 def layer_norm_linear(
@@ -681,52 +700,7 @@ def layer_norm_linear(
     A ``torch.library`` custom op (``vit_fast::layer_norm_linear``); backward recomputes through
     :func:`layer_norm_linear_ref` in fp32.
     """
-    _check_linear_inputs(x, weight, bias, activation, None, None)
-    _check_input_norm(x, ln_weight, ln_bias, ln_eps)
-    if eager_direct(x, ln_weight, ln_bias, weight, bias):  # plain eager: skip the custom op's dispatch
-        return launch_linear(
-            x, weight, bias, activation, ln_weight=ln_weight, ln_bias=ln_bias, ln_eps=ln_eps, checked=True
-        )
-    return _layer_norm_linear_op(x, ln_weight, ln_bias, ln_eps, weight, bias, activation)
-
-
-@torch.library.custom_op("vit_fast::rms_norm_linear", mutates_args=())
-def _rms_norm_linear_op(
-    x: torch.Tensor,
-    norm_weight: torch.Tensor | None,
-    norm_bias: torch.Tensor | None,
-    norm_eps: float,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    activation: str | None,
-) -> torch.Tensor:
-    # rms_norm_linear() checked the inputs
-    return launch_linear(
-        x,
-        weight,
-        bias,
-        activation,
-        ln_weight=norm_weight,
-        ln_bias=norm_bias,
-        ln_eps=norm_eps,
-        ln_rms=True,
-        checked=True,
-    )
-
-
-@_rms_norm_linear_op.register_fake
-def _rms_norm_linear_fake(x, norm_weight, norm_bias, norm_eps, weight, bias, activation) -> torch.Tensor:
-    _check_linear_inputs(x, weight, bias, activation, None, None)
-    _check_input_norm(x, norm_weight, norm_bias, norm_eps, "rms_norm_linear")
-    return x.new_empty((*x.shape[:-1], weight.shape[0]))
-
-
-register_recompute_backward(
-    _rms_norm_linear_op,
-    lambda x, norm_weight, norm_bias, norm_eps, weight, bias, activation: rms_norm_linear_ref(
-        x, norm_weight, norm_bias, norm_eps, weight, bias, activation, upcast=True
-    ),
-)
+    return _layer_norm_linear(x, ln_weight, ln_bias, ln_eps, weight, bias, activation)
 
 
 def rms_norm_linear(
@@ -744,14 +718,7 @@ def rms_norm_linear(
     A ``torch.library`` custom op (``vit_fast::rms_norm_linear``); backward recomputes through
     :func:`rms_norm_linear_ref` in fp32.
     """
-    _check_linear_inputs(x, weight, bias, activation, None, None)
-    _check_input_norm(x, norm_weight, norm_bias, norm_eps, "rms_norm_linear")
-    if eager_direct(x, norm_weight, norm_bias, weight, bias):  # plain eager: skip the custom op's dispatch
-        return launch_linear(
-            x, weight, bias, activation, ln_weight=norm_weight, ln_bias=norm_bias, ln_eps=norm_eps, ln_rms=True,
-            checked=True,
-        )  # fmt: skip
-    return _rms_norm_linear_op(x, norm_weight, norm_bias, norm_eps, weight, bias, activation)
+    return _rms_norm_linear(x, norm_weight, norm_bias, norm_eps, weight, bias, activation)
 
 
 # ---------------------------------------------------------------------------------- reference

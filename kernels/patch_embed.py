@@ -10,7 +10,7 @@ Top to bottom: the autotune configs, the kernel, the launcher :func:`launch_patc
 checks, allocation, grid), the ``torch.library`` custom op ``vit_fast::patch_embed`` (fake
 implementation + autograd), the public :func:`patch_embed` and the eager reference
 :func:`patch_embed_ref`. Backward is not a kernel: it recomputes the forward through the eager
-reference in the inputs' dtype (``_common.register_recompute_backward``).
+reference in the inputs' dtype (``_launch.register_recompute_backward``).
 
 Importing this module never touches a GPU driver.
 """
@@ -23,29 +23,22 @@ import torch
 import triton
 import triton.language as tl
 
-from vit_fast.kernels._common import (
+from ._launch import cdiv, check_device, dot_in_fp32, interpret_bf16, register_recompute_backward
+from ._tl import dot, to_bf16_rtne
+from .autotune import (
     FMA_STAGES,
     SMALL_M,
-    SUPPORTED_DTYPES,
-    ResolvedLaunches,
     autotune_cache_enabled,
-    cdiv,
-    check_device,
     closest_config,
-    dot,
-    dot_in_fp32,
-    eager_direct,
     fma_tile_fits,
     gemm_shared_bytes,
-    interpret_bf16,
-    interpreter_enabled,
     m_class,
-    register_recompute_backward,
-    to_bf16_rtne,
     tune_key,
     tuning_requested,
 )
-from vit_fast.kernels.cards import CPU_SM_COUNT, card_for_arch, tensor_arch, tensor_sm_count
+from .cards import CPU_SM_COUNT, card_for_arch, tensor_arch, tensor_sm_count
+from .interpret import interpreter_enabled
+from .launches import SUPPORTED_DTYPES, ResolvedLaunches, eager_direct
 
 
 def _patch_embed_configs() -> list[triton.Config]:
@@ -72,7 +65,7 @@ def _patch_embed_configs() -> list[triton.Config]:
         + [
             # cards without tensor cores (sm_75) get only these, as the GEMM's (linear._linear_configs): small
             # tiles, 4 warps, 2 stages; 16-bit 64x64 spilled 1 KB per thread on sm_75, so the prune keeps it for
-            # fp32 only (_common.fma_tile_fits)
+            # fp32 only (autotune.fma_tile_fits)
             triton.Config({"BLOCK_M": bm, "BLOCK_D": bd, "BLOCK_K": 32}, num_warps=4, num_stages=FMA_STAGES)
             for bm in (32, 64)
             for bd in (32, 64)
@@ -164,9 +157,9 @@ def _patch_embed_kernel(
     num_prefix,  # class + register tokens before the patches
     num_reg,  # register tokens
     pos_offset,  # 0 if the position embedding covers the prefix tokens, else num_prefix
-    M_CLASS,  # _common.m_class(M), never read: the autotune key, so a new batch size reuses its class's pick
+    M_CLASS,  # autotune.m_class(M), never read: the autotune key, so a new batch size reuses its class's pick
     ARCH,  # compute capability of the tensors' device (cards.tensor_arch), never read: the prune's card
-    TUNE,  # _common.tune_key(): 1 while tuning, never read: a heuristic pick never answers a tuned request
+    TUNE,  # autotune.tune_key(): 1 while tuning, never read: a heuristic pick never answers a tuned request
     SM_COUNT,  # SMs of the tensors' device (cards.tensor_sm_count), never read: the programs the heuristic fills
     HAS_BIAS: tl.constexpr,  # bias_ptr is given
     HAS_CLS: tl.constexpr,  # token 0 is the class token

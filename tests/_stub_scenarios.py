@@ -35,7 +35,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.runtime import _allocation, autotuner, jit  # noqa: E402
 
-from vit_fast.kernels import _common, attention, cards, linear  # noqa: E402
+from vit_fast.kernels import KERNELS, attention, autotune, cards, linear  # noqa: E402
 
 STUB = triton.runtime.driver.active
 COMPILES: list[dict] = []  # one per compilation: kernel, device, enable_fp_fusion
@@ -110,11 +110,11 @@ def _gemm(M: int, N: int, K: int, dtype, misaligned: bool = False) -> None:
 def tuning_order(batches: str) -> dict:
     """Tune the ViT-B/16 GEMMs (fp16) at each batch of ``batches`` ("1,2,8") in that order; the pick per shape."""
     picks = {}
-    with _common.tuning():
+    with autotune.tuning():
         for batch in map(int, batches.split(",")):
             for name, M, N, K, dtype in _vit_b16_gemms(batch):
                 _gemm(M, N, K, dtype)
-                picks[f"b{batch} {name}"] = str(linear._linear_kernel.best_config)
+                picks[f"b{batch} {name}"] = str(KERNELS["linear"].kernel.best_config)
     return {"picks": picks, "timed": len(TIMED)}
 
 
@@ -132,18 +132,18 @@ def epilogues() -> dict:
         "fc2 bias+res+gamma": lambda: linear.launch_linear(x, w, vector, None, residual, vector),
     }
     picks, replayed = {}, {}
-    with _common.tuning():
+    with autotune.tuning():
         for name, launch in variants.items():
             launch()
-            picks[name] = str(linear._linear_kernel.best_config)
+            picks[name] = str(KERNELS["linear"].kernel.best_config)
         for name, launch in variants.items():
             launch()
-            replayed[name] = linear._linear_launches.launched_config()
+            replayed[name] = KERNELS["linear"].launches.launched_config()
     return {
         "picks": picks,
         "timed": len(TIMED),
-        "keys": len(linear._linear_kernel.cache),
-        "resolved": len(linear._linear_launches.cache),
+        "keys": len(KERNELS["linear"].kernel.cache),
+        "resolved": len(KERNELS["linear"].launches.cache),
         "replayed": replayed,
     }
 
@@ -155,20 +155,20 @@ def launched_config() -> dict:
     timed in all."""
     M, N, K = 197 * 8, 768, 768
     x, w = torch.empty((M, K), dtype=torch.float16), torch.empty((N, K), dtype=torch.float16)
-    launches = linear._linear_launches
+    launches = KERNELS["linear"].launches
     seen = {}
     linear.launch_linear(x, w)
     seen["heuristic"] = launches.launched_config()
-    with _common.tuning():
+    with autotune.tuning():
         linear.launch_linear(x, w)
     seen["tuned"] = launches.launched_config()
     linear.launch_linear(x, w)
     seen["heuristic replayed"] = launches.launched_config()
-    seen["best_config then"] = str(linear._linear_kernel.best_config)
+    seen["best_config then"] = str(KERNELS["linear"].kernel.best_config)
     other = []
 
     def tuned_in_a_thread() -> None:
-        with _common.tuning():
+        with autotune.tuning():
             linear.launch_linear(x, w)
         other.append(launches.launched_config())
 
@@ -178,7 +178,7 @@ def launched_config() -> dict:
     seen["tuned replayed in another thread"] = other[0]
     seen["this thread's after it"] = launches.launched_config()
     seen["timed"] = len(TIMED)
-    seen["configs"] = [str(c) for c in linear._linear_kernel.configs]
+    seen["configs"] = [str(c) for c in KERNELS["linear"].kernel.configs]
     return seen
 
 
@@ -187,23 +187,23 @@ def misaligned_tma() -> dict:
     TMA cannot read; then a misaligned base address. The TMA flag of each pick."""
     M, N, K = 197 * 8, 2304, 768
     PREFER_TMA[0] = True
-    with _common.tuning():
+    with autotune.tuning():
         _gemm(M, N, K, torch.float16)
-        aligned = linear._linear_kernel.best_config.kwargs["TMA"]
+        aligned = KERNELS["linear"].kernel.best_config.kwargs["TMA"]
         _gemm(M, N, K, torch.float16, misaligned=True)
-        strided = linear._linear_kernel.best_config.kwargs["TMA"]
+        strided = KERNELS["linear"].kernel.best_config.kwargs["TMA"]
         x = torch.empty(M * K + 1, dtype=torch.float16)[1:].view(M, K)  # 2 bytes past an aligned address
         linear.launch_linear(x, torch.empty((N, K), dtype=torch.float16))
-        offset = linear._linear_kernel.best_config.kwargs["TMA"]
+        offset = KERNELS["linear"].kernel.best_config.kwargs["TMA"]
     # the heuristic too
     _gemm(M, N, K, torch.float16, misaligned=True)
-    heuristic = linear._linear_kernel.best_config.kwargs["TMA"]
+    heuristic = KERNELS["linear"].kernel.best_config.kwargs["TMA"]
     # a fresh thread (as a server instance is) launching the tuned TMA config: Triton's scratch allocator is per
     # thread, and the descriptors need one
     allocator = []
 
     def fresh_thread() -> None:
-        with _common.tuning():
+        with autotune.tuning():
             _gemm(M, N, K, torch.float16)  # resolved in the main thread: no autotuner call here
         tma = SEEN[-1][-1]  # the launch's last kernel parameter: TMA
         allocator.append((tma, not isinstance(_allocation._allocator.get(), _allocation.NullAllocator)))
@@ -233,7 +233,7 @@ def threads() -> dict:
         x, w = torch.empty((M, K), dtype=torch.float16), torch.empty((N, K), dtype=torch.float16)
         barrier.wait()
         try:
-            with _common.tuning():
+            with autotune.tuning():
                 out = linear.launch_linear(x, w)
         except Exception as e:  # noqa: BLE001 - reported to the test
             results[i] = f"{type(e).__name__}: {e}"
@@ -338,13 +338,13 @@ def sm_counts() -> dict:
         on[0] = index
         _gemm(394, 1152, 384, torch.float16)
         programs[index].append(LAUNCHES[-1][1])
-    with _common.tuning():
+    with autotune.tuning():
         for index in (0, 1, 0, 1):
             on[0] = index
             _gemm(394, 1152, 384, torch.float16)
     # each cache key: the key arguments' values in the order of ``keys``, then the tensors' dtypes
-    position = linear._linear_kernel.keys.index("SM_COUNT")
-    tuned_sm_counts = sorted(key[position] for key in linear._linear_kernel.cache)
+    position = KERNELS["linear"].kernel.keys.index("SM_COUNT")
+    tuned_sm_counts = sorted(key[position] for key in KERNELS["linear"].kernel.cache)
     return {"programs": programs, "tuned_sm_counts": tuned_sm_counts, "asked": asked}
 
 
@@ -358,7 +358,7 @@ def warm_start() -> dict:
         default = [c["kernel"] for c in COMPILES]
         timed_default = len(TIMED)
         said_default = said.getvalue()
-        with _common.tuning():
+        with autotune.tuning():
             model.forward_features(x)
             tuned_compiles, tuned_timed = len(COMPILES) - len(default), len(TIMED)
             said_tuned = said.getvalue()[len(said_default) :]
@@ -379,7 +379,7 @@ def warm_start() -> dict:
         "again_compiles": again_compiles,
         "again_timed": again_timed,
         "default_after_tuning_compiles": after,
-        "linear_keys": [list(map(str, k)) for k in linear._linear_kernel.cache],
+        "linear_keys": [list(map(str, k)) for k in KERNELS["linear"].kernel.cache],
         "fp_fusion": sorted({c["fp_fusion"] for c in COMPILES}),
         "fp_fusion_warnings": [str(w.message)[:120] for w in WARNINGS if "FP_FUSION" in str(w.message)],
     }
@@ -436,7 +436,7 @@ def launch_hooks() -> dict:
     phase("plain")
     knobs.runtime.launch_enter_hook = chain
     phase("none_again")
-    return {"triton_own": triton_own, "cached": len(linear._linear_launches.cache), "phases": phases}
+    return {"triton_own": triton_own, "cached": len(KERNELS["linear"].launches.cache), "phases": phases}
 
 
 SCENARIOS = {

@@ -50,9 +50,9 @@ def trained_like(model: torch.nn.Module, seed: int) -> torch.nn.Module:
 
 def kernel_launches(call: Callable[[], Any]) -> tuple[Any, Counter]:
     """``call()``'s result and how many times each of our kernels launched in it, by kernel name
-    (``vit_fast.kernels._common.record_launches``; under Triton's interpreter too): a fallback to eager PyTorch
+    (``vit_fast.kernels.launches.record_launches``; under Triton's interpreter too): a fallback to eager PyTorch
     launches none."""
-    from vit_fast.kernels._common import record_launches
+    from vit_fast.kernels.launches import record_launches
 
     with record_launches() as launches:
         result = call()

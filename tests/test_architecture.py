@@ -73,34 +73,6 @@ ALLOWED_PRIVATE: set[tuple[str, str]] = {
         ("vit_fast.model.packing", f"vit_fast.backend.triton_path.{name}")
         for name in ("_ops_for", "_layer_norm_fused", "_norm", "_forward_done", "_embed", "_run_block")
     ),
-    *(
-        ("vit_fast.backend.triton_path", f"vit_fast.kernels.{kernel}._{kernel}_launches")
-        for kernel in ("attention", "attention_pool", "diff_attention", "layer_norm", "linear", "patch_embed")
-    ),
-    # the kernels' private modules (_common, _switches, _interpret, _versions) and kernel functions, used from
-    # outside kernels/: their public faces are being settled in the kernels' own change
-    ("vit_fast", "vit_fast.kernels._common"),  # typing-only: vit_fast.tuning
-    ("vit_fast.cli", "vit_fast.kernels._switches"),
-    ("vit_fast.cli.info", "vit_fast.kernels._switches"),
-    ("vit_fast.doctor.environment", "vit_fast.kernels._versions"),
-    ("vit_fast.doctor.report", "vit_fast.kernels._interpret"),
-    ("vit_fast.backend.first_use", "vit_fast.kernels._interpret"),
-    ("vit_fast.backend.first_use", "vit_fast.kernels._switches"),
-    ("vit_fast.model.vit", "vit_fast.kernels._common"),
-    *(("vit_fast.backend.runtime", f"vit_fast.kernels.{name}") for name in ("_common", "_interpret", "_versions")),
-    ("vit_fast.model.selfcheck", "vit_fast.kernels._versions"),
-    ("vit_fast.backend.triton_path", "vit_fast.kernels._common"),
-    ("vit_fast.backend.triton_path", "vit_fast.kernels._switches"),
-    ("vit_fast.model.validation", "vit_fast.kernels._switches"),
-    ("vit_fast.model.warmup", "vit_fast.kernels._common"),
-    *(("benchmarks.gpu_evidence", f"vit_fast.kernels.{name}") for name in ("_common", "_interpret")),
-    *(("benchmarks.host_overhead", f"vit_fast.kernels.{name}") for name in ("_common", "_interpret")),
-    *(("tools.compile_check", f"vit_fast.kernels.{name}") for name in ("_common", "_interpret")),
-    *(
-        ("tools.compile_check", f"vit_fast.kernels.{kernel}._{kernel}_kernel")
-        for kernel in ("attention", "attention_pool", "diff_attention", "linear", "patch_embed")
-    ),
-    ("tools.peers.launches", "vit_fast.kernels._common"),
 }
 
 

@@ -14,34 +14,41 @@ from pathlib import Path
 import pytest
 import torch
 
-from vit_fast.kernels import _common, attention, attention_pool, cards, diff_attention, layer_norm, linear, patch_embed
+from vit_fast.kernels import (
+    KERNELS,
+    attention,
+    autotune,
+    cards,
+    linear,
+    patch_embed,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_m_class_is_coarse():
     # ViT-B/16 (197 tokens) at batch 1..256 falls into 5 classes, not 9 powers of two
-    classes = {_common.m_class(197 * b) for b in (1, 2, 4, 8, 16, 32, 64, 128, 256)}
+    classes = {autotune.m_class(197 * b) for b in (1, 2, 4, 8, 16, 32, 64, 128, 256)}
     assert classes == {256, 448, 2048, 16384, 1 << 20}
-    assert _common.m_class(1) == 64 and _common.m_class(257) == 320
+    assert autotune.m_class(1) == 64 and autotune.m_class(257) == 320
 
 
 def test_m_classes_respect_what_the_prunes_read():
     """A class never straddles SMALL_M (narrow and TMA tiles are decided there) nor a 64-row tile count below it
     (the heuristics count 64-row tiles), so one class's tuning or heuristic pick holds for all of it."""
-    for m in range(1, 3 * _common.SMALL_M):
-        top = _common.m_class(m)
-        assert m <= top and (m <= _common.SMALL_M) == (top <= _common.SMALL_M)
-        if m <= _common.SMALL_M:
+    for m in range(1, 3 * autotune.SMALL_M):
+        top = autotune.m_class(m)
+        assert m <= top and (m <= autotune.SMALL_M) == (top <= autotune.SMALL_M)
+        if m <= autotune.SMALL_M:
             assert top // 64 == -(-m // 64)
 
 
 AUTOTUNED = {
-    "linear": linear._linear_kernel,
-    "patch_embed": patch_embed._patch_embed_kernel,
-    "attention": attention._attention_kernel,
-    "attention_pool": attention_pool._attention_pool_kernel,
-    "diff_attention": diff_attention._diff_attention_kernel,
+    "linear": KERNELS["linear"].kernel,
+    "patch_embed": KERNELS["patch_embed"].kernel,
+    "attention": KERNELS["attention"].kernel,
+    "attention_pool": KERNELS["attention_pool"].kernel,
+    "diff_attention": KERNELS["diff_attention"].kernel,
 }
 
 
@@ -57,23 +64,23 @@ def test_every_feature_flag_is_in_the_autotune_key(kernel):
     assert flags, "a kernel with no flag: nothing to check"
     assert flags <= set(kernel.keys), sorted(flags - set(kernel.keys))
     assert set(kernel.keys) <= {p.name for p in params}
-    assert not isinstance(layer_norm._layer_norm_kernel, type(kernel))  # not autotuned: no tuning to share
+    assert not isinstance(KERNELS["layer_norm"].kernel, type(kernel))  # not autotuned: no tuning to share
 
 
 @pytest.mark.parametrize("value, enabled", [("0", False), ("off", False), ("1", True), ("on", True), ("", False)])
 def test_autotune_env(monkeypatch, value, enabled):
     monkeypatch.setenv("VIT_FAST_AUTOTUNE", value)
-    assert _common.autotune_enabled() is enabled
-    with _common.tuning():
-        assert _common.autotune_enabled() is True
-    with _common.tuning(False):
-        assert _common.autotune_enabled() is False
-    assert _common.autotune_enabled() is enabled
+    assert autotune.autotune_enabled() is enabled
+    with autotune.tuning():
+        assert autotune.autotune_enabled() is True
+    with autotune.tuning(False):
+        assert autotune.autotune_enabled() is False
+    assert autotune.autotune_enabled() is enabled
 
 
 def test_autotune_is_off_by_default(monkeypatch):
     monkeypatch.delenv("VIT_FAST_AUTOTUNE", raising=False)
-    assert _common.autotune_enabled() is False
+    assert autotune.autotune_enabled() is False
 
 
 def _compiled_configs(monkeypatch, module, factory):
@@ -134,7 +141,8 @@ sys.path.insert(0, "benchmarks")
 import host_overhead
 host_overhead.install_stub_driver()
 import torch, triton
-from vit_fast.kernels.linear import _linear_kernel, launch_linear
+from vit_fast.kernels import KERNELS
+from vit_fast.kernels.linear import launch_linear
 
 calls = []
 def bench(fn, quantiles=None, **kwargs):
@@ -145,7 +153,7 @@ def bench(fn, quantiles=None, **kwargs):
     return [t, t, t]
 triton.runtime.driver.active.get_benchmarker = lambda: bench
 launch_linear(torch.randn(197, 256, dtype=torch.float16), torch.randn(512, 256, dtype=torch.float16))
-print(json.dumps({"config": str(_linear_kernel.best_config), "timed": len(calls)}))
+print(json.dumps({"config": str(KERNELS["linear"].kernel.best_config), "timed": len(calls)}))
 """
 
 

@@ -225,7 +225,7 @@ def test_cpu_bench_lists_unavailable_backends_with_reasons(tiny_checkpoint, tmp_
 def test_triton_backend_is_timed_untuned_by_default(monkeypatch, capsys):
     """The bench times the triton backend as a user gets it: the heuristic configs. Preparing a batch size warms it
     with tuning off (outside the timing); the prepared call runs untuned."""
-    from vit_fast.kernels import _common
+    from vit_fast.kernels import autotune
 
     from .util import record_triton_forwards, tiny_model
 
@@ -238,13 +238,13 @@ def test_triton_backend_is_timed_untuned_by_default(monkeypatch, capsys):
     assert seen == [(2, False)]  # the warm-up, not tuning
     assert "compiling the Triton kernels for batch 2 (fp32)" in capsys.readouterr().err
     case.run()
-    assert seen[-1] == (2, False) and _common.autotune_enabled() is False
+    assert seen[-1] == (2, False) and autotune.autotune_enabled() is False
 
 
 def test_triton_backend_is_timed_tuned_with_tune(monkeypatch, capsys):
     """--tune (BenchSettings.tune): the warm-up of each batch size tunes, and the prepared call then runs tuned, as
     torch.compile's max-autotune times inductor's kernels."""
-    from vit_fast.kernels import _common
+    from vit_fast.kernels import autotune
 
     from .util import record_triton_forwards, tiny_model
 
@@ -257,7 +257,7 @@ def test_triton_backend_is_timed_tuned_with_tune(monkeypatch, capsys):
     assert seen == [(2, True)]
     assert "tuning the Triton kernels for batch 2 (fp32)" in capsys.readouterr().err
     case.run()
-    assert seen[-1] == (2, True) and _common.autotune_enabled() is False
+    assert seen[-1] == (2, True) and autotune.autotune_enabled() is False
 
 
 def test_triton_case_that_fell_back_is_marked_not_timed(monkeypatch):

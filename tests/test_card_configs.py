@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vit_fast.kernels import _common, attention, cards, linear, patch_embed
+from vit_fast.kernels import KERNELS, attention, autotune, cards, linear, patch_embed
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # (name, embed dim, heads, patch, tokens at 224 px)
@@ -25,15 +25,18 @@ MODELS = (
 BATCHES = (1, 2, 8, 64)
 
 
-def _recorded(monkeypatch, module, launches_name: str, kernel, launcher, *args, **kwargs) -> tuple[dict, dict]:
-    """(named arguments, constexprs) of the launch ``launcher(*args, **kwargs)`` makes, launching nothing."""
+def _recorded(monkeypatch, name: str, launcher, *args, **kwargs) -> tuple[dict, dict]:
+    """(named arguments, constexprs) of the launch ``launcher(*args, **kwargs)`` of kernel ``name`` makes, launching
+    nothing."""
     seen = {}
+    entry = KERNELS[name]
+    kernel = entry.kernel
 
     def record(grid, grid_key, *a, **constexprs):
         seen["named"], seen["constexprs"] = dict(zip(kernel.arg_names, a, strict=False)), constexprs
 
     with monkeypatch.context() as m:
-        m.setattr(module, launches_name, record)
+        m.setattr(entry.module, entry.launches_name, record)
         launcher(*args, checked=True, **kwargs)
     return seen["named"], seen["constexprs"]
 
@@ -54,13 +57,13 @@ def _meta(shape, dtype):
 
 def _check_gemm_like(card, config, block_n_name: str, elem_bytes: int, what: str) -> None:
     kw = config.kwargs
-    shared = _common.gemm_shared_bytes(card, config, kw["BLOCK_M"], kw[block_n_name], kw["BLOCK_K"], elem_bytes)
+    shared = autotune.gemm_shared_bytes(card, config, kw["BLOCK_M"], kw[block_n_name], kw["BLOCK_K"], elem_bytes)
     assert shared <= card.shared_memory, (what, str(config), shared)
     assert not kw.get("TMA") or card.tma, (what, str(config))
     # tensor-core tiles never run where tl.dot is FMA, and the FMA set only there
-    assert (config.num_stages <= _common.FMA_STAGES) == (not card.tensor_cores), (what, str(config))
+    assert (config.num_stages <= autotune.FMA_STAGES) == (not card.tensor_cores), (what, str(config))
     if not card.tensor_cores:
-        assert config.num_warps == 4 and _common.fma_tile_fits(kw["BLOCK_M"], kw[block_n_name], elem_bytes), what
+        assert config.num_warps == 4 and autotune.fma_tile_fits(kw["BLOCK_M"], kw[block_n_name], elem_bytes), what
 
 
 @pytest.mark.parametrize("arch", sorted(cards.CARDS))
@@ -68,7 +71,7 @@ def _check_gemm_like(card, config, block_n_name: str, elem_bytes: int, what: str
 def test_linear_configs_fit_every_card(monkeypatch, arch, dtype):
     card = cards.CARDS[arch]
     configs = _compiled_configs(monkeypatch, linear, linear._linear_configs)
-    kernel = linear._linear_kernel
+    kernel = KERNELS["linear"].kernel
     for name, dim, _, _, tokens in MODELS:
         for batch in BATCHES:
             M = batch * tokens
@@ -76,7 +79,11 @@ def test_linear_configs_fit_every_card(monkeypatch, arch, dtype):
                 x, w = _meta((M, K), dtype), _meta((N, K), dtype)
                 with cards.pretend_arch(arch):
                     named, constexprs = _recorded(
-                        monkeypatch, linear, "_linear_launches", kernel, linear.launch_linear, x, w
+                        monkeypatch,
+                        "linear",
+                        linear.launch_linear,
+                        x,
+                        w,
                     )
                 assert named["ARCH"] == arch
                 for tune in (True, False):
@@ -91,7 +98,7 @@ def test_linear_configs_fit_every_card(monkeypatch, arch, dtype):
 def test_patch_embed_configs_fit_every_card(monkeypatch, arch, dtype):
     card = cards.CARDS[arch]
     configs = _compiled_configs(monkeypatch, patch_embed, patch_embed._patch_embed_configs)
-    kernel = patch_embed._patch_embed_kernel
+    kernel = KERNELS["patch_embed"].kernel
     for name, dim, _, patch, tokens in MODELS:
         for batch in BATCHES:
             x, weight = _meta((batch, 3, 224, 224), dtype), _meta((dim, 3, patch, patch), dtype)
@@ -99,9 +106,7 @@ def test_patch_embed_configs_fit_every_card(monkeypatch, arch, dtype):
             with cards.pretend_arch(arch):
                 named, constexprs = _recorded(
                     monkeypatch,
-                    patch_embed,
-                    "_patch_embed_launches",
-                    kernel,
+                    "patch_embed",
                     patch_embed.launch_patch_embed,
                     x,
                     weight,
@@ -125,7 +130,7 @@ def test_attention_configs_fit_every_card(monkeypatch, arch, dtype, head_dim, ma
     """The unmasked kernel and its masked variants (a padded batch, packed images): their flags are in the key."""
     card = cards.CARDS[arch]
     configs = _compiled_configs(monkeypatch, attention, attention._attention_configs)
-    kernel = attention._attention_kernel
+    kernel = KERNELS["attention"].kernel
     for heads in (6, 12, 16):
         for batch, tokens in ((1, 197), (8, 197), (8, 257)):
             qkv = _meta((batch, tokens, 3 * heads * head_dim), dtype)
@@ -137,9 +142,7 @@ def test_attention_configs_fit_every_card(monkeypatch, arch, dtype, head_dim, ma
             with cards.pretend_arch(arch):
                 named, constexprs = _recorded(
                     monkeypatch,
-                    attention,
-                    "_attention_launches",
-                    kernel,
+                    "attention",
                     attention.launch_attention,
                     qkv,
                     heads,
@@ -235,23 +238,19 @@ def test_few_rows_fill_the_sms_the_launcher_reads(monkeypatch, sm_count, want_n,
     batch 1 (197 x 1024) has 4 x 32 = 128 tiles of 64x32 (132 SMs: 64x16, 256)."""
     linear_configs = _compiled_configs(monkeypatch, linear, linear._linear_configs)
     pe_configs = _compiled_configs(monkeypatch, patch_embed, patch_embed._patch_embed_configs)
-    assert "SM_COUNT" in linear._linear_kernel.keys and "SM_COUNT" in patch_embed._patch_embed_kernel.keys
+    assert "SM_COUNT" in KERNELS["linear"].kernel.keys and "SM_COUNT" in KERNELS["patch_embed"].kernel.keys
     dtype = torch.float16
     with cards.pretend_arch(90, sm_count=sm_count):
         gemm = _recorded(
             monkeypatch,
-            linear,
-            "_linear_launches",
-            linear._linear_kernel,
+            "linear",
             linear.launch_linear,
             _meta((394, 384), dtype),
             _meta((1152, 384), dtype),
         )
         embed = _recorded(
             monkeypatch,
-            patch_embed,
-            "_patch_embed_launches",
-            patch_embed._patch_embed_kernel,
+            "patch_embed",
             patch_embed.launch_patch_embed,
             _meta((1, 3, 224, 224), dtype),
             _meta((1024, 3, 16, 16), dtype),
@@ -260,9 +259,9 @@ def test_few_rows_fill_the_sms_the_launcher_reads(monkeypatch, sm_count, want_n,
             _meta((1, 1, 1024), dtype),
         )
     assert gemm[0]["SM_COUNT"] == embed[0]["SM_COUNT"] == sm_count
-    (picked,) = _pruned(monkeypatch, linear._linear_kernel, linear_configs, *gemm, tune=False)
+    (picked,) = _pruned(monkeypatch, KERNELS["linear"].kernel, linear_configs, *gemm, tune=False)
     assert (picked.kwargs["BLOCK_M"], picked.kwargs["BLOCK_N"]) == (64, want_n)
-    (picked,) = _pruned(monkeypatch, patch_embed._patch_embed_kernel, pe_configs, *embed, tune=False)
+    (picked,) = _pruned(monkeypatch, KERNELS["patch_embed"].kernel, pe_configs, *embed, tune=False)
     assert (picked.kwargs["BLOCK_M"], picked.kwargs["BLOCK_D"]) == (64, want_d)
     # outside the pretence a meta (or CPU) tensor reads as the stand-in, an H100 SXM's count
     assert cards.tensor_sm_count(_meta((1,), dtype)) == cards.CPU_SM_COUNT == 132
@@ -296,11 +295,6 @@ def test_default_fp32_picks_are_tiles_that_compiled_without_spilling(monkeypatch
     a tile of :data:`FP32_SPILL_FREE` (compiled offline with triton 3.6.0 and 3.9.0). The launchers run on meta
     tensors under ``pretend_arch(arch, sm_count=)``, so their arguments, SM_COUNT included, are a launch's."""
     dtype = torch.float32
-    kernels = {
-        "linear": (linear, "_linear_launches", linear._linear_kernel),
-        "patch_embed": (patch_embed, "_patch_embed_launches", patch_embed._patch_embed_kernel),
-        "attention": (attention, "_attention_launches", attention._attention_kernel),
-    }
     configs = {
         "linear": _compiled_configs(monkeypatch, linear, linear._linear_configs),
         "patch_embed": _compiled_configs(monkeypatch, patch_embed, patch_embed._patch_embed_configs),
@@ -308,9 +302,8 @@ def test_default_fp32_picks_are_tiles_that_compiled_without_spilling(monkeypatch
     }
 
     def pick(kind, launcher, *args):
-        module, launches, kernel = kernels[kind]
-        named, constexprs = _recorded(monkeypatch, module, launches, kernel, launcher, *args)
-        (picked,) = _pruned(monkeypatch, kernel, configs[kind], named, constexprs, tune=False)
+        named, constexprs = _recorded(monkeypatch, kind, launcher, *args)
+        (picked,) = _pruned(monkeypatch, KERNELS[kind].kernel, configs[kind], named, constexprs, tune=False)
         return picked, constexprs
 
     seen = set()

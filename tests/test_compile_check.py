@@ -149,7 +149,7 @@ def test_launchers_and_prunes_run_as_the_target(cc, monkeypatch):
     configs it keeps with autotuning on and for the heuristic's pick with it off; the pick is marked."""
     import triton
 
-    from vit_fast.kernels._common import autotune_enabled
+    from vit_fast.kernels.autotune import autotune_enabled
 
     configs = [triton.Config({"BLOCK_M": m}, num_warps=4, num_stages=2) for m in (16, 32, 64)]
     seen = []

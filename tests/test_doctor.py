@@ -17,18 +17,10 @@ import torch
 from vit_fast import doctor
 from vit_fast.backend import env
 from vit_fast.cli import main
-from vit_fast.kernels import _versions
+from vit_fast.kernels import OPS, versions
 from vit_fast.kernels.cards import pretend_arch
 from vit_fast.model.config import ViTConfig
-from vit_fast.model.selfcheck import (
-    DIFF_FAMILY,
-    KERNELS,
-    POOL_FAMILY,
-    RMS_FAMILY,
-    check_kernel,
-    family_cases,
-    model_cases,
-)
+from vit_fast.model.selfcheck import DIFF_FAMILY, POOL_FAMILY, RMS_FAMILY, check_kernel, family_cases, model_cases
 from vit_fast.util.files import MARKER_KEY
 
 from .util import skip_if_interpreted_and_broken, skip_if_interpreter_broken
@@ -42,7 +34,7 @@ TINY = ViTConfig(
 # ------------------------------------------------------------------------------ the kernel check itself
 def test_model_cases_cover_every_kernel_of_a_forward():
     cases = model_cases(TINY, batch=2, dtype=torch.float16)
-    assert {c.kernel for c in cases} == set(KERNELS) - {c.kernel for c in family_cases()}
+    assert {c.kernel for c in cases} == set(OPS) - {c.kernel for c in family_cases()}
     assert [c.role for c in cases if c.kernel in ("linear", "layer_norm_linear")] == ["qkv", "proj", "fc1", "fc2"]
     qkv = next(c for c in cases if c.role == "qkv")
     assert qkv.shape() == "[2, 8, 32] -> [2, 8, 96]"  # 6 patches + class token + 1 register
@@ -97,7 +89,7 @@ def test_a_kernel_that_raises_is_a_failed_check(monkeypatch):
 # ------------------------------------------------------------------------------ the patched timm / HF families
 def test_family_cases_cover_the_kernels_only_patched_models_launch():
     ours, families = {c.kernel for c in model_cases(TINY)}, {c.kernel for c in family_cases()}
-    assert ours | families == set(KERNELS) and not ours & families
+    assert ours | families == set(OPS) and not ours & families
     full = {c.role.split(",")[0]: c for c in family_cases(batch=8, dtype=torch.float16)}
     assert {c.dtype for c in full.values()} == {torch.float16}
     assert full["fc1"].shape() == "[8, 197, 768] -> [8, 197, 3072]" and full["fc1"].dims["act"] == "gelu"
@@ -215,8 +207,8 @@ def _by_name(checks):
 
 def test_mismatched_torch_and_triton_are_flagged(monkeypatch):
     installed = {"torch": "2.10.0", "triton": "3.9.0"}
-    monkeypatch.setattr(_versions, "installed", installed.get)
-    monkeypatch.setattr(_versions, "torch_pinned_triton", lambda: "3.6.0")
+    monkeypatch.setattr(versions, "installed", installed.get)
+    monkeypatch.setattr(versions, "torch_pinned_triton", lambda: "3.6.0")
     pair = _by_name(doctor.environment_checks(torch.device("cpu")))["torch / triton pair"]
     assert pair["status"] == "warning"
     assert "built against triton 3.6.0, but triton 3.9.0 is installed" in pair["summary"]
@@ -224,8 +216,8 @@ def test_mismatched_torch_and_triton_are_flagged(monkeypatch):
 
 def test_too_old_triton_fails_and_skips_the_kernels(monkeypatch, tmp_path):
     installed = {"torch": "2.8.0", "triton": "3.4.0"}
-    monkeypatch.setattr(_versions, "installed", installed.get)
-    monkeypatch.setattr(_versions, "torch_pinned_triton", lambda: "3.4.0")
+    monkeypatch.setattr(versions, "installed", installed.get)
+    monkeypatch.setattr(versions, "torch_pinned_triton", lambda: "3.4.0")
     report = doctor.run_doctor(doctor.DoctorSettings(out=tmp_path, device="cpu"))
     checks = _by_name(report["checks"])
     assert checks["triton"]["status"] == "failed" and "triton 3.4.0 is installed" in checks["triton"]["summary"]
@@ -244,8 +236,8 @@ def test_interpreter_broken_by_numpy_fails_and_skips_the_kernels(monkeypatch, tm
     """On a CPU with torch 2.11's triton 3.6.0 and numpy 2.5 (faked): the environment names the interpreter's fault
     and both fixes, and the kernel and model checks are skipped with that reason instead of failing one by one."""
     installed = {"torch": "2.11.0", "triton": "3.6.0", "numpy": "2.5.0"}
-    monkeypatch.setattr(_versions, "installed", installed.get)
-    monkeypatch.setattr(_versions, "torch_pinned_triton", lambda: "3.6.0")
+    monkeypatch.setattr(versions, "installed", installed.get)
+    monkeypatch.setattr(versions, "torch_pinned_triton", lambda: "3.6.0")
     report = doctor.run_doctor(doctor.DoctorSettings(out=tmp_path, device="cpu"))
     checks = _by_name(report["checks"])
     summary = checks["triton interpreter"]["summary"]

@@ -15,7 +15,7 @@ import triton
 
 from vit_fast import doctor
 from vit_fast.backend import first_use, triton_path
-from vit_fast.kernels import _common, _interpret, linear
+from vit_fast.kernels import KERNELS, autotune, interpret, launches
 
 from .numerics import assert_within_eager
 from .util import tiny_model
@@ -99,7 +99,7 @@ def tuned_gemm(monkeypatch) -> str:
     """Under tuning() the GEMM's autotuner picks TUNED (the interpreter cannot time configs, and its prune keeps the
     heuristic's pick only); its cache starts empty and is put back afterwards. The heuristic path is untouched (it
     calls the prune directly). Returns TUNED's label, as findings name it."""
-    kernel = linear._linear_kernel
+    kernel = KERNELS["linear"].kernel
     monkeypatch.setattr(kernel, "cache", {})
     monkeypatch.setattr(kernel, "early_config_prune", lambda configs, named_args, **kwargs: [TUNED])
     # triton 3.6 times even a lone config (3.9 does not): a stand-in benchmarker, so no GPU is asked for
@@ -125,7 +125,7 @@ def test_a_tuned_config_is_checked_after_the_heuristic_one(monkeypatch, tuned_ge
         _triton_forward(model, x)
         untuned = len(judged)
         heuristic = {f["config"] for f in first_use.report()["checked"] if f["op"] in GEMM_OPS}
-        with _common.tuning():
+        with autotune.tuning():
             _triton_forward(model, x)
     assert tuned_gemm not in heuristic
     tuned = judged[untuned:]
@@ -133,7 +133,7 @@ def test_a_tuned_config_is_checked_after_the_heuristic_one(monkeypatch, tuned_ge
     findings = [f for f in first_use.report()["checked"] if f["config"] == tuned_gemm]
     assert {f["op"] for f in findings} == GEMM_OPS and all(f["passed"] for f in findings)
     checked = len(judged)
-    with _common.tuning():
+    with autotune.tuning():
         _triton_forward(model, x)
     _triton_forward(model, x)
     assert len(judged) == checked
@@ -151,21 +151,21 @@ def test_a_wrong_tuned_config_falls_back_to_eager(monkeypatch, tuned_gemm):
     with torch.no_grad():
         eager = model(x)  # torch backend
         ref64 = copy.deepcopy(model).double()(x.double())
-    out_index = linear._linear_launches.arg_names.index("out_ptr")
-    real_triton = _common.ResolvedLaunches._triton
+    out_index = KERNELS["linear"].launches.arg_names.index("out_ptr")
+    real_triton = launches.ResolvedLaunches._triton
 
     def wrong_when_tuned(self, grid, args, constexprs):
         run, config = real_triton(self, grid, args, constexprs)
-        if self is linear._linear_launches and str(config) == tuned_gemm:
+        if self is KERNELS["linear"].launches and str(config) == tuned_gemm:
             args[out_index].add_(0.5)
         return run, config
 
-    monkeypatch.setattr(_common.ResolvedLaunches, "_triton", wrong_when_tuned)
+    monkeypatch.setattr(launches.ResolvedLaunches, "_triton", wrong_when_tuned)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         _triton_forward(model, x)  # the heuristic configs: right
     with pytest.warns(RuntimeWarning, match=r"_linear_kernel \(BLOCK_M: 16, .*runs in eager PyTorch"):
-        with _common.tuning():
+        with autotune.tuning():
             out = _triton_forward(model, x)
     assert first_use.failed_ops() == GEMM_OPS
     assert all(f["config"] == tuned_gemm for f in first_use.report()["failed"])
@@ -185,7 +185,7 @@ def test_default_is_on_for_compiled_kernels_only(monkeypatch, value, interpreted
     monkeypatch.setenv(first_use.ENV, value)
     monkeypatch.setattr(first_use, "interpreter_enabled", lambda: interpreted)
     assert first_use.enabled() is on
-    assert _interpret.interpreter_enabled()  # the suite itself still runs interpreted
+    assert interpret.interpreter_enabled()  # the suite itself still runs interpreted
 
 
 def test_a_bad_switch_value_is_named(monkeypatch):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vit_fast.kernels import attention as attention_module
+from vit_fast.kernels import KERNELS
 from vit_fast.kernels.attention import attention, attention_ref, launch_attention
 
 from ._tf32 import no_tf32  # noqa: F401  (autouse: TF32 off while comparing with torch on CUDA)
@@ -260,7 +260,9 @@ BAD_MASKS = {
 def test_bad_masks_raise_before_launch(case, device, monkeypatch):
     make, match = case
     launched = []
-    monkeypatch.setattr(attention_module, "_attention_launches", lambda *a, **k: launched.append(a))
+    monkeypatch.setattr(
+        KERNELS["attention"].module, KERNELS["attention"].launches_name, lambda *a, **k: launched.append(a)
+    )
     qkv = _qkv(2, 5, 2, 16, torch.float32, device)
     for entry in (attention, launch_attention):
         with pytest.raises(ValueError, match=match):

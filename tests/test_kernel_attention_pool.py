@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from vit_fast.kernels import KERNELS, cards
 from vit_fast.kernels import attention_pool as pool_module
-from vit_fast.kernels import cards
 from vit_fast.kernels.attention_pool import MAX_QUERIES, attention_pool, attention_pool_ref, launch_attention_pool
 
 from ._tf32 import no_tf32  # noqa: F401  (autouse: TF32 off while comparing with torch on CUDA)
@@ -208,8 +208,8 @@ def test_configs_fit_every_card(monkeypatch, arch, dtype):
     The launcher runs on meta tensors under cards.pretend_arch, its kernel swapped for a recorder."""
     monkeypatch.setattr(pool_module, "interpreter_enabled", lambda: False)
     configs = pool_module._pool_configs()
-    kernel = pool_module._attention_pool_kernel
-    arg_names = pool_module._attention_pool_launches.arg_names
+    kernel = KERNELS["attention_pool"].kernel
+    arg_names = KERNELS["attention_pool"].launches.arg_names
     card = cards.CARDS[arch]
     for head_dim, heads in ((16, 4), (64, 12), (72, 16), (80, 16), (256, 4)):
         q = torch.empty((1, 1, heads * head_dim), dtype=dtype, device="meta")
@@ -221,7 +221,7 @@ def test_configs_fit_every_card(monkeypatch, arch, dtype):
             seen["constexprs"] = constexprs
 
         with monkeypatch.context() as m, cards.pretend_arch(arch):
-            m.setattr(pool_module, "_attention_pool_launches", record)
+            m.setattr(KERNELS["attention_pool"].module, KERNELS["attention_pool"].launches_name, record)
             launch_attention_pool(q, kv, heads, checked=True)
         assert seen["named"]["ARCH"] == arch
         block_d = seen["constexprs"]["BLOCK_D"]

@@ -14,9 +14,11 @@ import pytest
 import torch
 import triton
 
-from vit_fast.kernels._common import autotune_enabled, cdiv, next_power_of_2, persistent_programs, tma_usable
-from vit_fast.kernels._interpret import interpreter_enabled
-from vit_fast.kernels.linear import _linear_kernel, launch_linear, linear, linear_ref
+from vit_fast.kernels import KERNELS
+from vit_fast.kernels._launch import cdiv, next_power_of_2
+from vit_fast.kernels.autotune import autotune_enabled, persistent_programs, tma_usable
+from vit_fast.kernels.interpret import interpreter_enabled
+from vit_fast.kernels.linear import launch_linear, linear, linear_ref
 
 from ._tf32 import no_tf32  # noqa: F401  (autouse: TF32 off while comparing with torch on CUDA)
 from .numerics import assert_within_eager, poisoned
@@ -124,7 +126,7 @@ def test_many_rows_take_the_persistent_tma_tiles(epilogue, dtype, device):
     the descriptors; fp32 stays on the pointer tiles."""
     _check(_inputs((2, 301), 48, 72, EPILOGUES[epilogue], dtype, device), f"602x48->72 {epilogue} {dtype}")
     if _expects_heuristic():
-        assert _linear_kernel.best_config.kwargs["TMA"] == (dtype != torch.float32)
+        assert KERNELS["linear"].kernel.best_config.kwargs["TMA"] == (dtype != torch.float32)
 
 
 @pytest.mark.parametrize("case", ["row stride of 90 bytes", "base off 16-byte alignment"], ids=["stride", "alignment"])
@@ -142,15 +144,15 @@ def test_tma_needs_16_byte_rows(case, device):
         assert x.data_ptr() % 16 and x.stride(0) == 49
     _check((x, weight, bias, "gelu_tanh", residual, gamma), case)
     if _expects_heuristic():
-        assert not _linear_kernel.best_config.kwargs["TMA"]
+        assert not KERNELS["linear"].kernel.best_config.kwargs["TMA"]
 
 
 def test_tma_off_by_env(monkeypatch, device):
     """VIT_FAST_TMA=0 keeps every GEMM on the pointer tiles (a switch for a GPU or driver where TMA misbehaves)."""
     monkeypatch.setenv("VIT_FAST_TMA", "0")
-    monkeypatch.setattr(_linear_kernel, "cache", {})  # tunings made with TMA allowed
+    monkeypatch.setattr(KERNELS["linear"].kernel, "cache", {})  # tunings made with TMA allowed
     _check(_inputs((600,), 48, 40, EPILOGUES["bias"], torch.bfloat16, device), "TMA off")
-    assert not _linear_kernel.best_config.kwargs["TMA"]
+    assert not KERNELS["linear"].kernel.best_config.kwargs["TMA"]
 
 
 def test_tma_helpers():

@@ -14,11 +14,12 @@ import vit_fast.kernels.attention_pool as attention_pool
 import vit_fast.kernels.layer_norm as layer_norm
 import vit_fast.kernels.linear as linear
 import vit_fast.kernels.patch_embed as patch_embed
+from vit_fast.kernels import KERNELS
 
-assert len(attention._attention_kernel.configs) > 1
-assert len(attention_pool._attention_pool_kernel.configs) > 1
-assert len(linear._linear_kernel.configs) > 1
-assert len(patch_embed._patch_embed_kernel.configs) > 1
+assert len(KERNELS["attention"].kernel.configs) > 1
+assert len(KERNELS["attention_pool"].kernel.configs) > 1
+assert len(KERNELS["linear"].kernel.configs) > 1
+assert len(KERNELS["patch_embed"].kernel.configs) > 1
 calls = {
     "attention": lambda: attention.attention(torch.randn(1, 5, 96), 2),
     "attention_pool": lambda: attention_pool.attention_pool(torch.randn(1, 1, 32), torch.randn(1, 5, 64), 2),
@@ -45,3 +46,27 @@ def test_import_touches_no_gpu_driver_and_cpu_tensors_are_refused():
     result = subprocess.run([sys.executable, "-c", CODE], env=env, capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+def test_the_registry_names_every_kernel_file_and_every_op():
+    """``vit_fast.kernels.KERNELS`` holds every file that defines a Triton kernel ``_<file>_kernel`` and ``OPS`` every
+    op our kernels register with ``torch.library``: a kernel added without its registry line fails here."""
+    from pathlib import Path
+
+    import torch
+
+    import vit_fast.kernels
+    from vit_fast.kernels import KERNELS, OPS
+
+    root = Path(vit_fast.kernels.__file__).parent
+    files = {p.stem for p in root.glob("*.py") if f"def _{p.stem}_kernel(" in p.read_text()}
+    assert files == set(KERNELS)
+    for entry in KERNELS.values():
+        assert entry.launches.kernel is entry.kernel, entry.name
+    for name, op in OPS.items():
+        assert op.op.__name__ == name and callable(op.launcher) and callable(op.reference), name
+        assert op.kernel in KERNELS.values() and (op.family is None or {"model", "tokens", "heads"} <= set(op.family))
+    registered = {
+        n for n in dir(torch.ops.vit_fast) if isinstance(getattr(torch.ops.vit_fast, n), torch._ops.OpOverloadPacket)
+    }
+    assert registered == set(OPS)

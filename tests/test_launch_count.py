@@ -48,6 +48,7 @@ sys.path.insert(0, "benchmarks")
 import host_overhead
 launches = host_overhead.install_stub_driver()
 import torch
+from vit_fast.kernels import KERNELS
 from vit_fast.kernels import linear as L
 
 def described(args):
@@ -58,10 +59,10 @@ for _ in range(3):  # first: Triton's own dispatch; then the resolved launch fro
     x, w = torch.randn(197, 64, dtype=torch.float16), torch.randn(96, 64, dtype=torch.float16)
     ln_w, ln_b = torch.randn(64, dtype=torch.float16), torch.randn(64, dtype=torch.float16)
     L.launch_linear(x, w, None, "gelu", ln_weight=ln_w, ln_bias=ln_b, ln_eps=1e-6)
-    kernel = next(iter(L._linear_kernel.fn.device_caches[0][0].values()))
+    kernel = next(iter(KERNELS["linear"].kernel.fn.device_caches[0][0].values()))
     same_x = kernel.last_args[0].data_ptr() == x.data_ptr()
     seen.append({"args": described(kernel.last_args), "programs": launches[-1][1], "x": same_x})
-print(json.dumps({"seen": seen, "cached": len(L._linear_launches.cache)}))
+print(json.dumps({"seen": seen, "cached": len(KERNELS["linear"].launches.cache)}))
 """
 
 
@@ -83,10 +84,10 @@ def test_resolved_launch_passes_what_triton_passes(tmp_path):
 def test_record_launches_under_the_interpreter():
     """Interpreted launches are recorded too (the peers' test runs count them): the kernel, its config and its
     programs as a compiled launch would be described; nothing compiled, so the compiler's numbers read None."""
-    from vit_fast.kernels._common import _INTERPRETED, record_launches
+    from vit_fast.kernels.launches import INTERPRETED, record_launches
     from vit_fast.kernels.layer_norm import launch_layer_norm
 
-    assert _INTERPRETED, "tests/conftest.py sets TRITON_INTERPRET=1"
+    assert INTERPRETED, "tests/conftest.py sets TRITON_INTERPRET=1"
     x, w, b = torch.randn(5, 32), torch.randn(32), torch.randn(32)
     launch_layer_norm(x, w, b, 1e-6)  # outside the block: not recorded
     with record_launches() as launches:

@@ -1,4 +1,4 @@
-"""One parser for every environment switch (kernels/_switches.py): each reader accepts the same words, refuses
+"""One parser for every environment switch (kernels/switches.py): each reader accepts the same words, refuses
 anything else by name, TRITON_INTERPRET is read as Triton reads it, and the CLI refuses a bad switch up front."""
 
 from __future__ import annotations
@@ -12,20 +12,20 @@ import pytest
 from vit_fast.backend import first_use
 from vit_fast.backend.triton_path import fuse_ln_from_env
 from vit_fast.cli import main
-from vit_fast.kernels import _common, _interpret, _switches
+from vit_fast.kernels import autotune, interpret, switches
 from vit_fast.model import validation
 
 ROOT = Path(__file__).resolve().parent.parent
 
 #: switch -> the function that reads it in the product
 READERS = {
-    "VIT_FAST_AUTOTUNE": _common.autotune_enabled,
-    "VIT_FAST_AUTOTUNE_CACHE": _common.autotune_cache_enabled,
+    "VIT_FAST_AUTOTUNE": autotune.autotune_enabled,
+    "VIT_FAST_AUTOTUNE_CACHE": autotune.autotune_cache_enabled,
     "VIT_FAST_CHECK_FINITE": validation.finite_check_from_env,
     "VIT_FAST_FIRST_USE_CHECK": first_use.enabled,
     "VIT_FAST_FUSE_LN": fuse_ln_from_env,
-    "VIT_FAST_TMA": _common.tma_enabled,
-    "VIT_FAST_TRACEBACK": lambda: _switches.switch("VIT_FAST_TRACEBACK", False),
+    "VIT_FAST_TMA": autotune.tma_enabled,
+    "VIT_FAST_TRACEBACK": lambda: switches.switch("VIT_FAST_TRACEBACK", False),
 }
 ON = ["1", "true", "TRUE", "Yes", "on", " ON ", "1\n"]
 OFF = ["0", "false", "False", "no", "NO", "off", " Off "]
@@ -33,7 +33,7 @@ BAD = ["banana", "x", "2", "-1", "y", "enable", "t"]
 
 
 def test_every_switch_has_a_reader_here():
-    assert set(READERS) == set(_switches.SWITCHES)
+    assert set(READERS) == set(switches.SWITCHES)
 
 
 @pytest.mark.parametrize("name", sorted(READERS))
@@ -51,7 +51,7 @@ def test_each_reader_takes_the_same_words(monkeypatch, name):
             read()
 
 
-@pytest.mark.parametrize("name, default", sorted((k, v) for k, v in _switches.SWITCHES.items() if v is not None))
+@pytest.mark.parametrize("name, default", sorted((k, v) for k, v in switches.SWITCHES.items() if v is not None))
 def test_unset_or_blank_takes_the_default(monkeypatch, name, default):
     monkeypatch.delenv(name, raising=False)
     assert READERS[name]() is default
@@ -71,22 +71,22 @@ def test_triton_interpret_is_read_as_triton_reads_it(monkeypatch):
 
     for value in ["1", "true", "TRUE", "Yes", "on", "y", "Y", "0", "false", "no", "OFF", "n", ""]:
         monkeypatch.setenv("TRITON_INTERPRET", value)
-        assert _interpret.interpreter_enabled() is getenv_bool("TRITON_INTERPRET", False), value
+        assert interpret.interpreter_enabled() is getenv_bool("TRITON_INTERPRET", False), value
     for value in ["banana", " 1", "1 ", "2", "t", "enable"]:
         monkeypatch.setenv("TRITON_INTERPRET", value)
         assert getenv_bool("TRITON_INTERPRET", False) is False  # what Triton would have done: silently off
         with pytest.raises(ValueError, match=r"TRITON_INTERPRET=.*Triton reads it as off.*set TRITON_INTERPRET=1"):
-            _interpret.interpreter_enabled()
+            interpret.interpreter_enabled()
 
 
 def test_check_switches_names_every_bad_one():
     env = {"VIT_FAST_AUTOTUNE": "banana", "VIT_FAST_TMA": "x", "VIT_FAST_FUSE_LN": "off", "TRITON_INTERPRET": "z"}
-    with pytest.raises(_switches.SwitchError) as info:
-        _switches.check_switches(env)
+    with pytest.raises(switches.SwitchError) as info:
+        switches.check_switches(env)
     text = str(info.value)
     assert "VIT_FAST_AUTOTUNE='banana'" in text and "VIT_FAST_TMA='x'" in text and "TRITON_INTERPRET='z'" in text
     assert "FUSE_LN" not in text and "\n" not in text
-    _switches.check_switches({"VIT_FAST_CHECK_FINITE": "No", "TRITON_INTERPRET": "1", "VIT_FAST_COMMIT": "abc"})
+    switches.check_switches({"VIT_FAST_CHECK_FINITE": "No", "TRITON_INTERPRET": "1", "VIT_FAST_COMMIT": "abc"})
 
 
 @pytest.mark.parametrize(
@@ -119,11 +119,11 @@ def test_traceback_zero_keeps_the_one_line(monkeypatch, capsys, tmp_path):
 
 def test_no_switch_is_read_around_the_parser():
     """No product module reads a VIT_FAST_* switch or TRITON_INTERPRET from the environment itself."""
-    names = set(_switches.SWITCHES) | {"TRITON_INTERPRET"}
+    names = set(switches.SWITCHES) | {"TRITON_INTERPRET"}
     offenders = []
     for folder in ("kernels", "vit_fast", "export", "benchmarks"):
         for path in (ROOT / folder).rglob("*.py"):
-            if path.name in ("_switches.py", "_interpret.py"):
+            if path.name == "switches.py":
                 continue
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
@@ -134,6 +134,26 @@ def test_no_switch_is_read_around_the_parser():
                 if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
                     if node.slice.value in names and "environ" in ast.unparse(node.value):
                         offenders.append(f"{path.relative_to(ROOT)} {node.slice.value}")
-    assert offenders == [
-        "kernels/_common.py VIT_FAST_AUTOTUNE"  # the per-launch fast path: its value goes through parse_switch
-    ], offenders
+    assert offenders == [], offenders  # the per-launch reads too: kernels/switches.py's environ_value
+
+
+def test_environ_value_follows_every_change_made_through_os_environ(monkeypatch):
+    """The switches are read on every launch: whatever changes ``os.environ`` (set, delete, update, clear,
+    mock.patch.dict) is seen at once."""
+    import os
+    from unittest import mock
+
+    name = "VIT_FAST_TMA"
+    monkeypatch.delenv(name, raising=False)
+    assert switches.environ_value(name) is None and autotune.tma_enabled() is True
+    monkeypatch.setenv(name, "0")
+    assert switches.environ_value(name) == "0" and autotune.tma_enabled() is False
+    os.environ[name] = "yes"
+    assert autotune.tma_enabled() is True
+    del os.environ[name]
+    assert switches.environ_value(name) is None
+    with mock.patch.dict(os.environ, {name: "off"}):
+        assert autotune.tma_enabled() is False
+    assert switches.environ_value(name) is None
+    os.environ.update({name: "0"})
+    assert autotune.tma_enabled() is False

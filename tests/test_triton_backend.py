@@ -272,7 +272,7 @@ def test_parameter_changes_after_a_forward_are_still_refused():
 # --------------------------------------------------------------------------- threads under the interpreter
 # Triton's interpreter keeps a launch's state in module globals; with a lock per kernel, 7 of 8 threads running
 # the triton backend at once raised InterpreterError ("x >= grid_dim[0]", "Did you forget to add @triton.jit").
-# Interpreted launches now take one lock for the whole process (kernels._common.INTERPRETER_LOCK).
+# Interpreted launches now take one lock for the whole process (kernels.launches.INTERPRETER_LOCK).
 interpreted = pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's lock: kernels run compiled here")
 
 
@@ -337,7 +337,7 @@ def test_an_interpreted_launch_waits_for_the_process_wide_lock():
     """The lock is one for every kernel: while it is held, a launch of any kernel in another thread waits."""
     import threading
 
-    from vit_fast.kernels._common import INTERPRETER_LOCK
+    from vit_fast.kernels.launches import INTERPRETER_LOCK
     from vit_fast.kernels.layer_norm import layer_norm
 
     x = torch.randn(4, 32)

@@ -1,4 +1,4 @@
-"""One list of the VIT_FAST_* names vit-fast reads (kernels/_switches.py KNOWN): any other VIT_FAST_* variable
+"""One list of the VIT_FAST_* names vit-fast reads (kernels/switches.py KNOWN): any other VIT_FAST_* variable
 set is warned about once, with the closest known name, and ``vit-fast info`` lists every known one with its
 value here."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from vit_fast.cli import main
-from vit_fast.kernels import _switches
+from vit_fast.kernels import switches
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,12 +27,12 @@ def test_every_name_read_anywhere_is_known():
         for path in (ROOT / folder).rglob("*.py"):
             if path != Path(__file__).resolve():  # this file misspells names on purpose
                 found |= set(re.findall(r"[\"'](VIT_FAST_[A-Z0-9_]+)[\"']", path.read_text()))
-    assert found <= set(_switches.KNOWN), found - set(_switches.KNOWN)
+    assert found <= set(switches.KNOWN), found - set(switches.KNOWN)
     assert {"VIT_FAST_COMMIT", "VIT_FAST_PEERS", "VIT_FAST_PEERS_BACKEND"} <= found
 
 
 def test_every_switch_without_a_default_says_what_unset_means():
-    assert {n for n, d in _switches.SWITCHES.items() if d is None} == set(_switches.UNSET_MEANS)
+    assert {n for n, d in switches.SWITCHES.items() if d is None} == set(switches.UNSET_MEANS)
 
 
 def test_unknown_names_and_their_closest_known_one():
@@ -45,20 +45,20 @@ def test_unknown_names_and_their_closest_known_one():
         "VIT_FAST_ZZZ": "1",
         "HOME": "/root",
     }
-    assert _switches.unknown_settings(env) == {
+    assert switches.unknown_settings(env) == {
         "VIT_FAST_AUTOTUNES": "VIT_FAST_AUTOTUNE",
         "VIT_FAST_CHECK_FINTE": "VIT_FAST_CHECK_FINITE",
         "VIT_FAST_ZZZ": None,
         "vit_fast_fuse_ln": "VIT_FAST_FUSE_LN",
     }
-    assert _switches.unknown_settings({n: "1" for n in _switches.KNOWN}) == {}
+    assert switches.unknown_settings({n: "1" for n in switches.KNOWN}) == {}
 
 
 def test_each_unknown_name_is_warned_about_once(monkeypatch):
-    monkeypatch.setattr(_switches, "_WARNED", set())
+    monkeypatch.setattr(switches, "_WARNED", set())
     env = {"VIT_FAST_AUTOTUNES": "0", "VIT_FAST_ZZZ": "1", "VIT_FAST_TMA": "0"}
-    with pytest.warns(_switches.UnknownSettingWarning) as record:
-        _switches.warn_unknown(env)
+    with pytest.warns(switches.UnknownSettingWarning) as record:
+        switches.warn_unknown(env)
     messages = [str(w.message) for w in record]
     assert len(messages) == 2
     assert re.match(r"VIT_FAST_AUTOTUNES is set, but vit-fast reads no variable of that name: did you mean "
@@ -66,7 +66,7 @@ def test_each_unknown_name_is_warned_about_once(monkeypatch):
     assert messages[1].startswith("VIT_FAST_ZZZ is set") and "VIT_FAST_TMA, VIT_FAST_TRACEBACK" in messages[1]
     with warnings.catch_warnings(record=True) as again:
         warnings.simplefilter("always")
-        _switches.warn_unknown(env)
+        switches.warn_unknown(env)
     assert again == []
 
 
@@ -82,7 +82,7 @@ def test_first_use_warns_once_in_a_fresh_process(tmp_path):
 
 
 def test_info_lists_every_setting_with_its_value(monkeypatch, capsys, tmp_path):
-    monkeypatch.setattr(_switches, "_WARNED", {"VIT_FAST_AUTOTUNES"})  # warned about elsewhere; here: the listing
+    monkeypatch.setattr(switches, "_WARNED", {"VIT_FAST_AUTOTUNES"})  # warned about elsewhere; here: the listing
     monkeypatch.setenv("VIT_FAST_TMA", "0")
     monkeypatch.setenv("VIT_FAST_FUSE_LN", " ")
     monkeypatch.setenv("VIT_FAST_COMMIT", "abc123")
@@ -91,7 +91,7 @@ def test_info_lists_every_setting_with_its_value(monkeypatch, capsys, tmp_path):
     assert main(["info", "--json", str(tmp_path / "info.json")]) == 0
     out = capsys.readouterr().out
     listing = out.split("settings (VIT_FAST_*", 1)[1]
-    for name in _switches.KNOWN:
+    for name in switches.KNOWN:
         assert re.search(rf"^  {name} ", listing, re.M), name
     assert re.search(r"^  VIT_FAST_TMA +off \('0'\)$", listing, re.M), listing
     assert re.search(r"^  VIT_FAST_FUSE_LN +on \(' ': blank, so the default\)$", listing, re.M), listing

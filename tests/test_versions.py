@@ -1,5 +1,5 @@
 """Which triton the kernels need, whether torch and triton belong together, and dependency ranges that never make
-pip replace the user's torch (vit_fast.kernels._versions, pyproject.toml, the Makefile's oldest pair)."""
+pip replace the user's torch (vit_fast.kernels.versions, pyproject.toml, the Makefile's oldest pair)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 from vit_fast.backend import runtime
-from vit_fast.kernels import _versions, cards
-from vit_fast.kernels._interpret import interpreter_enabled
+from vit_fast.kernels import cards
+from vit_fast.kernels import versions as kernel_versions
+from vit_fast.kernels.interpret import interpreter_enabled
 
 tomllib = pytest.importorskip("tomllib", reason="pyproject.toml is read with Python 3.11's tomllib")
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,14 +40,14 @@ TORCH_PINS = {
 
 def _fake_install(monkeypatch, versions: dict[str, str | None], torch_requires: list[str] | None) -> None:
     """What importlib.metadata reports: ``versions`` per distribution and torch's requirements."""
-    monkeypatch.setattr(_versions, "installed", lambda dist: versions.get(dist))
+    monkeypatch.setattr(kernel_versions, "installed", lambda dist: versions.get(dist))
 
     def requires(dist: str):
         if dist != "torch" or torch_requires is None:
-            raise _versions.importlib.metadata.PackageNotFoundError(dist)
+            raise kernel_versions.importlib.metadata.PackageNotFoundError(dist)
         return torch_requires
 
-    monkeypatch.setattr(_versions.importlib.metadata, "requires", requires)
+    monkeypatch.setattr(kernel_versions.importlib.metadata, "requires", requires)
 
 
 TORCH_28_REQUIRES = [
@@ -61,7 +62,7 @@ TORCH_28_REQUIRES = [
 # ------------------------------------------------------------------------------ reading torch's pin
 def test_pin_read_from_torch_metadata(monkeypatch):
     _fake_install(monkeypatch, {"torch": "2.8.0", "triton": "3.4.0"}, TORCH_28_REQUIRES)
-    assert _versions.torch_pinned_triton() == "3.4.0"
+    assert kernel_versions.torch_pinned_triton() == "3.4.0"
 
 
 @pytest.mark.parametrize(
@@ -74,18 +75,18 @@ def test_pin_read_from_torch_metadata(monkeypatch):
 )
 def test_pin_variants(monkeypatch, requires, pin):
     _fake_install(monkeypatch, {"torch": "2.13.0"}, requires)
-    assert _versions.torch_pinned_triton() == pin
+    assert kernel_versions.torch_pinned_triton() == pin
 
 
 def test_no_torch_distribution_means_no_pin(monkeypatch):
     _fake_install(monkeypatch, {}, None)
-    assert _versions.torch_pinned_triton() is None
+    assert kernel_versions.torch_pinned_triton() is None
 
 
 # ------------------------------------------------------------------------------ too old, mismatched
 def test_too_old_triton_names_both_versions_and_the_fix(monkeypatch):
     _fake_install(monkeypatch, {"torch": "2.8.0", "triton": "3.4.0"}, TORCH_28_REQUIRES)
-    problem = _versions.triton_problem()
+    problem = kernel_versions.triton_problem()
     assert problem is not None
     assert "triton 3.4.0 is installed" in problem and "torch 2.8.0 pins triton 3.4.0" in problem
     assert "triton >= 3.6" in problem and "pip install 'torch>=2.10'" in problem
@@ -94,12 +95,12 @@ def test_too_old_triton_names_both_versions_and_the_fix(monkeypatch):
 @pytest.mark.parametrize("triton_version", ["3.6.0", "3.9.0", "4.0.0+git", None])
 def test_new_enough_or_absent_triton_is_no_problem(monkeypatch, triton_version):
     _fake_install(monkeypatch, {"torch": "2.13.0", "triton": triton_version}, [])
-    assert _versions.triton_problem() is None
+    assert kernel_versions.triton_problem() is None
 
 
 def test_mismatched_pair_detected(monkeypatch):
     _fake_install(monkeypatch, {"torch": "2.10.0", "triton": "3.9.0"}, ["triton==3.6.0; platform_system == 'Linux'"])
-    problem = _versions.pair_problem()
+    problem = kernel_versions.pair_problem()
     assert problem is not None and "torch 2.10.0" in problem and "3.6.0" in problem and "3.9.0" in problem
     assert "pip install 'triton==3.6.0'" in problem
 
@@ -114,7 +115,7 @@ def test_mismatched_pair_detected(monkeypatch):
 )
 def test_matching_pairs(monkeypatch, versions, requires):
     _fake_install(monkeypatch, versions, requires)
-    assert _versions.pair_problem() is None
+    assert kernel_versions.pair_problem() is None
 
 
 # ------------------------------------------------------------------------------ the interpreter with numpy >= 2.4
@@ -133,7 +134,7 @@ def test_matching_pairs(monkeypatch, versions, requires):
 )
 def test_interpreter_problem_by_versions(monkeypatch, triton_version, numpy_version, broken):
     _fake_install(monkeypatch, {"torch": "2.13.0", "triton": triton_version, "numpy": numpy_version}, [])
-    problem = _versions.interpreter_problem()
+    problem = kernel_versions.interpreter_problem()
     assert (problem is not None) is broken
     if broken:
         assert f"triton {triton_version}" in problem and f"numpy {numpy_version}" in problem
@@ -145,11 +146,11 @@ def test_interpreter_problem_keeps_the_torch_pair(monkeypatch):
     """Where torch pins triton 3.6.0 (torch 2.10 and 2.11), the triton fix is a torch that pins 3.7 or newer, not a
     bare triton upgrade that would break the pair."""
     _fake_install(monkeypatch, {"torch": "2.11.0", "triton": "3.6.0", "numpy": "2.5.0"}, ["triton==3.6.0"])
-    problem = _versions.interpreter_problem()
+    problem = kernel_versions.interpreter_problem()
     assert "pip install 'numpy<2.4'" in problem and "pip install 'torch>=2.12'" in problem
     assert "torch 2.11.0 pins triton 3.6.0" in problem and "pip install 'triton" not in problem
-    assert TORCH_PINS[_versions.TORCH_FOR_INTERPRETER_FIX] == "3.7.0"
-    assert Version(TORCH_PINS[(2, 11)]) < Version(".".join(map(str, _versions.INTERPRETER_FIXED_TRITON)))
+    assert TORCH_PINS[kernel_versions.TORCH_FOR_INTERPRETER_FIX] == "3.7.0"
+    assert Version(TORCH_PINS[(2, 11)]) < Version(".".join(map(str, kernel_versions.INTERPRETER_FIXED_TRITON)))
 
 
 BROKEN = "Triton's interpreter in triton 3.6.0 cannot run vit-fast's kernels with numpy 2.5.0: (the fix)"
@@ -161,18 +162,18 @@ def test_broken_interpreter_refuses_before_any_launch(monkeypatch):
     InterpreterVersionError with the message before running anything, the triton backend refuses with it, and
     ``vit-fast info`` says so. (Met by a test that does not expect it, the error skips that test: conftest.)"""
     import vit_fast
-    from vit_fast.kernels import _common, layer_norm
+    from vit_fast.kernels import launches, layer_norm
 
     ran = []
-    monkeypatch.setattr(_common.ResolvedLaunches, "_triton", lambda self, *a: ran.append(a))
-    monkeypatch.setattr(_common, "interpreter_version_problem", lambda: BROKEN)
+    monkeypatch.setattr(launches.ResolvedLaunches, "_triton", lambda self, *a: ran.append(a))
+    monkeypatch.setattr(launches, "interpreter_version_problem", lambda: BROKEN)
     x = torch.randn(4, 32)
-    with pytest.raises(_versions.InterpreterVersionError, match=re.escape(BROKEN)):
+    with pytest.raises(kernel_versions.InterpreterVersionError, match=re.escape(BROKEN)):
         layer_norm.layer_norm(x, torch.ones(32), torch.zeros(32), 1e-6)
     assert ran == []
     monkeypatch.setattr(runtime, "interpreter_version_problem", lambda: BROKEN)
     assert not runtime.triton_available()
-    with pytest.raises(_versions.InterpreterVersionError, match=re.escape(BROKEN)):
+    with pytest.raises(kernel_versions.InterpreterVersionError, match=re.escape(BROKEN)):
         runtime.require_triton()
     model = vit_fast.VisionTransformer(
         vit_fast.ViTConfig(img_size=16, patch_size=8, embed_dim=32, depth=1, num_heads=2)
@@ -282,9 +283,9 @@ def test_torch_floor_is_what_the_code_calls():
 def test_kernel_floor_matches_the_pins_and_the_oldest_pair_ci_tests():
     """MIN_TORCH_FOR_KERNELS is the oldest torch whose pin reaches MIN_TRITON, and the Makefile's oldest pair
     installs exactly MIN_TRITON."""
-    want = Version(".".join(map(str, _versions.MIN_TRITON)))
+    want = Version(".".join(map(str, kernel_versions.MIN_TRITON)))
     oldest = min(minor for minor, pin in TORCH_PINS.items() if Version(pin) >= want)
-    assert oldest == _versions.MIN_TORCH_FOR_KERNELS
+    assert oldest == kernel_versions.MIN_TORCH_FOR_KERNELS
     makefile = (ROOT / "Makefile").read_text()
     spec = re.search(r"^OLDEST_SPEC \?= (.*)$", makefile, re.M).group(1)
     assert f"triton=={want}.0" in spec.split()

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from vit_fast.backend import triton_path
-from vit_fast.kernels import _common
+from vit_fast.kernels import KERNELS, autotune
 from vit_fast.model.warmup import WarmupReport
 
 from .util import tiny_model
@@ -33,7 +33,7 @@ def _spy(monkeypatch, real: bool = False) -> list[tuple[int, torch.dtype, bool]]
     run = triton_path.features_triton
 
     def features(model, x, grid):
-        calls.append((x.shape[0], x.dtype, _common.autotune_enabled()))
+        calls.append((x.shape[0], x.dtype, autotune.autotune_enabled()))
         if real:
             return run(model, x, grid)
         return torch.zeros(x.shape[0], model.cfg.num_tokens, model.cfg.embed_dim, dtype=model.dtype)
@@ -62,20 +62,20 @@ def test_tune_runs_inside_tuning_and_later_forwards_stay_tuned(monkeypatch, caps
     report = model.warmup([2, 1], tune=True)
     assert [(b, tuned) for b, _, tuned in calls] == [(1, True), (2, True)]
     assert report.tuned and model.autotune
-    assert _common.autotune_enabled() is False  # the caller's mode is left as it was
+    assert autotune.autotune_enabled() is False  # the caller's mode is left as it was
     assert "tuning the Triton kernels for batch 1, 2 (fp32)" in capsys.readouterr().err
     with torch.no_grad():
         model(torch.randn(4, 3, 32, 32))
     assert calls[-1] == (4, torch.float32, True)  # the tuned model's own forwards tune (and find) their shapes
-    assert _common.autotune_enabled() is False
+    assert autotune.autotune_enabled() is False
 
 
 def test_tuning_is_public_and_lazy():
     import vit_fast
 
-    assert vit_fast.tuning is _common.tuning and "tuning" in vit_fast.__all__
+    assert vit_fast.tuning is autotune.tuning and "tuning" in vit_fast.__all__
     with vit_fast.tuning():
-        assert _common.autotune_enabled()
+        assert autotune.autotune_enabled()
 
 
 def test_untuned_warmup_follows_the_environment(monkeypatch, capsys):
@@ -157,7 +157,7 @@ jit.JITFunction._do_compile = counting_compile
 triton.runtime.driver.active.get_benchmarker = lambda: bench
 
 from vit_fast import VisionTransformer
-from vit_fast.kernels._common import autotune_enabled
+from vit_fast.kernels.autotune import autotune_enabled
 from vit_fast.model.warmup import kernel_shapes
 
 model = VisionTransformer("vit_base_patch16_224", backend="torch").eval().to(torch.float16).set_backend("triton")
@@ -191,7 +191,7 @@ def test_default_warmup_compiles_each_kernel_once_per_shape_without_timing(tmp_p
     kernel shapes at most once (at most 8 compilations before the first output, the issue's bound), times nothing
     (the stub's benchmarker would exit), and the forwards after the warm-up compile nothing more."""
     out = _stubbed_warmup(tmp_path, "default")
-    kernels = {f"_{k}_kernel": n for k, n in out["shapes"].items() if n}
+    kernels = {KERNELS[k].kernel_name: n for k, n in out["shapes"].items() if n}
     for b, seen in out["batches"].items():
         assert not seen["tuned"] and seen["timed"] == 0, (b, seen)
         # one compilation per kernel and shape at most: proj and fc2 share theirs (K is not specialised on), and

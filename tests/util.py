@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from vit_fast import VisionTransformer, ViTConfig
-from vit_fast.kernels._interpret import interpreter_enabled, interpreter_version_problem
+from vit_fast.kernels.interpret import interpreter_enabled, interpreter_version_problem
 
 
 def interpreter_fault() -> str | None:
@@ -45,12 +45,12 @@ def record_triton_forwards(monkeypatch) -> list[tuple[int, bool]]:
     """Replace the triton path's forward with one that records ``(batch, tuning on)`` per call and returns zeros:
     what a test of who tunes when (bench, serve) needs, without running the kernels."""
     from vit_fast.backend import triton_path
-    from vit_fast.kernels import _common
+    from vit_fast.kernels import autotune
 
     seen: list[tuple[int, bool]] = []
 
     def features(model, x, grid):
-        seen.append((x.shape[0], _common.autotune_enabled()))
+        seen.append((x.shape[0], autotune.autotune_enabled()))
         return torch.zeros(x.shape[0], model.cfg.num_tokens, model.cfg.embed_dim)
 
     monkeypatch.delenv("VIT_FAST_AUTOTUNE", raising=False)

@@ -56,11 +56,12 @@ import time
 import warnings
 from concurrent.futures.process import BrokenProcessPool
 
-from vit_fast.kernels._interpret import interpreter_enabled
+from vit_fast.kernels import KERNELS
+from vit_fast.kernels.interpret import interpreter_enabled
 
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, without its warning
 
-ALL_KERNELS = ("patch_embed", "layer_norm", "attention", "attention_pool", "diff_attention", "linear")
+ALL_KERNELS = tuple(KERNELS)  # the kernel files, in the registry's order
 DTYPES = ("fp32", "fp16", "bf16")
 #: the vit-b16 set's "every kept config" for these dtypes; bf16 gets its heuristic pick only: its prunes keep the
 #: same configs as fp16 (same element size) and it compiles to the same tiles, so it would double the time
@@ -100,27 +101,27 @@ class _Recorder:
         return launch
 
 
-def _recorded_launch(module, kernel_name: str, launcher, *args, **kwargs):
-    """(JITFunction, positional args, keyword args) of the launch ``launcher(*args, **kwargs)`` makes.
+def _recorded_launch(name: str, launcher, *args, **kwargs):
+    """(JITFunction, positional args, keyword args) of the launch ``launcher(*args, **kwargs)`` makes, ``name`` the
+    kernel file's entry in :data:`vit_fast.kernels.KERNELS`.
 
     The launcher itself runs on CPU tensors of the variant's shapes, dtypes and strides (its input
     checks skipped: they would refuse CPU tensors without the interpreter), with its kernel swapped
     for a recorder; so the kernel's argument list is written once, in the launcher. Call it inside
     ``cards.pretend_arch(target)``: whatever the launcher reads of the device is then the target's."""
-    kernel = getattr(module, kernel_name)
+    from vit_fast.kernels import KERNELS
+
+    entry = KERNELS[name]
+    module, kernel, launches = entry.module, entry.kernel, entry.launches
     recorder = _Recorder()
-    # launchers launch through their ResolvedLaunches (``_<op>_launches``), which holds the kernel itself
-    launches_name = kernel_name.replace("_kernel", "_launches")
-    launches = getattr(module, launches_name, None)
-    setattr(module, kernel_name, recorder)
-    if launches is not None:
-        setattr(module, launches_name, lambda grid, grid_key, *a, **k: recorder[grid](*a, **k))
+    # launchers launch through their ResolvedLaunches, which holds the kernel itself: both are swapped
+    setattr(module, entry.kernel_name, recorder)
+    setattr(module, entry.launches_name, lambda grid, grid_key, *a, **k: recorder[grid](*a, **k))
     try:
         launcher(*args, **kwargs, checked=True)
     finally:
-        setattr(module, kernel_name, kernel)
-        if launches is not None:
-            setattr(module, launches_name, launches)
+        setattr(module, entry.kernel_name, kernel)
+        setattr(module, entry.launches_name, launches)
     return kernel_fn(kernel), recorder.args, recorder.kwargs
 
 
@@ -218,8 +219,7 @@ def patch_embed_launch(params):
     num_prefix = int(has_cls) + num_reg
     normalize = image.endswith("+norm")
     return _recorded_launch(
-        pe,
-        "_patch_embed_kernel",
+        "patch_embed",
         pe.launch_patch_embed,
         _empty((B, C, H, H), "u8" if image.startswith("uint8") else dtype),
         _empty((D, C, p, p), dtype),
@@ -261,8 +261,7 @@ def layer_norm_launch(params):
     M, D, dtype = params["M"], params["D"], params["dtype"]
     # the launcher picks the compiled-mode block sizes and warps itself (TRITON_INTERPRET unset)
     return _recorded_launch(
-        ln,
-        "_layer_norm_kernel",
+        "layer_norm",
         ln.launch_add_layer_norm,
         _empty((M, D), dtype),
         _empty((M, D), dtype) if params["res"] else None,
@@ -321,8 +320,7 @@ def attention_launch(params):
         "packed": {"cu_seqlens": _empty((4 * B + 1,), "i32"), "max_seqlen": 64},
     }
     return _recorded_launch(
-        at,
-        "_attention_kernel",
+        "attention",
         at.launch_attention,
         _empty((B, T, 3 * H * Dh), params["dtype"]),
         H,
@@ -358,7 +356,7 @@ def attention_pool_launch(params):
     B, Dh, Lq = params.get("B", 8), params["head_dim"], params.get("Lq", 1)
     H, T = POOL_HEADS[Dh]
     q, kv = _empty((1, Lq, H * Dh), params["dtype"]), _empty((B, T, 2 * H * Dh), params["dtype"])
-    return _recorded_launch(ap, "_attention_pool_kernel", ap.launch_attention_pool, q, kv, H)
+    return _recorded_launch("attention_pool", ap.launch_attention_pool, q, kv, H)
 
 
 #: q/k head dim -> heads of timm's differential attention (output heads are 2 x head dim wide); 32: vit_dwee /
@@ -388,8 +386,7 @@ def diff_attention_launch(params):
     B, T, Dh, dtype = params.get("B", 8), 257, params["head_dim"], params["dtype"]
     H = DIFF_ATTENTION_HEADS[Dh]
     return _recorded_launch(
-        da,
-        "_diff_attention_kernel",
+        "diff_attention",
         da.launch_diff_attention,
         _empty((B, T, 3 * H * 2 * Dh), dtype),
         _empty((), "fp32"),
@@ -478,8 +475,7 @@ def linear_launch(params):
     if name[:4] == "rms+":  # timm's RmsNorm: a weight, no bias
         ln = {"ln_weight": _empty((K,), dtype), "ln_eps": 1e-6, "ln_rms": True}
     return _recorded_launch(
-        li,
-        "_linear_kernel",
+        "linear",
         li.launch_linear,
         _empty((M, K), dtype),
         _empty((N, K), dtype),
@@ -511,15 +507,10 @@ LAUNCH = {
 
 def _tuner(kernel: str):
     """The kernel's Autotuner, or None for a kernel that is not autotuned (its launcher picks the config)."""
-    from vit_fast.kernels import attention, attention_pool, diff_attention, linear, patch_embed
+    from vit_fast.kernels import KERNELS
 
-    return {
-        "attention": attention._attention_kernel,
-        "attention_pool": attention_pool._attention_pool_kernel,
-        "diff_attention": diff_attention._diff_attention_kernel,
-        "linear": linear._linear_kernel,
-        "patch_embed": patch_embed._patch_embed_kernel,
-    }.get(kernel)
+    entry = KERNELS[kernel]
+    return entry.kernel if entry.configs else None
 
 
 def _named_args(fn, args, const, target: int) -> dict:
@@ -534,7 +525,7 @@ def _prune(kernel: str, params: dict, target: int, tune: bool):
     """The configs the kernel's own early_config_prune keeps for this case on ``target``, with autotuning on
     (``tune``: every candidate) or off (the heuristic's one pick); None for a kernel that is not autotuned."""
     from vit_fast.kernels import cards
-    from vit_fast.kernels._common import tuning
+    from vit_fast.kernels.autotune import tuning
 
     tuner = _tuner(kernel)
     if tuner is None:
@@ -716,7 +707,7 @@ def compile_one(task):
         from triton.runtime.jit import create_function_from_signature
 
         from vit_fast.kernels import cards
-        from vit_fast.kernels._common import FP_FUSION
+        from vit_fast.kernels.launches import FP_FUSION
 
         with cards.pretend_arch(target):
             fn, args, const = LAUNCH[kernel](params)

@@ -26,7 +26,7 @@ _public, __getattr__, __dir__ = lazy_names(
         "interop.patching": ("apply_vit_fast", "remove_vit_fast"),
         "interop.explanation": ("explain",),
         "backend.graphs": ("CUDAGraphRunner",),
-        "kernels._common": ("tuning",),  # ``with vit_fast.tuning(): ...`` tunes the kernel shapes first seen in it
+        "kernels.autotune": ("tuning",),  # ``with vit_fast.tuning(): ...`` tunes the kernel shapes first seen in it
     },
 )
 __all__ = [*_public, "__version__"]
@@ -39,6 +39,6 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__
     from vit_fast.interop.loading import load_model  # noqa: F401 (public through __all__)
     from vit_fast.interop.patching import apply_vit_fast, remove_vit_fast  # noqa: F401 (public through __all__)
     from vit_fast.interop.timm_import import import_timm  # noqa: F401 (public through __all__)
-    from vit_fast.kernels._common import tuning  # noqa: F401 (public through __all__)
+    from vit_fast.kernels.autotune import tuning  # noqa: F401 (public through __all__)
     from vit_fast.model.config import PRESETS, ViTConfig  # noqa: F401 (public through __all__)
     from vit_fast.model.vit import VisionTransformer  # noqa: F401 (public through __all__)

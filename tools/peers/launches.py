@@ -2,7 +2,7 @@
 
 The pytest side (a plugin; ``make peers-hf`` copies this file into the transformers harness and loads it with
 ``-p``, tests/peers/timm_plugin.py registers it for timm's tests): every test runs inside
-``vit_fast.kernels._common.record_launches``, which sees every launch of our kernels, compiled or in Triton's
+``vit_fast.kernels.launches.record_launches``, which sees every launch of our kernels, compiled or in Triton's
 interpreter. The launches are added up per suite: the test's ``model_name`` parameter where it has one (timm's
 tests/test_models.py), else its class (a tester class of transformers' mixin: ViTPeerTest, ...), else the last part
 of its module's name. A patching plugin calls :func:`note_patched` for each model it patches, so a suite says
@@ -58,7 +58,7 @@ def note_patched(meta: bool = False) -> None:
 def pytest_runtest_protocol(item, nextitem):
     if not os.environ.get(ENV):
         return (yield)
-    from vit_fast.kernels._common import record_launches
+    from vit_fast.kernels.launches import record_launches
 
     name = _current[0] = _tests[item.nodeid] = suite_of(item)
     try:

@@ -30,9 +30,9 @@ from typing import Any
 
 import torch
 
-from vit_fast.kernels._interpret import interpreter_enabled
-from vit_fast.kernels._switches import switch
 from vit_fast.kernels.cards import device_name
+from vit_fast.kernels.interpret import interpreter_enabled
+from vit_fast.kernels.switches import switch
 from vit_fast.util import numerics
 
 ENV = "VIT_FAST_FIRST_USE_CHECK"

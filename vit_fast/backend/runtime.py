@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from vit_fast.kernels import cards
-from vit_fast.kernels._interpret import interpreter_enabled, interpreter_version_problem
-from vit_fast.kernels._versions import InterpreterVersionError
+from vit_fast.kernels.interpret import interpreter_enabled, interpreter_version_problem
+from vit_fast.kernels.versions import InterpreterVersionError
 
 if TYPE_CHECKING:
     import torch
@@ -24,9 +24,9 @@ def triton_importable() -> bool:
 
 @functools.cache
 def triton_version_problem() -> str | None:
-    """Why the installed triton is too old for our kernels, with the fix (``vit_fast.kernels._versions``); None
+    """Why the installed triton is too old for our kernels, with the fix (``vit_fast.kernels.versions``); None
     when it is new enough or not installed. Read once per process: installed versions do not change under it."""
-    from vit_fast.kernels._versions import triton_problem
+    from vit_fast.kernels.versions import triton_problem
 
     return triton_problem()
 
@@ -63,7 +63,7 @@ def cuda_available() -> bool:
 
 def triton_available() -> bool:
     """Triton kernels can run: a new enough triton is installed and there is a GPU or the interpreter (with a
-    numpy it runs under: :func:`~.kernels._interpret.interpreter_version_problem`)."""
+    numpy it runs under: :func:`~.kernels.interpret.interpreter_version_problem`)."""
     if not triton_importable() or triton_version_problem() is not None:
         return False
     if interpreter_enabled():
@@ -156,7 +156,7 @@ def patched_runs_kernels(x: torch.Tensor, backend: str, head_dim: int | None = N
     """Whether a block or head of a timm / transformers model patched in place (``vit_fast.interop.patching``,
     ``vit_fast.interop.hf_patch``) runs on our kernels for input ``x``, else on its own forward. ``backend="auto"``:
     where :func:`auto_backend` picks triton for ``x``'s device (``head_dim``: the model's); ``"triton"``: on any device.
-    Either way only in a dtype the kernels compute in (``vit_fast.kernels._common.SUPPORTED_DTYPES``: float64 and
+    Either way only in a dtype the kernels compute in (``vit_fast.kernels.launches.SUPPORTED_DTYPES``: float64 and
     the rest keep the model's own forward), and bf16 on a card that only emulates it is refused with a ValueError
     naming the card, as ``VisionTransformer``'s triton backend refuses it
     (``vit_fast.util.dtypes.check_dtype_on_device``).
@@ -165,7 +165,7 @@ def patched_runs_kernels(x: torch.Tensor, backend: str, head_dim: int | None = N
         return False
     import torch
 
-    from vit_fast.kernels._common import SUPPORTED_DTYPES  # triton is imported by now: the kernels run next
+    from vit_fast.kernels.launches import SUPPORTED_DTYPES  # triton is imported by now: the kernels run next
 
     if x.dtype not in SUPPORTED_DTYPES:
         return False

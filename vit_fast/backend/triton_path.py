@@ -37,17 +37,12 @@ import triton
 from torch import nn
 
 from vit_fast.backend import first_use
-from vit_fast.kernels import attention as _attention_module
-from vit_fast.kernels import attention_pool as _attention_pool_module
-from vit_fast.kernels import diff_attention as _diff_attention_module
-from vit_fast.kernels import layer_norm as _layer_norm_module
-from vit_fast.kernels import linear as _linear_module
-from vit_fast.kernels import patch_embed as _patch_embed_module
-from vit_fast.kernels._common import config_mode, eager_direct, m_class
-from vit_fast.kernels._switches import switch
+from vit_fast.kernels import OPS
 from vit_fast.kernels.attention import attention, attention_ref, launch_attention
 from vit_fast.kernels.attention_pool import attention_pool, attention_pool_ref, launch_attention_pool
+from vit_fast.kernels.autotune import config_mode, m_class
 from vit_fast.kernels.diff_attention import diff_attention, diff_attention_ref, launch_diff_attention
+from vit_fast.kernels.launches import eager_direct
 from vit_fast.kernels.layer_norm import (
     add_layer_norm_ref,
     launch_layer_norm,
@@ -66,6 +61,7 @@ from vit_fast.kernels.linear import (
     rms_norm_linear_ref,
 )
 from vit_fast.kernels.patch_embed import launch_patch_embed, patch_embed, patch_embed_ref
+from vit_fast.kernels.switches import switch
 
 if TYPE_CHECKING:
     from vit_fast.model.layers import Block
@@ -151,13 +147,14 @@ class _CheckedOps(_Ops):
     kernel's ResolvedLaunches recorded it for this thread: a tuned config picked later for a shape class checked
     with the heuristic one is judged in its turn."""
 
-    def _run(self, op, launches, dtype, shape_class, launch, reference, args, kwargs=None) -> torch.Tensor:
+    def _run(self, op, dtype, shape_class, launch, reference, args, kwargs=None) -> torch.Tensor:
         kwargs = kwargs or {}
         if op in first_use.failed_ops():
             return reference(*args, **kwargs)
         out = launch()
         if not first_use.eligible(out):  # traced or captured (an op failed earlier brought us here): not judged now
             return out
+        launches = OPS[op].kernel.launches
         config = launches.launched_config()
         key = (op, str(out.device), triton.__version__, dtype, config, shape_class)
         if first_use.is_checked(key) or first_use.check(
@@ -175,14 +172,13 @@ class _CheckedOps(_Ops):
         )
         args = (x, lin.weight, lin.bias, act, residual, gamma)
         launch = lambda: _Ops.linear(self, x, lin, act, residual, gamma)  # noqa: E731
-        return self._run("linear", _linear_module._linear_launches, x.dtype, shape, launch, linear_ref, args)
+        return self._run("linear", x.dtype, shape, launch, linear_ref, args)
 
     def norm_linear(self, norm: nn.LayerNorm, x, lin: nn.Linear, act) -> torch.Tensor:
         shape = (m_class(x.numel() // x.shape[-1]), tuple(lin.weight.shape), act, lin.bias is not None)
         args = (x, norm.weight, norm.bias, norm.eps, lin.weight, lin.bias, act)
         launch = lambda: _Ops.norm_linear(self, norm, x, lin, act)  # noqa: E731
-        launches = _linear_module._linear_launches
-        return self._run("layer_norm_linear", launches, x.dtype, shape, launch, layer_norm_linear_ref, args)
+        return self._run("layer_norm_linear", x.dtype, shape, launch, layer_norm_linear_ref, args)
 
     def attention(
         self,
@@ -197,53 +193,46 @@ class _CheckedOps(_Ops):
         masks = (lengths is not None, cu_seqlens is not None)
         shape = (m_class(batch * tokens), tokens, num_heads, width // (3 * num_heads), *masks)
         launch = lambda: _Ops.attention(self, qkv, num_heads, scale, lengths, cu_seqlens, max_seqlen)  # noqa: E731
-        launches = _attention_module._attention_launches
         args, kwargs = (qkv, num_heads, scale), {"lengths": lengths, "cu_seqlens": cu_seqlens}
-        return self._run("attention", launches, qkv.dtype, shape, launch, attention_ref, args, kwargs)
+        return self._run("attention", qkv.dtype, shape, launch, attention_ref, args, kwargs)
 
     def diff_attention(self, qkv, lambda_full, norm_weight, num_heads: int, lambda_init, scale, eps) -> torch.Tensor:
         batch, tokens, width = qkv.shape
         shape = (m_class(batch * tokens), tokens, num_heads, width // (6 * num_heads))
         args = (qkv, lambda_full, norm_weight, num_heads, lambda_init, scale, eps)
         launch = lambda: _Ops.diff_attention(self, *args)  # noqa: E731
-        launches = _diff_attention_module._diff_attention_launches
-        return self._run("diff_attention", launches, qkv.dtype, shape, launch, diff_attention_ref, args)
+        return self._run("diff_attention", qkv.dtype, shape, launch, diff_attention_ref, args)
 
     def attention_pool(self, q, kv, num_heads: int, scale: float) -> torch.Tensor:
         batch, tokens, width = kv.shape
         shape = (m_class(batch), tokens, q.shape[0], q.shape[1], num_heads, width // (2 * num_heads))
         args = (q, kv, num_heads, scale)
         launch = lambda: _Ops.attention_pool(self, *args)  # noqa: E731
-        launches = _attention_pool_module._attention_pool_launches
-        return self._run("attention_pool", launches, kv.dtype, shape, launch, attention_pool_ref, args)
+        return self._run("attention_pool", kv.dtype, shape, launch, attention_pool_ref, args)
 
     def layer_norm(self, norm: nn.LayerNorm, x) -> torch.Tensor:
         shape = (m_class(x.numel() // x.shape[-1]), x.shape[-1])
         launch = lambda: _Ops.layer_norm(self, norm, x)  # noqa: E731
-        launches = _layer_norm_module._layer_norm_launches
         args = (x, norm.weight, norm.bias, norm.eps)
-        return self._run("layer_norm", launches, x.dtype, shape, launch, _layer_norm_ref, args)
+        return self._run("layer_norm", x.dtype, shape, launch, _layer_norm_ref, args)
 
     def rms_norm(self, norm: nn.Module, x) -> torch.Tensor:
         shape = (m_class(x.numel() // x.shape[-1]), x.shape[-1])
         launch = lambda: _Ops.rms_norm(self, norm, x)  # noqa: E731
-        launches = _layer_norm_module._layer_norm_launches
         args = (x, norm.weight, None, norm.eps)
-        return self._run("rms_norm", launches, x.dtype, shape, launch, rms_norm_ref, args)
+        return self._run("rms_norm", x.dtype, shape, launch, rms_norm_ref, args)
 
     def rms_norm_linear(self, norm: nn.Module, x, lin: nn.Linear, act) -> torch.Tensor:
         shape = (m_class(x.numel() // x.shape[-1]), tuple(lin.weight.shape), act, lin.bias is not None)
         args = (x, norm.weight, None, norm.eps, lin.weight, lin.bias, act)
         launch = lambda: _Ops.rms_norm_linear(self, norm, x, lin, act)  # noqa: E731
-        launches = _linear_module._linear_launches
-        return self._run("rms_norm_linear", launches, x.dtype, shape, launch, rms_norm_linear_ref, args)
+        return self._run("rms_norm_linear", x.dtype, shape, launch, rms_norm_linear_ref, args)
 
     def patch_embed(self, x, *args, **kwargs) -> torch.Tensor:
         weight = args[0]
         shape = (m_class(x.shape[0]), tuple(x.shape[1:]), str(x.dtype), tuple(weight.shape))
         launch = lambda: _Ops.patch_embed(self, x, *args, **kwargs)  # noqa: E731
-        launches = _patch_embed_module._patch_embed_launches
-        return self._run("patch_embed", launches, weight.dtype, shape, launch, patch_embed_ref, (x, *args), kwargs)
+        return self._run("patch_embed", weight.dtype, shape, launch, patch_embed_ref, (x, *args), kwargs)
 
 
 _DIRECT, _THROUGH_OPS = _Ops(direct=True), _Ops(direct=False)
@@ -256,7 +245,7 @@ _CLEARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def _forward_key(model: VisionTransformer, x: torch.Tensor, shape: tuple | None = None) -> tuple:
     """What a cleared forward is known by: its input and everything else that decides which kernels and configs it
-    launches (``_common.config_mode``: tuning on or off, the TMA switch). A forward cleared with the heuristic
+    launches (``kernels.autotune.config_mode``: tuning on or off, the TMA switch). A forward cleared with the heuristic
     configs is not cleared for the tuned ones: its first tuned run goes through the net again. ``shape``: what stands
     for x's shape where one tensor does not say it (a packed forward: every image's shape)."""
     return shape or x.shape, x.dtype, x.device, _layer_norm_fused(model), config_mode()

@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    from vit_fast.kernels._switches import SwitchError, check_switches
+    from vit_fast.kernels.switches import SwitchError, check_switches
 
     try:  # every VIT_FAST_* switch and TRITON_INTERPRET, before anything reads one or any work starts
         check_switches()
@@ -232,7 +232,7 @@ def _run(args: argparse.Namespace, command: str) -> int:
     import contextlib
 
     from vit_fast.cli._args import STDOUT, json_only_on_stdout
-    from vit_fast.kernels._switches import switch
+    from vit_fast.kernels.switches import switch
 
     try:
         with json_only_on_stdout() if getattr(args, "json", None) == STDOUT else contextlib.nullcontext():

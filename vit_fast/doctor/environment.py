@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from vit_fast.backend.env import driver_version, launcher_needs
-from vit_fast.kernels import _versions
+from vit_fast.kernels import versions
 from vit_fast.kernels.cards import MIN_ARCH, card_of, device_name
 
 from .base import check_record
@@ -36,9 +36,9 @@ def launcher_checks(cuda: bool) -> list[dict[str, Any]]:
 
 
 def _triton_checks(cuda: bool) -> list[dict[str, Any]]:
-    triton_version, torch_version = _versions.installed("triton"), torch.__version__
-    pinned = _versions.torch_pinned_triton()
-    want = ".".join(map(str, _versions.MIN_TRITON))
+    triton_version, torch_version = versions.installed("triton"), torch.__version__
+    pinned = versions.torch_pinned_triton()
+    want = ".".join(map(str, versions.MIN_TRITON))
     checks = []
     triton_ok = False
     if triton_version is None:
@@ -51,11 +51,11 @@ def _triton_checks(cuda: bool) -> list[dict[str, Any]]:
             )
         )
     else:
-        problem = _versions.triton_problem()
+        problem = versions.triton_problem()
         triton_ok = problem is None
         summary = problem or f"triton {triton_version} (vit-fast's kernels need >= {want})"
         checks.append(check_record("environment", "triton", triton_ok, summary, version=triton_version))
-    pair = _versions.pair_problem()
+    pair = versions.pair_problem()
     if pair is not None:
         status, summary = "warning", pair
     elif pinned is None:
@@ -64,8 +64,8 @@ def _triton_checks(cuda: bool) -> list[dict[str, Any]]:
         status, summary = "ok", f"torch {torch_version} pins triton {pinned}, and triton {triton_version} is installed"
     checks.append(check_record("environment", "torch / triton pair", status, summary, torch_pins=pinned))
     if triton_ok and not cuda:  # the kernel checks run in Triton's interpreter here
-        problem = _versions.interpreter_problem()
-        numpy_version = _versions.installed("numpy")
+        problem = versions.interpreter_problem()
+        numpy_version = versions.installed("numpy")
         summary = problem or (
             f"triton {triton_version} with numpy {numpy_version}: no known fault of the interpreter there "
             "(the kernel checks below run in it)"
@@ -83,7 +83,7 @@ def settings_present(environ: dict[str, str] | None = None) -> dict[str, str]:
 def _settings_check() -> dict[str, Any]:
     found = settings_present()
     shown = ", ".join(f"{k}={v}" for k, v in found.items()) or "none set"
-    # our kernels pass enable_fp_fusion on every launch (kernels._common.FP_FUSION), so the variable changes only
+    # our kernels pass enable_fp_fusion on every launch (kernels.launches.FP_FUSION), so the variable changes only
     # other Triton code in the process; said, because a user comparing numerics may have set it
     fusion = os.environ.get("TRITON_DEFAULT_FP_FUSION", "unset")
     fusion_note = f"our kernels pin fp fusion per launch (TRITON_DEFAULT_FP_FUSION, {fusion}, does not reach them)"

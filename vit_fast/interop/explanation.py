@@ -27,7 +27,7 @@ from torch import nn
 from vit_fast.backend import runtime
 from vit_fast.backend.runtime import BackendChoice
 
-#: the dtypes the kernels compute in (vit_fast.kernels._common.SUPPORTED_DTYPES; kept here so that explaining a
+#: the dtypes the kernels compute in (vit_fast.kernels.launches.SUPPORTED_DTYPES; kept here so that explaining a
 #: model on a machine without triton imports no kernel)
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 KERNELS, OWN, RAISES = "kernels", "own forward", "raises"

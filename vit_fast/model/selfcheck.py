@@ -21,8 +21,6 @@ Importing this module imports no kernel (and so no triton): the check does, when
 from __future__ import annotations
 
 import contextlib
-import importlib
-import math
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -31,31 +29,17 @@ from typing import Any
 
 import torch
 
-from vit_fast.kernels._versions import InterpreterVersionError
+from vit_fast.kernels import OPS
+from vit_fast.kernels.versions import InterpreterVersionError
 from vit_fast.model.config import ViTConfig
 from vit_fast.util.dtypes import DTYPE_NAMES
 from vit_fast.util.numerics import compare
 
-#: kernel -> (module in vit_fast.kernels, launcher, eager reference)
-KERNELS: dict[str, tuple[str, str, str]] = {
-    "patch_embed": ("patch_embed", "launch_patch_embed", "patch_embed_ref"),
-    "layer_norm_linear": ("linear", "launch_linear", "layer_norm_linear_ref"),
-    "attention": ("attention", "launch_attention", "attention_ref"),
-    "linear": ("linear", "launch_linear", "linear_ref"),
-    "layer_norm": ("layer_norm", "launch_layer_norm", "add_layer_norm_ref"),
-    "add_layer_norm": ("layer_norm", "launch_add_layer_norm", "add_layer_norm_ref"),
-    # launched only by timm / Hugging Face models patched in place (vit_fast.apply_vit_fast): see family_cases
-    "rms_norm": ("layer_norm", "launch_rms_norm", "rms_norm_ref"),
-    "rms_norm_linear": ("linear", "launch_linear", "rms_norm_linear_ref"),
-    "diff_attention": ("diff_attention", "launch_diff_attention", "diff_attention_ref"),
-    "attention_pool": ("attention_pool", "launch_attention_pool", "attention_pool_ref"),
-}
-
 
 @dataclass(frozen=True)
 class KernelCase:
-    """One launch of one kernel: ``kernel`` (a key of :data:`KERNELS`), what it is in the model (``role``), its
-    sizes and flags (``dims``), and the dtype it runs in."""
+    """One launch of one kernel: ``kernel`` (an op of :data:`vit_fast.kernels.OPS`), what it is in the model
+    (``role``), its sizes and flags (``dims``), and the dtype it runs in."""
 
     kernel: str
     role: str
@@ -130,14 +114,11 @@ def model_cases(
 #: ``ViTConfig`` model does, with their sizes as timm builds them. transformers' SigLIP pooling head
 #: (``SiglipMultiheadAttentionPoolingHead``, one probe query) launches the attention-pool kernel as timm's map
 #: head does.
-#: ParallelScalingBlock with an RmsNorm in_norm (folded into its fc1 and qkv GEMMs) and RmsNorm qk-norm, no qkv bias:
-RMS_FAMILY = dict(model="vit_base_patch16_xp_224", tokens=197, heads=12, head_dim=64, mlp_ratio=4.0, eps=1e-6)
-#: DiffAttention (its Dh is dim / heads / 2), no class token and one register; lambda_init of its last block (depth 13):
-DIFF_FAMILY = dict(
-    model="vit_dlittle_patch16_reg1_gap_256", tokens=257, heads=5, head_dim=32, lambda_init=0.8 - 0.6 * math.exp(-3.9)
-)
-#: AttentionPoolLatent (global_pool='map') with one latent query, over the patch tokens (no class token):
-POOL_FAMILY = dict(model="vit_base_patch16_siglip_224", tokens=196, heads=12, head_dim=64, latents=1)
+#: the sizes of the timm model each family kernel is checked at (:data:`vit_fast.kernels.OPS`' ``family``):
+#: a ParallelScalingBlock ViT's RmsNorm GEMMs and qk-norm, DiffAttention, the attention-pool (map) head
+RMS_FAMILY = OPS["rms_norm"].family
+DIFF_FAMILY = OPS["diff_attention"].family
+POOL_FAMILY = OPS["attention_pool"].family
 
 
 def family_cases(batch: int = 1, dtype: torch.dtype = torch.float32, max_heads: int | None = None) -> list[KernelCase]:
@@ -221,8 +202,7 @@ def _launch(
 ) -> torch.Tensor:
     """The kernel's launcher on ``args``, into outputs made by ``outputs(*shape)`` (default: NaN-filled new
     tensors, in the order the launcher takes them); the output that is judged."""
-    module_name, launcher_name, _ = KERNELS[case.kernel]
-    launcher = getattr(importlib.import_module(f"vit_fast.kernels.{module_name}"), launcher_name)
+    launcher = OPS[case.kernel].launcher
     x, B, T, D = args[0], case.dims["batch"], case.dims["tokens"], case.dims["dim"]
 
     def poisoned(*shape: int) -> torch.Tensor:
@@ -256,8 +236,7 @@ def _launch(
 
 def _reference(case: KernelCase, args: tuple, kwargs: dict[str, Any]) -> torch.Tensor:
     """The kernel file's eager reference on ``args`` (in their dtype and device), shaped as :func:`_launch`'s."""
-    module_name, _, ref_name = KERNELS[case.kernel]
-    reference = getattr(importlib.import_module(f"vit_fast.kernels.{module_name}"), ref_name)
+    reference = OPS[case.kernel].reference
     out = reference(*args, **kwargs)
     if case.kernel == "layer_norm":
         return out[1]
@@ -323,7 +302,7 @@ def check_kernel(
     """Run ``case`` on ``device`` and judge it; never raises for the kernel's own failure. The float64 reference
     runs (and the errors are measured) on ``reference_device``: the CPU by default, the GPU itself where a large
     case's float64 reference would take the CPU seconds. Raises
-    :class:`~vit_fast.kernels._versions.InterpreterVersionError` where the installed triton and numpy break the
+    :class:`~vit_fast.kernels.versions.InterpreterVersionError` where the installed triton and numpy break the
     interpreter it would run in: no kernel is at fault there (``vit-fast doctor`` says so before any case).
 
     Returns ``{"name", "kernel", "role", "dtype", "shape", "status": "ok" | "failed", "summary", "seconds"}``,
@@ -373,7 +352,6 @@ def check_kernel(
 
 __all__ = [
     "DIFF_FAMILY",
-    "KERNELS",
     "POOL_FAMILY",
     "RMS_FAMILY",
     "KernelCase",

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from vit_fast.kernels._switches import switch
+from vit_fast.kernels.switches import switch
 
 if TYPE_CHECKING:
     from vit_fast.model.vit import VisionTransformer

@@ -83,7 +83,7 @@ class VisionTransformer(TimmModelAPI, nn.Module):
         #: launches of their own (7 per block), to compare the two (also ``VIT_FAST_FUSE_LN=0``)
         self.fuse_layer_norm = True
         #: triton backend: forwards time the kernels' autotune candidates for shapes not seen before (inside
-        #: ``kernels._common.tuning()``), as the warm-up tuned them; set by ``warmup(..., tune=True)``
+        #: ``kernels.autotune.tuning()``), as the warm-up tuned them; set by ``warmup(..., tune=True)``
         self.autotune = False
         # set_input_normalization: uint8 images accepted (buffers follow .to(); not in the state_dict)
         self.register_buffer("input_mean", None, persistent=False)
@@ -203,7 +203,7 @@ class VisionTransformer(TimmModelAPI, nn.Module):
         or bf16 weights (``"auto"`` picked triton only after reading a card with tensor cores)."""
         backend = self.resolved_backend(x)
         if backend == "triton":
-            from vit_fast.kernels._common import SUPPORTED_DTYPES  # triton is needed now: the kernels run next
+            from vit_fast.kernels.launches import SUPPORTED_DTYPES  # triton is needed now: the kernels run next
 
             if self.dtype not in SUPPORTED_DTYPES:
                 # the fast path launches unchecked: a float64 model would reach the kernels (tl.dot in fp64)
@@ -443,7 +443,7 @@ class VisionTransformer(TimmModelAPI, nn.Module):
     def _autotune_scope(self) -> contextlib.AbstractContextManager | None:
         """``tuning()`` for a forward of a model that asked for tuning, unless already on or traced (a context
         variable set inside torch.compile's tracing would break the graph)."""
-        from vit_fast.kernels._common import autotune_enabled, tuning
+        from vit_fast.kernels.autotune import autotune_enabled, tuning
 
         if torch.compiler.is_compiling() or autotune_enabled():
             return None

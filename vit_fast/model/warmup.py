@@ -112,11 +112,9 @@ def kernel_shapes(model: VisionTransformer) -> dict[str, int]:
 
 def _candidates(kernel: str) -> int:
     """Configs the autotuner of ``kernel`` starts from (before its prune): an upper bound of what tuning compiles."""
-    import importlib
+    from vit_fast.kernels import KERNELS
 
-    module = importlib.import_module(f"vit_fast.kernels.{kernel}")
-    tuner = getattr(module, f"_{kernel}_kernel", None)
-    return max(1, len(getattr(tuner, "configs", None) or ()))
+    return max(1, len(KERNELS[kernel].configs))
 
 
 def estimate_compilations(model: VisionTransformer, batches: int, tune: bool) -> int:
@@ -125,7 +123,7 @@ def estimate_compilations(model: VisionTransformer, batches: int, tune: bool) ->
     shapes = kernel_shapes(model)
     if not tune:
         return batches * sum(shapes.values())
-    return batches * sum(n * (_candidates(k) if k != "layer_norm" else 1) for k, n in shapes.items())
+    return batches * sum(n * _candidates(k) for k, n in shapes.items())  # 1 for a kernel that is not autotuned
 
 
 def _duration(seconds: float) -> str:
@@ -134,7 +132,7 @@ def _duration(seconds: float) -> str:
 
 def announcement(model: VisionTransformer, sizes: list[int], dtype: torch.dtype, tuned: bool) -> tuple[str, int]:
     """The one line said before the warm-up, and the compilations it announces."""
-    from vit_fast.kernels._common import autotune_cache_enabled
+    from vit_fast.kernels.autotune import autotune_cache_enabled
 
     n = estimate_compilations(model, len(sizes), tuned)
     lo, hi = (n * s for s in COMPILE_SECONDS)
@@ -186,7 +184,8 @@ def warmup_model(
         # GPU model that ended up on the torch backend, is worth one line
         say.note(f"nothing to compile: the model runs on the torch backend here ({probe.device.type} input)")
         return WarmupReport("torch", False, in_dtype)
-    from vit_fast.kernels._common import announce_first_compile, autotune_enabled, tuning
+    from vit_fast.kernels.autotune import autotune_enabled, tuning
+    from vit_fast.kernels.launches import announce_first_compile
 
     tuned = tune or autotune_enabled()
     line, n = announcement(model, sizes, in_dtype, tuned)

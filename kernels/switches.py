@@ -4,6 +4,7 @@ A switch is on for 1, true, yes or on and off for 0, false, no or off, in any ca
 ignored; unset or empty means its default. Any other value raises :class:`SwitchError` naming the variable and
 the accepted values, on the first read in the Python API, and before any work at the CLI's entry
 (:func:`check_switches`). Imports nothing of ours, so the kernels (the lowest layer) read their switches here too.
+Every read goes through :func:`environ_value`, which asks ``os.environ`` then.
 
 :data:`KNOWN` is the one list of ``VIT_FAST_*`` names vit-fast and its tools read (the switches and
 :data:`SETTINGS`). Any other ``VIT_FAST_*`` variable set (a typo such as ``VIT_FAST_AUTOTUNES``, or a known name
@@ -84,9 +85,16 @@ def parse_switch(name: str, raw: str | None, default: bool | None = None) -> boo
     raise SwitchError(f"{name}={raw!r} is not a switch: use {ACCEPTED}, or unset it")
 
 
+def environ_value(name: str) -> str | None:
+    """The value of environment variable ``name`` as ``os.environ`` holds it now (None: unset). Read at every call,
+    so a user or a test may change a switch at any time; an unset name costs about 0.6 µs (a KeyError raised and
+    caught inside ``os.environ.get``)."""
+    return os.environ.get(name)
+
+
 def switch(name: str, default: bool | None = None) -> bool | None:
     """The switch ``name`` read now from the environment (users and tests may change it at any time)."""
-    raw = os.environ.get(name)
+    raw = environ_value(name)
     if raw is None:
         return default
     key = (name, raw)
