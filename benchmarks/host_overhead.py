@@ -17,7 +17,7 @@ per forward and programs per launch.
     python benchmarks/host_overhead.py --models vit_base_patch16_224 --json out.json
     python benchmarks/host_overhead.py --models vit_base_patch16_224 --launch-hook   # as under a profiler
 
-Not a timed test: it prints a table (and optionally writes JSON). ``tests/test_launch_count.py``
+Not a timed test: it prints a table (and optionally writes JSON). ``tests/kernels/test_launch_count.py``
 runs it in a subprocess to count launches. Run it without ``TRITON_INTERPRET`` (it refuses).
 """
 

@@ -192,7 +192,7 @@ def _zero_tokens(
     key=[
         # everything _prune_attention_configs reads (the autotuner adds the dtypes itself)
         *("T", "HEAD_DIM", "ARCH", "TUNE"),
-        # every constexpr the configs do not set (tests/test_autotune_mode.py); these follow the dtype, the head dim
+        # every constexpr the configs do not set (tests/kernels/test_autotune_mode.py); these follow the dtype, the head dim
         # and which mask the launch has
         *("DOT_IN_FP32", "ROUND_BF16", "HAS_LENGTHS", "PACKED", "BLOCK_D"),
     ],

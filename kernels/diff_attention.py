@@ -129,7 +129,7 @@ def _prune_diff_configs(configs, named_args, **kwargs):
     key=[
         # everything _prune_diff_configs reads (the autotuner adds the dtypes itself)
         *("T", "HEAD_DIM", "ARCH", "TUNE"),
-        # every constexpr the configs do not set (tests/test_autotune_mode.py); these follow the dtype and head dim
+        # every constexpr the configs do not set (tests/kernels/test_autotune_mode.py); these follow the dtype and head dim
         *("DOT_IN_FP32", "ROUND_BF16", "BLOCK_D"),
     ],
     prune_configs_by={"early_config_prune": _prune_diff_configs},

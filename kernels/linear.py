@@ -326,7 +326,7 @@ def _linear_tile(
         # everything _prune_linear_configs reads (the autotuner adds the tensors' dtypes itself)
         *("M_CLASS", "N", "K", "ARCH", "TMA_OK", "TUNE", "SM_COUNT"),
         # every constexpr the configs do not set: each prologue / epilogue is code of its own, with its own register
-        # pressure and best tile, so each gets its own tuning, in memory and on disk (tests/test_autotune_mode.py)
+        # pressure and best tile, so each gets its own tuning, in memory and on disk (tests/kernels/test_autotune_mode.py)
         *("ACTIVATION", "HAS_BIAS", "HAS_RESIDUAL", "HAS_GAMMA", "NORM_INPUT", "LN_HAS_WEIGHT", "LN_HAS_BIAS"),
         *("LN_RMS", "DOT_IN_FP32", "ROUND_BF16"),
     ],

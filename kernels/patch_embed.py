@@ -125,7 +125,7 @@ def _prune_patch_embed_configs(configs, named_args, **kwargs):
         # everything _prune_patch_embed_configs reads (the autotuner adds the tensors' dtypes itself)
         *("M_CLASS", "D", "K", "ARCH", "TUNE", "SM_COUNT"),
         # every constexpr the configs do not set: the epilogue (bias, class token) and the pixel normalisation are
-        # code of their own, each with its own tuning (tests/test_autotune_mode.py)
+        # code of their own, each with its own tuning (tests/kernels/test_autotune_mode.py)
         *("HAS_BIAS", "HAS_CLS", "NORMALIZE", "IS_UINT8", "DOT_IN_FP32", "ROUND_BF16"),
     ],
     prune_configs_by={"early_config_prune": _prune_patch_embed_configs},

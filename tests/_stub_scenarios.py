@@ -1,6 +1,6 @@
 """Scenarios run in a subprocess with Triton's driver stubbed (benchmarks/host_overhead.py): nothing compiles or
 launches, every compile and launch is recorded. ``python tests/_stub_scenarios.py <scenario> [args]`` prints one
-JSON line; tests/test_launch_device_and_tuning.py runs them (without TRITON_INTERPRET) and judges the result.
+JSON line; tests/kernels/test_launch_device_and_tuning.py runs them (without TRITON_INTERPRET) and judges the result.
 
 The stub's benchmarker gives each config a fixed time of its own (a CRC of the config), so a tuned pick is a
 function of the candidates alone: tuning the same candidates in any order picks the same config.

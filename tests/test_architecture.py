@@ -539,3 +539,9 @@ def test_checker_honours_allowed_exceptions_only_for_the_named_pair():
 )
 def test_layer_of(module, layer):
     assert layer_of(module) == layer
+
+
+def test_the_developers_guide_states_the_layers_as_written_here():
+    """docs/development.md tells a newcomer the order; LAYERS is where it is decided, and the two never disagree."""
+    guide = " ".join((ROOT / "docs" / "development.md").read_text().split())
+    assert ORDER in guide, f"docs/development.md should state the layers as {ORDER}"

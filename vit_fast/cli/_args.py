@@ -162,7 +162,7 @@ def batch_list(*names: str) -> Callable[[str], list[int]]:
         return sizes
 
     parse.__name__ = "batch list"  # argparse names the type in its generic messages
-    parse.items = names  # what a valid value holds (tests/test_cli_flags.py walks every flag's type)
+    parse.items = names  # what a valid value holds (tests/cli/test_cli_flags.py walks every flag's type)
     return parse
 
 

@@ -23,7 +23,8 @@ from pathlib import Path
 
 from . import _args
 
-#: vit_fast.export.tritonserver.DEFAULT_QUEUE_DELAY_US as --help shows it (tests/test_cli_startup.py holds them equal)
+#: vit_fast.export.tritonserver.DEFAULT_QUEUE_DELAY_US as --help shows it (tests/cli/test_cli_startup.py holds them
+#: equal)
 QUEUE_DELAY_HELP_US = 100
 
 EXAMPLE = "vit-fast export tritonserver default --out repo/ --batch 1,8,64 --instances 2"

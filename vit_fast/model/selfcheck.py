@@ -1,7 +1,7 @@
 """Each Triton kernel at a model's own shapes, judged against its float64 reference by the one numerics rule.
 
 The kernel check that ``vit-fast doctor`` runs on a user's card (compiled) and on a CPU (Triton's interpreter),
-and that ``tests/test_doctor.py`` runs: the launcher writes into a NaN-filled output (an element left unwritten
+and that ``tests/apps/test_doctor.py`` runs: the launcher writes into a NaN-filled output (an element left unwritten
 fails), the kernel file's own eager reference ``<op>_ref`` runs once in the kernel's dtype (eager PyTorch's
 error) and once in float64 on the CPU (the reference), and :func:`vit_fast.util.numerics.compare` judges the result.
 
