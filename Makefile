@@ -20,8 +20,8 @@ OLDEST_TESTS ?= tests/test_kernel_*.py tests/test_cards.py tests/test_versions.p
 # against apply_vit_fast: the tiny test_vit* models and the test_naflexvit_* tests (NaFlexVit; tiny models they
 # build themselves) with backend triton (our kernels in Triton's interpreter on a CPU, their launches counted per
 # model, the test_naflexvit_* tests' together as test_models: a patched suite that launched none fails; in CI), and
-# one model per ViT feature at full size with backend auto (timm's forwards on a CPU; the kernels on a CUDA card; test-peers-timm-full,
-# not in CI). docs/peers.md says what these runs prove and what they do not
+# one model per ViT feature at full size with backend auto (timm's forwards on a CPU; the kernels on a CUDA card;
+# test-peers-timm-full, not in CI). docs/peers.md says what these runs prove and what they do not
 PEERS ?= .peers
 TIMM_PEER_TRITON ?= test_vit test_naflexvit
 TIMM_PEER_AUTO ?= vit_base_patch32_clip_quickgelu_224 vit_base_patch32_siglip_256 deit_tiny_distilled_patch16_224 \
