@@ -17,12 +17,13 @@ OLDEST_SPEC ?= triton==3.6.0 numpy<2.4
 OLDEST_TESTS ?= tests/kernels/test_kernel_*.py tests/kernels/test_cards.py tests/kernels/test_versions.py
 
 # timm's own tests/test_models.py (the released file of the installed timm, from its sdist on the package registry)
-# against apply_vit_fast: the tiny test_vit* models with backend triton (our kernels in Triton's interpreter on a
-# CPU, their launches counted per model: a patched model that launched none fails; in CI), and one model per ViT
-# feature at full size with backend auto (timm's forwards on a CPU; the kernels on a CUDA card; test-peers-timm-full,
-# not in CI). docs/peers.md says what these runs prove and what they do not
+# against apply_vit_fast: the tiny test_vit* models and the test_naflexvit_* tests (NaFlexVit; tiny models they
+# build themselves) with backend triton (our kernels in Triton's interpreter on a CPU, their launches counted per
+# model, the test_naflexvit_* tests' together as test_models: a patched suite that launched none fails; in CI), and
+# one model per ViT feature at full size with backend auto (timm's forwards on a CPU; the kernels on a CUDA card;
+# test-peers-timm-full, not in CI). docs/peers.md says what these runs prove and what they do not
 PEERS ?= .peers
-TIMM_PEER_TRITON ?= test_vit
+TIMM_PEER_TRITON ?= test_vit test_naflexvit
 TIMM_PEER_AUTO ?= vit_base_patch32_clip_quickgelu_224 vit_base_patch32_siglip_256 deit_tiny_distilled_patch16_224 \
 	vit_small_patch16_18x2_224 vit_base_patch16_rpn_224 vit_tiny_r_s16_p8_224 vit_base_patch16_radio_v3 \
 	vit_pwee_patch16_reg1_gap_256
@@ -85,10 +86,11 @@ test-oldest: $(OLDEST_VENV)/.installed  ## the kernel interpreter tests on the o
 # With transformers' own per-model files at hand (a folder laid out like its tests/: models/vit/test_modeling_vit.py,
 # ..., plus utils/test_configuration_utils.py and utils/tiny_model_summary.json, which the sdist lacks):
 #   make peers-hf PEERS_ARGS="--model-tests DIR"   runs those instead of ours, each unpatched / apply / optimize
-# (add -k EXPR to select within each file; their CLIP and SigLIP files also import requests: pip install it first)
+# (add -k EXPR to select within each file; their CLIP and SigLIP files also import requests: pip install it first);
+#   make peers-hf PEERS_ARGS="-k Siglip2"   runs some of our testers (their class names) in every mode
 # Our testers run unpatched, then with apply_vit_fast and optimize, each with backend triton (our kernels in Triton's
 # interpreter) and auto (transformers' forwards on a CPU); our kernels' launches are counted per tester class.
-peers-hf: setup  ## transformers' ModelTesterMixin on ViT/DeiT/DINOv2/CLIP/SigLIP, patched vs not: no test lost, kernels launched
+peers-hf: setup  ## transformers' ModelTesterMixin on ViT/DeiT/DINOv2/CLIP/SigLIP/SigLIP 2, patched vs not: no test lost, kernels launched
 	$(BIN)/python -m pip install --quiet parameterized
 	$(BIN)/python tools/peers/run_hf_peers.py $(PEERS) $(PEERS_ARGS)
 

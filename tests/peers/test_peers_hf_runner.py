@@ -173,6 +173,15 @@ def test_triton_runs_leave_out_half_precision_eager_vs_sdpa_and_judge_what_ran(p
     assert f"lost: {fp32}" in capsys.readouterr().out
 
 
+def test_triton_runs_leave_out_eager_vs_sdpa_of_testers_that_wrap_another_testers_tower(peers):
+    variant = "::test_eager_matches_sdpa_inference_11_fp32_pad_left_no_attn_mask"
+    for wrapper in peers.TOWER_WRAPPERS:
+        assert peers.left_out(f"m.{wrapper}{variant}", "triton")
+        assert not peers.left_out(f"m.{wrapper}{variant}", "auto")
+        assert not peers.left_out(f"m.{wrapper}::test_determinism", "triton")
+    assert not peers.left_out(f"m.Siglip2VisionPeerTest{variant}", "triton")  # the tower's own run keeps them
+
+
 def test_an_unpatched_run_that_launches_our_kernels_fails(peers, tmp_path, monkeypatch, capsys):
     outcomes = {(mode, "test_vision_peers.py"): OURS for mode in ("none", "apply", "optimize")}
     counts = {(mode, "triton"): launched(40, 12) for mode in ("apply", "optimize")}

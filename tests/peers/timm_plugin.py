@@ -5,8 +5,11 @@
 
 ``--vit-fast``: ``off`` (timm as released, the baseline), ``auto`` (patched; on a CPU the blocks keep timm's
 forwards, on a CUDA card with tensor cores they run our kernels) or ``triton`` (patched, the kernels run, in Triton's
-interpreter on a CPU: keep to timm's tiny ``test_vit*`` models there). A model apply_vit_fast refuses (by name: Eva's
-rotary attention, RelPos, ...) or that is no timm ViT is left as timm built it, and counted in the summary line.
+interpreter on a CPU: keep to timm's tiny models there, ``test_vit*`` and the ``test_naflexvit_*`` tests' own). The
+models handed to apply_vit_fast are those of the timm classes it reads (``vit_fast.interop.timm_blocks.MODEL_CLASSES``:
+VisionTransformer, VisionTransformerDistilled, NaFlexVit) or refuses by name (Eva's rotary attention, RelPos); one it
+refuses (by name, or for a feature such as RoPE in a NaFlexVit) or that is none of those is left as timm built it,
+and counted in the summary line.
 The torchvision stand-in (tests/_torchvision_standin.py) is installed where the real torchvision is missing.
 
 The launch counter (tools/peers/launches.py) is registered too, in every mode: with ``VIT_FAST_PEERS_LAUNCHES`` set
@@ -45,11 +48,14 @@ def pytest_addoption(parser) -> None:
 
 def _wrap(create_model, backend: str):
     import vit_fast
+    from vit_fast.interop.timm_blocks import _REFUSED_MODELS, MODEL_CLASSES
+
+    vits = (*MODEL_CLASSES, *_REFUSED_MODELS)  # the classes apply_vit_fast reads, and those it refuses by name
 
     @functools.wraps(create_model)
     def create_and_patch(*args, **kwargs):
         model = create_model(*args, **kwargs)
-        if type(model).__name__ not in ("VisionTransformer", "VisionTransformerDistilled", "Eva"):
+        if type(model).__name__ not in vits:
             _COUNTS["other"] += 1
             return model
         if kwargs.get("features_only"):

@@ -1,10 +1,11 @@
 """``make peers-hf``: transformers' released ModelTesterMixin (fetched from PyPI for the installed version, see
-fetch_transformers_tests.py) on tiny ViT, DeiT, DINOv2, CLIP-vision and SigLIP-vision models (our testers, head dim
-16), run unpatched and then patched: with ``apply_vit_fast`` and with ``optimize``, each with backend "triton" in
-Triton's interpreter (our kernels in every eligible forward; the half-precision eager-vs-sdpa variants left out,
-named in ``left_out``) and with backend "auto" (on a CPU every patched layer keeps transformers' forward: the path a
-CPU user of the default backend gets). Our kernels' launches are counted per suite (a tester class) in every run
-(launches.py, a pytest plugin).
+fetch_transformers_tests.py) on tiny ViT, DeiT, DINOv2, CLIP-vision, SigLIP-vision and SigLIP 2 models (our testers,
+head dim 16; SigLIP 2's a padded batch of images at their own sizes), run unpatched and then patched: with
+``apply_vit_fast`` and with ``optimize``, each with backend "triton" in Triton's interpreter (our kernels in every
+eligible forward; the half-precision eager-vs-sdpa variants left out, named in ``left_out``) and with backend "auto"
+(on a CPU every patched layer keeps transformers' forward: the path a CPU user of the default backend gets). Our
+kernels' launches are counted per suite (a tester class) in every run (launches.py, a pytest plugin). ``-k EXPR``
+selects among our testers (``-k Siglip2``) as among ``--model-tests`` files' tests.
 
 Prints one row per suite and patched mode (tests passed unpatched and patched, tests lost, launches) and fails
 (exit 1) on a test that passes unpatched and not patched, on a suite patched with backend "triton" that launched
@@ -17,7 +18,7 @@ helpers the sdist lacks: ``utils/test_configuration_utils.py``, ``utils/tiny_mod
 is compared the same way. No triton run there: most of their tiny configs have head_dim 8 (hidden 32 / 4 heads),
 under the attention kernel's 16, where backend "auto" keeps transformers' forward and "triton" refuses.
 
-    python tools/peers/run_hf_peers.py [.peers] [--model-tests DIR [-k EXPR]] [--timeout SECONDS]
+    python tools/peers/run_hf_peers.py [.peers] [--model-tests DIR] [-k EXPR] [--timeout SECONDS]
 """
 
 from __future__ import annotations
@@ -43,11 +44,21 @@ TEST_FILE = "tests/models/vit_fast_peers/test_vision_peers.py"
 PATCHED = (("apply", "triton"), ("optimize", "triton"), ("apply", "auto"), ("optimize", "auto"))
 
 
+#: testers whose model wraps the vision tower another tester runs whole (Siglip2VisionPeerTest): with backend
+#: "triton" their eager-vs-sdpa variants are left out too (see left_out)
+TOWER_WRAPPERS = ("Siglip2ForImageClassificationPeerTest", "Siglip2PeerTest")
+
+
 def left_out(test: str, backend: str) -> bool:
     """Whether a test of our testers is left out of a patched run: with backend "triton", the fp16 and bf16
     variants of eager-vs-sdpa (about half of a triton run's time, the interpreter emulating half precision; the
-    fp32 variants run the same padding and mask cases, and tests/ judges our kernels in half precision)."""
-    return backend == "triton" and re.search(r"::test_eager_matches_sdpa_inference_\d+_(fp16|bf16)_", test) is not None
+    fp32 variants run the same padding and mask cases, and tests/ judges our kernels in half precision), and every
+    eager-vs-sdpa variant of the ``TOWER_WRAPPERS`` (a third of SigLIP 2's triton time: their patched layers are
+    Siglip2VisionModel's, whose fp32 variants run in Siglip2VisionPeerTest; what they add, the classifier and the
+    text tower, is transformers' own code, and their variants run unpatched and with backend "auto")."""
+    if backend != "triton" or "::test_eager_matches_sdpa_inference_" not in test:
+        return False
+    return re.search(r"_\d+_(fp16|bf16)_", test) is not None or suite_of(test) in TOWER_WRAPPERS
 
 
 def node_id(test_file: str, test: str) -> str:
@@ -196,7 +207,7 @@ def main(dest: str, model_tests: str | None = None, timeout: float = 3600, k: st
             base = run(root, "none", k=k, test_file=rel, timeout=timeout)
             rows += compare(root, base, (("apply", "auto"), ("optimize", "auto")), k, rel, timeout)
     else:
-        rows += compare(root, run(root, "none", timeout=timeout), PATCHED, timeout=timeout)
+        rows += compare(root, run(root, "none", k=k, timeout=timeout), PATCHED, k, timeout=timeout)
     print(launches.table(rows))
     failed = [r for r in rows if r.failures]
     print(f"peers-hf: {len(failed)} of {len(rows)} suite rows fail" if failed else "peers-hf: every suite row passes")
@@ -213,8 +224,10 @@ if __name__ == "__main__":
         "transformers' tests/ (models/<model>/test_modeling_<model>.py, utils/...)",
     )
     parser.add_argument("--timeout", type=float, default=3600, help="seconds one pytest run may take (default 3600)")
-    parser.add_argument("-k", metavar="EXPR", help="with --model-tests: pytest's -k within each file, in every mode")
+    parser.add_argument(
+        "-k",
+        metavar="EXPR",
+        help="pytest's -k in every mode: within each --model-tests file, or among our testers (-k Siglip2)",
+    )
     args = parser.parse_args()
-    if args.k and not args.model_tests:
-        parser.error("-k selects within --model-tests files; our testers run whole (less what left_out names)")
     raise SystemExit(main(args.dest, args.model_tests, args.timeout, args.k))
