@@ -251,7 +251,7 @@ BAD = {
     "not a tensor": (
         lambda: [torch.randn(3, 16, 16), "img.png"],
         TypeError,
-        r"expected a torch.Tensor image \[C, H, W\] as images\[1\], got str \(a list or tuple given",
+        r"expected a torch.Tensor image \[C, H, W\] as images\[1\], got str: pass a torch.Tensor image batch",
     ),
     "batch dim kept": (
         lambda: [torch.randn(1, 3, 16, 16)],

@@ -81,8 +81,9 @@ def check_images(model: VisionTransformer, images: Sequence[torch.Tensor]) -> tu
     for i, image in enumerate(images):
         if not isinstance(image, torch.Tensor):
             raise TypeError(
-                f"expected a torch.Tensor image [C, H, W] as images[{i}], got {type(image).__name__} (a list or tuple "
-                "given to the model is images of any sizes, run as one packed forward)"
+                f"expected a torch.Tensor image [C, H, W] as images[{i}], got {type(image).__name__}: pass a "
+                "torch.Tensor image batch [B, C, H, W], or a list of torch.Tensor images [C, H, W] of any sizes (a "
+                "list or tuple given to the model runs as one packed forward)"
             )
         if image.dim() != 3:
             hint = ""
