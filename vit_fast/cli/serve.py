@@ -3,6 +3,7 @@ health and Prometheus metrics, a clean stop on SIGTERM or Ctrl-C.
 
   vit-fast serve MODEL [--config PRESET] [--weights FILE] [--batch 1,8,64] [--instances 1] [--dtype fp32]
                        [--threads T] [--host 127.0.0.1] [--protect auto|on|off] [--tune]
+                       [--variable-size [--max-image-size 1024]]
                        [--http-port 8000] [--grpc-port 8001] [--metrics-port 8002] [--json ready.json|-]
   vit-fast serve MODEL --load-test [--clients 8] [--requests 100] [--json load.json|-]
 
@@ -18,7 +19,9 @@ shared-memory APIs are open, so perf_analyzer and model-analyzer measure it as t
 interface they keep PyTriton's access token, printed (and written to --json, readable by you only) for clients
 to send in the triton-access-token header (--protect on|off decides it yourself); Triton takes that token on its
 command line, where other users of this machine can read it. Requests whose
-shape or dtype do not fit get an error response; the server keeps serving. --load-test starts the
+shape or dtype do not fit get an error response; the server keeps serving. --variable-size serves images
+of any size (each side a multiple of the patch size, up to --max-image-size pixels) for a model built with
+dynamic_img_size: requests of different sizes are batched together and run as one packed forward. --load-test starts the
 server, runs a bounded load test against it on loopback (HTTP and gRPC clients, mixed batch sizes,
 every answer checked against the model), prints p50/p99 latency and throughput, and stops. With --json -
 the summary goes to stdout (the endpoints as soon as the server is ready) and everything else to stderr.
@@ -40,7 +43,13 @@ EXAMPLE = "vit-fast serve default --batch 1,8,64 --instances 2   (then: curl 127
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``vit-fast serve``'s arguments."""
     from vit_fast.cli.tritonserver import QUEUE_DELAY_HELP_US, add_serving_arguments
-    from vit_fast.serve.settings import CPU_QUEUE_DELAY_US, DEFAULT_HOST, DEFAULT_PORTS, PROTECT_CHOICES
+    from vit_fast.serve.settings import (
+        CPU_QUEUE_DELAY_US,
+        DEFAULT_HOST,
+        DEFAULT_PORTS,
+        PROTECT_CHOICES,
+        VARIABLE_MAX_SIDE,
+    )
 
     parser.add_argument("model", metavar="MODEL", help='"default", a preset name, or a checkpoint path')
     _args.add_model_source(parser)
@@ -79,6 +88,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="tune the Triton kernels for the served batch sizes before reporting ready, and serve tuned (minutes "
         "on first use, saved for the next start); without it each kernel compiles one heuristic config per shape",
+    )
+    parser.add_argument(
+        "--variable-size",
+        action="store_true",
+        help="serve images of any size the model takes (input images [C, -1, -1]; each request [B, C, H, W], B "
+        "images of one size): requests of different sizes are batched together by Triton (a ragged input) and run as "
+        "one packed forward. Only for a model built with dynamic_img_size (its position embedding resampled); "
+        "another is refused at start",
+    )
+    parser.add_argument(
+        "--max-image-size",
+        type=_args.positive_int,
+        default=None,
+        metavar="PX",
+        help=f"with --variable-size: the largest side of an image, in pixels ({VARIABLE_MAX_SIDE}); a larger image is "
+        "refused with an error, before any work",
     )
     parser.add_argument(
         "--load-test",
@@ -140,6 +165,8 @@ def run(args: argparse.Namespace) -> int:
         tune=args.tune,
         threads=args.threads,
         protect=args.protect,
+        variable_size=args.variable_size,
+        max_image_size=args.max_image_size,
     )
     e = server.endpoints
     server.check_ports()  # before the warm-up and Triton's start-up: a busy port is named at once

@@ -1,6 +1,6 @@
 """Triton's process and its python backend as vit-fast serve runs them through PyTriton 0.7: the serve extra's
-check, the environment the backend stub needs, how requests travel, the start-up handshake, model control
-closed, request blocks made private, and the stubs that outlive Triton ended."""
+check, the environment the backend stub needs, how requests travel, the start-up handshake, a ragged input for
+variable-size images, model control closed, request blocks made private, and the stubs that outlive Triton ended."""
 
 from __future__ import annotations
 
@@ -129,6 +129,39 @@ def close_model_control(triton: Any) -> None:
         )
     config["model-control-mode"] = "none"
     config["load-model"] = None  # Triton refuses --load-model outside "explicit": every model loads at start
+
+
+def allow_ragged_batch(triton: Any, model_name: str, input_name: str) -> Path:
+    """Declare ``input_name`` of ``model_name`` ragged (``allow_ragged_batch: true``) in the ``config.pbtxt`` PyTriton
+    0.7 wrote to its local model store when the model was bound; returns that file.
+
+    Why: Triton's dynamic batcher puts requests into one batch only when every input has the same shape in all of
+    them, unless the input is declared ragged; then it batches requests of any shapes, and the python backend hands
+    them over as they came, one tensor per request (no backend-side concatenation: that is what the ONNX, TensorRT
+    and PyTorch backends do with ragged inputs), which PyTriton passes to an undecorated inference function as its
+    list of requests. PyTriton 0.7's ``Tensor`` has no ragged flag, so the written config is changed here, after
+    ``bind`` and before Triton starts and reads it. A RuntimeError where the store or the input is not where
+    PyTriton 0.7 puts them: never variable-size requests served one shape at a time silently."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    from vit_fast.util.files import claim, write_atomic
+
+    store = getattr(getattr(triton, "_workspace", None), "model_store_path", None)
+    config = Path(store) / model_name / "config.pbtxt" if store is not None else None
+    if config is None or not config.is_file():
+        raise RuntimeError(
+            f"vit-fast serve cannot declare {input_name!r} ragged with this PyTriton (no {model_name}/config.pbtxt "
+            f"where PyTriton 0.7 keeps its model store): {SERVE_EXTRA} (it pins nvidia-pytriton 0.7.0)"
+        )
+    parsed = text_format.Parse(config.read_text(), model_config_pb2.ModelConfig())
+    found = [spec for spec in parsed.input if spec.name == input_name]
+    if len(found) != 1:
+        raise RuntimeError(f"{config} declares no input {input_name!r} (inputs: {[s.name for s in parsed.input]})")
+    found[0].allow_ragged_batch = True
+    claim(config)  # PyTriton's copy in this server's own workspace, just read: that file may be replaced
+    write_atomic(config, text_format.MessageToString(parsed))
+    return config
 
 
 def make_shm_private(prefix: str, shm_dir: Path = SHM_DIR) -> list[Path]:

@@ -35,6 +35,7 @@ from vit_fast.serve.backend import (
     READY_TIMEOUT_S,
     SERVE_EXTRA,
     SHM_DIR,
+    allow_ragged_batch,
     close_model_control,
     make_shm_private,
     patient_handshake,
@@ -56,6 +57,7 @@ from vit_fast.serve.settings import (
     PROTECT_CHOICES,
 )
 from vit_fast.serve.threads import ThreadTuner
+from vit_fast.serve.variable import check_requests, check_variable_size, forward_requests
 from vit_fast.util.dtypes import parse_dtype
 
 #: the start-up race between PyTriton's model instances (see Server.start), and how often to try
@@ -78,6 +80,10 @@ class Server:
     - ``instances``: model instances Triton runs at once (each a thread calling the same module).
     - ``host`` and the ports: where HTTP, gRPC and metrics listen (loopback by default).
     - ``tune``: tune the kernels for the served batch sizes before serving, and serve tuned (see :meth:`warmup`).
+    - ``variable_size``: serve images of any size the model takes (``images [C, -1, -1]``, each side a multiple of
+      the patch size up to ``max_image_size`` pixels, default ``VARIABLE_MAX_SIDE``), for a model built with
+      ``dynamic_img_size`` only; requests of different sizes are batched together (a ragged input) and run as one
+      packed forward (:mod:`vit_fast.serve.variable`).
 
     Use as a context manager, or ``start()`` / ``wait()`` / ``stop()``.
     """
@@ -98,6 +104,8 @@ class Server:
         tune: bool = False,
         threads: int | None = None,
         protect: str = "auto",
+        variable_size: bool = False,
+        max_image_size: int | None = None,
     ) -> None:
         if not isinstance(model, VisionTransformer):
             raise TypeError(f"vit-fast serve serves a vit_fast.VisionTransformer, got {type(model).__name__}")
@@ -126,6 +134,10 @@ class Server:
             raise ValueError(f"threads must be an int >= 1 (torch intra-op threads per instance), got {threads!r}")
         if protect not in PROTECT_CHOICES:
             raise ValueError(f"protect must be one of {PROTECT_CHOICES}, got {protect!r}")
+        if not isinstance(variable_size, bool):
+            raise TypeError(f"variable_size must be True or False, got {variable_size!r}")
+        if max_image_size is not None and not variable_size:
+            raise ValueError("max_image_size bounds variable-size images: pass variable_size=True (--variable-size)")
         #: the most torch intra-op threads a forward runs with. ``threads`` fixes it. Else on the CPU the cores
         #: shared between the instances, and :attr:`thread_tuner` picks how many of them the forwards take under
         #: the load of the moment (see vit_fast.serve.threads); on a GPU the cores left beside Triton's own
@@ -152,8 +164,15 @@ class Server:
         self.backend = "auto" if self.device.type == "cuda" else "torch"
         self.model = copy.deepcopy(model).to(self.device, self.dtype).eval().set_backend(self.backend)
         self.input, self.output = model_io(model, self.dtype)
+        #: one image of the model's own size (what the ready check sends; what decides the transport)
+        self.image_dims = self.input.dims
+        #: the largest side of a variable-size image, in pixels (None: images of the model's own size only)
+        self.max_image_size: int | None = None
+        if variable_size:
+            self.max_image_size = check_variable_size(self.model, max_image_size, self.dtype.itemsize)
+            self.input = dataclasses.replace(self.input, dims=(self.image_dims[0], -1, -1))
         #: how PyTriton carries requests between Triton and this process (see :func:`proxy_transport`)
-        self.transport = proxy_transport(math.prod(self.input.dims) * self.dtype.itemsize)
+        self.transport = proxy_transport(math.prod(self.image_dims) * self.dtype.itemsize)
         self._triton: Any = None
         self._stop = threading.Event()
         #: the port locks this server holds (see check_ports), released by stop()
@@ -174,6 +193,12 @@ class Server:
             f"{b.instances} instance(s), "
             + (f"{self.threads} torch thread(s) each" if self.thread_tuner is None else self.thread_tuner.describe())
             + f", requests handed over as {self.transport}"
+            + (
+                ""
+                if self.max_image_size is None
+                else f", images of any size up to {self.max_image_size} px a side, batched ragged into one packed "
+                "forward"
+            )
         )
 
     @property
@@ -249,6 +274,28 @@ class Server:
         finally:
             tuner.finished()
         return {self.output.name: y.numpy()}
+
+    def infer_requests(self, requests: Sequence[Any]) -> list[dict[str, Any]]:
+        """A ragged batch as Triton's dynamic batcher formed it (``variable_size``): PyTriton's list of requests, each
+        ``{input: [B_r, C, H_r, W_r]}`` -> one ``{output: [B_r, N]}`` per request, in order. Every request is
+        checked before any work (:func:`vit_fast.serve.variable.check_requests`; one that fails fails the batch it
+        came in, with a message naming it), then all images run as one packed forward."""
+        if not requests:
+            raise ValueError("empty batch: no request to serve")
+        arrays = [request[self.input.name] for request in requests]
+        counts = check_requests(self.model, arrays, self.input.name, self.max_image_size)
+        tuner = self.thread_tuner
+        if tuner is None:
+            rows = forward_requests(self.model, arrays, counts)
+        else:
+            threads = tuner.threads_for(sum(counts))
+            try:
+                if torch.get_num_threads() != threads:  # torch's count is per thread: each instance sets its own
+                    torch.set_num_threads(threads)
+                rows = forward_requests(self.model, arrays, counts)
+            finally:
+                tuner.finished()
+        return [{self.output.name: r} for r in rows]
 
     def start(self) -> Server:
         """Warm the model up (:meth:`warmup`), start Triton (in a process of its own), bind the model and wait
@@ -334,7 +381,7 @@ class Server:
         # open: [] restricts nothing (PyTriton's default list protects statistics and shared memory with a token);
         # model control is closed to every client either way (close_model_control)
         security = TritonSecurityConfig() if self.protected else TritonSecurityConfig(restricted_endpoints=[])
-        infer = batch(self.infer)
+        infer = batch(self.infer) if self.max_image_size is None else self.infer_requests
         patient_handshake()
         # the model's files go to PyTriton's private model store when it is bound, and Triton loads them when it
         # starts: no load request is ever needed
@@ -360,6 +407,8 @@ class Server:
                 ),
                 strict=True,
             )
+            if self.max_image_size is not None:  # before Triton starts and reads the config
+                allow_ragged_batch(self._triton, self.name, self.input.name)
             run_triton(self._triton, self.endpoints.health_url, self.verbose)
         except BaseException as err:
             tail = self.log_tail()
@@ -382,7 +431,7 @@ class Server:
         client = httpclient.InferenceServerClient(self.endpoints.http)
         try:
             dtype = "FP16" if self.dtype == torch.float16 else "FP32"
-            image = np.zeros((1, *self.input.dims), dtype=np.float16 if dtype == "FP16" else np.float32)
+            image = np.zeros((1, *self.image_dims), dtype=np.float16 if dtype == "FP16" else np.float32)
             request = httpclient.InferInput(self.input.name, list(image.shape), dtype)
             request.set_data_from_numpy(image)
             client.infer(self.name, [request])
@@ -473,6 +522,7 @@ __all__ = [
     "SHM_DIR",
     "SERVE_EXTRA",
     "Server",
+    "allow_ragged_batch",
     "close_model_control",
     "is_loopback",
     "make_shm_private",

@@ -26,6 +26,9 @@ CPU_QUEUE_DELAY_US = 0
 #: is queued at once (measured with perf_analyzer against the plain PyTriton script, gRPC, batch 8 with 8 clients:
 #: 0.96-0.99x its inferences/s with 8 and 64 preferred, 1.85-2.07x with none)
 CPU_PREFERRED_BATCH: tuple[int, ...] = ()
+#: ``--variable-size``: the default largest side, in pixels, of an image (``--max-image-size``). 1024 is 64x64 patches
+#: of 16 px, 4,097 tokens with a class token: its attention costs about 430x that of a 224x224 image (197 tokens)
+VARIABLE_MAX_SIDE = 1024
 #: PyTriton hands each request from Triton's python-backend stub to the serving process and back either through its
 #: shared-memory tensor store (a block allocated and released by a manager process, over a socket, per tensor) or as
 #: base64 inside the message itself (``PYTRITON_NO_TENSORSTORE``). Base64 costs about 7 ms per MB of tensor; the
