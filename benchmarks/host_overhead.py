@@ -137,13 +137,13 @@ def install_stub_driver() -> list[tuple[str, int]]:
     jit.JITFunction._do_compile = do_compile
 
     import vit_fast.backend.runtime
-    from vit_fast.kernels import attention, layer_norm, linear, patch_embed
+    from vit_fast.kernels import attention_checks, layer_norm, linear_checks, patch_embed_checks
 
     def check_device(what, tensor) -> None:  # the real check's cost, with CPU standing in for CUDA
         if not (tensor.is_cuda or tensor.is_cpu or tensor.is_meta):  # the real check's first test: is_cuda
             raise RuntimeError(f"{what}: unexpected device {tensor.device}")
 
-    for module in (attention, layer_norm, linear, patch_embed):
+    for module in (attention_checks, layer_norm, linear_checks, patch_embed_checks):  # where the checks run
         if hasattr(module, "check_device"):
             module.check_device = check_device
     vit_fast.backend.runtime.cuda_available = lambda: True

@@ -27,7 +27,9 @@ import triton.language as tl
 
 from ._launch import check_device, dot_in_fp32, interpret_bf16, output_buffer, register_recompute_backward
 from ._tl import dot, online_softmax_step, to_bf16_rtne
-from .attention import LOG2E, MAX_HEAD_DIM, MIN_HEAD_DIM, block_d_for
+from .attention import LOG2E
+from .attention_checks import MAX_HEAD_DIM, MIN_HEAD_DIM
+from .attention_tiles import block_d_for
 from .autotune import autotune_cache_enabled, closest_config, tune_key, tuning_requested
 from .cards import Card, card_for_arch, tensor_arch
 from .interpret import interpreter_enabled
@@ -62,7 +64,7 @@ def _pool_configs() -> list[triton.Config]:
 
 def _fma_pool_fits(config: triton.Config, block_d: int, elem_bytes: int) -> bool:
     """Whether a config is expected not to spill where ``tl.dot`` is FMA (sm_75): the self-attention kernel's
-    bound on its q / accumulator and score tiles (``_fma_attention_fits``), here with 16 query rows, and in 16-bit
+    bound on its q / accumulator and score tiles (``attention_tiles.fma_attention_fits``), here with 16 query rows, and in 16-bit
     at most 32 keys per tile (triton 3.9, sm_75, Dh 64: 64 keys spilled 680-700 B per thread in fp16 and bf16,
     32 and 16 none; fp32 none up to 64)."""
     block_n = config.kwargs["BLOCK_N"]
@@ -85,7 +87,7 @@ def _pool_tile_fits(config: triton.Config, block_d: int, elem_bytes: int) -> boo
 def _pool_shared_bytes(config: triton.Config, block_d: int, elem_bytes: int, card: Card) -> int:
     """An upper bound of a config's shared memory on ``card``: k and v tiles apart at every stage, plus the q and
     p tiles padded by a column (the layout conversions into the dot's operands); on cards without tensor cores
-    every tile counted as fp32, as the self-attention kernel's bound does (``_attention_shared_bytes``)."""
+    every tile counted as fp32, as the self-attention kernel's bound does (``attention_tiles.attention_shared_bytes``)."""
     block_n, stages = config.kwargs["BLOCK_N"], max(config.num_stages, 1)
     size = 4 if card.dot == "fma" else elem_bytes
     return 2 * stages * block_n * block_d * size + BLOCK_Q * (block_d + 1 + block_n + 1) * size

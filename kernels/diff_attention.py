@@ -47,7 +47,7 @@ from .interpret import interpreter_enabled
 from .launches import SUPPORTED_DTYPES, ResolvedLaunches, eager_direct
 
 #: q / k head dims (``Dh``; v heads and output heads are ``2 * Dh``): 8..128 gives output heads of 16..256, the
-#: range of the plain attention kernel (``attention.MIN_HEAD_DIM``, ``MAX_HEAD_DIM``)
+#: range of the plain attention kernel (``attention_checks.MIN_HEAD_DIM``, ``MAX_HEAD_DIM``)
 MIN_HEAD_DIM, MAX_HEAD_DIM = 8, 128
 LOG2E = math.log2(math.e)
 #: num_stages of the configs meant for cards without tensor cores (sm_75): every other config has more
