@@ -1,9 +1,7 @@
 """Flash-style multi-head attention forward, reading the fused qkv GEMM output in place, with an optional mask of a
-padded (``lengths``) or packed (``cu_seqlens``) batch.
-
-The kernel, the launcher :func:`launch_attention`, the ``torch.library`` op and the eager reference
-:func:`attention_ref`; the tiles in :mod:`.attention_tiles`, the input checks in :mod:`.attention_checks`.
-Design: docs/kernels.md, "Attention"."""
+padded (``lengths``) or packed (``cu_seqlens``) batch: the kernel, the launcher :func:`launch_attention`, the
+``torch.library`` op and the eager reference :func:`attention_ref`. Its tiles are in :mod:`.attention_tiles`, its
+input checks in :mod:`.attention_checks`; design: docs/kernels.md, "Attention"."""
 
 from __future__ import annotations
 

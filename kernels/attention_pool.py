@@ -1,21 +1,7 @@
-"""Cross-attention with a short query (the attention-pool / "map" head), reading the kv GEMM output in place.
-
-``attention_pool(q, kv, num_heads)`` is the attention inside timm's ``AttentionPoolLatent`` (SigLIP's
-``global_pool='map'``) and transformers' ``SiglipMultiheadAttentionPoolingHead``: a few learned latent queries
-``q [1 or B, Lq, H * Dh]`` (``Lq`` 1..16, usually 1; a latent shared by the batch has batch 1 or batch stride 0)
-against the tokens' keys and values, ``kv [B, T, 2 * H * Dh]`` as the kv ``nn.Linear`` writes it, viewed by
-strides as ``[B, T, 2, H, Dh]``. The output ``softmax(q k^T * scale) v`` is written as ``[B, Lq, H * Dh]``, the
-layout the proj GEMM reads. The softmax is the online (streaming) one over tiles of T, in fp32, with fp32
-accumulation. One program per (image, head) holds all the queries (padded to 16 rows, the dot's minimum) and walks
-the tokens: the head is memory-bound (each k / v element is read once and meets at most 16 queries).
-
-Top to bottom: the autotune configs and their prune, the kernel, the launcher :func:`launch_attention_pool`
-(input checks, allocation, grid), the ``torch.library`` custom op ``vit_fast::attention_pool`` (fake
-implementation + autograd), the public :func:`attention_pool` and the eager reference :func:`attention_pool_ref`.
-Backward is not a kernel: it recomputes the forward through the eager reference, in fp32 for half inputs.
-
-Importing this module never touches a GPU driver.
-"""
+"""Cross-attention with a short query (the attention-pool / "map" head of timm and transformers' SigLIP), reading the
+kv GEMM output in place: ``q [1 or B, Lq, H * Dh]`` (Lq 1..16) against ``kv [B, T, 2 * H * Dh]``, written as
+``[B, Lq, H * Dh]``. Top to bottom: the tiles, the kernel, the launcher :func:`launch_attention_pool`, the
+``torch.library`` op, :func:`attention_pool` and the eager reference. Design: docs/kernels.md, "Attention pool"."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ def attention_configs() -> list[triton.Config]:
         if not (block_m == 128 and num_warps == 4)  # 128 rows of fp32 state spill with 4 warps
     ] + [
         # cards without tensor cores (sm_75) get only these, and only they run there: the configs above spill up
-        # to 32.6 KB per thread on sm_75 and two need 96 KB of its 64 KB (issue 19's offline compiles). Small
+        # to 32.6 KB per thread on sm_75 and two need 96 KB of its 64 KB (offline compiles, tools/compile_check.py). Small
         # tiles, 4 warps, no pipelining (sm_75 has no asynchronous copies to overlap); the prune keeps those not
         # expected to spill (fma_attention_fits)
         triton.Config({"BLOCK_M": block_m, "BLOCK_N": 32}, num_warps=4, num_stages=FMA_ATTENTION_STAGES)

@@ -1,7 +1,6 @@
 """GEMM with fused epilogues: ``y = act(x @ W^T + b)``, then ``residual + gamma * y``, and with a LayerNorm or
-RmsNorm prologue (:func:`layer_norm_linear`, :func:`rms_norm_linear`): every linear layer of a ViT block.
-
-The kernel, the launcher :func:`launch_linear`, the ``torch.library`` ops and the eager references; the tiles in
+RmsNorm prologue (:func:`layer_norm_linear`, :func:`rms_norm_linear`): every linear layer of a ViT block. The kernel,
+the launcher :func:`launch_linear`, the ``torch.library`` ops and the eager references; the tiles in
 :mod:`.linear_tiles`, the input checks in :mod:`.linear_checks`. Design: docs/kernels.md, "The GEMM"."""
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ def linear_configs() -> list[triton.Config]:
         ]
         + [
             # cards without tensor cores (sm_75: tl.dot is FMA there) get only these, and only they run there: the
-            # tiles above spill 1.2-28.8 KB per thread on sm_75 (issue 19's offline compiles). Small tiles, 4 warps,
+            # tiles above spill 1.2-28.8 KB per thread on sm_75 (offline compiles, tools/compile_check.py). Small tiles, 4 warps,
             # 32 deep, 2 stages: 8-16 KB of shared memory on sm_75, and the prune keeps those not expected to
             # spill in the dtype (autotune.fma_tile_fits: 16-bit 64x64 spilled, 32x64 did not)
             triton.Config(

@@ -1,9 +1,7 @@
 """Fused patch embedding: image ``[B, C, H, W]`` to tokens ``[B, T, D]`` in one pass (im2col, GEMM, bias, position
-embedding, class and register tokens; a uint8 image normalised on the fly).
-
-The kernel, the launcher :func:`launch_patch_embed`, the ``torch.library`` op and the eager reference
-:func:`patch_embed_ref`; the tiles in :mod:`.patch_embed_tiles`, the input checks in :mod:`.patch_embed_checks`.
-Design: docs/kernels.md, "Patch embedding"."""
+embedding, class and register tokens; a uint8 image normalised on the fly): the kernel, the launcher
+:func:`launch_patch_embed`, the ``torch.library`` op and the eager reference :func:`patch_embed_ref`. Tiles in
+:mod:`.patch_embed_tiles`, input checks in :mod:`.patch_embed_checks`; design: docs/kernels.md, "Patch embedding"."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Weights from elsewhere: Hugging Face and timm models converted to a :class:`VisionTransformer`.
 
-Every foreign layout is converted here, in one place; each tensor's shape is checked against the target model and
+Every foreign layout is converted in this one place; each tensor's shape is checked against the target model and
 any key that does not fit is named (the loading itself: ``vit_fast.interop.weights``; checkpoint files:
 ``vit_fast.interop.checkpoints``; model names: ``vit_fast.interop.loading``)."""
 

@@ -1,7 +1,7 @@
 """Weights already in our (timm's) names loaded into a :class:`VisionTransformer`: their dtypes checked
 (:func:`check_weights`), every key and shape checked against the model, a position embedding saved for another grid
 resampled (:func:`load_converted`, :func:`grid_from_pos_embed`). The converters of foreign layouts
-(``vit_fast.interop.convert``) and the checkpoint reader (``vit_fast.interop.checkpoints``) end here."""
+(``vit_fast.interop.convert``) and the checkpoint reader (``vit_fast.interop.checkpoints``) end in it."""
 
 from __future__ import annotations
 
