@@ -143,7 +143,11 @@ def install_stub_driver() -> list[tuple[str, int]]:
         if not (tensor.is_cuda or tensor.is_cpu or tensor.is_meta):  # the real check's first test: is_cuda
             raise RuntimeError(f"{what}: unexpected device {tensor.device}")
 
-    for module in (kernel.module for kernel in KERNELS.values()):  # every kernel file binds the check it calls
+    for kernel in KERNELS.values():
+        kernel.module  # noqa: B018 (imported, with the files whose checks it calls)
+    # every kernel module that binds the device check: the kernel files, their checks files, the launch helpers
+    kernel_modules = [m for name, m in list(sys.modules.items()) if name.startswith("vit_fast.kernels.")]
+    for module in kernel_modules:
         if hasattr(module, "check_device"):
             module.check_device = check_device
     vit_fast.backend.runtime.cuda_available = lambda: True

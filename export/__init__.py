@@ -1,10 +1,7 @@
-"""Export to ONNX and TensorRT, installed as ``vit_fast.export``: ``to_onnx``, ``to_tensorrt``, ``open_artifact`` (the
-one runner for an artifact) and ``verify`` (judged against eager PyTorch); with ``verify=`` an artifact is published
-only once it passed (docs/deploy.md). onnx, onnxruntime and tensorrt are imported only when those functions run.
-Imports point one way: _common <- graph <- trt_common <- runners <- verify_checks, verify_report <- verify <-
-onnx_checks <- onnx, tensorrt; _common <- native; verify, native <- verify_native <- onnx_native <- onnx;
-_common <- tritonserver (the Triton model repository package).
-timm's NaFlexVit and transformers' Siglip2VisionModel export through ``to_onnx`` too (``native``)."""
+"""Export to ONNX and TensorRT, installed as ``vit_fast.export``: ``to_onnx`` (timm's NaFlexVit and transformers'
+Siglip2VisionModel too), ``to_tensorrt``, ``open_artifact`` (the one runner for an artifact) and ``verify`` (judged
+against eager PyTorch); with ``verify=`` an artifact is published only once it passed (docs/deploy.md). onnx,
+onnxruntime and tensorrt are imported only when those run; the modules: docs/development.md, "Inside export/"."""
 
 from __future__ import annotations
 

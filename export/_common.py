@@ -1,9 +1,7 @@
-"""Shared by ONNX export, TensorRT build, the runners, verification and the bench: the export errors,
-argument and output-path checks, the metadata JSON beside an artifact, the one place a model subclass
-(the Hugging Face drop-in) becomes the plain module, and the weights record every artifact and report
-carries. Nothing here imports onnx, onnxruntime or tensorrt at import time. (dtypes, atomic writes,
-progress and the commit have their own homes: vit_fast.util.dtypes, vit_fast.util.files, vit_fast.util.progress,
-vit_fast.backend.env.)"""
+"""Shared by ONNX export, TensorRT build, the runners, verification and the bench: the export errors, argument and
+output-path checks, the metadata JSON beside an artifact, the one place a model subclass (the Hugging Face drop-in)
+becomes the plain module, and the weights record every artifact and report carries. Imports no onnx, onnxruntime or
+tensorrt at import time (dtypes, atomic writes and progress live in vit_fast.util)."""
 
 from __future__ import annotations
 

@@ -1,17 +1,7 @@
-"""What an exported graph computes, in one module that export traces and verification runs eagerly.
-
-:class:`ExportGraph` wraps a plain :class:`vit_fast.VisionTransformer`: an optional preprocessing front
-(:class:`Normalize`: uint8 images in NCHW or NHWC, cast, ``x * scale``, ``(x - mean) / std``, no resize),
-then the model, returning the outputs asked for, in order:
-
-- ``logits``: ``[B, num_classes]`` (the head; only for models with one),
-- ``pooled``: ``[B, D]`` pooled features before the head (class token or patch average, after ``fc_norm``),
-- ``last_hidden_state``: ``[B, T, D]`` every token after the final norm.
-
-Verification builds the same module in float64 (the reference) and in the artifact's dtype (eager), so
-both sides apply exactly the preprocessing the graph applies. :func:`example_images` makes the inputs
-every caller feeds (random normal floats, or random uint8 pixels for a preprocessing front).
-"""
+"""What an exported graph computes, in one module that export traces and verification runs eagerly:
+:class:`ExportGraph` (an optional uint8 preprocessing front, :class:`Normalize`, then the model, returning the
+outputs asked for: ``logits``, ``pooled``, ``last_hidden_state``) and :func:`example_images`, the inputs every
+caller feeds. Details: docs/development.md, "What a graph computes"."""
 
 from __future__ import annotations
 

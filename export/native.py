@@ -1,33 +1,7 @@
-"""Native-resolution towers for ONNX export: timm's ``NaFlexVit`` and transformers' ``Siglip2VisionModel`` take
-each image at its own size, as patches packed per image and padded to the batch's longest (vit_fast.interop.naflex).
-Their graphs take three inputs, every one dynamic in batch and token count:
-
-- timm: ``patches [B, T, p * p * C]`` (float), ``patch_coord [B, T, 2]`` (int64, row and column),
-  ``patch_valid [B, T]`` (bool);
-- SigLIP 2: ``pixel_values [B, T, p * p * C]`` (float), ``pixel_attention_mask [B, T]`` (int64, 1: a patch),
-  ``spatial_shapes [B, 2]`` (int64, rows and columns of patches).
-
-What stops each from tracing dynamically, as measured with torch 2.13, timm 1.0.31 and transformers 5:
-
-- timm resizes its learned position embedding per image with ``F.interpolate`` at sizes read from ``patch_coord``
-  by ``.item()`` in a Python loop over the batch: data-dependent sizes that ``torch.export`` refuses
-  (``GuardOnDataDependentSymNode``) and that the TorchScript tracer records as constants. The exported copy replaces
-  that one method by :class:`ResizeTable`: the interpolation is linear and separable, so each output row (and
-  column) of every size from 1 to ``max_grid`` is a fixed weighting of the table's rows, computed once at export
-  by timm's own ``F.interpolate`` call (same mode, antialias, align_corners) on a one-hot basis; the graph gathers
-  the weights for each image's size and contracts them with the table, columns first as PyTorch's separable
-  resize does. The caller's model is not changed.
-- transformers' SigLIP 2 resizes in the graph already; its input checks (``torch_compilable_check``) trace to
-  ``aten._is_all_true``, which no ONNX function covers, so they are switched off for the trace
-  (``TRANSFORMERS_DISABLE_TORCH_CHECK=1``, transformers' own switch): they validate inputs, they compute nothing.
-- Both exporters trace the NaFlexVit copy (with :class:`ResizeTable`, nothing is read with ``.item()``). The
-  TorchScript exporter is refused for SigLIP 2: its tracer keeps the example batch's sizes as constants in the
-  attention-pool head's reshape (``nn.MultiheadAttention``), and ONNX Runtime refuses that graph at another mix.
-
-Refused by name, with the reason: a ``NaFlexVit`` with rotary position embeddings (sizes read per image for the RoPE
-tables), with factorized position embeddings (per-image 1-D resizes, not rewritten here), or with a patch-size
-interpolator; a timm model with images as input instead of patches is the plain exporter's (``vit_fast.optimize``).
-"""
+"""Native-resolution towers for ONNX export: timm's ``NaFlexVit`` and transformers' ``Siglip2VisionModel``, each image
+at its own size as patches packed per image (vit_fast.interop.naflex), graphs dynamic in batch and token count.
+timm's per-image position-embedding resize is replaced in the exported copy by :class:`ResizeTable`; what stops each
+from tracing, and what is refused by name: docs/development.md, "Native-resolution towers"."""
 
 from __future__ import annotations
 

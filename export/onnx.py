@@ -1,28 +1,8 @@
-"""ONNX export of a :class:`vit_fast.VisionTransformer`.
-
-The torch backend is traced (on a CPU copy of the model, in eval mode, wrapped in
-``graph.ExportGraph``: the outputs asked for, an optional uint8 preprocessing front), the batch
-dimension is symbolic, each LayerNorm is one ``LayerNormalization`` node (opset >= 17), and the
-metadata (config, I/O, preprocessing, weights, and with ``verify=`` the verification record) goes
-both into the model's ``metadata_props`` and into a JSON file beside it. Every output path is
-checked before any work; files are staged in a private folder beside each target, the staged ONNX
-file is verified there, and everything is moved into place only when all of it succeeded.
-
-Routes, as measured with torch 2.13 / onnxruntime 1.31 (CPU):
-
-- ``attention="fused"``: every attention block becomes one ONNX ``Attention`` node (opset 23;
-  the module is traced through ``F.scaled_dot_product_attention``, which the dynamo exporter
-  maps to that op). ONNX Runtime's CPU provider runs it. onnxruntime's transformer optimizer
-  (``model_type="vit"``) fuses no attention in our graphs, so it is not used.
-- ``dynamic_size=True``: height and width are symbolic; the position embedding is resampled in
-  the graph by ``Resize`` (cubic, a=-0.5, antialias=1, exclude_outside=1, opset 18: PyTorch's
-  antialiased bicubic), which ONNX Runtime runs. The dynamo exporter emits it by itself; for the
-  TorchScript exporter, which has no symbolic for ``aten::_upsample_bicubic2d_aa``, one is
-  registered for the duration of the export.
-- bf16 weights export, but ONNX Runtime's CPU provider cannot run them (no bf16 ``Conv``).
-
-Argument checks, the traced graph's checks and the metadata live in ``onnx_checks``.
-"""
+"""ONNX export of a :class:`vit_fast.VisionTransformer`: the torch backend traced in ``graph.ExportGraph`` with a
+symbolic batch (and with ``dynamic_size=True`` symbolic height and width), the metadata in the model and beside it,
+every file staged, verified and moved into place only when all of it succeeded. Argument and graph checks and the
+metadata live in ``onnx_checks``; the routes (fused attention, dynamic size, bf16): docs/development.md, "ONNX
+export"."""
 
 from __future__ import annotations
 

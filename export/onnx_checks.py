@@ -1,10 +1,7 @@
-"""What :func:`vit_fast.export.onnx.to_onnx` checks and records around the trace: its arguments before
-any work (:func:`check_onnx_args`, :func:`check_graph_args` -> :class:`GraphSpec`), the traced graph
-after it (symbolic batch and image axes, I/O names, one ``Attention`` node per block on the fused
-route; :func:`finish_graph` saves it with its metadata), the metadata itself (``metadata_props`` and the
-JSON beside the file; :func:`write_metadata` rewrites both once verification is recorded), and
-:func:`onnx_op_counts`. The trace and the staging/publishing live in ``onnx``.
-"""
+"""What :func:`vit_fast.export.onnx.to_onnx` checks and records around the trace: its arguments before any work
+(:func:`check_onnx_args`, :func:`check_graph_args` -> :class:`GraphSpec`), the traced graph after it
+(:func:`finish_graph` saves it with its metadata), the metadata itself (:func:`write_metadata`) and
+:func:`onnx_op_counts`. The trace and the staging/publishing live in ``onnx``."""
 
 from __future__ import annotations
 

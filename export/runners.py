@@ -1,25 +1,7 @@
-"""The one way to run an artifact: ONNX Runtime for ``.onnx``, TensorRT for engines, and our own model
-backends run the same way, used by ``verify``, the benchmark and the demo.
-
-Every runner offers:
-
-- ``run_all(x) -> {name: tensor}``: one forward of images ``x`` (``[B, C, H, W]`` floats, or uint8 pixels
-  in the layout of an artifact with a preprocessing front); every output on the CPU. For verification.
-- ``run(x) -> torch.Tensor``: the same, the first output only.
-- ``prepare(x) -> call``: ``x`` moved to the runner's device and input dtype and bound once, with the
-  output buffers; ``call()`` runs one forward (every output is computed) and returns the first output
-  on the runner's device, with no host copy on a GPU (a bound buffer that the next call overwrites:
-  clone it to keep it). For timing.
-- ``dtype``: the precision the artifact computes in (what verify runs eager in); ``input_dtype``: what
-  its input takes (that dtype, or uint8); ``runtime``: a description string (runtime, version,
-  provider or GPU); ``output_names`` (``output_name`` is the first); ``batch_range``: ``(min, max)``
-  images the artifact takes, or None when it does not say; ``check_batch(b)`` raises an ArtifactError
-  naming the file when it cannot run batch ``b``; ``threads``: the CPU threads it was given (None: the
-  runtime's own, or a GPU); ``close()``.
-
-:func:`open_artifact` picks the runner from the file's suffix. onnx, onnxruntime and tensorrt are
-imported only when a runner for them is opened.
-"""
+"""The one way to run an artifact: ONNX Runtime for ``.onnx``, TensorRT for engines, and our own model backends run the
+same way, used by ``verify``, the benchmark and the demo. Every runner offers ``run_all``, ``run``, ``prepare`` (for
+timing), ``dtype``, ``input_dtype``, ``batch_range``, ``check_batch`` and ``close`` (docs/development.md, "Running an
+artifact"); :func:`open_artifact` picks one from the file's suffix and imports its runtime only then."""
 
 from __future__ import annotations
 

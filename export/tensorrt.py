@@ -1,20 +1,7 @@
-"""TensorRT engines from our ONNX files, built through NVIDIA's polygraphy loaders (TensorRT 10).
-
-polygraphy parses the ONNX file (from its path, so external weights are found), makes the builder
-config (one optimization profile from ``batch=(min, opt, max)``, precision flags and constraints) and
-builds the engine, saving the timing cache. vit-fast's own parts: an fp32 ONNX file is built weakly
-typed with the FP16 or BF16 flag, every normalization, softmax and floating-point reduction layer
-pinned to fp32 (:class:`Fp32Pins`, made binding by ``precision_constraints="obey"``), since their
-reductions overflow in fp16; ``"fp32"`` clears TF32. An fp16/bf16 ONNX file is built strongly typed
-(``precision`` must match); TensorRT 11 has no weakly typed builds (:func:`check_weak_typing`). No fp8:
-TensorRT computes in fp8 only where the graph has Q/DQ nodes, which ours have not, so the flag alone
-would change nothing but the label. The previous timing cache is reused when TensorRT takes it and
-the new one written atomically; the engine inspector tells whether attention became one fused layer.
-The engine is verified (every output of the ONNX graph, its preprocessing front included) against
-eager PyTorch while it is still staged, and published with its metadata (TensorRT version, GPU compute
-capability, profile) and the report only when it passed; one that fails is not left there.
-``runners.EngineRunner`` runs engines, checking that metadata first (a mismatch says what to rebuild).
-"""
+"""TensorRT engines from our ONNX files, built through NVIDIA's polygraphy loaders (TensorRT 10): an fp32 ONNX file
+built weakly typed with its normalization, softmax and reduction layers pinned to fp32 (:class:`Fp32Pins`), a 16-bit
+one strongly typed; the engine verified while staged and published with its metadata only when it passed. Why each
+choice: docs/development.md, "TensorRT engines"."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""TensorRT helpers shared by the engine builder (``tensorrt.py``) and the engine runner (``runners.py``).
-
-Importing tensorrt and polygraphy (NVIDIA's loaders and runner, which both build on) with a clear
-error, polygraphy's logging and errors in our terms, the GPU's compute capability, engine tensor
-types as torch dtypes, and the two checks made before an engine runs: that it was built for this
-TensorRT and GPU (from the metadata beside it), and that a batch lies inside its optimization
-profile. Nothing here imports tensorrt or polygraphy until a function that needs them is called.
-"""
+"""TensorRT helpers shared by the engine builder (``tensorrt.py``) and the engine runner (``runners.py``): importing
+tensorrt and polygraphy with a clear error, their logging and errors in our terms, the GPU's compute capability,
+engine tensor types as torch dtypes, and the two checks before an engine runs (built for this TensorRT and GPU; the
+batch inside its profile). Imports neither tensorrt nor polygraphy until a function that needs them is called."""
 
 from __future__ import annotations
 

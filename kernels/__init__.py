@@ -1,20 +1,8 @@
-"""Triton kernels, installed as ``vit_fast.kernels``: one file per fused op.
-
-Each file holds the kernel, its launcher (input checks, grid), a ``torch.library`` custom op
-with a fake implementation, and the eager reference ``<op>_ref`` it is tested against.
-:data:`KERNELS` and :data:`OPS` are the one registry of them: whatever finds a kernel by name (doctor's
-self-check, the first-use net, warm-up, ``tools/compile_check.py``, the tests) reads it, so adding a kernel is its
-file, its lines here and its test (plus the inputs doctor draws for it and the variants compile_check builds).
-Importing this package never touches a GPU driver, and never imports triton (an entry imports its file when read).
-
-With a triton older than the kernels need (``versions.MIN_TRITON``; e.g. the 3.4 that torch 2.8
-pins), importing this package (and so ``import vit_fast``) warns once with
-:class:`TritonVersionWarning`, naming both versions and the fix. vit-fast keeps working on the
-torch backend (export, verification, the CPU paths); the triton backend refuses to run with the
-same message (``vit_fast.backend.runtime.require_triton``) and ``backend="auto"`` stays on torch.
-Raising ImportError here instead would break ``import vit_fast`` for a user whose torch pins an
-older triton, for the parts that need no kernel at all.
-"""
+"""Triton kernels, installed as ``vit_fast.kernels``: one file per fused op (kernel, launcher, ``torch.library`` op,
+eager reference ``<op>_ref``), and :data:`KERNELS` / :data:`OPS`, the one registry every tool and test reads to find
+a kernel by name (docs/development.md, "Adding a kernel"). Importing it touches no GPU driver and imports no triton;
+with a triton older than ``versions.MIN_TRITON`` it warns once (:class:`TritonVersionWarning`) and vit-fast stays on
+the torch backend (docs/install.md)."""
 
 import importlib as _importlib
 import math as _math

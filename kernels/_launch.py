@@ -1,7 +1,7 @@
 """What a kernel file's launcher and op wrapper are written with: host arithmetic for grids, the kernels' flags for
 bf16 under the interpreter, the output buffer and device checks, Triton's scratch allocator, and the backward that
 recomputes through the eager reference, and :func:`define_op`, which makes an op of a launch. Private to the kernel
-files; nothing here touches a GPU driver."""
+files; importing it touches no GPU driver."""
 
 from __future__ import annotations
 

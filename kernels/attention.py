@@ -1,24 +1,7 @@
-"""Flash-style multi-head attention forward, reading the fused qkv GEMM output in place.
-
-``attention(qkv, num_heads)`` takes ``qkv`` of shape ``[B, T, 3 * H * Dh]`` (the output of a
-ViT block's qkv ``nn.Linear``), views it by strides as ``[B, T, 3, H, Dh]`` and writes
-``softmax(q k^T * scale) v`` straight into ``[B, T, H * Dh]``, the layout the proj GEMM reads:
-no permute and no contiguous copies. The softmax is the online (streaming) one, in fp32, with
-fp32 accumulation.
-
-Two masks, each a constexpr flag of the one kernel (off, it compiles to the unmasked code): ``lengths`` (a padded
-batch: image ``b`` has ``lengths[b]`` valid tokens, the rest is padding) and ``cu_seqlens`` (several images packed
-along the ``B * T`` tokens, each attending within itself). Padding is never read, its output rows are zeros, and a
-program's key loop ends at its sequence's last key tile.
-
-Top to bottom: the autotune configs, the kernel, the launcher :func:`launch_attention` (input
-checks, allocation, grid), the ``torch.library`` custom op ``vit_fast::attention`` (fake
-implementation + autograd), the public :func:`attention` and the eager reference
-:func:`attention_ref`. Backward is not a kernel: it recomputes the forward through the eager
-reference, in fp32 for half inputs (``_launch.register_recompute_backward``).
-
-Importing this module never touches a GPU driver.
-"""
+"""Flash-style multi-head attention forward, reading the fused qkv GEMM output in place, with an optional mask of a
+padded (``lengths``) or packed (``cu_seqlens``) batch: the kernel, the launcher :func:`launch_attention`, the
+``torch.library`` op and the eager reference :func:`attention_ref`. Its tiles are in :mod:`.attention_tiles`, its
+input checks in :mod:`.attention_checks`; design: docs/kernels.md, "Attention"."""
 
 from __future__ import annotations
 
@@ -28,135 +11,15 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import (
-    cdiv,
-    check_device,
-    dot_in_fp32,
-    interpret_bf16,
-    next_power_of_2,
-    output_buffer,
-    register_recompute_backward,
-)
+from ._launch import cdiv, dot_in_fp32, interpret_bf16, output_buffer, register_recompute_backward
 from ._tl import dot, online_softmax_step, to_bf16_rtne
-from .autotune import autotune_cache_enabled, closest_config, tune_key, tuning_requested
-from .cards import Card, card_for_arch, tensor_arch
-from .interpret import interpreter_enabled
-from .launches import SUPPORTED_DTYPES, ResolvedLaunches, eager_direct
+from .attention_checks import check_attention_inputs
+from .attention_tiles import attention_configs, block_d_for, prune_attention_configs
+from .autotune import autotune_cache_enabled, tune_key
+from .cards import tensor_arch
+from .launches import ResolvedLaunches, eager_direct
 
-MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
 LOG2E = math.log2(math.e)
-
-
-def _attention_configs() -> list[triton.Config]:
-    """Autotune candidates. Built from the environment only (never a device query), so importing
-    this module touches no GPU driver; the prune keeps those that suit the card of the tensors' device. The
-    interpreter cannot time configs: it gets one."""
-    if interpreter_enabled():
-        # BLOCK_M != BLOCK_N on purpose: a query-tail mask swapped with a key-tail mask fails tests
-        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 64}, num_warps=4, num_stages=1)]
-    return [
-        triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=num_warps, num_stages=num_stages)
-        for block_m in (64, 128)
-        for block_n in (32, 64, 128)
-        for num_stages in (2, 3)
-        for num_warps in (4, 8)
-        if not (block_m == 128 and num_warps == 4)  # 128 rows of fp32 state spill with 4 warps
-    ] + [
-        # cards without tensor cores (sm_75) get only these, and only they run there: the configs above spill up
-        # to 32.6 KB per thread on sm_75 and two need 96 KB of its 64 KB (issue 19's offline compiles). Small
-        # tiles, 4 warps, no pipelining (sm_75 has no asynchronous copies to overlap); the prune keeps those not
-        # expected to spill (_fma_attention_fits)
-        triton.Config({"BLOCK_M": block_m, "BLOCK_N": 32}, num_warps=4, num_stages=FMA_ATTENTION_STAGES)
-        for block_m in (16, 32)
-    ]
-
-
-#: num_stages of the configs meant for cards without tensor cores: every other config has more
-FMA_ATTENTION_STAGES = 1
-
-
-def _fma_attention_fits(config: triton.Config, block_d: int, elem_bytes: int) -> bool:
-    """Whether a config is expected not to spill where ``tl.dot`` is FMA (sm_75): its q / accumulator and score
-    tiles, ``BLOCK_M * (BLOCK_D + BLOCK_N)`` elements, at most 5120 in fp32 and 3072 in 16-bit. From triton
-    3.9's compiles for sm_75 (spilled bytes per thread): fp32 Dh 64 64x32 836, 32x32 none; fp32 Dh 128 64x32
-    5376, 32x32 none; fp16 Dh 64 64x32 1012, 32x32 and 16x32 none (bf16 32x32 none); fp16 Dh 128 64x32 21136,
-    32x32 1356, 16x32 none."""
-    elements = config.kwargs["BLOCK_M"] * (block_d + config.kwargs["BLOCK_N"])
-    return elements <= (5120 if elem_bytes == 4 else 3072)
-
-
-def block_d_for(head_dim: int) -> int:
-    """The kernel's ``BLOCK_D``: the head dim padded to a power of two, at least 16 (the dot's minimum)."""
-    return max(16, next_power_of_2(head_dim))
-
-
-def _attention_shared_bytes(config: triton.Config, block_d: int, elem_bytes: int, card: Card) -> int:
-    """Shared memory of a config on ``card``, as the prune compares it with ``card.shared_memory``. On the
-    wgmma / tcgen05 cards (sm_90, sm_100): 2 * num_stages - 1 k/v tiles, plus the q tile at 128 rows, as Triton
-    3.9 lays it out on sm_90, never above what it reports there (tools/compile_check.py). Other cards: the k/v
-    tiles, plus a padded q tile and a padded p tile (the layout conversions into the dot's operands), an upper
-    bound of every figure triton 3.9 reported for sm_86 (fp32: Dh 64 64x64 s2 64 KB against 80.5 here, 64x128 s2
-    112.3 against 144.5, 128x64 s2 96 against 113; Dh 128 64x32 s2 72.3 against 88.5, 64x64 s2 112.3 (the config
-    that failed to launch there) against 144.5, 64x128 s2 192 against 256.5; fp16 Dh 128 64x64 s2 56 against
-    72.3). Without tensor cores (sm_75, FMA dots) k and v are buffered apart and more than the 16-bit tiles
-    themselves was reported (fp16 Dh 64: 64x32 s1 24 KB, 64x64 s2 32 KB), so every tile counts as fp32 there
-    (40.5 and 96.5 KB)."""
-    block_m, block_n, stages = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], max(config.num_stages, 1)
-    if card.dot in ("wgmma", "tcgen05"):
-        kv = (2 * stages - 1) * block_n * block_d * elem_bytes
-        return kv + (block_m * block_d * elem_bytes if block_m > 64 else 0)
-    if card.dot == "fma":  # k and v apart at every stage, and every tile counted as fp32
-        return 2 * stages * block_n * block_d * 4 + block_m * (block_d + 1) * 4 + block_m * (block_n + 1) * 4
-    kv = (2 * stages - 1) * block_n * block_d * elem_bytes
-    return kv + block_m * (block_d + 1) * elem_bytes + block_m * (block_n + 1) * elem_bytes
-
-
-def _prune_attention_configs(configs, named_args, **kwargs):
-    """The candidates for one launch, read only from its autotune key (T, the head dim, the card ``ARCH``, the
-    dtype, ``TUNE``, the mask flags ``HAS_LENGTHS`` / ``PACKED``): the configs for this kind of card (tensor cores
-    or not, :data:`FMA_ATTENTION_STAGES`) that fit its shared memory (:func:`_attention_shared_bytes`; a mask adds
-    no tile). Wide heads (Dh > 128, padded to 256) keep the q tile and the accumulator in registers only with
-    64-row tiles and key blocks of at most 64; without tensor cores only the tiles not expected to spill
-    (:func:`_fma_attention_fits`). Without tuning one config: the fitting one nearest 64x64, 4 warps, 2 stages
-    (fp32: 64x32, 8 warps, 3 stages for head dims up to 64 and 2 above; a card without tensor cores: its own,
-    nearest 32x32; packed images in 16 bits with head dims above 64 on mma.sync cards: 8 warps)."""
-    block_d = kwargs.get("BLOCK_D", named_args.get("BLOCK_D"))
-    if block_d is None:
-        return configs
-    card = card_for_arch(named_args["ARCH"])
-    qkv = named_args.get("qkv_ptr")
-    elem_bytes = qkv.element_size() if isinstance(qkv, torch.Tensor) else 2
-
-    def shared(config: triton.Config) -> int:
-        return _attention_shared_bytes(config, block_d, elem_bytes, card)
-
-    def fits(config: triton.Config) -> bool:
-        kw = config.kwargs
-        if card.tensor_cores and block_d > 128 and not (kw["BLOCK_M"] == 64 and kw["BLOCK_N"] <= 64):
-            return False
-        if not card.tensor_cores and not _fma_attention_fits(config, block_d, elem_bytes):
-            return False
-        return shared(config) <= card.shared_memory
-
-    # nothing fits (Dh 256 on sm_75): the smallest config for the card, which may spill or fail to launch there
-    same_kind = [c for c in configs if (c.num_stages > FMA_ATTENTION_STAGES) == card.tensor_cores] or configs
-    kept = [c for c in same_kind if fits(c)] or [min(same_kind, key=shared)]
-    if tuning_requested(named_args) or len(kept) == 1:
-        return kept
-    if not card.tensor_cores:
-        return [closest_config(kept, {"BLOCK_M": 32, "BLOCK_N": 32}, 4, FMA_ATTENTION_STAGES)]
-    if elem_bytes == 4:
-        # fp32: 64x64 with 4 warps spilled 4.4-4.7 KB per thread on every target (33 KB on sm_80), 64x32 with 8
-        # warps nothing on any, sm_75 to sm_120 (tools/compile_check.py, triton 3.9, Dh 64). On triton 3.6 that
-        # 64x32 spilled at 2 stages with Dh 64 (sm_90 56 bytes, sm_86/89 36) and not at 3 (80-92 registers on
-        # sm_80 to sm_120, 3.6 and 3.9 alike); Dh 128 the other way round on 3.6 (3 stages: 40 bytes on sm_80, 2:
-        # none; 3.9: 64 bytes there either way), and 3 stages overflow the 99 KB cards there
-        return [closest_config(kept, {"BLOCK_M": 64, "BLOCK_N": 32}, 8, 3 if block_d <= 64 else 2)]
-    if kwargs.get("PACKED", named_args.get("PACKED")) and card.dot == "mma.sync" and block_d > 64:
-        # packed images, 16-bit, Dh 128 on mma.sync cards: 64x64 with 4 warps spilled 32 bytes per thread on sm_80
-        # (255 registers, triton 3.6 and 3.9; the unmasked kernel and the padded batch there: none), 8 warps none
-        return [closest_config(kept, {"BLOCK_M": 64, "BLOCK_N": 64}, 8, 2)]
-    return [closest_config(kept, {"BLOCK_M": 64, "BLOCK_N": 64}, 4, 2)]
 
 
 @triton.jit
@@ -188,15 +51,15 @@ def _zero_tokens(
 
 
 @triton.autotune(
-    configs=_attention_configs(),
+    configs=attention_configs(),
     key=[
-        # everything _prune_attention_configs reads (the autotuner adds the dtypes itself)
+        # everything prune_attention_configs reads (the autotuner adds the dtypes itself)
         *("T", "HEAD_DIM", "ARCH", "TUNE"),
         # every constexpr the configs do not set (tests/kernels/test_autotune_mode.py); these follow the dtype, the head dim
         # and which mask the launch has
         *("DOT_IN_FP32", "ROUND_BF16", "HAS_LENGTHS", "PACKED", "BLOCK_D"),
     ],
-    prune_configs_by={"early_config_prune": _prune_attention_configs},
+    prune_configs_by={"early_config_prune": prune_attention_configs},
     cache_results=autotune_cache_enabled(),
 )
 # key-only (ARCH, TUNE) or read by the masked variants only (batch, num_seqs, max_seqlen): one compile whatever their
@@ -356,128 +219,6 @@ _attention_launches = ResolvedLaunches(_attention_kernel)
 
 
 # ---------------------------------------------------------------------------------- launcher
-def _check_attention_inputs(
-    qkv: torch.Tensor,
-    num_heads: int,
-    scale: float | None,
-    lengths: torch.Tensor | None = None,
-    cu_seqlens: torch.Tensor | None = None,
-    max_seqlen: int | None = None,
-) -> None:
-    """Raise a clear error, before any launch, when the inputs do not fit the kernel."""
-    if not isinstance(qkv, torch.Tensor):
-        raise TypeError(f"attention: qkv must be a torch.Tensor, got {type(qkv).__name__}")
-    if qkv.dim() != 3:
-        raise ValueError(
-            f"attention: qkv must have shape [B, T, 3 * num_heads * head_dim], got {tuple(qkv.shape)}; "
-            "pass the qkv GEMM output before any reshape"
-        )
-    if qkv.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(
-            f"attention: qkv dtype {qkv.dtype} is not supported; use float16, bfloat16 or float32 "
-            "(e.g. qkv.to(torch.float16))"
-        )
-    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
-        raise ValueError(f"attention: num_heads must be a positive int, got {num_heads!r}")
-    width = qkv.shape[-1]
-    if width % (3 * num_heads) != 0:
-        raise ValueError(
-            f"attention: qkv's last dim {width} is not 3 * num_heads * head_dim with num_heads={num_heads}; "
-            "check num_heads, or that qkv is the fused [q | k | v] projection"
-        )
-    head_dim = width // (3 * num_heads)
-    if not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM:
-        raise ValueError(
-            f"attention: head_dim {head_dim} (= {width} / (3 * {num_heads})) is outside the supported range "
-            f"{MIN_HEAD_DIM}..{MAX_HEAD_DIM}; use the torch backend for this model"
-        )
-    if qkv.shape[1] == 0:
-        raise ValueError("attention: qkv has T = 0 tokens; attention needs at least one token")
-    if qkv.stride(-1) != 1:
-        raise ValueError(
-            f"attention: qkv's last dim must be contiguous (stride 1), got stride {qkv.stride(-1)}; "
-            "call qkv.contiguous() first"
-        )
-    # not while compiling: a scale that changed between compiled calls arrives as a symbolic float
-    # (automatic dynamic), and math.isfinite on it would break the graph; eager calls still check it
-    if scale is not None and not torch.compiler.is_compiling():
-        if not (isinstance(scale, (int, float)) and math.isfinite(scale)):
-            raise ValueError(f"attention: scale must be a finite float or None, got {scale!r}")
-    check_device("attention", qkv)
-    if lengths is not None or cu_seqlens is not None or max_seqlen is not None:
-        _check_mask(qkv, lengths, cu_seqlens, max_seqlen)
-
-
-def _check_mask(
-    qkv: torch.Tensor, lengths: torch.Tensor | None, cu_seqlens: torch.Tensor | None, max_seqlen: int | None
-) -> None:
-    """The mask arguments: their kind, dtype, device and shape always; their values where they can be read
-    (:func:`_values_readable`), which costs one device-to-host copy of ``lengths`` or ``cu_seqlens``."""
-    batch, tokens = qkv.shape[0], qkv.shape[1]
-    if lengths is not None and cu_seqlens is not None:
-        raise ValueError("attention: pass lengths (a padded batch) or cu_seqlens (images packed into rows), not both")
-    if max_seqlen is not None and cu_seqlens is None:
-        raise ValueError("attention: max_seqlen goes with cu_seqlens (the longest packed segment); got no cu_seqlens")
-    for name, mask in (("lengths", lengths), ("cu_seqlens", cu_seqlens)):
-        if mask is None:
-            continue
-        if not isinstance(mask, torch.Tensor):
-            raise ValueError(f"attention: {name} must be an int32 torch.Tensor, got {type(mask).__name__}")
-        if mask.dtype != torch.int32:
-            raise ValueError(f"attention: {name} must be int32, got {mask.dtype}; pass {name}.to(torch.int32)")
-        if mask.device != qkv.device:
-            raise ValueError(
-                f"attention: {name} is on {mask.device} but qkv is on {qkv.device}; pass {name}.to(qkv.device)"
-            )
-    if lengths is not None and tuple(lengths.shape) != (batch,):
-        raise ValueError(f"attention: lengths must have shape [B] = [{batch}], got {tuple(lengths.shape)}")
-    if cu_seqlens is not None and (cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 2):
-        raise ValueError(
-            f"attention: cu_seqlens must have shape [N + 1] with N >= 1 segments, got {tuple(cu_seqlens.shape)}"
-        )
-    if max_seqlen is not None and not torch.compiler.is_compiling():
-        if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int) or max_seqlen < 0:
-            raise ValueError(f"attention: max_seqlen must be an int >= 0 or None, got {max_seqlen!r}")
-    if lengths is not None and _values_readable(lengths):
-        values = lengths.tolist()
-        for b, n in enumerate(values):
-            if not 0 <= n <= tokens:
-                raise ValueError(f"attention: lengths[{b}] = {n} is outside 0..T = 0..{tokens}")
-    if cu_seqlens is not None and _values_readable(cu_seqlens):
-        offsets = cu_seqlens.tolist()
-        if offsets[0] != 0:
-            raise ValueError(f"attention: cu_seqlens[0] must be 0, got {offsets[0]}")
-        for i in range(1, len(offsets)):
-            start, end = offsets[i - 1], offsets[i]
-            if end < start:
-                raise ValueError(
-                    f"attention: cu_seqlens must be non-decreasing, got cu_seqlens[{i}] = {end} < "
-                    f"cu_seqlens[{i - 1}] = {start}"
-                )
-            if end > batch * tokens:
-                raise ValueError(
-                    f"attention: cu_seqlens[{i}] = {end} is past the B * T = {batch} * {tokens} tokens of qkv"
-                )
-            if end > start and start // tokens != (end - 1) // tokens:
-                raise ValueError(
-                    f"attention: segment {i - 1} (tokens {start}..{end - 1} of the B * T) crosses from image row "
-                    f"{start // tokens} into row {(end - 1) // tokens}; a segment must lie in one row of T = {tokens}"
-                )
-            if max_seqlen is not None and end - start > max_seqlen:
-                raise ValueError(
-                    f"attention: segment {i - 1} has {end - start} tokens, more than max_seqlen = {max_seqlen}"
-                )
-
-
-def _values_readable(mask: torch.Tensor) -> bool:
-    """Whether a mask tensor's values can be checked on the host: a plain tensor with data, outside
-    ``torch.compile`` tracing and CUDA-graph capture (where a host read is not possible). Elsewhere the kernel
-    clamps what it reads, so a bad value gives a wrong answer but never a read or write outside the tensors."""
-    if torch.compiler.is_compiling() or type(mask) is not torch.Tensor or mask.is_meta:
-        return False
-    return not (mask.is_cuda and torch.cuda.is_current_stream_capturing())
-
-
 def launch_attention(
     qkv: torch.Tensor,
     num_heads: int,
@@ -500,7 +241,7 @@ def launch_attention(
     dim; tests pass a NaN-filled one so an element the kernel leaves unwritten is caught.
     """
     if not checked:
-        _check_attention_inputs(qkv, num_heads, scale, lengths, cu_seqlens, max_seqlen)
+        check_attention_inputs(qkv, num_heads, scale, lengths, cu_seqlens, max_seqlen)
     batch, tokens, width = qkv.shape
     embed_dim = width // 3
     head_dim = embed_dim // num_heads
@@ -574,7 +315,7 @@ def _attention_fake(
     cu_seqlens: torch.Tensor | None = None,
     max_seqlen: int | None = None,
 ) -> torch.Tensor:
-    _check_attention_inputs(qkv, num_heads, scale, lengths, cu_seqlens, max_seqlen)  # values: not readable here
+    check_attention_inputs(qkv, num_heads, scale, lengths, cu_seqlens, max_seqlen)  # values: not readable here
     batch, tokens, width = qkv.shape
     return qkv.new_empty((batch, tokens, width // 3))
 
@@ -628,7 +369,7 @@ def attention(
     recomputes the forward through ``attention_ref`` (fp32 for half inputs) and differentiates
     that, so it costs eager attention's time and memory (padding gets zero gradients).
     """
-    _check_attention_inputs(qkv, num_heads, scale, lengths, cu_seqlens, max_seqlen)
+    check_attention_inputs(qkv, num_heads, scale, lengths, cu_seqlens, max_seqlen)
     head_dim = qkv.shape[-1] // (3 * num_heads)
     scale = head_dim**-0.5 if scale is None else float(scale)
     if eager_direct(qkv):  # plain eager: skip the custom op's dispatch

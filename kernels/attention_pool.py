@@ -1,21 +1,7 @@
-"""Cross-attention with a short query (the attention-pool / "map" head), reading the kv GEMM output in place.
-
-``attention_pool(q, kv, num_heads)`` is the attention inside timm's ``AttentionPoolLatent`` (SigLIP's
-``global_pool='map'``) and transformers' ``SiglipMultiheadAttentionPoolingHead``: a few learned latent queries
-``q [1 or B, Lq, H * Dh]`` (``Lq`` 1..16, usually 1; a latent shared by the batch has batch 1 or batch stride 0)
-against the tokens' keys and values, ``kv [B, T, 2 * H * Dh]`` as the kv ``nn.Linear`` writes it, viewed by
-strides as ``[B, T, 2, H, Dh]``. The output ``softmax(q k^T * scale) v`` is written as ``[B, Lq, H * Dh]``, the
-layout the proj GEMM reads. The softmax is the online (streaming) one over tiles of T, in fp32, with fp32
-accumulation. One program per (image, head) holds all the queries (padded to 16 rows, the dot's minimum) and walks
-the tokens: the head is memory-bound (each k / v element is read once and meets at most 16 queries).
-
-Top to bottom: the autotune configs and their prune, the kernel, the launcher :func:`launch_attention_pool`
-(input checks, allocation, grid), the ``torch.library`` custom op ``vit_fast::attention_pool`` (fake
-implementation + autograd), the public :func:`attention_pool` and the eager reference :func:`attention_pool_ref`.
-Backward is not a kernel: it recomputes the forward through the eager reference, in fp32 for half inputs.
-
-Importing this module never touches a GPU driver.
-"""
+"""Cross-attention with a short query (the attention-pool / "map" head of timm and transformers' SigLIP), reading the
+kv GEMM output in place: ``q [1 or B, Lq, H * Dh]`` (Lq 1..16) against ``kv [B, T, 2 * H * Dh]``, written as
+``[B, Lq, H * Dh]``. Top to bottom: the tiles, the kernel, the launcher :func:`launch_attention_pool`, the
+``torch.library`` op, :func:`attention_pool` and the eager reference. Design: docs/kernels.md, "Attention pool"."""
 
 from __future__ import annotations
 
@@ -27,7 +13,9 @@ import triton.language as tl
 
 from ._launch import check_device, dot_in_fp32, interpret_bf16, output_buffer, register_recompute_backward
 from ._tl import dot, online_softmax_step, to_bf16_rtne
-from .attention import LOG2E, MAX_HEAD_DIM, MIN_HEAD_DIM, block_d_for
+from .attention import LOG2E
+from .attention_checks import MAX_HEAD_DIM, MIN_HEAD_DIM
+from .attention_tiles import block_d_for
 from .autotune import autotune_cache_enabled, closest_config, tune_key, tuning_requested
 from .cards import Card, card_for_arch, tensor_arch
 from .interpret import interpreter_enabled
@@ -62,7 +50,7 @@ def _pool_configs() -> list[triton.Config]:
 
 def _fma_pool_fits(config: triton.Config, block_d: int, elem_bytes: int) -> bool:
     """Whether a config is expected not to spill where ``tl.dot`` is FMA (sm_75): the self-attention kernel's
-    bound on its q / accumulator and score tiles (``_fma_attention_fits``), here with 16 query rows, and in 16-bit
+    bound on its q / accumulator and score tiles (``attention_tiles.fma_attention_fits``), here with 16 query rows, and in 16-bit
     at most 32 keys per tile (triton 3.9, sm_75, Dh 64: 64 keys spilled 680-700 B per thread in fp16 and bf16,
     32 and 16 none; fp32 none up to 64)."""
     block_n = config.kwargs["BLOCK_N"]
@@ -85,7 +73,7 @@ def _pool_tile_fits(config: triton.Config, block_d: int, elem_bytes: int) -> boo
 def _pool_shared_bytes(config: triton.Config, block_d: int, elem_bytes: int, card: Card) -> int:
     """An upper bound of a config's shared memory on ``card``: k and v tiles apart at every stage, plus the q and
     p tiles padded by a column (the layout conversions into the dot's operands); on cards without tensor cores
-    every tile counted as fp32, as the self-attention kernel's bound does (``_attention_shared_bytes``)."""
+    every tile counted as fp32, as the self-attention kernel's bound does (``attention_tiles.attention_shared_bytes``)."""
     block_n, stages = config.kwargs["BLOCK_N"], max(config.num_stages, 1)
     size = 4 if card.dot == "fma" else elem_bytes
     return 2 * stages * block_n * block_d * size + BLOCK_Q * (block_d + 1 + block_n + 1) * size

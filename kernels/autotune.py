@@ -1,7 +1,7 @@
 """The autotune policy every kernel follows: the row classes the autotuners key on, whether a launch tunes or takes
 the heuristic's one config (:func:`tuning`, ``VIT_FAST_AUTOTUNE``), the per-card limits a prune compares its
 candidates with (shared memory, tiles that fit where ``tl.dot`` is FMA), and when the GEMM may read through TMA.
-Read per launch; nothing here touches a GPU driver."""
+Read per launch; importing it touches no GPU driver."""
 
 from __future__ import annotations
 

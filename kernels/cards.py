@@ -1,21 +1,7 @@
-"""What each GPU generation gives our kernels, in one table, read for the tensors' own device.
-
-The first compiled run of a kernel happens on a user's card, so every decision that depends on the card
-(which tiles fit in shared memory, whether ``tl.dot`` reaches tensor cores, TMA, native bf16, whether the
-triton backend is worth running at all) reads :func:`card_of` for the device the tensors are on, never the
-current device and never a constant of one card.
-
-Figures from NVIDIA's specifications and from offline compiles (``tools/compile_check.py``) on triton 3.6 and
-3.9. An unlisted capability gets the nearest listed one below it in its own generation (sm_87 reads as sm_86,
-sm_103 as sm_100, sm_121 as sm_120); an unlisted generation gets the most conservative row below it.
-
-The SM count is a fact of the device, not of the generation (sm_90: 132 on an H100 SXM, 114 on an H100 PCIe;
-sm_80: 108 on an A100, 56 on an A30): :func:`tensor_sm_count` asks the tensors' own device.
-
-A CPU tensor (Triton's interpreter; the offline compile check) reads as sm_90 with 132 SMs (an H100 SXM) unless a
-test or the compile check pretends otherwise through :func:`pretend_arch`. Nothing here touches a GPU driver at
-import time.
-"""
+"""What each GPU generation gives our kernels, in one table (:data:`CARDS`), read for the tensors' own device
+(:func:`card_of`, :func:`tensor_sm_count`), never the current device or one card's constant. A CPU tensor reads as an
+H100 SXM (sm_90, 132 SMs) unless :func:`pretend_arch` says otherwise. Where the figures come from and how an unlisted
+capability is read: docs/kernels.md, "The cards". Importing it touches no GPU driver."""
 
 from __future__ import annotations
 

@@ -1,27 +1,8 @@
-"""Flash-style differential attention forward (timm's ``DiffAttention``), reading the qkv GEMM output in place.
-
-``diff_attention(qkv, lambda_full, norm_weight, num_heads, lambda_init)`` takes ``qkv`` of shape
-``[B, T, 3 * D]`` (the output of the block's qkv ``nn.Linear``, ``D = H * 2 * Dh``) laid out as timm's
-``DiffAttention.forward`` reads it: q and k each as ``2H`` heads of ``Dh`` (head ``h``'s q1 and q2 are heads
-``2h`` and ``2h + 1``, side by side), v as ``H`` heads of ``2 * Dh``. Per head it computes
-
-    o = softmax(q1 k1^T * scale) v - lambda * softmax(q2 k2^T * scale) v         [T, 2 Dh]
-    o = rms_norm(o, sub_norm weight, eps) * (1 - lambda_init)
-
-with two online softmaxes (fp32) over the same k/v tiles, and writes ``[B, T, H * 2 Dh]``, the layout the proj
-GEMM reads: no permute and no copies. The RmsNorm and the ``(1 - lambda_init)`` factor run in the epilogue,
-where a query row's whole ``2 Dh`` output of its head is in registers.
-
-``lambda`` is a 0-dim tensor read by the kernel itself (never ``.item()``): it comes from parameters, and a host
-read would sync the stream and break CUDA-graph capture.
-
-Top to bottom: the autotune configs, the kernel, the launcher :func:`launch_diff_attention` (input checks,
-allocation, grid), the ``torch.library`` custom op ``vit_fast::diff_attention`` (fake implementation + autograd),
-the public :func:`diff_attention` and the eager reference :func:`diff_attention_ref`. Backward is not a kernel: it
-recomputes the forward through the eager reference (``_launch.register_recompute_backward``).
-
-Importing this module never touches a GPU driver.
-"""
+"""Flash-style differential attention forward (timm's ``DiffAttention``), reading the qkv GEMM output in place: two
+online softmaxes over the same k / v tiles, their difference, then the RmsNorm and ``(1 - lambda_init)`` in the
+epilogue, written as ``[B, T, H * 2 Dh]``. Top to bottom: the tiles, the kernel, the launcher
+:func:`launch_diff_attention`, the ``torch.library`` op, :func:`diff_attention` and the eager reference
+:func:`diff_attention_ref`. Design: docs/kernels.md, "Differential attention"."""
 
 from __future__ import annotations
 
@@ -47,7 +28,7 @@ from .interpret import interpreter_enabled
 from .launches import SUPPORTED_DTYPES, ResolvedLaunches, eager_direct
 
 #: q / k head dims (``Dh``; v heads and output heads are ``2 * Dh``): 8..128 gives output heads of 16..256, the
-#: range of the plain attention kernel (``attention.MIN_HEAD_DIM``, ``MAX_HEAD_DIM``)
+#: range of the plain attention kernel (``attention_checks.MIN_HEAD_DIM``, ``MAX_HEAD_DIM``)
 MIN_HEAD_DIM, MAX_HEAD_DIM = 8, 128
 LOG2E = math.log2(math.e)
 #: num_stages of the configs meant for cards without tensor cores (sm_75): every other config has more

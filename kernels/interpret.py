@@ -1,4 +1,4 @@
-"""The one interpreter flag, and whether the interpreter can run our kernels here. Imports nothing but
+"""The one interpreter flag, and whether the interpreter can run our kernels in this environment. Imports nothing but
 :mod:`.switches` and :mod:`.versions` (not even triton), so code that only asks whether the kernels would run in
 Triton's CPU interpreter can ask without importing them."""
 

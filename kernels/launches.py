@@ -1,7 +1,7 @@
 """How our kernels are launched and what a launch records: each kernel's launches resolved once per shape
 (:class:`ResolvedLaunches`: on the tensors' own device, tuning serialised per kernel, fp fusion pinned, the config of
 each launch recorded per thread), :func:`record_launches` for whoever wants to see them, the one lock of interpreted
-launches, and the dtypes every kernel takes. Nothing here touches a GPU driver."""
+launches, and the dtypes every kernel takes. Importing it touches no GPU driver."""
 
 from __future__ import annotations
 

@@ -1,20 +1,7 @@
-"""Residual add + LayerNorm in one pass over the rows: ``summed = x + residual``, ``normed = LN(summed)``; with
-``RMS`` the same kernel computes RmsNorm (``x * rsqrt(mean(x^2) + eps) * weight``: no mean subtracted, as timm's
-``RmsNorm`` / ``RmsNormFp32`` and the "xp" ViTs' qk-norm compute it).
-
-Top to bottom: the block-size choice, the kernel, the launchers :func:`launch_add_layer_norm` and
-:func:`launch_layer_norm` (input checks, reshape to rows, allocation, grid), the ``torch.library``
-custom ops ``vit_fast::add_layer_norm``, ``vit_fast::layer_norm`` and ``vit_fast::rms_norm`` (fake implementations +
-autograd), the public :func:`add_layer_norm`, :func:`layer_norm` and :func:`rms_norm`, and the eager references
-:func:`add_layer_norm_ref` and :func:`rms_norm_ref`.
-
-Statistics (mean and variance; the mean square for RmsNorm) are taken in float32 on the float32 sum, whatever the storage dtype;
-``summed`` is stored in the input dtype. Backward is not a kernel: it recomputes the forward
-through the eager reference in the inputs' dtype (``_launch.register_recompute_backward``), which
-is exact but costs an eager forward + backward; training through this op is for correctness, not speed.
-
-Importing this module never touches a GPU driver.
-"""
+"""Residual add + LayerNorm in one pass over the rows (``summed = x + residual``, ``normed = LN(summed)``), and in
+its ``RMS`` mode timm's RmsNorm: the block-size choice, the kernel, the launchers, the ``torch.library`` ops
+(``add_layer_norm``, ``layer_norm``, ``rms_norm``) and the eager references :func:`add_layer_norm_ref` and
+:func:`rms_norm_ref`. Statistics in fp32 whatever the storage dtype; design: docs/kernels.md, "LayerNorm"."""
 
 from __future__ import annotations
 

@@ -1,19 +1,7 @@
-"""Fused patch embedding: image ``[B, C, H, W]`` to tokens ``[B, T, D]``, written once.
-
-One kernel does what timm does in five steps (Conv2d, flatten, transpose, cat of the class and
-register tokens, position-embedding add): im2col by address arithmetic (no unfold tensor is
-ever materialised), a GEMM with float32 accumulation, bias and position embedding in the
-epilogue, and the prefix tokens written by the same kernel. Optionally a uint8 image is
-normalised on the fly (``(x / 255 - mean[c]) / std[c]``), so the float image never exists.
-
-Top to bottom: the autotune configs, the kernel, the launcher :func:`launch_patch_embed` (input
-checks, allocation, grid), the ``torch.library`` custom op ``vit_fast::patch_embed`` (fake
-implementation + autograd), the public :func:`patch_embed` and the eager reference
-:func:`patch_embed_ref`. Backward is not a kernel: it recomputes the forward through the eager
-reference in the inputs' dtype (``_launch.register_recompute_backward``).
-
-Importing this module never touches a GPU driver.
-"""
+"""Fused patch embedding: image ``[B, C, H, W]`` to tokens ``[B, T, D]`` in one pass (im2col, GEMM, bias, position
+embedding, class and register tokens; a uint8 image normalised on the fly): the kernel, the launcher
+:func:`launch_patch_embed`, the ``torch.library`` op and the eager reference :func:`patch_embed_ref`. Tiles in
+:mod:`.patch_embed_tiles`, input checks in :mod:`.patch_embed_checks`; design: docs/kernels.md, "Patch embedding"."""
 
 from __future__ import annotations
 
@@ -23,112 +11,25 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import cdiv, check_device, dot_in_fp32, interpret_bf16, register_recompute_backward
+from ._launch import cdiv, dot_in_fp32, interpret_bf16, register_recompute_backward
 from ._tl import dot, to_bf16_rtne
-from .autotune import (
-    FMA_STAGES,
-    SMALL_M,
-    autotune_cache_enabled,
-    closest_config,
-    fma_tile_fits,
-    gemm_shared_bytes,
-    m_class,
-    tune_key,
-    tuning_requested,
-)
-from .cards import CPU_SM_COUNT, card_for_arch, tensor_arch, tensor_sm_count
-from .interpret import interpreter_enabled
-from .launches import SUPPORTED_DTYPES, ResolvedLaunches, eager_direct
-
-
-def _patch_embed_configs() -> list[triton.Config]:
-    """Autotune candidates. Built from the environment only (never a device query), so importing
-    this module touches no GPU driver; the prune keeps those that suit the card of the tensors' device. The
-    interpreter cannot time configs: it gets one."""
-    if interpreter_enabled():
-        # under the interpreter, few wide programs are fastest
-        return [triton.Config({"BLOCK_M": 64, "BLOCK_D": 128, "BLOCK_K": 64}, num_warps=4)]
-    return (
-        [
-            triton.Config({"BLOCK_M": bm, "BLOCK_D": bd, "BLOCK_K": bk}, num_warps=w, num_stages=s)
-            for bm in (64, 128)
-            for bd in (64, 128)
-            for bk in (32, 64)
-            for w, s in ((4, 3), (8, 3))
-            if not (bm == 128 and bd == 128 and w == 4)
-        ]
-        + [
-            # narrow tiles for one or two images (M = B * T <= 512): 64x16 gives ViT-B/16 at batch 1 192 programs
-            triton.Config({"BLOCK_M": 64, "BLOCK_D": bd, "BLOCK_K": 64}, num_warps=4, num_stages=3)
-            for bd in (16, 32)
-        ]
-        + [
-            # cards without tensor cores (sm_75) get only these, as the GEMM's (linear._linear_configs): small
-            # tiles, 4 warps, 2 stages; 16-bit 64x64 spilled 1 KB per thread on sm_75, so the prune keeps it for
-            # fp32 only (autotune.fma_tile_fits)
-            triton.Config({"BLOCK_M": bm, "BLOCK_D": bd, "BLOCK_K": 32}, num_warps=4, num_stages=FMA_STAGES)
-            for bm in (32, 64)
-            for bd in (32, 64)
-        ]
-    )
-
-
-def _prune_patch_embed_configs(configs, named_args, **kwargs):
-    """The candidates for one launch, read only from its autotune key (row class ``m_class(M)``, D, K, the card
-    ``ARCH``, dtypes, ``TUNE``, the device's ``SM_COUNT``): the configs for this kind of card (tensor cores or not,
-    :data:`FMA_STAGES`) that fit its shared memory (:func:`gemm_shared_bytes`), narrow tiles only for few rows.
-    Without tuning one heuristic config: 64 rows, and for few rows the widest of 128 / 64 / 32 / 16 features that
-    gives ``SM_COUNT`` programs (a direct call without it: :data:`~.cards.CPU_SM_COUNT`); else 64x128 (fp32:
-    64x64x32, and at few rows 64x16x64 where 64 features leave SMs idle; a card without tensor cores: 64x64, at
-    most 32x64 in 16-bit)."""
-    M, D = named_args.get("M"), named_args.get("D")
-    if M is None or D is None or len(configs) == 1:
-        return configs
-    card = card_for_arch(named_args["ARCH"])
-    w = named_args.get("w_ptr")
-    elem_bytes = w.element_size() if isinstance(w, torch.Tensor) else 2
-    rows = m_class(M)
-
-    def fits(config: triton.Config) -> bool:
-        kw = config.kwargs
-        return (
-            (config.num_stages > FMA_STAGES) == card.tensor_cores
-            and (card.tensor_cores or fma_tile_fits(kw["BLOCK_M"], kw["BLOCK_D"], elem_bytes))
-            and (kw["BLOCK_D"] >= 64 or rows <= SMALL_M or not card.tensor_cores)
-            and gemm_shared_bytes(card, config, kw["BLOCK_M"], kw["BLOCK_D"], kw["BLOCK_K"], elem_bytes)
-            <= card.shared_memory
-        )
-
-    kept = [c for c in configs if fits(c)] or configs[:1]
-    if tuning_requested(named_args) or len(kept) == 1:
-        return kept
-    if not card.tensor_cores:
-        return [closest_config(kept, {"BLOCK_M": 64, "BLOCK_D": 64, "BLOCK_K": 32}, 4, FMA_STAGES)]
-    programs = named_args.get("SM_COUNT", CPU_SM_COUNT)
-    if elem_bytes == 4:
-        # fp32: 64x64x32 and 64x16x64 on 4 warps compiled without a spill on sm_80 to sm_120, triton 3.6 and 3.9;
-        # every wider or deeper tile spilled somewhere: 64x128x64 (4 warps) 34 KB per thread on sm_80 (3.9),
-        # 128x64x32 (8 warps) 12 B there (3.6), 64x64x64 1992 B and 64x32x64 104 B there (3.9), 64x128x32
-        # (8 warps) 8-76 B on sm_120 (tools/compile_check.py, ViT-B/16)
-        if rows > SMALL_M or rows // 64 * cdiv(D, 64) >= programs:
-            return [closest_config(kept, {"BLOCK_M": 64, "BLOCK_D": 64, "BLOCK_K": 32}, 4, 3)]
-        return [closest_config(kept, {"BLOCK_M": 64, "BLOCK_D": 16, "BLOCK_K": 64}, 4, 3)]
-    block_d = 128
-    if rows <= SMALL_M:
-        block_d = next((bd for bd in (128, 64, 32) if rows // 64 * cdiv(D, bd) >= programs), 16)
-    return [closest_config(kept, {"BLOCK_M": 64, "BLOCK_D": block_d, "BLOCK_K": 64}, 4, 3)]
+from .autotune import autotune_cache_enabled, m_class, tune_key
+from .cards import tensor_arch, tensor_sm_count
+from .launches import ResolvedLaunches, eager_direct
+from .patch_embed_checks import as_channel_stats, check_patch_embed_inputs, no_empty, token_counts
+from .patch_embed_tiles import patch_embed_configs, prune_patch_embed_configs
 
 
 @triton.autotune(
-    configs=_patch_embed_configs(),
+    configs=patch_embed_configs(),
     key=[
-        # everything _prune_patch_embed_configs reads (the autotuner adds the tensors' dtypes itself)
+        # everything prune_patch_embed_configs reads (the autotuner adds the tensors' dtypes itself)
         *("M_CLASS", "D", "K", "ARCH", "TUNE", "SM_COUNT"),
         # every constexpr the configs do not set: the epilogue (bias, class token) and the pixel normalisation are
         # code of their own, each with its own tuning (tests/kernels/test_autotune_mode.py)
         *("HAS_BIAS", "HAS_CLS", "NORMALIZE", "IS_UINT8", "DOT_IN_FP32", "ROUND_BF16"),
     ],
-    prune_configs_by={"early_config_prune": _prune_patch_embed_configs},
+    prune_configs_by={"early_config_prune": prune_patch_embed_configs},
     cache_results=autotune_cache_enabled(),
 )
 @triton.jit(do_not_specialize=["M_CLASS", "ARCH", "TUNE", "SM_COUNT"])  # key-only: one compile whatever their values
@@ -252,121 +153,6 @@ _patch_embed_launches = ResolvedLaunches(_patch_embed_kernel)
 
 
 # ---------------------------------------------------------------------------------- launcher
-def _as_channel_stats(v, name: str, x: torch.Tensor) -> torch.Tensor | None:
-    """Accept mean/std as a tensor or a sequence of floats (e.g. ImageNet's (0.485, 0.456, 0.406))."""
-    if v is None or isinstance(v, torch.Tensor):
-        return v
-    if isinstance(v, Sequence) and all(isinstance(e, (int, float)) for e in v):
-        return torch.tensor([float(e) for e in v], dtype=torch.float32, device=x.device)
-    raise TypeError(f"{name} must be a tensor [C] or a sequence of C floats, got {type(v).__name__}")
-
-
-def _no_empty(reg_token: torch.Tensor | None) -> torch.Tensor | None:
-    """Zero register tokens (``[1, 0, D]``, as a model without registers may hold them) mean none."""
-    if reg_token is not None and reg_token.dim() == 3 and reg_token.shape[1] == 0:
-        return None
-    return reg_token
-
-
-def _tokens(
-    x: torch.Tensor, weight: torch.Tensor, cls_token: torch.Tensor | None, reg_token: torch.Tensor | None
-) -> tuple[int, int, int]:
-    """(num_prefix, num_reg, T) of checked inputs: T = num_prefix + (H/p) * (W/p)."""
-    p = weight.shape[-1]
-    num_reg = reg_token.shape[1] if reg_token is not None else 0
-    num_prefix = int(cls_token is not None) + num_reg
-    return num_prefix, num_reg, num_prefix + (x.shape[2] // p) * (x.shape[3] // p)
-
-
-def _check_patch_embed_inputs(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    pos_embed: torch.Tensor,
-    cls_token: torch.Tensor | None,
-    reg_token: torch.Tensor | None,
-    mean: torch.Tensor | None,
-    std: torch.Tensor | None,
-    no_embed_class: bool,
-) -> None:
-    """Raise a clear error, before any launch, when the inputs do not fit the kernel."""
-    if not isinstance(x, torch.Tensor) or x.dim() != 4:
-        got = f"shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
-        raise ValueError(f"x must be an image batch [B, C, H, W], got {got}")
-    if not isinstance(weight, torch.Tensor) or weight.dim() != 4 or weight.shape[-1] != weight.shape[-2]:
-        got = f"shape {tuple(weight.shape)}" if isinstance(weight, torch.Tensor) else type(weight).__name__
-        raise ValueError(f"weight must be a square Conv2d kernel [D, C, p, p], got {got}")
-    if weight.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"weight has dtype {weight.dtype}; patch_embed supports float32, float16 and bfloat16 weights")
-    B, C, H, W = x.shape
-    D, Cw, p, _ = weight.shape
-    if C != Cw:
-        raise ValueError(
-            f"x has {C} channels (shape {tuple(x.shape)}) but weight expects {Cw} (shape {tuple(weight.shape)})"
-        )
-    if H % p or W % p:
-        raise ValueError(
-            f"image size {H}x{W} is not divisible by the patch size {p}: resize or crop to "
-            f"{max(p, H // p * p)}x{max(p, W // p * p)}"
-        )
-    if x.dtype == torch.uint8:
-        if mean is None or std is None:
-            raise ValueError(
-                "x is uint8: pass mean and std per channel in 0..1 units (e.g. mean=(0.485, 0.456, 0.406), "
-                "std=(0.229, 0.224, 0.225)) so the kernel can normalise it, or pass a float image"
-            )
-    elif x.dtype != weight.dtype:
-        raise TypeError(
-            f"x has dtype {x.dtype} but weight has {weight.dtype}: pass x.to({weight.dtype}) "
-            "(or uint8 pixels with mean and std)"
-        )
-    if (mean is None) != (std is None):
-        raise ValueError("pass both mean and std, or neither")
-    for name, t in (("mean", mean), ("std", std)):
-        if t is not None:
-            if tuple(t.shape) != (C,):
-                raise ValueError(f"{name} has shape {tuple(t.shape)}; it must be [C] = [{C}], one value per channel")
-            if not t.is_floating_point():
-                raise TypeError(f"{name} has dtype {t.dtype}; pass a float tensor")
-    gh, gw = H // p, W // p
-    num_prefix, num_reg, _ = _tokens(x, weight, cls_token, reg_token)
-    L = gh * gw + (0 if no_embed_class else num_prefix)
-    for name, t, shape in (
-        ("bias", bias, (D,)),
-        ("cls_token", cls_token, (1, 1, D)),
-        ("reg_token", reg_token, (1, num_reg, D)),
-    ):
-        if t is not None and tuple(t.shape) != shape:
-            raise ValueError(f"{name} has shape {tuple(t.shape)}; with weight {tuple(weight.shape)} it must be {shape}")
-    if not isinstance(pos_embed, torch.Tensor) or pos_embed.dim() != 3 or pos_embed.shape[0] != 1:
-        got = f"shape {tuple(pos_embed.shape)}" if isinstance(pos_embed, torch.Tensor) else type(pos_embed).__name__
-        raise ValueError(f"pos_embed must be [1, L, D], got {got}")
-    if pos_embed.shape[2] != D:
-        raise ValueError(f"pos_embed has dim {pos_embed.shape[2]} but weight has D = {D}")
-    if pos_embed.shape[1] != L:
-        covered = "patches only (no_embed_class=True)" if no_embed_class else f"{num_prefix} prefix tokens + patches"
-        raise ValueError(
-            f"pos_embed has {pos_embed.shape[1]} rows but a {H}x{W} image is a {gh}x{gw} grid of {p}-px patches, "
-            f"so it needs {L} rows ({covered}): resample it to this grid first with "
-            "vit_fast.backend.pos_embed.resample_pos_embed, or check no_embed_class"
-        )
-    for name, t in (("bias", bias), ("pos_embed", pos_embed), ("cls_token", cls_token), ("reg_token", reg_token)):
-        if t is not None and t.dtype != weight.dtype:
-            raise TypeError(f"{name} has dtype {t.dtype} but weight has {weight.dtype}: pass {name}.to({weight.dtype})")
-    for name, t in (
-        ("weight", weight),
-        ("bias", bias),
-        ("pos_embed", pos_embed),
-        ("cls_token", cls_token),
-        ("reg_token", reg_token),
-        ("mean", mean),
-        ("std", std),
-    ):
-        if t is not None and t.device != x.device:
-            raise ValueError(f"{name} is on {t.device} but x is on {x.device}: put all inputs on one device")
-    check_device("patch_embed", x)
-
-
 def launch_patch_embed(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -389,10 +175,10 @@ def launch_patch_embed(
     ``out``, if given, must be a contiguous ``[B, T, D]`` tensor in weight's dtype on x's device;
     tests pass a NaN-filled one so an element the kernel leaves unwritten is caught.
     """
-    reg_token = _no_empty(reg_token)
+    reg_token = no_empty(reg_token)
     if not checked:
-        _check_patch_embed_inputs(x, weight, bias, pos_embed, cls_token, reg_token, mean, std, no_embed_class)
-    num_prefix, num_reg, T = _tokens(x, weight, cls_token, reg_token)
+        check_patch_embed_inputs(x, weight, bias, pos_embed, cls_token, reg_token, mean, std, no_embed_class)
+    num_prefix, num_reg, T = token_counts(x, weight, cls_token, reg_token)
     B, D, p = x.shape[0], weight.shape[0], weight.shape[-1]
     K = weight.shape[1] * p * p
     if out is None:
@@ -487,9 +273,11 @@ def _launch_checked(x, weight, bias, pos_embed, cls_token, reg_token, mean, std,
 
 @_patch_embed_op.register_fake
 def _patch_embed_fake(x, weight, bias, pos_embed, cls_token, reg_token, mean, std, no_embed_class) -> torch.Tensor:
-    reg_token = _no_empty(reg_token)
-    _check_patch_embed_inputs(x, weight, bias, pos_embed, cls_token, reg_token, mean, std, no_embed_class)
-    return x.new_empty((x.shape[0], _tokens(x, weight, cls_token, reg_token)[2], weight.shape[0]), dtype=weight.dtype)
+    reg_token = no_empty(reg_token)
+    check_patch_embed_inputs(x, weight, bias, pos_embed, cls_token, reg_token, mean, std, no_embed_class)
+    return x.new_empty(
+        (x.shape[0], token_counts(x, weight, cls_token, reg_token)[2], weight.shape[0]), dtype=weight.dtype
+    )
 
 
 register_recompute_backward(
@@ -531,10 +319,10 @@ def patch_embed(
     recomputes the forward through ``patch_embed_ref`` and differentiates that (uint8 images get
     no gradient).
     """
-    mean = _as_channel_stats(mean, "mean", x)
-    std = _as_channel_stats(std, "std", x)
-    reg_token = _no_empty(reg_token)
-    _check_patch_embed_inputs(x, weight, bias, pos_embed, cls_token, reg_token, mean, std, no_embed_class)
+    mean = as_channel_stats(mean, "mean", x)
+    std = as_channel_stats(std, "std", x)
+    reg_token = no_empty(reg_token)
+    check_patch_embed_inputs(x, weight, bias, pos_embed, cls_token, reg_token, mean, std, no_embed_class)
     if eager_direct(x, weight, bias, pos_embed, cls_token, reg_token):  # plain eager: skip the op's dispatch
         return _launch_checked(x, weight, bias, pos_embed, cls_token, reg_token, mean, std, no_embed_class)
     return _patch_embed_op(x, weight, bias, pos_embed, cls_token, reg_token, mean, std, no_embed_class)
@@ -559,8 +347,8 @@ def patch_embed_ref(
     With ``upcast=True`` the math runs in float32 and the result is cast back to ``weight``'s dtype;
     pass float64 tensors for a float64 reference.
     """
-    mean = _as_channel_stats(mean, "mean", x)
-    std = _as_channel_stats(std, "std", x)
+    mean = as_channel_stats(mean, "mean", x)
+    std = as_channel_stats(std, "std", x)
     out_dtype = weight.dtype
     dtype = torch.float32 if upcast and weight.dtype != torch.float64 else weight.dtype
     if mean is not None:

@@ -1,20 +1,7 @@
-"""The one parser for vit-fast's on/off environment switches (``VIT_FAST_*``) and for ``TRITON_INTERPRET``.
-
-A switch is on for 1, true, yes or on and off for 0, false, no or off, in any case, with surrounding spaces
-ignored; unset or empty means its default. Any other value raises :class:`SwitchError` naming the variable and
-the accepted values, on the first read in the Python API, and before any work at the CLI's entry
-(:func:`check_switches`). Imports nothing of ours, so the kernels (the lowest layer) read their switches here too.
-Every read goes through :func:`environ_value`, which asks ``os.environ`` then.
-
-:data:`KNOWN` is the one list of ``VIT_FAST_*`` names vit-fast and its tools read (the switches and
-:data:`SETTINGS`). Any other ``VIT_FAST_*`` variable set (a typo such as ``VIT_FAST_AUTOTUNES``, or a known name
-in the wrong case) is warned about once per process with the closest known name (:func:`warn_unknown`), when
-this module is first imported: by whatever first reads a switch, and by the CLI at its start.
-
-``TRITON_INTERPRET`` is Triton's, not ours: Triton turns its interpreter on for 1, true, yes, on or y in any
-case, with no spaces, and reads every other value as off. A value meant as on that Triton reads as off (``' 1'``,
-``banana``) would end in Triton's "0 active drivers" far from its cause, so it is named too.
-"""
+"""The one parser for vit-fast's on/off environment switches (``VIT_FAST_*``) and for ``TRITON_INTERPRET``: every read
+goes through :func:`environ_value`; a bad value raises :class:`SwitchError` (:func:`check_switches` at the CLI's
+start); :data:`KNOWN` lists every ``VIT_FAST_*`` name and an unknown one is warned about once (:func:`warn_unknown`).
+Imports nothing of ours, so the kernels read their switches through it too. The rules: docs/kernels.md, "Settings"."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
 """Which triton our kernels need, whether the installed torch and triton belong together, and whether Triton's
-interpreter runs our kernels with the installed numpy.
-
-torch pins triton exactly (torch 2.10/2.11 -> triton 3.6, 2.12 -> 3.7, 2.14 -> 3.8; the CPU build pins none), so
-vit-fast never asks pip for a triton newer than the user's torch pins: that would make pip replace their torch.
-The installed torch's own requirement is read from its metadata, not from a table kept here. Imports neither
-torch, triton nor numpy (metadata only), so it can run before any of them is imported.
-"""
+interpreter runs our kernels with the installed numpy. The installed torch's own triton pin is read from its metadata
+(never a table of ours: docs/install.md); imports neither torch, triton nor numpy, so it can run before any of them."""
 
 from __future__ import annotations
 

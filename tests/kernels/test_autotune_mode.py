@@ -14,14 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vit_fast.kernels import (
-    KERNELS,
-    attention,
-    autotune,
-    cards,
-    linear,
-    patch_embed,
-)
+from vit_fast.kernels import KERNELS, attention_tiles, autotune, cards, linear_tiles, patch_embed_tiles
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -92,13 +85,13 @@ def _compiled_configs(monkeypatch, module, factory):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
 @pytest.mark.parametrize("M", [197, 197 * 256])
 def test_no_autotune_picks_one_linear_config(monkeypatch, dtype, M):
-    configs = _compiled_configs(monkeypatch, linear, linear._linear_configs)
+    configs = _compiled_configs(monkeypatch, linear_tiles, linear_tiles.linear_configs)
     args = {"M": M, "N": 768, "K": 3072, "x_ptr": torch.empty(1, dtype=dtype), "ARCH": 90}
     monkeypatch.setenv("VIT_FAST_AUTOTUNE", "1")
-    tuned = linear._prune_linear_configs(configs, args)
+    tuned = linear_tiles.prune_linear_configs(configs, args)
     assert len(tuned) > 1
     monkeypatch.setenv("VIT_FAST_AUTOTUNE", "0")
-    (picked,) = linear._prune_linear_configs(configs, args)
+    (picked,) = linear_tiles.prune_linear_configs(configs, args)
     assert picked in tuned  # inside the autotune set: the offline compile check covers it
     assert picked.kwargs["BLOCK_M"] == (64 if M <= 512 else 128)
     assert picked.kwargs["BLOCK_K"] == (32 if dtype == torch.float32 and M > 512 else 64)
@@ -111,27 +104,27 @@ def test_no_autotune_fills_the_gpu_at_small_batch(monkeypatch, dtype, batch, sm_
     """Every ViT-B/16 GEMM at batch 1-2 launches at least one program per SM of the device (``SM_COUNT``: L4,
     A100, H100 SXM, B200) in the heuristic mode."""
     monkeypatch.setenv("VIT_FAST_AUTOTUNE", "0")
-    configs = _compiled_configs(monkeypatch, linear, linear._linear_configs)
+    configs = _compiled_configs(monkeypatch, linear_tiles, linear_tiles.linear_configs)
     M = 197 * batch
     for name, N, K in (("qkv", 2304, 768), ("proj", 768, 768), ("fc1", 3072, 768), ("fc2", 768, 3072)):
         named = {"M": M, "N": N, "K": K, "x_ptr": torch.empty(1, dtype=dtype), "ARCH": 90, "SM_COUNT": sm_count}
-        (picked,) = linear._prune_linear_configs(configs, named)
+        (picked,) = linear_tiles.prune_linear_configs(configs, named)
         programs = -(-M // picked.kwargs["BLOCK_M"]) * -(-N // picked.kwargs["BLOCK_N"])
         assert programs >= sm_count, (name, picked, programs)
 
 
 def test_no_autotune_picks_one_attention_and_patch_embed_config(monkeypatch):
     monkeypatch.setenv("VIT_FAST_AUTOTUNE", "0")
-    configs = _compiled_configs(monkeypatch, attention, attention._attention_configs)
-    (picked,) = attention._prune_attention_configs(
+    configs = _compiled_configs(monkeypatch, attention_tiles, attention_tiles.attention_configs)
+    (picked,) = attention_tiles.prune_attention_configs(
         configs, {"qkv_ptr": torch.empty(1, dtype=torch.bfloat16), "ARCH": 90}, BLOCK_D=64
     )
     assert (picked.kwargs["BLOCK_M"], picked.kwargs["BLOCK_N"], picked.num_warps) == (64, 64, 4)
-    configs = _compiled_configs(monkeypatch, patch_embed, patch_embed._patch_embed_configs)
-    (picked,) = patch_embed._prune_patch_embed_configs(configs, {"M": 197 * 64, "D": 768, "ARCH": 90})
+    configs = _compiled_configs(monkeypatch, patch_embed_tiles, patch_embed_tiles.patch_embed_configs)
+    (picked,) = patch_embed_tiles.prune_patch_embed_configs(configs, {"M": 197 * 64, "D": 768, "ARCH": 90})
     assert picked in configs and picked.kwargs == {"BLOCK_M": 64, "BLOCK_D": 128, "BLOCK_K": 64}
     # batch 1 of ViT-B/16: 197 x 768 from 768, at least one program per SM (a direct call: CPU_SM_COUNT)
-    (picked,) = patch_embed._prune_patch_embed_configs(configs, {"M": 197, "D": 768, "ARCH": 90})
+    (picked,) = patch_embed_tiles.prune_patch_embed_configs(configs, {"M": 197, "D": 768, "ARCH": 90})
     assert 4 * -(-768 // picked.kwargs["BLOCK_D"]) >= cards.CPU_SM_COUNT
 
 

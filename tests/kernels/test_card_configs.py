@@ -12,7 +12,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vit_fast.kernels import KERNELS, attention, autotune, cards, linear, patch_embed
+from vit_fast.kernels import (
+    KERNELS,
+    attention,
+    attention_tiles,
+    autotune,
+    cards,
+    linear,
+    linear_tiles,
+    patch_embed,
+    patch_embed_tiles,
+)
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # (name, embed dim, heads, patch, tokens at 224 px)
@@ -70,7 +80,7 @@ def _check_gemm_like(card, config, block_n_name: str, elem_bytes: int, what: str
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_linear_configs_fit_every_card(monkeypatch, arch, dtype):
     card = cards.CARDS[arch]
-    configs = _compiled_configs(monkeypatch, linear, linear._linear_configs)
+    configs = _compiled_configs(monkeypatch, linear_tiles, linear_tiles.linear_configs)
     kernel = KERNELS["linear"].kernel
     for name, dim, _, _, tokens in MODELS:
         for batch in BATCHES:
@@ -97,7 +107,7 @@ def test_linear_configs_fit_every_card(monkeypatch, arch, dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_patch_embed_configs_fit_every_card(monkeypatch, arch, dtype):
     card = cards.CARDS[arch]
-    configs = _compiled_configs(monkeypatch, patch_embed, patch_embed._patch_embed_configs)
+    configs = _compiled_configs(monkeypatch, patch_embed_tiles, patch_embed_tiles.patch_embed_configs)
     kernel = KERNELS["patch_embed"].kernel
     for name, dim, _, patch, tokens in MODELS:
         for batch in BATCHES:
@@ -129,7 +139,7 @@ def test_patch_embed_configs_fit_every_card(monkeypatch, arch, dtype):
 def test_attention_configs_fit_every_card(monkeypatch, arch, dtype, head_dim, mask):
     """The unmasked kernel and its masked variants (a padded batch, packed images): their flags are in the key."""
     card = cards.CARDS[arch]
-    configs = _compiled_configs(monkeypatch, attention, attention._attention_configs)
+    configs = _compiled_configs(monkeypatch, attention_tiles, attention_tiles.attention_configs)
     kernel = KERNELS["attention"].kernel
     for heads in (6, 12, 16):
         for batch, tokens in ((1, 197), (8, 197), (8, 257)):
@@ -155,11 +165,11 @@ def test_attention_configs_fit_every_card(monkeypatch, arch, dtype, head_dim, ma
                 kept = _pruned(monkeypatch, kernel, configs, named, constexprs, tune)
                 assert kept and (tune or len(kept) == 1)
                 for config in kept:
-                    shared = attention._attention_shared_bytes(config, block_d, qkv.element_size(), card)
+                    shared = attention_tiles.attention_shared_bytes(config, block_d, qkv.element_size(), card)
                     assert shared <= card.shared_memory, (heads, batch, str(config), shared)
-                    assert (config.num_stages <= attention.FMA_ATTENTION_STAGES) == (not card.tensor_cores)
+                    assert (config.num_stages <= attention_tiles.FMA_ATTENTION_STAGES) == (not card.tensor_cores)
                     if not card.tensor_cores:  # not expected to spill there
-                        assert attention._fma_attention_fits(config, block_d, qkv.element_size()), str(config)
+                        assert attention_tiles.fma_attention_fits(config, block_d, qkv.element_size()), str(config)
 
 
 def test_fp32_attention_heuristic_fits_and_does_not_spill(monkeypatch):
@@ -168,16 +178,16 @@ def test_fp32_attention_heuristic_fits_and_does_not_spill(monkeypatch):
     longer the heuristic's fp32 pick anywhere: 64x32 with 8 warps, which compiled spill-free on sm_75 to sm_120
     with triton 3.9; 3 stages at Dh 64 (2 spilled 36-56 bytes on sm_86/89/90 with triton 3.6, 3 nothing), 2 at
     Dh 128 (3 spilled 40 bytes on sm_80 with triton 3.6, and needs more than the 99 KB cards' shared memory)."""
-    configs = _compiled_configs(monkeypatch, attention, attention._attention_configs)
+    configs = _compiled_configs(monkeypatch, attention_tiles, attention_tiles.attention_configs)
     named = {"qkv_ptr": torch.empty(1), "TUNE": 0}
     for arch, card in cards.CARDS.items():
         if not card.tensor_cores:
             continue
         for block_d in (64, 128):
-            (picked,) = attention._prune_attention_configs(configs, {**named, "ARCH": arch}, BLOCK_D=block_d)
+            (picked,) = attention_tiles.prune_attention_configs(configs, {**named, "ARCH": arch}, BLOCK_D=block_d)
             shape = (picked.kwargs["BLOCK_M"], picked.kwargs["BLOCK_N"], picked.num_warps, picked.num_stages)
             assert shape == (64, 32, 8, 3 if block_d == 64 else 2), (arch, block_d, shape)
-            assert attention._attention_shared_bytes(picked, block_d, 4, card) <= card.shared_memory
+            assert attention_tiles.attention_shared_bytes(picked, block_d, 4, card) <= card.shared_memory
 
 
 def test_packed_attention_heuristic_on_mma_sync_takes_8_warps(monkeypatch):
@@ -185,7 +195,7 @@ def test_packed_attention_heuristic_on_mma_sync_takes_8_warps(monkeypatch):
     per thread on sm_80 (triton 3.6 and 3.9); with 8 warps nothing there or on sm_86 (174-176 registers). Only the
     packed variant on mma.sync cards moves: the unmasked kernel and the padded batch keep 4 warps, and so does
     every variant on sm_90 (wgmma, 188-190 registers, no spills)."""
-    configs = _compiled_configs(monkeypatch, attention, attention._attention_configs)
+    configs = _compiled_configs(monkeypatch, attention_tiles, attention_tiles.attention_configs)
     named = {"qkv_ptr": torch.empty(1, dtype=torch.float16), "TUNE": 0}
     for arch, card in cards.CARDS.items():
         if not card.tensor_cores:
@@ -197,7 +207,7 @@ def test_packed_attention_heuristic_on_mma_sync_takes_8_warps(monkeypatch):
             (128, False, True),
         ):
             flags = {"BLOCK_D": block_d, "HAS_LENGTHS": has_lengths, "PACKED": packed}
-            (picked,) = attention._prune_attention_configs(configs, {**named, "ARCH": arch}, **flags)
+            (picked,) = attention_tiles.prune_attention_configs(configs, {**named, "ARCH": arch}, **flags)
             warps = 8 if packed and block_d > 64 and card.dot == "mma.sync" else 4
             shape = (picked.kwargs["BLOCK_M"], picked.kwargs["BLOCK_N"], picked.num_warps, picked.num_stages)
             assert shape == (64, 64, warps, 2), (arch, flags, shape)
@@ -207,13 +217,13 @@ def test_fp32_patch_embed_heuristic_for_many_rows_does_not_spill(monkeypatch):
     """fp32 patch embedding at batch 8 of ViT-B/16: 64x128x64 with 4 warps spilled 34 KB per thread on sm_80 and
     128x64x32 with 8 warps 12 bytes (triton 3.6; none on 3.9); the heuristic takes 64x64x32 with 4 warps, which
     compiled spill-free on sm_80 to sm_120 with both, on every card with tensor cores; 16-bit keeps 64x128x64."""
-    configs = _compiled_configs(monkeypatch, patch_embed, patch_embed._patch_embed_configs)
+    configs = _compiled_configs(monkeypatch, patch_embed_tiles, patch_embed_tiles.patch_embed_configs)
     for arch, card in cards.CARDS.items():
         if not card.tensor_cores:
             continue
         for dtype, want in ((torch.float32, (64, 64, 32, 4)), (torch.float16, (64, 128, 64, 4))):
             named = {"M": 197 * 8, "D": 768, "w_ptr": torch.empty(1, dtype=dtype), "ARCH": arch, "TUNE": 0}
-            (picked,) = patch_embed._prune_patch_embed_configs(configs, named)
+            (picked,) = patch_embed_tiles.prune_patch_embed_configs(configs, named)
             kw = picked.kwargs
             assert (kw["BLOCK_M"], kw["BLOCK_D"], kw["BLOCK_K"], picked.num_warps) == want, (arch, dtype, picked)
 
@@ -221,12 +231,12 @@ def test_fp32_patch_embed_heuristic_for_many_rows_does_not_spill(monkeypatch):
 def test_tma_only_where_the_card_has_it(monkeypatch):
     """Many rows of 16-bit, aligned operands: the heuristic takes the persistent TMA tiles on sm_90/100/120 and the
     pointer tiles on sm_80/86/89."""
-    configs = _compiled_configs(monkeypatch, linear, linear._linear_configs)
+    configs = _compiled_configs(monkeypatch, linear_tiles, linear_tiles.linear_configs)
     for arch, card in cards.CARDS.items():
         named = {"M": 197 * 8, "N": 2304, "K": 768, "x_ptr": torch.empty(1, dtype=torch.float16), "ARCH": arch}
-        (picked,) = linear._prune_linear_configs(configs, {**named, "TMA_OK": 1, "TUNE": 0})
+        (picked,) = linear_tiles.prune_linear_configs(configs, {**named, "TMA_OK": 1, "TUNE": 0})
         assert picked.kwargs["TMA"] == int(card.tma), arch
-        (picked,) = linear._prune_linear_configs(configs, {**named, "TMA_OK": 0, "TUNE": 0})
+        (picked,) = linear_tiles.prune_linear_configs(configs, {**named, "TMA_OK": 0, "TUNE": 0})
         assert picked.kwargs["TMA"] == 0, arch
 
 
@@ -236,8 +246,8 @@ def test_few_rows_fill_the_sms_the_launcher_reads(monkeypatch, sm_count, want_n,
     that many SMs, not one card's: ViT-S/16's qkv GEMM at batch 2 (394 x 1152) has 7 x 18 = 126 tiles of 64x64,
     enough for 108 SMs (an A100) and too few for 132 (an H100 SXM: 64x32, 252); ViT-L/16's patch embedding at
     batch 1 (197 x 1024) has 4 x 32 = 128 tiles of 64x32 (132 SMs: 64x16, 256)."""
-    linear_configs = _compiled_configs(monkeypatch, linear, linear._linear_configs)
-    pe_configs = _compiled_configs(monkeypatch, patch_embed, patch_embed._patch_embed_configs)
+    linear_configs = _compiled_configs(monkeypatch, linear_tiles, linear_tiles.linear_configs)
+    pe_configs = _compiled_configs(monkeypatch, patch_embed_tiles, patch_embed_tiles.patch_embed_configs)
     assert "SM_COUNT" in KERNELS["linear"].kernel.keys and "SM_COUNT" in KERNELS["patch_embed"].kernel.keys
     dtype = torch.float16
     with cards.pretend_arch(90, sm_count=sm_count):
@@ -296,9 +306,9 @@ def test_default_fp32_picks_are_tiles_that_compiled_without_spilling(monkeypatch
     tensors under ``pretend_arch(arch, sm_count=)``, so their arguments, SM_COUNT included, are a launch's."""
     dtype = torch.float32
     configs = {
-        "linear": _compiled_configs(monkeypatch, linear, linear._linear_configs),
-        "patch_embed": _compiled_configs(monkeypatch, patch_embed, patch_embed._patch_embed_configs),
-        "attention": _compiled_configs(monkeypatch, attention, attention._attention_configs),
+        "linear": _compiled_configs(monkeypatch, linear_tiles, linear_tiles.linear_configs),
+        "patch_embed": _compiled_configs(monkeypatch, patch_embed_tiles, patch_embed_tiles.patch_embed_configs),
+        "attention": _compiled_configs(monkeypatch, attention_tiles, attention_tiles.attention_configs),
     }
 
     def pick(kind, launcher, *args):

@@ -112,7 +112,7 @@ class BackendChoice:
 def head_dim_range() -> tuple[int, int]:
     """The head dims our attention kernel takes, ``(min, max)`` (imports the kernels, so triton: ask after
     :func:`triton_importable`)."""
-    from vit_fast.kernels.attention import MAX_HEAD_DIM, MIN_HEAD_DIM
+    from vit_fast.kernels.attention_checks import MAX_HEAD_DIM, MIN_HEAD_DIM
 
     return MIN_HEAD_DIM, MAX_HEAD_DIM
 

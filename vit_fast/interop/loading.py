@@ -36,11 +36,10 @@ from vit_fast.interop.checkpoints import (
     LOAD_SUFFIXES,
     check_weights_file,
     file_sha256,
-    hf_config_dict_to_vit,
     load_checkpoint,
-    resolve_config,
     torch_load_error,
 )
+from vit_fast.interop.configs import hf_config_dict_to_vit, resolve_config
 from vit_fast.interop.convert import from_hf, from_timm
 from vit_fast.model.config import PRESETS, ViTConfig
 from vit_fast.model.vit import VisionTransformer

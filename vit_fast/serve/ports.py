@@ -17,6 +17,7 @@ import stat
 import time
 from pathlib import Path
 
+from vit_fast.serve.endpoints import port_in_use
 from vit_fast.util.files import hold_lock, read_head
 
 #: where the lock folder lives: a fixed place per user (not $TMPDIR or $XDG_RUNTIME_DIR, which differ between a
@@ -90,3 +91,18 @@ def release_ports(held: list[int]) -> None:
 
 
 __all__ = ["LOCK_ROOT", "PortTaken", "claim_ports", "owner_of", "release_ports", "runtime_dir"]
+
+
+def claim_free_ports(ports: dict[str, int], host: str, held: list[int]) -> list[int]:
+    """Claim ``ports`` (name -> port; kept as they are where ``held`` already holds them), then make sure nothing
+    listens on them: an OSError names the first port something else listens on and the flag that moves it, the
+    claims released. Returns the locks held."""
+    held = held or claim_ports(ports)
+    for what, port in ports.items():
+        if port_in_use(host, port):
+            release_ports(held)
+            raise OSError(
+                f"{what} port {port} on {host} is already in use (another server, or another program): stop "
+                f"it, or pick a free port with --{what.lower()}-port"
+            )
+    return held

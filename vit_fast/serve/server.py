@@ -21,7 +21,6 @@ from typing import Any
 
 import torch
 
-from vit_fast.backend import runtime
 from vit_fast.export.tritonserver import (
     DEFAULT_QUEUE_DELAY_US,
     check_model_name,
@@ -45,8 +44,9 @@ from vit_fast.serve.backend import (
     require_serve,
     run_triton,
 )
+from vit_fast.serve.checks import check_server_args, parse_served_dtype
 from vit_fast.serve.endpoints import ACCESS_HEADERS, Endpoints, is_loopback, port_in_use, wait_for_200
-from vit_fast.serve.ports import claim_ports, release_ports
+from vit_fast.serve.ports import claim_free_ports, release_ports
 from vit_fast.serve.settings import (
     CPU_PREFERRED_BATCH,
     CPU_QUEUE_DELAY_US,
@@ -56,9 +56,8 @@ from vit_fast.serve.settings import (
     OPENMP_SPIN_VARS,
     PROTECT_CHOICES,
 )
-from vit_fast.serve.threads import ThreadTuner
+from vit_fast.serve.threads import plan_threads
 from vit_fast.serve.variable import check_requests, check_variable_size, forward_requests
-from vit_fast.util.dtypes import parse_dtype
 
 #: the start-up race between PyTriton's model instances (see Server.start), and how often to try
 HANDSHAKE_RACE = "get_config_from_handshake_server"
@@ -117,43 +116,19 @@ class Server:
         self.batching = plan_batching(batch, instances, "cpu", queue_delay_us)
         if batch is None and self.device.type != "cuda":  # see CPU_PREFERRED_BATCH
             self.batching = dataclasses.replace(self.batching, preferred_batch_sizes=CPU_PREFERRED_BATCH)
-        ports = {"http": http_port, "grpc": grpc_port, "metrics": metrics_port}
-        for what, port in ports.items():
-            if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
-                raise ValueError(f"{what} port must be an int in 1..65535, got {port!r}")
-        if len(set(ports.values())) != len(ports):
-            raise ValueError(f"HTTP, gRPC and metrics need three different ports, got {ports}")
-        self.dtype = parse_dtype(dtype)
-        if self.dtype == torch.bfloat16:
-            raise ValueError(
-                "vit-fast serve serves fp32 or fp16: Triton hands over numpy arrays, which have no bfloat16"
-            )
-        if not isinstance(tune, bool):
-            raise TypeError(f"tune must be True or False, got {tune!r}")
-        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-            raise ValueError(f"threads must be an int >= 1 (torch intra-op threads per instance), got {threads!r}")
-        if protect not in PROTECT_CHOICES:
-            raise ValueError(f"protect must be one of {PROTECT_CHOICES}, got {protect!r}")
-        if not isinstance(variable_size, bool):
-            raise TypeError(f"variable_size must be True or False, got {variable_size!r}")
-        if max_image_size is not None and not variable_size:
-            raise ValueError("max_image_size bounds variable-size images: pass variable_size=True (--variable-size)")
-        #: the most torch intra-op threads a forward runs with. ``threads`` fixes it. Else on the CPU the cores
-        #: shared between the instances, and :attr:`thread_tuner` picks how many of them the forwards take under
-        #: the load of the moment (see vit_fast.serve.threads); on a GPU the cores left beside Triton's own
-        #: processes (see vit_fast.backend.runtime.intra_op_threads)
-        self.thread_tuner: ThreadTuner | None = None
-        if threads is not None:
-            self.threads = threads
-        elif self.device.type == "cuda":
-            self.threads = runtime.intra_op_threads(self.batching.instances)
-        else:
-            self.threads = runtime.intra_op_threads(self.batching.instances, reserve=0)
-            if self.threads > 1:
-                say = (lambda line: print(f"[vit-fast serve] {line}", file=sys.stderr, flush=True)) if verbose else None
-                self.thread_tuner = ThreadTuner(self.threads, on_trial=say)
-        #: whether Triton's statistics, shared-memory, trace and logging APIs need the token (model control is
-        #: closed to every client either way: close_model_control)
+        check_server_args(
+            {"http": http_port, "grpc": grpc_port, "metrics": metrics_port},
+            tune,
+            threads,
+            protect,
+            variable_size,
+            max_image_size,
+        )
+        self.dtype = parse_served_dtype(dtype)
+        #: the most torch intra-op threads a forward runs with, and on the CPU the tuner that picks how many of them
+        #: the forwards take under the load of the moment (:func:`vit_fast.serve.threads.plan_threads`)
+        self.threads, self.thread_tuner = plan_threads(threads, self.device, self.batching.instances, verbose)
+        #: whether Triton's statistics, shared-memory, trace and logging APIs need the token (close_model_control)
         self.protected = protect == "on" or (protect == "auto" and not is_loopback(host))
         self._threads_before: int | None = None
         self.endpoints = Endpoints(host, http_port, grpc_port, metrics_port)
@@ -220,16 +195,7 @@ class Server:
         keeps the locks."""
         e = self.endpoints
         ports = {"HTTP": e.http_port, "gRPC": e.grpc_port, "metrics": e.metrics_port}
-        if not self._port_locks:
-            self._port_locks = claim_ports(ports)
-        for what, port in ports.items():
-            if port_in_use(e.host, port):
-                release_ports(self._port_locks)
-                flag = f"--{what.lower()}-port"
-                raise OSError(
-                    f"{what} port {port} on {e.host} is already in use (another server, or another program): stop "
-                    f"it, or pick a free port with {flag}"
-                )
+        self._port_locks = claim_free_ports(ports, e.host, self._port_locks)
 
     @property
     def served_batch_sizes(self) -> list[int]:

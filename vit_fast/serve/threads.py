@@ -34,9 +34,14 @@ request; until then, and on a machine with one core per instance, forwards run o
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 #: a trial epoch lasts at least this many forwards and this many seconds (long enough that a 5 % difference is not
 #: lost in the noise of a few requests) ...
@@ -176,3 +181,22 @@ class ThreadTuner:
             f"torch threads {'/'.join(map(str, self.counts))} each, the count that serves the most images/s "
             f"kept (tried when a load starts and every {EVERY_S:g} s; --threads fixes one)"
         )
+
+
+def plan_threads(
+    threads: int | None, device: torch.device, instances: int, verbose: bool = False
+) -> tuple[int, ThreadTuner | None]:
+    """The most torch intra-op threads a served forward runs with, and the tuner that picks how many it takes under
+    the load of the moment (None where the count is fixed). ``threads`` fixes it. Else on a GPU the cores left
+    beside Triton's own processes, and on the CPU the cores shared between the ``instances``, tuned."""
+    from vit_fast.backend import runtime
+
+    if threads is not None:
+        return threads, None
+    if device.type == "cuda":
+        return runtime.intra_op_threads(instances), None
+    most = runtime.intra_op_threads(instances, reserve=0)
+    if most <= 1:
+        return most, None
+    say = (lambda line: print(f"[vit-fast serve] {line}", file=sys.stderr, flush=True)) if verbose else None
+    return most, ThreadTuner(most, on_trial=say)

@@ -1,15 +1,7 @@
-"""Images of different sizes served by ``vit-fast serve --variable-size``: which models take them, the checks every
-request passes before any work, and one packed forward per batch the server hands over.
-
-The served input is ``images [C, -1, -1]``, declared ragged (:func:`vit_fast.serve.backend.allow_ragged_batch`):
-Triton's dynamic batcher then puts requests of any image sizes into one batch, and PyTriton hands that batch to the
-inference function as its list of requests, each ``[B_r, C, H_r, W_r]`` (one image, or several of one size). All
-their images go through one :meth:`vit_fast.VisionTransformer.forward_packed` (tokens packed with ``cu_seqlens``, no
-padding computed), and each request gets its own rows back, in order.
-
-A model takes sizes other than its config's only where its position embedding is resampled for other grids:
-``ViTConfig.dynamic_img_size``. Another model is refused when the server is made, with what to do instead.
-"""
+"""Images of different sizes served by ``vit-fast serve --variable-size``: which models take them (those with
+``ViTConfig.dynamic_img_size``), the checks every request passes before any work, and one packed forward
+(:meth:`vit_fast.VisionTransformer.forward_packed`) per batch of ragged requests the server hands over, each request
+getting its own rows back in order. How Triton batches them: docs/deploy.md, "Images of any size"."""
 
 from __future__ import annotations
 

@@ -1,2 +1,2 @@
 """What every layer above may use: dtypes, batch lists, files (the one writer), progress, numerics, the
-environment, interrupts, limits, child processes, lazy package names, the version. Nothing here imports a model."""
+environment, interrupts, limits, child processes, lazy package names, the version. Nothing in it imports a model."""

@@ -1,20 +1,7 @@
-"""Child processes that die with the run that started them: the one way vit-fast starts a Python child.
-
-The demo and the doctor run Triton's interpreter in a child (``TRITON_INTERPRET=1`` must be set before triton is
-first imported). A child started through :func:`guarded_python` runs :data:`GUARD` before anything else, which:
-
-- asks the kernel to send it SIGTERM when its parent dies, even by SIGKILL (``PR_SET_PDEATHSIG``, Linux; the
-  kernel ties it to the parent *thread* that started the child: start children from the main thread);
-- checks that its parent is still the process that started it (the parent may have died before that request),
-  and checks again every second on a thread of its own (the only watch where there is no ``prctl``);
-- on SIGTERM, or once its parent is gone, exits with 143; when its parent is gone, it first removes the folder it
-  was given (the parent's temporary folder: nobody else would remove it now; a parent that lives removes its
-  own, and a killed run's left over is removed by the next run, see :func:`vit_fast.util.files.temp_staging`). The
-  kernel sends the signal when the parent's thread that started the child exits, which may be while the parent's
-  other threads are still exiting (a SIGKILLed parent with torch's threads, slow on a loaded machine): the
-  child waits up to 10 s for its parent to be gone for good before it decides;
-- then runs ``python -m MODULE ARGS`` as Python would.
-"""
+"""Child processes that die with the run that started them: the one way vit-fast starts a Python child (the demo and
+the doctor run Triton's interpreter in one). A child started through :func:`guarded_python` runs :data:`GUARD` first:
+it exits with 143 once its parent is gone (``PR_SET_PDEATHSIG`` where Linux has it, and a watch every second),
+removing the folder it was given, then runs ``python -m MODULE ARGS``. How: docs/development.md, "Child processes"."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The one dtype map: the names a user may type, torch dtypes, and the type names of ONNX,
-ONNX Runtime and TensorRT. Everything that turns a dtype into text or back goes through here."""
+ONNX Runtime and TensorRT. Everything that turns a dtype into text or back goes through it."""
 
 from __future__ import annotations
 

@@ -1,17 +1,7 @@
-"""Stopping a long run without losing what it finished.
-
-Ctrl-C raises ``KeyboardInterrupt``; SIGTERM (what ``timeout``, ``kill`` and service managers send) would end the
-process on the spot, so :func:`handled` makes it raise :class:`Terminated` instead, and every ``finally`` runs.
-A long command (bench, doctor, verify, demo) writes each finished case as it goes and, caught by an interrupt,
-writes its files once more saying where it was cut (:func:`cut_note`), then lets the interrupt go on:
-``vit-fast`` exits 130 for SIGINT, 143 for SIGTERM (:func:`exit_status`, 128 + the signal, as a shell reports a
-process the signal ended).
-
-:func:`held` keeps both signals out while a run rewrites its files: one that arrives then is raised when the
-block ends, so a set of files is never left half rewritten. It needs :func:`handled`'s handlers (installed only
-in the main thread, and only where the signal has its default handler, so a program that set its own keeps it);
-elsewhere it holds nothing back.
-"""
+"""Stopping a long run without losing what it finished: :func:`handled` makes SIGTERM raise :class:`Terminated` (as
+Ctrl-C raises ``KeyboardInterrupt``) so every ``finally`` runs; a long command writes where it was cut
+(:func:`cut_note`) and exits 128 + the signal (:func:`exit_status`); :func:`held` keeps both signals out while files
+are rewritten. Details: docs/development.md, "Interrupts"."""
 
 from __future__ import annotations
 

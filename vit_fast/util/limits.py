@@ -1,18 +1,7 @@
-"""How large a model or a batch may be, checked before anything is built or allocated.
-
-Two bounds, both decided from a config's numbers alone (no tensor is made):
-
-- :data:`CEILINGS`: the largest value of each size field of a :class:`~vit_fast.model.config.ViTConfig`. They are far
-  beyond every published ViT (ViT-22B has embed_dim 6144, depth 48, an MLP of 24576 units), so no real model
-  meets them; they stop a typo or a hostile file before Python spends minutes building it (a depth of 20000 takes
-  that long to build whatever the memory says). ``ViTConfig`` checks them; the Hugging Face config reader checks
-  the same bounds under transformers' field names.
-- :func:`check_model_fits` / :func:`check_batch_fits`: the bytes a model's parameters, or a forward's inputs and
-  activations, take, against the memory available here (:func:`available_bytes`: RAM the kernel says is
-  available, plus free swap, capped by a cgroup's limit). Nothing is refused where the memory cannot be read.
-
-Every refusal is a ValueError naming where the numbers came from (the file) and the field(s) to fix.
-"""
+"""How large a model or a batch may be, checked from a config's numbers alone before anything is built or allocated:
+:data:`CEILINGS` (the largest value of each size field, far beyond every published ViT) and
+:func:`check_model_fits` / :func:`check_batch_fits` (the bytes against :func:`available_bytes`). Every refusal is a
+ValueError naming where the numbers came from and the field(s) to fix. Details: docs/development.md, "Size limits"."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
-"""The project's one numerics rule and its table, used by the tests, ``verify``, the benchmarks
-and the demo alike.
-
-Compared with a float64 reference, our error may be at most ``FACTOR`` (2x) eager PyTorch's
-error in the same dtype, plus a floor: ``FLOOR[dtype]`` times the reference's largest magnitude
-(at least 1). Relative error, cosine similarity and top-1 agreement are reported beside it.
-"""
+"""The project's one numerics rule and its table, used by the tests, ``verify``, the benchmarks and the demo alike:
+compared with a float64 reference, our error may be at most ``FACTOR`` (2x) eager PyTorch's error in the same dtype,
+plus a floor, ``FLOOR[dtype]`` times the reference's largest magnitude (at least 1). Relative error, cosine
+similarity and top-1 agreement are reported beside it."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""The one progress mechanism: named steps as lines on stderr, and a bar for counted work.
-
-``Stages("vit-fast export").step("tracing")`` prints ``[vit-fast export] tracing ...`` and,
-when the block ends, ``... done (6.2 s)``. ``bar(total)`` is a tqdm bar on a terminal (when tqdm
-is installed) and elsewhere one line per piece of work (``[bench] 3/12 cases: fp32 torch batch 8;
-about 2.5 min left``), so a log shows where a long run is. The time left is :class:`Remaining`'s: from
-measured times of finished pieces of comparable expected cost, and said only once there are some.
-"""
+"""The one progress mechanism: named steps as lines on stderr (``Stages("vit-fast export").step("tracing")``), and a
+bar for counted work (``bar(total)``: tqdm on a terminal, else one line per piece of work with the time left,
+:class:`Remaining`'s estimate from finished pieces of comparable cost). Examples: docs/development.md, "Progress"."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """vit-fast's version, read once from the installed distribution's metadata (a base module: the
-package facade, the environment collector and every report read it from here)."""
+package facade, the environment collector and every report read it from this module)."""
 
 from __future__ import annotations
 

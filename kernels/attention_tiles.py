@@ -1,0 +1,134 @@
+"""The attention kernel's tiles: the autotune candidates, their shared memory on each card, the prune and the
+no-autotune pick (host side, read by the kernel in :mod:`.attention`)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from ._launch import next_power_of_2
+from .autotune import closest_config, tuning_requested
+from .cards import Card, card_for_arch
+from .interpret import interpreter_enabled
+
+
+def attention_configs() -> list[triton.Config]:
+    """Autotune candidates. Built from the environment only (never a device query), so importing
+    this module touches no GPU driver; the prune keeps those that suit the card of the tensors' device. The
+    interpreter cannot time configs: it gets one."""
+    if interpreter_enabled():
+        # BLOCK_M != BLOCK_N on purpose: a query-tail mask swapped with a key-tail mask fails tests
+        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 64}, num_warps=4, num_stages=1)]
+    return [
+        triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=num_warps, num_stages=num_stages)
+        for block_m in (64, 128)
+        for block_n in (32, 64, 128)
+        for num_stages in (2, 3)
+        for num_warps in (4, 8)
+        if not (block_m == 128 and num_warps == 4)  # 128 rows of fp32 state spill with 4 warps
+    ] + [
+        # cards without tensor cores (sm_75) get only these, and only they run there: the configs above spill up
+        # to 32.6 KB per thread on sm_75 and two need 96 KB of its 64 KB (offline compiles, tools/compile_check.py). Small
+        # tiles, 4 warps, no pipelining (sm_75 has no asynchronous copies to overlap); the prune keeps those not
+        # expected to spill (fma_attention_fits)
+        triton.Config({"BLOCK_M": block_m, "BLOCK_N": 32}, num_warps=4, num_stages=FMA_ATTENTION_STAGES)
+        for block_m in (16, 32)
+    ]
+
+
+#: num_stages of the configs meant for cards without tensor cores: every other config has more
+FMA_ATTENTION_STAGES = 1
+
+
+def fma_attention_fits(config: triton.Config, block_d: int, elem_bytes: int) -> bool:
+    """Whether a config is expected not to spill where ``tl.dot`` is FMA (sm_75): its q / accumulator and score
+    tiles, ``BLOCK_M * (BLOCK_D + BLOCK_N)`` elements, at most 5120 in fp32 and 3072 in 16-bit. From triton
+    3.9's compiles for sm_75 (spilled bytes per thread): fp32 Dh 64 64x32 836, 32x32 none; fp32 Dh 128 64x32
+    5376, 32x32 none; fp16 Dh 64 64x32 1012, 32x32 and 16x32 none (bf16 32x32 none); fp16 Dh 128 64x32 21136,
+    32x32 1356, 16x32 none."""
+    elements = config.kwargs["BLOCK_M"] * (block_d + config.kwargs["BLOCK_N"])
+    return elements <= (5120 if elem_bytes == 4 else 3072)
+
+
+def block_d_for(head_dim: int) -> int:
+    """The kernel's ``BLOCK_D``: the head dim padded to a power of two, at least 16 (the dot's minimum)."""
+    return max(16, next_power_of_2(head_dim))
+
+
+def attention_shared_bytes(config: triton.Config, block_d: int, elem_bytes: int, card: Card) -> int:
+    """Shared memory of a config on ``card``, as the prune compares it with ``card.shared_memory``. On the
+    wgmma / tcgen05 cards (sm_90, sm_100): 2 * num_stages - 1 k/v tiles, plus the q tile at 128 rows, as Triton
+    3.9 lays it out on sm_90, never above what it reports there (tools/compile_check.py). Other cards: the k/v
+    tiles, plus a padded q tile and a padded p tile (the layout conversions into the dot's operands), an upper
+    bound of every figure triton 3.9 reported for sm_86 (fp32: Dh 64 64x64 s2 64 KB against 80.5 here, 64x128 s2
+    112.3 against 144.5, 128x64 s2 96 against 113; Dh 128 64x32 s2 72.3 against 88.5, 64x64 s2 112.3 (the config
+    that failed to launch there) against 144.5, 64x128 s2 192 against 256.5; fp16 Dh 128 64x64 s2 56 against
+    72.3). Without tensor cores (sm_75, FMA dots) k and v are buffered apart and more than the 16-bit tiles
+    themselves was reported (fp16 Dh 64: 64x32 s1 24 KB, 64x64 s2 32 KB), so every tile counts as fp32 there
+    (40.5 and 96.5 KB)."""
+    block_m, block_n, stages = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], max(config.num_stages, 1)
+    if card.dot in ("wgmma", "tcgen05"):
+        kv = (2 * stages - 1) * block_n * block_d * elem_bytes
+        return kv + (block_m * block_d * elem_bytes if block_m > 64 else 0)
+    if card.dot == "fma":  # k and v apart at every stage, and every tile counted as fp32
+        return 2 * stages * block_n * block_d * 4 + block_m * (block_d + 1) * 4 + block_m * (block_n + 1) * 4
+    kv = (2 * stages - 1) * block_n * block_d * elem_bytes
+    return kv + block_m * (block_d + 1) * elem_bytes + block_m * (block_n + 1) * elem_bytes
+
+
+def prune_attention_configs(configs, named_args, **kwargs):
+    """The candidates for one launch, read only from its autotune key (T, the head dim, the card ``ARCH``, the
+    dtype, ``TUNE``, the mask flags ``HAS_LENGTHS`` / ``PACKED``): the configs for this kind of card (tensor cores
+    or not, :data:`FMA_ATTENTION_STAGES`) that fit its shared memory (:func:`attention_shared_bytes`; a mask adds
+    no tile). Wide heads (Dh > 128, padded to 256) keep the q tile and the accumulator in registers only with
+    64-row tiles and key blocks of at most 64; without tensor cores only the tiles not expected to spill
+    (:func:`fma_attention_fits`). Without tuning one config: the fitting one nearest 64x64, 4 warps, 2 stages
+    (fp32: 64x32, 8 warps, 3 stages for head dims up to 64 and 2 above; a card without tensor cores: its own,
+    nearest 32x32; packed images in 16 bits with head dims above 64 on mma.sync cards: 8 warps)."""
+    block_d = kwargs.get("BLOCK_D", named_args.get("BLOCK_D"))
+    if block_d is None:
+        return configs
+    card = card_for_arch(named_args["ARCH"])
+    qkv = named_args.get("qkv_ptr")
+    elem_bytes = qkv.element_size() if isinstance(qkv, torch.Tensor) else 2
+
+    def shared(config: triton.Config) -> int:
+        return attention_shared_bytes(config, block_d, elem_bytes, card)
+
+    def fits(config: triton.Config) -> bool:
+        kw = config.kwargs
+        if card.tensor_cores and block_d > 128 and not (kw["BLOCK_M"] == 64 and kw["BLOCK_N"] <= 64):
+            return False
+        if not card.tensor_cores and not fma_attention_fits(config, block_d, elem_bytes):
+            return False
+        return shared(config) <= card.shared_memory
+
+    # nothing fits (Dh 256 on sm_75): the smallest config for the card, which may spill or fail to launch there
+    same_kind = [c for c in configs if (c.num_stages > FMA_ATTENTION_STAGES) == card.tensor_cores] or configs
+    kept = [c for c in same_kind if fits(c)] or [min(same_kind, key=shared)]
+    if tuning_requested(named_args) or len(kept) == 1:
+        return kept
+    if not card.tensor_cores:
+        return [closest_config(kept, {"BLOCK_M": 32, "BLOCK_N": 32}, 4, FMA_ATTENTION_STAGES)]
+    if elem_bytes == 4:
+        # fp32: 64x64 with 4 warps spilled 4.4-4.7 KB per thread on every target (33 KB on sm_80), 64x32 with 8
+        # warps nothing on any, sm_75 to sm_120 (tools/compile_check.py, triton 3.9, Dh 64). On triton 3.6 that
+        # 64x32 spilled at 2 stages with Dh 64 (sm_90 56 bytes, sm_86/89 36) and not at 3 (80-92 registers on
+        # sm_80 to sm_120, 3.6 and 3.9 alike); Dh 128 the other way round on 3.6 (3 stages: 40 bytes on sm_80, 2:
+        # none; 3.9: 64 bytes there either way), and 3 stages overflow the 99 KB cards there
+        return [closest_config(kept, {"BLOCK_M": 64, "BLOCK_N": 32}, 8, 3 if block_d <= 64 else 2)]
+    if kwargs.get("PACKED", named_args.get("PACKED")) and card.dot == "mma.sync" and block_d > 64:
+        # packed images, 16-bit, Dh 128 on mma.sync cards: 64x64 with 4 warps spilled 32 bytes per thread on sm_80
+        # (255 registers, triton 3.6 and 3.9; the unmasked kernel and the padded batch there: none), 8 warps none
+        return [closest_config(kept, {"BLOCK_M": 64, "BLOCK_N": 64}, 8, 2)]
+    return [closest_config(kept, {"BLOCK_M": 64, "BLOCK_N": 64}, 4, 2)]
+
+
+__all__ = [
+    "FMA_ATTENTION_STAGES",
+    "attention_configs",
+    "attention_shared_bytes",
+    "block_d_for",
+    "fma_attention_fits",
+    "prune_attention_configs",
+]

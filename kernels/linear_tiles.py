@@ -1,0 +1,299 @@
+"""The GEMM's output tile: which tiles run on which card, and what one tile computes.
+
+The autotune candidates, their prune and the no-autotune heuristic (host side, read by the kernel in
+:mod:`.linear`), then the ``@triton.jit`` body of one output tile: the norm prologue, the K loop, the epilogue.
+Why these tiles: docs/kernels.md, "GEMM tiles by row count"."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._launch import cdiv, next_power_of_2
+from ._tl import dot, to_bf16_rtne
+from .autotune import (
+    FMA_STAGES,
+    SMALL_M,
+    closest_config,
+    fma_tile_fits,
+    gemm_shared_bytes,
+    m_class,
+    tma_enabled,
+    tuning_requested,
+)
+from .cards import CPU_SM_COUNT, card_for_arch
+from .interpret import interpreter_enabled
+
+#: the epilogue's activations (``ACTIVATION_CODES``: the kernel's ``ACTIVATION``): exact (erf) GELU, tanh GELU, QuickGELU (``y * sigmoid(1.702 y)``, OpenAI CLIP) and
+#: SiLU (``y * sigmoid(y)``)
+ACTIVATIONS = (None, "gelu", "gelu_tanh", "quick_gelu", "silu")
+ACTIVATION_CODES = {None: 0, "gelu": 1, "gelu_tanh": 2, "quick_gelu": 3, "silu": 4}
+
+
+def linear_configs() -> list[triton.Config]:
+    """Autotune candidates. Built from the environment only (never a device query), so importing
+    this module touches no GPU driver; the prune keeps those that suit the card of the tensors' device. The
+    interpreter cannot time configs: it gets one of each tiling, and the prune's heuristic picks between them
+    (the persistent TMA one for many rows, so the tests run both)."""
+    if interpreter_enabled():
+        return [
+            triton.Config({"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 4, "TMA": tma}, num_warps=4)
+            for tma in (0, 1)
+        ]
+    return (
+        [
+            triton.Config(
+                {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": 8, "TMA": 0},
+                num_warps=8 if block_m * block_n >= 128 * 128 else 4,
+                num_stages=num_stages,
+            )
+            for block_m in (64, 128)
+            for block_n in (64, 128, 256)
+            for block_k in (32, 64)
+            for num_stages in (3, 4)
+            # a trim of the search space, not the hardware limit: fp16 tiles of both operands, one per stage,
+            # within 160 KB (the card's limit is applied per dtype by prune_linear_configs)
+            if (block_m + block_n) * block_k * 2 * num_stages <= 160 * 1024
+            # 128x256 spilled in every dtype in the GELU and residual epilogues (16-bit: 88-976 bytes on
+            # triton 3.6 and 3.9; tools/compile_check.py)
+            and block_m * block_n <= 128 * 128
+        ]
+        + [
+            # narrow tiles for few rows (M <= SMALL_M, batch 1-2 of a ViT): at M = 197 a 64x64 tiling gives the
+            # D -> D GEMMs (proj, fc2 of ViT-B/16) only 48 programs for 132 SMs; 64x16 gives 192
+            triton.Config(
+                {"BLOCK_M": 64, "BLOCK_N": block_n, "BLOCK_K": 64, "GROUP_M": 8, "TMA": 0}, num_warps=4, num_stages=4
+            )
+            for block_n in (16, 32)
+        ]
+        + [
+            # persistent tiles fed by the tensor-memory accelerator (TMA: cp.async.bulk.tensor on sm_90), as in Triton's
+            # persistent-matmul tutorial: one program per SM walks the output tiles; for many rows (M > SMALL_M)
+            # (128x256 spilled 0.5-1.1 KB in the GELU and residual epilogues, as the pointer tiles do)
+            triton.Config(
+                {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "TMA": 1},
+                num_warps=8,
+                num_stages=num_stages,
+            )
+            for num_stages in (3, 4)
+        ]
+        + [
+            # cards without tensor cores (sm_75: tl.dot is FMA there) get only these, and only they run there: the
+            # tiles above spill 1.2-28.8 KB per thread on sm_75 (offline compiles, tools/compile_check.py). Small tiles, 4 warps,
+            # 32 deep, 2 stages: 8-16 KB of shared memory on sm_75, and the prune keeps those not expected to
+            # spill in the dtype (autotune.fma_tile_fits: 16-bit 64x64 spilled, 32x64 did not)
+            triton.Config(
+                {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": 32, "GROUP_M": 8, "TMA": 0},
+                num_warps=4,
+                num_stages=FMA_STAGES,
+            )
+            for block_m in (32, 64)
+            for block_n in (32, 64)
+        ]
+    )
+
+
+def prune_linear_configs(configs, named_args, **kwargs):
+    """The candidates for one launch, read only from its autotune key (row class ``m_class(M)``, N, K, the card
+    ``ARCH``, dtype, ``TMA_OK``, ``TUNE``, the device's ``SM_COUNT``), so what the autotuner caches under that key
+    holds for every launch with it. Drops: configs for the other kind of card (tensor cores or not,
+    :data:`FMA_STAGES`); tiles far larger than the problem (e.g. BLOCK_N 256 for N = 64: only masked work); the
+    narrow tiles past SMALL_M rows; tiles past the card's shared memory (:func:`gemm_shared_bytes`); the
+    persistent TMA tiles unless the card has TMA, the rows are many (M > SMALL_M), the operands 16-bit and TMA can
+    read them (``TMA_OK``: alignment and ``VIT_FAST_TMA``; a direct call without it, as tools/compile_check.py
+    makes, means contiguous operands). Without tuning, one config: :func:`heuristic_linear_config` (a direct call
+    without ``SM_COUNT`` reads as :data:`~.cards.CPU_SM_COUNT`)."""
+    card = card_for_arch(named_args["ARCH"])
+    x = named_args.get("x_ptr")
+    elem_bytes = x.element_size() if isinstance(x, torch.Tensor) else 2
+    rows = m_class(named_args["M"])
+    operands_ok = named_args.get("TMA_OK")
+    operands_ok = tma_enabled() if operands_ok is None else bool(operands_ok)
+    # 16-bit only: fp32 TMA tiles spill tens of KB and overflow shared memory (tools/compile_check.py)
+    tma_ok = rows > SMALL_M and elem_bytes == 2 and card.tma and operands_ok
+
+    def fits(config: triton.Config) -> bool:
+        kw = config.kwargs
+        return (
+            (config.num_stages > FMA_STAGES) == card.tensor_cores
+            and (card.tensor_cores or fma_tile_fits(kw["BLOCK_M"], kw["BLOCK_N"], elem_bytes))
+            and (not kw["TMA"] or tma_ok)
+            and (kw["BLOCK_N"] >= 64 or rows <= SMALL_M or not card.tensor_cores)
+            and kw["BLOCK_M"] <= max(64, next_power_of_2(rows))
+            and kw["BLOCK_N"] <= max(64, next_power_of_2(named_args["N"]))
+            and kw["BLOCK_K"] <= max(32, next_power_of_2(named_args["K"]))
+            and gemm_shared_bytes(card, config, kw["BLOCK_M"], kw["BLOCK_N"], kw["BLOCK_K"], elem_bytes)
+            <= card.shared_memory
+        )
+
+    kept = [c for c in configs if fits(c)] or configs[:1]
+    if (tuning_requested(named_args) and not interpreter_enabled()) or len(kept) == 1:
+        return kept
+    programs = named_args.get("SM_COUNT", CPU_SM_COUNT)
+    return [heuristic_linear_config(kept, rows, named_args["N"], elem_bytes, card, programs)]
+
+
+def heuristic_linear_config(
+    configs: list[triton.Config], rows: int, N: int, elem_bytes: int, card, programs: int
+) -> triton.Config:
+    """The no-autotune pick (the default, and the interpreter's), among the prune's survivors for ``rows`` (a row
+    class: a multiple of 64 up to SMALL_M). Few rows (batch 1-2 of a ViT): 64-row tiles, and the widest of
+    64 / 32 / 16 columns (fp32: 32 / 16, for registers) that still gives ``programs`` programs (the device's SM
+    count: every SM busy). Many rows: 128x128 with 8 warps, persistent with TMA where the operands allow it (else
+    the pointer tiling, fp32 at half the depth for shared memory). A card without tensor cores: its own small
+    tiles, 64x64 (64x32 if that fills the GPU better at few rows; 16-bit: the prune leaves at most 32x64). Always
+    the nearest fitting survivor (:func:`closest_config`)."""
+    if not card.tensor_cores:
+        block_n = 64 if rows > SMALL_M or cdiv(rows, 64) * cdiv(N, 64) >= programs else 32
+        return closest_config(configs, {"BLOCK_M": 64, "BLOCK_N": block_n, "BLOCK_K": 32}, 4, FMA_STAGES)
+    if any(c.kwargs["TMA"] for c in configs):
+        return closest_config(configs, {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "TMA": 1}, 8, 3)
+    block_k = 32 if elem_bytes == 4 else 64
+    if rows <= SMALL_M:
+        row_tiles = rows // 64
+        # fp32 stops at 32 columns: with the LayerNorm prologue and GELU its 64x64 tiles spilled on sm_80/86/90
+        # (64 deep: 496-2076 bytes per thread, triton 3.6 and 3.9; 32 deep: 16 on sm_80, 3.9), 64x32x64 and 64x16x64
+        # nothing on sm_80/86/89/90/120 (64x32: 72 bytes on sm_100, 3.6) (tools/compile_check.py, ViT-B/16)
+        widths = (32,) if elem_bytes == 4 else (64, 32)
+        block_n = next((bn for bn in widths if row_tiles * cdiv(N, bn) >= programs), 16)
+        # 64 deep whatever the dtype: the narrow tiles come only so (fp32 64x32x64, 4 stages: 72 KB of shared memory)
+        return closest_config(configs, {"BLOCK_M": 64, "BLOCK_N": block_n, "BLOCK_K": 64}, 4, 4)
+    return closest_config(configs, {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": block_k}, 8, 3)
+
+
+@triton.jit
+def linear_tile(
+    tile,  # which output tile: grouped ordering over [cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)]
+    x_desc,  # TMA descriptors of x [M, K] and w [N, K] when USE_TMA, else None
+    w_desc,
+    x_ptr,
+    w_ptr,
+    bias_ptr,
+    residual_ptr,
+    gamma_ptr,
+    ln_w_ptr,
+    ln_b_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    stride_x_m,
+    stride_w_n,
+    stride_residual_m,
+    stride_out_m,
+    ln_eps,
+    ACTIVATION: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    HAS_GAMMA: tl.constexpr,
+    NORM_INPUT: tl.constexpr,
+    LN_HAS_WEIGHT: tl.constexpr,
+    LN_HAS_BIAS: tl.constexpr,
+    LN_RMS: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+    ROUND_BF16: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    USE_TMA: tl.constexpr,
+):
+    """One [BLOCK_M, BLOCK_N] output tile: (LayerNorm prologue,) the K loop, the epilogue, the store."""
+    # grouped ordering: consecutive tiles share weight columns while they are hot in L2
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_pid_in_group = GROUP_M * num_pid_n
+    group_id = tile // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + ((tile % num_pid_in_group) % group_size_m)
+    pid_n = (tile % num_pid_in_group) // group_size_m
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    # rows/columns past the tail wrap onto valid ones: loads stay in bounds without an M or N
+    # mask, and the store below drops them. int64: M * K overflows int32 at large batch.
+    rows = (offs_m % M).to(tl.int64)
+    cols = (offs_n % N).to(tl.int64)
+    x_ptrs = x_ptr + rows[:, None] * stride_x_m + offs_k[None, :]
+    w_ptrs = w_ptr + cols[None, :] * stride_w_n + offs_k[:, None]  # W^T tile [BLOCK_K, BLOCK_N]
+
+    if NORM_INPUT:
+        # LayerNorm prologue: this program's rows' statistics over all of K, two passes in fp32 as the
+        # LayerNorm kernel takes them (not E[x^2] - E[x]^2, which cancels badly). The rows are re-read
+        # from L2 by every program along N: cheaper than a LayerNorm launch plus a round trip of LN(x).
+        # (RmsNorm: no mean pass; the mean stays 0, so the second pass sums squares and nothing is subtracted)
+        row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
+        if not LN_RMS:
+            for k0 in range(0, K, BLOCK_K):
+                k_mask = offs_k < K - k0
+                row_sum += tl.sum(tl.load(x_ptrs + k0, mask=k_mask[None, :], other=0.0).to(tl.float32), axis=1)
+        mean = row_sum / K
+        row_var = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k_mask = offs_k < K - k0
+            xs = tl.load(x_ptrs + k0, mask=k_mask[None, :], other=0.0).to(tl.float32)
+            centred = tl.where(k_mask[None, :], xs - mean[:, None], 0.0)
+            row_var += tl.sum(centred * centred, axis=1)
+        rstd = 1.0 / tl.sqrt(row_var / K + ln_eps)
+
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        # the K tail must read zeros: unlike M and N it feeds every output element (TMA fills past the edge with 0)
+        k_mask = offs_k < K - k0
+        if USE_TMA:
+            a = x_desc.load([pid_m * BLOCK_M, k0])
+        else:
+            a = tl.load(x_ptrs, mask=k_mask[None, :], other=0.0)
+        if NORM_INPUT:
+            normed = (a.to(tl.float32) - mean[:, None]) * rstd[:, None]
+            if LN_HAS_WEIGHT:
+                normed = normed * tl.load(ln_w_ptr + k0 + offs_k, mask=k_mask, other=0.0).to(tl.float32)[None, :]
+            if LN_HAS_BIAS:
+                normed = normed + tl.load(ln_b_ptr + k0 + offs_k, mask=k_mask, other=0.0).to(tl.float32)[None, :]
+            normed = tl.where(k_mask[None, :], normed, 0.0)
+            # rounded to x's dtype, as the unfused LayerNorm stores it: the dot sees the same operand
+            a = to_bf16_rtne(normed) if ROUND_BF16 else normed.to(x_ptr.dtype.element_ty)
+        if USE_TMA:
+            b = w_desc.load([pid_n * BLOCK_N, k0]).T  # [BLOCK_N, BLOCK_K] rows of W, as W^T
+        else:
+            b = tl.load(w_ptrs, mask=k_mask[:, None], other=0.0)
+        acc = dot(a, b, acc, DOT_IN_FP32)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+
+    n_mask = offs_n < N
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    if ACTIVATION == 1:
+        acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))
+    elif ACTIVATION == 2:
+        # 0.5 * (1 + tanh(z)) == sigmoid(2z): no tanh needed. The clamp keeps exp finite (e^80 < fp32 max)
+        # where the result is already x / 5e34, i.e. -0 to fp32 rounding at any x that gets there
+        inner = 0.7978845608028654 * (acc + 0.044715 * acc * acc * acc)
+        acc = acc / (1.0 + tl.exp(tl.minimum(-2.0 * inner, 80.0)))
+    elif ACTIVATION == 3:  # QuickGELU: y * sigmoid(1.702 y), the same clamp as above
+        acc = acc / (1.0 + tl.exp(tl.minimum(-1.702 * acc, 80.0)))
+    elif ACTIVATION == 4:  # SiLU: y * sigmoid(y)
+        acc = acc / (1.0 + tl.exp(tl.minimum(-acc, 80.0)))
+    out_mask = (offs_m[:, None] < M) & n_mask[None, :]
+    if HAS_RESIDUAL:
+        if HAS_GAMMA:
+            acc = acc * tl.load(gamma_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        residual = tl.load(residual_ptr + rows[:, None] * stride_residual_m + offs_n[None, :], mask=out_mask, other=0.0)
+        acc += residual.to(tl.float32)
+    out_ptrs = out_ptr + offs_m[:, None].to(tl.int64) * stride_out_m + offs_n[None, :]
+    out = to_bf16_rtne(acc) if ROUND_BF16 else acc.to(out_ptr.dtype.element_ty)
+    tl.store(out_ptrs, out, mask=out_mask)
+
+
+__all__ = [
+    "ACTIVATIONS",
+    "ACTIVATION_CODES",
+    "heuristic_linear_config",
+    "linear_configs",
+    "linear_tile",
+    "prune_linear_configs",
+]

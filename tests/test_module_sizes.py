@@ -1,0 +1,115 @@
+"""A newcomer can read every module: no file under vit_fast/, kernels/ or export/ is over 500 lines, and no module
+docstring is over five lines (what it needs more for goes into docs/). Plain file reading: nothing is imported."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FOLDERS = ("vit_fast", "kernels", "export")
+MAX_LINES = 500
+MAX_DOCSTRING_LINES = 5
+
+#: Files a concurrent change is splitting now (the model / triton_path / timm blocks refactor); exempt from both
+#: rules until it lands. A debt, not a permission: remove an entry with the split.
+BEING_SPLIT = {"vit_fast/model/vit.py", "vit_fast/backend/triton_path.py", "vit_fast/interop/timm_blocks.py"}
+
+#: CLI subcommands whose module docstring is their ``--help`` text (vit_fast/cli/__init__.py passes
+#: ``module.__doc__`` to argparse as the description): exempt from the docstring rule only.
+SUBCOMMANDS = ("bench", "demo", "doctor", "export", "info", "serve", "tritonserver", "verify")
+HELP_TEXT = {f"vit_fast/cli/{name}.py" for name in SUBCOMMANDS}
+
+#: Module docstrings over five lines not trimmed yet. A debt, not a permission: remove an entry with the trim
+#: (a stale entry fails test_exemptions_are_still_needed); nothing may be added to make the test pass.
+LONG_DOCSTRINGS = {
+    "vit_fast/assets/__init__.py",
+    "vit_fast/backend/env.py",
+    "vit_fast/backend/first_use.py",
+    "vit_fast/backend/graphs.py",
+    "vit_fast/bench/backends.py",
+    "vit_fast/bench/ceilings.py",
+    "vit_fast/bench/mixed_sizes.py",
+    "vit_fast/bench/report.py",
+    "vit_fast/bench/timing.py",
+    "vit_fast/cli/__init__.py",
+    "vit_fast/cli/_args.py",
+    "vit_fast/interop/explanation.py",
+    "vit_fast/interop/forwards.py",
+    "vit_fast/interop/hf_patch.py",
+    "vit_fast/interop/loading.py",
+    "vit_fast/interop/naflex.py",
+    "vit_fast/interop/patching.py",
+    "vit_fast/interop/timm_import.py",
+    "vit_fast/interop/training.py",
+    "vit_fast/model/packing.py",
+    "vit_fast/model/selfcheck.py",
+    "vit_fast/model/warmup.py",
+    "vit_fast/serve/loadtest.py",
+    "vit_fast/serve/ports.py",
+    "vit_fast/serve/threads.py",
+    "vit_fast/serve/triton_model.py",
+}
+
+
+def _files() -> list[Path]:
+    return sorted(p for folder in FOLDERS for p in (ROOT / folder).rglob("*.py"))
+
+
+def _name(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+def line_count(source: str) -> int:
+    return len(source.splitlines())
+
+
+def docstring_lines(source: str) -> int:
+    """Lines of the module docstring as written (0 without one), blank lines inside it included."""
+    doc = ast.get_docstring(ast.parse(source), clean=False)
+    return len(doc.strip("\n").splitlines()) if doc else 0
+
+
+FILES = {_name(p): p.read_text(encoding="utf-8") for p in _files()}
+
+
+def _too_long(name: str) -> bool:
+    return line_count(FILES[name]) > MAX_LINES
+
+
+def _long_docstring(name: str) -> bool:
+    return docstring_lines(FILES[name]) > MAX_DOCSTRING_LINES
+
+
+def test_the_counts_see_what_they_look_for():
+    assert line_count("a\n" * 501) == 501 and line_count("a\n" * 500) == 500
+    assert docstring_lines('"""one\n\nthree\nfour\nfive\nsix"""\nx = 1\n') == 6
+    assert docstring_lines('"""one\ntwo\nthree\nfour\nfive"""\n') == 5
+    assert docstring_lines("x = 1\n") == 0 and "vit_fast/model/config.py" in FILES and "kernels/linear.py" in FILES
+
+
+def test_no_file_is_over_500_lines():
+    found = [f"{n}: {line_count(s)} lines" for n, s in FILES.items() if n not in BEING_SPLIT and _too_long(n)]
+    assert not found, f"split these by a real seam (one job per file) to at most {MAX_LINES} lines:\n" + "\n".join(
+        found
+    )
+
+
+def test_no_module_docstring_is_over_five_lines():
+    exempt = BEING_SPLIT | HELP_TEXT | LONG_DOCSTRINGS
+    found = [f"{n}: {docstring_lines(s)} lines" for n, s in FILES.items() if n not in exempt and _long_docstring(n)]
+    assert not found, (
+        f"a module docstring says what the module holds in at most {MAX_DOCSTRING_LINES} lines; move measurements "
+        "and long explanations into docs/ and link them:\n" + "\n".join(found)
+    )
+
+
+def test_exemptions_name_files_that_exist():
+    named = BEING_SPLIT | HELP_TEXT | LONG_DOCSTRINGS
+    assert named <= set(FILES), sorted(named - set(FILES))
+
+
+def test_exemptions_are_still_needed():
+    stale = [n for n in sorted(LONG_DOCSTRINGS) if n not in FILES or not _long_docstring(n)]
+    stale += [n for n in sorted(BEING_SPLIT) if n not in FILES or not (_too_long(n) or _long_docstring(n))]
+    assert not stale, "these are within the rules now: remove them from the lists in this file:\n" + "\n".join(stale)
