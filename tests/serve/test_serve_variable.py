@@ -18,7 +18,7 @@ http = pytest.importorskip("tritonclient.http", reason=NEEDS_SERVE)
 from vit_fast.serve.server import Server  # noqa: E402
 from vit_fast.util.numerics import assert_within_eager  # noqa: E402
 
-from ..util import tiny_model  # noqa: E402
+from ..fakes import tiny_model  # noqa: E402
 
 NAME = "naflex"
 SIZES = [(32, 32), (24, 40), (16, 8)]
