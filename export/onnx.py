@@ -165,36 +165,26 @@ def _run_exporter(
                 gh, gw = cfg.grid_size
                 dims[h_axis] = p * torch.export.Dim("grid_h", min=1, max=max(64, 4 * gh))
                 dims[w_axis] = p * torch.export.Dim("grid_w", min=1, max=max(64, 4 * gw))
-            torch.onnx.export(
-                m,
-                (x,),
-                str(out),
-                dynamo=True,
-                opset_version=opset,
-                input_names=[spec.input_name],
-                output_names=list(spec.output_names),
-                dynamic_shapes=(dims,),
-                external_data=external_data,
-                verbose=False,
-            )
+            how = dict(dynamo=True, dynamic_shapes=(dims,), external_data=external_data, verbose=False)
+            symbolics: contextlib.AbstractContextManager = contextlib.nullcontext()
         else:
             axes = {0: "batch", h_axis: "height", w_axis: "width"} if dynamic_size else {0: "batch"}
             out_axes = {
                 name: ({0: "batch", 1: "tokens"} if kind == "last_hidden_state" and dynamic_size else {0: "batch"})
                 for kind, name in zip(spec.outputs, spec.output_names, strict=True)
             }
-            with _bicubic_aa_symbolic(opset):
-                torch.onnx.export(
-                    m,
-                    (x,),
-                    str(out),
-                    dynamo=False,
-                    opset_version=opset,
-                    input_names=[spec.input_name],
-                    output_names=list(spec.output_names),
-                    dynamic_axes={spec.input_name: axes, **out_axes},
-                    do_constant_folding=True,
-                )
+            how = dict(dynamo=False, dynamic_axes={spec.input_name: axes, **out_axes}, do_constant_folding=True)
+            symbolics = _bicubic_aa_symbolic(opset)
+        with symbolics:
+            torch.onnx.export(
+                m,
+                (x,),
+                str(out),
+                opset_version=opset,
+                input_names=[spec.input_name],
+                output_names=list(spec.output_names),
+                **how,
+            )
 
 
 def _resize_bicubic_aa(g: Any, x: Any, output_size: Any, align_corners: Any, *scales: Any) -> Any:
