@@ -19,19 +19,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vit_fast.backend.env import git_commit
 from vit_fast.util.dtypes import DTYPE_NAMES
 from vit_fast.util.files import publish_to, staging_dir
 from vit_fast.util.progress import Stages
 
 from ._common import (
-    ExportError,
     check_artifact_outputs,
     check_report_path,
     metadata_path,
     plain_model,
-    vit_fast_version,
-    weights_record,
 )
 from .graph import DEFAULT_INPUT_NAME, ExportGraph, example_images, image_axes
 from .native import native_family
@@ -40,7 +36,9 @@ from .onnx_checks import (
     check_graph_args,
     check_onnx_args,
     finish_graph,
+    onnx_metadata,
     onnx_op_counts,
+    trace_errors,
     verifies_on_cpu,
     write_metadata,
 )
@@ -147,36 +145,26 @@ def _run_exporter(
                 gh, gw = cfg.grid_size
                 dims[h_axis] = p * torch.export.Dim("grid_h", min=1, max=max(64, 4 * gh))
                 dims[w_axis] = p * torch.export.Dim("grid_w", min=1, max=max(64, 4 * gw))
-            torch.onnx.export(
-                m,
-                (x,),
-                str(out),
-                dynamo=True,
-                opset_version=opset,
-                input_names=[spec.input_name],
-                output_names=list(spec.output_names),
-                dynamic_shapes=(dims,),
-                external_data=external_data,
-                verbose=False,
-            )
+            how = dict(dynamo=True, dynamic_shapes=(dims,), external_data=external_data, verbose=False)
+            symbolics: contextlib.AbstractContextManager = contextlib.nullcontext()
         else:
             axes = {0: "batch", h_axis: "height", w_axis: "width"} if dynamic_size else {0: "batch"}
             out_axes = {
                 name: ({0: "batch", 1: "tokens"} if kind == "last_hidden_state" and dynamic_size else {0: "batch"})
                 for kind, name in zip(spec.outputs, spec.output_names, strict=True)
             }
-            with _bicubic_aa_symbolic(opset):
-                torch.onnx.export(
-                    m,
-                    (x,),
-                    str(out),
-                    dynamo=False,
-                    opset_version=opset,
-                    input_names=[spec.input_name],
-                    output_names=list(spec.output_names),
-                    dynamic_axes={spec.input_name: axes, **out_axes},
-                    do_constant_folding=True,
-                )
+            how = dict(dynamo=False, dynamic_axes={spec.input_name: axes, **out_axes}, do_constant_folding=True)
+            symbolics = _bicubic_aa_symbolic(opset)
+        with symbolics:
+            torch.onnx.export(
+                m,
+                (x,),
+                str(out),
+                opset_version=opset,
+                input_names=[spec.input_name],
+                output_names=list(spec.output_names),
+                **how,
+            )
 
 
 def _resize_bicubic_aa(g: Any, x: Any, output_size: Any, align_corners: Any, *scales: Any) -> Any:
@@ -323,46 +311,23 @@ def to_onnx(
     stages = Stages("vit-fast export", progress)
     m = _export_copy(model, dtype, dynamic_size, attention, spec)
     x = _example_input(cfg, batch, dynamic_size, dtype, spec)
-    meta = {
-        "format": "onnx",
+    meta = onnx_metadata(model, exporter, opset, dtype, batch, spec.outputs, spec.output_names, source) | {
         "config": cfg.to_dict() | ({"dynamic_img_size": True} if dynamic_size else {}),
-        "exporter": exporter,
-        "opset": opset,
-        "dtype": DTYPE_NAMES[dtype],
-        "batch": list(batch),
         "dynamic_size": dynamic_size,
         "attention": attention,
         "input": spec.input_name,
         "input_dtype": "uint8" if spec.preprocess else DTYPE_NAMES[dtype],
         "input_layout": spec.preprocess["layout"] if spec.preprocess else "NCHW",
         "preprocess": spec.preprocess,
-        "outputs": list(spec.outputs),
-        "output_names": list(spec.output_names),
-        "output": spec.output_names[0],
-        "source": source,
-        "weights": weights_record(model),
-        "verification": None,
-        "vit_fast_version": vit_fast_version(),
-        "git_commit": git_commit(),
-        "torch_version": torch.__version__,
     }
+    other = "torchscript" if exporter == "dynamo" else "dynamo"
+    hint = f"; try exporter={other!r}" if attention != "fused" else ""
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(staging_dir(path))
         traced = tmp / path.name
         what = f"tracing {_describe(model)} with the {exporter} exporter (opset {opset}, {DTYPE_NAMES[dtype]})"
-        with stages.step(what):
-            try:
-                with torch.no_grad():
-                    _run_exporter(m, x, traced, exporter, opset, batch, dynamic_size, spec, external)
-            except OSError as err:  # a full disk, a vanished folder: not the exporter's fault, no exporter hint
-                raise ExportError(f"cannot write the traced graph beside {str(path)!r}: {err.strerror or err}") from err
-            except Exception as err:
-                other = "torchscript" if exporter == "dynamo" else "dynamo"
-                hint = f"; try exporter={other!r}" if attention != "fused" else ""
-                first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-                raise ExportError(
-                    f"the {exporter} exporter could not trace {_describe(model)}: {type(err).__name__}: {first}{hint}"
-                ) from err
+        with stages.step(what), trace_errors(exporter, _describe(model), path, hint), torch.no_grad():
+            _run_exporter(m, x, traced, exporter, opset, batch, dynamic_size, spec, external)
         del m
         with stages.step("checking the graph and writing metadata"):
             staged = finish_graph(traced, tmp, path, meta, external, dynamic_size, attention, cfg.depth, spec)

@@ -1,22 +1,34 @@
 """What :func:`vit_fast.export.onnx.to_onnx` checks and records around the trace: its arguments before any work
-(:func:`check_onnx_args`, :func:`check_graph_args` -> :class:`GraphSpec`), the traced graph after it
-(:func:`finish_graph` saves it with its metadata), the metadata itself (:func:`write_metadata`) and
-:func:`onnx_op_counts`. The trace and the staging/publishing live in ``onnx``."""
+(:func:`check_onnx_args`, :func:`check_graph_args` -> :class:`GraphSpec`), what a failed trace raised
+(:func:`trace_errors`), the traced graph after it (:func:`finish_graph`, :func:`save_graph`), the metadata
+(:func:`onnx_metadata`, :func:`write_metadata`) and :func:`onnx_op_counts`. The trace and the staging/publishing
+live in ``onnx`` and ``onnx_native``."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
-from vit_fast.util.dtypes import parse_dtype
+from vit_fast.backend.env import git_commit
+from vit_fast.util.dtypes import DTYPE_NAMES, parse_dtype
 from vit_fast.util.files import OWNER_FILE, json_text, write_new
 
-from ._common import ExportError, check_batch_range, metadata_path, plain_model
+from ._common import (
+    ExportError,
+    check_batch_range,
+    metadata_path,
+    plain_model,
+    vit_fast_version,
+    weights_record,
+)
 from .graph import check_io_names, check_outputs, check_preprocess, image_axes
 
 EXPORTERS = ("dynamo", "torchscript")
@@ -144,6 +156,53 @@ def set_props(proto: Any, meta: dict[str, Any]) -> None:
         entry.key, entry.value = key, value
 
 
+@contextlib.contextmanager
+def trace_errors(exporter: str, described: str, path: Path, hint: str = "") -> Iterator[None]:
+    """What the trace of ``described`` (a model) raises, as an :class:`ExportError` naming the exporter and the
+    first line of its error, ``hint`` after it; a failed write (a full disk, a vanished folder: not the exporter's
+    fault) names the folder of ``path`` and gets no hint."""
+    try:
+        yield
+    except OSError as err:
+        raise ExportError(f"cannot write the traced graph beside {str(path)!r}: {err.strerror or err}") from err
+    except Exception as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ExportError(
+            f"the {exporter} exporter could not trace {described}: {type(err).__name__}: {first}{hint}"
+        ) from err
+
+
+def onnx_metadata(
+    model: nn.Module,
+    exporter: str,
+    opset: int,
+    dtype: torch.dtype,
+    batch: Sequence[int],
+    outputs: Sequence[str],
+    output_names: Sequence[str],
+    source: str | None,
+) -> dict[str, Any]:
+    """The fields every ONNX file's metadata holds: how it was traced, its dtype and batch range, its outputs
+    (kinds, names, the first name), the model's source and weights, the verification (None until recorded) and
+    the versions and commit that wrote it."""
+    return {
+        "format": "onnx",
+        "exporter": exporter,
+        "opset": opset,
+        "dtype": DTYPE_NAMES[dtype],
+        "batch": list(batch),
+        "outputs": list(outputs),
+        "output_names": list(output_names),
+        "output": output_names[0],
+        "source": source,
+        "weights": weights_record(model),
+        "verification": None,
+        "vit_fast_version": vit_fast_version(),
+        "git_commit": git_commit(),
+        "torch_version": torch.__version__,
+    }
+
+
 def write_metadata(staged: Path, meta: dict[str, Any]) -> None:
     """Rewrite a staged ONNX file's metadata props and the JSON beside it with ``meta`` (the graph and any
     external data are left as they are)."""
@@ -186,15 +245,24 @@ def finish_graph(
             f"the exported graph's I/O is {graph_input.name!r} -> {names}, expected {spec.input_name!r} -> "
             f"{list(spec.output_names)}"
         )
+    fused = sum(n.op_type == "Attention" for n in proto.graph.node)
+    if attention == "fused" and fused != depth:
+        raise ExportError(f"expected {depth} fused Attention nodes, found {fused}")
+    return save_graph(proto, tmp, path, meta, external)
+
+
+def save_graph(proto: Any, tmp: Path, path: Path, meta: dict[str, Any], external: bool = False) -> list[Path]:
+    """Save a checked graph ``proto`` and its metadata in the staging folder ``tmp`` under ``path``'s name, in place
+    of the exporter's own files: ``meta`` gains the graph's op counts (and its external data file, ``external``) and
+    goes into the graph's props and the JSON beside it. Returns the files to move."""
+    import onnx
+
     ops = [n.op_type for n in proto.graph.node]
-    if attention == "fused" and ops.count("Attention") != depth:
-        raise ExportError(f"expected {depth} fused Attention nodes, found {ops.count('Attention')}")
     meta["op_counts"] = {op: ops.count(op) for op in sorted(set(ops))}
     if external:  # recorded before the props are written, so the file and the JSON beside it agree
         meta["external_data"] = path.name + ".data"
     set_props(proto, meta)
     proto.producer_name, proto.doc_string = "vit-fast", f"vit-fast {meta['vit_fast_version']} ({meta['exporter']})"
-
     for f in tmp.iterdir():  # the exporter's own files are replaced by ours (the run's lock file stays)
         if f.name != OWNER_FILE:
             f.unlink()
@@ -235,8 +303,11 @@ __all__ = [
     "check_graph_args",
     "check_onnx_args",
     "finish_graph",
+    "onnx_metadata",
     "onnx_op_counts",
+    "save_graph",
     "symbolic_dims",
+    "trace_errors",
     "verifies_on_cpu",
     "write_metadata",
 ]

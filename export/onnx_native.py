@@ -15,9 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from vit_fast.backend.env import git_commit
 from vit_fast.util.dtypes import DTYPE_NAMES, parse_dtype
-from vit_fast.util.files import OWNER_FILE, json_text, publish_to, staging_dir, write_new
+from vit_fast.util.files import publish_to, staging_dir
 from vit_fast.util.progress import Stages
 
 from ._common import (
@@ -26,8 +25,6 @@ from ._common import (
     check_batch_range,
     check_report_path,
     metadata_path,
-    vit_fast_version,
-    weights_record,
 )
 from .native import (
     INPUTS,
@@ -42,7 +39,16 @@ from .native import (
     plain_copy,
     transformers_checks_off,
 )
-from .onnx_checks import MIN_OPSET, TORCHSCRIPT_MAX_OPSET, newest_opset, set_props, symbolic_dims, write_metadata
+from .onnx_checks import (
+    MIN_OPSET,
+    TORCHSCRIPT_MAX_OPSET,
+    newest_opset,
+    onnx_metadata,
+    save_graph,
+    symbolic_dims,
+    trace_errors,
+    write_metadata,
+)
 from .verify import VerifyOptions, stage_report, verify_options
 from .verify_native import check_mixes, verify_native
 
@@ -172,18 +178,7 @@ def _finish(traced: Path, tmp: Path, path: Path, meta: dict[str, Any], family: s
                 f"the exported graph's input {value.name!r} is not dynamic in batch and tokens: "
                 f"{value.type.tensor_type.shape}"
             )
-    ops = [n.op_type for n in proto.graph.node]
-    meta["op_counts"] = {op: ops.count(op) for op in sorted(set(ops))}
-    set_props(proto, meta)
-    proto.producer_name, proto.doc_string = "vit-fast", f"vit-fast {meta['vit_fast_version']} ({meta['exporter']})"
-    for f in tmp.iterdir():  # the exporter's own files are replaced by ours (the run's lock file stays)
-        if f.name != OWNER_FILE:
-            f.unlink()
-    out = tmp / path.name
-    onnx.save_model(proto, str(out))
-    onnx.checker.check_model(str(out))
-    write_new(metadata_path(out), json_text(meta))
-    return [out, metadata_path(out)]
+    return save_graph(proto, tmp, path, meta)
 
 
 def native_to_onnx(
@@ -240,45 +235,21 @@ def native_to_onnx(
     p = patch_size(model)
     # three images of different sizes, padded: nothing the trace could take for a constant
     example = example_batch(model, [(p, p), (4 * p, 3 * p), (3 * p, 3 * p)], dtype, torch.Generator().manual_seed(0))
-    meta = {
-        "format": "onnx",
+    meta = onnx_metadata(model, exporter, opset, dtype, batch, kinds, names, source) | {
         "family": family,
         "config": _config(model),
-        "exporter": exporter,
-        "opset": opset,
-        "dtype": DTYPE_NAMES[dtype],
-        "batch": list(batch),
         "tokens": [1, MAX_TOKENS],
         "max_grid": max_grid if family == "naflexvit" else None,
         "dynamic_size": True,
         "inputs": list(INPUTS[family]),
         "input": INPUTS[family][0],
-        "outputs": list(kinds),
-        "output_names": list(names),
-        "output": names[0],
-        "source": source,
-        "weights": weights_record(model),
-        "verification": None,
-        "vit_fast_version": vit_fast_version(),
-        "git_commit": git_commit(),
-        "torch_version": torch.__version__,
     }
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(staging_dir(path))
         traced = tmp / path.name
-        with stages.step(
-            f"tracing {_describe(model)} with the {exporter} exporter (opset {opset}, {DTYPE_NAMES[dtype]})"
-        ):
-            try:
-                with torch.no_grad():
-                    _trace(exporter, graph, example, traced, opset, batch, INPUTS[family], names)
-            except OSError as err:
-                raise ExportError(f"cannot write the traced graph beside {str(path)!r}: {err.strerror or err}") from err
-            except Exception as err:
-                first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-                raise ExportError(
-                    f"the {exporter} exporter could not trace {_describe(model)}: {type(err).__name__}: {first}"
-                ) from err
+        what = f"tracing {_describe(model)} with the {exporter} exporter (opset {opset}, {DTYPE_NAMES[dtype]})"
+        with stages.step(what), trace_errors(exporter, _describe(model), path), torch.no_grad():
+            _trace(exporter, graph, example, traced, opset, batch, INPUTS[family], names)
         del graph
         with stages.step("checking the graph and writing metadata"):
             staged = _finish(traced, tmp, path, meta, family)

@@ -61,9 +61,11 @@ __all__ = [
     "check_verify_batches",
     "default_batches",
     "draw_seed",
+    "finish_report",
     "format_verification",
     "quicker_check",
     "stage_report",
+    "start_report",
     "verify",
     "verify_options",
     "verify_staged",
@@ -228,20 +230,8 @@ def verify(
     eager_graph = ExportGraph(_copy(model, dtype, eager_device, dynamic), kinds, preprocess).to(eager_device, dtype)
     seed = draw_seed() if seed is None else seed
     gen = torch.Generator().manual_seed(seed)
-    report = VerifyReport(
-        artifact=artifact_name or str(artifact),
-        runtime=runner.runtime,
-        dtype=DTYPE_NAMES[dtype],
-        floor=FLOOR[dtype],
-        seed=seed,
-        outputs=[name for _, name in plan],
-        preprocess=preprocess,
-        weights=weights_record(model),
-        artifact_weights=(meta or {}).get("weights"),
-        created_utc=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        versions={m: module_version(m) for m in RECORDED_VERSIONS},
-        git_commit=git_commit(),
-    )
+    outputs = [name for _, name in plan]
+    report = start_report(model, artifact_name or str(artifact), runner.runtime, dtype, seed, outputs, meta, preprocess)
     # every batch at the first size, the middle batch at the others
     cases = [(b, image_sizes[0]) for b in batches] + [(batches[len(batches) // 2], s) for s in image_sizes[1:]]
     stages = Stages("vit-fast verify", print_table if progress is None else progress)
@@ -312,19 +302,60 @@ def verify(
             stages.note(f"{report.interrupted}{where}")
             raise
     report.complete = True
+    finish_report(report, print_table, json_path, raise_on_failure)
+    return report
+
+
+def start_report(
+    model: nn.Module,
+    artifact_name: str,
+    runtime: str,
+    dtype: torch.dtype,
+    seed: int,
+    outputs: list[str],
+    meta: dict[str, Any] | None,
+    preprocess: dict[str, Any] | None = None,
+) -> VerifyReport:
+    """A report with no rows yet: the artifact (as ``artifact_name``) and what runs it, its dtype and floor, the
+    seed, the outputs compared, the model's weights and those the artifact's metadata records, its preprocessing
+    front, when, and with which versions and commit."""
+    return VerifyReport(
+        artifact=artifact_name,
+        runtime=runtime,
+        dtype=DTYPE_NAMES[dtype],
+        floor=FLOOR[dtype],
+        seed=seed,
+        outputs=outputs,
+        preprocess=preprocess,
+        weights=weights_record(model),
+        artifact_weights=(meta or {}).get("weights"),
+        created_utc=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        versions={m: module_version(m) for m in RECORDED_VERSIONS},
+        git_commit=git_commit(),
+    )
+
+
+def finish_report(report: VerifyReport, print_table: bool, json_path: Path | None, raise_on_failure: bool) -> None:
+    """Print the report's table (``print_table``), write its JSON (``json_path``), then raise
+    :class:`VerificationError` naming the worst row and the seed that reproduces it when a row failed
+    (``raise_on_failure``)."""
     if print_table:
         print(report.format_table(), file=sys.stdout, flush=True)
     if json_path is not None:
         write_json_atomic(report.to_dict(), json_path)
     if raise_on_failure and not report.passed:
         r = report.worst()
+        where = (
+            f"images {', '.join(f'{a}x{b}' for a, b in r.images)}"
+            if r.images is not None
+            else f"batch {r.batch} ({r.height}x{r.width})"
+        )
         raise VerificationError(
-            f"verification of {report.artifact!r} failed: worst is output {r.output!r} at batch {r.batch} "
-            f"({r.height}x{r.width}): max|err| {r.max_abs_err:.3e} > bound {r.bound:.3e} "
-            f"({FACTOR:g}x eager {r.eager_max_abs_err:.3e} + floor); reproduce with seed={seed}",
+            f"verification of {report.artifact!r} failed: worst is output {r.output!r} at {where}: "
+            f"max|err| {r.max_abs_err:.3e} > bound {r.bound:.3e} "
+            f"({FACTOR:g}x eager {r.eager_max_abs_err:.3e} + floor); reproduce with seed={report.seed}",
             report,
         )
-    return report
 
 
 def verify_options(

@@ -6,24 +6,20 @@ valid patches): what a model leaves at padding is no output. Each row names the 
 
 from __future__ import annotations
 
-import datetime as _dt
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from vit_fast.backend.env import git_commit, module_version
-from vit_fast.util.dtypes import DTYPE_NAMES
-from vit_fast.util.files import write_json_atomic
-from vit_fast.util.numerics import FACTOR, FLOOR, compare
+from vit_fast.backend.env import module_version
+from vit_fast.util.numerics import compare
 
-from ._common import ArtifactError, check_report_path, read_metadata, weights_record
+from ._common import ArtifactError, check_report_path, read_metadata
 from .native import INPUTS, NativeGraph, default_mixes, example_batch, native_family, plain_copy, valid_tokens
-from .verify import RECORDED_VERSIONS, draw_seed
-from .verify_report import VerificationError, VerifyReport, VerifyRow
+from .verify import draw_seed, finish_report, start_report
+from .verify_report import VerifyReport, VerifyRow
 
 
 def check_mixes(model: nn.Module, mixes: Any, max_grid: int | None) -> list[list[tuple[int, int]]]:
@@ -100,19 +96,8 @@ def verify_native(
     eager = NativeGraph(plain_copy(model, dtype, None), outputs)
     seed = draw_seed() if seed is None else seed
     gen = torch.Generator().manual_seed(seed)
-    report = VerifyReport(
-        artifact=artifact_name or str(artifact),
-        runtime=f"onnxruntime {module_version('onnxruntime')} ({session.get_providers()[0]})",
-        dtype=DTYPE_NAMES[dtype],
-        floor=FLOOR[dtype],
-        seed=seed,
-        outputs=output_names,
-        weights=weights_record(model),
-        artifact_weights=meta.get("weights"),
-        created_utc=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        versions={m: module_version(m) for m in RECORDED_VERSIONS},
-        git_commit=git_commit(),
-    )
+    runtime = f"onnxruntime {module_version('onnxruntime')} ({session.get_providers()[0]})"
+    report = start_report(model, artifact_name or str(artifact), runtime, dtype, seed, output_names, meta)
     with torch.no_grad():
         for mix in mixes:
             inputs = example_batch(model, mix, dtype, gen)
@@ -131,18 +116,7 @@ def verify_native(
                 row = compare(out, eager_out, want, dtype, kind == "logits")
                 h, w = max(s[0] for s in mix), max(s[1] for s in mix)
                 report.rows.append(VerifyRow(output=name, batch=len(mix), height=h, width=w, images=mix, **row))
-    if print_table:
-        print(report.format_table(), file=sys.stdout, flush=True)
-    if json_path is not None:
-        write_json_atomic(report.to_dict(), json_path)
-    if raise_on_failure and not report.passed:
-        r = report.worst()
-        raise VerificationError(
-            f"verification of {report.artifact!r} failed: worst is output {r.output!r} at images "
-            f"{', '.join(f'{a}x{b}' for a, b in r.images or [])}: max|err| {r.max_abs_err:.3e} > bound {r.bound:.3e} "
-            f"({FACTOR:g}x eager {r.eager_max_abs_err:.3e} + floor); reproduce with seed={seed}",
-            report,
-        )
+    finish_report(report, print_table, json_path, raise_on_failure)
     return report
 
 

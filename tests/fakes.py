@@ -16,8 +16,9 @@ from vit_fast import VisionTransformer, ViTConfig
 from vit_fast.kernels.interpret import interpreter_enabled, interpreter_version_problem
 
 
-def tiny_hf_classifier(num_labels: int = 4, seed: int = 0) -> Any:
-    """transformers' ViTForImageClassification, 32 px / 8 px patches, 32 wide, one block; every parameter random."""
+def tiny_hf_classifier(num_labels: int = 4, seed: int = 0, image_size: int = 32) -> Any:
+    """transformers' ViTForImageClassification, ``image_size`` px / 8 px patches, 32 wide, one block; every parameter
+    random. Its config names the architecture, as a ``save_pretrained`` folder's does."""
     transformers = pytest.importorskip("transformers", reason="transformers is not installed")
     torch.manual_seed(seed)
     config = transformers.ViTConfig(
@@ -25,9 +26,10 @@ def tiny_hf_classifier(num_labels: int = 4, seed: int = 0) -> Any:
         num_hidden_layers=1,
         num_attention_heads=2,
         intermediate_size=64,
-        image_size=32,
+        image_size=image_size,
         patch_size=8,
         num_labels=num_labels,
+        architectures=["ViTForImageClassification"],
     )
     model = transformers.ViTForImageClassification(config).eval()
     with torch.no_grad():  # HF zero-inits biases and LayerNorm; randomise so every parameter matters

@@ -69,24 +69,19 @@ def _load(out: Path, stem: str) -> tuple[dict, str, bytes]:
     return report, (out / f"{stem}.md").read_text(), (out / f"{stem}.png").read_bytes()
 
 
+def _bench_tiny(checkpoint: Path, out: Path, *args: str) -> tuple[dict, str]:
+    """``vit-fast bench CHECKPOINT --out OUT ARGS --no-ceilings`` on the CPU, quickly; it succeeds, and its JSON
+    report and Markdown are returned."""
+    rc = main(["bench", str(checkpoint), "--out", str(out), *args, "--no-ceilings", *FAST])
+    assert rc == 0
+    report, md, _ = _load(out, "bench_tiny")
+    return report, md
+
+
 def _torch_and_compile_rows(checkpoint: Path, out: Path) -> dict[str, dict]:
     """``vit-fast bench CHECKPOINT --backends torch,compile`` at batch 2; its JSON rows by backend."""
-    rc = main(
-        [
-            "bench",
-            str(checkpoint),
-            "--batch",
-            "2",
-            "--out",
-            str(out),
-            "--backends",
-            "torch,compile",
-            "--no-ceilings",
-            *FAST,
-        ]
-    )
-    assert rc == 0
-    return {r["backend"]: r for r in json.loads((out / "bench_tiny.json").read_text())["rows"]}
+    report, _ = _bench_tiny(checkpoint, out, "--batch", "2", "--backends", "torch,compile")
+    return {r["backend"]: r for r in report["rows"]}
 
 
 @pytest.fixture(scope="module")
@@ -184,24 +179,16 @@ def test_cpu_bench_writes_json_markdown_csv_png(cpu_run):
 
 
 def test_cpu_bench_lists_unavailable_backends_with_reasons(tiny_checkpoint, tmp_path):
-    rc = main(
-        [
-            "bench",
-            str(tiny_checkpoint),
-            "--batch",
-            "1,2",
-            "--out",
-            str(tmp_path),
-            "--graph",
-            "--h2d",
-            "--backends",
-            "torch,triton,triton-graph,tensorrt,timm,compile-reduce-overhead",
-            "--no-ceilings",
-            *FAST,
-        ]
+    report, md = _bench_tiny(
+        tiny_checkpoint,
+        tmp_path,
+        "--batch",
+        "1,2",
+        "--graph",
+        "--h2d",
+        "--backends",
+        "torch,triton,triton-graph,tensorrt,timm,compile-reduce-overhead",
     )
-    assert rc == 0
-    report, md, _ = _load(tmp_path, "bench_tiny")
     by_label = {}
     for r in report["rows"]:
         by_label.setdefault(r["label"], []).append(r)
@@ -302,26 +289,18 @@ def test_hf_backend_refuses_models_transformers_has_no_counterpart_of():
 
 def test_onnxruntime_backend_runs_and_is_checked(tiny_checkpoint, tmp_path):
     pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
-    rc = main(
-        [
-            "bench",
-            str(tiny_checkpoint),
-            "--batch",
-            "1,3",
-            "--out",
-            str(tmp_path),
-            "--dtype",
-            "fp32,bf16",
-            "--backends",
-            "torch,onnxruntime",
-            "--onnx-exporter",
-            "torchscript",
-            "--no-ceilings",
-            *FAST,
-        ]
+    report, md = _bench_tiny(
+        tiny_checkpoint,
+        tmp_path,
+        "--batch",
+        "1,3",
+        "--dtype",
+        "fp32,bf16",
+        "--backends",
+        "torch,onnxruntime",
+        "--onnx-exporter",
+        "torchscript",
     )
-    assert rc == 0
-    report, md, _ = _load(tmp_path, "bench_tiny")
     ort_rows = [r for r in report["rows"] if r["backend"] == "onnxruntime"]
     fp32 = [r for r in ort_rows if r["dtype"] == "fp32"]
     assert [r["status"] for r in fp32] == ["ok", "ok"], fp32
@@ -337,22 +316,7 @@ def test_backend_failure_is_reported_and_others_continue(tiny_checkpoint, tmp_pa
         raise RuntimeError("exporter exploded")
 
     monkeypatch.setattr(bench_backends, "export_onnx", broken)
-    rc = main(
-        [
-            "bench",
-            str(tiny_checkpoint),
-            "--batch",
-            "1",
-            "--out",
-            str(tmp_path),
-            "--backends",
-            "onnxruntime,torch",
-            "--no-ceilings",
-            *FAST,
-        ]
-    )
-    assert rc == 0
-    report, md, _ = _load(tmp_path, "bench_tiny")
+    report, md = _bench_tiny(tiny_checkpoint, tmp_path, "--batch", "1", "--backends", "onnxruntime,torch")
     status = {r["backend"]: r for r in report["rows"]}
     assert status["onnxruntime"]["status"] == "error"
     assert "exporter exploded" in status["onnxruntime"]["error"]

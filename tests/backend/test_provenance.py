@@ -9,6 +9,8 @@ import torch
 import vit_fast
 from vit_fast.interop.checkpoints import NORMALIZATION_METADATA_KEY, file_sha256
 
+from ..fakes import tiny_hf_classifier
+
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
@@ -49,19 +51,7 @@ def test_unreadable_normalization_is_named(tmp_path):
 
 
 def test_hf_folder_records_each_weight_files_sha256(tmp_path):
-    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
-    hf_cfg = transformers.ViTConfig(
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=64,
-        image_size=16,
-        patch_size=8,
-        num_labels=3,
-        architectures=["ViTForImageClassification"],
-    )
-    torch.manual_seed(0)
-    transformers.ViTForImageClassification(hf_cfg).save_pretrained(tmp_path / "folder")
+    tiny_hf_classifier(num_labels=3, image_size=16).save_pretrained(tmp_path / "folder")
     weights = sorted(p for p in (tmp_path / "folder").iterdir() if p.suffix == ".safetensors")
     assert weights
     model = vit_fast.load_model(str(tmp_path / "folder"), backend="torch")

@@ -13,6 +13,8 @@ import torch
 import vit_fast
 from vit_fast.interop import loading
 
+from ..fakes import tiny_hf_classifier
+
 
 @pytest.fixture
 def no_network(monkeypatch):
@@ -62,23 +64,11 @@ def test_plain_state_dict_needs_a_config_and_takes_preset_or_json(tmp_path, no_n
 
 
 def test_hf_state_dict_and_hf_config_json(tmp_path, no_network):
-    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
     from safetensors.torch import save_file
 
-    hf_cfg = transformers.ViTConfig(
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=64,
-        image_size=16,
-        patch_size=8,
-        num_labels=3,
-        architectures=["ViTForImageClassification"],
-    )
-    torch.manual_seed(0)
-    hf = transformers.ViTForImageClassification(hf_cfg).eval()
+    hf = tiny_hf_classifier(num_labels=3, image_size=16)
     save_file({k: v.contiguous() for k, v in hf.state_dict().items()}, str(tmp_path / "hf.safetensors"))
-    hf_cfg.to_json_file(str(tmp_path / "config.json"))
+    hf.config.to_json_file(str(tmp_path / "config.json"))
     model = vit_fast.load_model(str(tmp_path / "hf.safetensors"), config=str(tmp_path / "config.json"), backend="torch")
     assert model.weights_source["layout"] == "hf" and model.cfg.num_classes == 3
     x = torch.randn(2, 3, 16, 16)

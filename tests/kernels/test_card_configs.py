@@ -61,6 +61,16 @@ def _pruned(monkeypatch, kernel, configs, named, constexprs, tune: bool) -> list
     return kernel.early_config_prune(configs, named, **constexprs)
 
 
+def _kept_tuned_or_not(monkeypatch, kernel, configs, named, constexprs) -> list:
+    """The configs the pruner keeps with autotuning on (at least one) and off (exactly one), together."""
+    kept = []
+    for tune in (True, False):
+        some = _pruned(monkeypatch, kernel, configs, named, constexprs, tune)
+        assert some and (tune or len(some) == 1)
+        kept += some
+    return kept
+
+
 def _meta(shape, dtype):
     return torch.empty(shape, dtype=dtype, device="meta")
 
@@ -96,11 +106,8 @@ def test_linear_configs_fit_every_card(monkeypatch, arch, dtype):
                         w,
                     )
                 assert named["ARCH"] == arch
-                for tune in (True, False):
-                    kept = _pruned(monkeypatch, kernel, configs, named, constexprs, tune)
-                    assert kept and (tune or len(kept) == 1)
-                    for config in kept:
-                        _check_gemm_like(card, config, "BLOCK_N", x.element_size(), f"{name} b{batch} {gemm}")
+                for config in _kept_tuned_or_not(monkeypatch, kernel, configs, named, constexprs):
+                    _check_gemm_like(card, config, "BLOCK_N", x.element_size(), f"{name} b{batch} {gemm}")
 
 
 @pytest.mark.parametrize("arch", sorted(cards.CARDS))
@@ -125,11 +132,8 @@ def test_patch_embed_configs_fit_every_card(monkeypatch, arch, dtype):
                     cls,
                 )
             assert named["ARCH"] == arch
-            for tune in (True, False):
-                kept = _pruned(monkeypatch, kernel, configs, named, constexprs, tune)
-                assert kept and (tune or len(kept) == 1)
-                for config in kept:
-                    _check_gemm_like(card, config, "BLOCK_D", weight.element_size(), f"{name} b{batch}")
+            for config in _kept_tuned_or_not(monkeypatch, kernel, configs, named, constexprs):
+                _check_gemm_like(card, config, "BLOCK_D", weight.element_size(), f"{name} b{batch}")
 
 
 @pytest.mark.parametrize("arch", sorted(cards.CARDS))
@@ -161,15 +165,12 @@ def test_attention_configs_fit_every_card(monkeypatch, arch, dtype, head_dim, ma
             assert named["ARCH"] == arch
             assert (constexprs["HAS_LENGTHS"], constexprs["PACKED"]) == (mask == "lengths", mask == "packed")
             block_d = constexprs["BLOCK_D"]
-            for tune in (True, False):
-                kept = _pruned(monkeypatch, kernel, configs, named, constexprs, tune)
-                assert kept and (tune or len(kept) == 1)
-                for config in kept:
-                    shared = attention_tiles.attention_shared_bytes(config, block_d, qkv.element_size(), card)
-                    assert shared <= card.shared_memory, (heads, batch, str(config), shared)
-                    assert (config.num_stages <= attention_tiles.FMA_ATTENTION_STAGES) == (not card.tensor_cores)
-                    if not card.tensor_cores:  # not expected to spill there
-                        assert attention_tiles.fma_attention_fits(config, block_d, qkv.element_size()), str(config)
+            for config in _kept_tuned_or_not(monkeypatch, kernel, configs, named, constexprs):
+                shared = attention_tiles.attention_shared_bytes(config, block_d, qkv.element_size(), card)
+                assert shared <= card.shared_memory, (heads, batch, str(config), shared)
+                assert (config.num_stages <= attention_tiles.FMA_ATTENTION_STAGES) == (not card.tensor_cores)
+                if not card.tensor_cores:  # not expected to spill there
+                    assert attention_tiles.fma_attention_fits(config, block_d, qkv.element_size()), str(config)
 
 
 def test_fp32_attention_heuristic_fits_and_does_not_spill(monkeypatch):

@@ -51,9 +51,8 @@ ALLOWED = {
         "onnx.export",
     ): "torch.onnx.export writes the traced graph into the staging folder",
     ("export/onnx_checks.py", "write_metadata", "onnx.save_model"): "onnx rewrites the staged file's props in place",
-    ("export/onnx_checks.py", "finish_graph", "onnx.save_model"): "onnx writes the checked graph (and .data) staged",
+    ("export/onnx_checks.py", "save_graph", "onnx.save_model"): "onnx writes the checked graph (and .data) staged",
     ("export/onnx_native.py", "_trace", "onnx.export"): "torch.onnx.export writes a native tower's graph staged",
-    ("export/onnx_native.py", "_finish", "onnx.save_model"): "onnx writes the checked native graph staged",
 }
 
 
