@@ -1,12 +1,8 @@
 """The one environment collector: versions, commit, device and driver, and which backends can run.
 
-``collect_environment(device)`` is what every report records (export metadata, verify JSON,
-bench rows, the demo); ``collect_info()`` / ``format_info`` are what ``vit-fast info`` prints (and
-writes with ``--json``), with each GPU's card row and the backend ``"auto"`` picks there (``card_report``).
-``launcher_needs()`` finds, as Triton finds them, the three things Triton needs to build and load its C
-launcher on a GPU (a C compiler, Python.h, libcuda.so.1), for ``vit-fast info`` and ``vit-fast doctor`` alike.
-Nothing here imports onnxruntime or tensorrt unless they are installed and asked about.
-"""
+``collect_environment(device)`` is what every report records (export metadata, verify JSON, bench rows, the demo);
+``collect_info`` / ``format_info`` are ``vit-fast info`` (``card_report``: a GPU's card row and auto's backend);
+``launcher_needs`` finds, as Triton does, its launcher's C compiler, Python.h and libcuda.so.1 (info and doctor)."""
 
 from __future__ import annotations
 

@@ -1,24 +1,8 @@
 """The safety net at first use: each kernel proves itself on the user's card before its output is trusted.
 
-The first time a kernel runs compiled for a (device, triton version, dtype, config, shape class), its output is
-compared with the eager reference on that same input, both judged against a float64 computation of it by the
-project's one numerics rule (``vit_fast.util.numerics``). On a mismatch the op falls back to eager PyTorch for the rest
-of the process, with one warning naming the kernel, its config and the device; ``vit-fast doctor`` reports it too
-(:func:`report`). The config is the one that ran: a tuned config picked later for a shape class already checked with
-the heuristic's (``model.warmup(tune=True)`` after an untuned first forward, ``VIT_FAST_AUTOTUNE=1`` set later) is
-judged on its own first use.
-
-Cost: once per new (op, config, shape class): the op again in eager PyTorch in the same dtype and in float64, and a
-copy of the outputs to the host: about the price of three eager forwards, on the first forward of each batch-size
-class (in each tuning mode). Afterwards a forward whose shapes have all been checked in its tuning mode pays one
-dictionary lookup. Eager calls are checked, with autograd on or off (an eval model called without
-``torch.no_grad()`` runs the kernels too: the side computations run without autograd, and an op that failed hands
-back its eager reference's output, in autograd's graph); tracing, export and CUDA-graph capture are not, where a
-float64 side computation has no place.
-
-``VIT_FAST_FIRST_USE_CHECK=0`` turns it off; ``=1`` turns it on under Triton's interpreter too (off there by
-default: the interpreter is what the test suite checks against float64 already).
-"""
+:func:`check` compares a kernel's first compiled output per (device, triton version, dtype, config, shape class) with
+its eager reference against float64; on a mismatch the op runs in eager PyTorch for the rest of the process, and
+:func:`report` lists every check. When it runs, what it costs, ``VIT_FAST_FIRST_USE_CHECK``: docs/kernels.md."""
 
 from __future__ import annotations
 

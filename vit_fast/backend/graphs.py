@@ -1,19 +1,8 @@
-"""Replay a model's forward as one CUDA graph.
+"""Replay a model's forward as one CUDA graph: :class:`CUDAGraphRunner`.
 
-A CUDA graph records every kernel launch of one forward once and replays the whole sequence
-with a single launch, so per-kernel CPU launch overhead disappears: the batch-1 case, where a
-ViT's ~150 small kernels are launch-bound, gains most.
-
-```python
-runner = vit_fast.CUDAGraphRunner(model, torch.randn(8, 3, 224, 224, device="cuda", dtype=torch.bfloat16))
-logits = runner(x)          # x: same shape, dtype and device as the example; returns a fresh tensor
-```
-
-Rules that come with graphs: the input is copied into a static buffer captured with the graph,
-so every call must use the captured shape (batch included), dtype and device; the output lives in
-a static buffer that the next replay overwrites, which is why ``__call__`` returns a clone
-(``replay()`` returns the static buffer itself, for timing loops).
-"""
+It captures one forward at a fixed input shape, dtype and device and replays it with one launch, so per-kernel CPU
+launch overhead disappears; :func:`graph_input_mismatch` says why an input does not fit the capture. Usage and the
+rules that come with graphs: docs/usage.md, "Replaying a forward as one CUDA graph"."""
 
 from __future__ import annotations
 

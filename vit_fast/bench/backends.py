@@ -1,11 +1,8 @@
 """The things the bench times, each built for one dtype and prepared for one input batch.
 
-A :class:`Variant` names a backend, optionally captured in a CUDA graph by us; ``static_unavailable``
-says why one cannot run here before anything is built; :func:`build_backend` builds it. PyTorch
-modules (our torch and triton backends, torch.compile, timm) run through :class:`ModuleBackend`; the
-ONNX Runtime and TensorRT backends are thin wrappers over ``vit_fast.export.runners``, the one way
-to run an artifact, with inputs and outputs bound to the device buffers so no host copy is timed.
-"""
+A :class:`Variant` names a backend, optionally in a CUDA graph of ours; ``static_unavailable`` says why one cannot run
+on the device before anything is built; :func:`build_backend` builds it. PyTorch modules run through
+:class:`ModuleBackend`; ONNX Runtime and TensorRT through ``vit_fast.export.runners``, I/O bound to device buffers."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """The physical ceilings of the device the bench runs on, measured there, and the floor they set.
 
-Copy bandwidth (a large same-device copy, counting bytes read plus bytes written) and matrix rate
-(a large square matmul in each dtype). Each result is reported next to its floor:
-``floor = max(weight bytes / bandwidth, FLOPs / matrix rate)``. On CPU the same is measured with
-CPU tensors and labelled so.
-"""
+:func:`measure_bandwidth` (a large same-device copy, bytes read plus written) and :func:`measure_matrix_rate` (a
+large square matmul per dtype); :func:`floor_ms` is ``max(weight bytes / bandwidth, FLOPs / matrix rate)``. On CPU
+the same is measured with CPU tensors and labelled so. Sizes and how to read the floor: docs/benchmarks.md."""
 
 from __future__ import annotations
 

@@ -1,16 +1,8 @@
-"""A batch of images of different sizes timed two ways, on one model, inputs and timing rule alike:
+"""A batch of images of different sizes timed two ways on one model: ``packed`` (``model.forward_packed``) against
+``padded`` (every image zero-padded to the largest, one ordinary forward).
 
-- ``packed``: ``model.forward_packed(images)`` (:mod:`vit_fast.model.packing`): each image at its own size, all tokens
-in
-  one sequence, attention within each image: ``sum(T_i)`` tokens computed;
-- ``padded``: every image zero-padded at the bottom and right to the largest height and width in the batch, one
-  ordinary forward of ``[N, C, H_max, W_max]``: ``N * T_max`` tokens computed.
-
-The padded forward's outputs are not the images' own (its padding pixels are patches the model sees): it is what a
-model without a packed path would run, timed for its cost. The packed outputs are checked against each image's
-ordinary forward alone before anything is timed (``max_abs_err_vs_alone``; a fast wrong answer is never timed).
-``run_mixed_sizes`` returns the result and writes nothing; ``benchmarks/mixed_sizes.py`` is its command line.
-"""
+The packed outputs are checked against each image's forward alone before anything is timed. ``run_mixed_sizes``
+returns the result and writes nothing; ``benchmarks/mixed_sizes.py`` is its command line. More: docs/benchmarks.md."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """What a benchmark run reports: the ratios filled into its rows, and the JSON, Markdown, CSV and PNG files.
 
-``add_ratios`` sets each ok row next to the best peer at the same dtype and batch (``vs_best``) and
-next to the physical floor (``vs_floor``); ``unavailable_summary`` lists what did not run and why;
-``csv_report`` gives one line per row with timm's ``benchmark.py`` columns first; ``write_reports``
-writes ``<stem>.json``, ``<stem>.md``, ``<stem>.csv`` and ``<stem>.png`` atomically, under a new stem
-when an earlier run's files are there. :class:`BenchResult` is what the Python API returns.
-"""
+``add_ratios`` sets ``vs_best`` (against the best peer at the same dtype and batch) and ``vs_floor``;
+``unavailable_summary`` lists what did not run and why; ``csv_report`` puts timm's columns first; ``write_reports``
+writes the four files atomically, under a new stem beside an earlier run's. :class:`BenchResult`: the Python API's."""
 
 from __future__ import annotations
 

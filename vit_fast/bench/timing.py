@@ -1,15 +1,8 @@
 """Timing one call and summarizing many: CUDA events or ``perf_counter``, an L2 flush, statistics.
 
-On CUDA: warm-up calls, then one pair of CUDA events around each of many calls with the input
-already resident on the GPU; optionally an L2 flush (a write of a buffer larger than L2) before
-each call, outside the timed interval. On CPU: ``time.perf_counter`` around each call.
-
-How many calls (:class:`Sampling`, as trtexec's ``--iterations`` / ``--duration``): at least
-``min_samples`` calls AND at least ``min_time_s`` seconds of timed calls, whichever comes later,
-but never more than ``max_samples`` calls or about ``max_seconds`` of wall time (a cap that keeps at
-least ``floor`` calls); :func:`sample` says which of these ended the case. Statistics: median, p10,
-p90, p99 (``numpy.percentile``, linear interpolation), mean, min, max, standard deviation, the count.
-"""
+:class:`Sampling` decides how many calls a case times (targets and caps, as trtexec's ``--iterations`` /
+``--duration``), :func:`sample` times them and says what ended the case, :class:`L2Flusher` writes past L2 before each
+call, :func:`summarize` gives median, p10, p90, p99, mean, min, max, std and the count. Rules: docs/benchmarks.md."""
 
 from __future__ import annotations
 
@@ -83,7 +76,7 @@ class L2Flusher:
 
 @dataclass(frozen=True)
 class Sampling:
-    """How many calls one case times (see the module docstring); seconds are wall-clock, times ms."""
+    """How many calls one case times (docs/benchmarks.md, "How it times"); seconds are wall-clock, times ms."""
 
     warmup: int
     min_samples: int
