@@ -1,34 +1,8 @@
-"""The ``vit-fast`` command line: info, demo, export, verify, bench, serve, doctor (one module each in this
-folder).
+"""The ``vit-fast`` command line: the parser (:func:`build_parser`, one module per subcommand in this folder) and
+:func:`main`, the one place that turns a failure into an exit status and a one-line message.
 
-Each subcommand module defines ``EXAMPLE`` (shown under ``--help``), ``add_arguments(parser)``
-and ``run(args) -> int``; the shared argument grammar lives in ``_args``. A subcommand's ``run``
-raises on failure and :func:`main` is the one place that turns an exception into an exit status:
-
-- 0: done; 1: the command ran and failed (``run`` returned 1, e.g. a demo step or a benchmark
-  backend failed, or it raised a failure the user can cause and fix: a bad value, a missing
-  file or extra, a failed verification, an output that cannot be written), printed as one line
-  ``vit-fast <command>: error: <what is wrong and how to fix it>`` on stderr, no traceback;
-- 2: the command line was rejected while parsing (one line naming the argument, what it got and what is
-  allowed: ``_args.Parser``; every numeric flag has a checked type from ``_args``), or an environment switch
-  (``VIT_FAST_*``, ``TRITON_INTERPRET``) holds a value that is neither on nor off, named before any work;
-- 130: interrupted by Ctrl-C (SIGINT), 143: stopped by SIGTERM (``timeout``, ``kill``); a long command has
-  written what it finished by then and says where (``vit_fast.util.interrupts``); on the way out every ``finally``
-  runs, so temporary folders are removed and child processes stopped;
-- 141: the reader of stdout closed it early (``vit-fast info | head -1``): the command stops quietly, as
-  SIGPIPE stops any Unix tool (the shell reports 128 + 13 for those too).
-
-``--json -`` (every command that has ``--json``; ``info --json`` alone too) writes the JSON report to stdout and
-everything else the command prints there to stderr, so ``vit-fast bench ... --json - | jq`` reads JSON alone.
-
-A standard stream that is closed (``vit-fast export ... >&-``) or open the wrong way (``1</dev/null``) is pointed
-at the null device before anything runs, with a note on stderr: the command does its work and its exit status is
-its own (what it prints goes nowhere), and no file it opens can take the stream's number (a child process would
-print into it). Text is written with ``surrogateescape``, so a file name that is not UTF-8 prints as its bytes.
-
-Any other exception is a bug and keeps its traceback; set ``VIT_FAST_TRACEBACK=1`` to see the
-traceback of every failure.
-"""
+Exit statuses, ``--json -``, closed standard streams and how a subcommand module is laid out: docs/development.md,
+section "Inside vit_fast/cli/"; as a user meets them: docs/cli.md, "What every command shares"."""
 
 from __future__ import annotations
 
@@ -172,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
 
     Output piped into something that closes early (``vit-fast info | head -1``) ends the command quietly with
     :data:`READER_GONE`: no "Broken pipe" error and no BrokenPipeError when Python flushes stdout at exit.
-    Closed standard streams and SIGTERM are handled as the module docstring says."""
+    Closed standard streams and SIGTERM are handled as docs/development.md, "Inside vit_fast/cli/" says."""
     from vit_fast.util.files import usable_standard_streams
 
     for what in usable_standard_streams():
@@ -227,7 +201,7 @@ def _main(argv: list[str] | None) -> int:
 
 
 def _run(args: argparse.Namespace, command: str) -> int:
-    """The command's body, its failures mapped to exit statuses (see the module docstring); with ``--json -`` its
+    """The command's body, its failures mapped to exit statuses (docs/development.md); with ``--json -`` its
     other output goes to stderr while it runs, so that stdout holds the JSON report alone."""
     import contextlib
 

@@ -1,28 +1,8 @@
 """The one grammar of the command line: argument types and output paths shared by every subcommand.
 
-Argument types (``type=`` for argparse) reject a bad value while the command line is parsed, before any work, so
-argparse prints ``vit-fast <command>: error: argument --x: <why>; see vit-fast <command> --help`` and exits 2:
-
-- ``batch_list()``: ``--batch 1,8,64``, comma-separated positive ints; ``batch_list("MIN", "MAX")``
-  takes exactly those items (a range), a plain ``batch_list()`` distinct sizes;
-- ``dtype_name`` / ``dtype_names``: ``--dtype``, any spelling vit_fast.util.dtypes accepts (``fp16``,
-  ``float16``, ``half``, ``torch.float16``), as the canonical short name(s);
-- :class:`Number`, the type of every numeric flag (a count, size, port, time or seed; never a bare ``int`` or
-  ``float``): ``positive_int``, ``nonnegative_int``, ``positive_float``, ``port`` (1 to 65535), ``opset``
-  (>= 17), ``seed`` (0 to 2**32 - 1);
-- ``device``.
-
-Every parser is a :class:`Parser`, so a rejected command line is one line and exit 2.
-
-Output paths (``--out``, ``--json``) behave the same everywhere: missing folders are created,
-a path under an existing regular file is refused with :class:`CommandError` before any work.
-
-``--json`` takes a ``.json`` file or ``-``, standard output (as ``gh --json`` and ``docker ... --format json``
-write theirs); anything else is refused while parsing (:func:`json_target`). With ``-`` the command's JSON
-report is the only thing on stdout: :func:`json_only_on_stdout` sends everything else printed there (tables,
-progress, child processes' output) to stderr while the command runs, and :func:`write_json` / :func:`copy_json`
-put the report on stdout instead of into a file.
-"""
+Types that refuse a bad value while parsing (``batch_list``, ``dtype_name(s)``, :class:`Number` for every numeric
+flag, ``device``), :class:`Parser` (a rejected command line is one line and exit 2), output paths checked before any
+work, and ``--json PATH|-``. Each rule: docs/development.md, "The argument grammar"."""
 
 from __future__ import annotations
 
