@@ -1,20 +1,8 @@
-"""The embedded default model: a small ViT trained on scikit-learn's handwritten digits.
+"""The embedded default model: a small ViT trained on scikit-learn's handwritten digits, and its data.
 
-``digits_vit.safetensors`` holds fp32 weights with the :class:`~vit_fast.ViTConfig` in the file's
-metadata (written by :func:`vit_fast.save_checkpoint`); ``digits_vit.json`` records how it was
-trained and its held-out accuracy. Both are produced by ``python -m vit_fast.interop.training --out
-vit_fast/assets``.
-
-Data: ``sklearn.datasets.load_digits`` (1797 grey 8x8 images, pixel values 0..16, shipped inside
-scikit-learn, no download). Preprocessing, the same in training and everywhere else:
-
-1. divide by 16 (pixels in [0, 1]), shape ``[N, 1, 8, 8]`` float32;
-2. bilinear upsampling to 32x32 (``F.interpolate(..., mode="bilinear", align_corners=False)``);
-3. normalise with the fixed constants ``(x - DIGITS_MEAN) / DIGITS_STD`` (the mean and standard
-   deviation of the upsampled training split, rounded to 4 decimals; recorded in the JSON).
-
-Split: ``train_test_split(test_size=0.2, stratify=labels, random_state=SPLIT_SEED, shuffle=True)``
-on indices 0..1796, giving 1437 training and 360 held-out images.
+``digits_vit.safetensors`` (weights, config in the metadata) and ``digits_vit.json`` (training record, held-out
+accuracy); :func:`load_default_model`, :func:`load_digits_split`, :func:`preprocess` (8x8 digits upsampled to 32x32,
+normalised by ``DIGITS_MEAN`` / ``DIGITS_STD``). Data and split: docs/cli.md, "The embedded default model".
 """
 
 from __future__ import annotations

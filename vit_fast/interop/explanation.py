@@ -1,21 +1,8 @@
-"""What vit-fast does to a model and what will run it: :func:`explain`.
+"""What vit-fast does to a model and what will run it: :func:`explain`, which returns an :class:`Explanation`.
 
-    report = vit_fast.explain(model)       # a timm or transformers model, patched in place or not; or vit-fast's own
-    print(report)                          # the backend on the device and why, then each block, patched or not, and why
-    report.patched, report.left_alone      # the blocks (transformers: encoder layers; attention-pool heads), as rows
-
-For a model patched in place (``apply_vit_fast(model)``, or what ``optimize`` returns for a transformers model) each
-transformer block, encoder layer and attention-pool head is listed as patched or left alone, with why, and for the
-patched ones whether they run vit-fast's kernels or their own forward on ``device`` (default: the weights') in the
-weights' dtype: the rule the patched forwards apply on every call
-(:func:`vit_fast.backend.runtime.patched_runs_kernels`, with :func:`vit_fast.backend.runtime.choose_backend`'s reason).
-For a model that is not patched, what ``apply_vit_fast`` would patch and what it refuses, with the reasons its errors
-give. For vit-fast's own ``VisionTransformer`` (what ``optimize`` returns for a timm model), its
-:meth:`~vit_fast.VisionTransformer.explain_backend`.
-
-What a patched forward decides per call (an attention mask, ``output_attentions``) is not known here: the rows say
-what an eval-mode call runs (with autograd on or off alike); the notes name what changes that.
-"""
+For a model patched in place, each block, encoder layer and attention-pool head as patched or left alone, and why,
+and what runs it on a device; for one not patched, what ``apply_vit_fast`` would patch or refuse; for vit-fast's own
+module, its ``explain_backend``. The rows and their rule: docs/usage.md, "What explain reports"."""
 
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
 """A patched module's forward: how vit-fast puts its own forward on a user's module (a timm block, a transformers
-encoder layer or attention-pool head) and takes it off again, the one mechanism under :mod:`vit_fast.interop.patching`
-and :mod:`vit_fast.interop.hf_patch`.
+encoder layer or attention-pool head) and takes it off again, under ``patching`` and ``hf_patch``.
 
-The patch lives in the instance's ``__dict__`` (the class is the user's, untouched): ``forward`` is a
-:class:`PatchedForward`, a module-level function of vit-fast bound to the module and the backend, never a closure, so
-a patched model pickles and deep-copies; the forward the module had before is kept beside it and comes back with
-:func:`drop_patch`.
-"""
+:func:`patch_forward` sets a :class:`PatchedForward` in the instance's ``__dict__`` (never a closure, so the model
+pickles), :func:`original_forward` and :func:`drop_patch` give back the one before. docs/development.md says more."""
 
 from __future__ import annotations
 

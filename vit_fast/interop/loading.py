@@ -1,24 +1,8 @@
 """The one place that resolves a model name, for the CLI and ``vit_fast.load_model``.
 
-    default | embedded                     the embedded digits model (its file's sha256 recorded)
-    PRESET                                 a preset architecture with RANDOM weights (seeded; recorded
-                                           as ``random (seed N)``); ``preset:NAME`` says so explicitly
-    FILE.safetensors|.pth|.pt|.bin|.ckpt   a checkpoint: vit-fast's own (config inside), or a timm /
-                                           Hugging Face state dict with ``config=`` (a preset name or a
-                                           config.json; key layouts are detected)
-    FOLDER                                 a Hugging Face ``save_pretrained`` folder (config.json + weights)
-    timm:NAME[.TAG]                        a timm model; pretrained weights from ``weights=FILE`` when
-                                           given (nothing is downloaded), else from the hub
-    hf:ORG/NAME                            a Hugging Face hub model (from its cache, else the hub)
-
-A name that is not a preset and has a ``.tag`` or is a timm model name goes to timm. A hub that
-cannot be reached fails in seconds with the reason, instead of retrying for half a minute. With
-``HF_HUB_OFFLINE`` set (as huggingface_hub reads it) nothing touches the network: hub models come from the
-local Hugging Face cache or are refused.
-
-transformers is always called with ``trust_remote_code=False``, and a config.json with an ``auto_map`` (Python
-shipped with the model) is refused before transformers reads it: no prompt, and no model's own code runs.
-"""
+:func:`load_model` takes ``default``, a preset (random, seeded weights), a checkpoint file, a Hugging Face folder,
+``timm:NAME[.TAG]`` or ``hf:ORG/NAME``; hubs fail fast when unreachable, and nothing touches the network with
+``HF_HUB_OFFLINE``; no model's own code runs. Every form: docs/usage.md, "Where weights come from"."""
 
 from __future__ import annotations
 
@@ -345,7 +329,7 @@ def load_model(
     config: ViTConfig | str | os.PathLike | None = None,
     weights: str | os.PathLike | None = None,
 ) -> VisionTransformer:
-    """A model by name (see the module docstring for every form). ``config`` describes a plain timm /
+    """A model by name (every form: docs/usage.md, "Where weights come from"). ``config`` describes a plain timm /
     Hugging Face state dict file; ``weights`` gives a ``timm:`` model its pretrained weights from a file."""
     if isinstance(spec, os.PathLike):
         spec = os.fspath(spec)

@@ -1,18 +1,8 @@
-"""Native resolution: padded batches of images of different sizes on our kernels.
+"""Native resolution: padded batches of images of different sizes (timm's ``NaFlexVit``, SigLIP 2) on our kernels.
 
-timm's ``NaFlexVit`` and transformers' SigLIP 2 (``Siglip2VisionModel``, and the vision tower of ``Siglip2Model`` and
-``Siglip2ForImageClassification``) take each image at its own size: its patches, packed into one sequence per image
-and padded at the end to the longest in the batch, with a mask that keeps attention off the padding. The model's own
-code still does everything outside the transformer layers (the linear patch embedding over packed patches, the
-position-embedding resizing, masked pooling); the patched layers and attention-pool head read the mask as
-``lengths [B]``, each sample's valid tokens (:func:`key_padding_lengths`), and run
-:func:`vit_fast.backend.triton_path.attention_with_lengths`. A mask that is anything but key padding of a prefix of each
-row (a causal mask, an additive bias, padding in the middle) keeps the layer's own forward.
-
-Refused at patch time, by name: a ``NaFlexVit`` with rotary position embeddings (``rope_type``: RADIO-style RoPE,
-inside attention, as timm's ``Eva`` is refused) and blocks the kernels do not run (``EvaBlock``: SwiGLU, gated
-attention, grouped kv heads).
-"""
+:func:`key_padding_lengths` reads a key-padding mask as per-sample lengths (None for any other mask: the layer keeps
+its own forward), :func:`naflex_refusal` names what is refused, :func:`pack_images` packs images as NaFlexVit takes
+them. What is patched and refused: docs/usage.md, "Native resolution: NaFlexVit and SigLIP 2"."""
 
 from __future__ import annotations
 

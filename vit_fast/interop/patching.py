@@ -1,30 +1,8 @@
-"""In-place acceleration, in the spirit of Liger-Kernel's ``apply_liger_kernel_to_*``:
+"""In-place acceleration: ``vit_fast.apply_vit_fast(timm_or_hf_vit)`` runs its blocks on our Triton kernels, and
+``vit_fast.remove_vit_fast`` puts the original forwards back.
 
-    vit_fast.apply_vit_fast(timm_or_hf_vit)     # its blocks now run our Triton kernels
-    vit_fast.remove_vit_fast(timm_or_hf_vit)    # back to the original forwards
-
-The object, its class and its ``state_dict`` stay the user's: only each transformer block's
-``forward`` is replaced, by one that runs LayerNorm, the qkv GEMM, flash-style attention, the
-projection with its residual, and the MLP with its residual on the block's own parameters (and a
-SigLIP attention-pool head's, by one that runs it on the attention-pool kernel). It
-takes the kernel path where ``VisionTransformer``'s ``backend="auto"`` would (a CUDA tensor on a card
-with tensor cores, sm_80 and up), or for any tensor with ``backend="triton"`` (on a CPU: Triton's
-interpreter), and the block's original forward otherwise (and for anything the kernels do not
-cover: an attention mask other than key padding at the end of each row, training mode (dropout, drop path), a
-dtype other than float16, bfloat16 or float32). An eval-mode call with autograd on (no ``torch.no_grad()``,
-parameters that require grad) runs the kernels: gradients flow through their backward, which recomputes through the
-eager references (exact, not fused). timm's ``NaFlexVit`` (images at their own size, padded into one batch) is
-patched the same way, its padding mask run as per-sample lengths (:mod:`vit_fast.interop.naflex`). bf16 with
-``backend="triton"`` on a card that only emulates it is refused, as ``VisionTransformer`` refuses it. The rule is
-:func:`vit_fast.backend.runtime.patched_runs_kernels`.
-
-A patched module's ``forward`` is a :class:`vit_fast.interop.forwards.PatchedForward`: a module-level function of
-vit-fast bound to the module and the backend, never a closure. So a patched model pickles (``torch.save``, ``pickle``)
-and deep-copies, and loads back (``torch.load(..., weights_only=False)``) still patched where vit-fast is installed;
-where it is not, unpickling stops at its first reference with Python's own ``ModuleNotFoundError: No module named
-'vit_fast'``. For a file that loads without vit-fast, save the model after :func:`remove_vit_fast`, or its
-``state_dict``.
-"""
+The object, its class and its ``state_dict`` stay the user's; only each block's ``forward`` is replaced. Which path
+a call takes, what is refused, how a patched model pickles: docs/usage.md, "Patched in place: which path runs ..."."""
 
 from __future__ import annotations
 
@@ -102,8 +80,8 @@ def apply_vit_fast(model: nn.Module, backend: str = "auto") -> nn.Module:
     ``SiglipMultiheadAttentionPoolingHead``) runs on the kernels too; the rest outside the blocks (patch / hybrid
     embedding, token / avg pooling, DeiT's distillation head) runs the model's own code. ``torch.jit.script``
     compiles the model unpatched. :func:`vit_fast.explain` says what was patched, what was left alone and why, and
-    which backend runs on a given device. The patched model pickles, ``torch.save``-s and deep-copies (see the
-    module docstring).
+    which backend runs on a given device. The patched model pickles, ``torch.save``-s and deep-copies (see
+    docs/usage.md, "Patched in place: which path runs, and pickling").
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")

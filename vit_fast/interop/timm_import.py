@@ -1,25 +1,8 @@
 """timm where torchvision cannot be imported: the one place vit-fast imports timm.
 
-timm imports torchvision at module level for a few names (``FrozenBatchNorm2d``, transforms,
-datasets) that ViT model code never calls. torchvision's wheels are built for one torch build: on
-PyPI they link CUDA torch, so next to a CPU-only torch (PyTorch's CPU index, or a local wheel)
-``import torchvision`` fails, and with it ``import timm``. :func:`import_timm` imports timm as it is
-where it can; where only torchvision stands in the way it imports timm again with a stand-in for
-``torchvision`` (every ``torchvision.*`` import answers with a module whose attributes are placeholders:
-importing works, using one raises a RuntimeError that says it is a stand-in) and says so once on stderr,
-when timm is first imported for use: a look-up of a model name (``note=False``) leaves the note for then, so
-an error about something else carries no note about torchvision. ``timm:NAME``, the bench's timm peer and
-the tests use it.
-
-The stand-in lives only while timm imports: its finder leaves ``sys.meta_path`` and its modules leave
-``sys.modules`` as soon as ``import timm`` returns, so anything imported later (transformers, torch.onnx,
-the user's own code) sees torchvision exactly as it is here, absent or broken, and no finder of ours
-answers for it. timm keeps working: every torchvision name it uses is bound while it imports (in timm
-1.0 each module that imports torchvision is loaded by ``import timm``; the one import inside a
-function, NaFlex ViT's debug image dump, fails later as it would without vit-fast).
-:func:`install_standin` keeps the stand-in in place for a whole process: the test session uses it,
-so test modules can ``import timm`` directly.
-"""
+:func:`import_timm` imports timm as it is where it can, else with a stand-in for ``torchvision`` that lives only
+while timm imports, and says so once; :func:`install_standin` keeps the stand-in for a whole process (the tests).
+Why and how: docs/development.md, "timm without torchvision"."""
 
 from __future__ import annotations
 

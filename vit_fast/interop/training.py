@@ -1,17 +1,8 @@
 """Train the embedded default model: a small ViT on scikit-learn's handwritten digits.
 
     python -m vit_fast.interop.training --out vit_fast/assets
-
-writes ``digits_vit.safetensors`` (fp32 weights, config in the metadata) and ``digits_vit.json``
-(held-out accuracy, split seed, command, epochs, versions, train time) into ``--out``.
-
-The data, split and preprocessing are those of :mod:`vit_fast.assets` (8x8 digits upsampled
-bilinearly to 32x32, normalised with fixed constants; stratified 80/20 split, random_state=0).
-Training is seeded and deterministic on a given machine and thread count: AdamW, linear warm-up
-then cosine decay, label smoothing, and random shifts of up to ``--shift`` pixels as the only
-augmentation. The held-out split is never used to choose anything: it is measured once, at the end
-(and, for information only, in the progress lines every few epochs).
-"""
+writes digits_vit.safetensors (fp32 weights, config in the metadata) and digits_vit.json (held-out accuracy, split
+seed, command, epochs, versions, train time) into --out. How: docs/cli.md, "The embedded default model"."""
 
 from __future__ import annotations
 

@@ -1,22 +1,8 @@
 """Each Triton kernel at a model's own shapes, judged against its float64 reference by the one numerics rule.
 
-The kernel check that ``vit-fast doctor`` runs on a user's card (compiled) and on a CPU (Triton's interpreter),
-and that ``tests/apps/test_doctor.py`` runs: the launcher writes into a NaN-filled output (an element left unwritten
-fails), the kernel file's own eager reference ``<op>_ref`` runs once in the kernel's dtype (eager PyTorch's
-error) and once in float64 on the CPU (the reference), and :func:`vit_fast.util.numerics.compare` judges the result.
-
-:func:`model_cases` lists what one forward of a model launches, with that model's shapes: the patch embedding,
-the qkv GEMM with LayerNorm in its prologue, attention, the proj GEMM with its residual (and LayerScale), the
-fc1 GEMM with LayerNorm and GELU, the fc2 GEMM with its residual, the final LayerNorm, and residual-add +
-LayerNorm. :func:`family_cases` lists the kernels that only timm / Hugging Face models patched in place
-(:func:`vit_fast.apply_vit_fast`) launch, at the shapes of one real model of each family: RmsNorm (qk-norm) and the
-GEMM with RmsNorm in its prologue (a ParallelScalingBlock ViT), differential attention (timm's DiffAttention), the
-attention-pool head (SigLIP's map head, timm's and transformers'). Inputs are random, fresh per seed, scaled so that
-outputs are of order one.
-
-Launchers and references are looked up in their kernel modules when a check runs, so a test can replace one.
-Importing this module imports no kernel (and so no triton): the check does, when it runs.
-"""
+:func:`model_cases` (one forward's kernels) and :func:`family_cases` (those only patched timm / Hugging Face models
+launch) list :class:`KernelCase` rows; :func:`check_kernel` runs one into a NaN-filled output, as ``vit-fast doctor``
+and the tests do. Imports no kernel until a check runs. How: docs/cli.md, "The kernel self-check"."""
 
 from __future__ import annotations
 
