@@ -26,10 +26,6 @@ LONG_DOCSTRINGS = {
     "vit_fast/interop/hf_patch.py",
     "vit_fast/model/packing.py",
     "vit_fast/model/warmup.py",
-    "vit_fast/serve/loadtest.py",
-    "vit_fast/serve/ports.py",
-    "vit_fast/serve/threads.py",
-    "vit_fast/serve/triton_model.py",
 }
 
 

@@ -1,14 +1,8 @@
 """A bounded load test against a Triton server: concurrent clients, mixed batch sizes, every answer checked.
 
-``load_test`` runs ``clients`` threads, half on HTTP and half on gRPC (tritonclient), each sending
-``requests`` requests of a random batch size drawn from ``batch_sizes``, built from a fixed pool
-of random images. Every response is judged against the model's own output by the project's
-numerics rule (against a float64 reference, at most 2x eager PyTorch's error in the same dtype
-plus the floor): Triton's dynamic batcher groups requests into batches of other sizes, and a
-CPU GEMM's rounding may depend on the batch, so bit-equality is counted but not required.
-Latency is measured per request by the client (wall clock, milliseconds); throughput over the
-whole run. The run stops by itself: every request has a timeout.
-"""
+:func:`load_test` runs ``clients`` threads (half HTTP, half gRPC), each sending ``requests`` requests of random batch
+sizes, judges every response by the numerics rule and times each one; :func:`load_test_in_child` runs it in a process
+of its own; :class:`LoadTestReport` is the result. What is judged and why: docs/deploy.md."""
 
 from __future__ import annotations
 

@@ -1,14 +1,8 @@
 """One owner per port: ``vit-fast serve`` holds a lock per port it serves on, for the server's whole life.
 
-A probe (bind the port, see whether that fails) cannot decide between two servers started at once: both probe
-before either listens, both pass, and the loser's Triton finds the port taken only after its start-up. So each
-port is claimed first through a lock file, ``port-N.lock`` in this user's runtime folder (:func:`runtime_dir`),
-``flock``-ed by the serving process (:func:`vit_fast.util.files.hold_lock`): the kernel lets one process hold it and
-drops it when that process ends, even by SIGKILL, so a crashed server leaves nothing to clean. The loser is told
-the port and the owner's pid before it loads anything. The lock is per port number, whatever the address: two
-servers of one user on one port number are refused even on two addresses. Servers of other users, and other
-programs, are still found by the probe that follows the lock (:meth:`vit_fast.serve.server.Server.check_ports`).
-"""
+:func:`claim_ports` ``flock``s ``port-N.lock`` in this user's :func:`runtime_dir` (dropped by the kernel when the
+process ends, even by SIGKILL) and names the owner's pid on a clash (:class:`PortTaken`); :func:`claim_free_ports`
+adds the probe for other users' servers and programs. Why a lock and not a probe alone: docs/deploy.md."""
 
 from __future__ import annotations
 

@@ -1,36 +1,8 @@
 """How many torch intra-op threads the CPU forwards of a served model run with: chosen while serving, by measuring
 which count moves the most images per second through the server under the load it has now.
 
-Why not one count: on the CPU a served forward shares the cores with Triton's own processes (the server, the
-python-backend stubs, and on one machine the clients). A forward's parallel ops are OpenMP regions whose end waits
-for every thread of the team, and the team's threads spin a while after each region, on cores the rest of the
-server needs. Which count wins depends on the load, not on the model alone. Measured with perf_analyzer over gRPC
-on the default model, `vit-fast serve --threads 1` beside `--threads 2` (2 cores, 3 runs each):
-
-- batch-1 requests, one client at a time: 1 thread 247-258 inferences/s, 2 threads 202-216 (p99 5 against 15 ms):
-  the spinning second thread delays the next request's trip through Triton;
-- batch-1 requests, 4 clients: 1 thread 332-424, 2 threads 360-439; over HTTP, 2 clients 208 and 229, 4 clients
-  500 and 520 (medians);
-- batch-8 requests, 4 clients: 1 thread 1,023-1,048, 2 threads 1,130-1,335; 16 clients: 1,234-1,294 and
-  1,500-1,748;
-- on a loaded machine (other jobs), 2 threads stalled for seconds where 1 thread took milliseconds: a descheduled
-  team member holds up every barrier.
-
-(Those figures are with libgomp's default spinning, 300,000 rounds after each op. `vit-fast serve` now bounds it,
-vit_fast.serve.settings.OPENMP_SPIN_COUNT; with that, 2 threads beat 1 at batch 1 with 2 and 4 HTTP clients too,
-298-310 against 239-266 and 478-557 against 447-484 inferences/s, and the trials kept 2. The trials stay: which
-count wins still depends on the machine and its other work.)
-
-So :class:`ThreadTuner` keeps one count for all forwards and runs a trial when requests start coming after a
-pause of :data:`IDLE_S` (a new load), and every :data:`EVERY_S` seconds while they keep coming: short epochs (at
-least :data:`EPOCH_CALLS` forwards and :data:`EPOCH_MIN_S` seconds, at most :data:`EPOCH_S` seconds) alternating
-between the current count and its neighbours in 1, 2, 4, ..., ``most``, :data:`ROUNDS` epochs each in rotating
-order, and keeps the count whose epochs moved the most images per second of wall time (from an epoch's first
-forward to the next epoch's: the trip through Triton counts, not only the forward); more threads when they come
-within :data:`MARGIN` of the current count, fewer only when they win by it in all rounds but one. A stalling count
-loses its trial at once. The first trial starts with the first
-request; until then, and on a machine with one core per instance, forwards run on ``most`` threads.
-"""
+:func:`plan_threads` gives the most threads and a :class:`ThreadTuner`, which keeps one count and runs short trials
+among its neighbours (:func:`candidates`) on a new load and every :data:`EVERY_S` s. Why: docs/deploy.md."""
 
 from __future__ import annotations
 
@@ -75,7 +47,7 @@ def candidates(most: int) -> list[int]:
 
 
 class ThreadTuner:
-    """Which torch thread count a served forward runs with now (see the module's docstring).
+    """Which torch thread count a served forward runs with now (docs/deploy.md, "Torch threads on the CPU").
 
     ``most``: the most threads one forward may take (the cores shared between the instances). ``timer`` is for
     tests. Thread-safe: the instances of a server share one tuner and call :meth:`threads_for` from their own

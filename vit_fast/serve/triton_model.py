@@ -1,13 +1,8 @@
-"""Triton python-backend model serving a vit-fast module (copied as ``1/model.py`` by
-``vit-fast export tritonserver``; the weights lie beside it as ``1/model.safetensors``).
+"""Triton python-backend model serving a vit-fast module (copied as ``1/model.py`` by ``vit-fast export tritonserver``;
+the weights lie beside it as ``1/model.safetensors``): :class:`TritonPythonModel`.
 
-It runs only inside Triton's python backend, where ``triton_python_backend_utils`` exists, and needs
-vit-fast (with torch) installed in the Python that backend runs. A KIND_GPU instance runs the
-module on its GPU with our Triton kernels (backend "auto"); a KIND_CPU instance runs the torch
-backend. The requests the dynamic batcher hands over are run as one batch ``images [B, C, H, W]``
-and the output rows are split back per request. Triton has already checked each request's
-shape and dtype against config.pbtxt.
-"""
+It runs only inside Triton's python backend, with vit-fast installed in that Python; a KIND_GPU instance runs our
+kernels, a KIND_CPU one the torch backend, each dynamic batch as one forward. More: docs/deploy.md."""
 
 from __future__ import annotations
 
