@@ -14,7 +14,7 @@ import torch
 import vit_fast
 from vit_fast.interop.timm_blocks import PoolPlan
 
-from ..fakes import check_first_use_net
+from ..fakes import check_first_use_net, eager_and_float64, export_on_the_kernels
 from ..numerics import assert_within_eager
 
 
@@ -69,9 +69,7 @@ TIMM_HEADS = {
 def test_timm_map_head_on_the_kernels_matches_float64(head, monkeypatch):
     model = _siglip_timm(TIMM_HEADS[head])
     x = torch.randn(2, 3, 32, 32)
-    with torch.no_grad():
-        eager = model(x)
-        expected = copy.deepcopy(model).double()(x.double())
+    eager, expected = eager_and_float64(model, x)
     vit_fast.apply_vit_fast(model, backend="triton")
     runs = _count_pool_runs(monkeypatch)
     with torch.no_grad():
@@ -122,16 +120,8 @@ def test_timm_torch_export_records_the_attention_pool_op():
     """backend='triton': torch.export of a patched SigLIP records vit_fast::attention_pool, and the exported
     program computes what timm computes."""
     model = _siglip_timm(seed=4)
-    x = torch.randn(2, 3, 32, 32)
-    with torch.no_grad():
-        eager = model(x)
-        expected = copy.deepcopy(model).double()(x.double())
-    vit_fast.apply_vit_fast(model, backend="triton")
-    exported = torch.export.export(model, (x,))
-    ops = {str(n.target) for n in exported.graph.nodes if n.op == "call_function"}
+    ops = export_on_the_kernels(model, torch.randn(2, 3, 32, 32), "exported patched SigLIP")
     assert {"vit_fast.attention_pool.default", "vit_fast.attention.default"} <= ops
-    with torch.no_grad():
-        assert_within_eager(exported.module()(x), eager, expected, name="exported patched SigLIP")
 
 
 # refused at patch time, by name; nothing is patched

@@ -5,7 +5,6 @@ carry beyond that refused by name at patch time."""
 
 from __future__ import annotations
 
-import copy
 from functools import partial
 
 import pytest
@@ -19,7 +18,7 @@ from timm.models.vision_transformer import DiffParallelScalingBlock, ParallelSca
 import vit_fast  # noqa: E402
 from vit_fast.interop.timm_blocks import BlockPlan  # noqa: E402
 
-from ..fakes import trained_like  # noqa: E402
+from ..fakes import eager_and_float64, export_on_the_kernels, trained_like  # noqa: E402
 from ..numerics import assert_within_eager  # noqa: E402
 
 SMALL = dict(depth=2, embed_dim=64, num_heads=2, img_size=32)
@@ -62,9 +61,7 @@ def _patched_matches_timm(name, kwargs, monkeypatch, seed=1):
     assert all(type(b) is kind for b in model.blocks)
     x = torch.randn(2, 3, *model.patch_embed.img_size)
     keys = list(model.state_dict())
-    with torch.no_grad():
-        eager = model(x)
-        expected = copy.deepcopy(model).double()(x.double())
+    eager, expected = eager_and_float64(model, x)
     vit_fast.apply_vit_fast(model, backend="triton")
     assert list(model.state_dict()) == keys
     runs = _runs(monkeypatch)
@@ -247,13 +244,5 @@ def test_torch_export_records_the_rms_ops():
     GEMMs) and computes what timm computes."""
     torch.manual_seed(0)
     model = trained_like(timm.create_model(XP, pretrained=False, **dict(SMALL, depth=1)), 5)
-    x = torch.randn(2, 3, 32, 32)
-    with torch.no_grad():
-        eager = model(x)
-        expected = copy.deepcopy(model).double()(x.double())
-    vit_fast.apply_vit_fast(model, backend="triton")
-    exported = torch.export.export(model, (x,))
-    ops = {str(n.target) for n in exported.graph.nodes if n.op == "call_function"}
+    ops = export_on_the_kernels(model, torch.randn(2, 3, 32, 32), "exported patched xp model")
     assert {"vit_fast.rms_norm_linear.default", "vit_fast.rms_norm.default", "vit_fast.attention.default"} <= ops
-    with torch.no_grad():
-        assert_within_eager(exported.module()(x), eager, expected, name="exported patched xp model")

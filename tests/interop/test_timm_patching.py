@@ -21,6 +21,8 @@ from ..fakes import (  # noqa: E402
     Inputs,
     as_float64,
     assert_attention_launches,
+    eager_and_float64,
+    export_on_the_kernels,
     kernel_launches,
     naflex_batch,
     requiring_grad,
@@ -76,9 +78,7 @@ def test_timm_feature_patched_in_place(feature, monkeypatch):
     model = trained_like(timm.create_model(name, pretrained=False, **kwargs), seed=1)
     x = torch.randn(2, 3, *model.patch_embed.img_size)
     keys, cls = list(model.state_dict()), type(model)
-    with torch.no_grad():
-        eager = model(x)
-        expected = copy.deepcopy(model).double()(x.double())
+    eager, expected = eager_and_float64(model, x)
     vit_fast.apply_vit_fast(model, backend="triton")
     assert type(model) is cls and list(model.state_dict()) == keys
     runs = _count_kernel_blocks(monkeypatch)
@@ -174,15 +174,8 @@ def test_torch_export_of_a_patched_model():
     where the kernels do not run (a CPU): it says so, once, and the graph is timm's."""
     model = trained_like(timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, **SMALL), 5)
     x = torch.randn(2, 3, 32, 32)
-    with torch.no_grad():
-        eager = model(x)
-        expected = copy.deepcopy(model).double()(x.double())
-    vit_fast.apply_vit_fast(model, backend="triton")
-    exported = torch.export.export(model, (x,))
-    ops = {str(n.target) for n in exported.graph.nodes if n.op == "call_function"}
+    ops = export_on_the_kernels(model, x, "exported patched model")
     assert {"vit_fast.attention.default", "vit_fast.linear.default"} <= ops
-    with torch.no_grad():
-        assert_within_eager(exported.module()(x), eager, expected, name="exported patched model")
     vit_fast.remove_vit_fast(model)
     vit_fast.apply_vit_fast(model, backend="auto")
     with pytest.warns(UserWarning, match=r"torch.export on cpu \(torch.float32\) records timm's own block forwards"):
