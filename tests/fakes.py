@@ -6,8 +6,11 @@ and the skip for a test whose command runs the kernels in a broken interpreter."
 from __future__ import annotations
 
 import copy
+import importlib.util
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -18,6 +21,15 @@ from vit_fast import VisionTransformer, ViTConfig
 from vit_fast.kernels.interpret import interpreter_enabled, interpreter_version_problem
 
 from .numerics import assert_within_eager
+
+
+def load_script(path: Path, name: str) -> ModuleType:
+    """The script at ``path`` (tools/ and benchmarks/ are no packages) loaded as a new module named ``name``. Loading
+    runs its imports and definitions only: its work starts in ``main()``."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def tiny_hf_classifier(num_labels: int = 4, seed: int = 0, image_size: int = 32) -> Any:
