@@ -202,6 +202,16 @@ def record_triton_forwards(monkeypatch) -> list[tuple[int, bool]]:
     return seen
 
 
+def count_calls(monkeypatch, owner: Any, name: str = "run") -> list[int]:
+    """One entry per call of ``owner.<name>`` (a method or a function) from now on, the call itself going through:
+    with ``timm_blocks.BlockPlan`` a block's run on the kernels, with ``PoolPlan`` an attention-pool head's (a
+    fallback to timm's or transformers' own forward makes none)."""
+    calls: list[int] = []
+    real = getattr(owner, name)
+    monkeypatch.setattr(owner, name, lambda *args, **kwargs: calls.append(1) or real(*args, **kwargs))
+    return calls
+
+
 def eager_and_float64(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``model(x)`` and what a float64 copy of the model computes on ``x`` in float64, without grad: the two results
     the numerics rule judges a patched model's output by. ``model`` itself is left as it was."""

@@ -10,10 +10,10 @@ import torch
 timm = pytest.importorskip("timm", reason="timm is not installed (make setup installs it with --no-deps)")
 
 import vit_fast  # noqa: E402
+from vit_fast.interop.timm_blocks import BlockPlan  # noqa: E402
 
-from ..fakes import check_first_use_net, eager_and_float64, export_on_the_kernels, trained_like  # noqa: E402
+from ..fakes import check_first_use_net, count_calls, eager_and_float64, export_on_the_kernels, trained_like  # noqa: E402
 from ..numerics import assert_within_eager  # noqa: E402
-from .test_timm_patching import _count_kernel_blocks  # noqa: E402
 
 NAME = "vit_dwee_patch16_reg1_gap_256"
 
@@ -30,7 +30,7 @@ def test_lambda_init_follows_depth(monkeypatch):
     x = torch.randn(2, 3, 32, 32)
     eager, expected = eager_and_float64(model, x)
     vit_fast.apply_vit_fast(model, backend="triton")
-    runs = _count_kernel_blocks(monkeypatch)
+    runs = count_calls(monkeypatch, BlockPlan)
     with torch.no_grad():
         ours = model(x)
     assert len(runs) == 3
