@@ -5,15 +5,31 @@ and the skip for a test whose command runs the kernels in a broken interpreter."
 
 from __future__ import annotations
 
+import copy
+import importlib.util
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
 
+import vit_fast
 from vit_fast import VisionTransformer, ViTConfig
 from vit_fast.kernels.interpret import interpreter_enabled, interpreter_version_problem
+
+from .numerics import assert_within_eager
+
+
+def load_script(path: Path, name: str) -> ModuleType:
+    """The script at ``path`` (tools/ and benchmarks/ are no packages) loaded as a new module named ``name``. Loading
+    runs its imports and definitions only: its work starts in ``main()``."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def tiny_hf_classifier(num_labels: int = 4, seed: int = 0, image_size: int = 32) -> Any:
@@ -186,25 +202,45 @@ def record_triton_forwards(monkeypatch) -> list[tuple[int, bool]]:
     return seen
 
 
+def count_calls(monkeypatch, owner: Any, name: str = "run") -> list[int]:
+    """One entry per call of ``owner.<name>`` (a method or a function) from now on, the call itself going through:
+    with ``timm_blocks.BlockPlan`` a block's run on the kernels, with ``PoolPlan`` an attention-pool head's (a
+    fallback to timm's or transformers' own forward makes none)."""
+    calls: list[int] = []
+    real = getattr(owner, name)
+    monkeypatch.setattr(owner, name, lambda *args, **kwargs: calls.append(1) or real(*args, **kwargs))
+    return calls
+
+
+def eager_and_float64(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``model(x)`` and what a float64 copy of the model computes on ``x`` in float64, without grad: the two results
+    the numerics rule judges a patched model's output by. ``model`` itself is left as it was."""
+    with torch.no_grad():
+        return model(x), copy.deepcopy(model).double()(x.double())
+
+
+def export_on_the_kernels(model: torch.nn.Module, x: torch.Tensor, what: str) -> set[str]:
+    """Patch a timm model in place onto the kernels (backend='triton') and ``torch.export`` it on ``x``: the exported
+    program meets the numerics rule (against the unpatched model in float64, as eager does). Returns the ops its graph
+    calls, as ``str`` of each call_function target, for the caller to look for its own."""
+    eager, expected = eager_and_float64(model, x)
+    vit_fast.apply_vit_fast(model, backend="triton")
+    exported = torch.export.export(model, (x,))
+    with torch.no_grad():
+        assert_within_eager(exported.module()(x), eager, expected, name=what)
+    return {str(n.target) for n in exported.graph.nodes if n.op == "call_function"}
+
+
 def check_first_use_net(monkeypatch, model, x: torch.Tensor, op: str, what: str) -> None:
     """The first-use safety net on the public op ``op`` of ``vit_fast.backend.triton_path`` in a timm model patched in
     place: its first output is judged and recorded as passed; a wrong kernel (output + 0.5) then falls back to the
     eager reference with a RuntimeWarning, and the model still meets the numerics rule against itself in float64.
     (Patched timm blocks and heads call the public op, not the direct launcher.)"""
-    import copy
-
-    import pytest
-
-    import vit_fast
     from vit_fast.backend import first_use, triton_path
-
-    from .numerics import assert_within_eager
 
     monkeypatch.setenv(first_use.ENV, "1")
     first_use.reset()
-    with torch.no_grad():
-        eager = model(x)
-        expected = copy.deepcopy(model).double()(x.double())
+    eager, expected = eager_and_float64(model, x)
     vit_fast.apply_vit_fast(model, backend="triton")
     try:
         with torch.no_grad():

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import torch
 from vit_fast.bench import BenchError, Sampling
 from vit_fast.bench.mixed_sizes import padded_batch, parse_sizes, random_sizes, run_mixed_sizes, token_counts
 
-from ..fakes import tiny_model
+from ..fakes import load_script, tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = Sampling(warmup=0, min_samples=2)
@@ -67,9 +66,7 @@ def test_sizes_parse_and_random_sizes_are_patch_multiples():
 
 
 def test_the_script_prints_and_writes_json(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("mixed_sizes_script", ROOT / "benchmarks" / "mixed_sizes.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script(ROOT / "benchmarks" / "mixed_sizes.py", "mixed_sizes_script")
     out = tmp_path / "mixed.json"
     argv = ["--model", "vit_tiny_patch16_224", "--sizes", "32x48,16x16", "--min-samples", "2", "--min-time", "0"]
     threads = torch.get_num_threads()

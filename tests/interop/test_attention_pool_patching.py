@@ -14,7 +14,7 @@ import torch
 import vit_fast
 from vit_fast.interop.timm_blocks import PoolPlan
 
-from ..fakes import check_first_use_net
+from ..fakes import check_first_use_net, count_calls, eager_and_float64, export_on_the_kernels
 from ..numerics import assert_within_eager
 
 
@@ -25,13 +25,6 @@ def _randomised(model: torch.nn.Module, seed: int) -> torch.nn.Module:
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=gen) * 0.1)
     return model.eval()
-
-
-def _count_pool_runs(monkeypatch) -> list[int]:
-    runs: list[int] = []
-    original = PoolPlan.run
-    monkeypatch.setattr(PoolPlan, "run", lambda plan, head, x: runs.append(1) or original(plan, head, x))
-    return runs
 
 
 # ------------------------------------------------------------------------------ timm
@@ -69,11 +62,9 @@ TIMM_HEADS = {
 def test_timm_map_head_on_the_kernels_matches_float64(head, monkeypatch):
     model = _siglip_timm(TIMM_HEADS[head])
     x = torch.randn(2, 3, 32, 32)
-    with torch.no_grad():
-        eager = model(x)
-        expected = copy.deepcopy(model).double()(x.double())
+    eager, expected = eager_and_float64(model, x)
     vit_fast.apply_vit_fast(model, backend="triton")
-    runs = _count_pool_runs(monkeypatch)
+    runs = count_calls(monkeypatch, PoolPlan)
     with torch.no_grad():
         ours = model(x)
     assert runs == [1], "the head took timm's forward"
@@ -92,7 +83,7 @@ def test_timm_forward_head_pre_logits(monkeypatch):
         eager = model.forward_head(tokens, pre_logits=True)
         expected = copy.deepcopy(model).double().forward_head(tokens.double(), pre_logits=True)
     vit_fast.apply_vit_fast(model, backend="triton")
-    runs = _count_pool_runs(monkeypatch)
+    runs = count_calls(monkeypatch, PoolPlan)
     with torch.no_grad():
         ours = model.forward_head(tokens, pre_logits=True)
     assert runs == [1] and ours.shape == (2, 64)
@@ -102,7 +93,7 @@ def test_timm_forward_head_pre_logits(monkeypatch):
 def test_timm_map_head_steps_aside_for_masks_training_and_float64(monkeypatch):
     model = _siglip_timm()
     vit_fast.apply_vit_fast(model, backend="triton")
-    runs = _count_pool_runs(monkeypatch)
+    runs = count_calls(monkeypatch, PoolPlan)
     pool = model.attn_pool
     tokens = torch.randn(2, 16, 64)
     mask = torch.zeros(2, 1, 1, 16)
@@ -122,16 +113,8 @@ def test_timm_torch_export_records_the_attention_pool_op():
     """backend='triton': torch.export of a patched SigLIP records vit_fast::attention_pool, and the exported
     program computes what timm computes."""
     model = _siglip_timm(seed=4)
-    x = torch.randn(2, 3, 32, 32)
-    with torch.no_grad():
-        eager = model(x)
-        expected = copy.deepcopy(model).double()(x.double())
-    vit_fast.apply_vit_fast(model, backend="triton")
-    exported = torch.export.export(model, (x,))
-    ops = {str(n.target) for n in exported.graph.nodes if n.op == "call_function"}
+    ops = export_on_the_kernels(model, torch.randn(2, 3, 32, 32), "exported patched SigLIP")
     assert {"vit_fast.attention_pool.default", "vit_fast.attention.default"} <= ops
-    with torch.no_grad():
-        assert_within_eager(exported.module()(x), eager, expected, name="exported patched SigLIP")
 
 
 # refused at patch time, by name; nothing is patched
@@ -172,7 +155,7 @@ def test_hf_siglip_pooling_head_on_the_kernels_matches_float64(monkeypatch):
         eager = model(pixel_values=x)
         expected = copy.deepcopy(model).double()(pixel_values=x.double())
     vit_fast.apply_vit_fast(model, backend="triton")
-    runs = _count_pool_runs(monkeypatch)
+    runs = count_calls(monkeypatch, PoolPlan)
     with torch.no_grad():
         ours = model(pixel_values=x)
     assert runs == [1], "the head took transformers' forward"
@@ -207,7 +190,7 @@ def test_hf_attentions_requested_take_the_heads_own_forward(how, monkeypatch):
     model = _siglip_hf()
     hf = copy.deepcopy(model)
     vit_fast.apply_vit_fast(model, backend="triton")
-    runs = _count_pool_runs(monkeypatch)
+    runs = count_calls(monkeypatch, PoolPlan)
     x = torch.randn(1, 3, 16, 16)
     kwargs = {"output_attentions": True} if how == "kwarg" else {}
     if how == "config":
@@ -221,7 +204,7 @@ def test_hf_attentions_requested_take_the_heads_own_forward(how, monkeypatch):
 def test_hf_head_steps_aside_for_training_and_hooks(monkeypatch):
     model = _siglip_hf()
     vit_fast.apply_vit_fast(model, backend="triton")
-    runs = _count_pool_runs(monkeypatch)
+    runs = count_calls(monkeypatch, PoolPlan)
     x = torch.randn(1, 3, 16, 16)
     model.train()
     model(pixel_values=x)
@@ -252,7 +235,7 @@ def test_hf_siglip_dual_model_patches_the_vision_head_only(monkeypatch):
         eager = features(model, x)
         expected = features(copy.deepcopy(model).double(), x.double())
     vit_fast.apply_vit_fast(model, backend="triton")
-    runs = _count_pool_runs(monkeypatch)
+    runs = count_calls(monkeypatch, PoolPlan)
     with torch.no_grad():
         ours = features(model, x)
     assert runs == [1]

@@ -20,6 +20,7 @@ from vit_fast.interop import hf_patch  # noqa: E402
 from ..fakes import (  # noqa: E402
     as_float64,
     assert_attention_launches,
+    count_calls,
     kernel_launches,
     requiring_grad,
     siglip2_batch,
@@ -113,15 +114,8 @@ CASES = {
 
 
 def _count_fused(monkeypatch) -> list[int]:
-    calls = []
-    real = hf_patch._run_view
-
-    def spy(view, *args):  # (x) or (x, lengths)
-        calls.append(1)
-        return real(view, *args)
-
-    monkeypatch.setattr(hf_patch, "_run_view", spy)
-    return calls
+    """Runs of an encoder layer on the kernel path (``_run_view``; a fallback to transformers' forward runs none)."""
+    return count_calls(monkeypatch, hf_patch, "_run_view")
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -267,16 +261,12 @@ def test_float64_keeps_transformers_forward_and_emulated_bf16_is_refused(monkeyp
     """The dtype rule of timm's patched blocks (vit_fast.backend.runtime.patched_runs_kernels): float64, which no kernel
     computes in, runs transformers' own layers and attention-pool head (the result is theirs, bit for bit); bf16 on a
     card that only emulates it (a T4, faked) is refused with the message VisionTransformer's triton backend gives."""
-    from vit_fast.interop.timm_blocks import PoolPlan
     from vit_fast.kernels.cards import pretend_arch
 
     model = _model("SiglipVisionModel", "siglip_vision")  # encoder layers and the attention-pool head
     reference = copy.deepcopy(model).double()
     vit_fast.apply_vit_fast(model, backend="triton")
-    layers = _count_fused(monkeypatch)
-    heads = []
-    real_run = PoolPlan.run
-    monkeypatch.setattr(PoolPlan, "run", lambda plan, *a: heads.append(1) or real_run(plan, *a))
+    layers, heads = _count_kernel_runs(monkeypatch)
     x = torch.randn(2, 3, 16, 16)
     with torch.no_grad():
         model.double()
@@ -418,10 +408,7 @@ def _count_kernel_runs(monkeypatch) -> tuple[list[int], list[int]]:
     forward runs neither)."""
     from vit_fast.interop.timm_blocks import PoolPlan
 
-    heads: list[int] = []
-    real_run = PoolPlan.run
-    monkeypatch.setattr(PoolPlan, "run", lambda plan, *a: heads.append(1) or real_run(plan, *a))
-    return _count_fused(monkeypatch), heads
+    return _count_fused(monkeypatch), count_calls(monkeypatch, PoolPlan)
 
 
 @pytest.mark.parametrize("mode", sorted(MODES))

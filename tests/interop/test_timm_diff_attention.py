@@ -4,18 +4,16 @@ and refusals of DiffAttention variants the kernel does not run."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
 timm = pytest.importorskip("timm", reason="timm is not installed (make setup installs it with --no-deps)")
 
 import vit_fast  # noqa: E402
+from vit_fast.interop.timm_blocks import BlockPlan  # noqa: E402
 
-from ..fakes import check_first_use_net, trained_like  # noqa: E402
+from ..fakes import check_first_use_net, count_calls, eager_and_float64, export_on_the_kernels, trained_like  # noqa: E402
 from ..numerics import assert_within_eager  # noqa: E402
-from .test_timm_patching import _count_kernel_blocks  # noqa: E402
 
 NAME = "vit_dwee_patch16_reg1_gap_256"
 
@@ -30,11 +28,9 @@ def test_lambda_init_follows_depth(monkeypatch):
     model = _model(7, depth=3, num_heads=2)
     assert len({b.attn.lambda_init for b in model.blocks}) == 3
     x = torch.randn(2, 3, 32, 32)
-    with torch.no_grad():
-        eager = model(x)
-        expected = copy.deepcopy(model).double()(x.double())
+    eager, expected = eager_and_float64(model, x)
     vit_fast.apply_vit_fast(model, backend="triton")
-    runs = _count_kernel_blocks(monkeypatch)
+    runs = count_calls(monkeypatch, BlockPlan)
     with torch.no_grad():
         ours = model(x)
     assert len(runs) == 3
@@ -43,17 +39,9 @@ def test_lambda_init_follows_depth(monkeypatch):
 
 def test_torch_export_records_the_diff_attention_op():
     model = _model(8, depth=1, num_heads=2)
-    x = torch.randn(1, 3, 32, 32)
-    with torch.no_grad():
-        eager = model(x)
-        expected = copy.deepcopy(model).double()(x.double())
-    vit_fast.apply_vit_fast(model, backend="triton")
-    exported = torch.export.export(model, (x,))
-    ops = {str(n.target) for n in exported.graph.nodes if n.op == "call_function"}
+    ops = export_on_the_kernels(model, torch.randn(1, 3, 32, 32), "exported dwee")
     assert "vit_fast.diff_attention.default" in ops and "vit_fast.attention.default" not in ops
     assert not any(".item" in op or "_local_scalar_dense" in op for op in ops), "lambda must stay on the device"
-    with torch.no_grad():
-        assert_within_eager(exported.module()(x), eager, expected, name="exported dwee")
 
 
 def test_first_use_check_judges_diff_attention(monkeypatch):

@@ -5,7 +5,6 @@ carry beyond that refused by name at patch time."""
 
 from __future__ import annotations
 
-import copy
 from functools import partial
 
 import pytest
@@ -19,7 +18,7 @@ from timm.models.vision_transformer import DiffParallelScalingBlock, ParallelSca
 import vit_fast  # noqa: E402
 from vit_fast.interop.timm_blocks import BlockPlan  # noqa: E402
 
-from ..fakes import trained_like  # noqa: E402
+from ..fakes import count_calls, eager_and_float64, export_on_the_kernels, trained_like  # noqa: E402
 from ..numerics import assert_within_eager  # noqa: E402
 
 SMALL = dict(depth=2, embed_dim=64, num_heads=2, img_size=32)
@@ -48,11 +47,17 @@ CASES = {
 }
 
 
-def _runs(monkeypatch) -> list[int]:
-    runs: list[int] = []
-    original = BlockPlan.run
-    monkeypatch.setattr(BlockPlan, "run", lambda plan, block, x: runs.append(1) or original(plan, block, x))
-    return runs
+def _one_block_model(name: str, seed: int) -> torch.nn.Module:
+    """A one-block model ``name`` at the small size, its weights trained-like (``seed``)."""
+    torch.manual_seed(0)
+    return trained_like(timm.create_model(name, pretrained=False, **dict(SMALL, depth=1)), seed)
+
+
+def _patched_block(name: str, seed: int) -> torch.nn.Module:
+    """The block of :func:`_one_block_model`, patched onto the kernels (backend='triton')."""
+    model = _one_block_model(name, seed)
+    vit_fast.apply_vit_fast(model, backend="triton")
+    return model.blocks[0]
 
 
 def _patched_matches_timm(name, kwargs, monkeypatch, seed=1):
@@ -62,12 +67,10 @@ def _patched_matches_timm(name, kwargs, monkeypatch, seed=1):
     assert all(type(b) is kind for b in model.blocks)
     x = torch.randn(2, 3, *model.patch_embed.img_size)
     keys = list(model.state_dict())
-    with torch.no_grad():
-        eager = model(x)
-        expected = copy.deepcopy(model).double()(x.double())
+    eager, expected = eager_and_float64(model, x)
     vit_fast.apply_vit_fast(model, backend="triton")
     assert list(model.state_dict()) == keys
-    runs = _runs(monkeypatch)
+    runs = count_calls(monkeypatch, BlockPlan)
     with torch.no_grad():
         ours = model(x)
     assert len(runs) == len(model.blocks)  # every block ran on the kernels
@@ -109,11 +112,8 @@ def test_dpwee_block_parts_are_what_the_cases_say():
 
 def test_dpwee_runs_the_differential_lambda():
     """The patched block reads the block's lambda: changing it changes the output (a plain attention would not)."""
-    torch.manual_seed(0)
-    model = trained_like(timm.create_model(DPWEE, pretrained=False, **dict(SMALL, depth=1)), 6)
-    vit_fast.apply_vit_fast(model, backend="triton")
+    block = _patched_block(DPWEE, 6)
     x = torch.randn(1, 5, 64)
-    block = model.blocks[0]
     with torch.no_grad():
         before = block(x)
         block.lambda_q1.mul_(-3.0)
@@ -141,11 +141,8 @@ def test_unfused_norms_and_first_use_check(switch, monkeypatch):
 def test_qk_norm_is_applied():
     """A ParallelScalingBlock whose qk-norm weights are far from 1 differs from the same block without them: the
     parity tests above would catch a qk-norm the kernels skipped."""
-    torch.manual_seed(0)
-    model = trained_like(timm.create_model(XP, pretrained=False, **dict(SMALL, depth=1)), 2)
-    vit_fast.apply_vit_fast(model, backend="triton")
+    block = _patched_block(XP, 2)
     x = torch.randn(1, 5, 64)
-    block = model.blocks[0]
     with torch.no_grad():
         normed = block(x)
         block.q_norm.weight.fill_(1.0)
@@ -227,13 +224,10 @@ def test_parallel_scaling_refusals_name_the_part(case):
 
 def test_attention_mask_and_training_run_timms_forward(monkeypatch):
     """An attention mask, or training with grad, runs the block's own forward (the kernels take neither)."""
-    torch.manual_seed(0)
-    model = trained_like(timm.create_model(XP, pretrained=False, **dict(SMALL, depth=1)), 3)
-    vit_fast.apply_vit_fast(model, backend="triton")
-    runs = _runs(monkeypatch)
+    block = _patched_block(XP, 3)
+    runs = count_calls(monkeypatch, BlockPlan)
     tokens = torch.randn(2, 5, 64)
     mask = torch.zeros(5, 5, dtype=torch.bool).fill_diagonal_(True)
-    block = model.blocks[0]
     with torch.no_grad():
         masked = block(tokens, attn_mask=mask)
         expected = block.__dict__["_vit_fast_original_forward"](tokens, attn_mask=mask)
@@ -245,15 +239,6 @@ def test_attention_mask_and_training_run_timms_forward(monkeypatch):
 def test_torch_export_records_the_rms_ops():
     """backend='triton': torch.export of a patched xp model records the RMS ops (qk-norm and in_norm folded into the
     GEMMs) and computes what timm computes."""
-    torch.manual_seed(0)
-    model = trained_like(timm.create_model(XP, pretrained=False, **dict(SMALL, depth=1)), 5)
-    x = torch.randn(2, 3, 32, 32)
-    with torch.no_grad():
-        eager = model(x)
-        expected = copy.deepcopy(model).double()(x.double())
-    vit_fast.apply_vit_fast(model, backend="triton")
-    exported = torch.export.export(model, (x,))
-    ops = {str(n.target) for n in exported.graph.nodes if n.op == "call_function"}
+    model = _one_block_model(XP, 5)
+    ops = export_on_the_kernels(model, torch.randn(2, 3, 32, 32), "exported patched xp model")
     assert {"vit_fast.rms_norm_linear.default", "vit_fast.rms_norm.default", "vit_fast.attention.default"} <= ops
-    with torch.no_grad():
-        assert_within_eager(exported.module()(x), eager, expected, name="exported patched xp model")

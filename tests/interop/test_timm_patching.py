@@ -21,6 +21,9 @@ from ..fakes import (  # noqa: E402
     Inputs,
     as_float64,
     assert_attention_launches,
+    count_calls,
+    eager_and_float64,
+    export_on_the_kernels,
     kernel_launches,
     naflex_batch,
     requiring_grad,
@@ -54,21 +57,6 @@ FEATURES = {
 }
 
 
-def _count_kernel_blocks(monkeypatch) -> list[int]:
-    runs: list[int] = []
-    original = BlockPlan.run
-    monkeypatch.setattr(BlockPlan, "run", lambda plan, *args: runs.append(1) or original(plan, *args))
-    return runs
-
-
-def _count_kernel_heads(monkeypatch) -> list[int]:
-    """Runs of an attention-pool head on the kernel path (a fallback to timm's forward runs none)."""
-    runs: list[int] = []
-    original = PoolPlan.run
-    monkeypatch.setattr(PoolPlan, "run", lambda plan, *args: runs.append(1) or original(plan, *args))
-    return runs
-
-
 @pytest.mark.parametrize("feature", sorted(FEATURES))
 def test_timm_feature_patched_in_place(feature, monkeypatch):
     name, kwargs = FEATURES[feature]
@@ -76,12 +64,10 @@ def test_timm_feature_patched_in_place(feature, monkeypatch):
     model = trained_like(timm.create_model(name, pretrained=False, **kwargs), seed=1)
     x = torch.randn(2, 3, *model.patch_embed.img_size)
     keys, cls = list(model.state_dict()), type(model)
-    with torch.no_grad():
-        eager = model(x)
-        expected = copy.deepcopy(model).double()(x.double())
+    eager, expected = eager_and_float64(model, x)
     vit_fast.apply_vit_fast(model, backend="triton")
     assert type(model) is cls and list(model.state_dict()) == keys
-    runs = _count_kernel_blocks(monkeypatch)
+    runs = count_calls(monkeypatch, BlockPlan)
     with torch.no_grad():
         ours = model(x)
     assert len(runs) == len(model.blocks)  # every block ran on the kernels, none fell back to timm's forward
@@ -96,7 +82,7 @@ def test_patched_model_steps_aside_for_masks_and_float64(monkeypatch):
     """An attention mask or a float64 input runs timm's own block forward (the kernels take neither)."""
     model = trained_like(timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, **SMALL), 2)
     vit_fast.apply_vit_fast(model, backend="triton")
-    runs = _count_kernel_blocks(monkeypatch)
+    runs = count_calls(monkeypatch, BlockPlan)
     tokens = torch.randn(2, 5, 64)
     mask = torch.zeros(5, 5, dtype=torch.bool).fill_diagonal_(True)
     with torch.no_grad():
@@ -174,15 +160,8 @@ def test_torch_export_of_a_patched_model():
     where the kernels do not run (a CPU): it says so, once, and the graph is timm's."""
     model = trained_like(timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, **SMALL), 5)
     x = torch.randn(2, 3, 32, 32)
-    with torch.no_grad():
-        eager = model(x)
-        expected = copy.deepcopy(model).double()(x.double())
-    vit_fast.apply_vit_fast(model, backend="triton")
-    exported = torch.export.export(model, (x,))
-    ops = {str(n.target) for n in exported.graph.nodes if n.op == "call_function"}
+    ops = export_on_the_kernels(model, x, "exported patched model")
     assert {"vit_fast.attention.default", "vit_fast.linear.default"} <= ops
-    with torch.no_grad():
-        assert_within_eager(exported.module()(x), eager, expected, name="exported patched model")
     vit_fast.remove_vit_fast(model)
     vit_fast.apply_vit_fast(model, backend="auto")
     with pytest.warns(UserWarning, match=r"torch.export on cpu \(torch.float32\) records timm's own block forwards"):
@@ -295,7 +274,7 @@ def test_patched_kind_matches_the_unpatched_model(case, mode, monkeypatch):
     x = PARITY[case].inputs(model)
     with torch.no_grad():
         eager, expected = _outputs(model, x), _outputs(ref64, as_float64(x))
-    runs, head_runs = _count_kernel_blocks(monkeypatch), _count_kernel_heads(monkeypatch)
+    runs, head_runs = count_calls(monkeypatch, BlockPlan), count_calls(monkeypatch, PoolPlan)
     with TIMM_MODES[mode]():
         ours, launched = kernel_launches(lambda: _outputs(patched, x))
     assert ours[0].requires_grad == (mode == "eval_with_grad")
@@ -340,7 +319,7 @@ def test_eval_with_grad_runs_the_kernels_and_their_gradients_match(case, monkeyp
     patched = vit_fast.apply_vit_fast(copy.deepcopy(model), backend="triton")
     x = PARITY[case].inputs(model)
     eager, expected = _grads(model, x), _grads(copy.deepcopy(model).double(), as_float64(x))
-    runs, head_runs = _count_kernel_blocks(monkeypatch), _count_kernel_heads(monkeypatch)
+    runs, head_runs = count_calls(monkeypatch, BlockPlan), count_calls(monkeypatch, PoolPlan)
     ours, launched = kernel_launches(lambda: _grads(patched, x))
     map_head = int(type(getattr(patched, "attn_pool", None)).__name__ == "AttentionPoolLatent")
     assert (len(runs), len(head_runs)) == (len(patched.blocks), map_head), launched

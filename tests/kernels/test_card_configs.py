@@ -51,6 +51,14 @@ def _recorded(monkeypatch, name: str, launcher, *args, **kwargs) -> tuple[dict, 
     return seen["named"], seen["constexprs"]
 
 
+def _recorded_on(arch: int, monkeypatch, name: str, launcher, *args, **kwargs) -> tuple[dict, dict]:
+    """:func:`_recorded` on a card of ``arch`` (``cards.pretend_arch``), whose launch passes that ``ARCH``."""
+    with cards.pretend_arch(arch):
+        named, constexprs = _recorded(monkeypatch, name, launcher, *args, **kwargs)
+    assert named["ARCH"] == arch
+    return named, constexprs
+
+
 def _compiled_configs(monkeypatch, module, factory) -> list:
     monkeypatch.setattr(module, "interpreter_enabled", lambda: False)
     return factory()
@@ -97,15 +105,7 @@ def test_linear_configs_fit_every_card(monkeypatch, arch, dtype):
             M = batch * tokens
             for gemm, (N, K) in {"qkv": (3 * dim, dim), "proj": (dim, dim), "fc1": (4 * dim, dim)}.items():
                 x, w = _meta((M, K), dtype), _meta((N, K), dtype)
-                with cards.pretend_arch(arch):
-                    named, constexprs = _recorded(
-                        monkeypatch,
-                        "linear",
-                        linear.launch_linear,
-                        x,
-                        w,
-                    )
-                assert named["ARCH"] == arch
+                named, constexprs = _recorded_on(arch, monkeypatch, "linear", linear.launch_linear, x, w)
                 for config in _kept_tuned_or_not(monkeypatch, kernel, configs, named, constexprs):
                     _check_gemm_like(card, config, "BLOCK_N", x.element_size(), f"{name} b{batch} {gemm}")
 
@@ -120,18 +120,8 @@ def test_patch_embed_configs_fit_every_card(monkeypatch, arch, dtype):
         for batch in BATCHES:
             x, weight = _meta((batch, 3, 224, 224), dtype), _meta((dim, 3, patch, patch), dtype)
             pos, cls = _meta((1, tokens, dim), dtype), _meta((1, 1, dim), dtype)
-            with cards.pretend_arch(arch):
-                named, constexprs = _recorded(
-                    monkeypatch,
-                    "patch_embed",
-                    patch_embed.launch_patch_embed,
-                    x,
-                    weight,
-                    None,
-                    pos,
-                    cls,
-                )
-            assert named["ARCH"] == arch
+            launch = patch_embed.launch_patch_embed
+            named, constexprs = _recorded_on(arch, monkeypatch, "patch_embed", launch, x, weight, None, pos, cls)
             for config in _kept_tuned_or_not(monkeypatch, kernel, configs, named, constexprs):
                 _check_gemm_like(card, config, "BLOCK_D", weight.element_size(), f"{name} b{batch}")
 
@@ -153,16 +143,9 @@ def test_attention_configs_fit_every_card(monkeypatch, arch, dtype, head_dim, ma
                 "lengths": {"lengths": _meta((batch,), torch.int32)},
                 "packed": {"cu_seqlens": _meta((3 * batch + 1,), torch.int32)},
             }[mask]
-            with cards.pretend_arch(arch):
-                named, constexprs = _recorded(
-                    monkeypatch,
-                    "attention",
-                    attention.launch_attention,
-                    qkv,
-                    heads,
-                    **masks,
-                )
-            assert named["ARCH"] == arch
+            named, constexprs = _recorded_on(
+                arch, monkeypatch, "attention", attention.launch_attention, qkv, heads, **masks
+            )
             assert (constexprs["HAS_LENGTHS"], constexprs["PACKED"]) == (mask == "lengths", mask == "packed")
             block_d = constexprs["BLOCK_D"]
             for config in _kept_tuned_or_not(monkeypatch, kernel, configs, named, constexprs):

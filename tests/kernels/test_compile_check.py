@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import importlib.util
 import itertools
 import os
 import subprocess
@@ -17,15 +16,14 @@ import pytest
 
 from vit_fast.kernels import cards
 
+from ..fakes import load_script
+
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "compile_check.py"
 
 
 @pytest.fixture(scope="module")
 def cc():
-    spec = importlib.util.spec_from_file_location("compile_check_under_test", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # importing it is safe under the interpreter: only main() refuses
-    return module
+    return load_script(TOOL, "compile_check_under_test")  # safe under the interpreter: only main() refuses
 
 
 def row(target=90, kernel="linear", dtype="fp16", ok=True, shared=64 * 1024, spills=0, tc="wgmma", tma=False, **kw):

@@ -17,7 +17,7 @@ from vit_fast.kernels.layer_norm import (
 )
 
 from .._tf32 import no_tf32  # noqa: F401  (autouse: TF32 off while comparing with torch on CUDA)
-from ..numerics import assert_within_eager, poisoned
+from ..numerics import assert_within_eager, in_float64, poisoned
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # leading dims x D: a single row, odd token counts, D not a power of two
@@ -31,10 +31,6 @@ def _inputs(shape, dtype, device, affine=True):
     weight = (1 + 0.5 * torch.randn(D, device=device)).to(dtype) if affine else None
     bias = torch.randn(D, device=device).to(dtype) if affine else None
     return x, residual, weight, bias
-
-
-def _f64(*ts):
-    return [t.double() if t is not None else None for t in ts]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -51,7 +47,7 @@ def test_add_layer_norm_matches_float64(shape, dtype, device):
         summed_out=poisoned(shape, dtype, device),
         normed_out=poisoned(shape, dtype, device),
     )
-    summed64, normed64 = add_layer_norm_ref(*_f64(x, residual, weight, bias), eps)
+    summed64, normed64 = add_layer_norm_ref(*in_float64(x, residual, weight, bias), eps)
     summed_eager, normed_eager = add_layer_norm_ref(x, residual, weight, bias, eps)
     assert_within_eager(summed, summed_eager, summed64, "summed")
     assert_within_eager(normed, normed_eager, normed64, "normed")
@@ -68,7 +64,7 @@ def test_layer_norm_without_residual(dtype, affine, device):
     x, _, weight, bias = _inputs(shape, dtype, device, affine)
     x = x * 4 + 2
     normed = launch_layer_norm(x, weight, bias, eps, out=poisoned(shape, dtype, device))
-    _, normed64 = add_layer_norm_ref(*_f64(x, None, weight, bias), eps)
+    _, normed64 = add_layer_norm_ref(*in_float64(x, None, weight, bias), eps)
     _, eager = add_layer_norm_ref(x, None, weight, bias, eps)
     assert_within_eager(normed, eager, normed64, "normed")
     summed, normed_op = add_layer_norm(x, None, weight, bias, eps)
@@ -82,7 +78,7 @@ def test_non_contiguous_rows(device):
     x, residual, weight, bias = _inputs((2, 10, 48), torch.float32, device)
     xs, rs = x[:, ::2], residual[:, 1::2]
     summed, normed = add_layer_norm(xs, rs, weight, bias, 1e-6)
-    s64, n64 = add_layer_norm_ref(*_f64(xs, rs, weight, bias), 1e-6)
+    s64, n64 = add_layer_norm_ref(*in_float64(xs, rs, weight, bias), 1e-6)
     s_e, n_e = add_layer_norm_ref(xs, rs, weight, bias, 1e-6)
     assert_within_eager(summed, s_e, s64, "summed")
     assert_within_eager(normed, n_e, n64, "normed")

@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vit_fast.kernels.linear import launch_linear, layer_norm_linear, layer_norm_linear_ref
+from vit_fast.kernels.linear import launch_linear, layer_norm_linear, layer_norm_linear_ref, rms_norm_linear_ref
 
 from .._tf32 import no_tf32  # noqa: F401  (autouse: TF32 off while comparing with torch on CUDA)
-from ..numerics import assert_within_eager, poisoned
+from ..numerics import assert_kernel_matches, poisoned
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -27,50 +27,48 @@ def _inputs(lead, k_in, n_out, dtype, device, affine=(True, True), activation=No
     return x, ln_w, ln_b, 1e-6, weight, bias, activation
 
 
-def _f64(t):
-    return t.double() if isinstance(t, torch.Tensor) else t
-
-
-def _check(args, name):
-    x, ln_w, ln_b, eps, weight, bias, activation = args
+def check_norm_linear(args, name, rms=False):
+    """Run the GEMM with its LayerNorm prologue (``rms``: its RmsNorm one) into a NaN-poisoned buffer and hold it to
+    the numerics rule against the matching reference. ``args``: the reference's, (x, norm weight, norm bias, eps,
+    weight, bias, activation)."""
+    x, norm_w, norm_b, eps, weight, bias, activation = args
     out = launch_linear(
         x,
         weight,
         bias,
         activation,
-        ln_weight=ln_w,
-        ln_bias=ln_b,
+        ln_weight=norm_w,
+        ln_bias=norm_b,
         ln_eps=eps,
+        ln_rms=rms,
         out=poisoned((*x.shape[:-1], weight.shape[0]), x.dtype, x.device),
     )
-    ref64 = layer_norm_linear_ref(*[_f64(a) for a in args])
-    eager = layer_norm_linear_ref(*args)
-    assert out.dtype == x.dtype
-    assert_within_eager(out, eager, ref64, name)
-    return out
+    return assert_kernel_matches(out, rms_norm_linear_ref if rms else layer_norm_linear_ref, args, name)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("activation", [None, "gelu", "gelu_tanh", "quick_gelu", "silu"])
 def test_tails_and_activations(dtype, activation, device):
     """37 x 48 -> 144: tails on M, K (1.5 K-blocks: the statistics must not count padding) and N."""
-    _check(_inputs((37,), 48, 144, dtype, device, activation=activation), f"LN 37x48->144 {activation} {dtype}")
+    check_norm_linear(
+        _inputs((37,), 48, 144, dtype, device, activation=activation), f"LN 37x48->144 {activation} {dtype}"
+    )
 
 
 @pytest.mark.parametrize("affine", [(False, False), (True, False), (False, True)], ids=["none", "weight", "bias"])
 def test_without_affine(affine, device):
-    _check(_inputs((2, 9), 40, 24, torch.float32, device, affine=affine), f"LN affine={affine}")
+    check_norm_linear(_inputs((2, 9), 40, 24, torch.float32, device, affine=affine), f"LN affine={affine}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_vit_token_count(dtype, device):
     """[1, 197, 96] -> 288 (a qkv): a ViT's token count with several K blocks."""
-    _check(_inputs((1, 197), 96, 288, dtype, device), f"LN 197x96->288 {dtype}")
+    check_norm_linear(_inputs((1, 197), 96, 288, dtype, device), f"LN 197x96->288 {dtype}")
 
 
 def test_public_op_matches_launcher_and_checks(device):
     args = _inputs((5,), 32, 16, torch.float32, device)
-    torch.testing.assert_close(layer_norm_linear(*args), _check(args, "public op"), rtol=0, atol=0)
+    torch.testing.assert_close(layer_norm_linear(*args), check_norm_linear(args, "public op"), rtol=0, atol=0)
     x, ln_w, ln_b, eps, weight, bias, _ = args
     with pytest.raises(ValueError, match="ln_weight must have shape"):
         layer_norm_linear(x, ln_w[:-1], ln_b, eps, weight, bias)
@@ -96,4 +94,4 @@ def test_gradients_match_reference(device):
 def test_many_rows_persistent_tma(dtype, device):
     """602 rows: the LayerNorm prologue on tiles loaded by TMA descriptors in the persistent loop (statistics
     still from the rows themselves; the descriptors zero-fill the K tail the LayerNorm must not count)."""
-    _check(_inputs((2, 301), 48, 72, dtype, device, activation="gelu"), f"LN 602x48->72 TMA {dtype}")
+    check_norm_linear(_inputs((2, 301), 48, 72, dtype, device, activation="gelu"), f"LN 602x48->72 TMA {dtype}")

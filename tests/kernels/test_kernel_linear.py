@@ -21,7 +21,7 @@ from vit_fast.kernels.interpret import interpreter_enabled
 from vit_fast.kernels.linear import launch_linear, linear, linear_ref
 
 from .._tf32 import no_tf32  # noqa: F401  (autouse: TF32 off while comparing with torch on CUDA)
-from ..numerics import assert_within_eager, poisoned
+from ..numerics import assert_kernel_matches, assert_within_eager, in_float64, poisoned
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # id -> (bias, activation, residual, gamma): every epilogue a ViT block uses, and all at once
@@ -48,19 +48,11 @@ def _inputs(lead, k_in, n_out, epilogue, dtype, device):
     return x, weight, bias, activation, residual, gamma
 
 
-def _f64(t):
-    return t.double() if isinstance(t, torch.Tensor) else t
-
-
 def _check(args, name):
     """Run the kernel into a NaN-poisoned buffer and hold it to 2x eager's error vs float64."""
     x, weight = args[0], args[1]
     out = launch_linear(*args, out=poisoned((*x.shape[:-1], weight.shape[0]), x.dtype, x.device))
-    ref64 = linear_ref(*[_f64(a) for a in args])
-    eager = linear_ref(*args)
-    assert out.dtype == x.dtype
-    assert_within_eager(out, eager, ref64, name)
-    return out
+    return assert_kernel_matches(out, linear_ref, args, name)
 
 
 # ------------------------------------------------------------------------------ forward numerics
@@ -181,7 +173,7 @@ def test_gradients(epilogue, dtype, device):
 
     ours = grads_of(linear, args)
     eager = grads_of(linear_ref, args)
-    ref64 = grads_of(linear_ref, [_f64(a) for a in args])
+    ref64 = grads_of(linear_ref, in_float64(*args))
     names = [
         n
         for n, a in zip(("x", "weight", "bias", "act", "residual", "gamma"), args, strict=True)

@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from vit_fast.kernels.layer_norm import launch_layer_norm, launch_rms_norm, rms_norm, rms_norm_ref
-from vit_fast.kernels.linear import launch_linear, rms_norm_linear, rms_norm_linear_ref
+from vit_fast.kernels.linear import rms_norm_linear
 
 from .._tf32 import no_tf32  # noqa: F401  (autouse: TF32 off while comparing with torch on CUDA)
-from ..numerics import assert_within_eager, poisoned
+from ..numerics import assert_within_eager, in_float64, poisoned
+from .test_kernel_layer_norm_linear import check_norm_linear
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # leading dims x D: one row, odd row counts, D not a power of two (80, 96: head dims; 48: 1.5 K-blocks)
@@ -26,10 +27,6 @@ def _x(lead, D, dtype, device):
     return (torch.randn(*lead, D, device=device) * 2 + torch.randn(*lead, 1, device=device) * 3).to(dtype)
 
 
-def _f64(*ts):
-    return [t.double() if isinstance(t, torch.Tensor) else t for t in ts]
-
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_rms_norm_matches_float64(shape, dtype, device):
@@ -37,7 +34,7 @@ def test_rms_norm_matches_float64(shape, dtype, device):
     x = _x(shape[:-1], D, dtype, device)
     weight = (1 + 0.5 * torch.randn(D, device=device)).to(dtype)
     out = launch_rms_norm(x, weight, None, eps, out=poisoned(shape, dtype, device))
-    assert_within_eager(out, rms_norm_ref(x, weight, None, eps), rms_norm_ref(*_f64(x, weight), None, eps), "rms")
+    assert_within_eager(out, rms_norm_ref(x, weight, None, eps), rms_norm_ref(*in_float64(x, weight), None, eps), "rms")
     torch.testing.assert_close(rms_norm(x, weight, None, eps), out, rtol=0, atol=0)  # the custom op: same kernel
 
 
@@ -48,7 +45,7 @@ def test_rms_norm_affine_options(affine, device):
     weight = 1 + 0.5 * torch.randn(48, device=device) if affine[0] else None
     bias = torch.randn(48, device=device) if affine[1] else None
     out = launch_rms_norm(x, weight, bias, eps, out=poisoned(shape, torch.float32, device))
-    ref64 = rms_norm_ref(*_f64(x, weight, bias), eps)
+    ref64 = rms_norm_ref(*in_float64(x, weight, bias), eps)
     assert_within_eager(out, rms_norm_ref(x, weight, bias, eps), ref64, f"rms affine={affine}")
 
 
@@ -66,7 +63,7 @@ def test_rms_norm_strided_rows_and_gradients(device):
     q = qkv[..., :32]
     weight = (1 + 0.5 * torch.randn(32, device=device)).requires_grad_()
     out = rms_norm(q, weight, None, 1e-6)
-    assert_within_eager(out, rms_norm_ref(q, weight, None, 1e-6), rms_norm_ref(*_f64(q, weight), None, 1e-6), "q")
+    assert_within_eager(out, rms_norm_ref(q, weight, None, 1e-6), rms_norm_ref(*in_float64(q, weight), None, 1e-6), "q")
     grad = torch.randn_like(out)
     (g,) = torch.autograd.grad((out * grad).sum(), weight)
     w64 = weight.detach().double().requires_grad_()
@@ -96,20 +93,7 @@ def _gemm_inputs(lead, k_in, n_out, dtype, device, activation=None, norm_weight=
 
 
 def _check_gemm(args, name):
-    x, w, b, eps, weight, bias, activation = args
-    out = launch_linear(
-        x,
-        weight,
-        bias,
-        activation,
-        ln_weight=w,
-        ln_bias=b,
-        ln_eps=eps,
-        ln_rms=True,
-        out=poisoned((*x.shape[:-1], weight.shape[0]), x.dtype, x.device),
-    )
-    assert_within_eager(out, rms_norm_linear_ref(*args), rms_norm_linear_ref(*_f64(*args)), name)
-    return out
+    return check_norm_linear(args, name, rms=True)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -5,20 +5,18 @@ does not (a model apply_vit_fast refused, which launches nothing)."""
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
 from pathlib import Path
 
 import pytest
+
+from ..fakes import load_script
 
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "peer_timm.py"
 
 
 @pytest.fixture(scope="module")
 def peer_timm():
-    spec = importlib.util.spec_from_file_location("peer_timm_under_test", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # importing runs nothing: only main() does
-    return module
+    return load_script(TOOL, "peer_timm_under_test")
 
 
 def fetched(tmp_path: Path) -> Path:

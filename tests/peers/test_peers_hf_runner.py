@@ -6,7 +6,6 @@ plugin on a small test file of its own, with kernels in Triton's interpreter."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -14,16 +13,15 @@ from pathlib import Path
 
 import pytest
 
+from ..fakes import load_script
+
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "peers" / "run_hf_peers.py"
 sys.path.insert(0, str(TOOL.parent))  # launches.py, as the runner imports it
 
 
 @pytest.fixture(scope="module")
 def peers():
-    spec = importlib.util.spec_from_file_location("run_hf_peers_under_test", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # importing fetches nothing: only main() does
-    return module
+    return load_script(TOOL, "run_hf_peers_under_test")  # loading fetches nothing: only main() does
 
 
 def model_tests(tmp_path: Path) -> Path:
