@@ -14,20 +14,41 @@ module level or inside a function, typing-only imports included), and a private 
 imported only inside its own package (its siblings and the package's ``__init__``, which re-exports what is public).
 tools/ and benchmarks/ are held to that rule too; tests/ is not: a test may reach into a private name to test it.
 
-The checker is plain AST walking: nothing is imported.
+The checker is plain AST walking: nothing is imported. Which module imports which is read by tools/import_graph.py,
+shared with tools/forward_path.py.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib.util
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-#: import package -> folder in the repository (the setuptools package-dir mapping)
-PACKAGES = {"vit_fast": ROOT / "vit_fast", "vit_fast.kernels": ROOT / "kernels", "vit_fast.export": ROOT / "export"}
+
+
+def _load_import_graph():
+    """tools/import_graph.py, the import reader this check shares with tools/forward_path.py (tools/ is no
+    package)."""
+    spec = importlib.util.spec_from_file_location("import_graph_under_test", ROOT / "tools" / "import_graph.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # where its dataclass is looked up
+    spec.loader.exec_module(module)
+    return module
+
+
+_graph = _load_import_graph()
+PACKAGES, discover, imported_from, imports_of, sources_of = (
+    _graph.PACKAGES,
+    _graph.discover,
+    _graph.imported_from,
+    _graph.imports_of,
+    _graph.sources_of,
+)
 #: scripts held to the private-name rule (they sit in no layer: nothing imports them)
 SCRIPTS = {"tools": ROOT / "tools", "benchmarks": ROOT / "benchmarks"}
 
@@ -76,14 +97,6 @@ ALLOWED_PRIVATE: set[tuple[str, str]] = {
 }
 
 
-@dataclass(frozen=True)
-class Import:
-    importer: str
-    imported: str
-    line: int
-    module_level: bool
-
-
 def layer_of(module: str) -> str | None:
     for name, patterns in LAYERS:
         for pattern in patterns:
@@ -94,65 +107,6 @@ def layer_of(module: str) -> str | None:
 
 RANK = {name: i for i, (name, _) in enumerate(LAYERS)}
 ORDER = " < ".join(RANK)
-
-
-def discover(packages: dict[str, Path]) -> dict[str, tuple[Path, bool]]:
-    """Module name -> (file, is_package) for every .py file under each package folder."""
-    modules: dict[str, tuple[Path, bool]] = {}
-    for package, folder in packages.items():
-        for path in sorted(folder.rglob("*.py")):
-            parts = list(path.relative_to(folder).with_suffix("").parts)
-            is_package = parts[-1] == "__init__"
-            if is_package:
-                parts = parts[:-1]
-            modules[".".join([package, *parts])] = (path, is_package)
-    return modules
-
-
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
-def imports_of(module: str, source: str, is_package: bool, known: set[str]) -> list[Import]:
-    """Every import of a ``vit_fast`` module in ``source``, resolved to the module it loads."""
-    found: list[Import] = []
-    package = module if is_package else module.rpartition(".")[0]
-
-    def target(name: str) -> str:
-        # the longest known module that ``name`` is or lies in (a name imported from a module is that module)
-        while name not in known and "." in name:
-            name = name.rpartition(".")[0]
-        return name
-
-    def visit(node: ast.AST, module_level: bool) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _is_type_checking(child.test):
-                for other in child.orelse:
-                    visit_stmt(other, module_level)
-                continue
-            visit_stmt(child, module_level)
-
-    def visit_stmt(node: ast.AST, module_level: bool) -> None:
-        names: list[str] = []
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                source_module = ".".join(base + ([node.module] if node.module else []))
-            else:
-                source_module = node.module or ""
-            names = [f"{source_module}.{alias.name}" for alias in node.names]
-        for name in names:
-            if name == "vit_fast" or name.startswith("vit_fast."):
-                found.append(Import(module, target(name), node.lineno, module_level))
-        inner = module_level and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
-        visit(node, inner)
-
-    visit(ast.parse(source), True)
-    return [i for i in found if i.imported != module]
 
 
 def check(
@@ -319,11 +273,7 @@ def private_uses(module: str, source: str, is_package: bool, known: set[str]) ->
                     note(target(alias.name), None, node.lineno)
                     bound[alias.asname or "vit_fast"] = alias.name if alias.asname else "vit_fast"
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                source_module = ".".join(base + ([node.module] if node.module else []))
-            else:
-                source_module = node.module or ""
+            source_module = imported_from(node, package)
             if not ours(source_module):
                 continue
             for alias in node.names:
@@ -357,11 +307,11 @@ def private_problems(sources: dict[str, tuple[str, bool]], allowed: set[tuple[st
 
 
 def _tree() -> dict[str, tuple[str, bool]]:
-    return {m: (path.read_text(encoding="utf-8"), pkg) for m, (path, pkg) in discover(PACKAGES).items()}
+    return sources_of(PACKAGES)
 
 
 def _scripts() -> dict[str, tuple[str, bool]]:
-    return {m: (path.read_text(encoding="utf-8"), pkg) for m, (path, pkg) in discover(SCRIPTS).items()}
+    return sources_of(SCRIPTS)
 
 
 # --------------------------------------------------------------------------- the tree
