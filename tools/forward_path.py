@@ -193,7 +193,7 @@ class ForwardPath:
         numbers = self.numbers()
         found = []
         if numbers["back_up"] > MAX_BACK_UP:
-            ups = ", ".join(e["callee"] for e in numbers["edges"] if e["back_up"])
+            ups = ", ".join(f"{e['caller']} -> {e['callee']}" for e in numbers["edges"] if e["back_up"])
             found.append(f"{self.backend}: {numbers['back_up']} steps back up (at most {MAX_BACK_UP}): {ups}")
         for module, count in numbers["entered"].items():
             if count > MAX_ENTERED:
@@ -263,9 +263,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="also write the numbers to this JSON file")
     parser.add_argument("--check", action="store_true", help=f"exit 1 above the targets ({MAX_BACK_UP}, {MAX_ENTERED})")
     args = parser.parse_args(argv)
-    from vit_fast.util.files import check_report_file, write_json_atomic
+    json_path = None
+    if args.json is not None:
+        from vit_fast.util.files import check_report_file
 
-    json_path = None if args.json is None else check_report_file(args.json, "--json")
+        json_path = check_report_file(args.json, "--json")  # before any model is built
     paths, level, cycles = measure(args.backend or BACKENDS)
     for path in paths:
         print(path.report(), end="\n\n")
@@ -274,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
         for cycle in cycles:
             print("  " + " -> ".join(cycle))
     if json_path is not None:
+        from vit_fast.util.files import write_json_atomic
+
         write_json_atomic(
             {
                 "targets": {"back_up": MAX_BACK_UP, "entered": MAX_ENTERED},

@@ -78,6 +78,14 @@ def test_offenders_name_the_module_entered_too_often(fp):
     traced = fp.Trace(roots=[a], edges=[(a, m), (b, m), (c, m)], parent={(a, m): a, (b, m): a, (c, m): a})
     path = fp.ForwardPath("triton", traced, {})
     assert path.offenders() == [f"triton: vit_fast.m entered 3 times (at most {fp.MAX_ENTERED})"]
+    up = fp.Trace(roots=[m], edges=[(m, a)] * (fp.MAX_BACK_UP + 1), parent={(m, a): m})
+    assert (
+        fp.ForwardPath("torch", up, {"vit_fast.a": 1})
+        .offenders()[0]
+        .startswith(
+            f"torch: {fp.MAX_BACK_UP + 1} steps back up (at most {fp.MAX_BACK_UP}): vit_fast.m.x -> vit_fast.a.f"
+        )
+    )
 
 
 def test_levels_count_the_height_and_break_cycles(fp):
