@@ -2,7 +2,8 @@
 module-level imports form a cycle.
 
 Layers, lowest first, are folders (vit_fast.kernels and vit_fast.export are installed from the top-level
-folders kernels/ and export/); LAYERS below is the one place they are written.
+folders kernels/ and export/); LAYERS in tools/import_graph.py is the one place they are written (this test and
+tools/forward_path.py read it from there).
 
 Every import counts for the layer check, at module level or inside a function; imports under
 ``if TYPE_CHECKING:`` are ignored. No cycle at module level, anywhere. Counting imports inside functions too, no
@@ -49,27 +50,11 @@ PACKAGES, discover, imported_from, imports_of, sources_of = (
     _graph.imports_of,
     _graph.sources_of,
 )
+#: the layers, lowest first, their ranks and the module -> layer reader: written once, in tools/import_graph.py
+LAYERS, RANK, layer_of = _graph.LAYERS, _graph.RANK, _graph.layer_of
 #: scripts held to the private-name rule (they sit in no layer: nothing imports them)
 SCRIPTS = {"tools": ROOT / "tools", "benchmarks": ROOT / "benchmarks"}
 
-
-def _modules(*names: str) -> tuple[str, ...]:
-    return tuple(f"vit_fast.{name}" for name in names)
-
-
-#: lowest first; "x.*" stands for every module inside package x
-LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("kernels", _modules("kernels", "kernels.*")),
-    ("util", _modules("util", "util.*")),
-    ("backend", _modules("backend", "backend.*")),
-    ("model", _modules("model", "model.*")),
-    # the package itself is the public facade over the interop layer (its names load on first use); assets: the
-    # embedded default model, loaded as a checkpoint
-    ("interop", ("vit_fast",) + _modules("interop", "interop.*", "assets", "assets.*")),
-    ("export", _modules("export", "export.*")),
-    ("app", _modules("bench", "bench.*", "demo", "demo.*", "doctor", "doctor.*", "serve", "serve.*")),
-    ("cli", _modules("cli", "cli.*", "__main__")),
-]
 
 #: Known upward imports in files this check does not own yet, as (importer, imported). Each is a debt to pay,
 #: not a permission: remove the entry with the import. Nothing else may be added here to make the test pass.
@@ -97,15 +82,6 @@ ALLOWED_PRIVATE: set[tuple[str, str]] = {
 }
 
 
-def layer_of(module: str) -> str | None:
-    for name, patterns in LAYERS:
-        for pattern in patterns:
-            if module == pattern or (pattern.endswith(".*") and module.startswith(pattern[:-1])):
-                return name
-    return None
-
-
-RANK = {name: i for i, (name, _) in enumerate(LAYERS)}
 ORDER = " < ".join(RANK)
 
 
@@ -118,7 +94,7 @@ def check(
     module level anywhere; counting imports inside functions, across folders) and private names crossing a file."""
     known = set(sources)
     problems = [
-        f"{m} is in no layer: add it to LAYERS in tests/test_architecture.py ({ORDER}), at the lowest layer whose "
+        f"{m} is in no layer: add it to LAYERS in tools/import_graph.py ({ORDER}), at the lowest layer whose "
         "modules it may import"
         for m in sorted(known)
         if layer_of(m) is None

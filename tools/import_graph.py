@@ -1,8 +1,9 @@
 """vit_fast's imports read from its source: which of our modules each module imports, at module level or inside a
 function (imports under ``if TYPE_CHECKING:`` are left out). Plain AST walking: nothing is imported.
 
-Shared by tests/test_architecture.py (imports point down, no cycle) and tools/forward_path.py (each module's height
-in the import graph).
+Also the one place the layers are written (``LAYERS``, lowest first, and ``layer_of``). Shared by
+tests/test_architecture.py (imports point down, no cycle) and tools/forward_path.py (each module's height: its layer,
+then its level among its layer's imports).
 """
 
 from __future__ import annotations
@@ -14,6 +15,37 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 #: import package -> folder in the repository (the setuptools package-dir mapping)
 PACKAGES = {"vit_fast": ROOT / "vit_fast", "vit_fast.kernels": ROOT / "kernels", "vit_fast.export": ROOT / "export"}
+
+
+def _modules(*names: str) -> tuple[str, ...]:
+    return tuple(f"vit_fast.{name}" for name in names)
+
+
+#: the layers, lowest first, each a folder (vit_fast.kernels and vit_fast.export are installed from the top-level
+#: folders kernels/ and export/); "x.*" stands for every module inside package x
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("kernels", _modules("kernels", "kernels.*")),
+    ("util", _modules("util", "util.*")),
+    ("backend", _modules("backend", "backend.*")),
+    ("model", _modules("model", "model.*")),
+    # the package itself is the public facade over the interop layer (its names load on first use); assets: the
+    # embedded default model, loaded as a checkpoint
+    ("interop", ("vit_fast",) + _modules("interop", "interop.*", "assets", "assets.*")),
+    ("export", _modules("export", "export.*")),
+    ("app", _modules("bench", "bench.*", "demo", "demo.*", "doctor", "doctor.*", "serve", "serve.*")),
+    ("cli", _modules("cli", "cli.*", "__main__")),
+]
+#: layer name -> its rank, 0 the lowest
+RANK = {name: i for i, (name, _) in enumerate(LAYERS)}
+
+
+def layer_of(module: str) -> str | None:
+    """The layer ``module`` belongs to, or None when no pattern of ``LAYERS`` places it."""
+    for name, patterns in LAYERS:
+        for pattern in patterns:
+            if module == pattern or (pattern.endswith(".*") and module.startswith(pattern[:-1])):
+                return name
+    return None
 
 
 @dataclass(frozen=True)
