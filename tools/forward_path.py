@@ -1,9 +1,9 @@
 """The image's path from ``VisionTransformer.forward`` through vit_fast's modules to the kernels and back.
 
-A tiny model runs once to warm up, once under ``sys.setprofile`` per backend (triton in Triton's interpreter). An
-edge is a call between two vit_fast modules, from the nearest vit_fast frame (nothing under a triton frame); each
-distinct edge counts once. level(m): 0 if m imports none of ours, else 1 + its imports' highest (cycles broken);
-back up: an edge into a higher level; entered(m): distinct edges into m. Targets: back up <= 7, entered <= 2.
+A tiny model runs a warm-up and a traced forward per backend (triton in Triton's interpreter). A call is on the path
+when it is given an activation (a tensor that is no parameter or buffer of the model); a step: a distinct call between
+two of our modules on it. Height: (layer rank in import_graph.LAYERS, level among that layer's imports); back up: a
+step to a greater height; entered(m): how many modules step into m. Targets: back up <= 7, entered <= 2.
 
     python tools/forward_path.py                      # both backends: the path, the counts, entered per module
     python tools/forward_path.py --backend torch --json path.json --check
@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
+import itertools
 import os
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -24,7 +26,7 @@ from typing import Any
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is first imported: the kernels run on the CPU
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # import_graph.py beside this file (tools/ is no package)
-from import_graph import discover, imports_of  # noqa: E402
+from import_graph import LAYERS, RANK, discover, imports_of, layer_of  # noqa: E402
 
 BACKENDS = ("torch", "triton")
 #: the targets: at most this many steps back up to a higher module, each module entered at most this often
@@ -47,20 +49,46 @@ Site = tuple[str, str]  # (module, function qualname)
 Edge = tuple[Site, Site]  # caller -> callee
 
 
+def arguments(frame: FrameType) -> list[Any]:
+    """What ``frame``'s function was called with (read at its 'call' event): its named arguments, and what its
+    ``*args`` tuple and ``**kwargs`` dict hold (one level deep)."""
+    code, local = frame.f_code, frame.f_locals
+    named = code.co_argcount + code.co_kwonlyargcount
+    values = [local[name] for name in code.co_varnames[:named] if name in local]
+    if code.co_flags & inspect.CO_VARARGS:
+        extra = local.get(code.co_varnames[named], ())
+        values += extra if isinstance(extra, tuple) else []
+        named += 1
+    if code.co_flags & inspect.CO_VARKEYWORDS:
+        extra = local.get(code.co_varnames[named], {})
+        values += extra.values() if isinstance(extra, dict) else []
+    return values
+
+
 @dataclass
 class Trace:
-    """What one traced call saw: the first frame(s) of ours with no caller of ours, and every distinct edge between
-    two of our modules in first-seen order, each under the edge whose visit it was first seen in (None: a root)."""
+    """What one traced call saw: the first frame(s) of ours on the path with none above, and every distinct edge
+    between two of our modules in first-seen order, each under the edge whose visit it was first seen in (a root's
+    site where it hangs on none)."""
 
     roots: list[Site] = field(default_factory=list)
     edges: list[Edge] = field(default_factory=list)
     parent: dict[Edge, Edge | Site] = field(default_factory=dict)
 
 
-def trace(run: Callable[[], Any], ours: Callable[[str], bool] = is_ours) -> Trace:
-    """Run ``run()`` under ``sys.setprofile`` and return the calls between modules ``ours`` accepts (by the frame's
-    ``__name__``). The caller of a frame is the nearest accepted frame above it; a frame with a triton frame between
-    it and that caller (a ``@triton.jit`` body, a hook the autotuner calls) is not recorded, nor anything under it."""
+def trace(run: Callable[[], Any], ours: Callable[[str], bool] = is_ours, weights: Collection[int] = ()) -> Trace:
+    """Run ``run()`` under ``sys.setprofile`` and return the path's calls between modules ``ours`` accepts (by the
+    frame's ``__name__``). A call is recorded when an argument is an activation: a ``torch.Tensor`` that is no
+    ``nn.Parameter`` and whose id is not in ``weights`` (the model's parameters and buffers). Its caller is the nearest
+    recorded frame above it (unrecorded frames between are passed through); a frame with a triton frame between it and
+    that caller (a ``@triton.jit`` body, a hook the autotuner calls) is not recorded."""
+    import torch
+
+    def activation(value: Any) -> bool:
+        return (
+            isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter) and id(value) not in weights
+        )
+
     result = Trace()
     seen: set[Edge] = set()
     node_of: dict[FrameType, Edge | Site] = {}  # live recorded frame -> the tree node its module visit hangs on
@@ -74,13 +102,14 @@ def trace(run: Callable[[], Any], ours: Callable[[str], bool] = is_ours) -> Trac
         module = frame.f_globals.get("__name__", "")
         if not ours(module):
             return
-        site = (module, qualname(frame))
         caller = frame.f_back
         while caller is not None and caller not in node_of:
-            name = caller.f_globals.get("__name__", "")
-            if is_triton(name) or (ours(name) and caller not in node_of):
-                return  # inside a kernel run by triton, or under a frame of ours that is not recorded
+            if is_triton(caller.f_globals.get("__name__", "")):
+                return  # inside a kernel run by triton, or a hook triton calls
             caller = caller.f_back
+        if not any(activation(value) for value in arguments(frame)):
+            return  # not on the image's path (a lookup, a switch, a property); what it calls may be
+        site = (module, qualname(frame))
         if caller is None:
             if site not in result.roots:
                 result.roots.append(site)
@@ -135,6 +164,24 @@ def levels(imports: dict[str, set[str]]) -> tuple[dict[str, int], list[list[str]
     return level, found
 
 
+Height = tuple[int, int]  # (the rank of the module's layer, its level among its layer's imports)
+
+
+def heights(imports: dict[str, set[str]]) -> tuple[dict[str, Height], list[list[str]]]:
+    """Each module's height: (the rank of its layer in ``LAYERS``, its ``levels`` counting only the imports between
+    modules of its layer), and the cycles broken there. A module in no layer ranks above every layer."""
+    layer = {module: layer_of(module) for module in imports}
+    within = {m: {i for i in imported if layer_of(i) == layer[m]} for m, imported in imports.items()}
+    level, cycles = levels(within)
+    return {m: (RANK.get(layer[m], len(RANK)), level[m]) for m in imports}, cycles
+
+
+def label(height: Height) -> str:
+    """``layer:level``, e.g. ``model:2``."""
+    rank, level = height
+    return f"{LAYERS[rank][0] if rank < len(LAYERS) else 'no layer'}:{level}"
+
+
 def installed_packages() -> dict[str, Path]:
     """Import package -> folder, as this Python finds vit_fast (and vit_fast.kernels / vit_fast.export where they are
     installed from folders of their own)."""
@@ -165,23 +212,35 @@ def import_graph(packages: dict[str, Path]) -> dict[str, set[str]]:
 class ForwardPath:
     backend: str
     trace: Trace
-    level: dict[str, int]
+    height: dict[str, Height]
 
     def back_up(self, edge: Edge) -> bool:
         (caller, _), (callee, _) = edge
-        return self.level.get(callee, 0) > self.level.get(caller, 0)
+        return self.height[callee] > self.height[caller]
 
-    def entered(self) -> dict[str, int]:
+    def entered(self) -> dict[str, list[str]]:
+        """Module -> the modules whose steps enter it (its fan-in), most entered first."""
+        callers: dict[str, list[str]] = {}
+        for (caller, _), (callee, _) in self.trace.edges:
+            if caller not in callers.setdefault(callee, []):
+                callers[callee].append(caller)
+        return dict(sorted(callers.items(), key=lambda kv: (-len(kv[1]), kv[0])))
+
+    def edges_into(self) -> dict[str, int]:
+        """Module -> the distinct steps into it."""
         counts: dict[str, int] = {}
         for _, (callee, _) in self.trace.edges:
             counts[callee] = counts.get(callee, 0) + 1
-        return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+        return counts
 
     def numbers(self) -> dict[str, Any]:
+        entered = self.entered()
         return {
             "steps": len(self.trace.edges),
             "back_up": sum(self.back_up(e) for e in self.trace.edges),
-            "entered": self.entered(),
+            "entered": {module: len(callers) for module, callers in entered.items()},
+            "entered_from": entered,
+            "edges_into": self.edges_into(),
             "roots": [".".join(site) for site in self.trace.roots],
             "edges": [
                 {"caller": ".".join(a), "callee": ".".join(b), "back_up": self.back_up((a, b))}
@@ -195,15 +254,18 @@ class ForwardPath:
         if numbers["back_up"] > MAX_BACK_UP:
             ups = ", ".join(f"{e['caller']} -> {e['callee']}" for e in numbers["edges"] if e["back_up"])
             found.append(f"{self.backend}: {numbers['back_up']} steps back up (at most {MAX_BACK_UP}): {ups}")
-        for module, count in numbers["entered"].items():
-            if count > MAX_ENTERED:
-                found.append(f"{self.backend}: {module} entered {count} times (at most {MAX_ENTERED})")
+        for module, callers in numbers["entered_from"].items():
+            if len(callers) > MAX_ENTERED:
+                found.append(
+                    f"{self.backend}: {module} entered from {len(callers)} modules (at most {MAX_ENTERED}): "
+                    + ", ".join(callers)
+                )
         return found
 
     def tree_lines(self) -> list[str]:
         """The path as a call tree: each distinct edge once, under the edge (or root) whose visit it was first seen
-        in; ``↑`` marks a step back up (``-`` any other), ``(from f)`` names the calling function where it is not
-        the one above."""
+        in, ``[layer:level]`` after it; ``↑`` marks a step back up (``-`` any other), ``(from f)`` names the calling
+        function where it is not the one above."""
         children: dict[Edge | Site, list[Edge]] = {}
         for edge in self.trace.edges:
             children.setdefault(self.trace.parent[edge], []).append(edge)
@@ -214,27 +276,31 @@ class ForwardPath:
                 caller, callee = edge
                 mark = "↑" if self.back_up(edge) else "-"
                 source = "" if caller == entered_at else f"  (from {caller[1]})"
-                lines.append(f"{'  ' * depth}{mark} {callee[0]}.{callee[1]} [{self.level.get(callee[0], 0)}]{source}")
+                lines.append(f"{'  ' * depth}{mark} {callee[0]}.{callee[1]} [{label(self.height[callee[0]])}]{source}")
                 show(edge, depth + 1, callee)
 
         for root in self.trace.roots:
-            lines.append(f"  {root[0]}.{root[1]} [{self.level.get(root[0], 0)}]")
+            lines.append(f"  {root[0]}.{root[1]} [{label(self.height[root[0]])}]")
             show(root, 1, root)
         return lines
 
     def report(self) -> str:
         numbers = self.numbers()
-        entered = "\n".join(f"  {count}  {module}" for module, count in numbers["entered"].items())
+        entered = "\n".join(
+            f"  {len(callers):6}  {numbers['edges_into'][module]:5}  {module}  <- {', '.join(callers)}"
+            for module, callers in numbers["entered_from"].items()
+        )
         return (
-            f"backend {self.backend}: the path ([level], ↑ a step back up)\n"
+            f"backend {self.backend}: the path ([layer:level], ↑ a step back up)\n"
             + "\n".join(self.tree_lines())
             + f"\nbackend {self.backend}: {numbers['steps']} steps, {numbers['back_up']} back up "
-            f"(target <= {MAX_BACK_UP}), most entered {max(numbers['entered'].values(), default=0)} "
-            f"(target <= {MAX_ENTERED})\nentered per module:\n{entered}"
+            f"(target <= {MAX_BACK_UP}), most entered from {max(numbers['entered'].values(), default=0)} modules "
+            f"(target <= {MAX_ENTERED})\nentered per module:\n  fan-in  edges  module  <- the modules that enter it\n"
+            f"{entered}"
         )
 
 
-def tiny_model_path(backend: str, level: dict[str, int]) -> ForwardPath:
+def tiny_model_path(backend: str, height: dict[str, Height]) -> ForwardPath:
     """One traced forward of a tiny model on ``backend``, after one warm-up forward."""
     import torch
 
@@ -246,13 +312,14 @@ def tiny_model_path(backend: str, level: dict[str, int]) -> ForwardPath:
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         model(x)
-        traced = trace(lambda: model(x))
-    return ForwardPath(backend, traced, level)
+        weights = {id(t) for t in itertools.chain(model.parameters(), model.buffers())}
+        traced = trace(lambda: model(x), weights=weights)
+    return ForwardPath(backend, traced, height)
 
 
-def measure(backends: Iterable[str]) -> tuple[list[ForwardPath], dict[str, int], list[list[str]]]:
-    level, cycles = levels(import_graph(installed_packages()))
-    return [tiny_model_path(b, level) for b in backends], level, cycles
+def measure(backends: Iterable[str]) -> tuple[list[ForwardPath], dict[str, Height], list[list[str]]]:
+    height, cycles = heights(import_graph(installed_packages()))
+    return [tiny_model_path(b, height) for b in backends], height, cycles
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -268,13 +335,16 @@ def main(argv: list[str] | None = None) -> int:
         from vit_fast.util.files import check_report_file
 
         json_path = check_report_file(args.json, "--json")  # before any model is built
-    paths, level, cycles = measure(args.backend or BACKENDS)
+    paths, height, cycles = measure(args.backend or BACKENDS)
     for path in paths:
         print(path.report(), end="\n\n")
     if cycles:
-        print(f"import cycles, each counted without its last import ({len(cycles)}):")
+        print(f"import cycles within a layer, each counted without its last import ({len(cycles)}):")
         for cycle in cycles:
             print("  " + " -> ".join(cycle))
+    unplaced = sorted(m for m, (rank, _) in height.items() if rank == len(LAYERS))
+    if unplaced:
+        print(f"modules in no layer, ranked above every layer: {', '.join(unplaced)}")
     if json_path is not None:
         from vit_fast.util.files import write_json_atomic
 
@@ -282,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
             {
                 "targets": {"back_up": MAX_BACK_UP, "entered": MAX_ENTERED},
                 "backends": {p.backend: p.numbers() for p in paths},
-                "levels": dict(sorted(level.items())),
+                "heights": {m: [label(h), *h] for m, h in sorted(height.items())},
                 "cycles": cycles,
             },
             json_path,
