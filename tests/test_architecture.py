@@ -2,7 +2,8 @@
 module-level imports form a cycle.
 
 Layers, lowest first, are folders (vit_fast.kernels and vit_fast.export are installed from the top-level
-folders kernels/ and export/); LAYERS below is the one place they are written.
+folders kernels/ and export/); LAYERS in tools/import_graph.py is the one place they are written (this test and
+tools/forward_path.py read it from there).
 
 Every import counts for the layer check, at module level or inside a function; imports under
 ``if TYPE_CHECKING:`` are ignored. No cycle at module level, anywhere. Counting imports inside functions too, no
@@ -14,41 +15,46 @@ module level or inside a function, typing-only imports included), and a private 
 imported only inside its own package (its siblings and the package's ``__init__``, which re-exports what is public).
 tools/ and benchmarks/ are held to that rule too; tests/ is not: a test may reach into a private name to test it.
 
-The checker is plain AST walking: nothing is imported.
+The checker is plain AST walking: nothing is imported. Which module imports which is read by tools/import_graph.py,
+shared with tools/forward_path.py.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib.util
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-#: import package -> folder in the repository (the setuptools package-dir mapping)
-PACKAGES = {"vit_fast": ROOT / "vit_fast", "vit_fast.kernels": ROOT / "kernels", "vit_fast.export": ROOT / "export"}
+
+
+def _load_import_graph():
+    """tools/import_graph.py, the import reader this check shares with tools/forward_path.py (tools/ is no
+    package)."""
+    spec = importlib.util.spec_from_file_location("import_graph_under_test", ROOT / "tools" / "import_graph.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # where its dataclass is looked up
+    spec.loader.exec_module(module)
+    return module
+
+
+_graph = _load_import_graph()
+PACKAGES, discover, imported_from, imports_of, sources_of = (
+    _graph.PACKAGES,
+    _graph.discover,
+    _graph.imported_from,
+    _graph.imports_of,
+    _graph.sources_of,
+)
+#: the layers, lowest first, their ranks and the module -> layer reader: written once, in tools/import_graph.py
+LAYERS, RANK, layer_of = _graph.LAYERS, _graph.RANK, _graph.layer_of
 #: scripts held to the private-name rule (they sit in no layer: nothing imports them)
 SCRIPTS = {"tools": ROOT / "tools", "benchmarks": ROOT / "benchmarks"}
 
-
-def _modules(*names: str) -> tuple[str, ...]:
-    return tuple(f"vit_fast.{name}" for name in names)
-
-
-#: lowest first; "x.*" stands for every module inside package x
-LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("kernels", _modules("kernels", "kernels.*")),
-    ("util", _modules("util", "util.*")),
-    ("backend", _modules("backend", "backend.*")),
-    ("model", _modules("model", "model.*")),
-    # the package itself is the public facade over the interop layer (its names load on first use); assets: the
-    # embedded default model, loaded as a checkpoint
-    ("interop", ("vit_fast",) + _modules("interop", "interop.*", "assets", "assets.*")),
-    ("export", _modules("export", "export.*")),
-    ("app", _modules("bench", "bench.*", "demo", "demo.*", "doctor", "doctor.*", "serve", "serve.*")),
-    ("cli", _modules("cli", "cli.*", "__main__")),
-]
 
 #: Known upward imports in files this check does not own yet, as (importer, imported). Each is a debt to pay,
 #: not a permission: remove the entry with the import. Nothing else may be added here to make the test pass.
@@ -76,83 +82,7 @@ ALLOWED_PRIVATE: set[tuple[str, str]] = {
 }
 
 
-@dataclass(frozen=True)
-class Import:
-    importer: str
-    imported: str
-    line: int
-    module_level: bool
-
-
-def layer_of(module: str) -> str | None:
-    for name, patterns in LAYERS:
-        for pattern in patterns:
-            if module == pattern or (pattern.endswith(".*") and module.startswith(pattern[:-1])):
-                return name
-    return None
-
-
-RANK = {name: i for i, (name, _) in enumerate(LAYERS)}
 ORDER = " < ".join(RANK)
-
-
-def discover(packages: dict[str, Path]) -> dict[str, tuple[Path, bool]]:
-    """Module name -> (file, is_package) for every .py file under each package folder."""
-    modules: dict[str, tuple[Path, bool]] = {}
-    for package, folder in packages.items():
-        for path in sorted(folder.rglob("*.py")):
-            parts = list(path.relative_to(folder).with_suffix("").parts)
-            is_package = parts[-1] == "__init__"
-            if is_package:
-                parts = parts[:-1]
-            modules[".".join([package, *parts])] = (path, is_package)
-    return modules
-
-
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
-def imports_of(module: str, source: str, is_package: bool, known: set[str]) -> list[Import]:
-    """Every import of a ``vit_fast`` module in ``source``, resolved to the module it loads."""
-    found: list[Import] = []
-    package = module if is_package else module.rpartition(".")[0]
-
-    def target(name: str) -> str:
-        # the longest known module that ``name`` is or lies in (a name imported from a module is that module)
-        while name not in known and "." in name:
-            name = name.rpartition(".")[0]
-        return name
-
-    def visit(node: ast.AST, module_level: bool) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _is_type_checking(child.test):
-                for other in child.orelse:
-                    visit_stmt(other, module_level)
-                continue
-            visit_stmt(child, module_level)
-
-    def visit_stmt(node: ast.AST, module_level: bool) -> None:
-        names: list[str] = []
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                source_module = ".".join(base + ([node.module] if node.module else []))
-            else:
-                source_module = node.module or ""
-            names = [f"{source_module}.{alias.name}" for alias in node.names]
-        for name in names:
-            if name == "vit_fast" or name.startswith("vit_fast."):
-                found.append(Import(module, target(name), node.lineno, module_level))
-        inner = module_level and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
-        visit(node, inner)
-
-    visit(ast.parse(source), True)
-    return [i for i in found if i.imported != module]
 
 
 def check(
@@ -164,7 +94,7 @@ def check(
     module level anywhere; counting imports inside functions, across folders) and private names crossing a file."""
     known = set(sources)
     problems = [
-        f"{m} is in no layer: add it to LAYERS in tests/test_architecture.py ({ORDER}), at the lowest layer whose "
+        f"{m} is in no layer: add it to LAYERS in tools/import_graph.py ({ORDER}), at the lowest layer whose "
         "modules it may import"
         for m in sorted(known)
         if layer_of(m) is None
@@ -319,11 +249,7 @@ def private_uses(module: str, source: str, is_package: bool, known: set[str]) ->
                     note(target(alias.name), None, node.lineno)
                     bound[alias.asname or "vit_fast"] = alias.name if alias.asname else "vit_fast"
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                source_module = ".".join(base + ([node.module] if node.module else []))
-            else:
-                source_module = node.module or ""
+            source_module = imported_from(node, package)
             if not ours(source_module):
                 continue
             for alias in node.names:
@@ -357,11 +283,11 @@ def private_problems(sources: dict[str, tuple[str, bool]], allowed: set[tuple[st
 
 
 def _tree() -> dict[str, tuple[str, bool]]:
-    return {m: (path.read_text(encoding="utf-8"), pkg) for m, (path, pkg) in discover(PACKAGES).items()}
+    return sources_of(PACKAGES)
 
 
 def _scripts() -> dict[str, tuple[str, bool]]:
-    return {m: (path.read_text(encoding="utf-8"), pkg) for m, (path, pkg) in discover(SCRIPTS).items()}
+    return sources_of(SCRIPTS)
 
 
 # --------------------------------------------------------------------------- the tree
