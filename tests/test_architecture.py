@@ -6,7 +6,7 @@ kernels/ and export/):
 
   kernels  vit_fast.kernels.*
   base     vit_fast.version, dtypes, batches, files, lazy, progress, numerics, env, runtime, pos_embed, first_use
-  model    vit_fast.config, layers, model, triton_path, validation, convert, checkpoints, loading, hf,
+  model    vit_fast.config, layers, stages, model, triton_path, validation, convert, checkpoints, loading, hf,
            patching, naflex, explanation, assets, graphs, training, warmup, selfcheck,
            and vit_fast itself (the public facade over the model layer)
   export   vit_fast.export.*
@@ -47,7 +47,16 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "model",
         ("vit_fast",)  # the package itself: the public facade over the model layer
         + _modules(
-            "config", "layers", "timm_api", "model", "triton_path", "validation", "convert", "assets", "assets.*"
+            "config",
+            "layers",
+            "stages",
+            "timm_api",
+            "model",
+            "triton_path",
+            "validation",
+            "convert",
+            "assets",
+            "assets.*",
         )
         + _modules(
             "checkpoints", "loading", "hf_patch", "patching", "timm_blocks", "graphs", "training", "warmup", "selfcheck"
