@@ -49,6 +49,7 @@ from vit_fast.interop.forwards import PATCHED_BACKEND, is_patched, original_forw
 from vit_fast.interop.naflex import key_padding_lengths
 from vit_fast.interop.timm_blocks import LinearWeights
 from vit_fast.model.config import HF_ACTIVATIONS
+from vit_fast.model.layers import run_block
 
 #: layer class -> (attention attribute, attention output projection, norm before attention, norm before the
 #: MLP, LayerScale after attention or None, LayerScale after the MLP or None)
@@ -307,26 +308,10 @@ def _run_view(view: _LayerView, x: torch.Tensor, lengths: torch.Tensor | None = 
     """One layer on the kernels. With an activation the fc1 epilogue has, exactly what ``vit_fast.interop.patching``
     runs for a timm block; otherwise fc1 without activation, the layer's own activation in PyTorch, then fc2.
     ``lengths [B]``: a padded batch's valid tokens per sample (SigLIP 2, :mod:`vit_fast.interop.naflex`)."""
-    from vit_fast.backend import first_use
-    from vit_fast.backend.triton_path import (
-        _CHECKED_THROUGH,
-        _THROUGH_OPS,
-        _block,
-        _gamma,
-        _norm_linear,
-        fuse_ln_from_env,
-        with_lengths,
-    )
+    from vit_fast.backend.triton_path import fuse_ln_from_env, patched_ops
 
-    if view.torch_act is None:
-        return _block(view, x, view.kernel_act, lengths)
-    ops = with_lengths(_CHECKED_THROUGH if first_use.applies(x) else _THROUGH_OPS, lengths)
-    fused = fuse_ln_from_env()
-    qkv = _norm_linear(ops, view.norm1, x, view.attn.qkv, None, fused)
-    a = ops.attention(qkv, view.attn.num_heads, view.attn.scale)
-    x = ops.linear(a, view.attn.proj, residual=x, gamma=_gamma(view.ls1))
-    hidden = view.torch_act(_norm_linear(ops, view.norm2, x, view.mlp.fc1, None, fused))
-    return ops.linear(hidden, view.mlp.fc2, residual=x, gamma=_gamma(view.ls2))
+    act = view.kernel_act if view.torch_act is None else None
+    return run_block(patched_ops(x, lengths), view, x, act, fuse_ln_from_env(), torch_act=view.torch_act)
 
 
 def _kernels_can_run(x: torch.Tensor, backend: str) -> bool:

@@ -31,12 +31,21 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from vit_fast.backend import runtime
 from vit_fast.interop.naflex import MODEL_CLASSES as NAFLEX_CLASSES
 from vit_fast.interop.naflex import naflex_refusal
+from vit_fast.model.layers import (
+    attention_branch,
+    diff_attention,
+    gamma,
+    is_rms_norm,
+    mlp_branch,
+    norm,
+    norm_linear,
+    run_block,
+)
 
 #: timm model classes whose blocks are read here (NaFlexVit: :mod:`vit_fast.interop.naflex`), and the ones refused for
 #: what their attention does
@@ -70,76 +79,36 @@ class BlockPlan:
 
     def run(self, block: nn.Module, x: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
         """The block's forward on the kernels, ``x [B, T, D]`` -> ``[B, T, D]``; ``lengths [B]``: a padded batch's
-        valid tokens per sample (:func:`vit_fast.backend.triton_path.attention_with_lengths`)."""
-        from vit_fast.backend import first_use
-        from vit_fast.backend.triton_path import _CHECKED_THROUGH, _THROUGH_OPS, fuse_ln_from_env, with_lengths
+        valid tokens per sample (:func:`vit_fast.backend.triton_path.attention_with_lengths`). A pre-norm ``Block`` is
+        :func:`vit_fast.model.layers.run_block`, as ours; the other kinds are built of the same branches."""
+        from vit_fast.backend.triton_path import fuse_ln_from_env, patched_ops
 
-        ops = with_lengths(_CHECKED_THROUGH if first_use.applies(x) else _THROUGH_OPS, lengths)
-        fused = fuse_ln_from_env()
+        ops, fused = patched_ops(x, lengths), fuse_ln_from_env()
         x = x.contiguous()  # a model without prefix tokens hands its patch embedding's transposed view to block 0
         if self.kind == "Block":
-            x = _attention(ops, block.norm1, block.attn, x, x, block.ls1, fused)
-            return _mlp(ops, block.norm2, block.mlp, self.mlps[0], x, x, block.ls2, fused)
+            return run_block(ops, block, x, self.mlps[0].act, fused, **_gate(self.mlps[0]))
         if self.kind == "ResPostBlock":
-            x = x + _norm(ops, block.norm1, _attention(ops, nn.Identity(), block.attn, x, None, None, fused))
-            return x + _norm(ops, block.norm2, _mlp(ops, nn.Identity(), block.mlp, self.mlps[0], x, None, None, fused))
+            x = x + norm(ops, block.norm1, attention_branch(ops, nn.Identity(), block.attn, x, None, None, fused))
+            mlp = mlp_branch(ops, nn.Identity(), block.mlp, x, None, None, fused, **_act_and_gate(self.mlps[0]))
+            return x + norm(ops, block.norm2, mlp)
         if self.kind in ("ParallelScalingBlock", "DiffParallelScalingBlock"):
             return _parallel_scaling(ops, block, self.mlps[0], x, fused)
         # ParallelThingsBlock: each branch reads the block's input; the residual chain sums their outputs
         out = x
         for branch in block.attns:
-            out = _attention(ops, branch.norm, branch.attn, x, out, branch.ls, fused)
+            out = attention_branch(ops, branch.norm, branch.attn, x, out, branch.ls, fused)
         x = out
         for branch, mlp_plan in zip(block.ffns, self.mlps, strict=True):
-            out = _mlp(ops, branch.norm, branch.mlp, mlp_plan, x, out, branch.ls, fused)
+            out = mlp_branch(ops, branch.norm, branch.mlp, x, out, branch.ls, fused, **_act_and_gate(mlp_plan))
         return out
 
 
-def _norm(ops, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    from vit_fast.backend.triton_path import _norm as norm_on_kernels
-
-    return norm_on_kernels(ops, norm, x)
+def _gate(plan: MlpPlan) -> dict:
+    return {"gated": plan.gated, "gate_last": plan.gate_last}
 
 
-def _attention(ops, norm, attn, x, residual, ls, fused) -> torch.Tensor:
-    """``residual + ls(attn(norm(x)))`` (``attn(norm(x))`` when residual is None): 3 launches, LN in the qkv GEMM."""
-    from vit_fast.backend.triton_path import _gamma, _norm_linear
-
-    qkv = _norm_linear(ops, norm, x, attn.qkv, None, fused)  # [B, T, 3 * H * Dh]
-    if type(attn).__name__ == "DiffAttention":
-        a = _diff_attention(ops, attn, qkv)
-    else:
-        a = ops.attention(qkv, attn.num_heads, attn.scale)  # [B, T, H * Dh]
-    if residual is None:
-        return ops.linear(a, attn.proj)
-    return ops.linear(a, attn.proj, residual=residual, gamma=_gamma(ls))
-
-
-def _diff_attention(ops, attn, qkv: torch.Tensor) -> torch.Tensor:
-    """timm ``DiffAttention`` from its qkv output to before proj (``[B, T, 3D] -> [B, T, D]``): both softmaxes,
-    lambda, the sub_norm RmsNorm and ``1 - lambda_init`` in one kernel. lambda is timm's own ``_compute_lambda()``,
-    cast to qkv's dtype as timm casts it, and stays on the device (the kernel reads it)."""
-    lambda_full = attn._compute_lambda().to(qkv.dtype)
-    sub_norm = attn.sub_norm
-    return ops.diff_attention(
-        qkv, lambda_full, sub_norm.weight, attn.num_heads, float(attn.lambda_init), attn.scale, sub_norm.eps
-    )
-
-
-def _mlp(ops, norm, mlp, plan: MlpPlan, x, residual, ls, fused) -> torch.Tensor:
-    """``residual + ls(mlp(norm(x)))`` (``mlp(norm(x))`` when residual is None); the activation rides in fc1's
-    epilogue, a SwiGLU gate runs in torch between fc1 and fc2."""
-    from vit_fast.backend.triton_path import _gamma, _norm_linear
-
-    if plan.gated:
-        h = _norm_linear(ops, norm, x, mlp.fc1, None, fused)
-        x1, x2 = h.chunk(2, dim=-1)
-        h = x1 * _act_ref(x2, plan.act) if plan.gate_last else _act_ref(x1, plan.act) * x2
-    else:
-        h = _norm_linear(ops, norm, x, mlp.fc1, plan.act, fused)
-    if residual is None:
-        return ops.linear(h, mlp.fc2)
-    return ops.linear(h, mlp.fc2, residual=residual, gamma=_gamma(ls))
+def _act_and_gate(plan: MlpPlan) -> dict:
+    return {"act": plan.act, **_gate(plan)}
 
 
 class LinearWeights(NamedTuple):
@@ -163,8 +132,6 @@ def _parallel_scaling(ops, block, plan: MlpPlan, x: torch.Tensor, fused: bool) -
     the one ``out_proj`` over ``cat(A, M)`` is split by weight columns ``[:D]`` and ``[D:]`` (strided views the
     GEMM reads by row stride), its bias riding on the first. 5 launches without qk-norm, 7 with it (+ a cat).
     """
-    from vit_fast.backend.triton_path import _gamma, _norm, _norm_linear
-
     width = x.shape[-1]
     hidden = block.in_proj.out_features - 3 * width
     weight, bias = block.in_proj.weight, block.in_proj.bias
@@ -174,24 +141,24 @@ def _parallel_scaling(ops, block, plan: MlpPlan, x: torch.Tensor, fused: bool) -
     fc1 = LinearWeights(weight[:hidden], mlp_bias)
     qkv_proj = LinearWeights(weight[hidden:], bias[hidden:] if bias is not None else None)
     if fused:  # the norm's statistics are taken in both GEMMs' prologues: cheaper than a launch and a round trip
-        m = _norm_linear(ops, block.in_norm, x, fc1, plan.act, fused)
-        qkv = _norm_linear(ops, block.in_norm, x, qkv_proj, None, fused)
+        m = norm_linear(ops, block.in_norm, x, fc1, plan.act, fused)
+        qkv = norm_linear(ops, block.in_norm, x, qkv_proj, None, fused)
     else:
-        y = _norm(ops, block.in_norm, x)
+        y = norm(ops, block.in_norm, x)
         m, qkv = ops.linear(y, fc1, plan.act), ops.linear(y, qkv_proj)
     qkv = _qk_norm(ops, block, qkv)
     if type(block).__name__ == "DiffParallelScalingBlock":  # the block holds DiffAttention's lambda and sub_norm
-        a = _diff_attention(ops, block, qkv)
+        a = diff_attention(ops, block, qkv)
     else:
         a = ops.attention(qkv, block.num_heads, block.scale)  # [B, T, D]
-    gamma = _gamma(block.ls)
+    scale = gamma(block.ls)
     if getattr(block, "out_proj", None) is not None:
         # fuse_out_proj: out_proj(cat(a, m)) == a @ W[:, :D]^T + m @ W[:, D:]^T + b
         out_weight = block.out_proj.weight
-        x = ops.linear(a, LinearWeights(out_weight[:, :width], block.out_proj.bias), residual=x, gamma=gamma)
-        return ops.linear(m, LinearWeights(out_weight[:, width:], None), residual=x, gamma=gamma)
-    x = ops.linear(a, block.attn_out_proj, residual=x, gamma=gamma)
-    return ops.linear(m, block.mlp_out_proj, residual=x, gamma=gamma)
+        x = ops.linear(a, LinearWeights(out_weight[:, :width], block.out_proj.bias), residual=x, gamma=scale)
+        return ops.linear(m, LinearWeights(out_weight[:, width:], None), residual=x, gamma=scale)
+    x = ops.linear(a, block.attn_out_proj, residual=x, gamma=scale)
+    return ops.linear(m, block.mlp_out_proj, residual=x, gamma=scale)
 
 
 def _qk_norm(ops, block, qkv: torch.Tensor) -> torch.Tensor:
@@ -201,26 +168,14 @@ def _qk_norm(ops, block, qkv: torch.Tensor) -> torch.Tensor:
     read and write of qkv per block: torch ops for the repack keep the kernels as they are (the attention kernel is
     another helper's); folding qk-norm into the qkv GEMM's epilogue (tiles of whole heads) would remove it, and is
     worth doing once it is timed on a GPU."""
-    from vit_fast.backend.triton_path import _norm
-
     if _is_identity(block.q_norm) and _is_identity(block.k_norm):
         return qkv
     batch, tokens, features = qkv.shape
     head_dim = block.head_dim  # differential attention: 2 x heads q/k heads of head_dim each
     q, k, v = qkv.split(features // 3, dim=-1)
-    q = _norm(ops, block.q_norm, q.reshape(batch, tokens, -1, head_dim))
-    k = _norm(ops, block.k_norm, k.reshape(batch, tokens, -1, head_dim))
+    q = norm(ops, block.q_norm, q.reshape(batch, tokens, -1, head_dim))
+    k = norm(ops, block.k_norm, k.reshape(batch, tokens, -1, head_dim))
     return torch.cat((q.reshape(batch, tokens, -1), k.reshape(batch, tokens, -1), v), dim=-1)
-
-
-def _act_ref(x: torch.Tensor, act: str) -> torch.Tensor:
-    if act == "gelu":
-        return F.gelu(x)
-    if act == "gelu_tanh":
-        return F.gelu(x, approximate="tanh")
-    if act == "quick_gelu":
-        return x * torch.sigmoid(1.702 * x)
-    return F.silu(x)
 
 
 # --------------------------------------------------------------------------- reading a timm model
@@ -241,8 +196,6 @@ def _activation(act, where: str, problems: list[str]) -> str:
 def _norm_problems(norm, where: str, problems: list[str], allow_identity: bool = False) -> None:
     """A LayerNorm or timm RmsNorm / RmsNormFp32 over one (the last) dim, or Identity where allowed; else a problem.
     Both run on the norm kernel (or folded into the next GEMM's prologue), in its LayerNorm or RMS mode."""
-    from vit_fast.backend.triton_path import is_rms_norm
-
     if allow_identity and _is_identity(norm):
         return
     if not (isinstance(norm, nn.LayerNorm) or is_rms_norm(norm)):
@@ -346,8 +299,6 @@ _PARALLEL_SCALING_PARTS = (
 
 def _scaling_norm_problems(norm, width: int, where: str, problems: list[str], allow_identity: bool = False) -> None:
     """A LayerNorm or timm RmsNorm over ``width`` features (or Identity where allowed); else a problem."""
-    from vit_fast.backend.triton_path import is_rms_norm
-
     if allow_identity and _is_identity(norm):
         return
     if not (isinstance(norm, nn.LayerNorm) or is_rms_norm(norm)):
@@ -513,16 +464,9 @@ class PoolPlan:
         ``latent`` ``[1, L, D]``, ``q`` (a Linear, or None / nn.Identity: the latent is the query), ``kv``,
         ``proj`` (None / nn.Identity: none), ``norm``, ``mlp`` (``fc1``, ``fc2``; None: none), and ``torch_act``
         where the plan's MLP activation is ``"torch"`` (run in PyTorch between fc1 and fc2)."""
-        from vit_fast.backend import first_use
-        from vit_fast.backend.triton_path import (
-            _CHECKED_THROUGH,
-            _THROUGH_OPS,
-            _norm_linear,
-            fuse_ln_from_env,
-            with_lengths,
-        )
+        from vit_fast.backend.triton_path import fuse_ln_from_env, patched_ops
 
-        ops = with_lengths(_CHECKED_THROUGH if first_use.applies(x) else _THROUGH_OPS, lengths)
+        ops = patched_ops(x, lengths)
         x = x.contiguous()
         latent = head.latent
         q = latent if _is_identity(head.q) else ops.linear(latent, head.q)  # [1, L, D]: once, not per image
@@ -531,10 +475,11 @@ class PoolPlan:
         if not _is_identity(head.proj):
             a = ops.linear(a, head.proj)
         if self.mlp is not None and self.mlp.act == "torch":  # an activation fc1's epilogue does not have
-            h = head.torch_act(_norm_linear(ops, head.norm, a, head.mlp.fc1, None, fuse_ln_from_env()))
-            a = ops.linear(h, head.mlp.fc2, residual=a)
+            a = mlp_branch(
+                ops, head.norm, head.mlp, a, a, nn.Identity(), fuse_ln_from_env(), None, torch_act=head.torch_act
+            )
         elif self.mlp is not None:
-            a = _mlp(ops, head.norm, head.mlp, self.mlp, a, a, nn.Identity(), fuse_ln_from_env())
+            a = mlp_branch(ops, head.norm, head.mlp, a, a, nn.Identity(), fuse_ln_from_env(), **_act_and_gate(self.mlp))
         if self.pool == "token":
             return a[:, 0]
         if self.pool == "avg":
