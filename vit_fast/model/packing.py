@@ -1,25 +1,8 @@
-"""Images of different sizes in one forward: every image's tokens packed into one sequence.
-
-:meth:`vit_fast.model.vit.VisionTransformer.forward_packed` (and ``model(list_of_images)``) takes images ``[C, H_i,
-W_i]`` of any sizes the model accepts. Each image is patch-embedded at its own grid with its own resized position
-embedding and its own class / register tokens (images of one size share one patch-embedding call); all tokens are
-concatenated into one sequence ``[1, S, D]``, ``S = sum(T_i)``, with ``cu_seqlens`` (each image's offsets, int32) and
-run through the blocks once: LayerNorm, the GEMMs and the MLP are per token, attention stays within each image. No token
-of padding is computed, where a padded batch computes every image at the largest size.
-
-- torch backend: each block's attention runs ``F.scaled_dot_product_attention`` per run of consecutive images of one
-  length (images are packed grouped by size, so a run is a size group), the readable reference;
-- triton backend: the attention kernel's ``cu_seqlens`` path (one launch per block for the whole pack), every other
-  kernel as in an ordinary forward.
-
-Then the final norm, pooling per image (the config's ``global_pool``: class token or average of patch tokens), the
-fc norm and the head on ``[N, D]``. The images' order is kept in every output. What a packed forward computes for
-image ``i`` is what ``model(images[i][None])`` computes.
-
-The layout is decided on the host from the images' shapes (no device read), so a packed forward is eager only:
-``torch.compile`` and export trace the ordinary ``forward(x)``. The blocks' parts are called one by one (the norms,
-``attn.qkv``, ``attn.proj``, the MLP): hooks on those run, a hook on a ``Block`` or its ``Attention`` as a whole does
-not, and gradient checkpointing is not applied.
+"""Images of different sizes in one forward: each image patch-embedded at its own grid, all tokens packed into one
+sequence ``[1, S, D]`` with ``cu_seqlens``, then the model's stages (:mod:`vit_fast.model.stages`) with attention
+kept within each image (:class:`PackedOps`), pooling per image. Behind
+:meth:`vit_fast.model.vit.VisionTransformer.forward_packed`; see docs/usage.md, "Images of different sizes in one
+call".
 """
 
 from __future__ import annotations

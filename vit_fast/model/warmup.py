@@ -1,14 +1,7 @@
-"""A warm start: compile (and, on request, tune) the triton backend's kernels for the batch sizes a model will
-see, before the first real input.
-
-By default each kernel compiles one heuristic config per shape, with no timing: a first ViT-B/16 forward costs a
-handful of compilations. Tuning (every candidate config compiled and timed, the fastest kept) is asked for:
-``model.warmup(batch_sizes, tune=True)``, ``VIT_FAST_AUTOTUNE=1``, ``vit-fast serve --tune``, ``vit-fast bench
---tune``. Tuned configs are saved in Triton's cache directory (unless
-``VIT_FAST_AUTOTUNE_CACHE=0``), so the next process starts tuned.
-
-:func:`warmup_model` is what ``VisionTransformer.warmup`` (and so the Hugging Face drop-in, a subclass) runs.
-Nothing here imports triton unless the model runs on the triton backend.
+"""A warm start: compile (and, on request, tune) the triton backend's kernels for the batch sizes a model will see,
+before the first real input. :func:`warmup_model` is what ``VisionTransformer.warmup`` (and so the Hugging Face
+drop-in) runs; nothing here imports triton unless the model runs on the triton backend. Compiling and tuning:
+docs/kernels.md, "First use: compiling, and tuning on request".
 """
 
 from __future__ import annotations
