@@ -188,8 +188,8 @@ def tiny_model(seed: int = 0, **overrides) -> VisionTransformer:
 def record_triton_forwards(monkeypatch) -> list[tuple[int, bool]]:
     """Replace the triton path's forward with one that records ``(batch, tuning on)`` per call and returns zeros:
     what a test of who tunes when (bench, serve) needs, without running the kernels."""
-    from vit_fast.backend import triton_path
     from vit_fast.kernels import autotune
+    from vit_fast.model import stages
 
     seen: list[tuple[int, bool]] = []
 
@@ -198,7 +198,7 @@ def record_triton_forwards(monkeypatch) -> list[tuple[int, bool]]:
         return torch.zeros(x.shape[0], model.cfg.num_tokens, model.cfg.embed_dim)
 
     monkeypatch.delenv("VIT_FAST_AUTOTUNE", raising=False)
-    monkeypatch.setattr(triton_path, "features_triton", features)
+    monkeypatch.setattr(stages, "features_triton", features)
     return seen
 
 

@@ -63,23 +63,7 @@ ALLOWED_UPWARD: set[tuple[str, str]] = set()
 #: Private names that still cross a file, as (importer, "module.name" or the private module). Each is a debt that
 #: another change is paying now, not a permission: remove the entry with the use (a stale entry fails
 #: test_allowed_exceptions_are_still_needed). Nothing else may be added here to make the test pass.
-ALLOWED_PRIVATE: set[tuple[str, str]] = {
-    # triton_path's internals, shared with the timm and Hugging Face block plans and warmup: being split into
-    # public homes alongside the model / triton_path / validation / warmup refactor
-    *(
-        ("vit_fast.interop.timm_blocks", f"vit_fast.backend.triton_path.{name}")
-        for name in ("_CHECKED_THROUGH", "_THROUGH_OPS", "_gamma", "_norm", "_norm_linear")
-    ),
-    *(
-        ("vit_fast.interop.hf_patch", f"vit_fast.backend.triton_path.{name}")
-        for name in ("_CHECKED_THROUGH", "_THROUGH_OPS", "_block", "_gamma", "_norm_linear")
-    ),
-    ("vit_fast.model.warmup", "vit_fast.backend.triton_path._layer_norm_fused"),
-    *(
-        ("vit_fast.model.packing", f"vit_fast.backend.triton_path.{name}")
-        for name in ("_ops_for", "_layer_norm_fused", "_norm", "_forward_done", "_embed", "_run_block")
-    ),
-}
+ALLOWED_PRIVATE: set[tuple[str, str]] = set()
 
 
 ORDER = " < ".join(RANK)

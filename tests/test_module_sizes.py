@@ -11,22 +11,11 @@ FOLDERS = ("vit_fast", "kernels", "export")
 MAX_LINES = 500
 MAX_DOCSTRING_LINES = 5
 
-#: Files a concurrent change is splitting now (the model / triton_path / timm blocks refactor); exempt from both
-#: rules until it lands. A debt, not a permission: remove an entry with the split.
-BEING_SPLIT = {"vit_fast/model/vit.py", "vit_fast/backend/triton_path.py", "vit_fast/interop/timm_blocks.py"}
 
 #: CLI subcommands whose module docstring is their ``--help`` text (vit_fast/cli/__init__.py passes
 #: ``module.__doc__`` to argparse as the description): exempt from the docstring rule only.
 SUBCOMMANDS = ("bench", "demo", "doctor", "export", "info", "serve", "tritonserver", "verify")
 HELP_TEXT = {f"vit_fast/cli/{name}.py" for name in SUBCOMMANDS}
-
-#: Module docstrings over five lines not trimmed yet. A debt, not a permission: remove an entry with the trim
-#: (a stale entry fails test_exemptions_are_still_needed); nothing may be added to make the test pass.
-LONG_DOCSTRINGS = {
-    "vit_fast/interop/hf_patch.py",
-    "vit_fast/model/packing.py",
-    "vit_fast/model/warmup.py",
-}
 
 
 def _files() -> list[Path]:
@@ -66,27 +55,19 @@ def test_the_counts_see_what_they_look_for():
 
 
 def test_no_file_is_over_500_lines():
-    found = [f"{n}: {line_count(s)} lines" for n, s in FILES.items() if n not in BEING_SPLIT and _too_long(n)]
+    found = [f"{n}: {line_count(s)} lines" for n, s in FILES.items() if _too_long(n)]
     assert not found, f"split these by a real seam (one job per file) to at most {MAX_LINES} lines:\n" + "\n".join(
         found
     )
 
 
 def test_no_module_docstring_is_over_five_lines():
-    exempt = BEING_SPLIT | HELP_TEXT | LONG_DOCSTRINGS
-    found = [f"{n}: {docstring_lines(s)} lines" for n, s in FILES.items() if n not in exempt and _long_docstring(n)]
+    found = [f"{n}: {docstring_lines(s)} lines" for n, s in FILES.items() if n not in HELP_TEXT and _long_docstring(n)]
     assert not found, (
         f"a module docstring says what the module holds in at most {MAX_DOCSTRING_LINES} lines; move measurements "
         "and long explanations into docs/ and link them:\n" + "\n".join(found)
     )
 
 
-def test_exemptions_name_files_that_exist():
-    named = BEING_SPLIT | HELP_TEXT | LONG_DOCSTRINGS
-    assert named <= set(FILES), sorted(named - set(FILES))
-
-
-def test_exemptions_are_still_needed():
-    stale = [n for n in sorted(LONG_DOCSTRINGS) if n not in FILES or not _long_docstring(n)]
-    stale += [n for n in sorted(BEING_SPLIT) if n not in FILES or not (_too_long(n) or _long_docstring(n))]
-    assert not stale, "these are within the rules now: remove them from the lists in this file:\n" + "\n".join(stale)
+def test_help_text_exemptions_name_files_that_exist():
+    assert HELP_TEXT <= set(FILES), sorted(HELP_TEXT - set(FILES))

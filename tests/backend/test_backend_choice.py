@@ -208,11 +208,10 @@ def test_is_bf16_supported_is_never_asked(fake_cuda, monkeypatch):
 
 
 def test_triton_path_refuses_bf16_before_any_compute(fake_cuda, monkeypatch):
-    import vit_fast.backend.triton_path as triton_path
+    import vit_fast.model.stages as stages
 
     model = tiny_model().to(torch.bfloat16).set_backend("triton")
-    monkeypatch.setattr(triton_path, "features_triton", lambda *a: pytest.fail("the kernels ran"))
-    monkeypatch.setattr(triton_path, "stages_triton", lambda *a: pytest.fail("the kernels ran"))
+    monkeypatch.setattr(stages, "features_triton", lambda *a: pytest.fail("the kernels ran"))
     x = torch.randn(1, 3, 32, 32, dtype=torch.bfloat16)
     for call in (model, lambda x: list(model.forward_stages(x))):
         with cards.pretend_arch(75), pytest.raises(ValueError, match=r"bf16 is not native on .*float16 or float32"):
@@ -382,10 +381,9 @@ def test_info_refuses_to_replace_a_file_it_did_not_write(tmp_path, capsys):
 def test_a_float64_model_never_reaches_the_kernels(fake_cuda, monkeypatch):
     """The fast path launches the kernels unchecked: a float64 model on "auto" keeps the torch path on a card where
     "auto" picks triton (same numbers as torch), and an explicit backend="triton" is refused before any compute."""
-    import vit_fast.backend.triton_path as triton_path
+    import vit_fast.model.stages as stages
 
-    monkeypatch.setattr(triton_path, "features_triton", lambda *a: pytest.fail("the kernels ran"))
-    monkeypatch.setattr(triton_path, "stages_triton", lambda *a: pytest.fail("the kernels ran"))
+    monkeypatch.setattr(stages, "features_triton", lambda *a: pytest.fail("the kernels ran"))
     monkeypatch.setattr(runtime, "auto_backend", lambda device, head_dim=None: "triton")  # a card with tensor cores
     model = tiny_model().double()
     x = torch.randn(2, 3, 32, 32, dtype=torch.float64)

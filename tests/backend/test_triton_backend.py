@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from vit_fast.backend import runtime
+from vit_fast.model import stages
 
 from .._tf32 import no_tf32  # noqa: F401  (autouse: TF32 off while comparing with torch on CUDA)
 from ..fakes import tiny_model
@@ -55,7 +56,7 @@ def _no_torch_fallback(model, monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the triton backend fell back to the torch path")
 
-    monkeypatch.setattr(model, "_features_torch", refuse)
+    monkeypatch.setattr(stages, "features_torch", refuse)
 
 
 def _run_both(model, x):

@@ -17,7 +17,7 @@ def test_verify_triton_backend_passes():
 
 
 def test_verify_triton_backend_catches_a_wrong_kernel(monkeypatch):
-    import vit_fast.backend.triton_path as tp
+    import vit_fast.model.stages as tp
 
     real = tp.features_triton
     monkeypatch.setattr(tp, "features_triton", lambda m, x, grid: real(m, x, grid) * 1.01)

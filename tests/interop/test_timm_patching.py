@@ -14,7 +14,7 @@ import torch
 timm = pytest.importorskip("timm", reason="timm is not installed (make setup installs it with --no-deps)")
 
 import vit_fast  # noqa: E402
-from vit_fast.interop import timm_blocks  # noqa: E402
+from vit_fast.interop import timm_reading  # noqa: E402
 from vit_fast.interop.timm_blocks import BlockPlan, PoolPlan  # noqa: E402
 
 from ..fakes import (  # noqa: E402
@@ -226,10 +226,16 @@ def test_every_kind_apply_vit_fast_takes_has_a_parity_row():
     """The model classes and block kinds timm_blocks runs, differential attention and the attention-pool head each
     appear in a parity row; the model classes it refuses each have a refusal row."""
     seen = set().union(*(_kinds(_parity_model(case)) for case in PARITY))
-    wanted = {*timm_blocks.MODEL_CLASSES, *timm_blocks.BLOCK_KINDS, "Attention", "DiffAttention", "AttentionPoolLatent"}
+    wanted = {
+        *timm_reading.MODEL_CLASSES,
+        *timm_reading.BLOCK_KINDS,
+        "Attention",
+        "DiffAttention",
+        "AttentionPoolLatent",
+    }
     assert wanted <= seen, sorted(wanted - seen)
     refused = {type(timm.create_model(name, pretrained=False, **kw)).__name__ for name, kw, _ in REFUSED.values()}
-    assert set(timm_blocks._REFUSED_MODELS) <= refused
+    assert set(timm_reading._REFUSED_MODELS) <= refused
 
 
 def _attention_launches(model: torch.nn.Module) -> int:

@@ -359,7 +359,7 @@ def test_eager_attention_is_fused_and_export_traces_the_plain_math(monkeypatch):
 def test_forward_runs_the_last_block_for_the_class_token_alone_with_the_same_numbers(overrides, monkeypatch):
     """Class-token pooling reads token 0 only, so forward() runs the last block for it alone: the same logits and
     gradients as the whole forward_features, in float64."""
-    import vit_fast.model.vit as model_module
+    import vit_fast.model.stages as model_module  # where the forward's plan runs the blocks
 
     model = tiny_model(**overrides).double()
     x = torch.randn(3, 3, 32, 32, dtype=torch.float64)

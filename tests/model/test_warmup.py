@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from vit_fast.backend import triton_path
 from vit_fast.kernels import KERNELS, autotune
+from vit_fast.model import stages
 from vit_fast.model.warmup import WarmupReport
 
 from ..fakes import tiny_model
@@ -30,7 +30,7 @@ def _default_tuning(monkeypatch):
 def _spy(monkeypatch, real: bool = False) -> list[tuple[int, torch.dtype, bool]]:
     """Record each triton forward as (batch, input dtype, tuning on); ``real``: run the kernels too."""
     calls = []
-    run = triton_path.features_triton
+    run = stages.features_triton
 
     def features(model, x, grid):
         calls.append((x.shape[0], x.dtype, autotune.autotune_enabled()))
@@ -38,7 +38,7 @@ def _spy(monkeypatch, real: bool = False) -> list[tuple[int, torch.dtype, bool]]
             return run(model, x, grid)
         return torch.zeros(x.shape[0], model.cfg.num_tokens, model.cfg.embed_dim, dtype=model.dtype)
 
-    monkeypatch.setattr(triton_path, "features_triton", features)
+    monkeypatch.setattr(stages, "features_triton", features)
     return calls
 
 

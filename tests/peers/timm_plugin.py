@@ -6,7 +6,7 @@
 ``--vit-fast``: ``off`` (timm as released, the baseline), ``auto`` (patched; on a CPU the blocks keep timm's
 forwards, on a CUDA card with tensor cores they run our kernels) or ``triton`` (patched, the kernels run, in Triton's
 interpreter on a CPU: keep to timm's tiny models there, ``test_vit*`` and the ``test_naflexvit_*`` tests' own). The
-models handed to apply_vit_fast are those of the timm classes it reads (``vit_fast.interop.timm_blocks.MODEL_CLASSES``:
+models handed to apply_vit_fast are those of the timm classes it reads (``vit_fast.interop.timm_reading.MODEL_CLASSES``:
 VisionTransformer, VisionTransformerDistilled, NaFlexVit) or refuses by name (Eva's rotary attention, RelPos); one it
 refuses (by name, or for a feature such as RoPE in a NaFlexVit) or that is none of those is left as timm built it,
 and counted in the summary line.
@@ -48,7 +48,7 @@ def pytest_addoption(parser) -> None:
 
 def _wrap(create_model, backend: str):
     import vit_fast
-    from vit_fast.interop.timm_blocks import _REFUSED_MODELS, MODEL_CLASSES
+    from vit_fast.interop.timm_reading import _REFUSED_MODELS, MODEL_CLASSES
 
     vits = (*MODEL_CLASSES, *_REFUSED_MODELS)  # the classes apply_vit_fast reads, and those it refuses by name
 

@@ -1,35 +1,13 @@
-"""``forward_features`` of :class:`vit_fast.model.vit.VisionTransformer` on our Triton kernels.
-
-The model's own parameters (timm names) go through the fused ops, nothing is copied or
-re-laid-out:
-
-    patch_embed   im2col + GEMM + bias + pos-embed + cls/reg tokens    -> x [B, T, D]
-                  (uint8 images normalised in the same kernel when set_input_normalization was called)
-    norm_pre      layer_norm (when the model has one)
-    block         qkv = linear(LN1(x)); a = attention(qkv)              5 launches: LN1 and LN2 are the
-                  x = linear(a, proj, residual=x, gamma=ls1)            prologues of the qkv and fc1 GEMMs
-                  m = linear(LN2(x), fc1, act); x = linear(m, fc2, residual=x, gamma=ls2)
-    norm          layer_norm (Identity when the model pools with fc_norm)
-
-A ViT-B/16 forward is 2 + 5 * 12 = 62 launches. The unfused block (LN1 and LN2 as launches of their
-own, 7 per block, 86 for ViT-B/16) stays selectable for comparison: ``model.fuse_layer_norm = False``
-or ``VIT_FAST_FUSE_LN=0``.
-
-Why plain ``layer_norm`` and not ``add_layer_norm`` here: every residual add in a ViT block
-directly follows a GEMM, and the GEMM epilogue adds it (and LayerScale) for free while the
-output tile is in registers: the sum is written once and LN reads it once. Moving the add into
-the norm instead would make the GEMM write the bare branch and the norm read branch *and*
-residual: one more [B, T, D] read per add. ``add_layer_norm`` is for adds with no GEMM before them.
-
-Input checks already ran in ``VisionTransformer.check_input``; pooling and the head stay in torch.
+"""The kernels as a forward calls them, and which of them a call runs (the dispatch). :class:`_Ops` adapts each
+kernel to the modules a forward holds; :func:`ops_for` picks per call direct launches or the ``torch.library`` ops,
+under the first-use safety net until the call's shapes are cleared; :func:`patched_ops` is what a patched timm or
+transformers layer runs on; :func:`with_lengths` carries a padded batch's lengths. See docs/kernels.md, "Launches
+per forward".
 """
 
 from __future__ import annotations
 
-import sys
 import weakref
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -63,16 +41,12 @@ from vit_fast.kernels.linear import (
 from vit_fast.kernels.patch_embed import launch_patch_embed, patch_embed, patch_embed_ref
 from vit_fast.kernels.switches import switch
 
-if TYPE_CHECKING:
-    from vit_fast.model.layers import Block
-    from vit_fast.model.vit import VisionTransformer
-
 
 class _Ops:
     """The kernels as one forward calls them. ``direct``: plain eager inference (no autograd, not traced):
     each call goes straight to the kernel's launcher with its checks skipped, since the forward checked every
-    parameter once (:func:`_check_params`); otherwise the public ``torch.library`` ops, each checking its
-    inputs, which autograd, torch.compile and export see."""
+    parameter once (:func:`vit_fast.model.validation.check_kernel_params`); otherwise the public ``torch.library`` ops,
+    each checking its inputs, which autograd, torch.compile and export see."""
 
     def __init__(self, direct: bool) -> None:
         self.direct = direct
@@ -243,140 +217,40 @@ _CHECKED_DIRECT, _CHECKED_THROUGH = _CheckedOps(direct=True), _CheckedOps(direct
 _CLEARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _forward_key(model: VisionTransformer, x: torch.Tensor, shape: tuple | None = None) -> tuple:
+def _forward_key(owner: nn.Module, x: torch.Tensor, shape: tuple | None = None) -> tuple:
     """What a cleared forward is known by: its input and everything else that decides which kernels and configs it
-    launches (``kernels.autotune.config_mode``: tuning on or off, the TMA switch). A forward cleared with the heuristic
-    configs is not cleared for the tuned ones: its first tuned run goes through the net again. ``shape``: what stands
-    for x's shape where one tensor does not say it (a packed forward: every image's shape)."""
-    return shape or x.shape, x.dtype, x.device, _layer_norm_fused(model), config_mode()
+    launches (``kernels.autotune.config_mode``: tuning on or off, the TMA switch). A forward cleared with the
+    heuristic configs is not cleared for the tuned ones: its first tuned run goes through the net again. ``shape``:
+    what stands for x's shape where one tensor does not say it (a packed forward: every image's shape)."""
+    return shape or x.shape, x.dtype, x.device, layer_norm_fused(owner), config_mode()
 
 
-def _ops_for(model: VisionTransformer, x: torch.Tensor, shape: tuple | None = None) -> _Ops:
-    """Direct launches for plain eager inference, after one check of every parameter; else the custom ops (direct
-    launches bypass autograd, and tracing must see the ops). Under the first-use safety net until this forward's
-    shapes have all been checked (then one lookup per forward); the custom ops under it wherever it may check
-    (:func:`vit_fast.backend.first_use.eligible`: eager with autograd on) or an op failed it."""
+def ops_for(owner: nn.Module, x: torch.Tensor, shape: tuple | None = None) -> _Ops:
+    """The ops a forward of ``owner`` (the module whose parameters it reads) on input ``x`` runs: direct launches
+    (``ops.direct``; the caller checks the parameters once, the launches do not) for plain eager inference; else the
+    custom ops (direct launches bypass autograd, and tracing must see the ops). Under the first-use safety net
+    until this forward's shapes have all been checked (then one lookup per forward); the custom ops under it
+    wherever it may check (:func:`vit_fast.backend.first_use.eligible`: eager with autograd on) or an op failed it."""
     if torch.is_grad_enabled() or not eager_direct(x):
-        return _CHECKED_THROUGH if first_use.applies(x) else _THROUGH_OPS
-    _check_params(model, x)
+        return patched_ops(x)
     if not first_use.enabled():
         return _DIRECT
-    if not first_use.failed_ops() and _forward_key(model, x, shape) in _CLEARED.get(model, ()):
+    if not first_use.failed_ops() and _forward_key(owner, x, shape) in _CLEARED.get(owner, ()):
         return _DIRECT
     return _CHECKED_DIRECT if first_use.eligible(x) else _DIRECT
 
 
-def _forward_done(model: VisionTransformer, x: torch.Tensor, ops: _Ops, shape: tuple | None = None) -> None:
+def forward_done(owner: nn.Module, x: torch.Tensor, ops: _Ops, shape: tuple | None = None) -> None:
     """After a forward under the safety net: its shapes are checked, later forwards of them skip the net."""
     if ops is _CHECKED_DIRECT and not first_use.failed_ops():
-        _CLEARED.setdefault(model, set()).add(_forward_key(model, x, shape))
+        _CLEARED.setdefault(owner, set()).add(_forward_key(owner, x, shape))
 
 
-#: per model, the fingerprint of its parameters when they last passed :func:`_check_params` (weak: no model is kept)
-_CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _parameters(module: nn.Module) -> list[torch.Tensor]:
-    """Every parameter under ``module``, read straight from the modules' dicts: a sixth of the time of
-    ``module.parameters()`` (about 25 µs for ViT-B/16 against 150 µs), which goes through named_modules."""
-    found, stack = [], [module]
-    while stack:
-        mod = stack.pop()
-        if mod is not None:  # a submodule slot may hold None
-            found += mod._parameters.values()
-            stack += mod._modules.values()
-    return [p for p in found if p is not None]
-
-
-def _check_params(model: VisionTransformer, x: torch.Tensor) -> None:
-    """What the per-op checks would find per launch: every tensor the kernels read has x's float dtype (the
-    model's, for a uint8 image), x's device and the shape the config gives it.
-
-    Run in full once, then again only when the parameters' fingerprint changes: which tensors they are (a
-    replaced layer or parameter), where their data lives (a device has its own address range), their dtypes,
-    shapes and strides (``model.to(...)``, ``param.data = ...``), and x's device: everything the full check
-    reads. About 60 µs per ViT-B/16 forward instead of 300 µs for the full check."""
-    params = _parameters(model)
-    fingerprint = (
-        x.device,
-        tuple(map(id, params)),
-        tuple(map(torch.Tensor.data_ptr, params)),
-        tuple(p.dtype for p in params),
-        tuple(map(torch.Tensor.size, params)),
-        tuple(map(torch.Tensor.stride, params)),
-    )
-    if _CHECKED.get(model) == fingerprint:
-        return
-    _check_params_in_full(model, x)
-    _CHECKED[model] = fingerprint
-
-
-def _check_params_in_full(model: VisionTransformer, x: torch.Tensor) -> None:
-    cfg = model.cfg
-    D, hidden = cfg.embed_dim, model.blocks[0].mlp.fc1.weight.shape[0] if len(model.blocks) else 0
-    dtype, device = model.patch_embed.proj.weight.dtype, x.device
-    expected = [(model.pos_embed, None), (model.cls_token, None), (model.reg_token, None)]
-    for norm in (model.norm_pre, model.norm):
-        if isinstance(norm, nn.LayerNorm):
-            expected += [(norm.weight, (D,)), (norm.bias, (D,))]
-    for block in model.blocks:
-        attn, mlp = block.attn, block.mlp
-        expected += [
-            (block.norm1.weight, (D,)),
-            (block.norm1.bias, (D,)),
-            (attn.qkv.weight, (3 * D, D)),
-            (attn.qkv.bias, (3 * D,)),
-            (attn.proj.weight, (D, D)),
-            (attn.proj.bias, (D,)),
-            (_gamma(block.ls1), (D,)),
-            (block.norm2.weight, (D,)),
-            (block.norm2.bias, (D,)),
-            (mlp.fc1.weight, (hidden, D)),
-            (mlp.fc1.bias, (hidden,)),
-            (mlp.fc2.weight, (D, hidden)),
-            (mlp.fc2.bias, (D,)),
-            (_gamma(block.ls2), (D,)),
-        ]
-    for t, shape in expected:
-        if t is None:
-            continue
-        if t.dtype != dtype or t.device != device or (shape is not None and t.shape != shape) or t.stride(-1) != 1:
-            name = next((n for n, p in model.named_parameters() if p is t), "a parameter")
-            raise ValueError(
-                f"triton backend: {name} is {t.dtype} {tuple(t.shape)} on {t.device} (stride {t.stride(-1)}), but "
-                f"the forward needs {dtype} {shape or ''} on {device}, contiguous: move the whole model at once "
-                "(model.to(device, dtype)) and keep its layers' shapes"
-            )
-
-
-def is_rms_norm(module: nn.Module) -> bool:
-    """timm's ``RmsNorm`` or ``RmsNormFp32`` (recognised by type; timm is imported wherever such a module exists, and
-    never imported here). Both compute ``x * rsqrt(mean(x^2) + eps) * weight`` over the last dim, with no bias."""
-    norms = sys.modules.get("timm.layers.norm")
-    types = tuple(getattr(norms, name) for name in ("RmsNorm", "RmsNormFp32") if hasattr(norms, name))
-    return bool(types) and isinstance(module, types)
-
-
-def _norm(ops: _Ops, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    if isinstance(module, nn.Identity):
-        return x
-    if isinstance(module, nn.LayerNorm):
-        return ops.layer_norm(module, x)
-    if is_rms_norm(module):
-        return ops.rms_norm(module, x)
-    raise TypeError(
-        f"the triton backend runs nn.LayerNorm, timm RmsNorm or nn.Identity norms, got {type(module).__name__}"
-    )
-
-
-def _gamma(module: nn.Module) -> torch.Tensor | None:
-    """LayerScale's per-channel gamma, or None where the block has no LayerScale (nn.Identity)."""
-    gamma = getattr(module, "gamma", None)  # ours or timm's LayerScale (apply_vit_fast runs timm blocks)
-    if isinstance(gamma, torch.Tensor):
-        return gamma
-    if isinstance(module, nn.Identity):
-        return None
-    raise TypeError(f"the triton backend runs LayerScale or nn.Identity, got {type(module).__name__}")
+def patched_ops(x: torch.Tensor, lengths: torch.Tensor | None = None):
+    """The custom ops (what autograd, torch.compile and export see) for input ``x``, under the first-use safety net
+    in eager calls; with ``lengths`` for a padded batch (:func:`with_lengths`). What a patched timm or transformers
+    layer runs on."""
+    return with_lengths(_CHECKED_THROUGH if first_use.applies(x) else _THROUGH_OPS, lengths)
 
 
 def fuse_ln_from_env() -> bool:
@@ -384,37 +258,10 @@ def fuse_ln_from_env() -> bool:
     return bool(switch("VIT_FAST_FUSE_LN", True))
 
 
-def _layer_norm_fused(model: VisionTransformer) -> bool:
-    """LayerNorm folded into the next GEMM (the default), unless the model or ``VIT_FAST_FUSE_LN=0`` says not."""
-    return getattr(model, "fuse_layer_norm", True) and fuse_ln_from_env()
-
-
-def _norm_linear(
-    ops: _Ops, norm: nn.Module, x: torch.Tensor, lin: nn.Linear, act: str | None, fused: bool
-) -> torch.Tensor:
-    """``lin(norm(x))`` (then ``act``): one launch when fused and ``norm`` is a LayerNorm or timm RmsNorm, else two."""
-    if fused and isinstance(norm, nn.LayerNorm):
-        return ops.norm_linear(norm, x, lin, act)
-    if fused and is_rms_norm(norm):
-        return ops.rms_norm_linear(norm, x, lin, act)
-    return ops.linear(_norm(ops, norm, x), lin, act)
-
-
-def _run_block(ops: _Ops, block: Block, x: torch.Tensor, act: str, fused: bool) -> torch.Tensor:
-    attn, mlp = block.attn, block.mlp
-    qkv = _norm_linear(ops, block.norm1, x, attn.qkv, None, fused)  # [B, T, 3*D], read in place as [B, T, 3, H, Dh]
-    a = ops.attention(qkv, attn.num_heads, attn.scale)  # [B, T, D]
-    x = ops.linear(a, attn.proj, residual=x, gamma=_gamma(block.ls1))
-    m = _norm_linear(ops, block.norm2, x, mlp.fc1, act, fused)
-    return ops.linear(m, mlp.fc2, residual=x, gamma=_gamma(block.ls2))
-
-
-def _block(block: Block, x: torch.Tensor, act: str, lengths: torch.Tensor | None = None) -> torch.Tensor:
-    """One block through the custom ops (what ``vit_fast.interop.patching`` runs inside timm / HF models), LayerNorm
-    fused unless ``VIT_FAST_FUSE_LN=0``; under the first-use safety net in eager calls (autograd on or off).
-    ``lengths [B]``: each sample's valid tokens, a prefix of its row (:func:`attention_with_lengths`)."""
-    ops = _CHECKED_THROUGH if first_use.applies(x) else _THROUGH_OPS
-    return _run_block(with_lengths(ops, lengths), block, x, act, fuse_ln_from_env())
+def layer_norm_fused(owner: nn.Module) -> bool:
+    """LayerNorm folded into the next GEMM (the default), unless the model (``fuse_layer_norm``) or
+    ``VIT_FAST_FUSE_LN=0`` says not."""
+    return getattr(owner, "fuse_layer_norm", True) and fuse_ln_from_env()
 
 
 # --------------------------------------------------------------------------- key padding (native resolution)
@@ -476,54 +323,4 @@ def with_lengths(ops: _Ops, lengths: torch.Tensor | None):
     return ops if lengths is None else _WithLengths(ops, lengths)
 
 
-def _embed(ops: _Ops, model: VisionTransformer, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
-    """Tokens ``[B, T, D]`` after the patch embedding and ``norm_pre``; a uint8 image is normalised in the kernel."""
-    proj = model.patch_embed.proj
-    normalize = x.dtype == torch.uint8
-    tokens = ops.patch_embed(
-        x,
-        proj.weight,
-        proj.bias,
-        model.pos_embed_at(grid),
-        model.cls_token,
-        model.reg_token,
-        no_embed_class=model.cfg.no_embed_class,
-        mean=model.input_mean if normalize else None,
-        std=model.input_std if normalize else None,
-    )
-    return _norm(ops, model.norm_pre, tokens)
-
-
-def stages_triton(
-    model: VisionTransformer, x: torch.Tensor, grid: tuple[int, int]
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """``("patch embedding", tokens)``, ``("block i", tokens)`` for each block, ``("final norm", tokens)``:
-    the triton path one stage at a time, as ``model._stages_torch`` yields them (each ``[B, T, D]``)."""
-    ops, fused = _ops_for(model, x), _layer_norm_fused(model)
-    tokens = _embed(ops, model, x, grid)
-    yield "patch embedding", tokens
-    for i, block in enumerate(model.blocks):
-        tokens = _run_block(ops, block, tokens, model.cfg.act, fused)
-        yield f"block {i}", tokens
-    tokens = _norm(ops, model.norm, tokens)
-    _forward_done(model, x, ops)
-    yield "final norm", tokens
-
-
-def features_triton(model: VisionTransformer, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
-    """Tokens ``[B, T, D]`` after the final norm, as ``model._features_torch(x, grid)`` computes them.
-
-    ``x [B, C, H, W]`` in the model's dtype and device (or uint8 with the model's input normalisation),
-    already validated; ``grid`` = ``(H/p, W/p)``.
-    """
-    # the same helpers as stages_triton, without a generator in the way of torch.compile's tracing
-    ops, fused = _ops_for(model, x), _layer_norm_fused(model)
-    tokens = _embed(ops, model, x, grid)
-    for block in model.blocks:
-        tokens = _run_block(ops, block, tokens, model.cfg.act, fused)
-    tokens = _norm(ops, model.norm, tokens)
-    _forward_done(model, x, ops)
-    return tokens
-
-
-__all__ = ["features_triton", "stages_triton"]
+__all__ = ["fuse_ln_from_env", "layer_norm_fused", "ops_for", "forward_done", "patched_ops", "with_lengths"]

@@ -146,7 +146,7 @@ def _unpatched_choice(refusal: str | None) -> BackendChoice:
 
 def _timm_refusal(model: nn.Module) -> str:
     """apply_vit_fast's own error for a timm model whose blocks or head it refuses (each feature named once)."""
-    from vit_fast.interop.timm_blocks import plan_attention_pool, plan_timm_model
+    from vit_fast.interop.timm_reading import plan_attention_pool, plan_timm_model
 
     try:
         plan_timm_model(model, "auto")
@@ -163,7 +163,7 @@ _Read = tuple[str | None, BackendChoice, list[ModuleReport], list[str]]
 
 def _timm(model: nn.Module, device: torch.device, dtype: torch.dtype) -> _Read:
     from vit_fast.interop.forwards import PATCHED_BACKEND, is_patched
-    from vit_fast.interop.timm_blocks import BLOCK_INDEX, read_attention_pool, read_timm_blocks, timm_model_refusal
+    from vit_fast.interop.timm_reading import BLOCK_INDEX, read_attention_pool, read_timm_blocks, timm_model_refusal
 
     asked = model.__dict__.get(PATCHED_BACKEND)
     names = {id(m): n for n, m in model.named_modules()}

@@ -1,36 +1,8 @@
-"""Our kernels inside a user's own transformers vision model: the one mechanism behind both
-``apply_vit_fast(hf_model)`` (in place) and ``optimize(hf_model)`` (a patched copy).
-
-Only each encoder layer's ``forward`` is replaced (in the instance's ``__dict__``), so the model stays
-an instance of the user's class: ``save_pretrained`` / ``from_pretrained``, Hugging Face key names in
-``state_dict``, gradient checkpointing, ``num_parameters``, ``interpolate_pos_encoding`` (the
-embeddings are untouched), PEFT and the output classes behave as in transformers.
-
-Supported layers (vision towers only; a ``CLIPModel``'s text tower keeps its own forward):
-``ViTLayer``, ``DeiTLayer``, ``Dinov2Layer`` (LayerScale; MLP or SwiGLU), ``CLIPEncoderLayer``,
-``SiglipEncoderLayer`` and ``Siglip2EncoderLayer`` (SigLIP 2's padded batches: the key-padding mask and the head's
-``pixel_attention_mask`` run as per-sample lengths, :mod:`vit_fast.interop.naflex`).
-A layer runs on the kernels (LayerNorm folded into the qkv and fc1 GEMMs,
-flash-style attention, residual and LayerScale in the GEMM epilogues) when the kernels can run on
-its input (:func:`vit_fast.backend.runtime.patched_runs_kernels`, as for timm: float64 keeps the layer's own
-forward), and its own forward otherwise: an attention mask other than key padding at the end of each row,
-training mode (dropout, gradient checkpointing), attentions requested (by the ``output_attentions`` kwarg or the
-config: they come
-from the unfused path, per call), a submodule replaced (e.g. PEFT's LoRA) or hooked by the user, and
-under ``torch.export`` / ``torch.onnx.export`` / ``torch.jit.trace`` (an exported graph is transformers'
-own, as vit-fast's export always traces the torch path).
-In eval mode the kernels run with autograd on as well (a model called without ``torch.no_grad()``, parameters
-that require grad): the custom ops' backward recomputes through the eager references (exact gradients, not fused),
-and q, k and v are stacked afresh in each such call's graph, so their own gradients come back.
-Activations the GEMM epilogue does not have (CLIP's ``quick_gelu``, SwiGLU's SiLU gate) run in
-PyTorch between the fc1 and fc2 kernels. SigLIP's attention-pool head
-(``SiglipMultiheadAttentionPoolingHead``) runs on the kernels too, under the same rules: its packed
-``in_proj`` read as two row slices (q, then k|v) through the linear kernel, the attention-pool kernel,
-``out_proj``, LayerNorm folded into fc1, the residual in fc2's epilogue
-(:class:`vit_fast.interop.timm_blocks.PoolPlan`).
-
-A patched layer's forward is a :class:`vit_fast.interop.forwards.PatchedForward` of :func:`_fast_hf`: the patched model
-pickles, ``torch.save``-s and deep-copies, without the fused weight copies a layer keeps (read again after loading).
+"""Our kernels inside a user's own transformers vision model, the one mechanism behind ``apply_vit_fast(hf_model)``
+(in place) and ``optimize(hf_model)`` (a patched copy): each encoder layer's ``forward`` (and SigLIP's pooling
+head's) is replaced in the instance's ``__dict__`` by a :class:`vit_fast.interop.forwards.PatchedForward`, so the model
+stays the user's class. Which layers, and when a layer keeps its own forward: docs/usage.md, "Hugging Face
+transformers: the drop-in".
 """
 
 from __future__ import annotations
@@ -49,6 +21,7 @@ from vit_fast.interop.forwards import PATCHED_BACKEND, is_patched, original_forw
 from vit_fast.interop.naflex import key_padding_lengths
 from vit_fast.interop.timm_blocks import LinearWeights
 from vit_fast.model.config import HF_ACTIVATIONS
+from vit_fast.model.layers import run_block
 
 #: layer class -> (attention attribute, attention output projection, norm before attention, norm before the
 #: MLP, LayerScale after attention or None, LayerScale after the MLP or None)
@@ -307,26 +280,10 @@ def _run_view(view: _LayerView, x: torch.Tensor, lengths: torch.Tensor | None = 
     """One layer on the kernels. With an activation the fc1 epilogue has, exactly what ``vit_fast.interop.patching``
     runs for a timm block; otherwise fc1 without activation, the layer's own activation in PyTorch, then fc2.
     ``lengths [B]``: a padded batch's valid tokens per sample (SigLIP 2, :mod:`vit_fast.interop.naflex`)."""
-    from vit_fast.backend import first_use
-    from vit_fast.backend.triton_path import (
-        _CHECKED_THROUGH,
-        _THROUGH_OPS,
-        _block,
-        _gamma,
-        _norm_linear,
-        fuse_ln_from_env,
-        with_lengths,
-    )
+    from vit_fast.backend.triton_path import fuse_ln_from_env, patched_ops
 
-    if view.torch_act is None:
-        return _block(view, x, view.kernel_act, lengths)
-    ops = with_lengths(_CHECKED_THROUGH if first_use.applies(x) else _THROUGH_OPS, lengths)
-    fused = fuse_ln_from_env()
-    qkv = _norm_linear(ops, view.norm1, x, view.attn.qkv, None, fused)
-    a = ops.attention(qkv, view.attn.num_heads, view.attn.scale)
-    x = ops.linear(a, view.attn.proj, residual=x, gamma=_gamma(view.ls1))
-    hidden = view.torch_act(_norm_linear(ops, view.norm2, x, view.mlp.fc1, None, fused))
-    return ops.linear(hidden, view.mlp.fc2, residual=x, gamma=_gamma(view.ls2))
+    act = view.kernel_act if view.torch_act is None else None
+    return run_block(patched_ops(x, lengths), view, x, act, fuse_ln_from_env(), torch_act=view.torch_act)
 
 
 def _kernels_can_run(x: torch.Tensor, backend: str) -> bool:

@@ -12,7 +12,7 @@ import weakref
 import torch
 from torch import nn
 
-#: timm model class -> why its blocks are read here (the list :mod:`vit_fast.interop.timm_blocks` accepts it from)
+#: timm model class -> why its blocks are read here (the list :mod:`vit_fast.interop.timm_reading` accepts it from)
 MODEL_CLASSES = ("NaFlexVit",)
 
 

@@ -89,7 +89,7 @@ def apply_vit_fast(model: nn.Module, backend: str = "auto") -> nn.Module:
         runtime.require_triton()
     module = type(model).__module__
     if module.startswith("timm."):
-        from vit_fast.interop.timm_blocks import plan_attention_pool, plan_timm_model
+        from vit_fast.interop.timm_reading import plan_attention_pool, plan_timm_model
 
         plans = plan_timm_model(model, backend)  # refuses, by name, every feature the kernels do not run
         pool_plan = plan_attention_pool(model, backend)  # the map head (None: not an AttentionPoolLatent)

@@ -4,6 +4,8 @@ reference path that the kernels are judged against and export traces."""
 
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -67,14 +69,6 @@ class Attention(nn.Module):
             x = F.scaled_dot_product_attention(q, k, v, scale=self.scale)
         return self.proj(x.transpose(1, 2).reshape(B, T, D))
 
-    def forward_first_query(self, x: torch.Tensor) -> torch.Tensor:
-        """:meth:`forward` for token 0's query alone, ``x [B, T, D]`` -> ``[B, 1, D]``: every token is still a key
-        and a value."""
-        B, T, D = x.shape
-        q, k, v = self.qkv(x).reshape(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        x = F.scaled_dot_product_attention(q[:, :, :1], k, v, scale=self.scale)
-        return self.proj(x.transpose(1, 2).reshape(B, 1, D))
-
 
 def skip_identity(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``module(x)``, without the call when ``module`` is an ``nn.Identity`` (a LayerScale or norm the config
@@ -134,8 +128,7 @@ class Block(nn.Module):
     def forward_first_token(self, x: torch.Tensor) -> torch.Tensor:
         """:meth:`forward`'s output for token 0 alone, ``x [B, T, D]`` -> ``[B, 1, D]``: the same numbers as
         ``forward(x)[:, :1]``; the other tokens' queries, projection and MLP are not computed."""
-        y = x[:, :1] + skip_identity(self.ls1, self.attn.forward_first_query(self.norm1(x)))
-        return y + skip_identity(self.ls2, self.mlp(self.norm2(y)))
+        return run_block(_TORCH_MODULES, self, x, self.mlp.act, first_token=True)
 
 
 _ACTIVATIONS = (nn.GELU, QuickGELU, nn.SiLU)
@@ -164,39 +157,168 @@ def runs_functional(block: nn.Module) -> bool:
     )
 
 
-def _norm(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
-    return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+class TorchOps:
+    """The torch backend's ops, as :func:`run_block` calls them: the same torch calls a :class:`Block`'s modules
+    make, in the same order, so a block run on them gives ``block(x)`` bit for bit. ``modules``: each Linear, norm
+    and activation called as its module (a replaced layer runs as itself); else the functional form on the
+    modules' parameters, without their module calls (a tenth of a small model's batch-1 CPU forward)."""
+
+    def __init__(self, modules: bool) -> None:
+        self.modules = modules
+
+    def linear(self, x, lin: nn.Module, act=None, residual=None, gamma=None) -> torch.Tensor:
+        """``residual + gamma * act(lin(x))``; ``act`` a module or a kernel's activation name, ``gamma`` a tensor or
+        (``modules``) the LayerScale module."""
+        y = lin(x) if self.modules else F.linear(x, lin.weight, lin.bias)
+        if isinstance(act, nn.Module) and self.modules:
+            y = act(y)
+        elif act is not None:
+            y = _act(act, y)
+        if isinstance(gamma, nn.Module):
+            y = skip_identity(gamma, y)
+        elif gamma is not None:
+            y = y * gamma
+        return y if residual is None else residual + y
+
+    def layer_norm(self, norm: nn.LayerNorm, x) -> torch.Tensor:
+        return norm(x) if self.modules else F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+
+    def norm_linear(self, norm: nn.LayerNorm, x, lin: nn.Module, act) -> torch.Tensor:
+        return self.linear(self.layer_norm(norm, x), lin, act)
+
+    def attention(self, qkv, num_heads: int, scale: float, first_token: bool = False) -> torch.Tensor:
+        """``qkv [B, T, 3 * H * Dh]`` -> ``[B, T, H * Dh]`` (``[B, 1, H * Dh]`` with ``first_token``: token 0's query
+        alone; every token is still a key and a value)."""
+        B, T, width = qkv.shape
+        q, k, v = qkv.reshape(B, T, 3, num_heads, width // (3 * num_heads)).permute(2, 0, 3, 1, 4).unbind(0)
+        if first_token:
+            q = q[:, :, :1]
+        o = F.scaled_dot_product_attention(q, k, v, scale=scale)
+        return o.transpose(1, 2).reshape(B, q.shape[2], width // 3)
 
 
-def _scale(ls: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return x if type(ls) is nn.Identity else x * ls.gamma
+_TORCH_FUNCTIONAL, _TORCH_MODULES = TorchOps(modules=False), TorchOps(modules=True)
 
 
-def _act(act: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    if type(act) is nn.GELU:
-        return F.gelu(x, approximate=act.approximate)
-    if type(act) is nn.SiLU:
-        return F.silu(x)
-    return x * torch.sigmoid(1.702 * x)  # QuickGELU
+def _act(act, x: torch.Tensor) -> torch.Tensor:
+    """``act`` by the kernels' name (``gelu``, ``gelu_tanh``, ``quick_gelu``, ``silu``) or as one of its modules."""
+    if isinstance(act, nn.GELU):
+        act = "gelu_tanh" if act.approximate == "tanh" else "gelu"
+    elif isinstance(act, (nn.SiLU, QuickGELU)):
+        act = "silu" if isinstance(act, nn.SiLU) else "quick_gelu"
+    if act == "gelu":
+        return F.gelu(x)
+    if act == "gelu_tanh":
+        return F.gelu(x, approximate="tanh")
+    if act == "quick_gelu":
+        return x * torch.sigmoid(1.702 * x)
+    return F.silu(x)
+
+
+def is_rms_norm(module: nn.Module) -> bool:
+    """timm's ``RmsNorm`` or ``RmsNormFp32`` (recognised by type; timm is imported wherever such a module exists, and
+    never imported here). Both compute ``x * rsqrt(mean(x^2) + eps) * weight`` over the last dim, with no bias."""
+    norms = sys.modules.get("timm.layers.norm")
+    types = tuple(getattr(norms, name) for name in ("RmsNorm", "RmsNormFp32") if hasattr(norms, name))
+    return bool(types) and isinstance(module, types)
+
+
+def norm(ops, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``module(x)`` on ``ops``: a LayerNorm, a timm RmsNorm, or nothing for an Identity."""
+    if isinstance(module, nn.Identity):
+        return x
+    if isinstance(module, nn.LayerNorm):
+        return ops.layer_norm(module, x)
+    if is_rms_norm(module):
+        return ops.rms_norm(module, x)
+    raise TypeError(
+        f"the triton backend runs nn.LayerNorm, timm RmsNorm or nn.Identity norms, got {type(module).__name__}"
+    )
+
+
+def gamma(module) -> torch.Tensor | None:
+    """LayerScale's per-channel gamma, or None where the block has no LayerScale (nn.Identity)."""
+    value = getattr(module, "gamma", None)  # ours or timm's LayerScale (apply_vit_fast runs timm blocks)
+    if isinstance(module, LayerScale) or isinstance(value, torch.Tensor):
+        return value
+    if isinstance(module, nn.Identity):
+        return None
+    raise TypeError(f"the triton backend runs LayerScale or nn.Identity, got {type(module).__name__}")
+
+
+def _scale(ops, ls) -> torch.Tensor | nn.Module | None:
+    # the torch ops with module calls call the LayerScale module itself, as Block.forward does
+    return ls if getattr(ops, "modules", False) else gamma(ls)
+
+
+def norm_linear(ops, norm_module: nn.Module, x: torch.Tensor, lin, act, fused: bool) -> torch.Tensor:
+    """``lin(norm(x))`` (then ``act``): one launch when fused and the norm is a LayerNorm or timm RmsNorm, else two."""
+    if fused and isinstance(norm_module, nn.LayerNorm):
+        return ops.norm_linear(norm_module, x, lin, act)
+    if fused and is_rms_norm(norm_module):
+        return ops.rms_norm_linear(norm_module, x, lin, act)
+    return ops.linear(norm(ops, norm_module, x), lin, act)
+
+
+def diff_attention(ops, attn, qkv: torch.Tensor) -> torch.Tensor:
+    """timm ``DiffAttention`` from its qkv output to before proj (``[B, T, 3D] -> [B, T, D]``): both softmaxes,
+    lambda, the sub_norm RmsNorm and ``1 - lambda_init`` in one kernel. lambda is timm's own ``_compute_lambda()``,
+    cast to qkv's dtype as timm casts it, and stays on the device (the kernel reads it)."""
+    lambda_full = attn._compute_lambda().to(qkv.dtype)
+    sub_norm = attn.sub_norm
+    return ops.diff_attention(
+        qkv, lambda_full, sub_norm.weight, attn.num_heads, float(attn.lambda_init), attn.scale, sub_norm.eps
+    )
+
+
+def attention_branch(ops, norm1, attn, x, residual, ls, fused: bool, first_token: bool = False) -> torch.Tensor:
+    """``residual + ls(attn(norm1(x)))`` (``attn(norm1(x))`` when residual is None); with ``first_token`` for token
+    0 alone (the torch ops only). On the kernels: 3 launches, the norm in the qkv GEMM."""
+    qkv = norm_linear(ops, norm1, x, attn.qkv, None, fused)  # [B, T, 3 * H * Dh], read in place as [B, T, 3, H, Dh]
+    if type(attn).__name__ == "DiffAttention":
+        a = diff_attention(ops, attn, qkv)
+    elif first_token:
+        a, residual = ops.attention(qkv, attn.num_heads, attn.scale, first_token=True), residual[:, :1]
+    else:
+        a = ops.attention(qkv, attn.num_heads, attn.scale)  # [B, T, H * Dh]
+    if residual is None:
+        return ops.linear(a, attn.proj)
+    return ops.linear(a, attn.proj, residual=residual, gamma=_scale(ops, ls))
+
+
+def mlp_branch(ops, norm2, mlp, x, residual, ls, fused: bool, act, gated=False, gate_last=False, torch_act=None):
+    """``residual + ls(mlp(norm2(x)))`` (``mlp(norm2(x))`` when residual is None). The activation rides in fc1's
+    epilogue; a SwiGLU gate (``gated``: ``act(x1) * x2``, or ``x1 * act(x2)`` with ``gate_last``) or a ``torch_act``
+    the epilogue does not have runs in torch between fc1 and fc2."""
+    if gated:
+        h = norm_linear(ops, norm2, x, mlp.fc1, None, fused)
+        x1, x2 = h.chunk(2, dim=-1)
+        h = x1 * _act(act, x2) if gate_last else _act(act, x1) * x2
+    elif torch_act is not None:
+        h = torch_act(norm_linear(ops, norm2, x, mlp.fc1, None, fused))
+    else:
+        h = norm_linear(ops, norm2, x, mlp.fc1, act, fused)
+    if residual is None:
+        return ops.linear(h, mlp.fc2)
+    return ops.linear(h, mlp.fc2, residual=residual, gamma=_scale(ops, ls))
+
+
+def run_block(
+    ops, block, x: torch.Tensor, act, fused: bool = True, *, first_token: bool = False, **mlp
+) -> torch.Tensor:
+    """A pre-norm block, ``x [B, T, D]`` -> ``[B, T, D]``: ``x + ls1(attn(norm1(x)))``, then
+    ``x + ls2(mlp(norm2(x)))``, on ``ops`` (the kernels: 5 launches with the norms folded into the GEMMs; or the
+    torch ops). Ours, timm's and a transformers layer seen with timm's names all run here. An attention context (a
+    padded batch's lengths) rides in ``ops``; ``mlp``: :func:`mlp_branch`'s gate arguments."""
+    x = attention_branch(ops, block.norm1, block.attn, x, x, block.ls1, fused, first_token)
+    return mlp_branch(ops, block.norm2, block.mlp, x, x, block.ls2, fused, act, **mlp)
 
 
 def block_functional(block: Block, x: torch.Tensor, first_token: bool = False) -> torch.Tensor:
-    """``block(x)`` (``block.forward_first_token(x)`` with ``first_token``) as the same torch ops on the block's
-    own parameters, in the same order, without its ten module calls: on a CPU they cost about a tenth of a small
-    model's batch-1 forward (4 blocks of the default model: 1.10 against 1.23 ms). Eager only: a hook, an exporter
-    or a compiler gets the module calls (see ``VisionTransformer._features_torch``); :func:`runs_functional` says
-    which blocks qualify."""
-    a, m = block.attn, block.mlp
-    B, T, D = x.shape
-    qkv = F.linear(_norm(block.norm1, x), a.qkv.weight, a.qkv.bias)
-    q, k, v = qkv.reshape(B, T, 3, a.num_heads, a.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-    rows = 1 if first_token else T
-    if first_token:
-        q, x = q[:, :, :1], x[:, :1]
-    o = F.scaled_dot_product_attention(q, k, v, scale=a.scale).transpose(1, 2).reshape(B, rows, D)
-    x = x + _scale(block.ls1, F.linear(o, a.proj.weight, a.proj.bias))
-    h = _act(m.act, F.linear(_norm(block.norm2, x), m.fc1.weight, m.fc1.bias))
-    return x + _scale(block.ls2, F.linear(h, m.fc2.weight, m.fc2.bias))
+    """``block(x)`` (``block.forward_first_token(x)`` with ``first_token``): :func:`run_block` on the torch ops
+    without module calls. Eager only: a hook, an exporter or a compiler gets the module calls;
+    :func:`runs_functional` says which blocks qualify."""
+    return run_block(_TORCH_FUNCTIONAL, block, x, block.mlp.act, first_token=first_token)
 
 
 def observed(module: nn.Module) -> bool:

@@ -1,25 +1,8 @@
-"""Images of different sizes in one forward: every image's tokens packed into one sequence.
-
-:meth:`vit_fast.model.vit.VisionTransformer.forward_packed` (and ``model(list_of_images)``) takes images ``[C, H_i,
-W_i]`` of any sizes the model accepts. Each image is patch-embedded at its own grid with its own resized position
-embedding and its own class / register tokens (images of one size share one patch-embedding call); all tokens are
-concatenated into one sequence ``[1, S, D]``, ``S = sum(T_i)``, with ``cu_seqlens`` (each image's offsets, int32) and
-run through the blocks once: LayerNorm, the GEMMs and the MLP are per token, attention stays within each image. No token
-of padding is computed, where a padded batch computes every image at the largest size.
-
-- torch backend: each block's attention runs ``F.scaled_dot_product_attention`` per run of consecutive images of one
-  length (images are packed grouped by size, so a run is a size group), the readable reference;
-- triton backend: the attention kernel's ``cu_seqlens`` path (one launch per block for the whole pack), every other
-  kernel as in an ordinary forward.
-
-Then the final norm, pooling per image (the config's ``global_pool``: class token or average of patch tokens), the
-fc norm and the head on ``[N, D]``. The images' order is kept in every output. What a packed forward computes for
-image ``i`` is what ``model(images[i][None])`` computes.
-
-The layout is decided on the host from the images' shapes (no device read), so a packed forward is eager only:
-``torch.compile`` and export trace the ordinary ``forward(x)``. The blocks' parts are called one by one (the norms,
-``attn.qkv``, ``attn.proj``, the MLP): hooks on those run, a hook on a ``Block`` or its ``Attention`` as a whole does
-not, and gradient checkpointing is not applied.
+"""Images of different sizes in one forward: each image patch-embedded at its own grid, all tokens packed into one
+sequence ``[1, S, D]`` with ``cu_seqlens``, then the model's stages (:mod:`vit_fast.model.stages`) with attention
+kept within each image (:class:`PackedOps`), pooling per image. Behind
+:meth:`vit_fast.model.vit.VisionTransformer.forward_packed`; see docs/usage.md, "Images of different sizes in one
+call".
 """
 
 from __future__ import annotations
@@ -31,8 +14,9 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from vit_fast.model.layers import Attention, Block, skip_identity
-from vit_fast.model.validation import check_image_batch, finite_check_from_env, require_finite
+from vit_fast.model import stages
+from vit_fast.model.layers import Attention, Block, TorchOps, skip_identity
+from vit_fast.model.validation import finite_check_from_env, require_finite
 
 if TYPE_CHECKING:
     from vit_fast.model.vit import VisionTransformer
@@ -121,7 +105,7 @@ def check_images(model: VisionTransformer, images: Sequence[torch.Tensor]) -> tu
                 f"of {p} on each side)"
             )
         try:
-            grids.append(check_image_batch(model, image[None]))
+            grids.append(model.check_input(image[None]))
         except ValueError as error:
             raise ValueError(f"images[{i}] ({H}x{W}): {error}") from None
     for block in model.blocks:
@@ -166,72 +150,52 @@ def attention_packed(qkv: torch.Tensor, num_heads: int, scale: float, layout: Pa
     return torch.cat(out)[None]
 
 
-def block_packed(block: Block, x: torch.Tensor, layout: PackedLayout) -> torch.Tensor:
-    """``block`` on packed tokens ``x [1, S, D]``: its own modules for the norms, GEMMs, LayerScale and MLP (per
-    token), :func:`attention_packed` between ``attn.qkv`` and ``attn.proj``."""
-    attn = block.attn
-    a = attention_packed(attn.qkv(block.norm1(x)), attn.num_heads, attn.scale, layout)
-    x = x + skip_identity(block.ls1, attn.proj(a))
-    return x + skip_identity(block.ls2, block.mlp(block.norm2(x)))
+class PackedOps:
+    """``ops`` (the torch backend's or the kernels') whose attention keeps each image of a packed sequence to its own
+    tokens: :func:`attention_packed` on the torch ops, the attention kernel's ``cu_seqlens`` path on the kernels.
+    Every other op is ``ops``' own."""
 
-
-def _stages_torch(
-    model: VisionTransformer, images: Sequence[torch.Tensor], layout: PackedLayout
-) -> Iterator[tuple[str, torch.Tensor]]:
-    parts = []
-    for indices, grid in layout.groups:
-        batch = torch.stack([images[i] for i in indices])
-        tokens = model._pos_embed(model.patch_embed(model._normalize_torch(batch)), grid)  # [count, T, D]
-        parts.append(tokens.reshape(1, -1, tokens.shape[-1]))
-    x = skip_identity(model.norm_pre, torch.cat(parts, dim=1) if len(parts) > 1 else parts[0])
-    yield "patch embedding", x
-    for i, block in enumerate(model.blocks):
-        x = block_packed(block, x, layout)
-        yield f"block {i}", x
-    yield "final norm", skip_identity(model.norm, x)
-
-
-# --------------------------------------------------------------------------- triton backend
-class _PackedOps:
-    """The triton path's ops whose attention runs the kernel's ``cu_seqlens`` path; every other op is ``ops``' own."""
-
-    def __init__(self, ops, cu_seqlens: torch.Tensor, max_seqlen: int) -> None:
-        self.ops, self.cu_seqlens, self.max_seqlen = ops, cu_seqlens, max_seqlen
+    def __init__(self, ops, layout: PackedLayout, device: torch.device) -> None:
+        self.ops, self.layout, self.on_torch = ops, layout, isinstance(ops, TorchOps)
+        self.cu_seqlens = None if self.on_torch else torch.tensor(layout.cu_seqlens, dtype=torch.int32, device=device)
 
     def __getattr__(self, name: str):
         return getattr(self.ops, name)
 
     def attention(self, qkv, num_heads: int, scale: float) -> torch.Tensor:
-        return self.ops.attention(qkv, num_heads, scale, cu_seqlens=self.cu_seqlens, max_seqlen=self.max_seqlen)
+        if self.on_torch:
+            return attention_packed(qkv, num_heads, scale, self.layout)
+        return self.ops.attention(qkv, num_heads, scale, cu_seqlens=self.cu_seqlens, max_seqlen=self.layout.max_seqlen)
 
     def diff_attention(self, *args) -> torch.Tensor:
         raise TypeError("differential attention takes no packed sequences")
 
 
-def _stages_triton(
-    model: VisionTransformer, images: Sequence[torch.Tensor], layout: PackedLayout
-) -> Iterator[tuple[str, torch.Tensor]]:
-    from vit_fast.backend import triton_path
+#: the torch backend's ops with module calls: hooks on a block's norms, GEMMs and activation see a packed forward
+_TORCH_MODULES = TorchOps(modules=True)
 
+
+def _run_stages(
+    model: VisionTransformer, images: Sequence[torch.Tensor], layout: PackedLayout, on_stage: stages.OnStage
+) -> torch.Tensor:
+    """The model's stages (:mod:`vit_fast.model.stages`) on the packed sequence: each size group embedded at its own
+    grid, then every block and the final norm on ``[1, S, D]`` with :class:`PackedOps`."""
     first = images[0]
+    on_kernels = model._backend_for_call(first) == "triton"
     key = ("packed", *(tuple(image.shape) for image in images))  # what the first-use net knows this forward by
-    ops = triton_path._ops_for(model, first, key)
-    fused = triton_path._layer_norm_fused(model)
+    ops, fused = stages.kernel_ops(model, first, key) if on_kernels else (_TORCH_MODULES, True)
     parts = []
     for indices, grid in layout.groups:
-        batch = torch.stack([images[i] for i in indices])
-        tokens = triton_path._embed(ops, model, batch, grid)  # [count, T, D], norm_pre applied
+        tokens = stages.embed(ops, model, torch.stack([images[i] for i in indices]), grid)  # [count, T, D]
         parts.append(tokens.reshape(1, -1, tokens.shape[-1]))
     x = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
-    yield "patch embedding", x
-    cu_seqlens = torch.tensor(layout.cu_seqlens, dtype=torch.int32, device=first.device)
-    packed = _PackedOps(ops, cu_seqlens, layout.max_seqlen)
-    for i, block in enumerate(model.blocks):
-        x = triton_path._run_block(packed, block, x, model.cfg.act, fused)
-        yield f"block {i}", x
-    x = triton_path._norm(ops, model.norm, x)
-    triton_path._forward_done(model, first, ops, key)
-    yield "final norm", x
+    on_stage("patch embedding", x)
+    x = stages.run_blocks(PackedOps(ops, layout, first.device), model, x, fused, on_stage=on_stage)
+    x = stages.final_norm(ops, model, x)
+    if on_kernels:
+        stages.kernels_done(model, first, ops, key)
+    on_stage("final norm", x)
+    return x
 
 
 # --------------------------------------------------------------------------- the model's packed forward
@@ -246,12 +210,14 @@ def _packed_tokens(model: VisionTransformer, images: Sequence[torch.Tensor]) -> 
     if checked:
         for i, image in enumerate(images):
             require_finite(f"input (images[{i}])", image, None)
-    previous = "input"
-    stages = _stages_triton if model._backend_for_call(images[0]) == "triton" else _stages_torch
-    for stage, tokens in stages(model, images, layout):
+    previous = ["input"]
+
+    def check(stage: str, tokens: torch.Tensor) -> None:
         if checked:
-            require_finite(stage, tokens, previous)
-            previous = stage
+            require_finite(stage, tokens, previous[0])
+            previous[0] = stage
+
+    tokens = _run_stages(model, images, layout, check)
     return tokens[0], layout
 
 
@@ -280,4 +246,4 @@ def packed_forward(model: VisionTransformer, images: Sequence[torch.Tensor], pre
     return out
 
 
-__all__ = ["PackedLayout", "check_images", "packed_features", "packed_forward", "plan", "pool_packed"]
+__all__ = ["PackedLayout", "PackedOps", "check_images", "packed_features", "packed_forward", "plan", "pool_packed"]

@@ -2,23 +2,25 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import weakref
+from collections.abc import Callable
 
 import torch
+from torch import nn
 
 from vit_fast.kernels.switches import switch
-
-if TYPE_CHECKING:
-    from vit_fast.model.vit import VisionTransformer
+from vit_fast.model.config import ViTConfig
 
 
 def _nearest_multiple(n: int, p: int) -> int:
     return max(p, int(round(n / p)) * p)
 
 
-def check_image_batch(model: VisionTransformer, x: torch.Tensor) -> tuple[int, int]:
-    """Validate an image batch for ``model``; return its patch grid ``(H / p, W / p)``."""
-    cfg = model.cfg
+def check_image_batch(
+    x: torch.Tensor, cfg: ViTConfig, dtype: torch.dtype, device: torch.device, takes_uint8: bool
+) -> tuple[int, int]:
+    """Validate an image batch for a model of ``cfg`` whose weights are ``dtype`` on ``device`` (``takes_uint8``:
+    it normalises raw images itself); return its patch grid ``(H / p, W / p)``."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"expected a torch.Tensor image batch [B, C, H, W], got {type(x).__name__}")
     if x.dim() != 4:
@@ -60,23 +62,23 @@ def check_image_batch(model: VisionTransformer, x: torch.Tensor) -> tuple[int, i
         )
     if B == 0:
         raise ValueError(f"empty batch: got shape {tuple(x.shape)}; pass at least one image")
-    if x.dtype == torch.uint8 and getattr(model, "input_mean", None) is not None:
+    if x.dtype == torch.uint8 and takes_uint8:
         pass  # raw pixels, normalised inside the model (set_input_normalization)
     elif not x.dtype.is_floating_point:
         raise ValueError(
-            f"input dtype {x.dtype}: the model takes normalised float images in {model.dtype}. Convert and normalise "
-            f"first, e.g. x = ((x.float() / 255 - mean) / std).to({model.dtype}) with mean and std the "
+            f"input dtype {x.dtype}: the model takes normalised float images in {dtype}. Convert and normalise "
+            f"first, e.g. x = ((x.float() / 255 - mean) / std).to({dtype}) with mean and std the "
             "model's per-channel values as [1, C, 1, 1] tensors (ImageNet: mean 0.485, 0.456, 0.406; "
             "std 0.229, 0.224, 0.225), or let the model do it: model.set_input_normalization(mean, std)"
         )
-    elif x.dtype != model.dtype:
+    elif x.dtype != dtype:
         raise ValueError(
-            f"input dtype {x.dtype} differs from the weights' {model.dtype}: pass x.to({model.dtype}) "
+            f"input dtype {x.dtype} differs from the weights' {dtype}: pass x.to({dtype}) "
             f"or convert the model with model.to({x.dtype})"
         )
-    if x.device != model.device:
+    if x.device != device:
         raise ValueError(
-            f"input is on {x.device} but the weights are on {model.device}: pass x.to('{model.device}') "
+            f"input is on {x.device} but the weights are on {device}: pass x.to('{device}') "
             f"or move the model with model.to('{x.device}')"
         )
     return (H // p, W // p)
@@ -107,3 +109,56 @@ def require_finite(stage: str, tensor: torch.Tensor, previous: str | None) -> No
         f"non-finite values first appear at {stage}: {nan} NaN and {inf} Inf of {tensor.numel()} values "
         f"(first at index {first}); {where}"
     )
+
+
+#: per module, the fingerprint of its parameters when they last passed :func:`check_kernel_params` (weak: no module
+#: is kept)
+_CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _parameters(module: nn.Module) -> list[torch.Tensor]:
+    """Every parameter under ``module``, read straight from the modules' dicts: a sixth of the time of
+    ``module.parameters()``, which goes through named_modules."""
+    found, stack = [], [module]
+    while stack:
+        mod = stack.pop()
+        if mod is not None:  # a submodule slot may hold None
+            found += mod._parameters.values()
+            stack += mod._modules.values()
+    return [p for p in found if p is not None]
+
+
+def check_kernel_params(
+    owner: nn.Module,
+    x: torch.Tensor,
+    dtype: torch.dtype,
+    expected: Callable[[], list[tuple[torch.Tensor | None, tuple | None]]],
+) -> None:
+    """What the kernels' own per-launch checks would find: every tensor of ``expected()`` (tensor, shape or None)
+    has ``dtype``, x's device, that shape and a contiguous last dim; a ValueError naming the parameter otherwise.
+
+    Run in full once per ``owner``, then again only when its parameters' fingerprint changes: which tensors they
+    are (a replaced layer or parameter), where their data lives, their dtypes, shapes and strides, and x's device."""
+    params = _parameters(owner)
+    fingerprint = (
+        x.device,
+        tuple(map(id, params)),
+        tuple(map(torch.Tensor.data_ptr, params)),
+        tuple(p.dtype for p in params),
+        tuple(map(torch.Tensor.size, params)),
+        tuple(map(torch.Tensor.stride, params)),
+    )
+    if _CHECKED.get(owner) == fingerprint:
+        return
+    device = x.device
+    for t, shape in expected():
+        if t is None:
+            continue
+        if t.dtype != dtype or t.device != device or (shape is not None and t.shape != shape) or t.stride(-1) != 1:
+            name = next((n for n, p in owner.named_parameters() if p is t), "a parameter")
+            raise ValueError(
+                f"triton backend: {name} is {t.dtype} {tuple(t.shape)} on {t.device} (stride {t.stride(-1)}), but "
+                f"the forward needs {dtype} {shape or ''} on {device}, contiguous: move the whole model at once "
+                "(model.to(device, dtype)) and keep its layers' shapes"
+            )
+    _CHECKED[owner] = fingerprint

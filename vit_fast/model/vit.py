@@ -1,9 +1,7 @@
-"""The Vision Transformer module.
-
-Parameter names are timm's (``patch_embed.proj``, ``blocks.N.attn.qkv``, ``ls1.gamma``, ...),
-so a timm ``state_dict`` loads as it is. The ``"torch"`` backend below is plain PyTorch: the
-reference every kernel is judged against, and the path export traces. The ``"triton"``
-backend runs the same parameters through our fused kernels (``vit_fast.backend.triton_path``).
+"""The Vision Transformer module, with timm's parameter names (``patch_embed.proj``, ``blocks.N.attn.qkv``,
+``ls1.gamma``, ...), so a timm ``state_dict`` loads as it is. The ``"torch"`` backend is plain PyTorch (the
+reference, and the path export traces); the ``"triton"`` backend runs the same parameters through our kernels. Both
+run one plan of stages (:mod:`vit_fast.model.stages`) with their own ops.
 """
 
 from __future__ import annotations
@@ -15,16 +13,16 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import torch
-import torch.utils.checkpoint
 from torch import nn
 
 from vit_fast.backend import runtime
 from vit_fast.backend.pos_embed import pos_embed_for_grid, resample_pos_embed
 from vit_fast.kernels import cards
+from vit_fast.model import stages
 from vit_fast.model.config import ViTConfig
-from vit_fast.model.layers import Block, PatchEmbed, block_functional, observed, runs_functional, skip_identity
+from vit_fast.model.layers import Block, PatchEmbed, skip_identity
 from vit_fast.model.timm_api import TimmModelAPI
-from vit_fast.model.validation import finite_check_from_env, require_finite
+from vit_fast.model.validation import check_image_batch, finite_check_from_env, require_finite
 from vit_fast.util.dtypes import bf16_native, check_dtype_on_device
 from vit_fast.util.limits import check_model_fits
 
@@ -246,28 +244,13 @@ class VisionTransformer(TimmModelAPI, nn.Module):
 
         Returns the patch grid ``(H / p, W / p)``. Runs before any compute.
         """
-        from vit_fast.model.validation import check_image_batch
-
-        return check_image_batch(self, x)
+        return check_image_batch(x, self.cfg, self.dtype, self.device, self.input_mean is not None)
 
     # ------------------------------------------------------------------ forward
     def pos_embed_at(self, grid: tuple[int, int]) -> torch.Tensor:
         """The position embedding a forward at patch grid ``grid`` adds (resampled off the native grid)."""
         cfg = self.cfg
         return pos_embed_for_grid(self.pos_embed, grid, cfg.grid_size, self.num_prefix_tokens, cfg.no_embed_class)
-
-    def _pos_embed(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
-        pos_embed = self.pos_embed_at(grid)
-        prefix = []
-        if self.cls_token is not None:
-            prefix.append(self.cls_token.expand(x.shape[0], -1, -1))
-        if self.reg_token is not None:
-            prefix.append(self.reg_token.expand(x.shape[0], -1, -1))
-        if self.cfg.no_embed_class:
-            x = x + pos_embed
-            return torch.cat([*prefix, x], dim=1) if prefix else x
-        x = torch.cat([*prefix, x], dim=1) if prefix else x
-        return x + pos_embed
 
     # ------------------------------------------------------------------ raw images
     def set_input_normalization(
@@ -297,69 +280,24 @@ class VisionTransformer(TimmModelAPI, nn.Module):
         self.register_buffer("input_std", stats[1].to(device), persistent=False)
         return self
 
-    def _normalize_torch(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype != torch.uint8:
-            return x
-        mean, std = self.input_mean.view(1, -1, 1, 1), self.input_std.view(1, -1, 1, 1)
-        return ((x.float() / 255.0 - mean) / std).to(self.dtype)
-
-    def _features_torch(self, x: torch.Tensor, grid: tuple[int, int], first_token: bool = False) -> torch.Tensor:
-        x = self._normalize_torch(x)
-        x = self._pos_embed(self.patch_embed(x), grid)
-        x = skip_identity(self.norm_pre, x)
-        if self.grad_checkpointing and torch.is_grad_enabled():  # timm's set_grad_checkpointing
-            for block in self.blocks:
-                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
-        elif self._eager_shortcuts():
-            # no hook can watch the blocks: the functional form of each plain block (same ops, no module calls),
-            # and with class-token pooling the last block for token 0 alone
-            last = len(self.blocks) - 1
-            for i, block in enumerate(self.blocks):
-                token0 = first_token and i == last
-                if runs_functional(block):
-                    x = block_functional(block, x, first_token=token0)
-                else:
-                    x = block.forward_first_token(x) if token0 else block(x)
-        else:
-            x = self.blocks(x)
-        return skip_identity(self.norm, x)
-
-    def _eager_shortcuts(self) -> bool:
-        """Whether the blocks may run their eager shortcuts, both the same numbers: each plain block in its
-        functional form (``layers.block_functional``: no module calls) and, when only the pooled class token is
-        wanted, the last block for token 0 alone (:meth:`Block.forward_first_token`: its other queries, its
-        projection and MLP for T - 1 tokens are not computed, a quarter of a depth-4 model's work, 1/12 of
-        ViT-B's less the keys). Not while an exporter traces or a compiler runs (artifacts and graphs keep the
-        modules) and not when a hook could watch a block run."""
-        busy = torch.compiler.is_exporting() or torch.jit.is_tracing() or torch.compiler.is_compiling()
-        return not busy and len(self.blocks) > 0 and not observed(self.blocks)
-
-    def _stages_torch(self, x: torch.Tensor, grid: tuple[int, int]) -> Iterator[tuple[str, torch.Tensor]]:
-        x = skip_identity(self.norm_pre, self._pos_embed(self.patch_embed(self._normalize_torch(x)), grid))
-        yield "patch embedding", x
-        for i, block in enumerate(self.blocks):
-            x = block(x)
-            yield f"block {i}", x
-        yield "final norm", self.norm(x)
-
     def forward_stages(self, x: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
         """``(stage, tokens [B, T, D])`` after the patch embedding, after each block, and after the final
         norm, on the model's backend: what Hugging Face's ``output_hidden_states`` and the finite check read."""
         grid = self.check_input(x)
-        if self._backend_for_call(x) == "triton":
-            from vit_fast.backend.triton_path import stages_triton
-
-            yield from stages_triton(self, x, grid)
-        else:
-            yield from self._stages_torch(x, grid)
+        found: list[tuple[str, torch.Tensor]] = []
+        stages.features(self, x, grid, self._backend_for_call(x), on_stage=lambda *stage: found.append(stage))
+        yield from found
 
     def _features_checked(self, x: torch.Tensor) -> torch.Tensor:
         require_finite("input", x, None)
-        previous = "input"
-        for stage, tokens in self.forward_stages(x):
-            require_finite(stage, tokens, previous)
-            previous = stage
-        return tokens
+        previous = ["input"]
+
+        def check(stage: str, tokens: torch.Tensor) -> None:
+            require_finite(stage, tokens, previous[0])
+            previous[0] = stage
+
+        grid = self.check_input(x)
+        return stages.features(self, x, grid, self._backend_for_call(x), on_stage=check)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Tokens ``[B, T, D]`` after the final norm (T = prefix tokens + patches)."""
@@ -367,18 +305,14 @@ class VisionTransformer(TimmModelAPI, nn.Module):
 
     def _features(self, x: torch.Tensor, first_token: bool = False) -> torch.Tensor:
         """:meth:`forward_features`; with ``first_token`` the torch backend may return token 0 alone
-        (``[B, 1, D]``, see :meth:`_eager_shortcuts`): what pooling on the class token reads."""
+        (``[B, 1, D]``, see :func:`vit_fast.stages.eager_shortcuts`): what pooling on the class token reads."""
         if self.autotune and (scope := self._autotune_scope()) is not None:
             with scope:
                 return self._features(x, first_token)
         if self.check_finite or finite_check_from_env():
             return self._features_checked(x)
         grid = self.check_input(x)
-        if self._backend_for_call(x) == "triton":
-            from vit_fast.backend.triton_path import features_triton
-
-            return features_triton(self, x, grid)
-        return self._features_torch(x, grid, first_token)
+        return stages.features(self, x, grid, self._backend_for_call(x), first_token)
 
     def forward_head(self, tokens: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """Pool ``[B, T, D]`` tokens (class token or average of patch tokens) and apply the head."""

@@ -1,14 +1,7 @@
-"""A warm start: compile (and, on request, tune) the triton backend's kernels for the batch sizes a model will
-see, before the first real input.
-
-By default each kernel compiles one heuristic config per shape, with no timing: a first ViT-B/16 forward costs a
-handful of compilations. Tuning (every candidate config compiled and timed, the fastest kept) is asked for:
-``model.warmup(batch_sizes, tune=True)``, ``VIT_FAST_AUTOTUNE=1``, ``vit-fast serve --tune``, ``vit-fast bench
---tune``. Tuned configs are saved in Triton's cache directory (unless
-``VIT_FAST_AUTOTUNE_CACHE=0``), so the next process starts tuned.
-
-:func:`warmup_model` is what ``VisionTransformer.warmup`` (and so the Hugging Face drop-in, a subclass) runs.
-Nothing here imports triton unless the model runs on the triton backend.
+"""A warm start: compile (and, on request, tune) the triton backend's kernels for the batch sizes a model will see,
+before the first real input. :func:`warmup_model` is what ``VisionTransformer.warmup`` (and so the Hugging Face
+drop-in) runs; nothing here imports triton unless the model runs on the triton backend. Compiling and tuning:
+docs/kernels.md, "First use: compiling, and tuning on request".
 """
 
 from __future__ import annotations
@@ -17,15 +10,12 @@ import contextlib
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
 from vit_fast.util.dtypes import DTYPE_NAMES, parse_dtype
 from vit_fast.util.progress import Stages, bar
-
-if TYPE_CHECKING:
-    from vit_fast.model.vit import VisionTransformer
 
 #: seconds one compilation takes on a fast host (KERNELS.md: 0.35-2 s on triton 3.6-3.9), for the announced estimate
 COMPILE_SECONDS = (0.35, 2.0)
@@ -69,7 +59,7 @@ def check_batch_sizes(batch_sizes: Iterable[int] | int) -> list[int]:
     return sorted(set(sizes))
 
 
-def input_dtype(model: VisionTransformer, dtype: torch.dtype | str | None) -> torch.dtype:
+def input_dtype(model: nn.Module, dtype: torch.dtype | str | None) -> torch.dtype:
     """The dtype of the warm-up images: ``None`` gives uint8 for a model that normalises raw images
     (``set_input_normalization``), else the model's own; a float dtype must be the model's (its forward takes
     images in the weights' dtype); uint8 needs the model's input normalisation."""
@@ -93,15 +83,15 @@ def input_dtype(model: VisionTransformer, dtype: torch.dtype | str | None) -> to
     return wanted
 
 
-def kernel_shapes(model: VisionTransformer) -> dict[str, int]:
+def kernel_shapes(model: nn.Module) -> dict[str, int]:
     """Kernel -> distinct shapes one triton forward at one batch size compiles (every block has the same
     shapes): the patch embedding, the four GEMMs of a block (qkv, proj, fc1, fc2), attention, and one LayerNorm
     shape where a norm runs on its own (norm_pre, the final norm, or LN1/LN2 when not folded into the GEMMs)."""
-    from vit_fast.backend.triton_path import _layer_norm_fused
+    from vit_fast.backend.triton_path import layer_norm_fused
 
     blocks = len(model.blocks)
     own_norms = [isinstance(m, torch.nn.LayerNorm) for m in (model.norm_pre, model.norm)]
-    separate_ln = blocks and not _layer_norm_fused(model)
+    separate_ln = blocks and not layer_norm_fused(model)
     return {
         "patch_embed": 1,
         "linear": 4 if blocks else 0,
@@ -117,7 +107,7 @@ def _candidates(kernel: str) -> int:
     return max(1, len(KERNELS[kernel].configs))
 
 
-def estimate_compilations(model: VisionTransformer, batches: int, tune: bool) -> int:
+def estimate_compilations(model: nn.Module, batches: int, tune: bool) -> int:
     """At most how many kernel compilations warming ``batches`` batch sizes costs from a cold cache (a later batch
     size often reuses an earlier one's kernels, so fewer is usual)."""
     shapes = kernel_shapes(model)
@@ -130,7 +120,7 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
-def announcement(model: VisionTransformer, sizes: list[int], dtype: torch.dtype, tuned: bool) -> tuple[str, int]:
+def announcement(model: nn.Module, sizes: list[int], dtype: torch.dtype, tuned: bool) -> tuple[str, int]:
     """The one line said before the warm-up, and the compilations it announces."""
     from vit_fast.kernels.autotune import autotune_cache_enabled
 
@@ -151,7 +141,7 @@ def announcement(model: VisionTransformer, sizes: list[int], dtype: torch.dtype,
 
 
 def warmup_model(
-    model: VisionTransformer,
+    model: nn.Module,
     batch_sizes: Iterable[int] | int,
     dtype: torch.dtype | str | None = None,
     tune: bool = False,
