@@ -48,6 +48,10 @@ class _Ops:
     parameter once (:func:`vit_fast.model.validation.check_kernel_params`); otherwise the public ``torch.library`` ops,
     each checking its inputs, which autograd, torch.compile and export see."""
 
+    #: the kernels read a LayerScale's gamma tensor and an activation's name, never the modules themselves (as
+    #: ``vit_fast.model.layers.TorchOps(modules=True)`` does); a class attribute: read per block, found at once
+    modules = False
+
     def __init__(self, direct: bool) -> None:
         self.direct = direct
 
