@@ -95,11 +95,9 @@ def _eval_set() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def load_default_eval_set() -> tuple[torch.Tensor, torch.Tensor]:
-    """The held-out split the recorded accuracy was measured on.
-
-    Returns ``(images, labels)``: images float32 ``[360, 1, 32, 32]`` normalised exactly as in
-    training, labels int64 ``[360]``. Rebuilt deterministically from scikit-learn (an
-    ImportError names the demo extra's install when it is missing). Fresh copies each call.
+    """The held-out split the recorded accuracy was measured on. Returns ``(images, labels)``: images float32
+    ``[360, 1, 32, 32]`` normalised exactly as in training, labels int64 ``[360]``. Rebuilt deterministically from
+    scikit-learn (an ImportError names the demo extra's install when it is missing). Fresh copies each call.
     """
     images, labels = _eval_set()
     return images.clone(), labels.clone()
@@ -114,13 +112,11 @@ def _eval_pixels() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def load_default_eval_pixels() -> tuple[torch.Tensor, torch.Tensor]:
-    """The same held-out split as uint8 pixels, for artifacts that normalise pixels themselves (exported with
-    a preprocessing front).
-
-    Returns ``(images, labels)``: images uint8 ``[360, 1, 32, 32]`` (steps 1 and 2 of the preprocessing,
-    times 255, rounded), labels int64 ``[360]``, in the order of :func:`load_default_eval_set`. A front with
-    ``mean=DIGITS_MEAN, std=DIGITS_STD`` (scale 1/255) gives the model training's inputs up to that rounding.
-    Fresh copies each call."""
+    """The same held-out split as uint8 pixels, for artifacts that normalise pixels themselves (exported with a
+    preprocessing front). Returns ``(images, labels)``: images uint8 ``[360, 1, 32, 32]`` (steps 1 and 2 of the
+    preprocessing, times 255, rounded), labels int64 ``[360]``, in the order of :func:`load_default_eval_set`. A front
+    with ``mean=DIGITS_MEAN, std=DIGITS_STD`` (scale 1/255) gives the model training's inputs up to that rounding. Fresh
+    copies each call."""
     images, labels = _eval_pixels()
     return images.clone(), labels.clone()
 

@@ -105,11 +105,9 @@ def _is_own_checkout(root: Path) -> bool:
 def git_commit() -> str:
     """vit-fast's own commit, ``+dirty`` when its tracked files are modified.
 
-    Only when the installed package sits in vit-fast's source checkout (an editable install): the
-    git top level must be the folder holding vit-fast's pyproject.toml, so a virtual environment
-    inside a user's repository never records the user's HEAD. Elsewhere: ``$VIT_FAST_COMMIT``
-    (set it on a copied tree, as on a benchmark machine), else ``"vit-fast <version>"``.
-    """
+    Read from git only in vit-fast's source checkout (an editable install: the git top level holds vit-fast's
+    pyproject.toml, so a virtual environment inside a user's repository never records the user's HEAD). Elsewhere:
+    ``$VIT_FAST_COMMIT`` (set it on a copied tree, as on a benchmark machine), else ``"vit-fast <version>"``."""
     from vit_fast.util.version import __version__
 
     fallback = os.environ.get("VIT_FAST_COMMIT") or f"vit-fast {__version__}"

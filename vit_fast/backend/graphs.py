@@ -64,20 +64,11 @@ def require_cuda_graphs() -> None:
 
 
 class CUDAGraphRunner:
-    """Capture ``model(example_input)`` as a CUDA graph; each call copies the input in and replays it.
-
-    Args:
-        model: any callable taking one CUDA tensor (a ``VisionTransformer`` on either backend, a
-            ``torch.compile``'d module, timm's model, ...). Its parameters must stay where they are:
-            the graph holds their addresses.
-        example_input: a CUDA tensor with the shape, dtype and device every later call will use.
-        warmup: eager calls on a side stream before capture (lazy initialisation, autotuning and
-            cuBLAS workspace allocation must happen outside the capture).
-        pool: optional memory pool handle (``torch.cuda.graph_pool_handle()``) shared between runners.
-
-    Raises RuntimeError on a machine without a CUDA GPU, and ValueError for an input that is not a
-    CUDA tensor.
-    """
+    """Capture ``model(example_input)`` as a CUDA graph; each call copies the input in and replays it. ``model``: any
+    callable taking one CUDA tensor, its parameters kept where they are; ``example_input``: the shape, dtype and device
+    of every later call; ``warmup``: eager calls before capture; ``pool``: a memory pool shared between runners.
+    RuntimeError without a CUDA GPU, ValueError for an input that is not a CUDA tensor. See docs/usage.md, section
+    "Replaying a forward as one CUDA graph"."""
 
     def __init__(self, model: Any, example_input: torch.Tensor, warmup: int = 3, pool: Any = None) -> None:
         require_cuda_graphs()

@@ -42,13 +42,10 @@ def cpu_cores() -> int:
 
 
 def intra_op_threads(workers: int, reserve: int = 1, cores: int | None = None) -> int:
-    """torch intra-op threads per worker when ``workers`` threads run forwards at once beside ``reserve`` busy
-    cores (a server's own processes): ``(cores - reserve) // workers``, at least 1.
-
-    Why not torch's default (every core): each of a forward's parallel ops is an OpenMP region whose end waits for
-    every thread of its team; with more threads than free cores a team member is often descheduled, and each wait
-    costs a scheduler slice. Measured in ``vit-fast serve`` of the default model on 2 shared cores (load 4-7):
-    forwards of 96.7 ms median, 1.9 s max with 2 threads; 4.2 ms median, 0.2 s max with 1."""
+    """torch intra-op threads per worker when ``workers`` threads run forwards at once beside ``reserve`` busy cores (a
+    server's own processes): ``(cores - reserve) // workers``, at least 1. Why not torch's default (every core), with
+    measurements: see docs/development.md, section "Torch threads per worker (`backend/runtime.py`)".
+    """
     cores = cpu_cores() if cores is None else cores
     if workers < 1 or reserve < 0:
         raise ValueError(f"workers must be >= 1 and reserve >= 0, got {workers} and {reserve}")
@@ -153,14 +150,11 @@ def auto_backend(device: torch.device | str, head_dim: int | None = None) -> str
 
 
 def patched_runs_kernels(x: torch.Tensor, backend: str, head_dim: int | None = None) -> bool:
-    """Whether a block or head of a timm / transformers model patched in place (``vit_fast.interop.patching``,
-    ``vit_fast.interop.hf_patch``) runs on our kernels for input ``x``, else on its own forward. ``backend="auto"``:
-    where :func:`auto_backend` picks triton for ``x``'s device (``head_dim``: the model's); ``"triton"``: on any device.
-    Either way only in a dtype the kernels compute in (``vit_fast.kernels.launches.SUPPORTED_DTYPES``: float64 and
-    the rest keep the model's own forward), and bf16 on a card that only emulates it is refused with a ValueError
-    naming the card, as ``VisionTransformer``'s triton backend refuses it
-    (``vit_fast.util.dtypes.check_dtype_on_device``).
-    """
+    """Whether a block or head of a timm / transformers model patched in place runs on our kernels for input ``x``, else
+    on its own forward: with ``backend="auto"`` where :func:`auto_backend` picks triton for ``x``'s device
+    (``head_dim``: the model's), with ``"triton"`` on any device; only in a dtype of ``SUPPORTED_DTYPES``
+    (``vit_fast.kernels.launches``; float64 and the rest keep their own forward). bf16 on a card that only emulates it:
+    a ValueError naming the card (``vit_fast.util.dtypes.check_dtype_on_device``)."""
     if backend != "triton" and auto_backend(x.device, head_dim) != "triton":
         return False
     import torch

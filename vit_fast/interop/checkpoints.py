@@ -75,14 +75,10 @@ def save_checkpoint(
     overwrite: bool = False,
 ) -> Path:
     """Write the weights and the config (atomically) so that :func:`load_checkpoint` restores the model.
-
-    ``.safetensors`` (preferred): safetensors, the config in the file's metadata. ``.pth`` / ``.pt``:
-    ``torch.save({"state_dict": ..., "config": ..., "metadata": extra})``, readable with
-    ``weights_only=True``. Any other suffix is refused before anything is written. An existing file is
-    replaced only when it is a checkpoint vit-fast wrote (:func:`is_vit_fast_checkpoint`), or with
-    ``overwrite=True``. The file is written in a private staging folder beside ``path`` (made exclusively,
-    never through a planted link) and renamed into place.
-    """
+    ``.safetensors`` (preferred): the config in the file's metadata; ``.pth`` / ``.pt``: ``torch.save({"state_dict":
+    ..., "config": ..., "metadata": extra})``, readable with ``weights_only=True``; any other suffix is refused before
+    anything is written. An existing file is replaced only when vit-fast wrote it (:func:`is_vit_fast_checkpoint`) or
+    with ``overwrite=True``. It is written in a private staging folder beside ``path``, then renamed into place."""
     path = Path(path)
     fmt = SAVE_FORMATS.get(path.suffix.lower())
     if fmt is None:
@@ -304,11 +300,9 @@ def load_checkpoint(
 ) -> VisionTransformer:
     """A :class:`VisionTransformer` from a checkpoint in timm or Hugging Face names (detected).
 
-    The config comes from ``cfg`` (a :class:`ViTConfig`, a preset name, or a config.json: vit-fast's,
-    Hugging Face's or timm's) or else from the file's metadata as written by :func:`save_checkpoint`.
-    A position embedding saved for another image size is resampled to ``cfg``'s. The model's
-    ``weights_source`` records the file's name and SHA-256.
-    """
+    The config comes from ``cfg`` (a :class:`ViTConfig`, a preset name, or a config.json: vit-fast's, Hugging Face's or
+    timm's), else from the file's metadata as :func:`save_checkpoint` writes it. A position embedding saved for another
+    image size is resampled to ``cfg``'s. ``weights_source`` records the file's name and SHA-256."""
     state, meta = read_state_dict(path)
     if cfg is not None:
         source = f"config {str(cfg)!r}" if isinstance(cfg, (str, os.PathLike)) else "the config given"

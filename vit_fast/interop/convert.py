@@ -156,16 +156,11 @@ def hf_state_dict(state: Mapping[str, torch.Tensor], hf_keys: Iterable[str]) -> 
 def from_hf(
     hf_model: nn.Module, backend: str = "auto", img_size: int | tuple[int, int] | None = None
 ) -> VisionTransformer:
-    """Convert a transformers ``ViTModel`` or ``ViTForImageClassification``.
-
-    ``img_size`` builds the model for another image size; the position embedding is then
-    resampled bicubically, as timm does.
-
-    The result keeps the source's device and dtype. ``forward_features`` equals the source's
-    ``last_hidden_state``; for ``ViTForImageClassification``, ``forward`` equals its logits.
-    ``ViTModel``'s optional pooler (dense + tanh) is not part of a timm ViT and is not converted:
-    the converted model returns the normalised class token (``num_classes=0``).
-    """
+    """Convert a transformers ``ViTModel`` or ``ViTForImageClassification``, keeping its device and dtype. ``img_size``
+    builds the model for another image size (the position embedding resampled bicubically, as timm does).
+    ``forward_features`` equals the source's ``last_hidden_state``; for ``ViTForImageClassification``, ``forward``
+    equals its logits. ``ViTModel``'s optional pooler (dense + tanh) is not part of a timm ViT and is not converted: the
+    result returns the normalised class token (``num_classes=0``)."""
     name = type(hf_model).__name__
     if name not in ("ViTModel", "ViTForImageClassification"):
         raise TypeError(
@@ -349,17 +344,11 @@ def from_timm(
 
 # --------------------------------------------------------------------------- any model
 def optimize(model: nn.Module, backend: str = "auto") -> nn.Module:
-    """Any supported ViT (ours, timm, Hugging Face) as a drop-in :class:`VisionTransformer` on the same
-    device and dtype, with the given backend (``"auto"``: our kernels on CUDA).
-
-    A transformers model (ViT, DeiT, DINOv2, CLIP and SigLIP vision towers) is not converted: the result is
-    a copy of it, still an instance of its own class (a ``PreTrainedModel``: ``save_pretrained``, its
-    ``state_dict`` names, gradient checkpointing, ``output_attentions`` all as in transformers) whose encoder
-    layers run our kernels (:func:`vit_fast.interop.hf_patch.optimize_hf`; ``backend`` "auto" or "triton"; the
-    original is left as it was, ``apply_vit_fast`` patches in place). ``from_hf`` gives vit-fast's own
-    module. A timm model behaves as timm's (``forward_features``, ``forward_head(pre_logits=)``,
-    ``num_classes``, ``reset_classifier``). One of ours is returned as it is, with its backend set to
-    ``backend``."""
+    """Any supported ViT (ours, timm, Hugging Face) as a drop-in on the same device and dtype, with the given backend
+    (``"auto"``: our kernels on CUDA). A transformers model comes back as a patched copy, still of its own class
+    (:func:`vit_fast.interop.hf_patch.optimize_hf`; ``backend`` "auto" or "triton"; the original is left as it was); a
+    timm model as a :class:`VisionTransformer` that behaves as timm's; one of ours as it is, its backend set to
+    ``backend``. See docs/usage.md, section "Hugging Face transformers: the drop-in"."""
     if isinstance(model, VisionTransformer):
         return model.set_backend(backend)
     module = type(model).__module__

@@ -283,15 +283,10 @@ def _hf(model: nn.Module, device: torch.device, dtype: torch.dtype) -> _Read:
 
 def explain(model: nn.Module, device: torch.device | str | None = None) -> Explanation:
     """What vit-fast did to ``model`` and what runs it on ``device`` (default: where its weights are), and why.
-
-    ``model``: a timm ``VisionTransformer`` or a transformers vision model, patched in place
-    (:func:`vit_fast.apply_vit_fast`, or a transformers model that :func:`vit_fast.optimize` returned) or not; or
-    vit-fast's own :class:`vit_fast.VisionTransformer`. Returns an :class:`Explanation`: ``.backend`` (a
-    :class:`vit_fast.backend.runtime.BackendChoice`: what runs the patched blocks there, with the reason naming the
-    card), ``.modules`` (one :class:`ModuleReport` per block, encoder layer or attention-pool head: patched or left
-    alone, what it runs and why; ``.patched`` and ``.left_alone`` split them) and ``.notes``. ``print(explain(model))``
-    shows it. Reads the model only: nothing is patched, run or compiled. A TypeError for any other model.
-    """
+    ``model``: a timm ``VisionTransformer`` or a transformers vision model, patched in place or not, or vit-fast's own
+    :class:`vit_fast.VisionTransformer`; a TypeError for any other. Returns an :class:`Explanation` for ``print``:
+    ``.backend``, ``.modules`` (one :class:`ModuleReport` per block, encoder layer or attention-pool head, split as
+    ``.patched`` and ``.left_alone``), ``.notes``. Reads the model only: nothing is patched, run or compiled."""
     from vit_fast.model.vit import VisionTransformer
 
     weights_device, dtype = _weights(model)

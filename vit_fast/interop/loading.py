@@ -280,14 +280,11 @@ NATIVE_HF_TYPES = ("siglip2_vision_model",)
 
 
 def load_native_model(spec: str | os.PathLike, weights: str | os.PathLike | None = None) -> torch.nn.Module | None:
-    """A native-resolution tower that ``spec`` names, loaded as its library defines it (it has no
-    VisionTransformer form: ``vit_fast.export.to_onnx`` exports it as it is), or None when ``spec`` names
-    anything else:
-
-    - ``timm:naflexvit_*`` (or the bare name) with ``weights=FILE``: timm's ``NaFlexVit`` reading the file
-      (nothing is downloaded; the file checked as any weights file is);
-    - a Hugging Face ``save_pretrained`` folder whose config.json says ``model_type`` ``siglip2_vision_model``:
-      transformers' ``Siglip2VisionModel`` (``trust_remote_code=False``; an ``auto_map`` refused first)."""
+    """A native-resolution tower that ``spec`` names, loaded as its library defines it (it has no VisionTransformer
+    form: ``vit_fast.export.to_onnx`` exports it as it is), or None for anything else: ``timm:naflexvit_*`` (or the bare
+    name) with ``weights=FILE``, timm's ``NaFlexVit`` reading the file (nothing downloaded; checked as any weights file
+    is); a ``save_pretrained`` folder whose config.json says ``model_type`` ``siglip2_vision_model``, transformers'
+    ``Siglip2VisionModel`` (``trust_remote_code=False``; an ``auto_map`` refused first)."""
     spec = os.fspath(spec).strip()
     arch = spec.removeprefix("timm:").split(".", 1)[0]
     if arch.startswith("naflexvit_"):

@@ -32,17 +32,11 @@ _CACHE = threading.local()  # .last: (weakref to a mask, its version, batch, tok
 
 
 def key_padding_lengths(mask: torch.Tensor, batch: int, tokens: int) -> torch.Tensor | None:
-    """``lengths [B]`` (int32, on the mask's device) when ``mask`` is key padding of a prefix of each row: sample
-    b's keys ``[0, lengths[b])`` are valid, the rest padding, and every valid query sees exactly those; None
-    otherwise (the caller runs the layer's own forward).
-
-    Read: ``[B, T]`` (a boolean or 0/1 key mask, transformers' ``pixel_attention_mask``), or ``[B, 1, Tq, T]`` with
-    ``Tq`` 1 or T, boolean (True: attend) or additive float (0: attend; -inf or at most half the dtype's lowest:
-    masked), each query row the key mask (key-only, transformers' and timm's ``use_key_only_attn_mask``), or, for a
-    padding query, all masked (timm's symmetric NaFlex mask). A sample with no valid token is refused (its rows have
-    no key to attend to). The check reads the whole mask once (a host sync); a model hands the same mask tensor to
-    every layer of a forward, so the answer is kept for it until it changes (its version counter). A mask made under
-    ``torch.inference_mode()`` has no version counter to tell a change by: it is read at every call."""
+    """``lengths [B]`` (int32, on the mask's device) when ``mask`` is key padding of a prefix of each row (sample b's
+    keys ``[0, lengths[b])`` valid, the rest padding, and every valid query sees exactly those); None otherwise (the
+    caller runs the layer's own forward). Reads ``[B, T]`` key masks and ``[B, 1, Tq, T]`` boolean or additive ones; a
+    sample with no valid token is refused. Which masks, and when the answer is reused: see docs/development.md, section
+    "Key-padding masks (`naflex.py`)"."""
     if not isinstance(mask, torch.Tensor) or mask.is_inference():
         return _read_lengths(mask, batch, tokens)
     last = getattr(_CACHE, "last", None)

@@ -69,20 +69,11 @@ _SCRIPTABLE = "__prepare_scriptable__"
 
 
 def apply_vit_fast(model: nn.Module, backend: str = "auto") -> nn.Module:
-    """Make a timm ``VisionTransformer`` / ``VisionTransformerDistilled`` / ``NaFlexVit`` or a transformers vision
-    model (ViT, DeiT, DINOv2, CLIP, SigLIP, SigLIP 2: :mod:`vit_fast.interop.hf_patch`) run its blocks on our kernels,
-    in place; returns the same object. A padded batch of images at their own sizes (NaFlexVit, SigLIP 2) runs its
-    key-padding mask on the kernels as per-sample lengths (:mod:`vit_fast.interop.naflex`).
-
-    Everything is checked before anything is patched: a model, block, attention or activation the kernels do not
-    run is refused by name (a ValueError or TypeError), and ``backend="triton"`` refuses a head dim our attention
-    does not take. SigLIP's attention-pool head (timm's ``AttentionPoolLatent``, transformers'
-    ``SiglipMultiheadAttentionPoolingHead``) runs on the kernels too; the rest outside the blocks (patch / hybrid
-    embedding, token / avg pooling, DeiT's distillation head) runs the model's own code. ``torch.jit.script``
-    compiles the model unpatched. :func:`vit_fast.explain` says what was patched, what was left alone and why, and
-    which backend runs on a given device. The patched model pickles, ``torch.save``-s and deep-copies (see
-    docs/usage.md, "Patched in place: which path runs, and pickling").
-    """
+    """Make a timm ``VisionTransformer`` / ``VisionTransformerDistilled`` / ``NaFlexVit`` or a transformers vision model
+    run its blocks on our kernels, in place; returns the same object. Everything is checked first: a model, block,
+    attention or activation the kernels do not run is refused by name (a ValueError or TypeError), and
+    ``backend="triton"`` refuses a head dim our attention does not take. See docs/usage.md, sections "What is patched,
+    and what is refused" and "Patched in place: which path runs, and pickling"."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "triton":

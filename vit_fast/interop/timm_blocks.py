@@ -87,16 +87,10 @@ class LinearWeights(NamedTuple):
 
 
 def _parallel_scaling(ops, block, plan: MlpPlan, x: torch.Tensor, fused: bool) -> torch.Tensor:
-    """timm's ``ParallelScalingBlock`` on the kernels, ``x [B, T, D]`` -> ``[B, T, D]``.
-
-    ``in_proj``'s weight rows ``[0:hidden]`` are the MLP's fc1 and rows ``[hidden:]`` are q, k, v (contiguous row
-    slices, no copy), so it runs as two GEMMs, each with ``in_norm`` (LayerNorm or RmsNorm) folded into its
-    prologue: fc1 with the activation in its epilogue and ``mlp_bias`` (or ``in_proj.bias[:hidden]``) as bias, and
-    qkv, whose output is the packed ``[B, T, 3, H, Dh]`` the attention kernel reads. qk-norm (see
-    :func:`_qk_norm`) between them. Then ``x + ls(A + M) == (x + ls(A)) + ls(M)``: the attention projection adds
-    ``x`` and gamma in its epilogue, and the MLP projection adds that, with the same gamma. With ``fuse_out_proj``
-    the one ``out_proj`` over ``cat(A, M)`` is split by weight columns ``[:D]`` and ``[D:]`` (strided views the
-    GEMM reads by row stride), its bias riding on the first. 5 launches without qk-norm, 7 with it (+ a cat).
+    """timm's ``ParallelScalingBlock`` on the kernels, ``x [B, T, D]`` -> ``[B, T, D]``: fc1 and qkv as two GEMMs over
+    row slices of ``in_proj`` with ``in_norm`` folded in, qk-norm (:func:`_qk_norm`), then the attention and MLP
+    projections, each adding its residual with the same gamma. See docs/development.md, section "timm blocks on the
+    kernels (`timm_blocks.py`)".
     """
     width = x.shape[-1]
     hidden = block.in_proj.out_features - 3 * width
@@ -129,11 +123,10 @@ def _parallel_scaling(ops, block, plan: MlpPlan, x: torch.Tensor, fused: bool) -
 
 def _qk_norm(ops, block, qkv: torch.Tensor) -> torch.Tensor:
     """``qkv [B, T, 3 * D]`` with ``q_norm`` / ``k_norm`` (LayerNorm or RmsNorm over head_dim, or Identity) applied to
-    its q and k heads. Each is one launch of the norm kernel over rows of head_dim (its LayerNorm or RMS mode);
-    ``torch.cat`` then repacks ``[q | k | v]``, since the attention kernel reads one packed qkv. That costs one more
-    read and write of qkv per block: torch ops for the repack keep the kernels as they are (the attention kernel is
-    another helper's); folding qk-norm into the qkv GEMM's epilogue (tiles of whole heads) would remove it, and is
-    worth doing once it is timed on a GPU."""
+    its q and k heads: one norm-kernel launch each, then ``torch.cat`` repacks ``[q | k | v]`` for the attention kernel.
+    Why the repack, and what would remove it: docs/development.md, section "timm blocks on the kernels
+    (`timm_blocks.py`)".
+    """
     if is_identity(block.q_norm) and is_identity(block.k_norm):
         return qkv
     batch, tokens, features = qkv.shape
@@ -147,13 +140,10 @@ def _qk_norm(ops, block, qkv: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------- attention-pool heads
 @dataclass(frozen=True)
 class PoolPlan:
-    """How an attention-pool head (timm's ``AttentionPoolLatent``, ``global_pool='map'``; transformers' SigLIP
-    pooling head through :mod:`vit_fast.interop.hf_patch`) runs on the kernels:
-
-        q = q_proj(latent) [1, L, D];  kv = kv_proj(x) [B, T, 2D]            (linear kernel)
-        a = proj(attention_pool(q, kv))  [B, L, D]                            (attention-pool kernel, linear)
-        a = a + fc2(act(fc1(norm(a))))                                        (LayerNorm folded into fc1)
-        pool: a[:, 0] ("token"), a.mean(1) ("avg") or a ("")
+    """How an attention-pool head (timm's ``AttentionPoolLatent``, ``global_pool='map'``; transformers' SigLIP pooling
+    head through :mod:`vit_fast.interop.hf_patch`) runs on the kernels: the q and kv projections, the attention-pool
+    kernel and its projection, then the MLP with its LayerNorm folded into fc1, pooled as ``"token"``, ``"avg"`` or
+    ``""``. See docs/development.md, section "timm blocks on the kernels (`timm_blocks.py`)".
     """
 
     num_heads: int

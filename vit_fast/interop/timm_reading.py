@@ -159,11 +159,9 @@ def _scaling_norm_problems(norm, width: int, where: str, problems: list[str], al
 
 def _parallel_scaling_plan(block: nn.Module, where: str, problems: list[str]) -> BlockPlan:
     """timm's ``ParallelScalingBlock``: in_norm, one in_proj for fc1 and qkv, qk-norm, two output projections (or one
-    fused ``out_proj``), LayerScale. Dropout and drop-path act in training only, where the block's own forward runs
-    (as an attention mask does: :func:`vit_fast.apply_vit_fast`). timm's ``DiffParallelScalingBlock`` is the same
-    block with differential attention (2 x heads q/k heads of ``head_dim``, heads v heads of ``2 * head_dim``, its
-    lambda and ``sub_norm`` held by the block, as a ``DiffAttention`` holds them) and always one ``out_proj``; its
-    plan's head dim is the output heads', ``2 * head_dim``, as for a ``DiffAttention``."""
+    fused ``out_proj``), LayerScale. Dropout and drop-path act in training only, where the block's own forward runs (as
+    an attention mask does: :func:`vit_fast.apply_vit_fast`). Also timm's ``DiffParallelScalingBlock`` (differential
+    attention, one ``out_proj``): see docs/development.md, section "timm blocks on the kernels (`timm_blocks.py`)"."""
     kind = type(block).__name__
     diff = kind == "DiffParallelScalingBlock"
     parts = _PARALLEL_SCALING_PARTS + (("sub_norm",) if diff else ())

@@ -94,13 +94,10 @@ def _check_fields(cfg: ViTConfig) -> None:
 
 @dataclass
 class ViTConfig:
-    """Architecture of a Vision Transformer, in timm's vocabulary.
-
-    ``img_size`` and ``patch_size`` are pixels (an int means a square). ``num_classes=0``
-    makes the model return pooled features ``[B, embed_dim]``. ``init_values`` enables
-    LayerScale; ``fc_norm=None`` follows timm (a norm after pooling exactly when
-    ``global_pool == "avg"``). ``no_embed_class=True`` means the position embedding covers
-    the patches only, as in timm's register-token models.
+    """Architecture of a Vision Transformer, in timm's vocabulary. ``img_size`` and ``patch_size`` are pixels (an int
+    means a square). ``num_classes=0`` makes the model return pooled features ``[B, embed_dim]``. ``init_values``
+    enables LayerScale; ``fc_norm=None`` follows timm (a norm after pooling exactly when ``global_pool == "avg"``).
+    ``no_embed_class=True`` means the position embedding covers the patches only, as in timm's register-token models.
     """
 
     img_size: int | tuple[int, int] = 224

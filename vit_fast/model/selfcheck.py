@@ -285,16 +285,11 @@ def launch_case(case: KernelCase, device: torch.device | str = "cpu", seed: int 
 def check_kernel(
     case: KernelCase, device: torch.device | str = "cpu", seed: int = 0, reference_device: torch.device | str = "cpu"
 ) -> dict[str, Any]:
-    """Run ``case`` on ``device`` and judge it; never raises for the kernel's own failure. The float64 reference
-    runs (and the errors are measured) on ``reference_device``: the CPU by default, the GPU itself where a large
-    case's float64 reference would take the CPU seconds. Raises
-    :class:`~vit_fast.kernels.versions.InterpreterVersionError` where the installed triton and numpy break the
-    interpreter it would run in: no kernel is at fault there (``vit-fast doctor`` says so before any case).
-
-    Returns ``{"name", "kernel", "role", "dtype", "shape", "status": "ok" | "failed", "summary", "seconds"}``,
-    plus the numbers of :func:`vit_fast.util.numerics.compare` (``max_abs_err``, ``eager_max_abs_err``, ``bound``,
-    ``rel_err``, ``cosine``, ``passed``) when the kernel ran, or ``error`` and ``traceback`` when it raised.
-    """
+    """Run ``case`` on ``device`` and judge it against float64 on ``reference_device`` (docs/development.md, section
+    "Kernel checks (`model/selfcheck.py`)"); never raises for the kernel's own failure; raises InterpreterVersionError
+    (``vit_fast.kernels.versions``) where the installed triton and numpy break its interpreter. Returns ``{"name",
+    "kernel", "role", "dtype", "shape", "status": "ok" | "failed", "summary", "seconds"}`` plus the numbers of
+    :func:`vit_fast.util.numerics.compare` when the kernel ran, or ``error`` and ``traceback`` when it raised."""
     device = torch.device(device)
     record: dict[str, Any] = dict(
         name=case.name, kernel=case.kernel, role=case.role, dtype=DTYPE_NAMES[case.dtype], shape=case.shape()

@@ -34,17 +34,11 @@ BACKENDS = ("auto", "torch", "triton")
 
 
 class VisionTransformer(TimmModelAPI, nn.Module):
-    """A ViT that computes what timm's ``VisionTransformer`` computes for the same config.
-
-    ``forward(x)`` takes images ``[B, C, H, W]`` in the weights' dtype and device and returns
-    logits ``[B, num_classes]`` (pooled features ``[B, embed_dim]`` when ``num_classes == 0``).
-    ``forward_features(x)`` returns all tokens ``[B, T, embed_dim]`` after the final norm. Images of different sizes
-    go in one call as a list: ``model([img0, img1, ...])`` / :meth:`forward_packed` (one row per image) and
-    :meth:`forward_features_packed` (a list of ``[T_i, embed_dim]``).
-    ``backend`` is ``"torch"``, ``"triton"`` or ``"auto"`` (triton on CUDA cards whose ``tl.dot`` runs on
-    tensor cores, sm_80 and up; torch on CPU and on sm_75 such as the T4); it is chosen here and nowhere
-    else, and :meth:`explain_backend` / :attr:`backend_reason` say which and why.
-    """
+    """A ViT that computes what timm's ``VisionTransformer`` computes for the same config. ``model(x)``: images
+    ``[B, C, H, W]`` in the weights' dtype and device -> logits ``[B, num_classes]`` (pooled features ``[B, embed_dim]``
+    when ``num_classes == 0``); :meth:`forward_features`: all tokens ``[B, T, embed_dim]`` after the final norm. A list
+    of images of different sizes runs in one call (:meth:`forward_packed`). ``backend``: ``"torch"``, ``"triton"`` or
+    ``"auto"``, chosen in this class only (:meth:`explain_backend`; docs/usage.md, "Which backend runs")."""
 
     def __init__(self, cfg: ViTConfig | str, backend: str = "auto") -> None:
         super().__init__()
@@ -173,10 +167,9 @@ class VisionTransformer(TimmModelAPI, nn.Module):
     def resolved_backend(self, x: torch.Tensor | torch.device | str) -> str:
         """The backend a call with input ``x`` (or any input on device ``x``) runs on.
 
-        ``"auto"`` runs our kernels only where they are expected to help: a CUDA card whose ``tl.dot`` runs on
-        tensor cores (sm_80 and up), with triton installed and a head dim our attention takes; the torch backend
-        everywhere else (CPU, sm_75 such as the T4). The rule is ``vit_fast.backend.runtime``'s, for the input's device.
-        """
+        ``"auto"``: our kernels on a CUDA card whose ``tl.dot`` runs on tensor cores (sm_80 and up), with triton
+        installed and a head dim our attention takes; the torch backend everywhere else (CPU, sm_75 such as the T4). The
+        rule is ``vit_fast.backend.runtime``'s, for the input's device."""
         if self.backend != "auto":
             return self.backend
         device = x.device if isinstance(x, torch.Tensor) else x
@@ -356,20 +349,11 @@ class VisionTransformer(TimmModelAPI, nn.Module):
         tune: bool = False,
         verbose: bool = True,
     ) -> WarmupReport:
-        """Compile the triton backend's kernels for ``batch_sizes`` now, so the first real inputs do not wait.
-
-        One no-grad forward per batch size on the model's device, with random images of the model's input shape
-        in ``dtype`` (default: uint8 for a model that normalises raw images, see :meth:`set_input_normalization`,
-        else the weights' dtype; a float dtype other than the weights' is refused). By default each kernel
-        compiles one heuristic config per shape (a handful of compilations per batch size, seconds). With
-        ``tune=True`` every candidate config is compiled and timed and the fastest kept (about 100 compilations
-        per batch class for ViT-B/16, 0.35-2 s each: minutes on first use; saved in Triton's cache, so the next
-        process starts tuned), and the model's later forwards run tuned too (:attr:`autotune`).
-
-        Prints one line saying what it does and how long it may take, and a progress bar on a terminal
-        (``verbose=False``: silent). On the torch backend there is nothing to compile: it says so and runs
-        nothing. Returns a :class:`vit_fast.model.warmup.WarmupReport` (seconds per batch size, tuned or not).
-        """
+        """Compile the triton backend's kernels for ``batch_sizes`` now (one no-grad forward each, random images in
+        ``dtype``: default uint8 for a model that normalises raw images, else the weights'; another float dtype is
+        refused). ``tune=True`` times every candidate config (minutes on first use) and keeps the model tuned
+        (:attr:`autotune`; docs/kernels.md, section "First use: compiling, and tuning on request"). Prints what it does
+        (``verbose=False``: silent); the torch backend runs nothing. Returns a :class:`WarmupReport`."""
         from vit_fast.model.warmup import warmup_model
 
         return warmup_model(self, batch_sizes, dtype=dtype, tune=tune, verbose=verbose)
@@ -402,11 +386,8 @@ def _warn_once(what: str, device: torch.device, message: str) -> None:
 
 
 def _warn_without_tensor_cores(device: torch.device) -> None:
-    """backend='triton' asked for explicitly on ``device``, a card whose tl.dot has no tensor cores (sm_75).
-
-    It runs (the user asked, and it computes the right answer), but it warns once per device: the choice is
-    often made on another machine (a notebook written on an A100 and opened on a free T4), the cost is silent
-    (slower than the torch backend, long first compiles), and 'auto' would not have chosen it.
+    """Warn once per ``device`` (a card whose tl.dot has no tensor cores, sm_75) that backend='triton' was asked for
+    explicitly; it still runs. Why: see docs/development.md, section "The backend, chosen once (`model/vit.py`)".
     """
     _warn_once(
         "no-tensor-cores",
@@ -417,11 +398,8 @@ def _warn_without_tensor_cores(device: torch.device) -> None:
 
 
 def _warn_emulated_bf16(device: torch.device) -> None:
-    """bf16 weights on the torch backend, on a card that emulates bf16 (sm_75).
-
-    Not refused: torch computes it correctly (emulated), the dtype was the user's own choice (vit-fast never picks
-    bf16 there by default), and ``vit_fast.optimize`` must keep running what plain PyTorch ran. Said once per
-    device, because it is slow and float16 is native there.
+    """bf16 weights on the torch backend, on a card that emulates bf16 (sm_75): run, not refused, with a warning once
+    per device. Why: see docs/development.md, section "The backend, chosen once (`model/vit.py`)".
     """
     _warn_once(
         "emulated-bf16",

@@ -23,15 +23,11 @@ COMPILE_SECONDS = (0.35, 2.0)
 
 @dataclass(frozen=True)
 class WarmupReport:
-    """What :func:`warmup_model` did.
-
-    - ``backend``: the backend the warm-up inputs ran on (``"triton"``, or ``"torch"``: nothing was run).
-    - ``tuned``: the kernels timed their candidates (``tune=True``, or ``VIT_FAST_AUTOTUNE=1``).
-    - ``dtype``: the input dtype warmed (the model's float dtype, or uint8 for a model that normalises raw images).
-    - ``seconds``: batch size -> seconds its warm-up forward took (compilation and tuning included); empty when
-      nothing ran.
-    - ``compilations``: the announced upper bound of compilations.
-    """
+    """What :func:`warmup_model` did: ``backend`` the warm-up inputs ran on (``"triton"``, or ``"torch"``: nothing was
+    run); ``tuned``: the kernels timed their candidates (``tune=True``, or ``VIT_FAST_AUTOTUNE=1``); ``dtype``: the
+    input dtype warmed (the model's float dtype, or uint8 for a model that normalises raw images); ``seconds``: batch
+    size -> seconds its warm-up forward took (compilation and tuning included; empty when nothing ran);
+    ``compilations``: the announced upper bound of compilations."""
 
     backend: str
     tuned: bool
