@@ -54,18 +54,10 @@ def _run(settings: BenchSettings, log: Callable[[str], None] | None) -> dict[str
 def run_benchmark(
     settings: BenchSettings, log: Callable[[str], None] | None = None, name: str | None = None
 ) -> tuple[dict[str, Any], dict]:
-    """Run the benchmark and write its reports into ``settings.out_dir``; returns (report, paths).
-
-    The folder is checked before anything runs. Files are ``bench_<model>.{json,md,csv,png}``; when an
-    earlier run's files are there they stay, and this run's get its run id (``-<UTC time>``) in the name,
-    unless ``settings.overwrite``.
-
-    The JSON, Markdown and CSV are rewritten after each case (``complete: false`` and ``cases`` done of total
-    in the JSON, a line in the Markdown), the PNG drawn at the end. Ctrl-C (KeyboardInterrupt) or SIGTERM
-    (:class:`vit_fast.util.interrupts.Terminated`) stops the run: the four files are written once more with the
-    cases that finished and ``interrupted`` (``"interrupted by SIGTERM after 5 of 18 cases"``), ``log`` says
-    where they are, and the interrupt goes on with ``bench_report`` and ``bench_paths`` set on it (the paths
-    are empty when no case finished: nothing is written then)."""
+    """Run the benchmark and write its reports (``bench_<model>.{json,md,csv,png}``) into ``settings.out_dir``,
+    checked before anything runs; returns (report, paths). The files are rewritten after each case; Ctrl-C or SIGTERM
+    writes them once more with the cases that finished (if any), then goes on with ``bench_report`` and
+    ``bench_paths`` set on the exception. In detail: docs/benchmarks.md, section "From Python"."""
     from vit_fast.util import interrupts
     from vit_fast.util.files import check_output_dir
 
@@ -147,20 +139,11 @@ def benchmark(
     log: Callable[[str], None] | None = None,
     tune: bool = False,
 ) -> BenchResult:
-    """Time ``model`` from Python and return the result; nothing is written (``result.write(folder)`` does).
-
-    ``model``: a model name, a ``VisionTransformer`` (or the Hugging Face drop-in), or an ``.onnx`` /
-    ``.plan`` artifact path. ``batch``, ``dtypes``, ``backends``: one value, a sequence, or a comma list
-    (``"1,8"``, ``"bf16,fp16"``, ``"torch,onnxruntime"`` or ``"all"``); None takes the device's defaults.
-    Each case is timed for at least ``min_samples`` calls and ``min_time_s`` seconds (defaults 100 and
-    1 s on CPU, 200 and 1 s on a GPU), at most ``max_samples`` calls or about ``max_seconds``. ``threads``:
-    CPU threads for every CPU backend (torch and ONNX Runtime alike), recorded in each row. ``tune``: the
-    triton backends are tuned before they are timed (default: the heuristic configs a user gets).
-
-    Returns a :class:`BenchResult`: ``.rows`` (one dict per backend, dtype and batch, with ``n`` samples,
-    median / p10 / p90 / p99 ms, images/s, the ratios), ``.report`` (the whole record), ``.markdown()``,
-    ``.csv()``, ``.write(folder)``.
-    """
+    """Time ``model`` (a model name, a ``VisionTransformer`` or the Hugging Face drop-in, or an ``.onnx`` / ``.plan``
+    path) from Python; nothing is written (``result.write(folder)`` does). ``batch``, ``dtypes``, ``backends``: one
+    value, a sequence or a comma list (``"all"``: every backend); None takes the device's defaults. Returns a
+    :class:`BenchResult` (``.rows``, ``.report``, ``.markdown()``, ``.csv()``, ``.write(folder)``). The sampling
+    arguments, their defaults and ``threads`` / ``tune``: docs/benchmarks.md, section "From Python"."""
     from .settings import parse_backends, parse_batches, parse_dtypes
 
     def listed(value: Any, parse: Callable[[str], list]) -> list | None:

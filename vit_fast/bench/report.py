@@ -396,12 +396,11 @@ def free_stem(out_dir: Path, stem: str, run_id: str, overwrite: bool = False) ->
 def write_reports(
     report: dict[str, Any], out_dir: Path, stem: str, overwrite: bool = False, png: bool = True
 ) -> dict[str, Path]:
-    """Write ``<stem>.json``, ``.md``, ``.csv`` and ``.png`` into ``out_dir`` atomically (``out_dir`` is made);
-    an earlier run's files are kept and this run's named apart (:func:`free_stem`) unless ``overwrite``.
-    The Markdown and the PNG carry vit-fast's seal (``vit_fast.util.files``), as the JSON does. ``png=False``
-    leaves the picture out (a report rewritten after each case of a run draws it only at the end). The names
-    chosen are claimed as they are (:func:`vit_fast.util.files.claim`): a file that appears under one of them before
-    it is written is never replaced. Returns the paths by kind."""
+    """Write ``<stem>.json``, ``.md``, ``.csv`` and ``.png`` (not with ``png=False``) into ``out_dir`` atomically
+    (``out_dir`` is made); returns the paths by kind. An earlier run's files are kept and this run's named apart
+    (:func:`free_stem`) unless ``overwrite``; the names are claimed (:func:`vit_fast.util.files.claim`), so a file that
+    appears under one before it is written is never replaced. The JSON, Markdown and PNG carry vit-fast's seal
+    (``vit_fast.util.files``)."""
     out_dir = make_folders(out_dir, "bench output folder")
     stem = free_stem(out_dir, stem, report.get("run_id") or "run", overwrite)
     for suffix in REPORT_SUFFIXES:

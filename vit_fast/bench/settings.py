@@ -55,15 +55,10 @@ class Unavailable(Exception):
 @dataclass
 class BenchSettings:
     """One benchmark run: which model, batch sizes, dtype names, backends, how to sample, where to write.
-
-    ``model``: a model name (preset, checkpoint, ``timm:``/``hf:`` name), a ``VisionTransformer`` (or the
-    Hugging Face drop-in), or an ``.onnx`` / ``.plan`` / ``.engine`` / ``.trt`` artifact, timed by its own
-    runtime at the input shape its metadata (else its ONNX graph) gives. ``batches`` / ``dtypes`` /
-    ``backends`` left None take the device's defaults (an artifact: its own dtype and runtime).
-    ``out_dir`` is where :func:`run_benchmark` writes (None: nothing is written); ``overwrite`` lets it
-    replace an earlier run's files instead of naming the new ones apart. ``tune``: time the triton backends
-    tuned (every candidate config timed first) rather than with the heuristic configs a user gets by default.
-    """
+    ``model``: a model name (preset, checkpoint, ``timm:``/``hf:`` name), a ``VisionTransformer`` (or the Hugging Face
+    drop-in), or an ``.onnx`` / ``.plan`` / ``.engine`` / ``.trt`` artifact. ``batches`` / ``dtypes`` / ``backends``
+    left None take the device's defaults. ``out_dir``: where :func:`run_benchmark` writes (None: nothing). Every
+    field in detail: docs/benchmarks.md, section "From Python"."""
 
     model: Any
     batches: list[int] | None = None

@@ -126,13 +126,10 @@ class Sampling:
 def sample(
     fn: Callable[[], Any], device: torch.device, sampling: Sampling, flush: Callable[[], None] | None = None
 ) -> tuple[list[float], str]:
-    """Milliseconds of each timed call of ``fn`` after the warm-up, and why the sampling stopped
-    (``"target"``, ``"sample cap"`` or ``"time cap"``).
-
-    CUDA: one pair of events per call on the current stream (GPU time from the start of the call's first
-    kernel slot to its last, launch gaps included), queued in chunks sized from the time per call so far.
-    CPU: ``time.perf_counter`` around each call, the stopping rule checked after each.
-    """
+    """Milliseconds of each timed call of ``fn`` after the warm-up, and why the sampling stopped (``"target"``,
+    ``"sample cap"`` or ``"time cap"``). CUDA: one pair of events per call on the current stream (GPU time from the
+    start of the call's first kernel slot to its last, launch gaps included), queued in chunks sized from the time
+    per call so far. CPU: ``time.perf_counter`` around each call, the stopping rule checked after each."""
     for _ in range(sampling.warmup):
         fn()
     synchronize(device)

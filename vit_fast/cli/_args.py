@@ -186,13 +186,11 @@ def device(text: str) -> str:
 
 
 def output_folder(folder: str | os.PathLike, flag: str = "--out", given: str | os.PathLike | None = None) -> Path:
-    """Check, before any work, that ``folder`` can be written: it exists as a writable folder, or its nearest
-    existing parent is one (missing folders are made when the first file is written, so a run that fails
-    early leaves the file system as it was). A path under a regular file is refused, and so is a link on the
-    way that dangles (an unmounted drive behind it) or loops (:func:`vit_fast.util.files.existing_folder`).
-
-    ``given``: the path the user typed, when ``folder`` is the folder of a file to write (named in errors).
-    """
+    """Check, before any work, that ``folder`` can be written: it exists as a writable folder, or its nearest existing
+    parent is one (missing folders are made when the first file is written, so a run that fails early leaves the file
+    system as it was). A path under a regular file is refused, and so is a link on the way that dangles (an unmounted
+    drive behind it) or loops (:func:`vit_fast.util.files.existing_folder`). ``given``: the path the user typed, when
+    ``folder`` is the folder of a file to write (named in errors)."""
     folder = Path(folder)
     named = f"{flag} {str(given if given is not None else folder)!r}"
     try:

@@ -22,12 +22,9 @@ INTERPRETER_BATCHES = "1,3"
 
 class InterpreterVerify:
     """The triton step on a CPU: ``vit-fast verify default triton`` in a child process with TRITON_INTERPRET=1,
-    so that the variable is set before triton is first imported whatever this process imported already, a
-    crash or hang in the interpreter cannot take the demo down, and it runs while this process exports.
-
-    The child dies with the demo, even by SIGKILL (:func:`vit_fast.util.children.guarded_python`), and removes the
-    demo's temporary folder then (a staging folder in ``$TMPDIR``: :func:`vit_fast.util.files.temp_staging`); the log
-    is an unnamed file (nothing to leave behind)."""
+    running while this process exports. The child dies with the demo, even by SIGKILL, and removes the demo's
+    temporary folder then; its log is an unnamed file. Why a child, and how: docs/cli.md, section "The triton step
+    in a child process"."""
 
     def __init__(self, images: int, seed: int, timeout: float) -> None:
         self.images, self.timeout = images, timeout

@@ -77,12 +77,11 @@ def patch_sequence(image: np.ndarray, patch: int) -> np.ndarray:
 
 
 def class_token_attention(model: Any, images: torch.Tensor) -> torch.Tensor:
-    """The class token's attention ``[B, heads, T]`` over all T tokens (itself first, then the patches row by
-    row) in the model's last block; each row sums to 1.
-
-    Runs the model once on the torch backend (set for the call, then restored) with a forward hook on the last
-    block's attention module that keeps its input; the probabilities are recomputed from that input, so the
-    model's forward is the one everybody runs."""
+    """The class token's attention ``[B, heads, T]`` over all T tokens (itself first, then the patches row by row) in
+    the model's last block; each row sums to 1. Runs the model once on the torch backend (set for the call, then
+    restored) with a forward hook on the last block's attention module that keeps its input; the probabilities are
+    recomputed from that input, so the model's forward is the one everybody runs. A ValueError without a class
+    token."""
     if not model.cfg.class_token:
         raise ValueError("the model has no class token, so there is no class-token attention to draw")
     attn = model.blocks[-1].attn

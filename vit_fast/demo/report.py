@@ -87,14 +87,11 @@ def _markdown(report: dict[str, Any]) -> str:
 # --------------------------------------------------------------------------- the run
 @interrupts.handled()
 def run_demo(s: DemoSettings) -> dict[str, Any]:
-    """Run every step, write ``report.json`` and ``report.md`` into ``s.out``; returns the report.
-
-    ``report["exit_code"]`` is 0 when no step failed, else 1. Raises (before any step) when the
-    embedded model or its data cannot be loaded (scikit-learn missing: ImportError) or when
-    ``s.device`` is ``"cuda"`` and no GPU is visible. The two files are rewritten as each step ends
-    (``complete: false``); Ctrl-C or SIGTERM writes them once more with the steps that ended and
-    ``interrupted`` saying so, then lets the interrupt go on.
-    """
+    """Run every step, write ``report.json`` and ``report.md`` into ``s.out``; returns the report, whose
+    ``exit_code`` is 0 when no step failed, else 1. Raises (before any step) when the embedded model or its data
+    cannot be loaded (scikit-learn missing: ImportError) or when ``s.device`` is ``"cuda"`` and no GPU is visible.
+    The two files are rewritten as each step ends (``complete: false``); Ctrl-C or SIGTERM writes them once more
+    with the steps that ended and ``interrupted`` saying so, then lets the interrupt go on."""
     start = time.perf_counter()
     stages = Stages("vit-fast demo")
     if s.threads:

@@ -42,12 +42,10 @@ def interpreter_checks(s: DoctorSettings, stages: Stages, model: Any = None) -> 
 
 
 def run_in_interpreter(s: DoctorSettings, stages: Stages) -> list[dict[str, Any]]:
-    """:func:`interpreter_checks` in a child process started with TRITON_INTERPRET=1 (it must be set before
-    triton is first imported, whatever this process imported already); it prints its rows on the stdout it
-    shares with this process and its progress lines on stderr. Its checks so far (its progress file, rewritten
-    after each) reach ``stages`` as they come, when it is a :class:`CheckLog`, so this run's report holds them
-    before the child ends, and after an interrupt. The child dies with this process and its folder is removed on
-    the way out (a SIGKILLed run's by the child, or by the next run)."""
+    """:func:`interpreter_checks` in a child process started with TRITON_INTERPRET=1; returns its checks. It prints
+    its rows on the stdout it shares with this process and its progress lines on stderr; its checks so far reach
+    ``stages`` as they come when it is a :class:`CheckLog`. The child dies with this process and its folder is
+    removed on the way out. Why and how: docs/cli.md, section "The triton step in a child process"."""
     with temp_staging("vit-fast-doctor") as tmp:  # removed on SIGTERM; a SIGKILLed run's, by the next run
         settings, result = tmp / "settings.json", tmp / "checks.json"
         progress = tmp / "checks-so-far.json"

@@ -58,12 +58,10 @@ def _markdown(report: dict[str, Any]) -> str:
 
 
 def run_doctor(s: DoctorSettings) -> dict[str, Any]:
-    """Run every check, write ``report.json`` and ``report.md`` into ``s.out``; returns the report.
-
-    ``report["exit_code"]`` is 1 when a check failed, else 0 (warnings and skipped checks do not fail). The two
-    files are rewritten as each check ends (``complete: false``); Ctrl-C or SIGTERM writes them once more with the
-    checks that ended and ``interrupted`` saying so, then lets the interrupt go on.
-    """
+    """Run every check, write ``report.json`` and ``report.md`` into ``s.out``; returns the report, whose
+    ``exit_code`` is 1 when a check failed, else 0 (warnings and skipped checks do not fail). The two files are
+    rewritten as each check ends (``complete: false``); Ctrl-C or SIGTERM writes them once more with the checks that
+    ended and ``interrupted`` saying so, then lets the interrupt go on."""
     from vit_fast.util import interrupts
 
     start = time.perf_counter()

@@ -43,15 +43,10 @@ def _processes() -> dict[int, tuple[int, str]]:
 
 
 def reap_backend_stubs(owner_pid: int | None = None, grace_s: float = 3.0) -> list[int]:
-    """End the python-backend stubs Triton started for this process's models, with their children, when they
-    outlive Triton; returns the pids that had to be ended.
-
-    Seen here: after SIGTERM under load, tritonserver exited but both stubs of a 2-instance model stayed (they
-    ignore SIGTERM), with their shared-memory blocks (``/dev/shm/psm_*``) held. PyTriton names each stub's
-    shared-memory region ``pytrtion<pid>-...`` after the process that started the server, which is how ours are
-    told apart from any other server's. SIGTERM, then SIGKILL after ``grace_s``; once a stub is gone its
-    ``multiprocessing`` resource tracker unlinks the blocks it tracked, and this waits (``grace_s`` more) for that.
-    """
+    """End the python-backend stubs Triton started for the models of process ``owner_pid`` (default: this one), with
+    their children, when they outlive Triton: SIGTERM, then SIGKILL after ``grace_s`` seconds, then up to ``grace_s``
+    more for their shared memory to go. Returns the pids of the stubs that had to be ended. Why and how ours are told
+    apart: docs/deploy.md, section "How vit-fast serve adjusts PyTriton 0.7"."""
     marker = f"pytrtion{os.getpid() if owner_pid is None else owner_pid}-"
     procs = _processes()
     stubs = {pid for pid, (_, cmd) in procs.items() if "triton_python_backend_stub" in cmd and marker in cmd}
@@ -74,17 +69,10 @@ def reap_backend_stubs(owner_pid: int | None = None, grace_s: float = 3.0) -> li
 
 
 def patient_handshake() -> None:
-    """Let a model's later instances wait up to ``HANDSHAKE_WAIT[1]`` s (not 1 s) for the first one's handshake.
-
-    The cause of the start-up race (see :meth:`vit_fast.serve.server.Server.start`): PyTriton 0.7 starts a
-    model's instances at once, and every instance but the first asks the first, over ``NAME-config.sock``, for
-    its configuration, giving up after 1 s (``get_config_from_handshake_server(..., timeout_s=1.0)`` in
-    ``pytriton/proxy/communication.py``). On a busy machine the first instance takes longer than that to start
-    (seen here: 3 failed starts in a row with 2 instances while other servers started). That code runs in
-    Triton's python-backend stubs, which read it from the model's folder in PyTriton's model store, where
-    ``Model.generate_model`` copies it when the model is bound; this wraps that method so the copy's default
-    reads 60 s. Exact-text replacement: another PyTriton version's file goes unchanged (and the retry in
-    ``Server.start`` remains). Idempotent; only the model stores of this process change."""
+    """Let a model's later instances wait up to ``HANDSHAKE_WAIT[1]`` s (not 1 s) for the first one's handshake:
+    wraps PyTriton 0.7's ``Model.generate_model`` so the ``communication.py`` it copies into the model store reads
+    that default. Exact-text replacement (another PyTriton version's file goes unchanged); idempotent; only the model
+    stores of this process change. Why: docs/deploy.md, section "How vit-fast serve adjusts PyTriton 0.7"."""
     from pytriton.models.model import Model
 
     from vit_fast.util.files import claim, write_atomic
@@ -110,16 +98,9 @@ def patient_handshake() -> None:
 
 def close_model_control(triton: Any) -> None:
     """Make ``triton`` (PyTriton 0.7's ``Triton``, made with a local model store and not started yet) run Triton
-    with model control "none": Triton loads the models in its repository when it starts and refuses every load
-    and unload request after that, over HTTP and gRPC, with or without an access token ("explicit model load /
-    unload is not allowed").
-
-    Why not PyTriton's way: it runs Triton in "explicit" mode and loads each model through that API, which then
-    stays open to every client that reaches the port (on loopback: every local user) unless an access token
-    restricts it, and Triton takes its token on its command line only, where every local user reads it (``ps``).
-    Open, the API takes the model down (unload, while the server runs on and answers "not ready") and loads
-    models whose files come with the request: Triton's python backend runs such a model's code as this user.
-    A RuntimeError where PyTriton's server settings are not where 0.7 keeps them: never an open API silently."""
+    with model control "none": it loads its repository's models at start and refuses every load and unload request
+    after that. A RuntimeError where PyTriton's server settings are not where 0.7 keeps them: never an open API
+    silently. Why not PyTriton's way: docs/deploy.md, section "How vit-fast serve adjusts PyTriton 0.7"."""
     config = getattr(triton, "_triton_server_config", None)
     policy = getattr(triton, "_triton_lifecycle_policy", None)
     if config is None or not getattr(policy, "local_model_store", False):
@@ -133,15 +114,10 @@ def close_model_control(triton: Any) -> None:
 
 def allow_ragged_batch(triton: Any, model_name: str, input_name: str) -> Path:
     """Declare ``input_name`` of ``model_name`` ragged (``allow_ragged_batch: true``) in the ``config.pbtxt`` PyTriton
-    0.7 wrote to its local model store when the model was bound; returns that file.
-
-    Why: Triton's dynamic batcher puts requests into one batch only when every input has the same shape in all of
-    them, unless the input is declared ragged; then it batches requests of any shapes, and the python backend hands
-    them over as they came, one tensor per request (no backend-side concatenation: that is what the ONNX, TensorRT
-    and PyTorch backends do with ragged inputs), which PyTriton passes to an undecorated inference function as its
-    list of requests. PyTriton 0.7's ``Tensor`` has no ragged flag, so the written config is changed here, after
-    ``bind`` and before Triton starts and reads it. A RuntimeError where the store or the input is not where
-    PyTriton 0.7 puts them: never variable-size requests served one shape at a time silently."""
+    0.7 wrote to its local model store when the model was bound (call it after ``bind``, before Triton starts);
+    returns that file. A RuntimeError where the store or the input is not where PyTriton 0.7 puts them: never
+    variable-size requests served one shape at a time silently. Why: docs/deploy.md, section "How vit-fast serve
+    adjusts PyTriton 0.7"."""
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2
 
@@ -165,13 +141,10 @@ def allow_ragged_batch(triton: Any, model_name: str, input_name: str) -> Path:
 
 
 def make_shm_private(prefix: str, shm_dir: Path = SHM_DIR) -> list[Path]:
-    """Give the shared-memory blocks in ``shm_dir`` whose names start with ``prefix`` mode 0600; returns them.
-
-    Triton's python backend makes one block per model instance (``pytrtion<pid>-...``, PyTriton's prefix) and
-    carries every request and response through it between tritonserver and the instance's stub. It sets their
-    mode itself (``fchmod`` to 0644 after ``shm_open``), so a umask cannot narrow them and PyTriton has no
-    setting for it: they are narrowed here, once Triton has loaded the model (which makes them) and before the
-    first request. Only this user's regular files are touched (``lstat``, opened without following a link)."""
+    """Give the shared-memory blocks in ``shm_dir`` whose names start with ``prefix`` mode 0600; returns them. Call it
+    once Triton has loaded the model (which makes them) and before the first request. Only this user's regular files
+    are touched (``lstat``, opened without following a link). Why: docs/deploy.md, section "How vit-fast serve
+    adjusts PyTriton 0.7"."""
     narrowed = []
     for path in sorted(shm_dir.glob(f"{glob_escape(prefix)}*")):
         try:
@@ -239,12 +212,9 @@ def python_backend_env(environ: dict[str, str] | None = None) -> dict[str, str]:
 def run_triton(triton: Any, health_url: str, verbose: bool) -> None:
     """Start tritonserver, wait until ``health_url`` answers (or fail at once with its log when it exits during its
     start: PyTriton would wait its full 120 s), connect PyTriton's side of the model, and make the request blocks
-    private (:func:`make_shm_private`). PyTriton 0.7's ``run()`` is ``_run_server()`` then ``connect()``.
-
-    Triton logs to its log file; what tritonserver still writes on its stdout (the "Signal (2) received." of every
-    stop) PyTriton 0.7 echoes to ours unless its server process is told otherwise (a private flag,
-    ``TritonServer._verbose``: left alone where it is missing). PyTriton keeps the lines in its own record either
-    way; ``verbose`` shows them as before."""
+    private (:func:`make_shm_private`): PyTriton 0.7's ``run()`` is ``_run_server()`` then ``connect()``. Unless
+    ``verbose``, tritonserver's stdout is not echoed to ours (docs/deploy.md, section "How vit-fast serve adjusts
+    PyTriton 0.7")."""
     triton._run_server()
     process = getattr(triton, "_triton_server", None)
     if not verbose and process is not None and hasattr(process, "_verbose"):

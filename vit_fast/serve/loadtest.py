@@ -115,12 +115,10 @@ def load_test(
     timeout_s: float = 60.0,
 ) -> LoadTestReport:
     """Send ``clients`` x ``requests`` requests to model ``name`` and check every answer against ``model``.
-
-    ``http_url`` / ``grpc_url`` are ``host:port``; even-numbered clients use HTTP, odd ones gRPC.
-    ``model`` is the module the server runs (same weights); its outputs in ``dtype`` on the torch
-    backend (CPU) and in float64 are the expected answers. ``timeout_s`` bounds every request.
-    Returns the report; it does not raise on failures (``report.passed`` says).
-    """
+    ``http_url`` / ``grpc_url`` are ``host:port``; even-numbered clients use HTTP, odd ones gRPC. ``model`` is the
+    module the server runs (same weights); its outputs in ``dtype`` on the torch backend (CPU) and in float64 are the
+    expected answers. ``timeout_s`` bounds every request, in seconds. Returns the report; it does not raise on
+    failures (``report.passed`` says)."""
     dtype = parse_dtype(dtype)
     if dtype not in _NP_TYPES:
         raise ValueError(f"the load test sends fp32 or fp16 images, got {dtype_name(dtype)}")

@@ -67,25 +67,11 @@ DRAIN_TIMEOUT_S = 10
 
 
 class Server:
-    """A model served by Triton through PyTriton; ``start()`` returns once it answers, ``stop()`` ends it.
-
-    - ``model``: a :class:`vit_fast.VisionTransformer`; it is served on CUDA with backend "auto" (our
-      Triton kernels) where there is a GPU, else on the CPU with the torch backend, in ``dtype``.
-    - ``batch``: batch sizes, e.g. ``(1, 8, 64)``: the largest is ``max_batch_size``, the others above 1
-      the dynamic batcher's preferred sizes (default: 64 and none on the CPU, ``CPU_PREFERRED_BATCH``, so all
-      that is queued goes into one forward; 8 and 64 on CUDA); ``queue_delay_us`` its
-      ``max_queue_delay_microseconds`` (default: ``CPU_QUEUE_DELAY_US`` (0) on the CPU, where waiting only adds
-      latency, the export default on CUDA).
-    - ``instances``: model instances Triton runs at once (each a thread calling the same module).
-    - ``host`` and the ports: where HTTP, gRPC and metrics listen (loopback by default).
-    - ``tune``: tune the kernels for the served batch sizes before serving, and serve tuned (see :meth:`warmup`).
-    - ``variable_size``: serve images of any size the model takes (``images [C, -1, -1]``, each side a multiple of
-      the patch size up to ``max_image_size`` pixels, default ``VARIABLE_MAX_SIDE``), for a model built with
-      ``dynamic_img_size`` only; requests of different sizes are batched together (a ragged input) and run as one
-      packed forward (:mod:`vit_fast.serve.variable`).
-
-    Use as a context manager, or ``start()`` / ``wait()`` / ``stop()``.
-    """
+    """A :class:`vit_fast.VisionTransformer` served by Triton through PyTriton, on CUDA with our kernels where there is
+    a GPU, else on the CPU with the torch backend, in ``dtype``. ``batch`` (e.g. ``(1, 8, 64)``): the largest is the
+    maximum batch, the others above 1 preferred sizes; ``instances``: model instances (threads calling one module);
+    ``variable_size``: images of any size up to ``max_image_size`` px a side. A context manager, or ``start()`` /
+    ``wait()`` / ``stop()``. Every argument and default: docs/deploy.md, section "Serving from Python: Server"."""
 
     def __init__(
         self,
@@ -185,14 +171,10 @@ class Server:
         return self._triton.get_access_token()
 
     def check_ports(self) -> None:
-        """Claim the three ports for this server, then make sure nothing listens on them: before the model warms
-        up and Triton starts (which would fail only after its start-up).
-
-        The claim is a lock per port held until :meth:`stop` (:mod:`vit_fast.serve.ports`): of two servers of
-        this user started at once on a port, one holds it and the other gets a PortTaken naming the port and
-        the holder's pid. Then an OSError names the first port something else (another user's server, another
-        program) listens on, and the flag that moves it; the locks are released again then. Claiming twice
-        keeps the locks."""
+        """Claim the three ports for this server (a lock per port, held until :meth:`stop`), then make sure nothing
+        listens on them, before the model warms up and Triton starts. Raises PortTaken (naming the port and the
+        holder's pid) where another server of this user holds one, else an OSError naming the first port something
+        else listens on and the flag that moves it (the locks released again). Claiming twice keeps the locks."""
         e = self.endpoints
         ports = {"HTTP": e.http_port, "gRPC": e.grpc_port, "metrics": e.metrics_port}
         self._port_locks = claim_free_ports(ports, e.host, self._port_locks)
@@ -204,12 +186,11 @@ class Server:
         return sorted({1, *b.preferred_batch_sizes, b.max_batch_size})
 
     def warmup(self) -> WarmupReport:
-        """Compile the kernels for every served batch size (tuned with ``tune``) before the server reports ready,
-        so no first request of a batch size waits on it. Run once, in this thread, on the model every instance
-        thread calls: the kernels' compiled and tuned configs are per process, and ``tune`` marks the model
-        itself to run tuned (``model.autotune``), so the instance threads, whose tuning context is their own,
-        find the same configs. Batch sizes between these are compiled when first formed (a few kernels,
-        seconds; with ``tune`` a new shape class is tuned then)."""
+        """Compile the kernels for every served batch size (tuned with ``tune``) before the server reports ready, so
+        no first request of a batch size waits on it; returns what it did. Run once, in this thread, on the model
+        every instance thread calls (why that suffices: docs/deploy.md, section "Serving from Python: Server").
+        Batch sizes between these are compiled when first formed (a few kernels, seconds; with ``tune`` a new shape
+        class is tuned then)."""
         self.warmup_report = self.model.warmup(self.served_batch_sizes, tune=self.tune)
         if self.model.backend != "torch":  # kernels (the interpreter in tests) do not run on torch's threads
             self.thread_tuner = None
@@ -264,19 +245,11 @@ class Server:
         return [{self.output.name: r} for r in rows]
 
     def start(self) -> Server:
-        """Warm the model up (:meth:`warmup`), start Triton (in a process of its own), bind the model and wait
-        until it answers.
-
-        PyTriton 0.7 starts a model's instances in parallel, and a later instance may ask the first one
-        for its configuration before that one listens (``ConnectionRefusedError`` in
-        ``get_config_from_handshake_server``, seen here with 2 instances on a busy 2-core machine): that
-        start-up is retried, up to ``START_ATTEMPTS`` times in all, and said so on stderr.
-
-        The ports are claimed and busy ones refused first (:meth:`check_ports`);
-        ``torch.set_num_threads(threads)`` holds until :meth:`stop`. It returns only once ``/v2/models/NAME/ready``
-        answers 200 (``/v2/health/ready`` answers before the model is loaded) and one request went through the
-        whole path.
-        """
+        """Claim the ports (:meth:`check_ports`), warm the model up (:meth:`warmup`), start Triton (in a process of its
+        own), bind the model, and return once ``/v2/models/NAME/ready`` answers 200 and one request went through the
+        whole path; ``torch.set_num_threads(threads)`` holds until :meth:`stop`. A start-up that fails in PyTriton's
+        instance race is retried, up to ``START_ATTEMPTS`` times in all, and said so on stderr (docs/deploy.md,
+        section "How vit-fast serve adjusts PyTriton 0.7")."""
         self.check_ports()
         if self.device.type == "cpu" and self.threads > 1 and not any(os.environ.get(v) for v in OPENMP_SPIN_VARS):
             print(

@@ -48,11 +48,9 @@ def candidates(most: int) -> list[int]:
 
 class ThreadTuner:
     """Which torch thread count a served forward runs with now (docs/deploy.md, "Torch threads on the CPU").
-
     ``most``: the most threads one forward may take (the cores shared between the instances). ``timer`` is for
     tests. Thread-safe: the instances of a server share one tuner and call :meth:`threads_for` from their own
-    threads, each setting its own count (torch's count is per thread).
-    """
+    threads, each setting its own count (torch's count is per thread)."""
 
     def __init__(
         self,

@@ -11,12 +11,9 @@ MAX_BATCH = 2**31 - 1
 
 
 def parse_batch_list(text: str | Sequence[int], names: Sequence[str] = ()) -> list[int]:
-    """``"1,8,64"`` (or a sequence of ints) -> ``[1, 8, 64]``; a ValueError names the bad item.
-
-    With ``names`` (e.g. ``("MIN", "MAX")``) exactly that many items, in that order, repeats allowed
-    (a range: its order is checked where it is used); without, any number of distinct sizes >= 1.
-    Every size is at most :data:`MAX_BATCH`.
-    """
+    """``"1,8,64"`` (or a sequence of ints) -> ``[1, 8, 64]``; a ValueError names the bad item. With ``names`` (e.g.
+    ``("MIN", "MAX")``) exactly that many items, in that order, repeats allowed (a range: its order is checked where
+    it is used); without, any number of distinct sizes >= 1. Every size is at most :data:`MAX_BATCH`."""
     form = ",".join(names) if names else "comma-separated ints"
     example = ",".join(str(b) for b in (1, 8, 64)[: len(names) or 3])
     items = [str(t).strip() for t in (str(text).split(",") if isinstance(text, str) else text)]

@@ -47,12 +47,10 @@ def agreement_bound(dtype: torch.dtype, scale: float) -> float:
 def compare(
     out: torch.Tensor, eager: torch.Tensor, ref64: torch.Tensor, dtype: torch.dtype, logits: bool = True
 ) -> dict[str, Any]:
-    """Errors of ``out`` (ours) and ``eager`` (torch, same dtype) against ``ref64``; ``[B, ...]`` tensors.
-
-    Returns max |error| for both, the bound, relative errors, the worst per-sample cosine, top-1
-    agreement (only for ``logits`` with more than one class) and ``passed``. A non-finite value
-    in ``out`` makes its error infinite. Computed in float64 where ``ref64`` lies (the CPU, or a GPU).
-    """
+    """Errors of ``out`` (ours) and ``eager`` (torch, same dtype) against ``ref64``; ``[B, ...]`` tensors. Returns
+    max |error| for both, the bound, relative errors, the worst per-sample cosine, top-1 agreement (only for
+    ``logits`` with more than one class) and ``passed``. A non-finite value in ``out`` makes its error infinite.
+    Computed in float64 where ``ref64`` lies (the CPU, or a GPU)."""
     if tuple(out.shape) != tuple(ref64.shape):
         raise ValueError(f"output shape {tuple(out.shape)} differs from the reference's {tuple(ref64.shape)}")
     ref = ref64.double()

@@ -59,20 +59,11 @@ COMPARABLE = 4.0
 
 
 class Remaining:
-    """How long is left, from the measured times of the pieces of work already finished.
-
-    Each piece has an expected cost in a unit of the caller's (FLOPs x calls, pixels, 1 an epoch): only its ratio
-    to the other pieces' matters. A piece left is predicted as its cost times the seconds per unit measured on the
-    finished pieces of comparable cost (within :data:`COMPARABLE` times its own), and nothing is said until every
-    piece left has such a neighbour: a time extrapolated from a piece of another size (a batch-1 case for a
-    batch-256 one, the fixed start of a first step for the rest) is the estimate that jumps.
-
-    ``finished(i)`` after piece ``i`` (timed since the previous ``finished`` or the start, or ``seconds=``);
-    ``skip(i)`` for a piece that takes no time worth counting; ``expect(i, cost)`` where the caller learns a
-    piece's cost better as the run goes (the bench, once a call has been timed); ``seconds_left()`` (None while
-    nothing can be said); ``text()``: ``"; about 3.5 min left"`` or ``""``. ``clock``: a function returning
-    seconds (``time.perf_counter``; tests give a fake one).
-    """
+    """How long is left, from the measured times of the finished pieces of work; ``costs``: each piece's expected cost
+    in a unit of the caller's (only ratios matter). ``finished(i)`` after piece ``i``; ``skip(i)``, ``expect(i, cost)``;
+    ``seconds_left()`` (None while nothing can be said); ``text()``: ``"; about 3.5 min left"`` or ``""``. ``clock``:
+    seconds (``time.perf_counter``; tests give a fake one). How it predicts, and each method: docs/development.md,
+    section "Progress (progress.py)"."""
 
     def __init__(self, costs: Sequence[float], clock: Callable[[], float] | None = None) -> None:
         self.costs = [self._checked(c) for c in costs]

@@ -167,17 +167,11 @@ def check_output_file(
     overwrite: bool = False,
     make_parents: bool = False,
 ) -> Path:
-    """The output ``path``, after every check that can be made before any work; a ValueError naming the
-    path and the fix otherwise. The path is then claimed (:func:`claim`): a publish there replaces only
-    what was checked.
-
-    Refused: a FIFO, device or socket at ``path`` (never opened); a final name without one of ``suffixes``
-    as its suffix (compared case-insensitively; the suffix alone is no name); a folder at ``path``; a
-    parent that is a regular file, or a link that dangles or loops; a missing folder (unless
-    ``make_parents``: then the nearest existing folder must be writable); a folder that cannot be written;
-    an existing file for which ``ours(path)`` (the file's own proof) is False, unless ``overwrite``
-    (``ours=None`` accepts any existing regular file).
-    """
+    """The output ``path``, after every check that can be made before any work, then claimed (:func:`claim`: a
+    publish there replaces only what was checked); a ValueError naming the path and the fix otherwise. Refused,
+    among others: a special file, a final name without one of ``suffixes``, a folder, a missing folder (unless
+    ``make_parents``), an existing file for which ``ours(path)`` is False unless ``overwrite`` (``ours=None``
+    accepts any existing regular file). Every refusal: docs/files.md."""
     path = Path(path)
     refuse_special(path, what)
     if path.is_dir() and not path.is_symlink():

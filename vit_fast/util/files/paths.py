@@ -23,17 +23,11 @@ def contained_path(
     field: str,
     links_may_leave: bool = False,
 ) -> Path:
-    """``folder / name`` for a file name that another file records (``source``: an artifact's metadata, an
-    ONNX graph, a weights index; ``field`` says where in it, e.g. ``field 'external_data'``), kept inside
-    ``folder``: the one check every reader of such a name makes before it opens, copies or writes anything
-    by it.
-
-    Refused with a ValueError naming ``source``, ``field`` and the name: anything but a non-empty string, a
-    NUL character, an absolute path, a ``..`` part and, unless ``links_may_leave``, a name whose location
-    with every link resolved lies outside ``folder`` with every link resolved (ONNX Runtime's own rule for
-    external data). ``links_may_leave`` is for folders whose files are links by design (a Hugging Face hub
-    snapshot links each file into ``../../blobs``): there only the name itself is judged. Nothing is
-    opened or made here; whether the file exists is the caller's check."""
+    """``folder / name`` for a file name that another file records (``source``: an artifact's metadata, an ONNX graph,
+    a weights index; ``field``: where in it), kept inside ``folder``. A ValueError naming ``source``, ``field`` and the
+    name for anything but a non-empty string, a NUL, an absolute path, a ``..`` part and, unless ``links_may_leave``
+    (folders whose files are links by design), a name that resolves outside ``folder``. Nothing is opened or made;
+    whether the file exists is the caller's check. The rule in full: docs/files.md."""
     folder = Path(folder)
     why = None
     if not isinstance(name, str) or not name.strip():
@@ -58,12 +52,11 @@ def contained_path(
 
 # --------------------------------------------------------------------------- locks held for a process's life
 def hold_lock(path: str | os.PathLike, note: str) -> int | None:
-    """Lock the file at ``path`` for this process and write ``note`` in it (who holds it); the lock is an
-    exclusive ``flock``, released when the returned descriptor is closed or the process dies (even by SIGKILL:
-    the kernel drops it). None when another process holds it (its note: :func:`read_head`).
-
-    The file is created with mode 0600 if missing, opened never through a symlink and never when it is not a
-    regular file; it is left in place when released (removing a lock file lets two processes lock two files)."""
+    """Lock the file at ``path`` for this process and write ``note`` in it (who holds it): an exclusive ``flock``,
+    released when the returned descriptor is closed or the process dies (even by SIGKILL: the kernel drops it). None
+    when another process holds it (its note: :func:`read_head`). The file is created with mode 0600 if missing,
+    opened never through a symlink and never when it is not a regular file; it is left in place when released
+    (removing a lock file lets two processes lock two files)."""
     if fcntl is None:  # pragma: no cover - Windows
         raise OSError(f"cannot lock {str(path)!r}: no flock on this platform")
     flags = os.O_RDWR | os.O_CREAT | O_NOFOLLOW | O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)

@@ -124,16 +124,11 @@ def _take_back(src: Path, dst: Path, replaced: Path | None, published: Identity 
 
 
 def publish_to(moves: Sequence[tuple[Path, Path]], *, mode: int | None = None) -> list[Path]:
-    """Move each staged file to its target, in order (data first, the artifact, its metadata, reports last),
-    each with ordinary permissions or ``mode`` (less the umask, set before the move: 0o600 for a secret).
-
-    Each staged file must lie in a staging folder beside its target (one file system). Each target is
-    checked against its claim at the moment of its move (see the module's docstring): a target that
-    appeared, or that is not the file checked, raises :class:`OutputChanged`, and this run's files are then
-    kept beside it in ``NAME.unpublished-TOKEN`` (named in the message). If any move fails, the targets this
-    call already moved get their previous file back (or are removed where there was none), so no target is
-    left half-updated.
-    """
+    """Move each staged file (in a staging folder beside its target: one file system) to its target, in order (data
+    first, reports last), each with ordinary permissions or ``mode`` (less the umask: 0o600 for a secret); returns
+    the targets. A target that fails its claim at its move raises :class:`OutputChanged` (this run's files kept in
+    ``NAME.unpublished-TOKEN``, named in the message); if any move fails, the targets already moved get their
+    previous file back (or are removed where there was none). See docs/files.md."""
     done: list[tuple[Path, Path, Path | None, Identity | None]] = []
     try:
         for src, dst in moves:
@@ -193,14 +188,11 @@ def _publish_one_folder(staged: Path, target: Path) -> Path | None:
 
 
 def publish_folders(moves: Sequence[tuple[Path, Path]]) -> list[Path | None]:
-    """Move each folder built in a staging folder to its target, all or none; returns, for each, where the
-    folder it replaced now lies (inside the staging folder, removed with it), or None.
-
-    A target that did not exist when claimed (:func:`claim_folder`) must still not exist; one that did is
-    replaced only while every entry below it is as claimed (a user's file added meanwhile is never lost): otherwise
-    :class:`OutputChanged`, and the folders already moved are put back. A folder's rename never replaces a
-    non-empty folder, even without ``renameat2``. Nothing of a refused set is kept (the caller removes its
-    staging folder; a Triton repository would take a kept folder for a model)."""
+    """Move each folder built in a staging folder to its target, all or none; returns, for each, where the folder it
+    replaced now lies (inside the staging folder, removed with it), or None. A target must still be as claimed
+    (:func:`claim_folder`: absent, or every entry below it unchanged), else :class:`OutputChanged` and the folders
+    already moved are put back; nothing of a refused set is kept (a Triton repository would take a kept folder for
+    a model). See docs/files.md."""
     done: list[tuple[Path, Path, Path | None]] = []
     try:
         for staged, target in moves:

@@ -94,14 +94,11 @@ def is_our_staging(folder: str | os.PathLike) -> bool:
 
 
 def clean_stale_staging(folder: str | os.PathLike, name: str | None = None) -> list[Path]:
-    """Remove the staging folders in ``folder`` that a killed run of vit-fast left behind; returns those removed.
-
-    A folder goes only when its marker proves vit-fast made it (:func:`is_our_staging`) and its lock is
-    free (the kernel drops a dead process's locks). A folder whose run still holds its lock, or that merely
-    looks like one of ours (by name, by an ``.owner`` file, by age), is never touched; nor is a folder of
-    kept results (``NAME.unpublished-TOKEN``). ``name`` (the target a run writes) is accepted for callers
-    that name it; every dead run's folder is cleaned either way.
-    """
+    """Remove the staging folders in ``folder`` that a killed run of vit-fast left behind; returns those removed. A
+    folder goes only when its marker proves vit-fast made it (:func:`is_our_staging`) and its lock is free (the
+    kernel drops a dead process's locks); one that merely looks like ours (name, ``.owner`` file, age) or holds
+    kept results (``NAME.unpublished-TOKEN``) is never touched. ``name`` (the target a run writes) is accepted for
+    callers that name it; every dead run's folder is cleaned either way."""
     removed = []
     for p in glob.glob(os.path.join(glob.escape(str(folder)), f".*{STAGING_MARK}*")):
         path = Path(p)

@@ -46,16 +46,11 @@ def copy_new(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
 
 
 def write_atomic(path: str | os.PathLike, data: str | bytes, *, mode: int | None = None) -> Path:
-    """Write ``data`` to ``path`` through a staging folder beside it, then move it into place (:func:`publish_to`).
-
-    A failure (or a kill) leaves ``path`` as it was; the staging folder is removed (a killed run's by the
-    next write). The result gets an ordinary file's permissions, or ``mode`` (0o600: readable by this user
-    only, whatever the file it replaces allowed; the staged file has it from its creation on). Missing parent
-    folders are made (:func:`make_folders`). A symlink at ``path`` is replaced, never written through.
-    Ownership is checked before any work (:func:`check_output_file`) and again here, as it is moved: a file
-    that is not the one checked (or, for a path never checked, one that does not prove itself vit-fast's) is
-    never replaced.
-    """
+    """Write ``data`` to ``path`` through a staging folder beside it, then move it into place (:func:`publish_to`);
+    returns ``path``. A failure (or a kill) leaves ``path`` as it was. The result gets an ordinary file's permissions,
+    or ``mode`` from its creation on (0o600: this user only). Missing parent folders are made; a symlink at ``path``
+    is replaced, never written through; a file that is not the one checked (or, never checked, does not prove itself
+    vit-fast's) is never replaced (:class:`OutputChanged`). See docs/files.md."""
     path = Path(path)
     make_folders(path.parent)
     with staging_dir(path) as tmp:
