@@ -104,12 +104,9 @@ def check_artifact_outputs(
 ) -> Path:
     """Every check on an artifact's output paths made before any work: the artifact (``kind`` ``"onnx"`` or
     ``"engine"``: suffix, folder, parent, writable, an existing file vit-fast did not write), its metadata
-    ``PATH.json`` and, with ``external_data``, ``PATH.data``. A ValueError names the path and the fix.
-
-    An existing artifact with vit-fast's metadata may be replaced; anything else only with ``overwrite``.
-    A folder where one of the files goes is always refused. Every path is claimed
-    (:func:`vit_fast.util.files.claim`): the publish replaces only the files checked here.
-    """
+    ``PATH.json`` and, with ``external_data``, ``PATH.data``. A ValueError names the path and the fix. An existing
+    vit-fast artifact may be replaced, anything else only with ``overwrite``, a folder never; every path is claimed
+    (:func:`vit_fast.util.files.claim`). See docs/development.md, section Shared parts."""
     what, suffixes = ARTIFACT_KINDS[kind]
     if kind == "onnx":  # onnx.checker and ONNX Runtime (the verification) take UTF-8 paths only
         refuse_non_utf8(path, what, "onnx.checker or ONNX Runtime")
@@ -263,12 +260,11 @@ def _graph_tensors(graph: Any) -> Any:
 
 
 def external_data_files(onnx_path: str | os.PathLike, proto: Any = None) -> list[str]:
-    """The external data files the ONNX file ``onnx_path`` keeps its tensors in, as the graph itself names
-    them (each tensor's ``location``; ``proto`` is the file already loaded with ``load_external_data=False``),
-    in order, each once: what must travel with the file and what ONNX Runtime will open beside it.
-
-    Each name is kept inside the file's folder (:func:`inside`: no absolute path, no ``..``, no link leading
-    out) and must be a regular file there; an ArtifactError names the ONNX file, the tensor and the name."""
+    """The external data files the ONNX file ``onnx_path`` keeps its tensors in, as the graph itself names them (each
+    tensor's ``location``; ``proto`` is the file already loaded with ``load_external_data=False``), in order, each
+    once: what must travel with the file and what ONNX Runtime will open beside it. Each must stay inside the file's
+    folder (:func:`inside`) and be a regular file there; an ArtifactError names the ONNX file, the tensor and the
+    name."""
     import onnx
     from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 

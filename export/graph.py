@@ -57,12 +57,10 @@ def check_io_names(input_name: Any, output_names: Any, outputs: Sequence[str]) -
 
 
 def check_preprocess(spec: Any, in_chans: int) -> dict[str, Any] | None:
-    """Validate an opt-in preprocessing front; returns its record or None.
-
-    ``spec``: None, or a dict with ``mean`` and ``std`` (one value per channel, or one for all),
-    ``layout`` (``"NCHW"`` default, or ``"NHWC"``) and ``scale`` (default ``1/255``). The graph then
-    takes uint8 images and computes ``(x * scale - mean) / std`` per channel in the export dtype.
-    """
+    """Validate an opt-in preprocessing front; returns its record or None. ``spec``: None, or a dict with ``mean``
+    and ``std`` (one value per channel, or one for all), ``layout`` (``"NCHW"`` default, or ``"NHWC"``) and ``scale``
+    (default ``1/255``). The graph then takes uint8 images and computes ``(x * scale - mean) / std`` per channel in
+    the export dtype."""
     if spec is None:
         return None
     if not isinstance(spec, dict):

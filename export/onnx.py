@@ -228,51 +228,11 @@ def to_onnx(
     overwrite: bool = False,
     max_grid: int | None = None,
 ) -> Path:
-    """Export ``model`` (a :class:`vit_fast.VisionTransformer`, a subclass with ``as_vit_fast()``, or a
-    transformers ViT such as ``vit_fast.optimize(hf_vit)``, converted with ``vit_fast.from_hf``) to an ONNX file
-    at ``path``.
-
-    A native-resolution tower, timm's ``NaFlexVit`` or transformers' ``Siglip2VisionModel`` (patched by
-    ``apply_vit_fast`` or not), exports as a graph of three inputs, all dynamic in batch and token count (patches,
-    coordinates or sizes, mask; :mod:`vit_fast.export.native`; SigLIP 2 on the dynamo exporter only), verified at three
-    image-size mixes (``VerifyOptions(size_mixes=...)``), and refused by name where it cannot trace
-    dynamically; ``max_grid`` is then the largest image side it takes, in patches (a NaFlexVit's position-table
-    resize weights; default 64, or the position table's side where larger). ``dynamic_size``, ``attention``,
-    ``preprocess`` and ``input_name`` do not apply to it.
-
-    - ``batch=(min, max)``: the batch range served; dim 0 of the input is symbolic (checked in the saved
-      graph) and the range is recorded in the metadata.
-    - ``dtype``: weights and compute dtype, float32 / float16 / bfloat16 (a converted copy).
-    - ``opset``: default 18 (23 with ``attention="fused"``); at least 17.
-    - ``exporter``: ``"dynamo"`` (torch.export) or ``"torchscript"``.
-    - ``dynamic_size``: symbolic H and W (multiples of the patch size). The exported copy gets
-      ``cfg.dynamic_img_size=True``; the caller's model is not changed.
-    - ``attention="fused"``: one ONNX ``Attention`` node per block (opset 23, dynamo only).
-    - ``source``: how the model was named (preset, checkpoint), kept in the metadata so a later
-      TensorRT build can verify against it.
-    - ``outputs``: any of ``"logits"`` ``[B, num_classes]``, ``"pooled"`` ``[B, D]`` (features before the
-      head), ``"last_hidden_state"`` ``[B, T, D]``, one or several, in order; default logits (pooled for a
-      model without a head). ``input_name`` (default ``images``) and ``output_names`` (default the output
-      kinds) name the graph's I/O, e.g. ``input_name="pixel_values"`` as optimum names it.
-    - ``preprocess``: None, or ``dict(layout="NCHW"|"NHWC", mean=(...), std=(...), scale=1/255)``: the graph
-      takes uint8 images ``[B, C, H, W]`` / ``[B, H, W, C]`` at the model's size and normalises them inside
-      (``(x * scale - mean) / std``, no resize).
-    - ``verify``: True (or :class:`VerifyOptions`) verifies the STAGED file against ``model`` on ONNX Runtime
-      (every output, the same preprocessing on the eager side) before anything is published; the result
-      (passed, rule, worst error, batches, seed, date, versions) is recorded in the metadata.
-      A failure raises :class:`VerificationError` and publishes nothing. On by default: pass
-      ``verify=False`` only where the artifact is verified otherwise (or cannot be on ONNX Runtime: bf16).
-    - ``report``: with ``verify``, the verification report as JSON, published with the artifact.
-    - ``overwrite``: replace existing files that vit-fast did not write (an earlier vit-fast artifact at
-      ``path`` is replaced without it).
-
-    Every output path is checked before any work (suffix ``.onnx`` / ``.json``, folders, a file in the
-    way). The artifact (plus ``path + ".data"`` for weights over ~1.8 GB), ``path + ".json"`` and the
-    report are written in staging folders beside their targets and moved into place together only at the
-    end: a failed or killed run leaves every target as it was. The metadata records the weights
-    (``model.describe_weights()``, ``model.weights_source``). Returns ``path``. Raises ValueError /
-    TypeError for bad arguments before any work and :class:`ExportError` when the exporter fails.
-    """
+    """Export ``model`` (a :class:`vit_fast.VisionTransformer`, a subclass with ``as_vit_fast()``, or a transformers
+    ViT converted with ``vit_fast.from_hf``) to an ONNX file at ``path``, verified on ONNX Runtime before anything is
+    published (on by default); returns ``path``. Raises ValueError / TypeError for bad arguments before any work,
+    :class:`VerificationError` (nothing published) and :class:`ExportError` when the exporter fails. Each argument,
+    and native-resolution towers: docs/deploy.md, section The Python API."""
     if native_family(model) is not None:
         check_native_args(model, exporter, attention, preprocess, input_name, max_grid)
         return native_to_onnx(

@@ -83,14 +83,11 @@ class Runner:
 
 # --------------------------------------------------------------------------- ONNX Runtime
 class OrtRunner(Runner):
-    """An ONNX file on ONNX Runtime: the CUDA execution provider where present (inputs and outputs bound
-    to torch's GPU buffers, I/O binding), else the CPU provider.
-
-    ``provider``: an ONNX Runtime provider name (default CUDA when available, else CPU); ``threads``:
-    the CPU provider's intra-op threads (inter-op 1), default ONNX Runtime's own; ``device_id``: the GPU.
-    ``provider`` holds the provider the session really uses: ONNX Runtime falls back to the CPU when
-    the CUDA provider cannot start.
-    """
+    """An ONNX file on ONNX Runtime: the CUDA execution provider where present (inputs and outputs bound to torch's
+    GPU buffers, I/O binding), else the CPU provider. ``provider``: an ONNX Runtime provider name (default CUDA when
+    available, else CPU), afterwards the one the session really uses (ONNX Runtime falls back to the CPU when the
+    CUDA provider cannot start); ``threads``: the CPU provider's intra-op threads (inter-op 1), default ONNX
+    Runtime's own; ``device_id``: the GPU."""
 
     def __init__(
         self, path: str | os.PathLike, provider: str | None = None, threads: int | None = None, device_id: int = 0
@@ -294,12 +291,8 @@ class EngineRunner(Runner):
 
     def _bind(self, x: torch.Tensor) -> Callable[[], dict[str, torch.Tensor]]:
         """Bind ``x`` and NaN-filled outputs (an element the engine leaves unwritten shows); one binding at a time.
-
-        TensorRT directly, not ``TrtRunner``: its ``infer`` runs on a stream of its own that does not wait for
-        torch's, and ends by blocking the host on that stream; each call re-checks the feed and sets an output
-        allocator per output. The bench times ``prepare``'s call between CUDA events on torch's current stream,
-        which must bracket the engine's kernels and nothing else. So: ``execute_async_v3`` on our stream,
-        ordered with the current stream both ways, on buffers bound once."""
+        TensorRT directly, not ``TrtRunner``: ``execute_async_v3`` on our stream, ordered with torch's current stream
+        both ways, on buffers bound once. Why: docs/development.md, section Running an artifact."""
         self.check_batch(int(x.shape[0]))
         if self.context is None:
             self.context = self.engine.create_execution_context()

@@ -177,12 +177,10 @@ def attention_fused(layers: list[Any]) -> bool:
 
 
 def reuse_timing_cache(cache_path: Path, notes: list[str]) -> Callable[[Any, Any, Any], None]:
-    """The config postprocess (``PostprocessConfig`` calls it with builder, network, config) attaching the cache
-    read from ``cache_path`` in place of the empty one ``CreateConfig`` attached. A corrupt one (None or an error
-    from ``create_timing_cache``) or one from another TensorRT/GPU (``set_timing_cache(..., ignore_mismatch=False)``
-    returns False) is replaced by a fresh empty one, with a note in ``notes``. Not polygraphy's ``load_timing_cache``:
-    it ignores that False (the config is then left without a cache, so nothing is saved) and leaves a ``.lock``
-    file beside the cache."""
+    """The config postprocess (``PostprocessConfig`` calls it with builder, network, config) attaching the cache read
+    from ``cache_path`` in place of the empty one ``CreateConfig`` attached. A corrupt one or one from another
+    TensorRT/GPU is replaced by a fresh empty one, with a note in ``notes``. How each is told, and why not
+    polygraphy's ``load_timing_cache``: docs/development.md, section TensorRT engines."""
 
     def attach(builder: Any, network: Any, config: Any) -> None:
         data = cache_path.read_bytes() if cache_path.is_file() else b""
@@ -256,26 +254,11 @@ def to_tensorrt(
     report: str | os.PathLike | None = None,
     overwrite: bool = False,
 ) -> Path:
-    """Build a TensorRT engine from an ONNX file exported by :func:`vit_fast.export.to_onnx`.
-
-    - ``batch=(min, opt, max)``: the optimization profile (images ``[B, C, H, W]`` at the
-      model's native size); must lie inside the ONNX file's exported batch range.
-    - ``precision``: ``"fp16"`` / ``"bf16"`` (normalization, softmax and reductions kept in fp32) or
-      ``"fp32"`` (TF32 off).
-    - ``timing_cache``: a file read before and written after the build (default: one per
-      TensorRT version and GPU in the engine's folder).
-    - ``workspace_gib``: the builder's workspace memory pool limit in GiB (default TensorRT's).
-    - ``model``: the :class:`vit_fast.VisionTransformer` (or its name) to verify against;
-      default the ``source`` recorded in the ONNX metadata.
-    - ``verify``: True (default) or :class:`VerifyOptions`: the staged engine is verified before anything
-      is published and the result recorded in its metadata; False publishes it unverified (recorded so).
-    - ``report``: with ``verify``, the verification report as JSON, published with the engine.
-    - ``overwrite``: replace existing files that vit-fast did not write.
-
-    Every output path is checked before TensorRT is touched. Writes ``engine_path`` and
-    ``engine_path + ".json"`` (TensorRT version, GPU SM, precision, profile, whether attention was
-    fused, the graph's I/O, the weights, the verification) only when the engine passed verification.
-    """
+    """Build a TensorRT engine from an ONNX file exported by :func:`vit_fast.export.to_onnx`, verify it while staged
+    and write ``engine_path`` and ``engine_path + ".json"`` only when it passed; every output path is checked before
+    TensorRT is touched. ``batch=(min, opt, max)``, ``precision`` (``"fp16"`` / ``"bf16"`` / ``"fp32"``),
+    ``timing_cache``, ``workspace_gib``, ``model``, ``verify``, ``report`` and ``overwrite``: docs/deploy.md, section
+    The Python API."""
     onnx_path, engine_path, batch, onnx_meta, onnx_dtype, profile = check_tensorrt_args(
         onnx_path, engine_path, batch, precision, timing_cache, overwrite
     )

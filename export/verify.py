@@ -136,37 +136,11 @@ def verify(
     progress: bool | None = None,
     batch_flag: str = "--batch",
 ) -> VerifyReport:
-    """Run ``artifact`` (``.onnx``, a TensorRT ``.plan`` / ``.engine``, or ``"triton"`` for our kernels
-    backend) and compare each of its outputs with ``model``'s (a plain VisionTransformer, one that has
-    ``as_vit_fast()``, a transformers ViT converted with ``vit_fast.from_hf``, or a model name).
-
-    - ``batches``: default batch 1, an odd batch and the maximum of the batch range in the
-      metadata beside the artifact (``(1, 8)`` without metadata, or the engine's profile).
-    - ``dtype``: the artifact's dtype (read from the artifact; a different value raises).
-    - ``image_sizes``: ``(H, W)`` pixels; every batch runs at the first, the middle batch at the
-      others. Default: the native size, plus two more for artifacts exported with ``dynamic_size=True``.
-    - ``data=(images [N, C, H, W], labels [N] int64)``: also accuracy of eager and of the artifact and
-      their top-1 agreement on the ``logits`` output (reported, not a pass criterion). Images are floats,
-      or uint8 pixels in the artifact's layout when it was exported with a preprocessing front.
-    - ``seed``: of the random inputs; when None one is drawn, used and recorded in the report.
-    - ``json_path``: where the report goes as JSON (``.json``; checked before any work: an existing
-      file vit-fast did not write is replaced only with ``overwrite``), rewritten after each case with
-      ``complete: false`` until the last: Ctrl-C or SIGTERM leaves the finished rows there, with
-      ``interrupted`` saying after how many cases it was cut.
-    - ``artifact_name``: how the report names the artifact (default: ``artifact`` itself).
-    - ``progress``: a line per batch on stderr as it starts, and as it ends with the time taken, its worst
-      row against the bound and about how long is left (once a case of comparable size has been timed),
-      and, on a CPU, a note before GPU-sized work starts, naming fewer batches to try (default: as
-      ``print_table``).
-    - ``batch_flag``: the command-line flag that sets ``batches`` where the note names it (an exporter's
-      ``--verify-batch``: its ``--batch`` sets the artifact's range, not what is verified).
-
-    Prints a table (``print_table``) and returns a :class:`VerifyReport`; raises :class:`VerificationError`
-    naming the worst row when any row fails (``raise_on_failure``; the JSON is written first). Unreadable
-    artifacts raise before any work, naming the file, as do a metadata ``batch`` that is not a range of ints
-    and a largest case whose float64 reference alone needs more memory than is available here
-    (:func:`vit_fast.util.limits.check_batch_fits`).
-    """
+    """Run ``artifact`` (``.onnx``, a TensorRT ``.plan`` / ``.engine``, or ``"triton"`` for our kernels backend) and
+    compare each of its outputs with ``model``'s (a plain VisionTransformer, one that has ``as_vit_fast()``, a
+    transformers ViT converted with ``vit_fast.from_hf``, or a model name). Prints a table and returns a
+    :class:`VerifyReport`; raises :class:`VerificationError` naming the worst row when any row fails
+    (``raise_on_failure``). Each argument and what raises before any work: docs/deploy.md, section The Python API."""
     if json_path is not None:
         own = None if str(artifact) in BACKEND_ARTIFACTS else artifact
         json_path = check_report_path(json_path, overwrite, artifact=own)

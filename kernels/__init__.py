@@ -59,12 +59,11 @@ class Kernel:
 
 @_dataclass(frozen=True)
 class Op:
-    """One fused op: ``name`` (its public function in the kernel file, and its ``torch.library`` op
-    ``vit_fast::<name>``), the :class:`Kernel` that runs it, its launcher and its eager reference (names in that
-    file, looked up when asked, so a test may replace one), and ``family``: ``None`` where a ``ViTConfig`` model
-    launches it (doctor checks it at that model's shapes), else the sizes of the one timm model whose blocks or
-    head, patched in place, launch it (``model``, ``tokens``, ``heads``, ``head_dim`` and what else its check
-    needs)."""
+    """One fused op: ``name`` (its public function and its ``torch.library`` op ``vit_fast::<name>``), the
+    :class:`Kernel` that runs it, its launcher and eager reference (names in that file, looked up when asked, so a
+    test may replace one), and ``family``: ``None`` where a ``ViTConfig`` model launches it (doctor checks it at that
+    model's shapes), else the sizes of the one timm model whose blocks or head, patched in place, launch it
+    (``model``, ``tokens``, ``heads``, ``head_dim`` and what else its check needs)."""
 
     name: str
     kernel: Kernel

@@ -86,14 +86,11 @@ def check_device(what: str, tensor: torch.Tensor) -> None:
 
 # ---------------------------------------------------------------------------------- autograd
 def register_recompute_backward(op: torch.library.CustomOpDef, reference: Callable) -> None:
-    """Give ``op`` a backward that recomputes its forward through the eager ``reference``, autograd on,
-    and differentiates that. No backward kernel: exact (eager's own backward, in the precision
-    ``reference`` computes in) but not fused, so it costs one eager forward and backward per call.
-
-    ``reference`` takes the op's arguments in the op's order and returns its output(s) in the op's
-    order. Tensor inputs that need a gradient and are floating point get one (a uint8 image does
-    not); every other argument gets None.
-    """
+    """Give ``op`` a backward that recomputes its forward through the eager ``reference``, autograd on, and
+    differentiates that: exact (eager's own backward, in the precision ``reference`` computes in) but not fused, so
+    it costs one eager forward and backward per call. ``reference`` takes the op's arguments and returns its
+    output(s), both in the op's order. Tensor inputs that need a gradient and are floating point get one (a uint8
+    image does not); every other argument gets None."""
 
     def setup_context(ctx, inputs, output) -> None:
         ctx.tensor_positions = [i for i, v in enumerate(inputs) if isinstance(v, torch.Tensor)]
@@ -134,9 +131,8 @@ def define_op(
     """Make ``launch`` (``_<name>_op``: typed, as ``torch.library`` reads the op's schema from its annotations; it
     launches with the inputs already checked) the custom op ``vit_fast::<name>``: its fake runs ``check`` and returns
     ``empty``'s new outputs, its backward recomputes through ``reference`` (:func:`register_recompute_backward`), all
-    three taking the op's arguments in its order. Returns the call a public op makes: ``check``, then ``launch``
-    itself in plain eager (:func:`~.launches.eager_direct`; the op's dispatch costs about 10 µs there), else the op
-    (also its ``op`` attribute)."""
+    three taking the op's arguments in its order. Returns the call a public op makes: ``check``, then ``launch`` in
+    plain eager (:func:`~.launches.eager_direct`), else the op (also its ``op`` attribute)."""
     name = launch.__name__.removeprefix("_").removesuffix("_op")
     op = torch.library.custom_op(f"vit_fast::{name}", mutates_args=())(launch)
 

@@ -231,15 +231,10 @@ def launch_attention(
     checked: bool = False,
 ) -> torch.Tensor:
     """Check the inputs, then run the kernel once (no autograd, no custom op); returns ``[B, T, H * Dh]``.
-
-    ``lengths``, ``cu_seqlens`` and ``max_seqlen`` as in :func:`attention`. ``checked=True`` skips the checks
-    (the values of ``lengths`` / ``cu_seqlens`` included, so no host read): for the custom op, whose one caller
-    (:func:`attention`) has just run them, so a forward pays for each check once, and for callers that checked
-    them already.
-
-    ``out``, if given, must be ``[B, T, H * Dh]`` in qkv's dtype and device with a unit-stride last
-    dim; tests pass a NaN-filled one so an element the kernel leaves unwritten is caught.
-    """
+    ``lengths``, ``cu_seqlens`` and ``max_seqlen`` as in :func:`attention`. ``checked=True`` skips the checks (the
+    mask values included, so no host read): for the custom op, called by :func:`attention` just after them, and for
+    callers that checked already. ``out``, if given: ``[B, T, H * Dh]`` in qkv's dtype and device, unit-stride last
+    dim (tests pass a NaN-filled one). See docs/kernels.md, section Ops, launchers and references."""
     if not checked:
         check_attention_inputs(qkv, num_heads, scale, lengths, cu_seqlens, max_seqlen)
     batch, tokens, width = qkv.shape
@@ -337,38 +332,11 @@ def attention(
     cu_seqlens: torch.Tensor | None = None,
     max_seqlen: int | None = None,
 ) -> torch.Tensor:
-    """Multi-head self-attention on the fused qkv projection, without copies.
-
-    Args:
-        qkv: ``[B, T, 3 * H * Dh]`` float16 / bfloat16 / float32, CUDA (or CPU under
-            ``TRITON_INTERPRET=1``); its last dim must have stride 1, other dims may be strided
-            (e.g. a slice of a larger buffer). Read as ``[B, T, 3, H, Dh]``: q, then k, then v.
-        num_heads: H. ``Dh = qkv.shape[-1] / (3 * H)`` must lie in 16..256.
-        scale: softmax scale; ``Dh ** -0.5`` when None.
-        lengths: a padded batch: ``[B]`` int32 on qkv's device, image ``b``'s valid tokens (0..T). Its tokens
-            ``>= lengths[b]`` are padding: never read (NaN there changes nothing), and their output rows are zeros.
-        cu_seqlens: packed images: ``[N + 1]`` int32 on qkv's device, offsets into the ``B * T`` tokens (row-major:
-            token ``t`` of row ``b`` is ``b * T + t``), ``cu_seqlens[0] = 0``, non-decreasing, each segment inside
-            one row of ``T``. Segment ``i`` (tokens ``cu_seqlens[i]`` up to ``cu_seqlens[i + 1]``) attends within
-            itself only. Tokens from ``cu_seqlens[N]`` to ``B * T`` are padding: never read, zeros out. Not with
-            ``lengths``.
-        max_seqlen: with ``cu_seqlens``, optional: at least the longest segment's tokens. The grid gives every
-            segment ``T`` query rows without it (the extra programs exit at once); a tighter bound launches fewer.
-
-    Returns:
-        ``[B, T, H * Dh]`` in qkv's dtype, heads side by side (timm's ``transpose(1, 2).reshape``).
-
-    With a mask, a key tile wholly past a sequence's end is never loaded (the key loop ends at the sequence's
-    end); without one the kernel is the unmasked one (the mask flags are constexprs). The values of ``lengths`` /
-    ``cu_seqlens`` are checked on the host (one device-to-host copy: the call waits for the GPU), except under
-    ``torch.compile`` and CUDA-graph capture; there the kernel clamps them, so a bad one gives wrong rows but
-    never a read or write outside qkv and the output.
-
-    A ``torch.library`` custom op (``vit_fast::attention``) with a fake implementation, so it
-    traces under ``torch.compile(fullgraph=True)``. Backward is supported but not fused: it
-    recomputes the forward through ``attention_ref`` (fp32 for half inputs) and differentiates
-    that, so it costs eager attention's time and memory (padding gets zero gradients).
-    """
+    """Multi-head self-attention on the fused qkv projection, without copies: ``qkv [B, T, 3 * H * Dh]`` (float16 /
+    bfloat16 / float32, last dim unit-stride, read as ``[B, T, 3, H, Dh]``), ``num_heads`` H (Dh in 16..256),
+    ``scale`` (default ``Dh ** -0.5``); returns ``[B, T, H * Dh]`` in qkv's dtype. Masks, one at a time:
+    ``lengths [B]`` int32 (a padded batch) or ``cu_seqlens [N + 1]`` int32 (packed images; ``max_seqlen`` bounds a
+    segment). Padding is never read and comes out zero. More: docs/kernels.md, section Attention."""
     check_attention_inputs(qkv, num_heads, scale, lengths, cu_seqlens, max_seqlen)
     head_dim = qkv.shape[-1] // (3 * num_heads)
     scale = head_dim**-0.5 if scale is None else float(scale)
@@ -402,17 +370,11 @@ def attention_ref(
     lengths: torch.Tensor | None = None,
     cu_seqlens: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Eager attention, written as timm's ``Attention.forward``: ``[B, T, 3HDh] -> [B, T, HDh]``.
-
-    ``upcast=False`` computes in qkv's dtype (what eager PyTorch does: the error a kernel is
-    judged against). ``upcast=True`` computes float16 / bfloat16 inputs in float32 and casts the
-    result back; float32 and float64 inputs are computed as they are. For a float64 reference,
-    pass ``qkv.double()``.
-
-    ``lengths`` / ``cu_seqlens`` as in :func:`attention`: padding tokens are zeroed before use (a NaN there
-    changes nothing), keys outside a query's sequence are masked out of its softmax, and padding rows come out
-    zero (a padding query attends to itself alone, so no row is all masked and gradients stay finite).
-    """
+    """Eager attention, written as timm's ``Attention.forward``: ``[B, T, 3HDh] -> [B, T, HDh]``. ``upcast=False``
+    computes in qkv's dtype (what eager PyTorch does: the error a kernel is judged against); ``upcast=True`` computes
+    float16 / bfloat16 in float32 and casts back, float32 / float64 as they are. For a float64 reference, pass
+    ``qkv.double()``. ``lengths`` / ``cu_seqlens`` as in :func:`attention`; padding: docs/kernels.md, section
+    Attention."""
     batch, tokens, width = qkv.shape
     head_dim = width // (3 * num_heads)
     scale = head_dim**-0.5 if scale is None else scale

@@ -61,12 +61,8 @@ def _fma_pool_fits(config: triton.Config, block_d: int, elem_bytes: int) -> bool
 
 def _pool_tile_fits(config: triton.Config, block_d: int, elem_bytes: int) -> bool:
     """Whether a config is expected not to spill on a card with tensor cores: k and v tiles of at most
-    ``1024 * num_warps`` elements each in fp32 (its dots run on FMA there too), ``2048 * num_warps`` in 16-bit.
-    From triton 3.9's compiles for sm_80 and sm_90 (spilled bytes per thread): fp32 Dh 64, 64 keys with 2 warps
-    404-496, 128 keys with 2 warps 3.2-31.8 KB, with 4 warps 216-316, 64 keys with 4 warps none; 16-bit Dh 72
-    (128 lanes), 64 keys with 2 warps 288-552, 128 keys with 4 warps 320-400, with 2 warps 6-18 KB, 64 keys
-    with 4 warps and 32 with 2 none; 16-bit Dh 256, 64 keys with 2 warps 516. Not caught: fp32 at 128 and 256
-    lanes spilled 8-16 B in some configs the bound keeps (tools/README.md)."""
+    ``1024 * num_warps`` elements each in fp32 (its dots run on FMA there too), ``2048 * num_warps`` in 16-bit. The
+    compiles behind the bound: docs/kernels.md, section Shared memory and spills."""
     return config.kwargs["BLOCK_N"] * block_d <= (1024 if elem_bytes == 4 else 2048) * config.num_warps
 
 
@@ -284,11 +280,9 @@ def launch_attention_pool(
     checked: bool = False,
 ) -> torch.Tensor:
     """Check the inputs, then run the kernel once (no autograd, no custom op); returns ``[B, Lq, H * Dh]``.
-
-    ``checked=True`` skips the checks: only for the custom op, whose one caller (:func:`attention_pool`) has just
-    run them. ``out``, if given, must be ``[B, Lq, H * Dh]`` in kv's dtype and device with a unit-stride last dim;
-    tests pass a NaN-filled one so an element the kernel leaves unwritten is caught.
-    """
+    ``checked=True`` skips the checks: only for the custom op, whose one caller (:func:`attention_pool`) has just run
+    them. ``out``, if given, must be ``[B, Lq, H * Dh]`` in kv's dtype and device with a unit-stride last dim; tests
+    pass a NaN-filled one so an element the kernel leaves unwritten is caught."""
     if not checked:
         _check_pool_inputs(q, kv, num_heads, scale)
     batch, tokens, width = kv.shape
@@ -348,21 +342,10 @@ register_recompute_backward(
 
 def attention_pool(q: torch.Tensor, kv: torch.Tensor, num_heads: int, scale: float | None = None) -> torch.Tensor:
     """Multi-head cross-attention of a few queries over the tokens' fused k|v projection, without copies.
-
-    Args:
-        q: ``[1 or B, Lq, H * Dh]`` queries (``Lq`` 1..16), kv's dtype and device, unit stride along the last
-            dim; batch 1 (or batch stride 0) is one latent for every image.
-        kv: ``[B, T, 2 * H * Dh]`` float16 / bfloat16 / float32, CUDA (or CPU under ``TRITON_INTERPRET=1``),
-            unit stride along the last dim; read as ``[B, T, 2, H, Dh]``: k, then v.
-        num_heads: H. ``Dh`` must lie in 16..256.
-        scale: softmax scale; ``Dh ** -0.5`` when None.
-
-    Returns:
-        ``[B, Lq, H * Dh]`` in kv's dtype, heads side by side (timm's ``transpose(1, 2).reshape``).
-
-    A ``torch.library`` custom op (``vit_fast::attention_pool``) with a fake implementation, so it traces under
-    ``torch.compile(fullgraph=True)``. Backward recomputes the forward through :func:`attention_pool_ref`.
-    """
+    ``q [1 or B, Lq, H * Dh]`` (``Lq`` 1..16; batch 1 or batch stride 0: one latent for every image) in kv's dtype
+    and device; ``kv [B, T, 2 * H * Dh]`` float16 / bfloat16 / float32, read as ``[B, T, 2, H, Dh]`` (k, then v);
+    both unit-stride along the last dim. ``num_heads`` H (Dh in 16..256), ``scale`` (default ``Dh ** -0.5``). Returns
+    ``[B, Lq, H * Dh]`` in kv's dtype. A custom op: docs/kernels.md, section Attention pool."""
     _check_pool_inputs(q, kv, num_heads, scale)
     head_dim = kv.shape[-1] // (2 * num_heads)
     scale = head_dim**-0.5 if scale is None else float(scale)
@@ -376,12 +359,9 @@ def attention_pool_ref(
     q: torch.Tensor, kv: torch.Tensor, num_heads: int, scale: float | None = None, upcast: bool = False
 ) -> torch.Tensor:
     """Eager cross-attention, written as timm's ``AttentionPoolLatent.forward`` (its unfused path):
-    ``q [1 or B, Lq, HDh]``, ``kv [B, T, 2HDh]`` -> ``[B, Lq, HDh]``.
-
-    ``upcast=False`` computes in kv's dtype (what eager PyTorch does: the error a kernel is judged against).
-    ``upcast=True`` computes float16 / bfloat16 inputs in float32 and casts the result back. For a float64
-    reference, pass ``q.double()`` and ``kv.double()``.
-    """
+    ``q [1 or B, Lq, HDh]``, ``kv [B, T, 2HDh]`` -> ``[B, Lq, HDh]``. ``upcast=False`` computes in kv's dtype (what
+    eager PyTorch does: the error a kernel is judged against). ``upcast=True`` computes float16 / bfloat16 inputs in
+    float32 and casts the result back. For a float64 reference, pass ``q.double()`` and ``kv.double()``."""
     batch, tokens, width = kv.shape
     queries = q.shape[1]
     head_dim = width // (2 * num_heads)

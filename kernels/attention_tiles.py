@@ -56,16 +56,11 @@ def block_d_for(head_dim: int) -> int:
 
 
 def attention_shared_bytes(config: triton.Config, block_d: int, elem_bytes: int, card: Card) -> int:
-    """Shared memory of a config on ``card``, as the prune compares it with ``card.shared_memory``. On the
-    wgmma / tcgen05 cards (sm_90, sm_100): 2 * num_stages - 1 k/v tiles, plus the q tile at 128 rows, as Triton
-    3.9 lays it out on sm_90, never above what it reports there (tools/compile_check.py). Other cards: the k/v
-    tiles, plus a padded q tile and a padded p tile (the layout conversions into the dot's operands), an upper
-    bound of every figure triton 3.9 reported for sm_86 (fp32: Dh 64 64x64 s2 64 KB against 80.5 here, 64x128 s2
-    112.3 against 144.5, 128x64 s2 96 against 113; Dh 128 64x32 s2 72.3 against 88.5, 64x64 s2 112.3 (the config
-    that failed to launch there) against 144.5, 64x128 s2 192 against 256.5; fp16 Dh 128 64x64 s2 56 against
-    72.3). Without tensor cores (sm_75, FMA dots) k and v are buffered apart and more than the 16-bit tiles
-    themselves was reported (fp16 Dh 64: 64x32 s1 24 KB, 64x64 s2 32 KB), so every tile counts as fp32 there
-    (40.5 and 96.5 KB)."""
+    """Shared memory of a config on ``card``, as the prune compares it with ``card.shared_memory``. On the wgmma /
+    tcgen05 cards (sm_90, sm_100): 2 * num_stages - 1 k/v tiles, plus the q tile at 128 rows, as Triton 3.9 lays it
+    out on sm_90. Other cards: the k/v tiles, plus a padded q tile and a padded p tile, an upper bound of triton
+    3.9's figures for sm_86; without tensor cores (sm_75) every tile counts as fp32. The compiles behind it:
+    docs/kernels.md, section Shared memory and spills."""
     block_m, block_n, stages = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], max(config.num_stages, 1)
     if card.dot in ("wgmma", "tcgen05"):
         kv = (2 * stages - 1) * block_n * block_d * elem_bytes
@@ -77,14 +72,11 @@ def attention_shared_bytes(config: triton.Config, block_d: int, elem_bytes: int,
 
 
 def prune_attention_configs(configs, named_args, **kwargs):
-    """The candidates for one launch, read only from its autotune key (T, the head dim, the card ``ARCH``, the
-    dtype, ``TUNE``, the mask flags ``HAS_LENGTHS`` / ``PACKED``): the configs for this kind of card (tensor cores
-    or not, :data:`FMA_ATTENTION_STAGES`) that fit its shared memory (:func:`attention_shared_bytes`; a mask adds
-    no tile). Wide heads (Dh > 128, padded to 256) keep the q tile and the accumulator in registers only with
-    64-row tiles and key blocks of at most 64; without tensor cores only the tiles not expected to spill
-    (:func:`fma_attention_fits`). Without tuning one config: the fitting one nearest 64x64, 4 warps, 2 stages
-    (fp32: 64x32, 8 warps, 3 stages for head dims up to 64 and 2 above; a card without tensor cores: its own,
-    nearest 32x32; packed images in 16 bits with head dims above 64 on mma.sync cards: 8 warps)."""
+    """The candidates for one launch, read only from its autotune key (T, the head dim, the card ``ARCH``, the dtype,
+    ``TUNE``, the mask flags ``HAS_LENGTHS`` / ``PACKED``): the configs for this kind of card (tensor cores or not,
+    :data:`FMA_ATTENTION_STAGES`) that fit its shared memory (:func:`attention_shared_bytes`; a mask adds no tile)
+    and its registers. Without tuning one config, the fitting one nearest 64x64, 4 warps, 2 stages. Each rule and
+    each exception: docs/kernels.md, section Prunes and picks."""
     block_d = kwargs.get("BLOCK_D", named_args.get("BLOCK_D"))
     if block_d is None:
         return configs

@@ -112,12 +112,11 @@ def fma_tile_fits(block_m: int, block_n: int, elem_bytes: int) -> bool:
 
 
 def gemm_shared_bytes(card, config: triton.Config, block_m: int, block_n: int, block_k: int, elem_bytes: int) -> int:
-    """Shared memory of a GEMM-like tile loop (``[block_m, block_k] @ [block_k, block_n]`` per step) on ``card``,
-    as the prunes compare it with ``card.shared_memory``. On the wgmma / tcgen05 cards (sm_90, sm_100):
-    ``num_stages - 1`` stages of both operand tiles, what Triton 3.9 lays out on sm_90 (tools/compile_check.py).
-    Other cards: every stage counted, an upper bound of what triton 3.9 reported for sm_86 (128x128x32 fp32,
-    3 stages: 80.5 KB against 96 KB here; 64x32x64 fp32, 4 stages: 89.5 KB against 96 KB) and sm_75 (64x64x32
-    fp16, 2 stages: 8 KB against 16 KB; sm_75 has no asynchronous copies to pipeline)."""
+    """Shared memory of a GEMM-like tile loop (``[block_m, block_k] @ [block_k, block_n]`` per step) on ``card``, as
+    the prunes compare it with ``card.shared_memory``. On the wgmma / tcgen05 cards (sm_90, sm_100):
+    ``num_stages - 1`` stages of both operand tiles, what Triton 3.9 lays out on sm_90. Other cards: every stage
+    counted, an upper bound of what triton 3.9 reported for sm_86 and sm_75 (docs/kernels.md, section Shared memory
+    and spills)."""
     stages = config.num_stages - 1 if card.dot in ("wgmma", "tcgen05") else config.num_stages
     return max(stages, 1) * (block_m + block_n) * block_k * elem_bytes
 

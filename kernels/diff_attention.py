@@ -382,25 +382,11 @@ def diff_attention(
     scale: float | None = None,
     norm_eps: float = 1e-5,
 ) -> torch.Tensor:
-    """Differential attention (timm's ``DiffAttention`` from the qkv GEMM to before its ``norm`` / proj).
-
-    Args:
-        qkv: ``[B, T, 3 * H * 2 * Dh]`` float16 / bfloat16 / float32, CUDA (or CPU under ``TRITON_INTERPRET=1``);
-            last dim stride 1. q and k are read as ``2H`` heads of ``Dh`` (q1, q2 of head h: heads 2h, 2h + 1),
-            v as ``H`` heads of ``2 Dh``.
-        lambda_full: one-element tensor on qkv's device (timm's ``_compute_lambda()``, cast as timm casts it).
-        norm_weight: ``[2 Dh]`` weight of timm's ``sub_norm`` RmsNorm, qkv's dtype.
-        num_heads: H (the output heads). ``Dh = qkv.shape[-1] / (6 H)`` must lie in 8..128.
-        lambda_init: the output is multiplied by ``1 - lambda_init`` after the RmsNorm.
-        scale: softmax scale; ``Dh ** -0.5`` when None.
-        norm_eps: the RmsNorm's eps (timm: 1e-5).
-
-    Returns:
-        ``[B, T, H * 2 Dh]`` in qkv's dtype, heads side by side.
-
-    A ``torch.library`` custom op (``vit_fast::diff_attention``) with a fake implementation; backward recomputes
-    the forward through :func:`diff_attention_ref` (fp32 for half inputs).
-    """
+    """Differential attention (timm's ``DiffAttention`` from the qkv GEMM to before its ``norm`` / proj):
+    ``qkv [B, T, 3 * H * 2 * Dh]`` float16 / bfloat16 / float32, last dim stride 1, Dh in 8..128; ``lambda_full`` a
+    one-element tensor on qkv's device; ``norm_weight [2 Dh]`` the ``sub_norm`` RmsNorm's weight; ``num_heads`` H
+    (the output heads); ``lambda_init``, ``scale`` (``Dh ** -0.5``), ``norm_eps`` (timm: 1e-5). Returns
+    ``[B, T, H * 2 Dh]`` in qkv's dtype. More: docs/kernels.md, section Differential attention."""
     _check_diff_attention_inputs(qkv, lambda_full, norm_weight, num_heads, lambda_init, scale, norm_eps)
     head_dim = qkv.shape[-1] // (6 * num_heads)
     scale = head_dim**-0.5 if scale is None else float(scale)
@@ -423,13 +409,10 @@ def diff_attention_ref(
     norm_eps: float = 1e-5,
     upcast: bool = False,
 ) -> torch.Tensor:
-    """Eager differential attention, written as timm's ``DiffAttention.forward`` (its non-fused path) from the
-    qkv output to before ``norm``: ``[B, T, 3 D] -> [B, T, D]``.
-
-    ``upcast=False`` computes in qkv's dtype (eager PyTorch's error, what a kernel is judged against);
-    ``upcast=True`` computes float16 / bfloat16 in float32 and casts back. For a float64 reference pass float64
-    tensors.
-    """
+    """Eager differential attention, written as timm's ``DiffAttention.forward`` (its non-fused path) from the qkv
+    output to before ``norm``: ``[B, T, 3 D] -> [B, T, D]``. ``upcast=False`` computes in qkv's dtype (eager
+    PyTorch's error, what a kernel is judged against); ``upcast=True`` computes float16 / bfloat16 in float32 and
+    casts back. For a float64 reference pass float64 tensors."""
     batch, tokens, width = qkv.shape
     head_dim = width // (6 * num_heads)
     scale = head_dim**-0.5 if scale is None else scale

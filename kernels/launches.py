@@ -103,34 +103,11 @@ INTERPRETER_LOCK = threading.Lock()
 
 
 class ResolvedLaunches:
-    """A kernel's launches resolved once per shape: the compiled kernel, its grid and its constexprs
-    (the autotuner's pick included), so a repeated call skips Triton's JIT dispatch (argument binding and
-    specialisation, 16-18 µs) and the autotuner's lookup (about 12 µs) and goes straight to the launcher.
-
-    The key holds every non-pointer argument by value, each pointer argument's dtype and whether its address
-    is 16-byte aligned (what Triton specialises pointers on; the pointer parameters, ``*_ptr``, come first and
-    always get tensors), the constexprs, the device and ``grid_key``
-    (whatever else the grid depends on); anything else that changes misses the cache and goes through
-    Triton's own path, which resolves it again. Under the interpreter (decided at import, as Triton decides
-    its kernels' kind) every call goes through Triton, one at a time in the whole process
-    (:data:`INTERPRETER_LOCK`), and raises :class:`~.versions.InterpreterVersionError` where the installed triton
-    and numpy break the interpreter. Never touches a GPU driver before the first launch.
-
-    Every launch runs on the device of the first tensor argument: Triton launches on the current device, so
-    when the tensors live on another one the launch (Triton's path and the resolved one alike) runs under a
-    ``torch.cuda.device`` guard for theirs; when they are on the current device (the usual case) that costs one
-    ``get_device()`` and a comparison. A miss (Triton's own path: tuning, compiling) holds a lock per kernel,
-    because Triton's Autotuner keeps per-call state on itself (``nargs``) and two threads tuning at once would
-    trample it; the resolved path takes no lock. Every launch passes ``enable_fp_fusion`` (:data:`FP_FUSION`).
-
-    Each launch records, for its own thread, the config it ran with (:meth:`launched_config`): a resolved launch
-    replays its cache entry without the autotuner, so the autotuner's ``best_config`` names whatever config went
-    through Triton last (another shape, the other tuning mode, another thread), not necessarily this launch's.
-
-    A resolved launch builds Triton's launch metadata and hands the launcher the launch hooks only while a hook is
-    registered (:func:`_calls_something`); Triton's own path builds it on every launch (about 0.7 µs on a 2-core
-    CPU machine here, plus 0.1 µs for each empty hook chain the launcher calls).
-    """
+    """A kernel's launches resolved once per shape (the compiled kernel, its grid, its constexprs and the autotuner's
+    pick), so a repeated call skips Triton's JIT dispatch and the autotuner's lookup. Keyed on what Triton
+    specialises on, the device and ``grid_key``; a miss goes through Triton's own path under a lock per kernel. Runs
+    on the tensors' device; never touches a GPU driver before the first launch. The key, the interpreter, threads,
+    :meth:`launched_config` and launch hooks: docs/kernels.md, section Resolved launches."""
 
     def __init__(self, kernel) -> None:
         self.kernel = kernel  # @triton.autotune'd or @triton.jit'd
@@ -222,12 +199,10 @@ class ResolvedLaunches:
         return compiled, g, tail, config_label(config)
 
     def _triton(self, grid, args: tuple, constexprs: dict) -> tuple:
-        """Launch through Triton (compiling on first use); returns ``(compiled kernel, config or None)``. Under the
-        lock. Not tuning (the ``TUNE`` key argument 0), the prune keeps the heuristic's one config, and that config
-        goes straight to the JIT function: triton 3.6's Autotuner times even a lone config (a benchmark per new
-        shape on the GPU; "0 active drivers" under the interpreter), 3.9's would not. The config is set as the
-        autotuner's ``best_config`` too, as a launch through the autotuner leaves its pick there (which only a launch
-        through Triton updates: :meth:`launched_config` is the config of a launch)."""
+        """Launch through Triton (compiling on first use), under the lock; returns
+        ``(compiled kernel, config or None)``. Not tuning (the ``TUNE`` key argument 0), the heuristic's one config
+        goes straight to the JIT function, not through triton 3.6's Autotuner, and is set as the autotuner's
+        ``best_config`` too. Why: docs/kernels.md, section Resolved launches."""
         named = dict(zip(self.arg_names, args, strict=False))
         announce_first_compile(bool(named.get("TUNE")))  # once per process; silent under the interpreter
         if self.prune is not None and not named["TUNE"]:

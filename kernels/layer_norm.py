@@ -151,12 +151,9 @@ def launch_add_layer_norm(
     checked: bool = False,
 ) -> tuple[torch.Tensor | None, torch.Tensor]:
     """Check the inputs, then run the kernel once (no autograd, no custom op); ``rms=True``: RmsNorm, not LayerNorm.
-
-    Returns ``(summed, normed)``, both shaped like ``x``; ``summed`` is None when ``residual`` is.
-    ``checked=True`` skips the checks: only for the custom ops, whose callers (:func:`add_layer_norm`,
-    :func:`layer_norm`) have just run them, so a forward pays for each check once.
-    ``summed_out`` / ``normed_out`` are optional contiguous output buffers (tests pass NaN-filled ones).
-    """
+    Returns ``(summed, normed)``, both shaped like ``x``; ``summed`` is None when ``residual`` is. ``checked=True``
+    skips the checks: only for the custom ops, whose callers (:func:`add_layer_norm`, :func:`layer_norm`) have just
+    run them. ``summed_out`` / ``normed_out`` are optional contiguous output buffers (tests pass NaN-filled ones)."""
     if not checked:
         _check_layer_norm_inputs(x, residual, weight, bias, eps)
     D = x.shape[-1]
@@ -281,15 +278,10 @@ def add_layer_norm(
     bias: torch.Tensor | None,
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``summed = x + residual``; ``normed = LayerNorm(summed)`` over the last dim, in one pass.
-
-    Shapes ``[..., D]``; ``weight`` and ``bias`` ``[D]`` or None; all in one dtype (float32,
-    float16 or bfloat16) on one device. With ``residual=None``, ``summed`` is ``x`` itself (no copy).
-
-    ``torch.library`` custom ops (``vit_fast::add_layer_norm``, ``vit_fast::layer_norm``) with fake
-    implementations, so they trace under ``torch.compile(fullgraph=True)``. Backward is supported but
-    not fused: it recomputes the forward through ``add_layer_norm_ref`` and differentiates that.
-    """
+    """``summed = x + residual``; ``normed = LayerNorm(summed)`` over the last dim, in one pass. Shapes ``[..., D]``;
+    ``weight`` and ``bias`` ``[D]`` or None; all in one dtype (float32, float16 or bfloat16) on one device. With
+    ``residual=None``, ``summed`` is ``x`` itself (no copy). Custom ops ``vit_fast::add_layer_norm`` and
+    ``vit_fast::layer_norm``; backward recomputes through ``add_layer_norm_ref`` (docs/kernels.md, section Backward)."""
     _check_layer_norm_inputs(x, residual, weight, bias, eps)
     if residual is None:
         return x, _layer_norm.op(x, weight, bias, eps)
@@ -303,12 +295,10 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
     """RmsNorm over the last dim of ``x [..., D]``: ``x * rsqrt(mean(x^2) + eps) * weight (+ bias)``, one launch.
-
-    ``weight`` / ``bias`` ``[D]`` or None (timm's ``RmsNorm`` has a weight and no bias); the mean square is taken
-    in float32 and the result rounded once to x's dtype (what timm's ``RmsNormFp32`` computes; its ``RmsNorm``
-    rounds after each op in a 16-bit dtype). A ``torch.library`` custom op (``vit_fast::rms_norm``); backward
-    recomputes through :func:`rms_norm_ref`.
-    """
+    ``weight`` / ``bias`` ``[D]`` or None (timm's ``RmsNorm`` has a weight and no bias); the mean square is taken in
+    float32 and the result rounded once to x's dtype (what timm's ``RmsNormFp32`` computes; its ``RmsNorm`` rounds
+    after each op in a 16-bit dtype). A custom op (``vit_fast::rms_norm``); backward recomputes via
+    :func:`rms_norm_ref`."""
     return _rms_norm(x, weight, bias, eps)
 
 

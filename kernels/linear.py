@@ -111,18 +111,11 @@ def launch_linear(
     out: torch.Tensor | None = None,
     checked: bool = False,
 ) -> torch.Tensor:
-    """Check the inputs, then run the kernel once (no autograd, no custom op); returns ``[..., N]``.
-
-    With ``ln_eps`` given, the rows of ``x`` are LayerNormed first inside the kernel (``ln_weight`` /
-    ``ln_bias`` ``[K]`` or None): ``linear(LayerNorm(x), ...)`` in one launch; with ``ln_rms=True`` as well, RmsNorm
-    instead of LayerNorm: ``linear(RmsNorm(x), ...)``.
-
-    ``checked=True`` skips the checks: only for the custom op, whose one caller (:func:`linear`)
-    has just run them, so a forward pays for each check once.
-
-    ``out``, if given, must be a contiguous ``[..., N]`` tensor in x's dtype and device; tests pass
-    a NaN-filled one so an element the kernel leaves unwritten is caught.
-    """
+    """Check the inputs, then run the kernel once (no autograd, no custom op); returns ``[..., N]``. With ``ln_eps``
+    given, the rows of ``x`` are LayerNormed first inside the kernel (``ln_weight`` / ``ln_bias`` ``[K]`` or None),
+    with ``ln_rms=True`` as well RmsNormed instead. ``checked=True`` skips the checks: only for the custom op, whose
+    one caller (:func:`linear`) has just run them. ``out``, if given, must be a contiguous ``[..., N]`` tensor in x's
+    dtype and device (tests pass a NaN-filled one so an element the kernel leaves unwritten is caught)."""
     if not checked:
         check_linear_inputs(x, weight, bias, activation, residual, gamma)
         if ln_eps is not None:
@@ -276,26 +269,11 @@ def linear(
     residual: torch.Tensor | None = None,
     gamma: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``act(x @ weight^T + bias)``, then ``residual + gamma * that`` when residual is given.
-
-    Args:
-        x: ``[..., K]`` float16 / bfloat16 / float32, CUDA (or CPU under ``TRITON_INTERPRET=1``),
-            unit stride along K.
-        weight: ``[N, K]``, nn.Linear layout, x's dtype and device, unit stride along K.
-        bias: ``[N]`` or None.
-        activation: None, ``"gelu"`` (exact, erf: ``nn.GELU()``), ``"gelu_tanh"``
-            (``nn.GELU(approximate="tanh")``), ``"quick_gelu"`` (``y * sigmoid(1.702 y)``) or ``"silu"``.
-        residual: ``[..., N]`` (x's leading dims) or None; added after the activation.
-        gamma: ``[N]`` LayerScale or None; multiplies the activation output before the residual
-            add, so only with ``residual``.
-
-    Returns:
-        ``[..., N]`` in x's dtype. Accumulation and epilogue in fp32, one rounding at the end.
-
-    A ``torch.library`` custom op (``vit_fast::linear``) with a fake implementation, so it traces
-    under ``torch.compile(fullgraph=True)``. Backward is supported but not fused: it recomputes
-    the forward through ``linear_ref`` (fp32 for half inputs) and differentiates that.
-    """
+    """``act(x @ weight^T + bias)``, then ``residual + gamma * that`` when residual is given; returns ``[..., N]`` in
+    x's dtype (fp32 accumulation and epilogue, one rounding). ``x [..., K]`` float16 / bfloat16 / float32 and
+    ``weight [N, K]`` (nn.Linear layout, x's dtype and device), both unit stride along K; ``bias [N]``,
+    ``residual [..., N]`` (added after the activation), ``gamma [N]`` (LayerScale, only with ``residual``) or None.
+    ``activation``: None, ``"gelu"``, ``"gelu_tanh"``, ``"quick_gelu"`` or ``"silu"`` (docs/kernels.md, The GEMM)."""
     return _linear(x, weight, bias, activation, residual, gamma)
 
 
@@ -308,15 +286,11 @@ def layer_norm_linear(
     bias: torch.Tensor | None = None,
     activation: str | None = None,
 ) -> torch.Tensor:
-    """``act(LayerNorm(x) @ weight^T + bias)`` in one launch: the GEMM takes each row's LayerNorm
-    statistics itself (fp32, two passes) and normalises the tiles it feeds the dot. ``LayerNorm(x)``
-    is rounded to x's dtype before the dot, as the unfused ``layer_norm`` then ``linear`` would store it.
-
-    ``x [..., K]``; ``ln_weight`` / ``ln_bias`` ``[K]`` or None; ``ln_eps > 0``; the rest as in
-    :func:`linear` (no residual: in a ViT block the LayerNormed GEMMs are qkv and fc1).
-    A ``torch.library`` custom op (``vit_fast::layer_norm_linear``); backward recomputes through
-    :func:`layer_norm_linear_ref` in fp32.
-    """
+    """``act(LayerNorm(x) @ weight^T + bias)`` in one launch: the GEMM takes each row's LayerNorm statistics (fp32,
+    two passes) and normalises the tiles it feeds the dot; ``LayerNorm(x)`` is rounded to x's dtype before the dot,
+    as the unfused ``layer_norm`` then ``linear`` would store it. ``x [..., K]``; ``ln_weight`` / ``ln_bias`` ``[K]``
+    or None; ``ln_eps > 0``; the rest as in :func:`linear` (no residual: in a ViT block the LayerNormed GEMMs are qkv
+    and fc1). A custom op; backward recomputes through :func:`layer_norm_linear_ref` in fp32."""
     return _layer_norm_linear(x, ln_weight, ln_bias, ln_eps, weight, bias, activation)
 
 
@@ -329,12 +303,10 @@ def rms_norm_linear(
     bias: torch.Tensor | None = None,
     activation: str | None = None,
 ) -> torch.Tensor:
-    """``act(RmsNorm(x) @ weight^T + bias)`` in one launch, as :func:`layer_norm_linear` with the prologue in its
-    RMS mode: each row's mean square in fp32 over all of K, no mean subtracted, ``RmsNorm(x)`` rounded to x's dtype
-    before the dot. ``norm_weight`` / ``norm_bias`` ``[K]`` or None (timm's RmsNorm: a weight, no bias).
-    A ``torch.library`` custom op (``vit_fast::rms_norm_linear``); backward recomputes through
-    :func:`rms_norm_linear_ref` in fp32.
-    """
+    """``act(RmsNorm(x) @ weight^T + bias)`` in one launch, as :func:`layer_norm_linear` with the prologue in its RMS
+    mode: each row's mean square in fp32 over all of K, no mean subtracted, ``RmsNorm(x)`` rounded to x's dtype
+    before the dot. ``norm_weight`` / ``norm_bias`` ``[K]`` or None (timm's RmsNorm: a weight, no bias). A custom op
+    (``vit_fast::rms_norm_linear``); backward recomputes through :func:`rms_norm_linear_ref` in fp32."""
     return _rms_norm_linear(x, norm_weight, norm_bias, norm_eps, weight, bias, activation)
 
 
@@ -389,13 +361,10 @@ def linear_ref(
     gamma: torch.Tensor | None = None,
     upcast: bool = False,
 ) -> torch.Tensor:
-    """Eager ``linear``, written as timm's block computes it (``x + ls(mlp(...))``).
-
-    ``upcast=False`` computes in the inputs' dtype, rounding after every op as eager PyTorch
-    does (the error a kernel is judged against). ``upcast=True`` computes float16 / bfloat16
-    inputs in float32 and casts the result back; float32 and float64 inputs are computed as they
-    are. For a float64 reference, pass float64 inputs.
-    """
+    """Eager ``linear``, written as timm's block computes it (``x + ls(mlp(...))``). ``upcast=False`` computes in the
+    inputs' dtype, rounding after every op as eager PyTorch does (the error a kernel is judged against);
+    ``upcast=True`` computes float16 / bfloat16 inputs in float32 and casts the result back; float32 and float64
+    inputs are computed as they are. For a float64 reference, pass float64 inputs."""
     dtype = x.dtype
     if upcast and dtype in (torch.float16, torch.bfloat16):
         x, weight, bias, residual, gamma = (

@@ -97,13 +97,9 @@ def linear_configs() -> list[triton.Config]:
 def prune_linear_configs(configs, named_args, **kwargs):
     """The candidates for one launch, read only from its autotune key (row class ``m_class(M)``, N, K, the card
     ``ARCH``, dtype, ``TMA_OK``, ``TUNE``, the device's ``SM_COUNT``), so what the autotuner caches under that key
-    holds for every launch with it. Drops: configs for the other kind of card (tensor cores or not,
-    :data:`FMA_STAGES`); tiles far larger than the problem (e.g. BLOCK_N 256 for N = 64: only masked work); the
-    narrow tiles past SMALL_M rows; tiles past the card's shared memory (:func:`gemm_shared_bytes`); the
-    persistent TMA tiles unless the card has TMA, the rows are many (M > SMALL_M), the operands 16-bit and TMA can
-    read them (``TMA_OK``: alignment and ``VIT_FAST_TMA``; a direct call without it, as tools/compile_check.py
-    makes, means contiguous operands). Without tuning, one config: :func:`heuristic_linear_config` (a direct call
-    without ``SM_COUNT`` reads as :data:`~.cards.CPU_SM_COUNT`)."""
+    holds for every launch with it. Drops configs for the other kind of card, tiles far larger than the problem or
+    past its shared memory, narrow tiles past SMALL_M rows, and TMA tiles where TMA cannot run; without tuning, one
+    config: :func:`heuristic_linear_config`. Each rule: docs/kernels.md, section Prunes and picks."""
     card = card_for_arch(named_args["ARCH"])
     x = named_args.get("x_ptr")
     elem_bytes = x.element_size() if isinstance(x, torch.Tensor) else 2
@@ -138,12 +134,10 @@ def heuristic_linear_config(
     configs: list[triton.Config], rows: int, N: int, elem_bytes: int, card, programs: int
 ) -> triton.Config:
     """The no-autotune pick (the default, and the interpreter's), among the prune's survivors for ``rows`` (a row
-    class: a multiple of 64 up to SMALL_M). Few rows (batch 1-2 of a ViT): 64-row tiles, and the widest of
-    64 / 32 / 16 columns (fp32: 32 / 16, for registers) that still gives ``programs`` programs (the device's SM
-    count: every SM busy). Many rows: 128x128 with 8 warps, persistent with TMA where the operands allow it (else
-    the pointer tiling, fp32 at half the depth for shared memory). A card without tensor cores: its own small
-    tiles, 64x64 (64x32 if that fills the GPU better at few rows; 16-bit: the prune leaves at most 32x64). Always
-    the nearest fitting survivor (:func:`closest_config`)."""
+    class: a multiple of 64 up to SMALL_M), the nearest fitting survivor (:func:`closest_config`) to: few rows,
+    64-row tiles as wide as still give ``programs`` programs (the device's SM count); many rows, 128x128 with 8
+    warps, persistent with TMA where the operands allow it; a card without tensor cores, its own small tiles. Each
+    case in full: docs/kernels.md, section Prunes and picks."""
     if not card.tensor_cores:
         block_n = 64 if rows > SMALL_M or cdiv(rows, 64) * cdiv(N, 64) >= programs else 32
         return closest_config(configs, {"BLOCK_M": 64, "BLOCK_N": block_n, "BLOCK_K": 32}, 4, FMA_STAGES)

@@ -168,13 +168,9 @@ def launch_patch_embed(
     checked: bool = False,
 ) -> torch.Tensor:
     """Check the inputs, then run the kernel once (no autograd, no custom op); returns ``[B, T, D]``.
-
-    ``checked=True`` skips the checks: only for the custom op, whose one caller (:func:`patch_embed`)
-    has just run them, so a forward pays for each check once.
-
-    ``out``, if given, must be a contiguous ``[B, T, D]`` tensor in weight's dtype on x's device;
-    tests pass a NaN-filled one so an element the kernel leaves unwritten is caught.
-    """
+    ``checked=True`` skips the checks: only for the custom op, whose one caller (:func:`patch_embed`) has just run
+    them. ``out``, if given, must be a contiguous ``[B, T, D]`` tensor in weight's dtype on x's device; tests pass a
+    NaN-filled one so an element the kernel leaves unwritten is caught."""
     reg_token = no_empty(reg_token)
     if not checked:
         check_patch_embed_inputs(x, weight, bias, pos_embed, cls_token, reg_token, mean, std, no_embed_class)
@@ -300,25 +296,11 @@ def patch_embed(
     mean: torch.Tensor | Sequence[float] | None = None,
     std: torch.Tensor | Sequence[float] | None = None,
 ) -> torch.Tensor:
-    """Tokens ``[B, T, D]`` = ``[cls, reg_0..reg_{R-1}, patches row-major]`` + position embedding.
-
-    ``x``: images ``[B, C, H, W]`` in ``weight``'s dtype, or uint8 pixels (0..255) with ``mean``
-    and ``std`` (``[C]``, 0..1 units, torchvision's convention): the kernel feeds the GEMM
-    ``(x / 255 - mean[c]) / std[c]``. ``mean``/``std`` may also come with a float image already
-    in 0..1 units: then ``(x - mean[c]) / std[c]``. Normalisation is computed in float32, then
-    rounded to ``weight``'s dtype, as the reference does.
-    ``weight [D, C, p, p]`` and ``bias [D]`` are the Conv2d's (patch size p = stride = kernel).
-    ``pos_embed [1, L, D]``: ``L = (H/p)*(W/p)`` with ``no_embed_class=True`` (patches only), else
-    ``L`` also counts the prefix tokens (pos[0] to cls, pos[1:1+R] to the registers); resample it
-    to this image's grid beforehand (``vit_fast.backend.pos_embed.resample_pos_embed``).
-    ``cls_token [1, 1, D]`` and ``reg_token [1, R, D]`` are optional. The output is in
-    ``weight``'s dtype; ``T = [cls] + R + (H/p)*(W/p)``.
-
-    A ``torch.library`` custom op (``vit_fast::patch_embed``) with a fake implementation, so it
-    traces under ``torch.compile(fullgraph=True)``. Backward is supported but not fused: it
-    recomputes the forward through ``patch_embed_ref`` and differentiates that (uint8 images get
-    no gradient).
-    """
+    """Tokens ``[B, T, D]`` = ``[cls, reg_0..reg_{R-1}, patches row-major]`` + position embedding, in ``weight``'s
+    dtype; ``T = [cls] + R + (H/p)*(W/p)``. ``x``: images ``[B, C, H, W]`` in ``weight``'s dtype, or uint8 pixels
+    (0..255) normalised in the kernel by ``mean`` / ``std`` ``[C]`` (0..1 units). ``weight [D, C, p, p]`` and
+    ``bias [D]``: the Conv2d's; ``pos_embed [1, L, D]`` resampled to this grid; ``cls_token [1, 1, D]``,
+    ``reg_token [1, R, D]`` optional. Normalisation, ``L`` and backward: docs/kernels.md, section Patch embedding."""
     mean = as_channel_stats(mean, "mean", x)
     std = as_channel_stats(std, "std", x)
     reg_token = no_empty(reg_token)

@@ -48,10 +48,8 @@ def prune_patch_embed_configs(configs, named_args, **kwargs):
     """The candidates for one launch, read only from its autotune key (row class ``m_class(M)``, D, K, the card
     ``ARCH``, dtypes, ``TUNE``, the device's ``SM_COUNT``): the configs for this kind of card (tensor cores or not,
     :data:`FMA_STAGES`) that fit its shared memory (:func:`gemm_shared_bytes`), narrow tiles only for few rows.
-    Without tuning one heuristic config: 64 rows, and for few rows the widest of 128 / 64 / 32 / 16 features that
-    gives ``SM_COUNT`` programs (a direct call without it: :data:`~.cards.CPU_SM_COUNT`); else 64x128 (fp32:
-    64x64x32, and at few rows 64x16x64 where 64 features leave SMs idle; a card without tensor cores: 64x64, at
-    most 32x64 in 16-bit)."""
+    Without tuning one heuristic config (a direct call without ``SM_COUNT`` reads as :data:`~.cards.CPU_SM_COUNT`);
+    which one: docs/kernels.md, section Prunes and picks."""
     M, D = named_args.get("M"), named_args.get("D")
     if M is None or D is None or len(configs) == 1:
         return configs

@@ -66,13 +66,10 @@ def parse_batch_sizes(text: str | Sequence[int]) -> list[int]:
 def batch_plan(
     batch: Sequence[int] | None, limit: tuple[int, int] | None = None, opt: int | None = None, what: str = "artifact"
 ) -> tuple[int, list[int]]:
-    """``(max_batch_size, preferred_batch_sizes)`` from the sizes asked for.
-
-    ``batch``: the sizes to serve, the largest being the maximum batch (sizes above 1 become
-    Triton's preferred batch sizes; a preferred size of 1 would dispatch every request alone).
-    Default: 8 and 64 (or ``opt``), clipped to ``limit=(min, max)``, the artifact's batch range.
-    Triton forms any batch from 1 to the maximum, so a range that starts above 1 is refused.
-    """
+    """``(max_batch_size, preferred_batch_sizes)`` from ``batch``, the sizes to serve: the largest is the maximum
+    batch, sizes above 1 become Triton's preferred batch sizes (a preferred size of 1 would dispatch every request
+    alone). Default: 8 and 64 (or ``opt``), clipped to ``limit=(min, max)``, the artifact's batch range. Triton forms
+    any batch from 1 to the maximum, so a range that starts above 1 is refused."""
     lo, hi = limit if limit is not None else (1, None)
     if lo > 1:
         raise ValueError(

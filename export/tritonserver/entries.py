@@ -73,16 +73,11 @@ def onnx_entry(
     progress: bool = True,
     verify_batches: Sequence[int] | None = None,
 ) -> ModelEntry:
-    """An ``onnxruntime_onnx`` entry from a :class:`vit_fast.VisionTransformer` (exported here with
-    ``to_onnx``, batch range 1..max) or from an ONNX file (copied with its metadata and the external data
-    files its graph names, each of which must lie inside the file's folder).
-
-    ``verify``: run the ONNX file against eager PyTorch (``vit_fast.export.verify``) and keep the
-    record; for a file, against ``model`` or else the source its metadata names. ``verify_batches``: the
-    batch sizes verified (default: the minimum, an odd batch and the maximum of the file's range), inside that
-    range; fewer make a quicker check and leave the served batch sizes as they are. ``dtype`` applies to a
-    model only (a file keeps its own). Arguments are checked here, before any work.
-    """
+    """An ``onnxruntime_onnx`` entry from a :class:`vit_fast.VisionTransformer` (exported with ``to_onnx``, batch
+    range 1..max) or from an ONNX file (copied with its metadata and the external data files its graph names, each
+    inside the file's folder). ``verify``: run the ONNX file against eager PyTorch (``vit_fast.export.verify``; a
+    file against ``model``, else the source its metadata names) and keep the record; ``verify_batches``: see
+    docs/deploy.md, section A model repository. ``dtype``: a model's only. Arguments are checked before any work."""
     check_model_name(name)
     serving = dict(instances=instances, kind=kind, queue_delay_us=queue_delay_us)
     from vit_fast.model.vit import VisionTransformer
@@ -186,12 +181,10 @@ def tensorrt_entry(
     kind: str = "gpu",
     queue_delay_us: int = DEFAULT_QUEUE_DELAY_US,
 ) -> ModelEntry:
-    """A ``tensorrt_plan`` entry from an engine built by ``vit-fast export tensorrt`` (its metadata is
-    required: it records the profile, precision and the verification the engine passed when built).
-
-    ``max_batch_size`` is bounded by the engine's profile; the default preferred sizes are its
-    ``opt`` and ``max``. TensorRT engines run on a GPU only, so ``kind`` must be "gpu".
-    """
+    """A ``tensorrt_plan`` entry from an engine built by ``vit-fast export tensorrt`` (its metadata is required: it
+    records the profile, precision and the verification the engine passed when built). ``max_batch_size`` is bounded
+    by the engine's profile; the default preferred sizes are its ``opt`` and ``max``. TensorRT engines run on a GPU
+    only, so ``kind`` must be "gpu"."""
     check_model_name(name)
     path = check_readable_file(engine, "TensorRT engine")
     if kind != "gpu":

@@ -44,13 +44,10 @@ def published_folder(folder: Path) -> Path:
 
 
 def check_repository(repo: str | os.PathLike, names: Sequence[str], force: bool = False) -> Path:
-    """Check that ``repo`` can hold the model folders ``names`` (before any work); returns it.
-
-    The repository folder may be missing (it is created, its parent must exist); it (or, when missing, its
-    parent) must be writable, and a link on the way must lead somewhere. A model folder that exists and is
-    not empty is refused unless ``force``; duplicate names are refused. Each model folder is claimed
-    (:func:`vit_fast.util.files.claim_folder`): the write replaces only what is there now.
-    """
+    """Check that ``repo`` can hold the model folders ``names`` (before any work); returns it. The repository folder
+    may be missing (it is created, its parent must exist); it (or, when missing, its parent) must be writable, and a
+    link on the way must lead somewhere. A model folder that exists and is not empty is refused unless ``force``;
+    duplicate names are refused. Each model folder is claimed (:func:`vit_fast.util.files.claim_folder`)."""
     repo = Path(repo)
     refuse_non_utf8(repo, "model repository", "ONNX Runtime (verifying the model where it will be served from)")
     if repo.exists() and not repo.is_dir():
@@ -79,14 +76,11 @@ def check_repository(repo: str | os.PathLike, names: Sequence[str], force: bool 
 def write_repository(
     repo: str | os.PathLike, entries: Sequence[ModelEntry], force: bool = False, progress: bool = True
 ) -> list[Path]:
-    """Build each entry's model folder in a staging folder inside ``repo``, then move them all into place.
-
-    Nothing appears in ``repo`` unless every entry was built. With ``force``, an existing model folder of
-    the same name is swapped out and removed after the new one is in place, but only while it is as
-    :func:`check_repository` saw it: a model folder that appeared or changed meanwhile (a version added)
-    stays as it is and the write is refused (:class:`vit_fast.util.files.OutputChanged`), nothing published.
-    Returns the model folders.
-    """
+    """Build each entry's model folder in a staging folder inside ``repo``, then move them all into place; returns
+    the model folders. Nothing appears in ``repo`` unless every entry was built. With ``force`` an existing model
+    folder of the same name is swapped out, but only while it is as :func:`check_repository` saw it, else
+    :class:`vit_fast.util.files.OutputChanged` and nothing published. See docs/development.md, section The Triton
+    model repository."""
     names = [e.name for e in entries]
     repo = check_repository(repo, names, force)
     make_folders(repo, "model repository")

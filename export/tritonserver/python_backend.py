@@ -40,12 +40,10 @@ def python_entry(
     queue_delay_us: int = DEFAULT_QUEUE_DELAY_US,
     source_name: str | None = None,
 ) -> ModelEntry:
-    """A ``backend: "python"`` entry serving ``model`` (triton kernels on KIND_GPU, torch on KIND_CPU).
-
-    Inputs ``images [C, H, W]`` and outputs ``logits [num_classes]`` (``features [D]``) in ``dtype``
-    (fp32 or fp16); ``batch``, ``instances``, ``kind`` and ``queue_delay_us`` as for the artifact
-    entries. The Python running Triton's python backend needs vit-fast installed.
-    """
+    """A ``backend: "python"`` entry serving ``model`` (triton kernels on KIND_GPU, torch on KIND_CPU). Inputs
+    ``images [C, H, W]`` and outputs ``logits [num_classes]`` (``features [D]``) in ``dtype`` (fp32 or fp16);
+    ``batch``, ``instances``, ``kind`` and ``queue_delay_us`` as for the artifact entries. The Python running
+    Triton's python backend needs vit-fast installed."""
     if not isinstance(model, VisionTransformer):
         raise TypeError(f"the python entry serves a vit_fast.VisionTransformer, got {type(model).__name__}")
     check_model_name(name)

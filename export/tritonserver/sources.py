@@ -90,20 +90,11 @@ def to_tritonserver(
     progress: bool = True,
     verify_batches: Sequence[int] | None = None,
 ) -> list[Path]:
-    """Write a Triton model repository entry for ``source`` into ``repo``; returns the model folders.
-
-    - ``source``: a :class:`vit_fast.VisionTransformer` (exported to ONNX here and verified), an
-      ``.onnx`` file, or a TensorRT engine (``.plan`` / ``.engine``) with its vit-fast metadata.
-    - ``name``: the Triton model name (default: the file stem, or ``source_name``'s).
-    - ``batch``: the batch sizes to serve, e.g. ``(1, 8, 64)``: the largest is ``max_batch_size``, sizes
-      above 1 the dynamic batcher's preferred sizes. Default 8 and 64 within the artifact's range.
-    - ``instances`` x ``kind`` ("gpu" -> KIND_GPU, "cpu" -> KIND_CPU): the instance group.
-    - ``queue_delay_us``: the dynamic batcher's ``max_queue_delay_microseconds``.
-    - ``extra``: more entries written in the same all-or-nothing step (the python-backend entry).
-    - ``verify_batches``: the batch sizes an ONNX entry is verified at (:func:`onnx_entry`).
-
-    Existing non-empty model folders are refused unless ``force``. Bad arguments raise before any work.
-    """
+    """Write a Triton model repository entry for ``source`` into ``repo``; returns the model folders. ``source``: a
+    :class:`vit_fast.VisionTransformer` (exported to ONNX on the spot and verified), an ``.onnx`` file, or a TensorRT
+    engine (``.plan`` / ``.engine``) with its vit-fast metadata. ``name``, ``batch``, ``instances`` x ``kind``,
+    ``queue_delay_us``, ``extra``, ``verify_batches``: docs/deploy.md, section A model repository. Existing non-empty
+    model folders are refused unless ``force``. Bad arguments raise before any work."""
     from vit_fast.model.vit import VisionTransformer
 
     if name is None:

@@ -68,14 +68,11 @@ def input_layout(meta: dict[str, Any] | None, path: Path) -> str | None:
 
 
 def engine_specs(path: Path, meta: dict[str, Any]) -> tuple[list[TensorSpec], list[TensorSpec], tuple[int, int, int]]:
-    """Inputs, outputs and the batch profile (min, opt, max) of a vit-fast TensorRT engine, from its metadata.
-
-    The input and its shape come from the recorded optimization profile (uint8 pixels, in their recorded
-    layout, for a graph with a preprocessing front); the outputs' names and dims from the ONNX file the
-    engine was built from when it lies beside the engine (looked up by its name only: the path recorded at
-    build time is never followed), else from the recorded outputs and model config.
-    I/O dtypes: a strongly typed engine keeps its ONNX file's dtype, a weakly typed one fp32 I/O.
-    """
+    """Inputs, outputs and the batch profile (min, opt, max) of a vit-fast TensorRT engine, from its metadata: the
+    input from the recorded optimization profile, the outputs from the ONNX file the engine was built from where it
+    lies beside the engine, else from the recorded outputs and model config. I/O dtypes: a strongly typed engine
+    keeps its ONNX file's dtype, a weakly typed one fp32 I/O. See docs/development.md, section The Triton model
+    repository."""
     profiles = meta.get("profiles") or []
     if not profiles or not {"input", "min", "opt", "max"} <= set(profiles[0]):
         raise ArtifactError(f"metadata of engine {str(path)!r} records no optimization profile: rebuild it")
