@@ -1,11 +1,13 @@
 """The documents stay true and readable: the README's code blocks marked runnable run as pasted (on the CPU, in a
 fresh interpreter of this checkout's Python), the README stays short, no document cites an issue number, a
-date of its own making or "here", every relative link leads to a file (and a heading) that exists, and every
-``vit-fast`` command line a document shows uses flags the command has."""
+date of its own making or "here", every relative link leads to a file (and a heading) that exists, every
+``vit-fast`` command line a document shows uses flags the command has, and every docstring's pointer into docs/
+(``docs/usage.md, section "..."``) names a heading that exists."""
 
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib.util
 import os
 import re
@@ -22,8 +24,6 @@ README = ROOT / "README.md"
 #: the marker, alone on the line before a ```python fence, of a block the tests run
 RUNNABLE = "<!-- runnable -->"
 MAX_README_LINES = 200
-#: a link another branch adds the file for; the only one allowed to lead nowhere
-PENDING_LINKS = {ROOT / "docs" / "peers.md"}
 
 
 def _documents() -> list[Path]:
@@ -155,8 +155,6 @@ def test_links_lead_somewhere(path):
         file_part, _, anchor = target.partition("#")
         dest = (path.parent / file_part).resolve() if file_part else path
         where = f"{_name(path)}:{text.count(chr(10), 0, m.start()) + 1}: {target}"
-        if dest in PENDING_LINKS:
-            continue
         if not dest.exists():
             broken.append(f"{where} (no such file)")
         elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
@@ -227,3 +225,64 @@ def test_the_flag_check_sees_a_wrong_flag():
 def test_every_flag_shown_is_the_commands(path):
     wrong = _wrong_flags(path.read_text(encoding="utf-8"))
     assert not wrong, f"{_name(path)}: check it against vit-fast <command> --help:\n" + "\n".join(wrong)
+
+
+#: a docstring's pointer into docs/: ``docs/NAME.md, section "Heading"`` (or ``sections "A" and "B"``, or the heading
+#: unquoted after ``section``), read from the docstring with its line breaks joined
+POINTER = re.compile(r'docs/(\w+\.md),?\s+(?:sections?\s+)?((?:"[^"]+"(?:,\s*|\s+and\s+)?)+)')
+UNQUOTED = re.compile(r"docs/(\w+\.md),?\s+section\s+(?!\")([^.;)]+)")
+
+
+def _docstrings() -> list[tuple[str, str]]:
+    """(where, docstring with whitespace runs joined) for every module, class and function under vit_fast/, kernels/
+    and export/."""
+    found = []
+    for folder in ("vit_fast", "kernels", "export"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            for node in ast.walk(tree):
+                if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                    doc = ast.get_docstring(node, clean=False)
+                    if doc:
+                        found.append((f"{_name(path)}:{getattr(node, 'name', 'module')}", " ".join(doc.split())))
+    return found
+
+
+def _headings(name: str) -> list[str]:
+    text = (ROOT / "docs" / name).read_text(encoding="utf-8")
+    return [" ".join(line.lstrip("#").replace("`", "").split()) for line in text.splitlines() if line.startswith("#")]
+
+
+def pointer_problems(docstrings: list[tuple[str, str]]) -> list[str]:
+    """Each pointer whose page is missing or whose section is no heading of it (a quoted name is the heading, or
+    the start of one; an unquoted one runs to the sentence's end, a heading or the start of one)."""
+    problems = []
+    for where, doc in docstrings:
+        named = [
+            (m.group(1), quoted, True) for m in POINTER.finditer(doc) for quoted in re.findall(r'"([^"]+)"', m.group(2))
+        ]
+        named += [(m.group(1), m.group(2), False) for m in UNQUOTED.finditer(doc)]
+        for page, section, quoted in named:
+            if not (ROOT / "docs" / page).is_file():
+                problems.append(f"{where}: docs/{page} does not exist")
+                continue
+            section = " ".join(section.replace("`", "").split())
+            heads = _headings(page)
+            if quoted and not any(h.startswith(section) for h in heads):
+                problems.append(f'{where}: docs/{page} has no section "{section}"')
+            elif not quoted and not any(section.startswith(h) or h.startswith(section) for h in heads):
+                problems.append(f"{where}: docs/{page} has no section starting {section!r}")
+    return problems
+
+
+def test_the_pointer_check_sees_a_wrong_section():
+    docs = [("a", 'See docs/usage.md, section "No such heading".'), ("b", "See docs/kernels.md, section Nowhere.")]
+    docs += [("c", 'docs/nothing.md, "x"'), ("d", 'docs/usage.md, section "Which backend runs".')]
+    assert [p.split(":")[0] for p in pointer_problems(docs)] == ["a", "b", "c"]
+
+
+def test_every_docstring_pointer_names_a_heading():
+    docstrings = _docstrings()
+    assert sum("docs/" in doc for _, doc in docstrings) > 50  # the scan reads the docstrings it should
+    problems = pointer_problems(docstrings)
+    assert not problems, "\n".join(problems)

@@ -1,5 +1,5 @@
-"""A newcomer can read every module: no file under vit_fast/, kernels/ or export/ is over 500 lines, and no module
-docstring is over five lines (what it needs more for goes into docs/). Plain file reading: nothing is imported."""
+"""A newcomer can read every module: no file under vit_fast/, kernels/ or export/ is over 500 lines, and no docstring
+(module, class or function) is over five lines (what it needs more for goes into docs/). Plain file reading."""
 
 from __future__ import annotations
 
@@ -71,3 +71,28 @@ def test_no_module_docstring_is_over_five_lines():
 
 def test_help_text_exemptions_name_files_that_exist():
     assert HELP_TEXT <= set(FILES), sorted(HELP_TEXT - set(FILES))
+
+
+def long_definition_docstrings(source: str) -> list[str]:
+    """``name (N lines)`` for each class or function whose docstring, as written, is over five lines."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node, clean=False)
+            lines = len(doc.strip("\n").splitlines()) if doc else 0
+            if lines > MAX_DOCSTRING_LINES:
+                found.append(f"{node.name} ({lines} lines)")
+    return found
+
+
+def test_the_definition_scan_sees_a_long_docstring():
+    source = 'class A:\n    def f(self):\n        """1\n2\n3\n4\n5\n6"""\n\n\ndef g():\n    """1\n2\n3\n4\n5"""\n'
+    assert long_definition_docstrings(source) == ["f (6 lines)"]
+
+
+def test_no_class_or_function_docstring_is_over_five_lines():
+    found = [f"{n}: {', '.join(long)}" for n, s in FILES.items() if (long := long_definition_docstrings(s))]
+    assert not found, (
+        f"a docstring says what a caller needs in at most {MAX_DOCSTRING_LINES} lines; move measurements and long "
+        "explanations into docs/ and point to the section:\n" + "\n".join(found)
+    )

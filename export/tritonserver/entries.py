@@ -77,7 +77,7 @@ def onnx_entry(
     range 1..max) or from an ONNX file (copied with its metadata and the external data files its graph names, each
     inside the file's folder). ``verify``: run the ONNX file against eager PyTorch (``vit_fast.export.verify``; a
     file against ``model``, else the source its metadata names) and keep the record; ``verify_batches``: see
-    docs/deploy.md, section A model repository. ``dtype``: a model's only. Arguments are checked before any work."""
+    docs/deploy.md, section "A model repository for Triton Inference Server". ``dtype``: a model's only."""
     check_model_name(name)
     serving = dict(instances=instances, kind=kind, queue_delay_us=queue_delay_us)
     from vit_fast.model.vit import VisionTransformer

@@ -93,8 +93,8 @@ def to_tritonserver(
     """Write a Triton model repository entry for ``source`` into ``repo``; returns the model folders. ``source``: a
     :class:`vit_fast.VisionTransformer` (exported to ONNX on the spot and verified), an ``.onnx`` file, or a TensorRT
     engine (``.plan`` / ``.engine``) with its vit-fast metadata. ``name``, ``batch``, ``instances`` x ``kind``,
-    ``queue_delay_us``, ``extra``, ``verify_batches``: docs/deploy.md, section A model repository. Existing non-empty
-    model folders are refused unless ``force``. Bad arguments raise before any work."""
+    ``queue_delay_us``, ``extra``, ``verify_batches``: docs/deploy.md, section "A model repository for Triton
+    Inference Server". Existing non-empty model folders are refused unless ``force``. Bad arguments raise first."""
     from vit_fast.model.vit import VisionTransformer
 
     if name is None:

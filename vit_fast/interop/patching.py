@@ -1,8 +1,8 @@
 """In-place acceleration: ``vit_fast.apply_vit_fast(timm_or_hf_vit)`` runs its blocks on our Triton kernels, and
-``vit_fast.remove_vit_fast`` puts the original forwards back.
-
-The object, its class and its ``state_dict`` stay the user's; only each block's ``forward`` is replaced. Which path
-a call takes, what is refused, how a patched model pickles: docs/usage.md, "Patched in place: which path runs ..."."""
+``vit_fast.remove_vit_fast`` puts the original forwards back. The object, its class and its ``state_dict`` stay the
+user's; only each block's ``forward`` is replaced. Which path a call takes, what is refused, how a patched model
+pickles: docs/usage.md, "Patched in place: which path runs, and pickling".
+"""
 
 from __future__ import annotations
 

@@ -63,7 +63,7 @@ class Remaining:
     in a unit of the caller's (only ratios matter). ``finished(i)`` after piece ``i``; ``skip(i)``, ``expect(i, cost)``;
     ``seconds_left()`` (None while nothing can be said); ``text()``: ``"; about 3.5 min left"`` or ``""``. ``clock``:
     seconds (``time.perf_counter``; tests give a fake one). How it predicts, and each method: docs/development.md,
-    section "Progress (progress.py)"."""
+    section "Progress (`progress.py`)"."""
 
     def __init__(self, costs: Sequence[float], clock: Callable[[], float] | None = None) -> None:
         self.costs = [self._checked(c) for c in costs]
