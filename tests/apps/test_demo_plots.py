@@ -13,8 +13,9 @@ import torch
 
 pytest.importorskip("sklearn", reason="the embedded digits data needs scikit-learn (pip install -e '.[demo]')")
 
-from vit_fast.assets import load_default_eval_set, load_default_model  # noqa: E402
+from vit_fast.assets import load_default_eval_set  # noqa: E402
 from vit_fast.demo import plots as demo_plots  # noqa: E402
+from vit_fast.interop.loading import load_default_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,8 @@ def test_every_step_number_once_and_in_order(tmp_path, capsys):
 
 @pytest.mark.parametrize("threads", [None, 1])
 def test_timing_runs_on_the_threads_it_records(threads, monkeypatch):
-    from vit_fast.assets import load_default_eval_set, load_default_model
+    from vit_fast.assets import load_default_eval_set
+    from vit_fast.interop.loading import load_default_model
 
     model = load_default_model(backend="torch")
     images, _ = load_default_eval_set()

@@ -17,10 +17,10 @@ from vit_fast.assets import (  # noqa: E402
     WEIGHTS_FILE,
     default_model_info,
     load_default_eval_set,
-    load_default_model,
     load_digits_split,
 )
 from vit_fast.interop.checkpoints import CONFIG_METADATA_KEY, read_state_dict  # noqa: E402
+from vit_fast.interop.loading import load_default_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")

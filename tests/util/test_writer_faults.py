@@ -241,9 +241,10 @@ def test_demo_files_it_wrote_carry_their_own_proof(tmp_path):
 def test_demo_publishes_its_onnx_only_verified(tmp_path, monkeypatch):
     pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
     from vit_fast import demo
-    from vit_fast.assets import load_default_eval_set, load_default_model
+    from vit_fast.assets import load_default_eval_set
     from vit_fast.export import onnx as onnx_export
     from vit_fast.export import read_metadata
+    from vit_fast.interop.loading import load_default_model
     from vit_fast.util.progress import Stages
 
     model = load_default_model(backend="torch")

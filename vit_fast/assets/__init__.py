@@ -1,8 +1,8 @@
 """The embedded default model: a small ViT trained on scikit-learn's handwritten digits, and its data.
 
-``digits_vit.safetensors`` (weights, config in the metadata) and ``digits_vit.json`` (training record, held-out
-accuracy); :func:`load_default_model`, :func:`load_digits_split`, :func:`preprocess` (8x8 digits upsampled to 32x32,
-normalised by ``DIGITS_MEAN`` / ``DIGITS_STD``). Data and split: docs/cli.md, "The embedded default model".
+``digits_vit.safetensors`` (weights; ``vit_fast.interop.loading.load_default_model`` loads them), ``digits_vit.json``
+(training record), :func:`load_digits_split`, :func:`preprocess` (8x8 digits upsampled to 32x32, normalised by
+``DIGITS_MEAN`` / ``DIGITS_STD``). Data and split: docs/cli.md, "The embedded default model".
 """
 
 from __future__ import annotations
@@ -130,17 +130,6 @@ def default_model_info() -> dict[str, Any]:
     return json.loads(INFO_FILE.read_text())
 
 
-def load_default_model(backend: str = "auto"):
-    """The embedded digits ViT (fp32, CPU, eval mode) with the given backend."""
-    from vit_fast.interop.checkpoints import load_checkpoint
-
-    if not WEIGHTS_FILE.is_file():
-        raise FileNotFoundError(
-            f"{WEIGHTS_FILE} is missing: run `python -m vit_fast.interop.training --out vit_fast/assets`"
-        )
-    return load_checkpoint(WEIGHTS_FILE, backend=backend).eval()
-
-
 __all__ = [
     "DIGITS_MEAN",
     "DIGITS_STD",
@@ -150,7 +139,6 @@ __all__ = [
     "INFO_FILE",
     "default_model_info",
     "load_default_eval_set",
-    "load_default_model",
     "load_digits_split",
     "preprocess",
     "split_indices",

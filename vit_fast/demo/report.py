@@ -10,10 +10,11 @@ from typing import Any
 
 import torch
 
-from vit_fast.assets import default_model_info, load_default_eval_set, load_default_model
+from vit_fast.assets import default_model_info, load_default_eval_set
 from vit_fast.backend import runtime
 from vit_fast.backend.env import collect_environment
 from vit_fast.export import is_vit_fast_artifact
+from vit_fast.interop.loading import load_default_model
 from vit_fast.util import interrupts
 from vit_fast.util.files import check_files_in, json_text, make_folders, seal_markdown, write_atomic
 from vit_fast.util.progress import Stages, plural

@@ -319,6 +319,17 @@ def load_native_model(spec: str | os.PathLike, weights: str | os.PathLike | None
     return model.eval()
 
 
+def load_default_model(backend: str = "auto"):
+    """The embedded digits ViT (fp32, CPU, eval mode) with the given backend: ``vit_fast/assets``' weights."""
+    from vit_fast.assets import WEIGHTS_FILE
+
+    if not WEIGHTS_FILE.is_file():
+        raise FileNotFoundError(
+            f"{WEIGHTS_FILE} is missing: run `python -m vit_fast.interop.training --out vit_fast/assets`"
+        )
+    return load_checkpoint(WEIGHTS_FILE, backend=backend).eval()
+
+
 def load_model(
     spec: str | os.PathLike,
     backend: str = "auto",
@@ -344,7 +355,7 @@ def load_model(
     if weights is not None and not spec.startswith("timm:") and spec in PRESETS:
         spec = "timm:" + spec  # a preset architecture with given weights is timm's model of that name
     if spec in ("default", "embedded"):
-        from vit_fast.assets import WEIGHTS_FILE, load_default_model
+        from vit_fast.assets import WEIGHTS_FILE
 
         model = load_default_model(backend=backend)
         model.weights_source = {"kind": "file", "file": WEIGHTS_FILE.name, "sha256": file_sha256(WEIGHTS_FILE)}
