@@ -309,3 +309,21 @@ def test_a_fixed_size_model_takes_its_own_size_only():
         assert model([torch.randn(3, 32, 32), torch.randn(3, 32, 32)]).shape == (2, TINY["num_classes"])
     with pytest.raises(ValueError, match=r"images\[1\] \(24x40\): expected 32x32 images .*dynamic_img_size=True"):
         model([torch.randn(3, 32, 32), torch.randn(3, 24, 40)])
+
+
+@pytest.mark.parametrize("part", ["attn", "mlp"])
+def test_a_block_part_it_would_take_apart_wrongly_is_refused(part, monkeypatch):
+    """The packed forward runs a block part by part (its Attention's qkv / proj, its Mlp's fc1 / act / fc2): a
+    replaced attention or MLP module, whose own forward would not be run, is refused by name before any work."""
+
+    class Custom(torch.nn.Module):
+        def forward(self, x):
+            return x
+
+    model = tiny_model(dynamic_img_size=True)
+    setattr(model.blocks[0], part, Custom())
+    monkeypatch.setattr(packing, "plan", lambda *a: pytest.fail("work started before the model was checked"))
+    with pytest.raises(
+        TypeError, match=r"runs vit_fast.model.layers.Block with its Attention and Mlp, got Block .*Custom"
+    ):
+        model.forward_packed([torch.randn(3, 16, 16)])

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from vit_fast.model import stages
-from vit_fast.model.layers import Attention, Block, TorchOps, skip_identity
+from vit_fast.model.layers import Attention, Block, Mlp, TorchOps, skip_identity
 from vit_fast.model.validation import finite_check_from_env, require_finite
 
 if TYPE_CHECKING:
@@ -109,10 +109,12 @@ def check_images(model: VisionTransformer, images: Sequence[torch.Tensor]) -> tu
         except ValueError as error:
             raise ValueError(f"images[{i}] ({H}x{W}): {error}") from None
     for block in model.blocks:
-        if not isinstance(block, Block) or not isinstance(block.attn, Attention):
+        attn, mlp = getattr(block, "attn", None), getattr(block, "mlp", None)
+        if not isinstance(block, Block) or not isinstance(attn, Attention) or not isinstance(mlp, Mlp):
             raise TypeError(
-                f"a packed forward runs vit_fast.model.layers.Block with its Attention, got {type(block).__name__} "
-                f"({type(getattr(block, 'attn', None)).__name__} attention): run each image with model(image[None])"
+                f"a packed forward runs vit_fast.model.layers.Block with its Attention and Mlp, got "
+                f"{type(block).__name__} ({type(attn).__name__} attention, {type(mlp).__name__} MLP): run each "
+                "image with model(image[None])"
             )
     return tuple(grids)
 
