@@ -1,7 +1,7 @@
 """Test set-up. Without a GPU, Triton kernels run in the interpreter: that must be decided
 before triton is first imported, so it happens here, before any test module loads. Where the real
 torchvision cannot be imported (CPU machines), an import-time stand-in lets timm's model code
-import (tests/_torchvision_standin.py).
+import (tests/torchvision_standin.py).
 
 Where the installed triton and numpy break Triton's interpreter (triton < 3.7 with numpy >= 2.4:
 ``vit_fast.kernels.versions.interpreter_problem``), every interpreted launch of our kernels raises
@@ -20,7 +20,7 @@ import pytest  # noqa: E402
 from vit_fast.kernels.interpret import interpreter_enabled, interpreter_version_problem  # noqa: E402
 from vit_fast.kernels.versions import InterpreterVersionError  # noqa: E402
 
-from ._torchvision_standin import install as _install_torchvision_standin  # noqa: E402
+from .torchvision_standin import install as _install_torchvision_standin  # noqa: E402
 
 TORCHVISION_STANDIN = _install_torchvision_standin()
 

@@ -1,7 +1,8 @@
-"""Stand-ins shared by the tests: a tiny Hugging Face classifier, trained-like weights for a timm model, padded
-native-resolution batches (timm's NaFlex, transformers' SigLIP 2), a model's inputs in float64 or requiring grad, the
-kernel launches of a call counted and the attention launches expected of them, a failing publish; small models of ours,
-and the skip for a test whose command runs the kernels in a broken interpreter."""
+"""Stand-ins shared by the tests: small models (ours, ``tiny_model``; transformers', ``tiny_hf_classifier``; timm
+weights made ``trained_like``), padded native-resolution batches (NaFlex, SigLIP 2), inputs in float64 or requiring
+grad, calls and kernel launches counted, a patched model's eager and float64 results and its export and first-use
+checks on the kernels, a failing publish, ``load_script`` for tools/ and benchmarks/, and the skips for a broken
+interpreter."""
 
 from __future__ import annotations
 

@@ -1,7 +1,10 @@
-"""Test helpers around the one numerics rule, which lives in ``vit_fast.util.numerics``."""
+"""Test helpers around the one numerics rule, which lives in ``vit_fast.util.numerics``; and ``no_tf32``, an autouse
+fixture that pins TF32 off, since torch's TF32 on CUDA (error ~3e-4) is far above the rule's fp32 bounds. Importing
+``no_tf32`` into a test module applies it to every test there; on a CPU machine it changes nothing."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from vit_fast.util.numerics import FLOOR, assert_within_eager, max_err  # noqa: F401  (the tests' vocabulary)
@@ -24,3 +27,11 @@ def assert_kernel_matches(out: torch.Tensor, ref, args, name: str) -> torch.Tens
     assert out.dtype == args[0].dtype
     assert_within_eager(out, ref(*args), ref(*in_float64(*args)), name)
     return out
+
+
+@pytest.fixture(autouse=True)
+def no_tf32():
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved

@@ -16,7 +16,7 @@ listed with the refusal they get.
     python tools/timm_family.py --shard 2/3        # every third name from the second (one of 3 processes)
 
 Exit status 0 when at least ``--target`` percent (97) pass. On a CPU machine without torchvision it imports timm
-through the tests' torchvision stand-in (tests/_torchvision_standin.py).
+through the tests' torchvision stand-in (tests/torchvision_standin.py).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def _import_timm():
         import torchvision  # noqa: F401
     except ImportError:
         sys.path.insert(0, str(ROOT))
-        from tests._torchvision_standin import install
+        from tests.torchvision_standin import install
 
         install()
     import timm

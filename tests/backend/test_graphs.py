@@ -10,7 +10,7 @@ import torch
 import vit_fast
 from vit_fast.backend.graphs import CUDAGraphRunner, graph_input_mismatch
 
-from .._tf32 import no_tf32  # noqa: F401  (autouse: TF32 off while comparing with torch on CUDA)
+from ..numerics import no_tf32  # noqa: F401  (autouse: TF32 off while comparing with torch on CUDA)
 
 
 def _small_model(backend: str = "torch", dtype: torch.dtype = torch.float32) -> vit_fast.VisionTransformer:

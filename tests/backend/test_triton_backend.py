@@ -15,9 +15,12 @@ import torch
 from vit_fast.backend import runtime
 from vit_fast.model import stages
 
-from .._tf32 import no_tf32  # noqa: F401  (autouse: TF32 off while comparing with torch on CUDA)
 from ..fakes import tiny_model
-from ..numerics import assert_within_eager, max_err
+from ..numerics import (
+    assert_within_eager,
+    max_err,
+    no_tf32,  # noqa: F401  (autouse: TF32 off while comparing with torch on CUDA)
+)
 
 # name -> (ViTConfig overrides, input image (H, W))
 CONFIGS = {

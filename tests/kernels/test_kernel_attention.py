@@ -14,8 +14,12 @@ import torch
 
 from vit_fast.kernels.attention import attention, attention_ref, launch_attention
 
-from .._tf32 import no_tf32  # noqa: F401  (autouse: TF32 off while comparing with torch on CUDA)
-from ..numerics import assert_within_eager, max_err, poisoned
+from ..numerics import (
+    assert_within_eager,
+    max_err,
+    no_tf32,  # noqa: F401  (autouse: TF32 off while comparing with torch on CUDA)
+    poisoned,
+)
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 

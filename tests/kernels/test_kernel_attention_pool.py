@@ -12,8 +12,12 @@ from vit_fast.kernels import KERNELS, cards
 from vit_fast.kernels import attention_pool as pool_module
 from vit_fast.kernels.attention_pool import MAX_QUERIES, attention_pool, attention_pool_ref, launch_attention_pool
 
-from .._tf32 import no_tf32  # noqa: F401  (autouse: TF32 off while comparing with torch on CUDA)
-from ..numerics import assert_within_eager, max_err, poisoned
+from ..numerics import (
+    assert_within_eager,
+    max_err,
+    no_tf32,  # noqa: F401  (autouse: TF32 off while comparing with torch on CUDA)
+    poisoned,
+)
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 

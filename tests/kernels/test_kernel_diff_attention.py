@@ -13,8 +13,12 @@ from vit_fast.kernels import cards
 from vit_fast.kernels import diff_attention as diff_module
 from vit_fast.kernels.diff_attention import diff_attention, diff_attention_ref, launch_diff_attention
 
-from .._tf32 import no_tf32  # noqa: F401  (autouse: TF32 off while comparing with torch on CUDA)
-from ..numerics import assert_within_eager, max_err, poisoned
+from ..numerics import (
+    assert_within_eager,
+    max_err,
+    no_tf32,  # noqa: F401  (autouse: TF32 off while comparing with torch on CUDA)
+    poisoned,
+)
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 

@@ -16,8 +16,12 @@ from vit_fast.kernels.layer_norm import (
     layer_norm,
 )
 
-from .._tf32 import no_tf32  # noqa: F401  (autouse: TF32 off while comparing with torch on CUDA)
-from ..numerics import assert_within_eager, in_float64, poisoned
+from ..numerics import (
+    assert_within_eager,
+    in_float64,
+    no_tf32,  # noqa: F401  (autouse: TF32 off while comparing with torch on CUDA)
+    poisoned,
+)
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # leading dims x D: a single row, odd token counts, D not a power of two

@@ -11,8 +11,11 @@ import torch
 
 from vit_fast.kernels.linear import launch_linear, layer_norm_linear, layer_norm_linear_ref, rms_norm_linear_ref
 
-from .._tf32 import no_tf32  # noqa: F401  (autouse: TF32 off while comparing with torch on CUDA)
-from ..numerics import assert_kernel_matches, poisoned
+from ..numerics import (
+    assert_kernel_matches,
+    no_tf32,  # noqa: F401  (autouse: TF32 off while comparing with torch on CUDA)
+    poisoned,
+)
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 

@@ -20,8 +20,13 @@ from vit_fast.kernels.autotune import autotune_enabled, persistent_programs, tma
 from vit_fast.kernels.interpret import interpreter_enabled
 from vit_fast.kernels.linear import launch_linear, linear, linear_ref
 
-from .._tf32 import no_tf32  # noqa: F401  (autouse: TF32 off while comparing with torch on CUDA)
-from ..numerics import assert_kernel_matches, assert_within_eager, in_float64, poisoned
+from ..numerics import (
+    assert_kernel_matches,
+    assert_within_eager,
+    in_float64,
+    no_tf32,  # noqa: F401  (autouse: TF32 off while comparing with torch on CUDA)
+    poisoned,
+)
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # id -> (bias, activation, residual, gamma): every epilogue a ViT block uses, and all at once

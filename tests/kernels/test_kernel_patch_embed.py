@@ -12,8 +12,11 @@ import torch
 
 from vit_fast.kernels.patch_embed import launch_patch_embed, patch_embed, patch_embed_ref
 
-from .._tf32 import no_tf32  # noqa: F401  (autouse: TF32 off while comparing with torch on CUDA)
-from ..numerics import assert_within_eager, poisoned
+from ..numerics import (
+    assert_within_eager,
+    no_tf32,  # noqa: F401  (autouse: TF32 off while comparing with torch on CUDA)
+    poisoned,
+)
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)

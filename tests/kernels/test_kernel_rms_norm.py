@@ -13,8 +13,12 @@ import torch
 from vit_fast.kernels.layer_norm import launch_layer_norm, launch_rms_norm, rms_norm, rms_norm_ref
 from vit_fast.kernels.linear import rms_norm_linear
 
-from .._tf32 import no_tf32  # noqa: F401  (autouse: TF32 off while comparing with torch on CUDA)
-from ..numerics import assert_within_eager, in_float64, poisoned
+from ..numerics import (
+    assert_within_eager,
+    in_float64,
+    no_tf32,  # noqa: F401  (autouse: TF32 off while comparing with torch on CUDA)
+    poisoned,
+)
 from .test_kernel_layer_norm_linear import check_norm_linear
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]

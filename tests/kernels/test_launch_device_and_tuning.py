@@ -1,4 +1,4 @@
-"""The compiled launch path on the CPU, with Triton's driver stubbed (tests/_stub_scenarios.py, run in a
+"""The compiled launch path on the CPU, with Triton's driver stubbed (tests/stub_scenarios.py, run in a
 subprocess without TRITON_INTERPRET): launches on the tensors' own device, autotune keys that cannot collide,
 tuning serialised per kernel, a warm start of a handful of compilations, fp fusion pinned, launch metadata built
 only for a registered launch hook."""
@@ -22,7 +22,7 @@ def _scenario(tmp_path, *argv: str) -> dict:
     env.pop("VIT_FAST_AUTOTUNE", None)
     env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")
     proc = subprocess.run(
-        [sys.executable, "tests/_stub_scenarios.py", *argv],
+        [sys.executable, "tests/stub_scenarios.py", *argv],
         cwd=ROOT,
         env=env,
         capture_output=True,

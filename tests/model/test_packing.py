@@ -15,9 +15,11 @@ import torch
 
 from vit_fast.model import packing
 
-from .._tf32 import no_tf32  # noqa: F401  (autouse: TF32 off while comparing with torch on CUDA)
 from ..fakes import TINY, assert_attention_launches, kernel_launches, tiny_model
-from ..numerics import assert_within_eager
+from ..numerics import (
+    assert_within_eager,
+    no_tf32,  # noqa: F401  (autouse: TF32 off while comparing with torch on CUDA)
+)
 
 # three mixes of sizes (pixels, 8-px patches): square and not, odd grids (5x3, 7x1, 3x3), one size repeated,
 # the native 32x32 among others, a lone image

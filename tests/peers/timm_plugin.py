@@ -10,7 +10,7 @@ models handed to apply_vit_fast are those of the timm classes it reads (``vit_fa
 VisionTransformer, VisionTransformerDistilled, NaFlexVit) or refuses by name (Eva's rotary attention, RelPos); one it
 refuses (by name, or for a feature such as RoPE in a NaFlexVit) or that is none of those is left as timm built it,
 and counted in the summary line.
-The torchvision stand-in (tests/_torchvision_standin.py) is installed where the real torchvision is missing.
+The torchvision stand-in (tests/torchvision_standin.py) is installed where the real torchvision is missing.
 
 The launch counter (tools/peers/launches.py) is registered too, in every mode: with ``VIT_FAST_PEERS_LAUNCHES`` set
 (tools/peer_timm.py sets it) our kernels' launches are counted per model (the tests' ``model_name`` parameter),
@@ -30,7 +30,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from tests._torchvision_standin import install as _install_torchvision_standin  # noqa: E402
+from tests.torchvision_standin import install as _install_torchvision_standin  # noqa: E402
 
 _install_torchvision_standin()
 

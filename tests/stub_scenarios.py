@@ -1,5 +1,5 @@
 """Scenarios run in a subprocess with Triton's driver stubbed (benchmarks/host_overhead.py): nothing compiles or
-launches, every compile and launch is recorded. ``python tests/_stub_scenarios.py <scenario> [args]`` prints one
+launches, every compile and launch is recorded. ``python tests/stub_scenarios.py <scenario> [args]`` prints one
 JSON line; tests/kernels/test_launch_device_and_tuning.py runs them (without TRITON_INTERPRET) and judges the result.
 
 The stub's benchmarker gives each config a fixed time of its own (a CRC of the config), so a tuned pick is a
