@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from vit_fast.model.selfcheck import no_tf32 as tf32_off
 from vit_fast.util.numerics import FLOOR, assert_within_eager, max_err  # noqa: F401  (the tests' vocabulary)
 
 
@@ -31,7 +32,5 @@ def assert_kernel_matches(out: torch.Tensor, ref, args, name: str) -> torch.Tens
 
 @pytest.fixture(autouse=True)
 def no_tf32():
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+    with tf32_off():
+        yield
