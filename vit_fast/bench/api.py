@@ -7,7 +7,6 @@ ends, so an interrupt keeps the finished cases). Both run a
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -15,23 +14,8 @@ from typing import Any
 import torch
 
 from .harness import Harness, model_label
-from .report import BenchResult, free_stem, write_reports
+from .report import BenchResult, free_stem, model_slug, write_reports
 from .settings import BenchError, BenchSettings
-
-
-def model_slug(spec: str) -> str:
-    """A file-name stem for a model spec: a preset or hub name as it is, a checkpoint file by its stem, a folder
-    (a Hugging Face save_pretrained folder) by its own name, never by the path leading to it."""
-    path = Path(spec)
-    if spec.startswith(("hf:", "timm:")):  # a hub name, tag and organisation included
-        stem = spec
-    elif path.is_dir() or (not path.suffix and "/" in spec):
-        stem = path.name
-    elif path.suffix:
-        stem = path.stem
-    else:
-        stem = spec
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", stem).strip("_") or "model"
 
 
 def report_stem(model: Any, name: str | None = None) -> str:

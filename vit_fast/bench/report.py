@@ -10,6 +10,7 @@ import csv
 import io
 import math
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -424,6 +425,21 @@ def write_reports(
     return paths
 
 
+def model_slug(spec: str) -> str:
+    """A file-name stem for a model spec: a preset or hub name as it is, a checkpoint file by its stem, a folder
+    (a Hugging Face save_pretrained folder) by its own name, never by the path leading to it."""
+    path = Path(spec)
+    if spec.startswith(("hf:", "timm:")):  # a hub name, tag and organisation included
+        stem = spec
+    elif path.is_dir() or (not path.suffix and "/" in spec):
+        stem = path.name
+    elif path.suffix:
+        stem = path.stem
+    else:
+        stem = spec
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", stem).strip("_") or "model"
+
+
 @dataclass
 class BenchResult:
     """What :func:`vit_fast.bench.benchmark` returns: the report, its rows, and its text forms; nothing is
@@ -449,8 +465,6 @@ class BenchResult:
     def write(self, out_dir: str | Path, stem: str | None = None, overwrite: bool = False) -> dict[str, Path]:
         """Write the JSON, Markdown, CSV and PNG files (see :func:`write_reports`); returns their paths. ``stem``
         defaults to ``bench_<model>``, as the command line names them."""
-        from .api import model_slug
-
         stem = stem or f"bench_{model_slug(str(self.report['model']))}"
         return write_reports(self.report, Path(out_dir), stem, overwrite)
 
