@@ -128,7 +128,7 @@ class Block(nn.Module):
     def forward_first_token(self, x: torch.Tensor) -> torch.Tensor:
         """:meth:`forward`'s output for token 0 alone, ``x [B, T, D]`` -> ``[B, 1, D]``: the same numbers as
         ``forward(x)[:, :1]``; the other tokens' queries, projection and MLP are not computed."""
-        return run_block(_TORCH_MODULES, self, x, self.mlp.act, first_token=True)
+        return run_block(TORCH_MODULES, self, x, self.mlp.act, first_token=True)
 
 
 _ACTIVATIONS = (nn.GELU, QuickGELU, nn.SiLU)
@@ -197,7 +197,8 @@ class TorchOps:
         return o.transpose(1, 2).reshape(B, q.shape[2], width // 3)
 
 
-_TORCH_FUNCTIONAL, _TORCH_MODULES = TorchOps(modules=False), TorchOps(modules=True)
+#: the torch ops without module calls (the eager shortcut) and with them (what hooks, export and compilers see)
+TORCH_FUNCTIONAL, TORCH_MODULES = TorchOps(modules=False), TorchOps(modules=True)
 
 
 def _act(act, x: torch.Tensor) -> torch.Tensor:
@@ -318,7 +319,7 @@ def block_functional(block: Block, x: torch.Tensor, first_token: bool = False) -
     """``block(x)`` (``block.forward_first_token(x)`` with ``first_token``): :func:`run_block` on the torch ops
     without module calls. Eager only: a hook, an exporter or a compiler gets the module calls;
     :func:`runs_functional` says which blocks qualify."""
-    return run_block(_TORCH_FUNCTIONAL, block, x, block.mlp.act, first_token=first_token)
+    return run_block(TORCH_FUNCTIONAL, block, x, block.mlp.act, first_token=first_token)
 
 
 def observed(module: nn.Module) -> bool:

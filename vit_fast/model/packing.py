@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from vit_fast.model import stages
-from vit_fast.model.layers import Attention, Block, Mlp, TorchOps, skip_identity
+from vit_fast.model.layers import TORCH_MODULES, Attention, Block, Mlp, TorchOps, skip_identity
 from vit_fast.model.validation import finite_check_from_env, require_finite
 
 if TYPE_CHECKING:
@@ -173,10 +173,6 @@ class PackedOps:
         raise TypeError("differential attention takes no packed sequences")
 
 
-#: the torch backend's ops with module calls: hooks on a block's norms, GEMMs and activation see a packed forward
-_TORCH_MODULES = TorchOps(modules=True)
-
-
 def _run_stages(
     model: VisionTransformer, images: Sequence[torch.Tensor], layout: PackedLayout, on_stage: stages.OnStage
 ) -> torch.Tensor:
@@ -185,7 +181,8 @@ def _run_stages(
     first = images[0]
     on_kernels = model._backend_for_call(first) == "triton"
     key = ("packed", *(tuple(image.shape) for image in images))  # what the first-use net knows this forward by
-    ops, fused = stages.kernel_ops(model, first, key) if on_kernels else (_TORCH_MODULES, True)
+    # on the torch backend the module calls: hooks on a block's norms, GEMMs and activation see a packed forward
+    ops, fused = stages.kernel_ops(model, first, key) if on_kernels else (TORCH_MODULES, True)
     parts = []
     for indices, grid in layout.groups:
         tokens = stages.embed(ops, model, torch.stack([images[i] for i in indices]), grid)  # [count, T, D]

@@ -14,6 +14,7 @@ import torch.utils.checkpoint
 from torch import nn
 
 from vit_fast.model.layers import (
+    TORCH_FUNCTIONAL,
     TorchOps,
     block_functional,
     gamma,
@@ -27,7 +28,6 @@ from vit_fast.model.validation import check_kernel_params
 
 #: ``on_stage(name, tokens)``: called after each stage ("patch embedding", "block i", "final norm")
 OnStage = Callable[[str, torch.Tensor], None] | None
-_TORCH = TorchOps(modules=False)
 
 
 def eager_shortcuts(model: nn.Module) -> bool:
@@ -194,7 +194,7 @@ def features(
 
 def features_torch(model: nn.Module, x: torch.Tensor, grid, first_token=False, on_stage: OnStage = None):
     """:func:`run` on the torch ops: plain PyTorch, the reference the kernels are judged against."""
-    return run(_TORCH, model, x, grid, first_token=first_token, on_stage=on_stage)
+    return run(TORCH_FUNCTIONAL, model, x, grid, first_token=first_token, on_stage=on_stage)
 
 
 __all__ = ["eager_shortcuts", "embed", "features", "features_torch", "features_triton"]
