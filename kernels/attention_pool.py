@@ -16,8 +16,8 @@ from ._tl import dot, online_softmax_step, to_bf16_rtne
 from .attention import LOG2E
 from .attention_checks import MAX_HEAD_DIM, MIN_HEAD_DIM
 from .attention_tiles import block_d_for
-from .autotune import autotune_cache_enabled, closest_config, tune_key, tuning_requested
-from .cards import Card, card_for_arch, tensor_arch
+from .autotune import autotune_cache_enabled, closest_config, prune_target, tune_key, tuning_requested
+from .cards import Card, tensor_arch
 from .interpret import interpreter_enabled
 from .launches import SUPPORTED_DTYPES, ResolvedLaunches, eager_direct
 
@@ -84,9 +84,7 @@ def _prune_pool_configs(configs, named_args, **kwargs):
     block_d = kwargs.get("BLOCK_D", named_args.get("BLOCK_D"))
     if block_d is None:
         return configs
-    card = card_for_arch(named_args["ARCH"])
-    kv = named_args.get("kv_ptr")
-    elem_bytes = kv.element_size() if isinstance(kv, torch.Tensor) else 2
+    card, elem_bytes = prune_target(named_args, "kv_ptr")
 
     def shared(config: triton.Config) -> int:
         return _pool_shared_bytes(config, block_d, elem_bytes, card)

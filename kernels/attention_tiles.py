@@ -3,12 +3,11 @@ no-autotune pick (host side, read by the kernel in :mod:`.attention`)."""
 
 from __future__ import annotations
 
-import torch
 import triton
 
 from ._launch import next_power_of_2
-from .autotune import closest_config, tuning_requested
-from .cards import Card, card_for_arch
+from .autotune import closest_config, prune_target, tuning_requested
+from .cards import Card
 from .interpret import interpreter_enabled
 
 
@@ -80,9 +79,7 @@ def prune_attention_configs(configs, named_args, **kwargs):
     block_d = kwargs.get("BLOCK_D", named_args.get("BLOCK_D"))
     if block_d is None:
         return configs
-    card = card_for_arch(named_args["ARCH"])
-    qkv = named_args.get("qkv_ptr")
-    elem_bytes = qkv.element_size() if isinstance(qkv, torch.Tensor) else 2
+    card, elem_bytes = prune_target(named_args, "qkv_ptr")
 
     def shared(config: triton.Config) -> int:
         return attention_shared_bytes(config, block_d, elem_bytes, card)

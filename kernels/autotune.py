@@ -102,6 +102,13 @@ def autotune_cache_enabled() -> bool:
 FMA_STAGES = 2
 
 
+def prune_target(named_args: dict, operand: str) -> tuple:
+    """``(card, elem_bytes)`` a prune decides for: the :class:`~.cards.Card` of its ``ARCH`` key and the bytes per
+    element of the tensor argument ``operand`` (2, a 16-bit launch, where no tensor is passed)."""
+    tensor = named_args.get(operand)
+    return card_for_arch(named_args["ARCH"]), tensor.element_size() if isinstance(tensor, torch.Tensor) else 2
+
+
 def fma_tile_fits(block_m: int, block_n: int, elem_bytes: int) -> bool:
     """Whether a GEMM-like output tile (4 warps) is expected not to spill where ``tl.dot`` is FMA (sm_75):
     fp32 up to 64x64, 16-bit up to 2048 elements. From triton 3.9's compiles for sm_75 (linear with the

@@ -22,8 +22,8 @@ from ._launch import (
     register_recompute_backward,
 )
 from ._tl import dot, online_softmax_step, to_bf16_rtne
-from .autotune import autotune_cache_enabled, closest_config, tune_key, tuning_requested
-from .cards import card_for_arch, tensor_arch
+from .autotune import autotune_cache_enabled, closest_config, prune_target, tune_key, tuning_requested
+from .cards import tensor_arch
 from .interpret import interpreter_enabled
 from .launches import SUPPORTED_DTYPES, ResolvedLaunches, eager_direct
 
@@ -82,9 +82,7 @@ def _prune_diff_configs(configs, named_args, **kwargs):
     block_d = kwargs.get("BLOCK_D", named_args.get("BLOCK_D"))
     if block_d is None:
         return configs
-    card = card_for_arch(named_args["ARCH"])
-    qkv = named_args.get("qkv_ptr")
-    elem_bytes = qkv.element_size() if isinstance(qkv, torch.Tensor) else 2
+    card, elem_bytes = prune_target(named_args, "qkv_ptr")
     fma = not card.tensor_cores
 
     def shared(config: triton.Config) -> int:

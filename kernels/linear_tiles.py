@@ -6,7 +6,6 @@ Why these tiles: docs/kernels.md, "GEMM tiles by row count"."""
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
@@ -19,10 +18,11 @@ from .autotune import (
     fma_tile_fits,
     gemm_shared_bytes,
     m_class,
+    prune_target,
     tma_enabled,
     tuning_requested,
 )
-from .cards import CPU_SM_COUNT, card_for_arch
+from .cards import CPU_SM_COUNT
 from .interpret import interpreter_enabled
 
 #: the epilogue's activations (``ACTIVATION_CODES``: the kernel's ``ACTIVATION``): exact (erf) GELU, tanh GELU, QuickGELU (``y * sigmoid(1.702 y)``, OpenAI CLIP) and
@@ -100,9 +100,7 @@ def prune_linear_configs(configs, named_args, **kwargs):
     holds for every launch with it. Drops configs for the other kind of card, tiles far larger than the problem or
     past its shared memory, narrow tiles past SMALL_M rows, and TMA tiles where TMA cannot run; without tuning, one
     config: :func:`heuristic_linear_config`. Each rule: docs/kernels.md, section Prunes and picks."""
-    card = card_for_arch(named_args["ARCH"])
-    x = named_args.get("x_ptr")
-    elem_bytes = x.element_size() if isinstance(x, torch.Tensor) else 2
+    card, elem_bytes = prune_target(named_args, "x_ptr")
     rows = m_class(named_args["M"])
     operands_ok = named_args.get("TMA_OK")
     operands_ok = tma_enabled() if operands_ok is None else bool(operands_ok)

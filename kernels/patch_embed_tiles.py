@@ -3,12 +3,20 @@ read by the kernel in :mod:`.patch_embed`)."""
 
 from __future__ import annotations
 
-import torch
 import triton
 
 from ._launch import cdiv
-from .autotune import FMA_STAGES, SMALL_M, closest_config, fma_tile_fits, gemm_shared_bytes, m_class, tuning_requested
-from .cards import CPU_SM_COUNT, card_for_arch
+from .autotune import (
+    FMA_STAGES,
+    SMALL_M,
+    closest_config,
+    fma_tile_fits,
+    gemm_shared_bytes,
+    m_class,
+    prune_target,
+    tuning_requested,
+)
+from .cards import CPU_SM_COUNT
 from .interpret import interpreter_enabled
 
 
@@ -53,9 +61,7 @@ def prune_patch_embed_configs(configs, named_args, **kwargs):
     M, D = named_args.get("M"), named_args.get("D")
     if M is None or D is None or len(configs) == 1:
         return configs
-    card = card_for_arch(named_args["ARCH"])
-    w = named_args.get("w_ptr")
-    elem_bytes = w.element_size() if isinstance(w, torch.Tensor) else 2
+    card, elem_bytes = prune_target(named_args, "w_ptr")
     rows = m_class(M)
 
     def fits(config: triton.Config) -> bool:
