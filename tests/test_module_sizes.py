@@ -14,7 +14,7 @@ MAX_DOCSTRING_LINES = 5
 
 #: CLI subcommands whose module docstring is their ``--help`` text (vit_fast/cli/__init__.py passes
 #: ``module.__doc__`` to argparse as the description): exempt from the docstring rule only.
-SUBCOMMANDS = ("bench", "demo", "doctor", "export", "info", "serve", "tritonserver", "verify")
+SUBCOMMANDS = ("bench", "demo", "doctor", "export", "info", "predict", "serve", "tritonserver", "verify")
 HELP_TEXT = {f"vit_fast/cli/{name}.py" for name in SUBCOMMANDS}
 
 

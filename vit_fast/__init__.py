@@ -25,6 +25,7 @@ _public, __getattr__, __dir__ = lazy_names(
         "model.vit": ("VisionTransformer",),
         "interop.patching": ("apply_vit_fast", "remove_vit_fast"),
         "interop.explanation": ("explain",),
+        "interop.image_transform": ("image_transform",),
         "backend.graphs": ("CUDAGraphRunner",),
         "kernels.autotune": ("tuning",),  # ``with vit_fast.tuning(): ...`` tunes the kernel shapes first seen in it
     },
@@ -36,6 +37,7 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__
     from vit_fast.interop.checkpoints import load_checkpoint, save_checkpoint  # noqa: F401 (public through __all__)
     from vit_fast.interop.convert import from_hf, from_timm, optimize  # noqa: F401 (public through __all__)
     from vit_fast.interop.explanation import explain  # noqa: F401 (public through __all__)
+    from vit_fast.interop.image_transform import image_transform  # noqa: F401 (public through __all__)
     from vit_fast.interop.loading import load_model  # noqa: F401 (public through __all__)
     from vit_fast.interop.patching import apply_vit_fast, remove_vit_fast  # noqa: F401 (public through __all__)
     from vit_fast.interop.timm_import import import_timm  # noqa: F401 (public through __all__)

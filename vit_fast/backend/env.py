@@ -65,7 +65,7 @@ def importable_version(module: str) -> tuple[str | None, str | None]:
 
 #: vit-fast's extras, the keys of pyproject.toml's [project.optional-dependencies] (tests/test_install.py holds
 #: the two to the same names)
-EXTRAS = ("onnx", "tensorrt", "bench", "demo", "serve", "test", "dev")
+EXTRAS = ("onnx", "tensorrt", "bench", "demo", "serve", "test", "dev", "images")
 #: a module that may be missing -> the extra that installs it, for the one-line error of a missing import
 MODULE_EXTRAS = {
     "onnx": "onnx",
@@ -76,6 +76,7 @@ MODULE_EXTRAS = {
     "tqdm": "bench",
     "tensorrt": "tensorrt",
     "polygraphy": "tensorrt",
+    "PIL": "images",
 }
 
 

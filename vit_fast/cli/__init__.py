@@ -20,6 +20,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "export": ("vit_fast.cli.export", "build an ONNX or TensorRT artifact, verify it, write a report"),
     "verify": ("vit_fast.cli.verify", "compare an ONNX file, TensorRT engine or the triton backend with eager"),
     "bench": ("vit_fast.cli.bench", "time backends side by side; write JSON, Markdown and a PNG plot"),
+    "predict": ("vit_fast.cli.predict", "run a model on image files: top-k labels, or pooled features"),
     "serve": ("vit_fast.cli.serve", "serve a model through Triton Inference Server (PyTriton), or load-test it"),
     "doctor": ("vit_fast.cli.doctor", "prove the stack here: environment, every kernel and the model vs float64"),
 }

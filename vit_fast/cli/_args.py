@@ -314,6 +314,12 @@ def _print_json(text: str) -> None:
     stream.flush()  # a reader (``| jq``, a script waiting on serve's endpoints) gets it now
 
 
+def json_stream() -> IO[str]:
+    """Where ``--json -`` output goes: the real standard output, also while :func:`json_only_on_stdout` holds (for a
+    command that writes JSON lines as it goes)."""
+    return _json_stream or sys.stdout
+
+
 def write_json(data: Any, target: Path | str | None, mode: int | None = None) -> Path | None:
     """Write the report ``data`` where ``--json`` said (:func:`json_file`): standard output for ``-``, else the
     file (atomically, through :mod:`vit_fast.util.files`, with ``mode`` where given: 0o600 for a secret); returns the

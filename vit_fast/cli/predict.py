@@ -1,0 +1,199 @@
+"""Run a model on image files and print each image's top-k labels with their probabilities.
+
+  vit-fast predict MODEL PATH... [--top-k 5] [--batch 16] [--backend auto] [--json PATH|-] [--features FILE]
+
+MODEL is named as for every command: "default" (the embedded digits model: light digits on a dark
+ground), a preset (random weights), a checkpoint file, a Hugging Face folder, timm:NAME or hf:ORG/NAME.
+PATH is an image file (PNG, JPEG, WebP, BMP; any mode, EXIF orientation applied) or a folder: its
+images by suffix, through subfolders, sorted, hidden names left out. Each image is preprocessed as
+the model's own library does (vit_fast.image_transform: timm's pretrained_cfg, a Hugging Face
+folder's preprocessor_config.json or --processor, the default model's record), decoded in a small
+thread pool and run in batches. Labels come from the model (id2label, timm's label_names, the
+digits), else class indices. --json writes one JSON line per image as each batch finishes (staged
+beside the file, published when the run ends, Ctrl-C included); --features writes each image's
+pooled feature with the file names (.safetensors or .npy) instead of labels. A file that cannot be
+decoded is named with the reason and the rest go on; the exit status is then 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+from . import _args
+
+EXAMPLE = "vit-fast predict default digits/ --top-k 3 --json predictions.json"
+FEATURE_SUFFIXES = (".safetensors", ".npy")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``vit-fast predict``'s arguments."""
+    parser.add_argument("model", metavar="MODEL", help=_args.MODEL_HELP)
+    parser.add_argument("paths", metavar="PATH", nargs="+", help="image files, or folders of them (recursive)")
+    parser.add_argument("--top-k", type=_args.positive_int, default=5, metavar="K", help="labels per image (5)")
+    parser.add_argument("--batch", type=_args.positive_int, default=16, metavar="N", help="images per forward (16)")
+    parser.add_argument(
+        "--backend",
+        choices=("auto", "torch", "triton"),
+        default="auto",
+        help="auto: our Triton kernels on a GPU, torch on a CPU (default auto)",
+    )
+    parser.add_argument(
+        "--decode-threads", type=_args.positive_int, default=None, metavar="T", help="decoding threads (up to 4)"
+    )
+    _args.add_json(parser, "also write one JSON line per image (file, labels, probabilities) to this .json file")
+    parser.add_argument(
+        "--features",
+        default=None,
+        metavar="FILE",
+        help="write each image's pooled feature and file name to FILE (.safetensors or .npy) instead of labels",
+    )
+    parser.add_argument(
+        "--processor",
+        default=None,
+        metavar="PATH",
+        help="a transformers preprocessor_config.json (or its folder) when MODEL does not carry one",
+    )
+    _args.add_overwrite(parser)
+    _args.add_model_source(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``vit-fast predict``; 0 when every image was answered, 1 when one could not be decoded."""
+    from vit_fast.util.files import check_output_file
+
+    json_target = _args.json_file(args.json, overwrite=args.overwrite)
+    features = None
+    if args.features is not None:
+        try:
+            features = check_output_file(
+                args.features, FEATURE_SUFFIXES, "--features", overwrite=args.overwrite, make_parents=True
+            )
+        except ValueError as err:
+            raise _args.CommandError(str(err)) from None
+        if json_target not in (None, _args.STDOUT) and Path(json_target).resolve() == features.resolve():
+            raise _args.CommandError("--json and --features name the same file: give two paths")
+    from vit_fast.interop.images import image_files, pil_image_module
+
+    pil_image_module()  # a missing Pillow is the first thing to hear about
+    files = image_files(args.paths)  # a path that is not there: refused before the model loads
+
+    from vit_fast.interop.image_transform import image_transform, model_labels
+    from vit_fast.interop.loading import load_model
+    from vit_fast.interop.predicting import DEFAULT_THREADS, predict_files
+    from vit_fast.util.progress import bar, plural
+
+    model = load_model(args.model, backend=args.backend, config=args.config, weights=args.weights)
+    if features is None and model.num_classes == 0:
+        raise _args.CommandError(
+            f"model {args.model!r} has no classifier head (num_classes 0): ask for its features with --features FILE"
+        )
+    transform = image_transform(model, _processor(args))
+    labels = model_labels(model, args.model)
+    progress = bar(len(files), "predict", enabled=len(files) > args.batch, unit="image")
+    failed, done, feature_rows = 0, 0, []
+    with _json_lines(json_target) as out:
+        try:
+            batches = predict_files(
+                model,
+                files,
+                transform,
+                batch=args.batch,
+                threads=args.decode_threads or DEFAULT_THREADS,
+                top_k=args.top_k,
+                labels=labels,
+                features=features is not None,
+            )
+            for answers in batches:
+                for answer in answers:
+                    if answer.error is not None:
+                        failed += 1
+                        print(f"vit-fast predict: {answer.file}: {answer.error}", file=sys.stderr)
+                    elif answer.feature is not None:
+                        feature_rows.append((answer.file, answer.feature))
+                    else:
+                        tops = "  ".join(
+                            f"{n} {p:.3f}" for n, p in zip(answer.labels, answer.probabilities, strict=True)
+                        )
+                        print(f"{answer.file}: {tops}")
+                    if out is not None:
+                        out.write(json.dumps(answer.to_dict()) + "\n")
+                if out is not None:
+                    out.flush()
+                sys.stdout.flush()
+                done += len(answers)
+                progress.update(len(answers))
+        finally:
+            progress.close()
+            if features is not None and feature_rows:
+                _write_features(features, feature_rows)
+    if features is not None:
+        print(f"wrote {plural(len(feature_rows), 'feature')} to {features}", file=sys.stderr)
+    if failed:
+        print(f"vit-fast predict: {failed} of {len(files)} images could not be read", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _processor(args: argparse.Namespace) -> str | None:
+    """--processor, else MODEL where it names a Hugging Face folder or hub model with a preprocessor_config.json."""
+    if args.processor is not None:
+        return args.processor
+    model = str(args.model)
+    if model.startswith("hf:") or (Path(model).is_dir() and (Path(model) / "preprocessor_config.json").is_file()):
+        from vit_fast.interop.image_transform import find_processor
+
+        return model if find_processor(model) is not None else None
+    return None
+
+
+@contextlib.contextmanager
+def _json_lines(target: Path | str | None) -> Iterator[IO[str] | None]:
+    """Where the JSON lines go: standard output for ``-``; a file staged beside ``target`` and published when the
+    block ends, however it ends (Ctrl-C keeps every finished line); nowhere without ``--json``."""
+    if target is None:
+        yield None
+        return
+    if target == _args.STDOUT:
+        yield _args.json_stream()
+        return
+    from vit_fast.util.files import make_folders, open_new, publish_to, staging_dir
+
+    target = Path(target)
+    make_folders(target.parent)
+    with staging_dir(target) as tmp:
+        staged = tmp / target.name
+        try:
+            with open_new(staged) as raw, io.TextIOWrapper(raw, encoding="utf-8") as text:
+                yield text
+        finally:
+            publish_to([(staged, target)])
+
+
+def _write_features(path: Path, rows: list) -> None:
+    """The features ``[N, D]`` float32 with their file names: safetensors (tensor ``features``, the names as JSON in
+    the metadata's ``files``) or .npy (a structured array, fields ``file`` and ``feature``: no pickle to load it)."""
+    import numpy as np
+    import torch
+
+    from vit_fast.util.files import write_atomic
+
+    names = [name for name, _ in rows]
+    stacked = torch.stack([feature for _, feature in rows]).to(torch.float32).contiguous()
+    if path.suffix.lower() == ".safetensors":
+        from safetensors.torch import save
+
+        data = save({"features": stacked}, metadata={"files": json.dumps(names)})
+    else:
+        width = max(len(n) for n in names)
+        table = np.zeros(len(names), dtype=[("file", f"<U{width}"), ("feature", "<f4", (stacked.shape[1],))])
+        table["file"], table["feature"] = names, stacked.numpy()
+        buffer = io.BytesIO()
+        np.save(buffer, table, allow_pickle=False)
+        data = buffer.getvalue()
+    write_atomic(path, data)

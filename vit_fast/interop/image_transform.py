@@ -1,0 +1,263 @@
+"""A model's evaluation preprocessing, read from the model: :func:`image_transform` (an image in, ``[C, H, W]`` float
+out) and its plain parameters, :class:`Preprocessing`, for code that does the same elsewhere (a GPU kernel). Sources:
+a transformers image processor, timm's ``pretrained_cfg``, the embedded default model's record. The rules:
+docs/usage.md, "Images in: image_transform"."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from vit_fast.interop.images import load_image
+from vit_fast.util.files import read_json
+
+#: timm's defaults (timm.data.constants) where a pretrained_cfg leaves a field out
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+DEFAULT_CROP_PCT = 0.875
+DEFAULT_INTERPOLATION = "bicubic"
+#: PIL's resample codes, as transformers' image processors store them
+PIL_RESAMPLE = {2: "bilinear", 3: "bicubic"}
+INTERPOLATIONS = ("bilinear", "bicubic")
+CROP_ROUNDING = ("round", "floor")
+
+
+@dataclass(frozen=True)
+class Preprocessing:
+    """One model's evaluation preprocessing. ``size``: an int resizes the shorter side to it (the longer one to
+    ``int(size * long / short)``), a pair resizes to exactly (H, W); then a centre ``crop`` (H, W) (None: none),
+    offsets rounded as torchvision (``round``) or transformers (``floor``) round; then ``(x / 255 - mean) / std``."""
+
+    size: int | tuple[int, int]
+    crop: tuple[int, int] | None
+    interpolation: str
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    antialias: bool = True
+    channels: int = 3
+    crop_rounding: str = "round"
+
+    def __post_init__(self) -> None:
+        if self.interpolation not in INTERPOLATIONS:
+            raise ValueError(
+                f"interpolation {self.interpolation!r} is not supported: use {' or '.join(INTERPOLATIONS)}"
+            )
+        if self.crop_rounding not in CROP_ROUNDING:
+            raise ValueError(f"crop_rounding {self.crop_rounding!r}: use {' or '.join(CROP_ROUNDING)}")
+        if self.channels not in (1, 3) or len(self.mean) != self.channels or len(self.std) != self.channels:
+            raise ValueError(f"{self.channels} channels need as many means and stds, got {self.mean} and {self.std}")
+        if any(not s > 0 for s in self.std):
+            raise ValueError(f"std must be positive, got {self.std}")
+
+    def resize_hw(self, height: int, width: int) -> tuple[int, int]:
+        """The (H, W) an image of ``height`` x ``width`` pixels is resized to, before the crop."""
+        if not isinstance(self.size, int):
+            return self.size
+        if height <= width:
+            return self.size, int(self.size * width / height)
+        return int(self.size * height / width), self.size
+
+    @property
+    def output_hw(self) -> tuple[int, int] | None:
+        """The (H, W) of every output (None: it follows each image's shape, an int size without a crop)."""
+        return self.crop or (None if isinstance(self.size, int) else self.size)
+
+    def crop_box(self, height: int, width: int) -> tuple[int, int, int, int]:
+        """``(top, left, crop_h, crop_w)`` of the centre crop on a resized ``height`` x ``width`` image."""
+        ch, cw = self.crop or (height, width)
+        if ch > height or cw > width:
+            raise ValueError(f"a {ch}x{cw} crop does not fit in the resized {height}x{width} image")
+        if self.crop_rounding == "floor":
+            return (height - ch) // 2, (width - cw) // 2, ch, cw
+        return int(round((height - ch) / 2.0)), int(round((width - cw) / 2.0)), ch, cw
+
+
+def apply(pre: Preprocessing, pixels: torch.Tensor) -> torch.Tensor:
+    """``pixels`` (uint8 ``[C, H, W]``) preprocessed: float32 ``[C, crop_h, crop_w]``. The resize runs in float32,
+    antialiased as PIL filters, width then height, each pass clamped to 0..255 as PIL's uint8 passes are (the first
+    rounded too, the second not)."""
+    x = pixels.to(torch.float32)[None]
+    height, width = pixels.shape[-2:]
+    size = pre.resize_hw(height, width)
+    if size != (height, width):
+        resize = dict(mode=pre.interpolation, antialias=pre.antialias, align_corners=False)
+        if pre.antialias and size[0] != height and size[1] != width:
+            # PIL resizes the width first into uint8 pixels, then the height: the same here, so that a sharp edge
+            # clipped between the passes (bicubic overshoots) is clipped alike
+            x = F.interpolate(x, size=(height, size[1]), **resize).clamp_(0.0, 255.0).round_()
+        x = F.interpolate(x, size=size, **resize).clamp_(0.0, 255.0)
+    top, left, ch, cw = pre.crop_box(*size)
+    x = x[0, :, top : top + ch, left : left + cw]
+    mean = torch.tensor(pre.mean, dtype=torch.float32).view(-1, 1, 1)
+    std = torch.tensor(pre.std, dtype=torch.float32).view(-1, 1, 1)
+    return ((x / 255.0 - mean) / std).contiguous()
+
+
+class ImageTransform:
+    """The callable :func:`image_transform` returns: an image (path, PIL image, uint8 HWC array / tensor) to float32
+    ``[C, H, W]``; ``preprocessing`` holds its parameters and ``source`` says where they were read."""
+
+    def __init__(self, preprocessing: Preprocessing, source: str) -> None:
+        self.preprocessing, self.source = preprocessing, source
+
+    def pixels(self, image: Any) -> torch.Tensor:
+        """``image`` decoded and converted to the model's channels: uint8 ``[C, H, W]``."""
+        import numpy as np
+
+        pil = load_image(image, "L" if self.preprocessing.channels == 1 else "RGB")
+        array = np.asarray(pil, dtype=np.uint8)
+        array = array[:, :, None] if array.ndim == 2 else array
+        return torch.from_numpy(array.copy()).permute(2, 0, 1)
+
+    def __call__(self, image: Any) -> torch.Tensor:
+        return apply(self.preprocessing, self.pixels(image))
+
+    def __repr__(self) -> str:
+        return f"ImageTransform({self.preprocessing}, source={self.source!r})"
+
+
+def from_data_config(cfg: dict[str, Any]) -> Preprocessing:
+    """timm's eval transform for a data config or ``pretrained_cfg`` (``input_size``, ``interpolation``,
+    ``crop_pct``, ``crop_mode``, ``mean``, ``std``; timm's defaults for those missing): the shorter side to
+    size / crop_pct, then a centre crop (crop_mode ``squash``: both sides, then the crop)."""
+    channels, height, width = tuple(cfg.get("input_size") or (3, 224, 224))
+    crop_pct = cfg.get("crop_pct") or DEFAULT_CROP_PCT
+    mode = cfg.get("crop_mode") or "center"
+    mean = tuple(float(m) for m in (cfg.get("mean") or IMAGENET_MEAN))
+    std = tuple(float(s) for s in (cfg.get("std") or IMAGENET_STD))
+    mean, std = (mean * channels if len(mean) == 1 else mean), (std * channels if len(std) == 1 else std)
+    scale = (math.floor(height / crop_pct), math.floor(width / crop_pct))
+    if mode == "squash":
+        size: int | tuple[int, int] = scale
+    elif mode == "center" and scale[0] == scale[1]:
+        size = scale[0]
+    else:  # timm's ResizeKeepRatio and CenterCropOrPad: none of the supported models uses them
+        raise ValueError(f"timm crop_mode {mode!r} with input size {height}x{width} is not supported: center or squash")
+    interpolation = cfg.get("interpolation") or DEFAULT_INTERPOLATION
+    return Preprocessing(size, (height, width), interpolation, mean, std, channels=channels)
+
+
+def from_image_processor(processor: Any) -> Preprocessing:
+    """A transformers image processor's settings (the object, its ``to_dict()`` or ``preprocessor_config.json``
+    read): resize (``height``/``width`` or ``shortest_edge``) with its resample filter, centre crop, rescale,
+    normalize, in that order, as ViTImageProcessor, SiglipImageProcessor and BitImageProcessor (DINOv2) do."""
+    data = processor if isinstance(processor, dict) else processor.to_dict()
+    kind = data.get("image_processor_type", "image processor")
+    resample = data.get("resample", 2)
+    if resample not in PIL_RESAMPLE:
+        raise ValueError(f"{kind}: resample {resample} is not supported: 2 (bilinear) or 3 (bicubic)")
+    size_field = data.get("size") or {}
+    if not data.get("do_resize", True):
+        raise ValueError(f"{kind}: do_resize false is not supported (images of any size would reach the model)")
+    if isinstance(size_field, int):
+        size_field = {"shortest_edge": size_field}
+    if "height" in size_field and "width" in size_field:
+        size: int | tuple[int, int] = (int(size_field["height"]), int(size_field["width"]))
+    elif "shortest_edge" in size_field and "longest_edge" not in size_field:
+        size = int(size_field["shortest_edge"])
+    else:
+        raise ValueError(f"{kind}: size {size_field} is not supported: height and width, or shortest_edge")
+    crop = None
+    if data.get("do_center_crop"):
+        crop_field = data.get("crop_size") or {}
+        crop_field = {"height": crop_field, "width": crop_field} if isinstance(crop_field, int) else crop_field
+        crop = (int(crop_field["height"]), int(crop_field["width"]))
+    # (x * factor - m) / s == (x / 255 - m / (255 factor)) / (s / (255 factor))
+    unit = 255.0 * float(data.get("rescale_factor", 1 / 255)) if data.get("do_rescale", True) else 255.0
+    mean = data.get("image_mean") if data.get("do_normalize", True) else (0.0, 0.0, 0.0)
+    std = data.get("image_std") if data.get("do_normalize", True) else (1.0, 1.0, 1.0)
+    mean = tuple(float(m) / unit for m in (mean if isinstance(mean, (list, tuple)) else [mean] * 3))
+    std = tuple(float(s) / unit for s in (std if isinstance(std, (list, tuple)) else [std] * 3))
+    return Preprocessing(size, crop, PIL_RESAMPLE[resample], mean, std, crop_rounding="floor")
+
+
+def find_processor(source: str | os.PathLike) -> dict[str, Any] | None:
+    """A ``preprocessor_config.json`` (the file, or a save_pretrained folder holding it; ``hf:ORG/NAME`` from the
+    local Hugging Face cache), or None where there is none."""
+    text = os.fspath(source)
+    if text.startswith("hf:"):
+        try:
+            from huggingface_hub import try_to_load_from_cache
+        except ImportError:
+            return None
+        found = try_to_load_from_cache(text[3:], "preprocessor_config.json")
+        path = Path(found) if isinstance(found, str) else None
+    else:
+        path = Path(text) / "preprocessor_config.json" if Path(text).is_dir() else Path(text)
+    if path is None or not path.is_file():
+        return None
+    data = read_json(path, "image processor config")
+    if not isinstance(data, dict):
+        raise ValueError(f"image processor config {str(path)!r} holds a {type(data).__name__}, not an object")
+    return data
+
+
+def _is_default_model(model: Any) -> bool:
+    from vit_fast.assets import WEIGHTS_FILE
+
+    source = getattr(model, "weights_source", None) or {}
+    if source.get("file") != WEIGHTS_FILE.name:
+        return False
+    from vit_fast.interop.checkpoints import file_sha256
+
+    return source.get("sha256") == file_sha256(WEIGHTS_FILE)
+
+
+def default_model_preprocessing() -> Preprocessing:
+    """The embedded digits model's preprocessing from its record (``digits_vit.json``): grayscale, bilinear to its
+    input size (no antialias: training upsampled 8x8 digits), mean and std as recorded. Ink is light on dark."""
+    from vit_fast.assets import default_model_info
+
+    info = default_model_info()
+    pre, side = info["preprocessing"], int(info["config"]["img_size"])
+    return Preprocessing((side, side), None, "bilinear", (pre["mean"],), (pre["std"],), antialias=False, channels=1)
+
+
+def image_transform(model: Any, processor: Any = None) -> ImageTransform:
+    """``model``'s evaluation preprocessing as a callable. ``processor``: a transformers image processor, its
+    settings as a dict, a ``preprocessor_config.json`` or a folder with one (``hf:ORG/NAME``: the local cache);
+    without one, a transformers model's ``image_processor`` attribute, else timm's ``pretrained_cfg``
+    (vit-fast's converted models keep their source's), else the embedded default model's record."""
+    if processor is not None:
+        data = find_processor(processor) if isinstance(processor, (str, os.PathLike)) else processor
+        if data is None:
+            raise ValueError(f"no preprocessor_config.json found at {os.fspath(processor)!r}")
+        data = data if isinstance(data, dict) else data.to_dict()
+        return ImageTransform(from_image_processor(data), data.get("image_processor_type", "image processor"))
+    attached = getattr(model, "image_processor", None)
+    if attached is not None:
+        return image_transform(model, attached)
+    if _is_default_model(model):
+        return ImageTransform(default_model_preprocessing(), "vit-fast digits_vit.json")
+    cfg = getattr(model, "pretrained_cfg", None)
+    if isinstance(cfg, dict) and cfg.get("input_size"):
+        return ImageTransform(from_data_config(cfg), "timm pretrained_cfg")
+    raise ValueError(
+        f"{type(model).__name__} carries no preprocessing (no pretrained_cfg, no image processor): pass "
+        "processor=... (a transformers image processor or its preprocessor_config.json)"
+    )
+
+
+def model_labels(model: Any, source: str | os.PathLike | None = None) -> list[str] | None:
+    """The class names a model carries: transformers' ``id2label`` (the model's config, or ``source``'s config.json
+    for a save_pretrained folder), timm's ``label_names`` in its pretrained_cfg, the digits for the embedded default
+    model; None when it carries none."""
+    id2label = getattr(getattr(model, "config", None), "id2label", None)
+    if not id2label and source is not None and (Path(source) / "config.json").is_file():
+        data = read_json(Path(source) / "config.json", "Hugging Face config")
+        id2label = data.get("id2label") if isinstance(data, dict) else None
+    if id2label:
+        return [str(id2label.get(i, id2label.get(str(i), i))) for i in range(len(id2label))]
+    cfg = getattr(model, "pretrained_cfg", None)
+    names = cfg.get("label_names") if isinstance(cfg, dict) else None
+    if names:
+        return [str(n) for n in names]
+    if _is_default_model(model):
+        return [str(d) for d in range(10)]
+    return None

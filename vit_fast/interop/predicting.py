@@ -1,0 +1,119 @@
+"""Image files to answers: :func:`predict_files` decodes and preprocesses files in a small thread pool, runs the model
+on batches of them and yields each batch's top-k labels (or pooled features) as it finishes, a file that cannot be
+decoded answered with its reason. ``vit-fast predict`` and benchmarks/pipeline.py run it; docs/cli.md, "predict"."""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vit_fast.interop.image_transform import ImageTransform
+
+#: decode threads by default: PIL's decoders and torch's resize release the GIL, so a few threads keep a CPU forward fed
+DEFAULT_THREADS = min(4, os.cpu_count() or 1)
+
+
+@dataclass
+class Prediction:
+    """One image's answer: its ``file``; ``labels`` / ``probabilities`` / ``indices`` of the top k classes (best
+    first; empty with features); its pooled ``feature`` ``[D]`` where asked for; or ``error``, why it has none."""
+
+    file: str
+    labels: list[str]
+    probabilities: list[float]
+    indices: list[int]
+    feature: torch.Tensor | None = None
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON row: file and top k, or file and error."""
+        if self.error is not None:
+            return {"file": self.file, "error": self.error}
+        row: dict[str, Any] = {"file": self.file}
+        if self.indices:
+            row.update(
+                labels=self.labels, probabilities=[round(p, 6) for p in self.probabilities], indices=self.indices
+            )
+        return row
+
+
+def _load(transform: ImageTransform, path: Path) -> torch.Tensor | str:
+    try:
+        return transform(path)
+    except (ValueError, OSError, TypeError) as err:  # a file that cannot be decoded: its reason, the rest go on
+        return " ".join(str(err).split()) or type(err).__name__
+
+
+def forward_batch(model: torch.nn.Module, images: Sequence[torch.Tensor], features: bool) -> torch.Tensor:
+    """Logits ``[N, classes]`` (pooled features ``[N, D]`` with ``features``) of preprocessed ``[C, H, W]`` images;
+    images of one shape run as one batch."""
+    ref = next(model.parameters())
+    shapes = {tuple(x.shape) for x in images}
+    groups = [list(range(len(images)))] if len(shapes) == 1 else [[i] for i in range(len(images))]
+    out: list[torch.Tensor | None] = [None] * len(images)
+    with torch.inference_mode():
+        for group in groups:
+            x = torch.stack([images[i] for i in group]).to(device=ref.device, dtype=ref.dtype)
+            y = model.forward_head(model.forward_features(x), pre_logits=True) if features else model(x)
+            for j, i in enumerate(group):
+                out[i] = y[j].float().cpu()
+    return torch.stack(out)  # type: ignore[arg-type]
+
+
+def predict_files(
+    model: torch.nn.Module,
+    files: Sequence[str | os.PathLike],
+    transform: ImageTransform,
+    *,
+    batch: int = 16,
+    threads: int = DEFAULT_THREADS,
+    top_k: int = 5,
+    labels: Sequence[str] | None = None,
+    features: bool = False,
+) -> Iterator[list[Prediction]]:
+    """Each batch of ``files``' answers, in the files' order, as it finishes: top ``top_k`` of the softmax over
+    ``model``'s logits (named by ``labels`` where given, else the class index), or with ``features`` the pooled
+    feature. Decoding runs ``threads`` wide, at most two batches ahead of the model."""
+    paths = [Path(f) for f in files]
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="vit-fast-decode") as pool:
+        pending: deque[tuple[Path, Future]] = deque()
+        upcoming = iter(paths)
+        for path in upcoming:  # the first two batches start decoding at once
+            pending.append((path, pool.submit(_load, transform, path)))
+            if len(pending) >= 2 * batch:
+                break
+        while pending:
+            chunk = [pending.popleft() for _ in range(min(batch, len(pending)))]
+            for path in upcoming:  # refill while the model runs on this batch
+                pending.append((path, pool.submit(_load, transform, path)))
+                if len(pending) >= 2 * batch:
+                    break
+            loaded = [(path, future.result()) for path, future in chunk]
+            good = [(path, x) for path, x in loaded if isinstance(x, torch.Tensor)]
+            answers: dict[Path, Prediction] = {}
+            if good:
+                out = forward_batch(model, [x for _, x in good], features)
+                for (path, _), row in zip(good, out, strict=True):
+                    answers[path] = _answer(path, row, features, top_k, labels)
+            yield [
+                answers.get(path) or Prediction(str(path), [], [], [], error=str(x))
+                for path, x in loaded
+                if not isinstance(x, torch.Tensor) or path in answers
+            ]
+
+
+def _answer(path: Path, row: torch.Tensor, features: bool, top_k: int, labels: Sequence[str] | None) -> Prediction:
+    if features:
+        return Prediction(str(path), [], [], [], feature=row)
+    probs = torch.softmax(row.double(), dim=-1)
+    values, indices = probs.topk(min(top_k, probs.numel()))
+    idx = [int(i) for i in indices]
+    names = [labels[i] if labels is not None and i < len(labels) else str(i) for i in idx]
+    return Prediction(str(path), names, [float(v) for v in values], idx)
