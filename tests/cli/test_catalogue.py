@@ -391,6 +391,29 @@ CLI: dict[str, tuple[list[str], int, str]] = {
         2,
         r"--instances: must be >= 1, got 0",
     ),
+    "predict no path": (["predict", "default"], 2, r"required: PATH"),
+    "predict top-k zero": (["predict", "default", "notes.txt", "--top-k", "0"], 2, r"--top-k: must be >= 1, got 0"),
+    "predict missing image": (
+        ["predict", "default", "nowhere.png"],
+        1,
+        r"image path 'nowhere.png' does not exist: give image files or folders of them",
+    ),
+    "predict folder without images": (
+        ["predict", "default", "j.onnx.json"],
+        1,
+        r"folder 'j.onnx.json' holds no image \(.png.*\) in it or its subfolders",
+    ),
+    "predict features suffix": (
+        ["predict", "default", "notes.txt", "--features", "f.txt"],
+        1,
+        r"--features 'f.txt' has the wrong suffix.*\.safetensors/\.npy",
+    ),
+    "predict features foreign file": (
+        ["predict", "default", "notes.txt", "--features", "notes.npy"],
+        1,
+        r"not written by vit-fast.*--overwrite",
+    ),
+    "predict backend unknown": (["predict", "default", "notes.txt", "--backend", "cuda"], 2, r"invalid choice: 'cuda'"),
 }
 
 
@@ -400,6 +423,7 @@ def user_folder(tmp_path, monkeypatch):
     from safetensors.torch import save_file
 
     (tmp_path / "notes.txt").write_text("my notes")
+    (tmp_path / "notes.npy").write_bytes(b"my array")
     (tmp_path / "mine.onnx").write_text("an ONNX file of my own")
     (tmp_path / "afile").write_text("a file, not a folder")
     (tmp_path / "j.onnx.json").mkdir()

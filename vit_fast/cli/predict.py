@@ -77,8 +77,6 @@ def run(args: argparse.Namespace) -> int:
             )
         except ValueError as err:
             raise _args.CommandError(str(err)) from None
-        if json_target not in (None, _args.STDOUT) and Path(json_target).resolve() == features.resolve():
-            raise _args.CommandError("--json and --features name the same file: give two paths")
     from vit_fast.interop.images import image_files, pil_image_module
 
     pil_image_module()  # a missing Pillow is the first thing to hear about

@@ -88,15 +88,23 @@ def apply(pre: Preprocessing, pixels: torch.Tensor) -> torch.Tensor:
     if size != (height, width):
         resize = dict(mode=pre.interpolation, antialias=pre.antialias, align_corners=False)
         if pre.antialias and size[0] != height and size[1] != width:
-            # PIL resizes the width first into uint8 pixels, then the height: the same here, so that a sharp edge
-            # clipped between the passes (bicubic overshoots) is clipped alike
-            x = F.interpolate(x, size=(height, size[1]), **resize).clamp_(0.0, 255.0).round_()
+            # PIL resizes in two uint8 passes, so a sharp edge that bicubic overshoots is clipped in between: the
+            # same passes here, in the order PIL picks (the cheaper first)
+            first = (height, size[1]) if width_first((height, width), size) else (size[0], width)
+            x = F.interpolate(x, size=first, **resize).clamp_(0.0, 255.0).round_()
         x = F.interpolate(x, size=size, **resize).clamp_(0.0, 255.0)
     top, left, ch, cw = pre.crop_box(*size)
     x = x[0, :, top : top + ch, left : left + cw]
     mean = torch.tensor(pre.mean, dtype=torch.float32).view(-1, 1, 1)
     std = torch.tensor(pre.std, dtype=torch.float32).view(-1, 1, 1)
     return ((x / 255.0 - mean) / std).contiguous()
+
+
+def width_first(source: tuple[int, int], size: tuple[int, int]) -> bool:
+    """Whether Pillow resizes ``source`` (H, W) to ``size`` width first, as Pillow 13 was seen to: height first only
+    where the height shrinks, and by a larger factor than the width (older Pillows: always width first)."""
+    (h, w), (oh, ow) = source, size
+    return not (oh < h and h * ow > w * oh)
 
 
 class ImageTransform:
