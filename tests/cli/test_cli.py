@@ -10,7 +10,7 @@ import pytest
 from vit_fast import cli
 from vit_fast.cli import _args
 
-SUBCOMMANDS = ["info", "demo", "export", "export onnx", "export tensorrt", "verify", "bench", "doctor"]
+SUBCOMMANDS = ["info", "demo", "export", "export onnx", "export tensorrt", "verify", "bench", "doctor", "predict"]
 
 
 def test_info_runs(capsys):

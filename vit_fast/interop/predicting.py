@@ -1,6 +1,7 @@
 """Image files to answers: :func:`predict_files` decodes and preprocesses files in a small thread pool, runs the model
 on batches of them and yields each batch's top-k labels (or pooled features) as it finishes, a file that cannot be
-decoded answered with its reason. ``vit-fast predict`` and benchmarks/pipeline.py run it; docs/cli.md, "predict"."""
+decoded answered with its reason. ``vit-fast predict`` and benchmarks/pipeline.py run it; see docs/cli.md,
+"vit-fast predict"."""
 
 from __future__ import annotations
 

@@ -1,0 +1,127 @@
+"""``vit-fast predict``: files, a folder with a broken file, JSON lines (kept on an interrupt), features files."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("PIL", reason="Pillow (the images extra) decodes the images")
+pytest.importorskip("sklearn", reason="the digits come from scikit-learn (the demo extra)")
+from PIL import Image  # noqa: E402
+
+import vit_fast  # noqa: E402
+from vit_fast.cli import main  # noqa: E402
+
+#: held-out digits (indices into load_digits) the embedded model classifies right
+DIGITS = (1496, 188, 413, 705, 744)
+
+
+@pytest.fixture(scope="module")
+def digits_folder(tmp_path_factory):
+    """Held-out digits as 8x8 grayscale PNGs (0..16 scaled to 0..255), in a folder with a subfolder."""
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    folder = tmp_path_factory.mktemp("digits")
+    (folder / "more").mkdir()
+    for n, i in enumerate(DIGITS):
+        where = folder / "more" if n >= 3 else folder
+        pixels = np.round(data.images[i] * 255 / 16).astype(np.uint8)
+        Image.fromarray(pixels, "L").save(where / f"d{n}_label{data.target[i]}.png")
+    return folder
+
+
+def _label(path: str) -> str:
+    return path.rsplit("_label", 1)[1].split(".")[0]
+
+
+def test_files_print_top_k_with_the_digits_as_labels(digits_folder, capsys):
+    files = sorted(str(p) for p in digits_folder.glob("*.png"))
+    assert main(["predict", "default", *files, "--top-k", "3"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 3
+    for line, file in zip(lines, files, strict=True):
+        name, tops = line.split(": ", 1)
+        labels = tops.split()[::2]
+        probs = [float(p) for p in tops.split()[1::2]]
+        assert name == file and len(labels) == 3 and labels[0] == _label(file)  # top-1 is the digit drawn
+        assert probs == sorted(probs, reverse=True) and 0.5 < probs[0] <= 1.0
+
+
+def test_a_folder_with_a_broken_file_answers_the_rest_and_exits_1(digits_folder, tmp_path, capsys):
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    for p in digits_folder.rglob("*.png"):
+        (folder / p.name).write_bytes(p.read_bytes())
+    (folder / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n but then nothing")
+    out_json = tmp_path / "rows.json"
+    assert main(["predict", "default", str(folder), "--batch", "2", "--json", str(out_json)]) == 1
+    captured = capsys.readouterr()
+    assert "broken.png" in captured.err and "1 of 6 images could not be read" in captured.err
+    answered = [line.split(": ")[0] for line in captured.out.strip().splitlines()]
+    assert len(answered) == 5 and "broken.png" not in " ".join(answered)
+    rows = [json.loads(line) for line in out_json.read_text().splitlines()]
+    assert [r["file"].rsplit("/", 1)[1] for r in rows] == sorted(p.name for p in folder.iterdir())
+    broken = next(r for r in rows if r["file"].endswith("broken.png"))
+    assert "cannot be decoded" in broken["error"] or "not an image" in broken["error"]
+    for row in rows:
+        if "error" not in row:
+            assert row["labels"][0] == _label(row["file"]) and len(row["probabilities"]) == 5
+
+
+def test_json_to_stdout_is_json_lines_alone(digits_folder, capsys):
+    assert main(["predict", "default", str(digits_folder), "--json", "-", "--top-k", "2"]) == 0
+    captured = capsys.readouterr()
+    rows = [json.loads(line) for line in captured.out.strip().splitlines()]
+    assert len(rows) == len(DIGITS) and all(len(r["labels"]) == 2 for r in rows)
+    assert "more/" in " ".join(r["file"] for r in rows)  # folders are walked through their subfolders
+    assert "d0_label" in captured.err  # the readable lines went to stderr
+
+
+def test_an_interrupt_keeps_every_finished_batch(digits_folder, tmp_path, capsys, monkeypatch):
+    from vit_fast.interop import predicting
+
+    real, calls = predicting.forward_batch, []
+
+    def cut_after_first(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 1:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(predicting, "forward_batch", cut_after_first)
+    out_json, features = tmp_path / "rows.json", tmp_path / "f.safetensors"
+    argv = ["predict", "default", str(digits_folder), "--batch", "2", "--json", str(out_json)]
+    assert main([*argv, "--features", str(features)]) == 130
+    assert "interrupted" in capsys.readouterr().err
+    rows = [json.loads(line) for line in out_json.read_text().splitlines()]
+    assert len(rows) == 2 and all("error" not in r for r in rows)  # the first batch, whole
+    from safetensors import safe_open
+
+    with safe_open(str(features), "pt") as f:
+        assert f.get_tensor("features").shape == (2, 64)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging folder left behind
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".npy"])
+def test_features_files_hold_pooled_features_and_names(suffix, digits_folder, tmp_path, capsys):
+    path = tmp_path / f"features{suffix}"
+    assert main(["predict", "default", str(digits_folder), "--features", str(path)]) == 0
+    assert capsys.readouterr().out == ""  # features instead of labels
+    if suffix == ".npy":
+        table = np.load(path, allow_pickle=False)
+        names, feats = list(table["file"]), torch.from_numpy(table["feature"])
+    else:
+        from safetensors import safe_open
+
+        with safe_open(str(path), "pt") as f:
+            names, feats = json.loads(f.metadata()["files"]), f.get_tensor("features")
+    assert len(names) == len(DIGITS) and feats.shape == (len(DIGITS), 64)
+    model = vit_fast.load_model("default", backend="torch")
+    x = vit_fast.image_transform(model)(names[0])[None]
+    with torch.inference_mode():
+        expected = model.forward_head(model.forward_features(x), pre_logits=True)[0]
+    torch.testing.assert_close(feats[0], expected, rtol=1e-5, atol=1e-5)
