@@ -125,3 +125,27 @@ def test_features_files_hold_pooled_features_and_names(suffix, digits_folder, tm
     with torch.inference_mode():
         expected = model.forward_head(model.forward_features(x), pre_logits=True)[0]
     torch.testing.assert_close(feats[0], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_hugging_face_folder_brings_its_processor_and_labels(tmp_path, capsys):
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    from ..fakes import tiny_hf_classifier
+
+    hf = tiny_hf_classifier(num_labels=4, image_size=32)
+    hf.config.id2label = {0: "tench", 1: "goldfish", 2: "shark", 3: "ray"}
+    hf.config.label2id = {v: k for k, v in hf.config.id2label.items()}
+    hf.save_pretrained(tmp_path / "model")
+    pil = getattr(transformers, "ViTImageProcessorPil", None) or transformers.ViTImageProcessor
+    processor = pil(size={"height": 32, "width": 32})
+    processor.save_pretrained(tmp_path / "model")
+    pixels = np.asarray(Image.new("RGB", (45, 37), (200, 30, 90)), dtype=np.uint8).copy()
+    pixels[::3] = 20  # stripes: something for the model to see
+    Image.fromarray(pixels).save(tmp_path / "x.png")
+    assert main(["predict", str(tmp_path / "model"), str(tmp_path / "x.png"), "--json", "-", "--top-k", "4"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    with torch.inference_mode():
+        logits = hf(pixel_values=processor(images=pixels, return_tensors="pt")["pixel_values"]).logits[0]
+    probs = torch.softmax(logits.double(), -1)
+    expected = [hf.config.id2label[int(i)] for i in probs.argsort(descending=True)]
+    assert row["labels"] == expected  # transformers' own names, in transformers' order
+    assert np.allclose(row["probabilities"], sorted(probs.tolist(), reverse=True), atol=2e-3)
