@@ -61,6 +61,7 @@ def test_a_folder_with_a_broken_file_answers_the_rest_and_exits_1(digits_folder,
     assert main(["predict", "default", str(folder), "--batch", "2", "--json", str(out_json)]) == 1
     captured = capsys.readouterr()
     assert "broken.png" in captured.err and "1 of 6 images could not be read" in captured.err
+    assert "[predict] 3/6 images: 2 answered" in captured.err  # progress on a folder (a line per batch off a tty)
     answered = [line.split(": ")[0] for line in captured.out.strip().splitlines()]
     assert len(answered) == 5 and "broken.png" not in " ".join(answered)
     rows = [json.loads(line) for line in out_json.read_text().splitlines()]

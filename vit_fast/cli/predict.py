@@ -94,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
         )
     transform = image_transform(model, _processor(args))
     labels = model_labels(model, args.model)
-    progress = bar(len(files), "predict", enabled=len(files) > args.batch, unit="image")
+    folders = any(Path(p).is_dir() for p in args.paths)
+    progress = bar(len(files), "predict", enabled=folders and len(files) > args.batch, unit="image")
     failed, done, feature_rows = 0, 0, []
     with _json_lines(json_target) as out:
         try:
@@ -127,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
                 sys.stdout.flush()
                 done += len(answers)
                 progress.update(len(answers))
+                progress.set_postfix_str(f"{done} answered" + (f", {failed} unreadable" if failed else ""))
         finally:
             progress.close()
             if features is not None and feature_rows:
