@@ -233,3 +233,18 @@ def test_image_files_walks_folders_sorted_and_recursive(tmp_path):
     assert found == ["a.JPG", "b.png", "sub/c.webp"]
     assert [p.name for p in image_files([tmp_path], recursive=False)] == ["a.JPG", "b.png"]
     assert image_files([tmp_path / "notes.txt"]) == [tmp_path / "notes.txt"]  # named: decoded whatever its suffix
+
+
+def test_a_timm_model_and_its_conversion_carry_timms_data_config():
+    import timm
+    import timm.data
+
+    tiny = dict(depth=1, embed_dim=32, num_heads=2)  # the data config is the tag's; the size does not matter
+    source = timm.create_model("vit_tiny_patch16_224.augreg_in21k_ft_in1k", pretrained=False, **tiny)
+    data = timm.data.resolve_data_config(model=source)
+    for model in (source, vit_fast.from_timm(source, backend="torch")):
+        pre = vit_fast.image_transform(model).preprocessing
+        assert pre.size == math.floor(224 / data["crop_pct"]) and pre.crop == tuple(data["input_size"][1:])
+        assert (pre.interpolation, pre.mean, pre.std) == (data["interpolation"], data["mean"], data["std"])
+    squash = from_data_config({**data, "crop_mode": "squash"})
+    assert squash.size == (248, 248) and squash.resize_hw(100, 300) == (248, 248)
