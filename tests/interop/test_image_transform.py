@@ -248,3 +248,11 @@ def test_a_timm_model_and_its_conversion_carry_timms_data_config():
         assert (pre.interpolation, pre.mean, pre.std) == (data["interpolation"], data["mean"], data["std"])
     squash = from_data_config({**data, "crop_mode": "squash"})
     assert squash.size == (248, 248) and squash.resize_hw(100, 300) == (248, 248)
+
+
+def test_without_pillow_the_error_names_the_extra(monkeypatch):
+    from vit_fast.interop.images import pil_image_module
+
+    monkeypatch.setitem(__import__("sys").modules, "PIL", None)  # as if Pillow were not installed
+    with pytest.raises(ImportError, match=r"reading image files needs Pillow: pip install -e '\.\[images\]'"):
+        pil_image_module()

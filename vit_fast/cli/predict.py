@@ -85,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
     from vit_fast.interop.image_transform import image_transform, model_labels
     from vit_fast.interop.loading import load_model
     from vit_fast.interop.predicting import DEFAULT_THREADS, predict_files
+    from vit_fast.util.interrupts import held
     from vit_fast.util.progress import bar, plural
 
     model = load_model(args.model, backend=args.backend, config=args.config, weights=args.weights)
@@ -132,7 +133,8 @@ def run(args: argparse.Namespace) -> int:
         finally:
             progress.close()
             if features is not None and feature_rows:
-                _write_features(features, feature_rows)
+                with held():  # a second Ctrl-C waits until the file is whole
+                    _write_features(features, feature_rows)
     if features is not None:
         print(f"wrote {plural(len(feature_rows), 'feature')} to {features}", file=sys.stderr)
     if failed:
@@ -163,6 +165,7 @@ def _json_lines(target: Path | str | None) -> Iterator[IO[str] | None]:
         yield _args.json_stream()
         return
     from vit_fast.util.files import make_folders, open_new, publish_to, staging_dir
+    from vit_fast.util.interrupts import held
 
     target = Path(target)
     make_folders(target.parent)
@@ -172,7 +175,8 @@ def _json_lines(target: Path | str | None) -> Iterator[IO[str] | None]:
             with open_new(staged) as raw, io.TextIOWrapper(raw, encoding="utf-8") as text:
                 yield text
         finally:
-            publish_to([(staged, target)])
+            with held():
+                publish_to([(staged, target)])
 
 
 def _write_features(path: Path, rows: list) -> None:
