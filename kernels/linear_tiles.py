@@ -11,6 +11,7 @@ import triton.language as tl
 
 from ._launch import cdiv, next_power_of_2
 from ._tl import dot, to_bf16_rtne
+from .activations import ACTIVATION_CODES, ACTIVATIONS, GATED, gate_code, gate_split
 from .autotune import (
     FMA_STAGES,
     SMALL_M,
@@ -24,11 +25,6 @@ from .autotune import (
 )
 from .cards import CPU_SM_COUNT
 from .interpret import interpreter_enabled
-
-#: the epilogue's activations (``ACTIVATION_CODES``: the kernel's ``ACTIVATION``): exact (erf) GELU, tanh GELU, QuickGELU (``y * sigmoid(1.702 y)``, OpenAI CLIP) and
-#: SiLU (``y * sigmoid(y)``)
-ACTIVATIONS = (None, "gelu", "gelu_tanh", "quick_gelu", "silu")
-ACTIVATION_CODES = {None: 0, "gelu": 1, "gelu_tanh": 2, "quick_gelu": 3, "silu": 4}
 
 
 def linear_configs() -> list[triton.Config]:
@@ -155,6 +151,23 @@ def heuristic_linear_config(
 
 
 @triton.jit
+def activate(acc, ACTIVATION: tl.constexpr):
+    """The epilogue's activation on an fp32 tile (``ACTIVATION_CODES``; 0 leaves it as it is)."""
+    if ACTIVATION == 1:
+        acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))
+    elif ACTIVATION == 2:
+        # 0.5 * (1 + tanh(z)) == sigmoid(2z): no tanh needed. The clamp keeps exp finite (e^80 < fp32 max)
+        # where the result is already x / 5e34, i.e. -0 to fp32 rounding at any x that gets there
+        inner = 0.7978845608028654 * (acc + 0.044715 * acc * acc * acc)
+        acc = acc / (1.0 + tl.exp(tl.minimum(-2.0 * inner, 80.0)))
+    elif ACTIVATION == 3:  # QuickGELU: y * sigmoid(1.702 y), the same clamp as above
+        acc = acc / (1.0 + tl.exp(tl.minimum(-1.702 * acc, 80.0)))
+    elif ACTIVATION == 4:  # SiLU: y * sigmoid(y)
+        acc = acc / (1.0 + tl.exp(tl.minimum(-acc, 80.0)))
+    return acc
+
+
+@triton.jit
 def linear_tile(
     tile,  # which output tile: grouped ordering over [cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)]
     x_desc,  # TMA descriptors of x [M, K] and w [N, K] when USE_TMA, else None
@@ -176,6 +189,7 @@ def linear_tile(
     stride_out_m,
     ln_eps,
     ACTIVATION: tl.constexpr,
+    GATE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     HAS_GAMMA: tl.constexpr,
@@ -232,6 +246,8 @@ def linear_tile(
         rstd = 1.0 / tl.sqrt(row_var / K + ln_eps)
 
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    # GATE: the second half of the stacked weight (rows N..2N) into a second accumulator, the same x tile
+    acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)  # dead code unless GATE
     for k0 in range(0, K, BLOCK_K):
         # the K tail must read zeros: unlike M and N it feeds every output element (TMA fills past the edge with 0)
         k_mask = offs_k < K - k0
@@ -253,23 +269,26 @@ def linear_tile(
         else:
             b = tl.load(w_ptrs, mask=k_mask[:, None], other=0.0)
         acc = dot(a, b, acc, DOT_IN_FP32)
+        if GATE:
+            if USE_TMA:
+                b2 = w_desc.load([N + pid_n * BLOCK_N, k0]).T
+            else:
+                b2 = tl.load(w_ptrs + N * stride_w_n, mask=k_mask[:, None], other=0.0)
+            acc2 = dot(a, b2, acc2, DOT_IN_FP32)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
 
     n_mask = offs_n < N
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    if ACTIVATION == 1:
-        acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))
-    elif ACTIVATION == 2:
-        # 0.5 * (1 + tanh(z)) == sigmoid(2z): no tanh needed. The clamp keeps exp finite (e^80 < fp32 max)
-        # where the result is already x / 5e34, i.e. -0 to fp32 rounding at any x that gets there
-        inner = 0.7978845608028654 * (acc + 0.044715 * acc * acc * acc)
-        acc = acc / (1.0 + tl.exp(tl.minimum(-2.0 * inner, 80.0)))
-    elif ACTIVATION == 3:  # QuickGELU: y * sigmoid(1.702 y), the same clamp as above
-        acc = acc / (1.0 + tl.exp(tl.minimum(-1.702 * acc, 80.0)))
-    elif ACTIVATION == 4:  # SiLU: y * sigmoid(y)
-        acc = acc / (1.0 + tl.exp(tl.minimum(-acc, 80.0)))
+        if GATE:
+            acc2 += tl.load(bias_ptr + N + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    if GATE == 1:  # act(x1) * x2: SwiGLU
+        acc = activate(acc, ACTIVATION) * acc2
+    elif GATE == 2:  # x1 * act(x2): timm's GluMlp with gate_last
+        acc = acc * activate(acc2, ACTIVATION)
+    else:
+        acc = activate(acc, ACTIVATION)
     out_mask = (offs_m[:, None] < M) & n_mask[None, :]
     if HAS_RESIDUAL:
         if HAS_GAMMA:
@@ -284,6 +303,10 @@ def linear_tile(
 __all__ = [
     "ACTIVATIONS",
     "ACTIVATION_CODES",
+    "GATED",
+    "activate",
+    "gate_code",
+    "gate_split",
     "heuristic_linear_config",
     "linear_configs",
     "linear_tile",

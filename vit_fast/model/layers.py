@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vit_fast.kernels.activations import gate_split
 from vit_fast.model.config import ViTConfig
 
 
@@ -201,17 +202,27 @@ class TorchOps:
 TORCH_FUNCTIONAL, TORCH_MODULES = TorchOps(modules=False), TorchOps(modules=True)
 
 
-def _act(act, x: torch.Tensor) -> torch.Tensor:
-    """``act`` by the kernels' name (``gelu``, ``gelu_tanh``, ``quick_gelu``, ``silu``) or as one of its modules."""
+def _act_name(act) -> str:
+    """An activation module (or a kernel's activation name) as the kernels' name."""
     if isinstance(act, nn.GELU):
-        act = "gelu_tanh" if act.approximate == "tanh" else "gelu"
-    elif isinstance(act, (nn.SiLU, QuickGELU)):
-        act = "silu" if isinstance(act, nn.SiLU) else "quick_gelu"
-    if act == "gelu":
+        return "gelu_tanh" if act.approximate == "tanh" else "gelu"
+    if isinstance(act, (nn.SiLU, QuickGELU)):
+        return "silu" if isinstance(act, nn.SiLU) else "quick_gelu"
+    return act
+
+
+def _act(act, x: torch.Tensor) -> torch.Tensor:
+    """``act`` by the kernels' name (``gelu``, ``gelu_tanh``, ``quick_gelu``, ``silu``, or a gated ``<act>_glu`` /
+    ``<act>_glu_last`` over ``x``'s two halves) or as one of its modules."""
+    plain, gate = gate_split(_act_name(act))
+    if gate:
+        x1, x2 = x.chunk(2, dim=-1)
+        return _act(plain, x1) * x2 if gate == 1 else x1 * _act(plain, x2)
+    if plain == "gelu":
         return F.gelu(x)
-    if act == "gelu_tanh":
+    if plain == "gelu_tanh":
         return F.gelu(x, approximate="tanh")
-    if act == "quick_gelu":
+    if plain == "quick_gelu":
         return x * torch.sigmoid(1.702 * x)
     return F.silu(x)
 
@@ -289,12 +300,10 @@ def attention_branch(ops, norm1, attn, x, residual, ls, fused: bool, first_token
 
 def mlp_branch(ops, norm2, mlp, x, residual, ls, fused: bool, act, gated=False, gate_last=False, torch_act=None):
     """``residual + ls(mlp(norm2(x)))`` (``mlp(norm2(x))`` when residual is None). The activation rides in fc1's
-    epilogue; a SwiGLU gate (``gated``: ``act(x1) * x2``, or ``x1 * act(x2)`` with ``gate_last``) or a ``torch_act``
-    the epilogue does not have runs in torch between fc1 and fc2."""
-    if gated:
-        h = norm_linear(ops, norm2, x, mlp.fc1, None, fused)
-        x1, x2 = h.chunk(2, dim=-1)
-        h = x1 * _act(act, x2) if gate_last else _act(act, x1) * x2
+    epilogue, a SwiGLU gate too (``gated``: ``act(x1) * x2``, or ``x1 * act(x2)`` with ``gate_last``, fc1 the stacked
+    halves); a ``torch_act`` the epilogue does not have runs in torch between fc1 and fc2."""
+    if gated:  # one GEMM over the stacked halves, the gate in its epilogue (the torch ops chunk as timm does)
+        h = norm_linear(ops, norm2, x, mlp.fc1, f"{_act_name(act)}_glu{'_last' if gate_last else ''}", fused)
     elif torch_act is not None:
         h = torch_act(norm_linear(ops, norm2, x, mlp.fc1, None, fused))
     else:
