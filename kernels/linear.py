@@ -288,8 +288,7 @@ def linear(
     x's dtype (fp32 accumulation and epilogue, one rounding). ``x [..., K]`` float16 / bfloat16 / float32 and
     ``weight [N, K]`` (nn.Linear layout, x's dtype and device), both unit stride along K; ``bias [N]``,
     ``residual [..., N]`` (added after the activation), ``gamma [N]`` (LayerScale, only with ``residual``) or None.
-    ``activation``: None, ``"gelu"``, ``"gelu_tanh"``, ``"quick_gelu"``, ``"silu"``, or gated (``"silu_glu"``: weight
-    ``[2N, K]``, ``silu(x1) * x2``; ``ACTIVATIONS``) (docs/kernels.md, The GEMM)."""
+    ``activation``: one of ``ACTIVATIONS``, plain or gated (``"silu_glu"``: weight ``[2N, K]``, ``silu(x1) * x2``)."""
     return _linear(x, weight, bias, activation, residual, gamma)
 
 

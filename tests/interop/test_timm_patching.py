@@ -41,6 +41,15 @@ FEATURES = {
         "vit_giant_patch14_dinov2",
         dict(depth=2, embed_dim=96, num_heads=3, img_size=42),
     ),
+    "SwiGLU, RmsNorm, no biases (AIMv2)": ("aimv2_large_patch14_224", dict(SMALL, img_size=28)),
+    "SwiGLU with its LayerNorm (scale_mlp_norm)": (
+        "vit_tiny_patch16_224",
+        dict(SMALL, img_size=32, mlp_layer=timm.layers.SwiGLU, scale_mlp_norm=True),
+    ),
+    "GluMlp with its LayerNorm (scale_mlp_norm)": (
+        "vit_giant_patch14_dinov2",
+        dict(depth=2, embed_dim=96, num_heads=3, img_size=28, scale_mlp_norm=True),
+    ),
     "final_norm=False": ("vit_base_patch16_radio_v3", dict(SMALL, img_size=48)),
     "ParallelThingsBlock": ("vit_small_patch16_18x2_224", dict(SMALL, img_size=48)),
     "ResPostBlock": ("vit_base_patch16_rpn_224", dict(SMALL, img_size=48)),

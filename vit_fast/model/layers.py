@@ -5,6 +5,7 @@ reference path that the kernels are judged against and export traces."""
 from __future__ import annotations
 
 import sys
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -12,6 +13,7 @@ from torch import nn
 
 from vit_fast.kernels.activations import gate_split
 from vit_fast.model.config import ViTConfig
+from vit_fast.model.stacking import LinearWeights, StackedLinears
 
 
 class PatchEmbed(nn.Module):
@@ -298,16 +300,35 @@ def attention_branch(ops, norm1, attn, x, residual, ls, fused: bool, first_token
     return ops.linear(a, attn.proj, residual=residual, gamma=_scale(ops, ls))
 
 
+#: timm SwiGLU modules -> their fc1_g over fc1_x stacked into one GEMM's weight (remade when a parameter changes)
+_SWIGLU_STACKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def mlp_fc1(mlp) -> nn.Module | LinearWeights:
+    """An MLP's first GEMM: its ``fc1``, or timm ``SwiGLU``'s ``fc1_g`` stacked over ``fc1_x`` (gate rows first)."""
+    fc1 = getattr(mlp, "fc1", None)
+    if fc1 is not None:
+        return fc1
+    stacks = _SWIGLU_STACKS.get(mlp)
+    if stacks is None:
+        stacks = _SWIGLU_STACKS.setdefault(mlp, StackedLinears())
+    return stacks.get("fc1", [mlp.fc1_g, mlp.fc1_x])
+
+
 def mlp_branch(ops, norm2, mlp, x, residual, ls, fused: bool, act, gated=False, gate_last=False, torch_act=None):
     """``residual + ls(mlp(norm2(x)))`` (``mlp(norm2(x))`` when residual is None). The activation rides in fc1's
     epilogue, a SwiGLU gate too (``gated``: ``act(x1) * x2``, or ``x1 * act(x2)`` with ``gate_last``, fc1 the stacked
-    halves); a ``torch_act`` the epilogue does not have runs in torch between fc1 and fc2."""
+    halves: :func:`mlp_fc1`); a ``torch_act`` the epilogue does not have runs in torch between fc1 and fc2; an MLP's
+    own ``norm`` (timm's scale_mlp_norm, EVA-02) runs before fc2."""
     if gated:  # one GEMM over the stacked halves, the gate in its epilogue (the torch ops chunk as timm does)
-        h = norm_linear(ops, norm2, x, mlp.fc1, f"{_act_name(act)}_glu{'_last' if gate_last else ''}", fused)
+        h = norm_linear(ops, norm2, x, mlp_fc1(mlp), f"{_act_name(act)}_glu{'_last' if gate_last else ''}", fused)
     elif torch_act is not None:
         h = torch_act(norm_linear(ops, norm2, x, mlp.fc1, None, fused))
     else:
         h = norm_linear(ops, norm2, x, mlp.fc1, act, fused)
+    inner = getattr(mlp, "norm", None)
+    if inner is not None:
+        h = norm(ops, inner, h)
     if residual is None:
         return ops.linear(h, mlp.fc2)
     return ops.linear(h, mlp.fc2, residual=residual, gamma=_scale(ops, ls))
