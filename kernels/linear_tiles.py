@@ -121,22 +121,24 @@ def prune_linear_configs(configs, named_args, **kwargs):
     if (tuning_requested(named_args) and not interpreter_enabled()) or len(kept) == 1:
         return kept
     programs = named_args.get("SM_COUNT", CPU_SM_COUNT)
-    return [heuristic_linear_config(kept, rows, named_args["N"], elem_bytes, card, programs)]
+    gated = bool(kwargs.get("GATE", named_args.get("GATE", 0)))
+    return [heuristic_linear_config(kept, rows, named_args["N"], elem_bytes, card, programs, gated)]
 
 
 def heuristic_linear_config(
-    configs: list[triton.Config], rows: int, N: int, elem_bytes: int, card, programs: int
+    configs: list[triton.Config], rows: int, N: int, elem_bytes: int, card, programs: int, gated: bool = False
 ) -> triton.Config:
     """The no-autotune pick (the default, and the interpreter's), among the prune's survivors for ``rows`` (a row
     class: a multiple of 64 up to SMALL_M), the nearest fitting survivor (:func:`closest_config`) to: few rows,
     64-row tiles as wide as still give ``programs`` programs (the device's SM count); many rows, 128x128 with 8
-    warps, persistent with TMA where the operands allow it; a card without tensor cores, its own small tiles. Each
-    case in full: docs/kernels.md, section Prunes and picks."""
+    warps, persistent with TMA where the operands allow it (``gated``: two accumulators, 64-row tiles, or 4 TMA
+    stages); a card without tensor cores, its own small tiles. Each case: docs/kernels.md, Prunes and picks."""
     if not card.tensor_cores:
         block_n = 64 if rows > SMALL_M or cdiv(rows, 64) * cdiv(N, 64) >= programs else 32
         return closest_config(configs, {"BLOCK_M": 64, "BLOCK_N": block_n, "BLOCK_K": 32}, 4, FMA_STAGES)
     if any(c.kwargs["TMA"] for c in configs):
-        return closest_config(configs, {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "TMA": 1}, 8, 3)
+        # gated: 3 stages spilled 8-24 bytes on sm_90 (16-bit, LN prologue), 4 stages none (tools/compile_check.py)
+        return closest_config(configs, {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "TMA": 1}, 8, 4 if gated else 3)
     block_k = 32 if elem_bytes == 4 else 64
     if rows <= SMALL_M:
         row_tiles = rows // 64
@@ -147,6 +149,10 @@ def heuristic_linear_config(
         block_n = next((bn for bn in widths if row_tiles * cdiv(N, bn) >= programs), 16)
         # 64 deep whatever the dtype: the narrow tiles come only so (fp32 64x32x64, 4 stages: 72 KB of shared memory)
         return closest_config(configs, {"BLOCK_M": 64, "BLOCK_N": block_n, "BLOCK_K": 64}, 4, 4)
+    if gated:
+        # two fp32 accumulators: 128x128 spilled 380-548 bytes on sm_80 in every dtype; 64x128x64 (16-bit) and
+        # 64x64x64 (fp32) with 4 warps spilled nothing on sm_80 / sm_90 (tools/compile_check.py, SwiGLU fc1)
+        return closest_config(configs, {"BLOCK_M": 64, "BLOCK_N": 64 if elem_bytes == 4 else 128, "BLOCK_K": 64}, 4, 3)
     return closest_config(configs, {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": block_k}, 8, 3)
 
 
