@@ -15,7 +15,15 @@ from .autotune import SMALL_M, autotune_cache_enabled, m_class, persistent_progr
 from .cards import tensor_arch, tensor_sm_count
 from .launches import ResolvedLaunches
 from .linear_checks import check_input_norm, check_linear_inputs
-from .linear_tiles import ACTIVATION_CODES, ACTIVATIONS, linear_configs, linear_tile, prune_linear_configs
+from .linear_tiles import (
+    ACTIVATION_CODES,
+    ACTIVATIONS,
+    gate_code,
+    gate_split,
+    linear_configs,
+    linear_tile,
+    prune_linear_configs,
+)
 
 
 @triton.autotune(
@@ -25,7 +33,7 @@ from .linear_tiles import ACTIVATION_CODES, ACTIVATIONS, linear_configs, linear_
         *("M_CLASS", "N", "K", "ARCH", "TMA_OK", "TUNE", "SM_COUNT"),
         # every constexpr the configs do not set: each prologue / epilogue is code of its own, with its own register
         # pressure and best tile, so each gets its own tuning, in memory and on disk (tests/kernels/test_autotune_mode.py)
-        *("ACTIVATION", "HAS_BIAS", "HAS_RESIDUAL", "HAS_GAMMA", "NORM_INPUT", "LN_HAS_WEIGHT", "LN_HAS_BIAS"),
+        *("ACTIVATION", "GATE", "HAS_BIAS", "HAS_RESIDUAL", "HAS_GAMMA", "NORM_INPUT", "LN_HAS_WEIGHT", "LN_HAS_BIAS"),
         *("LN_RMS", "DOT_IN_FP32", "ROUND_BF16"),
     ],
     prune_configs_by={"early_config_prune": prune_linear_configs},
@@ -34,8 +42,8 @@ from .linear_tiles import ACTIVATION_CODES, ACTIVATIONS, linear_configs, linear_
 @triton.jit(do_not_specialize=["M_CLASS", "ARCH", "TMA_OK", "TUNE", "SM_COUNT"])  # key-only: never specialised
 def _linear_kernel(
     x_ptr,  # [M, K] activations; unit stride along K
-    w_ptr,  # [N, K] weight in nn.Linear layout; unit stride along K
-    bias_ptr,  # [N] bias, read only when HAS_BIAS
+    w_ptr,  # [N, K] weight in nn.Linear layout ([2N, K], two halves stacked, when GATE); unit stride along K
+    bias_ptr,  # [N] bias ([2N] when GATE), read only when HAS_BIAS
     residual_ptr,  # [M, N] residual stream, read only when HAS_RESIDUAL; unit stride along N
     gamma_ptr,  # [N] LayerScale, read only when HAS_GAMMA
     ln_w_ptr,  # [K] LayerNorm weight of the input, read only when NORM_INPUT and LN_HAS_WEIGHT
@@ -55,6 +63,7 @@ def _linear_kernel(
     SM_COUNT,  # SMs of the tensors' device (cards.tensor_sm_count), never read: the programs the heuristic fills
     ln_eps,  # LayerNorm epsilon, read only when NORM_INPUT (a Python float under the interpreter: no .to())
     ACTIVATION: tl.constexpr,  # 0: none, 1: exact (erf) GELU, 2: tanh GELU, 3: QuickGELU, 4: SiLU
+    GATE: tl.constexpr,  # 0: plain; 1: out = act(x @ w[:N]^T) * (x @ w[N:]^T) (SwiGLU); 2: the act on the second
     HAS_BIAS: tl.constexpr,  # add bias before the activation
     HAS_RESIDUAL: tl.constexpr,  # out = residual + (gamma *) y
     HAS_GAMMA: tl.constexpr,  # scale y by gamma before the residual add
@@ -74,20 +83,23 @@ def _linear_kernel(
         # device-side descriptors (Triton keeps them in scratch memory: _launch.ensure_scratch_allocator); they
         # need 16-byte aligned bases and row strides, which prune_linear_configs checked
         x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[stride_x_m, 1], block_shape=[BLOCK_M, BLOCK_K])
-        w_desc = tl.make_tensor_descriptor(w_ptr, shape=[N, K], strides=[stride_w_n, 1], block_shape=[BLOCK_N, BLOCK_K])
+        w_rows = 2 * N if GATE else N
+        w_desc = tl.make_tensor_descriptor(
+            w_ptr, shape=[w_rows, K], strides=[stride_w_n, 1], block_shape=[BLOCK_N, BLOCK_K]
+        )
         num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
         for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
             linear_tile(
                 tile, x_desc, w_desc, x_ptr, w_ptr, bias_ptr, residual_ptr, gamma_ptr, ln_w_ptr, ln_b_ptr, out_ptr,
                 M, N, K, stride_x_m, stride_w_n, stride_residual_m, stride_out_m, ln_eps,
-                ACTIVATION, HAS_BIAS, HAS_RESIDUAL, HAS_GAMMA, NORM_INPUT, LN_HAS_WEIGHT, LN_HAS_BIAS, LN_RMS,
+                ACTIVATION, GATE, HAS_BIAS, HAS_RESIDUAL, HAS_GAMMA, NORM_INPUT, LN_HAS_WEIGHT, LN_HAS_BIAS, LN_RMS,
                 DOT_IN_FP32, ROUND_BF16, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, True,
             )  # fmt: skip
     else:
         linear_tile(
             tl.program_id(0), None, None, x_ptr, w_ptr, bias_ptr, residual_ptr, gamma_ptr, ln_w_ptr, ln_b_ptr, out_ptr,
             M, N, K, stride_x_m, stride_w_n, stride_residual_m, stride_out_m, ln_eps,
-            ACTIVATION, HAS_BIAS, HAS_RESIDUAL, HAS_GAMMA, NORM_INPUT, LN_HAS_WEIGHT, LN_HAS_BIAS, LN_RMS,
+            ACTIVATION, GATE, HAS_BIAS, HAS_RESIDUAL, HAS_GAMMA, NORM_INPUT, LN_HAS_WEIGHT, LN_HAS_BIAS, LN_RMS,
             DOT_IN_FP32, ROUND_BF16, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, False,
         )  # fmt: skip
 
@@ -120,7 +132,9 @@ def launch_linear(
         check_linear_inputs(x, weight, bias, activation, residual, gamma)
         if ln_eps is not None:
             check_input_norm(x, ln_weight, ln_bias, ln_eps)
+    gate = gate_code(activation)
     n_out, k_in = weight.shape
+    n_out = n_out // 2 if gate else n_out
     out_shape = (*x.shape[:-1], n_out)
     if out is None:
         out = torch.empty(out_shape, dtype=x.dtype, device=x.device)
@@ -169,6 +183,7 @@ def launch_linear(
         tensor_sm_count(x),
         float(ln_eps) if ln_eps is not None else 0.0,
         ACTIVATION=ACTIVATION_CODES[activation],
+        GATE=gate,
         HAS_BIAS=bias is not None,
         HAS_RESIDUAL=residual is not None,
         HAS_GAMMA=gamma is not None,
@@ -183,8 +198,8 @@ def launch_linear(
 
 
 # ---------------------------------------------------------------------------------- custom ops
-def _gemm_output(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+def _gemm_output(x: torch.Tensor, weight: torch.Tensor, activation: str | None) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0] // 2 if gate_code(activation) else weight.shape[0]))
 
 
 def _linear_op(
@@ -201,7 +216,7 @@ def _linear_op(
 _linear = define_op(
     _linear_op,
     check=check_linear_inputs,
-    empty=lambda x, weight, *_: _gemm_output(x, weight),
+    empty=lambda x, weight, _b, activation, *_: _gemm_output(x, weight, activation),
     reference=lambda x, weight, bias, activation, residual, gamma: linear_ref(
         x, weight, bias, activation, residual, gamma, upcast=True
     ),
@@ -233,7 +248,7 @@ def _layer_norm_linear_op(
 _layer_norm_linear = define_op(
     _layer_norm_linear_op,
     check=_normed_checks("layer_norm_linear"),
-    empty=lambda x, _w, _b, _eps, weight, *_: _gemm_output(x, weight),
+    empty=lambda x, _w, _b, _eps, weight, _bias, activation: _gemm_output(x, weight, activation),
     reference=lambda *args: layer_norm_linear_ref(*args, upcast=True),
 )
 
@@ -256,7 +271,7 @@ def _rms_norm_linear_op(
 _rms_norm_linear = define_op(
     _rms_norm_linear_op,
     check=_normed_checks("rms_norm_linear"),
-    empty=lambda x, _w, _b, _eps, weight, *_: _gemm_output(x, weight),
+    empty=lambda x, _w, _b, _eps, weight, _bias, activation: _gemm_output(x, weight, activation),
     reference=lambda *args: rms_norm_linear_ref(*args, upcast=True),
 )
 
@@ -273,7 +288,7 @@ def linear(
     x's dtype (fp32 accumulation and epilogue, one rounding). ``x [..., K]`` float16 / bfloat16 / float32 and
     ``weight [N, K]`` (nn.Linear layout, x's dtype and device), both unit stride along K; ``bias [N]``,
     ``residual [..., N]`` (added after the activation), ``gamma [N]`` (LayerScale, only with ``residual``) or None.
-    ``activation``: None, ``"gelu"``, ``"gelu_tanh"``, ``"quick_gelu"`` or ``"silu"`` (docs/kernels.md, The GEMM)."""
+    ``activation``: one of ``ACTIVATIONS``, plain or gated (``"silu_glu"``: weight ``[2N, K]``, ``silu(x1) * x2``)."""
     return _linear(x, weight, bias, activation, residual, gamma)
 
 
@@ -352,6 +367,19 @@ def layer_norm_linear_ref(
     return linear_ref(h, weight, bias, activation, upcast=upcast)
 
 
+def activation_ref(activation: str | None, y: torch.Tensor) -> torch.Tensor:
+    """The epilogue's plain activation in eager PyTorch (None: ``y`` as it is)."""
+    if activation == "gelu":
+        return F.gelu(y)
+    if activation == "gelu_tanh":
+        return F.gelu(y, approximate="tanh")
+    if activation == "quick_gelu":
+        return y * torch.sigmoid(1.702 * y)
+    if activation == "silu":
+        return F.silu(y)
+    return y
+
+
 def linear_ref(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -371,16 +399,14 @@ def linear_ref(
             t.float() if t is not None else None for t in (x, weight, bias, residual, gamma)
         )
     y = F.linear(x, weight, bias)
-    if activation == "gelu":
-        y = F.gelu(y)
-    elif activation == "gelu_tanh":
-        y = F.gelu(y, approximate="tanh")
-    elif activation == "quick_gelu":
-        y = y * torch.sigmoid(1.702 * y)
-    elif activation == "silu":
-        y = F.silu(y)
-    elif activation is not None:
+    plain, gate = gate_split(activation)
+    if activation not in ACTIVATIONS:
         raise ValueError(f"linear_ref: activation must be one of {ACTIVATIONS}, got {activation!r}")
+    if gate:
+        x1, x2 = y.chunk(2, dim=-1)
+        y = activation_ref(plain, x1) * x2 if gate == 1 else x1 * activation_ref(plain, x2)
+    else:
+        y = activation_ref(plain, y)
     if residual is not None:
         y = residual + (y * gamma if gamma is not None else y)
     return y.to(dtype)
@@ -394,5 +420,6 @@ __all__ = [
     "rms_norm_linear",
     "rms_norm_linear_ref",
     "launch_linear",
+    "activation_ref",
     "ACTIVATIONS",
 ]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from ._launch import check_device
+from .activations import ACTIVATIONS, gate_code
 from .launches import SUPPORTED_DTYPES
-from .linear_tiles import ACTIVATIONS
 
 
 def check_linear_inputs(
@@ -43,9 +43,17 @@ def check_linear_inputs(
         raise ValueError(f"linear: weight {tuple(weight.shape)} has an empty dim")
     if activation not in ACTIVATIONS:
         raise ValueError(f"linear: activation must be one of {ACTIVATIONS}, got {activation!r}")
+    stacked = n_out
+    if gate_code(activation):
+        if n_out % 2:
+            raise ValueError(
+                f"linear: a gated activation ({activation!r}) needs the two halves stacked, weight [2N, K]; "
+                f"got {n_out} rows, an odd count"
+            )
+        n_out //= 2
     if gamma is not None and residual is None:
         raise ValueError("linear: gamma (LayerScale) is applied with the residual add only; pass residual= as well")
-    optional = {"bias": (bias, (n_out,)), "residual": (residual, (*x.shape[:-1], n_out)), "gamma": (gamma, (n_out,))}
+    optional = {"bias": (bias, (stacked,)), "residual": (residual, (*x.shape[:-1], n_out)), "gamma": (gamma, (n_out,))}
     for name, (tensor, shape) in optional.items():
         if tensor is None:
             continue

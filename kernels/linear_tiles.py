@@ -11,6 +11,7 @@ import triton.language as tl
 
 from ._launch import cdiv, next_power_of_2
 from ._tl import dot, to_bf16_rtne
+from .activations import ACTIVATION_CODES, ACTIVATIONS, GATED, gate_code, gate_split
 from .autotune import (
     FMA_STAGES,
     SMALL_M,
@@ -24,11 +25,6 @@ from .autotune import (
 )
 from .cards import CPU_SM_COUNT
 from .interpret import interpreter_enabled
-
-#: the epilogue's activations (``ACTIVATION_CODES``: the kernel's ``ACTIVATION``): exact (erf) GELU, tanh GELU, QuickGELU (``y * sigmoid(1.702 y)``, OpenAI CLIP) and
-#: SiLU (``y * sigmoid(y)``)
-ACTIVATIONS = (None, "gelu", "gelu_tanh", "quick_gelu", "silu")
-ACTIVATION_CODES = {None: 0, "gelu": 1, "gelu_tanh": 2, "quick_gelu": 3, "silu": 4}
 
 
 def linear_configs() -> list[triton.Config]:
@@ -125,22 +121,24 @@ def prune_linear_configs(configs, named_args, **kwargs):
     if (tuning_requested(named_args) and not interpreter_enabled()) or len(kept) == 1:
         return kept
     programs = named_args.get("SM_COUNT", CPU_SM_COUNT)
-    return [heuristic_linear_config(kept, rows, named_args["N"], elem_bytes, card, programs)]
+    gated = bool(kwargs.get("GATE", named_args.get("GATE", 0)))
+    return [heuristic_linear_config(kept, rows, named_args["N"], elem_bytes, card, programs, gated)]
 
 
 def heuristic_linear_config(
-    configs: list[triton.Config], rows: int, N: int, elem_bytes: int, card, programs: int
+    configs: list[triton.Config], rows: int, N: int, elem_bytes: int, card, programs: int, gated: bool = False
 ) -> triton.Config:
     """The no-autotune pick (the default, and the interpreter's), among the prune's survivors for ``rows`` (a row
     class: a multiple of 64 up to SMALL_M), the nearest fitting survivor (:func:`closest_config`) to: few rows,
     64-row tiles as wide as still give ``programs`` programs (the device's SM count); many rows, 128x128 with 8
-    warps, persistent with TMA where the operands allow it; a card without tensor cores, its own small tiles. Each
-    case in full: docs/kernels.md, section Prunes and picks."""
+    warps, persistent with TMA where the operands allow it (``gated``: two accumulators, 64-row tiles, or 4 TMA
+    stages); a card without tensor cores, its own small tiles. Each case: docs/kernels.md, Prunes and picks."""
     if not card.tensor_cores:
         block_n = 64 if rows > SMALL_M or cdiv(rows, 64) * cdiv(N, 64) >= programs else 32
         return closest_config(configs, {"BLOCK_M": 64, "BLOCK_N": block_n, "BLOCK_K": 32}, 4, FMA_STAGES)
     if any(c.kwargs["TMA"] for c in configs):
-        return closest_config(configs, {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "TMA": 1}, 8, 3)
+        # gated: 3 stages spilled 8-24 bytes on sm_90 (16-bit, LN prologue), 4 stages none (tools/compile_check.py)
+        return closest_config(configs, {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "TMA": 1}, 8, 4 if gated else 3)
     block_k = 32 if elem_bytes == 4 else 64
     if rows <= SMALL_M:
         row_tiles = rows // 64
@@ -151,7 +149,28 @@ def heuristic_linear_config(
         block_n = next((bn for bn in widths if row_tiles * cdiv(N, bn) >= programs), 16)
         # 64 deep whatever the dtype: the narrow tiles come only so (fp32 64x32x64, 4 stages: 72 KB of shared memory)
         return closest_config(configs, {"BLOCK_M": 64, "BLOCK_N": block_n, "BLOCK_K": 64}, 4, 4)
+    if gated:
+        # two fp32 accumulators: 128x128 spilled 380-548 bytes on sm_80 in every dtype; 64x128x64 (16-bit) and
+        # 64x64x64 (fp32) with 4 warps spilled nothing on sm_80 / sm_90 (tools/compile_check.py, SwiGLU fc1)
+        return closest_config(configs, {"BLOCK_M": 64, "BLOCK_N": 64 if elem_bytes == 4 else 128, "BLOCK_K": 64}, 4, 3)
     return closest_config(configs, {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": block_k}, 8, 3)
+
+
+@triton.jit
+def activate(acc, ACTIVATION: tl.constexpr):
+    """The epilogue's activation on an fp32 tile (``ACTIVATION_CODES``; 0 leaves it as it is)."""
+    if ACTIVATION == 1:
+        acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))
+    elif ACTIVATION == 2:
+        # 0.5 * (1 + tanh(z)) == sigmoid(2z): no tanh needed. The clamp keeps exp finite (e^80 < fp32 max)
+        # where the result is already x / 5e34, i.e. -0 to fp32 rounding at any x that gets there
+        inner = 0.7978845608028654 * (acc + 0.044715 * acc * acc * acc)
+        acc = acc / (1.0 + tl.exp(tl.minimum(-2.0 * inner, 80.0)))
+    elif ACTIVATION == 3:  # QuickGELU: y * sigmoid(1.702 y), the same clamp as above
+        acc = acc / (1.0 + tl.exp(tl.minimum(-1.702 * acc, 80.0)))
+    elif ACTIVATION == 4:  # SiLU: y * sigmoid(y)
+        acc = acc / (1.0 + tl.exp(tl.minimum(-acc, 80.0)))
+    return acc
 
 
 @triton.jit
@@ -176,6 +195,7 @@ def linear_tile(
     stride_out_m,
     ln_eps,
     ACTIVATION: tl.constexpr,
+    GATE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     HAS_GAMMA: tl.constexpr,
@@ -232,6 +252,8 @@ def linear_tile(
         rstd = 1.0 / tl.sqrt(row_var / K + ln_eps)
 
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    # GATE: the second half of the stacked weight (rows N..2N) into a second accumulator, the same x tile
+    acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)  # dead code unless GATE
     for k0 in range(0, K, BLOCK_K):
         # the K tail must read zeros: unlike M and N it feeds every output element (TMA fills past the edge with 0)
         k_mask = offs_k < K - k0
@@ -253,23 +275,26 @@ def linear_tile(
         else:
             b = tl.load(w_ptrs, mask=k_mask[:, None], other=0.0)
         acc = dot(a, b, acc, DOT_IN_FP32)
+        if GATE:
+            if USE_TMA:
+                b2 = w_desc.load([N + pid_n * BLOCK_N, k0]).T
+            else:
+                b2 = tl.load(w_ptrs + N * stride_w_n, mask=k_mask[:, None], other=0.0)
+            acc2 = dot(a, b2, acc2, DOT_IN_FP32)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
 
     n_mask = offs_n < N
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    if ACTIVATION == 1:
-        acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))
-    elif ACTIVATION == 2:
-        # 0.5 * (1 + tanh(z)) == sigmoid(2z): no tanh needed. The clamp keeps exp finite (e^80 < fp32 max)
-        # where the result is already x / 5e34, i.e. -0 to fp32 rounding at any x that gets there
-        inner = 0.7978845608028654 * (acc + 0.044715 * acc * acc * acc)
-        acc = acc / (1.0 + tl.exp(tl.minimum(-2.0 * inner, 80.0)))
-    elif ACTIVATION == 3:  # QuickGELU: y * sigmoid(1.702 y), the same clamp as above
-        acc = acc / (1.0 + tl.exp(tl.minimum(-1.702 * acc, 80.0)))
-    elif ACTIVATION == 4:  # SiLU: y * sigmoid(y)
-        acc = acc / (1.0 + tl.exp(tl.minimum(-acc, 80.0)))
+        if GATE:
+            acc2 += tl.load(bias_ptr + N + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    if GATE == 1:  # act(x1) * x2: SwiGLU
+        acc = activate(acc, ACTIVATION) * acc2
+    elif GATE == 2:  # x1 * act(x2): timm's GluMlp with gate_last
+        acc = acc * activate(acc2, ACTIVATION)
+    else:
+        acc = activate(acc, ACTIVATION)
     out_mask = (offs_m[:, None] < M) & n_mask[None, :]
     if HAS_RESIDUAL:
         if HAS_GAMMA:
@@ -284,6 +309,10 @@ def linear_tile(
 __all__ = [
     "ACTIVATIONS",
     "ACTIVATION_CODES",
+    "GATED",
+    "activate",
+    "gate_code",
+    "gate_split",
     "heuristic_linear_config",
     "linear_configs",
     "linear_tile",

@@ -433,9 +433,14 @@ LINEAR_VARIANTS = (
     ("rms+qkv none", (1576, 2304, 768), "none", False, False, False),
     ("rms+fc1 gelu+bias", (1576, 3072, 768), "gelu", True, False, False),
     ("rms+qkv b1 none", (197, 2304, 768), "none", False, False, False),
+    # SwiGLU's gated epilogue (two accumulators: the register-heaviest GEMM; N is the output's width, the weight
+    # stacks 2N rows): EVA-02 / AIMv2 fc1 behind a LayerNorm or RmsNorm, DINOv2 giant's GluMlp (gate last)
+    ("ln+fc1 silu_glu+bias", (1576, 2048, 768), "silu_glu", True, False, False),
+    ("rms+fc1 silu_glu", (1576, 2048, 768), "silu_glu", False, False, False),
+    ("ln+fc1 b1 silu_glu_last+bias", (197, 2048, 768), "silu_glu_last", True, False, False),
 )
 # every config for the heaviest epilogues (erf GELU; residual + LayerScale); the others on two tiles unless --full
-LINEAR_EVERY_CONFIG = ("fc1 gelu+bias", "fc2 bias+res+gamma", "ln+fc1 gelu+bias")
+LINEAR_EVERY_CONFIG = ("fc1 gelu+bias", "fc2 bias+res+gamma", "ln+fc1 gelu+bias", "ln+fc1 silu_glu+bias")
 
 
 def linear_cases(variant_set: str, full: bool):
@@ -474,12 +479,13 @@ def linear_launch(params):
     ln = {"ln_weight": _empty((K,), dtype), "ln_bias": _empty((K,), dtype), "ln_eps": 1e-6} if name[:3] == "ln+" else {}
     if name[:4] == "rms+":  # timm's RmsNorm: a weight, no bias
         ln = {"ln_weight": _empty((K,), dtype), "ln_eps": 1e-6, "ln_rms": True}
+    rows = 2 * N if "_glu" in act else N  # a gated GEMM's weight and bias stack its two halves
     return _recorded_launch(
         "linear",
         li.launch_linear,
         _empty((M, K), dtype),
-        _empty((N, K), dtype),
-        _empty((N,), dtype) if has_bias else None,
+        _empty((rows, K), dtype),
+        _empty((rows,), dtype) if has_bias else None,
         None if act == "none" else act,
         _empty((M, N), dtype) if has_res else None,
         _empty((N,), dtype) if has_gamma else None,

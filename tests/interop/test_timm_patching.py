@@ -16,6 +16,7 @@ timm = pytest.importorskip("timm", reason="timm is not installed (make setup ins
 import vit_fast  # noqa: E402
 from vit_fast.interop import timm_reading  # noqa: E402
 from vit_fast.interop.timm_blocks import BlockPlan, PoolPlan  # noqa: E402
+from vit_fast.kernels.launches import record_launches  # noqa: E402
 
 from ..fakes import (  # noqa: E402
     Inputs,
@@ -39,6 +40,15 @@ FEATURES = {
     "SwiGLU GluMlp, SiLU (DINOv2 giant)": (
         "vit_giant_patch14_dinov2",
         dict(depth=2, embed_dim=96, num_heads=3, img_size=42),
+    ),
+    "SwiGLU, RmsNorm, no biases (AIMv2)": ("aimv2_large_patch14_224", dict(SMALL, img_size=28)),
+    "SwiGLU with its LayerNorm (scale_mlp_norm)": (
+        "vit_tiny_patch16_224",
+        dict(SMALL, img_size=32, mlp_layer=timm.layers.SwiGLU, scale_mlp_norm=True),
+    ),
+    "GluMlp with its LayerNorm (scale_mlp_norm)": (
+        "vit_giant_patch14_dinov2",
+        dict(depth=2, embed_dim=96, num_heads=3, img_size=28, scale_mlp_norm=True),
     ),
     "final_norm=False": ("vit_base_patch16_radio_v3", dict(SMALL, img_size=48)),
     "ParallelThingsBlock": ("vit_small_patch16_18x2_224", dict(SMALL, img_size=48)),
@@ -76,6 +86,23 @@ def test_timm_feature_patched_in_place(feature, monkeypatch):
     assert vit_fast.remove_vit_fast(model) == len(model.blocks) + map_head
     with torch.no_grad():
         assert torch.equal(model(x), eager)
+
+
+def test_glu_mlp_gates_in_the_gemm_epilogue():
+    """A GluMlp block (SwiGLU, DINOv2 giant) is the plain block's 5 launches: fc1 writes ``silu(x1) * x2`` from its
+    stacked weight in one GEMM, with no eager chunk and gate between fc1 and fc2."""
+    name, kwargs = FEATURES["SwiGLU GluMlp, SiLU (DINOv2 giant)"]
+    torch.manual_seed(0)
+    model = trained_like(timm.create_model(name, pretrained=False, **kwargs), seed=1)
+    x = torch.randn(1, 3, *model.patch_embed.img_size)
+    eager, expected = eager_and_float64(model, x)
+    vit_fast.apply_vit_fast(model, backend="triton")
+    with torch.no_grad(), record_launches() as launches:
+        ours = model(x)
+    gemms = [launch["config"]["GATE"] for launch in launches if launch["kernel"] == "_linear_kernel"]
+    assert len(gemms) == 4 * len(model.blocks) and gemms.count(1) == len(model.blocks)  # fc1 gated, once per block
+    assert sum(launch["kernel"] == "_attention_kernel" for launch in launches) == len(model.blocks)
+    assert_within_eager(ours, eager, expected, name=f"{name} gated")
 
 
 def test_patched_model_steps_aside_for_masks_and_float64(monkeypatch):

@@ -7,7 +7,6 @@ MLPs and heads that run: docs/usage.md, "What is patched, and what is refused".
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -21,6 +20,7 @@ from vit_fast.model.layers import (
     norm_linear,
     run_block,
 )
+from vit_fast.model.stacking import LinearWeights
 
 
 def is_identity(module) -> bool:
@@ -75,15 +75,6 @@ def _gate(plan: MlpPlan) -> dict:
 
 def _act_and_gate(plan: MlpPlan) -> dict:
     return {"act": plan.act, **_gate(plan)}
-
-
-class LinearWeights(NamedTuple):
-    """A weight ``[N, K]`` and bias where the ops read an ``nn.Linear`` (``.weight``, ``.bias``): a slice of a
-    packed projection's parameters (timm's in_proj, transformers' MultiheadAttention in_proj), or several linears
-    stacked into one GEMM (:mod:`vit_fast.interop.hf_patch`)."""
-
-    weight: torch.Tensor
-    bias: torch.Tensor | None
 
 
 def _parallel_scaling(ops, block, plan: MlpPlan, x: torch.Tensor, fused: bool) -> torch.Tensor:

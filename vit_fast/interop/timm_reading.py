@@ -112,12 +112,17 @@ def _lambda_and_sub_norm_problems(attn, where: str, problems: list[str]) -> None
 
 def _mlp_plan(mlp, where: str, problems: list[str]) -> MlpPlan:
     name = type(mlp).__name__
-    if name not in ("Mlp", "GluMlp") or not all(isinstance(getattr(mlp, f, None), nn.Linear) for f in ("fc1", "fc2")):
-        problems.append(f"{where} {name} (the kernels run timm's Mlp and GluMlp with Linear layers)")
+    linears = ("fc1_g", "fc1_x", "fc2") if name == "SwiGLU" else ("fc1", "fc2")
+    if name not in ("Mlp", "GluMlp", "SwiGLU") or not all(
+        isinstance(getattr(mlp, f, None), nn.Linear) for f in linears
+    ):
+        problems.append(f"{where} {name} (the kernels run timm's Mlp, GluMlp and SwiGLU with Linear layers)")
         return MlpPlan("gelu")
-    if not is_identity(getattr(mlp, "norm", None)):
-        problems.append(f"{where}.norm (scale_mlp_norm)")
+    # an MLP's own norm before fc2 (timm's scale_mlp_norm; EVA-02's SwiGLU): a LayerNorm or RmsNorm, one launch
+    _norm_problems(getattr(mlp, "norm", None), f"{where}.norm", problems, allow_identity=True)
     act = _activation(getattr(mlp, "act", None), where, problems)
+    if name == "SwiGLU":  # fc1_g and fc1_x stacked into one GEMM (gate rows first): act(gate) * x in its epilogue
+        return MlpPlan(act, gated=True, gate_last=False)
     if name == "GluMlp":
         if getattr(mlp, "chunk_dim", -1) != -1:
             problems.append(f"{where} GluMlp chunk_dim={mlp.chunk_dim}")

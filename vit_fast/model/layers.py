@@ -5,12 +5,15 @@ reference path that the kernels are judged against and export traces."""
 from __future__ import annotations
 
 import sys
+import weakref
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vit_fast.kernels.activations import gate_split
 from vit_fast.model.config import ViTConfig
+from vit_fast.model.stacking import LinearWeights, StackedLinears
 
 
 class PatchEmbed(nn.Module):
@@ -201,17 +204,27 @@ class TorchOps:
 TORCH_FUNCTIONAL, TORCH_MODULES = TorchOps(modules=False), TorchOps(modules=True)
 
 
-def _act(act, x: torch.Tensor) -> torch.Tensor:
-    """``act`` by the kernels' name (``gelu``, ``gelu_tanh``, ``quick_gelu``, ``silu``) or as one of its modules."""
+def _act_name(act) -> str:
+    """An activation module (or a kernel's activation name) as the kernels' name."""
     if isinstance(act, nn.GELU):
-        act = "gelu_tanh" if act.approximate == "tanh" else "gelu"
-    elif isinstance(act, (nn.SiLU, QuickGELU)):
-        act = "silu" if isinstance(act, nn.SiLU) else "quick_gelu"
-    if act == "gelu":
+        return "gelu_tanh" if act.approximate == "tanh" else "gelu"
+    if isinstance(act, (nn.SiLU, QuickGELU)):
+        return "silu" if isinstance(act, nn.SiLU) else "quick_gelu"
+    return act
+
+
+def _act(act, x: torch.Tensor) -> torch.Tensor:
+    """``act`` by the kernels' name (``gelu``, ``gelu_tanh``, ``quick_gelu``, ``silu``, or a gated ``<act>_glu`` /
+    ``<act>_glu_last`` over ``x``'s two halves) or as one of its modules."""
+    plain, gate = gate_split(_act_name(act))
+    if gate:
+        x1, x2 = x.chunk(2, dim=-1)
+        return _act(plain, x1) * x2 if gate == 1 else x1 * _act(plain, x2)
+    if plain == "gelu":
         return F.gelu(x)
-    if act == "gelu_tanh":
+    if plain == "gelu_tanh":
         return F.gelu(x, approximate="tanh")
-    if act == "quick_gelu":
+    if plain == "quick_gelu":
         return x * torch.sigmoid(1.702 * x)
     return F.silu(x)
 
@@ -287,18 +300,35 @@ def attention_branch(ops, norm1, attn, x, residual, ls, fused: bool, first_token
     return ops.linear(a, attn.proj, residual=residual, gamma=_scale(ops, ls))
 
 
+#: timm SwiGLU modules -> their fc1_g over fc1_x stacked into one GEMM's weight (remade when a parameter changes)
+_SWIGLU_STACKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def mlp_fc1(mlp) -> nn.Module | LinearWeights:
+    """An MLP's first GEMM: its ``fc1``, or timm ``SwiGLU``'s ``fc1_g`` stacked over ``fc1_x`` (gate rows first)."""
+    fc1 = getattr(mlp, "fc1", None)
+    if fc1 is not None:
+        return fc1
+    stacks = _SWIGLU_STACKS.get(mlp)
+    if stacks is None:
+        stacks = _SWIGLU_STACKS.setdefault(mlp, StackedLinears())
+    return stacks.get("fc1", [mlp.fc1_g, mlp.fc1_x])
+
+
 def mlp_branch(ops, norm2, mlp, x, residual, ls, fused: bool, act, gated=False, gate_last=False, torch_act=None):
     """``residual + ls(mlp(norm2(x)))`` (``mlp(norm2(x))`` when residual is None). The activation rides in fc1's
-    epilogue; a SwiGLU gate (``gated``: ``act(x1) * x2``, or ``x1 * act(x2)`` with ``gate_last``) or a ``torch_act``
-    the epilogue does not have runs in torch between fc1 and fc2."""
-    if gated:
-        h = norm_linear(ops, norm2, x, mlp.fc1, None, fused)
-        x1, x2 = h.chunk(2, dim=-1)
-        h = x1 * _act(act, x2) if gate_last else _act(act, x1) * x2
+    epilogue, a SwiGLU gate too (``gated``: ``act(x1) * x2``, or ``x1 * act(x2)`` with ``gate_last``, fc1 the stacked
+    halves: :func:`mlp_fc1`); a ``torch_act`` the epilogue does not have runs in torch between fc1 and fc2; an MLP's
+    own ``norm`` (timm's scale_mlp_norm, EVA-02) runs before fc2."""
+    if gated:  # one GEMM over the stacked halves, the gate in its epilogue (the torch ops chunk as timm does)
+        h = norm_linear(ops, norm2, x, mlp_fc1(mlp), f"{_act_name(act)}_glu{'_last' if gate_last else ''}", fused)
     elif torch_act is not None:
         h = torch_act(norm_linear(ops, norm2, x, mlp.fc1, None, fused))
     else:
         h = norm_linear(ops, norm2, x, mlp.fc1, act, fused)
+    inner = getattr(mlp, "norm", None)
+    if inner is not None:
+        h = norm(ops, inner, h)
     if residual is None:
         return ops.linear(h, mlp.fc2)
     return ops.linear(h, mlp.fc2, residual=residual, gamma=_scale(ops, ls))
