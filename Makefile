@@ -31,35 +31,53 @@ TIMM_PEER_AUTO ?= vit_base_patch32_clip_quickgelu_224 vit_base_patch32_siglip_25
 .PHONY: setup demo test test-serve test-oldest peers-hf test-peers-timm test-peers-timm-full lint wheel wheel-check clean perf-analyzer serve-bench
 
 $(BIN)/activate:
+	@echo "setup: creating the virtual environment $(VENV) and updating its pip"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
+# each install step says what it is doing first: on a fresh machine the set-up takes minutes, pip is quiet
 $(VENV)/.installed: pyproject.toml Makefile | $(BIN)/activate
+	@echo "setup 1/3: $(TORCH_SPEC) into $(VENV) (the CPU build is a download of about 190 MB)"
 	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	@echo "setup 2/3: vit-fast from this checkout (editable) with the extras $(EXTRAS)"
 	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
+	@echo "setup 3/3: $(TIMM_SPEC) without its dependencies"
 	# timm without its dependencies: its torchvision dependency would pull CUDA torch on a CPU machine, and
 	# PyPI's torchvision (0.28.0 for torch 2.13.0) is built against CUDA torch: next to the CPU torch its import
 	# fails ("operator torchvision::nms does not exist"). vit-fast imports timm's model code through its own
 	# torchvision stand-in where torchvision does not import (vit_fast/interop/timm_import.py): timm:NAME, the bench's
 	# timm peer and the tests work; `import timm` in your own code needs the torchvision build of your torch
 	$(BIN)/python -m pip install --quiet --no-deps "$(TIMM_SPEC)"
-	touch $@
+	@touch $@
+	@echo "setup: $(VENV) is ready"
 
 setup: $(VENV)/.installed  ## create .venv and install vit-fast with its extras
 
 demo: setup  ## the main job: vit-fast demo on the embedded default model
 	$(BIN)/vit-fast demo
 
+# both suites always run: a failure in the first still lets the serve suite run and report; the target fails if
+# either did. tests/progress.py prints done / total and an estimate of the time left every PROGRESS_S seconds
+PROGRESS_S ?= 60
+PYTEST_PROGRESS := -p tests.progress --progress-every $(PROGRESS_S)
 test: setup $(SERVE_VENV)/.installed  ## the whole CPU test suite (kernels in Triton's interpreter), then the serve suite
-	$(BIN)/python -m pytest -q
-	$(SERVE_BIN)/python -m pytest -q tests/serve
+	@echo "make test 1/2: the suite in $(VENV)"; \
+	main=0; $(BIN)/python -m pytest -q $(PYTEST_PROGRESS) || main=$$?; \
+	echo "make test 2/2: the serve suite in $(SERVE_VENV)"; \
+	serve=0; $(SERVE_BIN)/python -m pytest -q $(PYTEST_PROGRESS) tests/serve || serve=$$?; \
+	echo "make test: the suite exited $$main, the serve suite $$serve (0: passed)"; \
+	[ $$main -eq 0 ] && [ $$serve -eq 0 ]
 
 $(SERVE_VENV)/.installed: pyproject.toml Makefile
+	@echo "serve setup 1/3: creating the virtual environment $(SERVE_VENV) and updating its pip"
 	$(PYTHON) -m venv $(SERVE_VENV)
 	$(SERVE_BIN)/python -m pip install --quiet --upgrade pip
+	@echo "serve setup 2/3: $(TORCH_SPEC) into $(SERVE_VENV)"
 	$(SERVE_BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	@echo "serve setup 3/3: vit-fast from this checkout (editable) with the extras serve,test (PyTriton bundles a Triton server)"
 	$(SERVE_BIN)/python -m pip install --quiet -e ".[serve,test]"
-	touch $@
+	@touch $@
+	@echo "serve setup: $(SERVE_VENV) is ready"
 
 test-serve: $(SERVE_VENV)/.installed  ## vit-fast serve and Triton model repositories against a real Triton server (CPU, loopback)
 	$(SERVE_BIN)/python -m pytest -q tests/serve
