@@ -89,11 +89,15 @@ serve-bench: perf-analyzer  ## perf_analyzer against vit-fast serve and a plain 
 	$(SERVE_BIN)/python benchmarks/serve_perf.py --perf-analyzer .tools/perf_analyzer/perf_analyzer
 
 $(OLDEST_VENV)/.installed: pyproject.toml Makefile
+	@echo "oldest setup 1/3: creating the virtual environment $(OLDEST_VENV) and updating its pip"
 	$(PYTHON) -m venv $(OLDEST_VENV)
 	$(OLDEST_BIN)/python -m pip install --quiet --upgrade pip
+	@echo "oldest setup 2/3: $(TORCH_SPEC) with $(OLDEST_SPEC) and pytest into $(OLDEST_VENV)"
 	$(OLDEST_BIN)/python -m pip install --quiet "$(TORCH_SPEC)" $(foreach s,$(OLDEST_SPEC),"$(s)") "pytest>=8"
+	@echo "oldest setup 3/3: vit-fast from this checkout (editable), no extras"
 	$(OLDEST_BIN)/python -m pip install --quiet -e .
-	touch $@
+	@touch $@
+	@echo "oldest setup: $(OLDEST_VENV) is ready"
 
 test-oldest: $(OLDEST_VENV)/.installed  ## the kernel interpreter tests on the oldest supported triton (3.6.0)
 	$(OLDEST_BIN)/python -c "import torch, triton, numpy; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__)"
@@ -109,6 +113,7 @@ test-oldest: $(OLDEST_VENV)/.installed  ## the kernel interpreter tests on the o
 # Our testers run unpatched, then with apply_vit_fast and optimize, each with backend triton (our kernels in Triton's
 # interpreter) and auto (transformers' forwards on a CPU); our kernels' launches are counted per tester class.
 peers-hf: setup  ## transformers' ModelTesterMixin on ViT/DeiT/DINOv2/CLIP/SigLIP/SigLIP 2, patched vs not: no test lost, kernels launched
+	@echo "peers-hf: installing parameterized into $(VENV) (transformers' test harness imports it)"
 	$(BIN)/python -m pip install --quiet parameterized
 	$(BIN)/python tools/peers/run_hf_peers.py $(PEERS) $(PEERS_ARGS)
 
