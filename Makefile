@@ -31,35 +31,53 @@ TIMM_PEER_AUTO ?= vit_base_patch32_clip_quickgelu_224 vit_base_patch32_siglip_25
 .PHONY: setup demo test test-serve test-oldest peers-hf test-peers-timm test-peers-timm-full lint wheel wheel-check clean perf-analyzer serve-bench
 
 $(BIN)/activate:
+	@echo "setup: creating the virtual environment $(VENV) and updating its pip"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
+# each install step says what it is doing first: on a fresh machine the set-up takes minutes, pip is quiet
 $(VENV)/.installed: pyproject.toml Makefile | $(BIN)/activate
+	@echo "setup 1/3: $(TORCH_SPEC) into $(VENV) (the CPU build is a download of about 190 MB)"
 	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	@echo "setup 2/3: vit-fast from this checkout (editable) with the extras $(EXTRAS)"
 	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
+	@echo "setup 3/3: $(TIMM_SPEC) without its dependencies"
 	# timm without its dependencies: its torchvision dependency would pull CUDA torch on a CPU machine, and
 	# PyPI's torchvision (0.28.0 for torch 2.13.0) is built against CUDA torch: next to the CPU torch its import
 	# fails ("operator torchvision::nms does not exist"). vit-fast imports timm's model code through its own
 	# torchvision stand-in where torchvision does not import (vit_fast/interop/timm_import.py): timm:NAME, the bench's
 	# timm peer and the tests work; `import timm` in your own code needs the torchvision build of your torch
 	$(BIN)/python -m pip install --quiet --no-deps "$(TIMM_SPEC)"
-	touch $@
+	@touch $@
+	@echo "setup: $(VENV) is ready"
 
 setup: $(VENV)/.installed  ## create .venv and install vit-fast with its extras
 
 demo: setup  ## the main job: vit-fast demo on the embedded default model
 	$(BIN)/vit-fast demo
 
+# both suites always run: a failure in the first still lets the serve suite run and report; the target fails if
+# either did. tests/progress.py prints done / total and an estimate of the time left every PROGRESS_S seconds
+PROGRESS_S ?= 60
+PYTEST_PROGRESS := -p tests.progress --progress-every $(PROGRESS_S)
 test: setup $(SERVE_VENV)/.installed  ## the whole CPU test suite (kernels in Triton's interpreter), then the serve suite
-	$(BIN)/python -m pytest -q
-	$(SERVE_BIN)/python -m pytest -q tests/serve
+	@echo "make test 1/2: the suite in $(VENV)"; \
+	main=0; $(BIN)/python -m pytest -q $(PYTEST_PROGRESS) || main=$$?; \
+	echo "make test 2/2: the serve suite in $(SERVE_VENV)"; \
+	serve=0; $(SERVE_BIN)/python -m pytest -q $(PYTEST_PROGRESS) tests/serve || serve=$$?; \
+	echo "make test: the suite exited $$main, the serve suite $$serve (0: passed)"; \
+	[ $$main -eq 0 ] && [ $$serve -eq 0 ]
 
 $(SERVE_VENV)/.installed: pyproject.toml Makefile
+	@echo "serve setup 1/3: creating the virtual environment $(SERVE_VENV) and updating its pip"
 	$(PYTHON) -m venv $(SERVE_VENV)
 	$(SERVE_BIN)/python -m pip install --quiet --upgrade pip
+	@echo "serve setup 2/3: $(TORCH_SPEC) into $(SERVE_VENV)"
 	$(SERVE_BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	@echo "serve setup 3/3: vit-fast from this checkout (editable) with the extras serve,test (PyTriton bundles a Triton server)"
 	$(SERVE_BIN)/python -m pip install --quiet -e ".[serve,test]"
-	touch $@
+	@touch $@
+	@echo "serve setup: $(SERVE_VENV) is ready"
 
 test-serve: $(SERVE_VENV)/.installed  ## vit-fast serve and Triton model repositories against a real Triton server (CPU, loopback)
 	$(SERVE_BIN)/python -m pytest -q tests/serve
@@ -71,11 +89,15 @@ serve-bench: perf-analyzer  ## perf_analyzer against vit-fast serve and a plain 
 	$(SERVE_BIN)/python benchmarks/serve_perf.py --perf-analyzer .tools/perf_analyzer/perf_analyzer
 
 $(OLDEST_VENV)/.installed: pyproject.toml Makefile
+	@echo "oldest setup 1/3: creating the virtual environment $(OLDEST_VENV) and updating its pip"
 	$(PYTHON) -m venv $(OLDEST_VENV)
 	$(OLDEST_BIN)/python -m pip install --quiet --upgrade pip
+	@echo "oldest setup 2/3: $(TORCH_SPEC) with $(OLDEST_SPEC) and pytest into $(OLDEST_VENV)"
 	$(OLDEST_BIN)/python -m pip install --quiet "$(TORCH_SPEC)" $(foreach s,$(OLDEST_SPEC),"$(s)") "pytest>=8"
+	@echo "oldest setup 3/3: vit-fast from this checkout (editable), no extras"
 	$(OLDEST_BIN)/python -m pip install --quiet -e .
-	touch $@
+	@touch $@
+	@echo "oldest setup: $(OLDEST_VENV) is ready"
 
 test-oldest: $(OLDEST_VENV)/.installed  ## the kernel interpreter tests on the oldest supported triton (3.6.0)
 	$(OLDEST_BIN)/python -c "import torch, triton, numpy; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__)"
@@ -91,6 +113,7 @@ test-oldest: $(OLDEST_VENV)/.installed  ## the kernel interpreter tests on the o
 # Our testers run unpatched, then with apply_vit_fast and optimize, each with backend triton (our kernels in Triton's
 # interpreter) and auto (transformers' forwards on a CPU); our kernels' launches are counted per tester class.
 peers-hf: setup  ## transformers' ModelTesterMixin on ViT/DeiT/DINOv2/CLIP/SigLIP/SigLIP 2, patched vs not: no test lost, kernels launched
+	@echo "peers-hf: installing parameterized into $(VENV) (transformers' test harness imports it)"
 	$(BIN)/python -m pip install --quiet parameterized
 	$(BIN)/python tools/peers/run_hf_peers.py $(PEERS) $(PEERS_ARGS)
 

@@ -90,6 +90,13 @@ def test_readme_is_at_most_200_lines():
     assert lines <= MAX_README_LINES, f"README.md has {lines} lines: move detail into docs/"
 
 
+def test_readme_says_how_to_count_the_suite_instead_of_a_figure_that_goes_stale():
+    text = README.read_text(encoding="utf-8")
+    stale = re.findall(r"(?:collects|suite of|holds) [\d,]+ tests?|collects [\d,]{3,}", text)
+    assert not stale, f"a test count goes stale as tests are added: {stale}; say how to count (pytest --collect-only)"
+    assert "python -m pytest --collect-only -q" in text
+
+
 #: an issue or pull request of ours by number: "issue 19", "issues 3 and 4", "PR #12", "#23"
 ISSUE = re.compile(r"\b(?:issues?|PRs?|pull requests?)\s+#?\d+|(?<![\w&/#])#\d+\b", re.IGNORECASE)
 #: a date the text was written (2026-11-24, 2026-11)

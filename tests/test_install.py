@@ -90,3 +90,70 @@ def test_license_is_an_spdx_string_with_its_file():
     assert text.split()[:4] == ["Apache", "License", "Version", "2.0,"] and "END OF TERMS AND CONDITIONS" in text
     requires = _pyproject()["build-system"]["requires"]
     assert requires == ["setuptools>=77"]  # the first setuptools that reads a license expression (PEP 639)
+
+
+#: what each command of the README's command list needs beyond the core install (vit_fast.backend.env.MODULE_EXTRAS
+#: names the extra of each missing module; the demo exports and verifies an ONNX model)
+COMMAND_EXTRAS = {"demo": {"demo", "onnx"}, "export onnx": {"onnx"}, "bench": set(), "serve": {"serve"}}
+#: what the core install brings (pyproject.toml's dependencies), as modules
+CORE_MODULES = {"torch", "triton", "numpy", "safetensors", "vit_fast"}
+TAKES_VALUE = {"--index-url", "--extra-index-url", "-i", "-c", "--constraint", "-r", "--requirement"}
+
+
+def _readme_section(heading: str) -> str:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    start = text.index(f"\n## {heading}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end > 0 else None]
+
+
+def _pip_lines(section: str) -> list[str]:
+    code = "\n".join(re.findall(r"```bash\n(.*?)```", section, re.S))
+    return [line.split("#")[0].strip() for line in code.splitlines() if re.match(r"pip3? install\b", line)]
+
+
+def _requirements(line: str) -> set[str]:
+    """The distributions a ``pip install`` line names besides the checkout: ``'transformers>=4.40'`` -> transformers."""
+    words, names = line.split()[2:], set()
+    for before, word in zip(["", *words], words, strict=False):
+        word = word.strip("'\"")
+        if word.startswith("-") or before in TAKES_VALUE or not word or word.startswith((".", "$")):
+            continue
+        names.add(re.match(r"[A-Za-z0-9_.-]+", word).group(0).lower())
+    return names
+
+
+def test_the_readmes_install_brings_what_its_quick_start_and_command_list_need():
+    import sys
+
+    lines = _pip_lines(_readme_section("Installing into the environment you have"))
+    extras = {e.strip() for line in lines for group in CHECKOUT_EXTRAS.findall(line) for e in group.split(",")}
+    named = {name for line in lines for name in _requirements(line)}
+    quick = _readme_section("Quick start")
+    code = "\n".join(re.findall(r"<!-- runnable -->\n```python\n(.*?)```", quick, re.S))
+    imported = set(re.findall(r"^(?:import|from) (\w+)", code, re.M)) | ({"timm"} if "import_timm()" in code else set())
+    assert {"torch", "vit_fast", "transformers", "timm"} <= imported  # the scan reads the blocks
+    missing = imported - CORE_MODULES - set(sys.stdlib_module_names) - named
+    assert not missing, f"the README's quick start imports {sorted(missing)}, which its install does not bring"
+    commands = re.findall(r"^vit-fast (export onnx|\w+)(.*)$", quick, re.M)
+    assert [c for c, _ in commands] == list(COMMAND_EXTRAS), "the command list changed: say what each command needs"
+    for command, rest in commands:
+        left = {extra for extra in COMMAND_EXTRAS[command] if f"{extra} extra" not in rest} - extras
+        assert not left, f"`vit-fast {command}` needs the extras {sorted(left)}: install them or name them on its line"
+
+
+def test_timm_is_installed_beside_the_users_torch():
+    """A plain ``pip install timm`` pulls PyPI's torchvision, which replaces a CPU torch with a CUDA one (gigabytes):
+    every command in the documents that installs timm is ``--no-deps``; torchvision comes from the index of the user's
+    torch."""
+    lines = [
+        (path.name, line)
+        for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+        for line in _pip_lines(path.read_text(encoding="utf-8"))
+    ]
+    timm = [(name, line) for name, line in lines if "timm" in _requirements(line)]
+    assert any(name == "README.md" for name, _ in timm)
+    assert all("--no-deps" in line for _, line in timm), timm
+    vision = [(name, line) for name, line in lines if "torchvision" in _requirements(line)]
+    assert vision and all("--index-url" in line for _, line in vision), vision
+    assert _requirements("pip install torchvision==0.28.0 --index-url https://x/cpu") == {"torchvision"}

@@ -26,6 +26,7 @@ import pytest
 
 from ._support import (
     NEEDS_SERVE,
+    START_TIMEOUT_S,
     Child,
     free_ports,
     process_tree,
@@ -225,7 +226,7 @@ def test_of_two_servers_started_at_once_on_the_same_ports_one_serves(tmp_path) -
         for i in range(2)
     ]
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + START_TIMEOUT_S  # a hang guard as long as a start's: the refusal needs imports
         while all(c.proc.poll() is None for c in children) and time.monotonic() < deadline:
             time.sleep(0.1)
         lost = [i for i, c in enumerate(children) if c.proc.poll() is not None]

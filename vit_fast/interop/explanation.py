@@ -33,15 +33,17 @@ class ModuleReport:
 
 @dataclass(frozen=True)
 class Explanation:
-    """:func:`explain`'s answer; ``str()`` of it is what ``print`` shows."""
+    """:func:`explain`'s answer; ``str()`` of it is what ``print`` shows, and ``"..." + explanation`` (or ``in``)
+    works on that text as on a str."""
 
     model: str  #: the model's library and class: ``timm VisionTransformer``, ``transformers ViTModel``, ...
-    device: str
+    device: str  #: the device explained for: the one asked for, else where the weights are
     dtype: str
     patched_with: str | None  #: the backend ``apply_vit_fast`` was given ("auto", "triton"); None: not patched
     backend: BackendChoice  #: what runs the (patched) blocks on ``device`` and why
     modules: tuple[ModuleReport, ...] = ()
     notes: tuple[str, ...] = field(default=())
+    weights_on: str | None = None  #: where the weights are, when ``device`` was asked for and differs; else None
 
     @property
     def patched(self) -> list[ModuleReport]:
@@ -53,7 +55,10 @@ class Explanation:
 
     def __str__(self) -> str:
         how = f"patched with backend={self.patched_with!r}" if self.patched_with else "not patched"
-        lines = [f"{self.model} on {self.device} ({self.dtype}), {how}", f"backend: {self.backend}"]
+        where = f"on {self.device}"
+        if self.weights_on is not None:
+            where = f"with its weights on {self.weights_on}, explained for {self.device} as asked"
+        lines = [f"{self.model} {where} ({self.dtype}), {how}", f"backend: {self.backend}"]
         for group in _runs(self.modules):
             first, last = group[0], group[-1]
             where = first.name if len(group) == 1 else f"{first.name} .. {last.name} ({len(group)})"
@@ -61,6 +66,15 @@ class Explanation:
             lines.append(f"  {where} [{first.kind}]: {state}, runs {_RUNS[first.runs]}: {first.reason}")
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+    def __add__(self, other: object) -> str:  # "..." + explain(m), as with the str that print shows
+        return str(self) + other if isinstance(other, str) else NotImplemented
+
+    def __radd__(self, other: object) -> str:
+        return other + str(self) if isinstance(other, str) else NotImplemented
+
+    def __contains__(self, text: str) -> bool:
+        return text in str(self)
 
 
 _RUNS = {KERNELS: "vit-fast's kernels", OWN: "its own forward", RAISES: "nothing (a call raises)"}
@@ -291,6 +305,8 @@ def explain(model: nn.Module, device: torch.device | str | None = None) -> Expla
 
     weights_device, dtype = _weights(model)
     device = weights_device if device is None else torch.device(device)
+    same = device.type == weights_device.type and device.index in (None, weights_device.index)
+    weights_on = None if same else str(weights_device)
     module = type(model).__module__
     if isinstance(model, VisionTransformer):
         return Explanation(
@@ -299,6 +315,7 @@ def explain(model: nn.Module, device: torch.device | str | None = None) -> Expla
             dtype=str(dtype).removeprefix("torch."),
             patched_with=None,
             backend=model.explain_backend(device),
+            weights_on=weights_on,
             notes=(
                 f"vit-fast's own module: nothing is patched; every block runs the backend above ({model.backend=})",
             ),
@@ -322,6 +339,7 @@ def explain(model: nn.Module, device: torch.device | str | None = None) -> Expla
         backend=choice,
         modules=tuple(rows),
         notes=tuple(notes),
+        weights_on=weights_on,
     )
 
 
