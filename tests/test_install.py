@@ -94,7 +94,13 @@ def test_license_is_an_spdx_string_with_its_file():
 
 #: what each command of the README's command list needs beyond the core install (vit_fast.backend.env.MODULE_EXTRAS
 #: names the extra of each missing module; the demo exports and verifies an ONNX model)
-COMMAND_EXTRAS = {"demo": {"demo", "onnx"}, "export onnx": {"onnx"}, "bench": set(), "serve": {"serve"}}
+COMMAND_EXTRAS = {
+    "demo": {"demo", "onnx"},
+    "export onnx": {"onnx"},
+    "bench": set(),
+    "serve": {"serve"},
+    "predict": {"images"},
+}
 #: what the core install brings (pyproject.toml's dependencies), as modules
 CORE_MODULES = {"torch", "triton", "numpy", "safetensors", "vit_fast"}
 TAKES_VALUE = {"--index-url", "--extra-index-url", "-i", "-c", "--constraint", "-r", "--requirement"}
