@@ -128,8 +128,6 @@ def test_a_lying_shape_kills_triton_and_serve_restarts_it_then_a_killed_servers_
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     first = start_serve(tmp_path / "a", "default", "--batch", "1,8")
-    folders = sorted(short_tmpdir.glob(".vit-fast-serve.tmp-*"))
-    assert len(folders) == 1 and (folders[0] / "w1").is_dir(), sorted(short_tmpdir.iterdir())
     infer = f"http://{first.http}/v2/models/default/infer"
     good = {"inputs": [{"name": "images", "shape": [1, 1, 32, 32], "datatype": "FP32", "data": [0.5] * 1024}]}
     status, _ = _post(infer, LIE)
@@ -142,6 +140,8 @@ def test_a_lying_shape_kills_triton_and_serve_restarts_it_then_a_killed_servers_
     assert "exited by itself" in first.output() and "restarting it (1 of at most 3" in first.output()
     status, body = _post(infer, good)
     assert status == 200 and json.loads(body)["outputs"][0]["name"] == "logits", body
+    folders = sorted(short_tmpdir.glob(".vit-fast-serve.tmp-*"))
+    assert len(folders) == 1, sorted(short_tmpdir.iterdir())
     assert len(list(folders[0].glob("triton-*.log"))) == 2, sorted(folders[0].iterdir())  # each start's log
 
     tree = process_tree(first.proc.pid)  # SIGKILL: no clean-up of its own (its Triton is ended here too)
