@@ -2,7 +2,7 @@
 tests/serve/test_serve_variable.py):
 
 - (3) an HTTP request that declares a huge shape kills Triton 2.51 (its HTTP frontend allocates what the shape
-  needs before any check): `vit-fast serve` restarts it, says so, and serves again;
+  needs before any check): `vit-fast serve` restarts it, says so, and serves again, with the same access token;
 - (8) a SIGKILLed server's private folder (PyTriton's workspace, Triton's log) is removed by the next one, which
   names it; a SIGTERM stop is a clean stop, not "exited with failure", and removes its own folder.
 """
@@ -20,6 +20,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from vit_fast.serve.endpoints import ACCESS_HEADERS
 
 from ._support import NEEDS_SERVE, process_tree, start_serve
 
@@ -56,7 +58,8 @@ def test_a_lying_shape_kills_triton_and_serve_restarts_it_then_a_killed_servers_
 ) -> None:
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    first = start_serve(tmp_path / "a", "default", "--batch", "1,8")
+    first = start_serve(tmp_path / "a", "default", "--batch", "1,8", "--protect", "on")
+    token = json.loads((tmp_path / "a" / "ready.json").read_text())["access_token"]
     infer = f"http://{first.http}/v2/models/default/infer"
     good = {"inputs": [{"name": "images", "shape": [1, 1, 32, 32], "datatype": "FP32", "data": [0.5] * 1024}]}
     status, _ = _post(infer, LIE)
@@ -69,6 +72,11 @@ def test_a_lying_shape_kills_triton_and_serve_restarts_it_then_a_killed_servers_
     assert "exited by itself" in first.output() and "restarting it (1 of at most 3" in first.output()
     status, body = _post(infer, good)
     assert status == 200 and json.loads(body)["outputs"][0]["name"] == "logits", body
+    # the restarted Triton keeps the token the ready JSON gave clients
+    stats_url = f"http://{first.http}/v2/models/default/stats"
+    stats = urllib.request.Request(stats_url, headers={ACCESS_HEADERS["http"]: token})
+    with urllib.request.urlopen(stats, timeout=60) as answer:
+        assert answer.status == 200
     folders = sorted(short_tmpdir.glob(".vit-fast-serve.tmp-*"))
     assert len(folders) == 1, sorted(short_tmpdir.iterdir())
     assert len(list(folders[0].glob("triton-*.log"))) == 2, sorted(folders[0].iterdir())  # each start's log

@@ -150,6 +150,7 @@ class Server:
         self._folder: contextlib.ExitStack | None = None
         self._workdir: Path | None = None
         self._restarts = Restarts()
+        self._token: str | None = None
 
     @property
     def description(self) -> str:
@@ -324,18 +325,17 @@ class Server:
             exit_timeout_secs=DRAIN_TIMEOUT_S,
         )
         # open: [] restricts nothing (PyTriton's default list protects statistics and shared memory with a token);
-        # model control is closed to every client either way (close_model_control)
-        security = TritonSecurityConfig() if self.protected else TritonSecurityConfig(restricted_endpoints=[])
+        # model control is closed to every client either way (close_model_control). A restarted Triton keeps the
+        # first one's token: clients read it from the ready JSON
+        open_ = TritonSecurityConfig(restricted_endpoints=[])
+        security = TritonSecurityConfig(access_token=self._token) if self.protected else open_
+        self._token = security.access_token
         patient_handshake()
         # the model's files go to PyTriton's private model store when it is bound, and Triton loads them when it
         # starts: no load request is ever needed
-        local_store = TritonLifecyclePolicy(launch_triton_on_startup=True, local_model_store=True)
-        self._triton = Triton(
-            config=config,
-            security_config=security,
-            triton_lifecycle_policy=local_store,
-            workspace=self._workdir / f"w{attempt}",
-        )
+        policy = TritonLifecyclePolicy(launch_triton_on_startup=True, local_model_store=True)
+        where = self._workdir / f"w{attempt}"
+        self._triton = Triton(config=config, security_config=security, triton_lifecycle_policy=policy, workspace=where)
         close_model_control(self._triton)
         # PyTriton reads the switch when the model is bound (this process) and when its stubs start (Triton's copy
         # of os.environ): set for both, then put back, so another PyTriton server in this process is not touched
