@@ -59,27 +59,31 @@ def test_a_lying_shape_kills_triton_and_serve_restarts_it_then_a_killed_servers_
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     first = start_serve(tmp_path / "a", "default", "--batch", "1,8", "--protect", "on")
-    token = json.loads((tmp_path / "a" / "ready.json").read_text())["access_token"]
-    infer = f"http://{first.http}/v2/models/default/infer"
-    good = {"inputs": [{"name": "images", "shape": [1, 1, 32, 32], "datatype": "FP32", "data": [0.5] * 1024}]}
-    status, _ = _post(infer, LIE)
-    assert status != 200
-    deadline = time.monotonic() + 180
-    while "restarted: serving again" not in first.output():
-        assert first.proc.poll() is None, first.output()[-3000:]
-        assert time.monotonic() < deadline, first.output()[-3000:]
-        time.sleep(0.5)
-    assert "exited by itself" in first.output() and "restarting it (1 of at most 3" in first.output()
-    status, body = _post(infer, good)
-    assert status == 200 and json.loads(body)["outputs"][0]["name"] == "logits", body
-    # the restarted Triton keeps the token the ready JSON gave clients
-    stats_url = f"http://{first.http}/v2/models/default/stats"
-    stats = urllib.request.Request(stats_url, headers={ACCESS_HEADERS["http"]: token})
-    with urllib.request.urlopen(stats, timeout=60) as answer:
-        assert answer.status == 200
-    folders = sorted(short_tmpdir.glob(".vit-fast-serve.tmp-*"))
-    assert len(folders) == 1, sorted(short_tmpdir.iterdir())
-    assert len(list(folders[0].glob("triton-*.log"))) == 2, sorted(folders[0].iterdir())  # each start's log
+    try:
+        token = json.loads((tmp_path / "a" / "ready.json").read_text())["access_token"]
+        infer = f"http://{first.http}/v2/models/default/infer"
+        good = {"inputs": [{"name": "images", "shape": [1, 1, 32, 32], "datatype": "FP32", "data": [0.5] * 1024}]}
+        status, _ = _post(infer, LIE)
+        assert status != 200
+        deadline = time.monotonic() + 180
+        while "restarted: serving again" not in first.output():
+            assert first.proc.poll() is None, first.output()[-3000:]
+            assert time.monotonic() < deadline, first.output()[-3000:]
+            time.sleep(0.5)
+        assert "exited by itself" in first.output() and "restarting it (1 of at most 3" in first.output()
+        status, body = _post(infer, good)
+        assert status == 200 and json.loads(body)["outputs"][0]["name"] == "logits", body
+        # the restarted Triton keeps the token the ready JSON gave clients
+        stats_url = f"http://{first.http}/v2/models/default/stats"
+        stats = urllib.request.Request(stats_url, headers={ACCESS_HEADERS["http"]: token})
+        with urllib.request.urlopen(stats, timeout=60) as answer:
+            assert answer.status == 200
+        folders = sorted(short_tmpdir.glob(".vit-fast-serve.tmp-*"))
+        assert len(folders) == 1, sorted(short_tmpdir.iterdir())
+        assert len(list(folders[0].glob("triton-*.log"))) == 2, sorted(folders[0].iterdir())  # each start's log
+    except BaseException:  # a failed check leaves no server behind
+        first.terminate()
+        raise
 
     tree = process_tree(first.proc.pid)  # SIGKILL: no clean-up of its own (its Triton is ended here too)
     for pid in tree:
