@@ -5,6 +5,8 @@ through a real Triton server: tests/serve/test_serve_variable.py."""
 from __future__ import annotations
 
 import copy
+import io
+import re
 
 import numpy as np
 import pytest
@@ -94,21 +96,31 @@ def test_server_checks_its_variable_size_arguments(kwargs, error, match) -> None
 @pytest.mark.parametrize(
     ("shape", "match"),
     [
-        ((1, 4, 32, 32), r"request 1 of the batch \(images \[1, 4, 32, 32\]\): the model takes 3 channels"),
-        ((1, 3, 8, 4), r"request 1 .*: 8x4 is smaller than one 8x8 patch"),
-        ((1, 3, 72, 32), r"request 1 .*: 72x32 is larger than this server's 64 px a side \(--max-image-size\)"),
-        ((1, 3, 30, 32), r"request 1 .*: 30x32 is not a multiple of the 8-px patch; resize or crop it to 24x32"),
-        ((0, 3, 32, 32), r"request 1 .*: no image"),
-        ((3, 32, 32), r"request 1 .*: images must be \[B, C, H, W\]"),
+        ((1, 4, 32, 32), r"^images \[1, 4, 32, 32\]: the model takes 3 channels"),
+        ((1, 3, 8, 4), r"^images \[1, 3, 8, 4\]: 8x4 is smaller than one 8x8 patch"),
+        ((1, 3, 72, 32), r"^images .*: 72x32 is larger than this server's 64 px a side \(--max-image-size\)"),
+        ((1, 3, 30, 32), r"^images .*: 30x32 is not a multiple of the 8-px patch; resize or crop it to 24x32"),
+        ((0, 3, 32, 32), r"^images .*: no image"),
+        ((3, 32, 32), r"^images \[3, 32, 32\]: images must be \[B, C, H, W\]"),
     ],
 )
-def test_a_request_the_model_cannot_take_is_refused_before_any_work(monkeypatch, shape, match) -> None:
+def test_a_request_the_model_cannot_take_fails_only_itself_before_any_work(monkeypatch, shape, match) -> None:
+    """Issue 46, case 7: a refused request gets its own error response (its message, no traceback) and the others of
+    its batch are answered, their images alone in the packed forward; the console gets one line for it."""
+    from vit_fast.serve.answers import REFUSED_KEY
+
     server = _server(max_image_size=64)
+    lines = io.StringIO()
+    server.refusals.stream = lines
     calls = _count_packed_forwards(monkeypatch, server.model)
-    good = np.zeros((1, 3, 16, 16), dtype=np.float32)
-    with pytest.raises(ValueError, match=match):
-        server.infer_requests([{"images": good}, {"images": np.zeros(shape, dtype=np.float32)}])
-    assert calls == []
+    good = np.random.default_rng(0).standard_normal((2, 3, 16, 24)).astype(np.float32)
+    answers = server.infer_requests([{"images": good}, {"images": np.zeros(shape, dtype=np.float32)}, {"images": good}])
+    assert calls == [4]  # the two good requests' images only
+    assert list(answers[0]) == list(answers[2]) == ["logits"] and list(answers[1]) == [REFUSED_KEY]
+    np.testing.assert_array_equal(answers[0]["logits"], answers[2]["logits"])
+    message = answers[1][REFUSED_KEY].tobytes().decode()
+    assert re.match(match, message) and "Traceback" not in message and "/" not in message.split(": ", 1)[0]
+    assert lines.getvalue() == f"[vit-fast serve] refused a request: {message}\n"
     with pytest.raises(ValueError, match="empty batch"):
         server.infer_requests([])
 

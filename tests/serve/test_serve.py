@@ -239,6 +239,7 @@ def test_sigterm_under_load_stops_the_server_in_bounded_time_and_releases_its_po
     assert not [pid for pid, (_, cmd) in _processes().items() if marker in cmd], "a backend stub outlived the server"
     assert all(port_is_free(p) for p in server.ports), "a port is still bound after the server stopped"
     assert "stopping" in server.output()
+    assert "exited with failure" not in server.output()  # a requested stop is a clean stop (issue 46)
 
 
 def test_ctrl_c_stops_the_server_cleanly(tmp_path) -> None:

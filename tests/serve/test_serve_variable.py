@@ -1,6 +1,6 @@
 """`vit-fast serve --variable-size` through a real Triton server on loopback: three images of different sizes sent at
-once are batched together by Triton (a ragged input) into one execution, and each answer is the model's own forward
-on that image alone."""
+once are batched together by Triton (a ragged input) into one execution, each answer is the model's own forward
+on that image alone, and refused requests batched with them fail alone, each with its own message."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from ._support import NEEDS_SERVE, free_ports
 
 pytest.importorskip("pytriton", reason=NEEDS_SERVE)
 http = pytest.importorskip("tritonclient.http", reason=NEEDS_SERVE)
+from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from vit_fast.serve.server import Server  # noqa: E402
 from vit_fast.util.numerics import assert_within_eager  # noqa: E402
@@ -30,17 +31,22 @@ def _counts(client) -> tuple[int, int]:
     return int(stats["inference_count"]), int(stats["execution_count"])
 
 
-def test_three_sizes_sent_at_once_are_one_execution_and_each_answer_is_that_images_own_forward() -> None:
+def test_sizes_sent_at_once_are_one_execution_and_refused_ones_among_them_fail_alone(capfd) -> None:
+    """Three images of three sizes and two refused requests sent at once are one execution; each good answer is that
+    image's own forward, and each refused request gets its own message (issue 46, cases 7 and 4: no traceback, no
+    path; the console gets at most one line per refused request, never a traceback)."""
     model = tiny_model(dynamic_img_size=True, reg_tokens=1)
     rng = np.random.default_rng(0)
     images = [rng.standard_normal((1, 3, h, w)).astype(np.float32) for h, w in SIZES]
+    bad = [np.zeros((1, 3, 72, 32), np.float32), np.zeros((1, 3, 30, 32), np.float32)]
+    sent = [images[0], bad[0], images[1], bad[1], images[2]]
     http_port, grpc_port, metrics_port = free_ports(3)
-    # the batcher waits up to 2 s for a batch of 3 (it sends one as soon as 3 requests are in): all three arrive
+    # the batcher waits up to 2 s for a batch of 5 (it sends one as soon as 5 requests are in): all five arrive
     # within that, so one execution of three sizes shows they were batched ragged, not one shape at a time
     with Server(
         model,
         name=NAME,
-        batch=[3],
+        batch=[len(sent)],
         queue_delay_us=2_000_000,
         http_port=http_port,
         grpc_port=grpc_port,
@@ -49,7 +55,8 @@ def test_three_sizes_sent_at_once_are_one_execution_and_each_answer_is_that_imag
         variable_size=True,
         max_image_size=64,
     ) as server:
-        client = http.InferenceServerClient(server.endpoints.http, concurrency=len(images))
+        capfd.readouterr()
+        client = http.InferenceServerClient(server.endpoints.http, concurrency=len(sent))
         try:
             config = client.get_model_config(NAME)
             (declared,) = config["input"]
@@ -58,24 +65,37 @@ def test_three_sizes_sent_at_once_are_one_execution_and_each_answer_is_that_imag
             )
             before = _counts(client)
             pending = []
-            for image in images:  # all three in flight at once (the client's own concurrency: it is not thread-safe)
+            for image in sent:  # all in flight at once (the client's own concurrency: it is not thread-safe)
                 request = http.InferInput("images", list(image.shape), "FP32")
                 request.set_data_from_numpy(image)
                 pending.append(client.async_infer(NAME, [request]))
-            answers = [p.get_result(timeout=120).as_numpy("logits") for p in pending]
+            outcomes = []
+            for p in pending:
+                try:
+                    outcomes.append(p.get_result(timeout=120).as_numpy("logits"))
+                except InferenceServerException as err:
+                    outcomes.append(err)
             inferences, executions = (a - b for a, b in zip(_counts(client), before, strict=True))
-            assert (inferences, executions) == (3, 1), "three requests of three sizes, one execution"
-
-            too_large = np.zeros((1, 3, 72, 32), dtype=np.float32)
-            request = http.InferInput("images", list(too_large.shape), "FP32")
-            request.set_data_from_numpy(too_large)
-            with pytest.raises(Exception, match=r"72x32 is larger than this server's 64 px a side"):
-                client.infer(NAME, [request])
+            assert (inferences, executions) == (len(sent), 1), "five requests of five sizes, one execution"
         finally:
             client.close()
+    answers = outcomes[0::2]
+    assert all(isinstance(a, np.ndarray) for a in answers), outcomes  # the good ones are answered
+    errors = [outcomes[1].message(), outcomes[3].message()]
+    assert errors[0].startswith("images [1, 3, 72, 32]: 72x32 is larger than this server's 64 px a side"), errors
+    assert errors[1].startswith("images [1, 3, 30, 32]: 30x32 is not a multiple of the 8-px patch"), errors
+    for message in errors:
+        assert "Traceback" not in message and 'File "' not in message and ".py" not in message, message
     model64 = copy.deepcopy(model).double()
     for image, answer in zip(images, answers, strict=True):
         x = torch.from_numpy(image)
         with torch.no_grad():
             eager, ref = model(x), model64(x.double())
         assert_within_eager(torch.from_numpy(np.array(answer)), eager, ref, f"served logits at {tuple(x.shape[2:])}")
+    console = capfd.readouterr()
+    text = console.out + console.err
+    assert "Traceback" not in text, text[-3000:]
+    lines = [line for line in text.splitlines() if "refused a request" in line]
+    # one line per refused request, at most one a second (one within the second of another is counted, then summed)
+    assert 1 <= len(lines) <= 2 and all("x32 is" in line for line in lines), lines
+    assert "[vit-fast serve] 2 request(s) refused while serving" in text

@@ -19,7 +19,9 @@ shared-memory APIs are open, so perf_analyzer and model-analyzer measure it as t
 interface they keep PyTriton's access token, printed (and written to --json, readable by you only) for clients
 to send in the triton-access-token header (--protect on|off decides it yourself); Triton takes that token on its
 command line, where other users of this machine can read it. Requests whose
-shape or dtype do not fit get an error response; the server keeps serving. --variable-size serves images
+shape or dtype do not fit get an error response, a message (never a traceback) of their own: a refused request fails
+only itself in a batch, and the console gets one line per refused request (at most one a second). A Triton that dies
+while serving is restarted, saying so (at most 3 times in 10 minutes). --variable-size serves images
 of any size (each side a multiple of the patch size, up to --max-image-size pixels) for a model built with
 dynamic_img_size: requests of different sizes are batched together and run as one packed forward. --load-test starts the
 server, runs a bounded load test against it on loopback (HTTP and gRPC clients, mixed batch sizes,
@@ -143,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
     from vit_fast import __version__
     from vit_fast.export.tritonserver import model_name_for, parse_batch_sizes
     from vit_fast.interop.loading import load_model
+    from vit_fast.serve.lifecycle import RESTART_WINDOW_S, RESTARTS
     from vit_fast.serve.loadtest import load_test_in_child
     from vit_fast.serve.server import ACCESS_HEADERS, DRAIN_TIMEOUT_S, Server
     from vit_fast.util.files import MARKER_KEY
@@ -227,7 +230,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"ready: Ctrl-C or SIGTERM stops it (in-flight requests get up to {DRAIN_TIMEOUT_S} s)", flush=True)
         if not server.wait():
             tail = server.log_tail()
-            raise RuntimeError(f"the Triton server for {name!r} stopped by itself; its log ends:\n{tail or '(empty)'}")
+            raise RuntimeError(
+                f"the Triton server for {name!r} kept stopping by itself (restarted {RESTARTS} times within "
+                f"{RESTART_WINDOW_S:.0f} s); its log ends:\n{tail or '(empty)'}"
+            )
         print("stopping", flush=True)
         return 0
     except KeyboardInterrupt:

@@ -1,6 +1,7 @@
 """Triton's process and its python backend as vit-fast serve runs them through PyTriton 0.7: the serve extra's
 check, the environment the backend stub needs, how requests travel, the start-up handshake, a ragged input for
-variable-size images, model control closed, request blocks made private, and the stubs that outlive Triton ended."""
+variable-size images, an error per request, model control closed, request blocks made private, and the stubs that
+outlive Triton ended."""
 
 from __future__ import annotations
 
@@ -16,13 +17,21 @@ from typing import Any
 
 from vit_fast.backend.env import install_hint
 from vit_fast.serve.endpoints import wait_for_200
-from vit_fast.serve.settings import BASE64_MAX_IMAGE_BYTES
+from vit_fast.serve.settings import BASE64_MAX_IMAGE_BYTES, REFUSED_KEY
 
 SERVE_EXTRA = install_hint("serve")
 #: PyTriton 0.7's switch from its shared-memory tensor store to base64 in its messages (see proxy_transport)
 NO_TENSORSTORE = "PYTRITON_NO_TENSORSTORE"
 #: the handshake's wait in the proxy code PyTriton 0.7 sends to Triton with each model, and how long ours waits
 HANDSHAKE_WAIT = ("def get_config_from_handshake_server(socket_path: pathlib.Path, timeout_s: float = 1.0)", 60.0)
+#: where PyTriton 0.7's stub turns each request's response into Triton's (its ``model.py``), and the lines put first
+#: there so that a response carrying :data:`REFUSED_KEY` becomes that request's own error (see per_request_errors)
+WRAP_RESPONSE = "def _wrap_response(response: Response, requested_outputs_names, model_outputs_dict):\n"
+REFUSAL_LINES = (
+    f"    if response.data is not None and {REFUSED_KEY!r} in response.data:  # vit-fast serve: this request's error\n"
+    f"        message = response.data[{REFUSED_KEY!r}].tobytes().decode('utf-8', 'replace')\n"
+    "        return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message))\n"
+)
 #: seconds start() waits for /v2/models/NAME/ready after Triton started
 READY_TIMEOUT_S = 120.0
 #: where POSIX shared-memory blocks live on Linux (shm_open's folder)
@@ -140,6 +149,29 @@ def allow_ragged_batch(triton: Any, model_name: str, input_name: str) -> Path:
     return config
 
 
+def per_request_errors(triton: Any, model_name: str) -> Path:
+    """Make the stub of ``model_name`` (the ``model.py`` PyTriton 0.7 copied to its local model store when the model
+    was bound; call it after ``bind``, before Triton starts) answer a response carrying :data:`REFUSED_KEY` with that
+    request's own error, so one refused request fails only itself in a batch; returns that file. Exact-text change;
+    a RuntimeError where the file or the text is not what PyTriton 0.7 writes: never a refusal lost silently. Why:
+    docs/deploy.md, section "Refused requests"."""
+    from vit_fast.util.files import claim, write_atomic
+
+    store = getattr(getattr(triton, "_workspace", None), "model_store_path", None)
+    scripts = sorted(Path(store).glob(f"{glob_escape(model_name)}/[0-9]*/model.py")) if store is not None else []
+    text = scripts[0].read_text() if len(scripts) == 1 else ""
+    if text.count(WRAP_RESPONSE) != 1:
+        raise RuntimeError(
+            f"vit-fast serve cannot answer each request of a batch on its own with this PyTriton (no {model_name}/"
+            f"VERSION/model.py with PyTriton 0.7's _wrap_response in its model store): {SERVE_EXTRA} (it pins "
+            "nvidia-pytriton 0.7.0)"
+        )
+    if REFUSAL_LINES not in text:
+        claim(scripts[0])  # PyTriton's copy in this server's own workspace, just read: that file may be replaced
+        write_atomic(scripts[0], text.replace(WRAP_RESPONSE, WRAP_RESPONSE + REFUSAL_LINES))
+    return scripts[0]
+
+
 def make_shm_private(prefix: str, shm_dir: Path = SHM_DIR) -> list[Path]:
     """Give the shared-memory blocks in ``shm_dir`` whose names start with ``prefix`` mode 0600; returns them. Call it
     once Triton has loaded the model (which makes them) and before the first request. Only this user's regular files
@@ -207,6 +239,24 @@ def python_backend_env(environ: dict[str, str] | None = None) -> dict[str, str]:
     paths = [p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p and p != libdir]
     env["LD_LIBRARY_PATH"] = os.pathsep.join([libdir, *paths])
     return env
+
+
+class _RequestedStop:
+    """A logging filter that drops PyTriton 0.7's "Triton Inference Server exited with failure", which it logged on a
+    requested stop too (seen after SIGTERM); vit-fast serve says itself when Triton exits without being asked
+    (:class:`vit_fast.serve.lifecycle.Restarts`)."""
+
+    def filter(self, record: Any) -> bool:
+        return "exited with failure" not in str(record.msg)
+
+
+def quiet_exit_warning() -> None:
+    """Install :class:`_RequestedStop` on PyTriton's server logger (once)."""
+    import logging
+
+    logger = logging.getLogger("pytriton.server.triton_server")
+    if not any(isinstance(f, _RequestedStop) for f in logger.filters):
+        logger.addFilter(_RequestedStop())
 
 
 def run_triton(triton: Any, health_url: str, verbose: bool) -> None:

@@ -6,6 +6,7 @@ only its owner may do, and the choices that make the CPU path fast: docs/deploy.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import logging
@@ -13,7 +14,6 @@ import math
 import os
 import signal
 import sys
-import tempfile
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,6 +29,7 @@ from vit_fast.export.tritonserver import (
 )
 from vit_fast.model.vit import VisionTransformer
 from vit_fast.model.warmup import WarmupReport
+from vit_fast.serve.answers import RefusalLog, answer_each, answer_ragged, answer_stacked
 from vit_fast.serve.backend import (
     NO_TENSORSTORE,
     READY_TIMEOUT_S,
@@ -38,14 +39,17 @@ from vit_fast.serve.backend import (
     close_model_control,
     make_shm_private,
     patient_handshake,
+    per_request_errors,
     proxy_transport,
     python_backend_env,
+    quiet_exit_warning,
     reap_backend_stubs,
     require_serve,
     run_triton,
 )
 from vit_fast.serve.checks import check_server_args, parse_served_dtype
 from vit_fast.serve.endpoints import ACCESS_HEADERS, Endpoints, is_loopback, port_in_use, wait_for_200
+from vit_fast.serve.lifecycle import Restarts, private_folder
 from vit_fast.serve.ports import claim_free_ports, release_ports
 from vit_fast.serve.settings import (
     CPU_PREFERRED_BATCH,
@@ -57,7 +61,7 @@ from vit_fast.serve.settings import (
     PROTECT_CHOICES,
 )
 from vit_fast.serve.threads import plan_threads
-from vit_fast.serve.variable import check_requests, check_variable_size, forward_requests
+from vit_fast.serve.variable import check_variable_size
 
 #: the start-up race between PyTriton's model instances (see Server.start), and how often to try
 HANDSHAKE_RACE = "get_config_from_handshake_server"
@@ -140,6 +144,13 @@ class Server:
         self._port_locks: list[int] = []
         #: Triton's own log (written by tritonserver; on stdout instead with ``verbose``)
         self.log_file: Path | None = None
+        #: the refused requests, a console line each at most once a second
+        self.refusals = RefusalLog()
+        #: this server's private folder (PyTriton's workspaces, Triton's logs; see private_folder), and its restarts
+        self._folder: contextlib.ExitStack | None = None
+        self._workdir: Path | None = None
+        self._restarts = Restarts()
+        self._token: str | None = None
 
     @property
     def description(self) -> str:
@@ -222,27 +233,21 @@ class Server:
             tuner.finished()
         return {self.output.name: y.numpy()}
 
+    def answer(self, requests: Sequence[Any]) -> list[dict[str, Any]]:
+        """PyTriton's list of requests, as Triton's dynamic batcher batched them -> one response per request, in order
+        (:mod:`vit_fast.serve.answers`): a request the model cannot take gets its own error and fails only itself; a
+        batch that fails answers each request with a message, never a traceback."""
+        if self.max_image_size is not None:
+            return answer_each(requests, self.output.name, lambda: self.infer_requests(requests), self.refusals)
+        io = (self.input.name, self.output.name)
+        return answer_each(requests, self.output.name, lambda: answer_stacked(requests, *io, self.infer), self.refusals)
+
     def infer_requests(self, requests: Sequence[Any]) -> list[dict[str, Any]]:
         """A ragged batch as Triton's dynamic batcher formed it (``variable_size``): PyTriton's list of requests, each
-        ``{input: [B_r, C, H_r, W_r]}`` -> one ``{output: [B_r, N]}`` per request, in order. Every request is
-        checked before any work (:func:`vit_fast.serve.variable.check_requests`; one that fails fails the batch it
-        came in, with a message naming it), then all images run as one packed forward."""
-        if not requests:
-            raise ValueError("empty batch: no request to serve")
-        arrays = [request[self.input.name] for request in requests]
-        counts = check_requests(self.model, arrays, self.input.name, self.max_image_size)
-        tuner = self.thread_tuner
-        if tuner is None:
-            rows = forward_requests(self.model, arrays, counts)
-        else:
-            threads = tuner.threads_for(sum(counts))
-            try:
-                if torch.get_num_threads() != threads:  # torch's count is per thread: each instance sets its own
-                    torch.set_num_threads(threads)
-                rows = forward_requests(self.model, arrays, counts)
-            finally:
-                tuner.finished()
-        return [{self.output.name: r} for r in rows]
+        ``{input: [B_r, C, H_r, W_r]}`` -> one response per request, in order: ``{output: [B_r, N]}``, or its own
+        error where the model cannot take it (:func:`vit_fast.serve.answers.answer_ragged`)."""
+        io = (self.input.name, self.output.name)
+        return answer_ragged(self.model, requests, io, self.max_image_size, self.thread_tuner, self.refusals)
 
     def start(self) -> Server:
         """Claim the ports (:meth:`check_ports`), warm the model up (:meth:`warmup`), start Triton (in a process of its
@@ -291,17 +296,19 @@ class Server:
     def _start_once(self) -> Server:
         require_serve()
         import numpy as np
-        from pytriton.decorators import batch
         from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
         from pytriton.triton import Triton, TritonConfig, TritonLifecyclePolicy, TritonSecurityConfig
 
         # the python-backend stub is started by tritonserver, which PyTriton starts with a copy of os.environ
         os.environ.update(python_backend_env())
+        quiet_exit_warning()
+        if self._workdir is None:  # this server's private folder, removed by stop()
+            self._folder = contextlib.ExitStack()
+            self._workdir = private_folder(self._folder, f"w999/{self.name}_0_99-server.sock")
+        attempt = len(list(self._workdir.glob("[!.]*"))) + 1  # a new number: each start leaves its log there
         if not self.verbose:
             logging.getLogger("pytriton").setLevel(logging.WARNING)
-            fd, log = tempfile.mkstemp(prefix=f"vit-fast-serve-{self.name}-", suffix=".log")
-            os.close(fd)
-            self.log_file = Path(log)
+            self.log_file = self._workdir / f"triton-{attempt}.log"
         np_dtype = np.float16 if self.dtype == torch.float16 else np.float32
         e = self.endpoints
         config = TritonConfig(
@@ -318,14 +325,17 @@ class Server:
             exit_timeout_secs=DRAIN_TIMEOUT_S,
         )
         # open: [] restricts nothing (PyTriton's default list protects statistics and shared memory with a token);
-        # model control is closed to every client either way (close_model_control)
-        security = TritonSecurityConfig() if self.protected else TritonSecurityConfig(restricted_endpoints=[])
-        infer = batch(self.infer) if self.max_image_size is None else self.infer_requests
+        # model control is closed to every client either way (close_model_control). A restarted Triton keeps the
+        # first one's token: clients read it from the ready JSON
+        open_ = TritonSecurityConfig(restricted_endpoints=[])
+        security = TritonSecurityConfig(access_token=self._token) if self.protected else open_
+        self._token = security.access_token
         patient_handshake()
         # the model's files go to PyTriton's private model store when it is bound, and Triton loads them when it
         # starts: no load request is ever needed
-        local_store = TritonLifecyclePolicy(launch_triton_on_startup=True, local_model_store=True)
-        self._triton = Triton(config=config, security_config=security, triton_lifecycle_policy=local_store)
+        policy = TritonLifecyclePolicy(launch_triton_on_startup=True, local_model_store=True)
+        where = self._workdir / f"w{attempt}"
+        self._triton = Triton(config=config, security_config=security, triton_lifecycle_policy=policy, workspace=where)
         close_model_control(self._triton)
         # PyTriton reads the switch when the model is bound (this process) and when its stubs start (Triton's copy
         # of os.environ): set for both, then put back, so another PyTriton server in this process is not touched
@@ -334,7 +344,7 @@ class Server:
         try:
             self._triton.bind(
                 model_name=self.name,
-                infer_func=[infer] * self.batching.instances,
+                infer_func=[self.answer] * self.batching.instances,
                 inputs=[Tensor(name=self.input.name, dtype=np_dtype, shape=self.input.dims)],
                 outputs=[Tensor(name=self.output.name, dtype=np_dtype, shape=self.output.dims)],
                 config=ModelConfig(
@@ -344,8 +354,9 @@ class Server:
                         max_queue_delay_microseconds=self.batching.queue_delay_us,
                     ),
                 ),
-                strict=True,
+                strict=False,  # a refused request's response carries its message, not the outputs (per_request_errors)
             )
+            per_request_errors(self._triton, self.name)  # before Triton starts and loads the model
             if self.max_image_size is not None:  # before Triton starts and reads the config
                 allow_ragged_batch(self._triton, self.name, self.input.name)
             run_triton(self._triton, self.endpoints.health_url, self.verbose)
@@ -391,12 +402,26 @@ class Server:
                 previous[sig] = signal.signal(sig, lambda *_: self._stop.set())
         try:
             while not self._stop.wait(poll_s):
-                if not self.alive():
+                if not self.alive() and not self._stop.is_set() and not self._restart():
                     return False
             return True
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+    def _restart(self) -> bool:
+        """Start Triton again after it exited by itself, saying so; False (no restart) once it keeps dying
+        (:class:`vit_fast.serve.lifecycle.Restarts`). Why it may die: docs/deploy.md, "Refused requests"."""
+        last = (self.log_tail(1) or "(its log is empty)").strip()[-300:]
+        if not self._restarts.allow(f"Triton Inference Server exited by itself (its log ends: {last})"):
+            return False
+        self._stop_serving()
+        self._threads_before = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+        self._start_once()
+        self._wait_ready()
+        print("[vit-fast serve] Triton Inference Server restarted: serving again", file=sys.stderr, flush=True)
+        return True
 
     def request_stop(self) -> None:
         """Make :meth:`wait` return (thread-safe; what the signal handlers call)."""
@@ -408,16 +433,20 @@ class Server:
             return ""
         return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
 
-    def stop(self, keep_log: bool = False) -> None:
-        """Stop Triton and its python backend; waits for them to exit; then release the ports. Safe to call twice.
-
-        Triton's log file is removed unless ``keep_log`` (kept to explain a failure)."""
+    def stop(self) -> None:
+        """Stop Triton and its python backend; waits for them to exit; then release the ports and remove this server's
+        private folder (PyTriton's workspaces, Triton's logs). Safe to call twice."""
         try:
-            self._stop_serving(keep_log)
+            self._stop_serving()
         finally:
             release_ports(self._port_locks)
+            folder, self._folder, self._workdir = self._folder, None, None
+            if folder is not None:
+                folder.close()
+                if summary := self.refusals.summary():
+                    print(summary, file=sys.stderr, flush=True)
 
-    def _stop_serving(self, keep_log: bool = False) -> None:
+    def _stop_serving(self) -> None:
         """:meth:`stop` but for the port locks (a start-up that is retried keeps them)."""
         triton, self._triton = self._triton, None
         if triton is not None:
@@ -441,8 +470,6 @@ class Server:
                 file=sys.stderr,
                 flush=True,
             )
-        if self.log_file is not None and not keep_log:
-            self.log_file.unlink(missing_ok=True)
 
     def __enter__(self) -> Server:
         return self.start()

@@ -8,6 +8,9 @@ import sys
 from collections.abc import MutableMapping
 
 DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
+#: the output name that carries a refused request's message (utf-8 bytes as uint8) to PyTriton's stub, which turns
+#: it into that request's own error response (vit_fast.serve.backend.per_request_errors)
+REFUSED_KEY = "vit_fast_refused"
 #: loopback by default: a server is reachable from other machines only when asked (--host 0.0.0.0)
 DEFAULT_HOST = "127.0.0.1"
 #: ``protect``: "auto" opens the statistics and shared-memory APIs (what perf_analyzer and model-analyzer read) on

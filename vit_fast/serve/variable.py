@@ -51,44 +51,40 @@ def check_variable_size(model: VisionTransformer, max_side: int | None, element_
     return side
 
 
-def check_requests(model: VisionTransformer, arrays: Sequence[Any], input_name: str, max_side: int) -> list[int]:
-    """Raise a ValueError naming the request (its place in the served batch and its shape) and the fix, unless every
-    array of ``arrays`` is an image batch ``[B >= 1, C, H, W]`` the model takes: its channels, each side a multiple
-    of the patch size from one patch to ``max_side`` pixels. Returns each request's image count. Runs before any
-    work; Triton has checked the channels and the dtype against the config already (this guards the model should
-    that change)."""
+def request_problem(model: VisionTransformer, images: Any, input_name: str, max_side: int) -> str | None:
+    """Why the model cannot take ``images`` (one request's array, which must be an image batch ``[B >= 1, C, H, W]``:
+    its channels, each side a multiple of the patch size from one patch to ``max_side`` pixels), naming its shape and
+    the fix; None when it can. Runs before any work; Triton has checked the channels and the dtype against the config
+    already (this guards the model should that change)."""
     cfg = model.cfg
     p = cfg.patch_size
-    counts = []
-    for r, images in enumerate(arrays):
-        shape = tuple(getattr(images, "shape", ()))
-        where = f"request {r} of the batch ({input_name} {list(shape)})"
-        if len(shape) != 4:
-            raise ValueError(f"{where}: {input_name} must be [B, C, H, W] (B images of one size, B >= 1)")
-        b, c, h, w = shape
-        if b < 1:
-            raise ValueError(f"{where}: no image; send [1, {cfg.in_chans}, H, W]")
-        if c != cfg.in_chans:
-            raise ValueError(f"{where}: the model takes {cfg.in_chans} channels in dim 1 of [B, C, H, W]")
-        if h < p or w < p:
-            raise ValueError(f"{where}: {h}x{w} is smaller than one {p}x{p} patch; resize it to at least {p}x{p}")
-        if h > max_side or w > max_side:
-            raise ValueError(
-                f"{where}: {h}x{w} is larger than this server's {max_side} px a side (--max-image-size); "
-                f"resize it to at most {max_side - max_side % p} px a side (a multiple of {p})"
-            )
-        if h % p or w % p:
-            raise ValueError(
-                f"{where}: {h}x{w} is not a multiple of the {p}-px patch; resize or crop it to "
-                f"{max(p, h - h % p)}x{max(p, w - w % p)} (or pad it up to the next multiple of {p})"
-            )
-        counts.append(b)
-    return counts
+    shape = tuple(getattr(images, "shape", ()))
+    where = f"{input_name} {list(shape)}"
+    if len(shape) != 4:
+        return f"{where}: {input_name} must be [B, C, H, W] (B images of one size, B >= 1)"
+    b, c, h, w = shape
+    if b < 1:
+        return f"{where}: no image; send [1, {cfg.in_chans}, H, W]"
+    if c != cfg.in_chans:
+        return f"{where}: the model takes {cfg.in_chans} channels in dim 1 of [B, C, H, W]"
+    if h < p or w < p:
+        return f"{where}: {h}x{w} is smaller than one {p}x{p} patch; resize it to at least {p}x{p}"
+    if h > max_side or w > max_side:
+        return (
+            f"{where}: {h}x{w} is larger than this server's {max_side} px a side (--max-image-size); "
+            f"resize it to at most {max_side - max_side % p} px a side (a multiple of {p})"
+        )
+    if h % p or w % p:
+        return (
+            f"{where}: {h}x{w} is not a multiple of the {p}-px patch; resize or crop it to "
+            f"{max(p, h - h % p)}x{max(p, w - w % p)} (or pad it up to the next multiple of {p})"
+        )
+    return None
 
 
 def forward_requests(model: VisionTransformer, arrays: Sequence[Any], counts: Sequence[int]) -> list[Any]:
-    """The rows of one packed forward of every image of ``arrays`` (checked by :func:`check_requests`, which gave
-    ``counts``), split back per request: ``[B_r, num_classes]`` (or ``[B_r, D]``) numpy arrays, in order."""
+    """The rows of one packed forward of every image of ``arrays`` (each passed :func:`request_problem`; ``counts``:
+    their image counts), split back per request: ``[B_r, num_classes]`` (or ``[B_r, D]``) numpy arrays, in order."""
     import numpy as np
 
     images: list[torch.Tensor] = []
@@ -106,4 +102,4 @@ def forward_requests(model: VisionTransformer, arrays: Sequence[Any], counts: Se
     return out
 
 
-__all__ = ["VARIABLE_MAX_SIDE", "check_requests", "check_variable_size", "forward_requests"]
+__all__ = ["VARIABLE_MAX_SIDE", "check_variable_size", "forward_requests", "request_problem"]
