@@ -174,3 +174,18 @@ def test_op_passes_opcheck_and_compiles():
     torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
     compiled = torch.compile(lambda *a: op(*a), fullgraph=True, backend="eager")
     torch.testing.assert_close(compiled(*args), preprocess(images, **kw), rtol=0, atol=0)
+
+
+def test_output_feeds_the_patch_embedding_as_it_is():
+    """preprocess's ``[B, 3, h, w]`` output is a float image the fused patch embedding takes without a copy: the
+    two kernels in a row against the two references in float64, by the numerics rule (eager: both in fp32)."""
+    from vit_fast.kernels.patch_embed import patch_embed, patch_embed_ref
+
+    images, kw = _images([(13, 10), (7, 9)]), dict(resize=(10, 9), crop=(8, 8), interpolation="bicubic", **IMAGENET)
+    weight, bias = torch.randn(6, 3, 4, 4), torch.randn(6)
+    pos, cls = torch.randn(1, 5, 6), torch.randn(1, 1, 6)
+    tokens = patch_embed(preprocess(images, **kw), weight, bias, pos, cls)
+    truth64 = preprocess_ref(images, out_dtype=torch.float64, compute_dtype=torch.float64, **kw)
+    truth = patch_embed_ref(truth64, weight.double(), bias.double(), pos.double(), cls.double())
+    eager = patch_embed_ref(preprocess_ref(images, **kw), weight, bias, pos, cls)
+    assert_within_eager(tokens, eager, truth, "preprocess -> patch_embed")
