@@ -268,7 +268,9 @@ def _check_packed(pixels, images, row_start, row_stop, row_weight, col_index, co
                 f"preprocess: {name} must be {dim}-d {dtype} on {pixels.device}, got {t.dtype} {t.dim()}-d"
             )
     B = images.shape[0]
-    if row_start.shape[0] != B * crop_h or row_weight.shape[0] != B * crop_h or col_weight.shape[0] != B * crop_w:
+    rows = (row_start.shape[0], row_stop.shape[0], row_weight.shape[0])
+    cols = (col_index.shape, col_weight.shape[0])
+    if images.shape[1] != 3 or rows != (B * crop_h,) * 3 or cols != (col_weight.shape, B * crop_w):
         raise ValueError(f"preprocess: tables do not match {B} images cropped to {crop_h}x{crop_w}")
     check_device("preprocess", pixels)
 
