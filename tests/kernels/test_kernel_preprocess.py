@@ -188,3 +188,17 @@ def test_output_feeds_the_patch_embedding_as_it_is():
     truth = patch_embed_ref(truth64, weight.double(), bias.double(), pos.double(), cls.double())
     eager = patch_embed_ref(preprocess_ref(images, **kw), weight, bias, pos, cls)
     assert_within_eager(tokens, eager, truth, "preprocess -> patch_embed")
+
+
+def test_compiled_mode_candidates_and_the_no_autotune_pick(monkeypatch):
+    """Compiled (not interpreted): five tiles of at most 1024 outputs on 4 warps; tuning keeps every one, the
+    no-autotune pick is 8 x 64. The interpreter gets one config (it cannot time any)."""
+    monkeypatch.setattr(preprocess_module, "interpreter_enabled", lambda: False)
+    configs = preprocess_module.preprocess_configs()
+    tiles = {(c.kwargs["BLOCK_Y"], c.kwargs["BLOCK_X"]) for c in configs}
+    assert tiles == {(4, 64), (4, 128), (8, 64), (8, 128), (16, 64)} and {c.num_warps for c in configs} == {4}
+    assert preprocess_module.prune_preprocess_configs(configs, {"TUNE": 1}) == configs
+    (pick,) = preprocess_module.prune_preprocess_configs(configs, {"TUNE": 0})
+    assert (pick.kwargs, pick.num_warps) == ({"BLOCK_Y": 8, "BLOCK_X": 64}, 4)
+    monkeypatch.undo()
+    assert len(preprocess_module.preprocess_configs()) == 1
