@@ -64,6 +64,15 @@ def test_each_image_alone_equals_its_row_of_a_mixed_batch():
         torch.testing.assert_close(preprocess([image], **kw)[0], batch[i], rtol=0, atol=0)
 
 
+def test_strided_views_are_read_as_their_pixels():
+    """A cropped view of a larger decoded image (not contiguous) gives what its contiguous copy gives."""
+    big = _images([(12, 15)])[0]
+    view = big[2:11, 3:14]
+    kw = dict(resize=(8, 9), crop=(7, 9), interpolation="bilinear", **IMAGENET)
+    assert not view.is_contiguous()
+    torch.testing.assert_close(preprocess([view], **kw), preprocess([view.contiguous()], **kw), rtol=0, atol=0)
+
+
 # ---------------------------------------------------------------------------------- the reference, independently
 def _in_255(images, kw):
     """The reference's resize + crop alone, in 0..255 units (mean 0, std 1/255), float64, [B, 3, h, w]."""
