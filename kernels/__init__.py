@@ -87,7 +87,7 @@ class Op:
 #: every kernel file, by name
 KERNELS: dict[str, Kernel] = {
     name: Kernel(name)
-    for name in ("patch_embed", "layer_norm", "attention", "attention_pool", "diff_attention", "linear")
+    for name in ("patch_embed", "layer_norm", "attention", "attention_pool", "diff_attention", "linear", "preprocess")
 }
 
 #: ParallelScalingBlock with an RmsNorm in_norm (folded into its fc1 and qkv GEMMs) and RmsNorm qk-norm, no qkv bias
@@ -129,5 +129,8 @@ OPS: dict[str, Op] = {
             "attention_pool_ref",
             dict(model="vit_base_patch16_siglip_224", tokens=196, heads=12, head_dim=64, latents=1),
         ),
+        # uint8 images at their decoded sizes to a model's input (resize, centre crop, normalise): before the model,
+        # so no model launches it and doctor does not check it
+        Op("preprocess", KERNELS["preprocess"], "launch_preprocess", "preprocess_ref"),
     )
 }

@@ -5,6 +5,7 @@
     python tools/compile_check.py --targets 75,86 --kernels linear,attention      # some targets, some kernels
     python tools/compile_check.py --targets 75,80,90 --kernels diff_attention     # timm's DiffAttention kernel
     python tools/compile_check.py --kernels layer_norm --filter fp16   # a subset: variants whose label has "fp16"
+    python tools/compile_check.py --targets 90,80 --kernels preprocess   # the fused image preprocessing
     python tools/compile_check.py --set picks --filter fp32 --targets 80,86,90   # the default picks, ViT-S/B
     python tools/compile_check.py --set sweep [--full]              # the wider sweep (head dims, flags; slow)
 
@@ -493,6 +494,56 @@ def linear_launch(params):
     )
 
 
+#: preprocessing cases: (label, decoded image sizes in one launch, resize, crop, interpolation). vit-b16: photos
+#: of two sizes to timm's eval input at 224 (short side to 248, centre 224); sweep: a 1080p frame downscaled 8x
+#: (the most taps), the digits model's 8x8 upscaled to 32x32
+PREPROCESS_VARIANTS = {
+    "vit-b16": (("photos 500x375+640x480 -> 248x330 / 224", ((375, 500), (480, 640)), (248, 330), (224, 224)),),
+    "sweep": (
+        ("1080p -> 224", ((1080, 1920),), (224, 398), (224, 224)),
+        ("digits 8x8 -> 32", ((8, 8),), (32, 32), (32, 32)),
+    ),
+}
+
+
+def preprocess_cases(variant_set: str, full: bool):
+    """Not in a ViT forward, so not in the picks set; every config it keeps for fp32 / fp16 (--every-config-dtypes),
+    the pick for bf16, per interpolation."""
+    cases = []
+    for (name, sizes, resize, crop), dtype, interpolation in itertools.product(
+        PREPROCESS_VARIANTS.get(variant_set, ()), DTYPES, ("bicubic", "bilinear")
+    ):
+        params = {"dtype": dtype, "sizes": sizes, "resize": resize, "crop": crop, "interpolation": interpolation}
+        which = "all" if full else _vit_b16_which(dtype)
+        cases.append(("preprocess", f"{dtype} {interpolation} {name}", params, which))
+    return cases
+
+
+def preprocess_launch(params):
+    import torch
+
+    from vit_fast.kernels import preprocess as pp
+
+    # the launcher packs the images' pixels (a copy of up to a MB) with torch on the CPU: on one thread, or the
+    # forked compile workers hang in an OpenMP pool the parent started (seen: every worker asleep on a futex)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _recorded_launch(
+            "preprocess",
+            pp.launch_preprocess,
+            [_empty((h, w, 3), "u8") for h, w in params["sizes"]],
+            resize=tuple(params["resize"]),
+            crop=tuple(params["crop"]),
+            interpolation=params["interpolation"],
+            mean=(0.485, 0.456, 0.406),
+            std=(0.229, 0.224, 0.225),
+            out_dtype=_torch_dtype(params["dtype"]),
+        )
+    finally:
+        torch.set_num_threads(threads)
+
+
 CASES = {
     "patch_embed": patch_embed_cases,
     "layer_norm": layer_norm_cases,
@@ -500,6 +551,7 @@ CASES = {
     "attention_pool": attention_pool_cases,
     "diff_attention": diff_attention_cases,
     "linear": linear_cases,
+    "preprocess": preprocess_cases,
 }
 LAUNCH = {
     "patch_embed": patch_embed_launch,
@@ -508,6 +560,7 @@ LAUNCH = {
     "attention_pool": attention_pool_launch,
     "diff_attention": diff_attention_launch,
     "linear": linear_launch,
+    "preprocess": preprocess_launch,
 }
 
 
@@ -754,10 +807,10 @@ def compile_one(task):
 # ------------------------------------------------------------------------------ flags and the per-target table
 def expected_tc(row: dict, card) -> str:
     """What the card table says the row's dots compile to: ``Card.dot`` for 16-bit dots; "fma" for fp32 (the
-    kernels run fp32 dots at IEEE precision, never TF32) and for LayerNorm (no dot). The attention pool's dots have
-    16 query rows, below wgmma's and tcgen05's 64-row minimum: mma.sync on those cards (as triton 3.9 compiles
-    them for sm_90)."""
-    if row["kernel"] == "layer_norm" or row.get("dtype") == "fp32":
+    kernels run fp32 dots at IEEE precision, never TF32) and for LayerNorm and preprocessing (no dot). The attention
+    pool's dots have 16 query rows, below wgmma's and tcgen05's 64-row minimum: mma.sync on those cards (as triton
+    3.9 compiles them for sm_90)."""
+    if row["kernel"] in ("layer_norm", "preprocess") or row.get("dtype") == "fp32":
         return "fma"
     if row["kernel"] == "attention_pool" and card.dot in ("wgmma", "tcgen05"):
         return "mma.sync"

@@ -42,6 +42,7 @@ AUTOTUNED = {
     "attention": KERNELS["attention"].kernel,
     "attention_pool": KERNELS["attention_pool"].kernel,
     "diff_attention": KERNELS["diff_attention"].kernel,
+    "preprocess": KERNELS["preprocess"].kernel,
 }
 
 

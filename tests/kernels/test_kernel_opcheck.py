@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from vit_fast.kernels import attention, attention_pool, diff_attention, layer_norm, linear, patch_embed
+from vit_fast.kernels import attention, attention_pool, diff_attention, layer_norm, linear, patch_embed, preprocess
 
 OPCHECKS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
 
@@ -59,6 +59,13 @@ def _patch_embed_public(x, weight, bias, pos_embed, cls_token, reg_token, mean, 
     return patch_embed.patch_embed(
         x, weight, bias, pos_embed, cls_token, reg_token, no_embed_class=no_embed_class, mean=mean, std=std
     )
+
+
+def _preprocess_args(device):
+    # two uint8 images of different sizes, packed as preprocess() packs them: bicubic 5x6, centre crop 4x5
+    images = [torch.randint(0, 256, (h, w, 3), dtype=torch.uint8, device=device) for h, w in ((6, 5), (4, 7))]
+    batch = preprocess._pack_for_kernel(images, (5, 6), (4, 5), "bicubic")
+    return [*batch, 4, 5, [0.485, 0.456, 0.406], [0.229, 0.224, 0.225], torch.float32]
 
 
 def _attention_public(qkv, num_heads, scale, lengths, cu_seqlens, max_seqlen):
@@ -127,6 +134,8 @@ CASES = {
     ),
     "layer_norm": ("layer_norm", lambda d: [_randn(d, 5, 9), _randn(d, 9), None, 1e-6], layer_norm.layer_norm),
     "rms_norm": ("rms_norm", lambda d: [_randn(d, 5, 9), _randn(d, 9), None, 1e-6], layer_norm.rms_norm),
+    # the op takes the packed batch; preprocess.preprocess (a list of images) packs it on the host first
+    "preprocess": ("preprocess", _preprocess_args, preprocess._preprocess),
     "rms_norm_linear": (
         "rms_norm_linear",
         lambda d: [_randn(d, 2, 3, 7), _randn(d, 7), None, 1e-6, _randn(d, 5, 7), _randn(d, 5), "silu"],
@@ -181,6 +190,7 @@ BAD_INPUTS = {
     "layer_norm-eps": ("layer_norm", 3, lambda d, a: 0.0, ValueError, "eps must be a positive float"),
     "rms_norm-weight-shape": ("rms_norm", 1, lambda d, a: a[1][:8], ValueError, "weight has shape"),
     "rms_norm_linear-eps": ("rms_norm_linear", 3, lambda d, a: 0.0, ValueError, "rms_norm_linear: eps must be"),
+    "preprocess-weight-dtype": ("preprocess", 4, lambda d, a: a[4].double(), ValueError, "row_weight must be"),
 }
 
 
