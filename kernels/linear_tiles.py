@@ -137,7 +137,7 @@ def heuristic_linear_config(
         block_n = 64 if rows > SMALL_M or cdiv(rows, 64) * cdiv(N, 64) >= programs else 32
         return closest_config(configs, {"BLOCK_M": 64, "BLOCK_N": block_n, "BLOCK_K": 32}, 4, FMA_STAGES)
     if any(c.kwargs["TMA"] for c in configs):
-        # gated: 3 stages spilled 8-24 bytes on sm_90 (16-bit, LN prologue), 4 stages none (tools/compile_check.py)
+        # gated: 3 stages spilled 8-24 bytes on sm_90 with the LN prologue, 4 none (RMS: 16 at 4 stages; compile_check)
         return closest_config(configs, {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "TMA": 1}, 8, 4 if gated else 3)
     block_k = 32 if elem_bytes == 4 else 64
     if rows <= SMALL_M:
@@ -151,7 +151,7 @@ def heuristic_linear_config(
         return closest_config(configs, {"BLOCK_M": 64, "BLOCK_N": block_n, "BLOCK_K": 64}, 4, 4)
     if gated:
         # two fp32 accumulators: 128x128 spilled 380-548 bytes on sm_80 in every dtype; 64x128x64 (16-bit) and
-        # 64x64x64 (fp32) with 4 warps spilled nothing on sm_80 / sm_90 (tools/compile_check.py, SwiGLU fc1)
+        # 64x64x64 (fp32) with 4 warps spilled nothing on sm_80 (sm_90 fp32 with LN: 112 B; tools/compile_check.py)
         return closest_config(configs, {"BLOCK_M": 64, "BLOCK_N": 64 if elem_bytes == 4 else 128, "BLOCK_K": 64}, 4, 3)
     return closest_config(configs, {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": block_k}, 8, 3)
 
