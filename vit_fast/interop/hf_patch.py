@@ -18,44 +18,12 @@ from torch import nn
 
 from vit_fast.backend import runtime
 from vit_fast.interop.forwards import PATCHED_BACKEND, is_patched, original_forward, patch_forward
+from vit_fast.interop.hf_classes import LAYOUTS, class_refusal, vision_root
 from vit_fast.interop.naflex import key_padding_lengths
 from vit_fast.interop.timm_blocks import LinearWeights
 from vit_fast.model.config import HF_ACTIVATIONS
 from vit_fast.model.layers import run_block
 
-#: layer class -> (attention attribute, attention output projection, norm before attention, norm before the
-#: MLP, LayerScale after attention or None, LayerScale after the MLP or None)
-LAYOUTS: dict[str, tuple[str, str, str, str, str | None, str | None]] = {
-    "ViTLayer": ("attention", "o_proj", "layernorm_before", "layernorm_after", None, None),
-    "DeiTLayer": ("attention", "o_proj", "layernorm_before", "layernorm_after", None, None),
-    "Dinov2Layer": ("attention", "o_proj", "norm1", "norm2", "layer_scale1", "layer_scale2"),
-    "CLIPEncoderLayer": ("self_attn", "out_proj", "layer_norm1", "layer_norm2", None, None),
-    "SiglipEncoderLayer": ("self_attn", "out_proj", "layer_norm1", "layer_norm2", None, None),
-    "Siglip2EncoderLayer": ("self_attn", "out_proj", "layer_norm1", "layer_norm2", None, None),
-}
-#: the model classes accepted, by family (their vision encoder layers are patched)
-SUPPORTED = {
-    "vit": ("ViTModel", "ViTForImageClassification", "ViTForMaskedImageModeling"),
-    "deit": (
-        "DeiTModel",
-        "DeiTForImageClassification",
-        "DeiTForImageClassificationWithTeacher",
-        "DeiTForMaskedImageModeling",
-    ),
-    "dinov2": ("Dinov2Model", "Dinov2ForImageClassification", "Dinov2Backbone"),
-    "clip": ("CLIPVisionModel", "CLIPVisionModelWithProjection", "CLIPModel", "CLIPForImageClassification"),
-    "siglip": ("SiglipVisionModel", "SiglipModel", "SiglipForImageClassification"),
-    # padded batches of images at their own sizes: vit_fast.interop.naflex
-    "siglip2": ("Siglip2VisionModel", "Siglip2Model", "Siglip2ForImageClassification"),
-}
-_SUPPORTED_NAMES = {name for names in SUPPORTED.values() for name in names}
-#: the other model classes of those families, refused by name with the reason
-REFUSED = {
-    "CLIPTextModel": "a text-only model: it has no vision tower to patch",
-    "CLIPTextModelWithProjection": "a text-only model: it has no vision tower to patch",
-    "SiglipTextModel": "a text-only model: it has no vision tower to patch",
-    "Siglip2TextModel": "a text-only model: it has no vision tower to patch",
-}
 _MIN_HEAD_DIM, _MAX_HEAD_DIM = 16, 256  # the attention kernel's range (vit_fast.kernels.attention)
 _STATE = "_vit_fast_view"  # the layer seen with timm's names (_LayerView, _HeadView)
 
@@ -293,14 +261,14 @@ def _kernels_can_run(x: torch.Tensor, backend: str) -> bool:
 
 
 def vision_layers(model: nn.Module) -> list[nn.Module]:
-    """The encoder layers of the vision tower (a CLIP / SigLIP dual model's text tower is left alone)."""
-    root = getattr(model, "vision_model", None) or model
-    return [m for m in root.modules() if type(m).__name__ in LAYOUTS]
+    """The encoder layers of the vision tower (a CLIP / SigLIP dual model's text tower and a vision-language model's
+    language model are left alone)."""
+    return [m for m in vision_root(model).modules() if type(m).__name__ in LAYOUTS]
 
 
 def pool_heads(model: nn.Module) -> list[nn.Module]:
     """The vision tower's attention-pool heads (SigLIP's ``vision_use_head``)."""
-    root = getattr(model, "vision_model", None) or model
+    root = vision_root(model)
     return [m for m in root.modules() if type(m).__name__ in _POOL_HEADS]
 
 
@@ -316,18 +284,25 @@ def _vision_config(model: nn.Module) -> Any:
     return getattr(config, "vision_config", None) or config
 
 
+def layer_heads(layer: nn.Module, config: Any) -> int:
+    """The attention heads of an encoder layer (ViTMAE's decoder has its own count; the vision config's otherwise)."""
+    att = getattr(layer, LAYOUTS[type(layer).__name__][0])
+    return getattr(att, "num_attention_heads", None) or getattr(att, "num_heads", None) or config.num_attention_heads
+
+
 def head_dim_problem(model: nn.Module, layers: list[nn.Module]) -> str | None:
-    """Why the attention kernel cannot run the vision ``layers`` (their head dim is outside its range); None when it
-    can."""
+    """Why the attention kernel cannot run the vision ``layers`` (a head dim outside its range); None when it can."""
     config = _vision_config(model)
-    heads = config.num_attention_heads
-    head_dim = getattr(layers[0], LAYOUTS[type(layers[0]).__name__][0]).q_proj.weight.shape[0] // heads
-    if _MIN_HEAD_DIM <= head_dim <= _MAX_HEAD_DIM:
-        return None
-    return (
-        f"{type(model).__name__} has head_dim {head_dim} (hidden {config.hidden_size} / {heads} heads); the attention "
-        f"kernel runs head dims {_MIN_HEAD_DIM}..{_MAX_HEAD_DIM}"
-    )
+    for layer in layers:
+        heads = layer_heads(layer, config)
+        width = getattr(layer, LAYOUTS[type(layer).__name__][0]).q_proj.weight.shape[0]
+        head_dim = width // heads
+        if not _MIN_HEAD_DIM <= head_dim <= _MAX_HEAD_DIM:
+            return (
+                f"{type(model).__name__} has head_dim {head_dim} (hidden {width} / {heads} heads); the attention "
+                f"kernel runs head dims {_MIN_HEAD_DIM}..{_MAX_HEAD_DIM}"
+            )
+    return None
 
 
 def hf_refusal(model: nn.Module) -> str | None:
@@ -345,11 +320,9 @@ def hf_refusal(model: nn.Module) -> str | None:
 def check_supported(model: nn.Module, backend: str) -> tuple[list[nn.Module], Any]:
     """The layers to patch and the vision config, or a one-line error naming what is not supported."""
     name = type(model).__name__
-    if name in REFUSED:
-        raise TypeError(f"apply_vit_fast: {name} is {REFUSED[name]}")
-    if name not in _SUPPORTED_NAMES:
-        families = ", ".join(n for names in SUPPORTED.values() for n in names)
-        raise TypeError(f"apply_vit_fast supports the transformers models {families}; got {name}")
+    refusal = class_refusal(model)
+    if refusal is not None:
+        raise TypeError(f"apply_vit_fast: {refusal}")
     config = _vision_config(model)
     layers = vision_layers(model)
     if not layers:
@@ -427,7 +400,7 @@ def apply_hf(model: nn.Module, backend: str) -> nn.Module:
     for layer in layers:
         if is_patched(layer):
             continue  # already patched
-        layer.__dict__[_STATE] = _LayerView(layer, config.num_attention_heads, hidden_act)
+        layer.__dict__[_STATE] = _LayerView(layer, layer_heads(layer, config), hidden_act)
         patch_forward(layer, _fast_hf, backend)
     for head in pool_heads(model) if layers else ():  # no layers patched (head dim out of range): no head either
         if is_patched(head):
