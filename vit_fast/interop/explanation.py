@@ -314,6 +314,9 @@ def explain(model: nn.Module, device: torch.device | str | None = None) -> Expla
             f"explain() does not know {module}.{type(model).__name__}: it explains timm VisionTransformer and "
             "transformers vision models (patched with vit_fast.apply_vit_fast or not) and vit-fast's own"
         )
+    from vit_fast.interop.forwards import fallbacks_said
+
+    notes += [f"said at run time: {said}" for said in fallbacks_said(model)]  # once per model and reason
     return Explanation(
         model=f"{library} {type(model).__name__}",
         device=str(device),
