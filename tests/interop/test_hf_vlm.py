@@ -92,6 +92,9 @@ def test_optimize_patches_the_vision_tower_and_leaves_the_language_model_alone(f
         _language_model(patched).state_dict().items(), _language_model(model).state_dict().values(), strict=True
     ):
         assert torch.equal(ours_p, theirs), name
+    report = vit_fast.explain(patched)
+    assert len(report.patched) == 2 + len(hf_patch.pool_heads(patched)) and not report.left_alone
+    assert any("language model and the projector run transformers' own code" in note for note in report.notes)
     assert vit_fast.remove_vit_fast(patched) == 2 + len(hf_patch.pool_heads(patched))
 
 

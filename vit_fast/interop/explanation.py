@@ -222,6 +222,7 @@ def _timm(model: nn.Module, device: torch.device, dtype: torch.dtype) -> _Read:
 
 def _hf(model: nn.Module, device: torch.device, dtype: torch.dtype) -> _Read:
     from vit_fast.interop.forwards import PATCHED_BACKEND, is_patched
+    from vit_fast.interop.hf_classes import VLM_TOWERS
     from vit_fast.interop.hf_patch import LAYOUTS, head_dim_problem, hf_refusal, pool_heads, vision_layers
 
     asked = model.__dict__.get(PATCHED_BACKEND)
@@ -269,6 +270,12 @@ def _hf(model: nn.Module, device: torch.device, dtype: torch.dtype) -> _Read:
             detail = "apply_vit_fast(model) would run it on the attention-pool kernel"
         rows.append(_row(names[id(head)], head, patched, choice, detail))
     notes = ["the embeddings, the final layernorm and the heads outside the encoder run transformers' own code"]
+    tower = VLM_TOWERS.get(type(model).__name__)
+    if tower is not None:
+        notes.append(
+            f"a vision-language model: only its vision tower ({tower}) is vit-fast's to patch; the language model "
+            "and the projector run transformers' own code, untouched"
+        )
     if asked is not None:
         notes.append(
             "a call with an attention mask other than key padding at the end of each row (SigLIP 2's padding runs "
