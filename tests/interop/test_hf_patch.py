@@ -15,7 +15,7 @@ import torch
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (make setup installs it)")
 
 import vit_fast  # noqa: E402
-from vit_fast.interop import hf_patch  # noqa: E402
+from vit_fast.interop import hf_classes, hf_patch  # noqa: E402
 
 from ..fakes import (  # noqa: E402
     as_float64,
@@ -38,6 +38,17 @@ def _config(family: str, **extra):
         return transformers.DeiTConfig(intermediate_size=48, num_labels=5, **extra)
     if family == "dinov2":
         return transformers.Dinov2Config(mlp_ratio=2, num_labels=5, **extra)
+    if family == "dinov2_with_registers":
+        return transformers.Dinov2WithRegistersConfig(mlp_ratio=2, num_register_tokens=2, num_labels=5, **extra)
+    if family == "vit_mae":  # a one-layer decoder of its own width and heads (head dim 16), patched too
+        decoder = dict(decoder_hidden_size=48, decoder_num_hidden_layers=1, decoder_num_attention_heads=3)
+        return transformers.ViTMAEConfig(
+            intermediate_size=64, decoder_intermediate_size=40, mask_ratio=0.5, **decoder, **extra
+        )
+    if family == "vit_msn":
+        return transformers.ViTMSNConfig(intermediate_size=64, num_labels=5, **extra)
+    if family == "ijepa":
+        return transformers.IJepaConfig(intermediate_size=64, num_labels=5, **extra)
     if family == "clip_vision":
         return transformers.CLIPVisionConfig(intermediate_size=64, **extra)  # quick_gelu
     if family == "siglip_vision":
@@ -239,7 +250,9 @@ def test_refusals_are_up_front_and_name_the_problem():
     bert = transformers.BertModel(
         transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
     )
-    with pytest.raises(TypeError, match=r"supports the transformers models .*SiglipVisionModel.*; got BertModel"):
+    with pytest.raises(
+        TypeError, match=r"BertModel is not a class vit-fast patches; .* patches are .*SiglipVisionModel"
+    ):
         vit_fast.optimize(bert)
 
 
@@ -287,10 +300,17 @@ FAMILY_MODULES = {
     "vit": "vit",
     "deit": "deit",
     "dinov2": "dinov2",
+    "dinov2_with_registers": "dinov2_with_registers",
+    "vit_mae": "vit_mae",
+    "vit_msn": "vit_msn",
+    "ijepa": "ijepa",
     "clip": "clip",
     "siglip": "siglip",
     "siglip2": "siglip2",
 }
+#: the families of vision-language models (tests/interop/test_hf_vlm.py) and the ones refused as a whole
+VLM_FAMILIES = ("llava", "paligemma", "idefics3")
+REFUSED_FAMILIES = ("beit", "data2vec_vision", "sam", "vitdet", "dinov3_vit")
 #: the text config a family's text-only model is built with (refused by name)
 TEXT_CONFIGS = {"clip": "CLIPTextConfig", "siglip": "SiglipTextConfig", "siglip2": "Siglip2TextConfig"}
 
@@ -298,7 +318,8 @@ TEXT_CONFIGS = {"clip": "CLIPTextConfig", "siglip": "SiglipTextConfig", "siglip2
 def _family_classes(family: str) -> list[str]:
     import importlib
 
-    module = importlib.import_module(f"transformers.models.{FAMILY_MODULES[family]}.modeling_{family}")
+    package = FAMILY_MODULES.get(family, family.split("_vision")[0])  # data2vec's vision model is in data2vec
+    module = importlib.import_module(f"transformers.models.{package}.modeling_{family}")
     return [name for name in module.__all__ if not name.endswith("PreTrainedModel")]
 
 
@@ -309,10 +330,10 @@ ALL_CLASSES = sorted((family, name) for family in FAMILY_MODULES for name in _fa
 def test_every_class_of_the_families_is_patched_or_refused_by_name(family, cls_name):
     """Each model class transformers has for ViT, DeiT, DINOv2, CLIP, SigLIP and SigLIP 2: patched (and then it has a
     parity row below) or refused by name with the reason (the text-only towers)."""
-    if cls_name in hf_patch.SUPPORTED[family]:
+    if cls_name in hf_classes.SUPPORTED[family]:
         assert cls_name in PARITY, f"{cls_name} is patched but has no parity row"
         return
-    assert cls_name in hf_patch.REFUSED, f"{cls_name} is neither in hf_patch.SUPPORTED nor in hf_patch.REFUSED"
+    assert cls_name in hf_classes.REFUSED, f"{cls_name} is neither in hf_classes.SUPPORTED nor in hf_classes.REFUSED"
     text = dict(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
     config_cls = getattr(transformers, TEXT_CONFIGS[family])
     model = getattr(transformers, cls_name)(config_cls(**text, projection_dim=8))
@@ -321,11 +342,42 @@ def test_every_class_of_the_families_is_patched_or_refused_by_name(family, cls_n
     assert vit_fast.remove_vit_fast(model) == 0  # nothing was patched
 
 
+#: why each refused family is refused (the words its error holds)
+REFUSED_REASONS = {
+    "beit": "relative position bias",
+    "data2vec_vision": "relative position bias",
+    "sam": "windowed attention",
+    "vitdet": "windowed attention",
+    "dinov3_vit": "rotary position embeddings",
+}
+
+
+@pytest.mark.parametrize("family", REFUSED_FAMILIES)
+def test_attention_the_kernels_do_not_run_is_refused_by_class_name_with_the_reason(family):
+    """BEiT and Data2Vec-Vision (relative position bias), SAM and ViTDet (windowed attention), DINOv3 (RoPE): every
+    class of the family is in the refusal table with that reason."""
+    for name in _family_classes(family):
+        assert REFUSED_REASONS[family] in hf_classes.REFUSED.get(name, ""), name
+
+
+@pytest.mark.parametrize(("family", "config_name"), [("beit", "BeitConfig"), ("dinov3_vit", "DINOv3ViTConfig")])
+def test_a_refused_model_is_refused_before_any_patch_with_its_class_and_reason(family, config_name):
+    config = getattr(transformers, config_name)(**{**TINY, "intermediate_size": 64})
+    cls_name = _family_classes(family)[0]
+    model = getattr(transformers, cls_name)(config)
+    with pytest.raises(TypeError, match=rf"apply_vit_fast: {cls_name} is a model with {REFUSED_REASONS[family]}"):
+        vit_fast.apply_vit_fast(model, backend="triton")
+    with pytest.raises(TypeError, match=rf"{cls_name} is a model with {REFUSED_REASONS[family]}"):
+        vit_fast.optimize(model)
+    assert vit_fast.remove_vit_fast(model) == 0
+
+
 def test_supported_names_are_transformers_own():
     """No stale name in SUPPORTED or REFUSED: each is a class this transformers has in that family."""
-    for family, names in hf_patch.SUPPORTED.items():
+    for family, names in hf_classes.SUPPORTED.items():
         assert set(names) <= set(_family_classes(family)), family
-    assert set(hf_patch.REFUSED) <= {name for _, name in ALL_CLASSES}
+    refused = {name for family in REFUSED_FAMILIES for name in _family_classes(family)}
+    assert set(hf_classes.REFUSED) <= {name for _, name in ALL_CLASSES} | refused
 
 
 def _images() -> dict[str, torch.Tensor]:
@@ -336,6 +388,11 @@ def _images() -> dict[str, torch.Tensor]:
 def _siglip2_padded() -> dict[str, torch.Tensor]:
     """SigLIP 2's inputs for a 2 x 2 and a 2 x 4 patch grid: the first image padded (key padding, run as lengths)."""
     return siglip2_batch([(2, 2), (2, 4)], TINY["patch_size"], seed=5)
+
+
+def _mae_inputs() -> dict[str, torch.Tensor]:
+    """ViTMAE's images with the noise that picks the kept patches (half of 16), the same for every copy."""
+    return {**_images(), "noise": torch.rand(2, 16, generator=torch.Generator().manual_seed(3))}
 
 
 class Row(NamedTuple):
@@ -359,6 +416,15 @@ PARITY = {
     "Dinov2Model": Row("dinov2", {}, "pooler_output"),
     "Dinov2ForImageClassification": Row("dinov2", {"use_swiglu_ffn": True}, "logits"),
     "Dinov2Backbone": Row("dinov2", {"out_features": ["stage1", "stage2"]}, "feature_maps"),
+    "Dinov2WithRegistersModel": Row("dinov2_with_registers", {}, "pooler_output"),
+    "Dinov2WithRegistersForImageClassification": Row("dinov2_with_registers", {"use_swiglu_ffn": True}, "logits"),
+    "Dinov2WithRegistersBackbone": Row("dinov2_with_registers", {"out_features": ["stage1", "stage2"]}, "feature_maps"),
+    "ViTMAEModel": Row("vit_mae", {}, "last_hidden_state", _mae_inputs),
+    "ViTMAEForPreTraining": Row("vit_mae", {}, "logits", _mae_inputs),
+    "ViTMSNModel": Row("vit_msn", {}, "last_hidden_state"),
+    "ViTMSNForImageClassification": Row("vit_msn", {}, "logits"),
+    "IJepaModel": Row("ijepa", {}, "last_hidden_state"),
+    "IJepaForImageClassification": Row("ijepa", {}, "logits"),
     "CLIPVisionModel": Row("clip_vision", {}, "pooler_output"),
     "CLIPVisionModelWithProjection": Row("clip_vision", {"projection_dim": 8}, "image_embeds"),
     "CLIPModel": Row("clip", {}, "image_features"),
@@ -371,10 +437,17 @@ PARITY = {
     "Siglip2ForImageClassification": Row("siglip2", {}, "logits", _siglip2_padded),
 }
 MODES = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode, "eval_with_grad": torch.enable_grad}
+#: the classes whose layers are another family's exactly (ViT's, DINOv2's): judged without autograd only, as their
+#: family is in every mode (the CI's time)
+NARROW = {"Dinov2With", "ViTMAE", "ViTMSN", "IJepa"}
+PARITY_CASES = sorted(
+    (name, mode) for name in PARITY for mode in MODES if mode == "no_grad" or not name.startswith(tuple(NARROW))
+)
 
 
 def test_every_patched_class_has_a_parity_row():
-    assert set(PARITY) == {name for names in hf_patch.SUPPORTED.values() for name in names}
+    families = [f for f in hf_classes.SUPPORTED if f not in VLM_FAMILIES]
+    assert set(PARITY) == {name for family in families for name in hf_classes.SUPPORTED[family]}
 
 
 def _padded(inputs: dict[str, torch.Tensor]) -> bool:
@@ -411,8 +484,7 @@ def _count_kernel_runs(monkeypatch) -> tuple[list[int], list[int]]:
     return _count_fused(monkeypatch), count_calls(monkeypatch, PoolPlan)
 
 
-@pytest.mark.parametrize("mode", sorted(MODES))
-@pytest.mark.parametrize("cls_name", sorted(PARITY))
+@pytest.mark.parametrize(("cls_name", "mode"), PARITY_CASES, ids=[f"{n}-{m}" for n, m in PARITY_CASES])
 def test_patched_class_matches_the_unpatched_model(cls_name, mode, monkeypatch):
     """A deep copy patched with backend="triton" against the unpatched original, on the same weights and input (the
     row's: images, or SigLIP 2's padded patches): the main output and every hidden state (at valid tokens) within
@@ -438,7 +510,8 @@ def test_patched_class_matches_the_unpatched_model(cls_name, mode, monkeypatch):
     assert (len(runs), len(head_runs)) == (calls * layers, calls * heads), launched
     assert_attention_launches(launched, calls * layers, pool=calls * heads, padded=_padded(inputs))
     assert_within_eager(ours.detach(), eager, expected, name=f"{cls_name} {mode}")
-    assert len(ours_hidden) == len(expected_hidden) == layers + 1
+    encoder = (getattr(model.config, "vision_config", None) or model.config).num_hidden_layers  # not MAE's decoder
+    assert len(ours_hidden) == len(expected_hidden) == encoder + 1
     for i, (o, e, r) in enumerate(zip(ours_hidden, eager_hidden, expected_hidden, strict=True)):
         assert_within_eager(o.detach(), e, r, name=f"{cls_name} {mode} hidden_states[{i}]")
 

@@ -124,6 +124,17 @@ REFUSED = {
     "Eva": ("eva02_tiny_patch14_224", dict(img_size=28, depth=1), "rotary position embeddings"),
     "RelPos": ("vit_relpos_small_patch16_224", dict(img_size=32, depth=1), "relative position bias"),
     "RelPos (test_vit_relpos)": ("test_vit_relpos", dict(img_size=32, depth=1), "relative position bias"),
+    "Beit": ("beit_base_patch16_224", dict(img_size=32, depth=1, embed_dim=32, num_heads=2), "relative position bias"),
+    "SAM": ("samvit_base_patch16", dict(img_size=64, depth=1, embed_dim=32, num_heads=2), "windowed attention"),
+    **{
+        f"{family} tower {kind}": (f"{name}{suffix}", dict(depth=1, **size), f"timm {family}Vit{kind} uses {why}")
+        for family, name, size, why in (
+            ("Gemma4", "gemma4_vit_167m", dict(embed_dim=32, num_heads=2, head_dim=16, intermediate_size=64), "2D rot"),
+            ("Qwen3", "qwen3_vit_88m", dict(embed_dim=32, num_heads=2), "rotary position embeddings"),
+            ("Deepseek", "deepseek_vit_412m", dict(embed_dim=32, num_heads=2), "rotary position embeddings"),
+        )
+        for kind, suffix in (("Encoder", "_enc"), ("Classifier", ""))
+    },
     "qk_norm": ("vit_tiny_patch16_224", dict(img_size=32, depth=2, qk_norm=True), "blocks.0.attn.q_norm (qk-norm)"),
     "DiffAttention qk_norm": (
         "vit_dwee_patch16_reg1_gap_256",

@@ -45,7 +45,7 @@ def _wrap(cls):
 
 
 if MODE in ("apply", "optimize"):
-    from vit_fast.interop.hf_patch import SUPPORTED
+    from vit_fast.interop.hf_classes import SUPPORTED
 
     for names in SUPPORTED.values():
         for name in names:

@@ -236,6 +236,7 @@ def _timm(model: nn.Module, device: torch.device, dtype: torch.dtype) -> _Read:
 
 def _hf(model: nn.Module, device: torch.device, dtype: torch.dtype) -> _Read:
     from vit_fast.interop.forwards import PATCHED_BACKEND, is_patched
+    from vit_fast.interop.hf_classes import VLM_TOWERS
     from vit_fast.interop.hf_patch import LAYOUTS, head_dim_problem, hf_refusal, pool_heads, vision_layers
 
     asked = model.__dict__.get(PATCHED_BACKEND)
@@ -283,6 +284,12 @@ def _hf(model: nn.Module, device: torch.device, dtype: torch.dtype) -> _Read:
             detail = "apply_vit_fast(model) would run it on the attention-pool kernel"
         rows.append(_row(names[id(head)], head, patched, choice, detail))
     notes = ["the embeddings, the final layernorm and the heads outside the encoder run transformers' own code"]
+    tower = VLM_TOWERS.get(type(model).__name__)
+    if tower is not None:
+        notes.append(
+            f"a vision-language model: only its vision tower ({tower}) is vit-fast's to patch; the language model "
+            "and the projector run transformers' own code, untouched"
+        )
     if asked is not None:
         notes.append(
             "a call with an attention mask other than key padding at the end of each row (SigLIP 2's padding runs "
@@ -331,6 +338,9 @@ def explain(model: nn.Module, device: torch.device | str | None = None) -> Expla
             f"explain() does not know {module}.{type(model).__name__}: it explains timm VisionTransformer and "
             "transformers vision models (patched with vit_fast.apply_vit_fast or not) and vit-fast's own"
         )
+    from vit_fast.interop.forwards import fallbacks_said
+
+    notes += [f"said at run time: {said}" for said in fallbacks_said(model)]  # once per model and reason
     return Explanation(
         model=f"{library} {type(model).__name__}",
         device=str(device),

@@ -6,9 +6,11 @@ pickles), :func:`original_forward` and :func:`drop_patch` give back the one befo
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import nn
 
 #: the ``__dict__`` key of the forward a patched module had before (called where the kernels step aside)
@@ -83,3 +85,45 @@ def drop_patch(state: dict[str, Any]) -> bool:
     else:
         state["forward"] = original
     return True
+
+
+#: the ``__dict__`` key (on a patched model and on each of its patched modules, one dict shared) of the run-time
+#: fallbacks already said: reason -> message
+SAID = "_vit_fast_said"
+#: why a patched module ran its own forward at run time for a reason the user chose: reason -> what is said
+FALLBACKS = {
+    "dtype": "{dtype} input: the patched {what} run their own forward (the kernels compute in float16, bfloat16 and "
+    "float32); model.float() or model.half() runs the kernels",
+    "training": "training mode: the patched {what} run their own forward (dropout, gradient checkpointing) until "
+    "model.eval()",
+    "attentions": "attentions requested (output_attentions): the patched {what} run transformers' own forward, "
+    "whose attention probabilities come back",
+}
+
+
+def share_said(model: nn.Module, modules: list[nn.Module]) -> None:
+    """Give ``model`` and its patched ``modules`` one record of the fallbacks said (:func:`say_fallback`), so each
+    reason is said once per model; it pickles and deep-copies with the model."""
+    said = model.__dict__.setdefault(SAID, {})
+    for module in modules:
+        module.__dict__[SAID] = said
+
+
+def say_fallback(module: nn.Module, x: torch.Tensor, backend: str, reason: str, what: str = "layers") -> None:
+    """Warn once per model and ``reason`` (a key of :data:`FALLBACKS`) that a patched ``module`` runs its own forward
+    on ``x`` where, in float32, the kernels would run it; silent where they would not run anyway (``backend="auto"``
+    on a CPU) and while torch.compile or torch.export trace."""
+    said = module.__dict__.get(SAID)
+    if said is None or reason in said or torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return
+    from vit_fast.backend import runtime
+
+    if not runtime.patched_runs_kernels(x.new_empty(0, dtype=torch.float32), backend):
+        return
+    said[reason] = FALLBACKS[reason].format(dtype=str(x.dtype).removeprefix("torch."), what=what)
+    warnings.warn(f"vit-fast: {said[reason]}", UserWarning, stacklevel=3)
+
+
+def fallbacks_said(model: nn.Module) -> list[str]:
+    """What :func:`say_fallback` has said for ``model`` so far (for :func:`vit_fast.explain`)."""
+    return list(model.__dict__.get(SAID, {}).values())

@@ -8,8 +8,6 @@ transformers: the drop-in".
 from __future__ import annotations
 
 import copy
-import functools
-import types
 import warnings
 from typing import Any
 
@@ -17,53 +15,36 @@ import torch
 from torch import nn
 
 from vit_fast.backend import runtime
-from vit_fast.interop.forwards import PATCHED_BACKEND, is_patched, original_forward, patch_forward
+from vit_fast.interop.forwards import (
+    PATCHED_BACKEND,
+    is_patched,
+    original_forward,
+    patch_forward,
+    say_fallback,
+    share_said,
+)
+from vit_fast.interop.hf_classes import LAYOUTS, class_refusal, vision_root
 from vit_fast.interop.naflex import key_padding_lengths
 from vit_fast.interop.timm_blocks import LinearWeights
 from vit_fast.model.config import HF_ACTIVATIONS
 from vit_fast.model.layers import run_block
 
-#: layer class -> (attention attribute, attention output projection, norm before attention, norm before the
-#: MLP, LayerScale after attention or None, LayerScale after the MLP or None)
-LAYOUTS: dict[str, tuple[str, str, str, str, str | None, str | None]] = {
-    "ViTLayer": ("attention", "o_proj", "layernorm_before", "layernorm_after", None, None),
-    "DeiTLayer": ("attention", "o_proj", "layernorm_before", "layernorm_after", None, None),
-    "Dinov2Layer": ("attention", "o_proj", "norm1", "norm2", "layer_scale1", "layer_scale2"),
-    "CLIPEncoderLayer": ("self_attn", "out_proj", "layer_norm1", "layer_norm2", None, None),
-    "SiglipEncoderLayer": ("self_attn", "out_proj", "layer_norm1", "layer_norm2", None, None),
-    "Siglip2EncoderLayer": ("self_attn", "out_proj", "layer_norm1", "layer_norm2", None, None),
-}
-#: the model classes accepted, by family (their vision encoder layers are patched)
-SUPPORTED = {
-    "vit": ("ViTModel", "ViTForImageClassification", "ViTForMaskedImageModeling"),
-    "deit": (
-        "DeiTModel",
-        "DeiTForImageClassification",
-        "DeiTForImageClassificationWithTeacher",
-        "DeiTForMaskedImageModeling",
-    ),
-    "dinov2": ("Dinov2Model", "Dinov2ForImageClassification", "Dinov2Backbone"),
-    "clip": ("CLIPVisionModel", "CLIPVisionModelWithProjection", "CLIPModel", "CLIPForImageClassification"),
-    "siglip": ("SiglipVisionModel", "SiglipModel", "SiglipForImageClassification"),
-    # padded batches of images at their own sizes: vit_fast.interop.naflex
-    "siglip2": ("Siglip2VisionModel", "Siglip2Model", "Siglip2ForImageClassification"),
-}
-_SUPPORTED_NAMES = {name for names in SUPPORTED.values() for name in names}
-#: the other model classes of those families, refused by name with the reason
-REFUSED = {
-    "CLIPTextModel": "a text-only model: it has no vision tower to patch",
-    "CLIPTextModelWithProjection": "a text-only model: it has no vision tower to patch",
-    "SiglipTextModel": "a text-only model: it has no vision tower to patch",
-    "Siglip2TextModel": "a text-only model: it has no vision tower to patch",
-}
 _MIN_HEAD_DIM, _MAX_HEAD_DIM = 16, 256  # the attention kernel's range (vit_fast.kernels.attention)
 _STATE = "_vit_fast_view"  # the layer seen with timm's names (_LayerView, _HeadView)
 
 
-@functools.cache
+_COLLECTOR: list[Any] = []  # found once; a list, which torch.compile reads where it would re-trace a functools.cache
+
+
 def _active_collector() -> Any:
     """transformers 5.x records ``outputs.attentions`` with forward hooks on the attention modules, active while
     its ``capture_outputs`` collector is set (kwarg or config); None where this transformers has no such thing."""
+    if not _COLLECTOR:
+        _COLLECTOR.append(_find_collector())
+    return _COLLECTOR[0]
+
+
+def _find_collector() -> Any:
     try:
         from transformers.utils.output_capturing import _active_collector as collector
     except ImportError:
@@ -111,6 +92,14 @@ def _user_hooked(module: nn.Module) -> bool:
     return False
 
 
+class _Parts:
+    """Named parts of a layer or head (``attn.qkv``, ``mlp.fc1``, ...), as timm's modules name them; a plain class,
+    which torch.compile traces where it cannot build a ``types.SimpleNamespace``."""
+
+    def __init__(self, **parts: Any) -> None:
+        self.__dict__.update(parts)
+
+
 class _LayerView:
     """A transformers encoder layer seen with timm's block names (``norm1``, ``attn.qkv``, ``attn.proj``,
     ``ls1``, ``norm2``, ``mlp.fc1``, ``mlp.fc2``, ``ls2``), read from the live modules on every call. q, k and v
@@ -134,6 +123,8 @@ class _LayerView:
 
     def _fused(self, name: str, linears: list[nn.Linear]) -> LinearWeights:
         params = [p for lin in linears for p in (lin.weight, lin.bias) if p is not None]
+        if torch.compiler.is_compiling():  # stacked in the graph: a cache keyed on versions and pointers is untraceable
+            return _fuse(linears, detach=not (torch.is_grad_enabled() and any(p.requires_grad for p in params)))
         if torch.is_grad_enabled() and any(p.requires_grad for p in params):
             # autograd: stacked afresh in this call's graph (a cached stack would hold an old graph, or none), so
             # the gradient reaches q, k and v (gate and up) through the backward of the cat
@@ -192,18 +183,16 @@ class _LayerView:
             or (q.weight.shape[0] // self.num_heads) ** -0.5
         )
         self.norm1, self.norm2 = norms
-        self.attn = types.SimpleNamespace(
-            num_heads=self.num_heads, scale=float(scale), proj=proj, qkv=self._fused("qkv", [q, k, v])
-        )
-        self.ls1 = types.SimpleNamespace(gamma=getattr(layer, ls1).lambda1) if ls1 else nn.Identity()
-        self.ls2 = types.SimpleNamespace(gamma=getattr(layer, ls2).lambda1) if ls2 else nn.Identity()
+        self.attn = _Parts(num_heads=self.num_heads, scale=float(scale), proj=proj, qkv=self._fused("qkv", [q, k, v]))
+        self.ls1 = _Parts(gamma=getattr(layer, ls1).lambda1) if ls1 else nn.Identity()
+        self.ls2 = _Parts(gamma=getattr(layer, ls2).lambda1) if ls2 else nn.Identity()
         if swiglu:
             fc1 = self._fused("gate_up", [mlp.gate_proj, mlp.up_proj])
-            self.mlp = types.SimpleNamespace(fc1=fc1, fc2=mlp.down_proj)
+            self.mlp = _Parts(fc1=fc1, fc2=mlp.down_proj)
             act_fn = mlp.act_fn
             self.torch_act = lambda h: (lambda g, u: act_fn(g) * u)(*h.chunk(2, dim=-1))
         else:
-            self.mlp = types.SimpleNamespace(fc1=mlp.fc1, fc2=mlp.fc2)
+            self.mlp = _Parts(fc1=mlp.fc1, fc2=mlp.fc2)
             self.torch_act = None if self.kernel_act else mlp.activation_fn
         return True
 
@@ -255,7 +244,7 @@ class _HeadView:
         self.latent, self.proj, self.norm = head.probe, att.out_proj, head.layernorm
         self.q = LinearWeights(weight[:dim], None if bias is None else bias[:dim])
         self.kv = LinearWeights(weight[dim:], None if bias is None else bias[dim:])
-        self.mlp = types.SimpleNamespace(fc1=mlp.fc1, fc2=mlp.fc2)
+        self.mlp = _Parts(fc1=mlp.fc1, fc2=mlp.fc2)
         self.torch_act = mlp.activation_fn
         return True
 
@@ -293,14 +282,14 @@ def _kernels_can_run(x: torch.Tensor, backend: str) -> bool:
 
 
 def vision_layers(model: nn.Module) -> list[nn.Module]:
-    """The encoder layers of the vision tower (a CLIP / SigLIP dual model's text tower is left alone)."""
-    root = getattr(model, "vision_model", None) or model
-    return [m for m in root.modules() if type(m).__name__ in LAYOUTS]
+    """The encoder layers of the vision tower (a CLIP / SigLIP dual model's text tower and a vision-language model's
+    language model are left alone)."""
+    return [m for m in vision_root(model).modules() if type(m).__name__ in LAYOUTS]
 
 
 def pool_heads(model: nn.Module) -> list[nn.Module]:
     """The vision tower's attention-pool heads (SigLIP's ``vision_use_head``)."""
-    root = getattr(model, "vision_model", None) or model
+    root = vision_root(model)
     return [m for m in root.modules() if type(m).__name__ in _POOL_HEADS]
 
 
@@ -316,18 +305,25 @@ def _vision_config(model: nn.Module) -> Any:
     return getattr(config, "vision_config", None) or config
 
 
+def layer_heads(layer: nn.Module, config: Any) -> int:
+    """The attention heads of an encoder layer (ViTMAE's decoder has its own count; the vision config's otherwise)."""
+    att = getattr(layer, LAYOUTS[type(layer).__name__][0])
+    return getattr(att, "num_attention_heads", None) or getattr(att, "num_heads", None) or config.num_attention_heads
+
+
 def head_dim_problem(model: nn.Module, layers: list[nn.Module]) -> str | None:
-    """Why the attention kernel cannot run the vision ``layers`` (their head dim is outside its range); None when it
-    can."""
+    """Why the attention kernel cannot run the vision ``layers`` (a head dim outside its range); None when it can."""
     config = _vision_config(model)
-    heads = config.num_attention_heads
-    head_dim = getattr(layers[0], LAYOUTS[type(layers[0]).__name__][0]).q_proj.weight.shape[0] // heads
-    if _MIN_HEAD_DIM <= head_dim <= _MAX_HEAD_DIM:
-        return None
-    return (
-        f"{type(model).__name__} has head_dim {head_dim} (hidden {config.hidden_size} / {heads} heads); the attention "
-        f"kernel runs head dims {_MIN_HEAD_DIM}..{_MAX_HEAD_DIM}"
-    )
+    for layer in layers:
+        heads = layer_heads(layer, config)
+        width = getattr(layer, LAYOUTS[type(layer).__name__][0]).q_proj.weight.shape[0]
+        head_dim = width // heads
+        if not _MIN_HEAD_DIM <= head_dim <= _MAX_HEAD_DIM:
+            return (
+                f"{type(model).__name__} has head_dim {head_dim} (hidden {width} / {heads} heads); the attention "
+                f"kernel runs head dims {_MIN_HEAD_DIM}..{_MAX_HEAD_DIM}"
+            )
+    return None
 
 
 def hf_refusal(model: nn.Module) -> str | None:
@@ -345,11 +341,9 @@ def hf_refusal(model: nn.Module) -> str | None:
 def check_supported(model: nn.Module, backend: str) -> tuple[list[nn.Module], Any]:
     """The layers to patch and the vision config, or a one-line error naming what is not supported."""
     name = type(model).__name__
-    if name in REFUSED:
-        raise TypeError(f"apply_vit_fast: {name} is {REFUSED[name]}")
-    if name not in _SUPPORTED_NAMES:
-        families = ", ".join(n for names in SUPPORTED.values() for n in names)
-        raise TypeError(f"apply_vit_fast supports the transformers models {families}; got {name}")
+    refusal = class_refusal(model)
+    if refusal is not None:
+        raise TypeError(f"apply_vit_fast: {refusal}")
     config = _vision_config(model)
     layers = vision_layers(model)
     if not layers:
@@ -382,11 +376,16 @@ def _fast_hf(layer: nn.Module, backend: str, hidden_states: torch.Tensor, *args:
     mask = args[0] if args else kwargs.get("attention_mask")  # SigLIP 2's encoder passes it by position
     if any(a is not None and a is not False for a in args[1:]) or kwargs.get("head_mask") is not None:
         return original(hidden_states, *args, **kwargs)
-    if attentions_requested(kwargs, _active_collector()) or not _kernels_can_run(hidden_states, backend):
+    if attentions_requested(kwargs, _active_collector()):
+        say_fallback(layer, hidden_states, backend, "attentions")
+        return original(hidden_states, *args, **kwargs)
+    if not _kernels_can_run(hidden_states, backend):
+        say_fallback(layer, hidden_states, backend, "dtype")  # said where float32 would run the kernels
         return original(hidden_states, *args, **kwargs)
     if torch.compiler.is_exporting() or torch.jit.is_tracing():  # export traces transformers' own graph
         return original(hidden_states, *args, **kwargs)
     if layer.training:  # dropout; gradient checkpointing (transformers' own forward); eval + autograd: the kernels
+        say_fallback(layer, hidden_states, backend, "training")
         return original(hidden_states, *args, **kwargs)
     view = layer.__dict__[_STATE]
     if not view.refresh():
@@ -403,14 +402,22 @@ def _fast_head(head: nn.Module, backend: str, hidden_state: torch.Tensor, *mask:
     or its own forward under the layers' rules. SigLIP 2's head also takes the ``pixel_attention_mask`` ``[B, T]``:
     key padding, run as per-sample lengths."""
     original = original_forward(head)
-    if attentions_requested({}, _active_collector()) or not _kernels_can_run(hidden_state, backend):
+    if attentions_requested({}, _active_collector()):
+        say_fallback(head, hidden_state, backend, "attentions")
+        return original(hidden_state, *mask)
+    if not _kernels_can_run(hidden_state, backend):
+        say_fallback(head, hidden_state, backend, "dtype")
         return original(hidden_state, *mask)
     if torch.compiler.is_exporting() or torch.jit.is_tracing():  # export traces transformers' own graph
         return original(hidden_state, *mask)
     if head.training:
+        say_fallback(head, hidden_state, backend, "training")
         return original(hidden_state, *mask)
     view = head.__dict__[_STATE]
     if not view.refresh():
+        return original(hidden_state, *mask)
+    if mask and mask[0] is not None and torch.compiler.is_compiling():
+        # padded, the head runs in PyTorch anyway; whether anything is padded is the data's, which a graph cannot ask
         return original(hidden_state, *mask)
     lengths = key_padding_lengths(mask[0], *hidden_state.shape[:2]) if mask and mask[0] is not None else None
     if mask and mask[0] is not None and lengths is None:  # not key padding of a prefix of each row
@@ -427,13 +434,14 @@ def apply_hf(model: nn.Module, backend: str) -> nn.Module:
     for layer in layers:
         if is_patched(layer):
             continue  # already patched
-        layer.__dict__[_STATE] = _LayerView(layer, config.num_attention_heads, hidden_act)
+        layer.__dict__[_STATE] = _LayerView(layer, layer_heads(layer, config), hidden_act)
         patch_forward(layer, _fast_hf, backend)
     for head in pool_heads(model) if layers else ():  # no layers patched (head dim out of range): no head either
         if is_patched(head):
             continue
         head.__dict__[_STATE] = _HeadView(head, hidden_act)
         patch_forward(head, _fast_head, backend)
+    share_said(model, [*layers, *(pool_heads(model) if layers else ())])  # each run-time fallback said once
     model.__dict__.setdefault(PATCHED_BACKEND, backend)  # a second call keeps the first's forwards
     return model
 

@@ -37,8 +37,8 @@ def key_padding_lengths(mask: torch.Tensor, batch: int, tokens: int) -> torch.Te
     caller runs the layer's own forward). Reads ``[B, T]`` key masks and ``[B, 1, Tq, T]`` boolean or additive ones; a
     sample with no valid token is refused. Which masks, and when the answer is reused: see docs/development.md, section
     "Key-padding masks (`naflex.py`)"."""
-    if not isinstance(mask, torch.Tensor) or mask.is_inference():
-        return _read_lengths(mask, batch, tokens)
+    if torch.compiler.is_compiling() or not isinstance(mask, torch.Tensor) or mask.is_inference():
+        return _read_lengths(mask, batch, tokens)  # traced: no cache (its weak reference and versions are not)
     last = getattr(_CACHE, "last", None)
     if last is not None and last[0]() is mask and last[1:4] == (mask._version, batch, tokens):
         return last[4]
@@ -60,11 +60,13 @@ def _attend(mask: torch.Tensor) -> torch.Tensor | None:
 
 
 def _read_lengths(mask: torch.Tensor, batch: int, tokens: int) -> torch.Tensor | None:
-    if torch.compiler.is_compiling() or not isinstance(mask, torch.Tensor):
-        return None  # a data-dependent answer; compiled and exported graphs keep the layer's own forward
+    if torch.compiler.is_exporting() or not isinstance(mask, torch.Tensor):
+        return None  # a data-dependent answer; an exported graph keeps the layer's own forward
     square = mask.ndim == 4 and mask.shape[1] == 1 and mask.shape[2] in (1, tokens)
     if tuple(mask.shape[:1]) != (batch,) or mask.shape[-1] != tokens or not (mask.ndim == 2 or square):
         return None
+    if torch.compiler.is_compiling():
+        return _traced_lengths(mask, tokens)
     attend = _attend(mask)
     if attend is None:
         return None
@@ -78,6 +80,35 @@ def _read_lengths(mask: torch.Tensor, batch: int, tokens: int) -> torch.Tensor |
         padding_query = ~prefix[:, None, :, None] if mask.shape[2] == tokens else torch.zeros_like(key_only)
         if not bool(((attend == key_only) | (padding_query & ~attend)).all()):
             return None
+    return lengths
+
+
+def _traced_lengths(mask: torch.Tensor, tokens: int) -> torch.Tensor:
+    """:func:`_read_lengths` as torch.compile traces it: the same lengths, read in the graph, and the same checks as
+    one assertion in the graph (``torch._assert_async``) instead of a branch on the data, which a graph cannot take:
+    a mask other than key padding of a prefix of each row raises at run time instead of running the layer's own
+    forward."""
+    if mask.dtype == torch.bool:
+        attend, values_ok = mask, torch.ones((), dtype=torch.bool, device=mask.device)
+    elif mask.is_floating_point():
+        attend = mask == 0
+        values_ok = (attend | (mask <= torch.finfo(mask.dtype).min / 2)).all()
+    else:
+        attend = mask == 1
+        values_ok = (attend | (mask == 0)).all()
+    keys = attend if mask.ndim == 2 else attend[:, 0, 0]
+    lengths = keys.sum(-1, dtype=torch.int32)
+    prefix = torch.arange(tokens, device=mask.device) < lengths[:, None]
+    ok = values_ok & (lengths.min() > 0) & (keys == prefix).all()
+    if mask.ndim == 4:
+        key_only = prefix[:, None, None, :]
+        padding_query = ~prefix[:, None, :, None] if mask.shape[2] == tokens else torch.zeros_like(key_only)
+        ok = ok & ((attend == key_only) | (padding_query & ~attend)).all()
+    torch._assert_async(
+        ok,
+        "vit-fast: under torch.compile a patched layer reads its attention mask as key padding of a prefix of each "
+        "row (SigLIP 2's and NaFlexVit's padding); this mask is not: run this model with remove_vit_fast(model)",
+    )
     return lengths
 
 

@@ -14,7 +14,16 @@ import torch
 from torch import nn
 
 from vit_fast.backend import runtime
-from vit_fast.interop.forwards import PATCHED_BACKEND, drop_patch, is_patched, original_forward, patch_forward
+from vit_fast.interop.forwards import (
+    PATCHED_BACKEND,
+    SAID,
+    drop_patch,
+    is_patched,
+    original_forward,
+    patch_forward,
+    say_fallback,
+    share_said,
+)
 from vit_fast.interop.naflex import key_padding_lengths
 
 #: a patched module's ``__dict__`` key of how its kernels run (a :class:`vit_fast.interop.timm_blocks.BlockPlan` /
@@ -90,6 +99,7 @@ def apply_vit_fast(model: nn.Module, backend: str = "auto") -> nn.Module:
         if pool_plan is not None:
             model.attn_pool.__dict__[_PLAN] = pool_plan
             patch_forward(model.attn_pool, _fast_timm_pool, backend)
+        share_said(model, [*model.blocks, *([model.attn_pool] if pool_plan is not None else [])])
         model.__dict__[_SCRIPTABLE] = functools.partial(_unpatched_copy, model)  # pickles; a deepcopy binds the copy
         model.__dict__.setdefault(PATCHED_BACKEND, backend)  # a second call keeps the first's forwards
         return model
@@ -110,6 +120,8 @@ def _fast_timm(block: nn.Module, backend: str, x: torch.Tensor, *args: Any, **kw
     (:mod:`vit_fast.interop.naflex`). In eval mode the kernels run with autograd on too: the custom ops' backward
     recomputes through the eager references, exact gradients."""
     plan = block.__dict__[_PLAN]
+    if _recording_for_elsewhere():
+        return original_forward(block)(x, *args, **kwargs)
     mask = kwargs.get("attn_mask") if not args else args[0]
     rest = (*args[1:], *(v for k, v in kwargs.items() if k != "attn_mask"))
     extra = any(a is not None and a is not False for a in rest)  # is_causal, rope
@@ -117,6 +129,8 @@ def _fast_timm(block: nn.Module, backend: str, x: torch.Tensor, *args: Any, **kw
     if extra or block.training or not _kernels_can_run(x, backend, plan.head_dim):
         if exporting and not extra and mask is None:
             _say_export_runs_timm(x, backend)
+        elif not extra:  # training mode or a dtype the kernels skip, where float32 would run them: said once
+            say_fallback(block, x, backend, "training" if block.training else "dtype", what="blocks")
         return original_forward(block)(x, *args, **kwargs)
     if mask is None:
         return plan.run(block, x)  # our custom ops (what torch.export records), autograd on or off
@@ -125,6 +139,12 @@ def _fast_timm(block: nn.Module, backend: str, x: torch.Tensor, *args: Any, **kw
     if lengths is None:  # not key padding of a prefix of each row
         return original_forward(block)(x, *args, **kwargs)
     return plan.run(block, x, lengths)
+
+
+def _recording_for_elsewhere() -> bool:
+    """torch.jit.trace or torch.onnx.export is recording the model: a TorchScript or ONNX graph cannot hold a Triton
+    kernel, so timm's own forward is what they record (the graph of the unpatched model)."""
+    return torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
 
 
 def _differential(block: nn.Module) -> bool:
@@ -138,12 +158,16 @@ def _fast_timm_pool(pool: nn.Module, backend: str, x: torch.Tensor, attn_mask: A
     skip)."""
     plan = pool.__dict__[_PLAN]
     original = original_forward(pool)
+    if _recording_for_elsewhere():
+        return original(x, attn_mask=attn_mask)
     if pool.training or not _kernels_can_run(x, backend, plan.head_dim):
+        say_fallback(pool, x, backend, "training" if pool.training else "dtype", what="blocks")
         return original(x, attn_mask=attn_mask)
     if attn_mask is None:
         return plan.run(pool, x)  # under autograd too, as the blocks
-    exporting = torch.compiler.is_exporting()
-    lengths = None if exporting else key_padding_lengths(attn_mask, x.shape[0], x.shape[1])
+    if torch.compiler.is_compiling():  # padded, it runs in PyTorch anyway: whether it is, a graph cannot ask
+        return original(x, attn_mask=attn_mask)
+    lengths = key_padding_lengths(attn_mask, x.shape[0], x.shape[1])
     return original(x, attn_mask=attn_mask) if lengths is None else plan.run(pool, x, lengths)
 
 
@@ -152,9 +176,10 @@ def remove_vit_fast(model: nn.Module) -> int:
     restored = 0
     model.__dict__.pop(_SCRIPTABLE, None)
     model.__dict__.pop(PATCHED_BACKEND, None)
+    model.__dict__.pop(SAID, None)
     for module in model.modules():
         if drop_patch(module.__dict__):
-            for name in ("_vit_fast_view", "_vit_fast_returns_tensor", _PLAN):
+            for name in ("_vit_fast_view", "_vit_fast_returns_tensor", _PLAN, SAID):
                 module.__dict__.pop(name, None)
             restored += 1
     return restored

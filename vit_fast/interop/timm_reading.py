@@ -23,6 +23,14 @@ MODEL_CLASSES = ("VisionTransformer", "VisionTransformerDistilled", *NAFLEX_CLAS
 _REFUSED_MODELS = {
     "Eva": "rotary position embeddings (RoPE) inside attention",
     "VisionTransformerRelPos": "relative position bias inside attention",
+    "Beit": "relative position bias inside attention",
+    "VisionTransformerSAM": "windowed attention with relative position embeddings",
+    "Gemma4VitEncoder": "2D rotary position embeddings (RoPE) and RMSNorm on q, k and v inside attention",
+    "Gemma4VitClassifier": "2D rotary position embeddings (RoPE) and RMSNorm on q, k and v inside attention",
+    "Qwen3VitEncoder": "rotary position embeddings (RoPE) inside attention",
+    "Qwen3VitClassifier": "rotary position embeddings (RoPE) inside attention",
+    "DeepseekVitEncoder": "rotary position embeddings (RoPE) inside attention, with a SwiGLU MLP",
+    "DeepseekVitClassifier": "rotary position embeddings (RoPE) inside attention, with a SwiGLU MLP",
 }
 #: the timm block classes whose forward runs on the kernels (each read by :func:`_block_plan`)
 BLOCK_KINDS = ("Block", "ResPostBlock", "ParallelThingsBlock", "ParallelScalingBlock", "DiffParallelScalingBlock")
