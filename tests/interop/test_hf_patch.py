@@ -149,6 +149,24 @@ def test_patched_in_place_matches_float64(case, monkeypatch):
         assert torch.equal(run(model, x), eager)
 
 
+def test_dinov2_swiglu_gates_in_the_gemm_epilogue():
+    """DINOv2's SwiGLU FFN: gate_proj and up_proj stacked into one GEMM whose epilogue writes ``silu(gate) * up``
+    (one gated launch per layer), no eager gate between fc1 and fc2."""
+    from vit_fast.kernels.launches import record_launches
+
+    model = _model("Dinov2ForImageClassification", "dinov2", use_swiglu_ffn=True)
+    x = torch.randn(2, 3, 16, 16)
+    ref64 = copy.deepcopy(model).double()
+    with torch.no_grad():
+        eager, expected = model(pixel_values=x).logits, ref64(pixel_values=x.double()).logits
+        vit_fast.apply_vit_fast(model, backend="triton")
+        with record_launches() as launches:
+            ours = model(pixel_values=x).logits
+    gates = [launch["config"]["GATE"] for launch in launches if launch["kernel"] == "_linear_kernel"]
+    assert gates.count(1) == 2 and len(gates) == 4 * 2  # 2 layers: qkv, proj, gated fc1, fc2
+    assert_within_eager(ours, eager, expected, name="DINOv2 SwiGLU gated")
+
+
 def test_optimize_returns_a_patched_copy_of_the_users_class(tmp_path, monkeypatch):
     hf = _model("ViTForImageClassification", "vit")
     model = vit_fast.optimize(hf, backend="triton")

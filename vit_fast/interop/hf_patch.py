@@ -25,9 +25,9 @@ from vit_fast.interop.forwards import (
 )
 from vit_fast.interop.hf_classes import LAYOUTS, class_refusal, vision_root
 from vit_fast.interop.naflex import key_padding_lengths
-from vit_fast.interop.timm_blocks import LinearWeights
 from vit_fast.model.config import HF_ACTIVATIONS
 from vit_fast.model.layers import run_block
+from vit_fast.model.stacking import LinearWeights, StackedLinears
 
 _MIN_HEAD_DIM, _MAX_HEAD_DIM = 16, 256  # the attention kernel's range (vit_fast.kernels.attention)
 _STATE = "_vit_fast_view"  # the layer seen with timm's names (_LayerView, _HeadView)
@@ -64,22 +64,6 @@ def attentions_requested(kwargs: dict[str, Any], collector: Any) -> bool:
     return bool(collected) and "attentions" in collected
 
 
-def _fuse(linears: list[nn.Linear], detach: bool = True) -> LinearWeights:
-    """Several linears on the same input as one GEMM: weights (and biases) stacked along the outputs; ``detach=False``
-    keeps the stack in autograd's graph, so a gradient reaches each linear's parameters."""
-    weight = torch.cat([lin.weight for lin in linears])
-    biases = [lin.bias for lin in linears]
-    bias = None
-    if not all(b is None for b in biases):
-        filled = [
-            b if b is not None else torch.zeros_like(lin.weight[:, 0]) for b, lin in zip(biases, linears, strict=True)
-        ]
-        bias = torch.cat(filled)
-    if detach:
-        return LinearWeights(weight.detach(), None if bias is None else bias.detach())
-    return LinearWeights(weight, bias)
-
-
 def _user_hooked(module: nn.Module) -> bool:
     """A forward (pre-)hook on a submodule that is not transformers' own output recorder: the fused path would
     skip it, so the layer's own forward runs."""
@@ -110,7 +94,7 @@ class _LayerView:
         self.layer, self.num_heads = layer, num_heads
         self.layout = LAYOUTS[type(layer).__name__]
         self.kernel_act = HF_ACTIVATIONS.get(hidden_act or "", None)
-        self._cache: dict[str, tuple[tuple, LinearWeights]] = {}
+        self._stacks = StackedLinears()
 
     def __getstate__(self) -> dict[str, Any]:
         # a pickle or deep copy holds the layer and how to read it; what refresh() reads (and the fused copies of
@@ -119,25 +103,7 @@ class _LayerView:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._cache = {}
-
-    def _fused(self, name: str, linears: list[nn.Linear]) -> LinearWeights:
-        params = [p for lin in linears for p in (lin.weight, lin.bias) if p is not None]
-        if torch.compiler.is_compiling():  # stacked in the graph: a cache keyed on versions and pointers is untraceable
-            return _fuse(linears, detach=not (torch.is_grad_enabled() and any(p.requires_grad for p in params)))
-        if torch.is_grad_enabled() and any(p.requires_grad for p in params):
-            # autograd: stacked afresh in this call's graph (a cached stack would hold an old graph, or none), so
-            # the gradient reaches q, k and v (gate and up) through the backward of the cat
-            return _fuse(linears, detach=False)
-        # a stack made under torch.inference_mode() is an inference tensor, which autograd may not save for a
-        # backward (a frozen model's input gradient): one made there serves inference mode only
-        inference = torch.is_inference_mode_enabled()
-        key = (inference, *((id(p), p.data_ptr(), p._version, p.dtype, p.device) for p in params))
-        hit = self._cache.get(name)
-        if hit is None or hit[0] != key:
-            hit = (key, _fuse(linears))
-            self._cache[name] = hit
-        return hit[1]
+        self._stacks = StackedLinears()
 
     def blocker(self) -> str | None:
         """Why the fused path cannot stand in for the layer's forward now (a submodule replaced by another type,
@@ -183,14 +149,18 @@ class _LayerView:
             or (q.weight.shape[0] // self.num_heads) ** -0.5
         )
         self.norm1, self.norm2 = norms
-        self.attn = _Parts(num_heads=self.num_heads, scale=float(scale), proj=proj, qkv=self._fused("qkv", [q, k, v]))
+        self.attn = _Parts(
+            num_heads=self.num_heads, scale=float(scale), proj=proj, qkv=self._stacks.get("qkv", [q, k, v])
+        )
         self.ls1 = _Parts(gamma=getattr(layer, ls1).lambda1) if ls1 else nn.Identity()
         self.ls2 = _Parts(gamma=getattr(layer, ls2).lambda1) if ls2 else nn.Identity()
+        # SwiGLU's gate in the fc1 GEMM's epilogue (transformers' ACT2FN["silu"] is its SiLUActivation: F.silu)
+        self.gated = swiglu and type(mlp.act_fn).__name__ in ("SiLU", "SiLUActivation")
         if swiglu:
-            fc1 = self._fused("gate_up", [mlp.gate_proj, mlp.up_proj])
+            fc1 = self._stacks.get("gate_up", [mlp.gate_proj, mlp.up_proj])
             self.mlp = _Parts(fc1=fc1, fc2=mlp.down_proj)
             act_fn = mlp.act_fn
-            self.torch_act = lambda h: (lambda g, u: act_fn(g) * u)(*h.chunk(2, dim=-1))
+            self.torch_act = None if self.gated else lambda h: (lambda g, u: act_fn(g) * u)(*h.chunk(2, dim=-1))
         else:
             self.mlp = _Parts(fc1=mlp.fc1, fc2=mlp.fc2)
             self.torch_act = None if self.kernel_act else mlp.activation_fn
@@ -271,8 +241,9 @@ def _run_view(view: _LayerView, x: torch.Tensor, lengths: torch.Tensor | None = 
     ``lengths [B]``: a padded batch's valid tokens per sample (SigLIP 2, :mod:`vit_fast.interop.naflex`)."""
     from vit_fast.backend.triton_path import fuse_ln_from_env, patched_ops
 
-    act = view.kernel_act if view.torch_act is None else None
-    return run_block(patched_ops(x, lengths), view, x, act, fuse_ln_from_env(), torch_act=view.torch_act)
+    act = "silu" if view.gated else view.kernel_act if view.torch_act is None else None
+    ops = patched_ops(x, lengths)
+    return run_block(ops, view, x, act, fuse_ln_from_env(), gated=view.gated, torch_act=view.torch_act)
 
 
 def _kernels_can_run(x: torch.Tensor, backend: str) -> bool:

@@ -37,16 +37,17 @@ def stack_linears(linears: list[nn.Linear], detach: bool = True) -> LinearWeight
 
 class StackedLinears:
     """Stacks by name, each made on first use and again whenever one of its parameters changes (identity, storage,
-    version, dtype, device). With autograd on a parameter that needs a gradient, a stack is made afresh in the
-    call's graph (a cached one would hold an old graph, or none)."""
+    version, dtype, device). With autograd on a parameter that needs a gradient, or under torch.compile, a stack is
+    made afresh in the call's graph (a cached one would hold an old graph, or none)."""
 
     def __init__(self) -> None:
         self._cache: dict[str, tuple[tuple, LinearWeights]] = {}
 
     def get(self, name: str, linears: list[nn.Linear]) -> LinearWeights:
         params = [p for lin in linears for p in (lin.weight, lin.bias) if p is not None]
-        if torch.is_grad_enabled() and any(p.requires_grad for p in params):
-            return stack_linears(linears, detach=False)
+        grads = torch.is_grad_enabled() and any(p.requires_grad for p in params)
+        if grads or torch.compiler.is_compiling():  # compiling: stacked in the graph (a version key is untraceable)
+            return stack_linears(linears, detach=not grads)
         # a stack made under torch.inference_mode() is an inference tensor, which autograd may not save for a
         # backward (a frozen model's input gradient): one made there serves inference mode only
         inference = torch.is_inference_mode_enabled()
