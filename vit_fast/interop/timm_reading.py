@@ -58,6 +58,18 @@ def _norm_problems(norm, where: str, problems: list[str], allow_identity: bool =
         problems.append(f"{where} normalises {tuple(norm.normalized_shape)} (the kernels normalise the last dim)")
 
 
+def _attention_extras(attn, where: str, problems: list[str], norm: str, why: str = "") -> None:
+    """What no attention kernel runs, each a problem by name: qk-norm, a ``norm`` inside attention, a gate, a qkv bias
+    added separately."""
+    for part, what in (("q_norm", "qk-norm"), ("k_norm", "qk-norm"), ("norm", norm)):
+        if not is_identity(getattr(attn, part, None)):
+            problems.append(f"{where}.{part} ({what}{why})")
+    if getattr(attn, "gate", None) is not None:
+        problems.append(f"{where}.gate (gated attention)")
+    if getattr(attn, "qkv_bias_separate", False):
+        problems.append(f"{where} qkv_bias_separate")
+
+
 def _attention_problems(attn, where: str, problems: list[str]) -> int:
     """The head dim of a timm ``Attention`` with a fused qkv (of a ``DiffAttention``: its output heads'); anything
     else goes into ``problems``."""
@@ -66,13 +78,7 @@ def _attention_problems(attn, where: str, problems: list[str]) -> int:
     if type(attn).__name__ != "Attention" or not isinstance(getattr(attn, "qkv", None), nn.Linear):
         problems.append(f"{where} {type(attn).__name__} (the kernels run timm's Attention with a fused qkv)")
         return 0
-    for part, what in (("q_norm", "qk-norm"), ("k_norm", "qk-norm"), ("norm", "scale_attn_norm")):
-        if not is_identity(getattr(attn, part, None)):
-            problems.append(f"{where}.{part} ({what})")
-    if getattr(attn, "gate", None) is not None:
-        problems.append(f"{where}.gate (gated attention)")
-    if getattr(attn, "qkv_bias_separate", False):
-        problems.append(f"{where} qkv_bias_separate")
+    _attention_extras(attn, where, problems, "scale_attn_norm")
     if not isinstance(getattr(attn, "proj", None), nn.Linear):
         problems.append(f"{where}.proj {type(getattr(attn, 'proj', None)).__name__} (a Linear is expected)")
     head_dim = int(attn.head_dim)
@@ -225,13 +231,7 @@ def _eva_plan(block: nn.Module, where: str, problems: list[str]) -> BlockPlan:
     if type(attn).__name__ not in _EVA_ATTENTIONS:
         problems.append(f"{at} {type(attn).__name__} (the kernels run timm's {' and '.join(_EVA_ATTENTIONS)})")
         return BlockPlan("EvaBlock", (mlp,), 0)
-    for part, what in (("q_norm", "qk-norm"), ("k_norm", "qk-norm"), ("norm", "scale_attn_inner, a norm inside attn")):
-        if not is_identity(getattr(attn, part, None)):
-            problems.append(f"{at}.{part} ({what}: not yet on the kernels)")
-    if getattr(attn, "gate", None) is not None:
-        problems.append(f"{at}.gate (gated attention)")
-    if getattr(attn, "qkv_bias_separate", False):
-        problems.append(f"{at} qkv_bias_separate")
+    _attention_extras(attn, at, problems, "scale_attn_inner, a norm inside attn", ": not yet on the kernels")
     heads, head_dim = int(attn.num_heads), int(attn.head_dim)
     if getattr(attn, "num_kv_heads", heads) != heads:
         problems.append(f"{at} num_kv_heads={attn.num_kv_heads} (grouped-query attention)")
