@@ -1,7 +1,8 @@
 """Flash-style multi-head attention forward, reading the fused qkv GEMM output in place, with an optional mask of a
 padded (``lengths``) or packed (``cu_seqlens``) batch: the kernel, the launcher :func:`launch_attention`, the
 ``torch.library`` op and the eager reference :func:`attention_ref`. Its tiles are in :mod:`.attention_tiles`, its
-input checks in :mod:`.attention_checks`; design: docs/kernels.md, "Attention"."""
+input checks in :mod:`.attention_checks`, rotary embeddings (q and k rotated as loaded) in :mod:`.rope`; design:
+docs/kernels.md, "Attention"."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from .attention_tiles import attention_configs, block_d_for, prune_attention_con
 from .autotune import autotune_cache_enabled, tune_key
 from .cards import tensor_arch
 from .launches import ResolvedLaunches, eager_direct
+from .rope import LAYOUTS, apply_rope_ref, check_rope, rope_rotate, sequence_positions
 
 LOG2E = math.log2(math.e)
 
@@ -57,7 +59,7 @@ def _zero_tokens(
         *("T", "HEAD_DIM", "ARCH", "TUNE"),
         # every constexpr the configs do not set (tests/kernels/test_autotune_mode.py); these follow the dtype, the head dim
         # and which mask the launch has
-        *("DOT_IN_FP32", "ROUND_BF16", "HAS_LENGTHS", "PACKED", "BLOCK_D"),
+        *("DOT_IN_FP32", "ROUND_BF16", "HAS_LENGTHS", "PACKED", "ROPE", "BLOCK_D"),
     ],
     prune_configs_by={"early_config_prune": prune_attention_configs},
     cache_results=autotune_cache_enabled(),
@@ -70,6 +72,8 @@ def _attention_kernel(
     out_ptr,  # [B, T, H * Dh] attention output, unit stride along its last dim
     lengths_ptr,  # [B] int32 valid tokens per image (HAS_LENGTHS; otherwise any tensor, never read)
     cu_seqlens_ptr,  # [N + 1] int32 segment offsets into the B * T tokens (PACKED; otherwise any tensor, never read)
+    rope_cos_ptr,  # ROPE: cos table [T_rot, Dh] or [H, T_rot, Dh], unit stride along Dh (else never read)
+    rope_sin_ptr,  # ROPE: sin table, cos's strides
     qk_scale,  # softmax scale * log2(e): exp2 of scaled logits equals exp of the unscaled ones
     T,  # tokens per image (rows of q, k and v)
     H,  # number of heads
@@ -81,12 +85,17 @@ def _attention_kernel(
     batch,  # B (PACKED: the segments and the padding after them cover the B * T tokens; otherwise unused)
     num_seqs,  # PACKED: N, the number of segments; otherwise unused
     max_seqlen,  # PACKED: query rows the grid gives each segment, at least its longest; otherwise unused
+    stride_rope_h,  # ROPE: elements between heads' tables (0: one table for every head)
+    stride_rope_t,  # ROPE: elements between table rows
+    num_prefix,  # ROPE: a sequence's first tokens left unrotated (class, registers)
+    num_rot,  # ROPE: table rows (T_rot): token num_prefix + i takes row i
     ARCH,  # compute capability of the tensors' device (cards.tensor_arch), never read: the prune's card
     TUNE,  # autotune.tune_key(): 1 while tuning, never read: a heuristic pick never answers a tuned request
     DOT_IN_FP32: tl.constexpr,  # dot operands as fp32 at IEEE precision (fp32, or bf16 under the interpreter)
     ROUND_BF16: tl.constexpr,  # round the bf16 store by hand (interpreter: its fp32 -> bf16 cast truncates)
     HAS_LENGTHS: tl.constexpr,  # a padded batch: image b's tokens >= lengths[b] are padding (zeros out)
     PACKED: tl.constexpr,  # packed images: a program attends within one segment of cu_seqlens
+    ROPE: tl.constexpr,  # rotary embedding of q and k as loaded: 0 none, 1 interleaved pairs, 2 halves (rope.LAYOUTS)
     BLOCK_D: tl.constexpr,  # head dim padded to a power of two >= 16; padding lanes are masked
     BLOCK_M: tl.constexpr,  # query rows per program
     BLOCK_N: tl.constexpr,  # key/value rows per inner step
@@ -170,6 +179,25 @@ def _attention_kernel(
     q = tl.load(
         q_base + offs_m[:, None] * stride_qkv_t + offs_d[None, :], mask=row_mask[:, None] & d_mask[None, :], other=0.0
     )
+    if ROPE:
+        rope_cos_ptr += off_h * stride_rope_h
+        rope_sin_ptr += off_h * stride_rope_h
+        q = rope_rotate(
+            q,
+            q_base + offs_m[:, None] * stride_qkv_t + offs_d[None, :],
+            offs_m,
+            row_mask,
+            offs_d,
+            d_mask,
+            rope_cos_ptr,
+            rope_sin_ptr,
+            stride_rope_t,
+            num_prefix,
+            num_rot,
+            HEAD_DIM,
+            ROPE,
+            ROUND_BF16,
+        )
     if DOT_IN_FP32:
         q = q.to(tl.float32)
 
@@ -184,6 +212,23 @@ def _attention_kernel(
         kv_mask = col_mask[:, None] & d_mask[None, :]
         k = tl.load(k_base + kv_offsets, mask=kv_mask, other=0.0)
         v = tl.load(v_base + kv_offsets, mask=kv_mask, other=0.0)
+        if ROPE:  # rotated in fp32, then rounded to qkv's dtype as eager rounds it before the attention
+            k = rope_rotate(
+                k,
+                k_base + kv_offsets,
+                cols,
+                col_mask,
+                offs_d,
+                d_mask,
+                rope_cos_ptr,
+                rope_sin_ptr,
+                stride_rope_t,
+                num_prefix,
+                num_rot,
+                HEAD_DIM,
+                ROPE,
+                ROUND_BF16,
+            )
         if DOT_IN_FP32:  # once per tile; and p below stays fp32 rather than rounding to v's 16-bit dtype
             k = k.to(tl.float32)
             v = v.to(tl.float32)
@@ -227,16 +272,21 @@ def launch_attention(
     lengths: torch.Tensor | None = None,
     cu_seqlens: torch.Tensor | None = None,
     max_seqlen: int | None = None,
+    rope_cos: torch.Tensor | None = None,
+    rope_sin: torch.Tensor | None = None,
+    num_prefix: int = 0,
+    rope_layout: str = "interleaved",
     out: torch.Tensor | None = None,
     checked: bool = False,
 ) -> torch.Tensor:
-    """Check the inputs, then run the kernel once (no autograd, no custom op); returns ``[B, T, H * Dh]``.
-    ``lengths``, ``cu_seqlens`` and ``max_seqlen`` as in :func:`attention`. ``checked=True`` skips the checks (the
+    """Check the inputs, then run the kernel once (no autograd, no custom op); returns ``[B, T, H * Dh]``. The
+    masks and the rotary tables (``rope_*``, ``num_prefix``) as in :func:`attention`. ``checked=True`` skips the checks (the
     mask values included, so no host read): for the custom op, called by :func:`attention` just after them, and for
     callers that checked already. ``out``, if given: ``[B, T, H * Dh]`` in qkv's dtype and device, unit-stride last
     dim (tests pass a NaN-filled one). See docs/kernels.md, section Ops, launchers and references."""
     if not checked:
         check_attention_inputs(qkv, num_heads, scale, lengths, cu_seqlens, max_seqlen)
+        check_rope(qkv, num_heads, rope_cos, rope_sin, num_prefix, rope_layout)
     batch, tokens, width = qkv.shape
     embed_dim = width // 3
     head_dim = embed_dim // num_heads
@@ -252,6 +302,11 @@ def launch_attention(
         grid_seqs = num_seqs + 1
     else:
         num_seqs, rows, grid_seqs = batch, tokens, batch
+    rope = 0 if rope_cos is None else LAYOUTS[rope_layout]
+    # one table for every head: stride 0 between heads
+    rope_strides = (
+        (0, 0) if rope_cos is None else (rope_cos.stride(0) if rope_cos.dim() == 3 else 0, rope_cos.stride(-2))
+    )
 
     def grid(meta):
         return (cdiv(rows, meta["BLOCK_M"]) * grid_seqs * num_heads,)
@@ -263,6 +318,8 @@ def launch_attention(
         out,
         qkv if lengths is None else lengths,  # a stand-in pointer the kernel never reads
         qkv if cu_seqlens is None else cu_seqlens,
+        qkv if rope_cos is None else rope_cos,  # stand-ins the kernel never reads without ROPE
+        qkv if rope_sin is None else rope_sin,
         scale * LOG2E,
         tokens,
         num_heads,
@@ -274,12 +331,16 @@ def launch_attention(
         batch,
         num_seqs,
         rows,
+        *rope_strides,
+        num_prefix,
+        0 if rope_cos is None else rope_cos.shape[-2],
         tensor_arch(qkv),
         tune_key(),
         DOT_IN_FP32=dot_in_fp32(qkv.dtype),
         ROUND_BF16=interpret_bf16(qkv.dtype),
         HAS_LENGTHS=lengths is not None,
         PACKED=cu_seqlens is not None,
+        ROPE=rope,
         BLOCK_D=block_d_for(head_dim),
     )
     return out
@@ -294,10 +355,15 @@ def _attention_op(
     lengths: torch.Tensor | None = None,
     cu_seqlens: torch.Tensor | None = None,
     max_seqlen: int | None = None,
+    rope_cos: torch.Tensor | None = None,
+    rope_sin: torch.Tensor | None = None,
+    num_prefix: int = 0,
+    rope_layout: str = "interleaved",
 ) -> torch.Tensor:
     # attention() checked the inputs
+    rope = dict(rope_cos=rope_cos, rope_sin=rope_sin, num_prefix=num_prefix, rope_layout=rope_layout)
     return launch_attention(
-        qkv, num_heads, scale, lengths=lengths, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, checked=True
+        qkv, num_heads, scale, lengths=lengths, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, **rope, checked=True
     )
 
 
@@ -309,16 +375,21 @@ def _attention_fake(
     lengths: torch.Tensor | None = None,
     cu_seqlens: torch.Tensor | None = None,
     max_seqlen: int | None = None,
+    rope_cos: torch.Tensor | None = None,
+    rope_sin: torch.Tensor | None = None,
+    num_prefix: int = 0,
+    rope_layout: str = "interleaved",
 ) -> torch.Tensor:
     check_attention_inputs(qkv, num_heads, scale, lengths, cu_seqlens, max_seqlen)  # values: not readable here
+    check_rope(qkv, num_heads, rope_cos, rope_sin, num_prefix, rope_layout)
     batch, tokens, width = qkv.shape
     return qkv.new_empty((batch, tokens, width // 3))
 
 
 register_recompute_backward(
     _attention_op,
-    lambda qkv, num_heads, scale, lengths, cu_seqlens, max_seqlen: attention_ref(
-        qkv, num_heads, scale, upcast=True, lengths=lengths, cu_seqlens=cu_seqlens
+    lambda qkv, num_heads, scale, lengths, cu_seqlens, max_seqlen, cos, sin, num_prefix, layout: attention_ref(
+        qkv, num_heads, scale, True, lengths=lengths, cu_seqlens=cu_seqlens, rope=(cos, sin, num_prefix, layout)
     ),
 )
 
@@ -331,20 +402,25 @@ def attention(
     lengths: torch.Tensor | None = None,
     cu_seqlens: torch.Tensor | None = None,
     max_seqlen: int | None = None,
+    rope_cos: torch.Tensor | None = None,
+    rope_sin: torch.Tensor | None = None,
+    num_prefix: int = 0,
+    rope_layout: str = "interleaved",
 ) -> torch.Tensor:
     """Multi-head self-attention on the fused qkv projection, without copies: ``qkv [B, T, 3 * H * Dh]`` (float16 /
     bfloat16 / float32, last dim unit-stride, read as ``[B, T, 3, H, Dh]``), ``num_heads`` H (Dh in 16..256),
     ``scale`` (default ``Dh ** -0.5``); returns ``[B, T, H * Dh]`` in qkv's dtype. Masks, one at a time:
     ``lengths [B]`` int32 (a padded batch) or ``cu_seqlens [N + 1]`` int32 (packed images; ``max_seqlen`` bounds a
-    segment). Padding is never read and comes out zero. More: docs/kernels.md, section Attention."""
+    segment); padding comes out zero. RoPE tables ``rope_cos`` / ``rope_sin``: docs/kernels.md, section RoPE."""
     check_attention_inputs(qkv, num_heads, scale, lengths, cu_seqlens, max_seqlen)
+    check_rope(qkv, num_heads, rope_cos, rope_sin, num_prefix, rope_layout)
     head_dim = qkv.shape[-1] // (3 * num_heads)
     scale = head_dim**-0.5 if scale is None else float(scale)
-    if eager_direct(qkv):  # plain eager: skip the custom op's dispatch
-        return launch_attention(
-            qkv, num_heads, scale, lengths=lengths, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, checked=True
-        )
-    return _attention_op(qkv, num_heads, scale, lengths, cu_seqlens, max_seqlen)
+    masks = dict(lengths=lengths, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
+    rope = dict(rope_cos=rope_cos, rope_sin=rope_sin, num_prefix=num_prefix, rope_layout=rope_layout)
+    if eager_direct(qkv, *(t for t in (rope_cos, rope_sin) if t is not None)):  # plain eager: no op dispatch
+        return launch_attention(qkv, num_heads, scale, **masks, **rope, checked=True)
+    return _attention_op(qkv, num_heads, scale, *masks.values(), *rope.values())
 
 
 # ---------------------------------------------------------------------------------- reference
@@ -369,12 +445,13 @@ def attention_ref(
     *,
     lengths: torch.Tensor | None = None,
     cu_seqlens: torch.Tensor | None = None,
+    rope: tuple | None = None,
 ) -> torch.Tensor:
     """Eager attention, written as timm's ``Attention.forward``: ``[B, T, 3HDh] -> [B, T, HDh]``. ``upcast=False``
     computes in qkv's dtype (what eager PyTorch does: the error a kernel is judged against); ``upcast=True`` computes
     float16 / bfloat16 in float32 and casts back, float32 / float64 as they are. For a float64 reference, pass
-    ``qkv.double()``. ``lengths`` / ``cu_seqlens`` as in :func:`attention`; padding: docs/kernels.md, section
-    Attention."""
+    ``qkv.double()``. ``lengths`` / ``cu_seqlens`` as in :func:`attention`; ``rope``: ``(cos, sin, num_prefix,
+    layout)`` (cos None: none), q and k rotated first (:func:`.rope.apply_rope_ref`). More: docs/kernels.md."""
     batch, tokens, width = qkv.shape
     head_dim = width // (3 * num_heads)
     scale = head_dim**-0.5 if scale is None else scale
@@ -389,6 +466,9 @@ def attention_ref(
         allowed = (segment[:, :, None] == segment[:, None, :]) & ~padding[:, None, :]
         allowed |= torch.eye(tokens, dtype=torch.bool, device=qkv.device) & padding[:, :, None]
     q, k, v = qkv.reshape(batch, tokens, 3, num_heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+    if rope is not None and rope[0] is not None:
+        positions = sequence_positions(batch, tokens, lengths, cu_seqlens, qkv.device)
+        q, k = (apply_rope_ref(t, rope[0], rope[1], positions, rope[2], rope[3]) for t in (q, k))
     scores = (q * scale) @ k.transpose(-2, -1)
     if allowed is not None:
         scores = scores.masked_fill(~allowed[:, None], float("-inf"))

@@ -35,7 +35,6 @@ def test_every_naflexvit_patches_in_place(name):
 
 REFUSED = {
     "rope": (dict(rope_type="axial"), "rotary position embeddings (RoPE, RotaryEmbeddingCat)"),
-    "EvaBlock": (dict(swiglu_mlp=True), "blocks.0 EvaBlock"),
 }
 
 
@@ -62,6 +61,8 @@ MODELS = {
     "radio (class token + registers, token pool)": ("naflexvit_base_patch16_radio_v3", {}),
     "siglip (no prefix tokens, gelu_tanh, map)": ("naflexvit_base_patch16_siglip", {}),
     "ParallelScalingBlock": ("naflexvit_base_patch16_gap", {"block_fn": "ParallelScalingBlock"}),
+    "EvaBlock (swiglu_mlp: GluMlp, SiLU)": ("naflexvit_base_patch16_gap", {"swiglu_mlp": True}),
+    "EvaBlock (SwiGLU with its norm)": ("naflexvit_base_patch16_gap", {"swiglu_mlp": True, "scale_mlp_norm": True}),
 }
 
 

@@ -121,7 +121,6 @@ def test_patched_model_steps_aside_for_masks_and_float64(monkeypatch):
 
 # refused at patch time, by name; nothing is patched
 REFUSED = {
-    "Eva": ("eva02_tiny_patch14_224", dict(img_size=28, depth=1), "rotary position embeddings"),
     "RelPos": ("vit_relpos_small_patch16_224", dict(img_size=32, depth=1), "relative position bias"),
     "RelPos (test_vit_relpos)": ("test_vit_relpos", dict(img_size=32, depth=1), "relative position bias"),
     "Beit": ("beit_base_patch16_224", dict(img_size=32, depth=1, embed_dim=32, num_heads=2), "relative position bias"),
@@ -240,6 +239,9 @@ PARITY = {
     "VisionTransformerDistilled": Row("deit_tiny_distilled_patch16_224", dict(SMALL, img_size=32)),
     "AttentionPoolLatent head": Row("vit_base_patch16_siglip_224", dict(SMALL, img_size=32)),
     "NaFlexVit, padded (map head, register)": Row("naflexvit_base_patch16_map", dict(SMALL), _naflex_padded),
+    "Eva, EvaBlock with RoPE (DINOv3: half layout, registers)": Row(
+        "vit_small_patch16_dinov3", dict(SMALL, img_size=32)
+    ),
 }
 TIMM_MODES = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode, "eval_with_grad": torch.enable_grad}
 

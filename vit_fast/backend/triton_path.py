@@ -39,6 +39,7 @@ from vit_fast.kernels.linear import (
     rms_norm_linear_ref,
 )
 from vit_fast.kernels.patch_embed import launch_patch_embed, patch_embed, patch_embed_ref
+from vit_fast.kernels.rope import check_rope
 from vit_fast.kernels.switches import switch
 
 
@@ -74,12 +75,17 @@ class _Ops:
         lengths: torch.Tensor | None = None,
         cu_seqlens: torch.Tensor | None = None,
         max_seqlen: int | None = None,
+        rope: tuple | None = None,
     ) -> torch.Tensor:
         """``lengths [B]`` (int32): a padded batch's valid tokens per sample, a prefix of each row. ``cu_seqlens
-        [N + 1]`` (int32): images packed along the tokens, each attending within itself; ``max_seqlen`` its longest
-        segment (see :func:`vit_fast.kernels.attention.attention`)."""
+        [N + 1]`` (int32): images packed along the tokens; ``max_seqlen`` its longest segment. ``rope``: ``(cos, sin,
+        num_prefix, layout)``, q and k rotated in the kernel (see :func:`vit_fast.kernels.attention.attention`)."""
         masks = dict(lengths=lengths, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
+        if rope is not None:
+            masks.update(zip(("rope_cos", "rope_sin", "num_prefix", "rope_layout"), rope, strict=True))
         if self.direct:
+            if rope is not None:  # the tables come with each forward: their shapes checked here (no device read)
+                check_rope(qkv, num_heads, *rope)
             return launch_attention(qkv, num_heads, scale, **masks, checked=True)
         return attention(qkv, num_heads, scale, **masks)
 
@@ -166,12 +172,13 @@ class _CheckedOps(_Ops):
         lengths: torch.Tensor | None = None,
         cu_seqlens: torch.Tensor | None = None,
         max_seqlen: int | None = None,
+        rope: tuple | None = None,
     ) -> torch.Tensor:
         batch, tokens, width = qkv.shape
-        masks = (lengths is not None, cu_seqlens is not None)
+        masks = (lengths is not None, cu_seqlens is not None, None if rope is None else (rope[0].dim(), *rope[2:]))
         shape = (m_class(batch * tokens), tokens, num_heads, width // (3 * num_heads), *masks)
-        launch = lambda: _Ops.attention(self, qkv, num_heads, scale, lengths, cu_seqlens, max_seqlen)  # noqa: E731
-        args, kwargs = (qkv, num_heads, scale), {"lengths": lengths, "cu_seqlens": cu_seqlens}
+        launch = lambda: _Ops.attention(self, qkv, num_heads, scale, lengths, cu_seqlens, max_seqlen, rope)  # noqa: E731
+        args, kwargs = (qkv, num_heads, scale), {"lengths": lengths, "cu_seqlens": cu_seqlens, "rope": rope}
         return self._run("attention", qkv.dtype, shape, launch, attention_ref, args, kwargs)
 
     def diff_attention(self, qkv, lambda_full, norm_weight, num_heads: int, lambda_init, scale, eps) -> torch.Tensor:
@@ -269,12 +276,14 @@ def layer_norm_fused(owner: nn.Module) -> bool:
 
 
 # --------------------------------------------------------------------------- key padding (native resolution)
-def attention_with_lengths(ops: _Ops, qkv: torch.Tensor, num_heads: int, scale: float, lengths: torch.Tensor):
+def attention_with_lengths(
+    ops: _Ops, qkv: torch.Tensor, num_heads: int, scale: float, lengths: torch.Tensor, rope=None
+):
     """Self-attention of a padded batch, ``qkv [B, T, 3 * H * Dh]`` -> ``[B, T, H * Dh]``: every masked attention
     of a patched layer (timm's NaFlexVit, transformers' SigLIP 2) comes here, to the attention kernel with its
     ``lengths``. ``lengths [B]`` (int32, on qkv's device): sample b's tokens ``[0, lengths[b])`` are its keys and
     queries; the rest is padding, never read (even NaN there reaches no valid row), its output rows zeros."""
-    return ops.attention(qkv, num_heads, scale, lengths)
+    return ops.attention(qkv, num_heads, scale, lengths, rope=rope)
 
 
 def _key_padding(k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor) -> tuple:
@@ -312,8 +321,8 @@ class _WithLengths:
     def __getattr__(self, name: str):
         return getattr(self.ops, name)
 
-    def attention(self, qkv, num_heads: int, scale: float) -> torch.Tensor:
-        return attention_with_lengths(self.ops, qkv, num_heads, scale, self.lengths)
+    def attention(self, qkv, num_heads: int, scale: float, rope: tuple | None = None) -> torch.Tensor:
+        return attention_with_lengths(self.ops, qkv, num_heads, scale, self.lengths, rope)
 
     def attention_pool(self, q, kv, num_heads: int, scale: float) -> torch.Tensor:
         return attention_pool_with_lengths(self.ops, q, kv, num_heads, scale, self.lengths)

@@ -123,8 +123,11 @@ def _fast_timm(block: nn.Module, backend: str, x: torch.Tensor, *args: Any, **kw
     if _recording_for_elsewhere():
         return original_forward(block)(x, *args, **kwargs)
     mask = kwargs.get("attn_mask") if not args else args[0]
-    rest = (*args[1:], *(v for k, v in kwargs.items() if k != "attn_mask"))
-    extra = any(a is not None and a is not False for a in rest)  # is_causal, rope
+    rope = kwargs.get("rope") if plan.rope_layout is not None else None  # an EvaBlock's table: the kernels apply it
+    tables = {} if rope is None else {"rope": rope}
+    rest = (*args[1:], *(v for k, v in kwargs.items() if k != "attn_mask" and (k != "rope" or rope is None)))
+    eva_positional = plan.rope_layout is not None and bool(args)  # EvaBlock(x, rope, ...): timm's own forward
+    extra = any(a is not None and a is not False for a in rest) or eva_positional  # is_causal, another's rope
     exporting = torch.compiler.is_exporting()
     if extra or block.training or not _kernels_can_run(x, backend, plan.head_dim):
         if exporting and not extra and mask is None:
@@ -133,12 +136,12 @@ def _fast_timm(block: nn.Module, backend: str, x: torch.Tensor, *args: Any, **kw
             say_fallback(block, x, backend, "training" if block.training else "dtype", what="blocks")
         return original_forward(block)(x, *args, **kwargs)
     if mask is None:
-        return plan.run(block, x)  # our custom ops (what torch.export records), autograd on or off
+        return plan.run(block, x, **tables)  # our custom ops (what torch.export records), autograd on or off
     # read only where the kernels would run: the check syncs with the device (once per mask, see key_padding_lengths)
     lengths = None if exporting or _differential(block) else key_padding_lengths(mask, x.shape[0], x.shape[1])
     if lengths is None:  # not key padding of a prefix of each row
         return original_forward(block)(x, *args, **kwargs)
-    return plan.run(block, x, lengths)
+    return plan.run(block, x, lengths, **tables)
 
 
 def _recording_for_elsewhere() -> bool:

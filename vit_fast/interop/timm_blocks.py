@@ -7,6 +7,7 @@ MLPs and heads that run: docs/usage.md, "What is patched, and what is refused".
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -20,7 +21,7 @@ from vit_fast.model.layers import (
     norm_linear,
     run_block,
 )
-from vit_fast.model.stacking import LinearWeights
+from vit_fast.model.stacking import LinearWeights, stacked_for
 
 
 def is_identity(module) -> bool:
@@ -37,20 +38,26 @@ class MlpPlan:
 
 @dataclass(frozen=True)
 class BlockPlan:
-    """How one timm block runs on the kernels: its kind, each MLP's activation, and its attention head dim."""
+    """How one timm block runs on the kernels: its kind, each MLP's activation, its attention head dim, and for an
+    ``EvaBlock`` its rotary embedding's layout and unrotated prefix tokens."""
 
-    kind: str  # "Block", "ResPostBlock", "ParallelThingsBlock", "ParallelScalingBlock", "DiffParallelScalingBlock"
+    kind: str  # "Block", "ResPostBlock", "ParallelThingsBlock", "ParallelScalingBlock", "DiffParallelScalingBlock", ...
     mlps: tuple[MlpPlan, ...]
     head_dim: int
+    rope_layout: str | None = None  # "EvaBlock": "interleaved" or "half" (its attention's rotate_half); else None
+    num_prefix: int = 0  # "EvaBlock": its attention's num_prefix_tokens (class, registers), left unrotated
 
-    def run(self, block: nn.Module, x: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+    def run(self, block: nn.Module, x: torch.Tensor, lengths: torch.Tensor | None = None, rope=None) -> torch.Tensor:
         """The block's forward on the kernels, ``x [B, T, D]`` -> ``[B, T, D]``; ``lengths [B]``: a padded batch's
-        valid tokens per sample (:func:`vit_fast.backend.triton_path.attention_with_lengths`). A pre-norm ``Block`` is
+        valid tokens per sample (:func:`vit_fast.backend.triton_path.attention_with_lengths`); ``rope``: the rotary
+        table timm hands an ``EvaBlock`` (``[(H,) T_rot, 2 * Dh]``, sin then cos). A pre-norm ``Block`` is
         :func:`vit_fast.model.layers.run_block`, as ours; the other kinds are built of the same branches."""
         from vit_fast.backend.triton_path import fuse_ln_from_env, patched_ops
 
         ops, fused = patched_ops(x, lengths), fuse_ln_from_env()
         x = x.contiguous()  # a model without prefix tokens hands its patch embedding's transposed view to block 0
+        if self.kind == "EvaBlock":
+            return _eva_block(ops, block, self, x, rope, fused)
         if self.kind == "Block":
             return run_block(ops, block, x, self.mlps[0].act, fused, **_gate(self.mlps[0]))
         if self.kind == "ResPostBlock":
@@ -75,6 +82,37 @@ def _gate(plan: MlpPlan) -> dict:
 
 def _act_and_gate(plan: MlpPlan) -> dict:
     return {"act": plan.act, **_gate(plan)}
+
+
+class _Gamma(NamedTuple):
+    """An ``EvaBlock``'s LayerScale parameter (``gamma_2``) as the branches read a LayerScale: its ``gamma``."""
+
+    gamma: torch.Tensor
+
+
+def _eva_qkv(attn: nn.Module) -> nn.Linear | LinearWeights:
+    """An Eva attention's q, k and v projections as one GEMM: its fused ``qkv`` (with EvaAttention's ``q_bias``, zero
+    ``k_bias`` and ``v_bias`` joined as timm joins them), or its three Linears stacked (:func:`stacked_for`: made
+    again when a weight changes)."""
+    if attn.qkv is not None:
+        if getattr(attn, "q_bias", None) is None:
+            return attn.qkv
+        return LinearWeights(attn.qkv.weight, torch.cat((attn.q_bias, attn.k_bias, attn.v_bias)))
+    return stacked_for(attn, "qkv", [attn.q_proj, attn.k_proj, attn.v_proj])
+
+
+def _eva_block(ops, block, plan: BlockPlan, x: torch.Tensor, rope, fused: bool) -> torch.Tensor:
+    """timm's ``EvaBlock`` (``x + gamma_1 * attn(norm1(x), rope)``, then ``x + gamma_2 * mlp(norm2(x))``) on the
+    kernels: 5 launches as a ``Block``; the rotary table is read by the attention kernel as two views, no copy."""
+    from vit_fast.kernels.rope import split_sin_cos  # triton's: imported where the kernels run
+
+    attn = block.attn
+    qkv = norm_linear(ops, block.norm1, x, _eva_qkv(attn), None, fused)  # [B, T, 3 * H * Dh]
+    tables = None if rope is None else (*split_sin_cos(rope), plan.num_prefix, plan.rope_layout)
+    a = ops.attention(qkv, attn.num_heads, attn.scale, rope=tables)
+    x = ops.linear(a, attn.proj, residual=x, gamma=block.gamma_1)
+    ls2 = nn.Identity() if block.gamma_2 is None else _Gamma(block.gamma_2)
+    return mlp_branch(ops, block.norm2, block.mlp, x, x, ls2, fused, **_act_and_gate(plan.mlps[0]))
 
 
 def _parallel_scaling(ops, block, plan: MlpPlan, x: torch.Tensor, fused: bool) -> torch.Tensor:

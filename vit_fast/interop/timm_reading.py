@@ -1,7 +1,7 @@
 """Reading a timm model before anything is patched: :func:`plan_timm_model` gives one
 :class:`vit_fast.interop.timm_blocks.BlockPlan` per block (and :func:`plan_attention_pool` the head's
 :class:`~vit_fast.interop.timm_blocks.PoolPlan`), or a ValueError naming each feature the kernels do not run (rotary
-or relative position attention, qk-norm outside ParallelScalingBlock, a norm other than LayerNorm or RmsNorm, ...).
+relative position attention, qk-norm outside ParallelScalingBlock, a norm other than LayerNorm or RmsNorm, ...).
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ from vit_fast.model.layers import is_rms_norm
 
 #: timm model classes whose blocks are read here (NaFlexVit: :mod:`vit_fast.interop.naflex`), and the ones refused for
 #: what their attention does
-MODEL_CLASSES = ("VisionTransformer", "VisionTransformerDistilled", *NAFLEX_CLASSES)
+MODEL_CLASSES = ("VisionTransformer", "VisionTransformerDistilled", "Eva", *NAFLEX_CLASSES)
 _REFUSED_MODELS = {
-    "Eva": "rotary position embeddings (RoPE) inside attention",
     "VisionTransformerRelPos": "relative position bias inside attention",
     "Beit": "relative position bias inside attention",
     "VisionTransformerSAM": "windowed attention with relative position embeddings",
@@ -33,7 +32,12 @@ _REFUSED_MODELS = {
     "DeepseekVitClassifier": "rotary position embeddings (RoPE) inside attention, with a SwiGLU MLP",
 }
 #: the timm block classes whose forward runs on the kernels (each read by :func:`_block_plan`)
-BLOCK_KINDS = ("Block", "ResPostBlock", "ParallelThingsBlock", "ParallelScalingBlock", "DiffParallelScalingBlock")
+BLOCK_KINDS = (
+    *("Block", "ResPostBlock", "ParallelThingsBlock", "ParallelScalingBlock", "DiffParallelScalingBlock"),
+    "EvaBlock",
+)
+#: the attentions of an ``EvaBlock`` read by :func:`_eva_plan` (both rotate q and k with the table timm passes in)
+_EVA_ATTENTIONS = ("EvaAttention", "AttentionRope")
 #: the ``blocks.N`` prefix of a block's refusal (a model's refusal names the block; a row of one block need not)
 BLOCK_INDEX = re.compile(r"^blocks\.\d+")
 #: activation module class name -> the linear kernel's epilogue (nn.GELU is read by its ``approximate``)
@@ -62,6 +66,18 @@ def _norm_problems(norm, where: str, problems: list[str], allow_identity: bool =
         problems.append(f"{where} normalises {tuple(norm.normalized_shape)} (the kernels normalise the last dim)")
 
 
+def _attention_extras(attn, where: str, problems: list[str], norm: str, why: str = "") -> None:
+    """What no attention kernel runs, each a problem by name: qk-norm, a ``norm`` inside attention, a gate, a qkv bias
+    added separately."""
+    for part, what in (("q_norm", "qk-norm"), ("k_norm", "qk-norm"), ("norm", norm)):
+        if not is_identity(getattr(attn, part, None)):
+            problems.append(f"{where}.{part} ({what}{why})")
+    if getattr(attn, "gate", None) is not None:
+        problems.append(f"{where}.gate (gated attention)")
+    if getattr(attn, "qkv_bias_separate", False):
+        problems.append(f"{where} qkv_bias_separate")
+
+
 def _attention_problems(attn, where: str, problems: list[str]) -> int:
     """The head dim of a timm ``Attention`` with a fused qkv (of a ``DiffAttention``: its output heads'); anything
     else goes into ``problems``."""
@@ -70,13 +86,7 @@ def _attention_problems(attn, where: str, problems: list[str]) -> int:
     if type(attn).__name__ != "Attention" or not isinstance(getattr(attn, "qkv", None), nn.Linear):
         problems.append(f"{where} {type(attn).__name__} (the kernels run timm's Attention with a fused qkv)")
         return 0
-    for part, what in (("q_norm", "qk-norm"), ("k_norm", "qk-norm"), ("norm", "scale_attn_norm")):
-        if not is_identity(getattr(attn, part, None)):
-            problems.append(f"{where}.{part} ({what})")
-    if getattr(attn, "gate", None) is not None:
-        problems.append(f"{where}.gate (gated attention)")
-    if getattr(attn, "qkv_bias_separate", False):
-        problems.append(f"{where} qkv_bias_separate")
+    _attention_extras(attn, where, problems, "scale_attn_norm")
     if not isinstance(getattr(attn, "proj", None), nn.Linear):
         problems.append(f"{where}.proj {type(getattr(attn, 'proj', None)).__name__} (a Linear is expected)")
     head_dim = int(attn.head_dim)
@@ -217,8 +227,39 @@ def _parallel_scaling_plan(block: nn.Module, where: str, problems: list[str]) ->
     return BlockPlan(kind, (MlpPlan(act),), 2 * head_dim if diff else head_dim)
 
 
+def _eva_plan(block: nn.Module, where: str, problems: list[str]) -> BlockPlan:
+    """timm's ``EvaBlock``: norm1, an ``EvaAttention`` or ``AttentionRope`` (fused qkv with or without q/v biases, or
+    q/k/v Linears) whose rotary table comes with each forward, gamma_1 / gamma_2, norm2, an Mlp or GluMlp. qk-norm,
+    a norm inside attention, a gate, grouped-query heads and SwiGLU MLPs are refused by name."""
+    attn, at = block.attn, f"{where}.attn"
+    _norm_problems(block.norm1, f"{where}.norm1", problems)
+    _norm_problems(block.norm2, f"{where}.norm2", problems)
+    mlp = _mlp_plan(block.mlp, f"{where}.mlp", problems)
+    for part in ("gamma_1", "gamma_2"):
+        if not isinstance(getattr(block, part, None), (torch.Tensor, type(None))):
+            problems.append(f"{where}.{part} {type(getattr(block, part)).__name__} (a LayerScale tensor, or None)")
+    if type(attn).__name__ not in _EVA_ATTENTIONS:
+        problems.append(f"{at} {type(attn).__name__} (the kernels run timm's {' and '.join(_EVA_ATTENTIONS)})")
+        return BlockPlan("EvaBlock", (mlp,), 0)
+    _attention_extras(attn, at, problems, "scale_attn_inner, a norm inside attn", ": not yet on the kernels")
+    heads, head_dim = int(attn.num_heads), int(attn.head_dim)
+    if getattr(attn, "num_kv_heads", heads) != heads:
+        problems.append(f"{at} num_kv_heads={attn.num_kv_heads} (grouped-query attention)")
+    projections = (attn.qkv,) if getattr(attn, "qkv", None) is not None else (attn.q_proj, attn.k_proj, attn.v_proj)
+    if not all(isinstance(p, nn.Linear) for p in projections) or not isinstance(getattr(attn, "proj", None), nn.Linear):
+        problems.append(f"{at} without Linear qkv (or q/k/v) and proj layers")
+    elif sum(p.out_features for p in projections) != 3 * heads * head_dim:
+        problems.append(
+            f"{at} q/k/v give {sum(p.out_features for p in projections)} features, not 3 x heads x head_dim"
+        )
+    layout = "half" if getattr(attn, "rotate_half", False) else "interleaved"
+    return BlockPlan("EvaBlock", (mlp,), head_dim, layout, int(attn.num_prefix_tokens))
+
+
 def _block_plan(block: nn.Module, where: str, problems: list[str]) -> BlockPlan:
     kind = type(block).__name__
+    if kind == "EvaBlock":
+        return _eva_plan(block, where, problems)
     if kind in ("Block", "ResPostBlock"):
         head_dim = _attention_problems(block.attn, f"{where}.attn", problems)
         _norm_problems(block.norm1, f"{where}.norm1", problems)

@@ -5,7 +5,6 @@ reference path that the kernels are judged against and export traces."""
 from __future__ import annotations
 
 import sys
-import weakref
 
 import torch
 import torch.nn.functional as F
@@ -13,7 +12,7 @@ from torch import nn
 
 from vit_fast.kernels.activations import gate_split
 from vit_fast.model.config import ViTConfig
-from vit_fast.model.stacking import LinearWeights, StackedLinears
+from vit_fast.model.stacking import LinearWeights, stacked_for
 
 
 class PatchEmbed(nn.Module):
@@ -300,19 +299,10 @@ def attention_branch(ops, norm1, attn, x, residual, ls, fused: bool, first_token
     return ops.linear(a, attn.proj, residual=residual, gamma=_scale(ops, ls))
 
 
-#: timm SwiGLU modules -> their fc1_g over fc1_x stacked into one GEMM's weight (remade when a parameter changes)
-_SWIGLU_STACKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def mlp_fc1(mlp) -> nn.Module | LinearWeights:
     """An MLP's first GEMM: its ``fc1``, or timm ``SwiGLU``'s ``fc1_g`` stacked over ``fc1_x`` (gate rows first)."""
     fc1 = getattr(mlp, "fc1", None)
-    if fc1 is not None:
-        return fc1
-    stacks = _SWIGLU_STACKS.get(mlp)
-    if stacks is None:
-        stacks = _SWIGLU_STACKS.setdefault(mlp, StackedLinears())
-    return stacks.get("fc1", [mlp.fc1_g, mlp.fc1_x])
+    return fc1 if fc1 is not None else stacked_for(mlp, "fc1", [mlp.fc1_g, mlp.fc1_x])
 
 
 def mlp_branch(ops, norm2, mlp, x, residual, ls, fused: bool, act, gated=False, gate_last=False, torch_act=None):

@@ -5,6 +5,7 @@ a stacked parameter changes (its version counter). transformers' separate q / k 
 
 from __future__ import annotations
 
+import weakref
 from typing import NamedTuple
 
 import torch
@@ -59,4 +60,17 @@ class StackedLinears:
         return hit[1]
 
 
-__all__ = ["LinearWeights", "StackedLinears", "stack_linears"]
+#: owner modules -> their stacks (:func:`stacked_for`); an owner's stacks go with it
+_OWNED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def stacked_for(owner: nn.Module, name: str, linears: list[nn.Linear]) -> LinearWeights:
+    """``linears`` stacked into one GEMM's weights, cached for ``owner`` (a timm SwiGLU's fc1_g over fc1_x, an Eva
+    attention's q, k and v) by :class:`StackedLinears`; nothing is stored on the module (pickles stay as they were)."""
+    stacks = _OWNED.get(owner)
+    if stacks is None:
+        stacks = _OWNED.setdefault(owner, StackedLinears())
+    return stacks.get(name, linears)
+
+
+__all__ = ["LinearWeights", "StackedLinears", "stack_linears", "stacked_for"]
