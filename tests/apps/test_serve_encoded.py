@@ -133,7 +133,10 @@ def test_server_refuses_what_encoded_cannot_serve():
         Server(model, encoded=True)
     with pytest.raises(ValueError, match="no classifier head"):
         Server(_model(num_classes=0), encoded=True)
-    assert "encoded images in, logits and top-2 labels out" in Server(_model(), encoded=True, top_k=2).description
+    described = Server(_model(), encoded=True, top_k=2).description
+    assert "served from encoded images (image_bytes [1], BYTES) decoded and preprocessed as timm pretrained_cfg" in (
+        described
+    ) and described.endswith("the top 2 labels and probabilities")
 
 
 def test_load_test_images_from_files(tmp_path, monkeypatch):

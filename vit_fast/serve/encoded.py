@@ -114,6 +114,13 @@ class EncodedImages:
         self.labels = model_labels(model) or [str(i) for i in range(cfg.num_classes)]
         self._pool: ThreadPoolExecutor | None = None
 
+    def describe(self) -> str:
+        """One line for the server's description."""
+        return (
+            f"served from encoded images ({ENCODED_INPUT} [1], BYTES) decoded and preprocessed as "
+            f"{self.transform.source} says; logits, and the top {self.top_k} {LABELS_OUTPUT} and {PROBABILITIES_OUTPUT}"
+        )
+
     def tensors(self, np_dtype: Any) -> tuple[list[Any], list[Any]]:
         """PyTriton's inputs and outputs: ``image_bytes [1]`` (BYTES) in; logits, labels, probabilities out."""
         import numpy as np

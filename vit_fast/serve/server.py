@@ -177,7 +177,7 @@ class Server:
                 else f", images of any size up to {self.max_image_size} px a side, batched ragged into one packed "
                 "forward"
             )
-            + ("" if self.encoded is None else f", encoded images in, logits and top-{self.encoded.top_k} labels out")
+            + ("" if self.encoded is None else f", {self.encoded.describe()}")
         )
 
     @property
