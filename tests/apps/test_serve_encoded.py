@@ -161,3 +161,15 @@ def test_load_test_images_from_files(tmp_path, monkeypatch):
 def test_cli_refuses_encoded_flags_out_of_place(flags, says, capsys):
     assert main(["serve", "default", *flags]) == 1
     assert says in capsys.readouterr().err
+
+
+def test_a_load_test_passes_only_when_every_broken_request_was_refused_alone():
+    from vit_fast.serve.loadtest import LoadTestReport
+
+    def report(**counts):
+        return LoadTestReport("m", 1, 4, [1], "fp32", **counts)
+
+    assert report(requests=4, answered=3, within_rule=3, broken=1, refused=1).passed
+    assert not report(requests=4, answered=3, within_rule=3, broken=1, refused=0).passed  # answered, or no reason
+    assert not report(requests=4, answered=4, within_rule=4, broken=1, refused=1).passed  # counts that do not add up
+    assert not report(requests=4, answered=3, within_rule=2, broken=1, refused=1).passed

@@ -43,6 +43,15 @@ def _bomb() -> bytes:
     return bytes(data)
 
 
+def _bmp(h: int, w: int) -> bytes:
+    from PIL import Image
+
+    pixels = np.random.default_rng(3).integers(1, 256, size=(h, w, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "BMP")
+    return buffer.getvalue()
+
+
 def _counts(client) -> tuple[int, int]:
     stats = client.get_inference_statistics(NAME)["model_stats"][0]
     return int(stats["inference_count"]), int(stats["execution_count"])
@@ -51,7 +60,9 @@ def _counts(client) -> tuple[int, int]:
 def test_encoded_images_batched_with_broken_ones_and_under_the_load_test(capfd) -> None:
     model = tiny_model()
     model.pretrained_cfg = dict(CFG)
-    good = random_pngs(1, count=3)
+    # a BMP 17 px wide ends in its last row's zero padding: the bytes must reach the decoder unstripped
+    good = [*random_pngs(1, count=2), _bmp(13, 17)]
+    assert good[2].endswith(b"\x00")
     # five images in four requests: the batcher sends them as one batch of five (its largest)
     sent = [[good[0], good[1]], [b"\x89PNG\r\n\x1a\n not a png"], [good[2]], [_bomb()]]
     http_port, grpc_port, metrics_port = free_ports(3)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import os
+import threading
 import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -113,6 +114,7 @@ class EncodedImages:
         self.top_k = min(top_k, cfg.num_classes)
         self.labels = model_labels(model) or [str(i) for i in range(cfg.num_classes)]
         self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()  # instance threads share the pool
 
     def describe(self) -> str:
         """One line for the server's description."""
@@ -147,9 +149,11 @@ class EncodedImages:
     def decode_requests(self, requests: Sequence[Any]) -> list[torch.Tensor | str]:
         """Each request's images ``[B, C, H, W]``, or the first reason one of them cannot be decoded."""
         blobs = [[bytes(item) for item in request[ENCODED_INPUT].reshape(-1)] for request in requests]
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(DECODE_THREADS, thread_name_prefix="vit-fast-serve-decode")
-        flat = list(self._pool.map(self.decode, [b for request in blobs for b in request]))
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(DECODE_THREADS, thread_name_prefix="vit-fast-serve-decode")
+            pool = self._pool
+        flat = list(pool.map(self.decode, [b for request in blobs for b in request]))
         out: list[torch.Tensor | str] = []
         for request in blobs:
             mine, flat = flat[: len(request)], flat[len(request) :]
@@ -216,7 +220,8 @@ class EncodedImages:
         return buffer.getvalue()
 
     def close(self) -> None:
-        pool, self._pool = self._pool, None
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True)
 
