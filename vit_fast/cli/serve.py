@@ -3,9 +3,10 @@ health and Prometheus metrics, a clean stop on SIGTERM or Ctrl-C.
 
   vit-fast serve MODEL [--config PRESET] [--weights FILE] [--batch 1,8,64] [--instances 1] [--dtype fp32]
                        [--threads T] [--host 127.0.0.1] [--protect auto|on|off] [--tune]
-                       [--variable-size [--max-image-size 1024]]
+                       [--variable-size [--max-image-size 1024]] [--encoded [--top-k 5]]
                        [--http-port 8000] [--grpc-port 8001] [--metrics-port 8002] [--json ready.json|-]
   vit-fast serve MODEL --load-test [--clients 8] [--requests 100] [--json load.json|-]
+                       [--encoded [--images PATH...] [--broken N]]
 
 MODEL is "default" (the embedded model), a preset name or a checkpoint path. It runs on the GPU
 with our Triton kernels where there is one, else on the CPU with the torch backend. On a GPU it runs
@@ -23,7 +24,11 @@ shape or dtype do not fit get an error response, a message (never a traceback) o
 only itself in a batch, and the console gets one line per refused request (at most one a second). A Triton that dies
 while serving is restarted, saying so (at most 3 times in 10 minutes). --variable-size serves images
 of any size (each side a multiple of the patch size, up to --max-image-size pixels) for a model built with
-dynamic_img_size: requests of different sizes are batched together and run as one packed forward. --load-test starts the
+dynamic_img_size: requests of different sizes are batched together and run as one packed forward. --encoded takes
+encoded images (JPEG, PNG, WebP, BMP bytes, a BYTES input image_bytes [1]), decodes them with Pillow in a thread
+pool, preprocesses them with the model's own evaluation transform and answers logits, labels and probabilities (the
+top k); an image over 16 MiB, or whose header declares over 4096x4096 pixels, or that does not decode, fails only
+its own request. --load-test starts the
 server, runs a bounded load test against it on loopback (HTTP and gRPC clients, mixed batch sizes,
 every answer checked against the model), prints p50/p99 latency and throughput, and stops. With --json -
 the summary goes to stdout (the endpoints as soon as the server is ready) and everything else to stderr.
@@ -108,6 +113,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "refused with an error, before any work",
     )
     parser.add_argument(
+        "--encoded",
+        action="store_true",
+        help="take encoded images (JPEG, PNG, WebP, BMP bytes; input image_bytes, BYTES [1] per image) instead of "
+        "float tensors: decoded with Pillow in a thread pool, preprocessed as the model's own evaluation transform "
+        "(vit_fast.image_transform), answered with logits, labels and probabilities; needs the images extra",
+    )
+    parser.add_argument(
+        "--top-k",
+        type=_args.positive_int,
+        default=None,
+        metavar="K",
+        help="with --encoded: how many labels and probabilities each image's answer carries (5)",
+    )
+    parser.add_argument(
+        "--images",
+        nargs="+",
+        default=None,
+        metavar="PATH",
+        help="with --encoded --load-test: image files or folders the clients send (default: PNG files of random "
+        "pixels, made in memory)",
+    )
+    parser.add_argument(
+        "--broken",
+        type=_args.nonnegative_int,
+        default=0,
+        metavar="N",
+        help="with --encoded --load-test: every Nth request carries bytes that do not decode, and must be refused "
+        "alone (0: none)",
+    )
+    parser.add_argument(
         "--load-test",
         action="store_true",
         help="run a bounded load test on loopback (its clients in a separate process), then stop",
@@ -132,6 +167,22 @@ def _interrupt(*_: Any) -> None:
     raise KeyboardInterrupt
 
 
+def _check_encoded_args(args: argparse.Namespace) -> list[bytes] | None:
+    """The flags that go with --encoded, checked before the model loads; with --encoded --load-test, the encoded
+    images its clients send (--images' files, read; else PNGs of random pixels)."""
+    for flag, given in (("--top-k", args.top_k is not None), ("--images", args.images), ("--broken", args.broken)):
+        if given and not args.encoded:
+            raise ValueError(f"{flag} goes with --encoded: add --encoded, or leave {flag} out")
+    for flag, given in (("--images", args.images), ("--broken", args.broken)):
+        if given and not args.load_test:
+            raise ValueError(f"{flag} is for the load test: add --load-test, or leave {flag} out")
+    if not (args.encoded and args.load_test):
+        return None
+    from vit_fast.serve.encoded import encoded_files, random_pngs
+
+    return encoded_files(args.images) if args.images else random_pngs(args.seed)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``vit-fast serve``; returns 0 after a clean stop (1 when the load test fails)."""
     from vit_fast.serve.settings import limit_openmp_spin
@@ -141,6 +192,7 @@ def run(args: argparse.Namespace) -> int:
 
     # the one output policy first: before the extra's check, the model load and the server start
     json_target = _args.json_file(args.json, overwrite=args.overwrite)
+    encoded_files = _check_encoded_args(args)
     require_serve()  # before the model loads: a missing extra is the first thing to hear about
     from vit_fast import __version__
     from vit_fast.export.tritonserver import model_name_for, parse_batch_sizes
@@ -170,6 +222,8 @@ def run(args: argparse.Namespace) -> int:
         protect=args.protect,
         variable_size=args.variable_size,
         max_image_size=args.max_image_size,
+        encoded=args.encoded,
+        **({} if args.top_k is None else {"top_k": args.top_k}),
     )
     e = server.endpoints
     server.check_ports()  # before the warm-up and Triton's start-up: a busy port is named at once
@@ -204,6 +258,7 @@ def run(args: argparse.Namespace) -> int:
                 batch_sizes=sizes,
                 dtype=args.dtype,
                 seed=args.seed,
+                **({} if not args.encoded else {"encoded": encoded_files, "broken_every": args.broken}),
             )
             print(report.format(), flush=True)
             _args.write_json({MARKER_KEY: __version__, **report.to_dict()}, json_target)

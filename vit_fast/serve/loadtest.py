@@ -7,6 +7,7 @@ of its own; :class:`LoadTestReport` is the result. What is judged and why: docs/
 from __future__ import annotations
 
 import copy
+import dataclasses
 import random
 import threading
 import time
@@ -38,6 +39,8 @@ class LoadTestReport:
     dtype: str
     requests: int = 0
     answered: int = 0
+    broken: int = 0  # requests sent with an image that does not decode (encoded load tests)
+    refused: int = 0  # of those, the ones refused alone with a message that says why
     images: int = 0  # in answered requests
     within_rule: int = 0
     bit_exact: int = 0
@@ -55,8 +58,9 @@ class LoadTestReport:
 
     @property
     def passed(self) -> bool:
-        """Every request answered, without error, and within the numerics rule."""
-        return self.requests > 0 and self.answered == self.requests == self.within_rule and not self.errors
+        """Every request answered within the numerics rule, or (a broken one) refused on its own, without error."""
+        good = self.answered + self.broken == self.requests and self.within_rule == self.answered
+        return self.requests > 0 and good and self.refused == self.broken and not self.errors
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self) | {"passed": self.passed}
@@ -67,6 +71,7 @@ class LoadTestReport:
             f"{self.batch_sizes}, {self.dtype}",
             f"  answered {self.answered}/{self.requests} requests ({self.images} images) in {self.wall_s:.2f} s; "
             f"within the rule {self.within_rule}, bit-exact {self.bit_exact}, worst error/bound {self.worst_ratio:.3g}",
+            *([f"  broken requests sent {self.broken}, refused alone {self.refused}"] if self.broken else []),
             f"  latency p50 {self.p50_ms:.2f} ms, p99 {self.p99_ms:.2f} ms, mean {self.mean_ms:.2f} ms, "
             f"max {self.max_ms:.2f} ms",
             f"  throughput {self.requests_per_s:.1f} requests/s, {self.images_per_s:.1f} images/s",
@@ -113,12 +118,14 @@ def load_test(
     dtype: torch.dtype | str = torch.float32,
     seed: int = 0,
     timeout_s: float = 60.0,
+    encoded: Sequence[bytes] | None = None,
+    broken_every: int = 0,
 ) -> LoadTestReport:
-    """Send ``clients`` x ``requests`` requests to model ``name`` and check every answer against ``model``.
-    ``http_url`` / ``grpc_url`` are ``host:port``; even-numbered clients use HTTP, odd ones gRPC. ``model`` is the
-    module the server runs (same weights); its outputs in ``dtype`` on the torch backend (CPU) and in float64 are the
-    expected answers. ``timeout_s`` bounds every request, in seconds. Returns the report; it does not raise on
-    failures (``report.passed`` says)."""
+    """Send ``clients`` x ``requests`` requests to model ``name`` (``host:port`` URLs; even clients HTTP, odd gRPC),
+    each answer checked against ``model``'s own outputs in ``dtype`` and float64; ``timeout_s`` bounds each request.
+    ``encoded``: image files' bytes to send (``--encoded``), expected as the model's own transform makes them; with
+    ``broken_every`` N, every Nth request of a client carries one that does not decode and must be refused alone
+    (docs/deploy.md, "Serving encoded images: --encoded"). Returns the report without raising (``report.passed``)."""
     dtype = parse_dtype(dtype)
     if dtype not in _NP_TYPES:
         raise ValueError(f"the load test sends fp32 or fp16 images, got {dtype_name(dtype)}")
@@ -128,14 +135,28 @@ def load_test(
     sizes = list(batch_sizes)
     if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes):
         raise ValueError(f"batch sizes must be ints >= 1, got {batch_sizes!r}")
+    if isinstance(broken_every, bool) or not isinstance(broken_every, int) or broken_every < 0:
+        raise ValueError(f"broken_every must be an int >= 0, got {broken_every!r}")
     images_spec, output_spec = model_io(model, dtype)
     gen = torch.Generator().manual_seed(seed)
     pool = torch.randn(POOL, *images_spec.dims, generator=gen).to(dtype)
+    if encoded is not None:
+        from vit_fast.interop.image_transform import image_transform
+        from vit_fast.serve.encoded import ENCODED_INPUT
+
+        if not encoded:
+            raise ValueError("an encoded load test needs at least one encoded image to send")
+        blobs = np.array([bytes(b) for b in encoded], dtype=np.object_)[:, None]
+        transform = image_transform(model)
+        pool = torch.stack([transform(b) for b in blobs[:, 0]]).to(dtype)
+        images_spec = dataclasses.replace(images_spec, name=ENCODED_INPUT, dims=(1,))
     with torch.no_grad():
         ref64 = copy.deepcopy(model).cpu().double().eval().set_backend("torch")(pool.double())
         eager = copy.deepcopy(model).cpu().to(dtype).eval().set_backend("torch")(pool)
     triton_type, np_name = _NP_TYPES[dtype]
     pool_np = pool.numpy()
+    if encoded is not None:
+        triton_type, pool_np = "BYTES", blobs
     logits = bool(model.cfg.num_classes)
 
     report = LoadTestReport(name, clients, requests, sizes, dtype_name(dtype))
@@ -156,10 +177,13 @@ def load_test(
             return
         start_gate.wait()
         try:
-            for _ in range(requests):
+            for k in range(requests):
                 b = rng.choice(sizes)
-                idx = [rng.randrange(POOL) for _ in range(b)]
+                idx = [rng.randrange(len(pool_np)) for _ in range(b)]
                 x = pool_np[idx]
+                if broken_every and k % broken_every == broken_every - 1:
+                    _send_broken(module, client, name, images_spec.name, x, protocol, index, timeout_s, report, lock)
+                    continue
                 inp = module.InferInput(images_spec.name, list(x.shape), triton_type)
                 inp.set_data_from_numpy(x)
                 t0 = time.perf_counter()
@@ -215,6 +239,30 @@ def load_test(
     return report
 
 
+#: what a broken request carries in place of one image: bytes no decoder identifies
+BROKEN_IMAGE = b"\x89PNG\r\n\x1a\n this is not the rest of a PNG file"
+
+
+def _send_broken(module, client, name, input_name, x, protocol, index, timeout_s, report, lock) -> None:  # noqa: ANN001
+    x = x.copy()
+    x[len(x) // 2, 0] = BROKEN_IMAGE
+    inp = module.InferInput(input_name, list(x.shape), "BYTES")
+    inp.set_data_from_numpy(x)
+    kwargs = {"timeout": int(timeout_s)} if protocol == "http" else {"client_timeout": timeout_s}
+    try:
+        client.infer(name, [inp], **kwargs)
+        problem = "a broken image was answered, not refused"
+    except Exception as err:  # the refusal: its message must say which image and why, and carry no traceback
+        text = str(err)
+        problem = None if f"image {len(x) // 2} of the request" in text and "Traceback" not in text else text
+    with lock:
+        report.requests += 1
+        report.broken += 1
+        report.refused += problem is None
+        if problem is not None:
+            report.errors.append(f"client {index} ({protocol}): broken request: {problem[:300]}")
+
+
 def load_test_in_child(
     model: VisionTransformer, name: str, http_url: str, grpc_url: str, **options: Any
 ) -> LoadTestReport:
@@ -234,4 +282,4 @@ def load_test_in_child(
             raise RuntimeError(f"the load test's client process died before it reported: {err}") from err
 
 
-__all__ = ["LoadTestReport", "load_test", "load_test_in_child", "percentile"]
+__all__ = ["BROKEN_IMAGE", "LoadTestReport", "load_test", "load_test_in_child", "percentile"]

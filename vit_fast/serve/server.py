@@ -48,6 +48,7 @@ from vit_fast.serve.backend import (
     run_triton,
 )
 from vit_fast.serve.checks import check_server_args, parse_served_dtype
+from vit_fast.serve.encoded import DEFAULT_TOP_K, EncodedImages
 from vit_fast.serve.endpoints import ACCESS_HEADERS, Endpoints, is_loopback, port_in_use, wait_for_200
 from vit_fast.serve.lifecycle import Restarts, private_folder
 from vit_fast.serve.ports import claim_free_ports, release_ports
@@ -56,9 +57,8 @@ from vit_fast.serve.settings import (
     CPU_QUEUE_DELAY_US,
     DEFAULT_HOST,
     DEFAULT_PORTS,
-    OPENMP_SPIN_COUNT,
-    OPENMP_SPIN_VARS,
     PROTECT_CHOICES,
+    warn_openmp_spin,
 )
 from vit_fast.serve.threads import plan_threads
 from vit_fast.serve.variable import check_variable_size
@@ -74,8 +74,8 @@ class Server:
     """A :class:`vit_fast.VisionTransformer` served by Triton through PyTriton, on CUDA with our kernels where there is
     a GPU, else on the CPU with the torch backend, in ``dtype``. ``batch`` (e.g. ``(1, 8, 64)``): the largest is the
     maximum batch, the others above 1 preferred sizes; ``instances``: model instances (threads calling one module);
-    ``variable_size``: images of any size up to ``max_image_size`` px a side. A context manager, or ``start()`` /
-    ``wait()`` / ``stop()``. Every argument and default: docs/deploy.md, section "Serving from Python: Server"."""
+    ``variable_size``: any size up to ``max_image_size`` px a side; ``encoded``: image files in, logits and ``top_k``
+    labels out. A context manager or start() / wait() / stop(); each argument: docs/deploy.md, "Serving from Python"."""
 
     def __init__(
         self,
@@ -95,6 +95,8 @@ class Server:
         protect: str = "auto",
         variable_size: bool = False,
         max_image_size: int | None = None,
+        encoded: bool = False,
+        top_k: int = DEFAULT_TOP_K,
     ) -> None:
         if not isinstance(model, VisionTransformer):
             raise TypeError(f"vit-fast serve serves a vit_fast.VisionTransformer, got {type(model).__name__}")
@@ -136,6 +138,10 @@ class Server:
         if variable_size:
             self.max_image_size = check_variable_size(self.model, max_image_size, self.dtype.itemsize)
             self.input = dataclasses.replace(self.input, dims=(self.image_dims[0], -1, -1))
+        if encoded and variable_size:
+            raise ValueError("--encoded serves the model's own image size: leave out --variable-size")
+        #: the encoded-images side (None: float images in)
+        self.encoded = EncodedImages(self.model, self.output.name, top_k) if encoded else None
         #: how PyTriton carries requests between Triton and this process (see :func:`proxy_transport`)
         self.transport = proxy_transport(math.prod(self.image_dims) * self.dtype.itemsize)
         self._triton: Any = None
@@ -171,6 +177,7 @@ class Server:
                 else f", images of any size up to {self.max_image_size} px a side, batched ragged into one packed "
                 "forward"
             )
+            + ("" if self.encoded is None else f", {self.encoded.describe()}")
         )
 
     @property
@@ -237,10 +244,12 @@ class Server:
         """PyTriton's list of requests, as Triton's dynamic batcher batched them -> one response per request, in order
         (:mod:`vit_fast.serve.answers`): a request the model cannot take gets its own error and fails only itself; a
         batch that fails answers each request with a message, never a traceback."""
+        io, encoded, log = (self.input.name, self.output.name), self.encoded, self.refusals
         if self.max_image_size is not None:
-            return answer_each(requests, self.output.name, lambda: self.infer_requests(requests), self.refusals)
-        io = (self.input.name, self.output.name)
-        return answer_each(requests, self.output.name, lambda: answer_stacked(requests, *io, self.infer), self.refusals)
+            return answer_each(requests, io[1], lambda: self.infer_requests(requests), log)
+        if encoded is not None:
+            return answer_each(requests, io[1], lambda: encoded.answer(requests, self.infer, log), log)
+        return answer_each(requests, io[1], lambda: answer_stacked(requests, *io, self.infer), log)
 
     def infer_requests(self, requests: Sequence[Any]) -> list[dict[str, Any]]:
         """A ragged batch as Triton's dynamic batcher formed it (``variable_size``): PyTriton's list of requests, each
@@ -256,14 +265,8 @@ class Server:
         instance race is retried, up to ``START_ATTEMPTS`` times in all, and said so on stderr (docs/deploy.md,
         section "How vit-fast serve adjusts PyTriton 0.7")."""
         self.check_ports()
-        if self.device.type == "cpu" and self.threads > 1 and not any(os.environ.get(v) for v in OPENMP_SPIN_VARS):
-            print(
-                f"[vit-fast serve] torch's OpenMP threads spin on after each op (GOMP_SPINCOUNT unset: libgomp's "
-                f"300,000 rounds), on the cores Triton needs for the next request: set GOMP_SPINCOUNT="
-                f"{OPENMP_SPIN_COUNT} before Python imports torch (vit-fast serve does), or serve with threads=1",
-                file=sys.stderr,
-                flush=True,
-            )
+        if self.device.type == "cpu" and self.threads > 1:
+            warn_openmp_spin()
         try:
             self._threads_before = torch.get_num_threads()
             torch.set_num_threads(self.threads)
@@ -341,12 +344,16 @@ class Server:
         # of os.environ): set for both, then put back, so another PyTriton server in this process is not touched
         switch = {NO_TENSORSTORE: "1"} if self.transport == "base64" and not os.environ.get(NO_TENSORSTORE) else {}
         os.environ.update(switch)
+        inputs = [Tensor(name=self.input.name, dtype=np_dtype, shape=self.input.dims)]
+        outputs = [Tensor(name=self.output.name, dtype=np_dtype, shape=self.output.dims)]
+        if self.encoded is not None:
+            inputs, outputs = self.encoded.tensors(np_dtype)
         try:
             self._triton.bind(
                 model_name=self.name,
                 infer_func=[self.answer] * self.batching.instances,
-                inputs=[Tensor(name=self.input.name, dtype=np_dtype, shape=self.input.dims)],
-                outputs=[Tensor(name=self.output.name, dtype=np_dtype, shape=self.output.dims)],
+                inputs=inputs,
+                outputs=outputs,
                 config=ModelConfig(
                     max_batch_size=self.batching.max_batch_size,
                     batcher=DynamicBatcher(
@@ -384,7 +391,7 @@ class Server:
             image = np.zeros((1, *self.image_dims), dtype=np.float16 if dtype == "FP16" else np.float32)
             request = httpclient.InferInput(self.input.name, list(image.shape), dtype)
             request.set_data_from_numpy(image)
-            client.infer(self.name, [request])
+            client.infer(self.name, [request if self.encoded is None else self.encoded.ready_input(httpclient)])
         finally:
             client.close()
 
@@ -440,6 +447,8 @@ class Server:
             self._stop_serving()
         finally:
             release_ports(self._port_locks)
+            if self.encoded is not None:
+                self.encoded.close()
             folder, self._folder, self._workdir = self._folder, None, None
             if folder is not None:
                 folder.close()
@@ -451,25 +460,14 @@ class Server:
         triton, self._triton = self._triton, None
         if triton is not None:
             triton.stop()
-            left = reap_backend_stubs()
-            if left:
-                print(
-                    f"[vit-fast serve] Triton's python-backend stubs {left} outlived it; ended them",
-                    file=sys.stderr,
-                    flush=True,
-                )
+            if left := reap_backend_stubs():
+                print(f"[vit-fast serve] Triton's python-backend stubs {left} outlived it; ended them", file=sys.stderr)
         if self._threads_before is not None:
             torch.set_num_threads(self._threads_before)
             self._threads_before = None
         tuner = self.thread_tuner
         if triton is not None and tuner is not None and tuner.trials:
-            kept = [k for _, k, _ in tuner.trials]
-            counts = ", ".join(f"{t}: {kept.count(t)}" for t in tuner.counts)
-            print(
-                f"[vit-fast serve] torch threads kept per trial (of the last {len(kept)}): {counts}",
-                file=sys.stderr,
-                flush=True,
-            )
+            print(f"[vit-fast serve] {tuner.kept_summary()}", file=sys.stderr, flush=True)
 
     def __enter__(self) -> Server:
         return self.start()

@@ -65,3 +65,19 @@ def limit_openmp_spin(environ: MutableMapping[str, str] | None = None) -> bool:
         return False
     env["GOMP_SPINCOUNT"] = str(OPENMP_SPIN_COUNT)
     return True
+
+
+def warn_openmp_spin(environ: MutableMapping[str, str] | None = None) -> bool:
+    """Say on stderr that torch's OpenMP threads spin libgomp's default where neither of :data:`OPENMP_SPIN_VARS` is
+    set in ``environ`` (default ``os.environ``); True when it said so."""
+    env = os.environ if environ is None else environ
+    if any(env.get(var) for var in OPENMP_SPIN_VARS):
+        return False
+    print(
+        f"[vit-fast serve] torch's OpenMP threads spin on after each op (GOMP_SPINCOUNT unset: libgomp's "
+        f"300,000 rounds), on the cores Triton needs for the next request: set GOMP_SPINCOUNT="
+        f"{OPENMP_SPIN_COUNT} before Python imports torch (vit-fast serve does), or serve with threads=1",
+        file=sys.stderr,
+        flush=True,
+    )
+    return True

@@ -143,6 +143,12 @@ class ThreadTuner:
         del self.trials[:-100]  # the last hundred are enough to see what it did
         self._trial, self._next_trial = None, now + EVERY_S
 
+    def kept_summary(self) -> str:
+        """How often each count was kept, over the trials still on record."""
+        kept = [k for _, k, _ in self.trials]
+        counts = ", ".join(f"{t}: {kept.count(t)}" for t in self.counts)
+        return f"torch threads kept per trial (of the last {len(kept)}): {counts}"
+
     def describe(self) -> str:
         """One line for the server's description."""
         if len(self.counts) == 1:
