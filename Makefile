@@ -26,7 +26,7 @@ PEERS ?= .peers
 TIMM_PEER_TRITON ?= test_vit test_naflexvit
 TIMM_PEER_AUTO ?= vit_base_patch32_clip_quickgelu_224 vit_base_patch32_siglip_256 deit_tiny_distilled_patch16_224 \
 	vit_small_patch16_18x2_224 vit_base_patch16_rpn_224 vit_tiny_r_s16_p8_224 vit_base_patch16_radio_v3 \
-	vit_pwee_patch16_reg1_gap_256
+	vit_pwee_patch16_reg1_gap_256 vit_base_patch16_rope_224 vit_small_patch16_dinov3 aimv2_large_patch14_224
 
 .PHONY: setup demo test test-serve test-oldest peers-hf test-peers-timm test-peers-timm-full lint wheel wheel-check clean perf-analyzer serve-bench
 
