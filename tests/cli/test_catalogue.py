@@ -2513,3 +2513,62 @@ def test_a_full_disk_during_a_force_rebuild_names_the_users_path(force_folder, c
     assert rc == 1 and ".tmp-" not in err, err
     assert re.search(rf"error: cannot write 'repo/default_python/config.pbtxt': {FULL}", err.strip()), err
     assert _snapshot(force_folder) == before
+
+
+# --------------------------------------------------------------------------- issue 46: unclear messages made clear
+@pytest.fixture
+def hf_folders(tmp_path, monkeypatch):
+    import json
+
+    from safetensors.torch import save_file
+
+    for name, config in {
+        "zero_mlp": {**_HF_TINY, "model_type": "vit", "intermediate_size": 0},
+        "odd_heads": {**_HF_TINY, "model_type": "vit", "num_attention_heads": 3},
+        "bert": {**_HF_TINY, "model_type": "bert", "architectures": ["BertModel"], "vocab_size": 50},
+        "deit": {**_HF_TINY, "model_type": "deit", "architectures": ["DeiTModel"]},
+    }.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+    save_file({k: v.contiguous() for k, v in _tiny().state_dict().items()}, str(tmp_path / "plain.safetensors"))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+HF_CLI: dict[str, tuple[list[str], str]] = {
+    "HF intermediate_size 0 named by its own key": (
+        ["export", "onnx", "zero_mlp", "--out", "o.onnx"],
+        r"Hugging Face config 'zero_mlp/config.json': intermediate_size must be an int >= 1, got 0: fix that field",
+    ),
+    "HF heads named by their own keys": (
+        ["export", "onnx", "odd_heads", "--out", "o.onnx"],
+        r"hidden_size 32 is not divisible by num_attention_heads 3: fix that field",
+    ),
+    "HF config passed as --config named by its own key": (
+        ["export", "onnx", "plain.safetensors", "--config", "zero_mlp/config.json", "--out", "o.onnx"],
+        r"intermediate_size must be an int >= 1, got 0",
+    ),
+    "HF bert folder refused before loading": (
+        ["export", "onnx", "bert", "--out", "o.onnx"],
+        r"Hugging Face folder 'bert' is a 'bert' model \(config.json's model_type\), which vit-fast does not load: it "
+        r"takes model_type 'vit'.*give a Hugging Face ViT model",
+    ),
+    "HF deit folder refused before loading": (["verify", "deit", "triton"], r"'deit' is a 'deit' model"),
+    "HF bert config passed as --config": (
+        ["export", "onnx", "plain.safetensors", "--config", "bert/config.json", "--out", "o.onnx"],
+        r"Hugging Face config 'bert/config.json' is a 'bert' model",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HF_CLI))
+def test_hugging_face_configs_are_refused_in_their_own_words(case, hf_folders, capsys):
+    pytest.importorskip("transformers", reason="the hf extra reads Hugging Face folders")
+    argv, message = HF_CLI[case]
+    before = _snapshot(hf_folders)
+    rc, out, err = _run_cli(argv, capsys)
+    assert rc == 1 and "Traceback" not in out + err, err
+    assert re.search(message, err), f"{case}: {message!r} not in: {err}"
+    assert "mlp_ratio" not in err and "embed_dim" not in err and "BertModel" not in err, err
+    assert len(err.strip().splitlines()) == 1, err  # nothing loaded: no weight report before the refusal
+    assert _snapshot(hf_folders) == before
