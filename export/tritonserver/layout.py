@@ -54,19 +54,15 @@ def published_folder(folder: Path) -> Path:
 
 
 def check_repository(repo: str | os.PathLike, names: Sequence[str], force: bool = False) -> Path:
-    """Check that ``repo`` can hold the model folders ``names`` (before any work); returns it. The repository folder
-    may be missing (it is created, its parent must exist); it (or, when missing, its parent) must be writable, and a
-    link on the way must lead somewhere. A model folder that exists and is not empty is refused unless ``force``,
-    and even then when it holds a file vit-fast did not write where a build writes (:func:`kept_entries`); duplicate
-    names are refused. Each model folder is claimed (:func:`vit_fast.util.files.claim_folder`)."""
+    """Check that ``repo`` can hold the model folders ``names`` (before any work); returns it. ``repo`` may be missing
+    (made with the folders above it); its nearest existing folder must be writable, no link on the way dangling. A
+    model folder that is not empty is refused unless ``force``, and even then where a file vit-fast did not write is
+    in the way (:func:`kept_entries`); duplicate names are refused. Each model folder is claimed (``claim_folder``)."""
     repo = Path(repo)
     refuse_non_utf8(repo, "model repository", "ONNX Runtime (verifying the model where it will be served from)")
     if repo.exists() and not repo.is_dir():
         raise ValueError(f"model repository {str(repo)!r} is a file; give a folder")
     check_output_dir(repo, "model repository")  # a link that leads nowhere, a folder that cannot be written
-    parent = repo.parent if str(repo.parent) else Path(".")
-    if not repo.exists() and not parent.is_dir():
-        raise ValueError(f"folder {str(parent)!r} for the model repository does not exist: create it first")
     if len(set(names)) != len(names):
         raise ValueError(f"model names must differ, got {list(names)}")
     for name in names:

@@ -2572,3 +2572,103 @@ def test_hugging_face_configs_are_refused_in_their_own_words(case, hf_folders, c
     assert "mlp_ratio" not in err and "embed_dim" not in err and "BertModel" not in err, err
     assert len(err.strip().splitlines()) == 1, err  # nothing loaded: no weight report before the refusal
     assert _snapshot(hf_folders) == before
+
+
+@pytest.fixture
+def out_folder(tmp_path, monkeypatch):
+    (tmp_path / "isdir.onnx").mkdir()
+    (tmp_path / "isdir.json").mkdir()
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+OUT_CLI: dict[str, tuple[list[str], int, str]] = {
+    "out an existing folder with a suffix": (
+        ["export", "onnx", "default", "--out", "isdir.onnx"],
+        1,
+        r"--out 'isdir.onnx' is a folder; give a file path such as 'isdir.onnx/model.onnx'$",
+    ),
+    "out with a trailing slash": (
+        ["export", "onnx", "default", "--out", "trail/"],
+        1,
+        r"--out 'trail/' is a folder; give a file path such as 'trail/model.onnx'$",
+    ),
+    "engine out with a trailing slash": (
+        ["export", "tensorrt", "m.onnx", "--out", "trail/"],
+        1,
+        r"--out 'trail/' is a folder; give a file path such as 'trail/model.plan'$",
+    ),
+    "json with a trailing slash": (
+        ["info", "--json", "new/"],
+        2,
+        r"--json: 'new/' is a folder \(it ends in '/'\): give a file path such as 'new/report.json'",
+    ),
+    "json an existing folder with a trailing slash": (
+        ["verify", "default", "triton", "--json", "isdir.json/"],
+        1,
+        r"--json 'isdir.json/' is a folder; give a file path such as 'isdir.json/report.json'$",
+    ),
+    "bench with neither out nor json": (
+        ["bench", "default"],
+        1,
+        r"bench writes its reports into a folder: give --out DIR, or --json - \(or --json FILE\)",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OUT_CLI))
+def test_output_paths_that_name_folders_are_refused_as_folders(case, out_folder, capsys):
+    argv, code, message = OUT_CLI[case]
+    before = _snapshot(out_folder)
+    rc, out, err = _run_cli(argv, capsys)
+    assert rc == code, f"{case}: exit {rc}; stderr: {err}"
+    assert "Traceback" not in out + err and "wrong suffix" not in err
+    assert re.search(message, err.strip()), f"{case}: {message!r} not in: {err}"
+    assert _snapshot(out_folder) == before
+
+
+def test_the_folder_a_refusal_suggests_passes_the_suffix_check(out_folder):
+    from vit_fast.util.files import check_output_file
+
+    with pytest.raises(ValueError, match=r"is a folder; give a file path such as 'isdir.onnx/model.onnx'") as info:
+        check_output_file("isdir.onnx", (".onnx",), "ONNX file")
+    suggested = re.search(r"such as '([^']+)'", str(info.value)).group(1)
+    assert check_output_file(suggested, (".onnx",), "ONNX file") == Path(suggested)
+    with pytest.raises(ValueError, match=r"'trail/' is a folder"):
+        check_output_file("trail/", (".onnx",), "ONNX file", make_parents=True)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["info", "--json", "new/dir/i.json"], [*PYTHON_ENTRY[:-3], "--out", "new/dir/repo", "--quiet"]],
+    ids=["a report", "a model repository"],
+)
+def test_missing_folders_are_made_and_said_by_every_command(argv, out_folder, capsys):
+    """One behaviour: a missing folder on the way to an output is made, and the command says so before the work."""
+    rc, _, err = _run_cli(argv, capsys)
+    assert rc == 0, err
+    assert re.search(r"vit-fast: note: --(json|out): folder 'new/dir(/repo)?' does not exist; it is made when the", err)
+    assert (out_folder / "new" / "dir").is_dir()
+
+
+def test_bench_json_to_stdout_needs_no_folder(out_folder, capsys, monkeypatch):
+    """`bench --json -` writes the JSON report to stdout and leaves no folder or file behind."""
+    import json
+
+    import vit_fast.bench as bench
+    from vit_fast.util.files import write_json_atomic
+
+    seen = {}
+
+    def run_benchmark(settings, log, name):
+        seen["out_dir"] = settings.out_dir
+        path = write_json_atomic({"rows": [{"status": "ok"}], "model": name}, Path(settings.out_dir) / "bench.json")
+        return {"rows": [{"status": "ok"}]}, {"json": path}
+
+    monkeypatch.setattr(bench, "run_benchmark", run_benchmark)
+    monkeypatch.setattr(bench, "markdown_report", lambda report: "table")
+    rc, out, err = _run_cli(["bench", "default", "--json", "-", "--quiet"], capsys)
+    assert rc == 0, err
+    assert json.loads(out)["model"] == "default"
+    assert not Path(seen["out_dir"]).exists() and _snapshot(out_folder) == {"isdir.json": "dir", "isdir.onnx": "dir"}
+    assert "wrote" not in err  # the private folder's files are never named

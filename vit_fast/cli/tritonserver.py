@@ -165,6 +165,7 @@ def run(args: argparse.Namespace) -> int:
         queue_delay_us=DEFAULT_QUEUE_DELAY_US if args.queue_delay_us is None else args.queue_delay_us,
     )
     check_repository(args.out, names, args.force)  # before any work: a refused folder costs nothing
+    _args.output_folder(args.out, "--out")  # says so when it makes the repository's folders, as every command does
     json_target = _args.json_file(args.json, overwrite=args.overwrite)
     source, described = args.source, None
     if not artifact:
