@@ -121,7 +121,8 @@ def write_repository(
     stages = Stages("vit-fast export", progress)
     clean_stale_staging(repo)  # a killed run's staging folder, proven ours by its marker and free lock
     staging, lock = make_staging(repo, "vit-fast-repo")  # .vit-fast-repo.tmp-TOKEN
-    kept: dict[str, list[tuple[str, str]]] = {}
+    # --force: what vit-fast did not write, as checked before the work; a change meanwhile fails the publish's claim
+    kept = {e.name: kept_entries(repo / e.name) for e in entries if (repo / e.name).is_dir()}
     try:
         with user_paths(staging, repo):  # a full disk names the user's model folders, not the staging
             for entry in entries:
@@ -133,8 +134,7 @@ def write_repository(
                     raise RuntimeError(f"entry {entry.name!r} produced a config named {config.name!r}")
                 write_new(folder / "config.pbtxt", config.to_pbtxt())
                 write_manifest(folder, __version__)
-                if (repo / entry.name).is_dir():  # --force: what vit-fast did not write comes along, as the same files
-                    kept[entry.name] = kept_entries(repo / entry.name)
+                if kept.get(entry.name):  # what vit-fast did not write comes along, as the same files
                     link_entries(repo / entry.name, folder, [rel for rel, _ in kept[entry.name]])
             # the folders replaced end up inside the staging folder, and go with them only vit-fast's own files
             publish_folders([(staging / e.name, repo / e.name) for e in entries])

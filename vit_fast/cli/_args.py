@@ -199,9 +199,12 @@ def output_folder(folder: str | os.PathLike, flag: str = "--out", given: str | o
         raise CommandError(str(err)) from None
     if not os.access(existing, os.W_OK | os.X_OK):
         raise CommandError(f"{named}: the folder {str(existing)!r} cannot be written; choose another path")
-    if existing != folder:  # every command makes missing folders, and says so before the work
+    # every command makes missing folders, and says so before the work; a folder output (bench --out DIR, a model
+    # repository) is made anyway: only the folders above it are news
+    above = folder if given is not None else folder.parent
+    if os.path.abspath(existing) != os.path.abspath(above) and os.path.abspath(existing) != os.path.abspath(folder):
         print(
-            f"vit-fast: note: {flag}: folder {str(folder)!r} does not exist; it is made when the first file is written",
+            f"vit-fast: note: {flag}: folder {str(above)!r} does not exist; it is made when the first file is written",
             file=sys.stderr,
         )
     return folder

@@ -177,7 +177,8 @@ def check_output_file(
     refuse_special(path, what)
     if named_folder or (path.is_dir() and not path.is_symlink()):
         example = str(path / ("model" + suffixes[0]))
-        raise ValueError(f"{what} {str(path) + os.sep!r} is a folder; give a file path such as {example!r}")
+        shown = str(path) + os.sep if named_folder else str(path)  # as the user wrote it
+        raise ValueError(f"{what} {shown!r} is a folder; give a file path such as {example!r}")
     check_suffix(path, suffixes, what)
     _check_folder(path, what, make_parents)
     refuse_foreign(path, what, ours, overwrite)

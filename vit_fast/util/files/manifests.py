@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import stat
 from pathlib import Path
 
@@ -75,20 +76,29 @@ def foreign_entries(folder: str | os.PathLike) -> list[tuple[str, str]]:
     return [(r, why[r]) for r in sorted(top)]
 
 
+def _second_name(src: str | os.PathLike, dst: Path) -> None:
+    """``dst`` as a hard link to ``src`` (a link itself, not its target); a copy with its metadata where the file
+    system has no hard links (the original then goes with the folder it is in, the copy stays)."""
+    try:
+        os.link(src, dst, follow_symlinks=False)
+    except OSError:
+        shutil.copy2(src, dst, follow_symlinks=False)
+
+
 def link_entries(source: str | os.PathLike, target: str | os.PathLike, entries: list[str]) -> None:
     """Give each entry of ``entries`` (relative paths; a trailing ``/`` for a folder) below ``source`` a second
-    name below ``target`` (a folder being built in a staging folder): hard links, the same files, never copies,
-    so that publishing ``target`` over ``source`` keeps them as they are."""
+    name below ``target`` (a folder being built in a staging folder): hard links, the same files (copies only where
+    the file system has none), so that publishing ``target`` over ``source`` keeps them as they are."""
     source, target = Path(source), Path(target)
     for rel in entries:
         src, dst = source / rel.rstrip("/"), target / rel.rstrip("/")
         dst.parent.mkdir(parents=True, exist_ok=True)
         if not rel.endswith("/"):
-            os.link(src, dst, follow_symlinks=False)
+            _second_name(src, dst)
             continue
         dst.mkdir()
         for sub, entry in _entries(src):
             if entry.is_dir(follow_symlinks=False):
                 (dst / sub).mkdir()
             else:
-                os.link(entry.path, dst / sub, follow_symlinks=False)
+                _second_name(entry.path, dst / sub)
