@@ -2502,7 +2502,7 @@ def test_a_full_disk_names_the_report_the_user_asked_for(tmp_path, capsys, monke
     monkeypatch.chdir(tmp_path)
     _full_disk_on(monkeypatch, "r.json")
     rc, _, err = _run_cli(["info", "--json", "out/r.json"], capsys)
-    assert rc == 1 and re.search(rf"^vit-fast info: error: cannot write 'out/r.json': {FULL}", err.strip()), err
+    assert rc == 1 and re.search(rf"^vit-fast info: error: cannot write 'out/r.json': {FULL}", err.strip(), re.M), err
     assert ".tmp-" not in err and not (tmp_path / "out" / "r.json").exists()
 
 
