@@ -174,7 +174,7 @@ def test_repository_has_only_model_folders_and_a_summary(default_repo: Path) -> 
     assert "1/model.onnx" in summary["models"][0]["files"]
 
 
-def test_existing_model_folder_is_refused_before_work_and_force_replaces_only_ours(default_repo: Path, tmp_path) -> None:
+def test_existing_model_folder_is_refused_before_work_and_force_keeps_the_users(default_repo: Path, tmp_path) -> None:
     repo = tmp_path / "repo"
     (repo / "default").mkdir(parents=True)
     (repo / "default" / "mine.txt").write_text("not vit-fast's")
