@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import re
 
-#: CSI sequences (``ESC [ ... letter``: colours, cursor moves), OSC sequences (``ESC ] ... BEL|ESC \\``) and
-#: lone two-character escapes
-_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]|\x9b[0-?]*[ -/]*[@-~]")
+#: CSI sequences (``ESC [ ... letter``: colours, cursor moves), OSC sequences (``ESC ] ... BEL|ESC \\``: links,
+#: titles), and the other escapes (``ESC`` + intermediates + a final byte: ``ESC ( B`` picks a character set)
+_ESCAPES = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]"  # CSI
+    r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)"  # OSC
+    r"|\x1b[ -/]*[0-~]"  # the others
+    r"|\x9b[0-?]*[ -/]*[@-~]"  # CSI as one 8-bit byte
+)
 
 
 def plain_text(text: str) -> str:
