@@ -150,7 +150,8 @@ def write_repository(
 
 
 def repository_summary(repo: Path, folders: list[Path]) -> dict[str, Any]:
-    """What a written repository holds, for ``--json``: each model folder, its files and its verification."""
+    """What a written repository holds, for ``--json``: each model folder, its files, what in it is not vit-fast's
+    (``kept``) and its verification."""
     models = []
     for folder in folders:
         record_path = folder / "verification.json"
@@ -161,6 +162,7 @@ def repository_summary(repo: Path, folders: list[Path]) -> dict[str, Any]:
                 "folder": str(folder),
                 "config": str(folder / "config.pbtxt"),
                 "files": sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()),
+                "kept": [rel for rel, _ in foreign_entries(folder)],  # not vit-fast's: --force left them
                 "verified": record.get("passed"),
                 "verification_note": record.get("note"),
             }

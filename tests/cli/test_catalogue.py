@@ -2369,8 +2369,11 @@ def test_force_replaces_vit_fasts_files_and_keeps_and_lists_the_users(force_fold
     model = force_folder / "repo" / "default_python"
     theirs = {p: os.lstat(model / p).st_ino for p in ("2/model.onnx", "NOTES.md")}
     config = os.lstat(model / "config.pbtxt").st_ino
-    rc, out, err = _run_cli([*PYTHON_ENTRY, "--force", "--batch", "1,4"], capsys)
+    rc, out, err = _run_cli([*PYTHON_ENTRY, "--force", "--batch", "1,4", "--json", "s.json"], capsys)
     assert rc == 0, err
+    import json
+
+    assert json.loads((force_folder / "s.json").read_text())["models"][0]["kept"] == ["2/", "NOTES.md"]
     assert re.search(
         r"kept in repo/default_python \(vit-fast did not write them, --force leaves them as they are\): 2/, NOTES\.md; "
         r"Triton serves the highest version folder by default: 2/, not the 1/ written now",
