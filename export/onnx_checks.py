@@ -20,6 +20,8 @@ from torch import nn
 from vit_fast.backend.env import git_commit
 from vit_fast.util.dtypes import DTYPE_NAMES, parse_dtype
 from vit_fast.util.files import OWNER_FILE, json_text, write_new
+from vit_fast.util.interrupts import interrupt_behind
+from vit_fast.util.text import plain_text
 
 from ._common import (
     ExportError,
@@ -166,7 +168,10 @@ def trace_errors(exporter: str, described: str, path: Path, hint: str = "") -> I
     except OSError as err:
         raise ExportError(f"cannot write the traced graph beside {str(path)!r}: {err.strerror or err}") from err
     except Exception as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        if (interrupt := interrupt_behind(err)) is not None:  # Ctrl-C the exporter reported as its own failure
+            raise interrupt from err
+        text = plain_text(str(err)).strip()
+        first = text.splitlines()[0] if text else type(err).__name__
         raise ExportError(
             f"the {exporter} exporter could not trace {described}: {type(err).__name__}: {first}{hint}"
         ) from err

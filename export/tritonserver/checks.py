@@ -15,13 +15,29 @@ from vit_fast.util.batches import MAX_BATCH, parse_batch_list
 
 from .config import DEFAULT_BATCH, DEFAULT_QUEUE_DELAY_US, KINDS, Batching
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
+#: the longest model name: a folder name (NAME_MAX bytes) with room for the python entry's ``_python``
+NAME_MAX_CHARS = 240
 
 
 def check_model_name(name: str) -> str:
-    """A Triton model name: letters, digits, ``.``, ``_``, ``-`` (it is a folder and a URL path segment)."""
-    if not isinstance(name, str) or not _NAME_RE.match(name) or name in (".", ".."):
-        raise ValueError(f"model name {name!r} is not usable by Triton: use letters, digits, '.', '_' and '-' only")
+    """A model name Triton loads: a letter, digit or ``_`` first (Triton skips hidden folders), then letters, digits,
+    ``.``, ``_``, ``-`` (it is a folder and a URL path segment), at most :data:`NAME_MAX_CHARS` characters."""
+    fix = "start it with a letter, digit or '_', then use letters, digits, '.', '_' and '-' only"
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"model name {name!r} is not usable by Triton: {fix}")
+    if name.startswith("."):
+        raise ValueError(
+            f"model name {name!r} is not usable by Triton: it starts with '.' (a hidden folder, never loaded); {fix}"
+        )
+    if "/" in name or "\\" in name:
+        raise ValueError(
+            f"model name {name!r} is not usable by Triton: it holds a path separator (it is one folder); {fix}"
+        )
+    if not _NAME_RE.match(name):
+        raise ValueError(f"model name {name!r} is not usable by Triton: {fix}")
+    if len(name) > NAME_MAX_CHARS:
+        raise ValueError(f"model name of {len(name)} characters is not usable by Triton: use {NAME_MAX_CHARS} at most")
     return name
 
 

@@ -13,7 +13,7 @@ from torch import nn
 from vit_fast.export._common import ENGINE_SUFFIXES, ONNX_SUFFIXES
 
 from . import python_backend
-from .checks import model_name_for
+from .checks import check_model_name, model_name_for
 from .config import DEFAULT_QUEUE_DELAY_US
 from .entries import onnx_entry, tensorrt_entry
 from .layout import ModelEntry, check_repository, write_repository
@@ -23,7 +23,9 @@ ENTRIES = ("onnx", "python")
 
 
 def entry_names(name: str, entries: Sequence[str]) -> list[str]:
-    """The model folders ``entries`` of a model named ``name`` make: ``NAME`` (onnx), ``NAME_python`` (python)."""
+    """The model folders ``entries`` of a model named ``name`` (checked as given) make: ``NAME`` (onnx),
+    ``NAME_python`` (python)."""
+    check_model_name(name)
     return ([name] if "onnx" in entries else []) + ([f"{name}_python"] if "python" in entries else [])
 
 

@@ -17,6 +17,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -2294,3 +2295,407 @@ KILLED_TEMP = (
     "    print(folder, flush=True)\n"
     "    os.kill(os.getpid(), signal.SIGKILL)\n"
 )
+
+
+# ------------------------------------------------------------------- issue 46: what --force and --overwrite touch
+# A model folder vit-fast wrote (with its manifest, vit-fast-files.json), and the user's files in and beside it.
+@pytest.fixture(scope="module")
+def written_repo(tmp_path_factory) -> Path:
+    """``export tritonserver default --entries python --out repo`` once: repo/default_python, vit-fast's own."""
+    folder = tmp_path_factory.mktemp("written")
+    old = os.getcwd()
+    os.chdir(folder)
+    try:
+        assert main(["export", "tritonserver", "default", "--entries", "python", "--out", "repo", "--quiet"]) == 0
+    finally:
+        os.chdir(old)
+    return folder / "repo"
+
+
+@pytest.fixture
+def force_folder(written_repo, tmp_path, monkeypatch):
+    """A copy of ``written_repo`` with the user's files: a version folder 2/ of their own and a NOTES.md."""
+    import shutil
+
+    shutil.copytree(written_repo, tmp_path / "repo")
+    model = tmp_path / "repo" / "default_python"
+    (model / "2").mkdir()
+    (model / "2" / "model.onnx").write_text("the user's own model")
+    (model / "NOTES.md").write_text("my notes")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+PYTHON_ENTRY = ["export", "tritonserver", "default", "--entries", "python", "--out", "repo", "--quiet"]
+FORCE_CLI: dict[str, tuple[list[str], Callable[[Path], None] | None, str]] = {
+    # case 2: --overwrite is about the --json file only, never the model folders
+    "overwrite for the json does not replace model folders": (
+        [*PYTHON_ENTRY, "--json", "repo/s.json", "--overwrite"],
+        None,
+        r"'repo/default_python' exists and is not empty: pass force \(--force\)",
+    ),
+    # case 1: --force replaces only vit-fast's files; one of the user's where vit-fast writes stops it
+    "force never replaces a hand-edited config.pbtxt": (
+        [*PYTHON_ENTRY, "--force"],
+        lambda f: (f / "repo/default_python/config.pbtxt").write_text("# my own config\n"),
+        r"holds 'config.pbtxt' \(changed since vit-fast wrote it\) where vit-fast writes; --force replaces only the "
+        r"files vit-fast wrote there: move those away yourself",
+    ),
+    "force never replaces a user's file in the version folder": (
+        [*PYTHON_ENTRY, "--force"],
+        lambda f: (f / "repo/default_python/1/labels.txt").write_text("cat\ndog\n"),
+        r"holds '1/labels.txt' \(not written by vit-fast\) where vit-fast writes",
+    ),
+    "force never replaces a folder without vit-fast's manifest": (
+        [*PYTHON_ENTRY, "--force"],
+        lambda f: (f / "repo/default_python/vit-fast-files.json").unlink(),
+        r"holds '1/' \(not written by vit-fast\), 'config.pbtxt' \(not written by vit-fast\), 'verification.json'",
+    ),
+    "force never trusts an edited manifest": (
+        [*PYTHON_ENTRY, "--force"],
+        lambda f: (f / "repo/default_python/vit-fast-files.json").write_text('{"files": {}}'),
+        r"holds '1/' \(not written by vit-fast\), 'config.pbtxt'",
+    ),
+    # case 9: model names Triton loads, refused before any work
+    "tritonserver hidden name": (
+        [*PYTHON_ENTRY, "--name", ".hidden"],
+        None,
+        r"model name '\.hidden' is not usable by Triton: it starts with '\.' \(a hidden folder, never loaded\); start "
+        r"it with a letter, digit or '_'",
+    ),
+    "tritonserver name with a separator": (
+        [*PYTHON_ENTRY, "--name", "a/b"],
+        None,
+        r"'a/b' is not usable by Triton: it holds a path separator",
+    ),
+    "tritonserver name dot-dot": ([*PYTHON_ENTRY, "--name", ".."], None, r"'\.\.' is not usable by Triton"),
+    "tritonserver name too long": ([*PYTHON_ENTRY, "--name", "n" * 250], None, r"250 characters .* 240 at most"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FORCE_CLI))
+def test_force_and_overwrite_touch_only_their_own_outputs(case, force_folder, capsys):
+    argv, prepare, message = FORCE_CLI[case]
+    if prepare is not None:
+        prepare(force_folder)
+    before = _snapshot(force_folder)
+    rc, out, err = _run_cli(argv, capsys)
+    assert rc == 1, f"{case}: exit {rc}; stderr: {err}"
+    assert "Traceback" not in out + err
+    assert re.search(message, err), f"{case}: {message!r} not in: {err}"
+    assert re.search(r"^vit-fast [a-z ]+: error: ", err.strip().splitlines()[-1]), err
+    assert _snapshot(force_folder) == before, f"{case}: the folder changed"
+
+
+def test_force_replaces_vit_fasts_files_and_keeps_and_lists_the_users(force_folder, capsys):
+    """Case 1: the user's version folder 2/ and NOTES.md stay (the same files, not copies) and are named, with the
+    fact that Triton serves 2/ by default; vit-fast's own files are replaced."""
+    model = force_folder / "repo" / "default_python"
+    theirs = {p: os.lstat(model / p).st_ino for p in ("2/model.onnx", "NOTES.md")}
+    config = os.lstat(model / "config.pbtxt").st_ino
+    rc, out, err = _run_cli([*PYTHON_ENTRY, "--force", "--batch", "1,4", "--json", "s.json"], capsys)
+    assert rc == 0, err
+    import json
+
+    assert json.loads((force_folder / "s.json").read_text())["models"][0]["kept"] == ["2/", "NOTES.md"]
+    assert re.search(
+        r"kept in repo/default_python \(vit-fast did not write them, --force leaves them as they are\): 2/, NOTES\.md; "
+        r"Triton serves the highest version folder by default: 2/, not the 1/ written now",
+        err,
+    ), err
+    assert {p: os.lstat(model / p).st_ino for p in theirs} == theirs
+    assert (model / "2" / "model.onnx").read_text() == "the user's own model"
+    assert (model / "NOTES.md").read_text() == "my notes"
+    assert (
+        os.lstat(model / "config.pbtxt").st_ino != config
+        and "max_batch_size: 4" in (model / "config.pbtxt").read_text()
+    )
+    assert sorted(p.name for p in (force_folder / "repo").iterdir()) == ["default_python"]  # no staging left
+    # and again: the folder it wrote, with the user's files in it, is replaced the same way
+    assert _run_cli([*PYTHON_ENTRY, "--force"], capsys)[0] == 0
+    assert {p: os.lstat(model / p).st_ino for p in theirs} == theirs
+
+
+# --------------------------------------------------------------------------- issue 46: Ctrl-C a library wrapped
+def _wrapping_exporter(how: str):
+    """An exporter that meets Ctrl-C and reports it as its own failure, as torch's dynamo exporter does 6 s in."""
+
+    def exporter(*args, **kwargs):
+        if how == "chained":  # the KeyboardInterrupt kept as the cause
+            raise RuntimeError("\x1b[31mthe dynamo exporter could not trace\x1b[0m") from KeyboardInterrupt()
+        message = None
+        try:  # the signal arrives here; the library keeps only its text
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(30)  # never reached: the handler raises first
+        except BaseException as err:  # noqa: BLE001 - what such a library does
+            message = f"could not trace: {type(err).__name__}"
+        raise RuntimeError(message)
+
+    return exporter
+
+
+@pytest.mark.parametrize("how", ["chained", "swallowed"])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["export", "onnx", "default", "--out", "o.onnx", "--no-verify"],
+        ["export", "tritonserver", "default", "--out", "repo", "--no-verify"],
+    ],
+    ids=["export onnx", "export tritonserver"],
+)
+def test_ctrl_c_a_library_wraps_still_means_interrupted(argv, how, tmp_path, capsys, monkeypatch):
+    """Case 6: whatever the exporter makes of Ctrl-C, the command says interrupted and exits 130; no colour codes."""
+    import vit_fast.export.onnx as onnx_export
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(onnx_export, "_run_exporter", _wrapping_exporter(how))
+    rc, out, err = _run_cli(argv, capsys)
+    assert rc == 130, err
+    assert err.strip().splitlines()[-1] == f"vit-fast {' '.join(argv[:2])}: interrupted", err
+    assert "could not trace" not in err and "\x1b" not in err and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.rglob("*") if not p.is_dir()) == []  # nothing published, no staging
+
+
+def test_library_messages_pass_on_without_colour_codes(tmp_path, capsys, monkeypatch):
+    import vit_fast.export.onnx as onnx_export
+
+    def coloured(*args, **kwargs):
+        raise RuntimeError("\x1b[1m\x1b[31mUnsupported operator\x1b[0m aten::foo \x1b]8;;https://x\x07link\x1b]8;;\x07")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(onnx_export, "_run_exporter", coloured)
+    rc, _, err = _run_cli(["export", "onnx", "default", "--out", "o.onnx", "--no-verify"], capsys)
+    assert rc == 1 and "\x1b" not in err and "\x07" not in err, repr(err)
+    assert "RuntimeError: Unsupported operator aten::foo link" in err, err
+
+
+class _RunsCode:
+    """What a hostile checkpoint pickles: unpickling it runs a shell command."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self):
+        return (os.system, (self.command,))
+
+
+@pytest.mark.parametrize("layout", ["zip", "legacy", "bare pickle"])
+def test_a_checkpoint_with_code_is_refused_without_torchs_advice(layout, tmp_path, capsys, monkeypatch):
+    """Case 5: a .pth whose pickle runs code is refused by name, with what to do (safetensors, a state_dict), never
+    torch's advice to retry with weights_only=False nor a command that would unpickle it."""
+    import pickle
+
+    monkeypatch.chdir(tmp_path)
+    payload = {"state_dict": _tiny().state_dict(), "x": _RunsCode("touch ran")}
+    if layout == "bare pickle":
+        (tmp_path / "hostile.pth").write_bytes(pickle.dumps(payload, protocol=4))
+    else:
+        torch.save(payload, tmp_path / "hostile.pth", _use_new_zipfile_serialization=layout == "zip")
+    rc, out, err = _run_cli(["export", "onnx", "hostile.pth", "--out", "o.onnx", "--no-verify"], capsys)
+    assert rc == 1 and "Traceback" not in err, err
+    assert re.search(
+        r"error: 'hostile.pth' holds Python objects( \(posix.system\))? whose unpickling may run code: vit-fast does "
+        r"not load it, nor should anything unpickle it\. Get the weights alone .*a \.safetensors file \(preferred\), "
+        r"or a state_dict saved with torch\.save\(model\.state_dict\(\), \.\.\.\)",
+        err,
+    ), err
+    assert "weights_only=False" not in err and "python -c" not in err
+    assert not (tmp_path / "ran").exists() and not (tmp_path / "o.onnx").exists()
+
+
+def _full_disk_on(monkeypatch, name: str) -> None:
+    """Writing a file called ``name`` meets a full disk, as a write does: the OSError carries no file name."""
+    import errno
+
+    from vit_fast.util.files import writing
+
+    real = writing.open_new
+
+    @contextlib.contextmanager
+    def open_new(path, mode=0o666):
+        with real(path, mode) as f:
+            if Path(path).name == name:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            yield f
+
+    monkeypatch.setattr(writing, "open_new", open_new)
+
+
+FULL = r"no space left on its device; free space there, or choose a path on another disk$"
+
+
+def test_a_full_disk_names_the_report_the_user_asked_for(tmp_path, capsys, monkeypatch):
+    """A full disk while a --json report is written names that report (bench and verify write theirs the same way)."""
+    monkeypatch.chdir(tmp_path)
+    _full_disk_on(monkeypatch, "r.json")
+    rc, _, err = _run_cli(["info", "--json", "out/r.json"], capsys)
+    assert rc == 1 and re.search(rf"^vit-fast info: error: cannot write 'out/r.json': {FULL}", err.strip(), re.M), err
+    assert ".tmp-" not in err and not (tmp_path / "out" / "r.json").exists()
+
+
+def test_a_full_disk_during_a_force_rebuild_names_the_users_path(force_folder, capsys, monkeypatch):
+    before = _snapshot(force_folder)
+    _full_disk_on(monkeypatch, "config.pbtxt")
+    rc, _, err = _run_cli([*PYTHON_ENTRY, "--force"], capsys)
+    assert rc == 1 and ".tmp-" not in err, err
+    assert re.search(rf"error: cannot write 'repo/default_python/config.pbtxt': {FULL}", err.strip()), err
+    assert _snapshot(force_folder) == before
+
+
+# --------------------------------------------------------------------------- issue 46: unclear messages made clear
+@pytest.fixture
+def hf_folders(tmp_path, monkeypatch):
+    import json
+
+    from safetensors.torch import save_file
+
+    for name, config in {
+        "zero_mlp": {**_HF_TINY, "model_type": "vit", "intermediate_size": 0},
+        "odd_heads": {**_HF_TINY, "model_type": "vit", "num_attention_heads": 3},
+        "bert": {**_HF_TINY, "model_type": "bert", "architectures": ["BertModel"], "vocab_size": 50},
+        "deit": {**_HF_TINY, "model_type": "deit", "architectures": ["DeiTModel"]},
+    }.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+    save_file({k: v.contiguous() for k, v in _tiny().state_dict().items()}, str(tmp_path / "plain.safetensors"))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+HF_CLI: dict[str, tuple[list[str], str]] = {
+    "HF intermediate_size 0 named by its own key": (
+        ["export", "onnx", "zero_mlp", "--out", "o.onnx"],
+        r"Hugging Face config 'zero_mlp/config.json': intermediate_size must be an int >= 1, got 0: fix that field",
+    ),
+    "HF heads named by their own keys": (
+        ["export", "onnx", "odd_heads", "--out", "o.onnx"],
+        r"hidden_size 32 is not divisible by num_attention_heads 3: fix that field",
+    ),
+    "HF config passed as --config named by its own key": (
+        ["export", "onnx", "plain.safetensors", "--config", "zero_mlp/config.json", "--out", "o.onnx"],
+        r"intermediate_size must be an int >= 1, got 0",
+    ),
+    "HF bert folder refused before loading": (
+        ["export", "onnx", "bert", "--out", "o.onnx"],
+        r"Hugging Face folder 'bert' is a 'bert' model \(config.json's model_type\), which vit-fast does not load: it "
+        r"takes model_type 'vit'.*give a Hugging Face ViT model",
+    ),
+    "HF deit folder refused before loading": (["verify", "deit", "triton"], r"'deit' is a 'deit' model"),
+    "HF bert config passed as --config": (
+        ["export", "onnx", "plain.safetensors", "--config", "bert/config.json", "--out", "o.onnx"],
+        r"Hugging Face config 'bert/config.json' is a 'bert' model",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HF_CLI))
+def test_hugging_face_configs_are_refused_in_their_own_words(case, hf_folders, capsys):
+    pytest.importorskip("transformers", reason="the hf extra reads Hugging Face folders")
+    argv, message = HF_CLI[case]
+    before = _snapshot(hf_folders)
+    rc, out, err = _run_cli(argv, capsys)
+    assert rc == 1 and "Traceback" not in out + err, err
+    assert re.search(message, err), f"{case}: {message!r} not in: {err}"
+    assert "mlp_ratio" not in err and "embed_dim" not in err and "BertModel" not in err, err
+    assert len(err.strip().splitlines()) == 1, err  # nothing loaded: no weight report before the refusal
+    assert _snapshot(hf_folders) == before
+
+
+@pytest.fixture
+def out_folder(tmp_path, monkeypatch):
+    (tmp_path / "isdir.onnx").mkdir()
+    (tmp_path / "isdir.json").mkdir()
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+OUT_CLI: dict[str, tuple[list[str], int, str]] = {
+    "out an existing folder with a suffix": (
+        ["export", "onnx", "default", "--out", "isdir.onnx"],
+        1,
+        r"--out 'isdir.onnx' is a folder; give a file path such as 'isdir.onnx/model.onnx'$",
+    ),
+    "out with a trailing slash": (
+        ["export", "onnx", "default", "--out", "trail/"],
+        1,
+        r"--out 'trail/' is a folder; give a file path such as 'trail/model.onnx'$",
+    ),
+    "engine out with a trailing slash": (
+        ["export", "tensorrt", "m.onnx", "--out", "trail/"],
+        1,
+        r"--out 'trail/' is a folder; give a file path such as 'trail/model.plan'$",
+    ),
+    "json with a trailing slash": (
+        ["info", "--json", "new/"],
+        2,
+        r"--json: 'new/' is a folder \(it ends in '/'\): give a file path such as 'new/report.json'",
+    ),
+    "json an existing folder with a trailing slash": (
+        ["verify", "default", "triton", "--json", "isdir.json/"],
+        1,
+        r"--json 'isdir.json/' is a folder; give a file path such as 'isdir.json/report.json'$",
+    ),
+    "bench with neither out nor json": (
+        ["bench", "default"],
+        1,
+        r"bench writes its reports into a folder: give --out DIR, or --json - \(or --json FILE\)",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OUT_CLI))
+def test_output_paths_that_name_folders_are_refused_as_folders(case, out_folder, capsys):
+    argv, code, message = OUT_CLI[case]
+    before = _snapshot(out_folder)
+    rc, out, err = _run_cli(argv, capsys)
+    assert rc == code, f"{case}: exit {rc}; stderr: {err}"
+    assert "Traceback" not in out + err and "wrong suffix" not in err
+    assert re.search(message, err.strip()), f"{case}: {message!r} not in: {err}"
+    assert _snapshot(out_folder) == before
+
+
+def test_the_folder_a_refusal_suggests_passes_the_suffix_check(out_folder):
+    from vit_fast.util.files import check_output_file
+
+    with pytest.raises(ValueError, match=r"is a folder; give a file path such as 'isdir.onnx/model.onnx'") as info:
+        check_output_file("isdir.onnx", (".onnx",), "ONNX file")
+    suggested = re.search(r"such as '([^']+)'", str(info.value)).group(1)
+    assert check_output_file(suggested, (".onnx",), "ONNX file") == Path(suggested)
+    with pytest.raises(ValueError, match=r"'trail/' is a folder"):
+        check_output_file("trail/", (".onnx",), "ONNX file", make_parents=True)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["info", "--json", "new/dir/i.json"], [*PYTHON_ENTRY[:-3], "--out", "new/dir/repo", "--quiet"]],
+    ids=["a report", "a model repository"],
+)
+def test_missing_folders_are_made_and_said_by_every_command(argv, out_folder, capsys):
+    """One behaviour: a missing folder on the way to an output is made, and the command says so before the work."""
+    rc, _, err = _run_cli(argv, capsys)
+    assert rc == 0, err
+    assert re.search(r"vit-fast: note: --(json|out): folder 'new/dir' does not exist; it is made when the", err)
+    assert (out_folder / "new" / "dir").is_dir()
+
+
+def test_bench_json_to_stdout_needs_no_folder(out_folder, capsys, monkeypatch):
+    """`bench --json -` writes the JSON report to stdout and leaves no folder or file behind."""
+    import json
+
+    import vit_fast.bench as bench
+    from vit_fast.util.files import write_json_atomic
+
+    seen = {}
+
+    def run_benchmark(settings, log, name):
+        seen["out_dir"] = settings.out_dir
+        path = write_json_atomic({"rows": [{"status": "ok"}], "model": name}, Path(settings.out_dir) / "bench.json")
+        return {"rows": [{"status": "ok"}]}, {"json": path}
+
+    monkeypatch.setattr(bench, "run_benchmark", run_benchmark)
+    monkeypatch.setattr(bench, "markdown_report", lambda report: "table")
+    rc, out, err = _run_cli(["bench", "default", "--json", "-", "--quiet"], capsys)
+    assert rc == 0, err
+    assert json.loads(out)["model"] == "default"
+    assert not Path(seen["out_dir"]).exists() and _snapshot(out_folder) == {"isdir.json": "dir", "isdir.onnx": "dir"}
+    assert "wrote" not in err  # the private folder's files are never named

@@ -174,7 +174,7 @@ def test_repository_has_only_model_folders_and_a_summary(default_repo: Path) -> 
     assert "1/model.onnx" in summary["models"][0]["files"]
 
 
-def test_existing_model_folder_is_refused_before_work_and_replaced_with_force(default_repo: Path, tmp_path) -> None:
+def test_existing_model_folder_is_refused_before_work_and_force_keeps_the_users(default_repo: Path, tmp_path) -> None:
     repo = tmp_path / "repo"
     (repo / "default").mkdir(parents=True)
     (repo / "default" / "mine.txt").write_text("not vit-fast's")
@@ -184,7 +184,7 @@ def test_existing_model_folder_is_refused_before_work_and_replaced_with_force(de
     assert sorted(p.name for p in repo.iterdir()) == ["default"]
     onnx_file = default_repo / "default" / "1" / "model.onnx"
     assert run_cli(str(onnx_file), "--out", str(repo), "--name", "default", "--force", "--no-verify", "--quiet") == 0
-    assert not (repo / "default" / "mine.txt").exists()
+    assert (repo / "default" / "mine.txt").read_text() == "not vit-fast's"  # --force keeps what it did not write
     assert parse_config(repo / "default").platform == "onnxruntime_onnx"
     assert sorted(p.name for p in repo.iterdir()) == ["default"]
 

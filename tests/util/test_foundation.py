@@ -205,3 +205,34 @@ def test_environment_records_what_a_result_needs():
     rec = env.collect_environment(torch.device("cpu"))
     for key in ("device_name", "driver_version", "torch", "triton", "onnxruntime", "git_commit", "torch_threads"):
         assert key in rec
+
+
+def test_a_manifest_tells_vit_fasts_files_from_everyone_elses(tmp_path):
+    """foreign_entries: a file is vit-fast's only while the sealed manifest holds its digest; a folder with nothing
+    of vit-fast's is one entry; links and files the manifest does not list are someone else's."""
+    from vit_fast.util.files import MANIFEST_NAME, foreign_entries, link_entries, write_manifest
+
+    folder = tmp_path / "m"
+    (folder / "1").mkdir(parents=True)
+    (folder / "1" / "model.onnx").write_bytes(b"ours")
+    (folder / "config.pbtxt").write_text("ours\n")
+    write_manifest(folder, "test")
+    assert foreign_entries(folder) == []
+    (folder / "2" / "deep").mkdir(parents=True)
+    (folder / "2" / "deep" / "x").write_text("theirs")
+    (folder / "1" / "labels.txt").write_text("theirs")
+    (folder / "link").symlink_to("config.pbtxt")
+    (folder / "config.pbtxt").write_text("edited\n")
+    assert foreign_entries(folder) == [
+        ("1/labels.txt", "not written by vit-fast"),
+        ("2/", "not written by vit-fast"),
+        ("config.pbtxt", "changed since vit-fast wrote it"),
+        ("link", "not written by vit-fast"),
+    ]
+    target = tmp_path / "new"
+    target.mkdir()
+    link_entries(folder, target, ["2/", "link"])
+    assert os.stat(target / "2" / "deep" / "x").st_ino == os.stat(folder / "2" / "deep" / "x").st_ino
+    assert os.readlink(target / "link") == "config.pbtxt"
+    (folder / MANIFEST_NAME).write_text((folder / MANIFEST_NAME).read_text().replace("test", "tset"))  # not sealed
+    assert ("config.pbtxt", "not written by vit-fast") in foreign_entries(folder)

@@ -183,3 +183,34 @@ def test_exit_statuses_and_notes():
     assert interrupts.exit_status(KeyboardInterrupt()) == 130 and interrupts.exit_status(interrupts.Terminated()) == 143
     assert interrupts.cut_note(interrupts.Terminated(), 5, 18, "case") == "interrupted by SIGTERM after 5 of 18 cases"
     assert interrupts.cut_note(KeyboardInterrupt(), 1, None, "check") == "interrupted by SIGINT after 1 check"
+
+
+def test_an_interrupt_a_library_wrapped_is_found_behind_its_error():
+    """interrupt_behind: the KeyboardInterrupt in an error's causes and contexts, or a signal handled's handler took
+    while its block is open; nothing for an ordinary error."""
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as err:
+            raise RuntimeError("the exporter could not trace") from err
+    except RuntimeError as err:
+        assert isinstance(interrupts.interrupt_behind(err), KeyboardInterrupt)
+    assert interrupts.interrupt_behind(ValueError("a plain error")) is None
+    with interrupts.handled():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(30)  # never reached: the handler raises first
+        except interrupts.Terminated:
+            pass  # a library swallowing it, keeping only its own words
+        assert isinstance(interrupts.interrupt_behind(RuntimeError("could not trace")), interrupts.Terminated)
+    assert interrupts.interrupt_behind(RuntimeError("after the block")) is None
+    with interrupts.handled():  # a new run starts clean
+        assert interrupts.interrupt_behind(RuntimeError("nothing happened")) is None
+
+
+def test_library_text_loses_its_escape_sequences():
+    from vit_fast.util.text import plain_text
+
+    coloured = "\x1b[1;31mError:\x1b[0m see \x1b]8;;https://example.org\x07the docs\x1b]8;;\x1b\\ \x1b(Bnow"
+    assert plain_text(coloured) == "Error: see the docs now"
+    assert plain_text("plain text [1] stays") == "plain text [1] stays"

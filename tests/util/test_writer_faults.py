@@ -620,10 +620,19 @@ def test_a_forced_model_folder_that_changes_while_staging_is_kept(tmp_path, monk
     else:
         assert weights.read_bytes().endswith(b"\0")
     assert staging_left(tmp_path / "repoT") == []
-    monkeypatch.setattr(python_backend, "python_entry", real)  # the user done: --force replaces it as checked
-    assert main([*REPO, "--force"]) == 0
-    assert sorted(os.listdir(folder)) == ["1", "config.pbtxt", "verification.json"]
-    assert not weights.read_bytes().endswith(b"\0") and staging_left(tmp_path / "repoT") == []
+    monkeypatch.setattr(python_backend, "python_entry", real)  # the user done: --force replaces only vit-fast's files
+    if where == "a new version folder":  # the user's 2/ is kept (issue 46), vit-fast's files replaced
+        assert main([*REPO, "--force"]) == 0
+        assert sorted(os.listdir(folder)) == ["1", "2", "config.pbtxt", "verification.json", "vit-fast-files.json"]
+        assert (folder / "2" / "notes.txt").read_text() == "mine\n"
+    else:  # vit-fast's weights edited by the user are theirs now: never replaced, named
+        capsys.readouterr()
+        assert main([*REPO, "--force"]) == 1
+        assert "holds '1/model.safetensors' (changed since vit-fast wrote it) where vit-fast writes" in (
+            capsys.readouterr().err
+        )
+        assert weights.read_bytes().endswith(b"\0")
+    assert staging_left(tmp_path / "repoT") == []
 
 
 def test_folders_publish_only_over_what_was_claimed(tmp_path, rename_mode):

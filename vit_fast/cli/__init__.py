@@ -86,10 +86,11 @@ def is_user_error(err: BaseException) -> bool:
 def error_message(err: BaseException) -> str:
     """The text of ``err`` on one line: KeyError's message without its quotes, a hint for a missing extra."""
     from vit_fast.cli._args import os_error_text  # full disk, too-long path: the path and the fix, not errno text
+    from vit_fast.util.text import plain_text
 
     text = os_error_text(err) if isinstance(err, OSError) else None
     text = text or (str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err))
-    text = " ".join(text.split()) or type(err).__name__
+    text = " ".join(plain_text(text).split()) or type(err).__name__  # no colour codes of a library's
     missing = getattr(err, "name", None) if isinstance(err, ModuleNotFoundError) else None
     if missing:
         from vit_fast.backend.env import MODULE_EXTRAS, install_hint  # only here: vit_fast.backend.env imports torch
@@ -213,6 +214,10 @@ def _run(args: argparse.Namespace, command: str) -> int:
         with json_only_on_stdout() if getattr(args, "json", None) == STDOUT else contextlib.nullcontext():
             return int(args.run(args) or 0)
     except Exception as err:
+        from vit_fast.util.interrupts import interrupt_behind
+
+        if (interrupt := interrupt_behind(err)) is not None:  # Ctrl-C a library wrapped: still "interrupted", 130
+            raise interrupt from err
         if isinstance(err, BrokenPipeError) and stdout_reader_gone():
             raise  # the reader of stdout stopped early: main() exits quietly
         if not is_user_error(err) or switch("VIT_FAST_TRACEBACK", False):

@@ -199,6 +199,14 @@ def output_folder(folder: str | os.PathLike, flag: str = "--out", given: str | o
         raise CommandError(str(err)) from None
     if not os.access(existing, os.W_OK | os.X_OK):
         raise CommandError(f"{named}: the folder {str(existing)!r} cannot be written; choose another path")
+    # every command makes missing folders, and says so before the work; a folder output (bench --out DIR, a model
+    # repository) is made anyway: only the folders above it are news
+    above = folder if given is not None else folder.parent
+    if os.path.abspath(existing) != os.path.abspath(above) and os.path.abspath(existing) != os.path.abspath(folder):
+        print(
+            f"vit-fast: note: {flag}: folder {str(above)!r} does not exist; it is made when the first file is written",
+            file=sys.stderr,
+        )
     return folder
 
 
@@ -208,9 +216,13 @@ def output_file(path: str | os.PathLike | None, flag: str, suffixes: tuple[str, 
     (:func:`vit_fast.util.files.check_suffix`). Its folder is made when the file is written."""
     if path is None:
         return None
+    example = "model" + suffixes[0] if suffixes else "report.json"
+    if os.fspath(path).endswith(("/", os.sep)) or Path(path).is_dir():  # "trail/" names a folder, made or not
+        folder = Path(path)
+        raise CommandError(
+            f"{flag} {os.fspath(path)!r} is a folder; give a file path such as {str(folder / example)!r}"
+        )
     path = Path(path)
-    if path.is_dir():
-        raise CommandError(f"{flag} {str(path)!r} is a folder; give a file path such as {str(path / 'report.json')!r}")
     if suffixes:
         try:
             check_suffix(path, suffixes, flag)
@@ -233,6 +245,11 @@ def json_target(text: str) -> str:
         return text
     if not text.strip():
         raise argparse.ArgumentTypeError("got an empty path: give a file such as report.json, or - for standard output")
+    if text.endswith(("/", os.sep)):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is a folder (it ends in '/'): give a file path such as {str(Path(text) / 'report.json')!r}, or "
+            "- for standard output"
+        )
     if not text.lower().endswith(".json"):
         stem = Path(text).stem or "report"
         raise argparse.ArgumentTypeError(

@@ -12,6 +12,7 @@ max(weight bytes / copy bandwidth, FLOPs / matmul rate).
                                  [--device cuda] [--graph] [--h2d] [--flush-l2] [--json PATH|-] [--seed 0]
                                  [--min-samples 100] [--min-time 1] [--threads T] [--tune] [--overwrite]
   vit-fast bench model.onnx|model.plan --out DIR     (time an artifact you already have)
+  vit-fast bench MODEL --json -|PATH                 (the JSON report alone, no --out folder)
 
 backends:
   torch                     eager PyTorch (vit_fast's torch backend): the reference
@@ -43,6 +44,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from pathlib import Path
 
 from . import _args
 
@@ -90,9 +93,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--out",
-        required=True,
+        default=None,
         metavar="DIR",
-        help="folder for bench_<model>.{json,md,csv,png} (an earlier run's files are kept)",
+        help="folder for bench_<model>.{json,md,csv,png} (an earlier run's files are kept); may be left out with "
+        "--json, which then gets the JSON report alone",
     )
     _args.add_json(parser, "also write the JSON report (bench_<model>.json) to this file")
     parser.add_argument(
@@ -172,14 +176,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``vit-fast bench``; 0 when a backend ran, 1 when none did (or, with --strict, one failed)."""
-    from vit_fast.bench import BenchSettings, markdown_report, resolve_device, run_benchmark
 
     def log(msg: str) -> None:
         if not args.quiet:
             print(msg, file=sys.stderr)
 
-    out_dir = _args.output_folder(args.out)
+    out_dir = None if args.out is None else _args.output_folder(args.out)
     json_target = _args.json_file(args.json, overwrite=args.overwrite)  # the one output policy, before any work
+    if out_dir is None and json_target is None:
+        raise _args.CommandError(
+            "bench writes its reports into a folder: give --out DIR, or --json - (or --json FILE) for the JSON report "
+            "alone"
+        )
+    if out_dir is None:  # the reports are built in a private folder that goes when the run ends; --json gets its copy
+        from vit_fast.util.files import temp_staging
+
+        with temp_staging("vit-fast-bench-reports") as folder:
+            return _run(args, folder, json_target, log, kept=False)
+    return _run(args, out_dir, json_target, log, kept=True)
+
+
+def _run(args: argparse.Namespace, out_dir: Path, json_target: Path | str | None, log: Callable, kept: bool) -> int:
+    """The benchmark itself, its reports in ``out_dir``; ``kept``: whether that folder is the user's (its files
+    are then named), not a private one."""
+    from vit_fast.bench import BenchSettings, markdown_report, resolve_device, run_benchmark
+
     device = resolve_device(args.device)
     model = args.model
     if args.config is not None or args.weights is not None:
@@ -222,7 +243,8 @@ def run(args: argparse.Namespace) -> int:
                 if copied is not None:
                     paths["json copy"] = copied
             for kind, path in paths.items():
-                print(f"wrote {kind}{partial}: {path}", file=sys.stderr)
+                if kept or kind == "json copy":
+                    print(f"wrote {kind}{partial}: {path}", file=sys.stderr)
         raise
     if not args.quiet:
         print(markdown_report(report))
@@ -230,7 +252,8 @@ def run(args: argparse.Namespace) -> int:
     if copied is not None:
         paths["json copy"] = copied
     for kind, path in paths.items():  # even under --quiet: a rerun's files carry a run id, so say which
-        print(f"wrote {kind}: {path}", file=sys.stderr)
+        if kept or kind == "json copy":
+            print(f"wrote {kind}: {path}", file=sys.stderr)
     statuses = [r["status"] for r in report["rows"]]
     if "ok" not in statuses:
         raise _args.CommandError("no backend ran (see the reasons above)")

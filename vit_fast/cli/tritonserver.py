@@ -63,9 +63,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="model to verify an ONNX file against (default: its metadata's)")
     parser.add_argument("--no-verify", action="store_true", help="skip verifying the ONNX file against eager PyTorch")
     _args.add_verify_batch(parser)
-    parser.add_argument("--force", action="store_true", help="replace existing model folders of the same names")
     parser.add_argument(
-        "--overwrite", action="store_true", help="replace a --json file vit-fast did not write (implies --force)"
+        "--force",
+        action="store_true",
+        help="replace the files vit-fast wrote in existing model folders of the same names; it keeps, and lists, "
+        "everything else there, and refuses where such a file is in the way",
+    )
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace a --json file vit-fast did not write (that file only)"
     )
     _args.add_json(parser, "write a machine-readable summary here")
     parser.add_argument("--seed", type=_args.seed, default=None, help="seed of the random verification inputs")
@@ -159,8 +164,8 @@ def run(args: argparse.Namespace) -> int:
         kind=kind,
         queue_delay_us=DEFAULT_QUEUE_DELAY_US if args.queue_delay_us is None else args.queue_delay_us,
     )
-    args.force = args.force or args.overwrite  # one word for replacing everywhere
     check_repository(args.out, names, args.force)  # before any work: a refused folder costs nothing
+    _args.output_folder(args.out, "--out")  # says so when it makes the repository's folders, as every command does
     json_target = _args.json_file(args.json, overwrite=args.overwrite)
     source, described = args.source, None
     if not artifact:

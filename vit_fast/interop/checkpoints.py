@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import re
 import shlex
 from collections.abc import Mapping
@@ -149,15 +150,27 @@ def safetensors_command(path: Path, out: Path) -> str:
     return "python -c " + shlex.quote(code)
 
 
+#: the packages whose classes a whole-model pickle names: only such a file gets the conversion command
+MODEL_MODULES = ("torch", "vit_fast", "timm", "transformers")
+
+
 def torch_load_error(path: Path, err: Exception, converted: Path | None = None) -> ValueError:
     """torch.load's failure as what is wrong with the file and what to do: never torch's (or timm's) advice to load
-    with ``weights_only=False``, which vit-fast does not do (it would run the file's code), but the command that
-    converts a file the user trusts to safetensors (written to ``converted``, by default ``path`` with a
-    .safetensors suffix)."""
+    with ``weights_only=False``; for a whole model's pickle (classes of :data:`MODEL_MODULES` only) the command that
+    converts a file the user trusts to safetensors (written to ``converted``, default ``path`` with .safetensors)."""
     text = str(err)
-    if "Weights only load failed" in text:
-        found = re.search(r"Unsupported (?:global|operand)[^.\n]*?([A-Za-z_][\w.]*\.[A-Za-z_]\w*)", text)
-        what = f" ({found.group(1)})" if found else ""
+    refused = "Weights only load failed" in text or isinstance(err, pickle.UnpicklingError)
+    code = re.search(r"GLOBAL ([A-Za-z_][\w.]*) whose module [\w.]+ is blocked", text)
+    found = re.search(r"Unsupported (?:global|operand)[^.\n]*?([A-Za-z_][\w.]*\.[A-Za-z_]\w*)", text, re.I)
+    if refused and (code is not None or found is None or found.group(1).split(".")[0] not in MODEL_MODULES):
+        what = f" ({(code or found).group(1)})" if code or found else ""
+        return ValueError(
+            f"{str(path)!r} holds Python objects{what} whose unpickling may run code: vit-fast does not load it, nor "
+            "should anything unpickle it. Get the weights alone from where the file came from: a .safetensors file "
+            "(preferred), or a state_dict saved with torch.save(model.state_dict(), ...), and give that file"
+        )
+    if refused:  # a whole model's classes (torch, timm, transformers, vit-fast): a file the user may have made
+        what = f" ({found.group(1)})"
         out = converted or path.with_suffix(".safetensors")
         return ValueError(
             f"{str(path)!r} holds Python objects besides tensors{what}, which vit-fast does not load: checkpoints "

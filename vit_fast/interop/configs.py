@@ -82,6 +82,23 @@ def check_hf_config_fields(data: dict, source: str) -> None:
         raise ValueError(f"Hugging Face config {source}: field 'id2label' names {too_many}: fix that field")
 
 
+#: the Hugging Face ``model_type`` vit-fast converts (transformers' ViTModel, ViTForImageClassification)
+HF_MODEL_TYPES = ("vit",)
+
+
+def check_hf_model_type(data: dict, source: str, also: tuple[str, ...] = ()) -> None:
+    """Refuse, before anything is loaded, a Hugging Face config.json whose ``model_type`` is not one vit-fast takes
+    (:data:`HF_MODEL_TYPES`, plus ``also``), naming it and the ones it takes. A config without one is let through."""
+    kind = data.get("model_type")
+    if kind is None or kind in HF_MODEL_TYPES or kind in also:
+        return
+    taken = ", ".join(repr(t) for t in (*HF_MODEL_TYPES, *also))
+    raise ValueError(
+        f"{source} is a {str(kind)[:80]!r} model (config.json's model_type), which vit-fast does not load: it takes "
+        f"model_type {taken}; give a Hugging Face ViT model (ViTModel, ViTForImageClassification)"
+    )
+
+
 def hf_config_dict_to_vit(data: dict, source: str) -> ViTConfig:
     """A transformers ViT ``config.json`` (``model_type`` "vit") as a ViTConfig, without importing transformers."""
     check_hf_config_fields(data, source)
@@ -97,7 +114,7 @@ def hf_config_dict_to_vit(data: dict, source: str) -> ViTConfig:
     try:
         cfg = hf_config_to_vit(SimpleNamespace(**fields), num_classes)
     except (TypeError, ValueError) as err:
-        raise ValueError(f"Hugging Face config {source}: {err}") from err
+        raise ValueError(f"Hugging Face config {source}: {err}: fix that field in the file") from err
     # before anything is built (transformers' from_pretrained included); 2 bytes a parameter: the least it can take
     check_model_fits(cfg, f"Hugging Face config {source}", element_size=2, names=_HF_NAMES)
     return cfg
@@ -151,7 +168,8 @@ def resolve_config(config: ViTConfig | str | os.PathLike | dict) -> ViTConfig:
         raise ValueError(f"config {str(path)!r} cannot be read: {err.strerror or err}") from err
     if not isinstance(data, dict):
         raise ValueError(f"config {str(path)!r} holds a {type(data).__name__}, expected a JSON object")
-    if data.get("model_type") == "vit" or "hidden_size" in data:
+    if data.get("model_type") is not None or "hidden_size" in data:
+        check_hf_model_type(data, f"Hugging Face config {str(path)!r}")
         return hf_config_dict_to_vit(data, repr(str(path)))
     if "architecture" in data:  # timm's config.json
         arch = str(data["architecture"])

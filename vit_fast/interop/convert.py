@@ -40,11 +40,35 @@ _HF_QKV = {
 _HF_LAYER_RE = re.compile(r"^(?:encoder\.layer|layers)\.(\d+)\.(.+)\.(weight|bias)$")
 
 
+#: the size keys of a Hugging Face ViT config, each an int >= 1
+_HF_SIZE_KEYS = (
+    "image_size",
+    "patch_size",
+    "num_channels",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+)
+
+
 def hf_config_to_vit(hf_config: Any, num_classes: int) -> ViTConfig:
-    """A :class:`ViTConfig` from a transformers ``ViTConfig``."""
+    """A :class:`ViTConfig` from a transformers ``ViTConfig``; a wrong value is named by the Hugging Face key that
+    holds it (``intermediate_size``), never by the ViTConfig field it would become."""
     act = getattr(hf_config, "hidden_act", "gelu")
     if act not in HF_ACTIVATIONS:
         raise ValueError(f"hidden_act {act!r} is not supported; supported: {sorted(HF_ACTIVATIONS)}")
+    for key in _HF_SIZE_KEYS:
+        value = getattr(hf_config, key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{key} must be an int >= 1, got {value!r}")
+    if hf_config.hidden_size % hf_config.num_attention_heads:
+        raise ValueError(
+            f"hidden_size {hf_config.hidden_size} is not divisible by num_attention_heads "
+            f"{hf_config.num_attention_heads}"
+        )
+    if hf_config.image_size % hf_config.patch_size:
+        raise ValueError(f"image_size {hf_config.image_size} is not divisible by patch_size {hf_config.patch_size}")
     if hf_config.intermediate_size % hf_config.hidden_size:
         mlp_ratio = hf_config.intermediate_size / hf_config.hidden_size
     else:

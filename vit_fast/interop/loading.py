@@ -23,7 +23,7 @@ from vit_fast.interop.checkpoints import (
     load_checkpoint,
     torch_load_error,
 )
-from vit_fast.interop.configs import hf_config_dict_to_vit, resolve_config
+from vit_fast.interop.configs import check_hf_model_type, hf_config_dict_to_vit, resolve_config
 from vit_fast.interop.convert import from_hf, from_timm
 from vit_fast.model.config import PRESETS, ViTConfig
 from vit_fast.model.vit import VisionTransformer
@@ -216,6 +216,7 @@ def _hf_model(spec: str, backend: str) -> VisionTransformer:
         hf_config_dict_to_vit(data, repr(str(config_file)))  # types, sizes and memory, before anything is built
         check_hf_index_files(Path(spec))
     refuse_remote_code(data, where)
+    check_hf_model_type(data, where, NATIVE_HF_TYPES)  # a BertModel is never loaded only to be refused after
     # trust_remote_code=False as well: transformers never prompts, whatever it finds
     hf_config = AutoConfig.from_pretrained(spec, local_files_only=local_only, trust_remote_code=False)
     if not local:  # a hub model's config: the same checks before transformers builds it

@@ -23,10 +23,14 @@ INTERRUPTS: tuple[type[BaseException], ...] = (KeyboardInterrupt, Terminated)
 
 _held = 0
 _pending: int | None = None
+_depth = 0
+#: the last signal :func:`handled`'s handler took in the outermost block now open (None: none yet)
+_received: int | None = None
 
 
 def _handler(signum: int, frame) -> None:
-    global _pending
+    global _pending, _received
+    _received = signum  # remembered even when a library wraps or swallows what it raises (interrupt_behind)
     if _held:
         _pending = _pending or signum  # the first one decides how the run ends
         return
@@ -48,6 +52,10 @@ def handled() -> Iterator[None]:
     """Within the block, SIGINT raises KeyboardInterrupt and SIGTERM raises :class:`Terminated`, both held back
     inside :func:`held`. Installed only in the main thread and only over a signal's default handler; the
     previous handlers come back when the block ends. Blocks nest."""
+    global _depth, _received
+    if _depth == 0:
+        _received = None
+    _depth += 1
     installed = {}
     if threading.current_thread() is threading.main_thread():
         for sig in SIGNALS:
@@ -57,8 +65,25 @@ def handled() -> Iterator[None]:
     try:
         yield
     finally:
+        _depth -= 1
         for sig, previous in installed.items():
             signal.signal(sig, previous)
+
+
+def interrupt_behind(err: BaseException) -> BaseException | None:
+    """The interrupt that ``err`` really is, or None: a KeyboardInterrupt or :class:`Terminated` a library wrapped
+    in its own error (found in ``err``'s causes and contexts), or a signal :func:`handled` took while the block is
+    open, whatever the library made of it (torch's exporter reports Ctrl-C as a failed trace)."""
+    seen: set[int] = set()
+    link: BaseException | None = err
+    while link is not None and id(link) not in seen:
+        if isinstance(link, INTERRUPTS):
+            return link
+        seen.add(id(link))
+        link = link.__cause__ or link.__context__
+    if _depth and _received is not None:
+        return Terminated("SIGTERM") if _received == signal.SIGTERM else KeyboardInterrupt()
+    return None
 
 
 @contextlib.contextmanager
@@ -96,4 +121,13 @@ def cut_note(err: BaseException, done: int, total: int | None, unit: str) -> str
     return f"interrupted by {signal_name(err)} after {count} {unit}{'' if (total or done) == 1 else 's'}"
 
 
-__all__ = ["INTERRUPTS", "Terminated", "cut_note", "exit_status", "handled", "held", "signal_name"]
+__all__ = [
+    "INTERRUPTS",
+    "Terminated",
+    "cut_note",
+    "exit_status",
+    "handled",
+    "held",
+    "interrupt_behind",
+    "signal_name",
+]

@@ -40,6 +40,7 @@ from .checks import (
 )
 from .claims import Identity, claim, claim_folder, identity
 from .json_input import JSON_MAX_BYTES, JSON_MAX_DEPTH, JSON_MAX_INT_DIGITS, JSONInputError, loads_json, read_json
+from .manifests import MANIFEST_NAME, foreign_entries, link_entries, write_manifest
 from .paths import contained_path, hold_lock
 from .proof import (
     ARTIFACT_SUFFIXES,
@@ -53,7 +54,7 @@ from .proof import (
 )
 from .publishing import publish, publish_folders, publish_to
 from .reading import read_head, special_kind
-from .staging import clean_stale_staging, is_our_staging, make_staging, staging_dir, temp_staging
+from .staging import clean_stale_staging, is_our_staging, make_staging, staging_dir, temp_staging, user_paths
 from .writing import (
     copy_new,
     json_text,
@@ -75,6 +76,7 @@ __all__ = [
     "JSON_MAX_DEPTH",
     "JSON_MAX_INT_DIGITS",
     "KEPT_MARK",
+    "MANIFEST_NAME",
     "MARKDOWN_MARK",
     "MARKER_KEY",
     "NAME_MAX",
@@ -98,11 +100,13 @@ __all__ = [
     "contained_path",
     "copy_new",
     "existing_folder",
+    "foreign_entries",
     "hold_lock",
     "identity",
     "is_artifact_metadata",
     "is_our_staging",
     "json_text",
+    "link_entries",
     "loads_json",
     "make_folders",
     "make_staging",
@@ -127,8 +131,10 @@ __all__ = [
     "stdout_to_stderr",
     "temp_staging",
     "usable_standard_streams",
+    "user_paths",
     "write_atomic",
     "write_json_atomic",
+    "write_manifest",
     "write_new",
     "written_by_vit_fast",
 ]

@@ -172,11 +172,13 @@ def check_output_file(
     among others: a special file, a final name without one of ``suffixes``, a folder, a missing folder (unless
     ``make_parents``), an existing file for which ``ours(path)`` is False unless ``overwrite`` (``ours=None``
     accepts any existing regular file). Every refusal: docs/files.md."""
+    named_folder = os.fspath(path).endswith(("/", os.sep))  # "trail/": a folder, whether it exists or not
     path = Path(path)
     refuse_special(path, what)
-    if path.is_dir() and not path.is_symlink():
+    if named_folder or (path.is_dir() and not path.is_symlink()):
         example = str(path / ("model" + suffixes[0]))
-        raise ValueError(f"{what} {str(path)!r} is a folder; give a file path such as {example!r}")
+        shown = str(path) + os.sep if named_folder else str(path)  # as the user wrote it
+        raise ValueError(f"{what} {shown!r} is a folder; give a file path such as {example!r}")
     check_suffix(path, suffixes, what)
     _check_folder(path, what, make_parents)
     refuse_foreign(path, what, ours, overwrite)

@@ -148,6 +148,27 @@ def make_staging(parent: str | os.PathLike, target_name: str) -> tuple[Path, int
         raise
 
 
+#: the errors of a disk, not of a file: a message names the user's path where they strike inside a staging folder
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO)
+
+
+@contextlib.contextmanager
+def user_paths(staging: Path, target: Path) -> Iterator[None]:
+    """Within the block, an OSError of the disk (a full disk, a quota) met inside ``staging`` names the user's path:
+    ``staging/REL`` as the ``REL`` beside it (where the file is published), none (a write's error carries no name)
+    as ``target``; never the staging folder's private name."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno not in DISK_ERRNOS or not isinstance(err.filename, (str, os.PathLike, type(None))):
+            raise
+        name = None if err.filename is None else Path(os.fspath(err.filename))
+        if name is not None and name != staging and staging not in name.parents:
+            raise
+        named = target if name is None or name == staging else staging.parent / name.relative_to(staging)
+        raise OSError(err.errno, err.strerror or os.strerror(err.errno), str(named)) from err
+
+
 @contextlib.contextmanager
 def staging_dir(target: str | os.PathLike) -> Iterator[Path]:
     """A private temporary folder beside ``target``, locked for this run; removed with everything in it on exit.
@@ -159,7 +180,8 @@ def staging_dir(target: str | os.PathLike) -> Iterator[Path]:
     clean_stale_staging(target.parent)
     tmp, fd = make_staging(target.parent, target.name)
     try:
-        yield tmp
+        with user_paths(tmp, target):
+            yield tmp
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         os.close(fd)

@@ -24,8 +24,13 @@ def open_new(path: str | os.PathLike, mode: int = 0o666) -> Iterator[IO[bytes]]:
     symlink (``O_NOFOLLOW``), with ``mode`` (less the umask); an existing file or link there is an error, never
     opened. For files written inside a staging folder (or a folder this run made)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_NOFOLLOW, mode)
-    with os.fdopen(fd, "wb") as f:
-        yield f
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+    except OSError as err:  # a write's error (a full disk) carries no file name: it gets this one
+        if err.filename is not None:
+            raise
+        raise OSError(err.errno, err.strerror, os.fspath(path)) from err
 
 
 def write_new(path: str | os.PathLike, data: str | bytes, *, replace: bool = False, mode: int = 0o666) -> Path:
