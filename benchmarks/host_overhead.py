@@ -28,9 +28,21 @@ import os
 import statistics
 import sys
 import time
+import weakref
 from collections.abc import Callable
 
 DEFAULT_MODELS = ("vit_small_patch16_224", "vit_base_patch16_224", "vit_large_patch16_224")
+
+
+#: every stub kernel made, for :func:`forget_arguments`
+_KERNELS: weakref.WeakSet = weakref.WeakSet()
+
+
+def forget_arguments() -> None:
+    """Drop the arguments each stub kernel keeps from its last launch (the dry run's batch-256 tensors would
+    otherwise stay alive, one set per compiled kernel)."""
+    for kernel in list(_KERNELS):
+        kernel.last_args = ()
 
 
 class _StubKernel:
@@ -131,6 +143,7 @@ def install_stub_driver() -> list[tuple[str, int]]:
 
     def do_compile(self, key, signature, device, constexprs, options, attrs, warmup):
         kernel = _StubKernel(self.fn.__name__, self.ASTSource(self, signature, constexprs, attrs), launches)
+        _KERNELS.add(kernel)
         self.device_caches[device][0][key] = kernel
         return kernel
 
