@@ -1916,6 +1916,7 @@ def main(argv: list[str] | None = None) -> int:
         ev = Evidence(args.out, args.budget, args, mode)
         if args.resume is not None:
             ev.resume(args.resume)
+            ev.data.pop("running", None)  # the earlier run's last step, ended one way or another
     except (UsageError, ValueError, OSError) as err:
         print(f"gpu_evidence: {err}", file=sys.stderr)
         return 2
