@@ -30,6 +30,10 @@ import sys
 import time
 import weakref
 from collections.abc import Callable
+from pathlib import Path
+
+if str(Path(__file__).resolve().parent) not in sys.path:  # script_args beside this script, however it is loaded
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 DEFAULT_MODELS = ("vit_small_patch16_224", "vit_base_patch16_224", "vit_large_patch16_224")
 
@@ -231,11 +235,24 @@ def measure(model_name: str, batch: int, dtype_name: str, iters: int, launches: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS), help="preset names")
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--dtype", default="bf16")
-    parser.add_argument("--iters", type=int, default=30, help="timed forwards per model (median reported)")
+    from script_args import ScriptParser, bounded, dtype
+
+    def preset(text: str) -> str:
+        from vit_fast import ViTConfig
+
+        try:
+            ViTConfig.from_name(text)
+        except (ValueError, KeyError) as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+        return text
+
+    parser = ScriptParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", type=preset, default=list(DEFAULT_MODELS), help="preset names")
+    parser.add_argument("--batch", type=bounded(int, 1, 4096), default=1)
+    parser.add_argument("--dtype", type=dtype, default="bf16")
+    parser.add_argument(
+        "--iters", type=bounded(int, 1, 100000), default=30, help="timed forwards per model (median reported)"
+    )
     parser.add_argument("--json", help="also write the results to this JSON file")
     parser.add_argument(
         "--launch-hook", action="store_true", help="register a trivial Triton launch hook (as a profiler does)"
@@ -243,7 +260,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from vit_fast.util.files import check_report_file, write_json_atomic
 
-    json_path = None if args.json is None else check_report_file(args.json, "--json")  # before any measurement
+    try:  # before any measurement
+        json_path = None if args.json is None else check_report_file(args.json, "--json")
+    except (ValueError, OSError) as err:
+        parser.error(str(err))
     launches = install_stub_driver()
     hook_calls = add_launch_hook() if args.launch_hook else None
     rows = [measure(m, args.batch, args.dtype, args.iters, launches, hook_calls) for m in args.models]
