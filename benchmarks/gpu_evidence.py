@@ -232,8 +232,10 @@ class Evidence:
         self.log(f"resumed from {path}: phases {', '.join(p['name'] for p in self.data['phases'])}")
 
     def reload(self) -> None:
-        """This run's own record, as its phase child left it in --out (its files claimed again for our writes)."""
-        check_out(self.out, overwrite=False)
+        """This run's own record, as its phase child left it in --out (its files claimed again for our writes: the
+        folder was checked before the run and is locked, so whatever is there now is this run's, even a file a
+        killed child left half-updated beside its digest)."""
+        check_out(self.out, overwrite=True)
         earlier = read_record(self.out / "results.json", "the run's own record")
         log = self.out / "run.log"
         self.carry(earlier, log.read_text(errors="replace").splitlines() if log.is_file() else [])
@@ -1850,8 +1852,7 @@ def child_main(args: argparse.Namespace) -> int:
     ev.device = device
     with handled():
         try:
-            check_out(args.out, overwrite=False)  # the run's own files, claimed for this process's writes
-            ev.reload()
+            ev.reload()  # the run's own files, claimed for this process's writes
             count_compiles(ev)
             phases = Phases(ev, args, device)
             if "perf_model" not in ev.data:
