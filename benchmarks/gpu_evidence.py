@@ -1,39 +1,39 @@
-"""The GPU evidence run: one process, phases in order of worth, a time budget, and nothing lost when it is cut.
+"""The GPU evidence run: every phase, most valuable first, each in a process of its own, in one time budget; nothing
+lost when a step fails, hangs or the run is cut.
 
-    python benchmarks/gpu_evidence.py --out DIR [--budget 470] [--phases env,kernels,model,tma,perf]
+    python benchmarks/gpu_evidence.py --out DIR [--budget 540] [--phases env,kernels,model,tma,perf,compile,tuned]
     python benchmarks/gpu_evidence.py --dry-run          # the plan, with estimated seconds on an H100
     python benchmarks/gpu_evidence.py --stub-driver ...  # a CPU rehearsal: Triton's driver stubbed, nothing computed
 
-After every step it rewrites results.json, summary.md, kernels.csv, perf.csv and run.log in --out (each file
-replaced whole, atomically): a run killed at any moment leaves valid files holding every step that ended. Before
-each step it checks the time left against the step's estimate, and skips the step when it does not fit (a later,
-shorter one may still run).
+Each phase runs in a child process: a CUDA error that breaks the context ends that process, and the phase goes on
+in a new one after the failed step; a step that runs past 3x its estimate plus --step-timeout (a hang in a CUDA
+synchronize) is killed by the watchdog and recorded, and the phase goes on after it. Each step is logged (and the
+files saved) before it starts. After every step the child rewrites results.json (strict JSON), summary.md,
+kernels.csv, perf.csv and run.log in --out (each replaced whole, atomically). Before each step it checks the time
+left against the step's estimate with its expected compilations (at the seconds per compilation measured so far)
+and skips what does not fit; each phase starts with time kept back for the phases after it.
 
-Phases (default: env kernels model tma perf; the follow-up command runs compile and tuned):
+Phases (all run by default, in this order):
   env      versions, device, clocks, driver; the environment checks (C compiler, Python.h, libcuda); one trivial
            Triton kernel compiled and launched; which SDPA kernel torch picks
-  kernels  every kernel of ViT-S/16 and ViT-B/16 (and those only patched timm / HF models launch, at their family
-           shapes): bf16 and fp16 at batch 1, 8, 64, fp32 at 1 and 8, each against float64 by the numerics rule
-           into NaN-filled outputs (vit_fast.model.selfcheck.check_kernel: the doctor's and the tests' own check), with
-           the config each ran, its programs, registers, spills and shared memory
+  kernels  every kernel of ViT-B/16 (--models adds ViT-S/16 or others) and those only patched timm / HF models
+           launch, at their family shapes: bf16 at batch 1 and 64, fp16 and fp32 at 1, each against float64 by the
+           numerics rule into NaN-filled outputs (vit_fast.model.selfcheck.check_kernel), with the config each ran,
+           its programs, registers, spills and shared memory
   model    the whole model, triton backend against the torch backend and float64 (vit_fast.export.verify)
-  tma      the 16-bit GEMMs of ViT-B/16 at batch 64 and 256 with VIT_FAST_TMA on and off: correct, and how fast
-  perf     ViT-B/16 bf16 at batch 1, 8, 64, 256, side by side in this process: torch eager (SDPA), eager in a CUDA
-           graph, timm, transformers (sdpa), our triton backend untuned (what a user gets), triton in a CUDA graph;
-           seconds to the first output and compilations before it; the first output of a fresh process on a fresh
-           cache; launches per forward (a launch hook, and torch.profiler's kernel count) with per-kernel times
-  compile  torch.compile (default mode, fullgraph, dynamic=False) of the torch backend and of timm: compile seconds,
-           then a timing per batch, for as long as the budget lasts (max-autotune is left out: it tunes 16 GEMM
-           shapes, minutes each)
-  tuned    the tuned triton backend at batch 1 and 256 (and in a CUDA graph), and the tuning's seconds
+  tma      the GEMMs of ViT-B/16 in --perf-dtype (bf16) at batch 256 with VIT_FAST_TMA on and off: correct, and
+           how fast
+  perf     ViT-B/16 bf16 at batch 1, 8, 64, 256, side by side: torch eager (SDPA), eager in a CUDA graph, timm,
+           transformers (sdpa), then ours: triton untuned (what a user gets), triton in a CUDA graph; the
+           ceilings; seconds to the first output of a fresh process on a fresh cache; launches per forward
+  compile  torch.compile (default mode, fullgraph, dynamic=False) of the torch backend at batch 1 (timm too with
+           --compile-sources torch,timm): compile seconds, then a timing (max-autotune is left out: minutes per
+           GEMM shape)
+  tuned    the tuned triton backend at batch 1 (and in a CUDA graph), every candidate's timing recorded
 
-The GPU machine's command (benchmarks/README.md; it writes preflight.txt, installs offline, runs this):
+The GPU machine's one command (docs/gpu.md; it writes preflight.txt, installs offline, runs this, all within 570 s):
 
     bash benchmarks/run_gpu.sh
-
-and, sent while the machine is still warm (it stays 30 s after a command), the follow-up for the phases left over:
-
-    bash benchmarks/run_gpu.sh --phases compile,tuned --budget 220 --resume /tmp/vit-fast-evidence/results.json
 """
 
 from __future__ import annotations
@@ -62,14 +62,31 @@ from typing import Any
 START = time.monotonic()
 HERE = Path(__file__).resolve().parent
 
+#: the phases, most valuable first; one command runs them all within one budget
 PHASES = ("env", "kernels", "model", "tma", "perf", "compile", "tuned")
-DEFAULT_PHASES = ("env", "kernels", "model", "tma", "perf")
-#: seconds one Triton compilation takes on the lent H100's host (KERNELS.md: 0.35-2 s), for the plan
-COMPILE_SECONDS = 1.0
+DEFAULT_PHASES = PHASES
+#: seconds one Triton compilation takes on the lent H100's host for the plan and until the run has measured its
+#: own (KERNELS.md: 0.35-2 s on a fast host; the upper end)
+COMPILE_SECONDS = 2.0
+#: seconds kept back for each later phase when a phase starts: the first, most valuable steps of every phase run
+#: even when an earlier phase's estimates were short
+RESERVE_S = {"env": 0.0, "kernels": 30.0, "model": 15.0, "tma": 10.0, "perf": 60.0, "compile": 45.0, "tuned": 45.0}
+#: the budget the default command is planned for: 600 s of device call, less install and the wrapper's margins
+PLANNED_BUDGET = 540.0
+#: a phase child's exit status after a CUDA error that leaves the context unusable: restarted after that step
+EXIT_BROKEN = 3
+#: the most times one phase is restarted (after a CUDA error, a hang or a crash) before it is given up
+MAX_RESTARTS = 6
+#: the longest the first-output child may take (it must not eat the rest of the budget)
+FIRST_OUTPUT_LIMIT_S = 60.0
+#: the largest --resume file read (a full run's results.json is about 1 MB)
+RESUME_MAX_BYTES = 16 * 2**20
 #: float64 FLOP/s of the GPU machine's CPU (16 cores) for verify's float64 reference, for the plan
 CPU_FLOAT64_RATE = 50e9
 #: the files this script writes into --out (preflight.txt is the wrapper's)
 FILES = ("results.json", "summary.md", "kernels.csv", "perf.csv", "run.log")
+#: the lock file that keeps a second run off the same --out
+LOCK_NAME = ".gpu_evidence.lock"
 KERNEL_FIELDS = (
     "phase", "model", "name", "kernel", "role", "dtype", "batch", "shape", "tma", "status", "max_abs_err",
     "eager_max_abs_err", "bound", "config", "num_warps", "num_stages", "programs", "registers", "spills",
@@ -82,31 +99,44 @@ PERF_FIELDS = (
 )  # fmt: skip
 #: the tables of records in results.json (each record names the phase that made it)
 TABLES = ("kernels", "model", "tma", "perf", "compile")
+#: what a run carries over from the record it resumes, with the type each must have
+CARRIED = {
+    "env": dict, "phases": list, "kernels": list, "model": list, "tma": list, "perf": list, "compile": list,
+    "launches": dict, "tuning": list, "first_use": dict, "runs": list, "ceilings": dict, "first_output": dict,
+    "perf_model": dict, "compile_s": (int, float), "simulated_s": (int, float), "running": dict,
+}  # fmt: skip
 #: the rows that are ours in the perf table; every other label is a peer
 OURS = ("triton", "triton+graph", "triton tuned", "triton tuned+graph")
 
 
-@contextlib.contextmanager
-def signals_held() -> Iterator[None]:
-    """SIGTERM and SIGINT held back within the block and delivered when it ends: the bookkeeping of a step and the
+class UsageError(ValueError):
+    """A command line, --out or --resume refused before any work: one line, exit 2."""
+
+
+def held() -> contextlib.AbstractContextManager:
+    """SIGTERM and SIGINT held back within the block (vit_fast.util.interrupts): the bookkeeping of a step and the
     rewriting of the files are never cut half way."""
-    held = {signal.SIGTERM, signal.SIGINT}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+    from vit_fast.util import interrupts
+
+    return interrupts.held()
 
 
-class Stopped(BaseException):
-    """SIGTERM (the wrapper's timeout) or SIGINT: the run saves what it has and ends (a BaseException, as
-    KeyboardInterrupt is: no step's own error handling may swallow it)."""
+def strict(value: Any) -> Any:
+    """``value`` with every NaN and infinity made None: results.json is strict JSON."""
+    if isinstance(value, float):
+        return value if value == value and value not in (float("inf"), float("-inf")) else None
+    if isinstance(value, dict):
+        return {k: strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict(v) for v in value]
+    return value
 
 
 @dataclass
 class Step:
     """One unit of work: ``run()`` returns its records; ``launch()`` launches what it would compile (a dry run
-    counts those compilations with the driver stubbed); ``seconds`` is its estimate on an H100 beyond them."""
+    counts those compilations with the driver stubbed); ``seconds`` is its estimate on an H100 beyond them,
+    ``compiles`` the compilations it is expected to make (the kernels phase learns its own rate as it runs)."""
 
     phase: str
     name: str
@@ -117,20 +147,35 @@ class Step:
     #: the dry run's seconds for the step given the compilations it counted (default: its estimate plus
     #: COMPILE_SECONDS each); for a step whose own estimate depends on what ran before it
     planned: Callable[[int], float] | None = None
+    compiles: float = 0.0
 
-    def estimate(self) -> float:
-        return self.seconds() if callable(self.seconds) else self.seconds
+    def estimate(self, compile_s: float = COMPILE_SECONDS, compiles: float | None = None) -> float:
+        own = self.seconds() if callable(self.seconds) else self.seconds
+        return own + (self.compiles if compiles is None else compiles) * compile_s
 
     def plan(self, compiles: int) -> float:
-        return self.planned(compiles) if self.planned else self.estimate() + compiles * COMPILE_SECONDS
+        return self.planned(compiles) if self.planned else self.estimate(compiles=0) + compiles * COMPILE_SECONDS
 
 
 # --------------------------------------------------------------------------------------------- the record
 class Evidence:
-    """What the run knows, and the files that say it: rewritten whole after every step."""
+    """What the run knows, and the files that say it: rewritten whole after every step. ``deadline`` is a wall
+    clock (time.time()) shared by the run and its phase children; with ``simulated`` the clock is the sum of the
+    estimates of the steps run (a test's clock, independent of the machine's speed)."""
 
-    def __init__(self, out: Path, budget: float, args: argparse.Namespace, mode: str) -> None:
+    def __init__(
+        self,
+        out: Path,
+        budget: float,
+        args: argparse.Namespace,
+        mode: str,
+        deadline: float | None = None,
+        started: float | None = None,
+    ) -> None:
         self.out, self.budget, self.args, self.mode = out, budget, args, mode
+        self.started = time.time() if started is None else started
+        self.deadline = self.started + budget if deadline is None else deadline
+        self.simulated = bool(getattr(args, "simulated_clock", False))
         self.lines: list[str] = []
         self.data: dict[str, Any] = {
             "vit_fast_version": None,
@@ -147,32 +192,56 @@ class Evidence:
             "compile": [],
             "launches": {},
             "tuning": [],
-            "first_use": None,
+            "first_use": {},
             "runs": [],
+            "compile_s": None,
+            "simulated_s": 0.0,
         }
         self.compiles = 0
+        self.device = None  # the torch device a phase child runs on
 
     def left(self) -> float:
-        return self.budget - (time.monotonic() - START)
+        if self.simulated:
+            return self.deadline - self.started - self.data["simulated_s"]
+        return self.deadline - time.time()
+
+    def compile_s(self) -> float:
+        """Seconds per compilation: measured in this run where it compiled, else COMPILE_SECONDS."""
+        return self.data.get("compile_s") or COMPILE_SECONDS
 
     def log(self, text: str) -> None:
-        line = f"[{time.monotonic() - START:6.1f} s] {text}"
+        line = f"[{time.time() - self.started:6.1f} s] {text}"
         print(line, flush=True)
         self.lines.append(line)
 
-    def resume(self, path: Path) -> None:
-        """Carry an earlier run's records (and log) into this one, which adds its phases to them."""
-        earlier = json.loads(path.read_text())
-        for key in ("env", "phases", *TABLES, "launches", "tuning", "first_use", "runs"):
-            if earlier.get(key):
+    def carry(self, earlier: dict[str, Any], lines: list[str]) -> None:
+        for key in CARRIED:
+            if earlier.get(key) is not None:
                 self.data[key] = earlier[key]
+        self.lines = lines
+
+    def resume(self, path: Path) -> None:
+        """Carry an earlier run's records (and log) into this one, which adds its phases to them; refused with a
+        UsageError, before any work, when the file is not an evidence record."""
+        earlier = read_record(path, "--resume")
         log = path.with_name("run.log")
-        if log.is_file():
-            self.lines = log.read_text().splitlines() + ["", "---- resumed ----"]
+        lines = []
+        if log.is_file() and log.stat().st_size <= RESUME_MAX_BYTES:
+            lines = log.read_text(errors="replace").splitlines() + ["", "---- resumed ----"]
+        self.carry(earlier, lines)
         self.log(f"resumed from {path}: phases {', '.join(p['name'] for p in self.data['phases'])}")
 
+    def reload(self) -> None:
+        """This run's own record, as its phase child left it in --out (its files claimed again for our writes: the
+        folder was checked before the run and is locked, so whatever is there now is this run's, even a file a
+        killed child left half-updated beside its digest)."""
+        check_out(self.out, overwrite=True)
+        earlier = read_record(self.out / "results.json", "the run's own record")
+        log = self.out / "run.log"
+        self.carry(earlier, log.read_text(errors="replace").splitlines() if log.is_file() else [])
+
     def save(self) -> None:
-        with signals_held():
+        with held():
             self._save()
 
     def _save(self) -> None:
@@ -180,17 +249,58 @@ class Evidence:
         from vit_fast.util.files import json_text, write_atomic
 
         self.data["vit_fast_version"] = __version__
-        self.data["elapsed_s"] = round(time.monotonic() - START, 1)
+        self.data["elapsed_s"] = round(time.time() - self.started, 1)
+        data = strict(self.data)
         texts = {
-            "kernels.csv": _csv(KERNEL_FIELDS, self.data["kernels"] + self.data["tma"]),
-            "perf.csv": _csv(PERF_FIELDS, perf_rows(self.data)),
-            "summary.md": summary(self.data),
+            "kernels.csv": _csv(KERNEL_FIELDS, data["kernels"] + data["tma"]),
+            "perf.csv": _csv(PERF_FIELDS, perf_rows(data)),
+            "summary.md": summary(data),
             "run.log": "\n".join(self.lines) + "\n",
         }
-        self.data["file_sha256"] = {name: hashlib.sha256(text.encode()).hexdigest() for name, text in texts.items()}
+        data["file_sha256"] = {name: hashlib.sha256(text.encode()).hexdigest() for name, text in texts.items()}
         for name, text in texts.items():
             write_atomic(self.out / name, text)
-        write_atomic(self.out / "results.json", json_text(self.data))
+        write_atomic(self.out / "results.json", json_text(data))
+
+
+def read_record(path: Path, what: str) -> dict[str, Any]:
+    """An evidence record (results.json) read and its types checked, or a UsageError saying what is wrong: refused
+    by its size before it is read, and when it is not JSON, not an object, or a carried key has the wrong type."""
+    from vit_fast.util.files import JSONInputError, loads_json
+
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise UsageError(f"{what} {str(path)!r} does not exist: give an earlier run's results.json") from None
+    except OSError as err:
+        raise UsageError(f"{what} {str(path)!r} cannot be read: {err.strerror or err}") from None
+    if not path.is_file():
+        raise UsageError(f"{what} {str(path)!r} is not a file: give an earlier run's results.json")
+    if size > RESUME_MAX_BYTES:  # refused by its size, never read
+        raise UsageError(
+            f"{what} {str(path)!r} is {size / 2**20:.0f} MiB, more than the {RESUME_MAX_BYTES // 2**20} MiB an "
+            "evidence record can be (about 1 MB): give an earlier run's results.json"
+        )
+    try:
+        data = loads_json(path.read_bytes(), f"{what} {str(path)!r}")
+    except JSONInputError as err:
+        raise UsageError(str(err)) from None
+    except OSError as err:
+        raise UsageError(f"{what} {str(path)!r} cannot be read: {err.strerror or err}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{what} {str(path)!r} holds a JSON {type(data).__name__}, not an evidence record (an object)")
+    for key, kind in CARRIED.items():
+        value = data.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise UsageError(f"{what} {str(path)!r}: {key!r} is a {type(value).__name__}, not an evidence record's")
+        if isinstance(value, list) and not all(isinstance(row, dict) for row in value):
+            raise UsageError(f"{what} {str(path)!r}: {key!r} holds entries that are not objects (rows)")
+    for p in data.get("phases") or []:
+        if not isinstance(p.get("name"), str) or p["name"] not in PHASES:
+            raise UsageError(f"{what} {str(path)!r}: a phase without a known name ({p.get('name')!r})")
+    return data
 
 
 def _csv(fields: tuple[str, ...], rows: list[dict[str, Any]]) -> str:
@@ -307,6 +417,13 @@ class Phases:
             self._models[key] = base.to(device=self.device, dtype=DTYPES[dtype_name])
         return self._models[key]
 
+    def forget(self) -> None:
+        """Drop every model, backend, input and reference built so far (the dry run, between phases)."""
+        self._models.clear()
+        self._backends.clear()
+        self._refs.clear()
+        self._inputs.clear()
+
     def perf_input(self, batch: int) -> Any:
         import torch
 
@@ -397,7 +514,9 @@ class Phases:
 
         runs = []
         for dtype_name in self.args.dtypes:
-            batches = self.args.fp32_batches if dtype_name == "fp32" else self.args.kernel_batches
+            batches = {"fp32": self.args.fp32_batches, "fp16": self.args.fp16_batches}.get(
+                dtype_name, self.args.kernel_batches
+            )
             for batch in batches:
                 dtype = DTYPES[dtype_name]
                 for spec in self.args.models:
@@ -416,6 +535,7 @@ class Phases:
                     0.15,
                     lambda spec=spec, case=case: [self.check_case("kernels", spec, case)],
                     launch=lambda case=case: self.launch_case(case),
+                    compiles=0.5,  # the dry run counts about one compilation per two checks
                 )
             )
         return steps
@@ -500,7 +620,7 @@ class Phases:
         cfg = self.model(self.args.perf_model).cfg
         return [
             case
-            for dtype_name in ("bf16", "fp16")
+            for dtype_name in (self.args.perf_dtype,)
             for batch in self.args.tma_batches
             for case in model_cases(cfg, batch, DTYPES[dtype_name])
             if case.kernel in ("linear", "layer_norm_linear")
@@ -669,7 +789,11 @@ class Phases:
                 self.args.perf_dtype,
             ]
             start = time.perf_counter()
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=max(30, self.ev.left()))
+            limit = first_output_timeout(self.ev.left())
+            try:
+                proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=limit)
+            except subprocess.TimeoutExpired:
+                return [{"status": "error", "error": f"no first output within {limit:.0f} s: the child was killed"}]
             wall = time.perf_counter() - start
         if proc.returncode != 0:
             return [{"status": "error", "error": proc.stderr[-2000:]}]
@@ -677,6 +801,22 @@ class Phases:
         result["process_s"] = wall
         self.ev.data["first_output"] = result
         return [{"status": "ok", "summary": f"{result['first_output_s']:.1f} s, {result['compiles']} compilations"}]
+
+    def perf_model_info(self) -> dict[str, Any]:
+        """The perf model's size and work, for the floor column."""
+        import torch
+
+        from vit_fast.model.vit import count_flops
+        from vit_fast.util.dtypes import DTYPES
+
+        model = self.model(self.args.perf_model)
+        params = sum(p.numel() for p in model.parameters())
+        return {
+            "model": self.args.perf_model,
+            "params": params,
+            "flops_per_image": count_flops(model.cfg),
+            "weight_bytes": params * torch.empty((), dtype=DTYPES[self.args.perf_dtype]).element_size(),
+        }
 
     def launches(self, batch: int) -> list[dict[str, Any]]:
         """Launches of one triton forward, counted by a Triton launch hook and by our launch record, and on a GPU
@@ -740,7 +880,7 @@ class Phases:
     def _compile(self) -> list[Step]:
         steps = []
         for batch in self.args.compile_batches:
-            for source in ("torch", "timm"):
+            for source in self.args.compile_sources:
                 # dynamo compiles the model once (about a minute) and again for each new batch size (dynamic=False)
                 steps.append(
                     Step(
@@ -821,7 +961,7 @@ class Phases:
         from vit_fast.model.warmup import estimate_compilations
 
         model = self.model(self.args.perf_model, self.args.perf_dtype)
-        return estimate_compilations(model, 1, tune=True) * (COMPILE_SECONDS + 0.15)
+        return estimate_compilations(model, 1, tune=True) * (self.ev.compile_s() + 0.15)
 
     def tuned_case(self, batch: int) -> dict[str, Any]:
         record_candidate_timings(self.ev)
@@ -915,31 +1055,47 @@ def perf_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
     from vit_fast.bench.ceilings import floor_ms
 
     rows = [dict(r) for r in data["perf"] + data["compile"]]
+    for r in rows:  # a row without a time (a hostile or damaged record) is no timed row
+        if r.get("status") == "ok" and not (isinstance(r.get("median_ms"), (int, float)) and r["median_ms"] > 0):
+            r["status"] = "no time recorded"
     best: dict[tuple, dict[str, Any]] = {}
     for r in rows:
-        if r.get("status") == "ok" and r["label"] not in OURS:
-            key = (r["dtype"], r["batch"])
-            if key not in best or r["median_ms"] < best[key]["median_ms"]:
+        if r.get("status") == "ok" and r.get("label") not in OURS:
+            key = (r.get("dtype"), r.get("batch"))
+            if key not in best or r.get("median_ms") < best[key].get("median_ms"):
                 best[key] = r
     model = data.get("perf_model") or {}
     for r in rows:
         if r.get("status") != "ok":
             continue
-        peer = best.get((r["dtype"], r["batch"]))
+        peer = best.get((r.get("dtype"), r.get("batch")))
         if peer is not None:
-            r["speedup_vs_best_peer"] = peer["median_ms"] / r["median_ms"]
-            r["best_peer"] = peer["label"]
+            r["speedup_vs_best_peer"] = peer.get("median_ms") / r.get("median_ms")
+            r["best_peer"] = peer.get("label")
         ceilings = data.get("ceilings") or {}
         if model and ceilings.get("bandwidth"):
-            floor = floor_ms(model["weight_bytes"], model["flops_per_image"] * r["batch"], ceilings, r["dtype"])
+            floor = floor_ms(model["weight_bytes"], model["flops_per_image"] * r.get("batch"), ceilings, r.get("dtype"))
             if floor:
-                r["floor_ms"], r["vs_floor"] = floor[0], r["median_ms"] / floor[0]
+                r["floor_ms"], r["vs_floor"] = floor[0], r.get("median_ms") / floor[0]
     return rows
 
 
+def first_output_timeout(left: float) -> float:
+    """The first-output child's limit: at most FIRST_OUTPUT_LIMIT_S, and never past the time left (5 s at least)."""
+    return min(FIRST_OUTPUT_LIMIT_S, max(5.0, left))
+
+
 def _best(rows: list[dict[str, Any]], batch: int, labels: tuple[str, ...]) -> dict[str, Any] | None:
-    found = [r for r in rows if r["batch"] == batch and r["label"] in labels and r.get("status") == "ok"]
-    return min(found, key=lambda r: r["median_ms"]) if found else None
+    """The fastest of ``labels`` at ``batch`` that ran and agrees with torch: a wrong answer meets no target."""
+    found = [
+        r
+        for r in rows
+        if r.get("batch") == batch
+        and r.get("label") in labels
+        and r.get("status") == "ok"
+        and r.get("agrees_with_torch") is True
+    ]
+    return min(found, key=lambda r: r.get("median_ms")) if found else None
 
 
 def targets(data: dict[str, Any], rows: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
@@ -953,24 +1109,24 @@ def targets(data: dict[str, Any], rows: list[dict[str, Any]]) -> list[tuple[str,
 
     graph = _best(rows, 1, ("triton+graph", "triton tuned+graph"))
     peer = graph and graph.get("speedup_vs_best_peer")
-    measured = f"{peer:.2f}x {graph['best_peer']} ({graph['median_ms']:.3f} ms)" if peer else "-"
+    measured = f"{peer:.2f}x {graph.get('best_peer')} ({graph.get('median_ms'):.3f} ms)" if peer else "-"
     out.append(("batch 1: triton + CUDA graph >= 1.5x the best peer", measured, verdict(peer and peer >= 1.5)))
     for batch in (8, 64):
         ours = _best(rows, batch, OURS)
         s = ours and ours.get("speedup_vs_best_peer")
-        measured = f"{s:.2f}x ({ours['label']} vs {ours['best_peer']})" if s else "-"
+        measured = f"{s:.2f}x ({ours.get('label')} vs {ours.get('best_peer')})" if s else "-"
         out.append((f"batch {batch}: ahead of the best peer", measured, verdict(s and s > 1.0)))
     ours = _best(rows, 256, OURS)
     s = ours and ours.get("speedup_vs_best_peer")
-    ok = None if not s else s >= 1.0 and ours["images_per_s"] >= 12000
-    measured = f"{ours['images_per_s']:.0f} images/s, {s:.2f}x the best peer" if s else "-"
+    ok = None if not s else s >= 1.0 and ours.get("images_per_s") >= 12000
+    measured = f"{ours.get('images_per_s'):.0f} images/s, {s:.2f}x the best peer" if s else "-"
     out.append(("batch 256: >= the best peer and >= 12,000 images/s (H100)", measured, verdict(ok)))
     first = data.get("first_output")
     out.append(
         (
             "first output on a fresh cache within 10 s",
-            f"{first['first_output_s']:.1f} s, {first['compiles']} compilations" if first else "-",
-            verdict(None if not first else first["first_output_s"] <= 10),
+            f"{first.get('first_output_s'):.1f} s, {first.get('compiles')} compilations" if first else "-",
+            verdict(None if not first else first.get("first_output_s") <= 10),
         )
     )
     launches = (data.get("launches") or {}).get("1")
@@ -991,7 +1147,7 @@ def targets(data: dict[str, Any], rows: list[dict[str, Any]]) -> list[tuple[str,
             verdict(None if not checked else not failed),
         )
     )
-    net = data.get("first_use") or {}
+    net = first_use_net(data)
     out.append(
         (
             "the first-use safety net fired nowhere",
@@ -1002,6 +1158,16 @@ def targets(data: dict[str, Any], rows: list[dict[str, Any]]) -> list[tuple[str,
         )
     )
     return out
+
+
+def first_use_net(data: dict[str, Any]) -> dict[str, Any]:
+    """The first-use checks of every phase together (each phase starts with the net reset)."""
+    reports = [r for r in (data.get("first_use") or {}).values() if isinstance(r, dict)]
+    return {
+        "enabled": any(r.get("enabled") for r in reports),
+        "checked": [c for r in reports for c in r.get("checked") or []],
+        "failed": [f for r in reports for f in r.get("failed") or []],
+    }
 
 
 def summary(data: dict[str, Any]) -> str:
@@ -1027,17 +1193,17 @@ def summary(data: dict[str, Any]) -> str:
         "|---|---|---:|---:|---:|---:|",
     ]
     for p in data["phases"]:
-        name = p["name"]
+        name = p.get("name")
         lines.append(
-            f"| {name} | {p['status']} | {p['done']}/{p['steps']} | {p['seconds']:.0f} | "
-            f"{p['estimate_s']:.0f} | {p['compiles']} |"
+            f"| {name} | {p.get('status')} | {p.get('done')}/{p.get('steps')} | {p.get('seconds'):.0f} | "
+            f"{p.get('estimate_s'):.0f} | {p.get('compiles')} |"
         )
     lines += ["", "## Targets (ViT-B/16 bf16)", "", "| target | measured | |", "|---|---|---|"]
     lines += [f"| {t} | {m} | {v} |" for t, m, v in targets(data, rows)]
     if rows:
         lines += ["", "## Speed, side by side in one process", ""]
         lines.append("speed-up: the best peer's median over the row's (above 1: faster than every peer)")
-        for batch in sorted({r["batch"] for r in rows}):
+        for batch in sorted({r.get("batch") for r in rows}):
             lines += [
                 "",
                 f"**batch {batch}**",
@@ -1046,14 +1212,14 @@ def summary(data: dict[str, Any]) -> str:
                 "| compilations | agrees with torch |",
                 "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
             ]
-            for r in [r for r in rows if r["batch"] == batch]:
+            for r in [r for r in rows if r.get("batch") == batch]:
                 if r.get("status") != "ok":
                     why = r.get("notes") or r.get("error") or ""
-                    lines.append(f"| {r['label']} | {r['status']}: {why[:120]} |||||||||")
+                    lines.append(f"| {r.get('label')} | {r.get('status')}: {why[:120]} |||||||||")
                     continue
                 lines.append(
-                    f"| {r['label']} | {r['median_ms']:.3f} | {r['p10_ms']:.3f} | {r['p90_ms']:.3f} | "
-                    f"{r['images_per_s']:.0f} | {_fmt(r.get('speedup_vs_best_peer'), '.2f')} | "
+                    f"| {r.get('label')} | {r.get('median_ms'):.3f} | {r.get('p10_ms'):.3f} | {r.get('p90_ms'):.3f} | "
+                    f"{r.get('images_per_s'):.0f} | {_fmt(r.get('speedup_vs_best_peer'), '.2f')} | "
                     f"{_fmt(r.get('vs_floor'), '.1f')} | {_fmt(r.get('first_output_s'), '.2f')} | "
                     f"{_fmt(r.get('compiles'))} | {_fmt(r.get('agrees_with_torch'))} |"
                 )
@@ -1068,7 +1234,7 @@ def summary(data: dict[str, Any]) -> str:
         for batch, e in data["launches"].items():
             prof, eager = e.get("profiler") or {}, e.get("torch_profiler") or {}
             lines.append(
-                f"| {batch} | {e['hook']} | {e['recorded']} | {_fmt(prof.get('kernels'))} | "
+                f"| {batch} | {e.get('hook')} | {e.get('recorded')} | {_fmt(prof.get('kernels'))} | "
                 f"{_fmt(prof.get('device_us'))} | {_fmt(eager.get('kernels'))} |"
             )
         for batch, e in data["launches"].items():
@@ -1080,7 +1246,7 @@ def summary(data: dict[str, Any]) -> str:
                     "| kernel | launches | us |",
                     "|---|---:|---:|",
                 ]
-                lines += [f"| {t['kernel']} | {t['count']} | {t['us']} |" for t in e["profiler"]["top"]]
+                lines += [f"| {t.get('kernel')} | {t.get('count')} | {t.get('us')} |" for t in e.get("profiler")["top"]]
     kernels = data["kernels"]
     if kernels:
         lines += [
@@ -1094,17 +1260,19 @@ def summary(data: dict[str, Any]) -> str:
         for r in kernels:
             groups.setdefault((r.get("kernel"), r.get("dtype")), []).append(r)
         for (kernel, dtype), rs in groups.items():
-            ratios = [r["max_abs_err"] / r["bound"] for r in rs if r.get("bound")]
-            spills = [r["spills"] for r in rs if r.get("spills") is not None]
-            shared = [r["shared_bytes"] for r in rs if r.get("shared_bytes") is not None]
+            ratios = [r["max_abs_err"] / r["bound"] for r in rs if r.get("bound") and r.get("max_abs_err") is not None]
+            spills = [r.get("spills") for r in rs if r.get("spills") is not None]
+            shared = [r.get("shared_bytes") for r in rs if r.get("shared_bytes") is not None]
             lines.append(
-                f"| {kernel} | {dtype} | {len(rs)} | {sum(r['status'] == 'ok' for r in rs)} | "
+                f"| {kernel} | {dtype} | {len(rs)} | {sum(r.get('status') == 'ok' for r in rs)} | "
                 f"{_fmt(max(ratios) if ratios else None, '.2f')} | {_fmt(max(spills) if spills else None)} | "
                 f"{_fmt(max(shared) / 1024 if shared else None, '.0f')} |"
             )
         failed = [r for r in kernels if r.get("status") != "ok"]
         if failed:
-            lines += ["", "Failed:", ""] + [f"- {r['name']} b={r['batch']}: {r.get('summary')}" for r in failed[:40]]
+            lines += ["", "Failed:", ""] + [
+                f"- {r.get('name')} b={r.get('batch')}: {r.get('summary')}" for r in failed[:40]
+            ]
     if data["model"]:
         lines += [
             "",
@@ -1114,7 +1282,7 @@ def summary(data: dict[str, Any]) -> str:
             "|---|---|---|---|---|",
         ]
         lines += [
-            f"| {r['model']} | {r['dtype']} | {r['status']} | {_fmt(r.get('batches'))} | "
+            f"| {r.get('model')} | {r.get('dtype')} | {r.get('status')} | {_fmt(r.get('batches'))} | "
             f"{r.get('summary') or r.get('error', '')} |"
             for r in data["model"]
         ]
@@ -1129,20 +1297,20 @@ def summary(data: dict[str, Any]) -> str:
         for r in data["tma"]:
             ran = (r.get("config") or {}).get("TMA")
             lines.append(
-                f"| {r.get('role')} | {r.get('dtype')} | {r['batch']} | {r['tma']} | {_fmt(ran)} | "
-                f"{r['status']} | {_fmt(r.get('median_ms'), '.4f')} | {_fmt(r.get('tflops'), '.0f')} |"
+                f"| {r.get('role')} | {r.get('dtype')} | {r.get('batch')} | {r.get('tma')} | {_fmt(ran)} | "
+                f"{r.get('status')} | {_fmt(r.get('median_ms'), '.4f')} | {_fmt(r.get('tflops'), '.0f')} |"
             )
     if data.get("tuning"):
         lines += ["", "## Tuning: every candidate timed", "", "| kernel | shape | candidates | best ms | best config | "
                   "slowest / best |", "|---|---|---:|---:|---|---:|"]  # fmt: skip
         groups: dict[str, list] = {}
         for t in data["tuning"]:
-            groups.setdefault(f"{t['kernel']} {json.dumps(t['shape'], sort_keys=True)}", []).append(t)
+            groups.setdefault(f"{t.get('kernel')} {json.dumps(t.get('shape'), sort_keys=True)}", []).append(t)
         for key, ts in groups.items():
             timed = [t for t in ts if t.get("ms")]
             if not timed:
                 continue
-            best, worst = min(timed, key=lambda t: t["ms"]), max(t["ms"] for t in timed)
+            best, worst = min(timed, key=lambda t: t.get("ms")), max(t.get("ms") for t in timed)
             kernel, shape = key.split(" ", 1)
             config = (
                 ", ".join(f"{k}={v}" for k, v in best["config"].items())
@@ -1151,7 +1319,7 @@ def summary(data: dict[str, Any]) -> str:
             lines.append(
                 f"| {kernel} | {shape} | {len(timed)} | {best['ms']:.4f} | {config} | {worst / best['ms']:.2f} |"
             )
-    net = data.get("first_use")
+    net = first_use_net(data) if data.get("first_use") else None
     if net:
         lines += [
             "",
@@ -1169,23 +1337,27 @@ def summary(data: dict[str, Any]) -> str:
 
 
 # --------------------------------------------------------------------------------------------- running
-def run_phase(ev: Evidence, phases: Phases, name: str) -> None:
-    """Every step of phase ``name`` that fits the time left, the files rewritten after each."""
-    info: dict[str, Any] = {
-        "name": name,
-        "status": "planning",
-        "steps": 0,
-        "done": 0,
-        "seconds": 0.0,
-        "estimate_s": 0.0,
-        "compiles": 0,
-        "log": [],
-    }
-    # a phase run again (a follow-up) replaces its earlier record
-    ev.data["phases"] = [p for p in ev.data["phases"] if p["name"] != name] + [info]
-    for table in TABLES:
-        ev.data[table] = [r for r in ev.data[table] if r.get("phase") != name]
-    start = time.monotonic()
+def run_phase(ev: Evidence, phases: Phases, name: str, continuing: bool = False) -> None:
+    """Every step of phase ``name`` that fits the time left, the files rewritten after each. ``continuing``: a
+    restart of the phase (after a CUDA error, a hang or a crash in its earlier child): its record is kept and the
+    steps it already logged are not run again. Raises CudaBroken after a step whose CUDA error leaves the context
+    unusable (the step's record saved first)."""
+    from vit_fast.backend import first_use
+
+    first_use.reset()  # a first-use fallback of an earlier phase never turns this phase's rows into "fallback"
+    earlier = next((p for p in ev.data["phases"] if p["name"] == name), None)
+    if continuing and earlier is not None:
+        info = earlier
+    else:
+        info = {
+            "name": name, "status": "planning", "steps": 0, "done": 0, "seconds": 0.0, "estimate_s": 0.0,
+            "compiles": 0, "log": [],
+        }  # fmt: skip
+        # a phase run again (a follow-up) replaces its earlier record
+        ev.data["phases"] = [p for p in ev.data["phases"] if p["name"] != name] + [info]
+        for table in TABLES:
+            ev.data[table] = [r for r in ev.data[table] if r.get("phase") != name]
+    start = time.monotonic() - info["seconds"]
     try:
         steps = phases.steps(name)
     except Exception as err:
@@ -1193,38 +1365,120 @@ def run_phase(ev: Evidence, phases: Phases, name: str) -> None:
         ev.log(f"{name}: could not plan its steps: {failure(err)['error']}")
         ev.save()
         return
-    info.update(status="running", steps=len(steps), estimate_s=round(sum(s.estimate() for s in steps), 1))
-    ev.log(f"== {name}: {len(steps)} steps, about {info['estimate_s']:.0f} s plus compilations; {ev.left():.0f} s left")
-    skipped: list[str] = []
+    logged = {entry["step"] for entry in info["log"]}
+    todo = [s for s in steps if s.name not in logged]
+    estimate = sum(s.estimate(ev.compile_s()) for s in steps)
+    info.update(status="running", steps=len(steps), estimate_s=round(estimate, 1))
+    ev.log(
+        f"== {name}{' (continued)' if continuing else ''}: {len(todo)} of {len(steps)} steps to run, about "
+        f"{sum(s.estimate(ev.compile_s()) for s in todo):.0f} s with compilations; {ev.left():.0f} s left"
+    )
+    ev.save()
+    skipped = [e["step"] for e in info["log"] if str(e.get("status", "")).startswith("skipped")]
+    from vit_fast.util.interrupts import INTERRUPTS
+
     try:
-        _run_steps(ev, name, steps, info, skipped, start)
-    except Stopped:
-        info["status"] = f"cut by a signal after {info['done']} of {len(steps)} steps"
+        _run_steps(ev, name, todo, info, skipped, start)
+    except INTERRUPTS as err:
+        from vit_fast.util.interrupts import signal_name
+
+        info["status"] = f"cut by {signal_name(err)} after {info['done']} of {len(steps)} steps"
         info["seconds"] = round(time.monotonic() - start, 1)
+        raise
+    except CudaBroken:
+        info["status"] = f"restarting after a CUDA error: {info['done']} of {len(steps)} steps done"
+        ev.save()
         raise
     info["status"] = f"cut: {len(skipped)} of {len(steps)} steps skipped for time" if skipped else "done"
     info["seconds"] = round(time.monotonic() - start, 1)
     ev.save()
 
 
+class CudaBroken(Exception):
+    """A step's CUDA error left this process's context unusable: the phase goes on in a new child process."""
+
+
+def cuda_broken(err: BaseException, device) -> bool:
+    """Whether ``err`` (a step's failure) leaves the CUDA context unusable: an illegal address, a launch failure or
+    any CUDA error after which a synchronize fails too."""
+    text = f"{type(err).__name__}: {err}".lower()
+    if any(k in text for k in ("illegal memory access", "illegal address", "unspecified launch failure",
+                                "cuda error", "acceleratorerror", "misaligned address")):  # fmt: skip
+        return True
+    if getattr(device, "type", None) != "cuda":
+        return False
+    import torch
+
+    try:
+        torch.cuda.synchronize(device)
+    except Exception:
+        return True
+    return False
+
+
+def inject_fault(ev: Evidence, step: Step) -> None:
+    """--inject-fault KIND:TEXT (a stubbed rehearsal only): the first step whose name holds TEXT fails as a GPU
+    would fail it: ``cuda`` raises an illegal-address CUDA error, ``hang`` blocks SIGTERM and SIGINT and sleeps,
+    as a process blocked in a CUDA synchronize does."""
+    fault = getattr(ev.args, "inject_fault", None)
+    if not fault or fault[1] not in step.name:
+        return
+    if fault[0] == "cuda":
+        raise RuntimeError("CUDA error: an illegal memory access was encountered (injected by --inject-fault)")
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    time.sleep(3600)
+
+
+def _expected_compiles(info: dict, step: Step) -> float:
+    """The compilations a step is expected to make: once three steps of the phase have run, the phase's own
+    mean so far (a kernel check compiles when its shape class is new), else the step's own guess."""
+    ran = [e for e in info["log"] if "compiles" in e]
+    if len(ran) >= 3 and step.compiles:
+        return sum(e["compiles"] for e in ran) / len(ran)
+    return step.compiles
+
+
 def _run_steps(ev: Evidence, name: str, steps: list[Step], info: dict, skipped: list[str], start: float) -> None:
     for step in steps:
-        need = step.estimate()
+        need = step.estimate(ev.compile_s(), _expected_compiles(info, step))
         if ev.left() < need:  # skipped, not stopped: a later, shorter step may still fit
             skipped.append(step.name)
-            info["log"].append(
-                {"step": step.name, "status": f"skipped: {ev.left():.0f} s left, needs about {need:.0f} s"}
-            )
-            ev.log(f"{name}: {step.name}: skipped, {ev.left():.0f} s left and it needs about {need:.0f} s")
+            with held():
+                info["log"].append(
+                    {"step": step.name, "status": f"skipped: {ev.left():.0f} s left, needs about {need:.0f} s"}
+                )
+                ev.log(f"{name}: {step.name}: skipped, {ev.left():.0f} s left and it needs about {need:.0f} s")
             continue
+        # logged (and the files saved) before it starts: a hang names the step it hangs in
+        ev.data["running"] = {"phase": name, "step": step.name, "since_utc": _utc_now(), "estimate_s": round(need, 1)}
+        ev.log(f"{name}: {step.name}: starting, about {need:.1f} s")
+        ev.save()
         before, t0 = ev.compiles, time.monotonic()
+        broken = False
         try:
+            inject_fault(ev, step)
             records = step.run()
         except Exception as err:  # the step's failure is its record; the run goes on
             records = [{"name": step.name, **failure(err)}]
+            broken = cuda_broken(err, getattr(ev, "device", None))
         seconds, compiles = time.monotonic() - t0, ev.compiles - before
-        with signals_held():  # the step's records, its count and the files change together, or not at all
+        with held():  # the step's records, its count and the files change together, or not at all
+            if ev.simulated:
+                ev.data["simulated_s"] += step.estimate(ev.compile_s(), compiles)
+            elif compiles:
+                own = step.estimate(compiles=0)
+                measured = max(0.05, (seconds - own) / compiles)
+                ev.data["compile_s"] = round(0.5 * ev.compile_s() + 0.5 * measured, 3)
+            ev.data.pop("running", None)
             _record(ev, name, step, records, info, seconds, compiles, start)
+        if broken:
+            ev.log(f"{name}: {step.name}: a CUDA error left this process's context unusable: the phase goes on "
+                   "in a new process")  # fmt: skip
+            raise CudaBroken(step.name)
+
+
+def _utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def _record(
@@ -1242,10 +1496,11 @@ def _record(
     info["log"].append({"step": step.name, "status": status, "seconds": round(seconds, 2), "compiles": compiles})
     info.update(done=info["done"] + 1, seconds=round(time.monotonic() - start, 1), compiles=info["compiles"] + compiles)
     ev.log(f"{name}: {step.name}: {status} ({seconds:.1f} s, {compiles} compilations) {text}")
-    if name in ("perf", "tuned"):
-        from vit_fast.backend import first_use
+    from vit_fast.backend import first_use
 
-        ev.data["first_use"] = first_use.report()
+    net = first_use.report()
+    if net["checked"] or net["failed"]:
+        ev.data["first_use"][name] = net  # per phase: each phase starts with the net reset
     ev.save()
 
 
@@ -1260,6 +1515,12 @@ def plan(ev: Evidence, phases: Phases, names: tuple[str, ...]) -> int:
         return [1.0, 1.0, 1.0] if quantiles else 1.0
 
     triton.runtime.driver.active.get_benchmarker = lambda: run_once
+    import host_overhead
+
+    def forget() -> None:
+        host_overhead.forget_arguments()
+        gc.collect()
+
     rows = []
     for name in PHASES:
         steps = phases.steps(name)
@@ -1270,13 +1531,15 @@ def plan(ev: Evidence, phases: Phases, names: tuple[str, ...]) -> int:
             if step.launch is not None:
                 with contextlib.redirect_stderr(io.StringIO()):
                     step.launch()
+                forget()  # each launch's inputs go before the next: the plan stays small
             compiles += ev.compiles - before
             seconds += step.plan(ev.compiles - before)
         rows.append((name, len(steps), compiles, seconds, name in names))
+        phases.forget()
         release(phases.device)
-    print(f"{'phase':<9} {'steps':>6} {'compilations':>13} {'est. s (H100)':>14}  runs by default")
-    for name, n, compiles, seconds, default in rows:
-        print(f"{name:<9} {n:>6} {compiles:>13} {seconds:>14.0f}  {'yes' if default else 'follow-up'}")
+    print(f"{'phase':<9} {'steps':>6} {'compilations':>13} {'est. s (H100)':>14}  runs")
+    for name, n, compiles, seconds, chosen in rows:
+        print(f"{name:<9} {n:>6} {compiles:>13} {seconds:>14.0f}  {'yes' if chosen else 'no'}")
     chosen = sum(r[3] for r in rows if r[4])
     print(
         f"chosen phases ({','.join(names)}): about {chosen:.0f} s of a {ev.budget:.0f} s budget"
@@ -1284,9 +1547,23 @@ def plan(ev: Evidence, phases: Phases, names: tuple[str, ...]) -> int:
     )
     print(
         f"estimates: {COMPILE_SECONDS:g} s per compilation (counted with Triton's driver stubbed) plus each step's "
-        "own seconds on an H100; the budget check before each step uses the step's own seconds"
+        "own seconds on an H100; the run checks each step against the time left with its expected compilations, "
+        "at the seconds per compilation it has measured"
     )
     return 0
+
+
+def dry_run(args: argparse.Namespace) -> int:
+    """The plan (:func:`plan`) under the stubbed driver, on the CPU: nothing is written."""
+    sys.path.insert(0, str(HERE))
+    import host_overhead
+
+    host_overhead.install_stub_driver()
+    import torch
+
+    ev = Evidence(Path("."), args.budget, args, "stub")
+    count_compiles(ev)
+    return plan(ev, Phases(ev, args, torch.device("cpu")), args.phases)
 
 
 def first_output_child(spec: str, dtype_name: str) -> int:
@@ -1318,13 +1595,21 @@ def first_output_child(spec: str, dtype_name: str) -> int:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line, every value checked and bounded before any work (benchmarks/script_args.py)."""
+    if str(HERE) not in sys.path:
+        sys.path.insert(0, str(HERE))
+    from script_args import ScriptParser, bounded
+
     from vit_fast.util.batches import parse_batch_list
 
     def batches(text: str) -> list[int]:
         try:
-            return parse_batch_list(text)
+            chosen = parse_batch_list(text)
         except ValueError as err:
             raise argparse.ArgumentTypeError(str(err)) from None
+        if max(chosen) > 4096:
+            raise argparse.ArgumentTypeError(f"batch sizes go up to 4096, got {max(chosen)}")
+        return chosen
 
     def names(allowed: tuple[str, ...]) -> Callable[[str], tuple[str, ...]]:
         def parse(text: str) -> tuple[str, ...]:
@@ -1336,17 +1621,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
         return parse
 
+    def fault(text: str) -> tuple[str, str]:
+        kind, _, where = text.partition(":")
+        if kind not in ("cuda", "hang") or not where:
+            raise argparse.ArgumentTypeError(f"{text!r}: cuda:TEXT or hang:TEXT (TEXT: part of a step's name)")
+        return kind, where
+
     doc = __doc__.split("\n\n")
-    parser = argparse.ArgumentParser(
+    parser = ScriptParser(
         description=doc[0], epilog="\n\n".join(doc[1:]), formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--out", type=Path, help="folder for the five files (the wrapper adds preflight.txt)")
-    parser.add_argument("--budget", type=float, default=470.0, help="seconds from start to the last step (470)")
+    parser.add_argument(
+        "--budget",
+        type=bounded(float, 10, 86400),
+        default=PLANNED_BUDGET,
+        help=f"seconds from start to the last step ({PLANNED_BUDGET:g})",
+    )
     parser.add_argument(
         "--phases",
         type=names(PHASES),
         default=DEFAULT_PHASES,
-        help="phases, in order (default: " + ",".join(DEFAULT_PHASES) + ")",
+        help="phases, in order (default: all: " + ",".join(DEFAULT_PHASES) + ")",
     )
     parser.add_argument("--dry-run", action="store_true", help="print the plan with estimated seconds; run nothing")
     parser.add_argument(
@@ -1359,30 +1655,223 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--models",
         type=lambda t: [m.strip() for m in t.split(",") if m.strip()],
-        default=["vit_small_patch16_224", "vit_base_patch16_224"],
-        help="kernels and model phases",
+        default=["vit_base_patch16_224"],
+        help="kernels and model phases (vit_base_patch16_224; add vit_small_patch16_224 where time allows)",
     )
     parser.add_argument("--perf-model", default="vit_base_patch16_224", help="perf, tma, compile and tuned phases")
     parser.add_argument("--perf-dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
     parser.add_argument("--dtypes", type=names(("bf16", "fp16", "fp32")), default=("bf16", "fp16", "fp32"))
-    parser.add_argument("--kernel-batches", type=batches, default=[1, 8, 64], help="16-bit kernel checks")
-    parser.add_argument("--fp32-batches", type=batches, default=[1, 8], help="fp32 kernel checks")
-    parser.add_argument("--tma-batches", type=batches, default=[64, 256])
+    parser.add_argument("--kernel-batches", type=batches, default=[1, 64], help="bf16 kernel checks (1,64)")
+    parser.add_argument("--fp16-batches", type=batches, default=[1], help="fp16 kernel checks (1)")
+    parser.add_argument("--fp32-batches", type=batches, default=[1], help="fp32 kernel checks (1)")
+    parser.add_argument("--tma-batches", type=batches, default=[256])
     parser.add_argument("--perf-batches", type=batches, default=[1, 8, 64, 256])
-    parser.add_argument("--compile-batches", type=batches, default=[1, 256, 8, 64])
-    parser.add_argument("--tuned-batches", type=batches, default=[1, 256])
-    parser.add_argument("--min-time", type=float, default=0.5, help="seconds timed per perf case (0.5)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--compile-batches", type=batches, default=[1])
+    parser.add_argument(
+        "--compile-sources", type=names(("torch", "timm")), default=("torch",), help="torch.compile of these (torch)"
+    )
+    parser.add_argument("--tuned-batches", type=batches, default=[1])
+    parser.add_argument(
+        "--min-time", type=bounded(float, 0.001, 60), default=0.3, help="seconds timed per perf case (0.3)"
+    )
+    parser.add_argument("--seed", type=bounded(int, 0), default=0)
+    parser.add_argument(
+        "--step-timeout",
+        type=bounded(float, 1, 3600),
+        default=120.0,
+        help="the watchdog: seconds a step may run beyond 3x its estimate before its phase process is killed (120)",
+    )
     parser.add_argument("--first-output-child", metavar="MODEL", help=argparse.SUPPRESS)
+    parser.add_argument("--phase-child", choices=PHASES, help=argparse.SUPPRESS)
+    parser.add_argument("--continue-phase", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--started", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--inject-fault", type=fault, help=argparse.SUPPRESS)  # a stubbed rehearsal's GPU failure
+    parser.add_argument("--simulated-clock", action="store_true", help=argparse.SUPPRESS)  # a test's clock
     args = parser.parse_args(argv)
     if args.out is None and not (args.dry_run or args.first_output_child):
         parser.error("--out DIR is required (the folder the files are written to)")
+    if (args.inject_fault or args.simulated_clock) and not args.stub_driver:
+        parser.error("--inject-fault and --simulated-clock are for a stubbed rehearsal (--stub-driver) only")
     return args
 
 
+def step_limit(args: argparse.Namespace, estimate: float) -> float:
+    """The watchdog's limit for a step: ``--step-timeout`` beyond three times its estimate."""
+    return 3 * estimate + args.step_timeout
+
+
+def child_command(argv: list[str], name: str, deadline: float, started: float, continuing: bool) -> list[str]:
+    """The phase child's command: this script with the run's own arguments (less --resume, --overwrite: the child
+    carries on the record in --out)."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg in ("--resume",):
+            skip = True
+            continue
+        if arg.startswith("--resume=") or arg == "--overwrite":
+            continue
+        kept.append(arg)
+    extra = ["--phase-child", name, "--deadline", repr(deadline), "--started", repr(started)]
+    extra += ["--continue-phase"] if continuing else []
+    return [sys.executable, str(Path(__file__).resolve()), *kept, *extra]
+
+
+def watch_child(ev: Evidence, cmd: list[str]) -> tuple[int, str | None]:
+    """Run one phase child, its output passed through; the watchdog kills it (SIGTERM, then SIGKILL after 10 s: a
+    process blocked in a CUDA synchronize acts on neither until it returns) when the step it logged as started
+    runs past its limit, or the budget is spent. Returns its exit status and, when killed, why."""
+    import re
+    import threading
+
+    started = re.compile(r"\] (\w+): (.+): starting, about ([0-9.]+) s$")
+    current: dict[str, Any] = {}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+
+    def pump() -> None:
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            match = started.search(line.rstrip("\n"))
+            if match:
+                current.update(step=match.group(2), since=time.monotonic(), estimate=float(match.group(3)))
+            elif current.get("step") and f": {current['step']}: " in line:
+                current.clear()
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    why = None
+    try:
+        while proc.poll() is None:
+            time.sleep(0.2)
+            step = current.get("step")
+            if step and time.monotonic() - current["since"] > step_limit(ev.args, current["estimate"]):
+                why = f"hung in {step!r}: killed by the watchdog after {time.monotonic() - current['since']:.0f} s"
+            elif not ev.simulated and ev.left() < -10:
+                why = f"past the budget in {step!r}: killed by the watchdog" if step else "past the budget"
+            if why:
+                stop_child(proc)
+                break
+    except BaseException:
+        stop_child(proc)
+        raise
+    finally:
+        proc.wait()
+        reader.join(timeout=5)
+    if why:
+        why_step = current.get("step")
+        return proc.returncode, f"{why_step}\n{why}" if why_step else f"\n{why}"
+    return proc.returncode, None
+
+
+def stop_child(proc: subprocess.Popen) -> None:
+    """SIGTERM (the child saves and ends), then SIGKILL after 10 s."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def note_failure(ev: Evidence, name: str, step: str | None, status: str) -> None:
+    """The phase child died or was killed in ``step``: its record says so, as a row of the phase's table, so a
+    restart of the phase goes on after it."""
+    info = next((p for p in ev.data["phases"] if p["name"] == name), None)
+    if info is None:
+        info = {"name": name, "status": status, "steps": 0, "done": 0, "seconds": 0.0, "estimate_s": 0.0,
+                "compiles": 0, "log": []}  # fmt: skip
+        ev.data["phases"].append(info)
+    info["status"] = status
+    if step:
+        info["log"].append({"step": step, "status": status})
+        info["done"] += 1
+        table = "perf" if name == "tuned" else name
+        if table in TABLES:
+            ev.data[table].append({"phase": name, "name": step, "label": step, "status": "error", "error": status})
+    ev.data.pop("running", None)
+    ev.log(f"{name}: {step or '(between steps)'}: {status}")
+    ev.save()
+
+
+def run_phases(ev: Evidence, argv: list[str]) -> None:
+    """Each phase in a child process of its own (a CUDA error, a hang or a crash there ends that process only),
+    restarted after the step that ended it while time and MAX_RESTARTS allow; each phase's deadline keeps
+    RESERVE_S for every later one."""
+    names = list(ev.args.phases)
+    for i, name in enumerate(names):
+        # kept for the phases after this one (RESERVE_S is for the planned budget; a smaller one keeps its share)
+        reserve = sum(RESERVE_S[later] for later in names[i + 1 :]) * min(1.0, ev.budget / PLANNED_BUDGET)
+        continuing = False
+        for _ in range(MAX_RESTARTS + 1):
+            deadline = ev.deadline - reserve
+            if ev.left() - reserve <= 1:
+                note_failure(ev, name, None, f"not started: {ev.left():.0f} s left, {reserve:.0f} s kept for later")
+                break
+            code, killed = watch_child(ev, child_command(argv, name, deadline, ev.started, continuing))
+            ev.reload()
+            if code == 0 and not killed:
+                break
+            if code in (130, 143) and not killed:  # the child was interrupted with us
+                from vit_fast.util.interrupts import Terminated
+
+                raise KeyboardInterrupt if code == 130 else Terminated("SIGTERM")
+            if killed:
+                step, why = killed.split("\n", 1)
+                note_failure(ev, name, step or None, why)
+            elif code != EXIT_BROKEN:
+                running = (ev.data.get("running") or {}).get("step")
+                note_failure(ev, name, running, f"the phase process died (exit {code})")
+                if running is None:  # it died before any step: a restart would die the same way
+                    break
+            continuing = True
+        else:
+            note_failure(ev, name, None, f"given up after {MAX_RESTARTS} restarts")
+
+
+def child_main(args: argparse.Namespace) -> int:
+    """One phase in this process (started by run_phases): the record in --out carried on."""
+    from vit_fast.util.interrupts import INTERRUPTS, exit_status, handled
+
+    stub = args.stub_driver
+    if stub:
+        sys.path.insert(0, str(HERE))
+        import host_overhead
+
+        host_overhead.install_stub_driver()
+    import torch
+
+    device = torch.device("cuda" if torch.cuda.is_available() and not stub else "cpu")
+    mode = "stub" if stub else "cuda"
+    ev = Evidence(args.out, args.budget, args, mode, deadline=args.deadline, started=args.started)
+    ev.device = device
+    with handled():
+        try:
+            ev.reload()  # the run's own files, claimed for this process's writes
+            count_compiles(ev)
+            phases = Phases(ev, args, device)
+            if "perf_model" not in ev.data:
+                ev.data["perf_model"] = phases.perf_model_info()
+            run_phase(ev, phases, args.phase_child, continuing=args.continue_phase)
+        except INTERRUPTS as err:
+            ev.data.pop("running", None)
+            ev.save()
+            return exit_status(err)
+        except CudaBroken:
+            return EXIT_BROKEN
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     from vit_fast.kernels.interpret import interpreter_enabled
+    from vit_fast.util.interrupts import INTERRUPTS, exit_status, handled, signal_name
 
     if interpreter_enabled():
         print(
@@ -1393,68 +1882,58 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.first_output_child:
         return first_output_child(args.first_output_child, args.perf_dtype)
-    if args.out is not None:
-        check_out(args.out, args.overwrite)
-    # a fresh Triton cache (unless one is given): compilations and first outputs are counted from nothing; removed
-    # when the run ends
+    if args.phase_child:
+        return child_main(args)
+    # a fresh Triton cache (unless one is given) shared by the phase children: compilations and first outputs
+    # are counted from nothing; removed when the run ends
     fresh_cache = tempfile.TemporaryDirectory(prefix="vit-fast-triton-cache-")
     os.environ.setdefault("TRITON_CACHE_DIR", fresh_cache.name)
-    stub = args.stub_driver or args.dry_run
-    if stub:
-        sys.path.insert(0, str(HERE))
-        import host_overhead
-
-        host_overhead.install_stub_driver()
-    import torch
-
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    mode = "stub" if stub else ("cuda" if device.type == "cuda" else "none")
-    ev = Evidence(args.out or Path("."), args.budget, args, mode)
-    count_compiles(ev)
-    phases = Phases(ev, args, device)
     if args.dry_run:
-        return plan(ev, phases, args.phases)
-    if mode == "none":
-        print(
-            "gpu_evidence: no CUDA GPU here; --stub-driver rehearses the run on a CPU (nothing is computed)",
-            file=sys.stderr,
-        )
-        return 2
-    if args.resume is not None:
-        if args.resume.is_file():
-            ev.resume(args.resume)
-        else:
-            ev.log(f"--resume {args.resume}: no such file; starting a new record")
-    ev.data["runs"].append({"argv": sys.argv[1:], "phases": list(args.phases), "mode": mode, "budget_s": args.budget})
-
-    def stop(signum, frame) -> None:
-        raise Stopped(signal.Signals(signum).name)
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    model = phases.model(args.perf_model)
-    from vit_fast.model.vit import count_flops
-
-    params = sum(p.numel() for p in model.parameters())
-    from vit_fast.util.dtypes import DTYPES
-
-    ev.data["perf_model"] = {
-        "model": args.perf_model,
-        "params": params,
-        "flops_per_image": count_flops(model.cfg),
-        "weight_bytes": params * torch.empty((), dtype=DTYPES[args.perf_dtype]).element_size(),
-    }
-    code = 0
+        with handled():
+            try:
+                print(f"planning every phase with Triton's driver stubbed (budget {args.budget:g} s) ...", flush=True)
+                return dry_run(args)
+            except INTERRUPTS as err:
+                print(f"gpu_evidence: interrupted by {signal_name(err)}", file=sys.stderr)
+                return exit_status(err)
+    lock = None
     try:
-        for name in args.phases:
-            run_phase(ev, phases, name)
-    except Stopped as err:
-        ev.log(f"stopped by {err}: the files hold every step that ended")
-        code = 128 + signal.SIGTERM
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        ev.save()
+        if not args.stub_driver:
+            import torch
+
+            if not torch.cuda.is_available():
+                raise UsageError("no CUDA GPU here; --stub-driver rehearses the run on a CPU (nothing is computed)")
+        check_out(args.out, args.overwrite)
+        if args.resume is not None:
+            read_record(args.resume, "--resume")  # refused before anything is made
+        from vit_fast.util.files import hold_lock, make_folders
+
+        make_folders(args.out, "--out folder")
+        lock = hold_lock(args.out / LOCK_NAME, f"gpu_evidence.py, process {os.getpid()}\n")
+        if lock is None:
+            raise UsageError(f"another gpu_evidence.py run is writing to {str(args.out)!r}: wait for it, or give "
+                             "another --out")  # fmt: skip
+        mode = "stub" if args.stub_driver else "cuda"
+        ev = Evidence(args.out, args.budget, args, mode)
+        if args.resume is not None:
+            ev.resume(args.resume)
+            ev.data.pop("running", None)  # the earlier run's last step, ended one way or another
+    except (UsageError, ValueError, OSError) as err:
+        print(f"gpu_evidence: {err}", file=sys.stderr)
+        return 2
+    ev.data["runs"].append({"argv": argv, "phases": list(args.phases), "mode": mode, "budget_s": args.budget})
+    code = 0
+    with handled():
+        try:
+            ev.save()
+            run_phases(ev, argv)
+        except INTERRUPTS as err:
+            ev.reload() if (args.out / "results.json").is_file() else None
+            ev.log(f"stopped by {signal_name(err)}: the files hold every step that ended")
+            code = exit_status(err)
+        finally:
+            ev.data.pop("running", None)
+            ev.save()
     ev.log(f"done in {time.monotonic() - START:.0f} s: {args.out}")
     ev.save()
     return code

@@ -28,9 +28,25 @@ import os
 import statistics
 import sys
 import time
+import weakref
 from collections.abc import Callable
+from pathlib import Path
+
+if str(Path(__file__).resolve().parent) not in sys.path:  # script_args beside this script, however it is loaded
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 DEFAULT_MODELS = ("vit_small_patch16_224", "vit_base_patch16_224", "vit_large_patch16_224")
+
+
+#: every stub kernel made, for :func:`forget_arguments`
+_KERNELS: weakref.WeakSet = weakref.WeakSet()
+
+
+def forget_arguments() -> None:
+    """Drop the arguments each stub kernel keeps from its last launch (the dry run's batch-256 tensors would
+    otherwise stay alive, one set per compiled kernel)."""
+    for kernel in list(_KERNELS):
+        kernel.last_args = ()
 
 
 class _StubKernel:
@@ -131,6 +147,7 @@ def install_stub_driver() -> list[tuple[str, int]]:
 
     def do_compile(self, key, signature, device, constexprs, options, attrs, warmup):
         kernel = _StubKernel(self.fn.__name__, self.ASTSource(self, signature, constexprs, attrs), launches)
+        _KERNELS.add(kernel)
         self.device_caches[device][0][key] = kernel
         return kernel
 
@@ -218,11 +235,24 @@ def measure(model_name: str, batch: int, dtype_name: str, iters: int, launches: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS), help="preset names")
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--dtype", default="bf16")
-    parser.add_argument("--iters", type=int, default=30, help="timed forwards per model (median reported)")
+    from script_args import ScriptParser, bounded, dtype
+
+    def preset(text: str) -> str:
+        from vit_fast import ViTConfig
+
+        try:
+            ViTConfig.from_name(text)
+        except (ValueError, KeyError) as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+        return text
+
+    parser = ScriptParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", type=preset, default=list(DEFAULT_MODELS), help="preset names")
+    parser.add_argument("--batch", type=bounded(int, 1, 4096), default=1)
+    parser.add_argument("--dtype", type=dtype, default="bf16")
+    parser.add_argument(
+        "--iters", type=bounded(int, 1, 100000), default=30, help="timed forwards per model (median reported)"
+    )
     parser.add_argument("--json", help="also write the results to this JSON file")
     parser.add_argument(
         "--launch-hook", action="store_true", help="register a trivial Triton launch hook (as a profiler does)"
@@ -230,7 +260,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from vit_fast.util.files import check_report_file, write_json_atomic
 
-    json_path = None if args.json is None else check_report_file(args.json, "--json")  # before any measurement
+    try:  # before any measurement
+        json_path = None if args.json is None else check_report_file(args.json, "--json")
+    except (ValueError, OSError) as err:
+        parser.error(str(err))
     launches = install_stub_driver()
     hook_calls = add_launch_hook() if args.launch_hook else None
     rows = [measure(m, args.batch, args.dtype, args.iters, launches, hook_calls) for m in args.models]

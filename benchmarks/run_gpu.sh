@@ -1,19 +1,18 @@
 #!/usr/bin/env bash
-# The GPU machine's command: preflight.txt first, vit-fast installed offline (or mapped onto PYTHONPATH), then
-# benchmarks/gpu_evidence.py under a timeout, then the end of its summary. Arguments go to the script (a later
-# one wins over the defaults here).
+# The GPU machine's one command: preflight.txt first, vit-fast installed offline (or mapped onto PYTHONPATH), then
+# benchmarks/gpu_evidence.py (every phase, each in a process of its own) under a timeout, then the end of its
+# summary; all of it within EVIDENCE_SECONDS (570) of wall time from this script's start. Arguments go to the
+# script (a later one wins over the defaults here).
 #
-#   bash benchmarks/run_gpu.sh          # the evidence run: phases env kernels model tma perf, budget 470 s
-#   bash benchmarks/run_gpu.sh --phases compile,tuned --budget 220 --resume /tmp/vit-fast-evidence/results.json
-#                                       # the follow-up, sent while the machine is still warm
+#   bash benchmarks/run_gpu.sh             # the evidence run: every phase, budget 540 s less the install's seconds
 #   bash benchmarks/run_gpu.sh --dry-run   # the plan with estimated seconds (any machine; nothing is written)
 #
 # $OUT (the device tool's output folder; default ./evidence-out) receives preflight.txt, results.json, summary.md,
 # kernels.csv, perf.csv and run.log; results.json and run.log are also kept in $EVIDENCE_KEEP (default
-# /tmp/vit-fast-evidence) for a follow-up's --resume, since the device tool empties $OUT before each command.
-# Environment: PYTHON (python3), TIMEOUT (490: seconds the script may run), VIT_FAST_COMMIT (the commit sent,
-# recorded where the copy has no .git), EVIDENCE_INSTALL (auto; map: skip pip and map the checkout onto PYTHONPATH,
-# the fallback, as the CPU test of this script exercises it).
+# /tmp/vit-fast-evidence).
+# Environment: PYTHON (python3), EVIDENCE_SECONDS (570: the wall time of this whole command), VIT_FAST_COMMIT (the
+# commit sent, recorded where the copy is not vit-fast's own git checkout), EVIDENCE_INSTALL (auto; map: skip pip
+# and map the checkout onto PYTHONPATH, the fallback, as the CPU test of this script exercises it).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 PY=${PYTHON:-python3}
@@ -29,8 +28,15 @@ for arg in "$@"; do
     fi
 done
 mkdir -p "$OUT" "$KEEP" || exit 1
-commit=${VIT_FAST_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo "unknown (no .git in this copy; set VIT_FAST_COMMIT)")}
-export VIT_FAST_COMMIT=$commit
+# the commit: VIT_FAST_COMMIT, else this checkout's own git (never a repository this copy merely lies inside)
+top=$(git rev-parse --show-toplevel 2>/dev/null || true)
+if [ -n "${VIT_FAST_COMMIT:-}" ]; then
+    commit=$VIT_FAST_COMMIT
+elif [ -n "$top" ] && [ "$(cd "$top" && pwd -P)" = "$(pwd -P)" ]; then
+    commit=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+else
+    commit="unknown (not vit-fast's own git checkout; set VIT_FAST_COMMIT)"
+fi
 
 # what the machine has, written before anything can fail
 {
@@ -46,7 +52,9 @@ export VIT_FAST_COMMIT=$commit
     inc=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['include'])" 2>&1)
     if [ -f "$inc/Python.h" ]; then echo "$inc/Python.h"; else echo "missing in $inc"; fi
     echo "== libcuda (ldconfig -p)"
-    { ldconfig -p 2>/dev/null || /sbin/ldconfig -p 2>&1; } | grep libcuda || echo "no libcuda in the linker cache"
+    # libcuda.so itself: libcudart, libcudadevrt and the like are not the driver
+    { ldconfig -p 2>/dev/null || /sbin/ldconfig -p 2>&1; } | grep -E '^[[:space:]]*libcuda\.so' \
+        || echo "no libcuda in the linker cache"
     echo "== packages"
     "$PY" -m pip list 2>/dev/null | grep -iE '^(torch|triton|numpy|timm|transformers|onnx|onnxruntime|safetensors|pytest|setuptools) '
 } > "$OUT/preflight.txt" 2>&1
@@ -69,7 +77,16 @@ fi
 (cd / && "$PY" -c "import vit_fast, vit_fast.kernels; print('vit_fast', vit_fast.__version__, 'from', vit_fast.__file__)") \
     >> "$OUT/preflight.txt" 2>&1
 
-timeout --signal=TERM --kill-after=15 "${TIMEOUT:-490}" "$PY" benchmarks/gpu_evidence.py --out "$OUT" --budget 470 "$@"
+# the script's budget: what the wall time leaves after the install, less 30 s for its last save and this summary;
+# the timeout (the wall time left, less 10 s for this summary) is its last resort: the script's own watchdog ends a
+# hung phase first
+total=${EVIDENCE_SECONDS:-570}
+budget=$((total - SECONDS - 30))
+[ "$budget" -gt 540 ] && budget=540
+[ "$budget" -lt 10 ] && budget=10
+echo "budget: ${budget} s for gpu_evidence.py (${SECONDS} s used by the preflight and install)" >> "$OUT/preflight.txt"
+timeout --signal=TERM --kill-after=10 $((total - SECONDS - 10)) \
+    "$PY" benchmarks/gpu_evidence.py --out "$OUT" --budget "$budget" "$@"
 rc=$?
 for f in results.json run.log; do
     [ -f "$OUT/$f" ] && cp -f "$OUT/$f" "$KEEP/$f"

@@ -37,6 +37,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+if str(Path(__file__).resolve().parent) not in sys.path:  # script_args beside this script, however it is loaded
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+
 HERE = Path(__file__).resolve().parent
 MODEL = "default"
 READY_TIMEOUT_S = 300
@@ -156,20 +159,37 @@ def table(points: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def ints(text: str) -> list[int]:
-    return [int(t) for t in text.split(",")]
+def ints(high: int):
+    """A comma-separated list of ints from 1 to ``high``."""
+    from script_args import bounded
+
+    one = bounded(int, 1, high)
+
+    def parse(text: str) -> list[int]:
+        return [one(t.strip()) for t in text.split(",")]
+
+    return parse
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def protocols(text: str) -> str:
+    chosen = [t.strip() for t in text.split(",") if t.strip()]
+    if not chosen or any(t not in ("grpc", "http") for t in chosen):
+        raise argparse.ArgumentTypeError(f"{text!r}: grpc, http or grpc,http")
+    return ",".join(chosen)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from script_args import ScriptParser, bounded
+
+    p = ScriptParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--perf-analyzer", default=".tools/perf_analyzer/perf_analyzer", metavar="PATH")
-    p.add_argument("--concurrency", type=ints, default=[1, 2, 4, 8, 16])
-    p.add_argument("--batch", type=ints, default=[1, 8])
-    p.add_argument("--protocols", default="grpc,http")
-    p.add_argument("--interval-ms", type=int, default=3000)
+    p.add_argument("--concurrency", type=ints(1024), default=[1, 2, 4, 8, 16])
+    p.add_argument("--batch", type=ints(4096), default=[1, 8])
+    p.add_argument("--protocols", type=protocols, default="grpc,http")
+    p.add_argument("--interval-ms", type=bounded(int, 100, 600000), default=3000)
     p.add_argument(
         "--repeats",
-        type=int,
+        type=bounded(int, 1, 100),
         default=1,
         metavar="N",
         help="measure each point N times on each side, alternating, and report the median run (default 1)",
@@ -177,7 +197,7 @@ def main() -> None:
     p.add_argument("--json", default=None, metavar="PATH", help="write every figure here")
     p.add_argument(
         "--plain-threads",
-        type=int,
+        type=bounded(int, 1, 4096),
         default=None,
         metavar="T",
         help="OMP_NUM_THREADS for the plain script (default: unset, torch's own count, as a user would run it)",
@@ -188,9 +208,7 @@ def main() -> None:
         metavar="FLAGS",
         help="more flags for vit-fast serve, e.g. '--queue-delay-us 100' (default: none, serve's own defaults)",
     )
-    args = p.parse_args()
-    if args.repeats < 1:
-        p.error(f"--repeats must be >= 1, got {args.repeats}")
+    args = p.parse_args(argv)
     if not Path(args.perf_analyzer).is_file():
         sys.exit(f"no perf_analyzer at {args.perf_analyzer}: run benchmarks/get_perf_analyzer.sh (make perf-analyzer)")
     probe = subprocess.run([args.perf_analyzer, "--version"], capture_output=True, text=True, timeout=60)
@@ -199,7 +217,10 @@ def main() -> None:
         sys.exit(f"{args.perf_analyzer} does not run: {said[0]}\nget it again with benchmarks/get_perf_analyzer.sh")
     from vit_fast.util.files import check_report_file, write_json_atomic
 
-    json_path = None if args.json is None else check_report_file(args.json, "--json")  # before the servers start
+    try:  # before the servers start
+        json_path = None if args.json is None else check_report_file(args.json, "--json")
+    except (ValueError, OSError) as err:
+        p.error(str(err))
     with tempfile.TemporaryDirectory(prefix="vit-fast-serve-perf-") as folder:
         tmp = Path(folder)
         weights, config = write_weights(tmp)

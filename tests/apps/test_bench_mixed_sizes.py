@@ -79,3 +79,35 @@ def test_the_script_prints_and_writes_json(tmp_path, capsys):
     result = json.loads(out.read_text())
     assert [row["mode"] for row in result["rows"]] == ["packed", "padded"]
     assert result["padded_to"] == "32x48" and result["weights"] == "random (seed 0)"
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--sizes", "abc"], "argument --sizes: image sizes are HxW pairs"),
+        (["--sizes", "65536x65536"], "each side must be a multiple of the patch size 16 from 16 to 4096"),
+        (["--sizes", "20x32"], "20x32: each side must be a multiple of the patch size 16"),
+        (["--sizes", ",".join(["4096x4096"] * 64)], "more than the"),  # bounded by the memory here, before work
+        (["--random", "0"], "argument --random: must be an int from 1 to 4096, got '0'"),
+        (["--dtype", "fp8"], "argument --dtype: unknown dtype 'fp8'"),
+        (["--min-time", "nan"], "argument --min-time: must be a number from 0 to 3600"),
+        (["--model", "no_such_model"], "argument --model:"),
+        (["--json", "r.txt"], "--json"),
+    ],
+)
+def test_every_bad_argument_is_one_line_and_exit_2_before_work(argv, says, capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    script = load_script(ROOT / "benchmarks" / "mixed_sizes.py", "mixed_sizes_script")
+    with pytest.raises(SystemExit) as exit_info:
+        script.main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and says in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine with CUDA runs --device cuda")
+def test_device_cuda_without_a_gpu_is_a_usage_error(capsys):
+    script = load_script(ROOT / "benchmarks" / "mixed_sizes.py", "mixed_sizes_script")
+    with pytest.raises(SystemExit) as exit_info:
+        script.main(["--device", "cuda"])
+    assert exit_info.value.code == 2 and "torch sees no CUDA GPU here" in capsys.readouterr().err
