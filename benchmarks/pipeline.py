@@ -212,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
                         "images_per_s": len(timed_files) / seconds,
                     }
                 )
-                print(f"{name:24s} {row:58s} {len(timed_files) / seconds:9.1f} images/s", flush=True)
+                rate = len(timed_files) / seconds
+                print(f"{name:24s} {row:58s} {rate:9.{1 if rate >= 1 else 3}f} images/s", flush=True)
     result = {
         "rows": rows,
         "skipped": skipped,

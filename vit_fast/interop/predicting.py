@@ -73,18 +73,20 @@ def forward_batch(
     """Logits ``[N, classes]`` (pooled features ``[N, D]`` with ``features``) of preprocessed ``[C, H, W]`` images
     (or a batch ``[N, C, H, W]``, run as it is); images of one shape run as one batch."""
     ref = next(model.parameters())
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        x = x.to(device=ref.device, dtype=ref.dtype)
+        return model.forward_head(model.forward_features(x), pre_logits=True) if features else model(x)
+
     if isinstance(images, torch.Tensor):
         with torch.inference_mode():
-            x = images.to(device=ref.device, dtype=ref.dtype)
-            y = model.forward_head(model.forward_features(x), pre_logits=True) if features else model(x)
-            return y.float().cpu()
+            return run(images).float().cpu()
     shapes = {tuple(x.shape) for x in images}
     groups = [list(range(len(images)))] if len(shapes) == 1 else [[i] for i in range(len(images))]
     out: list[torch.Tensor | None] = [None] * len(images)
     with torch.inference_mode():
         for group in groups:
-            x = torch.stack([images[i] for i in group]).to(device=ref.device, dtype=ref.dtype)
-            y = model.forward_head(model.forward_features(x), pre_logits=True) if features else model(x)
+            y = run(torch.stack([images[i] for i in group]))
             for j, i in enumerate(group):
                 out[i] = y[j].float().cpu()
     return torch.stack(out)  # type: ignore[arg-type]
