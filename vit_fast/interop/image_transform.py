@@ -95,8 +95,8 @@ def apply(pre: Preprocessing, pixels: torch.Tensor) -> torch.Tensor:
         x = F.interpolate(x, size=size, **resize).clamp_(0.0, 255.0)
     top, left, ch, cw = pre.crop_box(*size)
     x = x[0, :, top : top + ch, left : left + cw]
-    mean = torch.tensor(pre.mean, dtype=torch.float32).view(-1, 1, 1)
-    std = torch.tensor(pre.std, dtype=torch.float32).view(-1, 1, 1)
+    mean = torch.tensor(pre.mean, dtype=torch.float32, device=x.device).view(-1, 1, 1)
+    std = torch.tensor(pre.std, dtype=torch.float32, device=x.device).view(-1, 1, 1)
     return ((x / 255.0 - mean) / std).contiguous()
 
 
