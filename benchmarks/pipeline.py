@@ -7,6 +7,11 @@ Two rows per model, in one run, on the same files, model and threads:
   ``vit_fast.image_transform``), ``model(x[None])``, softmax and top-k.
 - ``predict``: ``vit_fast.interop.predicting.predict_files``, what ``vit-fast predict`` runs: decoding in a thread
   pool, batches of ``--batch``.
+- ``predict, fused preprocessing kernel``: the same with each batch preprocessed in one launch of the fused kernel
+  (what ``vit-fast predict`` does on the triton backend); the model still runs on torch. Here, without a GPU, the
+  kernel runs only in Triton's interpreter (``TRITON_INTERPRET=1``, about 20 s per 300x400 image): the row says so,
+  times ``--interpreter-images`` images and is no GPU speed. Where the kernel cannot run (the grayscale default
+  model, no interpreter) the row is skipped with the reason.
 
 The files are written first into a private temporary folder (removed after): PNG digits for ``default``, JPEG
 photos-like images of ``--size`` pixels for a preset (random weights, seeded). Each row is timed ``--repeats`` times
@@ -64,6 +69,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=bounded(1, 50), default=3, help="timed passes per row (default 3)")
     parser.add_argument("--threads", type=bounded(1, 1024), default=None, help="torch CPU threads (default: free)")
     parser.add_argument("--top-k", type=bounded(1, 1000), default=5, help="labels per image (default 5)")
+    parser.add_argument(
+        "--interpreter-images",
+        type=bounded(1, 10000),
+        default=2,
+        help="images the fused-kernel row times when the kernel runs in Triton's interpreter (default 2)",
+    )
     parser.add_argument("--json", default=None, help="also write the rows to this .json file")
     args = parser.parse_args(argv)
     from vit_fast.model.config import PRESETS
@@ -127,12 +138,14 @@ def by_hand(model, files: list[Path], transform, mode: str, top_k: int) -> None:
             probs.topk(min(top_k, probs.shape[-1]))
 
 
-def predict_path(model, files: list[Path], transform, args: argparse.Namespace) -> None:
+def predict_path(model, files: list[Path], transform, args: argparse.Namespace, kernel: bool = False) -> None:
     from vit_fast.interop.predicting import DEFAULT_THREADS, predict_files
 
     threads = args.decode_threads or DEFAULT_THREADS
-    for _ in predict_files(model, files, transform, batch=args.batch, threads=threads, top_k=args.top_k):
-        pass
+    answers = predict_files(model, files, transform, batch=args.batch, threads=threads, top_k=args.top_k, kernel=kernel)
+    for batch in answers:
+        if kernel and batch and batch[0].preprocessing and not batch[0].preprocessing.startswith("fused"):
+            raise RuntimeError(f"the fused-kernel row ran {batch[0].preprocessing}")
 
 
 def timed(fn, repeats: int) -> float:
@@ -156,13 +169,14 @@ def main(argv: list[str] | None = None) -> int:
     from vit_fast import image_transform, load_model
     from vit_fast.backend.env import git_commit
     from vit_fast.bench.settings import cpu_threads_for_load
+    from vit_fast.interop.image_transform import fused_unsupported
     from vit_fast.interop.images import pil_image_module
 
     pil_image_module()
     torch.set_num_threads(args.threads or cpu_threads_for_load()[0])
     load = os.getloadavg()[0]
     print(f"CPU, {torch.get_num_threads()} torch threads, load average {load:.1f} on {os.cpu_count()} cores")
-    rows = []
+    rows, skipped = [], []
     with temp_staging("vit-fast-pipeline") as folder:
         for name in args.models:
             model = load_model(name, backend="torch")
@@ -172,23 +186,37 @@ def main(argv: list[str] | None = None) -> int:
             ours = image_transform(model)
             mode = "L" if ours.preprocessing.channels == 1 else "RGB"
             cases = {
-                f"by hand ({what}, 1 image at a time)": partial(by_hand, model, files, hand, mode, args.top_k),
-                f"predict (batch {args.batch}, decode threads)": partial(predict_path, model, files, ours, args),
+                f"by hand ({what}, 1 image at a time)": (files, partial(by_hand, model, files, hand, mode, args.top_k)),
+                f"predict (batch {args.batch}, decode threads)": (
+                    files,
+                    partial(predict_path, model, files, ours, args),
+                ),
             }
-            for row, fn in cases.items():
+            kernel_row = "predict, fused preprocessing kernel"
+            reason = fused_unsupported(ours.preprocessing, "cpu")
+            if reason is not None:
+                print(f"{name:24s} {kernel_row}: skipped: {reason}", flush=True)
+                skipped.append({"model": name, "path": kernel_row, "skipped": reason})
+            else:
+                few = files[: args.interpreter_images]  # the interpreter: the only way to run it without a GPU
+                label = f"{kernel_row} (Triton interpreter on the CPU, not GPU speed; batch {args.batch})"
+                cases[label] = (few, partial(predict_path, model, few, ours, args, kernel=True))
+            for row, (timed_files, fn) in cases.items():
                 seconds = timed(fn, args.repeats)
                 rows.append(
                     {
                         "model": name,
                         "path": row,
-                        "images": len(files),
+                        "images": len(timed_files),
                         "seconds": seconds,
-                        "images_per_s": len(files) / seconds,
+                        "images_per_s": len(timed_files) / seconds,
                     }
                 )
-                print(f"{name:24s} {row:58s} {len(files) / seconds:9.1f} images/s", flush=True)
+                rate = len(timed_files) / seconds
+                print(f"{name:24s} {row:58s} {rate:9.{1 if rate >= 1 else 3}f} images/s", flush=True)
     result = {
         "rows": rows,
+        "skipped": skipped,
         "device": "cpu",
         "torch_threads": torch.get_num_threads(),
         "load_average": load,

@@ -18,7 +18,7 @@ from .autotune import autotune_cache_enabled, tune_key, tuning_requested
 from .cards import tensor_arch
 from .interpret import interpreter_enabled
 from .launches import SUPPORTED_DTYPES, ResolvedLaunches
-from .preprocess_weights import SUPPORT, PackedBatch, pack
+from .preprocess_weights import CROP_ROUNDING, SUPPORT, PackedBatch, pack
 
 #: the no-autotune pick: 8 output rows share each source row's horizontal pass; 64 columns per program
 _PICK = {"BLOCK_Y": 8, "BLOCK_X": 64}
@@ -150,11 +150,23 @@ def _channel_stats(name: str, value) -> tuple[float, float, float]:
     return float(value[0]), float(value[1]), float(value[2])
 
 
+def _resizes(value, count: int) -> list[tuple[int, int]]:
+    """``resize``: one (H, W) for every image, or a list of ``count`` of them (one per image)."""
+    if isinstance(value, Sequence) and len(value) == 2 and all(isinstance(v, int) for v in value):
+        return [_pair("resize", value)] * count
+    if not isinstance(value, Sequence) or isinstance(value, str) or len(value) != count:
+        raise ValueError(
+            f"preprocess: resize must be one (height, width) for all images or a list of {count} (one per image), "
+            f"got {value!r}"
+        )
+    return [_pair(f"resize[{i}]", v) for i, v in enumerate(value)]
+
+
 def check_preprocess_inputs(
-    images, resize, crop, interpolation: str, mean, std, out_dtype: torch.dtype
-) -> tuple[tuple[int, int], tuple[int, int], tuple[float, ...], tuple[float, ...]]:
+    images, resize, crop, interpolation: str, mean, std, out_dtype: torch.dtype, crop_rounding: str = "round"
+) -> tuple[list[tuple[int, int]], tuple[int, int], tuple[float, ...], tuple[float, ...]]:
     """Raise a clear error, before any launch, for inputs the kernel cannot take (the device aside: the reference
-    runs anywhere); returns ``(resize, crop, mean, std)`` as plain tuples."""
+    runs anywhere); returns ``(resizes, crop, mean, std)``: one (H, W) per image, then plain tuples."""
     if isinstance(images, torch.Tensor) or not isinstance(images, Sequence):
         raise TypeError(
             f"preprocess: images must be a list of uint8 [H, W, 3] tensors, got {type(images).__name__}: "
@@ -178,9 +190,13 @@ def check_preprocess_inputs(
             raise ValueError(f"preprocess: images[{i}] is empty ({tuple(im.shape)})")
         if im.device != images[0].device:
             raise ValueError(f"preprocess: images[{i}] is on {im.device} but images[0] on {images[0].device}")
-    resize, crop = _pair("resize", resize), _pair("crop", crop)
-    if crop[0] > resize[0] or crop[1] > resize[1]:
-        raise ValueError(f"preprocess: crop {crop} is larger than resize {resize}: the crop must fit in the image")
+    resizes, crop = _resizes(resize, len(images)), _pair("crop", crop)
+    for i, size in enumerate(resizes):
+        if crop[0] > size[0] or crop[1] > size[1]:
+            which = "" if len(set(resizes)) == 1 else f" (image {i})"
+            raise ValueError(f"preprocess: crop {crop} is larger than resize {size}{which}: the crop must fit in it")
+    if crop_rounding not in CROP_ROUNDING:
+        raise ValueError(f"preprocess: crop_rounding {crop_rounding!r}: choose one of {', '.join(CROP_ROUNDING)}")
     if interpolation not in SUPPORT:
         raise ValueError(f"preprocess: unknown interpolation {interpolation!r}; choose one of {sorted(SUPPORT)}")
     mean, std = _channel_stats("mean", mean), _channel_stats("std", std)
@@ -188,7 +204,7 @@ def check_preprocess_inputs(
         raise ValueError(f"preprocess: std must be positive, got {std}")
     if out_dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"preprocess: out_dtype {out_dtype} is not one of float32, float16, bfloat16")
-    return resize, crop, mean, std
+    return resizes, crop, mean, std
 
 
 # ---------------------------------------------------------------------------------- launcher
@@ -229,8 +245,8 @@ def launch_packed(
     return out
 
 
-def _pack_for_kernel(images, resize, crop, interpolation) -> PackedBatch:
-    batch = pack(images, resize, crop, interpolation)
+def _pack_for_kernel(images, resize, crop, interpolation, crop_rounding="round") -> PackedBatch:
+    batch = pack(images, resize, crop, interpolation, crop_rounding)
     return batch._replace(row_weight=batch.row_weight.float(), col_weight=batch.col_weight.float())
 
 
@@ -245,13 +261,17 @@ def launch_preprocess(
     out_dtype: torch.dtype = torch.float32,
     out: torch.Tensor | None = None,
     checked: bool = False,
+    crop_rounding: str = "round",
 ) -> torch.Tensor:
     """Check, pack (:func:`~.preprocess_weights.pack`) and launch once (no custom op); ``out`` as
     :func:`launch_packed`. ``checked=True`` skips the checks (``tools/compile_check.py``'s recorded launches)."""
     if not checked:
-        resize, crop, mean, std = check_preprocess_inputs(images, resize, crop, interpolation, mean, std, out_dtype)
+        resize, crop, mean, std = check_preprocess_inputs(
+            images, resize, crop, interpolation, mean, std, out_dtype, crop_rounding
+        )
         check_device("preprocess", images[0])
-    return launch_packed(_pack_for_kernel(images, resize, crop, interpolation), crop, mean, std, out_dtype, out)
+    batch = _pack_for_kernel(images, resize, crop, interpolation, crop_rounding)
+    return launch_packed(batch, crop, mean, std, out_dtype, out)
 
 
 # ---------------------------------------------------------------------------------- custom op
@@ -309,19 +329,23 @@ _preprocess = define_op(
 def preprocess(
     images: list[torch.Tensor],
     *,
-    resize: tuple[int, int],
+    resize: tuple[int, int] | Sequence[tuple[int, int]],
     crop: tuple[int, int],
     interpolation: str,
     mean: Sequence[float],
     std: Sequence[float],
     out_dtype: torch.dtype = torch.float32,
+    crop_rounding: str = "round",
 ) -> torch.Tensor:
     """uint8 ``[H_i, W_i, 3]`` images (sizes may differ) to ``[B, 3, crop_h, crop_w]`` in ``out_dtype``: resized to
-    ``resize`` (H, W) with PIL's / torchvision's antialiased ``interpolation`` ("bilinear" | "bicubic"), centre
-    crop ``crop`` (H, W), ``(x / 255 - mean) / std``; one launch (op ``vit_fast::preprocess``)."""
-    resize, crop, mean, std = check_preprocess_inputs(images, resize, crop, interpolation, mean, std, out_dtype)
+    ``resize`` (H, W; or a list, one per image) with PIL's antialiased ``interpolation`` ("bilinear" | "bicubic"),
+    centre crop ``crop`` (H, W; offsets ``crop_rounding`` "round" | "floor"), ``(x / 255 - mean) / std``; one
+    launch (op ``vit_fast::preprocess``)."""
+    resize, crop, mean, std = check_preprocess_inputs(
+        images, resize, crop, interpolation, mean, std, out_dtype, crop_rounding
+    )
     check_device("preprocess", images[0])
-    batch = _pack_for_kernel(images, resize, crop, interpolation)
+    batch = _pack_for_kernel(images, resize, crop, interpolation, crop_rounding)
     return _preprocess(*batch, crop[0], crop[1], list(mean), list(std), out_dtype)
 
 
@@ -353,18 +377,21 @@ def packed_ref(
 def preprocess_ref(
     images: list[torch.Tensor],
     *,
-    resize: tuple[int, int],
+    resize: tuple[int, int] | Sequence[tuple[int, int]],
     crop: tuple[int, int],
     interpolation: str,
     mean: Sequence[float],
     std: Sequence[float],
     out_dtype: torch.dtype = torch.float32,
     compute_dtype: torch.dtype = torch.float32,
+    crop_rounding: str = "round",
 ) -> torch.Tensor:
     """:func:`preprocess` in eager PyTorch, from the same taps; ``compute_dtype=torch.float64`` with
     ``out_dtype=torch.float64`` gives the float64 truth the kernel is judged against."""
-    resize, crop, mean, std = check_preprocess_inputs(images, resize, crop, interpolation, mean, std, torch.float32)
-    batch = pack(images, resize, crop, interpolation)
+    resize, crop, mean, std = check_preprocess_inputs(
+        images, resize, crop, interpolation, mean, std, torch.float32, crop_rounding
+    )
+    batch = pack(images, resize, crop, interpolation, crop_rounding)
     return packed_ref(batch, crop, mean, std, out_dtype, compute_dtype)
 
 

@@ -56,19 +56,29 @@ def axis_taps(in_size: int, out_size: int, first: int, count: int, interpolation
     return Taps(start, taps, weight)
 
 
-def crop_start(size: int, crop: int) -> int:
-    """torchvision's ``center_crop`` offset: ``int(round((size - crop) / 2.0))``."""
-    return int(round((size - crop) / 2.0))
+#: how a centre crop's offset is rounded: torchvision's ``round`` (timm) or transformers' ``floor``
+CROP_ROUNDING = ("round", "floor")
+
+
+def crop_start(size: int, crop: int, rounding: str = "round") -> int:
+    """The centre crop's offset: torchvision's ``int(round((size - crop) / 2.0))``, or ``(size - crop) // 2``
+    (``rounding="floor"``, transformers' image processors)."""
+    return (size - crop) // 2 if rounding == "floor" else int(round((size - crop) / 2.0))
 
 
 @functools.lru_cache(maxsize=256)
 def image_taps(
-    height: int, width: int, resize: tuple[int, int], crop: tuple[int, int], interpolation: str
+    height: int,
+    width: int,
+    resize: tuple[int, int],
+    crop: tuple[int, int],
+    interpolation: str,
+    crop_rounding: str = "round",
 ) -> tuple[Taps, Taps]:
     """Row and column taps of one ``height x width`` image resized to ``resize`` (H, W) and centre-cropped to
     ``crop`` (H, W): only the kept rows and columns. Cached per size (CPU tensors; never modified)."""
-    rows = axis_taps(height, resize[0], crop_start(resize[0], crop[0]), crop[0], interpolation)
-    cols = axis_taps(width, resize[1], crop_start(resize[1], crop[1]), crop[1], interpolation)
+    rows = axis_taps(height, resize[0], crop_start(resize[0], crop[0], crop_rounding), crop[0], interpolation)
+    cols = axis_taps(width, resize[1], crop_start(resize[1], crop[1], crop_rounding), crop[1], interpolation)
     return rows, cols
 
 
@@ -91,13 +101,29 @@ def _pad(weight: torch.Tensor, k: int) -> torch.Tensor:
     return torch.nn.functional.pad(weight, (0, k - weight.shape[1]))
 
 
+def per_image(resize, count: int) -> list[tuple[int, int]]:
+    """``resize`` as one (H, W) per image: a single (H, W) pair is every image's."""
+    if len(resize) == 2 and all(isinstance(v, int) for v in resize):
+        return [(int(resize[0]), int(resize[1]))] * count
+    return [(int(h), int(w)) for h, w in resize]
+
+
 def pack(
-    images: Sequence[torch.Tensor], resize: tuple[int, int], crop: tuple[int, int], interpolation: str
+    images: Sequence[torch.Tensor],
+    resize,
+    crop: tuple[int, int],
+    interpolation: str,
+    crop_rounding: str = "round",
 ) -> PackedBatch:
     """The :class:`PackedBatch` of ``images`` (uint8 ``[H_i, W_i, 3]``, checked by the caller), its tables on the
-    images' device. The pixels are copied once into one flat buffer (one launch for images of any sizes)."""
+    images' device; ``resize``: one (H, W) for all, or one per image. The pixels are copied once into one flat
+    buffer (one launch for images of any sizes)."""
     device = images[0].device
-    taps = [image_taps(int(im.shape[0]), int(im.shape[1]), resize, crop, interpolation) for im in images]
+    resizes = per_image(resize, len(images))
+    taps = [
+        image_taps(int(im.shape[0]), int(im.shape[1]), size, crop, interpolation, crop_rounding)
+        for im, size in zip(images, resizes, strict=True)
+    ]
     ky = max(int(r.weight.shape[1]) for r, _ in taps)
     kx = max(int(c.weight.shape[1]) for _, c in taps)
     sizes = [im.numel() for im in images]
@@ -122,4 +148,15 @@ def pack(
     )
 
 
-__all__ = ["CUBIC_A", "SUPPORT", "PackedBatch", "Taps", "axis_taps", "crop_start", "image_taps", "pack"]
+__all__ = [
+    "CROP_ROUNDING",
+    "CUBIC_A",
+    "SUPPORT",
+    "PackedBatch",
+    "Taps",
+    "axis_taps",
+    "crop_start",
+    "image_taps",
+    "pack",
+    "per_image",
+]

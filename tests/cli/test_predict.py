@@ -150,3 +150,42 @@ def test_a_hugging_face_folder_brings_its_processor_and_labels(tmp_path, capsys)
     expected = [hf.config.id2label[int(i)] for i in probs.argsort(descending=True)]
     assert row["labels"] == expected  # transformers' own names, in transformers' order
     assert np.allclose(row["probabilities"], sorted(probs.tolist(), reverse=True), atol=2e-3)
+
+
+def test_the_preprocessing_that_ran_is_named(digits_folder, capsys):
+    """The torch backend and the grayscale default model run image_transform; the line on stderr says why."""
+    file = str(next(digits_folder.glob("*.png")))
+    assert main(["predict", "default", file, "--backend", "torch"]) == 0
+    assert "preprocessing: image_transform (eager): the torch backend runs no Triton kernel" in capsys.readouterr().err
+    assert main(["predict", "default", file, "--backend", "triton"]) == 0  # Triton's interpreter here
+    captured = capsys.readouterr()
+    assert "preprocessing: image_transform (eager): the kernel takes 3 channels, this model 1" in captured.err
+    assert captured.out.split(": ")[1].split()[0] == _label(file)
+
+
+def test_triton_backend_preprocesses_on_the_fused_kernel(tmp_path, capsys):
+    """An RGB model on the triton backend (the interpreter here): two images of different sizes and aspects in one
+    launch, answers as the torch backend's with image_transform gives them."""
+    pytest.importorskip("transformers", reason="transformers is not installed")
+    from ..fakes import tiny_hf_classifier
+
+    hf = tiny_hf_classifier(num_labels=4, image_size=32)
+    hf.save_pretrained(tmp_path / "model")
+    processor = {"image_processor_type": "BitImageProcessor", "size": {"shortest_edge": 36}, "resample": 3}
+    processor.update(do_center_crop=True, crop_size={"height": 32, "width": 32})
+    processor.update(image_mean=[0.485, 0.456, 0.406], image_std=[0.229, 0.224, 0.225])
+    (tmp_path / "model" / "preprocessor_config.json").write_text(json.dumps(processor))
+    g = torch.Generator().manual_seed(0)
+    for name, (h, w) in {"a.png": (37, 53), "b.png": (61, 29)}.items():
+        smooth = torch.nn.functional.interpolate(torch.rand(1, 3, 4, 5, generator=g), size=(h, w), mode="bilinear")
+        Image.fromarray((smooth[0].permute(1, 2, 0) * 255).round().to(torch.uint8).numpy()).save(tmp_path / name)
+    files = [str(tmp_path / "a.png"), str(tmp_path / "b.png")]
+    rows = {}
+    for backend in ("torch", "triton"):
+        assert main(["predict", str(tmp_path / "model"), *files, "--json", "-", "--backend", backend]) == 0
+        captured = capsys.readouterr()
+        rows[backend] = [json.loads(line) for line in captured.out.splitlines()]
+    assert "vit-fast predict: preprocessing: fused kernel" in captured.err
+    for torch_row, triton_row in zip(rows["torch"], rows["triton"], strict=True):
+        assert triton_row["labels"] == torch_row["labels"]
+        assert np.allclose(triton_row["probabilities"], torch_row["probabilities"], atol=2e-3)

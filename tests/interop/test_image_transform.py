@@ -22,7 +22,7 @@ from PIL import Image  # noqa: E402
 
 import vit_fast  # noqa: E402
 from vit_fast import VisionTransformer, ViTConfig  # noqa: E402
-from vit_fast.interop.image_transform import Preprocessing, from_data_config  # noqa: E402
+from vit_fast.interop.image_transform import Preprocessing, from_data_config, from_image_processor  # noqa: E402
 from vit_fast.interop.images import image_files, load_image  # noqa: E402
 
 MEAN_TOL, MAX_TOL = 0.01, 0.05
@@ -256,3 +256,58 @@ def test_without_pillow_the_error_names_the_extra(monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "PIL", None)  # as if Pillow were not installed
     with pytest.raises(ImportError, match=r"reading image files needs Pillow: pip install -e '\.\[images\]'"):
         pil_image_module()
+
+
+# --------------------------------------------------------------------------- the fused kernel against image_transform
+def _smooth_photo(h: int, w: int, seed: int) -> torch.Tensor:
+    """uint8 [3, h, w]: low frequencies within 40..215, so no bicubic overshoot leaves 0..255."""
+    g = torch.Generator().manual_seed(seed)
+    smooth = torch.nn.functional.interpolate(torch.rand(1, 3, 4, 5, generator=g), size=(h, w), mode="bilinear")
+    return (40 + smooth[0] * 175).round().to(torch.uint8)
+
+
+def _kernel_cases() -> dict[str, Preprocessing]:
+    cases = {name: from_data_config({"input_size": (3, 24, 24), **cfg}) for name, cfg in TIMM_CONFIGS.items()}
+    # DINOv2's BitImageProcessor, read as image_transform reads it: shortest edge 36, centre crop 32 (floor offsets)
+    cases["bit-dinov2"] = from_image_processor(_hf_processors()["bit-dinov2"].to_dict())
+    assert cases["bit-dinov2"].crop_rounding == "floor" and cases["bit-dinov2"].size == 36
+    return cases
+
+
+@pytest.mark.parametrize("name", ["bicubic-0.9-half", "bicubic-1.0-clip", "bilinear-0.875-imagenet", "bit-dinov2"])
+def test_fused_kernel_matches_image_transform(name):
+    """One launch for three odd source sizes (each its own aspect-keeping resize) against image_transform per image,
+    in the interpreter. image_transform clips and rounds to uint8 between PIL's two passes, the kernel filters in
+    fp32 once: on smooth images both parity bounds hold; on the edged, noisy photo the mean bound holds everywhere
+    and the max bound with bilinear (bicubic overshoot, clipped by PIL mid-way, moves single pixels up to 0.19)."""
+    from vit_fast.interop.image_transform import FUSED, apply, preprocess_batch
+
+    pre = _kernel_cases()[name]
+    for photo in (_smooth_photo, lambda h, w, seed: torch.from_numpy(_photo(h, w, seed)).permute(2, 0, 1)):
+        images = [photo(h, w, i) for i, (h, w) in enumerate(SOURCES[:3])]
+        out, how = preprocess_batch(pre, images)
+        assert how == FUSED and out.shape == (3, 3, *pre.output_hw)
+        diff = (out - torch.stack([apply(pre, x) for x in images])).abs()
+        assert float(diff.mean()) <= MEAN_TOL, (name, float(diff.mean()))
+        if photo is _smooth_photo or pre.interpolation == "bilinear":
+            assert float(diff.max()) <= MAX_TOL, (name, float(diff.max()))
+
+
+def test_preprocess_batch_falls_back_with_its_reason():
+    """What the kernel cannot do runs image_transform per image and says why: 1 channel (the embedded digits
+    model), no antialias, no fixed output shape, the torch backend. Each result equals apply's."""
+    from vit_fast.interop.image_transform import EAGER, apply, default_model_preprocessing, preprocess_batch
+
+    rgb = Preprocessing((12, 10), (8, 8), "bilinear", IMAGENET_MEAN, IMAGENET_STD)
+    cases = [
+        (default_model_preprocessing(), True, "3 channels"),
+        (Preprocessing(9, None, "bicubic", IMAGENET_MEAN, IMAGENET_STD), True, "cannot share one batch"),
+        (Preprocessing((9, 9), None, "bilinear", IMAGENET_MEAN, IMAGENET_STD, antialias=False), True, "antialias"),
+        (rgb, False, "torch backend"),
+    ]
+    for pre, kernel, reason in cases:
+        images = [_smooth_photo(11, 14, 0)[: pre.channels], _smooth_photo(8, 8, 1)[: pre.channels]]
+        out, how = preprocess_batch(pre, images, kernel=kernel)
+        assert how.startswith(f"{EAGER}: ") and reason in how, how
+        for got, image in zip(out, images, strict=True):
+            assert torch.equal(got, apply(pre, image))

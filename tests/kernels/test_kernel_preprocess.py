@@ -28,6 +28,8 @@ CASES = {
     "mixed-sizes": ([(13, 17), (9, 14), (20, 11)], (12, 10), (11, 9), "bicubic"),
     # under the interpreter a program covers 32 x 32 output pixels: 2 x 2 programs, both with tails
     "tiles-and-tails": ([(30, 20)], (36, 40), (33, 34), "bicubic"),
+    # each image its own resize (an aspect-keeping resize's), one launch; image 1's crop offset 1.5 rounds two ways
+    "per-image-resize": ([(13, 17), (9, 14), (20, 11)], [(10, 13), (10, 12), (18, 10)], (9, 9), "bicubic"),
 }
 
 
@@ -62,6 +64,25 @@ def test_each_image_alone_equals_its_row_of_a_mixed_batch():
     batch = preprocess(images, **kw)
     for i, image in enumerate(images):
         torch.testing.assert_close(preprocess([image], **kw)[0], batch[i], rtol=0, atol=0)
+
+
+def test_per_image_resize_and_floor_offsets_equal_launches_of_their_own():
+    """A list of resizes (one per image) gives each image what a launch with its resize alone gives; floor offsets
+    (transformers' centre crop) move the crop where round's banker's rounding does not, and match the reference."""
+    images, kw = _args("per-image-resize")
+    resizes = kw.pop("resize")
+    batches = {}
+    for rounding in ("round", "floor"):
+        batch = batches[rounding] = preprocess(images, resize=resizes, crop_rounding=rounding, **kw)
+        for i, (image, size) in enumerate(zip(images, resizes, strict=True)):
+            alone = preprocess([image], resize=size, crop_rounding=rounding, **kw)[0]
+            torch.testing.assert_close(alone, batch[i], rtol=0, atol=0)
+        ref = dict(resize=resizes, crop_rounding=rounding, **kw)
+        truth = preprocess_ref(images, out_dtype=torch.float64, compute_dtype=torch.float64, **ref)
+        assert_within_eager(batch, preprocess_ref(images, **ref), truth, f"preprocess per-image resize {rounding}")
+    assert torch.equal(batches["round"][0], batches["floor"][0]) and not torch.equal(*batches.values())
+    assert crop_start(15, 10, "floor") == 2 and crop_start(15, 10) == 2  # round(2.5) == 2
+    assert crop_start(13, 10, "floor") == 1 and crop_start(13, 10) == 2  # round(1.5) == 2
 
 
 def test_strided_views_are_read_as_their_pixels():
@@ -102,7 +123,7 @@ def _pil_resize(image: torch.Tensor, resize, crop, interpolation, float_mode: bo
     return torch.from_numpy(out.astype(np.float64))
 
 
-REFERENCE_CASES = [c for c in CASES if c != "mixed-sizes"]
+REFERENCE_CASES = [c for c in CASES if c not in ("mixed-sizes", "per-image-resize")]
 
 
 @pytest.mark.parametrize("case", REFERENCE_CASES)
@@ -154,6 +175,9 @@ BAD = [
     ("CHW", lambda im: [im.permute(2, 0, 1)], {}, ValueError, "HWC"),
     ("RGBA", lambda im: [torch.cat([im, im[:, :, :1]], 2)], {}, ValueError, "3 channels"),
     ("crop > resize", lambda im: [im], {"crop": (9, 8)}, ValueError, "larger than resize"),
+    ("crop > one resize", lambda im: [im, im], {"resize": [(8, 8), (8, 7)]}, ValueError, r"\(image 1\)"),
+    ("resize count", lambda im: [im, im], {"resize": [(8, 8)] * 3}, ValueError, "a list of 2 .one per image"),
+    ("crop rounding", lambda im: [im], {"crop_rounding": "ceil"}, ValueError, "crop_rounding 'ceil'"),
     ("interpolation", lambda im: [im], {"interpolation": "nearest"}, ValueError, "unknown interpolation"),
     ("resize", lambda im: [im], {"resize": (0, 8)}, ValueError, "resize must be"),
     ("mean", lambda im: [im], {"mean": (0.5, 0.5)}, ValueError, "mean must be 3"),

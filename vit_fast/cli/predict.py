@@ -8,7 +8,10 @@ PATH is an image file (PNG, JPEG, WebP, BMP; any mode, EXIF orientation applied)
 images by suffix, through subfolders, sorted, hidden names left out. Each image is preprocessed as
 the model's own library does (vit_fast.image_transform: timm's pretrained_cfg, a Hugging Face
 folder's preprocessor_config.json or --processor, the default model's record), decoded in a small
-thread pool and run in batches. Labels come from the model (id2label, timm's label_names, the
+thread pool and run in batches. On the triton backend each batch of decoded images (each at its
+own size) is preprocessed in one launch of the fused preprocessing kernel; where the kernel cannot
+(a grayscale model, the torch backend) image_transform runs in the decode threads. A line on
+stderr says which ran, and why not the kernel. Labels come from the model (id2label, timm's label_names, the
 digits), else class indices. --json writes one JSON line per image as each batch finishes (staged
 beside the file, published when the run ends, Ctrl-C included); --features writes each image's
 pooled feature with the file names (.safetensors or .npy) instead of labels. A file that cannot be
@@ -97,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     labels = model_labels(model, args.model)
     folders = any(Path(p).is_dir() for p in args.paths)
     progress = bar(len(files), "predict", enabled=folders and len(files) > args.batch, unit="image")
-    failed, done, feature_rows = 0, 0, []
+    failed, done, feature_rows, shown = 0, 0, [], ""
     with _json_lines(json_target) as out:
         try:
             batches = predict_files(
@@ -111,6 +114,10 @@ def run(args: argparse.Namespace) -> int:
                 features=features is not None,
             )
             for answers in batches:
+                how = next((a.preprocessing for a in answers if a.preprocessing), shown)
+                if how != shown:  # said once (the first batch), and again were it ever to change
+                    print(f"vit-fast predict: preprocessing: {how}", file=sys.stderr)
+                    shown = how
                 for answer in answers:
                     if answer.error is not None:
                         failed += 1

@@ -95,8 +95,8 @@ def apply(pre: Preprocessing, pixels: torch.Tensor) -> torch.Tensor:
         x = F.interpolate(x, size=size, **resize).clamp_(0.0, 255.0)
     top, left, ch, cw = pre.crop_box(*size)
     x = x[0, :, top : top + ch, left : left + cw]
-    mean = torch.tensor(pre.mean, dtype=torch.float32).view(-1, 1, 1)
-    std = torch.tensor(pre.std, dtype=torch.float32).view(-1, 1, 1)
+    mean = torch.tensor(pre.mean, dtype=torch.float32, device=x.device).view(-1, 1, 1)
+    std = torch.tensor(pre.std, dtype=torch.float32, device=x.device).view(-1, 1, 1)
     return ((x / 255.0 - mean) / std).contiguous()
 
 
@@ -105,6 +105,63 @@ def width_first(source: tuple[int, int], size: tuple[int, int]) -> bool:
     where the height shrinks, and by a larger factor than the width (older Pillows: always width first)."""
     (h, w), (oh, ow) = source, size
     return not (oh < h and h * ow > w * oh)
+
+
+#: what :func:`preprocess_batch` ran: the fused Triton kernel, or :func:`apply` (eager PyTorch) per image
+FUSED, EAGER = "fused kernel", "image_transform (eager)"
+
+
+def fused_unsupported(pre: Preprocessing, device: torch.device | str, kernel: bool = True) -> str | None:
+    """Why the fused kernel (``vit_fast.kernels.preprocess``) cannot compute ``pre`` on ``device``; None: it can.
+    ``kernel=False``: the caller does not run the Triton backend."""
+    from vit_fast.kernels.interpret import interpreter_enabled
+    from vit_fast.kernels.preprocess_weights import SUPPORT
+
+    if not kernel:
+        return "the torch backend runs no Triton kernel"
+    if pre.channels != 3:
+        return f"the kernel takes 3 channels, this model {pre.channels} (a grayscale model's input is tiny)"
+    if pre.interpolation not in SUPPORT:
+        return f"the kernel has no {pre.interpolation} interpolation"
+    if not pre.antialias:
+        return "the kernel always antialiases; this preprocessing does not"
+    if pre.output_hw is None:
+        return "no centre crop or fixed size: each image keeps its own shape, so they cannot share one batch"
+    if torch.device(device).type != "cuda" and not interpreter_enabled():
+        return f"the kernel runs on CUDA (or in Triton's interpreter, TRITON_INTERPRET=1), not on {device}"
+    return None
+
+
+def preprocess_batch(
+    pre: Preprocessing,
+    images: list[torch.Tensor],
+    *,
+    device: torch.device | str = "cpu",
+    out_dtype: torch.dtype = torch.float32,
+    kernel: bool = True,
+    pool: Any = None,
+) -> tuple[torch.Tensor | list[torch.Tensor], str]:
+    """Decoded uint8 ``[C, H, W]`` images (as :meth:`ImageTransform.pixels` gives them) to the model's input and
+    what ran: one fused-kernel launch (``[B, C, h, w]`` on ``device``) where :func:`fused_unsupported` allows,
+    else :func:`apply` per image (``pool.map`` where given) with the reason. Rules: docs/usage.md."""
+    reason = fused_unsupported(pre, device, kernel)
+    if reason is not None:
+        per_image = (pool.map if pool is not None else map)(lambda x: apply(pre, x), images)
+        return list(per_image), f"{EAGER}: {reason}"
+    from vit_fast.kernels.preprocess import preprocess
+
+    hwc = [x.permute(1, 2, 0).to(device) for x in images]
+    out = preprocess(
+        hwc,
+        resize=[pre.resize_hw(int(x.shape[0]), int(x.shape[1])) for x in hwc],
+        crop=pre.output_hw,
+        interpolation=pre.interpolation,
+        mean=pre.mean,
+        std=pre.std,
+        out_dtype=out_dtype,
+        crop_rounding=pre.crop_rounding,
+    )
+    return out, FUSED
 
 
 class ImageTransform:
