@@ -162,5 +162,6 @@ def define_op(
         return op(*args)
 
     call.__name__ = call.__qualname__ = name
-    call.op = op
+    call.op, call.launch, call.check, call.empty = op, launch, check, empty  # the spec, read by OPS[name].spec
+    call.reference, call.prepare = reference, prepare
     return call
