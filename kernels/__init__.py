@@ -76,6 +76,11 @@ class Op:
         return getattr(self.kernel.module, self.name)
 
     @property
+    def spec(self) -> _Any:
+        """What ``_launch.define_op`` made of it, ``_<name>``: ``op``, ``launch``, ``check``, ``empty``, ``reference``."""
+        return getattr(self.kernel.module, f"_{self.name}")
+
+    @property
     def launcher(self) -> _Any:
         return getattr(self.kernel.module, self.launcher_name)
 

@@ -127,31 +127,41 @@ def define_op(
     check: Callable[..., None],
     empty: Callable[..., Any],
     reference: Callable[..., Any],
+    prepare: Callable[..., tuple] | None = None,
+    lead: int | None = None,
 ) -> Callable[..., Any]:
-    """Make ``launch`` (``_<name>_op``: typed, as ``torch.library`` reads the op's schema from its annotations; it
-    launches with the inputs already checked) the custom op ``vit_fast::<name>``: its fake runs ``check`` and returns
-    ``empty``'s new outputs, its backward recomputes through ``reference`` (:func:`register_recompute_backward`), all
-    three taking the op's arguments in its order. Returns the call a public op makes: ``check``, then ``launch`` in
-    plain eager (:func:`~.launches.eager_direct`), else the op (also its ``op`` attribute)."""
+    """Make ``launch`` (``_<name>_op``, typed: ``torch.library`` reads the schema from it) the custom op
+    ``vit_fast::<name>``, the one place a kernel's op is written: fake = ``check`` + ``empty``'s outputs, backward
+    recomputes through ``reference``. Returns the public call: ``check``, ``prepare`` (defaults filled, e.g. a scale),
+    then ``launch`` in plain eager (:func:`~.launches.eager_direct` on argument ``lead``, the first tensor by
+    default), else the op (its ``op`` attribute). More: docs/kernels.md, "Ops, launchers and references"."""
     name = launch.__name__.removeprefix("_").removesuffix("_op")
     op = torch.library.custom_op(f"vit_fast::{name}", mutates_args=())(launch)
 
-    def fake(*args: Any) -> Any:
-        check(*args)
-        return empty(*args)
+    signature = inspect.signature(launch)
+
+    def fake(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)  # every argument, in order: defaults filled
+        bound.apply_defaults()
+        check(*bound.args)
+        return empty(*bound.args)
 
     op.register_fake(fake)
     register_recompute_backward(op, reference)
-    parameters = inspect.signature(launch).parameters.values()
+    parameters = signature.parameters.values()
     tensors = tuple(i for i, p in enumerate(parameters) if "Tensor" in str(p.annotation))
-    first, rest = tensors[0], tensors[1:]
+    first = tensors[0] if lead is None else lead
+    rest = tuple(i for i in tensors if i != first)
 
     def call(*args: Any) -> Any:
         check(*args)
+        if prepare is not None:
+            args = prepare(*args)
         if eager_direct(args[first], *[args[i] for i in rest]):
             return launch(*args)
         return op(*args)
 
     call.__name__ = call.__qualname__ = name
-    call.op = op
+    call.op, call.launch, call.check, call.empty = op, launch, check, empty  # the spec, read by OPS[name].spec
+    call.reference, call.prepare = reference, prepare
     return call

@@ -12,13 +12,13 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import cdiv, dot_in_fp32, interpret_bf16, output_buffer, register_recompute_backward
+from ._launch import cdiv, define_op, dot_in_fp32, interpret_bf16, output_buffer
 from ._tl import dot, online_softmax_step, to_bf16_rtne
 from .attention_checks import check_attention_inputs
 from .attention_tiles import attention_configs, block_d_for, prune_attention_configs
 from .autotune import autotune_cache_enabled, tune_key
 from .cards import tensor_arch
-from .launches import ResolvedLaunches, eager_direct
+from .launches import ResolvedLaunches
 from .rope import LAYOUTS, apply_rope_ref, check_rope, rope_rotate, sequence_positions
 
 LOG2E = math.log2(math.e)
@@ -347,7 +347,6 @@ def launch_attention(
 
 
 # ---------------------------------------------------------------------------------- custom op
-@torch.library.custom_op("vit_fast::attention", mutates_args=())
 def _attention_op(
     qkv: torch.Tensor,
     num_heads: int,
@@ -360,37 +359,30 @@ def _attention_op(
     num_prefix: int = 0,
     rope_layout: str = "interleaved",
 ) -> torch.Tensor:
-    # attention() checked the inputs
     rope = dict(rope_cos=rope_cos, rope_sin=rope_sin, num_prefix=num_prefix, rope_layout=rope_layout)
     return launch_attention(
         qkv, num_heads, scale, lengths=lengths, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, **rope, checked=True
     )
 
 
-@_attention_op.register_fake
-def _attention_fake(
-    qkv: torch.Tensor,
-    num_heads: int,
-    scale: float,
-    lengths: torch.Tensor | None = None,
-    cu_seqlens: torch.Tensor | None = None,
-    max_seqlen: int | None = None,
-    rope_cos: torch.Tensor | None = None,
-    rope_sin: torch.Tensor | None = None,
-    num_prefix: int = 0,
-    rope_layout: str = "interleaved",
-) -> torch.Tensor:
-    check_attention_inputs(qkv, num_heads, scale, lengths, cu_seqlens, max_seqlen)  # values: not readable here
-    check_rope(qkv, num_heads, rope_cos, rope_sin, num_prefix, rope_layout)
-    batch, tokens, width = qkv.shape
-    return qkv.new_empty((batch, tokens, width // 3))
+def _check(qkv, num_heads, scale, lengths, cu_seqlens, max_seqlen, rope_cos, rope_sin, num_prefix, layout) -> None:
+    check_attention_inputs(qkv, num_heads, scale, lengths, cu_seqlens, max_seqlen)  # a fake's values: not read
+    check_rope(qkv, num_heads, rope_cos, rope_sin, num_prefix, layout)
 
 
-register_recompute_backward(
+def _default_scale(qkv, num_heads, scale, *rest) -> tuple:
+    head_dim = qkv.shape[-1] // (3 * num_heads)
+    return (qkv, num_heads, head_dim**-0.5 if scale is None else float(scale), *rest)
+
+
+_attention = define_op(
     _attention_op,
-    lambda qkv, num_heads, scale, lengths, cu_seqlens, max_seqlen, cos, sin, num_prefix, layout: attention_ref(
+    check=_check,
+    empty=lambda qkv, *_: qkv.new_empty((*qkv.shape[:2], qkv.shape[2] // 3)),
+    reference=lambda qkv, num_heads, scale, lengths, cu_seqlens, _max, cos, sin, num_prefix, layout: attention_ref(
         qkv, num_heads, scale, True, lengths=lengths, cu_seqlens=cu_seqlens, rope=(cos, sin, num_prefix, layout)
     ),
+    prepare=_default_scale,
 )
 
 
@@ -412,15 +404,8 @@ def attention(
     ``scale`` (default ``Dh ** -0.5``); returns ``[B, T, H * Dh]`` in qkv's dtype. Masks, one at a time:
     ``lengths [B]`` int32 (a padded batch) or ``cu_seqlens [N + 1]`` int32 (packed images; ``max_seqlen`` bounds a
     segment); padding comes out zero. RoPE tables ``rope_cos`` / ``rope_sin``: docs/kernels.md, section RoPE."""
-    check_attention_inputs(qkv, num_heads, scale, lengths, cu_seqlens, max_seqlen)
-    check_rope(qkv, num_heads, rope_cos, rope_sin, num_prefix, rope_layout)
-    head_dim = qkv.shape[-1] // (3 * num_heads)
-    scale = head_dim**-0.5 if scale is None else float(scale)
-    masks = dict(lengths=lengths, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
-    rope = dict(rope_cos=rope_cos, rope_sin=rope_sin, num_prefix=num_prefix, rope_layout=rope_layout)
-    if eager_direct(qkv, *(t for t in (rope_cos, rope_sin) if t is not None)):  # plain eager: no op dispatch
-        return launch_attention(qkv, num_heads, scale, **masks, **rope, checked=True)
-    return _attention_op(qkv, num_heads, scale, *masks.values(), *rope.values())
+    masks, rope = (lengths, cu_seqlens, max_seqlen), (rope_cos, rope_sin, num_prefix, rope_layout)
+    return _attention(qkv, num_heads, scale, *masks, *rope)
 
 
 # ---------------------------------------------------------------------------------- reference

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import check_device, dot_in_fp32, interpret_bf16, output_buffer, register_recompute_backward
+from ._launch import check_device, define_op, dot_in_fp32, interpret_bf16, output_buffer
 from ._tl import dot, online_softmax_step, to_bf16_rtne
 from .attention import LOG2E
 from .attention_checks import MAX_HEAD_DIM, MIN_HEAD_DIM
@@ -19,7 +19,7 @@ from .attention_tiles import block_d_for
 from .autotune import autotune_cache_enabled, closest_config, prune_target, tune_key, tuning_requested
 from .cards import Card, tensor_arch
 from .interpret import interpreter_enabled
-from .launches import SUPPORTED_DTYPES, ResolvedLaunches, eager_direct
+from .launches import SUPPORTED_DTYPES, ResolvedLaunches
 
 #: the most latent queries one launch takes (they share one program's 16-row tile; SigLIP heads have 1)
 MAX_QUERIES = 16
@@ -320,21 +320,22 @@ def launch_attention_pool(
 
 
 # ---------------------------------------------------------------------------------- custom op
-@torch.library.custom_op("vit_fast::attention_pool", mutates_args=())
 def _attention_pool_op(q: torch.Tensor, kv: torch.Tensor, num_heads: int, scale: float) -> torch.Tensor:
-    return launch_attention_pool(q, kv, num_heads, scale, checked=True)  # attention_pool() checked the inputs
+    return launch_attention_pool(q, kv, num_heads, scale, checked=True)
 
 
-@_attention_pool_op.register_fake
-def _attention_pool_fake(q: torch.Tensor, kv: torch.Tensor, num_heads: int, scale: float) -> torch.Tensor:
-    _check_pool_inputs(q, kv, num_heads, scale)
-    batch, _, width = kv.shape
-    return kv.new_empty((batch, q.shape[1], width // 2))
+def _default_scale(q, kv, num_heads, scale) -> tuple:
+    head_dim = kv.shape[-1] // (2 * num_heads)
+    return q, kv, num_heads, head_dim**-0.5 if scale is None else float(scale)
 
 
-register_recompute_backward(
+_attention_pool = define_op(
     _attention_pool_op,
-    lambda q, kv, num_heads, scale: attention_pool_ref(q, kv, num_heads, scale, upcast=True),
+    check=_check_pool_inputs,
+    empty=lambda q, kv, *_: kv.new_empty((kv.shape[0], q.shape[1], kv.shape[-1] // 2)),
+    reference=lambda q, kv, num_heads, scale: attention_pool_ref(q, kv, num_heads, scale, upcast=True),
+    prepare=_default_scale,
+    lead=1,  # kv, the activation: q is often a Parameter (timm's latent)
 )
 
 
@@ -344,12 +345,7 @@ def attention_pool(q: torch.Tensor, kv: torch.Tensor, num_heads: int, scale: flo
     and device; ``kv [B, T, 2 * H * Dh]`` float16 / bfloat16 / float32, read as ``[B, T, 2, H, Dh]`` (k, then v);
     both unit-stride along the last dim. ``num_heads`` H (Dh in 16..256), ``scale`` (default ``Dh ** -0.5``). Returns
     ``[B, Lq, H * Dh]`` in kv's dtype. A custom op: docs/kernels.md, section Attention pool."""
-    _check_pool_inputs(q, kv, num_heads, scale)
-    head_dim = kv.shape[-1] // (2 * num_heads)
-    scale = head_dim**-0.5 if scale is None else float(scale)
-    if eager_direct(kv, q):  # plain eager: skip the custom op's dispatch
-        return launch_attention_pool(q, kv, num_heads, scale, checked=True)
-    return _attention_pool_op(q, kv, num_heads, scale)
+    return _attention_pool(q, kv, num_heads, scale)
 
 
 # ---------------------------------------------------------------------------------- reference

@@ -15,17 +15,17 @@ import triton.language as tl
 from ._launch import (
     cdiv,
     check_device,
+    define_op,
     dot_in_fp32,
     interpret_bf16,
     next_power_of_2,
     output_buffer,
-    register_recompute_backward,
 )
 from ._tl import dot, online_softmax_step, to_bf16_rtne
 from .autotune import autotune_cache_enabled, closest_config, prune_target, tune_key, tuning_requested
 from .cards import tensor_arch
 from .interpret import interpreter_enabled
-from .launches import SUPPORTED_DTYPES, ResolvedLaunches, eager_direct
+from .launches import SUPPORTED_DTYPES, ResolvedLaunches
 
 #: q / k head dims (``Dh``; v heads and output heads are ``2 * Dh``): 8..128 gives output heads of 16..256, the
 #: range of the plain attention kernel (``attention_checks.MIN_HEAD_DIM``, ``MAX_HEAD_DIM``)
@@ -343,7 +343,6 @@ def launch_diff_attention(
 
 
 # ---------------------------------------------------------------------------------- custom op
-@torch.library.custom_op("vit_fast::diff_attention", mutates_args=())
 def _diff_attention_op(
     qkv: torch.Tensor,
     lambda_full: torch.Tensor,
@@ -356,18 +355,20 @@ def _diff_attention_op(
     return launch_diff_attention(qkv, lambda_full, norm_weight, num_heads, lambda_init, scale, norm_eps, checked=True)
 
 
-@_diff_attention_op.register_fake
-def _diff_attention_fake(qkv, lambda_full, norm_weight, num_heads, lambda_init, scale, norm_eps) -> torch.Tensor:
-    _check_diff_attention_inputs(qkv, lambda_full, norm_weight, num_heads, lambda_init, scale, norm_eps)
-    batch, tokens, width = qkv.shape
-    return qkv.new_empty((batch, tokens, width // 3))
+def _defaults(qkv, lambda_full, norm_weight, num_heads, lambda_init, scale, norm_eps) -> tuple:
+    head_dim = qkv.shape[-1] // (6 * num_heads)
+    scale = head_dim**-0.5 if scale is None else float(scale)
+    return qkv, lambda_full, norm_weight, num_heads, float(lambda_init), scale, float(norm_eps)
 
 
-register_recompute_backward(
+_diff_attention = define_op(
     _diff_attention_op,
-    lambda qkv, lam, weight, heads, lambda_init, scale, eps: diff_attention_ref(
+    check=_check_diff_attention_inputs,
+    empty=lambda qkv, *_: qkv.new_empty((*qkv.shape[:2], qkv.shape[2] // 3)),
+    reference=lambda qkv, lam, weight, heads, lambda_init, scale, eps: diff_attention_ref(
         qkv, lam, weight, heads, lambda_init, scale, eps, upcast=True
     ),
+    prepare=_defaults,
 )
 
 
@@ -385,15 +386,7 @@ def diff_attention(
     one-element tensor on qkv's device; ``norm_weight [2 Dh]`` the ``sub_norm`` RmsNorm's weight; ``num_heads`` H
     (the output heads); ``lambda_init``, ``scale`` (``Dh ** -0.5``), ``norm_eps`` (timm: 1e-5). Returns
     ``[B, T, H * 2 Dh]`` in qkv's dtype. More: docs/kernels.md, section Differential attention."""
-    _check_diff_attention_inputs(qkv, lambda_full, norm_weight, num_heads, lambda_init, scale, norm_eps)
-    head_dim = qkv.shape[-1] // (6 * num_heads)
-    scale = head_dim**-0.5 if scale is None else float(scale)
-    lambda_init, norm_eps = float(lambda_init), float(norm_eps)
-    if eager_direct(qkv, lambda_full, norm_weight):
-        return launch_diff_attention(
-            qkv, lambda_full, norm_weight, num_heads, lambda_init, scale, norm_eps, checked=True
-        )
-    return _diff_attention_op(qkv, lambda_full, norm_weight, num_heads, lambda_init, scale, norm_eps)
+    return _diff_attention(qkv, lambda_full, norm_weight, num_heads, lambda_init, scale, norm_eps)
 
 
 # ---------------------------------------------------------------------------------- reference

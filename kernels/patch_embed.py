@@ -11,11 +11,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import cdiv, dot_in_fp32, interpret_bf16, register_recompute_backward
+from ._launch import cdiv, define_op, dot_in_fp32, interpret_bf16
 from ._tl import dot, to_bf16_rtne
 from .autotune import autotune_cache_enabled, m_class, tune_key
 from .cards import tensor_arch, tensor_sm_count
-from .launches import ResolvedLaunches, eager_direct
+from .launches import ResolvedLaunches
 from .patch_embed_checks import as_channel_stats, check_patch_embed_inputs, no_empty, token_counts
 from .patch_embed_tiles import patch_embed_configs, prune_patch_embed_configs
 
@@ -236,7 +236,6 @@ def launch_patch_embed(
 
 
 # ---------------------------------------------------------------------------------- custom op
-@torch.library.custom_op("vit_fast::patch_embed", mutates_args=())
 def _patch_embed_op(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -248,37 +247,26 @@ def _patch_embed_op(
     std: torch.Tensor | None,
     no_embed_class: bool,
 ) -> torch.Tensor:
-    return _launch_checked(x, weight, bias, pos_embed, cls_token, reg_token, mean, std, no_embed_class)
-
-
-def _launch_checked(x, weight, bias, pos_embed, cls_token, reg_token, mean, std, no_embed_class) -> torch.Tensor:
-    """The op's body, in its argument order: patch_embed() checked the inputs."""
     return launch_patch_embed(
-        x,
-        weight,
-        bias,
-        pos_embed,
-        cls_token,
-        reg_token,
-        no_embed_class=no_embed_class,
-        mean=mean,
-        std=std,
+        x, weight, bias, pos_embed, cls_token, reg_token, no_embed_class=no_embed_class, mean=mean, std=std,
         checked=True,
-    )
+    )  # fmt: skip
 
 
-@_patch_embed_op.register_fake
-def _patch_embed_fake(x, weight, bias, pos_embed, cls_token, reg_token, mean, std, no_embed_class) -> torch.Tensor:
-    reg_token = no_empty(reg_token)
-    check_patch_embed_inputs(x, weight, bias, pos_embed, cls_token, reg_token, mean, std, no_embed_class)
-    return x.new_empty(
-        (x.shape[0], token_counts(x, weight, cls_token, reg_token)[2], weight.shape[0]), dtype=weight.dtype
-    )
+def _check(x, weight, bias, pos_embed, cls_token, reg_token, mean, std, no_embed_class) -> None:
+    check_patch_embed_inputs(x, weight, bias, pos_embed, cls_token, no_empty(reg_token), mean, std, no_embed_class)
 
 
-register_recompute_backward(
+def _empty(x, weight, bias, pos_embed, cls_token, reg_token, *_) -> torch.Tensor:
+    tokens = token_counts(x, weight, cls_token, no_empty(reg_token))[2]
+    return x.new_empty((x.shape[0], tokens, weight.shape[0]), dtype=weight.dtype)
+
+
+_patch_embed = define_op(
     _patch_embed_op,
-    lambda x, weight, bias, pos_embed, cls_token, reg_token, mean, std, no_embed_class: patch_embed_ref(
+    check=_check,
+    empty=_empty,
+    reference=lambda x, weight, bias, pos_embed, cls_token, reg_token, mean, std, no_embed_class: patch_embed_ref(
         x, weight, bias, pos_embed, cls_token, reg_token, no_embed_class=no_embed_class, mean=mean, std=std
     ),
 )
@@ -303,11 +291,7 @@ def patch_embed(
     ``reg_token [1, R, D]`` optional. Normalisation, ``L`` and backward: docs/kernels.md, section Patch embedding."""
     mean = as_channel_stats(mean, "mean", x)
     std = as_channel_stats(std, "std", x)
-    reg_token = no_empty(reg_token)
-    check_patch_embed_inputs(x, weight, bias, pos_embed, cls_token, reg_token, mean, std, no_embed_class)
-    if eager_direct(x, weight, bias, pos_embed, cls_token, reg_token):  # plain eager: skip the op's dispatch
-        return _launch_checked(x, weight, bias, pos_embed, cls_token, reg_token, mean, std, no_embed_class)
-    return _patch_embed_op(x, weight, bias, pos_embed, cls_token, reg_token, mean, std, no_embed_class)
+    return _patch_embed(x, weight, bias, pos_embed, cls_token, no_empty(reg_token), mean, std, no_embed_class)
 
 
 # ---------------------------------------------------------------------------------- reference

@@ -70,3 +70,23 @@ def test_the_registry_names_every_kernel_file_and_every_op():
         n for n in dir(torch.ops.vit_fast) if isinstance(getattr(torch.ops.vit_fast, n), torch._ops.OpOverloadPacket)
     }
     assert registered == set(OPS)
+
+
+def test_every_op_is_made_by_the_one_helper():
+    """``torch.library.custom_op``, an op's fake and its backward are written in one place, ``_launch.define_op``:
+    a kernel file that registers its op by hand fails here, as does an op that is not a ``define_op`` call."""
+    from pathlib import Path
+
+    import torch
+
+    import vit_fast.kernels
+    from vit_fast.kernels import OPS
+
+    root = Path(vit_fast.kernels.__file__).parent
+    words = ("torch.library.custom_op", "register_fake", "register_autograd", "register_recompute_backward(")
+    by_hand = {p.name for p in root.glob("*.py") if p.name != "_launch.py" and any(w in p.read_text() for w in words)}
+    assert by_hand == set()
+    for name, op in OPS.items():  # the registry reaches each op's spec, ``_<name>`` in its kernel file
+        spec = op.spec
+        assert isinstance(spec.op, torch.library.CustomOpDef) and spec.op._qualname == f"vit_fast::{name}", name
+        assert spec.launch.__name__ == f"_{name}_op" and callable(spec.check) and callable(spec.reference), name

@@ -29,7 +29,6 @@ from vit_fast.model.config import HF_ACTIVATIONS
 from vit_fast.model.layers import run_block
 from vit_fast.model.stacking import LinearWeights, StackedLinears
 
-_MIN_HEAD_DIM, _MAX_HEAD_DIM = 16, 256  # the attention kernel's range (vit_fast.kernels.attention)
 _STATE = "_vit_fast_view"  # the layer seen with timm's names (_LayerView, _HeadView)
 
 
@@ -284,15 +283,18 @@ def layer_heads(layer: nn.Module, config: Any) -> int:
 
 def head_dim_problem(model: nn.Module, layers: list[nn.Module]) -> str | None:
     """Why the attention kernel cannot run the vision ``layers`` (a head dim outside its range); None when it can."""
+    if not runtime.triton_importable():
+        return None  # no kernel runs at all: runtime.require_triton says why
     config = _vision_config(model)
+    low, high = runtime.head_dim_range()
     for layer in layers:
         heads = layer_heads(layer, config)
         width = getattr(layer, LAYOUTS[type(layer).__name__][0]).q_proj.weight.shape[0]
         head_dim = width // heads
-        if not _MIN_HEAD_DIM <= head_dim <= _MAX_HEAD_DIM:
+        if not low <= head_dim <= high:
             return (
                 f"{type(model).__name__} has head_dim {head_dim} (hidden {width} / {heads} heads); the attention "
-                f"kernel runs head dims {_MIN_HEAD_DIM}..{_MAX_HEAD_DIM}"
+                f"kernel runs head dims {low}..{high}"
             )
     return None
 
