@@ -44,6 +44,20 @@ def test_an_unknown_triton_is_refused_naming_it_and_the_fix(version):
     assert "3.6 to 3.9" in message and "backend='torch'" in message
 
 
+def test_a_compiled_kernel_is_refused_on_an_unknown_triton(monkeypatch):
+    """Set up for compiled launches on a triton no family knows, a kernel's resolved launches raise the adapter's
+    error (naming the version) before anything compiles; under the interpreter they need no adapter."""
+    from vit_fast.kernels import launches, triton_seam
+    from vit_fast.kernels.linear import _linear_kernel
+
+    monkeypatch.setattr(triton_seam, "_INSTALLED", TritonLaunchVersionError("triton 3.10.0 is installed"))
+    monkeypatch.setattr(launches, "INTERPRETED", False)
+    with pytest.raises(TritonLaunchVersionError, match="triton 3.10.0 is installed"):
+        launches.ResolvedLaunches(_linear_kernel)
+    monkeypatch.setattr(launches, "INTERPRETED", True)
+    assert launches.ResolvedLaunches(_linear_kernel).seam is None
+
+
 def test_the_installed_triton_launches_as_its_adapter_does():
     """The adapter chosen for the installed triton, and what it relies on, read from that triton: JITFunction.run
     calls the compiled kernel's launcher with exactly the adapter's arguments, ``CompiledKernel.run`` is the
