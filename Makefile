@@ -14,7 +14,7 @@ SERVE_BIN := $(SERVE_VENV)/bin
 OLDEST_VENV ?= .venv-oldest
 OLDEST_BIN := $(OLDEST_VENV)/bin
 OLDEST_SPEC ?= triton==3.6.0 numpy<2.4
-OLDEST_TESTS ?= tests/kernels/test_kernel_*.py tests/kernels/test_cards.py tests/kernels/test_versions.py
+OLDEST_TESTS ?= tests/kernels/test_kernel_*.py tests/kernels/test_cards.py tests/kernels/test_versions.py tests/kernels/test_triton_seam.py
 
 # timm's own tests/test_models.py (the released file of the installed timm, from its sdist on the package registry)
 # against apply_vit_fast: the tiny test_vit* models and the test_naflexvit_* tests (NaFlexVit; tiny models they

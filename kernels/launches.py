@@ -12,11 +12,11 @@ from collections.abc import Iterator
 
 import torch
 import triton
-from triton import knobs
 from triton.runtime.autotuner import Autotuner
 from triton.runtime.driver import driver
 
 from .interpret import interpreter_enabled, interpreter_version_problem
+from .triton_seam import installed_seam
 from .versions import InterpreterVersionError
 
 #: storage dtypes every kernel takes (accumulation is always fp32)
@@ -81,19 +81,6 @@ def config_label(config: triton.Config | None) -> str | None:
     return None if config is None else str(config)
 
 
-#: Triton's chain of launch hooks: ``knobs.runtime.launch_enter_hook`` and ``launch_exit_hook`` are one each in
-#: triton 3.6 and 3.9, never None, and a profiler (proton, say) adds its hook to them (``.add``)
-_HOOK_CHAIN = getattr(knobs, "HookChain", ())
-
-
-def _calls_something(hook) -> bool:
-    """Whether Triton's launcher would call anything through launch hook ``hook``: a chain with a hook in it, or
-    a plain callable a user set in the chain's place. Triton's ``CompiledKernel.launch_metadata`` tests only
-    ``hook is None``, which a chain never is, so Triton's own launch path builds the metadata on every launch
-    (triton 3.6 and 3.9); torch's static launcher tests an empty chain this way too."""
-    return bool(hook.calls) if isinstance(hook, _HOOK_CHAIN) else hook is not None
-
-
 #: held by every interpreted launch of every kernel: Triton's interpreter keeps a launch's state in module globals
 #: (one ``interpreter_builder`` holds the grid and the current program's ids, and each launch patches the
 #: ``triton.language`` functions in place), so two launches at once in two threads, of one kernel or of two,
@@ -112,7 +99,10 @@ class ResolvedLaunches:
     def __init__(self, kernel) -> None:
         self.kernel = kernel  # @triton.autotune'd or @triton.jit'd
         self.enabled = not INTERPRETED
-        self.cache: dict[tuple, tuple] = {}  # key -> (compiled kernel, grid, trailing arguments, config label)
+        # Triton's private launch call, behind its version's adapter (an unknown triton is refused here, at import)
+        self.seam = installed_seam() if self.enabled else None
+        # key -> (compiled kernel, grid, trailing arguments, config label, the seam's bound launch)
+        self.cache: dict[tuple, tuple] = {}
         self.lock = threading.Lock()  # held only on a miss: Triton's dispatch, the autotuner's state
         self.launched = threading.local()  # .config: the label of the config of this thread's latest launch
         jit_fn = kernel
@@ -160,16 +150,8 @@ class ResolvedLaunches:
             entry = self.cache[key]  # another thread resolved it while this one waited: launch as resolved
         if _RECORDED is not None:
             _RECORDED.append((self, entry))
-        compiled, (g0, g1, g2), tail, self.launched.config = entry  # the config recorded for this thread
-        stream = driver.active.get_current_stream(device)
-        enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
-        if _calls_something(enter) or _calls_something(leave):
-            metadata = compiled.launch_metadata((g0, g1, g2), stream, *args, *tail)
-        else:  # no hook to call: no metadata to build, nothing for the launcher to call
-            metadata = enter = leave = None
-        compiled.run(
-            g0, g1, g2, stream, compiled.function, compiled.packed_metadata, metadata, enter, leave, *args, *tail
-        )
+        _, _, tail, self.launched.config, launch = entry  # the config recorded for this thread
+        launch(driver.active.get_current_stream(device), args, tail)
 
     def launched_config(self) -> str | None:
         """The config this thread's latest launch of the kernel ran with, as :func:`config_label` names it (the
@@ -181,13 +163,13 @@ class ResolvedLaunches:
         """Triton's own path (tunes / compiles / launches), then the cache entry for ``key``. Under the lock."""
         compiled, config = self._triton(grid, args, constexprs)
         self.launched.config = config_label(config)
-        if compiled is None or not hasattr(compiled, "packed_metadata"):
+        if not self.seam.replayable(compiled):
             return  # e.g. an asynchronous compile in flight: nothing to cache yet
         self.cache[key] = self._entry(compiled, config, grid, args, constexprs)
 
     def _entry(self, compiled, config, grid, args: tuple, constexprs: dict) -> tuple:
-        """``(compiled kernel, grid as three ints, trailing arguments, config label)`` of a launch through Triton:
-        what the cache holds and :meth:`describe` reads."""
+        """``(compiled kernel, grid as three ints, trailing arguments, config label, bound launch)`` of a launch
+        through Triton: what the cache holds and :meth:`describe` reads (no launch for an interpreted one)."""
         meta = {
             **dict(zip(self.arg_names, args, strict=False)),
             **constexprs,
@@ -196,7 +178,8 @@ class ResolvedLaunches:
         g = grid(meta) if callable(grid) else grid
         g = (*g, 1, 1)[:3]
         tail = tuple(meta[name] for name in self.arg_names[len(args) :])
-        return compiled, g, tail, config_label(config)
+        launch = None if compiled is None else self.seam.bind(compiled, g)
+        return compiled, g, tail, config_label(config), launch
 
     def _triton(self, grid, args: tuple, constexprs: dict) -> tuple:
         """Launch through Triton (compiling on first use), under the lock; returns
@@ -218,7 +201,7 @@ class ResolvedLaunches:
         evidence run records it: the kernel, the config it ran (its constexprs, warps, stages), its programs, and
         what the compiler gave it (registers and spills per thread, shared memory per program, in bytes; None where
         the compiled kernel does not say, e.g. a stub, or where nothing was compiled)."""
-        compiled, grid, tail, _label = entry
+        compiled, grid, tail, _label, _launch = entry
         meta = getattr(compiled, "metadata", None)
         constexprs = dict(zip(self.arg_names[len(self.arg_names) - len(tail) :], tail, strict=True))
         return {
