@@ -132,3 +132,30 @@ def test_attentions_requested_run_transformers_forward_and_come_back():
     ours, theirs = (*out.attentions, out.last_hidden_state), (*expected.attentions, expected.last_hidden_state)
     for o, e in zip(ours, theirs, strict=True):
         torch.testing.assert_close(o, e, rtol=0, atol=0)
+
+
+def _input_and_parameter_grads(model, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """d(sum of the last hidden state times a fixed weight)/d(pixels, every parameter), autograd on, model in eval."""
+    x = x.clone().requires_grad_()
+    out = model(pixel_values=x).last_hidden_state
+    weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).reshape(out.shape)
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    grads = torch.autograd.grad((out * weight).sum(), (x, *(p for _, p in named)), allow_unused=True)
+    return {n: g for n, g in zip(("input", *(n for n, _ in named)), grads, strict=True) if g is not None}
+
+
+def test_eval_with_grad_runs_the_kernels_and_gradients_match(monkeypatch):
+    """An eval model called with autograd on: the layers run the RoPE path, and the gradients w.r.t. the pixels and
+    every parameter (q, k, v and gate, up, which the fused path stacks) are within the numerics rule."""
+    model = _model(*ROWS["DINOv3ViTModel-swiglu"])
+    patched = vit_fast.apply_vit_fast(copy.deepcopy(model), backend="triton")
+    x = torch.randn(2, 3, 32, 32)
+    eager = _input_and_parameter_grads(model, x)
+    expected = _input_and_parameter_grads(copy.deepcopy(model).double(), x.double())
+    runs = count_calls(monkeypatch, hf_patch, "run_rope_view")
+    ours, launched = kernel_launches(lambda: _input_and_parameter_grads(patched, x))
+    assert len(runs) == TINY["num_hidden_layers"] and launched["_attention_kernel"] == len(runs), launched
+    assert set(ours) == set(eager) == set(expected)
+    assert any(".k_proj." in name for name in ours) and any(".gate_proj." in name for name in ours)
+    for name in ours:
+        assert_within_eager(ours[name], eager[name], expected[name], name=f"grad {name}")
