@@ -159,3 +159,27 @@ def test_eval_with_grad_runs_the_kernels_and_gradients_match(monkeypatch):
     assert any(".k_proj." in name for name in ours) and any(".gate_proj." in name for name in ours)
     for name in ours:
         assert_within_eager(ours[name], eager[name], expected[name], name=f"grad {name}")
+
+
+def test_a_patched_dinov3_compiles_fullgraph_with_the_rope_attention_op_in_the_graph():
+    """torch.compile(fullgraph=True) traces the patched DINOv3 in one graph holding our ops (the RoPE tables passed to
+    vit_fast::attention), whose run launches the kernels and matches float64 by the rule."""
+    model = _model(*ROWS["DINOv3ViTModel-swiglu"])
+    patched = vit_fast.optimize(model, backend="triton")
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        eager = model(pixel_values=x).last_hidden_state
+        expected = copy.deepcopy(model).double()(pixel_values=x.double()).last_hidden_state
+    torch._dynamo.reset()
+    targets: set[str] = set()
+
+    def record(graph: torch.fx.GraphModule, example_inputs):
+        targets.update(str(node.target) for node in graph.graph.nodes if node.op == "call_function")
+        return graph.forward
+
+    compiled = torch.compile(patched, fullgraph=True, backend=record)
+    with torch.no_grad():
+        ours, launched = kernel_launches(lambda: compiled(pixel_values=x).last_hidden_state)
+    assert "vit_fast.attention.default" in targets, sorted(targets)
+    assert launched == {"_linear_kernel": 8, "_attention_kernel": 2}, launched
+    assert_within_eager(ours, eager, expected, name="compiled DINOv3ViTModel")
