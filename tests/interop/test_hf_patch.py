@@ -328,7 +328,7 @@ FAMILY_MODULES = {
 }
 #: the families of vision-language models (tests/interop/test_hf_vlm.py) and the ones refused as a whole
 VLM_FAMILIES = ("llava", "paligemma", "idefics3")
-REFUSED_FAMILIES = ("beit", "data2vec_vision", "sam", "vitdet", "dinov3_vit")
+REFUSED_FAMILIES = ("beit", "data2vec_vision", "sam", "vitdet")
 #: the text config a family's text-only model is built with (refused by name)
 TEXT_CONFIGS = {"clip": "CLIPTextConfig", "siglip": "SiglipTextConfig", "siglip2": "Siglip2TextConfig"}
 
@@ -366,19 +366,18 @@ REFUSED_REASONS = {
     "data2vec_vision": "relative position bias",
     "sam": "windowed attention",
     "vitdet": "windowed attention",
-    "dinov3_vit": "rotary position embeddings",
 }
 
 
 @pytest.mark.parametrize("family", REFUSED_FAMILIES)
 def test_attention_the_kernels_do_not_run_is_refused_by_class_name_with_the_reason(family):
-    """BEiT and Data2Vec-Vision (relative position bias), SAM and ViTDet (windowed attention), DINOv3 (RoPE): every
+    """BEiT and Data2Vec-Vision (relative position bias), SAM and ViTDet (windowed attention): every
     class of the family is in the refusal table with that reason."""
     for name in _family_classes(family):
         assert REFUSED_REASONS[family] in hf_classes.REFUSED.get(name, ""), name
 
 
-@pytest.mark.parametrize(("family", "config_name"), [("beit", "BeitConfig"), ("dinov3_vit", "DINOv3ViTConfig")])
+@pytest.mark.parametrize(("family", "config_name"), [("beit", "BeitConfig")])
 def test_a_refused_model_is_refused_before_any_patch_with_its_class_and_reason(family, config_name):
     config = getattr(transformers, config_name)(**{**TINY, "intermediate_size": 64})
     cls_name = _family_classes(family)[0]
@@ -464,7 +463,8 @@ PARITY_CASES = sorted(
 
 
 def test_every_patched_class_has_a_parity_row():
-    families = [f for f in hf_classes.SUPPORTED if f not in VLM_FAMILIES]
+    # DINOv3's rows (RoPE, its own configs): tests/interop/test_hf_dinov3.py
+    families = [f for f in hf_classes.SUPPORTED if f not in (*VLM_FAMILIES, "dinov3_vit")]
     assert set(PARITY) == {name for family in families for name in hf_classes.SUPPORTED[family]}
 
 

@@ -1,6 +1,6 @@
 """transformers' released ``ModelTesterMixin`` (tests/test_modeling_common.py of the installed version, fetched
-from PyPI by tools/peers/fetch_transformers_tests.py) run on tiny ViT, DeiT, DINOv2, CLIP-vision, SigLIP-vision and
-SigLIP 2 configs (Siglip2VisionModel, Siglip2ForImageClassification, Siglip2Model: a padded batch of images at their
+from PyPI by tools/peers/fetch_transformers_tests.py) run on tiny ViT, DeiT, DINOv2, DINOv3, CLIP-vision, SigLIP-vision
+and SigLIP 2 configs (Siglip2VisionModel, Siglip2ForImageClassification, Siglip2Model: a padded batch of images at their
 own sizes). These testers are vit-fast's own (the sdist does not carry tests/models/*): same shape of tester as
 transformers' per-model files, with head_dim 16 so that our attention kernel covers them. Run by ``make peers-hf``
 unpatched, with apply_vit_fast and with optimize (conftest.py beside the harness)."""
@@ -122,6 +122,17 @@ class SiglipVisionPeerTest(_VisionTest, unittest.TestCase):
     def setUp(self):
         extra = {"intermediate_size": 48}
         self.model_tester = VisionTester(self, transformers.SiglipVisionConfig, extra, cls_token=False)
+
+
+@require_torch
+class DINOv3PeerTest(_VisionTest, unittest.TestCase):
+    all_model_classes = (transformers.DINOv3ViTModel,)
+
+    def setUp(self):
+        # RoPE rotated in our attention kernel; 2 register tokens; SwiGLU (SiLU's gate in the fc1 GEMM's epilogue)
+        extra = {"intermediate_size": 48, "num_register_tokens": 2, "_extra_tokens": 2}
+        extra.update(use_gated_mlp=True, hidden_act="silu")
+        self.model_tester = VisionTester(self, transformers.DINOv3ViTConfig, extra)
 
 
 SHAPES = ((4, 4), (2, 3), (3, 4), (1, 5), (4, 4), (2, 2), (3, 3))

@@ -16,6 +16,7 @@ LAYOUTS: dict[str, tuple[str, str, str, str, str | None, str | None]] = {
     "IJepaLayer": ("attention", "o_proj", "layernorm_before", "layernorm_after", None, None),
     "Dinov2Layer": ("attention", "o_proj", "norm1", "norm2", "layer_scale1", "layer_scale2"),
     "Dinov2WithRegistersLayer": ("attention", "o_proj", "norm1", "norm2", "layer_scale1", "layer_scale2"),
+    "DINOv3ViTLayer": ("attention", "o_proj", "norm1", "norm2", "layer_scale1", "layer_scale2"),  # RoPE: hf_dinov3
     "CLIPEncoderLayer": ("self_attn", "out_proj", "layer_norm1", "layer_norm2", None, None),
     "SiglipEncoderLayer": ("self_attn", "out_proj", "layer_norm1", "layer_norm2", None, None),
     "Siglip2EncoderLayer": ("self_attn", "out_proj", "layer_norm1", "layer_norm2", None, None),
@@ -36,6 +37,7 @@ SUPPORTED = {
         "Dinov2WithRegistersForImageClassification",
         "Dinov2WithRegistersBackbone",
     ),
+    "dinov3_vit": ("DINOv3ViTModel", "DINOv3ViTBackbone"),  # RoPE in the attention kernel (hf_dinov3)
     "vit_mae": ("ViTMAEModel", "ViTMAEForPreTraining"),  # the encoder and the decoder's ViT layers
     "vit_msn": ("ViTMSNModel", "ViTMSNForImageClassification"),
     "ijepa": ("IJepaModel", "IJepaForImageClassification"),
@@ -65,7 +67,6 @@ _REL_POS = "relative position bias inside attention, which vit-fast's attention 
 _WINDOWED = (
     "windowed attention with relative position embeddings (a ViTDet encoder), which vit-fast's kernels do not run"
 )
-_ROPE = "rotary position embeddings (RoPE) inside attention, which vit-fast's attention kernel does not apply"
 #: model classes refused by name, with the reason
 REFUSED = {
     "CLIPTextModel": _TEXT_ONLY,
@@ -86,7 +87,6 @@ REFUSED = {
         f"a model with {_REL_POS}",
     ),
     **dict.fromkeys(("SamModel", "SamVisionModel", "VitDetModel", "VitDetBackbone"), f"a model with {_WINDOWED}"),
-    **dict.fromkeys(("DINOv3ViTModel", "DINOv3ViTBackbone"), f"a model with {_ROPE}"),
 }
 
 

@@ -24,6 +24,7 @@ from vit_fast.interop.forwards import (
     share_said,
 )
 from vit_fast.interop.hf_classes import LAYOUTS, class_refusal, vision_root
+from vit_fast.interop.hf_dinov3 import ROPE_LAYERS, rope_tables, run_rope_view
 from vit_fast.interop.naflex import key_padding_lengths
 from vit_fast.model.config import HF_ACTIVATIONS
 from vit_fast.model.layers import run_block
@@ -112,6 +113,7 @@ class _LayerView:
         att = getattr(layer, att_name)
         mlp = layer.mlp
         mlp_parts = ("gate_proj", "up_proj", "down_proj") if hasattr(mlp, "gate_proj") else ("fc1", "fc2")
+        mlp_parts = ("up_proj", "down_proj") if mlp_parts == ("fc1", "fc2") and hasattr(mlp, "up_proj") else mlp_parts
         for owner, prefix, parts in (
             (att, att_name, ("q_proj", "k_proj", "v_proj", out_name)),
             (mlp, "mlp", mlp_parts),
@@ -161,8 +163,9 @@ class _LayerView:
             act_fn = mlp.act_fn
             self.torch_act = None if self.gated else lambda h: (lambda g, u: act_fn(g) * u)(*h.chunk(2, dim=-1))
         else:
-            self.mlp = _Parts(fc1=mlp.fc1, fc2=mlp.fc2)
-            self.torch_act = None if self.kernel_act else mlp.activation_fn
+            named = hasattr(mlp, "up_proj")  # DINOv3ViTMLP: up_proj, act_fn, down_proj
+            self.mlp = _Parts(fc1=mlp.up_proj, fc2=mlp.down_proj) if named else _Parts(fc1=mlp.fc1, fc2=mlp.fc2)
+            self.torch_act = None if self.kernel_act else mlp.act_fn if named else mlp.activation_fn
         return True
 
 
@@ -363,6 +366,9 @@ def _fast_hf(layer: nn.Module, backend: str, hidden_states: torch.Tensor, *args:
     view = layer.__dict__[_STATE]
     if not view.refresh():
         return original(hidden_states, *args, **kwargs)
+    if type(layer).__name__ in ROPE_LAYERS:  # DINOv3: the RoPE tables rotated in the attention kernel
+        rope = rope_tables(layer, hidden_states, mask, kwargs.get("position_embeddings"))
+        return original(hidden_states, *args, **kwargs) if rope is None else run_rope_view(view, hidden_states, rope)
     lengths = None if mask is None else key_padding_lengths(mask, *hidden_states.shape[:2])  # where kernels run
     if mask is not None and lengths is None:  # not key padding of a prefix of each row
         return original(hidden_states, *args, **kwargs)
