@@ -112,7 +112,7 @@ test-oldest: $(OLDEST_VENV)/.installed  ## the kernel interpreter tests on the o
 #   make peers-hf PEERS_ARGS="-k Siglip2"   runs some of our testers (their class names) in every mode
 # Our testers run unpatched, then with apply_vit_fast and optimize, each with backend triton (our kernels in Triton's
 # interpreter) and auto (transformers' forwards on a CPU); our kernels' launches are counted per tester class.
-peers-hf: setup  ## transformers' ModelTesterMixin on ViT/DeiT/DINOv2/CLIP/SigLIP/SigLIP 2, patched vs not: no test lost, kernels launched
+peers-hf: setup  ## transformers' ModelTesterMixin on ViT/DeiT/DINOv2/DINOv3/CLIP/SigLIP/SigLIP 2, patched vs not: no test lost, kernels launched
 	@echo "peers-hf: installing parameterized into $(VENV) (transformers' test harness imports it)"
 	$(BIN)/python -m pip install --quiet parameterized
 	$(BIN)/python tools/peers/run_hf_peers.py $(PEERS) $(PEERS_ARGS)
