@@ -122,7 +122,7 @@ def say_fallback(module: nn.Module, x: torch.Tensor, backend: str, reason: str, 
     if not runtime.patched_runs_kernels(x.new_empty(0, dtype=torch.float32), backend):
         return
     said[reason] = FALLBACKS[reason].format(dtype=str(x.dtype).removeprefix("torch."), what=what)
-    warnings.warn(f"vit-fast: {said[reason]}", UserWarning, stacklevel=3)
+    warnings.warn(f"vit-fast: {said[reason]}", UserWarning, stacklevel=4)  # past step_aside and its _fast_*
 
 
 def fallbacks_said(model: nn.Module) -> list[str]:
@@ -201,7 +201,7 @@ def say_export_runs_library(x: torch.Tensor, backend: str) -> None:
         "forwards, none of vit-fast's kernels (they run for float16/bfloat16/float32 on CUDA cards with tensor "
         "cores under 'auto'); patch with backend='triton' to export our custom ops",
         UserWarning,
-        stacklevel=4,
+        stacklevel=5,  # past step_aside and its _fast_*
     )
 
 

@@ -100,7 +100,7 @@ def _fast_timm(block: nn.Module, backend: str, x: torch.Tensor, *args: Any, **kw
     foreign = eva_positional or any(a is not None and a is not False for a in rest)  # is_causal, another's rope
     reason, lengths = step_aside(
         block, "timm_block", x, backend, head_dim=plan.head_dim, foreign=foreign, mask=mask,
-        takes_lengths=not _differential(block),
+        takes_lengths=mask is None or not _differential(block),  # walked only for a mask
     )  # fmt: skip
     if reason is not None:
         return original_forward(block)(x, *args, **kwargs)
