@@ -2,7 +2,8 @@
 encoder layer or attention-pool head) and takes it off again, under ``patching`` and ``hf_patch``.
 
 :func:`patch_forward` sets a :class:`PatchedForward` in the instance's ``__dict__`` (never a closure, so the model
-pickles), :func:`original_forward` and :func:`drop_patch` give back the one before. docs/development.md says more."""
+pickles), :func:`original_forward` and :func:`drop_patch` give back the one before; :func:`step_aside` is the one
+rule of when the module's own forward runs instead of the kernels. docs/development.md says more."""
 
 from __future__ import annotations
 
