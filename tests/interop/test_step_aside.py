@@ -27,7 +27,7 @@ def _module(training: bool = False) -> nn.Module:
 CASES = {
     "kernels": ({}, False, torch.float32, "triton", None, None, None),
     "torchscript trace": ({}, False, torch.float32, "triton", "jit", "recording", None),
-    "onnx (TorchScript)": ({}, False, torch.float32, "triton", "onnx", "recording", None),
+    "onnx export (either exporter)": ({}, False, torch.float32, "triton", "onnx", "recording", None),
     "arguments": ({"foreign": True}, False, torch.float32, "triton", None, "arguments", None),
     "attentions": ({"attentions": True}, False, torch.float32, "triton", None, "attentions", "attentions requested"),
     "training": ({}, True, torch.float32, "triton", None, "training", "training mode"),
@@ -79,9 +79,10 @@ def test_each_reason_at_each_site(site, case, monkeypatch):
 
 
 @pytest.mark.parametrize("site", list(SITES))
-def test_the_same_under_every_exporter(site, monkeypatch):
-    """TorchScript and ONNX record every site's library forward; torch.export records our ops for timm's sites
-    and transformers' own graph for its sites, and keeps any mask (a data-dependent answer) on the library's."""
+def test_each_exporter_at_each_site(site, monkeypatch):
+    """TorchScript and ONNX (either exporter) record every site's library forward (the "torchscript trace" and
+    "onnx export" rows above); torch.export records our ops at timm's sites and transformers' own graph at its
+    sites, and keeps any mask (a data-dependent answer) on the library's forward."""
     module, x = _module(), torch.zeros(2, 3, 4)
     _patched_state(monkeypatch, "export")
     expected = None if site.startswith("timm") else "export"
