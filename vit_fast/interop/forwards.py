@@ -1,9 +1,8 @@
 """A patched module's forward: how vit-fast puts its own forward on a user's module (a timm block, a transformers
-encoder layer or attention-pool head) and takes it off again, under ``patching`` and ``hf_patch``.
+encoder layer or attention-pool head), takes it off again, and when it steps aside for the module's own.
 
 :func:`patch_forward` sets a :class:`PatchedForward` in the instance's ``__dict__`` (never a closure, so the model
-pickles), :func:`original_forward` and :func:`drop_patch` give back the one before; :func:`step_aside` is the one
-rule of when the module's own forward runs instead of the kernels. docs/development.md says more."""
+pickles); :func:`original_forward` and :func:`drop_patch` give back the one before; :func:`step_aside` is the rule."""
 
 from __future__ import annotations
 
