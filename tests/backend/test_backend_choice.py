@@ -131,7 +131,7 @@ def test_explicit_backends_are_kept_and_explained(fake_cuda):
 
 
 def test_patched_timm_blocks_follow_the_same_rule(fake_cuda):
-    from vit_fast.interop.patching import _kernels_can_run
+    from vit_fast.interop.forwards import kernels_can_run as _kernels_can_run
 
     class OnCuda:  # all _kernels_can_run reads of its input: its device and dtype
         device = torch.device("cuda:0")

@@ -1,8 +1,8 @@
 """A patched module's forward: how vit-fast puts its own forward on a user's module (a timm block, a transformers
-encoder layer or attention-pool head) and takes it off again, under ``patching`` and ``hf_patch``.
+encoder layer or attention-pool head), takes it off again, and when it steps aside for the module's own.
 
 :func:`patch_forward` sets a :class:`PatchedForward` in the instance's ``__dict__`` (never a closure, so the model
-pickles), :func:`original_forward` and :func:`drop_patch` give back the one before. docs/development.md says more."""
+pickles); :func:`original_forward` and :func:`drop_patch` give back the one before; :func:`step_aside` is the rule."""
 
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from vit_fast.backend import runtime
+from vit_fast.interop.naflex import key_padding_lengths
 
 #: the ``__dict__`` key of the forward a patched module had before (called where the kernels step aside)
 _ORIGINAL = "_vit_fast_original_forward"
@@ -116,14 +119,90 @@ def say_fallback(module: nn.Module, x: torch.Tensor, backend: str, reason: str, 
     said = module.__dict__.get(SAID)
     if said is None or reason in said or torch.compiler.is_compiling() or torch.jit.is_tracing():
         return
-    from vit_fast.backend import runtime
-
     if not runtime.patched_runs_kernels(x.new_empty(0, dtype=torch.float32), backend):
         return
     said[reason] = FALLBACKS[reason].format(dtype=str(x.dtype).removeprefix("torch."), what=what)
-    warnings.warn(f"vit-fast: {said[reason]}", UserWarning, stacklevel=3)
+    warnings.warn(f"vit-fast: {said[reason]}", UserWarning, stacklevel=4)  # past step_aside and its _fast_*
 
 
 def fallbacks_said(model: nn.Module) -> list[str]:
     """What :func:`say_fallback` has said for ``model`` so far (for :func:`vit_fast.explain`)."""
     return list(model.__dict__.get(SAID, {}).values())
+
+
+#: the call sites the step-aside policy (:func:`step_aside`) decides for: site -> what a fallback message calls them
+SITES = {"timm_block": "blocks", "timm_pool": "blocks", "hf_layer": "layers", "hf_head": "layers"}
+#: sites whose kernels torch.export records (our custom ops); the others export their library's own graph
+_EXPORT_KERNELS = ("timm_block", "timm_pool")
+#: sites whose key-padding mask torch.compile reads in the graph; the pool heads take their own forward instead
+_MASK_TRACED = ("timm_block", "hf_layer")
+
+
+def step_aside(
+    module: nn.Module,
+    site: str,
+    x: torch.Tensor,
+    backend: str,
+    *,
+    head_dim: int | None = None,
+    foreign: bool = False,
+    attentions: bool = False,
+    mask: Any = None,
+    ready: Callable[[], bool] | None = None,
+    takes_lengths: bool = True,
+) -> tuple[str | None, torch.Tensor | None]:
+    """The one rule of when a patched ``module`` (a :data:`SITES` kind) runs our kernels on ``x``: ``(None,
+    lengths)`` for the kernels (``lengths``: the key-padding mask's, or None), else ``(reason, None)`` for its own
+    forward; a reason the user chose is said once (:func:`say_fallback`). The reasons, in order: docs/usage.md,
+    "Patched in place: which path runs, and pickling"."""
+    if torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
+        return "recording", None  # a TorchScript or ONNX graph cannot hold a Triton kernel: the library's own
+    if foreign:
+        return "arguments", None  # is_causal, head_mask, a rope table by position: what the kernels do not take
+    if attentions:
+        say_fallback(module, x, backend, "attentions", SITES[site])
+        return "attentions", None
+    exporting = torch.compiler.is_exporting()
+    if exporting and site not in _EXPORT_KERNELS:
+        return "export", None  # torch.export records transformers' own graph
+    reason = "training" if module.training else None
+    if reason is None and not kernels_can_run(x, backend, head_dim):
+        reason = "dtype"  # a dtype, device or head dim the kernels skip
+    if reason is not None:
+        if exporting and mask is None:
+            say_export_runs_library(x, backend)
+        elif not exporting:
+            say_fallback(module, x, backend, reason, SITES[site])
+        return reason, None
+    if ready is not None and not ready():
+        return "replaced or hooked", None  # a submodule replaced or hooked (vit_fast.explain names it)
+    if mask is None:
+        return None, None
+    if exporting or not takes_lengths or (torch.compiler.is_compiling() and site not in _MASK_TRACED):
+        return "mask", None  # whether a mask is key padding is the data's, which an exported graph cannot ask
+    lengths = key_padding_lengths(mask, x.shape[0], x.shape[1])  # read only where the kernels would run: it syncs
+    return ("mask", None) if lengths is None else (None, lengths)
+
+
+def kernels_can_run(x: torch.Tensor, backend: str, head_dim: int | None = None) -> bool:
+    """The model's rule (CUDA cards with tensor cores, a head dim our attention takes) and the kernels' dtypes."""
+    return runtime.patched_runs_kernels(x, backend, head_dim)
+
+
+def say_export_runs_library(x: torch.Tensor, backend: str) -> None:
+    """torch.export of a patched model whose modules take timm's forward here: said once per device, dtype and
+    backend, since the exported graph then holds none of our ops (the user may have exported to get them)."""
+    key = (str(x.device), str(x.dtype), backend)
+    if key in _EXPORT_WARNED:
+        return
+    _EXPORT_WARNED.add(key)
+    warnings.warn(
+        f"apply_vit_fast(backend={backend!r}): torch.export on {x.device} ({x.dtype}) records timm's own block "
+        "forwards, none of vit-fast's kernels (they run for float16/bfloat16/float32 on CUDA cards with tensor "
+        "cores under 'auto'); patch with backend='triton' to export our custom ops",
+        UserWarning,
+        stacklevel=5,  # past step_aside and its _fast_*
+    )
+
+
+_EXPORT_WARNED: set[tuple[str, str, str]] = set()

@@ -20,12 +20,11 @@ from vit_fast.interop.forwards import (
     is_patched,
     original_forward,
     patch_forward,
-    say_fallback,
     share_said,
+    step_aside,
 )
 from vit_fast.interop.hf_classes import LAYOUTS, class_refusal, vision_root
 from vit_fast.interop.hf_dinov3 import ROPE_LAYERS, rope_tables, run_rope_view
-from vit_fast.interop.naflex import key_padding_lengths
 from vit_fast.model.config import HF_ACTIVATIONS
 from vit_fast.model.layers import run_block
 from vit_fast.model.stacking import LinearWeights, StackedLinears
@@ -248,12 +247,6 @@ def _run_view(view: _LayerView, x: torch.Tensor, lengths: torch.Tensor | None = 
     return run_block(ops, view, x, act, fuse_ln_from_env(), gated=view.gated, torch_act=view.torch_act)
 
 
-def _kernels_can_run(x: torch.Tensor, backend: str) -> bool:
-    # the rule of timm's patched blocks: the model's (CUDA cards with tensor cores) and the kernels' dtypes (float64
-    # keeps transformers' forward; bf16 on a card that emulates it is refused as the model refuses it)
-    return runtime.patched_runs_kernels(x, backend)
-
-
 def vision_layers(model: nn.Module) -> list[nn.Module]:
     """The encoder layers of the vision tower (a CLIP / SigLIP dual model's text tower and a vision-language model's
     language model are left alone)."""
@@ -347,60 +340,36 @@ def check_supported(model: nn.Module, backend: str) -> tuple[list[nn.Module], An
 
 def _fast_hf(layer: nn.Module, backend: str, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
     """The forward of a patched encoder layer: :func:`_run_view` on the kernels, or the layer's own forward where
-    the kernels step aside (see the module docstring)."""
-    original = original_forward(layer)
+    :func:`vit_fast.interop.forwards.step_aside` says so."""
     mask = args[0] if args else kwargs.get("attention_mask")  # SigLIP 2's encoder passes it by position
-    if any(a is not None and a is not False for a in args[1:]) or kwargs.get("head_mask") is not None:
-        return original(hidden_states, *args, **kwargs)
-    if attentions_requested(kwargs, _active_collector()):
-        say_fallback(layer, hidden_states, backend, "attentions")
-        return original(hidden_states, *args, **kwargs)
-    if not _kernels_can_run(hidden_states, backend):
-        say_fallback(layer, hidden_states, backend, "dtype")  # said where float32 would run the kernels
-        return original(hidden_states, *args, **kwargs)
-    if torch.compiler.is_exporting() or torch.jit.is_tracing():  # export traces transformers' own graph
-        return original(hidden_states, *args, **kwargs)
-    if layer.training:  # dropout; gradient checkpointing (transformers' own forward); eval + autograd: the kernels
-        say_fallback(layer, hidden_states, backend, "training")
-        return original(hidden_states, *args, **kwargs)
     view = layer.__dict__[_STATE]
-    if not view.refresh():
-        return original(hidden_states, *args, **kwargs)
+    reason, lengths = step_aside(
+        layer, "hf_layer", hidden_states, backend,
+        foreign=any(a is not None and a is not False for a in args[1:]) or kwargs.get("head_mask") is not None,
+        attentions=attentions_requested(kwargs, _active_collector()), mask=mask, ready=view.refresh,
+    )  # fmt: skip
+    if reason is not None:
+        return original_forward(layer)(hidden_states, *args, **kwargs)
     if type(layer).__name__ in ROPE_LAYERS:  # DINOv3: the RoPE tables rotated in the attention kernel
         rope = rope_tables(layer, hidden_states, mask, kwargs.get("position_embeddings"))
-        return original(hidden_states, *args, **kwargs) if rope is None else run_rope_view(view, hidden_states, rope)
-    lengths = None if mask is None else key_padding_lengths(mask, *hidden_states.shape[:2])  # where kernels run
-    if mask is not None and lengths is None:  # not key padding of a prefix of each row
-        return original(hidden_states, *args, **kwargs)
+        if rope is None:
+            return original_forward(layer)(hidden_states, *args, **kwargs)
+        return run_rope_view(view, hidden_states, rope)
     hidden_states = hidden_states.contiguous()  # SigLIP's embeddings are a transposed view
     return _run_view(view, hidden_states) if lengths is None else _run_view(view, hidden_states, lengths)
 
 
 def _fast_head(head: nn.Module, backend: str, hidden_state: torch.Tensor, *mask: Any) -> torch.Tensor:
     """The forward of a patched SigLIP pooling head: its :class:`vit_fast.interop.timm_blocks.PoolPlan` on the kernels,
-    or its own forward under the layers' rules. SigLIP 2's head also takes the ``pixel_attention_mask`` ``[B, T]``:
-    key padding, run as per-sample lengths."""
-    original = original_forward(head)
-    if attentions_requested({}, _active_collector()):
-        say_fallback(head, hidden_state, backend, "attentions")
-        return original(hidden_state, *mask)
-    if not _kernels_can_run(hidden_state, backend):
-        say_fallback(head, hidden_state, backend, "dtype")
-        return original(hidden_state, *mask)
-    if torch.compiler.is_exporting() or torch.jit.is_tracing():  # export traces transformers' own graph
-        return original(hidden_state, *mask)
-    if head.training:
-        say_fallback(head, hidden_state, backend, "training")
-        return original(hidden_state, *mask)
+    or its own forward where :func:`vit_fast.interop.forwards.step_aside` says so. SigLIP 2's head also takes the
+    ``pixel_attention_mask`` ``[B, T]``: key padding, run as per-sample lengths."""
     view = head.__dict__[_STATE]
-    if not view.refresh():
-        return original(hidden_state, *mask)
-    if mask and mask[0] is not None and torch.compiler.is_compiling():
-        # padded, the head runs in PyTorch anyway; whether anything is padded is the data's, which a graph cannot ask
-        return original(hidden_state, *mask)
-    lengths = key_padding_lengths(mask[0], *hidden_state.shape[:2]) if mask and mask[0] is not None else None
-    if mask and mask[0] is not None and lengths is None:  # not key padding of a prefix of each row
-        return original(hidden_state, *mask)
+    reason, lengths = step_aside(
+        head, "hf_head", hidden_state, backend, attentions=attentions_requested({}, _active_collector()),
+        mask=mask[0] if mask else None, ready=view.refresh,
+    )  # fmt: skip
+    if reason is not None:
+        return original_forward(head)(hidden_state, *mask)
     return view.plan.run(view, hidden_state) if lengths is None else view.plan.run(view, hidden_state, lengths)
 
 

@@ -7,7 +7,6 @@ pickles: docs/usage.md, "Patched in place: which path runs, and pickling".
 from __future__ import annotations
 
 import functools
-import warnings
 from typing import Any
 
 import torch
@@ -21,39 +20,14 @@ from vit_fast.interop.forwards import (
     is_patched,
     original_forward,
     patch_forward,
-    say_fallback,
     share_said,
+    step_aside,
 )
-from vit_fast.interop.naflex import key_padding_lengths
 
 #: a patched module's ``__dict__`` key of how its kernels run (a :class:`vit_fast.interop.timm_blocks.BlockPlan` /
 #: ``PoolPlan``)
 _PLAN = "_vit_fast_plan"
 BACKENDS = ("auto", "triton")
-
-
-def _kernels_can_run(x: torch.Tensor, backend: str, head_dim: int | None = None) -> bool:
-    # the model's rule (CUDA cards with tensor cores, a head dim our attention takes) and the kernels' dtypes
-    return runtime.patched_runs_kernels(x, backend, head_dim)
-
-
-def _say_export_runs_timm(x: torch.Tensor, backend: str) -> None:
-    """torch.export of a patched model whose blocks take timm's forward here: said once, since the exported graph
-    then holds none of our ops (the user may have exported to get them)."""
-    key = (str(x.device), str(x.dtype), backend)
-    if key in _EXPORT_WARNED:
-        return
-    _EXPORT_WARNED.add(key)
-    warnings.warn(
-        f"apply_vit_fast(backend={backend!r}): torch.export on {x.device} ({x.dtype}) records timm's own block "
-        "forwards, none of vit-fast's kernels (they run for float16/bfloat16/float32 on CUDA cards with tensor "
-        "cores under 'auto'); patch with backend='triton' to export our custom ops",
-        UserWarning,
-        stacklevel=3,
-    )
-
-
-_EXPORT_WARNED: set[tuple[str, str, str]] = set()
 
 
 def _unpatched_copy(module: nn.Module) -> nn.Module:
@@ -114,40 +88,24 @@ def apply_vit_fast(model: nn.Module, backend: str = "auto") -> nn.Module:
 
 
 def _fast_timm(block: nn.Module, backend: str, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-    """The forward of a patched timm block: its plan on the kernels, or timm's own forward where the kernels step
-    aside (a mask other than key padding, ``is_causal``, ``rope``, training mode, a dtype or device the kernels
-    skip). A key-padding ``attn_mask`` (NaFlexVit's) runs on the kernels as ``lengths``
-    (:mod:`vit_fast.interop.naflex`). In eval mode the kernels run with autograd on too: the custom ops' backward
-    recomputes through the eager references, exact gradients."""
+    """The forward of a patched timm block: its plan on the kernels, or timm's own forward where
+    :func:`vit_fast.interop.forwards.step_aside` says so. A key-padding ``attn_mask`` (NaFlexVit's) runs on the
+    kernels as ``lengths``. In eval mode the kernels run with autograd on too: the custom ops' backward recomputes
+    through the eager references, exact gradients."""
     plan = block.__dict__[_PLAN]
-    if _recording_for_elsewhere():
-        return original_forward(block)(x, *args, **kwargs)
     mask = kwargs.get("attn_mask") if not args else args[0]
     rope = kwargs.get("rope") if plan.rope_layout is not None else None  # an EvaBlock's table: the kernels apply it
-    tables = {} if rope is None else {"rope": rope}
     rest = (*args[1:], *(v for k, v in kwargs.items() if k != "attn_mask" and (k != "rope" or rope is None)))
     eva_positional = plan.rope_layout is not None and bool(args)  # EvaBlock(x, rope, ...): timm's own forward
-    extra = any(a is not None and a is not False for a in rest) or eva_positional  # is_causal, another's rope
-    exporting = torch.compiler.is_exporting()
-    if extra or block.training or not _kernels_can_run(x, backend, plan.head_dim):
-        if exporting and not extra and mask is None:
-            _say_export_runs_timm(x, backend)
-        elif not extra:  # training mode or a dtype the kernels skip, where float32 would run them: said once
-            say_fallback(block, x, backend, "training" if block.training else "dtype", what="blocks")
+    foreign = eva_positional or any(a is not None and a is not False for a in rest)  # is_causal, another's rope
+    reason, lengths = step_aside(
+        block, "timm_block", x, backend, head_dim=plan.head_dim, foreign=foreign, mask=mask,
+        takes_lengths=mask is None or not _differential(block),  # walked only for a mask
+    )  # fmt: skip
+    if reason is not None:
         return original_forward(block)(x, *args, **kwargs)
-    if mask is None:
-        return plan.run(block, x, **tables)  # our custom ops (what torch.export records), autograd on or off
-    # read only where the kernels would run: the check syncs with the device (once per mask, see key_padding_lengths)
-    lengths = None if exporting or _differential(block) else key_padding_lengths(mask, x.shape[0], x.shape[1])
-    if lengths is None:  # not key padding of a prefix of each row
-        return original_forward(block)(x, *args, **kwargs)
-    return plan.run(block, x, lengths, **tables)
-
-
-def _recording_for_elsewhere() -> bool:
-    """torch.jit.trace or torch.onnx.export is recording the model: a TorchScript or ONNX graph cannot hold a Triton
-    kernel, so timm's own forward is what they record (the graph of the unpatched model)."""
-    return torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
+    tables = {} if rope is None else {"rope": rope}
+    return plan.run(block, x, **tables) if lengths is None else plan.run(block, x, lengths, **tables)
 
 
 def _differential(block: nn.Module) -> bool:
@@ -156,22 +114,13 @@ def _differential(block: nn.Module) -> bool:
 
 
 def _fast_timm_pool(pool: nn.Module, backend: str, x: torch.Tensor, attn_mask: Any = None) -> torch.Tensor:
-    """The forward of a patched timm ``AttentionPoolLatent``: its plan on the kernels, or timm's own forward where
-    the blocks would take theirs (a mask other than key padding, training mode, a dtype or device the kernels
-    skip)."""
+    """The forward of a patched timm ``AttentionPoolLatent``: its plan on the kernels (under autograd too, as the
+    blocks), or timm's own forward where :func:`vit_fast.interop.forwards.step_aside` says so."""
     plan = pool.__dict__[_PLAN]
-    original = original_forward(pool)
-    if _recording_for_elsewhere():
-        return original(x, attn_mask=attn_mask)
-    if pool.training or not _kernels_can_run(x, backend, plan.head_dim):
-        say_fallback(pool, x, backend, "training" if pool.training else "dtype", what="blocks")
-        return original(x, attn_mask=attn_mask)
-    if attn_mask is None:
-        return plan.run(pool, x)  # under autograd too, as the blocks
-    if torch.compiler.is_compiling():  # padded, it runs in PyTorch anyway: whether it is, a graph cannot ask
-        return original(x, attn_mask=attn_mask)
-    lengths = key_padding_lengths(attn_mask, x.shape[0], x.shape[1])
-    return original(x, attn_mask=attn_mask) if lengths is None else plan.run(pool, x, lengths)
+    reason, lengths = step_aside(pool, "timm_pool", x, backend, head_dim=plan.head_dim, mask=attn_mask)
+    if reason is not None:
+        return original_forward(pool)(x, attn_mask=attn_mask)
+    return plan.run(pool, x) if lengths is None else plan.run(pool, x, lengths)
 
 
 def remove_vit_fast(model: nn.Module) -> int:
