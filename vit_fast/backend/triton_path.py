@@ -151,7 +151,7 @@ def _attention_shape(
 ):  # noqa: E501
     batch, tokens, width = qkv.shape
     rope_class = None if rope is None else (rope[0].dim(), *rope[2:])
-    masks = (lengths is not None, cu_seqlens is not None, rope_class, first_token)
+    masks = (rope_class, first_token, lengths is not None, cu_seqlens is not None)  # the two masks last
     return qkv.dtype, (m_class(batch * tokens), tokens, num_heads, width // (3 * num_heads), *masks)
 
 
