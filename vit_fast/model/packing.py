@@ -190,7 +190,7 @@ def _run_stages(
     """The model's stages (:mod:`vit_fast.model.stages`) on the packed sequence: each size group embedded at its own
     grid, then every block and the final norm on ``[1, S, D]`` with :class:`PackedOps`."""
     first = images[0]
-    on_kernels = model._backend_for_call(first) == "triton"
+    on_kernels = model.backend_for_call(first) == "triton"
     key = ("packed", *(tuple(image.shape) for image in images))  # what the first-use net knows this forward by
     # on the torch backend the module calls: hooks on a block's norms, GEMMs and activation see a packed forward
     ops, fused = stages.kernel_ops(model, first, key) if on_kernels else (TORCH_MODULES, True)
@@ -211,7 +211,7 @@ def _run_stages(
 # --------------------------------------------------------------------------- the model's packed forward
 def _packed_tokens(model: VisionTransformer, images: Sequence[torch.Tensor]) -> tuple[torch.Tensor, PackedLayout]:
     """Tokens ``[S, D]`` after the final norm, and the layout."""
-    if model.autotune and (scope := model._autotune_scope()) is not None:
+    if model.autotune and (scope := model.autotune_scope()) is not None:
         with scope:
             return _packed_tokens(model, images)
     grids = check_images(model, images)
