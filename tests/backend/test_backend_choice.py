@@ -388,11 +388,11 @@ def test_a_float64_model_never_reaches_the_kernels(fake_cuda, monkeypatch):
     model = tiny_model().double()
     x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
     with torch.no_grad():
-        assert model._backend_for_call(x) == "torch"
+        assert model.backend_for_call(x) == "torch"
         torch.testing.assert_close(model(x), model.set_backend("torch")(x), rtol=0, atol=0)
         model.set_backend("triton")
         for call in (model, lambda x: list(model.forward_stages(x))):
             with cards.pretend_arch(90), pytest.raises(ValueError, match=r"float16, bfloat16, float32.*float64"):
                 call(x)
     model.float()
-    assert model._backend_for_call(x.float()) == "triton"  # fp32 still goes to the kernels
+    assert model.backend_for_call(x.float()) == "triton"  # fp32 still goes to the kernels

@@ -7,7 +7,10 @@ per forward".
 
 from __future__ import annotations
 
+import functools
 import weakref
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -15,6 +18,7 @@ import triton
 from torch import nn
 
 from vit_fast.backend import first_use
+from vit_fast.backend.ops import OP_NAMES, ForwardingOps, Ops
 from vit_fast.kernels import OPS
 from vit_fast.kernels.attention import attention, attention_ref, launch_attention
 from vit_fast.kernels.attention_pool import attention_pool, attention_pool_ref, launch_attention_pool
@@ -43,60 +47,32 @@ from vit_fast.kernels.rope import check_rope
 from vit_fast.kernels.switches import switch
 
 
-class _Ops:
-    """The kernels as one forward calls them. ``direct``: plain eager inference (no autograd, not traced):
-    each call goes straight to the kernel's launcher with its checks skipped, since the forward checked every
-    parameter once (:func:`vit_fast.model.validation.check_kernel_params`); otherwise the public ``torch.library`` ops,
-    each checking its inputs, which autograd, torch.compile and export see."""
-
-    #: the kernels read a LayerScale's gamma tensor and an activation's name, never the modules themselves (as
-    #: ``vit_fast.model.layers.TorchOps(modules=True)`` does); a class attribute: read per block, found at once
-    modules = False
+class _Ops(Ops):
+    """The kernels as one forward calls them (the :class:`~vit_fast.backend.ops.Ops` interface). ``direct``: plain
+    eager inference (no autograd, not traced): each call goes straight to the kernel's launcher with its checks
+    skipped, since the forward checked every parameter once (:func:`vit_fast.model.validation.check_kernel_params`);
+    otherwise the public ``torch.library`` ops, each checking its inputs, which autograd, torch.compile and export
+    see. Which of the two: :func:`ops_for` and :func:`patched_ops`, nowhere else in vit_fast."""
 
     def __init__(self, direct: bool) -> None:
         self.direct = direct
 
-    def linear(self, x, lin: nn.Linear, act=None, residual=None, gamma=None) -> torch.Tensor:
+    def linear(self, x, lin: nn.Module, act=None, residual=None, gamma=None) -> torch.Tensor:
         if self.direct:
             return launch_linear(x, lin.weight, lin.bias, act, residual, gamma, checked=True)
         return linear(x, lin.weight, lin.bias, activation=act, residual=residual, gamma=gamma)
 
-    def norm_linear(self, norm: nn.LayerNorm, x, lin: nn.Linear, act) -> torch.Tensor:
+    def norm_linear(self, norm: nn.LayerNorm, x, lin: nn.Module, act) -> torch.Tensor:
         if self.direct:
             w, b = lin.weight, lin.bias
             return launch_linear(x, w, b, act, ln_weight=norm.weight, ln_bias=norm.bias, ln_eps=norm.eps, checked=True)
         return layer_norm_linear(x, norm.weight, norm.bias, norm.eps, lin.weight, lin.bias, act)
 
-    def attention(
-        self,
-        qkv,
-        num_heads: int,
-        scale: float,
-        lengths: torch.Tensor | None = None,
-        cu_seqlens: torch.Tensor | None = None,
-        max_seqlen: int | None = None,
-        rope: tuple | None = None,
-    ) -> torch.Tensor:
-        """``lengths [B]`` (int32): a padded batch's valid tokens per sample, a prefix of each row. ``cu_seqlens
-        [N + 1]`` (int32): images packed along the tokens; ``max_seqlen`` its longest segment. ``rope``: ``(cos, sin,
-        num_prefix, layout)``, q and k rotated in the kernel (see :func:`vit_fast.kernels.attention.attention`)."""
-        masks = dict(lengths=lengths, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
-        if rope is not None:
-            masks.update(zip(("rope_cos", "rope_sin", "num_prefix", "rope_layout"), rope, strict=True))
+    def rms_norm_linear(self, norm: nn.Module, x, lin: nn.Module, act) -> torch.Tensor:
         if self.direct:
-            if rope is not None:  # the tables come with each forward: their shapes checked here (no device read)
-                check_rope(qkv, num_heads, *rope)
-            return launch_attention(qkv, num_heads, scale, **masks, checked=True)
-        return attention(qkv, num_heads, scale, **masks)
-
-    def diff_attention(self, qkv, lambda_full, norm_weight, num_heads: int, lambda_init, scale, eps) -> torch.Tensor:
-        args = (qkv, lambda_full, norm_weight, num_heads, lambda_init, scale, eps)
-        return launch_diff_attention(*args, checked=True) if self.direct else diff_attention(*args)
-
-    def attention_pool(self, q, kv, num_heads: int, scale: float) -> torch.Tensor:
-        """An attention-pool head's latent queries ``q [1 or B, L, D]`` against ``kv [B, T, 2D]``."""
-        args = (q, kv, num_heads, scale)
-        return launch_attention_pool(*args, checked=True) if self.direct else attention_pool(*args)
+            w, b = lin.weight, lin.bias
+            return launch_linear(x, w, b, act, ln_weight=norm.weight, ln_eps=norm.eps, ln_rms=True, checked=True)
+        return rms_norm_linear(x, norm.weight, None, norm.eps, lin.weight, lin.bias, act)
 
     def layer_norm(self, norm: nn.LayerNorm, x) -> torch.Tensor:
         if self.direct:
@@ -104,65 +80,9 @@ class _Ops:
         return layer_norm(x, norm.weight, norm.bias, norm.eps)
 
     def rms_norm(self, norm: nn.Module, x) -> torch.Tensor:
-        """timm's ``RmsNorm`` / ``RmsNormFp32`` (weight or none, no bias) on the LayerNorm kernel's RMS mode."""
         if self.direct:
             return launch_rms_norm(x, norm.weight, None, norm.eps, checked=True)
         return rms_norm(x, norm.weight, None, norm.eps)
-
-    def rms_norm_linear(self, norm: nn.Module, x, lin: nn.Linear, act) -> torch.Tensor:
-        """``lin(RmsNorm(x))``: the GEMM with its norm prologue in RMS mode."""
-        if self.direct:
-            w, b = lin.weight, lin.bias
-            return launch_linear(x, w, b, act, ln_weight=norm.weight, ln_eps=norm.eps, ln_rms=True, checked=True)
-        return rms_norm_linear(x, norm.weight, None, norm.eps, lin.weight, lin.bias, act)
-
-    def patch_embed(self, x, *args, **kwargs) -> torch.Tensor:
-        return launch_patch_embed(x, *args, **kwargs, checked=True) if self.direct else patch_embed(x, *args, **kwargs)
-
-
-def _layer_norm_ref(x, weight, bias, eps):
-    return add_layer_norm_ref(x, None, weight, bias, eps)[1]
-
-
-class _CheckedOps(_Ops):
-    """The same ops under the first-use safety net (:mod:`vit_fast.backend.first_use`): a kernel's first output per
-    (op, device, triton version, dtype, config, shape class) is judged against eager PyTorch and float64; an op that
-    failed runs in eager PyTorch (its ``*_ref``) from then on. The config is the one the launch ran with, as the
-    kernel's ResolvedLaunches recorded it for this thread: a tuned config picked later for a shape class checked
-    with the heuristic one is judged in its turn."""
-
-    def _run(self, op, dtype, shape_class, launch, reference, args, kwargs=None) -> torch.Tensor:
-        kwargs = kwargs or {}
-        if op in first_use.failed_ops():
-            return reference(*args, **kwargs)
-        out = launch()
-        if not first_use.eligible(out):  # traced or captured (an op failed earlier brought us here): not judged now
-            return out
-        launches = OPS[op].kernel.launches
-        config = launches.launched_config()
-        key = (op, str(out.device), triton.__version__, dtype, config, shape_class)
-        if first_use.is_checked(key) or first_use.check(
-            key, op, launches.kernel, out, reference, args, kwargs, dtype, config=config
-        ):
-            return out
-        return reference(*args, **kwargs)
-
-    def linear(self, x, lin: nn.Linear, act=None, residual=None, gamma=None) -> torch.Tensor:
-        shape = (
-            m_class(x.numel() // x.shape[-1]),
-            tuple(lin.weight.shape),
-            act,
-            *(t is not None for t in (lin.bias, residual, gamma)),
-        )
-        args = (x, lin.weight, lin.bias, act, residual, gamma)
-        launch = lambda: _Ops.linear(self, x, lin, act, residual, gamma)  # noqa: E731
-        return self._run("linear", x.dtype, shape, launch, linear_ref, args)
-
-    def norm_linear(self, norm: nn.LayerNorm, x, lin: nn.Linear, act) -> torch.Tensor:
-        shape = (m_class(x.numel() // x.shape[-1]), tuple(lin.weight.shape), act, lin.bias is not None)
-        args = (x, norm.weight, norm.bias, norm.eps, lin.weight, lin.bias, act)
-        launch = lambda: _Ops.norm_linear(self, norm, x, lin, act)  # noqa: E731
-        return self._run("layer_norm_linear", x.dtype, shape, launch, layer_norm_linear_ref, args)
 
     def attention(
         self,
@@ -173,51 +93,176 @@ class _CheckedOps(_Ops):
         cu_seqlens: torch.Tensor | None = None,
         max_seqlen: int | None = None,
         rope: tuple | None = None,
+        first_token: bool = False,
     ) -> torch.Tensor:
-        batch, tokens, width = qkv.shape
-        masks = (lengths is not None, cu_seqlens is not None, None if rope is None else (rope[0].dim(), *rope[2:]))
-        shape = (m_class(batch * tokens), tokens, num_heads, width // (3 * num_heads), *masks)
-        launch = lambda: _Ops.attention(self, qkv, num_heads, scale, lengths, cu_seqlens, max_seqlen, rope)  # noqa: E731
-        args, kwargs = (qkv, num_heads, scale), {"lengths": lengths, "cu_seqlens": cu_seqlens, "rope": rope}
-        return self._run("attention", qkv.dtype, shape, launch, attention_ref, args, kwargs)
+        """``rope``: ``(cos, sin, num_prefix, layout)``, q and k rotated in the kernel; ``first_token``: every query
+        runs, token 0's row is returned (the kernel has no single-query mode)."""
+        masks = dict(lengths=lengths, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
+        if rope is not None:
+            masks.update(zip(("rope_cos", "rope_sin", "num_prefix", "rope_layout"), rope, strict=True))
+        if self.direct:
+            if rope is not None:  # the tables come with each forward: their shapes checked here (no device read)
+                check_rope(qkv, num_heads, *rope)
+            out = launch_attention(qkv, num_heads, scale, **masks, checked=True)
+        else:
+            out = attention(qkv, num_heads, scale, **masks)
+        return out[:, :1] if first_token else out
 
     def diff_attention(self, qkv, lambda_full, norm_weight, num_heads: int, lambda_init, scale, eps) -> torch.Tensor:
-        batch, tokens, width = qkv.shape
-        shape = (m_class(batch * tokens), tokens, num_heads, width // (6 * num_heads))
         args = (qkv, lambda_full, norm_weight, num_heads, lambda_init, scale, eps)
-        launch = lambda: _Ops.diff_attention(self, *args)  # noqa: E731
-        return self._run("diff_attention", qkv.dtype, shape, launch, diff_attention_ref, args)
+        return launch_diff_attention(*args, checked=True) if self.direct else diff_attention(*args)
 
     def attention_pool(self, q, kv, num_heads: int, scale: float) -> torch.Tensor:
-        batch, tokens, width = kv.shape
-        shape = (m_class(batch), tokens, q.shape[0], q.shape[1], num_heads, width // (2 * num_heads))
         args = (q, kv, num_heads, scale)
-        launch = lambda: _Ops.attention_pool(self, *args)  # noqa: E731
-        return self._run("attention_pool", kv.dtype, shape, launch, attention_pool_ref, args)
+        return launch_attention_pool(*args, checked=True) if self.direct else attention_pool(*args)
 
-    def layer_norm(self, norm: nn.LayerNorm, x) -> torch.Tensor:
-        shape = (m_class(x.numel() // x.shape[-1]), x.shape[-1])
-        launch = lambda: _Ops.layer_norm(self, norm, x)  # noqa: E731
-        args = (x, norm.weight, norm.bias, norm.eps)
-        return self._run("layer_norm", x.dtype, shape, launch, _layer_norm_ref, args)
+    def patch_embed(
+        self, x, weight, bias, pos_embed, cls_token=None, reg_token=None, *, no_embed_class=False, mean=None, std=None
+    ) -> torch.Tensor:
+        args, kwargs = (x, weight, bias, pos_embed, cls_token, reg_token), dict(no_embed_class=no_embed_class)
+        if self.direct:
+            return launch_patch_embed(*args, **kwargs, mean=mean, std=std, checked=True)
+        return patch_embed(*args, **kwargs, mean=mean, std=std)
 
-    def rms_norm(self, norm: nn.Module, x) -> torch.Tensor:
-        shape = (m_class(x.numel() // x.shape[-1]), x.shape[-1])
-        launch = lambda: _Ops.rms_norm(self, norm, x)  # noqa: E731
-        args = (x, norm.weight, None, norm.eps)
-        return self._run("rms_norm", x.dtype, shape, launch, rms_norm_ref, args)
 
-    def rms_norm_linear(self, norm: nn.Module, x, lin: nn.Linear, act) -> torch.Tensor:
-        shape = (m_class(x.numel() // x.shape[-1]), tuple(lin.weight.shape), act, lin.bias is not None)
-        args = (x, norm.weight, None, norm.eps, lin.weight, lin.bias, act)
-        launch = lambda: _Ops.rms_norm_linear(self, norm, x, lin, act)  # noqa: E731
-        return self._run("rms_norm_linear", x.dtype, shape, launch, rms_norm_linear_ref, args)
+def _layer_norm_ref(x, weight, bias, eps):
+    return add_layer_norm_ref(x, None, weight, bias, eps)[1]
 
-    def patch_embed(self, x, *args, **kwargs) -> torch.Tensor:
-        weight = args[0]
-        shape = (m_class(x.shape[0]), tuple(x.shape[1:]), str(x.dtype), tuple(weight.shape))
-        launch = lambda: _Ops.patch_embed(self, x, *args, **kwargs)  # noqa: E731
-        return self._run("patch_embed", weight.dtype, shape, launch, patch_embed_ref, (x, *args), kwargs)
+
+def _first_token_ref(*args, **kwargs) -> torch.Tensor:
+    return attention_ref(*args, **kwargs)[:, :1]
+
+
+def _rows(x: torch.Tensor) -> int:
+    return m_class(x.numel() // x.shape[-1])
+
+
+class _Check(NamedTuple):
+    """How the first-use net judges one op: the kernel op (``OPS`` name) it launches, and two functions taking the
+    op's own arguments: ``shape`` gives ``(dtype, shape class)``, ``reference`` gives ``(eager, args, kwargs)``."""
+
+    op: str
+    shape: Callable
+    reference: Callable
+
+
+def _attention_shape(
+    qkv, num_heads, scale, lengths=None, cu_seqlens=None, max_seqlen=None, rope=None, first_token=False
+):  # noqa: E501
+    batch, tokens, width = qkv.shape
+    rope_class = None if rope is None else (rope[0].dim(), *rope[2:])
+    masks = (rope_class, first_token, lengths is not None, cu_seqlens is not None)  # the two masks last
+    return qkv.dtype, (m_class(batch * tokens), tokens, num_heads, width // (3 * num_heads), *masks)
+
+
+def _attention_ref(qkv, num_heads, scale, lengths=None, cu_seqlens=None, max_seqlen=None, rope=None, first_token=False):
+    kwargs = {"lengths": lengths, "cu_seqlens": cu_seqlens, "rope": rope}
+    return (_first_token_ref if first_token else attention_ref), (qkv, num_heads, scale), kwargs
+
+
+def _patch_embed_shape(x, weight, *args, **kwargs):
+    return weight.dtype, (m_class(x.shape[0]), tuple(x.shape[1:]), str(x.dtype), tuple(weight.shape))
+
+
+#: each op of the interface as the first-use net judges it (one entry per op; the wrapper is generic)
+_CHECKS = {
+    "linear": _Check(
+        "linear",
+        lambda x, lin, act=None, residual=None, gamma=None: (
+            x.dtype,
+            (_rows(x), tuple(lin.weight.shape), act, *(t is not None for t in (lin.bias, residual, gamma))),
+        ),
+        lambda x, lin, act=None, residual=None, gamma=None: (
+            linear_ref,
+            (x, lin.weight, lin.bias, act, residual, gamma),
+            {},
+        ),
+    ),
+    "norm_linear": _Check(
+        "layer_norm_linear",
+        lambda norm, x, lin, act: (x.dtype, (_rows(x), tuple(lin.weight.shape), act, lin.bias is not None)),
+        lambda norm, x, lin, act: (
+            layer_norm_linear_ref,
+            (x, norm.weight, norm.bias, norm.eps, lin.weight, lin.bias, act),
+            {},
+        ),
+    ),
+    "rms_norm_linear": _Check(
+        "rms_norm_linear",
+        lambda norm, x, lin, act: (x.dtype, (_rows(x), tuple(lin.weight.shape), act, lin.bias is not None)),
+        lambda norm, x, lin, act: (
+            rms_norm_linear_ref,
+            (x, norm.weight, None, norm.eps, lin.weight, lin.bias, act),
+            {},
+        ),
+    ),
+    "layer_norm": _Check(
+        "layer_norm",
+        lambda norm, x: (x.dtype, (_rows(x), x.shape[-1])),
+        lambda norm, x: (_layer_norm_ref, (x, norm.weight, norm.bias, norm.eps), {}),
+    ),
+    "rms_norm": _Check(
+        "rms_norm",
+        lambda norm, x: (x.dtype, (_rows(x), x.shape[-1])),
+        lambda norm, x: (rms_norm_ref, (x, norm.weight, None, norm.eps), {}),
+    ),
+    "attention": _Check("attention", _attention_shape, _attention_ref),
+    "diff_attention": _Check(
+        "diff_attention",
+        lambda qkv, lambda_full, norm_weight, num_heads, *rest: (
+            qkv.dtype,
+            (m_class(qkv.shape[0] * qkv.shape[1]), qkv.shape[1], num_heads, qkv.shape[2] // (6 * num_heads)),
+        ),
+        lambda *args: (diff_attention_ref, args, {}),
+    ),
+    "attention_pool": _Check(
+        "attention_pool",
+        lambda q, kv, num_heads, scale: (
+            kv.dtype,
+            (m_class(kv.shape[0]), kv.shape[1], q.shape[0], q.shape[1], num_heads, kv.shape[2] // (2 * num_heads)),
+        ),
+        lambda *args: (attention_pool_ref, args, {}),
+    ),
+    "patch_embed": _Check("patch_embed", _patch_embed_shape, lambda *args, **kwargs: (patch_embed_ref, args, kwargs)),
+}
+
+
+def _judged(method: Callable, check: _Check) -> Callable:
+    """``method`` of :class:`_Ops` under the first-use net: a kernel's first output per (op, device, triton version,
+    dtype, config, shape class) is judged against eager PyTorch and float64; an op that failed runs in eager PyTorch
+    (its ``*_ref``) from then on. The config is the one the launch ran with, as the kernel's ResolvedLaunches
+    recorded it for this thread: a tuned config picked later for a shape class checked with the heuristic one is
+    judged in its turn."""
+
+    @functools.wraps(method)
+    def judged(self, *args, **kwargs) -> torch.Tensor:
+        if check.op in first_use.failed_ops():
+            reference, ref_args, ref_kwargs = check.reference(*args, **kwargs)
+            return reference(*ref_args, **ref_kwargs)
+        out = method(self, *args, **kwargs)
+        if not first_use.eligible(out):  # traced or captured (an op failed earlier brought us here): not judged now
+            return out
+        launches = OPS[check.op].kernel.launches
+        config = launches.launched_config()
+        dtype, shape_class = check.shape(*args, **kwargs)
+        key = (check.op, str(out.device), triton.__version__, dtype, config, shape_class)
+        if first_use.is_checked(key):
+            return out
+        reference, ref_args, ref_kwargs = check.reference(*args, **kwargs)
+        if first_use.check(key, check.op, launches.kernel, out, reference, ref_args, ref_kwargs, dtype, config=config):
+            return out
+        return reference(*ref_args, **ref_kwargs)
+
+    return judged
+
+
+class _CheckedOps(_Ops):
+    """:class:`_Ops` under the first-use safety net (:mod:`vit_fast.backend.first_use`), every op through
+    :func:`_judged` with its entry in ``_CHECKS``."""
+
+
+for _name in OP_NAMES:
+    setattr(_CheckedOps, _name, _judged(getattr(_Ops, _name), _CHECKS[_name]))
 
 
 _DIRECT, _THROUGH_OPS = _Ops(direct=True), _Ops(direct=False)
@@ -276,9 +321,7 @@ def layer_norm_fused(owner: nn.Module) -> bool:
 
 
 # --------------------------------------------------------------------------- key padding (native resolution)
-def attention_with_lengths(
-    ops: _Ops, qkv: torch.Tensor, num_heads: int, scale: float, lengths: torch.Tensor, rope=None
-):
+def attention_with_lengths(ops: Ops, qkv: torch.Tensor, num_heads: int, scale: float, lengths: torch.Tensor, rope=None):
     """Self-attention of a padded batch, ``qkv [B, T, 3 * H * Dh]`` -> ``[B, T, H * Dh]``: every masked attention
     of a patched layer (timm's NaFlexVit, transformers' SigLIP 2) comes here, to the attention kernel with its
     ``lengths``. ``lengths [B]`` (int32, on qkv's device): sample b's tokens ``[0, lengths[b])`` are its keys and
@@ -294,7 +337,7 @@ def _key_padding(k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor) -> tup
     return k.masked_fill(~keep, 0), v.masked_fill(~keep, 0), valid[:, None, None, :]
 
 
-def attention_pool_with_lengths(ops: _Ops, q, kv, num_heads: int, scale: float, lengths: torch.Tensor):
+def attention_pool_with_lengths(ops: Ops, q, kv, num_heads: int, scale: float, lengths: torch.Tensor):
     """An attention-pool head's latent queries ``q [1 or B, L, D]`` against the valid keys of ``kv [B, T, 2D]``
     (``lengths`` as for :func:`attention_with_lengths`) -> ``[B, L, D]``: the attention-pool kernel when nothing is
     padded, else PyTorch (the pool kernel takes no lengths)."""
@@ -311,27 +354,38 @@ def attention_pool_with_lengths(ops: _Ops, q, kv, num_heads: int, scale: float, 
     return out.transpose(1, 2).reshape(batch, latents, dim)
 
 
-class _WithLengths:
+class _WithLengths(ForwardingOps):
     """``ops`` whose attention and attention pool see only each sample's first ``lengths[b]`` keys; every other op
     is ``ops``' own."""
 
-    def __init__(self, ops: _Ops, lengths: torch.Tensor) -> None:
-        self.ops, self.lengths = ops, lengths
+    def __init__(self, ops: Ops, lengths: torch.Tensor) -> None:
+        super().__init__(ops)
+        self.lengths = lengths
 
-    def __getattr__(self, name: str):
-        return getattr(self.ops, name)
-
-    def attention(self, qkv, num_heads: int, scale: float, rope: tuple | None = None) -> torch.Tensor:
-        return attention_with_lengths(self.ops, qkv, num_heads, scale, self.lengths, rope)
+    def attention(
+        self,
+        qkv,
+        num_heads: int,
+        scale: float,
+        lengths: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None,
+        max_seqlen: int | None = None,
+        rope: tuple | None = None,
+        first_token: bool = False,
+    ) -> torch.Tensor:
+        if lengths is not None or cu_seqlens is not None:
+            raise TypeError("a padded batch's attention takes its lengths from the batch, no other mask")
+        out = attention_with_lengths(self.ops, qkv, num_heads, scale, self.lengths, rope)
+        return out[:, :1] if first_token else out
 
     def attention_pool(self, q, kv, num_heads: int, scale: float) -> torch.Tensor:
         return attention_pool_with_lengths(self.ops, q, kv, num_heads, scale, self.lengths)
 
-    def diff_attention(self, *args) -> torch.Tensor:
+    def diff_attention(self, qkv, lambda_full, norm_weight, num_heads: int, lambda_init, scale, eps) -> torch.Tensor:
         raise TypeError("differential attention takes no key-padding lengths (its layers run their own forward)")
 
 
-def with_lengths(ops: _Ops, lengths: torch.Tensor | None):
+def with_lengths(ops: Ops, lengths: torch.Tensor | None):
     """``ops`` for a padded batch (see :class:`_WithLengths`); ``ops`` itself when ``lengths`` is None."""
     return ops if lengths is None else _WithLengths(ops, lengths)
 

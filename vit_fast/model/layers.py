@@ -10,7 +10,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vit_fast.backend.ops import Ops
 from vit_fast.kernels.activations import gate_split
+from vit_fast.kernels.attention import attention_ref
+from vit_fast.kernels.attention_pool import attention_pool_ref
+from vit_fast.kernels.diff_attention import diff_attention_ref
+from vit_fast.kernels.layer_norm import rms_norm_ref
+from vit_fast.kernels.patch_embed import patch_embed_ref
 from vit_fast.model.config import ViTConfig
 from vit_fast.model.stacking import LinearWeights, stacked_for
 
@@ -159,11 +165,11 @@ def runs_functional(block: nn.Module) -> bool:
     )
 
 
-class TorchOps:
-    """The torch backend's ops, as :func:`run_block` calls them: the same torch calls a :class:`Block`'s modules
-    make, in the same order, so a block run on them gives ``block(x)`` bit for bit. ``modules``: each Linear, norm
-    and activation called as its module (a replaced layer runs as itself); else the functional form on the
-    modules' parameters, without their module calls (a tenth of a small model's batch-1 CPU forward)."""
+class TorchOps(Ops):
+    """The torch backend's ops (the :class:`~vit_fast.backend.ops.Ops` interface), as :func:`run_block` calls them:
+    the same torch calls a :class:`Block`'s modules make, in the same order, so a block run on them gives
+    ``block(x)`` bit for bit; the ops a Block lacks run the kernels' eager references. ``modules``: each Linear,
+    norm and activation called as its module; else the functional form on the modules' parameters."""
 
     def __init__(self, modules: bool) -> None:
         self.modules = modules
@@ -185,18 +191,49 @@ class TorchOps:
     def layer_norm(self, norm: nn.LayerNorm, x) -> torch.Tensor:
         return norm(x) if self.modules else F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
 
+    def rms_norm(self, norm: nn.Module, x) -> torch.Tensor:
+        return norm(x) if self.modules else rms_norm_ref(x, norm.weight, None, norm.eps)
+
     def norm_linear(self, norm: nn.LayerNorm, x, lin: nn.Module, act) -> torch.Tensor:
         return self.linear(self.layer_norm(norm, x), lin, act)
 
-    def attention(self, qkv, num_heads: int, scale: float, first_token: bool = False) -> torch.Tensor:
+    def rms_norm_linear(self, norm: nn.Module, x, lin: nn.Module, act) -> torch.Tensor:
+        return self.linear(self.rms_norm(norm, x), lin, act)
+
+    def attention(
+        self,
+        qkv,
+        num_heads: int,
+        scale: float,
+        lengths: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None,
+        max_seqlen: int | None = None,
+        rope: tuple | None = None,
+        first_token: bool = False,
+    ) -> torch.Tensor:
         """``qkv [B, T, 3 * H * Dh]`` -> ``[B, T, H * Dh]`` (``[B, 1, H * Dh]`` with ``first_token``: token 0's query
-        alone; every token is still a key and a value)."""
+        alone). Masks or RoPE tables: the attention kernel's eager reference."""
+        if lengths is not None or cu_seqlens is not None or rope is not None:
+            out = attention_ref(qkv, num_heads, scale, lengths=lengths, cu_seqlens=cu_seqlens, rope=rope)
+            return out[:, :1] if first_token else out
         B, T, width = qkv.shape
         q, k, v = qkv.reshape(B, T, 3, num_heads, width // (3 * num_heads)).permute(2, 0, 3, 1, 4).unbind(0)
         if first_token:
             q = q[:, :, :1]
         o = F.scaled_dot_product_attention(q, k, v, scale=scale)
         return o.transpose(1, 2).reshape(B, q.shape[2], width // 3)
+
+    def diff_attention(self, qkv, lambda_full, norm_weight, num_heads: int, lambda_init, scale, eps) -> torch.Tensor:
+        return diff_attention_ref(qkv, lambda_full, norm_weight, num_heads, lambda_init, scale, eps)
+
+    def attention_pool(self, q, kv, num_heads: int, scale: float) -> torch.Tensor:
+        return attention_pool_ref(q, kv, num_heads, scale)
+
+    def patch_embed(
+        self, x, weight, bias, pos_embed, cls_token=None, reg_token=None, *, no_embed_class=False, mean=None, std=None
+    ) -> torch.Tensor:
+        args = (x, weight, bias, pos_embed, cls_token, reg_token)
+        return patch_embed_ref(*args, no_embed_class=no_embed_class, mean=mean, std=std)
 
 
 #: the torch ops without module calls (the eager shortcut) and with them (what hooks, export and compilers see)

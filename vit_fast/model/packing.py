@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from vit_fast.backend.ops import ForwardingOps, Ops
 from vit_fast.model import stages
 from vit_fast.model.layers import TORCH_MODULES, Attention, Block, Mlp, TorchOps, skip_identity
 from vit_fast.model.validation import finite_check_from_env, require_finite
@@ -152,24 +153,34 @@ def attention_packed(qkv: torch.Tensor, num_heads: int, scale: float, layout: Pa
     return torch.cat(out)[None]
 
 
-class PackedOps:
+class PackedOps(ForwardingOps):
     """``ops`` (the torch backend's or the kernels') whose attention keeps each image of a packed sequence to its own
     tokens: :func:`attention_packed` on the torch ops, the attention kernel's ``cu_seqlens`` path on the kernels.
     Every other op is ``ops``' own."""
 
-    def __init__(self, ops, layout: PackedLayout, device: torch.device) -> None:
-        self.ops, self.layout, self.on_torch = ops, layout, isinstance(ops, TorchOps)
+    def __init__(self, ops: Ops, layout: PackedLayout, device: torch.device) -> None:
+        super().__init__(ops)
+        self.layout, self.on_torch = layout, isinstance(ops, TorchOps)
         self.cu_seqlens = None if self.on_torch else torch.tensor(layout.cu_seqlens, dtype=torch.int32, device=device)
 
-    def __getattr__(self, name: str):
-        return getattr(self.ops, name)
-
-    def attention(self, qkv, num_heads: int, scale: float) -> torch.Tensor:
+    def attention(
+        self,
+        qkv,
+        num_heads: int,
+        scale: float,
+        lengths: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None,
+        max_seqlen: int | None = None,
+        rope: tuple | None = None,
+        first_token: bool = False,
+    ) -> torch.Tensor:
+        if lengths is not None or cu_seqlens is not None or rope is not None or first_token:
+            raise TypeError("a packed sequence's attention takes its segments from the layout, no other mask or RoPE")
         if self.on_torch:
             return attention_packed(qkv, num_heads, scale, self.layout)
         return self.ops.attention(qkv, num_heads, scale, cu_seqlens=self.cu_seqlens, max_seqlen=self.layout.max_seqlen)
 
-    def diff_attention(self, *args) -> torch.Tensor:
+    def diff_attention(self, qkv, lambda_full, norm_weight, num_heads: int, lambda_init, scale, eps) -> torch.Tensor:
         raise TypeError("differential attention takes no packed sequences")
 
 
@@ -179,7 +190,7 @@ def _run_stages(
     """The model's stages (:mod:`vit_fast.model.stages`) on the packed sequence: each size group embedded at its own
     grid, then every block and the final norm on ``[1, S, D]`` with :class:`PackedOps`."""
     first = images[0]
-    on_kernels = model._backend_for_call(first) == "triton"
+    on_kernels = model.backend_for_call(first) == "triton"
     key = ("packed", *(tuple(image.shape) for image in images))  # what the first-use net knows this forward by
     # on the torch backend the module calls: hooks on a block's norms, GEMMs and activation see a packed forward
     ops, fused = stages.kernel_ops(model, first, key) if on_kernels else (TORCH_MODULES, True)
@@ -200,7 +211,7 @@ def _run_stages(
 # --------------------------------------------------------------------------- the model's packed forward
 def _packed_tokens(model: VisionTransformer, images: Sequence[torch.Tensor]) -> tuple[torch.Tensor, PackedLayout]:
     """Tokens ``[S, D]`` after the final norm, and the layout."""
-    if model.autotune and (scope := model._autotune_scope()) is not None:
+    if model.autotune and (scope := model.autotune_scope()) is not None:
         with scope:
             return _packed_tokens(model, images)
     grids = check_images(model, images)

@@ -187,7 +187,7 @@ class VisionTransformer(TimmModelAPI, nn.Module):
         """:meth:`explain_backend` for the weights' device, as one line: ``"triton: NVIDIA A100 ... "``."""
         return str(self.explain_backend())
 
-    def _backend_for_call(self, x: torch.Tensor) -> str:
+    def backend_for_call(self, x: torch.Tensor) -> str:
         """:meth:`resolved_backend` for ``x``, after the checks the card asks for, before any compute.
 
         Runs on every forward, so the card is read at most once here: for an explicit ``backend="triton"``
@@ -278,7 +278,7 @@ class VisionTransformer(TimmModelAPI, nn.Module):
         norm, on the model's backend: what Hugging Face's ``output_hidden_states`` and the finite check read."""
         grid = self.check_input(x)
         found: list[tuple[str, torch.Tensor]] = []
-        stages.features(self, x, grid, self._backend_for_call(x), on_stage=lambda *stage: found.append(stage))
+        stages.features(self, x, grid, self.backend_for_call(x), on_stage=lambda *stage: found.append(stage))
         yield from found
 
     def _features_checked(self, x: torch.Tensor) -> torch.Tensor:
@@ -290,7 +290,7 @@ class VisionTransformer(TimmModelAPI, nn.Module):
             previous[0] = stage
 
         grid = self.check_input(x)
-        return stages.features(self, x, grid, self._backend_for_call(x), on_stage=check)
+        return stages.features(self, x, grid, self.backend_for_call(x), on_stage=check)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Tokens ``[B, T, D]`` after the final norm (T = prefix tokens + patches)."""
@@ -299,13 +299,13 @@ class VisionTransformer(TimmModelAPI, nn.Module):
     def _features(self, x: torch.Tensor, first_token: bool = False) -> torch.Tensor:
         """:meth:`forward_features`; with ``first_token`` the torch backend may return token 0 alone
         (``[B, 1, D]``, see :func:`vit_fast.stages.eager_shortcuts`): what pooling on the class token reads."""
-        if self.autotune and (scope := self._autotune_scope()) is not None:
+        if self.autotune and (scope := self.autotune_scope()) is not None:
             with scope:
                 return self._features(x, first_token)
         if self.check_finite or finite_check_from_env():
             return self._features_checked(x)
         grid = self.check_input(x)
-        return stages.features(self, x, grid, self._backend_for_call(x), first_token)
+        return stages.features(self, x, grid, self.backend_for_call(x), first_token)
 
     def forward_head(self, tokens: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """Pool ``[B, T, D]`` tokens (class token or average of patch tokens) and apply the head."""
@@ -358,7 +358,7 @@ class VisionTransformer(TimmModelAPI, nn.Module):
 
         return warmup_model(self, batch_sizes, dtype=dtype, tune=tune, verbose=verbose)
 
-    def _autotune_scope(self) -> contextlib.AbstractContextManager | None:
+    def autotune_scope(self) -> contextlib.AbstractContextManager | None:
         """``tuning()`` for a forward of a model that asked for tuning, unless already on or traced (a context
         variable set inside torch.compile's tracing would break the graph)."""
         from vit_fast.kernels.autotune import autotune_enabled, tuning
