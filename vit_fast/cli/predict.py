@@ -192,7 +192,7 @@ def _write_features(path: Path, rows: list) -> None:
     import numpy as np
     import torch
 
-    from vit_fast.util.files import write_atomic
+    from vit_fast.util.files import npy_bytes, write_atomic
 
     names = [name for name, _ in rows]
     stacked = torch.stack([feature for _, feature in rows]).to(torch.float32).contiguous()
@@ -204,7 +204,5 @@ def _write_features(path: Path, rows: list) -> None:
         width = max(len(n) for n in names)
         table = np.zeros(len(names), dtype=[("file", f"<U{width}"), ("feature", "<f4", (stacked.shape[1],))])
         table["file"], table["feature"] = names, stacked.numpy()
-        buffer = io.BytesIO()
-        np.save(buffer, table, allow_pickle=False)
-        data = buffer.getvalue()
+        data = npy_bytes(table)
     write_atomic(path, data)

@@ -55,6 +55,9 @@ class KernelCase:
         if self.kernel == "attention_pool":
             L, H = d["latents"], d["heads"]
             return f"q [1, {L}, {D}], kv [{B}, {T}, {2 * D}] -> [{B}, {L}, {D}] ({H} heads of {D // H})"
+        if self.kernel == "preprocess":
+            H, W = d["crop"]
+            return f"{B} uint8 images from [{d['src'][0]}, {d['src'][1]}, 3] -> [{B}, 3, {H}, {W}]"
         if d.get("heads"):  # a norm over each head's rows (qk-norm)
             return f"[{B}, {T}, {d['heads']}, {D}]"
         return f"[{B}, {T}, {D}]"
@@ -93,6 +96,11 @@ def model_cases(
         KernelCase("layer_norm", "final norm", base, dtype),
         KernelCase("add_layer_norm", "residual + norm", base, dtype),
     ]
+    if cfg.in_chans == 3:  # what predict and serve run before the forward: decoded images to the model's input
+        src = (height * 9 // 7 + 1, width * 4 // 3 + 3)  # odd decoded sizes, downscaled (antialiased) and cropped
+        resize = (height * 8 // 7, width * 8 // 7)
+        pre = dict(batch=batch, src=src, resize=resize, crop=(height, width), interpolation="bicubic")
+        cases.append(KernelCase("preprocess", "image preprocessing", pre, dtype))
     return cases
 
 
@@ -144,6 +152,15 @@ def _inputs(case: KernelCase, device: torch.device, gen: torch.Generator) -> tup
     def rnd(*shape: int, scale: float = 1.0) -> torch.Tensor:
         return (scale * torch.randn(shape, generator=gen)).to(device=device, dtype=dtype)
 
+    if case.kernel == "preprocess":  # each image a little larger than the last: sizes differ within one launch
+        h, w = d["src"]
+        images = [
+            torch.randint(0, 256, (h + i, w + 2 * i, 3), generator=gen, dtype=torch.uint8).to(device)
+            for i in range(d["batch"])
+        ]
+        norm = dict(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
+        return (images,), dict(resize=d["resize"], crop=d["crop"], interpolation=d["interpolation"], **norm,
+                               out_dtype=dtype)  # fmt: skip
     B, T, D = d["batch"], d["tokens"], d["dim"]
     if case.kernel == "patch_embed":
         C, p = d["chans"], d["patch"]
@@ -189,6 +206,12 @@ def _launch(
     """The kernel's launcher on ``args``, into outputs made by ``outputs(*shape)`` (default: NaN-filled new
     tensors, in the order the launcher takes them); the output that is judged."""
     launcher = OPS[case.kernel].launcher
+    if case.kernel == "preprocess":
+        images, (H, W) = args[0], case.dims["crop"]
+        out = outputs(len(images), 3, H, W) if outputs is not None else None
+        if out is None:
+            out = torch.full((len(images), 3, H, W), float("nan"), dtype=case.dtype, device=images[0].device)
+        return launcher(images, **kwargs, out=out)
     x, B, T, D = args[0], case.dims["batch"], case.dims["tokens"], case.dims["dim"]
 
     def poisoned(*shape: int) -> torch.Tensor:
@@ -233,9 +256,14 @@ def _reference(case: KernelCase, args: tuple, kwargs: dict[str, Any]) -> torch.T
 
 def _float64(args: tuple, kwargs: dict[str, Any], device: torch.device) -> tuple[tuple, dict[str, Any]]:
     def up(v: Any) -> Any:
+        if isinstance(v, list):  # preprocess's uint8 images: moved, not cast
+            return [t.detach().to(device) for t in v]
         return v.detach().to(device, torch.float64) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
 
-    return tuple(up(a) for a in args), {k: up(v) for k, v in kwargs.items()}
+    kwargs = {k: up(v) for k, v in kwargs.items()}
+    if "out_dtype" in kwargs:  # preprocess: its float64 truth is computed and returned in float64
+        kwargs.update(out_dtype=torch.float64, compute_dtype=torch.float64)
+    return tuple(up(a) for a in args), kwargs
 
 
 @contextlib.contextmanager

@@ -58,6 +58,7 @@ from .staging import clean_stale_staging, is_our_staging, make_staging, staging_
 from .writing import (
     copy_new,
     json_text,
+    npy_bytes,
     open_new,
     png_metadata,
     seal_markdown,
@@ -111,6 +112,7 @@ __all__ = [
     "make_folders",
     "make_staging",
     "nulled_streams",
+    "npy_bytes",
     "open_new",
     "ownership_note",
     "png_metadata",

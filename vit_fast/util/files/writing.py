@@ -79,6 +79,18 @@ def json_text(data: Any, *, sort_keys: bool = True, default: Callable[[Any], Any
     return text.replace(field, f'"{DIGEST_KEY}": "{digest}"')
 
 
+def npy_bytes(array: Any) -> bytes:
+    """``array`` as the bytes of a ``.npy`` file, no pickle allowed (structured arrays included), for
+    :func:`write_atomic`: numpy's own writer, into memory, never to a path."""
+    import io
+
+    import numpy as np
+
+    buffer = io.BytesIO()
+    np.save(buffer, array, allow_pickle=False)
+    return buffer.getvalue()
+
+
 def write_json_atomic(data: Any, path: str | os.PathLike, *, mode: int | None = None) -> Path:
     """Write ``data`` as :func:`json_text` to ``path``, atomically (``mode``: see :func:`write_atomic`)."""
     return write_atomic(path, json_text(data), mode=mode)
