@@ -772,12 +772,25 @@ class Phases:
         """PIL, the library's eval transform (timm's where torchvision imports), the torch model, top-k."""
         from vit_fast import image_transform
 
-        pipeline = pipeline_script()
-        model = self.model(self.args.perf_model, self.args.perf_dtype)
-        hand, what = pipeline.library_transform(model, self.args.perf_model)
-        mode = "L" if image_transform(model).preprocessing.channels == 1 else "RGB"
-        files = self.pipeline_files()
+        try:
+            pipeline = pipeline_script()
+            model = self.model(self.args.perf_model, self.args.perf_dtype)
+            hand, what = pipeline.library_transform(model, self.args.perf_model)
+            mode = "L" if image_transform(model).preprocessing.channels == 1 else "RGB"
+            files = self.pipeline_files()
+        except Exception as err:  # its row's failure, labelled as the row (no Pillow, no model)
+            return [self.pipeline_failed("by hand", 1, err)]
         return [self.pipeline_row(f"by hand ({what})", 1, lambda: pipeline.by_hand(model, files, hand, mode, 5))]
+
+    def pipeline_failed(self, path: str, batch: int, err: Exception) -> dict[str, Any]:
+        release(self.device)
+        return {
+            "phase": "perf",
+            "label": PIPELINE + path,
+            "dtype": self.args.perf_dtype,
+            "batch": batch,
+            **failure(err),
+        }
 
     def pipeline_predict(self) -> list[dict[str, Any]]:
         """What ``vit-fast predict`` runs on the triton backend: decode threads, the fused preprocessing kernel,
@@ -786,15 +799,18 @@ class Phases:
 
         from vit_fast import image_transform
 
-        built = self.backend("triton", False)
         batch = self.args.pipeline_batch
         label = f"predict (triton, decode threads, batch {batch})"
-        if isinstance(built, str):
-            return [{"phase": "perf", "label": PIPELINE + label, "batch": batch, "status": "unavailable",
-                     "notes": built}]  # fmt: skip
-        pipeline = pipeline_script()
-        model, files = built.module, self.pipeline_files()
-        ours = image_transform(self.model(self.args.perf_model, self.args.perf_dtype))
+        try:
+            built = self.backend("triton", False)
+            if isinstance(built, str):
+                return [{"phase": "perf", "label": PIPELINE + label, "batch": batch, "status": "unavailable",
+                         "notes": built}]  # fmt: skip
+            pipeline = pipeline_script()
+            model, files = built.module, self.pipeline_files()
+            ours = image_transform(self.model(self.args.perf_model, self.args.perf_dtype))
+        except Exception as err:
+            return [self.pipeline_failed(label, batch, err)]
         args = _argparse.Namespace(decode_threads=None, batch=batch, top_k=5)
         return [self.pipeline_row(label, batch, lambda: pipeline.predict_path(model, files, ours, args))]
 

@@ -413,6 +413,9 @@ def test_a_failed_pipeline_row_is_its_own_and_never_a_peer(tmp_path):
     phases.pipeline_files = lambda: [tmp_path / "a.jpg", tmp_path / "b.jpg"]
     row = phases.pipeline_row("by hand (timm create_transform)", 1, broken)
     assert row["status"] == "error" and "out of memory" in row["error"] and row["label"].startswith("pipeline: ")
+    phases.model = lambda *a: broken()  # a failure before the timing (the model, the transform) is the row's too
+    (early,) = phases.pipeline_by_hand()
+    assert early["label"] == "pipeline: by hand" and early["batch"] == 1 and "out of memory" in early["error"]
     fast = {"label": "pipeline: predict (triton, decode threads, batch 1)", "batch": 1, "dtype": "bf16",
             "status": "ok", "median_ms": 0.001, "images_per_s": 2000.0, "notes": "2 files per pass"}  # fmt: skip
     timing = {"dtype": "bf16", "batch": 1, "status": "ok", "p10_ms": 1.0, "p90_ms": 4.0, "agrees_with_torch": True}
