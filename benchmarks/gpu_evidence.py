@@ -25,7 +25,9 @@ Phases (all run by default, in this order):
            how fast
   perf     ViT-B/16 bf16 at batch 1, 8, 64, 256, side by side: torch eager (SDPA), eager in a CUDA graph, timm,
            transformers (sdpa), then ours: triton untuned (what a user gets), triton in a CUDA graph; the
-           ceilings; seconds to the first output of a fresh process on a fresh cache; launches per forward
+           ceilings; the image pipeline from JPEG files to top-k (benchmarks/pipeline.py: by hand, and predict
+           with decode threads, the fused preprocessing kernel and batching); seconds to the first output of a
+           fresh process on a fresh cache; launches per forward
   compile  torch.compile (default mode, fullgraph, dynamic=False) of the torch backend at batch 1 (timm too with
            --compile-sources torch,timm): compile seconds, then a timing (max-autotune is left out: minutes per
            GEMM shape)
@@ -105,6 +107,10 @@ CARRIED = {
     "launches": dict, "tuning": list, "first_use": dict, "runs": list, "ceilings": dict, "first_output": dict,
     "perf_model": dict, "compile_s": (int, float), "simulated_s": (int, float), "running": dict,
 }  # fmt: skip
+#: the pipeline rows' image sizes (HxW), several as users' files are; the label prefix that keeps those rows (files
+#: to top-k, not one forward) out of the side-by-side comparison
+PIPELINE_SIZES = ((240, 320), (375, 500), (480, 640))
+PIPELINE = "pipeline: "
 #: the rows that are ours in the perf table; every other label is a peer
 OURS = ("triton", "triton+graph", "triton tuned", "triton tuned+graph")
 
@@ -402,6 +408,8 @@ class Phases:
         self._backends: dict[str, Any] = {}
         self._refs: dict[int, Any] = {}
         self._inputs: dict[int, Any] = {}
+        self._stack = contextlib.ExitStack()  # what this process wrote for itself, removed by close()
+        self._pipeline_files: list[Path] | None = None
         self.workdir = Path(
             tempfile.gettempdir()
         )  # the bench's backends built here (no ONNX, no TensorRT) write nothing
@@ -689,12 +697,140 @@ class Phases:
                         launch=(lambda n=batch: self.triton_warmup(n, False)) if ours and not graph else None,
                     )
                 )
+        steps += self._pipeline()
         steps.append(Step("perf", "first output, fresh process and cache", 25.0, self.first_output, rows=False))
         for batch in sorted({min(self.args.perf_batches), max(self.args.perf_batches)}):
             steps.append(
                 Step("perf", f"launches per forward, batch {batch}", 4.0, lambda n=batch: self.launches(n), rows=False)
             )
         return steps
+
+    # -- the pipeline rows: image files on disk to top-k (benchmarks/pipeline.py's two paths, on this device)
+    def _pipeline(self) -> list[Step]:
+        n, batch = self.args.pipeline_images, self.args.pipeline_batch
+        if n == 0:
+            return []
+        return [
+            Step("perf", f"pipeline: {n} image files written", 1.0 + 0.01 * n, self.pipeline_write, rows=False),
+            Step("perf", "pipeline: by hand, one image at a time", 2.0 + 0.03 * n, self.pipeline_by_hand),
+            Step(
+                "perf",
+                f"pipeline: predict, batch {batch}",
+                2.0 + 0.01 * n,
+                self.pipeline_predict,
+                launch=self.pipeline_launch,
+                compiles=6.0,  # the fused preprocessing kernel's autotune candidates
+            ),
+        ]
+
+    def pipeline_files(self) -> list[Path]:
+        """The pipeline's image files (JPEGs of PIPELINE_SIZES for a preset, PNG digits for ``default``), written
+        once per process into a private temporary folder that :meth:`close` removes."""
+        if self._pipeline_files is None:
+            from vit_fast.util.files import temp_staging
+
+            folder = self._stack.enter_context(temp_staging("vit-fast-evidence-images"))
+            pipeline = pipeline_script()
+            files: list[Path] = []
+            per_size = -(-self.args.pipeline_images // len(PIPELINE_SIZES))
+            for i, size in enumerate(PIPELINE_SIZES):
+                (folder / str(i)).mkdir()
+                count = min(per_size, self.args.pipeline_images - len(files))
+                files += pipeline.write_images(folder / str(i), self.args.perf_model, count, size, seed=i)
+            self._pipeline_files = files
+        return self._pipeline_files
+
+    def close(self) -> None:
+        """Remove what this process wrote for itself (the pipeline's image files)."""
+        self._pipeline_files = None
+        self._stack.close()
+
+    def pipeline_write(self) -> list[dict[str, Any]]:
+        files = self.pipeline_files()
+        sizes = ", ".join(f"{h}x{w}" for h, w in PIPELINE_SIZES)
+        return [{"status": "ok", "summary": f"{len(files)} files ({files[0].suffix}; sizes {sizes} for a preset)"}]
+
+    def pipeline_row(self, path: str, batch: int, fn: Callable[[], Any]) -> dict[str, Any]:
+        """One pipeline row: ``fn`` (a pass over every file) timed once after one untimed pass; a failure is the
+        row's, never the other rows'."""
+        row: dict[str, Any] = {"phase": "perf", "label": PIPELINE + path, "dtype": self.args.perf_dtype}
+        row["batch"] = batch
+        try:
+            notes, files = [], self.pipeline_files()
+            seconds = pipeline_script().timed(lambda: notes.append(fn()), 1)
+            sync(self.device)
+        except Exception as err:
+            release(self.device)
+            return {**row, **failure(err)}
+        per_image = f"{len(files)} files per pass"
+        return {
+            **row, "status": "ok", "median_ms": seconds * 1e3, "n": 1, "images_per_s": len(files) / seconds,
+            "notes": f"{per_image}; {notes[-1]}" if notes and notes[-1] else per_image,
+        }  # fmt: skip
+
+    def pipeline_by_hand(self) -> list[dict[str, Any]]:
+        """PIL, the library's eval transform (timm's where torchvision imports), the torch model, top-k."""
+        from vit_fast import image_transform
+
+        try:
+            pipeline = pipeline_script()
+            model = self.model(self.args.perf_model, self.args.perf_dtype)
+            hand, what = pipeline.library_transform(model, self.args.perf_model)
+            mode = "L" if image_transform(model).preprocessing.channels == 1 else "RGB"
+            files = self.pipeline_files()
+        except Exception as err:  # its row's failure, labelled as the row (no Pillow, no model)
+            return [self.pipeline_failed("by hand", 1, err)]
+        return [self.pipeline_row(f"by hand ({what})", 1, lambda: pipeline.by_hand(model, files, hand, mode, 5))]
+
+    def pipeline_failed(self, path: str, batch: int, err: Exception) -> dict[str, Any]:
+        release(self.device)
+        return {
+            "phase": "perf",
+            "label": PIPELINE + path,
+            "dtype": self.args.perf_dtype,
+            "batch": batch,
+            **failure(err),
+        }
+
+    def pipeline_predict(self) -> list[dict[str, Any]]:
+        """What ``vit-fast predict`` runs on the triton backend: decode threads, the fused preprocessing kernel,
+        batches of --pipeline-batch."""
+        import argparse as _argparse
+
+        from vit_fast import image_transform
+
+        batch = self.args.pipeline_batch
+        label = f"predict (triton, decode threads, batch {batch})"
+        try:
+            built = self.backend("triton", False)
+            if isinstance(built, str):
+                return [{"phase": "perf", "label": PIPELINE + label, "batch": batch, "status": "unavailable",
+                         "notes": built}]  # fmt: skip
+            pipeline = pipeline_script()
+            model, files = built.module, self.pipeline_files()
+            ours = image_transform(self.model(self.args.perf_model, self.args.perf_dtype))
+        except Exception as err:
+            return [self.pipeline_failed(label, batch, err)]
+        args = _argparse.Namespace(decode_threads=None, batch=batch, top_k=5)
+        return [self.pipeline_row(label, batch, lambda: pipeline.predict_path(model, files, ours, args))]
+
+    def pipeline_launch(self) -> None:
+        """The dry run's compilations of the predict row: the fused kernel on one image of each size, the triton
+        model at --pipeline-batch."""
+        import torch
+
+        from vit_fast import image_transform
+        from vit_fast.interop.image_transform import fused_unsupported
+        from vit_fast.kernels.preprocess import preprocess
+
+        self.triton_warmup(self.args.pipeline_batch, False)
+        pre = image_transform(self.model(self.args.perf_model, self.args.perf_dtype)).preprocessing
+        if fused_unsupported(pre, "cuda") is None:
+            images = [torch.zeros(h, w, 3, dtype=torch.uint8, device=self.device) for h, w in PIPELINE_SIZES]
+            resize = [pre.resize_hw(h, w) for h, w in PIPELINE_SIZES]
+            dtype = self.model(self.args.perf_model, self.args.perf_dtype).dtype
+            preprocess(images, resize=resize, crop=pre.output_hw, interpolation=pre.interpolation, mean=pre.mean,
+                       std=pre.std, out_dtype=dtype, crop_rounding=pre.crop_rounding)  # fmt: skip
 
     def perf_ceilings(self) -> list[dict[str, Any]]:
         from vit_fast.bench.ceilings import measure_bandwidth, measure_matrix_rate
@@ -1049,12 +1185,21 @@ def _fmt(value: Any, spec: str = ".3g") -> str:
 
 
 # --------------------------------------------------------------------------------------------- the tables
+def pipeline_script() -> Any:
+    """benchmarks/pipeline.py, whose functions the pipeline rows run."""
+    if str(HERE) not in sys.path:
+        sys.path.insert(0, str(HERE))
+    import pipeline
+
+    return pipeline
+
+
 def perf_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
     """Every timed row (perf, tuned, compile) with its speed-up over the best peer at its dtype and batch (the
     best peer's median over this row's; above 1 is faster) and its ratio to the physical floor."""
     from vit_fast.bench.ceilings import floor_ms
 
-    rows = [dict(r) for r in data["perf"] + data["compile"]]
+    rows = [dict(r) for r in data["perf"] + data["compile"] if not is_pipeline(r)]
     for r in rows:  # a row without a time (a hostile or damaged record) is no timed row
         if r.get("status") == "ok" and not (isinstance(r.get("median_ms"), (int, float)) and r["median_ms"] > 0):
             r["status"] = "no time recorded"
@@ -1077,7 +1222,12 @@ def perf_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
             floor = floor_ms(model["weight_bytes"], model["flops_per_image"] * r.get("batch"), ceilings, r.get("dtype"))
             if floor:
                 r["floor_ms"], r["vs_floor"] = floor[0], r.get("median_ms") / floor[0]
-    return rows
+    return rows + [dict(r) for r in data["perf"] if is_pipeline(r)]  # their own table: no peer, no floor
+
+
+def is_pipeline(row: dict[str, Any]) -> bool:
+    """A pipeline row (files to top-k: a different quantity from one forward's time)."""
+    return str(row.get("label", "")).startswith(PIPELINE)
 
 
 def first_output_timeout(left: float) -> float:
@@ -1200,6 +1350,8 @@ def summary(data: dict[str, Any]) -> str:
         )
     lines += ["", "## Targets (ViT-B/16 bf16)", "", "| target | measured | |", "|---|---|---|"]
     lines += [f"| {t} | {m} | {v} |" for t, m, v in targets(data, rows)]
+    pipeline = [r for r in rows if is_pipeline(r)]
+    rows = [r for r in rows if not is_pipeline(r)]
     if rows:
         lines += ["", "## Speed, side by side in one process", ""]
         lines.append("speed-up: the best peer's median over the row's (above 1: faster than every peer)")
@@ -1223,6 +1375,23 @@ def summary(data: dict[str, Any]) -> str:
                     f"{_fmt(r.get('vs_floor'), '.1f')} | {_fmt(r.get('first_output_s'), '.2f')} | "
                     f"{_fmt(r.get('compiles'))} | {_fmt(r.get('agrees_with_torch'))} |"
                 )
+    if pipeline:
+        lines += [
+            "",
+            "## Pipeline: image files on disk to top-k (benchmarks/pipeline.py's rows)",
+            "",
+            "| path | batch | images/s | seconds per pass | notes |",
+            "|---|---:|---:|---:|---|",
+        ]
+        for r in pipeline:
+            if r.get("status") != "ok":
+                why = r.get("notes") or r.get("error") or ""
+                lines.append(f"| {r.get('label')} | {r.get('batch')} | {r.get('status')}: {why[:160]} | | |")
+                continue
+            lines.append(
+                f"| {r.get('label')[len(PIPELINE) :]} | {r.get('batch')} | {r.get('images_per_s'):.1f} | "
+                f"{r.get('median_ms') / 1e3:.2f} | {r.get('notes') or ''} |"
+            )
     if data.get("launches"):
         lines += [
             "",
@@ -1666,6 +1835,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--fp32-batches", type=batches, default=[1], help="fp32 kernel checks (1)")
     parser.add_argument("--tma-batches", type=batches, default=[256])
     parser.add_argument("--perf-batches", type=batches, default=[1, 8, 64, 256])
+    parser.add_argument(
+        "--pipeline-images",
+        type=bounded(int, 0, 1000),
+        default=96,
+        help="image files the perf phase's pipeline rows run from disk to top-k (96; 0: no pipeline rows)",
+    )
+    parser.add_argument("--pipeline-batch", type=bounded(int, 1, 1024), default=64, help="the predict row's batch")
     parser.add_argument("--compile-batches", type=batches, default=[1])
     parser.add_argument(
         "--compile-sources", type=names(("torch", "timm")), default=("torch",), help="torch.compile of these (torch)"
@@ -1857,7 +2033,10 @@ def child_main(args: argparse.Namespace) -> int:
             phases = Phases(ev, args, device)
             if "perf_model" not in ev.data:
                 ev.data["perf_model"] = phases.perf_model_info()
-            run_phase(ev, phases, args.phase_child, continuing=args.continue_phase)
+            try:
+                run_phase(ev, phases, args.phase_child, continuing=args.continue_phase)
+            finally:
+                phases.close()
         except INTERRUPTS as err:
             ev.data.pop("running", None)
             ev.save()

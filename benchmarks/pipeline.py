@@ -130,22 +130,28 @@ def by_hand(model, files: list[Path], transform, mode: str, top_k: int) -> None:
     import torch
     from PIL import Image
 
+    weight = next(model.parameters())
     with torch.inference_mode():
         for path in files:
             with Image.open(path) as image:
                 x = transform(image.convert(mode))
-            probs = torch.softmax(model(x[None]), dim=-1)
-            probs.topk(min(top_k, probs.shape[-1]))
+            probs = torch.softmax(model(x[None].to(weight.device, weight.dtype)).float(), dim=-1)
+            probs.topk(min(top_k, probs.shape[-1])).indices.tolist()  # read, as a user reads the labels
 
 
-def predict_path(model, files: list[Path], transform, args: argparse.Namespace, kernel: bool = False) -> None:
+def predict_path(model, files: list[Path], transform, args: argparse.Namespace, kernel: bool | None = False) -> str:
+    """``vit-fast predict``'s path over ``files``; what preprocessed the last batch (``kernel=None``: as predict
+    decides, the fused kernel where the model runs the triton backend)."""
     from vit_fast.interop.predicting import DEFAULT_THREADS, predict_files
 
     threads = args.decode_threads or DEFAULT_THREADS
     answers = predict_files(model, files, transform, batch=args.batch, threads=threads, top_k=args.top_k, kernel=kernel)
+    how = ""
     for batch in answers:
+        how = batch[0].preprocessing if batch else how
         if kernel and batch and batch[0].preprocessing and not batch[0].preprocessing.startswith("fused"):
             raise RuntimeError(f"the fused-kernel row ran {batch[0].preprocessing}")
+    return how
 
 
 def timed(fn, repeats: int) -> float:

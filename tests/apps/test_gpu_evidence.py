@@ -28,7 +28,7 @@ TINY = [
     "--fp32-batches", "1",
     "--tma-batches", "2", "--perf-batches", "1,2", "--compile-batches", "1", "--compile-sources", "torch,timm",
     "--tuned-batches", "1",
-    "--min-time", "0.02",
+    "--min-time", "0.02", "--pipeline-images", "5", "--pipeline-batch", "2",
 ]  # fmt: skip
 ALL_PHASES = ["--phases", "env,kernels,model,tma,perf,compile,tuned"]
 #: the budget checks count the steps' estimates, not the machine's seconds: no outcome depends on its load
@@ -101,6 +101,22 @@ def test_every_phase_runs_with_the_driver_stubbed_and_writes_the_six_files(tmp_p
     assert set(compiled) == {"compile(torch)", "compile(timm)"}
     for row in compiled.values():
         assert row["status"] == "ok" and row["compile_s"] > 0 and row["agrees_with_torch"], row
+    # issue 45: the pipeline rows (files on disk to top-k), planned in the perf phase, run in order, written
+    perf_log = [e["step"] for e in phases["perf"]["log"]]
+    pipeline = [s for s in perf_log if s.startswith("pipeline: ")]
+    assert pipeline == ["pipeline: 5 image files written", "pipeline: by hand, one image at a time",
+                        "pipeline: predict, batch 2"]  # fmt: skip
+    assert perf_log.index(pipeline[-1]) < perf_log.index("first output, fresh process and cache")
+    rows = [r for r in results["perf"] if r["label"].startswith("pipeline: ")]
+    assert [r["label"] for r in rows] == [
+        "pipeline: by hand (vit_fast.image_transform)", "pipeline: predict (triton, decode threads, batch 2)",
+    ]  # fmt: skip
+    assert all(r["status"] == "ok" and r["images_per_s"] > 0 and "5 files per pass" in r["notes"] for r in rows)
+    assert "eager" in rows[1]["notes"]  # the grayscale digits model: predict says why the fused kernel did not run
+    csv_labels = [r["label"] for r in csv.DictReader(io.StringIO((out / "perf.csv").read_text()))]
+    assert all(r["label"] in csv_labels for r in rows)
+    assert "## Pipeline: image files on disk to top-k" in (out / "summary.md").read_text()
+    assert not list(Path(os.environ.get("TMPDIR", "/tmp")).glob(".vit-fast-evidence-images.tmp-*"))  # removed
     assert "== gpu_evidence.py exited 0" in proc.stdout and "## Targets" in proc.stdout  # the summary's end
     preflight = (out / "preflight.txt").read_text()
     assert "Python.h" in preflight and "libcuda" in preflight and "install:" in preflight
@@ -382,6 +398,44 @@ def test_a_target_counts_only_rows_that_agree_with_torch():
     assert target[1] == "-" and target[2] == "not run"
     rows[1]["agrees_with_torch"] = True
     assert g.targets(data, g.perf_rows(data))[0][2] == "met"
+
+
+def test_a_failed_pipeline_row_is_its_own_and_never_a_peer(tmp_path):
+    """Issue 45: a pipeline step that fails is recorded as its row's error; a pipeline row (files to top-k) never
+    becomes the best peer of one forward, and the peers' rows and speed-ups stay as they were."""
+    g = _script()
+    ev = g.Evidence(tmp_path, 100.0, argparse_namespace(), "stub")
+    phases = g.Phases(ev, argparse_namespace(perf_dtype="bf16", pipeline_images=2, perf_model="default"), _cpu())
+
+    def broken():
+        raise RuntimeError("CUDA error: out of memory")
+
+    phases.pipeline_files = lambda: [tmp_path / "a.jpg", tmp_path / "b.jpg"]
+    row = phases.pipeline_row("by hand (timm create_transform)", 1, broken)
+    assert row["status"] == "error" and "out of memory" in row["error"] and row["label"].startswith("pipeline: ")
+    phases.model = lambda *a: broken()  # a failure before the timing (the model, the transform) is the row's too
+    (early,) = phases.pipeline_by_hand()
+    assert early["label"] == "pipeline: by hand" and early["batch"] == 1 and "out of memory" in early["error"]
+    fast = {"label": "pipeline: predict (triton, decode threads, batch 1)", "batch": 1, "dtype": "bf16",
+            "status": "ok", "median_ms": 0.001, "images_per_s": 2000.0, "notes": "2 files per pass"}  # fmt: skip
+    timing = {"dtype": "bf16", "batch": 1, "status": "ok", "p10_ms": 1.0, "p90_ms": 4.0, "agrees_with_torch": True}
+    peers = [
+        {"label": "torch", "median_ms": 3.0, "images_per_s": 333.0, **timing},
+        {"label": "triton", "median_ms": 1.5, "images_per_s": 667.0, **timing},
+    ]
+    data = {"driver": "cuda", "perf": [*peers, row, fast], "compile": [], "kernels": [], "tma": [], "first_use": {}}
+    rows = {r["label"]: r for r in g.perf_rows(data)}
+    assert rows["triton"]["best_peer"] == "torch" and rows["triton"]["speedup_vs_best_peer"] == 2.0
+    assert "speedup_vs_best_peer" not in rows[fast["label"]]
+    text = g.summary({**data, "created_utc": "now", "budget_s": 100.0, "phases": [], "model": []})
+    assert "| by hand (timm create_transform)" not in text and "error: RuntimeError" in text
+    assert "| predict (triton, decode threads, batch 1) | 1 | 2000.0 |" in text
+
+
+def _cpu():
+    import torch
+
+    return torch.device("cpu")
 
 
 def test_step_estimates_count_compilations_and_learn_the_rate():
