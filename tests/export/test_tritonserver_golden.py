@@ -127,7 +127,10 @@ def test_python_entry_files_are_as_before(tmp_path) -> None:
     _run("default", "--out", str(repo), "--entries", "python", "--dtype", "fp16", "--kind", "gpu",
          "--queue-delay-us", "7", "--batch", "1,2,32", "--quiet")  # fmt: skip
     folder = repo / "default_python"
-    assert _files(folder) == ["1/model.py", "1/model.safetensors", "config.pbtxt", "verification.json"]
+    # vit-fast-files.json: the list of what vit-fast wrote, which --force replaces and nothing else
+    assert _files(folder) == [
+        "1/model.py", "1/model.safetensors", "config.pbtxt", "verification.json", "vit-fast-files.json"
+    ]  # fmt: skip
     assert _config(folder) == PYTHON_CONFIG
     assert _record(folder) == PYTHON_RECORD
     assert (folder / "1" / "model.py").read_bytes() == TEMPLATE.read_bytes()
@@ -150,7 +153,9 @@ def test_engine_entry_files_are_as_before(tmp_path) -> None:
     repo = tmp_path / "repo"
     _run(str(engine), "--out", str(repo), "--quiet")
     folder = repo / "vit"
-    assert _files(folder) == ["1/model.plan", "1/model.plan.json", "config.pbtxt", "verification.json"]
+    assert _files(folder) == [
+        "1/model.plan", "1/model.plan.json", "config.pbtxt", "verification.json", "vit-fast-files.json"
+    ]  # fmt: skip
     assert _config(folder) == ENGINE_CONFIG.replace("ENGINE", str(engine.resolve()))
     assert _record(folder) == ENGINE_RECORD
     assert (folder / "1" / "model.plan").read_bytes() == engine.read_bytes()

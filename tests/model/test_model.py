@@ -217,8 +217,9 @@ def test_pth_loaded_with_weights_only(tmp_path):
 def test_pth_with_code_is_refused(tmp_path):
     path = tmp_path / "evil.pth"
     torch.save({"state_dict": {}, "payload": _Unsafe()}, path)
-    with pytest.raises(ValueError, match=r"weights_only=True"):
+    with pytest.raises(ValueError, match=r"whose unpickling may run code") as info:
         load_checkpoint(path, cfg=ViTConfig(**TINY))
+    assert "weights_only=False" not in str(info.value) and ".safetensors" in str(info.value)
 
 
 class _Unsafe:
