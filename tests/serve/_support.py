@@ -210,3 +210,18 @@ def start_tritonserver(tmp: Path, repo: Path, models: list[str]) -> Child:
             time.sleep(0.3)
     finally:
         client.close()
+
+
+def counts_after(client, name: str, before: tuple[int, int], inferences: int, wait_s: float = 60.0) -> tuple[int, int]:
+    """(inferences, executions) Triton counted for model ``name`` since ``before``, read once it has counted at least
+    ``inferences``: Triton updates its statistics after the responses are sent, so a read right after the last
+    answer may not see them yet (a loaded machine widens that gap). ``wait_s`` only guards a count that never comes."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        stats = client.get_inference_statistics(name)["model_stats"][0]
+        now = int(stats["inference_count"]) - before[0], int(stats["execution_count"]) - before[1]
+        if now[0] >= inferences or time.monotonic() > deadline:
+            return now
+        time.sleep(0.05)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from ._support import LOAD_TEST_REPORTS, NEEDS_SERVE, free_ports
+from ._support import LOAD_TEST_REPORTS, NEEDS_SERVE, counts_after, free_ports
 
 pytest.importorskip("pytriton", reason=NEEDS_SERVE)
 http = pytest.importorskip("tritonclient.http", reason=NEEDS_SERVE)
@@ -94,7 +94,7 @@ def test_encoded_images_batched_with_broken_ones_and_under_the_load_test(capfd) 
                     outcomes.append({k: result.as_numpy(k) for k in ("logits", LABELS_OUTPUT, PROBABILITIES_OUTPUT)})
                 except InferenceServerException as err:
                     outcomes.append(err)
-            inferences, executions = (a - b for a, b in zip(_counts(client), before, strict=True))
+            inferences, executions = counts_after(client, NAME, before, 5)
             assert (inferences, executions) == (5, 1), "five images in four requests, one execution"
         finally:
             client.close()

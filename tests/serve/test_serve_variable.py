@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from ._support import NEEDS_SERVE, free_ports
+from ._support import NEEDS_SERVE, counts_after, free_ports
 
 pytest.importorskip("pytriton", reason=NEEDS_SERVE)
 http = pytest.importorskip("tritonclient.http", reason=NEEDS_SERVE)
@@ -75,7 +75,7 @@ def test_sizes_sent_at_once_are_one_execution_and_refused_ones_among_them_fail_a
                     outcomes.append(p.get_result(timeout=120).as_numpy("logits"))
                 except InferenceServerException as err:
                     outcomes.append(err)
-            inferences, executions = (a - b for a, b in zip(_counts(client), before, strict=True))
+            inferences, executions = counts_after(client, NAME, before, len(sent))
             assert (inferences, executions) == (len(sent), 1), "five requests of five sizes, one execution"
         finally:
             client.close()
