@@ -107,7 +107,7 @@ def _in_255(images, kw):
 
 def _pil_resize(image: torch.Tensor, resize, crop, interpolation, float_mode: bool) -> torch.Tensor:
     # the images extra's Pillow: .venv-oldest (the kernels on the oldest triton) installs vit-fast without extras
-    Image = pytest.importorskip("PIL.Image", reason="Pillow is not installed (pip install vit-fast[images])")
+    Image = pytest.importorskip("PIL.Image", reason="Pillow is not installed (the images extra brings it)")
 
     method = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}[interpolation]
     top, left = crop_start(resize[0], crop[0]), crop_start(resize[1], crop[1])
