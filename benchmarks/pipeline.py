@@ -34,20 +34,6 @@ from functools import partial
 from pathlib import Path
 
 
-def bounded(low: int, high: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an int from {low} to {high}, got {text!r}") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"must be an int from {low} to {high}, got {value}")
-        return value
-
-    parse.__name__ = f"int from {low} to {high}"
-    return parse
-
-
 def size_type(text: str) -> tuple[int, int]:
     h, sep, w = text.lower().partition("x")
     if not sep or not h.isdigit() or not w.isdigit() or not (8 <= int(h) <= 4096 and 8 <= int(w) <= 4096):
@@ -56,6 +42,12 @@ def size_type(text: str) -> tuple[int, int]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    here = str(Path(__file__).resolve().parent)  # script_args beside this script, however it is loaded
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    from script_args import bounded as bounded_number
+
+    bounded = partial(bounded_number, int)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--models",

@@ -49,7 +49,7 @@ def test_the_fused_kernel_row_is_measured_and_labelled_as_the_interpreter(tmp_pa
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--images", "0"], r"--images: must be an int from 1 to 10000, got 0"),
+        (["--images", "0"], r"--images: must be an int from 1 to 10000, got '0'"),
         (["--models", "resnet50"], r"'resnet50' is neither default nor a preset"),
         (["--size", "3x4"], r"expected HxW pixels, each 8 to 4096"),
     ],
