@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 # the serve extra pins numpy < 2 (PyTriton), so its tests run in a virtual environment of their own
 SERVE_VENV ?= .venv-serve
 SERVE_BIN := $(SERVE_VENV)/bin
-# the oldest supported triton (vit_fast.kernels.versions.MIN_TRITON) beside the CPU torch: the kernel interpreter
+# the oldest supported triton (vit_fast.base.versions.MIN_TRITON) beside the CPU torch: the kernel interpreter
 # suite runs there too. numpy < 2.4: triton 3.6's interpreter fails on runtime loop bounds with numpy >= 2.4
 OLDEST_VENV ?= .venv-oldest
 OLDEST_BIN := $(OLDEST_VENV)/bin

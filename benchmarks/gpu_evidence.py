@@ -2052,7 +2052,7 @@ def child_main(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    from vit_fast.kernels.interpret import interpreter_enabled
+    from vit_fast.base.interpret import interpreter_enabled
     from vit_fast.util.interrupts import INTERRUPTS, exit_status, handled, signal_name
 
     if interpreter_enabled():

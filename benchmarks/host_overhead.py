@@ -126,7 +126,7 @@ def install_stub_driver() -> list[tuple[str, int]]:
     """Replace Triton's driver and compiler with stand-ins; returns the list every launch is appended to
     as ``(kernel name, programs)``. Also lets CPU tensors past the kernels' device check and tells the model's
     backend check that there is a GPU (they would otherwise ask for a GPU or the interpreter)."""
-    from vit_fast.kernels.interpret import interpreter_enabled  # the one reading of TRITON_INTERPRET
+    from vit_fast.base.interpret import interpreter_enabled  # the one reading of TRITON_INTERPRET
 
     if interpreter_enabled():
         raise SystemExit("host_overhead: unset TRITON_INTERPRET; this measures the compiled path's Python")

@@ -12,7 +12,9 @@ from dataclasses import field as _field
 from types import ModuleType as _ModuleType
 from typing import Any as _Any
 
-from .versions import triton_problem as _triton_problem
+# absolute, not relative: with the repository's root on sys.path (pytest), transformers' check for PyPI's `kernels`
+# imports this folder as a top-level package, and a relative import beyond it would fail there
+from vit_fast.base.versions import triton_problem as _triton_problem
 
 
 class TritonVersionWarning(UserWarning):

@@ -13,7 +13,8 @@ import torch
 import triton
 from triton.runtime import _allocation
 
-from .interpret import interpreter_enabled
+from vit_fast.base.interpret import interpreter_enabled
+
 from .launches import INTERPRETED, eager_direct
 
 

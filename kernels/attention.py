@@ -12,12 +12,13 @@ import torch
 import triton
 import triton.language as tl
 
+from vit_fast.base.cards import tensor_arch
+
 from ._launch import cdiv, define_op, dot_in_fp32, interpret_bf16, output_buffer
 from ._tl import dot, online_softmax_step, to_bf16_rtne
 from .attention_checks import check_attention_inputs
 from .attention_tiles import attention_configs, block_d_for, prune_attention_configs
 from .autotune import autotune_cache_enabled, tune_key
-from .cards import tensor_arch
 from .launches import ResolvedLaunches
 from .rope import LAYOUTS, apply_rope_ref, check_rope, rope_rotate, sequence_positions
 

@@ -11,14 +11,15 @@ import torch
 import triton
 import triton.language as tl
 
+from vit_fast.base.cards import Card, tensor_arch
+from vit_fast.base.interpret import interpreter_enabled
+
 from ._launch import check_device, define_op, dot_in_fp32, interpret_bf16, output_buffer
 from ._tl import dot, online_softmax_step, to_bf16_rtne
 from .attention import LOG2E
 from .attention_checks import MAX_HEAD_DIM, MIN_HEAD_DIM
 from .attention_tiles import block_d_for
 from .autotune import autotune_cache_enabled, closest_config, prune_target, tune_key, tuning_requested
-from .cards import Card, tensor_arch
-from .interpret import interpreter_enabled
 from .launches import SUPPORTED_DTYPES, ResolvedLaunches
 
 #: the most latent queries one launch takes (they share one program's 16-row tile; SigLIP heads have 1)

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import triton
 
+from vit_fast.base.cards import Card
+from vit_fast.base.interpret import interpreter_enabled
+
 from ._launch import next_power_of_2
 from .autotune import closest_config, prune_target, tuning_requested
-from .cards import Card
-from .interpret import interpreter_enabled
 
 
 def attention_configs() -> list[triton.Config]:

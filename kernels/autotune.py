@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import torch
 import triton
 
-from .cards import card_for_arch, card_of, device_sm_count
-from .switches import switch
+from vit_fast.base.cards import card_for_arch, card_of, device_sm_count
+from vit_fast.base.switches import switch
 
 
 def shared_memory_limit(arch: int) -> int:

@@ -12,6 +12,9 @@ import torch
 import triton
 import triton.language as tl
 
+from vit_fast.base.cards import tensor_arch
+from vit_fast.base.interpret import interpreter_enabled
+
 from ._launch import (
     cdiv,
     check_device,
@@ -23,8 +26,6 @@ from ._launch import (
 )
 from ._tl import dot, online_softmax_step, to_bf16_rtne
 from .autotune import autotune_cache_enabled, closest_config, prune_target, tune_key, tuning_requested
-from .cards import tensor_arch
-from .interpret import interpreter_enabled
 from .launches import SUPPORTED_DTYPES, ResolvedLaunches
 
 #: q / k head dims (``Dh``; v heads and output heads are ``2 * Dh``): 8..128 gives output heads of 16..256, the

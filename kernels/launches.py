@@ -15,9 +15,10 @@ import triton
 from triton.runtime.autotuner import Autotuner
 from triton.runtime.driver import driver
 
-from .interpret import interpreter_enabled, interpreter_version_problem
+from vit_fast.base.interpret import interpreter_enabled, interpreter_version_problem
+from vit_fast.base.versions import InterpreterVersionError
+
 from .triton_seam import installed_seam
-from .versions import InterpreterVersionError
 
 #: storage dtypes every kernel takes (accumulation is always fp32)
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)

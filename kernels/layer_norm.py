@@ -9,9 +9,10 @@ import torch
 import triton
 import triton.language as tl
 
+from vit_fast.base.interpret import interpreter_enabled
+
 from ._launch import cdiv, check_device, define_op, interpret_bf16, next_power_of_2
 from ._tl import to_bf16_rtne
-from .interpret import interpreter_enabled
 from .launches import SUPPORTED_DTYPES, ResolvedLaunches
 
 # the whole row lives in registers: beyond this the single-pass kernel would spill

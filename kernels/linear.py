@@ -10,9 +10,10 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from vit_fast.base.cards import tensor_arch, tensor_sm_count
+
 from ._launch import cdiv, define_op, dot_in_fp32, ensure_scratch_allocator, interpret_bf16
 from .autotune import SMALL_M, autotune_cache_enabled, m_class, persistent_programs, tma_usable, tune_key
-from .cards import tensor_arch, tensor_sm_count
 from .launches import ResolvedLaunches
 from .linear_checks import check_input_norm, check_linear_inputs
 from .linear_tiles import (

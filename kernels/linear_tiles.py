@@ -9,6 +9,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from vit_fast.base.cards import CPU_SM_COUNT
+from vit_fast.base.interpret import interpreter_enabled
+
 from ._launch import cdiv, next_power_of_2
 from ._tl import dot, to_bf16_rtne
 from .activations import ACTIVATION_CODES, ACTIVATIONS, GATED, gate_code, gate_split
@@ -23,8 +26,6 @@ from .autotune import (
     tma_enabled,
     tuning_requested,
 )
-from .cards import CPU_SM_COUNT
-from .interpret import interpreter_enabled
 
 
 def linear_configs() -> list[triton.Config]:

@@ -11,10 +11,11 @@ import torch
 import triton
 import triton.language as tl
 
+from vit_fast.base.cards import tensor_arch, tensor_sm_count
+
 from ._launch import cdiv, define_op, dot_in_fp32, interpret_bf16
 from ._tl import dot, to_bf16_rtne
 from .autotune import autotune_cache_enabled, m_class, tune_key
-from .cards import tensor_arch, tensor_sm_count
 from .launches import ResolvedLaunches
 from .patch_embed_checks import as_channel_stats, check_patch_embed_inputs, no_empty, token_counts
 from .patch_embed_tiles import patch_embed_configs, prune_patch_embed_configs

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import triton
 
+from vit_fast.base.cards import CPU_SM_COUNT
+from vit_fast.base.interpret import interpreter_enabled
+
 from ._launch import cdiv
 from .autotune import (
     FMA_STAGES,
@@ -16,8 +19,6 @@ from .autotune import (
     prune_target,
     tuning_requested,
 )
-from .cards import CPU_SM_COUNT
-from .interpret import interpreter_enabled
 
 
 def patch_embed_configs() -> list[triton.Config]:

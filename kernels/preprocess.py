@@ -12,11 +12,12 @@ import torch
 import triton
 import triton.language as tl
 
+from vit_fast.base.cards import tensor_arch
+from vit_fast.base.interpret import interpreter_enabled
+
 from ._launch import cdiv, check_device, define_op, interpret_bf16
 from ._tl import to_bf16_rtne
 from .autotune import autotune_cache_enabled, tune_key, tuning_requested
-from .cards import tensor_arch
-from .interpret import interpreter_enabled
 from .launches import SUPPORTED_DTYPES, ResolvedLaunches
 from .preprocess_weights import CROP_ROUNDING, SUPPORT, PackedBatch, pack
 

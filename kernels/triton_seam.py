@@ -10,7 +10,7 @@ from collections.abc import Callable
 import triton
 from triton import knobs
 
-from .versions import parse_version
+from vit_fast.base.versions import parse_version
 
 #: a resolved launch: ``launch(stream, args, tail)`` runs the bound kernel on ``stream`` with the pointer and scalar
 #: arguments ``args`` and the trailing constexprs ``tail``, as Triton's own launch would

@@ -4,7 +4,7 @@ torchvision cannot be imported (CPU machines), an import-time stand-in lets timm
 import (tests/torchvision_standin.py).
 
 Where the installed triton and numpy break Triton's interpreter (triton < 3.7 with numpy >= 2.4:
-``vit_fast.kernels.versions.interpreter_problem``), every interpreted launch of our kernels raises
+``vit_fast.base.versions.interpreter_problem``), every interpreted launch of our kernels raises
 ``InterpreterVersionError`` before it runs; a test that meets it is skipped with that message (the cause and
 the fix), not failed: the fault is triton's, and the same tests run wherever the pair works."""
 
@@ -17,8 +17,8 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
-from vit_fast.kernels.interpret import interpreter_enabled, interpreter_version_problem  # noqa: E402
-from vit_fast.kernels.versions import InterpreterVersionError  # noqa: E402
+from vit_fast.base.interpret import interpreter_enabled, interpreter_version_problem  # noqa: E402
+from vit_fast.base.versions import InterpreterVersionError  # noqa: E402
 
 from .torchvision_standin import install as _install_torchvision_standin  # noqa: E402
 

@@ -19,7 +19,7 @@ import torch
 
 import vit_fast
 from vit_fast import VisionTransformer, ViTConfig
-from vit_fast.kernels.interpret import interpreter_enabled, interpreter_version_problem
+from vit_fast.base.interpret import interpreter_enabled, interpreter_version_problem
 
 from .numerics import assert_within_eager
 

@@ -35,7 +35,8 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.runtime import _allocation, autotuner, jit  # noqa: E402
 
-from vit_fast.kernels import KERNELS, attention, autotune, cards, linear  # noqa: E402
+from vit_fast.base import cards  # noqa: E402
+from vit_fast.kernels import KERNELS, attention, autotune, linear  # noqa: E402
 
 STUB = triton.runtime.driver.active
 COMPILES: list[dict] = []  # one per compilation: kernel, device, enable_fp_fusion

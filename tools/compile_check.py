@@ -10,7 +10,7 @@
     python tools/compile_check.py --set sweep [--full]              # the wider sweep (head dims, flags; slow)
 
 Targets are compute capabilities (75 = sm_75, T4 ... 120 = sm_120, RTX 50xx); ``all`` is every row of
-``vit_fast.kernels.cards.CARDS``. Each target's limits and expectations come from that table (never a copy):
+``vit_fast.base.cards.CARDS``. Each target's limits and expectations come from that table (never a copy):
 the shared memory one block may use, what ``tl.dot`` should compile to there (``Card.dot``: no tensor-core
 instruction, ``mma.sync``, ``wgmma`` or ``tcgen05``) and whether the card has TMA (``Card.tma``).
 
@@ -57,8 +57,8 @@ import time
 import warnings
 from concurrent.futures.process import BrokenProcessPool
 
+from vit_fast.base.interpret import interpreter_enabled
 from vit_fast.kernels import KERNELS
-from vit_fast.kernels.interpret import interpreter_enabled
 
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, without its warning
 
@@ -583,7 +583,7 @@ def _named_args(fn, args, const, target: int) -> dict:
 def _prune(kernel: str, params: dict, target: int, tune: bool):
     """The configs the kernel's own early_config_prune keeps for this case on ``target``, with autotuning on
     (``tune``: every candidate) or off (the heuristic's one pick); None for a kernel that is not autotuned."""
-    from vit_fast.kernels import cards
+    from vit_fast.base import cards
     from vit_fast.kernels.autotune import tuning
 
     tuner = _tuner(kernel)
@@ -765,7 +765,7 @@ def compile_one(task):
         from triton.compiler import ASTSource, make_backend
         from triton.runtime.jit import create_function_from_signature
 
-        from vit_fast.kernels import cards
+        from vit_fast.base import cards
         from vit_fast.kernels.launches import FP_FUSION
 
         with cards.pretend_arch(target):
@@ -839,7 +839,7 @@ def flags(row: dict, card) -> list[str]:
 
 def annotate(rows: list[dict]) -> list[dict]:
     """Fill each row's ``flags`` from the card of its target (in place); returns the rows."""
-    from vit_fast.kernels.cards import card_for_arch
+    from vit_fast.base.cards import card_for_arch
 
     for row in rows:
         row["flags"] = " ".join(flags(row, card_for_arch(int(row["target"]))))
@@ -874,7 +874,7 @@ SUMMARY_FIELDS = (
 
 def summarize(rows: list[dict]) -> list[dict]:
     """One line per target, in target order, from annotated rows."""
-    from vit_fast.kernels.cards import card_for_arch
+    from vit_fast.base.cards import card_for_arch
 
     out = []
     for target in sorted({int(r["target"]) for r in rows}):
@@ -1001,7 +1001,7 @@ def _run_all(tasks, jobs: int, progress: bool, on_result=None):
 
 def parse_targets(text: str) -> list[int]:
     """``"all"`` -> every capability of the card table; ``"75,80"`` or ``"sm_75,sm_80"`` -> [75, 80]."""
-    from vit_fast.kernels.cards import CARDS, MIN_ARCH
+    from vit_fast.base.cards import CARDS, MIN_ARCH
 
     if text.strip().lower() == "all":
         return sorted(CARDS)
@@ -1029,7 +1029,7 @@ def main(argv=None) -> int:
         dest="targets",
         default="90",
         help="compute capabilities, comma-separated (75,80,86,89,90,100,120), or 'all' (every row of "
-        "vit_fast.kernels.cards.CARDS); default 90",
+        "vit_fast.base.cards.CARDS); default 90",
     )
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compiler processes")
     parser.add_argument(
@@ -1090,7 +1090,7 @@ def main(argv=None) -> int:
         parser.error(str(e))
     import triton
 
-    from vit_fast.kernels.cards import card_for_arch
+    from vit_fast.base.cards import card_for_arch
 
     tasks = []
     for target in targets:

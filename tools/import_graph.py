@@ -24,6 +24,8 @@ def _modules(*names: str) -> tuple[str, ...]:
 #: the layers, lowest first, each a folder (vit_fast.kernels and vit_fast.export are installed from the top-level
 #: folders kernels/ and export/); "x.*" stands for every module inside package x
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    # settings, the card table, versions and the interpreter switch: below the kernels, needing nothing of ours
+    ("base", _modules("base", "base.*")),
     ("kernels", _modules("kernels", "kernels.*")),
     ("util", _modules("util", "util.*")),
     ("backend", _modules("backend", "backend.*")),

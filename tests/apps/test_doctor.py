@@ -16,9 +16,10 @@ import torch
 
 from vit_fast import doctor
 from vit_fast.backend import env
+from vit_fast.base import versions
+from vit_fast.base.cards import pretend_arch
 from vit_fast.cli import main
-from vit_fast.kernels import OPS, versions
-from vit_fast.kernels.cards import pretend_arch
+from vit_fast.kernels import OPS
 from vit_fast.model.config import ViTConfig
 from vit_fast.model.selfcheck import DIFF_FAMILY, POOL_FAMILY, RMS_FAMILY, check_kernel, family_cases, model_cases
 from vit_fast.util.files import MARKER_KEY

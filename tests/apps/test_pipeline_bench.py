@@ -32,7 +32,7 @@ def test_both_rows_are_measured_and_written(tmp_path, capsys):
 def test_the_fused_kernel_row_is_measured_and_labelled_as_the_interpreter(tmp_path, capsys):
     """An RGB preset: the third row runs predict with the fused kernel (Triton's interpreter here, which the label
     says), on --interpreter-images of the files; 8x8 sources keep the interpreter's work small."""
-    from vit_fast.kernels.interpret import interpreter_enabled
+    from vit_fast.base.interpret import interpreter_enabled
 
     if not interpreter_enabled():
         pytest.skip("the fused kernel runs on the CPU only in Triton's interpreter (TRITON_INTERPRET=1)")

@@ -21,10 +21,10 @@ import torch
 import vit_fast.model.vit as model_module
 from vit_fast import demo
 from vit_fast.backend import runtime
+from vit_fast.base import cards
 from vit_fast.bench import harness as bench_harness
 from vit_fast.bench import settings as bench_settings
 from vit_fast.cli import main
-from vit_fast.kernels import cards
 from vit_fast.util import dtypes
 
 from ..fakes import tiny_model

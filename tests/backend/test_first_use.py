@@ -15,7 +15,8 @@ import triton
 
 from vit_fast import doctor
 from vit_fast.backend import first_use, triton_path
-from vit_fast.kernels import KERNELS, autotune, interpret, launches
+from vit_fast.base import interpret
+from vit_fast.kernels import KERNELS, autotune, launches
 
 from ..fakes import tiny_model
 from ..numerics import assert_within_eager

@@ -292,7 +292,7 @@ def test_float64_keeps_transformers_forward_and_emulated_bf16_is_refused(monkeyp
     """The dtype rule of timm's patched blocks (vit_fast.backend.runtime.patched_runs_kernels): float64, which no kernel
     computes in, runs transformers' own layers and attention-pool head (the result is theirs, bit for bit); bf16 on a
     card that only emulates it (a T4, faked) is refused with the message VisionTransformer's triton backend gives."""
-    from vit_fast.kernels.cards import pretend_arch
+    from vit_fast.base.cards import pretend_arch
 
     model = _model("SiglipVisionModel", "siglip_vision")  # encoder layers and the attention-pool head
     reference = copy.deepcopy(model).double()

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from vit_fast.kernels import KERNELS, attention_tiles, autotune, cards, linear_tiles, patch_embed_tiles
+from vit_fast.base import cards
+from vit_fast.kernels import KERNELS, attention_tiles, autotune, linear_tiles, patch_embed_tiles
 
 ROOT = Path(__file__).resolve().parents[2]
 

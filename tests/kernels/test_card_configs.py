@@ -12,12 +12,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from vit_fast.base import cards
 from vit_fast.kernels import (
     KERNELS,
     attention,
     attention_tiles,
     autotune,
-    cards,
     linear,
     linear_tiles,
     patch_embed,

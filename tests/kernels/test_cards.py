@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from vit_fast.kernels import cards
+from vit_fast.base import cards
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from vit_fast.kernels import cards
+from vit_fast.base import cards
 
 from ..fakes import load_script
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vit_fast.kernels import KERNELS, cards
+from vit_fast.base import cards
+from vit_fast.kernels import KERNELS
 from vit_fast.kernels import attention_pool as pool_module
 from vit_fast.kernels.attention_pool import MAX_QUERIES, attention_pool, attention_pool_ref, launch_attention_pool
 

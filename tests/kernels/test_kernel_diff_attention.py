@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from vit_fast.kernels import cards
+from vit_fast.base import cards
 from vit_fast.kernels import diff_attention as diff_module
 from vit_fast.kernels.diff_attention import diff_attention, diff_attention_ref, launch_diff_attention
 

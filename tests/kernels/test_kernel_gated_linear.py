@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from vit_fast.base.interpret import interpreter_enabled
 from vit_fast.kernels import KERNELS
 from vit_fast.kernels.autotune import autotune_enabled
-from vit_fast.kernels.interpret import interpreter_enabled
 from vit_fast.kernels.launches import record_launches
 from vit_fast.kernels.linear import (
     launch_linear,

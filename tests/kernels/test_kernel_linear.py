@@ -14,10 +14,10 @@ import pytest
 import torch
 import triton
 
+from vit_fast.base.interpret import interpreter_enabled
 from vit_fast.kernels import KERNELS
 from vit_fast.kernels._launch import cdiv, next_power_of_2
 from vit_fast.kernels.autotune import autotune_enabled, persistent_programs, tma_usable
-from vit_fast.kernels.interpret import interpreter_enabled
 from vit_fast.kernels.linear import launch_linear, linear, linear_ref
 
 from ..numerics import (

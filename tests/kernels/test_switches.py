@@ -1,4 +1,4 @@
-"""One parser for every environment switch (kernels/switches.py): each reader accepts the same words, refuses
+"""One parser for every environment switch (vit_fast/base/switches.py): each reader accepts the same words, refuses
 anything else by name, TRITON_INTERPRET is read as Triton reads it, and the CLI refuses a bad switch up front."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import pytest
 
 from vit_fast.backend import first_use
 from vit_fast.backend.triton_path import fuse_ln_from_env
+from vit_fast.base import interpret, switches
 from vit_fast.cli import main
-from vit_fast.kernels import autotune, interpret, switches
+from vit_fast.kernels import autotune
 from vit_fast.model import validation
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -134,7 +135,7 @@ def test_no_switch_is_read_around_the_parser():
                 if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
                     if node.slice.value in names and "environ" in ast.unparse(node.value):
                         offenders.append(f"{path.relative_to(ROOT)} {node.slice.value}")
-    assert offenders == [], offenders  # the per-launch reads too: kernels/switches.py's environ_value
+    assert offenders == [], offenders  # the per-launch reads too: vit_fast/base/switches.py's environ_value
 
 
 def test_environ_value_follows_every_change_made_through_os_environ(monkeypatch):

@@ -1,5 +1,5 @@
 """Which triton the kernels need, whether torch and triton belong together, and dependency ranges that never make
-pip replace the user's torch (vit_fast.kernels.versions, pyproject.toml, the Makefile's oldest pair)."""
+pip replace the user's torch (vit_fast.base.versions, pyproject.toml, the Makefile's oldest pair)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 from vit_fast.backend import runtime
-from vit_fast.kernels import cards
-from vit_fast.kernels import versions as kernel_versions
-from vit_fast.kernels.interpret import interpreter_enabled
+from vit_fast.base import cards
+from vit_fast.base import versions as kernel_versions
+from vit_fast.base.interpret import interpreter_enabled
 
 tomllib = pytest.importorskip("tomllib", reason="pyproject.toml is read with Python 3.11's tomllib")
 ROOT = Path(__file__).resolve().parents[2]

@@ -89,7 +89,12 @@ def test_tracer_records_only_calls_given_an_activation_and_a_call_back_up(fp):
         (run, (OTHER, "pack")),
         (run, (OTHER, "unpack")),
     ]
-    height = {NET: (3, 0), OPS: (0, 1), OTHER: (0, 0), SETTINGS: (1, 0)}
+    height = {
+        NET: (fp.RANK["model"], 0),
+        OPS: (fp.RANK["kernels"], 1),
+        OTHER: (fp.RANK["kernels"], 0),
+        SETTINGS: (fp.RANK["util"], 0),
+    }
     path = fp.ForwardPath("torch", traced, height)
     numbers = path.numbers()
     assert (numbers["steps"], numbers["back_up"]) == (5, 1)
@@ -129,7 +134,7 @@ def test_entered_counts_the_modules_stepping_in_not_the_functions(fp):
 def test_offenders_name_each_step_back_up(fp):
     low, high = ("vit_fast.kernels.k", "f"), ("vit_fast.model.m", "g")
     edges = [(low, (high[0], f"g{i}")) for i in range(fp.MAX_BACK_UP + 1)]
-    height = {low[0]: (0, 5), high[0]: (3, 0)}
+    height = {low[0]: (fp.RANK["kernels"], 5), high[0]: (fp.RANK["model"], 0)}
     path = fp.ForwardPath("torch", fp.Trace(roots=[low], edges=edges, parent=dict.fromkeys(edges, low)), height)
     assert path.offenders() == [
         f"torch: {fp.MAX_BACK_UP + 1} steps back up (at most {fp.MAX_BACK_UP}): "
@@ -159,14 +164,14 @@ def test_heights_rank_the_layer_first_then_the_level_within_it(fp):
     }
     height, cycles = fp.heights(imports)
     assert height == {
-        k[0]: (0, 0),
-        k[1]: (0, 1),
-        k[2]: (0, 2),
-        k[3]: (0, 3),
-        "vit_fast.util.u": (1, 0),
-        "vit_fast.model.a": (3, 1),  # b's import of a, closing the cycle, counts as absent
-        "vit_fast.model.b": (3, 0),
-        "vit_fast": (4, 0),
+        k[0]: (fp.RANK["kernels"], 0),
+        k[1]: (fp.RANK["kernels"], 1),
+        k[2]: (fp.RANK["kernels"], 2),
+        k[3]: (fp.RANK["kernels"], 3),
+        "vit_fast.util.u": (fp.RANK["util"], 0),
+        "vit_fast.model.a": (fp.RANK["model"], 1),  # b's import of a, closing the cycle, counts as absent
+        "vit_fast.model.b": (fp.RANK["model"], 0),
+        "vit_fast": (fp.RANK["interop"], 0),
         "vit_fast.newthing": (len(fp.LAYERS), 0),
     }
     assert cycles == [["vit_fast.model.a", "vit_fast.model.b", "vit_fast.model.a"]]
@@ -183,7 +188,7 @@ def test_the_tiny_model_on_torch_has_a_consistent_path(fp):
     from vit_fast.model.vit import VisionTransformer
 
     height, _ = fp.heights(fp.import_graph(fp.installed_packages()))
-    assert VisionTransformer.__module__ in height and "vit_fast.kernels.cards" in height
+    assert VisionTransformer.__module__ in height and "vit_fast.base.cards" in height
     assert height[VisionTransformer.__module__][0] == fp.RANK["model"] and height["vit_fast"][0] == fp.RANK["interop"]
     path = fp.tiny_model_path("torch", height)
     numbers = path.numbers()

@@ -1,4 +1,4 @@
-"""One list of the VIT_FAST_* names vit-fast reads (kernels/switches.py KNOWN): any other VIT_FAST_* variable
+"""One list of the VIT_FAST_* names vit-fast reads (vit_fast/base/switches.py KNOWN): any other VIT_FAST_* variable
 set is warned about once, with the closest known name, and ``vit-fast info`` lists every known one with its
 value here."""
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from vit_fast.base import switches
 from vit_fast.cli import main
-from vit_fast.kernels import switches
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -435,9 +435,9 @@ def collect_info() -> dict[str, Any]:
 
 
 def card_report(device: Any) -> dict[str, Any]:
-    """What ``vit-fast info`` says of one GPU: its row of the cards table (``vit_fast.kernels.cards``), the
+    """What ``vit-fast info`` says of one GPU: its row of the cards table (``vit_fast.base.cards``), the
     backend ``backend="auto"`` picks there and why, and the dtype bench and demo default to there."""
-    from vit_fast.kernels import cards
+    from vit_fast.base import cards
     from vit_fast.util.dtypes import DTYPE_NAMES, native_dtype
 
     card = cards.card_of(device)

@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from vit_fast.kernels.cards import device_name
-from vit_fast.kernels.interpret import interpreter_enabled
-from vit_fast.kernels.switches import switch
+from vit_fast.base.cards import device_name
+from vit_fast.base.interpret import interpreter_enabled
+from vit_fast.base.switches import switch
 from vit_fast.util import numerics
 
 ENV = "VIT_FAST_FIRST_USE_CHECK"

@@ -9,9 +9,9 @@ import importlib.util
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from vit_fast.kernels import cards
-from vit_fast.kernels.interpret import interpreter_enabled, interpreter_version_problem
-from vit_fast.kernels.versions import InterpreterVersionError
+from vit_fast.base import cards
+from vit_fast.base.interpret import interpreter_enabled, interpreter_version_problem
+from vit_fast.base.versions import InterpreterVersionError
 
 if TYPE_CHECKING:
     import torch
@@ -24,9 +24,9 @@ def triton_importable() -> bool:
 
 @functools.cache
 def triton_version_problem() -> str | None:
-    """Why the installed triton is too old for our kernels, with the fix (``vit_fast.kernels.versions``); None
+    """Why the installed triton is too old for our kernels, with the fix (``vit_fast.base.versions``); None
     when it is new enough or not installed. Read once per process: installed versions do not change under it."""
-    from vit_fast.kernels.versions import triton_problem
+    from vit_fast.base.versions import triton_problem
 
     return triton_problem()
 
@@ -60,7 +60,7 @@ def cuda_available() -> bool:
 
 def triton_available() -> bool:
     """Triton kernels can run: a new enough triton is installed and there is a GPU or the interpreter (with a
-    numpy it runs under: :func:`~.kernels.interpret.interpreter_version_problem`)."""
+    numpy it runs under: :func:`~.base.interpret.interpreter_version_problem`)."""
     if not triton_importable() or triton_version_problem() is not None:
         return False
     if interpreter_enabled():

@@ -19,6 +19,7 @@ from torch import nn
 
 from vit_fast.backend import first_use
 from vit_fast.backend.ops import OP_NAMES, ForwardingOps, Ops
+from vit_fast.base.switches import switch
 from vit_fast.kernels import OPS
 from vit_fast.kernels.attention import attention, attention_ref, launch_attention
 from vit_fast.kernels.attention_pool import attention_pool, attention_pool_ref, launch_attention_pool
@@ -44,7 +45,6 @@ from vit_fast.kernels.linear import (
 )
 from vit_fast.kernels.patch_embed import launch_patch_embed, patch_embed, patch_embed_ref
 from vit_fast.kernels.rope import check_rope
-from vit_fast.kernels.switches import switch
 
 
 class _Ops(Ops):

@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    from vit_fast.kernels.switches import SwitchError, check_switches
+    from vit_fast.base.switches import SwitchError, check_switches
 
     try:  # every VIT_FAST_* switch and TRITON_INTERPRET, before anything reads one or any work starts
         check_switches()
@@ -207,8 +207,8 @@ def _run(args: argparse.Namespace, command: str) -> int:
     other output goes to stderr while it runs, so that stdout holds the JSON report alone."""
     import contextlib
 
+    from vit_fast.base.switches import switch
     from vit_fast.cli._args import STDOUT, json_only_on_stdout
-    from vit_fast.kernels.switches import switch
 
     try:
         with json_only_on_stdout() if getattr(args, "json", None) == STDOUT else contextlib.nullcontext():

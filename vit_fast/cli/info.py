@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from vit_fast.backend.env import collect_info, format_info
-    from vit_fast.kernels.switches import format_settings, settings
+    from vit_fast.base.switches import format_settings, settings
     from vit_fast.util.files import MARKER_KEY
 
     # checked before anything is collected, as every command's output is

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from vit_fast.backend import first_use
-from vit_fast.kernels.cards import card_of, device_name
+from vit_fast.base.cards import card_of, device_name
 from vit_fast.model.selfcheck import check_kernel, family_cases, model_cases
 from vit_fast.util.dtypes import DTYPES
 from vit_fast.util.progress import Stages

@@ -11,8 +11,8 @@ from typing import Any
 import torch
 
 from vit_fast.backend.env import driver_version, launcher_needs
-from vit_fast.kernels import versions
-from vit_fast.kernels.cards import MIN_ARCH, card_of, device_name
+from vit_fast.base import versions
+from vit_fast.base.cards import MIN_ARCH, card_of, device_name
 
 from .base import check_record
 

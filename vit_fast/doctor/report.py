@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from vit_fast.backend.env import collect_environment
-from vit_fast.kernels.interpret import interpreter_enabled
+from vit_fast.base.interpret import interpreter_enabled
 from vit_fast.util.files import MARKER_KEY, seal_markdown, write_atomic, write_json_atomic
 from vit_fast.util.progress import Stages
 

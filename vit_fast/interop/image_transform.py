@@ -114,7 +114,7 @@ FUSED, EAGER = "fused kernel", "image_transform (eager)"
 def fused_unsupported(pre: Preprocessing, device: torch.device | str, kernel: bool = True) -> str | None:
     """Why the fused kernel (``vit_fast.kernels.preprocess``) cannot compute ``pre`` on ``device``; None: it can.
     ``kernel=False``: the caller does not run the Triton backend."""
-    from vit_fast.kernels.interpret import interpreter_enabled
+    from vit_fast.base.interpret import interpreter_enabled
     from vit_fast.kernels.preprocess_weights import SUPPORT
 
     if not kernel:

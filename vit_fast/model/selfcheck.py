@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
+from vit_fast.base.versions import InterpreterVersionError
 from vit_fast.kernels import OPS
-from vit_fast.kernels.versions import InterpreterVersionError
 from vit_fast.model.config import ViTConfig
 from vit_fast.util.dtypes import DTYPE_NAMES
 from vit_fast.util.numerics import compare
@@ -315,7 +315,7 @@ def check_kernel(
 ) -> dict[str, Any]:
     """Run ``case`` on ``device`` and judge it against float64 on ``reference_device`` (docs/development.md, section
     "Kernel checks (`model/selfcheck.py`)"); never raises for the kernel's own failure; raises InterpreterVersionError
-    (``vit_fast.kernels.versions``) where the installed triton and numpy break its interpreter. Returns ``{"name",
+    (``vit_fast.base.versions``) where the installed triton and numpy break its interpreter. Returns ``{"name",
     "kernel", "role", "dtype", "shape", "status": "ok" | "failed", "summary", "seconds"}`` plus the numbers of
     :func:`vit_fast.util.numerics.compare` when the kernel ran, or ``error`` and ``traceback`` when it raised."""
     device = torch.device(device)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from vit_fast.kernels.switches import switch
+from vit_fast.base.switches import switch
 from vit_fast.model.config import ViTConfig
 
 

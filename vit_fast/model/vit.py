@@ -17,7 +17,7 @@ from torch import nn
 
 from vit_fast.backend import runtime
 from vit_fast.backend.pos_embed import pos_embed_for_grid, resample_pos_embed
-from vit_fast.kernels import cards
+from vit_fast.base import cards
 from vit_fast.model import stages
 from vit_fast.model.config import ViTConfig
 from vit_fast.model.layers import Block, PatchEmbed, skip_identity

@@ -74,10 +74,10 @@ def parse_dtype_list(text: str) -> list[str]:
 
 # --------------------------------------------------------------------------- what a device runs natively
 def bf16_native(device: torch.device | str) -> bool:
-    """Whether the card of ``device`` computes bf16 in hardware (``kernels.cards``), never
+    """Whether the card of ``device`` computes bf16 in hardware (``base.cards``), never
     ``torch.cuda.is_bf16_supported()``, which says True on sm_75 through emulation and reads the current device.
     A CPU device reads as the cards table's CPU row (native) unless a test pretends a card."""
-    from vit_fast.kernels import cards
+    from vit_fast.base import cards
 
     return cards.card_of(torch.device(device)).native_bf16
 
@@ -94,7 +94,7 @@ def native_dtype(device: torch.device | str) -> torch.dtype:
 def check_dtype_on_device(dtype: torch.dtype | str, device: torch.device | str, fix: str) -> None:
     """Raise a ValueError, before any compute, when ``dtype`` is bf16 and ``device``'s card has no native bf16.
     The message names the card and ends with ``fix`` (e.g. ``"use --dtype fp16 or fp32"``)."""
-    from vit_fast.kernels import cards
+    from vit_fast.base import cards
 
     device = torch.device(device)
     if parse_dtype(dtype) != torch.bfloat16 or bf16_native(device):

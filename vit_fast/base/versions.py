@@ -91,7 +91,8 @@ def interpreter_problem() -> str | None:
     torch_want = ".".join(map(str, TORCH_FOR_INTERPRETER_FIX))
     pinned = torch_pinned_triton()
     triton_fix = (
-        f"upgrade torch to {torch_want} or newer, which brings triton >= {triton_want} (pip install 'torch>={torch_want}'"
+        f"upgrade torch to {torch_want} or newer, which brings triton >= {triton_want} "
+        f"(pip install 'torch>={torch_want}'"
         f"; torch {installed('torch')} pins triton {pinned})"
         if pinned
         else f"pip install 'triton>={triton_want}'"

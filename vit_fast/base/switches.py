@@ -103,8 +103,9 @@ def parse_triton_interpret(raw: str | None) -> bool:
     if value in TRITON_OFF:
         return False
     raise SwitchError(
-        f"TRITON_INTERPRET={raw!r}: Triton reads it as off (its interpreter is on only for 1, true, yes, on or y, in any "
-        "case and without spaces): set TRITON_INTERPRET=1 to run the kernels on the CPU, or 0 (or unset it) for the GPU"
+        f"TRITON_INTERPRET={raw!r}: Triton reads it as off (its interpreter is on only for 1, true, yes, on or y, "
+        "in any case and without spaces): set TRITON_INTERPRET=1 to run the kernels on the CPU, or 0 (or unset it) "
+        "for the GPU"
     )
 
 
