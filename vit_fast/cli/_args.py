@@ -427,6 +427,37 @@ def float_list(text: str) -> list[float]:
     return out
 
 
+def add_batches(parser: argparse.ArgumentParser, default_help: str) -> None:
+    parser.add_argument(
+        "--batch",
+        type=batch_list(),
+        default=None,
+        metavar="B[,B...]",
+        help=f"batch sizes, comma-separated ({default_help})",
+    )
+
+
+def add_dtypes(parser: argparse.ArgumentParser, help: str) -> None:
+    parser.add_argument("--dtype", type=dtype_names, default=None, metavar="D[,D...]", help=help)
+
+
+def add_device(
+    parser: argparse.ArgumentParser, default: str, help: str, choices: tuple[str, ...] | None = None
+) -> None:
+    parser.add_argument("--device", type=device, choices=choices, default=default, help=help)
+
+
+def add_child_timeout(parser: argparse.ArgumentParser, flag: str, default: float, when: str) -> None:
+    text = f"seconds the interpreter child process may take {when} (default {default:g})"
+    parser.add_argument(flag, type=positive_float, default=default, metavar="S", help=text)
+
+
+def add_optional(parser: argparse.ArgumentParser, flags: tuple[tuple[str, Callable, str | None, str], ...]) -> None:
+    """Flags with no default of their own (the settings pick it): each row ``(flag, type, metavar, help)``."""
+    for flag, kind, metavar, text in flags:
+        parser.add_argument(flag, type=kind, default=None, metavar=metavar, help=text)
+
+
 def add_model_source(parser: argparse.ArgumentParser) -> None:
     """``--config`` and ``--weights``: where a plain state dict's architecture, or a timm model's weights, come from."""
     parser.add_argument(

@@ -62,6 +62,31 @@ def _backend_list(text: str) -> list[str]:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+#: how many calls and how long each case is timed: (flag, type, metavar, help); the settings give the defaults
+TIMING_FLAGS = (
+    ("--warmup", _args.nonnegative_int, None, "warm-up calls per case (default: 20 on a GPU, 2 on CPU)"),
+    (
+        "--min-samples",
+        _args.positive_int,
+        None,
+        "at least this many timed calls per case (default: 200 on a GPU, 100 on CPU) ...",
+    ),
+    (
+        "--min-time",
+        _args.positive_float,
+        "SECONDS",
+        "... and at least this many seconds of them (default 1), as trtexec does",
+    ),
+    ("--max-samples", _args.positive_int, None, "at most this many timed calls per case (default 10000)"),
+    (
+        "--max-seconds",
+        _args.positive_float,
+        None,
+        "and at most about this long per case (default: 10 on a GPU, 30 on CPU)",
+    ),
+)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``vit-fast bench``'s arguments."""
     parser.add_argument(
@@ -69,19 +94,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="MODEL",
         help=_args.MODEL_HELP + "; or an .onnx / .plan / .engine artifact, timed with its own runtime",
     )
-    parser.add_argument(
-        "--batch",
-        type=_args.batch_list(),
-        default=None,
-        metavar="B[,B...]",
-        help="batch sizes, comma-separated (default: 1,8,64,256 on a GPU, 1,8 on CPU)",
-    )
-    parser.add_argument(
-        "--dtype",
-        type=_args.dtype_names,
-        default=None,
-        metavar="D[,D...]",
-        help="bf16, fp16, fp32, comma-separated (default: one the card runs natively: bf16 on sm_80 and up, fp16 "
+    _args.add_batches(parser, "default: 1,8,64,256 on a GPU, 1,8 on CPU")
+    _args.add_dtypes(
+        parser,
+        "bf16, fp16, fp32, comma-separated (default: one the card runs natively: bf16 on sm_80 and up, fp16 "
         "on a GPU without native bf16 such as the T4, where bf16 is refused; fp32 on CPU)",
     )
     parser.add_argument(
@@ -99,40 +115,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--json, which then gets the JSON report alone",
     )
     _args.add_json(parser, "also write the JSON report (bench_<model>.json) to this file")
-    parser.add_argument(
-        "--device", type=_args.device, default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N"
-    )
-    parser.add_argument(
-        "--warmup",
-        type=_args.nonnegative_int,
-        default=None,
-        help="warm-up calls per case (default: 20 on a GPU, 2 on CPU)",
-    )
-    parser.add_argument(
-        "--min-samples",
-        type=_args.positive_int,
-        default=None,
-        help="at least this many timed calls per case (default: 200 on a GPU, 100 on CPU) ...",
-    )
-    parser.add_argument(
-        "--min-time",
-        type=_args.positive_float,
-        default=None,
-        metavar="SECONDS",
-        help="... and at least this many seconds of them (default 1), as trtexec does",
-    )
-    parser.add_argument(
-        "--max-samples",
-        type=_args.positive_int,
-        default=None,
-        help="at most this many timed calls per case (default 10000)",
-    )
-    parser.add_argument(
-        "--max-seconds",
-        type=_args.positive_float,
-        default=None,
-        help="and at most about this long per case (default: 10 on a GPU, 30 on CPU)",
-    )
+    _args.add_device(parser, "auto", "auto (CUDA when available), cpu, cuda or cuda:N")
+    _args.add_optional(parser, TIMING_FLAGS)
     parser.add_argument(
         "--flush-l2",
         action="store_true",

@@ -52,12 +52,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out_help = f"folder for report.json, report.md, the pictures and the ONNX file (default {DEFAULT_OUT})"
     parser.add_argument("--out", default=DEFAULT_OUT, help=out_help)
     _args.add_json(parser)
-    parser.add_argument(
-        "--device",
-        type=_args.device,
-        choices=("auto", "cpu", "cuda"),
-        default=d.device,
-        help="where the triton and GPU steps run (auto: cuda when a GPU is visible)",
+    _args.add_device(
+        parser,
+        d.device,
+        "where the triton and GPU steps run (auto: cuda when a GPU is visible)",
+        ("auto", "cpu", "cuda"),
     )
     parser.add_argument(
         "--subset",
@@ -67,13 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"held-out images for the triton step under the CPU interpreter (default {d.subset}; "
         "~1 s each on an idle 2-core CPU); on a GPU the whole set runs",
     )
-    parser.add_argument(
-        "--triton-timeout",
-        type=_args.positive_float,
-        default=d.triton_timeout,
-        metavar="S",
-        help=f"seconds the interpreter child process may take before the step fails (default {d.triton_timeout:g})",
-    )
+    _args.add_child_timeout(parser, "--triton-timeout", d.triton_timeout, "before the step fails")
     parser.add_argument("--skip-triton", action="store_true", help="skip step 2")
     parser.add_argument("--skip-onnx", action="store_true", help="skip step 3 (and ONNX Runtime in step 4)")
     parser.add_argument("--skip-timing", action="store_true", help="skip step 4")

@@ -54,26 +54,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out_help = f"folder for report.json and report.md (default {DEFAULT_OUT})"
     parser.add_argument("--out", default=DEFAULT_OUT, help=out_help)
     _args.add_json(parser)
-    parser.add_argument(
-        "--dtype",
-        type=_args.dtype_names,
-        default=None,
-        metavar="D[,D...]",
-        help="precisions to check (default: fp32, fp16 and bf16 where the GPU has native bf16; fp32, fp16 on a CPU)",
+    _args.add_dtypes(
+        parser, "precisions to check (default: fp32, fp16 and bf16 where the GPU has native bf16; fp32, fp16 on a CPU)"
     )
-    parser.add_argument(
-        "--device",
-        type=_args.device,
-        default=d.device,
-        help="where the checks run: auto (the first GPU, else the CPU), cpu, cuda or cuda:N",
-    )
-    parser.add_argument(
-        "--timeout",
-        type=_args.positive_float,
-        default=d.timeout,
-        metavar="S",
-        help=f"seconds the interpreter child process may take on a CPU (default {d.timeout:g})",
-    )
+    _args.add_device(parser, d.device, "where the checks run: auto (the first GPU, else the CPU), cpu, cuda or cuda:N")
+    _args.add_child_timeout(parser, "--timeout", d.timeout, "on a CPU")
     _args.add_seed(parser, d.seed, "the random inputs (and a preset's weights)")
     _args.add_overwrite(parser)
 

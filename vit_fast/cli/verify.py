@@ -34,13 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "artifact", metavar="ARTIFACT", help="an .onnx file, a TensorRT .plan / .engine, or 'triton' for our kernels"
     )
-    parser.add_argument(
-        "--batch",
-        type=_args.batch_list(),
-        default=None,
-        metavar="B[,B...]",
-        help="batch sizes, comma-separated (default: 1, an odd batch and the maximum)",
-    )
+    _args.add_batches(parser, "default: 1, an odd batch and the maximum")
     _args.add_seed(parser, None, "the random inputs (drawn, used and recorded when not given)")
     _args.add_json(parser)
     _args.add_overwrite(parser)
