@@ -151,6 +151,24 @@ def _row(name: str, module: nn.Module, patched: bool, choice: BackendChoice, det
     )
 
 
+def _hf_row(
+    name: str, module: nn.Module, choice: BackendChoice, on_kernels: tuple[str, str], unpatched: str | None
+) -> ModuleReport:
+    """One transformers layer or pool head: ``on_kernels`` is (the detail when patched, what apply_vit_fast would run
+    it on); ``unpatched`` why it is not patched, or None when it could be."""
+    from vit_fast.interop.forwards import is_patched
+
+    patched = is_patched(module)
+    blocked = _blocked(name, module) if patched else None
+    if blocked is not None:
+        return blocked
+    if patched:
+        detail = on_kernels[0]
+    else:
+        detail = unpatched or f"apply_vit_fast(model) would run it on {on_kernels[1]}"
+    return _row(name, module, patched, choice, detail)
+
+
 def _unpatched_choice(refusal: str | None) -> BackendChoice:
     if refusal:
         return BackendChoice("torch", f"not patched, and apply_vit_fast refuses this model: {refusal}")
@@ -235,7 +253,7 @@ def _timm(model: nn.Module, device: torch.device, dtype: torch.dtype) -> _Read:
 
 
 def _hf(model: nn.Module, device: torch.device, dtype: torch.dtype) -> _Read:
-    from vit_fast.interop.forwards import PATCHED_BACKEND, is_patched
+    from vit_fast.interop.forwards import PATCHED_BACKEND
     from vit_fast.interop.hf_classes import VLM_TOWERS
     from vit_fast.interop.hf_patch import LAYOUTS, head_dim_problem, hf_refusal, pool_heads, vision_layers
 
@@ -247,42 +265,19 @@ def _hf(model: nn.Module, device: torch.device, dtype: torch.dtype) -> _Read:
     config = getattr(model.config, "vision_config", None) or model.config
     head_dim = config.hidden_size // config.num_attention_heads
     choice = _kernel_choice(device, dtype, head_dim, asked) if asked else _unpatched_choice(refusal or head_dim_why)
-    rows = []
-    for layer in layers:
-        patched = is_patched(layer)
-        blocked = _blocked(names[id(layer)], layer) if patched else None
-        if blocked is not None:
-            rows.append(blocked)
-            continue
-        if patched:
-            act = getattr(config, "hidden_act", None)
-            detail = f"on the kernels: head dim {head_dim}, activation {act}"
-        elif refusal:
-            detail = f"refused: {refusal}"
-        elif head_dim_why:
-            detail = head_dim_why
-        else:
-            detail = "apply_vit_fast(model) would run it on the kernels"
-        rows.append(_row(names[id(layer)], layer, patched, choice, detail))
+    unpatched = f"refused: {refusal}" if refusal else head_dim_why
+    act = getattr(config, "hidden_act", None)
+    on_kernels = (f"on the kernels: head dim {head_dim}, activation {act}", "the kernels")
+    rows = [_hf_row(names[id(layer)], layer, choice, on_kernels, unpatched) for layer in layers]
     vision = {id(m) for m in layers}
     for name, module in model.named_modules():  # a CLIP / SigLIP dual model's text tower
         if type(module).__name__ in LAYOUTS and id(module) not in vision:
             rows.append(
                 ModuleReport(name, type(module).__name__, False, OWN, "text tower: vit-fast patches vision towers")
             )
-    for head in pool_heads(model):
-        patched = is_patched(head)
-        blocked = _blocked(names[id(head)], head) if patched else None
-        if blocked is not None:
-            rows.append(blocked)
-            continue
-        if patched:
-            detail = f"on the attention-pool kernel: head dim {head_dim}"
-        elif refusal or head_dim_why:
-            detail = str(refusal or head_dim_why)
-        else:
-            detail = "apply_vit_fast(model) would run it on the attention-pool kernel"
-        rows.append(_row(names[id(head)], head, patched, choice, detail))
+    on_pool = (f"on the attention-pool kernel: head dim {head_dim}", "the attention-pool kernel")
+    unpatched_head = str(refusal or head_dim_why) if refusal or head_dim_why else None
+    rows += [_hf_row(names[id(head)], head, choice, on_pool, unpatched_head) for head in pool_heads(model)]
     notes = ["the embeddings, the final layernorm and the heads outside the encoder run transformers' own code"]
     tower = VLM_TOWERS.get(type(model).__name__)
     if tower is not None:
