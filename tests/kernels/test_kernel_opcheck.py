@@ -65,7 +65,7 @@ def _preprocess_args(device):
     # two uint8 images of different sizes, packed as preprocess() packs them: bicubic 5x6, centre crop 4x5
     images = [torch.randint(0, 256, (h, w, 3), dtype=torch.uint8, device=device) for h, w in ((6, 5), (4, 7))]
     batch = preprocess._pack_for_kernel(images, (5, 6), (4, 5), "bicubic")
-    return [*batch, 4, 5, [0.485, 0.456, 0.406], [0.229, 0.224, 0.225], torch.float32]
+    return [*batch, 4, 5, [0.485, 0.456, 0.406], [0.229, 0.224, 0.225], torch.float32, False]
 
 
 def _attention_public(qkv, num_heads, scale, lengths, cu_seqlens, max_seqlen):

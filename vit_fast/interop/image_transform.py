@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from vit_fast.interop.images import load_image
+from vit_fast.kernels.preprocess_weights import pillow_vertical_first
 from vit_fast.util.files import read_json
 
 #: timm's defaults (timm.data.constants) where a pretrained_cfg leaves a field out
@@ -80,8 +81,8 @@ class Preprocessing:
 
 def apply(pre: Preprocessing, pixels: torch.Tensor) -> torch.Tensor:
     """``pixels`` (uint8 ``[C, H, W]``) preprocessed: float32 ``[C, crop_h, crop_w]``. The resize runs in float32,
-    antialiased as PIL filters, width then height, each pass clamped to 0..255 as PIL's uint8 passes are (the first
-    rounded too, the second not)."""
+    antialiased as PIL filters, in Pillow's pass order, each pass clamped to 0..255 as PIL's uint8 passes are (the
+    first rounded half up too, as Pillow's ``clip8``; the second not)."""
     x = pixels.to(torch.float32)[None]
     height, width = pixels.shape[-2:]
     size = pre.resize_hw(height, width)
@@ -89,22 +90,15 @@ def apply(pre: Preprocessing, pixels: torch.Tensor) -> torch.Tensor:
         resize = dict(mode=pre.interpolation, antialias=pre.antialias, align_corners=False)
         if pre.antialias and size[0] != height and size[1] != width:
             # PIL resizes in two uint8 passes, so a sharp edge that bicubic overshoots is clipped in between: the
-            # same passes here, in the order PIL picks (the cheaper first)
-            first = (height, size[1]) if width_first((height, width), size) else (size[0], width)
-            x = F.interpolate(x, size=first, **resize).clamp_(0.0, 255.0).round_()
+            # same passes here, in the order Pillow takes
+            first = (size[0], width) if pillow_vertical_first((height, width), size) else (height, size[1])
+            x = F.interpolate(x, size=first, **resize).clamp_(0.0, 255.0).add_(0.5).floor_()
         x = F.interpolate(x, size=size, **resize).clamp_(0.0, 255.0)
     top, left, ch, cw = pre.crop_box(*size)
     x = x[0, :, top : top + ch, left : left + cw]
     mean = torch.tensor(pre.mean, dtype=torch.float32, device=x.device).view(-1, 1, 1)
     std = torch.tensor(pre.std, dtype=torch.float32, device=x.device).view(-1, 1, 1)
     return ((x / 255.0 - mean) / std).contiguous()
-
-
-def width_first(source: tuple[int, int], size: tuple[int, int]) -> bool:
-    """Whether Pillow resizes ``source`` (H, W) to ``size`` width first, as Pillow 13 was seen to: height first only
-    where the height shrinks, and by a larger factor than the width (older Pillows: always width first)."""
-    (h, w), (oh, ow) = source, size
-    return not (oh < h and h * ow > w * oh)
 
 
 #: what :func:`preprocess_batch` ran: the fused Triton kernel, or :func:`apply` (eager PyTorch) per image
