@@ -50,7 +50,7 @@ def prune_preprocess_configs(configs, named_args, **kwargs):
 def _clip8(acc):
     """A PIL 8-bit pass's store: fixed-point ``acc`` (int32, 22 fraction bits) rounded half up and clipped to
     0..255 (Resample.c's ``clip8``), as float32."""
-    return tl.minimum(tl.maximum((acc + (1 << 21)) >> 22, 0), 255).to(tl.float32)
+    return tl.minimum(tl.maximum(acc + (1 << 21), 0) >> 22, 255).to(tl.float32)  # >> on a non-negative: any shift
 
 
 @triton.autotune(

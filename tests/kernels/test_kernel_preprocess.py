@@ -1,5 +1,7 @@
 """vit_fast::preprocess (uint8 HWC images -> resized, centre-cropped, normalised [B, 3, h, w]) against its float64
 reference by eager's own error, in odd sizes, upscaled, downscaled and 1-pixel strips, several sizes in one launch;
+with ``uint8_passes`` (PIL's uint8 resize) on checkerboards and thin lines in both of Pillow's pass orders, its
+reference equal to Pillow's RGB resize at every pixel;
 and the reference itself against two independent implementations: PIL's float ('F') resize and torch's
 ``interpolate(antialias=True)`` (within 1e-4 and 1e-9 in 0..255 units), and PIL's uint8 resize (within 1 level).
 Tiny sizes: the kernel runs in Triton's interpreter."""
