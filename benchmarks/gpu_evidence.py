@@ -833,7 +833,8 @@ class Phases:
             resize = [pre.resize_hw(h, w) for h, w in PIPELINE_SIZES]
             dtype = self.model(self.args.perf_model, self.args.perf_dtype).dtype
             preprocess(images, resize=resize, crop=pre.output_hw, interpolation=pre.interpolation, mean=pre.mean,
-                       std=pre.std, out_dtype=dtype, crop_rounding=pre.crop_rounding)  # fmt: skip
+                       std=pre.std, out_dtype=dtype, crop_rounding=pre.crop_rounding,
+                       uint8_passes=pre.uint8_passes)  # fmt: skip
 
     def perf_ceilings(self) -> list[dict[str, Any]]:
         from vit_fast.bench.ceilings import measure_bandwidth, measure_matrix_rate

@@ -16,6 +16,8 @@ import torch
 SUPPORT = {"bilinear": 1.0, "bicubic": 2.0}
 #: the cubic convolution coefficient of PIL's BICUBIC and torchvision's antialiased bicubic
 CUBIC_A = -0.5
+#: PIL's 8-bit resize: weights in fixed point with this many fraction bits (Resample.c, ``PRECISION_BITS``)
+PRECISION_BITS = 22
 
 
 def _filter(x: torch.Tensor, interpolation: str) -> torch.Tensor:
@@ -56,6 +58,21 @@ def axis_taps(in_size: int, out_size: int, first: int, count: int, interpolation
     return Taps(start, taps, weight)
 
 
+def fixed_point(weight: torch.Tensor) -> torch.Tensor:
+    """Weights as PIL's 8-bit resize holds them (``normalize_coeffs_8bpc``): ``w * 2**22`` rounded half away from
+    zero, as float64 integers (each below 2**24: exact in float32 too)."""
+    scaled = weight * float(1 << PRECISION_BITS)
+    return torch.trunc(scaled + torch.where(scaled < 0, -0.5, 0.5))
+
+
+def pillow_vertical_first(source: tuple[int, int], size: tuple[int, int]) -> bool:
+    """Whether Pillow (13) resizes ``source`` (H, W) to ``size`` (H, W) height first: where the height shrinks by
+    more than twice as many pixels as the width does. Older Pillows take the width first. docs/usage.md, "Images in:
+    image_transform"."""
+    (h, w), (oh, ow) = source, size
+    return oh < h and 2 * (w - ow) < h - oh
+
+
 #: how a centre crop's offset is rounded: torchvision's ``round`` (timm) or transformers' ``floor``
 CROP_ROUNDING = ("round", "floor")
 
@@ -84,8 +101,8 @@ def image_taps(
 
 class PackedBatch(NamedTuple):
     """A batch of images as the kernel reads it (all int tables int32 but ``images``; weights float64 here, the
-    launcher casts them): pixels of every image, flat; ``images [B, 3]`` int64 (offset in ``pixels``, height,
-    width); ``row_start``, ``row_stop [B * crop_h]``; ``row_weight [B * crop_h, KY]`` (tap k reads row
+    launcher casts them; PIL's fixed point with ``uint8_passes``): pixels of every image, flat; ``images [B, 4]``
+    int64 (offset in ``pixels``, height, width, 1 where the height pass comes first); ``row_start``, ``row_stop [B * crop_h]``; ``row_weight [B * crop_h, KY]`` (tap k reads row
     ``row_start + k``); ``col_index``, ``col_weight [B * crop_w, KX]`` (padded taps: a valid column, weight 0)."""
 
     pixels: torch.Tensor
@@ -114,10 +131,11 @@ def pack(
     crop: tuple[int, int],
     interpolation: str,
     crop_rounding: str = "round",
+    uint8_passes: bool = False,
 ) -> PackedBatch:
     """The :class:`PackedBatch` of ``images`` (uint8 ``[H_i, W_i, 3]``, checked by the caller), its tables on the
-    images' device; ``resize``: one (H, W) for all, or one per image. The pixels are copied once into one flat
-    buffer (one launch for images of any sizes)."""
+    images' device; ``resize``: one (H, W) for all, or one per image; ``uint8_passes``: weights in PIL's fixed point,
+    each image's pass order Pillow's. The pixels are copied once into one flat buffer (one launch for any sizes)."""
     device = images[0].device
     resizes = per_image(resize, len(images))
     taps = [
@@ -128,15 +146,19 @@ def pack(
     kx = max(int(c.weight.shape[1]) for _, c in taps)
     sizes = [im.numel() for im in images]
     offsets = [0, *itertools.accumulate(sizes)][:-1]
-    table = torch.tensor(
-        [[o, int(im.shape[0]), int(im.shape[1])] for o, im in zip(offsets, images, strict=True)], dtype=torch.int64
-    )
+    rows_table = []
+    for o, im, size in zip(offsets, images, resizes, strict=True):
+        source = (int(im.shape[0]), int(im.shape[1]))
+        rows_table.append([o, *source, int(uint8_passes and pillow_vertical_first(source, size))])
+    table = torch.tensor(rows_table, dtype=torch.int64)
     row_start = torch.cat([r.start for r, _ in taps])
     row_stop = torch.cat([r.start + r.taps for r, _ in taps])
     row_weight = torch.cat([_pad(r.weight, ky) for r, _ in taps])
     j = torch.arange(kx)
     col_index = torch.cat([torch.where(j < c.taps[:, None], c.start[:, None] + j, c.start[:, None]) for _, c in taps])
     col_weight = torch.cat([_pad(c.weight, kx) for _, c in taps])
+    if uint8_passes:
+        row_weight, col_weight = fixed_point(row_weight), fixed_point(col_weight)
     pixels = torch.cat([im.reshape(-1) for im in images]) if len(images) > 1 else images[0].reshape(-1)
     ints = (table, row_start.int(), row_stop.int())
     return PackedBatch(
@@ -151,12 +173,15 @@ def pack(
 __all__ = [
     "CROP_ROUNDING",
     "CUBIC_A",
+    "PRECISION_BITS",
     "SUPPORT",
     "PackedBatch",
     "Taps",
     "axis_taps",
     "crop_start",
+    "fixed_point",
     "image_taps",
     "pack",
     "per_image",
+    "pillow_vertical_first",
 ]

@@ -510,12 +510,13 @@ def preprocess_cases(variant_set: str, full: bool):
     """Not in a ViT forward, so not in the picks set; every config it keeps for fp32 / fp16 (--every-config-dtypes),
     the pick for bf16, per interpolation."""
     cases = []
-    for (name, sizes, resize, crop), dtype, interpolation in itertools.product(
-        PREPROCESS_VARIANTS.get(variant_set, ()), DTYPES, ("bicubic", "bilinear")
+    for (name, sizes, resize, crop), dtype, interpolation, uint8 in itertools.product(
+        PREPROCESS_VARIANTS.get(variant_set, ()), DTYPES, ("bicubic", "bilinear"), (False, True)
     ):
         params = {"dtype": dtype, "sizes": sizes, "resize": resize, "crop": crop, "interpolation": interpolation}
+        params["uint8_passes"] = uint8  # PIL's uint8 resize (image_transform's), or a float resize
         which = "all" if full else _vit_b16_which(dtype)
-        cases.append(("preprocess", f"{dtype} {interpolation} {name}", params, which))
+        cases.append(("preprocess", f"{dtype} {interpolation}{' uint8' if uint8 else ''} {name}", params, which))
     return cases
 
 
@@ -539,6 +540,7 @@ def preprocess_launch(params):
             mean=(0.485, 0.456, 0.406),
             std=(0.229, 0.224, 0.225),
             out_dtype=_torch_dtype(params["dtype"]),
+            uint8_passes=params.get("uint8_passes", False),
         )
     finally:
         torch.set_num_threads(threads)

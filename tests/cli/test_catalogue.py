@@ -415,6 +415,29 @@ CLI: dict[str, tuple[list[str], int, str]] = {
         r"not written by vit-fast.*--overwrite",
     ),
     "predict backend unknown": (["predict", "default", "notes.txt", "--backend", "cuda"], 2, r"invalid choice: 'cuda'"),
+    "predict mean in 0..255": (
+        ["predict", "default", "notes.txt", "--mean", "123.675,116.28,103.53"],
+        1,
+        r"--mean is in 0\.\.1 pixel units; 123\.675,116\.28,103\.53 looks like 0\.\.255: 0\.485,0\.456,0\.406",
+    ),
+    "predict std count": (["predict", "default", "notes.txt", "--std", "0.2,0.2"], 1, r"--std takes 1 or 3 numbers"),
+    "predict std zero": (["predict", "default", "notes.txt", "--std", "0"], 1, r"--std must be positive, got 0"),
+    "predict crop-pct": (
+        ["predict", "default", "notes.txt", "--crop-pct", "1.5"],
+        1,
+        r"--crop-pct must be in \(0, 1\]",
+    ),
+    "predict input size text": (["predict", "default", "notes.txt", "--input-size", "big"], 2, r"expected S or HxW"),
+    "predict input size not the model's": (
+        ["predict", "default", "notes.txt", "--input-size", "24"],
+        1,
+        r"--input-size 24x24: model 'default' takes 32x32 images \(it has no dynamic_img_size\)",
+    ),
+    "predict crop-pct over a record": (
+        ["predict", "default", "notes.txt", "--crop-pct", "0.9"],
+        1,
+        r"crop_pct set timm's data config, but this model's preprocessing is read from vit-fast digits_vit.json",
+    ),
 }
 
 

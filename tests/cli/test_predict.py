@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -185,7 +186,42 @@ def test_triton_backend_preprocesses_on_the_fused_kernel(tmp_path, capsys):
         assert main(["predict", str(tmp_path / "model"), *files, "--json", "-", "--backend", backend]) == 0
         captured = capsys.readouterr()
         rows[backend] = [json.loads(line) for line in captured.out.splitlines()]
-    assert "vit-fast predict: preprocessing: fused kernel" in captured.err
+    said = "preprocessing: fused kernel; BitImageProcessor: resize shorter side to 36 (bicubic), centre crop 32x32, "
+    assert f"vit-fast predict: {said}mean (0.485, 0.456, 0.406)" in captured.err
+    for backend, ran in (("torch", "image_transform"), ("triton", "fused kernel")):
+        pre = rows[backend][0]["preprocessing"]
+        assert pre["ran"] == ran and pre["source"] == "BitImageProcessor" and pre["uint8_passes"] is True
+        assert (pre["size"], pre["crop"], pre["crop_rounding"]) == (36, [32, 32], "floor")
     for torch_row, triton_row in zip(rows["torch"], rows["triton"], strict=True):
         assert triton_row["labels"] == torch_row["labels"]
         assert np.allclose(triton_row["probabilities"], torch_row["probabilities"], atol=2e-3)
+
+
+def test_json_rows_name_the_preprocessing_that_ran(digits_folder, capsys):
+    """Each answered row says what preprocessed it (ran, why not the kernel) and with what parameters."""
+    file = str(next(digits_folder.glob("*.png")))
+    assert main(["predict", "default", file, "--json", "-", "--backend", "torch"]) == 0
+    pre = json.loads(capsys.readouterr().out)["preprocessing"]
+    assert pre["ran"] == "image_transform" and pre["why"] == "the torch backend runs no Triton kernel"
+    assert pre["source"] == "vit-fast digits_vit.json" and pre["size"] == [32, 32] and pre["channels"] == 1
+    assert pre["mean"] == [pytest.approx(0.3054, abs=1e-4)] and pre["antialias"] is False and pre["defaulted"] == []
+
+
+def test_a_model_without_preprocessing_is_said_and_the_flags_set_it(tmp_path, capsys):
+    """A preset carries no preprocessing: timm's defaults run, a warning line names them and the flags; with the
+    flags, no warning, and the line and rows show what was given."""
+    Image.new("RGB", (40, 30), (120, 30, 200)).save(tmp_path / "x.png")
+    argv = ["predict", "vit_tiny_patch16_224", str(tmp_path / "x.png"), "--json", "-", "--top-k", "1"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    warned = r"warning: 'vit_tiny_patch16_224': the model carries no preprocessing of its own, so timm's defaults"
+    assert re.search(warned + r".*mean \(0.485, 0.456, 0.406\) \(ImageNet's\).*--mean, --std", captured.err)
+    assert json.loads(captured.out)["preprocessing"]["defaulted"] == ["interpolation", "crop_pct", "mean", "std"]
+    flags = ["--mean", "0.5,0.5,0.5", "--std", "0.5", "--interpolation", "bilinear", "--crop-pct", "1"]
+    assert main([*argv, *flags]) == 0
+    captured = capsys.readouterr()
+    assert "warning" not in captured.err
+    line = "timm pretrained_cfg (flags over it): resize shorter side to 224 (bilinear), centre crop 224x224, "
+    assert line + "mean (0.5, 0.5, 0.5), std (0.5, 0.5, 0.5)" in captured.err
+    pre = json.loads(captured.out)["preprocessing"]
+    assert pre["defaulted"] == [] and pre["std"] == [0.5] * 3 and pre["size"] == 224

@@ -65,7 +65,15 @@ def _preprocess_args(device):
     # two uint8 images of different sizes, packed as preprocess() packs them: bicubic 5x6, centre crop 4x5
     images = [torch.randint(0, 256, (h, w, 3), dtype=torch.uint8, device=device) for h, w in ((6, 5), (4, 7))]
     batch = preprocess._pack_for_kernel(images, (5, 6), (4, 5), "bicubic")
-    return [*batch, 4, 5, [0.485, 0.456, 0.406], [0.229, 0.224, 0.225], torch.float32]
+    return [*batch, 4, 5, [0.485, 0.456, 0.406], [0.229, 0.224, 0.225], torch.float32, False]
+
+
+def _preprocess_uint8_args(device):
+    # PIL's uint8 passes: a 9x5 image resized height first (Pillow 13's order), a 4x7 one width first, one launch
+    images = [torch.randint(0, 256, (h, w, 3), dtype=torch.uint8, device=device) for h, w in ((9, 5), (4, 7))]
+    batch = preprocess._pack_for_kernel(images, (5, 6), (4, 5), "bicubic", uint8_passes=True)
+    assert batch.images[:, 3].tolist() == [1, 0]
+    return [*batch, 4, 5, [0.485, 0.456, 0.406], [0.229, 0.224, 0.225], torch.float32, True]
 
 
 def _attention_public(qkv, num_heads, scale, lengths, cu_seqlens, max_seqlen):
@@ -136,6 +144,7 @@ CASES = {
     "rms_norm": ("rms_norm", lambda d: [_randn(d, 5, 9), _randn(d, 9), None, 1e-6], layer_norm.rms_norm),
     # the op takes the packed batch; preprocess.preprocess (a list of images) packs it on the host first
     "preprocess": ("preprocess", _preprocess_args, preprocess._preprocess),
+    "preprocess-uint8": ("preprocess", _preprocess_uint8_args, preprocess._preprocess),
     "rms_norm_linear": (
         "rms_norm_linear",
         lambda d: [_randn(d, 2, 3, 7), _randn(d, 7), None, 1e-6, _randn(d, 5, 7), _randn(d, 5), "silu"],

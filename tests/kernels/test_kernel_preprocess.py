@@ -1,5 +1,7 @@
 """vit_fast::preprocess (uint8 HWC images -> resized, centre-cropped, normalised [B, 3, h, w]) against its float64
 reference by eager's own error, in odd sizes, upscaled, downscaled and 1-pixel strips, several sizes in one launch;
+with ``uint8_passes`` (PIL's uint8 resize) on checkerboards and thin lines in both of Pillow's pass orders, its
+reference equal to Pillow's RGB resize at every pixel;
 and the reference itself against two independent implementations: PIL's float ('F') resize and torch's
 ``interpolate(antialias=True)`` (within 1e-4 and 1e-9 in 0..255 units), and PIL's uint8 resize (within 1 level).
 Tiny sizes: the kernel runs in Triton's interpreter."""
@@ -168,6 +170,64 @@ def test_reference_within_one_level_of_pil_uint8_resize(case):
     assert (ours - pil).abs().max().item() <= 1
 
 
+# ---------------------------------------------------------------------------------- PIL's uint8 passes
+def _checkerboard(h: int, w: int, cell: int = 3) -> torch.Tensor:
+    """0 / 255 cells, each channel shifted: bicubic overshoots at every edge, in both directions."""
+    y, x = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+    planes = [((y // cell + (x + c) // cell) % 2) * 255 for c in range(3)]
+    return torch.stack(planes, -1).to(torch.uint8)
+
+
+def _thin_lines(h: int, w: int) -> torch.Tensor:
+    """1-pixel lines (rows, columns, a diagonal) on a dark ground with noise: the hardest edges there are."""
+    image = torch.randint(0, 40, (h, w, 3), dtype=torch.uint8)
+    image[::4] = 255
+    image[:, 2::5, 1] = 255
+    idx = torch.arange(min(h, w))
+    image[idx, idx] = torch.tensor([255, 0, 200], dtype=torch.uint8)
+    return image
+
+
+#: (image maker, source sizes, resize, crop, interpolation): each Pillow order, down- and upscales, odd sizes
+UINT8_CASES = {
+    "checker-bicubic-height-first": (_checkerboard, [(41, 17)], (12, 20), (11, 19), "bicubic"),
+    "lines-bicubic-width-first": (_thin_lines, [(29, 37)], (20, 15), (19, 15), "bicubic"),
+    "checker-bilinear-height-first": (_checkerboard, [(30, 40)], (10, 36), (9, 33), "bilinear"),
+    "lines-bilinear-upscale": (_thin_lines, [(13, 11)], (31, 27), (29, 27), "bilinear"),
+    "lines-bicubic-tiles": (_thin_lines, [(45, 31)], (36, 40), (33, 34), "bicubic"),
+    "mixed-orders": (_checkerboard, [(41, 17), (29, 37), (30, 40)], [(12, 20), (20, 15), (10, 36)], (9, 9), "bicubic"),
+}
+
+
+def _uint8_args(case):
+    make, sizes, resize, crop, interpolation = UINT8_CASES[case]
+    images = [make(h, w) for h, w in sizes]
+    return images, dict(resize=resize, crop=crop, interpolation=interpolation, uint8_passes=True, **IMAGENET)
+
+
+@pytest.mark.parametrize("case", UINT8_CASES)
+def test_uint8_passes_match_float64(case):
+    """PIL's uint8 resize in the kernel (first pass in exact integers, clip8-ed, each image in Pillow's order) against
+    its reference in float64 by the numerics rule: the first pass is exact in both, the second carries the error."""
+    images, kw = _uint8_args(case)
+    out = launch_preprocess(images, out=poisoned((len(images), 3, *kw["crop"]), torch.float32), **kw)
+    truth = preprocess_ref(images, out_dtype=torch.float64, compute_dtype=torch.float64, **kw)
+    assert_within_eager(out, preprocess_ref(images, **kw), truth, f"preprocess uint8 passes {case}")
+    # a kernel ignoring the flag would fail: the float resize is a different function (by 1e-2 to 1e-1 here)
+    float64 = dict(out_dtype=torch.float64, compute_dtype=torch.float64)
+    assert float((preprocess_ref(images, **float64, **{**kw, "uint8_passes": False}) - truth).abs().max()) > 1e-3
+
+
+@pytest.mark.parametrize("case", [c for c in UINT8_CASES if len(UINT8_CASES[c][1]) == 1])
+def test_uint8_reference_is_pillows_resize_to_the_level(case):
+    """The uint8 reference, rounded half up at the end as Pillow stores it, equals Pillow's RGB resize (then the
+    crop) at every pixel: the same fixed-point weights, the same clip8 between the passes, the same pass order."""
+    images, kw = _uint8_args(case)
+    ours = _in_255(images, kw)[0].add(0.5).floor()
+    pil = _pil_resize(images[0], kw["resize"], kw["crop"], kw["interpolation"], float_mode=False)
+    assert torch.equal(ours, pil), float((ours - pil).abs().max())
+
+
 # ---------------------------------------------------------------------------------- errors before any launch
 BAD = [
     ("not a list", lambda im: im, {}, TypeError, "list of uint8"),
@@ -204,7 +264,7 @@ def test_op_compiles_fullgraph():
     test_kernel_opcheck.py)."""
     images, kw = _images([(6, 5), (4, 7)]), dict(resize=(5, 6), crop=(4, 5), interpolation="bicubic", **IMAGENET)
     batch = preprocess_module._pack_for_kernel(images, kw["resize"], kw["crop"], kw["interpolation"])
-    args = (*batch, 4, 5, list(kw["mean"]), list(kw["std"]), torch.float32)
+    args = (*batch, 4, 5, list(kw["mean"]), list(kw["std"]), torch.float32, False)
     compiled = torch.compile(lambda *a: torch.ops.vit_fast.preprocess(*a), fullgraph=True, backend="eager")
     torch.testing.assert_close(compiled(*args), preprocess(images, **kw), rtol=0, atol=0)
 

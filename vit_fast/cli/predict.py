@@ -1,6 +1,7 @@
 """Run a model on image files and print each image's top-k labels with their probabilities.
 
   vit-fast predict MODEL PATH... [--top-k 5] [--batch 16] [--backend auto] [--json PATH|-] [--features FILE]
+                   [--mean M,M,M] [--std S,S,S] [--interpolation I] [--crop-pct P] [--input-size HxW]
 
 MODEL is named as for every command: "default" (the embedded digits model: light digits on a dark
 ground), a preset (random weights), a checkpoint file, a Hugging Face folder, timm:NAME or hf:ORG/NAME.
@@ -11,11 +12,14 @@ folder's preprocessor_config.json or --processor, the default model's record), d
 thread pool and run in batches. On the triton backend each batch of decoded images (each at its
 own size) is preprocessed in one launch of the fused preprocessing kernel; where the kernel cannot
 (a grayscale model, the torch backend) image_transform runs in the decode threads. A line on
-stderr says which ran, and why not the kernel. Labels come from the model (id2label, timm's label_names, the
-digits), else class indices. --json writes one JSON line per image as each batch finishes (staged
-beside the file, published when the run ends, Ctrl-C included); --features writes each image's
-pooled feature with the file names (.safetensors or .npy) instead of labels. A file that cannot be
-decoded is named with the reason and the rest go on; the exit status is then 1.
+stderr says which ran (and why not the kernel) and with what parameters; --json rows carry the same
+as "preprocessing". A model that carries no preprocessing (a preset, a plain checkpoint) gets timm's
+defaults (ImageNet mean and std, bicubic, crop_pct 0.875) and a warning line: --mean, --std,
+--interpolation, --crop-pct and --input-size set them. Labels come from the model (id2label, timm's
+label_names, the digits), else class indices. --json writes one JSON line per image as each batch
+finishes (staged beside the file, published when the run ends, Ctrl-C included); --features writes
+each image's pooled feature with the file names (.safetensors or .npy) instead of labels. A file
+that cannot be decoded is named with the reason and the rest go on; the exit status is then 1.
 """
 
 from __future__ import annotations
@@ -58,6 +62,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="write each image's pooled feature and file name to FILE (.safetensors or .npy) instead of labels",
     )
     parser.add_argument(
+        "--mean", type=_args.float_list, default=None, metavar="M,M,M", help="per-channel mean (0..1 units)"
+    )
+    parser.add_argument(
+        "--std", type=_args.float_list, default=None, metavar="S,S,S", help="per-channel std (0..1 units)"
+    )
+    parser.add_argument("--interpolation", choices=("bilinear", "bicubic"), default=None, help="the resize filter")
+    parser.add_argument(
+        "--crop-pct",
+        type=float,
+        default=None,
+        metavar="P",
+        help="timm's crop_pct: the shorter side resized to input size / P, then the centre crop (0 < P <= 1)",
+    )
+    parser.add_argument(
+        "--input-size", type=_input_size, default=None, metavar="HxW", help="timm's input size (the crop): S or HxW"
+    )
+    parser.add_argument(
         "--processor",
         default=None,
         metavar="PATH",
@@ -80,12 +101,13 @@ def run(args: argparse.Namespace) -> int:
             )
         except ValueError as err:
             raise _args.CommandError(str(err)) from None
+    overrides = _overrides(args)  # refused before anything is read
     from vit_fast.interop.images import image_files, pil_image_module
 
     pil_image_module()  # a missing Pillow is the first thing to hear about
     files = image_files(args.paths)  # a path that is not there: refused before the model loads
 
-    from vit_fast.interop.image_transform import image_transform, model_labels
+    from vit_fast.interop.image_transform import model_labels
     from vit_fast.interop.loading import load_model
     from vit_fast.interop.predicting import DEFAULT_THREADS, predict_files
     from vit_fast.util.interrupts import held
@@ -96,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
         raise _args.CommandError(
             f"model {args.model!r} has no classifier head (num_classes 0): ask for its features with --features FILE"
         )
-    transform = image_transform(model, _processor(args))
+    transform = _transform(model, args, overrides)
     labels = model_labels(model, args.model)
     folders = any(Path(p).is_dir() for p in args.paths)
     progress = bar(len(files), "predict", enabled=folders and len(files) > args.batch, unit="image")
@@ -116,7 +138,8 @@ def run(args: argparse.Namespace) -> int:
             for answers in batches:
                 how = next((a.preprocessing for a in answers if a.preprocessing), shown)
                 if how != shown:  # said once (the first batch), and again were it ever to change
-                    print(f"vit-fast predict: preprocessing: {how}", file=sys.stderr)
+                    said = f"{how}; {transform.source}: {transform.preprocessing.describe()}"
+                    print(f"vit-fast predict: preprocessing: {said}", file=sys.stderr)
                     shown = how
                 for answer in answers:
                     if answer.error is not None:
@@ -130,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
                         )
                         print(f"{answer.file}: {tops}")
                     if out is not None:
-                        out.write(json.dumps(answer.to_dict()) + "\n")
+                        out.write(json.dumps(answer.to_dict(transform)) + "\n")
                 if out is not None:
                     out.flush()
                 sys.stdout.flush()
@@ -147,6 +170,68 @@ def run(args: argparse.Namespace) -> int:
     if failed:
         print(f"vit-fast predict: {failed} of {len(files)} images could not be read", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _input_size(text: str) -> tuple[int, int]:
+    """``224`` or ``224x192`` (height x width, pixels)."""
+    h, sep, w = str(text).strip().lower().partition("x")
+    w = w if sep else h
+    if not (h.isdigit() and w.isdigit() and int(h) > 0 and int(w) > 0):
+        raise argparse.ArgumentTypeError(f"expected S or HxW in pixels, e.g. 224 or 224x192; got {text!r}")
+    return int(h), int(w)
+
+
+def _overrides(args: argparse.Namespace) -> dict:
+    """The preprocessing flags, checked: 1 or 3 numbers in 0..1 units for --mean and --std, std > 0, 0 < crop_pct
+    <= 1 (a mean over 1 is in 0..255 units: refused with the division that fixes it)."""
+    for flag, values in (("--mean", args.mean), ("--std", args.std)):
+        if values is None:
+            continue
+        if len(values) not in (1, 3):
+            raise _args.CommandError(f"{flag} takes 1 or 3 numbers (one per channel), got {len(values)}")
+        if any(abs(v) > 1 for v in values):
+            fixed = ",".join(f"{v / 255:.4g}" for v in values)
+            raise _args.CommandError(f"{flag} is in 0..1 pixel units; {_numbers(values)} looks like 0..255: {fixed}")
+    if args.std is not None and not all(v > 0 for v in args.std):
+        raise _args.CommandError(f"--std must be positive, got {_numbers(args.std)}")
+    if args.crop_pct is not None and not 0 < args.crop_pct <= 1:
+        raise _args.CommandError(
+            f"--crop-pct must be in (0, 1] (0.875: resize to 1/0.875 of the crop), got {args.crop_pct}"
+        )
+    names = ("mean", "std", "interpolation", "crop_pct", "input_size")
+    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+
+
+def _numbers(values) -> str:
+    return ",".join(f"{v:g}" for v in values)
+
+
+def _transform(model, args: argparse.Namespace, overrides: dict):
+    """image_transform with the flags over it; timm's defaults said on stderr (once), a flag that cannot apply
+    refused in vit-fast's words, and an --input-size the model cannot take refused before any image is read."""
+    import warnings
+
+    from vit_fast.interop.image_transform import PreprocessingDefaultsWarning, image_transform
+
+    size = overrides.get("input_size")
+    if size is not None and tuple(size) != tuple(model.cfg.img_hw) and not model.cfg.dynamic_img_size:
+        raise _args.CommandError(
+            "--input-size {}x{}: model {!r} takes {}x{} images (it has no dynamic_img_size)".format(
+                *size, args.model, *model.cfg.img_hw
+            )
+        )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", PreprocessingDefaultsWarning)
+        try:
+            transform = image_transform(model, _processor(args), overrides)
+        except ValueError as err:
+            raise _args.CommandError(str(err)) from None
+    for w in caught:
+        if issubclass(w.category, PreprocessingDefaultsWarning):
+            print(f"vit-fast predict: warning: {args.model!r}: {w.message}", file=sys.stderr)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return transform
 
 
 def _processor(args: argparse.Namespace) -> str | None:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+import warnings
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from vit_fast.interop.images import load_image
+from vit_fast.kernels.preprocess_weights import pillow_vertical_first
 from vit_fast.util.files import read_json
 
 #: timm's defaults (timm.data.constants) where a pretrained_cfg leaves a field out
@@ -26,13 +28,24 @@ DEFAULT_INTERPOLATION = "bicubic"
 PIL_RESAMPLE = {2: "bilinear", 3: "bicubic"}
 INTERPOLATIONS = ("bilinear", "bicubic")
 CROP_ROUNDING = ("round", "floor")
+#: the timm data config fields a model's pretrained_cfg may lack (then timm's defaults above fill them)
+DATA_FIELDS = ("interpolation", "crop_pct", "mean", "std")
+#: what :func:`image_transform` takes as ``overrides``: any preprocessing (the first three), timm's data config (all)
+OVERRIDES = ("mean", "std", "interpolation", "crop_pct", "input_size")
+
+
+class PreprocessingDefaultsWarning(UserWarning):
+    """:func:`image_transform` filled a model's preprocessing from timm's defaults (ImageNet mean and std, bicubic,
+    crop_pct 0.875): the model carries none of its own."""
 
 
 @dataclass(frozen=True)
 class Preprocessing:
     """One model's evaluation preprocessing. ``size``: an int resizes the shorter side to it (the longer one to
     ``int(size * long / short)``), a pair resizes to exactly (H, W); then a centre ``crop`` (H, W) (None: none),
-    offsets rounded as torchvision (``round``) or transformers (``floor``) round; then ``(x / 255 - mean) / std``."""
+    offsets rounded as torchvision (``round``) or transformers (``floor``) round; then ``(x / 255 - mean) / std``.
+    ``uint8_passes``: the resize is PIL's on uint8 pixels (every source here), not a float resize (torchvision's on
+    float tensors)."""
 
     size: int | tuple[int, int]
     crop: tuple[int, int] | None
@@ -42,6 +55,7 @@ class Preprocessing:
     antialias: bool = True
     channels: int = 3
     crop_rounding: str = "round"
+    uint8_passes: bool = True
 
     def __post_init__(self) -> None:
         if self.interpolation not in INTERPOLATIONS:
@@ -77,34 +91,36 @@ class Preprocessing:
             return (height - ch) // 2, (width - cw) // 2, ch, cw
         return int(round((height - ch) / 2.0)), int(round((width - cw) / 2.0)), ch, cw
 
+    def describe(self) -> str:
+        """One line: resize, crop, filter, mean and std, as ``vit-fast predict`` prints it."""
+        size = f"shorter side to {self.size}" if isinstance(self.size, int) else "to {}x{}".format(*self.size)
+        crop = ", centre crop {}x{}".format(*self.crop) if self.crop else ""
+        stats = ", ".join(f"{name} {tuple(round(v, 4) for v in getattr(self, name))}" for name in ("mean", "std"))
+        return f"resize {size} ({self.interpolation}{'' if self.antialias else ', no antialias'}){crop}, {stats}"
+
 
 def apply(pre: Preprocessing, pixels: torch.Tensor) -> torch.Tensor:
     """``pixels`` (uint8 ``[C, H, W]``) preprocessed: float32 ``[C, crop_h, crop_w]``. The resize runs in float32,
-    antialiased as PIL filters, width then height, each pass clamped to 0..255 as PIL's uint8 passes are (the first
-    rounded too, the second not)."""
+    antialiased as PIL filters, in Pillow's pass order, each pass clamped to 0..255 as PIL's uint8 passes are (the
+    first rounded half up too, as Pillow's ``clip8``; the second not)."""
     x = pixels.to(torch.float32)[None]
     height, width = pixels.shape[-2:]
     size = pre.resize_hw(height, width)
-    if size != (height, width):
+    if size != (height, width) and not pre.uint8_passes:  # a float resize: nothing rounded or clipped
+        x = F.interpolate(x, size=size, mode=pre.interpolation, antialias=pre.antialias, align_corners=False)
+    elif size != (height, width):
         resize = dict(mode=pre.interpolation, antialias=pre.antialias, align_corners=False)
         if pre.antialias and size[0] != height and size[1] != width:
             # PIL resizes in two uint8 passes, so a sharp edge that bicubic overshoots is clipped in between: the
-            # same passes here, in the order PIL picks (the cheaper first)
-            first = (height, size[1]) if width_first((height, width), size) else (size[0], width)
-            x = F.interpolate(x, size=first, **resize).clamp_(0.0, 255.0).round_()
+            # same passes here, in the order Pillow takes
+            first = (size[0], width) if pillow_vertical_first((height, width), size) else (height, size[1])
+            x = F.interpolate(x, size=first, **resize).clamp_(0.0, 255.0).add_(0.5).floor_()
         x = F.interpolate(x, size=size, **resize).clamp_(0.0, 255.0)
     top, left, ch, cw = pre.crop_box(*size)
     x = x[0, :, top : top + ch, left : left + cw]
     mean = torch.tensor(pre.mean, dtype=torch.float32, device=x.device).view(-1, 1, 1)
     std = torch.tensor(pre.std, dtype=torch.float32, device=x.device).view(-1, 1, 1)
     return ((x / 255.0 - mean) / std).contiguous()
-
-
-def width_first(source: tuple[int, int], size: tuple[int, int]) -> bool:
-    """Whether Pillow resizes ``source`` (H, W) to ``size`` width first, as Pillow 13 was seen to: height first only
-    where the height shrinks, and by a larger factor than the width (older Pillows: always width first)."""
-    (h, w), (oh, ow) = source, size
-    return not (oh < h and h * ow > w * oh)
 
 
 #: what :func:`preprocess_batch` ran: the fused Triton kernel, or :func:`apply` (eager PyTorch) per image
@@ -160,6 +176,7 @@ def preprocess_batch(
         std=pre.std,
         out_dtype=out_dtype,
         crop_rounding=pre.crop_rounding,
+        uint8_passes=pre.uint8_passes,
     )
     return out, FUSED
 
@@ -168,8 +185,13 @@ class ImageTransform:
     """The callable :func:`image_transform` returns: an image (path, PIL image, uint8 HWC array / tensor) to float32
     ``[C, H, W]``; ``preprocessing`` holds its parameters and ``source`` says where they were read."""
 
-    def __init__(self, preprocessing: Preprocessing, source: str) -> None:
-        self.preprocessing, self.source = preprocessing, source
+    def __init__(self, preprocessing: Preprocessing, source: str, defaulted: tuple[str, ...] = ()) -> None:
+        self.preprocessing, self.source, self.defaulted = preprocessing, source, defaulted
+
+    def as_dict(self) -> dict[str, Any]:
+        """Its parameters and source as JSON-ready values (``vit-fast predict --json`` rows)."""
+        fields = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self.preprocessing).items()}
+        return {"source": self.source, **fields, "defaulted": list(self.defaulted)}
 
     def pixels(self, image: Any) -> torch.Tensor:
         """``image`` decoded and converted to the model's channels: uint8 ``[C, H, W]``."""
@@ -284,29 +306,69 @@ def default_model_preprocessing() -> Preprocessing:
     return Preprocessing((side, side), None, "bilinear", (pre["mean"],), (pre["std"],), antialias=False, channels=1)
 
 
-def image_transform(model: Any, processor: Any = None) -> ImageTransform:
+def image_transform(model: Any, processor: Any = None, overrides: dict[str, Any] | None = None) -> ImageTransform:
     """``model``'s evaluation preprocessing as a callable. ``processor``: a transformers image processor, its
-    settings as a dict, a ``preprocessor_config.json`` or a folder with one (``hf:ORG/NAME``: the local cache);
-    without one, a transformers model's ``image_processor`` attribute, else timm's ``pretrained_cfg``
-    (vit-fast's converted models keep their source's), else the embedded default model's record."""
-    if processor is not None:
-        data = find_processor(processor) if isinstance(processor, (str, os.PathLike)) else processor
-        if data is None:
-            raise ValueError(f"no preprocessor_config.json found at {os.fspath(processor)!r}")
-        data = data if isinstance(data, dict) else data.to_dict()
-        return ImageTransform(from_image_processor(data), data.get("image_processor_type", "image processor"))
-    attached = getattr(model, "image_processor", None)
+    settings, a ``preprocessor_config.json`` or its folder (``hf:ORG/NAME``: the local cache); else a transformers
+    model's ``image_processor``, the embedded default model's record, timm's ``pretrained_cfg`` (its defaults for
+    what it lacks, with a :class:`PreprocessingDefaultsWarning`). ``overrides``: :data:`OVERRIDES`, set over it."""
+    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+    if unknown := sorted(set(overrides) - set(OVERRIDES)):
+        raise ValueError(f"unknown preprocessing override(s) {unknown}: choose from {', '.join(OVERRIDES)}")
+    attached = processor if processor is not None else getattr(model, "image_processor", None)
     if attached is not None:
-        return image_transform(model, attached)
+        data = find_processor(attached) if isinstance(attached, (str, os.PathLike)) else attached
+        if data is None:
+            raise ValueError(f"no preprocessor_config.json found at {os.fspath(attached)!r}")
+        data = data if isinstance(data, dict) else data.to_dict()
+        found = ImageTransform(from_image_processor(data), data.get("image_processor_type", "image processor"))
+        return _overridden(found, overrides)
     if _is_default_model(model):
-        return ImageTransform(default_model_preprocessing(), "vit-fast digits_vit.json")
+        return _overridden(ImageTransform(default_model_preprocessing(), "vit-fast digits_vit.json"), overrides)
     cfg = getattr(model, "pretrained_cfg", None)
-    if isinstance(cfg, dict) and cfg.get("input_size"):
-        return ImageTransform(from_data_config(cfg), "timm pretrained_cfg")
-    raise ValueError(
-        f"{type(model).__name__} carries no preprocessing (no pretrained_cfg, no image processor): pass "
-        "processor=... (a transformers image processor or its preprocessor_config.json)"
+    if not (isinstance(cfg, dict) and cfg.get("input_size")):
+        raise ValueError(
+            f"{type(model).__name__} carries no preprocessing (no pretrained_cfg, no image processor): pass "
+            "processor=... (a transformers image processor or its preprocessor_config.json)"
+        )
+    data = {**cfg, **overrides}
+    if "input_size" in overrides:
+        data["input_size"] = (cfg["input_size"][0], *overrides["input_size"])
+    defaulted = tuple(f for f in DATA_FIELDS if not data.get(f))
+    if defaulted:
+        warnings.warn(defaults_text(defaulted), PreprocessingDefaultsWarning, stacklevel=2)
+    source = "timm pretrained_cfg" + (" (flags over it)" if overrides else "")
+    return ImageTransform(from_data_config(data), source, defaulted)
+
+
+def defaults_text(defaulted: tuple[str, ...]) -> str:
+    """What :class:`PreprocessingDefaultsWarning` says: the fields timm's defaults filled, and how to set them."""
+    values = {"interpolation": DEFAULT_INTERPOLATION, "crop_pct": DEFAULT_CROP_PCT}
+    values.update(mean=f"{IMAGENET_MEAN} (ImageNet's)", std=f"{IMAGENET_STD} (ImageNet's)")
+    said = "; ".join(f"{f} {values[f]}" for f in defaulted)
+    return (
+        f"the model carries no preprocessing of its own, so timm's defaults are used: {said}. If it was trained "
+        "otherwise, set them (vit-fast predict: --mean, --std, --interpolation, --crop-pct; image_transform: "
+        "overrides=...) or give a transformers preprocessor_config.json (--processor)"
     )
+
+
+def _overridden(found: ImageTransform, overrides: dict[str, Any]) -> ImageTransform:
+    """``found`` (a processor's or the embedded model's) with ``mean`` / ``std`` / ``interpolation`` set over it;
+    ``crop_pct`` and ``input_size`` are timm's data config, which it is not read from."""
+    if not overrides:
+        return found
+    if timm_only := sorted(set(overrides) & {"crop_pct", "input_size"}):
+        raise ValueError(
+            f"{' and '.join(timm_only)} set timm's data config, but this model's preprocessing is read from "
+            f"{found.source}: change it there (a preprocessor_config.json: --processor)"
+        )
+    pre, fields = found.preprocessing, dict(overrides)
+    for name in ("mean", "std"):
+        if name in fields and len(fields[name]) == 1:
+            fields[name] = tuple(fields[name]) * pre.channels
+        elif name in fields:
+            fields[name] = tuple(fields[name])
+    return ImageTransform(replace(pre, **fields), f"{found.source} (flags over it)")
 
 
 def model_labels(model: Any, source: str | os.PathLike | None = None) -> list[str] | None:

@@ -37,8 +37,9 @@ class Prediction:
     error: str | None = None
     preprocessing: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON row: file and top k, or file and error."""
+    def to_dict(self, transform: ImageTransform | None = None) -> dict[str, Any]:
+        """The JSON row: file and top k (and, given the ``transform`` that ran, ``preprocessing``: what ran, why
+        not the kernel, its parameters), or file and error."""
         if self.error is not None:
             return {"file": self.file, "error": self.error}
         row: dict[str, Any] = {"file": self.file}
@@ -46,6 +47,10 @@ class Prediction:
             row.update(
                 labels=self.labels, probabilities=[round(p, 6) for p in self.probabilities], indices=self.indices
             )
+        if transform is not None and self.preprocessing:
+            ran, _, why = self.preprocessing.partition(": ")
+            ran = "image_transform" if ran == EAGER else ran
+            row["preprocessing"] = {"ran": ran, **({"why": why} if why else {}), **transform.as_dict()}
         return row
 
 
