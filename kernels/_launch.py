@@ -1,6 +1,6 @@
 """What a kernel file's launcher and op wrapper are written with: host arithmetic for grids, the kernels' flags for
 bf16 under the interpreter, the output buffer and device checks, Triton's scratch allocator, and the backward that
-recomputes through the eager reference, and :func:`define_op`, which makes an op of a launch. Private to the kernel
+recomputes through the eager reference, the references' upcast, and :func:`define_op`, which makes an op of a launch. Private to the kernel
 files; importing it touches no GPU driver."""
 
 from __future__ import annotations
@@ -51,6 +51,14 @@ def interpret_bf16(dtype: torch.dtype) -> bool:
 def dot_in_fp32(dtype: torch.dtype) -> bool:
     """The kernels' ``DOT_IN_FP32`` flag (see :func:`._tl.dot`): fp32 inputs, or bf16 under the interpreter."""
     return dtype == torch.float32 or interpret_bf16(dtype)
+
+
+def upcast_16bit(upcast: bool, *tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+    """The eager references' ``upcast``: ``tensors`` in float32 when ``upcast`` and the first is float16 / bfloat16,
+    else as they are (float32 and float64 compute as given); None stays None."""
+    if not (upcast and tensors[0].dtype in (torch.float16, torch.bfloat16)):
+        return tensors
+    return tuple(t.float() if t is not None else None for t in tensors)
 
 
 # ---------------------------------------------------------------------------------- checks

@@ -1,8 +1,11 @@
 """The GEMM epilogue's activations by name, plain and gated (GLU), and how a name reads: what the kernel's
 ``ACTIVATION`` and ``GATE`` constexprs get, and what the torch ops apply. No triton here: the torch backend reads
-these names too."""
+these names too, and the eager activation (:func:`activation_ref`) the references and the torch ops compute."""
 
 from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
 
 #: the epilogue's activations (``ACTIVATION_CODES``: the kernel's ``ACTIVATION``): exact (erf) GELU, tanh GELU,
 #: QuickGELU (``y * sigmoid(1.702 y)``, OpenAI CLIP) and SiLU (``y * sigmoid(y)``)
@@ -26,4 +29,26 @@ def gate_split(activation: str | None) -> tuple[str | None, int]:
     return (activation.split("_glu")[0] if gate_code(activation) else activation), gate_code(activation)
 
 
-__all__ = ["ACTIVATIONS", "ACTIVATION_CODES", "GATED", "gate_code", "gate_split"]
+#: each plain activation in eager PyTorch
+_EAGER = {
+    None: lambda y: y,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda y: F.gelu(y, approximate="tanh"),
+    "quick_gelu": lambda y: y * torch.sigmoid(1.702 * y),
+    "silu": F.silu,
+}
+
+
+def activation_ref(activation: str | None, y: torch.Tensor) -> torch.Tensor:
+    """``activation`` (one of :data:`ACTIVATIONS`; None: ``y`` as it is) in eager PyTorch; a gated one over the two
+    halves of ``y``'s last dim (``[..., 2N] -> [..., N]``)."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    plain, gate = gate_split(activation)
+    if not gate:
+        return _EAGER[plain](y)
+    x1, x2 = y.chunk(2, dim=-1)
+    return _EAGER[plain](x1) * x2 if gate == 1 else x1 * _EAGER[plain](x2)
+
+
+__all__ = ["ACTIVATIONS", "ACTIVATION_CODES", "GATED", "activation_ref", "gate_code", "gate_split"]

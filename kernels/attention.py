@@ -15,7 +15,7 @@ import triton.language as tl
 from vit_fast.base.cards import tensor_arch
 
 from ._launch import cdiv, define_op, dot_in_fp32, interpret_bf16, output_buffer
-from ._tl import dot, online_softmax_step, to_bf16_rtne
+from ._tl import attend_tile, head_tile, load_kv_tile, online_softmax_start, store_rounded
 from .attention_checks import check_attention_inputs
 from .attention_tiles import attention_configs, block_d_for, prune_attention_configs
 from .autotune import autotune_cache_enabled, tune_key
@@ -159,13 +159,7 @@ def _attention_kernel(
     if HAS_LENGTHS:
         seq_len = tl.minimum(tl.maximum(tl.load(lengths_ptr + off_b), 0), T)
         if pid_m * BLOCK_M >= seq_len:  # a query tile wholly in the image's padding: zeros, no key tile loaded
-            zero_ptrs = (
-                out_ptr
-                + off_b.to(tl.int64) * stride_out_b
-                + offs_m[:, None] * stride_out_t
-                + off_h * HEAD_DIM
-                + offs_d[None, :]
-            )
+            zero_ptrs = head_tile(out_ptr, off_b, stride_out_b, offs_m, stride_out_t, off_h * HEAD_DIM, offs_d)
             zeros = tl.zeros([BLOCK_M, BLOCK_D], dtype=out_ptr.dtype.element_ty)
             tl.store(zero_ptrs, zeros, mask=(offs_m < T)[:, None] & d_mask[None, :])
             return
@@ -202,17 +196,11 @@ def _attention_kernel(
     if DOT_IN_FP32:
         q = q.to(tl.float32)
 
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running row max (log2 units)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running softmax denominator
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-
+    m_i, l_i, acc = online_softmax_start(BLOCK_M, BLOCK_D)
     for start_n in range(0, kv_end, BLOCK_N):
-        cols = start_n + offs_n
-        col_mask = cols < kv_end
-        kv_offsets = cols[:, None] * stride_qkv_t + offs_d[None, :]
-        kv_mask = col_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_base + kv_offsets, mask=kv_mask, other=0.0)
-        v = tl.load(v_base + kv_offsets, mask=kv_mask, other=0.0)
+        k, v, cols, col_mask, kv_offsets = load_kv_tile(
+            k_base, v_base, start_n, kv_end, offs_n, stride_qkv_t, offs_d, d_mask
+        )
         if ROPE:  # rotated in fp32, then rounded to qkv's dtype as eager rounds it before the attention
             k = rope_rotate(
                 k,
@@ -230,35 +218,22 @@ def _attention_kernel(
                 ROPE,
                 ROUND_BF16,
             )
-        if DOT_IN_FP32:  # once per tile; and p below stays fp32 rather than rounding to v's 16-bit dtype
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        s = dot(q, tl.trans(k), None, DOT_IN_FP32) * qk_scale
-        # key tail (and padding) -> -inf, so exp2 gives exactly 0. The first block always holds key 0, a valid
-        # one, so m_new is finite for every row (padded query rows included) and no inf - inf NaN can arise.
-        s = tl.where(col_mask[None, :], s, float("-inf"))
-        m_i, l_i, acc = online_softmax_step(s, v, m_i, l_i, acc, DOT_IN_FP32)
+        # key tail (and padding) -> -inf: key 0, in the first tile, is valid, so padded query rows stay finite too
+        m_i, l_i, acc = attend_tile(q, k, v, col_mask, qk_scale, m_i, l_i, acc, DOT_IN_FP32)
 
     if HAS_LENGTHS or PACKED:
         # padding query rows -> exact zeros (they summed valid keys with q = 0; the guard keeps any l_i = 0 out)
         acc = tl.where(row_mask[:, None], acc / tl.where(row_mask, l_i, 1.0)[:, None], 0.0)
     else:
         acc = acc / l_i[:, None]
-    out_ptrs = (
-        out_ptr
-        + off_b.to(tl.int64) * stride_out_b
-        + offs_m[:, None] * stride_out_t
-        + off_h * HEAD_DIM
-        + offs_d[None, :]
-    )
+    out_ptrs = head_tile(out_ptr, off_b, stride_out_b, offs_m, stride_out_t, off_h * HEAD_DIM, offs_d)
     if PACKED:
         out_ptrs += row_start * stride_out_t
     if HAS_LENGTHS:
         store_mask = offs_m < T  # padding rows are written too: zeros
     else:
         store_mask = row_mask  # PACKED: the rows after the segment's end belong to the next segment
-    out = to_bf16_rtne(acc) if ROUND_BF16 else acc.to(out_ptr.dtype.element_ty)
-    tl.store(out_ptrs, out, mask=store_mask[:, None] & d_mask[None, :])
+    store_rounded(out_ptrs, acc, store_mask[:, None] & d_mask[None, :], ROUND_BF16)
 
 
 _attention_launches = ResolvedLaunches(_attention_kernel)

@@ -1,5 +1,6 @@
-"""The attention kernel's input checks, run before any launch: ``qkv`` and the head count
-(:func:`check_attention_inputs`), and the masks of a padded or packed batch (:func:`check_mask`)."""
+"""The attention kernels' input checks, run before any launch: ``qkv`` and the head count
+(:func:`check_attention_inputs`), the masks of a padded or packed batch (:func:`check_mask`), and what the attention
+pool and differential attention check alike: a fused projection (:func:`check_projection`), the scale."""
 
 from __future__ import annotations
 
@@ -23,47 +24,67 @@ def check_attention_inputs(
     max_seqlen: int | None = None,
 ) -> None:
     """Raise a clear error, before any launch, when the inputs do not fit the kernel."""
-    if not isinstance(qkv, torch.Tensor):
-        raise TypeError(f"attention: qkv must be a torch.Tensor, got {type(qkv).__name__}")
-    if qkv.dim() != 3:
-        raise ValueError(
-            f"attention: qkv must have shape [B, T, 3 * num_heads * head_dim], got {tuple(qkv.shape)}; "
-            "pass the qkv GEMM output before any reshape"
-        )
-    if qkv.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(
-            f"attention: qkv dtype {qkv.dtype} is not supported; use float16, bfloat16 or float32 "
-            "(e.g. qkv.to(torch.float16))"
-        )
-    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
-        raise ValueError(f"attention: num_heads must be a positive int, got {num_heads!r}")
-    width = qkv.shape[-1]
-    if width % (3 * num_heads) != 0:
-        raise ValueError(
-            f"attention: qkv's last dim {width} is not 3 * num_heads * head_dim with num_heads={num_heads}; "
-            "check num_heads, or that qkv is the fused [q | k | v] projection"
-        )
-    head_dim = width // (3 * num_heads)
-    if not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM:
-        raise ValueError(
-            f"attention: head_dim {head_dim} (= {width} / (3 * {num_heads})) is outside the supported range "
-            f"{MIN_HEAD_DIM}..{MAX_HEAD_DIM}; use the torch backend for this model"
-        )
-    if qkv.shape[1] == 0:
-        raise ValueError("attention: qkv has T = 0 tokens; attention needs at least one token")
-    if qkv.stride(-1) != 1:
-        raise ValueError(
-            f"attention: qkv's last dim must be contiguous (stride 1), got stride {qkv.stride(-1)}; "
-            "call qkv.contiguous() first"
-        )
-    # not while compiling: a scale that changed between compiled calls arrives as a symbolic float
-    # (automatic dynamic), and math.isfinite on it would break the graph; eager calls still check it
-    if scale is not None and not torch.compiler.is_compiling():
-        if not (isinstance(scale, (int, float)) and math.isfinite(scale)):
-            raise ValueError(f"attention: scale must be a finite float or None, got {scale!r}")
+    hint = "check num_heads, or that qkv is the fused [q | k | v] projection"
+    check_projection("attention", "qkv", qkv, num_heads, 3, "3 * num_heads * head_dim", hint)
+    check_scale("attention", scale)
     check_device("attention", qkv)
     if lengths is not None or cu_seqlens is not None or max_seqlen is not None:
         check_mask(qkv, lengths, cu_seqlens, max_seqlen)
+
+
+def check_projection(
+    what: str,
+    name: str,
+    proj: torch.Tensor,
+    num_heads: int,
+    parts: int,
+    layout: str,
+    hint: str,
+    head_dims: tuple[int, int] = (MIN_HEAD_DIM, MAX_HEAD_DIM),
+    head: str = "head_dim",
+) -> int:
+    """The checks every attention kernel makes on its fused projection ``proj [B, T, layout]`` before ``what``
+    launches: its last dim ``parts * num_heads`` head dims (``hint``: what to check where it is not), each of
+    ``head_dims[0]..head_dims[1]`` (``head`` names it); returns the head dim."""
+    if not isinstance(proj, torch.Tensor):
+        raise TypeError(f"{what}: {name} must be a torch.Tensor, got {type(proj).__name__}")
+    if proj.dim() != 3:
+        raise ValueError(
+            f"{what}: {name} must have shape [B, T, {layout}], got {tuple(proj.shape)}; "
+            f"pass the {name} GEMM output before any reshape"
+        )
+    if proj.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(
+            f"{what}: {name} dtype {proj.dtype} is not supported; use float16, bfloat16 or float32 "
+            f"(e.g. {name}.to(torch.float16))"
+        )
+    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
+        raise ValueError(f"{what}: num_heads must be a positive int, got {num_heads!r}")
+    width = proj.shape[-1]
+    if width % (parts * num_heads) != 0:
+        raise ValueError(f"{what}: {name}'s last dim {width} is not {layout} with num_heads={num_heads}; {hint}")
+    head_dim = width // (parts * num_heads)
+    if not head_dims[0] <= head_dim <= head_dims[1]:
+        raise ValueError(
+            f"{what}: {head} {head_dim} (= {width} / ({parts} * {num_heads})) is outside the supported range "
+            f"{head_dims[0]}..{head_dims[1]}; use the torch backend for this model"
+        )
+    if proj.shape[1] == 0:
+        raise ValueError(f"{what}: {name} has T = 0 tokens; attention needs at least one token")
+    if proj.stride(-1) != 1:
+        raise ValueError(
+            f"{what}: {name}'s last dim must be contiguous (stride 1), got stride {proj.stride(-1)}; "
+            f"call {name}.contiguous() first"
+        )
+    return head_dim
+
+
+def check_scale(what: str, scale: float | None) -> None:
+    """``scale``: None or a finite float. Not while compiling: a scale that changed between compiled calls arrives
+    as a symbolic float (automatic dynamic), and math.isfinite on it would break the graph."""
+    if scale is not None and not torch.compiler.is_compiling():
+        if not (isinstance(scale, (int, float)) and math.isfinite(scale)):
+            raise ValueError(f"{what}: scale must be a finite float or None, got {scale!r}")
 
 
 def check_mask(
@@ -136,4 +157,4 @@ def _values_readable(mask: torch.Tensor) -> bool:
     return not (mask.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
-__all__ = ["MAX_HEAD_DIM", "MIN_HEAD_DIM", "check_attention_inputs", "check_mask"]
+__all__ = ["MAX_HEAD_DIM", "MIN_HEAD_DIM", "check_attention_inputs", "check_mask", "check_projection", "check_scale"]

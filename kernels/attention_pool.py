@@ -5,8 +5,6 @@ kv GEMM output in place: ``q [1 or B, Lq, H * Dh]`` (Lq 1..16) against ``kv [B, 
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
@@ -15,12 +13,12 @@ from vit_fast.base.cards import Card, tensor_arch
 from vit_fast.base.interpret import interpreter_enabled
 
 from ._launch import check_device, define_op, dot_in_fp32, interpret_bf16, output_buffer
-from ._tl import dot, online_softmax_step, to_bf16_rtne
+from ._tl import attend_tile, head_tile, load_kv_tile, online_softmax_start, store_rounded
 from .attention import LOG2E
-from .attention_checks import MAX_HEAD_DIM, MIN_HEAD_DIM
+from .attention_checks import check_projection, check_scale
 from .attention_tiles import block_d_for
 from .autotune import autotune_cache_enabled, closest_config, prune_target, tune_key, tuning_requested
-from .launches import SUPPORTED_DTYPES, ResolvedLaunches
+from .launches import ResolvedLaunches
 
 #: the most latent queries one launch takes (they share one program's 16-row tile; SigLIP heads have 1)
 MAX_QUERIES = 16
@@ -165,36 +163,13 @@ def _attention_pool_kernel(
     if DOT_IN_FP32:
         q = q.to(tl.float32)
 
-    m_i = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)  # running row max (log2 units)
-    l_i = tl.zeros([BLOCK_Q], dtype=tl.float32)  # running softmax denominator
-    acc = tl.zeros([BLOCK_Q, BLOCK_D], dtype=tl.float32)
-
+    m_i, l_i, acc = online_softmax_start(BLOCK_Q, BLOCK_D)
     for start_n in range(0, T, BLOCK_N):
-        cols = start_n + offs_n
-        col_mask = cols < T
-        kv_offsets = cols[:, None] * stride_kv_t + offs_d[None, :]
-        kv_mask = col_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_base + kv_offsets, mask=kv_mask, other=0.0)
-        v = tl.load(v_base + kv_offsets, mask=kv_mask, other=0.0)
-        if DOT_IN_FP32:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        s = dot(q, tl.trans(k), None, DOT_IN_FP32) * qk_scale
-        # key tail -> -inf, so exp2 gives exactly 0. The first tile always holds key 0, so m_new is finite for
-        # every row (padded query rows included) and no inf - inf NaN can arise
-        s = tl.where(col_mask[None, :], s, float("-inf"))
-        m_i, l_i, acc = online_softmax_step(s, v, m_i, l_i, acc, DOT_IN_FP32)
+        k, v, _, col_mask, _ = load_kv_tile(k_base, v_base, start_n, T, offs_n, stride_kv_t, offs_d, d_mask)
+        m_i, l_i, acc = attend_tile(q, k, v, col_mask, qk_scale, m_i, l_i, acc, DOT_IN_FP32)  # key tail -> -inf
 
-    acc = acc / l_i[:, None]
-    out_ptrs = (
-        out_ptr
-        + off_b.to(tl.int64) * stride_out_b
-        + offs_q[:, None] * stride_out_l
-        + off_h * HEAD_DIM
-        + offs_d[None, :]
-    )
-    out = to_bf16_rtne(acc) if ROUND_BF16 else acc.to(out_ptr.dtype.element_ty)
-    tl.store(out_ptrs, out, mask=q_mask[:, None] & d_mask[None, :])
+    out_ptrs = head_tile(out_ptr, off_b, stride_out_b, offs_q, stride_out_l, off_h * HEAD_DIM, offs_d)
+    store_rounded(out_ptrs, acc / l_i[:, None], q_mask[:, None] & d_mask[None, :], ROUND_BF16)
 
 
 _attention_pool_launches = ResolvedLaunches(_attention_pool_kernel)
@@ -203,40 +178,18 @@ _attention_pool_launches = ResolvedLaunches(_attention_pool_kernel)
 # ---------------------------------------------------------------------------------- launcher
 def _check_pool_inputs(q: torch.Tensor, kv: torch.Tensor, num_heads: int, scale: float | None) -> None:
     """Raise a clear error, before any launch, when the inputs do not fit the kernel."""
-    for name, t in (("q", q), ("kv", kv)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"attention_pool: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if kv.dim() != 3:
-        raise ValueError(
-            f"attention_pool: kv must have shape [B, T, 2 * num_heads * head_dim], got {tuple(kv.shape)}; "
-            "pass the kv GEMM output before any reshape"
-        )
+    hint = "check num_heads, or that kv is the fused [k | v] projection"
+    check_projection("attention_pool", "kv", kv, num_heads, 2, "2 * num_heads * head_dim", hint)
+    if not isinstance(q, torch.Tensor):
+        raise TypeError(f"attention_pool: q must be a torch.Tensor, got {type(q).__name__}")
     if q.dim() != 3:
         raise ValueError(
             f"attention_pool: q must have shape [1 or B, Lq, num_heads * head_dim], got {tuple(q.shape)}; "
             "pass the latent query projection (e.g. latent [1, Lq, D] through the q Linear)"
         )
-    if kv.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(
-            f"attention_pool: kv dtype {kv.dtype} is not supported; use float16, bfloat16 or float32 "
-            "(e.g. kv.to(torch.float16))"
-        )
     if q.dtype != kv.dtype:
         raise TypeError(f"attention_pool: q is {q.dtype} but kv is {kv.dtype}; cast q to kv's dtype")
-    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
-        raise ValueError(f"attention_pool: num_heads must be a positive int, got {num_heads!r}")
-    batch, tokens, width = kv.shape
-    if width % (2 * num_heads) != 0:
-        raise ValueError(
-            f"attention_pool: kv's last dim {width} is not 2 * num_heads * head_dim with num_heads={num_heads}; "
-            "check num_heads, or that kv is the fused [k | v] projection"
-        )
-    head_dim = width // (2 * num_heads)
-    if not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM:
-        raise ValueError(
-            f"attention_pool: head_dim {head_dim} (= {width} / (2 * {num_heads})) is outside the supported range "
-            f"{MIN_HEAD_DIM}..{MAX_HEAD_DIM}; use the torch backend for this model"
-        )
+    batch, width = kv.shape[0], kv.shape[-1]
     if q.shape[-1] != width // 2:
         raise ValueError(
             f"attention_pool: q's last dim {q.shape[-1]} is not kv's half ({width // 2} = num_heads * head_dim); "
@@ -252,20 +205,14 @@ def _check_pool_inputs(q: torch.Tensor, kv: torch.Tensor, num_heads: int, scale:
             f"attention_pool: q has {q.shape[1]} queries; the kernel takes 1..{MAX_QUERIES} (a latent pool's "
             "latent_len): use the attention kernel or the torch backend for longer queries"
         )
-    if tokens == 0:
-        raise ValueError("attention_pool: kv has T = 0 tokens; attention needs at least one token")
-    for name, t in (("q", q), ("kv", kv)):
-        if t.stride(-1) != 1:
-            raise ValueError(
-                f"attention_pool: {name}'s last dim must be contiguous (stride 1), got stride {t.stride(-1)}; "
-                f"call {name}.contiguous() first"
-            )
+    if q.stride(-1) != 1:
+        raise ValueError(
+            f"attention_pool: q's last dim must be contiguous (stride 1), got stride {q.stride(-1)}; "
+            "call q.contiguous() first"
+        )
     if q.device != kv.device:
         raise ValueError(f"attention_pool: q is on {q.device} but kv is on {kv.device}; move both to one device")
-    # not while compiling: a scale that changed between compiled calls arrives as a symbolic float
-    if scale is not None and not torch.compiler.is_compiling():
-        if not (isinstance(scale, (int, float)) and math.isfinite(scale)):
-            raise ValueError(f"attention_pool: scale must be a finite float or None, got {scale!r}")
+    check_scale("attention_pool", scale)
     check_device("attention_pool", kv)
 
 

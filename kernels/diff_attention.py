@@ -24,9 +24,10 @@ from ._launch import (
     next_power_of_2,
     output_buffer,
 )
-from ._tl import dot, online_softmax_step, to_bf16_rtne
+from ._tl import attend_tile, head_tile, online_softmax_start, store_rounded
+from .attention_checks import check_projection
 from .autotune import autotune_cache_enabled, closest_config, prune_target, tune_key, tuning_requested
-from .launches import SUPPORTED_DTYPES, ResolvedLaunches
+from .launches import ResolvedLaunches
 
 #: q / k head dims (``Dh``; v heads and output heads are ``2 * Dh``): 8..128 gives output heads of 16..256, the
 #: range of the plain attention kernel (``attention_checks.MIN_HEAD_DIM``, ``MAX_HEAD_DIM``)
@@ -167,13 +168,8 @@ def _diff_attention_kernel(
         q1 = q1.to(tl.float32)
         q2 = q2.to(tl.float32)
 
-    m1 = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running row maxima (log2 units)
-    m2 = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l1 = tl.zeros([BLOCK_M], dtype=tl.float32)  # running softmax denominators
-    l2 = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc1 = tl.zeros([BLOCK_M, 2 * BLOCK_D], dtype=tl.float32)
-    acc2 = tl.zeros([BLOCK_M, 2 * BLOCK_D], dtype=tl.float32)
-
+    m1, l1, acc1 = online_softmax_start(BLOCK_M, 2 * BLOCK_D)
+    m2, l2, acc2 = online_softmax_start(BLOCK_M, 2 * BLOCK_D)
     for start_n in range(0, T, BLOCK_N):
         cols = start_n + offs_n
         col_mask = cols < T
@@ -186,16 +182,10 @@ def _diff_attention_kernel(
             mask=col_mask[:, None] & v_mask[None, :],
             other=0.0,
         )
-        if DOT_IN_FP32:
-            k1 = k1.to(tl.float32)
-            k2 = k2.to(tl.float32)
+        if DOT_IN_FP32:  # v once for both softmaxes
             v = v.to(tl.float32)
-        # key tail -> -inf; the first block holds key 0, so every row's max is finite from the first step
-        s1 = tl.where(col_mask[None, :], dot(q1, tl.trans(k1), None, DOT_IN_FP32) * qk_scale, float("-inf"))
-        m1, l1, acc1 = online_softmax_step(s1, v, m1, l1, acc1, DOT_IN_FP32)
-
-        s2 = tl.where(col_mask[None, :], dot(q2, tl.trans(k2), None, DOT_IN_FP32) * qk_scale, float("-inf"))
-        m2, l2, acc2 = online_softmax_step(s2, v, m2, l2, acc2, DOT_IN_FP32)
+        m1, l1, acc1 = attend_tile(q1, k1, v, col_mask, qk_scale, m1, l1, acc1, DOT_IN_FP32)  # key tail -> -inf
+        m2, l2, acc2 = attend_tile(q2, k2, v, col_mask, qk_scale, m2, l2, acc2, DOT_IN_FP32)
 
     lam = tl.load(lambda_ptr).to(tl.float32)
     o = acc1 / l1[:, None] - lam * (acc2 / l2[:, None])  # padding lanes are 0 (v's were), so the mean below is exact
@@ -203,15 +193,8 @@ def _diff_attention_kernel(
     weight = tl.load(norm_weight_ptr + offs_v, mask=v_mask, other=0.0).to(tl.float32)
     o = o * (1.0 / tl.sqrt(mean_square + norm_eps))[:, None] * weight[None, :] * out_scale
 
-    out_ptrs = (
-        out_ptr
-        + off_b.to(tl.int64) * stride_out_b
-        + offs_m[:, None] * stride_out_t
-        + off_h * head_width
-        + offs_v[None, :]
-    )
-    out = to_bf16_rtne(o) if ROUND_BF16 else o.to(out_ptr.dtype.element_ty)
-    tl.store(out_ptrs, out, mask=row_mask[:, None] & v_mask[None, :])
+    out_ptrs = head_tile(out_ptr, off_b, stride_out_b, offs_m, stride_out_t, off_h * head_width, offs_v)
+    store_rounded(out_ptrs, o, row_mask[:, None] & v_mask[None, :], ROUND_BF16)
 
 
 _diff_attention_launches = ResolvedLaunches(_diff_attention_kernel)
@@ -229,35 +212,10 @@ def _check_diff_attention_inputs(
 ) -> None:
     """Raise a clear error, before any launch, when the inputs do not fit the kernel."""
     what = "diff_attention"
-    if not isinstance(qkv, torch.Tensor):
-        raise TypeError(f"{what}: qkv must be a torch.Tensor, got {type(qkv).__name__}")
-    if qkv.dim() != 3:
-        raise ValueError(
-            f"{what}: qkv must have shape [B, T, 3 * num_heads * 2 * head_dim], got {tuple(qkv.shape)}; "
-            "pass the qkv GEMM output before any reshape"
-        )
-    if qkv.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"{what}: qkv dtype {qkv.dtype} is not supported; use float16, bfloat16 or float32")
-    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
-        raise ValueError(f"{what}: num_heads must be a positive int, got {num_heads!r}")
-    width = qkv.shape[-1]
-    if width % (6 * num_heads) != 0:
-        raise ValueError(
-            f"{what}: qkv's last dim {width} is not 3 * num_heads * 2 * head_dim with num_heads={num_heads}; "
-            "check num_heads (the output heads, half the q / k heads)"
-        )
-    head_dim = width // (6 * num_heads)
-    if not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM:
-        raise ValueError(
-            f"{what}: q/k head_dim {head_dim} (= {width} / (6 * {num_heads})) is outside the supported range "
-            f"{MIN_HEAD_DIM}..{MAX_HEAD_DIM}; use the torch backend for this model"
-        )
-    if qkv.shape[1] == 0:
-        raise ValueError(f"{what}: qkv has T = 0 tokens; attention needs at least one token")
-    if qkv.stride(-1) != 1:
-        raise ValueError(
-            f"{what}: qkv's last dim must be contiguous (stride 1), got stride {qkv.stride(-1)}; call qkv.contiguous()"
-        )
+    layout, hint = "3 * num_heads * 2 * head_dim", "check num_heads (the output heads, half the q / k heads)"
+    head_dim = check_projection(
+        what, "qkv", qkv, num_heads, 6, layout, hint, (MIN_HEAD_DIM, MAX_HEAD_DIM), "q/k head_dim"
+    )
     if not isinstance(lambda_full, torch.Tensor) or lambda_full.numel() != 1 or not lambda_full.is_floating_point():
         raise ValueError(
             f"{what}: lambda_full must be a one-element float tensor (timm's lambda, e.g. a 0-dim tensor), got "

@@ -11,7 +11,7 @@ import triton.language as tl
 
 from vit_fast.base.interpret import interpreter_enabled
 
-from ._launch import cdiv, check_device, define_op, interpret_bf16, next_power_of_2
+from ._launch import cdiv, check_device, define_op, interpret_bf16, next_power_of_2, upcast_16bit
 from ._tl import to_bf16_rtne
 from .launches import SUPPORTED_DTYPES, ResolvedLaunches
 
@@ -314,15 +314,11 @@ def add_layer_norm_ref(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Eager PyTorch: ``x + residual`` then ``F.layer_norm``.
 
-    With ``upcast=True`` everything is computed in float32 and cast back to ``x``'s dtype; pass
+    With ``upcast=True`` float16 / bfloat16 are computed in float32 and cast back to ``x``'s dtype; pass
     float64 tensors to get a float64 reference.
     """
     dtype = x.dtype
-    if upcast:
-        x = x.float()
-        residual = residual.float() if residual is not None else None
-        weight = weight.float() if weight is not None else None
-        bias = bias.float() if bias is not None else None
+    x, residual, weight, bias = upcast_16bit(upcast, x, residual, weight, bias)
     summed = x + residual if residual is not None else x
     normed = torch.nn.functional.layer_norm(summed, (x.shape[-1],), weight, bias, eps)
     return summed.to(dtype), normed.to(dtype)
@@ -337,12 +333,11 @@ def rms_norm_ref(
 ) -> torch.Tensor:
     """Eager PyTorch RmsNorm as timm's ``rms_norm`` writes it: ``x * rsqrt(mean(x^2) + eps) * weight (+ bias)``.
 
-    ``upcast=True`` computes in float32 and casts back to ``x``'s dtype; pass float64 tensors for a float64
-    reference.
+    ``upcast=True`` computes float16 / bfloat16 in float32 and casts back to ``x``'s dtype; pass float64 tensors
+    for a float64 reference.
     """
     dtype = x.dtype
-    if upcast:
-        x, weight, bias = (t.float() if t is not None else None for t in (x, weight, bias))
+    x, weight, bias = upcast_16bit(upcast, x, weight, bias)
     y = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)
     if weight is not None:
         y = y * weight

@@ -12,15 +12,16 @@ import triton.language as tl
 
 from vit_fast.base.cards import tensor_arch, tensor_sm_count
 
-from ._launch import cdiv, define_op, dot_in_fp32, ensure_scratch_allocator, interpret_bf16
+from ._launch import cdiv, define_op, dot_in_fp32, ensure_scratch_allocator, interpret_bf16, upcast_16bit
+from .activations import activation_ref
 from .autotune import SMALL_M, autotune_cache_enabled, m_class, persistent_programs, tma_usable, tune_key
 from .launches import ResolvedLaunches
+from .layer_norm import add_layer_norm_ref, rms_norm_ref
 from .linear_checks import check_input_norm, check_linear_inputs
 from .linear_tiles import (
     ACTIVATION_CODES,
     ACTIVATIONS,
     gate_code,
-    gate_split,
     linear_configs,
     linear_tile,
     prune_linear_configs,
@@ -337,17 +338,10 @@ def rms_norm_linear_ref(
     activation: str | None = None,
     upcast: bool = False,
 ) -> torch.Tensor:
-    """Eager RmsNorm (timm's ``rms_norm``: ``x * rsqrt(mean(x^2) + eps) * weight``) then :func:`linear_ref`;
-    ``upcast`` as there."""
-    dtype = x.dtype
-    if upcast and dtype in (torch.float16, torch.bfloat16):
-        x, norm_weight, norm_bias = (t.float() if t is not None else None for t in (x, norm_weight, norm_bias))
-    h = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + norm_eps)
-    if norm_weight is not None:
-        h = h * norm_weight
-    if norm_bias is not None:
-        h = h + norm_bias
-    return linear_ref(h.to(dtype), weight, bias, activation, upcast=upcast)
+    """Eager RmsNorm (:func:`.layer_norm.rms_norm_ref`, timm's ``rms_norm``) then :func:`linear_ref`; ``upcast`` as
+    there."""
+    h = rms_norm_ref(x, norm_weight, norm_bias, norm_eps, upcast=upcast)
+    return linear_ref(h, weight, bias, activation, upcast=upcast)
 
 
 def layer_norm_linear_ref(
@@ -360,25 +354,10 @@ def layer_norm_linear_ref(
     activation: str | None = None,
     upcast: bool = False,
 ) -> torch.Tensor:
-    """Eager ``F.layer_norm`` then :func:`linear_ref` (timm's ``mlp(norm2(x))``); ``upcast`` as there."""
-    dtype = x.dtype
-    if upcast and dtype in (torch.float16, torch.bfloat16):
-        x, ln_weight, ln_bias = (t.float() if t is not None else None for t in (x, ln_weight, ln_bias))
-    h = F.layer_norm(x, (x.shape[-1],), ln_weight, ln_bias, ln_eps).to(dtype)
+    """Eager ``F.layer_norm`` (:func:`.layer_norm.add_layer_norm_ref` without a residual) then :func:`linear_ref`
+    (timm's ``mlp(norm2(x))``); ``upcast`` as there."""
+    h = add_layer_norm_ref(x, None, ln_weight, ln_bias, ln_eps, upcast=upcast)[1]
     return linear_ref(h, weight, bias, activation, upcast=upcast)
-
-
-def activation_ref(activation: str | None, y: torch.Tensor) -> torch.Tensor:
-    """The epilogue's plain activation in eager PyTorch (None: ``y`` as it is)."""
-    if activation == "gelu":
-        return F.gelu(y)
-    if activation == "gelu_tanh":
-        return F.gelu(y, approximate="tanh")
-    if activation == "quick_gelu":
-        return y * torch.sigmoid(1.702 * y)
-    if activation == "silu":
-        return F.silu(y)
-    return y
 
 
 def linear_ref(
@@ -395,19 +374,10 @@ def linear_ref(
     ``upcast=True`` computes float16 / bfloat16 inputs in float32 and casts the result back; float32 and float64
     inputs are computed as they are. For a float64 reference, pass float64 inputs."""
     dtype = x.dtype
-    if upcast and dtype in (torch.float16, torch.bfloat16):
-        x, weight, bias, residual, gamma = (
-            t.float() if t is not None else None for t in (x, weight, bias, residual, gamma)
-        )
-    y = F.linear(x, weight, bias)
-    plain, gate = gate_split(activation)
+    x, weight, bias, residual, gamma = upcast_16bit(upcast, x, weight, bias, residual, gamma)
     if activation not in ACTIVATIONS:
         raise ValueError(f"linear_ref: activation must be one of {ACTIVATIONS}, got {activation!r}")
-    if gate:
-        x1, x2 = y.chunk(2, dim=-1)
-        y = activation_ref(plain, x1) * x2 if gate == 1 else x1 * activation_ref(plain, x2)
-    else:
-        y = activation_ref(plain, y)
+    y = activation_ref(activation, F.linear(x, weight, bias))
     if residual is not None:
         y = residual + (y * gamma if gamma is not None else y)
     return y.to(dtype)

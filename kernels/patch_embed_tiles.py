@@ -22,9 +22,8 @@ from .autotune import (
 
 
 def patch_embed_configs() -> list[triton.Config]:
-    """Autotune candidates. Built from the environment only (never a device query), so importing
-    this module touches no GPU driver; the prune keeps those that suit the card of the tensors' device. The
-    interpreter cannot time configs: it gets one."""
+    """Autotune candidates, built as :func:`.linear_tiles.linear_configs` builds the GEMM's (the environment only;
+    the prune keeps those for the tensors' card); the interpreter gets one."""
     if interpreter_enabled():
         # under the interpreter, few wide programs are fastest
         return [triton.Config({"BLOCK_M": 64, "BLOCK_D": 128, "BLOCK_K": 64}, num_warps=4)]

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vit_fast.kernels.layer_norm import launch_layer_norm, launch_rms_norm, rms_norm, rms_norm_ref
-from vit_fast.kernels.linear import rms_norm_linear
+from vit_fast.kernels.layer_norm import add_layer_norm_ref, launch_layer_norm, launch_rms_norm, rms_norm, rms_norm_ref
+from vit_fast.kernels.linear import layer_norm_linear_ref, rms_norm_linear, rms_norm_linear_ref
 
 from ..numerics import (
     assert_within_eager,
@@ -129,3 +129,35 @@ def test_rms_norm_linear_traces_fullgraph(device):
     fn = lambda t: rms_norm_linear(t, w, b, eps, weight, bias, "gelu") * 2  # noqa: E731
     compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(compiled(x), fn(x), rtol=0, atol=0)
+
+
+# name -> (reference of (x, weight, eps, upcast), whether it rounds only once: the norm-GEMM rounds the norm first)
+_NORM_REFS = {
+    "rms_norm_ref": (lambda x, w, eps, upcast: rms_norm_ref(x, w, None, eps, upcast=upcast), True),
+    "add_layer_norm_ref": (
+        lambda x, w, eps, upcast: add_layer_norm_ref(x, x.flip(-1), w, None, eps, upcast=upcast)[1],
+        True,
+    ),
+    "rms_norm_linear_ref": (
+        lambda x, w, eps, upcast: rms_norm_linear_ref(x, w, None, eps, w.diag(), upcast=upcast),
+        False,
+    ),
+    "layer_norm_linear_ref": (
+        lambda x, w, eps, upcast: layer_norm_linear_ref(x, w, None, eps, w.diag(), upcast=upcast),
+        False,
+    ),
+}
+
+
+@pytest.mark.parametrize("ref, once", _NORM_REFS.values(), ids=_NORM_REFS.keys())
+def test_norm_references_upcast_only_16_bit(ref, once):
+    """The references' ``upcast`` (docs/kernels.md): float16 computed in float32, float64 computed as it is (a
+    float64 reference stays float64 with ``upcast=True`` too)."""
+    x = _x((3, 5), 48, torch.float64, "cpu")
+    weight = 1 + 0.5 * torch.randn(48, dtype=torch.float64)
+    assert torch.equal(ref(x, weight, 1e-6, True), ref(x, weight, 1e-6, False))
+    up = ref(x.half(), weight.half(), 1e-6, True)
+    assert up.dtype == torch.float16
+    if once:  # float32 throughout, one rounding at the end
+        in_fp32 = ref(x.half().float(), weight.half().float(), 1e-6, False)
+        torch.testing.assert_close(up, in_fp32.half(), rtol=0, atol=0)
