@@ -85,6 +85,24 @@ def encoded_files(paths: Sequence[str | os.PathLike]) -> list[bytes]:
     return out
 
 
+def perf_analyzer_data(blobs: Sequence[bytes]) -> str:
+    """perf_analyzer's ``--input-data`` JSON text sending ``blobs`` round robin, one encoded image per request
+    element: ``{"data": [{"image_bytes": {"content": {"b64": ...}, "shape": [1]}}, ...]}``, each BYTES element
+    serialized as Triton's clients send it (a 4-byte little-endian length, then the bytes). Only "data" at the top:
+    perf_analyzer refuses other members. docs/deploy.md, "perf_analyzer with image files"."""
+    import base64
+    import json
+    import struct
+
+    if not blobs:
+        raise ValueError("perf_analyzer's input data needs at least one image")
+    steps = [
+        {ENCODED_INPUT: {"content": {"b64": base64.b64encode(struct.pack("<I", len(b)) + b).decode()}, "shape": [1]}}
+        for b in blobs
+    ]
+    return json.dumps({"data": steps}, indent=1) + "\n"
+
+
 def random_pngs(seed: int, count: int = LOAD_TEST_IMAGES) -> list[bytes]:
     """``count`` PNG files of random RGB pixels, 17 to 63 px a side (odd sizes: every one is resized), made in
     memory from ``seed``."""
@@ -284,5 +302,6 @@ __all__ = [
     "LOAD_TEST_IMAGES",
     "encoded_files",
     "encoded_problem",
+    "perf_analyzer_data",
     "random_pngs",
 ]
