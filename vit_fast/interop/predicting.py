@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from vit_fast.interop.image_transform import EAGER, FUSED, ImageTransform, fused_unsupported, preprocess_batch
-from vit_fast.interop.images import GpuJpegs, PendingJpeg, gpu_jpeg_decoder, gpu_jpeg_header
+from vit_fast.interop.images import JPEG_SIGNATURE, GpuJpegs, PendingJpeg, gpu_jpeg_decoder, gpu_jpeg_header
 
 #: a file over this many bytes is never read whole for the GPU decoder (Pillow reads it from the path)
 GPU_READ_MAX_BYTES = 64 * 2**20
@@ -67,7 +67,8 @@ def _load(transform: ImageTransform, path: Path, eager: bool, gpu: bool = False)
     if gpu:
         from vit_fast.util.files import read_head
 
-        data = read_head(path, GPU_READ_MAX_BYTES + 1)
+        first = read_head(path, len(JPEG_SIGNATURE))  # another format is read once, by Pillow
+        data = read_head(path, GPU_READ_MAX_BYTES + 1) if first == JPEG_SIGNATURE else None
         header = None if data is None or len(data) > GPU_READ_MAX_BYTES else gpu_jpeg_header(data)
         if header is not None:
             return PendingJpeg(data, header, path)  # type: ignore[arg-type]
