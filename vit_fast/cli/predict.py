@@ -8,11 +8,13 @@ PATH is an image file (PNG, JPEG, WebP, BMP; any mode, EXIF orientation applied)
 images by suffix, through subfolders, sorted, hidden names left out. Each image is preprocessed as
 the model's own library does (vit_fast.image_transform: timm's pretrained_cfg, a Hugging Face
 folder's preprocessor_config.json or --processor, the default model's record), decoded in a small
-thread pool and run in batches. On the triton backend each batch of decoded images (each at its
+thread pool and run in batches. With the model on CUDA and torchvision (0.19+) installed, JPEGs are decoded
+on the GPU with nvJPEG, one call per batch (EXIF orientation applied as Pillow applies it; other formats, and
+any JPEG nvJPEG refuses, stay on Pillow). On the triton backend each batch of decoded images (each at its
 own size) is preprocessed in one launch of the fused preprocessing kernel; where the kernel cannot
-(a grayscale model, the torch backend) image_transform runs in the decode threads. A line on
-stderr says which ran, and why not the kernel. Labels come from the model (id2label, timm's label_names, the
-digits), else class indices. --json writes one JSON line per image as each batch finishes (staged
+(a grayscale model, the torch backend) image_transform runs in the decode threads (on the GPU after a GPU
+decode). A line on stderr says which ran, and why not the kernel. Labels come from the model (id2label, timm's
+label_names, the digits), else class indices. --json writes one JSON line per image as each batch finishes (staged
 beside the file, published when the run ends, Ctrl-C included); --features writes each image's
 pooled feature with the file names (.safetensors or .npy) instead of labels. A file that cannot be
 decoded is named with the reason and the rest go on; the exit status is then 1.
