@@ -5,7 +5,8 @@
         [--json PATH] [--images PATH... [--write-input-data FILE]]
 
 With --images (files or folders; the first 64 images, `make serve-bench-images IMAGES=...`) only `vit-fast serve
---encoded` is measured (the plain script takes no encoded images): perf_analyzer sends those files, read from an
+default --encoded` is measured (the plain script takes no encoded images, and a plain state dict carries no
+preprocessing): perf_analyzer sends those files, read from an
 --input-data JSON file that holds each one base64-encoded as one BYTES element of image_bytes (perf_analyzer's
 "Real Input Data"). --write-input-data FILE writes that JSON file and stops, for perf_analyzer runs by hand.
 
@@ -284,9 +285,12 @@ def main(argv: list[str] | None = None) -> None:
                 ports = free_ports(3)
                 flags = ["--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2])]
                 if name == "vit-fast":
-                    cmd = [sys.executable, "-m", "vit_fast.cli", "serve", str(weights), "--config", str(config)]
+                    # --encoded serves the embedded model itself: a plain state dict carries no preprocessing record
+                    model = (
+                        ["default", "--encoded"] if args.images is not None else [str(weights), "--config", str(config)]
+                    )
+                    cmd = [sys.executable, "-m", "vit_fast.cli", "serve", *model]
                     cmd += ["--name", MODEL, *flags, *shlex.split(args.serve_flags)]
-                    cmd += ["--encoded"] if args.images is not None else []
                 else:
                     cmd = [sys.executable, str(HERE / "plain_pytriton.py"), str(weights), str(config), *flags]
                 threads = args.plain_threads if name == "plain" else None
