@@ -28,7 +28,7 @@ TIMM_PEER_AUTO ?= vit_base_patch32_clip_quickgelu_224 vit_base_patch32_siglip_25
 	vit_small_patch16_18x2_224 vit_base_patch16_rpn_224 vit_tiny_r_s16_p8_224 vit_base_patch16_radio_v3 \
 	vit_pwee_patch16_reg1_gap_256 vit_base_patch16_rope_224 vit_small_patch16_dinov3 aimv2_large_patch14_224
 
-.PHONY: setup demo test test-serve test-oldest peers-hf test-peers-timm test-peers-timm-full lint wheel wheel-check clean perf-analyzer serve-bench
+.PHONY: setup demo test test-serve test-oldest peers-hf test-peers-timm test-peers-timm-full lint wheel wheel-check clean perf-analyzer serve-bench serve-bench-images
 
 $(BIN)/activate:
 	@echo "setup: creating the virtual environment $(VENV) and updating its pip"
@@ -87,6 +87,11 @@ perf-analyzer: $(SERVE_VENV)/.installed  ## NVIDIA's perf_analyzer as .tools/per
 
 serve-bench: perf-analyzer  ## perf_analyzer against vit-fast serve and a plain PyTriton script, side by side (benchmarks/README.md)
 	$(SERVE_BIN)/python benchmarks/serve_perf.py --perf-analyzer .tools/perf_analyzer/perf_analyzer
+
+serve-bench-images:  ## perf_analyzer sending image files (IMAGES=files or folders) to vit-fast serve --encoded (docs/deploy.md)
+	@test -n "$(IMAGES)" || { echo "serve-bench-images: name the images to send: make serve-bench-images IMAGES=photos/"; exit 2; }
+	$(MAKE) perf-analyzer
+	$(SERVE_BIN)/python benchmarks/serve_perf.py --perf-analyzer .tools/perf_analyzer/perf_analyzer --images $(IMAGES)
 
 $(OLDEST_VENV)/.installed: pyproject.toml Makefile
 	@echo "oldest setup 1/3: creating the virtual environment $(OLDEST_VENV) and updating its pip"

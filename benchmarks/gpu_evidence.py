@@ -15,7 +15,8 @@ and skips what does not fit; each phase starts with time kept back for the phase
 
 Phases (all run by default, in this order):
   env      versions, device, clocks, driver; the environment checks (C compiler, Python.h, libcuda); one trivial
-           Triton kernel compiled and launched; which SDPA kernel torch picks
+           Triton kernel compiled and launched; which SDPA kernel torch picks; nvJPEG's decode of a few JPEGs
+           against Pillow's (skipped with its reason where torchvision's GPU decode_jpeg is not there)
   kernels  every kernel of ViT-B/16 (--models adds ViT-S/16 or others) and those only patched timm / HF models
            launch, at their family shapes: bf16 at batch 1 and 64, fp16 and fp32 at 1, each against float64 by the
            numerics rule into NaN-filled outputs (vit_fast.model.selfcheck.check_kernel), with the config each ran,
@@ -453,6 +454,7 @@ class Phases:
             Step("env", "environment checks", 1.0, self.env_checks),
             Step("env", "trivial Triton kernel", 1.0, self.env_trivial_kernel, launch=self.env_trivial_kernel),
             Step("env", "SDPA backend", 2.0, self.env_sdpa),
+            Step("env", "nvJPEG decode against Pillow", 0.5, self.env_nvjpeg),
         ]
 
     def env_versions(self) -> list[dict[str, Any]]:
@@ -514,6 +516,42 @@ class Phases:
         kind = next((k for k in ("flash", "cudnn", "efficient", "fmha") if any(k in n.lower() for n in names)), "math")
         self.ev.data["env"]["sdpa"] = {"kind": kind, "kernels": names}
         return [{"status": "ok", "summary": f"{kind}: {', '.join(names)[:200]}"}]
+
+    def env_nvjpeg(self) -> list[dict[str, Any]]:
+        """JPEGs decoded as ``predict`` and ``serve --encoded`` decode them here (nvJPEG through torchvision where
+        :func:`vit_fast.interop.images.gpu_jpeg_decoder` chooses it) against Pillow: same shape, mean |diff| below
+        NVJPEG_MEAN_TOLERANCE per image; skipped with the chooser's reason where nvJPEG is not chosen."""
+        import torch
+
+        from vit_fast.interop.images import GpuJpegs, gpu_jpeg_decoder, gpu_jpeg_header, load_image
+
+        decode, how = gpu_jpeg_decoder(self.device)
+        if decode is None:
+            self.ev.data["env"]["nvjpeg"] = {"skipped": how}
+            return [{"status": "skipped", "summary": how}]
+        samples = nvjpeg_samples(self.args.seed)
+        import numpy as np
+
+        headers = [gpu_jpeg_header(data) for _, data in samples]
+        decoded = GpuJpegs(decode).decode_all([data for _, data in samples], headers)  # type: ignore[arg-type]
+        sync(self.device)
+        rows = []
+        for (name, data), gpu in zip(samples, decoded, strict=True):
+            pil = torch.from_numpy(np.asarray(load_image(data, "RGB")).copy()).permute(2, 0, 1)
+            if gpu is None or tuple(gpu.shape) != tuple(pil.shape):
+                got = "refused" if gpu is None else list(gpu.shape)
+                rows.append({"image": name, "ok": False, "shape": got, "pillow_shape": list(pil.shape)})
+                continue
+            diff = (gpu.cpu().float() - pil.float()).abs()
+            mean = float(diff.mean())
+            rows.append({"image": name, "ok": mean < NVJPEG_MEAN_TOLERANCE, "mean_abs": round(mean, 3),
+                         "p99_abs": float(diff.flatten().kthvalue(max(1, int(0.99 * diff.numel()))).values),
+                         "max_abs": float(diff.max())})  # fmt: skip
+        self.ev.data["env"]["nvjpeg"] = {"decoder": how, "tolerance_mean_abs": NVJPEG_MEAN_TOLERANCE, "images": rows}
+        bad = [r["image"] for r in rows if not r["ok"]]
+        worst = max((r.get("mean_abs", 0.0) for r in rows), default=0.0)
+        said = f"{len(rows)} JPEGs, worst mean |diff| {worst:.3f} (bound {NVJPEG_MEAN_TOLERANCE})"
+        return [{"status": "failed" if bad else "ok", "summary": said + (f"; failed: {', '.join(bad)}" if bad else "")}]
 
     # -- kernels
     def kernel_cases(self) -> list[tuple[str, Any]]:
@@ -1146,6 +1184,41 @@ def record_candidate_timings(evidence: Evidence) -> None:
 
     bench._evidence = True
     autotuner.Autotuner._bench = bench
+
+
+#: nvJPEG against Pillow (libjpeg-turbo): the most mean |diff| per image, in pixel levels (torchvision's own test of
+#: its CUDA decode against its CPU decode uses this bound)
+NVJPEG_MEAN_TOLERANCE = 2.0
+
+
+def nvjpeg_samples(seed: int) -> list[tuple[str, bytes]]:
+    """A few JPEGs like photos (smooth gradients, a sharp disc, some noise), made in memory: 4:2:0 and 4:4:4 chroma,
+    grayscale, and one with EXIF orientation 6 (rotated), at odd sizes."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+
+    def photo(h: int, w: int) -> Any:
+        y, x = np.mgrid[0:h, 0:w].astype(np.float32)
+        disc = ((y - h / 2) ** 2 + (x - w / 3) ** 2 < (min(h, w) / 4) ** 2) * 90.0
+        channels = [x / w * 200 + disc, y / h * 180 + 30, (x + y) / (h + w) * 255 - disc]
+        noisy = np.stack(channels, -1) + rng.normal(0, 6, (h, w, 3))
+        return Image.fromarray(np.clip(noisy, 0, 255).astype(np.uint8))
+
+    def encoded(image: Any, **options: Any) -> bytes:
+        buffer = io.BytesIO()
+        image.save(buffer, "JPEG", quality=90, **options)
+        return buffer.getvalue()
+
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    return [
+        ("375x500 4:2:0", encoded(photo(375, 500), subsampling=2)),
+        ("241x319 4:4:4", encoded(photo(241, 319), subsampling=0)),
+        ("200x301 gray", encoded(photo(200, 301).convert("L"))),
+        ("123x77 EXIF 6", encoded(photo(123, 77), exif=exif.tobytes())),
+    ]
 
 
 def _trivial_kernel() -> Any:

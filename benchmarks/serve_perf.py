@@ -2,7 +2,13 @@
 
     python benchmarks/serve_perf.py --perf-analyzer .tools/perf_analyzer/perf_analyzer      (`make serve-bench`)
         [--concurrency 1,2,4,8,16] [--batch 1,8] [--protocols grpc,http] [--interval-ms 3000] [--repeats 1]
-        [--json PATH]
+        [--json PATH] [--images PATH... [--write-input-data FILE]]
+
+With --images (files or folders; the first 64 images, `make serve-bench-images IMAGES=...`) only `vit-fast serve
+default --encoded` is measured (the plain script takes no encoded images, and a plain state dict carries no
+preprocessing): perf_analyzer sends those files, read from an
+--input-data JSON file that holds each one base64-encoded as one BYTES element of image_bytes (perf_analyzer's
+"Real Input Data"). --write-input-data FILE writes that JSON file and stops, for perf_analyzer runs by hand.
 
 Both servers start once, each on its own loopback ports, from one file: the embedded default model's weights
 written as a plain safetensors state dict with its config.json (`vit-fast serve W --config C`;
@@ -97,14 +103,28 @@ def start(name: str, cmd: list[str], ports: list[int], log: Path, threads: int |
         time.sleep(0.5)
 
 
-def measure(pa: str, ports: list[int], protocol: str, batch: int, concurrency: int, interval_ms: int, tmp: Path):
-    """One perf_analyzer point: inferences/s, p50 and p99 in ms, and the load average around it."""
+def write_input_data(paths: list[str], path: Path) -> int:
+    """perf_analyzer's --input-data JSON for the images ``paths`` name, written to the new file ``path`` through
+    vit-fast's writer; returns how many images it holds."""
+    from vit_fast.serve.encoded import encoded_files, perf_analyzer_data
+    from vit_fast.util.files import write_new
+
+    blobs = encoded_files(paths)
+    write_new(path, perf_analyzer_data(blobs))
+    return len(blobs)
+
+
+def measure(
+    pa: str, ports: list[int], protocol: str, batch: int, concurrency: int, interval_ms: int, tmp: Path, data: list
+):
+    """One perf_analyzer point: inferences/s, p50 and p99 in ms, and the load average around it. ``data``: what
+    perf_analyzer sends (``--shape ...`` for float images, ``--input-data FILE`` for image files)."""
     url = f"127.0.0.1:{ports[1] if protocol == 'grpc' else ports[0]}"
     out = tmp / "pa.csv"
     out.unlink(missing_ok=True)
     cmd = [pa, "-m", MODEL, "-u", url, "-i", protocol, "-b", str(batch), "--concurrency-range", str(concurrency)]
     cmd += ["--measurement-interval", str(interval_ms), "--stability-percentage", "100", "--max-trials", "10"]
-    cmd += ["--shape", "images:1,32,32", "-f", str(out)]
+    cmd += [*data, "-f", str(out)]
     load = os.getloadavg()[0]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if done.returncode != 0 or not out.is_file():
@@ -145,16 +165,19 @@ def table(points: list[dict]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in points:
-        ours, plain = p["vit-fast"], p["plain"]
-        (ours_rate, ours_lat), (plain_rate, plain_lat) = side(ours), side(plain)
-        both = "error" not in ours and "error" not in plain
+        ours, plain = p["vit-fast"], p.get("plain")  # no plain side with --images (vit-fast serve --encoded alone)
+        ours_rate, ours_lat = side(ours)
+        plain_rate, plain_lat = side(plain) if plain is not None else ("-", "-")
+        both = plain is not None and "error" not in ours and "error" not in plain
         ratio = f"{ours['inferences_per_s'] / plain['inferences_per_s']:.2f}" if both else "-"
         p99 = f"{ours['p99_ms'] / plain['p99_ms']:.2f}" if both else "-"
-        pairs = [a / b for a, b in zip(ours.get("runs", []), plain.get("runs", []), strict=True) if a and b]
+        runs = (plain or {}).get("runs", [])
+        pairs = [a / b for a, b in zip(ours.get("runs", []), runs, strict=False) if a and b]
         spread = f"{min(pairs):.2f}-{max(pairs):.2f}" if len(pairs) > 1 else "-"
+        load = f"{ours['load']:.1f}" + (f" / {plain['load']:.1f}" if plain is not None else "")
         lines.append(
             f"| {p['protocol']} | {p['batch']} | {p['concurrency']} | {ours_rate} | {plain_rate} | {ratio} | "
-            f"{ours_lat} | {plain_lat} | {p99} | {ours['load']:.1f} / {plain['load']:.1f} | {spread} |"
+            f"{ours_lat} | {plain_lat} | {p99} | {load} | {spread} |"
         )
     return "\n".join(lines)
 
@@ -208,29 +231,65 @@ def main(argv: list[str] | None = None) -> None:
         metavar="FLAGS",
         help="more flags for vit-fast serve, e.g. '--queue-delay-us 100' (default: none, serve's own defaults)",
     )
+    p.add_argument(
+        "--images",
+        nargs="+",
+        default=None,
+        metavar="PATH",
+        help="image files or folders (the first 64 images): measure vit-fast serve --encoded alone, sending these",
+    )
+    p.add_argument(
+        "--write-input-data",
+        default=None,
+        metavar="FILE",
+        help="with --images: write perf_analyzer's --input-data JSON for them to FILE (a new .json) and stop",
+    )
     args = p.parse_args(argv)
+    from vit_fast.util.files import check_output_file, check_report_file, write_json_atomic
+
+    if args.write_input_data is not None:
+        if args.images is None:
+            p.error("--write-input-data goes with --images: name the image files or folders to write")
+        try:
+            target = check_output_file(args.write_input_data, (".json",), "--write-input-data", ours=lambda _: False)
+            count = write_input_data(args.images, target)
+        except (ValueError, OSError) as err:
+            p.error(str(err))
+        print(f"wrote {target}: {count} images for perf_analyzer --input-data {target}")
+        return
     if not Path(args.perf_analyzer).is_file():
         sys.exit(f"no perf_analyzer at {args.perf_analyzer}: run benchmarks/get_perf_analyzer.sh (make perf-analyzer)")
     probe = subprocess.run([args.perf_analyzer, "--version"], capture_output=True, text=True, timeout=60)
     if probe.returncode != 0:  # e.g. a launcher whose libraries were moved: say so before the servers start
         said = (probe.stdout + probe.stderr).strip().splitlines()[-1:] or [f"exit status {probe.returncode}"]
         sys.exit(f"{args.perf_analyzer} does not run: {said[0]}\nget it again with benchmarks/get_perf_analyzer.sh")
-    from vit_fast.util.files import check_report_file, write_json_atomic
-
     try:  # before the servers start
         json_path = None if args.json is None else check_report_file(args.json, "--json")
+        if args.images is not None:
+            from vit_fast.serve.encoded import encoded_files
+
+            encoded_files(args.images)  # every file readable and within the bound, before the server starts
     except (ValueError, OSError) as err:
         p.error(str(err))
+    sides = ("vit-fast",) if args.images is not None else ("vit-fast", "plain")
     with tempfile.TemporaryDirectory(prefix="vit-fast-serve-perf-") as folder:
         tmp = Path(folder)
         weights, config = write_weights(tmp)
+        data = ["--shape", "images:1,32,32"]
+        if args.images is not None:
+            write_input_data(args.images, tmp / "images.json")
+            data = ["--input-data", str(tmp / "images.json")]
         servers, procs = {}, []
         try:
-            for name in ("vit-fast", "plain"):
+            for name in sides:
                 ports = free_ports(3)
                 flags = ["--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2])]
                 if name == "vit-fast":
-                    cmd = [sys.executable, "-m", "vit_fast.cli", "serve", str(weights), "--config", str(config)]
+                    # --encoded serves the embedded model itself: a plain state dict carries no preprocessing record
+                    model = (
+                        ["default", "--encoded"] if args.images is not None else [str(weights), "--config", str(config)]
+                    )
+                    cmd = [sys.executable, "-m", "vit_fast.cli", "serve", *model]
                     cmd += ["--name", MODEL, *flags, *shlex.split(args.serve_flags)]
                 else:
                     cmd = [sys.executable, str(HERE / "plain_pytriton.py"), str(weights), str(config), *flags]
@@ -242,7 +301,7 @@ def main(argv: list[str] | None = None) -> None:
             for protocol in args.protocols.split(","):
                 for batch in args.batch:
                     for conc in args.concurrency:
-                        order = ["plain", "vit-fast"] if flip else ["vit-fast", "plain"]
+                        order = list(reversed(sides)) if flip else list(sides)
                         flip = not flip
                         point = {"protocol": protocol, "batch": batch, "concurrency": conc, "order": order}
                         runs: dict[str, list[dict]] = {name: [] for name in order}
@@ -250,7 +309,14 @@ def main(argv: list[str] | None = None) -> None:
                             for name in order:
                                 runs[name].append(
                                     measure(
-                                        args.perf_analyzer, servers[name], protocol, batch, conc, args.interval_ms, tmp
+                                        args.perf_analyzer,
+                                        servers[name],
+                                        protocol,
+                                        batch,
+                                        conc,
+                                        args.interval_ms,
+                                        tmp,
+                                        data,
                                     )
                                 )
                         for name in order:

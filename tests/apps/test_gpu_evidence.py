@@ -335,7 +335,8 @@ def test_a_hang_is_killed_by_the_watchdog_and_its_step_named(tmp_path):
     env = results["phases"][0]
     steps = {e["step"]: e["status"] for e in env["log"]}
     assert steps["environment checks"].startswith("hung in 'environment checks': killed by the watchdog")
-    assert steps["SDPA backend"] == "skipped" and env["done"] == env["steps"] == 4  # the step after it ran
+    assert steps["SDPA backend"] == "skipped" and env["done"] == env["steps"] == 5  # the steps after it ran
+    assert steps["nvJPEG decode against Pillow"] == "skipped"  # no CUDA in a rehearsal: said why, in run.log
     log = (out / "run.log").read_text()
     assert log.index("environment checks: starting") < log.index("hung in 'environment checks'")
     assert "running" not in results
@@ -436,6 +437,39 @@ def _cpu():
     import torch
 
     return torch.device("cpu")
+
+
+def test_the_nvjpeg_check_passes_pillows_pixels_fails_shifted_ones_and_skips_without_a_gpu(monkeypatch, tmp_path):
+    """Issue 45: the env phase's nvJPEG check judges the decoder predict and serve choose against Pillow on its JPEGs
+    (torchvision's decode_jpeg faked on the host: Pillow's pixels pass, pixels 3 levels off fail) and says why it
+    skipped where that decoder is not chosen (here: no CUDA)."""
+    pytest.importorskip("PIL", reason="the check's JPEGs are made with Pillow (the images extra)")
+    import torch
+
+    from vit_fast.interop import images
+
+    from .. import fake_torchvision
+
+    g = _script()
+    ev = g.Evidence(tmp_path, 100.0, argparse_namespace(), "stub")
+    phases = g.Phases(ev, argparse_namespace(seed=0), _cpu())
+    (skipped,) = phases.env_nvjpeg()
+    assert skipped == {"status": "skipped", "summary": "Pillow: the model runs on cpu, not CUDA"}
+    fake = fake_torchvision.install(monkeypatch)
+    decode, _ = images.gpu_jpeg_decoder("cuda")  # the model is on the CPU: the choice is asked as for CUDA
+    monkeypatch.setattr(images, "gpu_jpeg_decoder", lambda device: (decode, images.NVJPEG))
+    (ok,) = phases.env_nvjpeg()
+    record = ev.data["env"]["nvjpeg"]
+    assert ok["status"] == "ok" and [r["image"] for r in record["images"]][-1] == "123x77 EXIF 6"
+    assert all(r["ok"] and r["max_abs"] == 0.0 for r in record["images"])
+    assert fake.calls == [(4, torch.device("cuda"))]  # one batch
+
+    def shifted(tensors):
+        return [(x.int() + 3).clamp(0, 255).to(torch.uint8) for x in decode(tensors)]
+
+    monkeypatch.setattr(images, "gpu_jpeg_decoder", lambda device: (shifted, images.NVJPEG))
+    (failed,) = phases.env_nvjpeg()
+    assert failed["status"] == "failed" and "failed: 375x500 4:2:0" in failed["summary"]
 
 
 def test_step_estimates_count_compilations_and_learn_the_rate():

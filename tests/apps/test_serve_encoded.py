@@ -16,12 +16,14 @@ pytest.importorskip("PIL", reason="--encoded decodes with Pillow: pip install -e
 from PIL import Image  # noqa: E402
 
 from vit_fast.cli import main  # noqa: E402
+from vit_fast.interop import images  # noqa: E402
 from vit_fast.serve import encoded  # noqa: E402
 from vit_fast.serve.answers import RefusalLog  # noqa: E402
 from vit_fast.serve.encoded import ENCODED_INPUT, LABELS_OUTPUT, PROBABILITIES_OUTPUT, EncodedImages  # noqa: E402
 from vit_fast.serve.server import Server  # noqa: E402
 from vit_fast.serve.settings import REFUSED_KEY  # noqa: E402
 
+from .. import fake_torchvision  # noqa: E402
 from ..fakes import tiny_model  # noqa: E402
 
 #: timm's eval transform for a 32 px model: bicubic, crop_pct 0.9, mean/std 0.5 (odd source sizes are all resized)
@@ -82,6 +84,45 @@ def test_a_broken_request_fails_alone_and_the_others_get_the_models_answer():
         values, indices = rows.topk(3, dim=-1)
         assert answer[LABELS_OUTPUT].tolist() == [[str(i).encode() for i in row] for row in indices.tolist()]
         np.testing.assert_allclose(answer[PROBABILITIES_OUTPUT], values.numpy(), rtol=1e-6)
+
+
+def _jpeg(h: int, w: int, seed: int, mode: str = "RGB", orientation: int | None = None) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 256, size=(h, w, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    exif = Image.Exif()
+    if orientation is not None:
+        exif[0x0112] = orientation
+    Image.fromarray(pixels).convert(mode).save(buffer, "JPEG", quality=90, exif=exif.tobytes())
+    return buffer.getvalue()
+
+
+def test_jpegs_decoded_on_the_gpu_answer_as_pillow_and_a_broken_one_fails_alone(monkeypatch):
+    """With nvJPEG chosen (torchvision's decode_jpeg faked on the host), a batch's JPEGs go to it in one call, other
+    formats to Pillow; a truncated JPEG makes that call raise, so each JPEG is decoded again alone and only its
+    request is refused. Every answer equals the Pillow path's."""
+    model = _model()
+    pillow = EncodedImages(model, "logits", top_k=3)
+    assert pillow.gpu is None and pillow.decoder == "Pillow: the model runs on cpu, not CUDA"
+    fake = fake_torchvision.install(monkeypatch)
+    seen: list = []
+
+    def choose(device, channels):  # the model is on the CPU: the choice is asked as for CUDA
+        seen.append((device, channels))
+        return images.gpu_jpeg_decoder("cuda", channels)
+
+    monkeypatch.setattr(encoded, "gpu_jpeg_decoder", choose)
+    served = EncodedImages(model, "logits", top_k=3)
+    assert seen == [(torch.device("cpu"), 3)] and served.gpu is not None and "nvJPEG" in served.describe()
+    good = [_jpeg(17, 45, 1), _png(40, 23, 2), _jpeg(30, 26, 3, orientation=6), _jpeg(21, 21, 4, mode="L")]
+    broken = _jpeg(40, 40, 5)[:-600]
+    requests = [_request(good[0], good[1]), _request(good[2], broken), _request(good[3], good[2])]
+    ours = served.answer(requests, _infer(model), RefusalLog(stream=io.StringIO()))
+    assert [n for n, _ in fake.calls] == [5, 1, 1, 1, 1, 1]
+    assert ours[1][REFUSED_KEY].tobytes().decode().startswith("image 1 of the request: image bytes cannot be decoded")
+    theirs = pillow.answer([requests[0], requests[2]], _infer(model), RefusalLog())
+    for got, want in zip([ours[0], ours[2]], theirs, strict=True):
+        torch.testing.assert_close(torch.from_numpy(got["logits"]), torch.from_numpy(want["logits"]), rtol=0, atol=0)
+        assert got[LABELS_OUTPUT].tolist() == want[LABELS_OUTPUT].tolist()
 
 
 def test_every_request_refused_runs_no_forward():

@@ -9,11 +9,13 @@ PATH is an image file (PNG, JPEG, WebP, BMP; any mode, EXIF orientation applied)
 images by suffix, through subfolders, sorted, hidden names left out. Each image is preprocessed as
 the model's own library does (vit_fast.image_transform: timm's pretrained_cfg, a Hugging Face
 folder's preprocessor_config.json or --processor, the default model's record), decoded in a small
-thread pool and run in batches. On the triton backend each batch of decoded images (each at its
+thread pool and run in batches. With the model on CUDA and torchvision (0.19+) installed, JPEGs are decoded
+on the GPU with nvJPEG, one call per batch (EXIF orientation applied as Pillow applies it; other formats, and
+any JPEG nvJPEG refuses, stay on Pillow). On the triton backend each batch of decoded images (each at its
 own size) is preprocessed in one launch of the fused preprocessing kernel; where the kernel cannot
-(a grayscale model, the torch backend) image_transform runs in the decode threads. A line on
-stderr says which ran (and why not the kernel) and with what parameters; --json rows carry the same
-as "preprocessing". A model that carries no preprocessing (a preset, a plain checkpoint) gets timm's
+(a grayscale model, the torch backend) image_transform runs in the decode threads (on the GPU after a GPU
+decode). A line on stderr says which ran (and why not the kernel) and with what parameters; --json rows
+carry the same as "preprocessing". A model that carries no preprocessing (a preset, a plain checkpoint) gets timm's
 defaults (ImageNet mean and std, bicubic, crop_pct 0.875) and a warning line: --mean, --std,
 --interpolation, --crop-pct and --input-size set them. Labels come from the model (id2label, timm's
 label_names, the digits), else class indices. --json writes one JSON line per image as each batch

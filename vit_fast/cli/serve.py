@@ -26,9 +26,10 @@ while serving is restarted, saying so (at most 3 times in 10 minutes). --variabl
 of any size (each side a multiple of the patch size, up to --max-image-size pixels) for a model built with
 dynamic_img_size: requests of different sizes are batched together and run as one packed forward. --encoded takes
 encoded images (JPEG, PNG, WebP, BMP bytes, a BYTES input image_bytes [1]), decodes them with Pillow in a thread
-pool, preprocesses them with the model's own evaluation transform and answers logits, labels and probabilities (the
-top k); an image over 16 MiB, or whose header declares over 4096x4096 pixels, or that does not decode, fails only
-its own request. --load-test starts the
+pool (JPEGs with nvJPEG on the GPU, one call per batch, where the model runs on CUDA and torchvision 0.19+ is
+installed), preprocesses them with the model's own evaluation transform and answers logits, labels and
+probabilities (the top k); an image over 16 MiB, or whose header declares over 4096x4096 pixels, or that does not
+decode, fails only its own request. --load-test starts the
 server, runs a bounded load test against it on loopback (HTTP and gRPC clients, mixed batch sizes,
 every answer checked against the model), prints p50/p99 latency and throughput, and stops. With --json -
 the summary goes to stdout (the endpoints as soon as the server is ready) and everything else to stderr.
@@ -116,7 +117,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--encoded",
         action="store_true",
         help="take encoded images (JPEG, PNG, WebP, BMP bytes; input image_bytes, BYTES [1] per image) instead of "
-        "float tensors: decoded with Pillow in a thread pool, preprocessed as the model's own evaluation transform "
+        "float tensors: decoded with Pillow in a thread pool (JPEGs with nvJPEG where the model runs on CUDA and "
+        "torchvision 0.19+ is installed), preprocessed as the model's own evaluation transform "
         "(vit_fast.image_transform), answered with logits, labels and probabilities; needs the images extra",
     )
     parser.add_argument(

@@ -1,8 +1,8 @@
-"""Image files to answers: :func:`predict_files` decodes files in a small thread pool, preprocesses each batch
-(:func:`~vit_fast.interop.image_transform.preprocess_batch`: one fused-kernel launch on the triton backend), runs the
-model and yields each batch's top-k labels (or pooled features) as it finishes, a file that cannot be decoded
-answered with its reason. ``vit-fast predict`` and benchmarks/pipeline.py run it; see docs/cli.md, "vit-fast
-predict"."""
+"""Image files to answers: :func:`predict_files` decodes files in a small thread pool (JPEGs on the GPU with nvJPEG
+where :func:`~vit_fast.interop.images.gpu_jpeg_decoder` allows), preprocesses each batch (one fused-kernel launch on
+the triton backend), runs the model and yields each batch's top-k labels (or pooled features) as it finishes, a file
+that cannot be decoded answered with its reason. ``vit-fast predict`` and benchmarks/pipeline.py run it; see
+docs/cli.md, "vit-fast predict"."""
 
 from __future__ import annotations
 
@@ -18,6 +18,10 @@ from typing import Any
 import torch
 
 from vit_fast.interop.image_transform import EAGER, FUSED, ImageTransform, fused_unsupported, preprocess_batch
+from vit_fast.interop.images import JPEG_SIGNATURE, GpuJpegs, PendingJpeg, gpu_jpeg_decoder, gpu_jpeg_header
+
+#: a file over this many bytes is never read whole for the GPU decoder (Pillow reads it from the path)
+GPU_READ_MAX_BYTES = 64 * 2**20
 
 #: decode threads by default: PIL's decoders and torch's resize release the GIL, so a few threads keep a CPU forward fed
 DEFAULT_THREADS = min(4, os.cpu_count() or 1)
@@ -54,13 +58,27 @@ class Prediction:
         return row
 
 
-def _load(transform: ImageTransform, path: Path, eager: bool) -> torch.Tensor | str:
-    """``path`` decoded (uint8 ``[C, H, W]``), and preprocessed here in its thread where the kernel will not run."""
+def _pixels(transform: ImageTransform, source: Path | bytes) -> torch.Tensor | str:
+    """``source`` decoded by Pillow (uint8 ``[C, H, W]``), or why it cannot be."""
     try:
-        pixels = transform.pixels(path)
+        return transform.pixels(source)
     except (ValueError, OSError, TypeError) as err:  # a file that cannot be decoded: its reason, the rest go on
         return " ".join(str(err).split()) or type(err).__name__
-    if not eager:
+
+
+def _load(transform: ImageTransform, path: Path, eager: bool, gpu: bool = False) -> torch.Tensor | PendingJpeg | str:
+    """``path`` decoded (uint8 ``[C, H, W]``), and preprocessed here in its thread where the kernel will not run;
+    with ``gpu``, a JPEG nvJPEG may decode is left encoded for the batch's one GPU decode."""
+    if gpu:
+        from vit_fast.util.files import read_head
+
+        first = read_head(path, len(JPEG_SIGNATURE))  # another format is read once, by Pillow
+        data = read_head(path, GPU_READ_MAX_BYTES + 1) if first == JPEG_SIGNATURE else None
+        header = None if data is None or len(data) > GPU_READ_MAX_BYTES else gpu_jpeg_header(data)
+        if header is not None:
+            return PendingJpeg(data, header, path)  # type: ignore[arg-type]
+    pixels = _pixels(transform, path)
+    if not eager or isinstance(pixels, str):
         return pixels
     (x,), _ = preprocess_batch(transform.preprocessing, [pixels], kernel=False)
     return x
@@ -116,10 +134,13 @@ def predict_files(
     paths = [Path(f) for f in files]
     ref = next(model.parameters())
     pre = transform.preprocessing
-    reason = fused_unsupported(pre, ref.device, runs_kernels(model) if kernel is None else kernel)
+    uses_kernel = runs_kernels(model) if kernel is None else kernel
+    reason = fused_unsupported(pre, ref.device, uses_kernel)
     how = FUSED if reason is None else f"{EAGER}: {reason}"
     out_dtype = ref.dtype if ref.dtype in (torch.float16, torch.bfloat16) else torch.float32
-    load = partial(_load, transform, eager=reason is not None)
+    decode, decoder = gpu_jpeg_decoder(ref.device, pre.channels)
+    gpu = None if decode is None else GpuJpegs(decode)
+    load = partial(_load, transform, eager=reason is not None and gpu is None, gpu=gpu is not None)
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="vit-fast-decode") as pool:
         pending: deque[tuple[Path, Future]] = deque()
         upcoming = iter(paths)
@@ -134,11 +155,20 @@ def predict_files(
                 if len(pending) >= 2 * batch:
                     break
             loaded = [(path, future.result()) for path, future in chunk]
+            if gpu is not None:  # the chunk's JPEGs in one nvJPEG batch; Pillow for any it refuses
+                done = gpu.complete([x for _, x in loaded], partial(_pixels, transform))
+                loaded = list(zip([path for path, _ in loaded], done, strict=True))
             good = [(path, x) for path, x in loaded if isinstance(x, torch.Tensor)]
             answers: dict[Path, Prediction] = {}
             if good:
                 inputs: Sequence[torch.Tensor] | torch.Tensor = [x for _, x in good]
-                if reason is None:
+                if gpu is not None:  # every image on the GPU, preprocessed there (fused where it can)
+                    inputs = [x.to(ref.device) for x in inputs]
+                    inputs, how = preprocess_batch(
+                        pre, inputs, device=ref.device, out_dtype=out_dtype, kernel=uses_kernel
+                    )
+                    how = f"{how}; JPEGs decoded by {decoder}"
+                elif reason is None:
                     inputs, how = preprocess_batch(pre, list(inputs), device=ref.device, out_dtype=out_dtype)
                 out = forward_batch(model, inputs, features)
                 for (path, _), row in zip(good, out, strict=True):

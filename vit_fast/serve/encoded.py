@@ -1,8 +1,8 @@
-"""``vit-fast serve --encoded``: requests carry encoded images (JPEG, PNG, WebP, BMP bytes: a BYTES input), decoded in a
-thread pool with :mod:`vit_fast.interop.images` and preprocessed with the model's own evaluation transform
-(:func:`vit_fast.image_transform`); answers are the logits and the top k labels with their probabilities. A request
-whose bytes are too large, declare too many pixels or do not decode fails alone. Why a mode: docs/deploy.md, "Serving
-encoded images: --encoded"."""
+"""``vit-fast serve --encoded``: requests carry encoded images (JPEG, PNG, WebP, BMP bytes: a BYTES input), decoded with
+:mod:`vit_fast.interop.images` (JPEGs with nvJPEG on a GPU where it can, else Pillow in a thread pool) and preprocessed
+with the model's own evaluation transform (:func:`vit_fast.image_transform`); answers are the logits and the top k
+labels with their probabilities. A request whose bytes are too large, declare too many pixels or do not decode fails
+alone. Why a mode: docs/deploy.md, "Serving encoded images: --encoded"."""
 
 from __future__ import annotations
 
@@ -16,8 +16,16 @@ from typing import Any
 
 import torch
 
-from vit_fast.interop.image_transform import ImageTransform, image_transform, model_labels
-from vit_fast.interop.images import image_files, pil_image_module
+from vit_fast.interop.image_transform import ImageTransform, image_transform, model_labels, preprocess_batch
+from vit_fast.interop.images import (
+    GpuJpegs,
+    PendingJpeg,
+    gpu_jpeg_decoder,
+    gpu_jpeg_header,
+    image_files,
+    pil_image_module,
+)
+from vit_fast.interop.predicting import runs_kernels
 from vit_fast.model.vit import VisionTransformer
 from vit_fast.serve.answers import refused
 
@@ -77,6 +85,24 @@ def encoded_files(paths: Sequence[str | os.PathLike]) -> list[bytes]:
     return out
 
 
+def perf_analyzer_data(blobs: Sequence[bytes]) -> str:
+    """perf_analyzer's ``--input-data`` JSON text sending ``blobs`` round robin, one encoded image per request
+    element: ``{"data": [{"image_bytes": {"content": {"b64": ...}, "shape": [1]}}, ...]}``, each BYTES element
+    serialized as Triton's clients send it (a 4-byte little-endian length, then the bytes). Only "data" at the top:
+    perf_analyzer refuses other members. docs/deploy.md, "perf_analyzer with image files"."""
+    import base64
+    import json
+    import struct
+
+    if not blobs:
+        raise ValueError("perf_analyzer's input data needs at least one image")
+    steps = [
+        {ENCODED_INPUT: {"content": {"b64": base64.b64encode(struct.pack("<I", len(b)) + b).decode()}, "shape": [1]}}
+        for b in blobs
+    ]
+    return json.dumps({"data": steps}, indent=1) + "\n"
+
+
 def random_pngs(seed: int, count: int = LOAD_TEST_IMAGES) -> list[bytes]:
     """``count`` PNG files of random RGB pixels, 17 to 63 px a side (odd sizes: every one is resized), made in
     memory from ``seed``."""
@@ -113,6 +139,12 @@ class EncodedImages:
         self.output_name = output_name
         self.top_k = min(top_k, cfg.num_classes)
         self.labels = model_labels(model) or [str(i) for i in range(cfg.num_classes)]
+        #: where the model runs: JPEGs are decoded and every image preprocessed there when ``gpu`` is set
+        self.device = next(model.parameters()).device
+        self.kernel = runs_kernels(model)
+        decode, self.decoder = gpu_jpeg_decoder(self.device, cfg.in_chans)
+        #: the GPU's JPEG decoder (None: Pillow decodes every image in the thread pool; ``decoder`` says why)
+        self.gpu = None if decode is None else GpuJpegs(decode)
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()  # instance threads share the pool
 
@@ -120,7 +152,8 @@ class EncodedImages:
         """One line for the server's description."""
         return (
             f"served from encoded images ({ENCODED_INPUT} [1], BYTES) decoded and preprocessed as "
-            f"{self.transform.source} says; logits, and the top {self.top_k} {LABELS_OUTPUT} and {PROBABILITIES_OUTPUT}"
+            f"{self.transform.source} says (JPEGs decoded by {self.decoder}); logits, and the top {self.top_k} "
+            f"{LABELS_OUTPUT} and {PROBABILITIES_OUTPUT}"
         )
 
     def tensors(self, np_dtype: Any) -> tuple[list[Any], list[Any]]:
@@ -146,6 +179,36 @@ class EncodedImages:
         except (ValueError, OSError, TypeError) as err:
             return " ".join(str(err).split()) or type(err).__name__
 
+    def pixels(self, data: bytes) -> torch.Tensor | PendingJpeg | str:
+        """One encoded image -> Pillow's uint8 ``[C, H, W]``, a JPEG left encoded for the GPU, or why it has none."""
+        problem = encoded_problem(data)
+        if problem is not None:
+            return problem
+        header = gpu_jpeg_header(data)
+        if header is not None:
+            return PendingJpeg(data, header)
+        return self.pil_pixels(data)
+
+    def pil_pixels(self, data: bytes) -> torch.Tensor | str:
+        """One encoded image decoded by Pillow: uint8 ``[C, H, W]``, or why it cannot be."""
+        try:
+            return self.transform.pixels(data)
+        except (ValueError, OSError, TypeError) as err:
+            return " ".join(str(err).split()) or type(err).__name__
+
+    def decode_on_gpu(self, pool: ThreadPoolExecutor, flat: list[bytes]) -> list[torch.Tensor | str]:
+        """``flat``'s images preprocessed on the model's GPU: headers read and other formats decoded in ``pool``,
+        the JPEGs in one nvJPEG batch (Pillow for any it refuses), then all preprocessed as one batch there."""
+        assert self.gpu is not None
+        decoded = self.gpu.complete(list(pool.map(self.pixels, flat)), self.pil_pixels)
+        at = [i for i, x in enumerate(decoded) if isinstance(x, torch.Tensor)]
+        if at:
+            images = [decoded[i].to(self.device) for i in at]  # type: ignore[union-attr]
+            ready, _ = preprocess_batch(self.transform.preprocessing, images, device=self.device, kernel=self.kernel)
+            for i, x in zip(at, ready, strict=True):
+                decoded[i] = x
+        return decoded
+
     def decode_requests(self, requests: Sequence[Any]) -> list[torch.Tensor | str]:
         """Each request's images ``[B, C, H, W]``, or the first reason one of them cannot be decoded."""
         blobs = [[bytes(item) for item in request[ENCODED_INPUT].reshape(-1)] for request in requests]
@@ -153,7 +216,8 @@ class EncodedImages:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(DECODE_THREADS, thread_name_prefix="vit-fast-serve-decode")
             pool = self._pool
-        flat = list(pool.map(self.decode, [b for request in blobs for b in request]))
+        every = [b for request in blobs for b in request]
+        flat = list(pool.map(self.decode, every)) if self.gpu is None else self.decode_on_gpu(pool, every)
         out: list[torch.Tensor | str] = []
         for request in blobs:
             mine, flat = flat[: len(request)], flat[len(request) :]
@@ -177,7 +241,7 @@ class EncodedImages:
         taken = [x for x in decoded if not isinstance(x, str)]
         if not taken:
             return [refused(x) for x in decoded]  # type: ignore[arg-type]
-        logits = infer(torch.cat(taken).numpy())[self.output_name]
+        logits = infer(torch.cat(taken).cpu().numpy())[self.output_name]  # infer takes host arrays
         answers, start = [], 0
         for x in decoded:
             if isinstance(x, str):
@@ -238,5 +302,6 @@ __all__ = [
     "LOAD_TEST_IMAGES",
     "encoded_files",
     "encoded_problem",
+    "perf_analyzer_data",
     "random_pngs",
 ]
