@@ -181,7 +181,7 @@ class Server:
             f"{f'preferred {list(b.preferred_batch_sizes)}' if b.preferred_batch_sizes else 'no preferred size'}, "
             f"{b.instances} instance(s), "
             + (f"{self.threads} torch thread(s) each" if self.thread_tuner is None else self.thread_tuner.describe())
-            + f", requests handed over as {self.transport}"
+            + f", requests handed over as {self.transport}, HTTP through a front that refuses shapes over these limits"
             + (
                 ""
                 if self.max_image_size is None
@@ -189,7 +189,6 @@ class Server:
                 "forward"
             )
             + ("" if self.encoded is None else f", {self.encoded.describe()}")
-            + ", HTTP through a front that refuses declared shapes over these limits"
         )
 
     @property
