@@ -157,3 +157,30 @@ def test_a_fixed_size_checkpoint_refuses_the_lie_and_answers(tmp_path) -> None:
         conn.close()
     finally:
         assert child.terminate() == 0, child.output()[-3000:]
+
+
+def test_shared_memory_inputs_pass_the_front_when_their_size_matches_their_shape(server: Child) -> None:
+    """What perf_analyzer's --shared-memory system does over HTTP: a region registered through the front, then
+    inputs that name it; a byte size that does not match the shape is refused before Triton maps anything."""
+    import tritonclient.utils.shared_memory as shm
+
+    x = np.random.default_rng(2).standard_normal((2, 1, 32, 32)).astype(np.float32)
+    key = f"/vf-front-{server.proc.pid}"
+    region = shm.create_shared_memory_region("front", key, x.nbytes)
+    client = httpclient.InferenceServerClient(server.http)
+    try:
+        shm.set_shared_memory_region(region, [x])
+        client.register_system_shared_memory("front", key, x.nbytes)
+        request = httpclient.InferInput("images", list(x.shape), "FP32")
+        request.set_shared_memory("front", x.nbytes)
+        via_shm = client.infer(MODEL, [request]).as_numpy("logits")
+        plain = httpclient.InferInput("images", list(x.shape), "FP32")
+        plain.set_data_from_numpy(x)
+        assert via_shm.tobytes() == client.infer(MODEL, [plain]).as_numpy("logits").tobytes()
+        request.set_shared_memory("front", x.nbytes // 2)
+        with pytest.raises(Exception, match="'shared_memory_byte_size' 4096"):
+            client.infer(MODEL, [request])
+        client.unregister_system_shared_memory("front")
+    finally:
+        client.close()
+        shm.destroy_shared_memory_region(region)
