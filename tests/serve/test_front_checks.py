@@ -116,8 +116,11 @@ def test_heads_and_framings_triton_might_read_differently_are_refused() -> None:
         "/v2/models/m/%69nfer",
         "http://h/a/INFER",
     ):
-        assert is_inference(target), target
-    assert not is_inference("/v2/models/m/ready") and not is_inference("/v2/health/ready")
+        assert is_inference("POST", target), target
+    # a model named after inference keeps its probes and metadata; Triton answers other methods with 405 unread
+    for target in ("/v2/models/inference/ready", "/v2/models/infer_model", "/v2/health/ready"):
+        assert not is_inference("POST", target) and not is_inference("GET", target), target
+    assert not is_inference("GET", "/v2/models/m/infer")
 
 
 def test_decompression_is_bounded() -> None:

@@ -33,6 +33,7 @@ REASONS = {400: "Bad Request", 413: "Payload Too Large", 431: "Request Header Fi
 REASONS |= {501: "Not Implemented", 502: "Bad Gateway", 503: "Service Unavailable", 505: "HTTP Version Not Supported"}
 _TOKEN = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _HEX = re.compile(rb"[0-9A-Fa-f]{1,15}")
+_INFER = re.compile(r"/infer/*$", re.IGNORECASE)
 #: request headers the front writes itself (the body is framed anew) or answers itself (100-continue)
 _REFRAMED = {"content-length", "transfer-encoding", "expect"}
 
@@ -83,11 +84,11 @@ def parse_head(raw: bytes) -> Head:
     return Head(*(p.decode("latin-1") for p in parts), headers)
 
 
-def is_inference(target: str) -> bool:
-    """Whether Triton may take ``target`` for an inference request: any path naming ``infer`` (also percent-encoded),
-    a superset of its own route, ``/v2/models/NAME[/versions/N]/infer``."""
+def is_inference(method: str, target: str) -> bool:
+    """Whether Triton may take a ``method`` request for ``target`` as an inference: a POST to any path ending in
+    ``/infer`` (also percent-encoded, in any case), a superset of its route ``/v2/models/NAME[/versions/N]/infer``."""
     path = urlsplit(target).path if "://" in target else target.split("?", 1)[0].split("#", 1)[0]
-    return "infer" in path.lower() or "infer" in unquote(path).lower()
+    return method == "POST" and any(_INFER.search(p) for p in (path, unquote(path)))
 
 
 def body_length(head: Head) -> int | None:
@@ -229,7 +230,7 @@ class Front:
 
     async def forward(self, head: Head, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, up: list) -> bool:
         """Check ``head``'s request, pass it on and relay Triton's answer; True when the connection goes on."""
-        inference, limits = is_inference(head.target), self.limits
+        inference, limits = is_inference(head.method, head.target), self.limits
         cap = limits.max_body if inference else limits.max_json
         length = body_length(head)
         if length is not None and length > cap:
