@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from vit_fast.serve import answers, lifecycle
+from vit_fast.serve import lifecycle, refusals
 from vit_fast.serve import server as srv
 from vit_fast.serve.answers import REFUSED_KEY, RefusalLog, answer_each, answer_stacked, failure_message, refused
 
@@ -47,7 +47,7 @@ def test_a_failed_batch_answers_each_request_with_a_message_and_the_console_one_
 
 def test_the_console_gets_a_line_per_refused_request_at_most_once_a_second(monkeypatch) -> None:
     now = [100.0]
-    monkeypatch.setattr(answers.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(refusals.time, "monotonic", lambda: now[0])
     lines = io.StringIO()
     log = RefusalLog(lines)
     for t in (0.0, 0.1, 0.2, 0.9, 1.5, 3.0):  # 188 tracebacks in the issue: here 6 refusals, 3 lines

@@ -20,6 +20,23 @@ LOAD_TEST_REPORTS: list[str] = []
 NEEDS_SERVE = "needs the serve extra (pip install -e '.[serve]', numpy < 2): run `make test-serve`"
 
 START_TIMEOUT_S = 180.0
+#: issue 46's request: [1, 3, 60000, 60000] declared (43 GB as FP32), 12 values carried
+LIE = {"inputs": [{"name": "images", "shape": [1, 3, 60000, 60000], "datatype": "FP32", "data": list(range(12))}]}
+
+
+def post_json(url: str, body: dict, timeout_s: float = 60.0) -> tuple[int | None, str]:
+    """(HTTP status, body) of a JSON POST; (None, why) when the connection broke."""
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+    except OSError as err:  # the server died on it: connection reset, or no answer
+        return None, str(err)
 
 
 def free_ports(n: int) -> list[int]:

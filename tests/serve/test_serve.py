@@ -147,18 +147,33 @@ def test_load_test_every_answer_matches_the_model(server: Child, model, tmp_path
 def test_malformed_requests_get_errors_and_the_server_keeps_serving(server: Child, model, protocol) -> None:
     module, client = _clients(server)[protocol]
     good = np.random.default_rng(1).standard_normal((3, 1, 32, 32)).astype(np.float32)
-    bad = [  # (what, images, Triton dtype, input name, what Triton's error says)
-        ("wrong image size", np.zeros((2, 1, 16, 16), np.float32), "FP32", "images", "unexpected shape"),
-        ("wrong channel count", np.zeros((2, 3, 32, 32), np.float32), "FP32", "images", "unexpected shape"),
-        ("wrong dtype", good.astype(np.float64), "FP64", "images", "data-type is 'FP64'"),
-        ("empty batch", np.zeros((0, 1, 32, 32), np.float32), "FP32", "images", "byte size mismatch"),
-        ("batch above max", np.zeros((MAX_BATCH + 1, 1, 32, 32), np.float32), "FP32", "images", "batch-size must be"),
-        ("unknown input name", good, "FP32", "pixels", "unexpected inference input 'pixels'"),
-        ("no batch dimension", good[0], "FP32", "images", "unexpected shape"),
+    # (what, images, Triton dtype, input name, what Triton's error says over gRPC, what the HTTP front says)
+    bad = [
+        ("wrong image size", np.zeros((2, 1, 16, 16), np.float32), "FP32", "images", "unexpected shape", "dim 2 is 16"),
+        (
+            "wrong channel count",
+            np.zeros((2, 3, 32, 32), np.float32),
+            "FP32",
+            "images",
+            "unexpected shape",
+            "dim 1 is 3",
+        ),
+        ("wrong dtype", good.astype(np.float64), "FP64", "images", "data-type is 'FP64'", 'is "FP64"; this server'),
+        ("empty batch", np.zeros((0, 1, 32, 32), np.float32), "FP32", "images", "byte size mismatch", "dim 0 is 0"),
+        (
+            "batch above max",
+            np.zeros((MAX_BATCH + 1, 1, 32, 32), np.float32),
+            "FP32",
+            "images",
+            "batch-size must be",
+            f"dim 0 is {MAX_BATCH + 1}",
+        ),
+        ("unknown input name", good, "FP32", "pixels", "unexpected inference input 'pixels'", '"pixels" is not this'),
+        ("no batch dimension", good[0], "FP32", "images", "unexpected shape", "has 3 dims"),
     ]
     try:
-        for what, x, triton_type, name, says in bad:
-            with pytest.raises(InferenceServerException, match=says):
+        for what, x, triton_type, name, grpc_says, http_says in bad:
+            with pytest.raises(InferenceServerException, match=grpc_says if protocol == "grpc" else http_says):
                 _infer(module, client, x, triton_type, name)
             assert server.proc.poll() is None, f"the server died on a request with {what}"
             _check_answer(model, good, _infer(module, client, good))  # still serving, still right

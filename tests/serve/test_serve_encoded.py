@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from ._support import LOAD_TEST_REPORTS, NEEDS_SERVE, counts_after, free_ports
+from ._support import LOAD_TEST_REPORTS, NEEDS_SERVE, counts_after, free_ports, post_json
 
 pytest.importorskip("pytriton", reason=NEEDS_SERVE)
 http = pytest.importorskip("tritonclient.http", reason=NEEDS_SERVE)
@@ -111,6 +111,12 @@ def test_encoded_images_batched_with_broken_ones_and_under_the_load_test(capfd) 
             broken_every=3,
         )
         LOAD_TEST_REPORTS.append(report.format())
+        # issue 46 case 3: the lie (and a batch over the largest) refused by the front, before Triton reads it
+        for shape, says in (([1, 3, 60000, 60000], "has 4 dims"), ([60000, 1], "dim 0 is 60000")):
+            lie = {"inputs": [{"name": ENCODED_INPUT, "shape": shape, "datatype": "BYTES", "data": ["x"] * 12}]}
+            status, answer = post_json(f"http://{server.endpoints.http}/v2/models/{NAME}/infer", lie)
+            assert status == 400 and says in answer and "image_bytes [B, 1] with B from 1 to 5" in answer, answer
+        assert server.alive()
     assert report.passed and report.broken == report.refused == 10 and report.answered == 20, report.format()
     errors = [outcomes[1], outcomes[3]]
     assert all(isinstance(e, InferenceServerException) for e in errors), outcomes

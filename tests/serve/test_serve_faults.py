@@ -1,8 +1,9 @@
 """Issue 46's serving cases against a real Triton server on loopback (cases 7 and 4, refused requests in a batch:
-tests/serve/test_serve_variable.py):
+tests/serve/test_serve_variable.py; case 3's front: tests/serve/test_serve_front.py):
 
-- (3) an HTTP request that declares a huge shape kills Triton 2.51 (its HTTP frontend allocates what the shape
-  needs before any check): `vit-fast serve` restarts it, says so, and serves again, with the same access token;
+- (3) an HTTP request that declares a huge shape, which killed Triton 2.51, is refused by the front and Triton stays
+  up; a Triton that dies anyway (killed here) is restarted, said so, and serves again with the same access token,
+  and so is the front;
 - (8) a SIGKILLed server's private folder (PyTriton's workspace, Triton's log) is removed by the next one, which
   names it; a SIGTERM stop is a clean stop, not "exited with failure", and removes its own folder.
 """
@@ -21,27 +22,15 @@ from pathlib import Path
 
 import pytest
 
+from vit_fast.serve.backend import _processes
 from vit_fast.serve.endpoints import ACCESS_HEADERS
 
-from ._support import NEEDS_SERVE, process_tree, start_serve
+from ._support import LIE, NEEDS_SERVE, post_json, process_tree, start_serve, tritonserver_pid
 
 pytest.importorskip("pytriton", reason=NEEDS_SERVE)
 
-#: the issue's [1, 3, 60000, 60000] asks Triton for 43 GB, which kills it only where the machine has less; this one
-#: asks for 12 TB, which no machine has: Triton's allocation fails at once, or takes it down on first touch
-LIE = {"inputs": [{"name": "images", "shape": [1, 3, 10**6, 10**6], "datatype": "FP32", "data": list(range(12))}]}
-
-
-def _post(url: str, body: dict, timeout_s: float = 60.0) -> tuple[int | None, str]:
-    """(HTTP status, body) of a JSON POST; (None, why) when the connection broke."""
-    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as answer:
-            return answer.status, answer.read().decode()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode()
-    except OSError as err:  # the server died on it: connection reset, or no answer
-        return None, str(err)
+#: 12 TB declared: what killed Triton 2.51 at once on any machine before the front
+HUGE = {"inputs": [{"name": "images", "shape": [1, 3, 10**6, 10**6], "datatype": "FP32", "data": list(range(12))}]}
 
 
 @pytest.fixture
@@ -53,7 +42,16 @@ def short_tmpdir(monkeypatch):
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def test_a_lying_shape_kills_triton_and_serve_restarts_it_then_a_killed_servers_folder_is_removed(
+def _restarted(child, what: str, times: int) -> None:
+    """Wait until ``child`` said ``times`` times that ``what`` restarted."""
+    deadline = time.monotonic() + 180
+    while child.output().count(f"{what} restarted: serving again") < times:
+        assert child.proc.poll() is None, child.output()[-3000:]
+        assert time.monotonic() < deadline, child.output()[-3000:]
+        time.sleep(0.5)
+
+
+def test_a_lying_shape_is_refused_a_dying_triton_or_front_restarted_then_a_killed_servers_folder_is_removed(
     tmp_path, short_tmpdir
 ) -> None:
     (tmp_path / "a").mkdir()
@@ -63,21 +61,28 @@ def test_a_lying_shape_kills_triton_and_serve_restarts_it_then_a_killed_servers_
         token = json.loads((tmp_path / "a" / "ready.json").read_text())["access_token"]
         infer = f"http://{first.http}/v2/models/default/infer"
         good = {"inputs": [{"name": "images", "shape": [1, 1, 32, 32], "datatype": "FP32", "data": [0.5] * 1024}]}
-        status, _ = _post(infer, LIE)
-        assert status != 200
-        deadline = time.monotonic() + 180
-        while "restarted: serving again" not in first.output():
-            assert first.proc.poll() is None, first.output()[-3000:]
-            assert time.monotonic() < deadline, first.output()[-3000:]
-            time.sleep(0.5)
-        assert "exited by itself" in first.output() and "restarting it (1 of at most 3" in first.output()
-        status, body = _post(infer, good)
+        triton = tritonserver_pid(first.proc.pid)
+        for lie in (LIE, HUGE):
+            status, body = post_json(infer, lie)
+            assert status == 400 and "dim 1 is 3" in json.loads(body)["error"], body
+        assert tritonserver_pid(first.proc.pid) == triton and "exited by itself" not in first.output()
+        os.kill(triton, signal.SIGKILL)  # a Triton that dies anyway
+        _restarted(first, "Triton Inference Server", 1)
+        assert "Triton Inference Server exited by itself" in first.output()
+        assert "restarting it (1 of at most 3" in first.output()
+        status, body = post_json(infer, good)
         assert status == 200 and json.loads(body)["outputs"][0]["name"] == "logits", body
         # the restarted Triton keeps the token the ready JSON gave clients
         stats_url = f"http://{first.http}/v2/models/default/stats"
         stats = urllib.request.Request(stats_url, headers={ACCESS_HEADERS["http"]: token})
         with urllib.request.urlopen(stats, timeout=60) as answer:
             assert answer.status == 200
+        (front,) = [p for p, (ppid, cmd) in _processes().items() if ppid == first.proc.pid and "serve.front" in cmd]
+        os.kill(front, signal.SIGKILL)  # a front that dies: the next one takes over the same listening socket
+        _restarted(first, "the HTTP front", 1)
+        assert "restarting it (2 of at most 3" in first.output()
+        status, body = post_json(infer, good)
+        assert status == 200 and json.loads(body)["outputs"][0]["name"] == "logits", body
         folders = sorted(short_tmpdir.glob(".vit-fast-serve.tmp-*"))
         assert len(folders) == 1, sorted(short_tmpdir.iterdir())
         assert len(list(folders[0].glob("triton-*.log"))) == 2, sorted(folders[0].iterdir())  # each start's log

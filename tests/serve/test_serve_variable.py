@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from ._support import NEEDS_SERVE, counts_after, free_ports
+from ._support import LIE, NEEDS_SERVE, counts_after, free_ports, post_json
 
 pytest.importorskip("pytriton", reason=NEEDS_SERVE)
 http = pytest.importorskip("tritonclient.http", reason=NEEDS_SERVE)
@@ -38,7 +38,8 @@ def test_sizes_sent_at_once_are_one_execution_and_refused_ones_among_them_fail_a
     model = tiny_model(dynamic_img_size=True, reg_tokens=1)
     rng = np.random.default_rng(0)
     images = [rng.standard_normal((1, 3, h, w)).astype(np.float32) for h, w in SIZES]
-    bad = [np.zeros((1, 3, 72, 32), np.float32), np.zeros((1, 3, 30, 32), np.float32)]
+    # sizes the front lets through (within --max-image-size) and the model refuses
+    bad = [np.zeros((1, 3, 4, 8), np.float32), np.zeros((1, 3, 30, 32), np.float32)]
     sent = [images[0], bad[0], images[1], bad[1], images[2]]
     http_port, grpc_port, metrics_port = free_ports(3)
     # the batcher waits up to 2 s for a batch of 5 (it sends one as soon as 5 requests are in): all five arrive
@@ -77,12 +78,18 @@ def test_sizes_sent_at_once_are_one_execution_and_refused_ones_among_them_fail_a
                     outcomes.append(err)
             inferences, executions = counts_after(client, NAME, before, len(sent))
             assert (inferences, executions) == (len(sent), 1), "five requests of five sizes, one execution"
+            # issue 46 case 3: the lie, and a side over --max-image-size, are refused by the front, before Triton
+            for shape, says in (([1, 3, 60000, 60000], "dim 2 is 60000"), ([1, 3, 72, 32], "dim 2 is 72")):
+                lie = {"inputs": [{**LIE["inputs"][0], "shape": shape}]}
+                status, answer = post_json(f"http://{server.endpoints.http}/v2/models/{NAME}/infer", lie)
+                assert status == 400 and says in answer and "H and W from 1 to 64 px (--max-image-size)" in answer
+            assert client.infer(NAME, [request]).as_numpy("logits").shape == (1, 7)  # still serving
         finally:
             client.close()
     answers = outcomes[0::2]
     assert all(isinstance(a, np.ndarray) for a in answers), outcomes  # the good ones are answered
     errors = [outcomes[1].message(), outcomes[3].message()]
-    assert errors[0].startswith("images [1, 3, 72, 32]: 72x32 is larger than this server's 64 px a side"), errors
+    assert errors[0].startswith("images [1, 3, 4, 8]: 4x8 is smaller than one 8x8 patch"), errors
     assert errors[1].startswith("images [1, 3, 30, 32]: 30x32 is not a multiple of the 8-px patch"), errors
     for message in errors:
         assert "Traceback" not in message and 'File "' not in message and ".py" not in message, message
@@ -95,7 +102,8 @@ def test_sizes_sent_at_once_are_one_execution_and_refused_ones_among_them_fail_a
     console = capfd.readouterr()
     text = console.out + console.err
     assert "Traceback" not in text, text[-3000:]
-    lines = [line for line in text.splitlines() if "refused a request" in line]
+    lines = [line for line in text.splitlines() if "refused a request" in line and "by the front" not in line]
     # one line per refused request, at most one a second (one within the second of another is counted, then summed)
-    assert 1 <= len(lines) <= 2 and all("x32 is" in line for line in lines), lines
+    assert 1 <= len(lines) <= 2 and all("x8 is" in line or "x32 is" in line for line in lines), lines
+    assert "the HTTP front refused 2 request(s)" in text
     assert "[vit-fast serve] 2 request(s) refused while serving" in text

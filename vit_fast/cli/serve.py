@@ -21,15 +21,19 @@ interface they keep PyTriton's access token, printed (and written to --json, rea
 to send in the triton-access-token header (--protect on|off decides it yourself); Triton takes that token on its
 command line, where other users of this machine can read it. Requests whose
 shape or dtype do not fit get an error response, a message (never a traceback) of their own: a refused request fails
-only itself in a batch, and the console gets one line per refused request (at most one a second). A Triton that dies
-while serving is restarted, saying so (at most 3 times in 10 minutes). --variable-size serves images
-of any size (each side a multiple of the patch size, up to --max-image-size pixels) for a model built with
-dynamic_img_size: requests of different sizes are batched together and run as one packed forward. --encoded takes
-encoded images (JPEG, PNG, WebP, BMP bytes, a BYTES input image_bytes [1]), decodes them with Pillow in a thread
-pool (JPEGs with nvJPEG on the GPU, one call per batch, where the model runs on CUDA and torchvision 0.19+ is
-installed), preprocesses them with the model's own evaluation transform and answers logits, labels and
-probabilities (the top k); an image over 16 MiB, or whose header declares over 4096x4096 pixels, or that does not
-decode, fails only its own request. --load-test starts the
+only itself in a batch, and the console gets one line per refused request (at most one a second). HTTP goes through
+a front of vit-fast's own on --http-port (Triton's HTTP listens on a private loopback port): an inference request
+whose declared shape exceeds the model's limits (its input, --batch, --max-image-size, --encoded's bounds) or does not
+match the data it carries gets a 400 with a one-line message before Triton reads it (Triton 2.51 allocates what a
+request declares), and a body over the largest valid request a 413, unread; gRPC refuses such requests itself. A
+Triton (or the front) that dies while serving is restarted, saying so (at most 3 times in 10 minutes).
+--variable-size serves images of any size (each side a multiple of the patch size, up to --max-image-size pixels)
+for a model built with dynamic_img_size: requests of different sizes are batched together and run as one packed
+forward. --encoded takes encoded images (JPEG, PNG, WebP, BMP bytes, a BYTES input image_bytes [1]), decodes them
+with Pillow in a thread pool (JPEGs with nvJPEG on the GPU, one call per batch, where the model runs on CUDA and
+torchvision 0.19+ is installed), preprocesses them with the model's own evaluation transform and answers logits,
+labels and probabilities (the top k); an image over 16 MiB, or whose header declares over 4096x4096 pixels, or that
+does not decode, fails only its own request. --load-test starts the
 server, runs a bounded load test against it on loopback (HTTP and gRPC clients, mixed batch sizes,
 every answer checked against the model), prints p50/p99 latency and throughput, and stops. With --json -
 the summary goes to stdout (the endpoints as soon as the server is ready) and everything else to stderr.

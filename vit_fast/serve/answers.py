@@ -5,21 +5,16 @@ docs/deploy.md, "Refused requests"."""
 
 from __future__ import annotations
 
-import sys
-import threading
-import time
 from collections.abc import Callable, Sequence
-from typing import Any, TextIO
+from typing import Any
 
 import torch
 
 from vit_fast.model.vit import VisionTransformer
+from vit_fast.serve.refusals import LINE_EVERY_S, RefusalLog
 from vit_fast.serve.settings import REFUSED_KEY
 from vit_fast.serve.threads import ThreadTuner
 from vit_fast.serve.variable import forward_requests, request_problem
-
-#: seconds between two console lines about refused requests
-LINE_EVERY_S = 1.0
 
 
 def refused(message: str) -> dict[str, Any]:
@@ -37,34 +32,33 @@ def failure_message(err: BaseException) -> str:
     return f"the server failed to run this request's batch ({type(err).__name__}); its console says why"
 
 
-class RefusalLog:
-    """One console line per refused request, at most one each ``every_s`` seconds: the ones in between are counted
-    and named in the next line, and :meth:`summary` sums up all of them. Thread-safe (instance threads share it)."""
+def forward_stacked(
+    model: VisionTransformer, images: Any, spec: Any, output_name: str, tuner: ThreadTuner | None
+) -> dict[str, Any]:
+    """One batch as Triton's dynamic batcher formed it, ``images [B, C, H, W]`` (``spec``: the input's name and
+    dims) -> ``{output_name: [B, N]}``, on the tuner's threads where there is one."""
+    import numpy as np
 
-    def __init__(self, stream: TextIO | None = None, every_s: float = LINE_EVERY_S) -> None:
-        self.stream = stream
-        self.every_s = every_s
-        self.total = 0
-        self._held = 0
-        self._last = float("-inf")
-        self._lock = threading.Lock()
-
-    def note(self, message: str) -> None:
-        """Count one refused request; print it unless a line went out less than ``every_s`` ago."""
-        with self._lock:
-            self.total += 1
-            now = time.monotonic()
-            if now - self._last < self.every_s:
-                self._held += 1
-                return
-            held, self._held, self._last = self._held, 0, now
-        more = f" (and {held} more refused since the last line)" if held else ""
-        line = message.splitlines()[0] if message else ""
-        print(f"[vit-fast serve] refused a request: {line}{more}", file=self.stream or sys.stderr, flush=True)
-
-    def summary(self) -> str | None:
-        """One line on how many requests were refused in all (None when none was)."""
-        return f"[vit-fast serve] {self.total} request(s) refused while serving" if self.total else None
+    want = (*spec.dims,)
+    if images.ndim == 4 and images.shape[0] == 0:
+        raise ValueError(f"empty batch: {spec.name} has 0 images (shape {list(images.shape)}); send >= 1")
+    if images.ndim != 4 or tuple(images.shape[1:]) != want or images.shape[0] < 1:
+        # Triton checks shapes against the config first; this guards the model should that change
+        raise ValueError(f"{spec.name} must be [B >= 1, {', '.join(map(str, want))}], got {images.shape}")
+    x = torch.from_numpy(np.ascontiguousarray(images)).to(model.device, model.dtype)
+    if tuner is None:
+        with torch.inference_mode():
+            y = model(x)
+        return {output_name: y.cpu().numpy()}
+    threads = tuner.threads_for(len(x))
+    try:
+        if torch.get_num_threads() != threads:  # torch's count is per thread: each instance sets its own
+            torch.set_num_threads(threads)
+        with torch.inference_mode():
+            y = model(x)
+    finally:
+        tuner.finished()
+    return {output_name: y.numpy()}
 
 
 def answer_each(
@@ -134,5 +128,6 @@ __all__ = [
     "answer_ragged",
     "answer_stacked",
     "failure_message",
+    "forward_stacked",
     "refused",
 ]

@@ -259,6 +259,22 @@ def quiet_exit_warning() -> None:
         logger.addFilter(_RequestedStop())
 
 
+def probe_model(http: str, name: str, input_name: str, image_dims: Any, fp16: bool, encoded: Any = None) -> None:
+    """One request of one zero image (with ``encoded``: its :meth:`ready_input`) to model ``name`` at ``http``
+    (``host:port``), through HTTP: the model path end to end; raises what tritonclient raises."""
+    import numpy as np
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(http)
+    try:
+        image = np.zeros((1, *image_dims), dtype=np.float16 if fp16 else np.float32)
+        request = httpclient.InferInput(input_name, list(image.shape), "FP16" if fp16 else "FP32")
+        request.set_data_from_numpy(image)
+        client.infer(name, [request if encoded is None else encoded.ready_input(httpclient)])
+    finally:
+        client.close()
+
+
 def run_triton(triton: Any, health_url: str, verbose: bool) -> None:
     """Start tritonserver, wait until ``health_url`` answers (or fail at once with its log when it exits during its
     start: PyTriton would wait its full 120 s), connect PyTriton's side of the model, and make the request blocks

@@ -120,12 +120,13 @@ def load_test(
     timeout_s: float = 60.0,
     encoded: Sequence[bytes] | None = None,
     broken_every: int = 0,
+    protocols: Sequence[str] = PROTOCOLS,
 ) -> LoadTestReport:
-    """Send ``clients`` x ``requests`` requests to model ``name`` (``host:port`` URLs; even clients HTTP, odd gRPC),
-    each answer checked against ``model``'s own outputs in ``dtype`` and float64; ``timeout_s`` bounds each request.
-    ``encoded``: image files' bytes to send (``--encoded``), expected as the model's own transform makes them; with
-    ``broken_every`` N, every Nth request of a client carries one that does not decode and must be refused alone
-    (docs/deploy.md, "Serving encoded images: --encoded"). Returns the report without raising (``report.passed``)."""
+    """Send ``clients`` x ``requests`` requests to model ``name`` (``host:port`` URLs; the clients take turns on
+    ``protocols``: even HTTP, odd gRPC), each answer checked against ``model``'s own outputs in ``dtype`` and float64;
+    ``timeout_s`` bounds each request. ``encoded``: image files' bytes (``--encoded``); with ``broken_every`` N, every
+    Nth request of a client carries one that does not decode and must be refused alone (docs/deploy.md, "Serving
+    encoded images: --encoded"). Returns the report without raising (``report.passed``)."""
     dtype = parse_dtype(dtype)
     if dtype not in _NP_TYPES:
         raise ValueError(f"the load test sends fp32 or fp16 images, got {dtype_name(dtype)}")
@@ -135,6 +136,8 @@ def load_test(
     sizes = list(batch_sizes)
     if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes):
         raise ValueError(f"batch sizes must be ints >= 1, got {batch_sizes!r}")
+    if not protocols or any(p not in PROTOCOLS for p in protocols):
+        raise ValueError(f"protocols must be some of {PROTOCOLS}, got {protocols!r}")
     if isinstance(broken_every, bool) or not isinstance(broken_every, int) or broken_every < 0:
         raise ValueError(f"broken_every must be an int >= 0, got {broken_every!r}")
     images_spec, output_spec = model_io(model, dtype)
@@ -165,7 +168,7 @@ def load_test(
     start_gate = threading.Barrier(clients + 1)
 
     def run_client(index: int) -> None:
-        protocol = PROTOCOLS[index % 2]
+        protocol = protocols[index % len(protocols)]
         rng = random.Random(seed * 1000 + index)
         try:
             module, client = _client(protocol, http_url if protocol == "http" else grpc_url, timeout_s)

@@ -29,7 +29,7 @@ from vit_fast.export.tritonserver import (
 )
 from vit_fast.model.vit import VisionTransformer
 from vit_fast.model.warmup import WarmupReport
-from vit_fast.serve.answers import RefusalLog, answer_each, answer_ragged, answer_stacked
+from vit_fast.serve.answers import RefusalLog, answer_each, answer_ragged, answer_stacked, forward_stacked
 from vit_fast.serve.backend import (
     NO_TENSORSTORE,
     READY_TIMEOUT_S,
@@ -40,6 +40,7 @@ from vit_fast.serve.backend import (
     make_shm_private,
     patient_handshake,
     per_request_errors,
+    probe_model,
     proxy_transport,
     python_backend_env,
     quiet_exit_warning,
@@ -48,8 +49,10 @@ from vit_fast.serve.backend import (
     run_triton,
 )
 from vit_fast.serve.checks import check_server_args, parse_served_dtype
-from vit_fast.serve.encoded import DEFAULT_TOP_K, EncodedImages
+from vit_fast.serve.declared import model_limits
+from vit_fast.serve.encoded import DEFAULT_TOP_K, ENCODED_INPUT, ENCODED_MAX_BYTES, EncodedImages
 from vit_fast.serve.endpoints import ACCESS_HEADERS, Endpoints, is_loopback, port_in_use, wait_for_200
+from vit_fast.serve.front_process import FrontProcess, loopback_port
 from vit_fast.serve.lifecycle import Restarts, private_folder
 from vit_fast.serve.ports import claim_free_ports, release_ports
 from vit_fast.serve.settings import (
@@ -142,6 +145,13 @@ class Server:
             raise ValueError("--encoded serves the model's own image size: leave out --variable-size")
         #: the encoded-images side (None: float images in)
         self.encoded = EncodedImages(self.model, self.output.name, top_k) if encoded else None
+        #: what the HTTP front lets through to Triton (:mod:`vit_fast.serve.front`), and the front itself
+        enc = self.encoded is not None
+        name, dims = (ENCODED_INPUT, (1,)) if enc else (self.input.name, self.input.dims)
+        datatype = "BYTES" if enc else ("FP16" if self.dtype == torch.float16 else "FP32")
+        size = 4 + ENCODED_MAX_BYTES if enc else self.dtype.itemsize
+        self.limits = model_limits(name, datatype, dims, self.batching.max_batch_size, self.max_image_size, size)
+        self.front: FrontProcess | None = None
         #: how PyTriton carries requests between Triton and this process (see :func:`proxy_transport`)
         self.transport = proxy_transport(math.prod(self.image_dims) * self.dtype.itemsize)
         self._triton: Any = None
@@ -157,6 +167,7 @@ class Server:
         self._workdir: Path | None = None
         self._restarts = Restarts()
         self._token: str | None = None
+        self._triton_http_port: int | None = None
 
     @property
     def description(self) -> str:
@@ -170,7 +181,7 @@ class Server:
             f"{f'preferred {list(b.preferred_batch_sizes)}' if b.preferred_batch_sizes else 'no preferred size'}, "
             f"{b.instances} instance(s), "
             + (f"{self.threads} torch thread(s) each" if self.thread_tuner is None else self.thread_tuner.describe())
-            + f", requests handed over as {self.transport}"
+            + f", requests handed over as {self.transport}, HTTP through a front that refuses shapes over these limits"
             + (
                 ""
                 if self.max_image_size is None
@@ -216,29 +227,7 @@ class Server:
 
     def infer(self, images: Any) -> dict[str, Any]:
         """One batch as Triton's dynamic batcher formed it: ``images [B, C, H, W]`` -> ``{output: [B, N]}``."""
-        import numpy as np
-
-        want = (*self.input.dims,)
-        if images.ndim == 4 and images.shape[0] == 0:
-            raise ValueError(f"empty batch: {self.input.name} has 0 images (shape {list(images.shape)}); send >= 1")
-        if images.ndim != 4 or tuple(images.shape[1:]) != want or images.shape[0] < 1:
-            # Triton checks shapes against the config first; this guards the model should that change
-            raise ValueError(f"{self.input.name} must be [B >= 1, {', '.join(map(str, want))}], got {images.shape}")
-        x = torch.from_numpy(np.ascontiguousarray(images)).to(self.device, self.dtype)
-        tuner = self.thread_tuner
-        if tuner is None:
-            with torch.inference_mode():
-                y = self.model(x)
-            return {self.output.name: y.cpu().numpy()}
-        threads = tuner.threads_for(len(x))
-        try:
-            if torch.get_num_threads() != threads:  # torch's count is per thread: each instance sets its own
-                torch.set_num_threads(threads)
-            with torch.inference_mode():
-                y = self.model(x)
-        finally:
-            tuner.finished()
-        return {self.output.name: y.numpy()}
+        return forward_stacked(self.model, images, self.input, self.output.name, self.thread_tuner)
 
     def answer(self, requests: Sequence[Any]) -> list[dict[str, Any]]:
         """PyTriton's list of requests, as Triton's dynamic batcher batched them -> one response per request, in order
@@ -292,7 +281,7 @@ class Server:
                     break
             self._wait_ready()
         except BaseException:
-            self.stop()  # Triton, torch's threads and the ports as they were
+            self.stop()  # Triton, the front, torch's threads and the ports as they were
             raise
         return self
 
@@ -315,8 +304,8 @@ class Server:
         np_dtype = np.float16 if self.dtype == torch.float16 else np.float32
         e = self.endpoints
         config = TritonConfig(
-            http_address=e.host,
-            http_port=e.http_port,
+            http_address="127.0.0.1",  # behind the front, which listens on e.http_port
+            http_port=self.triton_http_port,
             grpc_address=e.host,
             grpc_port=e.grpc_port,
             metrics_address=e.host,
@@ -366,7 +355,11 @@ class Server:
             per_request_errors(self._triton, self.name)  # before Triton starts and loads the model
             if self.max_image_size is not None:  # before Triton starts and reads the config
                 allow_ragged_batch(self._triton, self.name, self.input.name)
-            run_triton(self._triton, self.endpoints.health_url, self.verbose)
+            run_triton(self._triton, f"http://127.0.0.1:{self.triton_http_port}/v2/health/ready", self.verbose)
+            if self.front is None:  # once per server: it outlives a restarted Triton
+                self.front = FrontProcess(e.host, e.http_port, self.triton_http_port, self.limits)
+            if not self.front.alive():
+                self.front.start()
         except BaseException as err:
             tail = self.log_tail()
             self._stop_serving()
@@ -382,21 +375,20 @@ class Server:
         """Wait until ``/v2/models/NAME/ready`` answers 200, then send one request of one image through HTTP (the
         model path, end to end); a TimeoutError / RuntimeError naming the URL otherwise."""
         wait_for_200(f"http://{self.endpoints.http}/v2/models/{self.name}/ready", timeout_s, "after Triton started")
-        import numpy as np
-        import tritonclient.http as httpclient
+        fp16 = self.dtype == torch.float16
+        probe_model(self.endpoints.http, self.name, self.input.name, self.image_dims, fp16, self.encoded)
 
-        client = httpclient.InferenceServerClient(self.endpoints.http)
-        try:
-            dtype = "FP16" if self.dtype == torch.float16 else "FP32"
-            image = np.zeros((1, *self.image_dims), dtype=np.float16 if dtype == "FP16" else np.float32)
-            request = httpclient.InferInput(self.input.name, list(image.shape), dtype)
-            request.set_data_from_numpy(image)
-            client.infer(self.name, [request if self.encoded is None else self.encoded.ready_input(httpclient)])
-        finally:
-            client.close()
+    @property
+    def triton_http_port(self) -> int:
+        """Where Triton's own HTTP listens, on loopback, behind the front (chosen once per server)."""
+        if self._triton_http_port is None:
+            self._triton_http_port = loopback_port()
+        return self._triton_http_port
 
     def alive(self) -> bool:
-        return self._triton is not None and self._triton.is_alive()
+        """Whether Triton and the HTTP front both run."""
+        triton = self._triton is not None and self._triton.is_alive()
+        return triton and self.front is not None and self.front.alive()
 
     def wait(self, poll_s: float = 1.0) -> bool:
         """Block until SIGTERM / SIGINT (True: asked to stop) or until the server dies (False).
@@ -417,17 +409,22 @@ class Server:
                 signal.signal(sig, handler)
 
     def _restart(self) -> bool:
-        """Start Triton again after it exited by itself, saying so; False (no restart) once it keeps dying
-        (:class:`vit_fast.serve.lifecycle.Restarts`). Why it may die: docs/deploy.md, "Refused requests"."""
+        """Start Triton (or the HTTP front) again after it exited by itself, saying so; False (no restart) once it
+        keeps dying (:class:`vit_fast.serve.lifecycle.Restarts`). Why it may die: docs/deploy.md, "Refused requests"."""
+        triton = self._triton is not None and self._triton.is_alive()
         last = (self.log_tail(1) or "(its log is empty)").strip()[-300:]
-        if not self._restarts.allow(f"Triton Inference Server exited by itself (its log ends: {last})"):
+        what = "the HTTP front" if triton else "Triton Inference Server"
+        if not self._restarts.allow(f"{what} exited by itself" + ("" if triton else f" (its log ends: {last})")):
             return False
-        self._stop_serving()
-        self._threads_before = torch.get_num_threads()
-        torch.set_num_threads(self.threads)
-        self._start_once()
+        if not triton:
+            self._stop_serving()
+            self._threads_before = torch.get_num_threads()
+            torch.set_num_threads(self.threads)
+            self._start_once()  # and the front, where it died too
+        elif self.front is not None:
+            self.front.start()
         self._wait_ready()
-        print("[vit-fast serve] Triton Inference Server restarted: serving again", file=sys.stderr, flush=True)
+        print(f"[vit-fast serve] {what} restarted: serving again", file=sys.stderr, flush=True)
         return True
 
     def request_stop(self) -> None:
@@ -444,8 +441,10 @@ class Server:
         """Stop Triton and its python backend; waits for them to exit; then release the ports and remove this server's
         private folder (PyTriton's workspaces, Triton's logs). Safe to call twice."""
         try:
-            self._stop_serving()
+            self._stop_serving()  # Triton first: the requests it drains answer through the front
         finally:
+            if self.front is not None:
+                self.front.stop()
             release_ports(self._port_locks)
             if self.encoded is not None:
                 self.encoded.close()
