@@ -438,6 +438,23 @@ def _cpu():
     return torch.device("cpu")
 
 
+def test_the_summary_lists_a_perf_step_that_failed_before_it_had_a_batch():
+    """A perf step whose child died before its first batch leaves a row without one (``note_failure``'s): summary()
+    sorted the batches and raised TypeError on None beside an int; that row now comes last, under its own heading."""
+    g = _script()
+    timing = {"dtype": "bf16", "status": "ok", "p10_ms": 1.0, "p90_ms": 4.0, "agrees_with_torch": True}
+    ok = [
+        {"label": "torch", "batch": 8, "median_ms": 3.0, "images_per_s": 2667.0, **timing},
+        {"label": "torch", "batch": 1, "median_ms": 1.0, "images_per_s": 1000.0, **timing},
+    ]
+    failed = {"phase": "perf", "name": "perf bf16", "label": "perf bf16", "status": "error", "error": "killed"}
+    data = {"driver": "cuda", "perf": [*ok, failed], "compile": [], "kernels": [], "tma": [], "first_use": {}}
+    text = g.summary({**data, "created_utc": "now", "budget_s": 100.0, "phases": [], "model": []})
+    headings = [line for line in text.splitlines() if line.startswith("**") and "batch" in line]
+    assert headings == ["**batch 1**", "**batch 8**", "**no batch (failed before one)**"]
+    assert "| perf bf16 | error: killed |" in text
+
+
 def test_step_estimates_count_compilations_and_learn_the_rate():
     """Item 9: a kernel check is its 0.15 s plus its expected compilations at the seconds per compilation; after
     three steps the phase's own mean of compilations per step is used."""
