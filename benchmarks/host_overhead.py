@@ -44,9 +44,19 @@ _KERNELS: weakref.WeakSet = weakref.WeakSet()
 
 def forget_arguments() -> None:
     """Drop the arguments each stub kernel keeps from its last launch (the dry run's batch-256 tensors would
-    otherwise stay alive, one set per compiled kernel)."""
+    otherwise stay alive, one set per compiled kernel), and hand the memory freed back to the system: glibc keeps
+    it under :func:`_keep_freed_memory`, and a freed batch-256 input split by small allocations is not reused."""
+    import ctypes
+    import ctypes.util
+    import gc
+
     for kernel in list(_KERNELS):
         kernel.last_args = ()
+    gc.collect()
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc
 
 
 class _StubKernel:
