@@ -6,16 +6,18 @@ files; importing it touches no GPU driver."""
 from __future__ import annotations
 
 import inspect
+from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import triton
+from torch._C import _len_torch_dispatch_stack
 from triton.runtime import _allocation
 
 from vit_fast.base.interpret import interpreter_enabled
 
-from .launches import INTERPRETED, eager_direct
+from .launches import INTERPRETED
 
 
 def cdiv(a: int, b: int) -> int:
@@ -43,14 +45,16 @@ def ensure_scratch_allocator() -> None:
         triton.set_allocator(_torch_scratch)
 
 
-def interpret_bf16(dtype: torch.dtype) -> bool:
-    """bf16 under the interpreter: the kernels' ``ROUND_BF16`` flag (bf16 stores rounded by hand)."""
-    return dtype == torch.bfloat16 and INTERPRETED
+#: ``interpret_bf16(dtype)``: bf16 under the interpreter, the kernels' ``ROUND_BF16`` flag (bf16 stores rounded by
+#: hand); a dict lookup, not a Python call: every launch asks, and the per-call choice of direct launch or op costs
+#: about as much as the three calls these two flags were
+interpret_bf16: Callable[[torch.dtype], bool] = defaultdict(bool, {torch.bfloat16: INTERPRETED}).__getitem__
 
-
-def dot_in_fp32(dtype: torch.dtype) -> bool:
-    """The kernels' ``DOT_IN_FP32`` flag (see :func:`._tl.dot`): fp32 inputs, or bf16 under the interpreter."""
-    return dtype == torch.float32 or interpret_bf16(dtype)
+#: ``dot_in_fp32(dtype)``: the kernels' ``DOT_IN_FP32`` flag (see :func:`._tl.dot`): fp32 inputs, or bf16 under the
+#: interpreter
+dot_in_fp32: Callable[[torch.dtype], bool] = defaultdict(
+    bool, {torch.float32: True, torch.bfloat16: INTERPRETED}
+).__getitem__
 
 
 # ---------------------------------------------------------------------------------- checks
@@ -122,6 +126,10 @@ def register_recompute_backward(op: torch.library.CustomOpDef, reference: Callab
     op.register_autograd(backward, setup_context=setup_context)
 
 
+def _needs_grad(x: torch.Tensor, args: tuple, others: tuple[int, ...]) -> bool:
+    return x.requires_grad or any(args[i] is not None and args[i].requires_grad for i in others)
+
+
 def define_op(
     launch: Callable[..., Any],
     *,
@@ -133,9 +141,9 @@ def define_op(
 ) -> Callable[..., Any]:
     """Make ``launch`` (``_<name>_op``, typed: ``torch.library`` reads the schema from it) the custom op
     ``vit_fast::<name>``, the one place a kernel's op is written: fake = ``check`` + ``empty``'s outputs, backward
-    recomputes through ``reference``. Returns the public call: ``check``, ``prepare`` (defaults filled, e.g. a scale),
-    then ``launch`` in plain eager (:func:`~.launches.eager_direct` on argument ``lead``, the first tensor by
-    default), else the op (its ``op`` attribute). More: docs/kernels.md, "Ops, launchers and references"."""
+    recomputes through ``reference``. Returns the call every caller makes: ``check`` (skipped with ``checked=True``),
+    ``prepare``, then ``launch`` or the op (its ``op`` attribute), chosen there and nowhere else. More:
+    docs/kernels.md, "Ops, launchers and references"."""
     name = launch.__name__.removeprefix("_").removesuffix("_op")
     op = torch.library.custom_op(f"vit_fast::{name}", mutates_args=())(launch)
 
@@ -154,12 +162,28 @@ def define_op(
     first = tensors[0] if lead is None else lead
     rest = tuple(i for i in tensors if i != first)
 
-    def call(*args: Any) -> Any:
-        check(*args)
+    # bound once: every launch asks. Traced by dynamo (torch.compile, strict export) is_dynamo_compiling() is True;
+    # non-strict export and FakeTensorMode are dispatch modes, with tensors of other types
+    compiling, dispatch_modes, grad_enabled = (
+        torch.compiler.is_dynamo_compiling,
+        _len_torch_dispatch_stack,
+        torch.is_grad_enabled,
+    )
+
+    def call(*args: Any, checked: bool = False) -> Any:
+        # checked=True: the caller checked these inputs (a model's forward checks its parameters once)
+        if not checked:
+            check(*args)
         if prepare is not None:
             args = prepare(*args)
-        if eager_direct(args[first], *[args[i] for i in rest]):
-            return launch(*args)
+        # direct launch or custom op, decided here only: the launcher itself in plain eager with no input that
+        # needs a gradient (the op's dispatch costs about 10 us and buys nothing there); traced, under a dispatch
+        # mode or differentiated, the op (its fake, its recompute backward). Asked of ``lead``, the activation: a
+        # parameter (timm's latent query) is no plain tensor
+        x = args[first]
+        if type(x) is torch.Tensor and not (compiling() or dispatch_modes() or x.is_meta):
+            if not (grad_enabled() and _needs_grad(x, args, rest)):
+                return launch(*args)
         return op(*args)
 
     call.__name__ = call.__qualname__ = name
