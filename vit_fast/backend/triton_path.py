@@ -33,17 +33,8 @@ from vit_fast.kernels.rope import check_rope
 #: told they were, and decides, per call, direct launch or ``torch.library`` op
 _LINEAR, _NORM_LINEAR, _RMS_NORM_LINEAR, _LAYER_NORM, _RMS_NORM, _ATTENTION, _DIFF, _POOL, _PATCH_EMBED = (
     OPS[name].spec
-    for name in (
-        "linear",
-        "layer_norm_linear",
-        "rms_norm_linear",
-        "layer_norm",
-        "rms_norm",
-        "attention",
-        "diff_attention",
-        "attention_pool",
-        "patch_embed",
-    )
+    for name in "linear layer_norm_linear rms_norm_linear layer_norm rms_norm attention diff_attention attention_pool "
+    "patch_embed".split()
 )
 _NO_ROPE = (None, None, 0, "interleaved")  # the attention op's rope_cos, rope_sin, num_prefix, rope_layout
 
