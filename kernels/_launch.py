@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -126,6 +127,25 @@ def register_recompute_backward(op: torch.library.CustomOpDef, reference: Callab
     op.register_autograd(backward, setup_context=setup_context)
 
 
+@dataclass(frozen=True)
+class SelfCheck:
+    """An op at a model's shapes in ``vit_fast.model.selfcheck``: ``cases(m)`` -> its launches ``(role, d)`` in one
+    forward of a model of sizes ``m``; ``inputs(d, rnd, gen, device, dtype)`` -> ``(args, kwargs)`` for its launcher
+    and reference (``rnd(*shape, scale=1.0)``: random in ``dtype`` on ``device``); ``launch(d, args, kwargs,
+    poisoned)``: the launcher into outputs ``poisoned(*shape)`` makes; ``judged``; ``shape(d)``: a report's line."""
+
+    cases: Callable[[dict], list[tuple[str, dict]]]
+    inputs: Callable[..., tuple[tuple, dict]]
+    launch: Callable[..., Any]
+    shape: Callable[[dict], str]
+    judged: Callable[[Any], Any] = lambda out: out
+
+
+def case_rows(m: dict) -> dict:
+    """A self-check case's token rows at a model's sizes ``m``: ``batch``, ``tokens``, width ``dim``, norm ``eps``."""
+    return {key: m[key] for key in ("batch", "tokens", "dim", "eps")}
+
+
 def _needs_grad(x: torch.Tensor, args: tuple, others: tuple[int, ...]) -> bool:
     return x.requires_grad or any(args[i] is not None and args[i].requires_grad for i in others)
 
@@ -138,12 +158,13 @@ def define_op(
     reference: Callable[..., Any],
     prepare: Callable[..., tuple] | None = None,
     lead: int | None = None,
+    selfcheck: SelfCheck | None = None,
 ) -> Callable[..., Any]:
     """Make ``launch`` (``_<name>_op``, typed: ``torch.library`` reads the schema from it) the custom op
     ``vit_fast::<name>``, the one place a kernel's op is written: fake = ``check`` + ``empty``'s outputs, backward
     recomputes through ``reference``. Returns the call every caller makes: ``check`` (skipped with ``checked=True``),
-    ``prepare``, then ``launch`` or the op (its ``op`` attribute), chosen there and nowhere else. More:
-    docs/kernels.md, "Ops, launchers and references"."""
+    ``prepare``, then ``launch`` or the op (its ``op`` attribute), chosen there and nowhere else; it carries the
+    spec (``selfcheck``: :class:`SelfCheck`). More: docs/kernels.md, "Ops, launchers and references"."""
     name = launch.__name__.removeprefix("_").removesuffix("_op")
     op = torch.library.custom_op(f"vit_fast::{name}", mutates_args=())(launch)
 
@@ -188,5 +209,5 @@ def define_op(
 
     call.__name__ = call.__qualname__ = name
     call.op, call.launch, call.check, call.empty = op, launch, check, empty  # the spec, read by OPS[name].spec
-    call.reference, call.prepare = reference, prepare
+    call.reference, call.prepare, call.selfcheck = reference, prepare, selfcheck
     return call

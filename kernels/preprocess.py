@@ -6,6 +6,7 @@ docs/kernels.md, section "Fused preprocessing"."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import torch
@@ -15,7 +16,7 @@ import triton.language as tl
 from vit_fast.base.cards import tensor_arch
 from vit_fast.base.interpret import interpreter_enabled
 
-from ._launch import cdiv, check_device, define_op, interpret_bf16
+from ._launch import SelfCheck, cdiv, check_device, define_op, interpret_bf16
 from ._tl import to_bf16_rtne
 from .autotune import autotune_cache_enabled, tune_key, tuning_requested
 from .launches import SUPPORTED_DTYPES, ResolvedLaunches
@@ -319,11 +320,45 @@ def _packed_ref(*args) -> torch.Tensor:
     return packed_ref(PackedBatch(*tables), (crop_h, crop_w), mean, std, out_dtype)
 
 
+def _selfcheck_cases(m: dict) -> list[tuple[str, dict]]:
+    """What predict and serve run before a 3-channel model's forward: decoded images of odd sizes, downscaled
+    (antialiased) and centre-cropped to the model's input."""
+    if m["chans"] != 3:
+        return []
+    height, width = m["height"], m["width"]
+    src = (height * 9 // 7 + 1, width * 4 // 3 + 3)
+    resize = (height * 8 // 7, width * 8 // 7)
+    pre = dict(batch=m["batch"], src=src, resize=resize, crop=(height, width), interpolation="bicubic")
+    return [("image preprocessing", pre)]
+
+
+def _selfcheck_inputs(d: dict, rnd, gen: torch.Generator, device, dtype: torch.dtype) -> tuple[tuple, dict]:
+    h, w = d["src"]  # each image a little larger than the last: sizes differ within one launch
+    images = [
+        torch.randint(0, 256, (h + i, w + 2 * i, 3), generator=gen, dtype=torch.uint8).to(device)
+        for i in range(d["batch"])
+    ]
+    norm = dict(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
+    crop = dict(resize=d["resize"], crop=d["crop"], interpolation=d["interpolation"])
+    return (images,), dict(**crop, **norm, out_dtype=dtype)
+
+
 _preprocess = define_op(
     _preprocess_op,
     check=_check_packed,
     empty=lambda pixels, images, *rest: pixels.new_empty((images.shape[0], 3, rest[5], rest[6]), dtype=rest[-1]),
     reference=_packed_ref,
+    selfcheck=SelfCheck(
+        cases=_selfcheck_cases,
+        inputs=_selfcheck_inputs,
+        launch=lambda d, args, kwargs, poisoned: launch_preprocess(
+            args[0], **kwargs, out=poisoned(len(args[0]), 3, *d["crop"])
+        ),
+        shape=lambda d: (
+            f"{d['batch']} uint8 images from [{d['src'][0]}, {d['src'][1]}, 3] -> "
+            f"[{d['batch']}, 3, {d['crop'][0]}, {d['crop'][1]}]"
+        ),
+    ),
 )
 
 
@@ -394,6 +429,57 @@ def preprocess_ref(
     )
     batch = pack(images, resize, crop, interpolation, crop_rounding)
     return packed_ref(batch, crop, mean, std, out_dtype, compute_dtype)
+
+
+# ---------------------------------------------------------------------------------- compile-check variants
+# what tools/compile_check.py compiles of this kernel (KERNELS[name].compile_variants / .compile_launch): its
+# cases (kernel, label, params, which configs) per variant set, and one launch per case recorded through v.record;
+# ``v`` is the tool's vocabulary (DTYPES, PICK_MODELS, PICK_BATCHES, EVERY_CONFIG_DTYPES, which, empty, torch_dtype)
+#: preprocessing cases: (label, decoded image sizes in one launch, resize, crop, interpolation). vit-b16: photos
+#: of two sizes to timm's eval input at 224 (short side to 248, centre 224); sweep: a 1080p frame downscaled 8x
+#: (the most taps), the digits model's 8x8 upscaled to 32x32
+_PREPROCESS_VARIANTS = {
+    "vit-b16": (("photos 500x375+640x480 -> 248x330 / 224", ((375, 500), (480, 640)), (248, 330), (224, 224)),),
+    "sweep": (
+        ("1080p -> 224", ((1080, 1920),), (224, 398), (224, 224)),
+        ("digits 8x8 -> 32", ((8, 8),), (32, 32), (32, 32)),
+    ),
+}
+
+
+def compile_variants(v, variant_set: str, full: bool) -> list[tuple]:
+    """Not in a ViT forward, so not in the picks set; every config it keeps for fp32 / fp16 (--every-config-dtypes),
+    the pick for bf16, per interpolation."""
+    cases = []
+    for (name, sizes, resize, crop), dtype, interpolation in itertools.product(
+        _PREPROCESS_VARIANTS.get(variant_set, ()), v.DTYPES, ("bicubic", "bilinear")
+    ):
+        params = {"dtype": dtype, "sizes": sizes, "resize": resize, "crop": crop, "interpolation": interpolation}
+        which = "all" if full else v.which(dtype)
+        cases.append(("preprocess", f"{dtype} {interpolation} {name}", params, which))
+    return cases
+
+
+def compile_launch(v, params: dict) -> tuple:
+    import torch
+
+    # the launcher packs the images' pixels (a copy of up to a MB) with torch on the CPU: on one thread, or the
+    # forked compile workers hang in an OpenMP pool the parent started (seen: every worker asleep on a futex)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return v.record(
+            launch_preprocess,
+            [v.empty((h, w, 3), "u8") for h, w in params["sizes"]],
+            resize=tuple(params["resize"]),
+            crop=tuple(params["crop"]),
+            interpolation=params["interpolation"],
+            mean=(0.485, 0.456, 0.406),
+            std=(0.229, 0.224, 0.225),
+            out_dtype=v.torch_dtype(params["dtype"]),
+        )
+    finally:
+        torch.set_num_threads(threads)
 
 
 __all__ = ["launch_preprocess", "packed_ref", "preprocess", "preprocess_configs", "preprocess_ref"]

@@ -52,3 +52,21 @@ def test_the_counter_sees_a_float32_draw_cast_down():
     with _NewStorage() as counted:
         x = (2.0 * torch.randn((64, 48), generator=gen)).to(torch.bfloat16)
     assert counted.bytes == 5 * _tensor_bytes(x)
+
+
+def test_every_op_brings_its_self_check():
+    """A kernel is one spec: each op's self-check (its launches at a model's sizes, its inputs, its launch into
+    poisoned outputs, its shape line, how its reference's output is judged) is its own file's, given to
+    ``define_op`` (``OPS[name].spec.selfcheck``); selfcheck.py names no op. Every op is checked at some model's
+    shapes."""
+    from vit_fast.kernels import OPS
+
+    for name, op in OPS.items():
+        spec = op.spec.selfcheck
+        assert spec is not None, name
+        assert all(map(callable, (spec.cases, spec.inputs, spec.launch, spec.shape, spec.judged))), name
+    tiny = ViTConfig(img_size=16, patch_size=8, embed_dim=32, depth=1, num_heads=2)
+    cases = selfcheck.model_cases(tiny) + selfcheck.family_cases(max_heads=1)
+    assert {c.kernel for c in cases} == set(OPS)
+    for case in cases:
+        assert case.shape().startswith(("[", "q [", f"{case.dims['batch']} uint8")), case.name
