@@ -44,8 +44,9 @@ _KERNELS: weakref.WeakSet = weakref.WeakSet()
 
 def forget_arguments() -> None:
     """Drop the arguments each stub kernel keeps from its last launch (the dry run's batch-256 tensors would
-    otherwise stay alive, one set per compiled kernel), and hand the memory freed back to the system: glibc keeps
-    it under :func:`_keep_freed_memory`, and a freed batch-256 input split by small allocations is not reused."""
+    otherwise stay alive, one set per compiled kernel), and hand freed memory back to the system from then on: blocks
+    over 1 MB come from mmap again and go back when freed. :func:`_keep_freed_memory` keeps them for timing; the dry
+    run times nothing, and a kept heap split by small allocations grew past its address-space limit."""
     import ctypes
     import ctypes.util
     import gc
@@ -54,7 +55,9 @@ def forget_arguments() -> None:
         kernel.last_args = ()
     gc.collect()
     try:
-        ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        libc.mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
+        libc.malloc_trim(0)
     except (OSError, AttributeError):
         pass  # not glibc
 

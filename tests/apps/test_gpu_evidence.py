@@ -259,8 +259,8 @@ def test_help_shows_the_gpu_machines_one_command():
 def test_dry_run_plans_every_phase_and_the_default_fits_the_budget(tmp_path):
     """The plan at the real shapes (ViT-S/16 and ViT-B/16, batches up to 256), compilations counted with the driver
     stubbed: every phase in the default run, its estimate (compilations included) within 540 s (items 3, 5, 9);
-    under a 4 GiB address-space limit (item 13: it needed 9.6 GB; 3.0 GB at its peak now, one batch-256 GEMM's
-    inputs as the kernel check draws them)."""
+    under a 4 GiB address-space limit (item 13: it needed 9.6 GB; 1.4 GB RSS at its peak now, with the kernel checks'
+    inputs drawn in their dtype and freed memory handed back between steps)."""
     import resource
 
     def limited() -> None:
