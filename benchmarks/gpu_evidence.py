@@ -1397,6 +1397,12 @@ def first_use_net(data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _batch_order(batch: Any) -> tuple:
+    """Batches in order, then any row without a number for one (a step that failed before its first batch)."""
+    number = isinstance(batch, (int, float))
+    return (not number, batch if number else 0, str(batch))
+
+
 def summary(data: dict[str, Any]) -> str:
     """summary.md: what ran, the targets, and each table (a reader's view of results.json)."""
     from vit_fast.util.files import seal_markdown
@@ -1432,10 +1438,11 @@ def summary(data: dict[str, Any]) -> str:
     if rows:
         lines += ["", "## Speed, side by side in one process", ""]
         lines.append("speed-up: the best peer's median over the row's (above 1: faster than every peer)")
-        for batch in sorted({r.get("batch") for r in rows}):
+        # a step that failed before it had a batch (its phase's child died in it) has none: such rows come last
+        for batch in sorted({r.get("batch") for r in rows}, key=_batch_order):
             lines += [
                 "",
-                f"**batch {batch}**",
+                f"**batch {batch}**" if isinstance(batch, (int, float)) else "**no batch (failed before one)**",
                 "",
                 "| backend | median ms | p10 | p90 | images/s | speed-up vs best peer | x floor | first output s "
                 "| compilations | agrees with torch |",

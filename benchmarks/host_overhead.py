@@ -44,9 +44,22 @@ _KERNELS: weakref.WeakSet = weakref.WeakSet()
 
 def forget_arguments() -> None:
     """Drop the arguments each stub kernel keeps from its last launch (the dry run's batch-256 tensors would
-    otherwise stay alive, one set per compiled kernel)."""
+    otherwise stay alive, one set per compiled kernel), and hand freed memory back to the system from then on: blocks
+    over 1 MB come from mmap again and go back when freed. :func:`_keep_freed_memory` keeps them for timing; the dry
+    run times nothing, and a kept heap split by small allocations grew past its address-space limit."""
+    import ctypes
+    import ctypes.util
+    import gc
+
     for kernel in list(_KERNELS):
         kernel.last_args = ()
+    gc.collect()
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        libc.mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc
 
 
 class _StubKernel:

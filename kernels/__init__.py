@@ -58,6 +58,23 @@ class Kernel:
         """The autotune candidates before any prune (empty for a kernel that is not autotuned)."""
         return list(getattr(self.kernel, "configs", None) or ())
 
+    @property
+    def compile_variants(self) -> _Any:
+        """``compile_variants(v, variant_set, full)``: the cases ``tools/compile_check.py`` compiles of this kernel,
+        from its file (its ``<name>_tiles`` file where the kernel file is at the size cap)."""
+        return self._compile_spec("compile_variants")
+
+    @property
+    def compile_launch(self) -> _Any:
+        """``compile_launch(v, params)``: one case's launch, recorded through ``v.record`` (beside the variants)."""
+        return self._compile_spec("compile_launch")
+
+    def _compile_spec(self, name: str) -> _Any:
+        found = getattr(self.module, name, None)
+        if found is None:
+            found = getattr(_importlib.import_module(f"{__name__}.{self.name}_tiles"), name)
+        return found
+
 
 @_dataclass(frozen=True)
 class Op:

@@ -6,16 +6,19 @@ files; importing it touches no GPU driver."""
 from __future__ import annotations
 
 import inspect
+from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import triton
+from torch._C import _len_torch_dispatch_stack
 from triton.runtime import _allocation
 
 from vit_fast.base.interpret import interpreter_enabled
 
-from .launches import INTERPRETED, eager_direct
+from .launches import INTERPRETED
 
 
 def cdiv(a: int, b: int) -> int:
@@ -43,14 +46,16 @@ def ensure_scratch_allocator() -> None:
         triton.set_allocator(_torch_scratch)
 
 
-def interpret_bf16(dtype: torch.dtype) -> bool:
-    """bf16 under the interpreter: the kernels' ``ROUND_BF16`` flag (bf16 stores rounded by hand)."""
-    return dtype == torch.bfloat16 and INTERPRETED
+#: ``interpret_bf16(dtype)``: bf16 under the interpreter, the kernels' ``ROUND_BF16`` flag (bf16 stores rounded by
+#: hand); a dict lookup, not a Python call: every launch asks, and the per-call choice of direct launch or op costs
+#: about as much as the three calls these two flags were
+interpret_bf16: Callable[[torch.dtype], bool] = defaultdict(bool, {torch.bfloat16: INTERPRETED}).__getitem__
 
-
-def dot_in_fp32(dtype: torch.dtype) -> bool:
-    """The kernels' ``DOT_IN_FP32`` flag (see :func:`._tl.dot`): fp32 inputs, or bf16 under the interpreter."""
-    return dtype == torch.float32 or interpret_bf16(dtype)
+#: ``dot_in_fp32(dtype)``: the kernels' ``DOT_IN_FP32`` flag (see :func:`._tl.dot`): fp32 inputs, or bf16 under the
+#: interpreter
+dot_in_fp32: Callable[[torch.dtype], bool] = defaultdict(
+    bool, {torch.float32: True, torch.bfloat16: INTERPRETED}
+).__getitem__
 
 
 def upcast_16bit(upcast: bool, *tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
@@ -130,6 +135,29 @@ def register_recompute_backward(op: torch.library.CustomOpDef, reference: Callab
     op.register_autograd(backward, setup_context=setup_context)
 
 
+@dataclass(frozen=True)
+class SelfCheck:
+    """An op at a model's shapes in ``vit_fast.model.selfcheck``: ``cases(m)`` -> its launches ``(role, d)`` in one
+    forward of a model of sizes ``m``; ``inputs(d, rnd, gen, device, dtype)`` -> ``(args, kwargs)`` for its launcher
+    and reference (``rnd(*shape, scale=1.0)``: random in ``dtype`` on ``device``); ``launch(d, args, kwargs,
+    poisoned)``: the launcher into outputs ``poisoned(*shape)`` makes; ``judged``; ``shape(d)``: a report's line."""
+
+    cases: Callable[[dict], list[tuple[str, dict]]]
+    inputs: Callable[..., tuple[tuple, dict]]
+    launch: Callable[..., Any]
+    shape: Callable[[dict], str]
+    judged: Callable[[Any], Any] = lambda out: out
+
+
+def case_rows(m: dict) -> dict:
+    """A self-check case's token rows at a model's sizes ``m``: ``batch``, ``tokens``, width ``dim``, norm ``eps``."""
+    return {key: m[key] for key in ("batch", "tokens", "dim", "eps")}
+
+
+def _needs_grad(x: torch.Tensor, args: tuple, others: tuple[int, ...]) -> bool:
+    return x.requires_grad or any(args[i] is not None and args[i].requires_grad for i in others)
+
+
 def define_op(
     launch: Callable[..., Any],
     *,
@@ -138,12 +166,13 @@ def define_op(
     reference: Callable[..., Any],
     prepare: Callable[..., tuple] | None = None,
     lead: int | None = None,
+    selfcheck: SelfCheck | None = None,
 ) -> Callable[..., Any]:
     """Make ``launch`` (``_<name>_op``, typed: ``torch.library`` reads the schema from it) the custom op
     ``vit_fast::<name>``, the one place a kernel's op is written: fake = ``check`` + ``empty``'s outputs, backward
-    recomputes through ``reference``. Returns the public call: ``check``, ``prepare`` (defaults filled, e.g. a scale),
-    then ``launch`` in plain eager (:func:`~.launches.eager_direct` on argument ``lead``, the first tensor by
-    default), else the op (its ``op`` attribute). More: docs/kernels.md, "Ops, launchers and references"."""
+    recomputes through ``reference``. Returns the call every caller makes: ``check`` (skipped with ``checked=True``),
+    ``prepare``, then ``launch`` or the op (its ``op`` attribute), chosen there and nowhere else; it carries the
+    spec (``selfcheck``: :class:`SelfCheck`). More: docs/kernels.md, "Ops, launchers and references"."""
     name = launch.__name__.removeprefix("_").removesuffix("_op")
     op = torch.library.custom_op(f"vit_fast::{name}", mutates_args=())(launch)
 
@@ -162,15 +191,31 @@ def define_op(
     first = tensors[0] if lead is None else lead
     rest = tuple(i for i in tensors if i != first)
 
-    def call(*args: Any) -> Any:
-        check(*args)
+    # bound once: every launch asks. Traced by dynamo (torch.compile, strict export) is_dynamo_compiling() is True;
+    # non-strict export and FakeTensorMode are dispatch modes, with tensors of other types
+    compiling, dispatch_modes, grad_enabled = (
+        torch.compiler.is_dynamo_compiling,
+        _len_torch_dispatch_stack,
+        torch.is_grad_enabled,
+    )
+
+    def call(*args: Any, checked: bool = False) -> Any:
+        # checked=True: the caller checked these inputs (a model's forward checks its parameters once)
+        if not checked:
+            check(*args)
         if prepare is not None:
             args = prepare(*args)
-        if eager_direct(args[first], *[args[i] for i in rest]):
-            return launch(*args)
+        # direct launch or custom op, decided here only: the launcher itself in plain eager with no input that
+        # needs a gradient (the op's dispatch costs about 10 us and buys nothing there); traced, under a dispatch
+        # mode or differentiated, the op (its fake, its recompute backward). Asked of ``lead``, the activation: a
+        # parameter (timm's latent query) is no plain tensor
+        x = args[first]
+        if type(x) is torch.Tensor and not (compiling() or dispatch_modes() or x.is_meta):
+            if not (grad_enabled() and _needs_grad(x, args, rest)):
+                return launch(*args)
         return op(*args)
 
     call.__name__ = call.__qualname__ = name
     call.op, call.launch, call.check, call.empty = op, launch, check, empty  # the spec, read by OPS[name].spec
-    call.reference, call.prepare = reference, prepare
+    call.reference, call.prepare, call.selfcheck = reference, prepare, selfcheck
     return call

@@ -14,8 +14,14 @@ import triton.language as tl
 
 from vit_fast.base.cards import tensor_arch
 
-from ._launch import cdiv, define_op, dot_in_fp32, interpret_bf16, output_buffer
-from ._tl import attend_tile, head_tile, load_kv_tile, online_softmax_start, store_rounded
+from ._launch import SelfCheck, case_rows, cdiv, define_op, dot_in_fp32, interpret_bf16, output_buffer
+from ._tl import (
+    attend_tile,
+    head_tile,
+    load_kv_tile,
+    online_softmax_start,
+    store_rounded,
+)
 from .attention_checks import check_attention_inputs
 from .attention_tiles import attention_configs, block_d_for, prune_attention_configs
 from .autotune import autotune_cache_enabled, tune_key
@@ -359,6 +365,15 @@ _attention = define_op(
         qkv, num_heads, scale, True, lengths=lengths, cu_seqlens=cu_seqlens, rope=(cos, sin, num_prefix, layout)
     ),
     prepare=_default_scale,
+    selfcheck=SelfCheck(  # qkv [B, T, 3D] of ``heads`` heads, no mask
+        cases=lambda m: [("attention", {**case_rows(m), "heads": m["heads"]})],
+        inputs=lambda d, rnd, *_: ((rnd(d["batch"], d["tokens"], 3 * d["dim"]), d["heads"]), {}),
+        launch=lambda d, args, _, poisoned: launch_attention(*args, out=poisoned(d["batch"], d["tokens"], d["dim"])),
+        shape=lambda d: (
+            f"[{d['batch']}, {d['tokens']}, {3 * d['dim']}] -> [{d['batch']}, {d['tokens']}, {d['dim']}] "
+            f"({d['heads']} heads of {d['dim'] // d['heads']})"
+        ),
+    ),
 )
 
 

@@ -5,6 +5,8 @@ kv GEMM output in place: ``q [1 or B, Lq, H * Dh]`` (Lq 1..16) against ``kv [B, 
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import triton
 import triton.language as tl
@@ -12,8 +14,14 @@ import triton.language as tl
 from vit_fast.base.cards import Card, tensor_arch
 from vit_fast.base.interpret import interpreter_enabled
 
-from ._launch import check_device, define_op, dot_in_fp32, interpret_bf16, output_buffer
-from ._tl import attend_tile, head_tile, load_kv_tile, online_softmax_start, store_rounded
+from ._launch import SelfCheck, check_device, define_op, dot_in_fp32, interpret_bf16, output_buffer
+from ._tl import (
+    attend_tile,
+    head_tile,
+    load_kv_tile,
+    online_softmax_start,
+    store_rounded,
+)
 from .attention import LOG2E
 from .attention_checks import check_projection, check_scale
 from .attention_tiles import block_d_for
@@ -284,6 +292,31 @@ _attention_pool = define_op(
     reference=lambda q, kv, num_heads, scale: attention_pool_ref(q, kv, num_heads, scale, upcast=True),
     prepare=_default_scale,
     lead=1,  # kv, the activation: q is often a Parameter (timm's latent)
+    selfcheck=SelfCheck(  # one latent query for every image (batch 1), as the patched heads pass it
+        cases=lambda m: [
+            (
+                f"map head, {m['model']}",
+                dict(
+                    batch=m["batch"],
+                    tokens=m["tokens"],
+                    dim=m["heads"] * m["head_dim"],
+                    heads=m["heads"],
+                    latents=m["latents"],
+                ),  # fmt: skip
+            )
+        ],
+        inputs=lambda d, rnd, *_: (
+            (rnd(1, d["latents"], d["dim"]), rnd(d["batch"], d["tokens"], 2 * d["dim"]), d["heads"]),
+            {},
+        ),
+        launch=lambda d, args, _, poisoned: launch_attention_pool(
+            *args, out=poisoned(d["batch"], d["latents"], d["dim"])
+        ),
+        shape=lambda d: (
+            f"q [1, {d['latents']}, {d['dim']}], kv [{d['batch']}, {d['tokens']}, {2 * d['dim']}] -> "
+            f"[{d['batch']}, {d['latents']}, {d['dim']}] ({d['heads']} heads of {d['dim'] // d['heads']})"
+        ),
+    ),
 )
 
 
@@ -316,6 +349,39 @@ def attention_pool_ref(
     attn = ((q * scale) @ k.transpose(-2, -1)).softmax(dim=-1)
     out = (attn @ v).transpose(1, 2).reshape(batch, queries, num_heads * head_dim)
     return out.to(dtype)
+
+
+# ---------------------------------------------------------------------------------- compile-check variants
+# what tools/compile_check.py compiles of this kernel (KERNELS[name].compile_variants / .compile_launch): its
+# cases (kernel, label, params, which configs) per variant set, and one launch per case recorded through v.record;
+# ``v`` is the tool's vocabulary (DTYPES, PICK_MODELS, PICK_BATCHES, EVERY_CONFIG_DTYPES, which, empty, torch_dtype)
+#: the attention-pool head: head_dim -> (num_heads, tokens); 64: SigLIP-B/16 at 224 (196 tokens), 72: SigLIP
+#: so400m/14 at 384 (729 tokens), 80 and 128: padded and full 128 lanes, 256: MAX_HEAD_DIM
+_POOL_HEADS = {64: (12, 196), 72: (16, 729), 80: (16, 256), 128: (8, 256), 256: (4, 196)}
+
+
+def compile_variants(v, variant_set: str, full: bool) -> list[tuple]:
+    # the batch is only the grid's size (the kernel has no batch argument): one batch compiles what all would
+    if variant_set == "picks":  # not in ViT-S/16 or ViT-B/16
+        return []
+    if variant_set == "vit-b16":  # SigLIP-B/16's head: one latent query, 12 heads of 64
+        return [
+            ("attention_pool", f"{dtype} Dh64 Lq1 b8", {"dtype": dtype, "head_dim": 64, "B": 8, "Lq": 1}, "kept")
+            for dtype in v.DTYPES
+        ]
+    cases = []
+    for head_dim, dtype in itertools.product(_POOL_HEADS, v.DTYPES):
+        which = "all" if full else ("ends" if head_dim in (80, 128) else "kept")
+        params = {"dtype": dtype, "head_dim": head_dim, "B": 8, "Lq": 1}
+        cases.append(("attention_pool", f"{dtype} Dh{head_dim} Lq1 b8", params, which))
+    return cases
+
+
+def compile_launch(v, params: dict) -> tuple:
+    B, Dh, Lq = params.get("B", 8), params["head_dim"], params.get("Lq", 1)
+    H, T = _POOL_HEADS[Dh]
+    q, kv = v.empty((1, Lq, H * Dh), params["dtype"]), v.empty((B, T, 2 * H * Dh), params["dtype"])
+    return v.record(launch_attention_pool, q, kv, H)
 
 
 __all__ = ["MAX_QUERIES", "attention_pool", "attention_pool_ref", "launch_attention_pool"]

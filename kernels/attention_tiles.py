@@ -3,6 +3,8 @@ no-autotune pick (host side, read by the kernel in :mod:`.attention`)."""
 
 from __future__ import annotations
 
+import itertools
+
 import triton
 
 from vit_fast.base.cards import Card
@@ -112,6 +114,65 @@ def prune_attention_configs(configs, named_args, **kwargs):
         # (255 registers, triton 3.6 and 3.9; the unmasked kernel and the padded batch there: none), 8 warps none
         return [closest_config(kept, {"BLOCK_M": 64, "BLOCK_N": 64}, 8, 2)]
     return [closest_config(kept, {"BLOCK_M": 64, "BLOCK_N": 64}, 4, 2)]
+
+
+# ---------------------------------------------------------------------------------- compile-check variants
+# what tools/compile_check.py compiles of this kernel (KERNELS[name].compile_variants / .compile_launch): its
+# cases (kernel, label, params, which configs) per variant set, and one launch per case recorded through v.record;
+# ``v`` is the tool's vocabulary (DTYPES, PICK_MODELS, PICK_BATCHES, EVERY_CONFIG_DTYPES, which, empty, torch_dtype)
+_ATTENTION_HEADS = {32: 12, 64: 12, 80: 16, 96: 12, 128: 16, 256: 4}  # head_dim -> num_heads (256: MAX_HEAD_DIM)
+
+
+#: the attention kernel's masked variants (its HAS_LENGTHS / PACKED flags): a padded batch, packed images
+_ATTENTION_MASKS = ("lengths", "packed")
+
+
+def _attention_variant(dtype, head_dim, b, which, mask=None, heads=None):
+    label = f"{dtype}{f' H{heads}' if heads else ''} Dh{head_dim} b{b}{f' | {mask}' if mask else ''}"
+    params = {"dtype": dtype, "head_dim": head_dim, "B": b, **({"heads": heads} if heads else {})}
+    return ("attention", label, {**params, **({"mask": mask} if mask else {})}, which)
+
+
+def compile_variants(v, variant_set: str, full: bool) -> list[tuple]:
+    if variant_set == "picks":  # 6 (ViT-S/16) and 12 (ViT-B/16) heads of 64, 197 tokens
+        return [
+            _attention_variant(dtype, 64, b, "pick", heads=H)
+            for dtype, (_, _, H), b in itertools.product(v.DTYPES, v.PICK_MODELS, v.PICK_BATCHES)
+        ]
+    if variant_set == "vit-b16":  # 12 heads of 64, 197 tokens, batch 1 and 8; the masked variants at batch 8
+        return [
+            _attention_variant(dtype, 64, b, v.which(dtype)) for dtype, b in itertools.product(v.DTYPES, (1, 8))
+        ] + [
+            _attention_variant(dtype, 64, 8, v.which(dtype), mask)
+            for dtype, mask in itertools.product(v.DTYPES, _ATTENTION_MASKS)
+        ]
+    cases = []
+    for head_dim, dtype in itertools.product(_ATTENTION_HEADS, v.DTYPES):
+        # Dh 80 and 96 have the same tiles as Dh 128 (BLOCK_D 128), only the masks differ
+        which = "all" if full else ("ends" if head_dim in (80, 96) else "kept")
+        cases.append(_attention_variant(dtype, head_dim, 8, which))
+        # the masked variants: the smallest and largest kept tile (and the pick) unless --full
+        cases += [_attention_variant(dtype, head_dim, 8, "all" if full else "ends", mask) for mask in _ATTENTION_MASKS]
+    return cases
+
+
+def compile_launch(v, params: dict) -> tuple:
+    from .attention import launch_attention
+
+    B, T, Dh = params.get("B", 8), 197, params["head_dim"]
+    H = params.get("heads", _ATTENTION_HEADS[Dh])
+    mask = params.get("mask")
+    masks = {
+        "lengths": {"lengths": v.empty((B,), "i32")},
+        # four images in each row's 197 tokens; the launcher reads no values (checked=True)
+        "packed": {"cu_seqlens": v.empty((4 * B + 1,), "i32"), "max_seqlen": 64},
+    }
+    return v.record(
+        launch_attention,
+        v.empty((B, T, 3 * H * Dh), params["dtype"]),
+        H,
+        **(masks[mask] if mask else {}),
+    )
 
 
 __all__ = [

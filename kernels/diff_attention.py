@@ -6,6 +6,7 @@ epilogue, written as ``[B, T, H * 2 Dh]``. Top to bottom: the tiles, the kernel,
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -16,6 +17,7 @@ from vit_fast.base.cards import tensor_arch
 from vit_fast.base.interpret import interpreter_enabled
 
 from ._launch import (
+    SelfCheck,
     cdiv,
     check_device,
     define_op,
@@ -320,6 +322,15 @@ def _defaults(qkv, lambda_full, norm_weight, num_heads, lambda_init, scale, norm
     return qkv, lambda_full, norm_weight, num_heads, float(lambda_init), scale, float(norm_eps)
 
 
+def _selfcheck_inputs(d: dict, rnd) -> tuple[tuple, dict]:
+    """timm's lambda, exp(q1 . k1) - exp(q2 . k2) + lambda_init, lies near lambda_init (its vectors start at std
+    0.1): drawn as lambda_init + 0.1 N(0, 1), a 0-dim tensor in qkv's dtype as timm_blocks passes it; the sub_norm
+    weight is over 2 * Dh."""
+    lambda_full = d["lambda_init"] + rnd(scale=0.1)
+    B, T, D = d["batch"], d["tokens"], d["dim"]
+    return (rnd(B, T, 3 * D), lambda_full, rnd(D // d["heads"]), d["heads"], d["lambda_init"]), {}
+
+
 _diff_attention = define_op(
     _diff_attention_op,
     check=_check_diff_attention_inputs,
@@ -328,6 +339,29 @@ _diff_attention = define_op(
         qkv, lam, weight, heads, lambda_init, scale, eps, upcast=True
     ),
     prepare=_defaults,
+    selfcheck=SelfCheck(  # v and the output: 2 * Dh per head
+        cases=lambda m: [
+            (
+                f"attention, {m['model']}",
+                dict(
+                    batch=m["batch"],
+                    tokens=m["tokens"],
+                    dim=2 * m["heads"] * m["head_dim"],
+                    heads=m["heads"],
+                    lambda_init=m["lambda_init"],
+                ),  # fmt: skip
+            )
+        ],
+        inputs=lambda d, rnd, *_: _selfcheck_inputs(d, rnd),
+        launch=lambda d, args, _, poisoned: launch_diff_attention(
+            *args, out=poisoned(d["batch"], d["tokens"], d["dim"])
+        ),
+        shape=lambda d: (
+            f"[{d['batch']}, {d['tokens']}, {3 * d['dim']}] -> [{d['batch']}, {d['tokens']}, {d['dim']}] "
+            f"({d['heads']} heads: q, k {2 * d['heads']} of {d['dim'] // (2 * d['heads'])}, v {d['heads']} of "
+            f"{d['dim'] // d['heads']})"
+        ),
+    ),
 )
 
 
@@ -379,6 +413,44 @@ def diff_attention_ref(
     x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm_eps) * norm_weight
     x = x * (1 - lambda_init)
     return x.transpose(1, 2).reshape(batch, tokens, width // 3).to(dtype)
+
+
+# ---------------------------------------------------------------------------------- compile-check variants
+# what tools/compile_check.py compiles of this kernel (KERNELS[name].compile_variants / .compile_launch): its
+# cases (kernel, label, params, which configs) per variant set, and one launch per case recorded through v.record;
+# ``v`` is the tool's vocabulary (DTYPES, PICK_MODELS, PICK_BATCHES, EVERY_CONFIG_DTYPES, which, empty, torch_dtype)
+#: q/k head dim -> heads of timm's differential attention (output heads are 2 x head dim wide); 32: vit_dwee /
+#: vit_dlittle (4 and 5 heads of 2 x 32), 128: the kernel's MAX_HEAD_DIM (v heads of 256)
+_DIFF_HEADS = {16: 2, 32: 4, 64: 6, 128: 2}
+
+
+def compile_variants(v, variant_set: str, full: bool) -> list[tuple]:
+    if variant_set == "picks":  # not in ViT-S/16 or ViT-B/16
+        return []
+    if variant_set == "vit-b16":  # not in ViT-B/16: vit_dwee_patch16_reg1_gap_256's (4 heads of 2 x 32, T 257)
+        return [
+            ("diff_attention", f"{dtype} Dh32 T257 b8", {"dtype": dtype, "head_dim": 32, "B": 8}, "pick")
+            for dtype in v.DTYPES
+        ]
+    cases = []
+    for head_dim, dtype in itertools.product(_DIFF_HEADS, v.DTYPES):
+        which = "all" if full else ("kept" if dtype in v.EVERY_CONFIG_DTYPES else "pick")
+        label = f"{dtype} Dh{head_dim} T257 b8"
+        cases.append(("diff_attention", label, {"dtype": dtype, "head_dim": head_dim, "B": 8}, which))
+    return cases
+
+
+def compile_launch(v, params: dict) -> tuple:
+    B, T, Dh, dtype = params.get("B", 8), 257, params["head_dim"], params["dtype"]
+    H = _DIFF_HEADS[Dh]
+    return v.record(
+        launch_diff_attention,
+        v.empty((B, T, 3 * H * 2 * Dh), dtype),
+        v.empty((), "fp32"),
+        v.empty((2 * Dh,), dtype),
+        H,
+        0.5,
+    )
 
 
 __all__ = ["diff_attention", "diff_attention_ref", "launch_diff_attention"]

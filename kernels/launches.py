@@ -34,20 +34,6 @@ FP_FUSION = True
 INTERPRETED = interpreter_enabled()
 
 
-def eager_direct(x: torch.Tensor, *tensors: torch.Tensor | None) -> bool:
-    """True when a public op may call its launcher directly rather than through its ``torch.library`` op:
-    plain eager execution (not traced by torch.compile or export, no dispatch mode such as FakeTensorMode
-    active, ``x`` a plain tensor with data, no input needing a gradient). The custom op's dispatch costs
-    about 10 µs per call and buys nothing there; traced or differentiated, the op is what runs."""
-    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() or type(x) is not torch.Tensor:
-        return False
-    if x.is_meta:
-        return False
-    if torch.is_grad_enabled():
-        return not any(t is not None and t.requires_grad for t in (x, *tensors))
-    return True
-
-
 #: which kinds of first use (False: compiling the heuristic configs, True: tuning) this process has announced
 _ANNOUNCED: set[bool] = set()
 

@@ -5,13 +5,15 @@ its ``RMS`` mode timm's RmsNorm: the block-size choice, the kernel, the launcher
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import triton
 import triton.language as tl
 
 from vit_fast.base.interpret import interpreter_enabled
 
-from ._launch import cdiv, check_device, define_op, interpret_bf16, next_power_of_2, upcast_16bit
+from ._launch import SelfCheck, case_rows, cdiv, check_device, define_op, interpret_bf16, next_power_of_2, upcast_16bit
 from ._tl import to_bf16_rtne
 from .launches import SUPPORTED_DTYPES, ResolvedLaunches
 
@@ -233,6 +235,21 @@ def launch_rms_norm(
 
 
 # ---------------------------------------------------------------------------------- custom ops
+def _norm_inputs(d: dict, rnd, *_, residual: bool = False) -> tuple[tuple, dict]:
+    res = rnd(d["batch"], d["tokens"], d["dim"]) if residual else None
+    return (rnd(d["batch"], d["tokens"], d["dim"], scale=2.0), res, rnd(d["dim"]), rnd(d["dim"]), d["eps"]), {}
+
+
+def _add_layer_norm_launch(d: dict, args: tuple, kwargs: dict, poisoned) -> torch.Tensor:
+    shape = (d["batch"], d["tokens"], d["dim"])
+    summed, normed = launch_add_layer_norm(*args, summed_out=poisoned(*shape), normed_out=poisoned(*shape))
+    return torch.cat([summed, normed], dim=-1)  # both outputs judged at once
+
+
+def _rows_shape(d: dict) -> str:
+    return f"[{d['batch']}, {d['tokens']}, {d['dim']}]"
+
+
 def _add_layer_norm_op(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -244,6 +261,13 @@ _add_layer_norm = define_op(
     check=_check_layer_norm_inputs,
     empty=lambda x, *_: (x.new_empty(x.shape), x.new_empty(x.shape)),
     reference=lambda *args: add_layer_norm_ref(*args),
+    selfcheck=SelfCheck(
+        cases=lambda m: [("residual + norm", case_rows(m))],
+        inputs=lambda d, rnd, *_: _norm_inputs(d, rnd, residual=True),
+        launch=_add_layer_norm_launch,
+        shape=_rows_shape,
+        judged=lambda out: torch.cat(list(out), dim=-1),
+    ),
 )
 
 
@@ -260,6 +284,15 @@ _layer_norm = define_op(
     check=_check_norm,
     empty=lambda x, *_: x.new_empty(x.shape),
     reference=lambda x, weight, bias, eps: add_layer_norm_ref(x, None, weight, bias, eps)[1],
+    selfcheck=SelfCheck(  # the reference the check reads is add_layer_norm_ref's, residual None: (None, normed)
+        cases=lambda m: [("final norm", case_rows(m))],
+        inputs=_norm_inputs,
+        launch=lambda d, args, _, poisoned: launch_layer_norm(
+            args[0], *args[2:], out=poisoned(d["batch"], d["tokens"], d["dim"])
+        ),
+        shape=_rows_shape,
+        judged=lambda out: out[1],
+    ),
 )
 
 
@@ -268,7 +301,21 @@ def _rms_norm_op(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tenso
 
 
 _rms_norm = define_op(
-    _rms_norm_op, check=_check_norm, empty=lambda x, *_: x.new_empty(x.shape), reference=lambda *a: rms_norm_ref(*a)
+    _rms_norm_op,
+    check=_check_norm,
+    empty=lambda x, *_: x.new_empty(x.shape),
+    reference=lambda *a: rms_norm_ref(*a),
+    selfcheck=SelfCheck(  # qk-norm: each head's row of Dh, [B, T, H, Dh]
+        cases=lambda m: [
+            (f"qk-norm, {m['model']}", {**case_rows({**m, "dim": m["head_dim"]}), "heads": m["heads"]}),
+        ],
+        inputs=lambda d, rnd, *_: (
+            (rnd(d["batch"], d["tokens"], d["heads"], d["dim"], scale=2.0), rnd(d["dim"]), None, d["eps"]),
+            {},
+        ),
+        launch=lambda d, args, _, poisoned: launch_rms_norm(*args, out=poisoned(*args[0].shape)),
+        shape=lambda d: f"[{d['batch']}, {d['tokens']}, {d['heads']}, {d['dim']}]",
+    ),
 )
 
 
@@ -344,6 +391,48 @@ def rms_norm_ref(
     if bias is not None:
         y = y + bias
     return y.to(dtype)
+
+
+# ---------------------------------------------------------------------------------- compile-check variants
+# what tools/compile_check.py compiles of this kernel (KERNELS[name].compile_variants / .compile_launch): its
+# cases (kernel, label, params, which configs) per variant set, and one launch per case recorded through v.record;
+# ``v`` is the tool's vocabulary (DTYPES, PICK_MODELS, PICK_BATCHES, EVERY_CONFIG_DTYPES, which, empty, torch_dtype)
+def compile_variants(v, variant_set: str, full: bool) -> list[tuple]:
+    cases = []
+    if variant_set == "vit-b16":
+        # the final norm (no residual) and the unfused add + LayerNorm, D 768, batch 1 and 8
+        grid = itertools.product(v.DTYPES, (768,), (1, 8), (False, True), (True,), (True,))
+    elif variant_set == "picks":
+        grid = itertools.product(
+            v.DTYPES, [D for _, D, _ in v.PICK_MODELS], v.PICK_BATCHES, (False, True), (True,), (True,)
+        )
+    else:
+        grid = itertools.product(v.DTYPES, (64, 768, 1024, 1280), (8,), (False, True), (False, True), (False, True))
+    for dtype, D, b, res, weight, bias in grid:
+        label = f"{dtype} D{D} b{b} | res={int(res)} weight={int(weight)} bias={int(bias)}"
+        params = {"dtype": dtype, "D": D, "M": 197 * b, "res": res, "weight": weight, "bias": bias}
+        cases.append(("layer_norm", label, params, "pick"))
+    if variant_set == "sweep":
+        # the RMS mode (timm's RmsNorm: a weight, no bias, no residual): the xp ViTs' widths, and qk-norm over
+        # head dims 64 and 80 (rows: tokens x heads)
+        for dtype, D in itertools.product(v.DTYPES, (64, 80, 768, 1024, 1280)):
+            params = {"dtype": dtype, "D": D, "M": 197 * 8, "res": False, "weight": True, "bias": False, "rms": True}
+            cases.append(("layer_norm", f"{dtype} D{D} b8 | rms weight=1", params, "pick"))
+    return cases
+
+
+def compile_launch(v, params: dict) -> tuple:
+    M, D, dtype = params["M"], params["D"], params["dtype"]
+    # the launcher picks the compiled-mode block sizes and warps itself (TRITON_INTERPRET unset)
+    return v.record(
+        launch_add_layer_norm,
+        v.empty((M, D), dtype),
+        v.empty((M, D), dtype) if params["res"] else None,
+        v.empty((D,), dtype) if params["weight"] else None,
+        v.empty((D,), dtype) if params["bias"] else None,
+        1e-6,
+        rms=params.get("rms", False),
+    )
 
 
 __all__ = [

@@ -12,7 +12,16 @@ import triton.language as tl
 
 from vit_fast.base.cards import tensor_arch, tensor_sm_count
 
-from ._launch import cdiv, define_op, dot_in_fp32, ensure_scratch_allocator, interpret_bf16, upcast_16bit
+from ._launch import (
+    SelfCheck,
+    case_rows,
+    cdiv,
+    define_op,
+    dot_in_fp32,
+    ensure_scratch_allocator,
+    interpret_bf16,
+    upcast_16bit,
+)
 from .activations import activation_ref
 from .autotune import SMALL_M, autotune_cache_enabled, m_class, persistent_programs, tma_usable, tune_key
 from .launches import ResolvedLaunches
@@ -204,6 +213,53 @@ def _gemm_output(x: torch.Tensor, weight: torch.Tensor, activation: str | None) 
     return x.new_empty((*x.shape[:-1], weight.shape[0] // 2 if gate_code(activation) else weight.shape[0]))
 
 
+def _gemm_inputs(d: dict, rnd, norm: str | None) -> tuple[tuple, dict]:
+    """A self-check's GEMM inputs: x [B, T, K], weight [N, K], bias [N] unless ``bias`` is False; a norm's weight
+    (and bias: LayerNorm) [K] before them, or a residual [B, T, N] and LayerScale gamma [N] after them."""
+    B, T, K, N = d["batch"], d["tokens"], d["k_in"], d["n_out"]
+    x, weight = rnd(B, T, K), rnd(N, K, scale=K**-0.5)
+    bias = rnd(N) if d.get("bias", True) else None
+    if norm is not None:  # timm's RmsNorm: a weight, no bias
+        return (x, rnd(K), rnd(K) if norm == "layer" else None, d["eps"], weight, bias, d.get("act")), {}
+    residual = rnd(B, T, N, scale=2.0) if d.get("residual") else None
+    return (x, weight, bias, d.get("act"), residual, rnd(N) if d.get("gamma") else None), {}
+
+
+def _block_gemms(m: dict, norm: str | None) -> list[tuple[str, dict]]:
+    """A ViT block's GEMMs of this kind: qkv and fc1 behind their LayerNorm, proj and fc2 with their residual (and
+    LayerScale); the RmsNorm ones of a ParallelScalingBlock model (no qkv bias)."""
+    if norm == "rms":
+        dim = m["heads"] * m["head_dim"]
+        gemm = dict(batch=m["batch"], tokens=m["tokens"], dim=dim, eps=m["eps"], k_in=dim)
+        hidden = int(round(dim * m["mlp_ratio"]))
+        fc1, qkv = dict(n_out=hidden, act="gelu"), dict(n_out=3 * dim, bias=False)
+        return [(f"fc1, {m['model']}", {**gemm, **fc1}), (f"qkv, {m['model']}", {**gemm, **qkv})]
+    rows, dim = case_rows(m), m["dim"]
+    if norm == "layer":
+        qkv, fc1 = dict(n_out=3 * dim, bias=m["qkv_bias"]), dict(n_out=m["hidden"], act=m["act"])
+        return [("qkv", {**rows, "k_in": dim, **qkv}), ("fc1", {**rows, "k_in": dim, **fc1})]
+    ends = dict(n_out=dim, residual=True, gamma=m["gamma"])
+    return [("proj", {**rows, "k_in": dim, **ends}), ("fc2", {**rows, "k_in": m["hidden"], **ends})]
+
+
+def _gemm_selfcheck(norm: str | None) -> SelfCheck:
+    def launch(d: dict, args: tuple, kwargs: dict, poisoned) -> torch.Tensor:
+        if norm is None:
+            return launch_linear(*args, out=poisoned(d["batch"], d["tokens"], args[1].shape[0]))
+        x, norm_weight, norm_bias, eps, weight, bias, act = args
+        out = poisoned(d["batch"], d["tokens"], weight.shape[0])
+        rms = norm == "rms"
+        return launch_linear(x, weight, bias, act, ln_weight=norm_weight, ln_bias=norm_bias, ln_eps=eps, ln_rms=rms,
+                             out=out)  # fmt: skip
+
+    return SelfCheck(
+        cases=lambda m: _block_gemms(m, norm),
+        inputs=lambda d, rnd, *_: _gemm_inputs(d, rnd, norm),
+        launch=launch,
+        shape=lambda d: f"[{d['batch']}, {d['tokens']}, {d['k_in']}] -> [{d['batch']}, {d['tokens']}, {d['n_out']}]",
+    )
+
+
 def _linear_op(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -222,6 +278,7 @@ _linear = define_op(
     reference=lambda x, weight, bias, activation, residual, gamma: linear_ref(
         x, weight, bias, activation, residual, gamma, upcast=True
     ),
+    selfcheck=_gemm_selfcheck(None),
 )
 
 
@@ -252,6 +309,7 @@ _layer_norm_linear = define_op(
     check=_normed_checks("layer_norm_linear"),
     empty=lambda x, _w, _b, _eps, weight, _bias, activation: _gemm_output(x, weight, activation),
     reference=lambda *args: layer_norm_linear_ref(*args, upcast=True),
+    selfcheck=_gemm_selfcheck("layer"),
 )
 
 
@@ -275,6 +333,7 @@ _rms_norm_linear = define_op(
     check=_normed_checks("rms_norm_linear"),
     empty=lambda x, _w, _b, _eps, weight, _bias, activation: _gemm_output(x, weight, activation),
     reference=lambda *args: rms_norm_linear_ref(*args, upcast=True),
+    selfcheck=_gemm_selfcheck("rms"),
 )
 
 

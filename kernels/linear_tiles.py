@@ -6,6 +6,8 @@ Why these tiles: docs/kernels.md, "GEMM tiles by row count"."""
 
 from __future__ import annotations
 
+import itertools
+
 import triton
 import triton.language as tl
 
@@ -305,6 +307,110 @@ def linear_tile(
     out_ptrs = out_ptr + offs_m[:, None].to(tl.int64) * stride_out_m + offs_n[None, :]
     out = to_bf16_rtne(acc) if ROUND_BF16 else acc.to(out_ptr.dtype.element_ty)
     tl.store(out_ptrs, out, mask=out_mask)
+
+
+# ---------------------------------------------------------------------------------- compile-check variants
+# what tools/compile_check.py compiles of this kernel (KERNELS[name].compile_variants / .compile_launch): its
+# cases (kernel, label, params, which configs) per variant set, and one launch per case recorded through v.record;
+# ``v`` is the tool's vocabulary (DTYPES, PICK_MODELS, PICK_BATCHES, EVERY_CONFIG_DTYPES, which, empty, torch_dtype)
+# (label, (M, N, K), activation, bias, residual, gamma): "ln+" labels have the LayerNorm prologue
+# (layer_norm_linear: LN1 -> qkv, LN2 -> fc1)
+def _vit_b16_gemms(b: int, D: int = 768, tag: str = ""):
+    """A ViT block's four GEMMs at batch ``b`` (197 tokens) and width ``D`` (ViT-B/16's 768 by default);
+    ``tag`` goes into the labels after the GEMM's name."""
+    M = 197 * b
+    return (
+        (f"ln+qkv{tag} b{b} none+bias", (M, 3 * D, D), "none", True, False, False),
+        (f"proj{tag} b{b} bias+res", (M, D, D), "none", True, True, False),
+        (f"ln+fc1{tag} b{b} gelu+bias", (M, 4 * D, D), "gelu", True, False, False),
+        (f"fc2{tag} b{b} bias+res", (M, D, 4 * D), "none", True, True, False),
+    )
+
+
+#: ViT-B/16's GEMMs whose every kept config is checked (the others: the heuristic's pick only): the LayerNorm
+#: prologue with the erf GELU epilogue, the heaviest in registers (the prune reads shapes only, so it keeps the same
+#: tiles for all four; each prologue / epilogue is tuned among them on its own: its flags are in the autotune key)
+_VIT_B16_EVERY_CONFIG = ("ln+fc1",)
+
+# the sweep: the ViT-B/16 block's GEMMs at batch 8 with every epilogue, and batch 1's narrow tiles
+_LINEAR_VARIANTS = (
+    ("qkv none+bias", (1576, 2304, 768), "none", True, False, False),
+    ("ln+qkv none+bias", (1576, 2304, 768), "none", True, False, False),
+    ("ln+fc1 gelu+bias", (1576, 3072, 768), "gelu", True, False, False),
+    # batch 1 (197 rows): the narrow small-M tiles (BLOCK_N 16 / 32) are candidates only here
+    ("ln+qkv b1 none+bias", (197, 2304, 768), "none", True, False, False),
+    ("fc2 b1 bias+res+gamma", (197, 768, 3072), "none", True, True, True),
+    ("fc1 gelu+bias", (1576, 3072, 768), "gelu", True, False, False),
+    ("fc1 gelu_tanh+bias", (1576, 3072, 768), "gelu_tanh", True, False, False),
+    # OpenAI CLIP's QuickGELU and SwiGLU's SiLU (timm / HF models patched in place run these epilogues)
+    ("fc1 quick_gelu+bias", (1576, 3072, 768), "quick_gelu", True, False, False),
+    ("fc1 silu+bias", (1576, 3072, 768), "silu", True, False, False),
+    ("fc2 bias+res+gamma", (1576, 768, 3072), "none", True, True, True),
+    # the RmsNorm prologue (LN_RMS: timm's xp ViTs, ParallelScalingBlock's in_proj as fc1 and qkv GEMMs; no qkv bias)
+    ("rms+qkv none", (1576, 2304, 768), "none", False, False, False),
+    ("rms+fc1 gelu+bias", (1576, 3072, 768), "gelu", True, False, False),
+    ("rms+qkv b1 none", (197, 2304, 768), "none", False, False, False),
+    # SwiGLU's gated epilogue (two accumulators: the register-heaviest GEMM; N is the output's width, the weight
+    # stacks 2N rows): EVA-02 / AIMv2 fc1 behind a LayerNorm or RmsNorm, DINOv2 giant's GluMlp (gate last)
+    ("ln+fc1 silu_glu+bias", (1576, 2048, 768), "silu_glu", True, False, False),
+    ("rms+fc1 silu_glu", (1576, 2048, 768), "silu_glu", False, False, False),
+    ("ln+fc1 b1 silu_glu_last+bias", (197, 2048, 768), "silu_glu_last", True, False, False),
+)
+# every config for the heaviest epilogues (erf GELU; residual + LayerScale); the others on two tiles unless --full
+_LINEAR_EVERY_CONFIG = ("fc1 gelu+bias", "fc2 bias+res+gamma", "ln+fc1 gelu+bias", "ln+fc1 silu_glu+bias")
+
+
+def compile_variants(v, variant_set: str, full: bool) -> list[tuple]:
+    cases = []
+    if variant_set == "picks":
+        for dtype, (_, D, _), b in itertools.product(v.DTYPES, v.PICK_MODELS, v.PICK_BATCHES):
+            for variant in _vit_b16_gemms(b, D, f" D{D}"):
+                cases.append(("linear", f"{dtype} {variant[0]}", {"dtype": dtype, "variant": variant}, "pick"))
+        return cases
+    if variant_set == "vit-b16":
+        for dtype, b in itertools.product(v.DTYPES, (1, 8)):
+            for variant in _vit_b16_gemms(b):
+                every = variant[0].split()[0] in _VIT_B16_EVERY_CONFIG
+                which = v.which(dtype) if every else "pick"
+                cases.append(("linear", f"{dtype} {variant[0]}", {"dtype": dtype, "variant": variant}, which))
+        return cases
+    for variant, dtype in itertools.product(_LINEAR_VARIANTS, v.DTYPES):
+        name = variant[0]
+        if full:
+            which = "all"
+        elif " b1 " in name:
+            which = "narrow"  # batch 1: the narrow tiles only batch 1-2 gets
+        elif name in _LINEAR_EVERY_CONFIG:
+            which = "kept"
+        else:
+            which = "ends"  # epilogue-only variants: the smallest and largest tile
+        cases.append(("linear", f"{dtype} {name}", {"dtype": dtype, "variant": variant}, which))
+    return cases
+
+
+def compile_launch(v, params: dict) -> tuple:
+    from .linear import launch_linear
+
+    name, (M, N, K), act, has_bias, has_res, has_gamma = params["variant"]
+    dtype = params["dtype"]
+    ln = (
+        {"ln_weight": v.empty((K,), dtype), "ln_bias": v.empty((K,), dtype), "ln_eps": 1e-6}
+        if name[:3] == "ln+"
+        else {}
+    )
+    if name[:4] == "rms+":  # timm's RmsNorm: a weight, no bias
+        ln = {"ln_weight": v.empty((K,), dtype), "ln_eps": 1e-6, "ln_rms": True}
+    rows = 2 * N if "_glu" in act else N  # a gated GEMM's weight and bias stack its two halves
+    return v.record(
+        launch_linear,
+        v.empty((M, K), dtype),
+        v.empty((rows, K), dtype),
+        v.empty((rows,), dtype) if has_bias else None,
+        None if act == "none" else act,
+        v.empty((M, N), dtype) if has_res else None,
+        v.empty((N,), dtype) if has_gamma else None,
+        **ln,
+    )
 
 
 __all__ = [

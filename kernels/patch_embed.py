@@ -5,6 +5,7 @@ embedding, class and register tokens; a uint8 image normalised on the fly): the 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import torch
@@ -13,7 +14,7 @@ import triton.language as tl
 
 from vit_fast.base.cards import tensor_arch, tensor_sm_count
 
-from ._launch import cdiv, define_op, dot_in_fp32, interpret_bf16
+from ._launch import SelfCheck, case_rows, cdiv, define_op, dot_in_fp32, interpret_bf16
 from ._tl import dot, to_bf16_rtne
 from .autotune import autotune_cache_enabled, m_class, tune_key
 from .launches import ResolvedLaunches
@@ -263,12 +264,39 @@ def _empty(x, weight, bias, pos_embed, cls_token, reg_token, *_) -> torch.Tensor
     return x.new_empty((x.shape[0], tokens, weight.shape[0]), dtype=weight.dtype)
 
 
+#: what a self-check case of the patch embedding reads of the model besides its rows
+_IMAGE = ("chans", "height", "width", "patch", "class_token", "reg_tokens", "no_embed_class")
+
+
+def _selfcheck_inputs(d: dict, rnd, *_) -> tuple[tuple, dict]:
+    B, C, p, D = d["batch"], d["chans"], d["patch"], d["dim"]
+    patches = (d["height"] // p) * (d["width"] // p)
+    L = patches + (0 if d["no_embed_class"] else int(d["class_token"]) + d["reg_tokens"])
+    args = (rnd(B, C, d["height"], d["width"]), rnd(D, C, p, p, scale=(C * p * p) ** -0.5), rnd(D), rnd(1, L, D))
+    tokens = dict(
+        cls_token=rnd(1, 1, D) if d["class_token"] else None,
+        reg_token=rnd(1, d["reg_tokens"], D) if d["reg_tokens"] else None,
+        no_embed_class=d["no_embed_class"],
+    )
+    return args, tokens
+
+
 _patch_embed = define_op(
     _patch_embed_op,
     check=_check,
     empty=_empty,
     reference=lambda x, weight, bias, pos_embed, cls_token, reg_token, mean, std, no_embed_class: patch_embed_ref(
         x, weight, bias, pos_embed, cls_token, reg_token, no_embed_class=no_embed_class, mean=mean, std=std
+    ),
+    selfcheck=SelfCheck(
+        cases=lambda m: [("patch embedding", {**case_rows(m), **{k: m[k] for k in _IMAGE}})],
+        inputs=_selfcheck_inputs,
+        launch=lambda d, args, kwargs, poisoned: launch_patch_embed(
+            *args, **kwargs, out=poisoned(d["batch"], d["tokens"], d["dim"])
+        ),
+        shape=lambda d: (
+            f"[{d['batch']}, {d['chans']}, {d['height']}, {d['width']}] -> [{d['batch']}, {d['tokens']}, {d['dim']}]"
+        ),
     ),
 )
 
@@ -339,6 +367,78 @@ def patch_embed_ref(
         tokens = torch.cat([*prefix, tokens], dim=1) if prefix else tokens
         tokens = tokens + cast(pos_embed)
     return tokens.to(out_dtype)
+
+
+# ---------------------------------------------------------------------------------- compile-check variants
+# what tools/compile_check.py compiles of this kernel (KERNELS[name].compile_variants / .compile_launch): its
+# cases (kernel, label, params, which configs) per variant set, and one launch per case recorded through v.record;
+# ``v`` is the tool's vocabulary (DTYPES, PICK_MODELS, PICK_BATCHES, EVERY_CONFIG_DTYPES, which, empty, torch_dtype)
+def _pe_variant(dtype, image, shape, bias, prefix, which, tag=""):
+    C, p, D, B, _ = shape
+    label = (
+        f"{dtype} {image} C{C} p{p} D{D} b{B} | bias={int(bias)} cls={int(prefix[0])} reg={prefix[1]} "
+        f"nec={int(prefix[2])}{tag}"
+    )
+    params = {"dtype": dtype, "image": image, "shape": shape, "bias": bias, "prefix": prefix}
+    return ("patch_embed", label, params, which)
+
+
+_PE_PREFIXES = (  # (HAS_CLS, num_reg, no_embed_class)
+    (False, 0, False),
+    (True, 0, False),
+    (True, 0, True),
+    (True, 4, False),
+    (True, 4, True),
+    (False, 4, True),
+)
+
+
+def compile_variants(v, variant_set: str, full: bool) -> list[tuple]:
+    if variant_set == "picks":  # ViT-S/16 and ViT-B/16: the heuristic's pick per dtype and batch
+        return [
+            _pe_variant(dtype, "float", (3, 16, D, b, 224), True, (True, 0, False), "pick")
+            for dtype, (_, D, _), b in itertools.product(v.DTYPES, v.PICK_MODELS, v.PICK_BATCHES)
+        ]
+    if variant_set == "vit-b16":
+        # ViT-B/16 at 224 px, batch 1 and 8: a float image, conv bias, the class token
+        return [
+            _pe_variant(dtype, "float", (3, 16, 768, b, 224), True, (True, 0, False), v.which(dtype))
+            for dtype, b in itertools.product(v.DTYPES, (1, 8))
+        ]
+    # (C, p, D, B, H): ViT-B/16 at 224 px; the embedded digits model (8x8 grey, p=4, D=64)
+    shapes = ((3, 16, 768, 8, 224), (1, 4, 64, 32, 8))
+    cases = []
+    for dtype, image, shape in itertools.product(v.DTYPES, ("float", "float+norm", "uint8+norm"), shapes):
+        # every config: the heaviest flag set (bias, class + 4 register tokens) ...
+        cases.append(_pe_variant(dtype, image, shape, True, (True, 4, False), "all" if full else "kept"))
+        # ... and the flag sweep (bias x prefix tokens x no_embed_class): with --full on every config and
+        # shape, else on the largest tile (the most registers) at ViT-B/16's shape
+        if full or shape is shapes[0]:
+            for bias, prefix in itertools.product((False, True), _PE_PREFIXES):
+                if (bias, prefix) != (True, (True, 4, False)):
+                    cases.append(_pe_variant(dtype, image, shape, bias, prefix, "all" if full else "largest"))
+    return cases
+
+
+def compile_launch(v, params: dict) -> tuple:
+    C, p, D, B, H = params["shape"]
+    dtype, image = params["dtype"], params["image"]
+    has_cls, num_reg, no_embed_class = params["prefix"]
+    num_patches = (H // p) ** 2
+    num_prefix = int(has_cls) + num_reg
+    normalize = image.endswith("+norm")
+    return v.record(
+        launch_patch_embed,
+        v.empty((B, C, H, H), "u8" if image.startswith("uint8") else dtype),
+        v.empty((D, C, p, p), dtype),
+        v.empty((D,), dtype) if params["bias"] else None,
+        v.empty((1, num_patches + (0 if no_embed_class else num_prefix), D), dtype),
+        v.empty((1, 1, D), dtype) if has_cls else None,
+        v.empty((1, num_reg, D), dtype) if num_reg else None,
+        no_embed_class=no_embed_class,
+        mean=v.empty((C,), "fp32") if normalize else None,
+        std=v.empty((C,), "fp32") if normalize else None,
+    )
 
 
 __all__ = ["launch_patch_embed", "patch_embed", "patch_embed_ref"]

@@ -1,8 +1,8 @@
 """Fused image preprocessing: uint8 HWC images at their decoded sizes to the model's input ``[B, 3, crop_h, crop_w]``
 in one launch (antialiased bilinear / bicubic resize as PIL and torchvision compute it, centre crop, ``/ 255``, mean
 and std): the kernel, the launcher :func:`launch_preprocess`, the ``torch.library`` op, the public :func:`preprocess`
-and the eager reference :func:`preprocess_ref`. Taps and packing in :mod:`.preprocess_weights`; design:
-docs/kernels.md, section "Fused preprocessing"."""
+and the eager reference :func:`preprocess_ref`. Taps and packing in :mod:`.preprocess_weights`, checks in
+:mod:`.preprocess_checks`, tiles in :mod:`.preprocess_tiles`; design: docs/kernels.md, "Fused preprocessing"."""
 
 from __future__ import annotations
 
@@ -13,37 +13,14 @@ import triton
 import triton.language as tl
 
 from vit_fast.base.cards import tensor_arch
-from vit_fast.base.interpret import interpreter_enabled
 
-from ._launch import cdiv, check_device, define_op, interpret_bf16
+from ._launch import SelfCheck, cdiv, check_device, define_op, interpret_bf16
 from ._tl import to_bf16_rtne
-from .autotune import autotune_cache_enabled, tune_key, tuning_requested
-from .launches import SUPPORTED_DTYPES, ResolvedLaunches
-from .preprocess_weights import CROP_ROUNDING, PRECISION_BITS, SUPPORT, PackedBatch, pack
-
-#: the no-autotune pick: 8 output rows share each source row's horizontal pass; 64 columns per program
-_PICK = {"BLOCK_Y": 8, "BLOCK_X": 64}
-
-
-def preprocess_configs() -> list[triton.Config]:
-    """Autotune candidates (output rows x columns per program), from the environment only; one under the
-    interpreter, which cannot time configs."""
-    if interpreter_enabled():
-        return [triton.Config({"BLOCK_Y": 32, "BLOCK_X": 32}, num_warps=1)]
-    # 4 warps each: at most 1024 outputs x 3 channels of accumulators per program (24 fp32 registers a thread)
-    return [
-        triton.Config({"BLOCK_Y": by, "BLOCK_X": bx}, num_warps=4)
-        for by in (4, 8, 16)
-        for bx in (64, 128)
-        if by * bx <= 1024
-    ]
-
-
-def prune_preprocess_configs(configs, named_args, **kwargs):
-    """Every candidate while tuning (``TUNE``), else the one heuristic pick :data:`_PICK` on 4 warps."""
-    if tuning_requested(named_args) or len(configs) == 1:
-        return configs
-    return [next(c for c in configs if c.kwargs == _PICK and c.num_warps == 4)]
+from .autotune import autotune_cache_enabled, tune_key
+from .launches import ResolvedLaunches
+from .preprocess_checks import check_preprocess_inputs
+from .preprocess_tiles import preprocess_configs, prune_preprocess_configs
+from .preprocess_weights import PRECISION_BITS, PackedBatch, pack
 
 
 @triton.jit
@@ -186,80 +163,6 @@ def _preprocess_kernel(
 _preprocess_launches = ResolvedLaunches(_preprocess_kernel)
 
 
-# ---------------------------------------------------------------------------------- checks
-def _pair(name: str, value) -> tuple[int, int]:
-    if (
-        not isinstance(value, Sequence)
-        or len(value) != 2
-        or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)
-    ):
-        raise ValueError(f"preprocess: {name} must be (height, width), two positive ints, got {value!r}")
-    return int(value[0]), int(value[1])
-
-
-def _channel_stats(name: str, value) -> tuple[float, float, float]:
-    if not isinstance(value, Sequence) or len(value) != 3 or not all(isinstance(v, (int, float)) for v in value):
-        raise ValueError(f"preprocess: {name} must be 3 numbers (one per channel, in 0..1 units), got {value!r}")
-    return float(value[0]), float(value[1]), float(value[2])
-
-
-def _resizes(value, count: int) -> list[tuple[int, int]]:
-    """``resize``: one (H, W) for every image, or a list of ``count`` of them (one per image)."""
-    if isinstance(value, Sequence) and len(value) == 2 and all(isinstance(v, int) for v in value):
-        return [_pair("resize", value)] * count
-    if not isinstance(value, Sequence) or isinstance(value, str) or len(value) != count:
-        raise ValueError(
-            f"preprocess: resize must be one (height, width) for all images or a list of {count} (one per image), "
-            f"got {value!r}"
-        )
-    return [_pair(f"resize[{i}]", v) for i, v in enumerate(value)]
-
-
-def check_preprocess_inputs(
-    images, resize, crop, interpolation: str, mean, std, out_dtype: torch.dtype, crop_rounding: str = "round"
-) -> tuple[list[tuple[int, int]], tuple[int, int], tuple[float, ...], tuple[float, ...]]:
-    """Raise a clear error, before any launch, for inputs the kernel cannot take (the device aside: the reference
-    runs anywhere); returns ``(resizes, crop, mean, std)``: one (H, W) per image, then plain tuples."""
-    if isinstance(images, torch.Tensor) or not isinstance(images, Sequence):
-        raise TypeError(
-            f"preprocess: images must be a list of uint8 [H, W, 3] tensors, got {type(images).__name__}: "
-            "pass list(batch) for a stacked batch"
-        )
-    if not images:
-        raise ValueError("preprocess: images is empty: pass at least one uint8 [H, W, 3] image")
-    for i, im in enumerate(images):
-        if not isinstance(im, torch.Tensor):
-            raise TypeError(f"preprocess: images[{i}] is a {type(im).__name__}, not a torch.Tensor")
-        if im.dtype != torch.uint8:
-            raise TypeError(
-                f"preprocess: images[{i}] has dtype {im.dtype}; the kernel takes decoded uint8 pixels (0..255)"
-            )
-        if im.dim() != 3 or im.shape[2] != 3:
-            raise ValueError(
-                f"preprocess: images[{i}] has shape {tuple(im.shape)}; it must be HWC with 3 channels, [H, W, 3] "
-                "(convert grayscale / RGBA to RGB, and permute(1, 2, 0) a CHW image)"
-            )
-        if im.shape[0] == 0 or im.shape[1] == 0:
-            raise ValueError(f"preprocess: images[{i}] is empty ({tuple(im.shape)})")
-        if im.device != images[0].device:
-            raise ValueError(f"preprocess: images[{i}] is on {im.device} but images[0] on {images[0].device}")
-    resizes, crop = _resizes(resize, len(images)), _pair("crop", crop)
-    for i, size in enumerate(resizes):
-        if crop[0] > size[0] or crop[1] > size[1]:
-            which = "" if len(set(resizes)) == 1 else f" (image {i})"
-            raise ValueError(f"preprocess: crop {crop} is larger than resize {size}{which}: the crop must fit in it")
-    if crop_rounding not in CROP_ROUNDING:
-        raise ValueError(f"preprocess: crop_rounding {crop_rounding!r}: choose one of {', '.join(CROP_ROUNDING)}")
-    if interpolation not in SUPPORT:
-        raise ValueError(f"preprocess: unknown interpolation {interpolation!r}; choose one of {sorted(SUPPORT)}")
-    mean, std = _channel_stats("mean", mean), _channel_stats("std", std)
-    if not all(s > 0 for s in std):
-        raise ValueError(f"preprocess: std must be positive, got {std}")
-    if out_dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"preprocess: out_dtype {out_dtype} is not one of float32, float16, bfloat16")
-    return resizes, crop, mean, std
-
-
 # ---------------------------------------------------------------------------------- launcher
 def launch_packed(
     batch: PackedBatch,
@@ -381,11 +284,45 @@ def _packed_ref(*args) -> torch.Tensor:
     return packed_ref(PackedBatch(*tables), (crop_h, crop_w), mean, std, out_dtype, uint8_passes=uint8_passes)
 
 
+def _selfcheck_cases(m: dict) -> list[tuple[str, dict]]:
+    """What predict and serve run before a 3-channel model's forward: decoded images of odd sizes, downscaled
+    (antialiased) and centre-cropped to the model's input."""
+    if m["chans"] != 3:
+        return []
+    height, width = m["height"], m["width"]
+    src = (height * 9 // 7 + 1, width * 4 // 3 + 3)
+    resize = (height * 8 // 7, width * 8 // 7)
+    pre = dict(batch=m["batch"], src=src, resize=resize, crop=(height, width), interpolation="bicubic")
+    return [("image preprocessing", pre)]
+
+
+def _selfcheck_inputs(d: dict, rnd, gen: torch.Generator, device, dtype: torch.dtype) -> tuple[tuple, dict]:
+    h, w = d["src"]  # each image a little larger than the last: sizes differ within one launch
+    images = [
+        torch.randint(0, 256, (h + i, w + 2 * i, 3), generator=gen, dtype=torch.uint8).to(device)
+        for i in range(d["batch"])
+    ]
+    norm = dict(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
+    crop = dict(resize=d["resize"], crop=d["crop"], interpolation=d["interpolation"])
+    return (images,), dict(**crop, **norm, out_dtype=dtype)
+
+
 _preprocess = define_op(
     _preprocess_op,
     check=_check_packed,
     empty=lambda pixels, images, *rest: pixels.new_empty((images.shape[0], 3, rest[5], rest[6]), dtype=rest[9]),
     reference=_packed_ref,
+    selfcheck=SelfCheck(
+        cases=_selfcheck_cases,
+        inputs=_selfcheck_inputs,
+        launch=lambda d, args, kwargs, poisoned: launch_preprocess(
+            args[0], **kwargs, out=poisoned(len(args[0]), 3, *d["crop"])
+        ),
+        shape=lambda d: (
+            f"{d['batch']} uint8 images from [{d['src'][0]}, {d['src'][1]}, 3] -> "
+            f"[{d['batch']}, 3, {d['crop'][0]}, {d['crop'][1]}]"
+        ),
+    ),
 )
 
 

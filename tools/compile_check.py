@@ -46,8 +46,8 @@ import argparse
 import concurrent.futures as cf
 import contextlib
 import csv
+import functools
 import hashlib
-import itertools
 import os
 import re
 import subprocess
@@ -56,6 +56,7 @@ import tempfile
 import time
 import warnings
 from concurrent.futures.process import BrokenProcessPool
+from types import SimpleNamespace
 
 from vit_fast.base.interpret import interpreter_enabled
 from vit_fast.kernels import KERNELS
@@ -156,26 +157,6 @@ def _same_config(a, b) -> bool:
     return (a.kwargs, a.num_warps, a.num_stages) == (b.kwargs, b.num_warps, b.num_stages)
 
 
-def _pe_case(dtype, image, shape, bias, prefix, which, tag=""):
-    C, p, D, B, _ = shape
-    label = (
-        f"{dtype} {image} C{C} p{p} D{D} b{B} | bias={int(bias)} cls={int(prefix[0])} reg={prefix[1]} "
-        f"nec={int(prefix[2])}{tag}"
-    )
-    params = {"dtype": dtype, "image": image, "shape": shape, "bias": bias, "prefix": prefix}
-    return ("patch_embed", label, params, which)
-
-
-PE_PREFIXES = (  # (HAS_CLS, num_reg, no_embed_class)
-    (False, 0, False),
-    (True, 0, False),
-    (True, 0, True),
-    (True, 4, False),
-    (True, 4, True),
-    (False, 4, True),
-)
-
-
 def _vit_b16_which(dtype: str) -> str:
     return "kept" if dtype in _every_config_dtypes else "pick"
 
@@ -183,387 +164,35 @@ def _vit_b16_which(dtype: str) -> str:
 _every_config_dtypes = EVERY_CONFIG_DTYPES  # --every-config-dtypes
 
 
-def patch_embed_cases(variant_set: str, full: bool):
-    if variant_set == "picks":  # ViT-S/16 and ViT-B/16: the heuristic's pick per dtype and batch
-        return [
-            _pe_case(dtype, "float", (3, 16, D, b, 224), True, (True, 0, False), "pick")
-            for dtype, (_, D, _), b in itertools.product(DTYPES, PICK_MODELS, PICK_BATCHES)
-        ]
-    if variant_set == "vit-b16":
-        # ViT-B/16 at 224 px, batch 1 and 8: a float image, conv bias, the class token
-        return [
-            _pe_case(dtype, "float", (3, 16, 768, b, 224), True, (True, 0, False), _vit_b16_which(dtype))
-            for dtype, b in itertools.product(DTYPES, (1, 8))
-        ]
-    # (C, p, D, B, H): ViT-B/16 at 224 px; the embedded digits model (8x8 grey, p=4, D=64)
-    shapes = ((3, 16, 768, 8, 224), (1, 4, 64, 32, 8))
-    cases = []
-    for dtype, image, shape in itertools.product(DTYPES, ("float", "float+norm", "uint8+norm"), shapes):
-        # every config: the heaviest flag set (bias, class + 4 register tokens) ...
-        cases.append(_pe_case(dtype, image, shape, True, (True, 4, False), "all" if full else "kept"))
-        # ... and the flag sweep (bias x prefix tokens x no_embed_class): with --full on every config and
-        # shape, else on the largest tile (the most registers) at ViT-B/16's shape
-        if full or shape is shapes[0]:
-            for bias, prefix in itertools.product((False, True), PE_PREFIXES):
-                if (bias, prefix) != (True, (True, 4, False)):
-                    cases.append(_pe_case(dtype, image, shape, bias, prefix, "all" if full else "largest"))
-    return cases
-
-
-def patch_embed_launch(params):
-    from vit_fast.kernels import patch_embed as pe
-
-    C, p, D, B, H = params["shape"]
-    dtype, image = params["dtype"], params["image"]
-    has_cls, num_reg, no_embed_class = params["prefix"]
-    num_patches = (H // p) ** 2
-    num_prefix = int(has_cls) + num_reg
-    normalize = image.endswith("+norm")
-    return _recorded_launch(
-        "patch_embed",
-        pe.launch_patch_embed,
-        _empty((B, C, H, H), "u8" if image.startswith("uint8") else dtype),
-        _empty((D, C, p, p), dtype),
-        _empty((D,), dtype) if params["bias"] else None,
-        _empty((1, num_patches + (0 if no_embed_class else num_prefix), D), dtype),
-        _empty((1, 1, D), dtype) if has_cls else None,
-        _empty((1, num_reg, D), dtype) if num_reg else None,
-        no_embed_class=no_embed_class,
-        mean=_empty((C,), "fp32") if normalize else None,
-        std=_empty((C,), "fp32") if normalize else None,
+def vocabulary(kernel: str) -> SimpleNamespace:
+    """What a kernel's ``compile_variants(v, variant_set, full)`` and ``compile_launch(v, params)`` are written with
+    (``v``): the dtypes, the picks set's models and batches, the vit-b16 set's ``which(dtype)`` (every kept config
+    for ``--every-config-dtypes``, else the pick), ``empty(shape, dtype)`` and ``record(launcher, *args, **kwargs)``,
+    the launch recorded with the kernel swapped out (:func:`_recorded_launch`)."""
+    return SimpleNamespace(
+        DTYPES=DTYPES,
+        PICK_MODELS=PICK_MODELS,
+        PICK_BATCHES=PICK_BATCHES,
+        EVERY_CONFIG_DTYPES=EVERY_CONFIG_DTYPES,
+        which=_vit_b16_which,
+        empty=_empty,
+        torch_dtype=_torch_dtype,
+        record=functools.partial(_recorded_launch, kernel),
     )
 
 
-def layer_norm_cases(variant_set: str, full: bool):
-    cases = []
-    if variant_set == "vit-b16":
-        # the final norm (no residual) and the unfused add + LayerNorm, D 768, batch 1 and 8
-        grid = itertools.product(DTYPES, (768,), (1, 8), (False, True), (True,), (True,))
-    elif variant_set == "picks":
-        grid = itertools.product(DTYPES, [D for _, D, _ in PICK_MODELS], PICK_BATCHES, (False, True), (True,), (True,))
-    else:
-        grid = itertools.product(DTYPES, (64, 768, 1024, 1280), (8,), (False, True), (False, True), (False, True))
-    for dtype, D, b, res, weight, bias in grid:
-        label = f"{dtype} D{D} b{b} | res={int(res)} weight={int(weight)} bias={int(bias)}"
-        params = {"dtype": dtype, "D": D, "M": 197 * b, "res": res, "weight": weight, "bias": bias}
-        cases.append(("layer_norm", label, params, "pick"))
-    if variant_set == "sweep":
-        # the RMS mode (timm's RmsNorm: a weight, no bias, no residual): the xp ViTs' widths, and qk-norm over
-        # head dims 64 and 80 (rows: tokens x heads)
-        for dtype, D in itertools.product(DTYPES, (64, 80, 768, 1024, 1280)):
-            params = {"dtype": dtype, "D": D, "M": 197 * 8, "res": False, "weight": True, "bias": False, "rms": True}
-            cases.append(("layer_norm", f"{dtype} D{D} b8 | rms weight=1", params, "pick"))
-    return cases
+def _variants(kernel: str, variant_set: str, full: bool) -> list[tuple]:
+    return KERNELS[kernel].compile_variants(vocabulary(kernel), variant_set, full)
 
 
-def layer_norm_launch(params):
-    from vit_fast.kernels import layer_norm as ln
-
-    M, D, dtype = params["M"], params["D"], params["dtype"]
-    # the launcher picks the compiled-mode block sizes and warps itself (TRITON_INTERPRET unset)
-    return _recorded_launch(
-        "layer_norm",
-        ln.launch_add_layer_norm,
-        _empty((M, D), dtype),
-        _empty((M, D), dtype) if params["res"] else None,
-        _empty((D,), dtype) if params["weight"] else None,
-        _empty((D,), dtype) if params["bias"] else None,
-        1e-6,
-        rms=params.get("rms", False),
-    )
+def _launch(kernel: str, params: dict) -> tuple:
+    return KERNELS[kernel].compile_launch(vocabulary(kernel), params)
 
 
-ATTENTION_HEADS = {32: 12, 64: 12, 80: 16, 96: 12, 128: 16, 256: 4}  # head_dim -> num_heads (256: MAX_HEAD_DIM)
-
-
-#: the attention kernel's masked variants (its HAS_LENGTHS / PACKED flags): a padded batch, packed images
-ATTENTION_MASKS = ("lengths", "packed")
-
-
-def _attention_case(dtype, head_dim, b, which, mask=None, heads=None):
-    label = f"{dtype}{f' H{heads}' if heads else ''} Dh{head_dim} b{b}{f' | {mask}' if mask else ''}"
-    params = {"dtype": dtype, "head_dim": head_dim, "B": b, **({"heads": heads} if heads else {})}
-    return ("attention", label, {**params, **({"mask": mask} if mask else {})}, which)
-
-
-def attention_cases(variant_set: str, full: bool):
-    if variant_set == "picks":  # 6 (ViT-S/16) and 12 (ViT-B/16) heads of 64, 197 tokens
-        return [
-            _attention_case(dtype, 64, b, "pick", heads=H)
-            for dtype, (_, _, H), b in itertools.product(DTYPES, PICK_MODELS, PICK_BATCHES)
-        ]
-    if variant_set == "vit-b16":  # 12 heads of 64, 197 tokens, batch 1 and 8; the masked variants at batch 8
-        return [
-            _attention_case(dtype, 64, b, _vit_b16_which(dtype)) for dtype, b in itertools.product(DTYPES, (1, 8))
-        ] + [
-            _attention_case(dtype, 64, 8, _vit_b16_which(dtype), mask)
-            for dtype, mask in itertools.product(DTYPES, ATTENTION_MASKS)
-        ]
-    cases = []
-    for head_dim, dtype in itertools.product(ATTENTION_HEADS, DTYPES):
-        # Dh 80 and 96 have the same tiles as Dh 128 (BLOCK_D 128), only the masks differ
-        which = "all" if full else ("ends" if head_dim in (80, 96) else "kept")
-        cases.append(_attention_case(dtype, head_dim, 8, which))
-        # the masked variants: the smallest and largest kept tile (and the pick) unless --full
-        cases += [_attention_case(dtype, head_dim, 8, "all" if full else "ends", mask) for mask in ATTENTION_MASKS]
-    return cases
-
-
-def attention_launch(params):
-    from vit_fast.kernels import attention as at
-
-    B, T, Dh = params.get("B", 8), 197, params["head_dim"]
-    H = params.get("heads", ATTENTION_HEADS[Dh])
-    mask = params.get("mask")
-    masks = {
-        "lengths": {"lengths": _empty((B,), "i32")},
-        # four images in each row's 197 tokens; the launcher reads no values (checked=True)
-        "packed": {"cu_seqlens": _empty((4 * B + 1,), "i32"), "max_seqlen": 64},
-    }
-    return _recorded_launch(
-        "attention",
-        at.launch_attention,
-        _empty((B, T, 3 * H * Dh), params["dtype"]),
-        H,
-        **(masks[mask] if mask else {}),
-    )
-
-
-#: the attention-pool head: head_dim -> (num_heads, tokens); 64: SigLIP-B/16 at 224 (196 tokens), 72: SigLIP
-#: so400m/14 at 384 (729 tokens), 80 and 128: padded and full 128 lanes, 256: MAX_HEAD_DIM
-POOL_HEADS = {64: (12, 196), 72: (16, 729), 80: (16, 256), 128: (8, 256), 256: (4, 196)}
-
-
-def attention_pool_cases(variant_set: str, full: bool):
-    # the batch is only the grid's size (the kernel has no batch argument): one batch compiles what all would
-    if variant_set == "picks":  # not in ViT-S/16 or ViT-B/16
-        return []
-    if variant_set == "vit-b16":  # SigLIP-B/16's head: one latent query, 12 heads of 64
-        return [
-            ("attention_pool", f"{dtype} Dh64 Lq1 b8", {"dtype": dtype, "head_dim": 64, "B": 8, "Lq": 1}, "kept")
-            for dtype in DTYPES
-        ]
-    cases = []
-    for head_dim, dtype in itertools.product(POOL_HEADS, DTYPES):
-        which = "all" if full else ("ends" if head_dim in (80, 128) else "kept")
-        params = {"dtype": dtype, "head_dim": head_dim, "B": 8, "Lq": 1}
-        cases.append(("attention_pool", f"{dtype} Dh{head_dim} Lq1 b8", params, which))
-    return cases
-
-
-def attention_pool_launch(params):
-    from vit_fast.kernels import attention_pool as ap
-
-    B, Dh, Lq = params.get("B", 8), params["head_dim"], params.get("Lq", 1)
-    H, T = POOL_HEADS[Dh]
-    q, kv = _empty((1, Lq, H * Dh), params["dtype"]), _empty((B, T, 2 * H * Dh), params["dtype"])
-    return _recorded_launch("attention_pool", ap.launch_attention_pool, q, kv, H)
-
-
-#: q/k head dim -> heads of timm's differential attention (output heads are 2 x head dim wide); 32: vit_dwee /
-#: vit_dlittle (4 and 5 heads of 2 x 32), 128: the kernel's MAX_HEAD_DIM (v heads of 256)
-DIFF_ATTENTION_HEADS = {16: 2, 32: 4, 64: 6, 128: 2}
-
-
-def diff_attention_cases(variant_set: str, full: bool):
-    if variant_set == "picks":  # not in ViT-S/16 or ViT-B/16
-        return []
-    if variant_set == "vit-b16":  # not in ViT-B/16: vit_dwee_patch16_reg1_gap_256's (4 heads of 2 x 32, T 257)
-        return [
-            ("diff_attention", f"{dtype} Dh32 T257 b8", {"dtype": dtype, "head_dim": 32, "B": 8}, "pick")
-            for dtype in DTYPES
-        ]
-    cases = []
-    for head_dim, dtype in itertools.product(DIFF_ATTENTION_HEADS, DTYPES):
-        which = "all" if full else ("kept" if dtype in EVERY_CONFIG_DTYPES else "pick")
-        label = f"{dtype} Dh{head_dim} T257 b8"
-        cases.append(("diff_attention", label, {"dtype": dtype, "head_dim": head_dim, "B": 8}, which))
-    return cases
-
-
-def diff_attention_launch(params):
-    from vit_fast.kernels import diff_attention as da
-
-    B, T, Dh, dtype = params.get("B", 8), 257, params["head_dim"], params["dtype"]
-    H = DIFF_ATTENTION_HEADS[Dh]
-    return _recorded_launch(
-        "diff_attention",
-        da.launch_diff_attention,
-        _empty((B, T, 3 * H * 2 * Dh), dtype),
-        _empty((), "fp32"),
-        _empty((2 * Dh,), dtype),
-        H,
-        0.5,
-    )
-
-
-# (label, (M, N, K), activation, bias, residual, gamma): "ln+" labels have the LayerNorm prologue
-# (layer_norm_linear: LN1 -> qkv, LN2 -> fc1)
-def _vit_b16_gemms(b: int, D: int = 768, tag: str = ""):
-    """A ViT block's four GEMMs at batch ``b`` (197 tokens) and width ``D`` (ViT-B/16's 768 by default);
-    ``tag`` goes into the labels after the GEMM's name."""
-    M = 197 * b
-    return (
-        (f"ln+qkv{tag} b{b} none+bias", (M, 3 * D, D), "none", True, False, False),
-        (f"proj{tag} b{b} bias+res", (M, D, D), "none", True, True, False),
-        (f"ln+fc1{tag} b{b} gelu+bias", (M, 4 * D, D), "gelu", True, False, False),
-        (f"fc2{tag} b{b} bias+res", (M, D, 4 * D), "none", True, True, False),
-    )
-
-
-#: ViT-B/16's GEMMs whose every kept config is checked (the others: the heuristic's pick only): the LayerNorm
-#: prologue with the erf GELU epilogue, the heaviest in registers (the prune reads shapes only, so it keeps the same
-#: tiles for all four; each prologue / epilogue is tuned among them on its own: its flags are in the autotune key)
-VIT_B16_EVERY_CONFIG = ("ln+fc1",)
-
-# the sweep: the ViT-B/16 block's GEMMs at batch 8 with every epilogue, and batch 1's narrow tiles
-LINEAR_VARIANTS = (
-    ("qkv none+bias", (1576, 2304, 768), "none", True, False, False),
-    ("ln+qkv none+bias", (1576, 2304, 768), "none", True, False, False),
-    ("ln+fc1 gelu+bias", (1576, 3072, 768), "gelu", True, False, False),
-    # batch 1 (197 rows): the narrow small-M tiles (BLOCK_N 16 / 32) are candidates only here
-    ("ln+qkv b1 none+bias", (197, 2304, 768), "none", True, False, False),
-    ("fc2 b1 bias+res+gamma", (197, 768, 3072), "none", True, True, True),
-    ("fc1 gelu+bias", (1576, 3072, 768), "gelu", True, False, False),
-    ("fc1 gelu_tanh+bias", (1576, 3072, 768), "gelu_tanh", True, False, False),
-    # OpenAI CLIP's QuickGELU and SwiGLU's SiLU (timm / HF models patched in place run these epilogues)
-    ("fc1 quick_gelu+bias", (1576, 3072, 768), "quick_gelu", True, False, False),
-    ("fc1 silu+bias", (1576, 3072, 768), "silu", True, False, False),
-    ("fc2 bias+res+gamma", (1576, 768, 3072), "none", True, True, True),
-    # the RmsNorm prologue (LN_RMS: timm's xp ViTs, ParallelScalingBlock's in_proj as fc1 and qkv GEMMs; no qkv bias)
-    ("rms+qkv none", (1576, 2304, 768), "none", False, False, False),
-    ("rms+fc1 gelu+bias", (1576, 3072, 768), "gelu", True, False, False),
-    ("rms+qkv b1 none", (197, 2304, 768), "none", False, False, False),
-    # SwiGLU's gated epilogue (two accumulators: the register-heaviest GEMM; N is the output's width, the weight
-    # stacks 2N rows): EVA-02 / AIMv2 fc1 behind a LayerNorm or RmsNorm, DINOv2 giant's GluMlp (gate last)
-    ("ln+fc1 silu_glu+bias", (1576, 2048, 768), "silu_glu", True, False, False),
-    ("rms+fc1 silu_glu", (1576, 2048, 768), "silu_glu", False, False, False),
-    ("ln+fc1 b1 silu_glu_last+bias", (197, 2048, 768), "silu_glu_last", True, False, False),
-)
-# every config for the heaviest epilogues (erf GELU; residual + LayerScale); the others on two tiles unless --full
-LINEAR_EVERY_CONFIG = ("fc1 gelu+bias", "fc2 bias+res+gamma", "ln+fc1 gelu+bias", "ln+fc1 silu_glu+bias")
-
-
-def linear_cases(variant_set: str, full: bool):
-    cases = []
-    if variant_set == "picks":
-        for dtype, (_, D, _), b in itertools.product(DTYPES, PICK_MODELS, PICK_BATCHES):
-            for variant in _vit_b16_gemms(b, D, f" D{D}"):
-                cases.append(("linear", f"{dtype} {variant[0]}", {"dtype": dtype, "variant": variant}, "pick"))
-        return cases
-    if variant_set == "vit-b16":
-        for dtype, b in itertools.product(DTYPES, (1, 8)):
-            for variant in _vit_b16_gemms(b):
-                every = variant[0].split()[0] in VIT_B16_EVERY_CONFIG
-                which = _vit_b16_which(dtype) if every else "pick"
-                cases.append(("linear", f"{dtype} {variant[0]}", {"dtype": dtype, "variant": variant}, which))
-        return cases
-    for variant, dtype in itertools.product(LINEAR_VARIANTS, DTYPES):
-        name = variant[0]
-        if full:
-            which = "all"
-        elif " b1 " in name:
-            which = "narrow"  # batch 1: the narrow tiles only batch 1-2 gets
-        elif name in LINEAR_EVERY_CONFIG:
-            which = "kept"
-        else:
-            which = "ends"  # epilogue-only variants: the smallest and largest tile
-        cases.append(("linear", f"{dtype} {name}", {"dtype": dtype, "variant": variant}, which))
-    return cases
-
-
-def linear_launch(params):
-    from vit_fast.kernels import linear as li
-
-    name, (M, N, K), act, has_bias, has_res, has_gamma = params["variant"]
-    dtype = params["dtype"]
-    ln = {"ln_weight": _empty((K,), dtype), "ln_bias": _empty((K,), dtype), "ln_eps": 1e-6} if name[:3] == "ln+" else {}
-    if name[:4] == "rms+":  # timm's RmsNorm: a weight, no bias
-        ln = {"ln_weight": _empty((K,), dtype), "ln_eps": 1e-6, "ln_rms": True}
-    rows = 2 * N if "_glu" in act else N  # a gated GEMM's weight and bias stack its two halves
-    return _recorded_launch(
-        "linear",
-        li.launch_linear,
-        _empty((M, K), dtype),
-        _empty((rows, K), dtype),
-        _empty((rows,), dtype) if has_bias else None,
-        None if act == "none" else act,
-        _empty((M, N), dtype) if has_res else None,
-        _empty((N,), dtype) if has_gamma else None,
-        **ln,
-    )
-
-
-#: preprocessing cases: (label, decoded image sizes in one launch, resize, crop, interpolation). vit-b16: photos
-#: of two sizes to timm's eval input at 224 (short side to 248, centre 224); sweep: a 1080p frame downscaled 8x
-#: (the most taps), the digits model's 8x8 upscaled to 32x32
-PREPROCESS_VARIANTS = {
-    "vit-b16": (("photos 500x375+640x480 -> 248x330 / 224", ((375, 500), (480, 640)), (248, 330), (224, 224)),),
-    "sweep": (
-        ("1080p -> 224", ((1080, 1920),), (224, 398), (224, 224)),
-        ("digits 8x8 -> 32", ((8, 8),), (32, 32), (32, 32)),
-    ),
-}
-
-
-def preprocess_cases(variant_set: str, full: bool):
-    """Not in a ViT forward, so not in the picks set; every config it keeps for fp32 / fp16 (--every-config-dtypes),
-    the pick for bf16, per interpolation."""
-    cases = []
-    for (name, sizes, resize, crop), dtype, interpolation, uint8 in itertools.product(
-        PREPROCESS_VARIANTS.get(variant_set, ()), DTYPES, ("bicubic", "bilinear"), (False, True)
-    ):
-        params = {"dtype": dtype, "sizes": sizes, "resize": resize, "crop": crop, "interpolation": interpolation}
-        params["uint8_passes"] = uint8  # PIL's uint8 resize (image_transform's), or a float resize
-        which = "all" if full else _vit_b16_which(dtype)
-        cases.append(("preprocess", f"{dtype} {interpolation}{' uint8' if uint8 else ''} {name}", params, which))
-    return cases
-
-
-def preprocess_launch(params):
-    import torch
-
-    from vit_fast.kernels import preprocess as pp
-
-    # the launcher packs the images' pixels (a copy of up to a MB) with torch on the CPU: on one thread, or the
-    # forked compile workers hang in an OpenMP pool the parent started (seen: every worker asleep on a futex)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return _recorded_launch(
-            "preprocess",
-            pp.launch_preprocess,
-            [_empty((h, w, 3), "u8") for h, w in params["sizes"]],
-            resize=tuple(params["resize"]),
-            crop=tuple(params["crop"]),
-            interpolation=params["interpolation"],
-            mean=(0.485, 0.456, 0.406),
-            std=(0.229, 0.224, 0.225),
-            out_dtype=_torch_dtype(params["dtype"]),
-            uint8_passes=params.get("uint8_passes", False),
-        )
-    finally:
-        torch.set_num_threads(threads)
-
-
-CASES = {
-    "patch_embed": patch_embed_cases,
-    "layer_norm": layer_norm_cases,
-    "attention": attention_cases,
-    "attention_pool": attention_pool_cases,
-    "diff_attention": diff_attention_cases,
-    "linear": linear_cases,
-    "preprocess": preprocess_cases,
-}
-LAUNCH = {
-    "patch_embed": patch_embed_launch,
-    "layer_norm": layer_norm_launch,
-    "attention": attention_launch,
-    "attention_pool": attention_pool_launch,
-    "diff_attention": diff_attention_launch,
-    "linear": linear_launch,
-    "preprocess": preprocess_launch,
-}
+#: each kernel's cases and launch, from its own file (the kernel's spec: ``KERNELS[name].compile_variants`` and
+#: ``.compile_launch``); a kernel file without them fails tests/kernels/test_compile_check.py
+CASES = {name: functools.partial(_variants, name) for name in ALL_KERNELS}
+LAUNCH = {name: functools.partial(_launch, name) for name in ALL_KERNELS}
 
 
 def _tuner(kernel: str):

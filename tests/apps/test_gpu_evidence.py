@@ -259,8 +259,8 @@ def test_help_shows_the_gpu_machines_one_command():
 def test_dry_run_plans_every_phase_and_the_default_fits_the_budget(tmp_path):
     """The plan at the real shapes (ViT-S/16 and ViT-B/16, batches up to 256), compilations counted with the driver
     stubbed: every phase in the default run, its estimate (compilations included) within 540 s (items 3, 5, 9);
-    under a 4 GiB address-space limit (item 13: it needed 9.6 GB; 3.0 GB at its peak now, one batch-256 GEMM's
-    inputs as the kernel check draws them)."""
+    under a 4 GiB address-space limit (item 13: it needed 9.6 GB; 1.4 GB RSS at its peak now, with the kernel checks'
+    inputs drawn in their dtype and freed memory handed back between steps)."""
     import resource
 
     def limited() -> None:
@@ -470,6 +470,23 @@ def test_the_nvjpeg_check_passes_pillows_pixels_fails_shifted_ones_and_skips_wit
     monkeypatch.setattr(images, "gpu_jpeg_decoder", lambda device: (shifted, images.NVJPEG))
     (failed,) = phases.env_nvjpeg()
     assert failed["status"] == "failed" and "failed: 375x500 4:2:0" in failed["summary"]
+
+
+def test_the_summary_lists_a_perf_step_that_failed_before_it_had_a_batch():
+    """A perf step whose child died before its first batch leaves a row without one (``note_failure``'s): summary()
+    sorted the batches and raised TypeError on None beside an int; that row now comes last, under its own heading."""
+    g = _script()
+    timing = {"dtype": "bf16", "status": "ok", "p10_ms": 1.0, "p90_ms": 4.0, "agrees_with_torch": True}
+    ok = [
+        {"label": "torch", "batch": 8, "median_ms": 3.0, "images_per_s": 2667.0, **timing},
+        {"label": "torch", "batch": 1, "median_ms": 1.0, "images_per_s": 1000.0, **timing},
+    ]
+    failed = {"phase": "perf", "name": "perf bf16", "label": "perf bf16", "status": "error", "error": "killed"}
+    data = {"driver": "cuda", "perf": [*ok, failed], "compile": [], "kernels": [], "tma": [], "first_use": {}}
+    text = g.summary({**data, "created_utc": "now", "budget_s": 100.0, "phases": [], "model": []})
+    headings = [line for line in text.splitlines() if line.startswith("**") and "batch" in line]
+    assert headings == ["**batch 1**", "**batch 8**", "**no batch (failed before one)**"]
+    assert "| perf bf16 | error: killed |" in text
 
 
 def test_step_estimates_count_compilations_and_learn_the_rate():

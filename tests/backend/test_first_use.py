@@ -17,6 +17,7 @@ from vit_fast import doctor
 from vit_fast.backend import first_use, triton_path
 from vit_fast.base import interpret
 from vit_fast.kernels import KERNELS, autotune, launches
+from vit_fast.kernels import attention as attention_module
 
 from ..fakes import tiny_model
 from ..numerics import assert_within_eager
@@ -66,14 +67,14 @@ def test_a_wrong_kernel_falls_back_to_eager_for_the_process(monkeypatch):
     with torch.no_grad():
         eager = model(x)  # torch backend
         ref64 = copy.deepcopy(model).double()(x.double())
-    real_launch = triton_path.launch_attention
+    real_launch = attention_module.launch_attention
     calls = []
 
     def broken_attention(*args, **kwargs):
         calls.append(1)
         return real_launch(*args, **kwargs) + 0.5  # a kernel that is wrong on this card
 
-    monkeypatch.setattr(triton_path, "launch_attention", broken_attention)
+    monkeypatch.setattr(attention_module, "launch_attention", broken_attention)  # what the attention op launches
     with pytest.warns(RuntimeWarning, match=r"_attention_kernel .* on cpu .*'attention' runs in eager PyTorch"):
         out = _triton_forward(model, x)
     assert len(calls) == 1  # checked on its first call, in block 0; block 1 already ran eagerly
@@ -139,9 +140,9 @@ def test_a_tuned_config_is_checked_after_the_heuristic_one(monkeypatch, tuned_ge
     _triton_forward(model, x)
     assert len(judged) == checked
     with torch.no_grad():
-        assert triton_path.ops_for(model, x) is triton_path._DIRECT  # cleared: one lookup
+        assert triton_path.ops_for(model, x) is triton_path._FORWARD  # cleared: one lookup
         monkeypatch.setenv("VIT_FAST_TMA", "0")  # another switch that decides configs: under the net again
-        assert triton_path.ops_for(model, x) is triton_path._CHECKED_DIRECT
+        assert triton_path.ops_for(model, x) is triton_path._FORWARD_NET
 
 
 def test_a_wrong_tuned_config_falls_back_to_eager(monkeypatch, tuned_gemm):
@@ -212,10 +213,10 @@ def test_checked_under_autograd_and_a_failed_op_keeps_its_gradient(monkeypatch):
     ref64 = copy.deepcopy(model).double()
     _, eager_grad = _input_grad(model, x)
     _, grad64 = _input_grad(ref64, x.double())
-    real = triton_path.attention
-    monkeypatch.setattr(
-        triton_path, "attention", lambda *args, **kwargs: real(*args, **kwargs) + 0.5
-    )  # the op autograd goes through
+    real = attention_module.launch_attention
+    monkeypatch.setattr(  # what the op autograd goes through launches
+        attention_module, "launch_attention", lambda *args, **kwargs: real(*args, **kwargs) + 0.5
+    )
     model.set_backend("triton")
     with pytest.warns(RuntimeWarning, match=r"'attention' runs in eager PyTorch"):
         out, grad = _input_grad(model, x)

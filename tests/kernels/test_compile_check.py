@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from vit_fast.base import cards
+from vit_fast.kernels import KERNELS
 
 from ..fakes import load_script
 
@@ -211,3 +212,21 @@ def test_refuses_under_the_interpreter(cc, monkeypatch):
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run([sys.executable, str(TOOL), "--targets", "all"], capture_output=True, text=True, env=env)
     assert proc.returncode == 1 and "unset TRITON_INTERPRET" in proc.stderr
+
+
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_every_kernel_brings_its_compile_variants_and_launch(cc, kernel, monkeypatch):
+    """A kernel is one spec: its compile-check cases and launch are its own file's (``KERNELS[name].compile_variants``
+    / ``.compile_launch``), never listed in the tool; each set's cases are that kernel's, the vit-b16 and sweep sets
+    have some, and every case of them records a launch of that kernel (its launcher run with the kernel swapped out,
+    as the target)."""
+    entry = KERNELS[kernel]
+    assert callable(entry.compile_variants) and callable(entry.compile_launch), kernel
+    for variant_set in ("vit-b16", "sweep"):
+        cases = cc.CASES[kernel](variant_set, False)
+        assert cases and {case[0] for case in cases} == {kernel}, (kernel, variant_set)
+    monkeypatch.setattr(cc, "kernel_fn", lambda kernel: kernel)  # the interpreter's kernels hold no JITFunction
+    with cards.pretend_arch(90):
+        for _, label, params, _ in cc.CASES[kernel]("vit-b16", False):
+            fn, args, _ = cc.LAUNCH[kernel](params)
+            assert fn is entry.kernel and args, label

@@ -241,20 +241,3 @@ def test_configs_fit_every_card(monkeypatch, arch, dtype):
                     assert pool_module._fma_pool_fits(config, block_d, kv.element_size()), str(config)
                 if card.tensor_cores:
                     assert pool_module._pool_tile_fits(config, block_d, kv.element_size()), str(config)
-
-
-def test_a_parameter_latent_launches_directly_in_plain_eager(device):
-    """timm's latent query is an ``nn.Parameter``: under no_grad the op still launches directly (``define_op``'s
-    ``lead`` is kv, the activation), and with autograd on it goes through ``vit_fast::attention_pool``."""
-    from torch.profiler import profile
-
-    q = torch.nn.Parameter(torch.randn(1, 1, 32, device=device))
-    kv = torch.randn(2, 5, 64, device=device)
-
-    def ops_run(grad: bool) -> set[str]:
-        with torch.set_grad_enabled(grad), profile() as prof:
-            attention_pool(q, kv, 2)
-        return {e.name for e in prof.events() if "vit_fast::" in e.name}
-
-    assert ops_run(False) == set()
-    assert "vit_fast::attention_pool" in ops_run(True)

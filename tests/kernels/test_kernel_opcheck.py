@@ -217,3 +217,69 @@ def test_fake_refuses_what_the_op_refuses(bad, device):
         with pytest.raises(error) as traced:
             _op(name)(*fake_args)
     assert str(traced.value) == str(eager.value)
+
+
+# ---------------------------------------------------------------------------------- direct launch or custom op
+def _linear_call(device, grad: bool):
+    x = torch.randn(3, 5, 7, device=device)
+    weight = torch.nn.Parameter(torch.randn(6, 7, device=device), requires_grad=grad)
+    return lambda: linear.linear(x, weight, None, "gelu")
+
+
+def _pool_call(device, grad: bool):  # timm's latent query is a Parameter; kv, the activation, decides
+    q = torch.nn.Parameter(torch.randn(1, 1, 32, device=device), requires_grad=grad)
+    kv = torch.randn(2, 5, 64, device=device)
+    return lambda: attention_pool.attention_pool(q, kv, 2)
+
+
+def _forward_call(device, grad: bool):
+    from ..fakes import tiny_model
+
+    model = tiny_model(seed=3, img_size=16, patch_size=8, embed_dim=32, num_heads=2, depth=1).to(device)
+    model.requires_grad_(grad).set_backend("triton")
+    x = torch.randn(1, 3, 16, 16, device=device)
+    return lambda: model.forward_features(x)
+
+
+#: mode -> (how the call runs, whether its parameters need a gradient, whether it goes through the op)
+LAUNCH_MODES = {
+    "no_grad": (torch.no_grad, True, False),
+    "inference_mode": (torch.inference_mode, True, False),
+    "grad-on-parameters-frozen": (torch.enable_grad, False, False),
+    "grad-on": (torch.enable_grad, True, True),
+}
+
+
+@pytest.mark.parametrize("mode", LAUNCH_MODES, ids=LAUNCH_MODES.keys())
+@pytest.mark.parametrize("make", [_linear_call, _pool_call, _forward_call], ids=["linear", "pool", "forward"])
+def test_direct_launch_or_custom_op(make, mode, device):
+    """The one choice (``kernels._launch.define_op``'s call): plain eager with nothing that needs a gradient launches
+    directly, with no ``vit_fast::`` op dispatched; autograd on a parameter that needs one goes through the op. The
+    same for a public op and a model's forward (``triton_path.ops_for`` leaves the choice to each call)."""
+    from torch.profiler import profile
+
+    context, grad, through_op = LAUNCH_MODES[mode]
+    call = make(device, grad)
+    with context(), profile() as prof:
+        out = call()
+    dispatched = {e.name for e in prof.events() if e.name.startswith("vit_fast::")}
+    assert bool(dispatched) == through_op, dispatched
+    assert out.requires_grad == through_op
+
+
+@pytest.mark.parametrize("make", [_linear_call, _forward_call], ids=["linear", "forward"])
+def test_compiled_calls_go_through_the_op(make, device):
+    """Traced by torch.compile, each call is the op (its fake runs while tracing): the graph holds it."""
+    targets = []
+
+    def backend(gm, example_inputs):
+        targets.extend(str(node.target) for node in gm.graph.nodes if node.op == "call_function")
+        return gm.forward
+
+    call = make(device, False)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        eager = call()
+        compiled = torch.compile(call, backend=backend, fullgraph=True)()
+    assert any(t.startswith("vit_fast.") for t in targets), targets
+    torch.testing.assert_close(compiled, eager)

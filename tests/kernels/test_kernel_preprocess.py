@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from vit_fast.kernels import preprocess as preprocess_module
+from vit_fast.kernels import preprocess_tiles
 from vit_fast.kernels.preprocess import launch_preprocess, preprocess, preprocess_ref
 from vit_fast.kernels.preprocess_weights import crop_start
 
@@ -287,7 +288,7 @@ def test_output_feeds_the_patch_embedding_as_it_is():
 def test_compiled_mode_candidates_and_the_no_autotune_pick(monkeypatch):
     """Compiled (not interpreted): five tiles of at most 1024 outputs on 4 warps; tuning keeps every one, the
     no-autotune pick is 8 x 64. The interpreter gets one config (it cannot time any)."""
-    monkeypatch.setattr(preprocess_module, "interpreter_enabled", lambda: False)
+    monkeypatch.setattr(preprocess_tiles, "interpreter_enabled", lambda: False)
     configs = preprocess_module.preprocess_configs()
     tiles = {(c.kwargs["BLOCK_Y"], c.kwargs["BLOCK_X"]) for c in configs}
     assert tiles == {(4, 64), (4, 128), (8, 64), (8, 128), (16, 64)} and {c.num_warps for c in configs} == {4}

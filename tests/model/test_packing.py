@@ -156,21 +156,21 @@ def test_first_use_net_judges_the_packed_attention(first_use_net, monkeypatch):
     assert all(finding["passed"] for finding in first_use_net.report()["checked"])
     key = ("packed", *(tuple(image.shape) for image in images))
     with torch.no_grad():
-        assert triton_path.ops_for(model, images[0], key) is triton_path._DIRECT
+        assert triton_path.ops_for(model, images[0], key) is triton_path._FORWARD
 
 
 def test_a_wrong_packed_attention_falls_back_to_eager(first_use_net, monkeypatch):
     """The attention kernel is wrong (output + 0.5) on packed input only: the net catches it, warns, and the packed
     forward still gives each image's answer (the eager reference honours cu_seqlens)."""
-    from vit_fast.backend import triton_path
+    from vit_fast.kernels import attention as attention_module
 
-    real = triton_path.launch_attention
+    real = attention_module.launch_attention
 
     def wrong(*args, cu_seqlens=None, **kwargs):
         out = real(*args, cu_seqlens=cu_seqlens, **kwargs)
         return out if cu_seqlens is None else out + 0.5
 
-    monkeypatch.setattr(triton_path, "launch_attention", wrong)
+    monkeypatch.setattr(attention_module, "launch_attention", wrong)  # what the attention op launches
     model = _model("reg2-avg-layerscale").set_backend("triton")
     images = _images(MIXES["square-wide-tiny"], seed=4)
     with torch.no_grad(), pytest.warns(RuntimeWarning, match="'attention' runs in eager PyTorch"):

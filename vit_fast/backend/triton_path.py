@@ -1,8 +1,7 @@
 """The kernels as a forward calls them, and which of them a call runs (the dispatch). :class:`_Ops` adapts each
-kernel to the modules a forward holds; :func:`ops_for` picks per call direct launches or the ``torch.library`` ops,
-under the first-use safety net until the call's shapes are cleared; :func:`patched_ops` is what a patched timm or
-transformers layer runs on; :func:`with_lengths` carries a padded batch's lengths. See docs/kernels.md, "Launches
-per forward".
+kernel to the modules a forward holds; :func:`ops_for` picks per forward whether its calls check their inputs and
+whether the first-use safety net judges them; :func:`patched_ops` is what a patched timm or transformers layer runs
+on; :func:`with_lengths` carries a padded batch's lengths. See docs/kernels.md, "Launches per forward".
 """
 
 from __future__ import annotations
@@ -21,68 +20,51 @@ from vit_fast.backend import first_use
 from vit_fast.backend.ops import OP_NAMES, ForwardingOps, Ops
 from vit_fast.base.switches import switch
 from vit_fast.kernels import OPS
-from vit_fast.kernels.attention import attention, attention_ref, launch_attention
-from vit_fast.kernels.attention_pool import attention_pool, attention_pool_ref, launch_attention_pool
+from vit_fast.kernels.attention import attention_ref
+from vit_fast.kernels.attention_pool import attention_pool_ref
 from vit_fast.kernels.autotune import config_mode, m_class
-from vit_fast.kernels.diff_attention import diff_attention, diff_attention_ref, launch_diff_attention
-from vit_fast.kernels.launches import eager_direct
-from vit_fast.kernels.layer_norm import (
-    add_layer_norm_ref,
-    launch_layer_norm,
-    launch_rms_norm,
-    layer_norm,
-    rms_norm,
-    rms_norm_ref,
-)
-from vit_fast.kernels.linear import (
-    launch_linear,
-    layer_norm_linear,
-    layer_norm_linear_ref,
-    linear,
-    linear_ref,
-    rms_norm_linear,
-    rms_norm_linear_ref,
-)
-from vit_fast.kernels.patch_embed import launch_patch_embed, patch_embed, patch_embed_ref
+from vit_fast.kernels.diff_attention import diff_attention_ref
+from vit_fast.kernels.layer_norm import add_layer_norm_ref, rms_norm_ref
+from vit_fast.kernels.linear import layer_norm_linear_ref, linear_ref, rms_norm_linear_ref
+from vit_fast.kernels.patch_embed import patch_embed_ref
 from vit_fast.kernels.rope import check_rope
+
+#: each kernel op's call (``OPS[name].spec``, what ``kernels._launch.define_op`` made): it checks its inputs unless
+#: told they were, and decides, per call, direct launch or ``torch.library`` op
+_LINEAR, _NORM_LINEAR, _RMS_NORM_LINEAR, _LAYER_NORM, _RMS_NORM, _ATTENTION, _DIFF, _POOL, _PATCH_EMBED = (
+    OPS[name].spec
+    for name in "linear layer_norm_linear rms_norm_linear layer_norm rms_norm attention diff_attention attention_pool "
+    "patch_embed".split()
+)
+_NO_ROPE = (None, None, 0, "interleaved")  # the attention op's rope_cos, rope_sin, num_prefix, rope_layout
 
 
 class _Ops(Ops):
-    """The kernels as one forward calls them (the :class:`~vit_fast.backend.ops.Ops` interface). ``direct``: plain
-    eager inference (no autograd, not traced): each call goes straight to the kernel's launcher with its checks
-    skipped, since the forward checked every parameter once (:func:`vit_fast.model.validation.check_kernel_params`);
-    otherwise the public ``torch.library`` ops, each checking its inputs, which autograd, torch.compile and export
-    see. Which of the two: :func:`ops_for` and :func:`patched_ops`, nowhere else in vit_fast."""
+    """The kernels as one forward calls them (the :class:`~vit_fast.backend.ops.Ops` interface), each op through
+    its kernel op's call, which alone decides direct launch or ``torch.library`` op. ``params_checked``: the
+    forward checked every parameter once (:func:`vit_fast.model.validation.check_kernel_params`, in plain eager),
+    so the calls skip their input checks; otherwise each call checks its inputs. Which of the two:
+    :func:`ops_for` and :func:`patched_ops`, nowhere else in vit_fast."""
 
-    def __init__(self, direct: bool) -> None:
-        self.direct = direct
+    def __init__(self, params_checked: bool) -> None:
+        self.params_checked = params_checked
 
     def linear(self, x, lin: nn.Module, act=None, residual=None, gamma=None) -> torch.Tensor:
-        if self.direct:
-            return launch_linear(x, lin.weight, lin.bias, act, residual, gamma, checked=True)
-        return linear(x, lin.weight, lin.bias, activation=act, residual=residual, gamma=gamma)
+        return _LINEAR(x, lin.weight, lin.bias, act, residual, gamma, checked=self.params_checked)
 
     def norm_linear(self, norm: nn.LayerNorm, x, lin: nn.Module, act) -> torch.Tensor:
-        if self.direct:
-            w, b = lin.weight, lin.bias
-            return launch_linear(x, w, b, act, ln_weight=norm.weight, ln_bias=norm.bias, ln_eps=norm.eps, checked=True)
-        return layer_norm_linear(x, norm.weight, norm.bias, norm.eps, lin.weight, lin.bias, act)
+        args = (x, norm.weight, norm.bias, norm.eps, lin.weight, lin.bias, act)
+        return _NORM_LINEAR(*args, checked=self.params_checked)
 
     def rms_norm_linear(self, norm: nn.Module, x, lin: nn.Module, act) -> torch.Tensor:
-        if self.direct:
-            w, b = lin.weight, lin.bias
-            return launch_linear(x, w, b, act, ln_weight=norm.weight, ln_eps=norm.eps, ln_rms=True, checked=True)
-        return rms_norm_linear(x, norm.weight, None, norm.eps, lin.weight, lin.bias, act)
+        args = (x, norm.weight, None, norm.eps, lin.weight, lin.bias, act)
+        return _RMS_NORM_LINEAR(*args, checked=self.params_checked)
 
     def layer_norm(self, norm: nn.LayerNorm, x) -> torch.Tensor:
-        if self.direct:
-            return launch_layer_norm(x, norm.weight, norm.bias, norm.eps, checked=True)
-        return layer_norm(x, norm.weight, norm.bias, norm.eps)
+        return _LAYER_NORM(x, norm.weight, norm.bias, norm.eps, checked=self.params_checked)
 
     def rms_norm(self, norm: nn.Module, x) -> torch.Tensor:
-        if self.direct:
-            return launch_rms_norm(x, norm.weight, None, norm.eps, checked=True)
-        return rms_norm(x, norm.weight, None, norm.eps)
+        return _RMS_NORM(x, norm.weight, None, norm.eps, checked=self.params_checked)
 
     def attention(
         self,
@@ -97,32 +79,24 @@ class _Ops(Ops):
     ) -> torch.Tensor:
         """``rope``: ``(cos, sin, num_prefix, layout)``, q and k rotated in the kernel; ``first_token``: every query
         runs, token 0's row is returned (the kernel has no single-query mode)."""
-        masks = dict(lengths=lengths, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
-        if rope is not None:
-            masks.update(zip(("rope_cos", "rope_sin", "num_prefix", "rope_layout"), rope, strict=True))
-        if self.direct:
-            if rope is not None:  # the tables come with each forward: their shapes checked here (no device read)
-                check_rope(qkv, num_heads, *rope)
-            out = launch_attention(qkv, num_heads, scale, **masks, checked=True)
-        else:
-            out = attention(qkv, num_heads, scale, **masks)
+        if rope is None:
+            rope = _NO_ROPE
+        elif self.params_checked:  # the tables come with each forward: their shapes checked here (no device read)
+            check_rope(qkv, num_heads, *rope)
+        out = _ATTENTION(qkv, num_heads, scale, lengths, cu_seqlens, max_seqlen, *rope, checked=self.params_checked)
         return out[:, :1] if first_token else out
 
     def diff_attention(self, qkv, lambda_full, norm_weight, num_heads: int, lambda_init, scale, eps) -> torch.Tensor:
-        args = (qkv, lambda_full, norm_weight, num_heads, lambda_init, scale, eps)
-        return launch_diff_attention(*args, checked=True) if self.direct else diff_attention(*args)
+        return _DIFF(qkv, lambda_full, norm_weight, num_heads, lambda_init, scale, eps, checked=self.params_checked)
 
     def attention_pool(self, q, kv, num_heads: int, scale: float) -> torch.Tensor:
-        args = (q, kv, num_heads, scale)
-        return launch_attention_pool(*args, checked=True) if self.direct else attention_pool(*args)
+        return _POOL(q, kv, num_heads, scale, checked=self.params_checked)
 
     def patch_embed(
         self, x, weight, bias, pos_embed, cls_token=None, reg_token=None, *, no_embed_class=False, mean=None, std=None
     ) -> torch.Tensor:
-        args, kwargs = (x, weight, bias, pos_embed, cls_token, reg_token), dict(no_embed_class=no_embed_class)
-        if self.direct:
-            return launch_patch_embed(*args, **kwargs, mean=mean, std=std, checked=True)
-        return patch_embed(*args, **kwargs, mean=mean, std=std)
+        args = (x, weight, bias, pos_embed, cls_token, reg_token, mean, std, no_embed_class)
+        return _PATCH_EMBED(*args, checked=self.params_checked)
 
 
 def _layer_norm_ref(x, weight, bias, eps):
@@ -265,8 +239,10 @@ for _name in OP_NAMES:
     setattr(_CheckedOps, _name, _judged(getattr(_Ops, _name), _CHECKS[_name]))
 
 
-_DIRECT, _THROUGH_OPS = _Ops(direct=True), _Ops(direct=False)
-_CHECKED_DIRECT, _CHECKED_THROUGH = _CheckedOps(direct=True), _CheckedOps(direct=False)
+#: a model's forward (its parameters checked once) and a patched layer's (each call checks its inputs); either
+#: under the first-use net
+_FORWARD, _PER_CALL = _Ops(params_checked=True), _Ops(params_checked=False)
+_FORWARD_NET, _PER_CALL_NET = _CheckedOps(params_checked=True), _CheckedOps(params_checked=False)
 
 #: per model, the forwards (input shape, dtype, device, LayerNorm folding, config mode) whose every op passed its
 #: first-use check
@@ -282,31 +258,31 @@ def _forward_key(owner: nn.Module, x: torch.Tensor, shape: tuple | None = None) 
 
 
 def ops_for(owner: nn.Module, x: torch.Tensor, shape: tuple | None = None) -> _Ops:
-    """The ops a forward of ``owner`` (the module whose parameters it reads) on input ``x`` runs: direct launches
-    (``ops.direct``; the caller checks the parameters once, the launches do not) for plain eager inference; else the
-    custom ops (direct launches bypass autograd, and tracing must see the ops). Under the first-use safety net
-    until this forward's shapes have all been checked (then one lookup per forward); the custom ops under it
-    wherever it may check (:func:`vit_fast.backend.first_use.eligible`: eager with autograd on) or an op failed it."""
-    if torch.is_grad_enabled() or not eager_direct(x):
+    """The ops a forward of ``owner`` (the module whose parameters it reads) on input ``x`` runs. In eager (autograd
+    on or off) their calls skip the input checks (``ops.params_checked``: the caller checks the parameters once);
+    traced or captured, each call checks its inputs, as a patched layer's do. Direct launch or custom op is each call's
+    own choice (``kernels._launch.define_op``). Under the first-use safety net until this forward's shapes have all
+    been checked (then one lookup per forward)."""
+    if not first_use.eligible(x):  # traced, or captured into a CUDA graph
         return patched_ops(x)
     if not first_use.enabled():
-        return _DIRECT
+        return _FORWARD
     if not first_use.failed_ops() and _forward_key(owner, x, shape) in _CLEARED.get(owner, ()):
-        return _DIRECT
-    return _CHECKED_DIRECT if first_use.eligible(x) else _DIRECT
+        return _FORWARD
+    return _FORWARD_NET if first_use.applies(x) else _FORWARD
 
 
 def forward_done(owner: nn.Module, x: torch.Tensor, ops: _Ops, shape: tuple | None = None) -> None:
     """After a forward under the safety net: its shapes are checked, later forwards of them skip the net."""
-    if ops is _CHECKED_DIRECT and not first_use.failed_ops():
+    if ops is _FORWARD_NET and not first_use.failed_ops():
         _CLEARED.setdefault(owner, set()).add(_forward_key(owner, x, shape))
 
 
 def patched_ops(x: torch.Tensor, lengths: torch.Tensor | None = None):
-    """The custom ops (what autograd, torch.compile and export see) for input ``x``, under the first-use safety net
-    in eager calls; with ``lengths`` for a padded batch (:func:`with_lengths`). What a patched timm or transformers
-    layer runs on."""
-    return with_lengths(_CHECKED_THROUGH if first_use.applies(x) else _THROUGH_OPS, lengths)
+    """The ops whose calls check their inputs, for input ``x`` (what a patched timm or transformers layer runs on,
+    and a traced forward), under the first-use safety net in eager calls; with ``lengths`` for a padded batch
+    (:func:`with_lengths`)."""
+    return with_lengths(_PER_CALL_NET if first_use.applies(x) else _PER_CALL, lengths)
 
 
 def fuse_ln_from_env() -> bool:

@@ -1,8 +1,8 @@
 """Each Triton kernel at a model's own shapes, judged against its float64 reference by the one numerics rule.
 
 :func:`model_cases` (one forward's kernels) and :func:`family_cases` (those only patched timm / Hugging Face models
-launch) list :class:`KernelCase` rows; :func:`check_kernel` runs one into a NaN-filled output, as ``vit-fast doctor``
-and the tests do. Imports no kernel until a check runs. How: docs/cli.md, "The kernel self-check"."""
+launch) list :class:`KernelCase` rows, as each op's spec gives them; :func:`check_kernel` runs one into a NaN-filled
+output, as ``vit-fast doctor`` and the tests do. Imports no kernel until cases are listed. How: docs/cli.md."""
 
 from __future__ import annotations
 
@@ -39,28 +39,8 @@ class KernelCase:
         return f"{self.kernel}{role} {DTYPE_NAMES[self.dtype]}"
 
     def shape(self) -> str:
-        """The input and output shapes, e.g. ``"[1, 65, 64] -> [1, 65, 192]"``."""
-        d = self.dims
-        B, T, D = d.get("batch"), d.get("tokens"), d.get("dim")
-        if self.kernel == "patch_embed":
-            return f"[{B}, {d['chans']}, {d['height']}, {d['width']}] -> [{B}, {T}, {D}]"
-        if self.kernel in ("linear", "layer_norm_linear", "rms_norm_linear"):
-            return f"[{B}, {T}, {d['k_in']}] -> [{B}, {T}, {d['n_out']}]"
-        if self.kernel == "attention":
-            return f"[{B}, {T}, {3 * D}] -> [{B}, {T}, {D}] ({d['heads']} heads of {D // d['heads']})"
-        if self.kernel == "diff_attention":
-            H = d["heads"]
-            heads = f"{H} heads: q, k {2 * H} of {D // (2 * H)}, v {H} of {D // H}"
-            return f"[{B}, {T}, {3 * D}] -> [{B}, {T}, {D}] ({heads})"
-        if self.kernel == "attention_pool":
-            L, H = d["latents"], d["heads"]
-            return f"q [1, {L}, {D}], kv [{B}, {T}, {2 * D}] -> [{B}, {L}, {D}] ({H} heads of {D // H})"
-        if self.kernel == "preprocess":
-            H, W = d["crop"]
-            return f"{B} uint8 images from [{d['src'][0]}, {d['src'][1]}, 3] -> [{B}, 3, {H}, {W}]"
-        if d.get("heads"):  # a norm over each head's rows (qk-norm)
-            return f"[{B}, {T}, {d['heads']}, {D}]"
-        return f"[{B}, {T}, {D}]"
+        """The input and output shapes, e.g. ``"[1, 65, 64] -> [1, 65, 192]"``, as the kernel's spec writes them."""
+        return OPS[self.kernel].spec.selfcheck.shape(self.dims)
 
 
 def model_cases(
@@ -73,11 +53,17 @@ def model_cases(
     """
     heads = cfg.num_heads if max_heads is None else min(cfg.num_heads, max_heads)
     dim = heads * cfg.head_dim
-    hidden = int(round(dim * cfg.mlp_ratio))
     height, width = cfg.img_hw
-    base = dict(batch=batch, tokens=cfg.num_tokens, dim=dim, eps=cfg.layer_norm_eps)
-    gamma = cfg.init_values is not None
-    image = dict(
+    sizes = dict(
+        batch=batch,
+        tokens=cfg.num_tokens,
+        dim=dim,
+        eps=cfg.layer_norm_eps,
+        heads=heads,
+        hidden=int(round(dim * cfg.mlp_ratio)),
+        act=cfg.act,
+        gamma=cfg.init_values is not None,
+        qkv_bias=cfg.qkv_bias,
         chans=cfg.in_chans,
         height=height,
         width=width,
@@ -86,22 +72,17 @@ def model_cases(
         reg_tokens=cfg.reg_tokens,
         no_embed_class=cfg.no_embed_class,
     )
-    cases = [
-        KernelCase("patch_embed", "patch embedding", {**base, **image}, dtype),
-        KernelCase("layer_norm_linear", "qkv", {**base, "k_in": dim, "n_out": 3 * dim, "bias": cfg.qkv_bias}, dtype),
-        KernelCase("attention", "attention", {**base, "heads": heads}, dtype),
-        KernelCase("linear", "proj", {**base, "k_in": dim, "n_out": dim, "residual": True, "gamma": gamma}, dtype),
-        KernelCase("layer_norm_linear", "fc1", {**base, "k_in": dim, "n_out": hidden, "act": cfg.act}, dtype),
-        KernelCase("linear", "fc2", {**base, "k_in": hidden, "n_out": dim, "residual": True, "gamma": gamma}, dtype),
-        KernelCase("layer_norm", "final norm", base, dtype),
-        KernelCase("add_layer_norm", "residual + norm", base, dtype),
-    ]
-    if cfg.in_chans == 3:  # what predict and serve run before the forward: decoded images to the model's input
-        src = (height * 9 // 7 + 1, width * 4 // 3 + 3)  # odd decoded sizes, downscaled (antialiased) and cropped
-        resize = (height * 8 // 7, width * 8 // 7)
-        pre = dict(batch=batch, src=src, resize=resize, crop=(height, width), interpolation="bicubic")
-        cases.append(KernelCase("preprocess", "image preprocessing", pre, dtype))
-    return cases
+    cases = _cases([name for name, op in OPS.items() if op.family is None], sizes, dtype)
+    return sorted(cases, key=lambda c: _IN_A_FORWARD.index(c.role) if c.role in _IN_A_FORWARD else len(_IN_A_FORWARD))
+
+
+#: the order a report lists a forward's launches in (a role not named here comes after these, in OPS' order)
+_IN_A_FORWARD = ("patch embedding", "qkv", "attention", "proj", "fc1", "fc2", "final norm", "residual + norm")
+
+
+def _cases(ops: list[str], sizes: dict[str, Any], dtype: torch.dtype) -> list[KernelCase]:
+    """Each op's launches at ``sizes``, as its spec lists them (``OPS[name].spec.selfcheck.cases``)."""
+    return [KernelCase(name, role, dims, dtype) for name in ops for role, dims in OPS[name].spec.selfcheck.cases(sizes)]
 
 
 #: timm models whose blocks or heads, run in place by :func:`vit_fast.apply_vit_fast`, launch the kernels that no
@@ -120,84 +101,25 @@ def family_cases(batch: int = 1, dtype: torch.dtype = torch.float32, max_heads: 
     RmsNorm in its prologue (fc1 and qkv), differential attention and the attention-pool head, at the shapes of
     :data:`RMS_FAMILY`, :data:`DIFF_FAMILY` and :data:`POOL_FAMILY` (head dims, token counts, latent length), at
     ``batch``, in ``dtype``. ``max_heads`` keeps at most that many heads, as in :func:`model_cases`."""
-
-    def sizes(family: dict[str, Any], per_head: int = 1) -> tuple[dict[str, Any], str]:
-        heads = family["heads"] if max_heads is None else min(family["heads"], max_heads)
-        dims = dict(batch=batch, tokens=family["tokens"], dim=heads * per_head * family["head_dim"], heads=heads)
-        return dims, family["model"]
-
-    rms, model = sizes(RMS_FAMILY)
-    dim, eps = rms.pop("dim"), RMS_FAMILY["eps"]
-    gemm = dict(batch=batch, tokens=rms["tokens"], dim=dim, eps=eps, k_in=dim)
-    hidden = int(round(dim * RMS_FAMILY["mlp_ratio"]))
-    cases = [
-        KernelCase("rms_norm_linear", f"fc1, {model}", {**gemm, "n_out": hidden, "act": "gelu"}, dtype),
-        KernelCase("rms_norm_linear", f"qkv, {model}", {**gemm, "n_out": 3 * dim, "bias": False}, dtype),
-        KernelCase("rms_norm", f"qk-norm, {model}", {**rms, "dim": RMS_FAMILY["head_dim"], "eps": eps}, dtype),
-    ]
-    diff, model = sizes(DIFF_FAMILY, per_head=2)  # v and the output: 2 * Dh per head
-    diff["lambda_init"] = DIFF_FAMILY["lambda_init"]
-    cases.append(KernelCase("diff_attention", f"attention, {model}", diff, dtype))
-    pool, model = sizes(POOL_FAMILY)
-    pool["latents"] = POOL_FAMILY["latents"]
-    cases.append(KernelCase("attention_pool", f"map head, {model}", pool, dtype))
+    cases = []
+    for name, op in OPS.items():
+        if op.family is not None:
+            heads = op.family["heads"] if max_heads is None else min(op.family["heads"], max_heads)
+            cases += _cases([name], {**op.family, "batch": batch, "heads": heads}, dtype)
     return cases
 
 
 def _inputs(case: KernelCase, device: torch.device, gen: torch.Generator) -> tuple[tuple, dict[str, Any]]:
-    """Random inputs of ``case`` (drawn in float32 on the CPU, then cast and moved): ``(args, kwargs)`` that its
-    launcher and its reference both take."""
-    d, dtype = case.dims, case.dtype
+    """Random inputs of ``case`` (drawn on the CPU in their own dtype, scaled in place, then moved), as the kernel's
+    spec (``OPS[name].spec.selfcheck``) lays them out: ``(args, kwargs)`` that its launcher and reference both take."""
+    dtype = case.dtype
 
     def rnd(*shape: int, scale: float = 1.0) -> torch.Tensor:
-        return (scale * torch.randn(shape, generator=gen)).to(device=device, dtype=dtype)
+        # no float32 draw to cast: a batch-256 fc2 input is 0.3 GB in bf16, and was 1.2 GB more in float32 copies
+        drawn = torch.randn(shape, generator=gen, dtype=dtype)
+        return (drawn if scale == 1.0 else drawn.mul_(scale)).to(device)
 
-    if case.kernel == "preprocess":  # each image a little larger than the last: sizes differ within one launch
-        h, w = d["src"]
-        images = [
-            torch.randint(0, 256, (h + i, w + 2 * i, 3), generator=gen, dtype=torch.uint8).to(device)
-            for i in range(d["batch"])
-        ]
-        norm = dict(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
-        return (images,), dict(resize=d["resize"], crop=d["crop"], interpolation=d["interpolation"], **norm,
-                               out_dtype=dtype)  # fmt: skip
-    B, T, D = d["batch"], d["tokens"], d["dim"]
-    if case.kernel == "patch_embed":
-        C, p = d["chans"], d["patch"]
-        patches = (d["height"] // p) * (d["width"] // p)
-        L = patches + (0 if d["no_embed_class"] else int(d["class_token"]) + d["reg_tokens"])
-        args = (rnd(B, C, d["height"], d["width"]), rnd(D, C, p, p, scale=(C * p * p) ** -0.5), rnd(D), rnd(1, L, D))
-        tokens = dict(
-            cls_token=rnd(1, 1, D) if d["class_token"] else None,
-            reg_token=rnd(1, d["reg_tokens"], D) if d["reg_tokens"] else None,
-            no_embed_class=d["no_embed_class"],
-        )
-        return args, tokens
-    if case.kernel in ("linear", "layer_norm_linear", "rms_norm_linear"):
-        K, N = d["k_in"], d["n_out"]
-        x, weight = rnd(B, T, K), rnd(N, K, scale=K**-0.5)
-        bias = rnd(N) if d.get("bias", True) else None
-        if case.kernel == "layer_norm_linear":
-            return (x, rnd(K), rnd(K), d["eps"], weight, bias, d.get("act")), {}
-        if case.kernel == "rms_norm_linear":  # timm's RmsNorm: a weight, no bias
-            return (x, rnd(K), None, d["eps"], weight, bias, d.get("act")), {}
-        residual = rnd(B, T, N, scale=2.0) if d.get("residual") else None
-        gamma = rnd(N) if d.get("gamma") else None
-        return (x, weight, bias, d.get("act"), residual, gamma), {}
-    if case.kernel == "attention":
-        return (rnd(B, T, 3 * D), d["heads"]), {}
-    if case.kernel == "diff_attention":
-        # timm's lambda, exp(q1 . k1) - exp(q2 . k2) + lambda_init, lies near lambda_init (its vectors start at std
-        # 0.1): drawn as lambda_init + 0.1 N(0, 1), a 0-dim tensor in qkv's dtype as timm_blocks passes it; the
-        # sub_norm weight is over 2 * Dh
-        lambda_full = (d["lambda_init"] + 0.1 * torch.randn((), generator=gen)).to(device=device, dtype=dtype)
-        return (rnd(B, T, 3 * D), lambda_full, rnd(D // d["heads"]), d["heads"], d["lambda_init"]), {}
-    if case.kernel == "attention_pool":  # one latent query for every image (batch 1), as the patched heads pass it
-        return (rnd(1, d["latents"], D), rnd(B, T, 2 * D), d["heads"]), {}
-    if case.kernel == "rms_norm":  # qk-norm: each head's row of Dh, [B, T, H, Dh]
-        return (rnd(B, T, d["heads"], D, scale=2.0), rnd(D), None, d["eps"]), {}
-    residual = rnd(B, T, D) if case.kernel == "add_layer_norm" else None
-    return (rnd(B, T, D, scale=2.0), residual, rnd(D), rnd(D), d["eps"]), {}
+    return OPS[case.kernel].spec.selfcheck.inputs(case.dims, rnd, gen, device, dtype)
 
 
 def _launch(
@@ -205,53 +127,19 @@ def _launch(
 ) -> torch.Tensor:
     """The kernel's launcher on ``args``, into outputs made by ``outputs(*shape)`` (default: NaN-filled new
     tensors, in the order the launcher takes them); the output that is judged."""
-    launcher = OPS[case.kernel].launcher
-    if case.kernel == "preprocess":
-        images, (H, W) = args[0], case.dims["crop"]
-        out = outputs(len(images), 3, H, W) if outputs is not None else None
-        if out is None:
-            out = torch.full((len(images), 3, H, W), float("nan"), dtype=case.dtype, device=images[0].device)
-        return launcher(images, **kwargs, out=out)
-    x, B, T, D = args[0], case.dims["batch"], case.dims["tokens"], case.dims["dim"]
+    first = args[0][0] if isinstance(args[0], list) else args[0]  # preprocess takes a list of images
 
     def poisoned(*shape: int) -> torch.Tensor:
         if outputs is not None:
             return outputs(*shape)
-        return torch.full(shape, float("nan"), dtype=case.dtype, device=x.device)
+        return torch.full(shape, float("nan"), dtype=case.dtype, device=first.device)
 
-    if case.kernel == "patch_embed":
-        return launcher(*args, **kwargs, out=poisoned(B, T, D))
-    if case.kernel in ("layer_norm_linear", "rms_norm_linear"):
-        x, ln_weight, ln_bias, eps, weight, bias, act = args
-        out = poisoned(B, T, weight.shape[0])
-        rms = case.kernel == "rms_norm_linear"
-        return launcher(x, weight, bias, act, ln_weight=ln_weight, ln_bias=ln_bias, ln_eps=eps, ln_rms=rms, out=out)
-    if case.kernel == "linear":
-        return launcher(*args, out=poisoned(B, T, args[1].shape[0]))
-    if case.kernel in ("attention", "diff_attention"):
-        return launcher(*args, out=poisoned(B, T, D))
-    if case.kernel == "attention_pool":
-        return launcher(*args, out=poisoned(B, case.dims["latents"], D))
-    if case.kernel == "rms_norm":
-        return launcher(*args, out=poisoned(*x.shape))
-    x, residual, weight, bias, eps = args
-    if case.kernel == "layer_norm":
-        return launcher(x, weight, bias, eps, out=poisoned(B, T, D))
-    summed, normed = launcher(
-        x, residual, weight, bias, eps, summed_out=poisoned(B, T, D), normed_out=poisoned(B, T, D)
-    )
-    return torch.cat([summed, normed], dim=-1)  # both outputs judged at once
+    return OPS[case.kernel].spec.selfcheck.launch(case.dims, args, kwargs, poisoned)
 
 
 def _reference(case: KernelCase, args: tuple, kwargs: dict[str, Any]) -> torch.Tensor:
     """The kernel file's eager reference on ``args`` (in their dtype and device), shaped as :func:`_launch`'s."""
-    reference = OPS[case.kernel].reference
-    out = reference(*args, **kwargs)
-    if case.kernel == "layer_norm":
-        return out[1]
-    if case.kernel == "add_layer_norm":
-        return torch.cat(list(out), dim=-1)
-    return out
+    return OPS[case.kernel].spec.selfcheck.judged(OPS[case.kernel].reference(*args, **kwargs))
 
 
 def _float64(args: tuple, kwargs: dict[str, Any], device: torch.device) -> tuple[tuple, dict[str, Any]]:

@@ -161,7 +161,7 @@ def kernel_ops(model: nn.Module, x: torch.Tensor, shape: tuple | None = None) ->
     from vit_fast.backend import triton_path  # triton is needed now: the kernels run next
 
     ops = triton_path.ops_for(model, x, shape)
-    if ops.direct:  # the launches skip their own checks: every parameter is checked here once
+    if ops.params_checked:  # the calls skip their own checks: every parameter is checked here once
         check_kernel_params(model, x, model.patch_embed.proj.weight.dtype, lambda: kernel_parameters(model))
     return ops, triton_path.layer_norm_fused(model)
 
