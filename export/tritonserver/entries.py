@@ -13,7 +13,6 @@ import torch
 from torch import nn
 
 from vit_fast.export._common import (
-    ONNX_SUFFIXES,
     ArtifactError,
     check_readable_file,
     external_data_files,
@@ -27,7 +26,15 @@ from vit_fast.util.files import copy_new, make_folders, write_json_atomic
 from vit_fast.util.progress import Stages
 
 from .checks import check_model_name, plan_batching
-from .config import DEFAULT_QUEUE_DELAY_US, MODEL_FILES, PLATFORMS, VERSION, EntryConfig, provenance_comments
+from .config import (
+    DEFAULT_QUEUE_DELAY_US,
+    MODEL_FILES,
+    ONNX_SUFFIXES,
+    PLATFORMS,
+    VERSION,
+    EntryConfig,
+    provenance_comments,
+)
 from .layout import ModelEntry, published_folder
 from .specs import engine_specs, input_layout, onnx_specs
 

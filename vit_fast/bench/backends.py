@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from vit_fast.backend.env import install_hint
+from vit_fast.export.formats import bench_format
 from vit_fast.util.dtypes import DTYPES
 
 from .settings import GRAPHABLE, BenchError, Unavailable
@@ -84,26 +84,9 @@ def static_unavailable(variant: Variant, device: torch.device, dtype_name: str) 
         return "timm is not installed: pip install timm"
     if b == "hf" and importlib.util.find_spec("transformers") is None:
         return "transformers is not installed: pip install transformers"
-    if b == "onnxruntime":
-        if importlib.util.find_spec("onnxruntime") is None:
-            return f"onnxruntime is not installed: {install_hint('onnx')}"
-        import onnxruntime as ort
-
-        providers = ort.get_available_providers()
-        if cuda and "CUDAExecutionProvider" not in providers:
-            return (
-                f"onnxruntime has no CUDAExecutionProvider here (providers: {', '.join(providers)}): install "
-                "onnxruntime-gpu; CPU-EP timings would not compare with GPU backends"
-            )
-        if dtype_name == "bf16" and not cuda:
-            return "bf16 cannot be fed to the CPU execution provider (it takes numpy arrays; numpy has no bfloat16)"
-    if b == "tensorrt":
-        if importlib.util.find_spec("tensorrt") is None:
-            return f"tensorrt is not installed ({install_hint('tensorrt')}; needs a CUDA GPU)"
-        if importlib.util.find_spec("polygraphy") is None:
-            return f"polygraphy is not installed ({install_hint('tensorrt')})"
-        if not cuda:
-            return "TensorRT needs a CUDA GPU"
+    artifact = bench_format(b)
+    if artifact is not None:  # an export format's runtime (vit_fast.export.formats): its runner knows
+        return artifact.load("runner").unavailable(cuda, dtype_name)
     return None
 
 
