@@ -1,7 +1,8 @@
 """The export formats, one entry each: name, suffixes, extra, the function that builds one, the runner that runs
-one, what verifies it and the bench backend that times it. The CLI, the artifact opener, verify, the bench and the
-file policy read this table; nothing else names a format. Importing it imports no runtime (an entry's build and
-runner are imported when first used). Adding a format: docs/development.md, "Adding an export format"."""
+one, what verifies it and the bench backend that times it. What picks by format reads this table: the CLI's
+subcommands, the artifact opener (and with it verify), the output checks, the bench and the file policy's suffixes.
+Importing it imports no runtime (an entry's build and runner are imported when first used). Adding a format:
+docs/development.md, "Adding an export format"."""
 
 from __future__ import annotations
 

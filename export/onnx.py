@@ -45,7 +45,7 @@ from .onnx_checks import (
     write_metadata,
 )
 from .onnx_native import native_to_onnx
-from .verify import VerifyOptions, stage_report, verify_options, verify_staged
+from .verify import VerifyOptions, record_verification, verify_options, verify_staged
 
 # single-file protobufs must stay below 2 GiB; larger weights go to external data beside the model
 _EXTERNAL_DATA_BYTES = 1_800_000_000
@@ -305,10 +305,7 @@ def plain_to_onnx(model: nn.Module, path: str | os.PathLike, options: OnnxOption
         if verify_with is not None:
             with stages.step(f"verifying {path.name} against eager PyTorch on ONNX Runtime"):
                 result = verify_staged(model, traced, verify_with, path)
-            meta["verification"] = result.record()
-            write_metadata(traced, meta)
-            if report_path is not None:
-                moves.append(stage_report(stack, result, report_path))
+            record_verification(stack, result, meta, lambda m: write_metadata(traced, m), report_path, moves)
         publish_to(moves)
     written = f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB) and {metadata_path(path).name}"
     stages.note(written + ("" if verify_with is None else f"; verified: {meta['verification']['passed']}"))

@@ -50,7 +50,7 @@ from .onnx_checks import (
     trace_errors,
     write_metadata,
 )
-from .verify import stage_report, verify_options
+from .verify import record_verification, verify_options
 from .verify_native import check_mixes, verify_native
 
 #: the most tokens (patches) an image of an exported graph may have, the token axis's upper bound for torch.export
@@ -122,6 +122,7 @@ def _trace(
     output_names: Sequence[str],
 ) -> None:
     family = graph.family
+    quiet = [("ignore", DeprecationWarning, "")]
     if exporter == "torchscript":  # a NaFlexVit only (native_refusal): every axis named, the outputs' too
         axes = {"batch": 0, "tokens": 1}
         dynamic = {name: {v: k for k, v in axes.items()} for name in names}
@@ -129,40 +130,29 @@ def _trace(
             name: ({0: "batch", 1: "out_tokens"} if kind == "last_hidden_state" else {0: "batch"})
             for kind, name in zip(graph.outputs, output_names, strict=True)
         }
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            warnings.simplefilter("ignore", torch.jit.TracerWarning)
-            # the gathers' indices are never negative (rows and columns of the resized table)
-            warnings.filterwarnings("ignore", message="Exporting aten::index operator of advanced indexing")
-            torch.onnx.export(
-                graph,
-                inputs,
-                str(out),
-                dynamo=False,
-                opset_version=opset,
-                input_names=list(names),
-                output_names=list(output_names),
-                dynamic_axes=dynamic,
-                do_constant_folding=True,
-            )
-        return
-    b = torch.export.Dim("batch", min=1, max=max(3, batch[1]))  # the example holds 3 images
-    t = torch.export.Dim("tokens", min=1, max=MAX_TOKENS)
-    third = {0: b, 1: t} if family == "naflexvit" else {0: b}  # patch_valid [B, T]; spatial_shapes [B, 2]
-    with warnings.catch_warnings(), transformers_checks_off():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        warnings.simplefilter("ignore", FutureWarning)
-        warnings.filterwarnings("ignore", message="# The axis name")  # batch and tokens shared by the inputs
+        how: dict[str, Any] = dict(dynamo=False, dynamic_axes=dynamic, do_constant_folding=True)
+        # the gathers' indices are never negative (rows and columns of the resized table)
+        quiet += [("ignore", torch.jit.TracerWarning, ""), ("ignore", Warning, "Exporting aten::index operator of")]
+        checks: contextlib.AbstractContextManager = contextlib.nullcontext()
+    else:
+        b = torch.export.Dim("batch", min=1, max=max(3, batch[1]))  # the example holds 3 images
+        t = torch.export.Dim("tokens", min=1, max=MAX_TOKENS)
+        third = {0: b, 1: t} if family == "naflexvit" else {0: b}  # patch_valid [B, T]; spatial_shapes [B, 2]
+        how = dict(dynamo=True, dynamic_shapes=({0: b, 1: t}, {0: b, 1: t}, third), verbose=False)
+        # batch and tokens are shared by the inputs
+        quiet += [("ignore", FutureWarning, ""), ("ignore", Warning, "# The axis name")]
+        checks = transformers_checks_off()
+    with warnings.catch_warnings(), checks:
+        for action, category, message in quiet:
+            warnings.filterwarnings(action, message=message, category=category)
         torch.onnx.export(
             graph,
             inputs,
             str(out),
-            dynamo=True,
             opset_version=opset,
             input_names=list(names),
             output_names=list(output_names),
-            dynamic_shapes=({0: b, 1: t}, {0: b, 1: t}, third),
-            verbose=False,
+            **how,
         )
 
 
@@ -254,10 +244,7 @@ def native_to_onnx(model: nn.Module, path: str | os.PathLike, options: OnnxOptio
                     print_table=verify_with.print_table,
                     artifact_name=str(path),
                 )
-            meta["verification"] = result.record()
-            write_metadata(traced, meta)
-            if report_path is not None:
-                moves.append(stage_report(stack, result, report_path))
+            record_verification(stack, result, meta, lambda m: write_metadata(traced, m), report_path, moves)
         publish_to(moves)
     stages.note(f"wrote {path} and {metadata_path(path).name}" + ("" if verify_with is None else "; verified: True"))
     if verify_with is not None and verify_with.on_published is not None:

@@ -187,6 +187,39 @@ class FellBack(Exception):
     """A triton case whose ops fell back to eager PyTorch at their first-use check (the message names them)."""
 
 
+#: transformers' ViTConfig field -> ours, for the fields that carry over as they are
+HF_FIELDS = {
+    "hidden_size": "embed_dim",
+    "num_hidden_layers": "depth",
+    "num_attention_heads": "num_heads",
+    "layer_norm_eps": "layer_norm_eps",
+    "image_size": "img_size",
+    "patch_size": "patch_size",
+    "num_channels": "in_chans",
+    "qkv_bias": "qkv_bias",
+}
+#: the fields of our ViTConfig that timm's VisionTransformer takes under the same names
+TIMM_FIELDS = (
+    "img_size",
+    "patch_size",
+    "in_chans",
+    "num_classes",
+    "global_pool",
+    "embed_dim",
+    "depth",
+    "num_heads",
+    "mlp_ratio",
+    "qkv_bias",
+    "init_values",
+    "class_token",
+    "reg_tokens",
+    "no_embed_class",
+    "pre_norm",
+    "fc_norm",
+    "dynamic_img_size",
+)
+
+
 def build_hf(model: Any) -> Any:
     """transformers' ``ViTForImageClassification`` (``ViTModel`` for a model without a head) with ``model``'s
     weights and SDPA attention: a plain class-token ViT only (no registers, LayerScale or average pooling)."""
@@ -202,16 +235,9 @@ def build_hf(model: Any) -> Any:
     if act is None or not plain or cfg.pre_norm or cfg.fc_norm or cfg.no_embed_class:
         raise Unavailable("transformers' ViT has no counterpart of this model (a plain class-token ViT only)")
     hf_cfg = HFViTConfig(
-        hidden_size=cfg.embed_dim,
-        num_hidden_layers=cfg.depth,
-        num_attention_heads=cfg.num_heads,
+        **{hf_name: getattr(cfg, ours) for hf_name, ours in HF_FIELDS.items()},
         intermediate_size=int(round(cfg.embed_dim * cfg.mlp_ratio)),
         hidden_act=act,
-        layer_norm_eps=cfg.layer_norm_eps,
-        image_size=cfg.img_size,
-        patch_size=cfg.patch_size,
-        num_channels=cfg.in_chans,
-        qkv_bias=cfg.qkv_bias,
         num_labels=max(cfg.num_classes, 1),
     )
     cls = ViTForImageClassification if cfg.num_classes else ViTModel
@@ -251,23 +277,7 @@ def build_timm(model: Any) -> Any:
     cfg = model.cfg
     act = functools.partial(torch.nn.GELU, approximate="tanh") if cfg.act == "gelu_tanh" else torch.nn.GELU
     timm_model = TimmViT(
-        img_size=cfg.img_size,
-        patch_size=cfg.patch_size,
-        in_chans=cfg.in_chans,
-        num_classes=cfg.num_classes,
-        global_pool=cfg.global_pool,
-        embed_dim=cfg.embed_dim,
-        depth=cfg.depth,
-        num_heads=cfg.num_heads,
-        mlp_ratio=cfg.mlp_ratio,
-        qkv_bias=cfg.qkv_bias,
-        init_values=cfg.init_values,
-        class_token=cfg.class_token,
-        reg_tokens=cfg.reg_tokens,
-        no_embed_class=cfg.no_embed_class,
-        pre_norm=cfg.pre_norm,
-        fc_norm=cfg.fc_norm,
-        dynamic_img_size=cfg.dynamic_img_size,
+        **{name: getattr(cfg, name) for name in TIMM_FIELDS},
         act_layer=act,
         norm_layer=functools.partial(torch.nn.LayerNorm, eps=cfg.layer_norm_eps),
     )
