@@ -1,7 +1,7 @@
-"""Shared by ONNX export, TensorRT build, the runners, verification and the bench: the export errors, argument and
-output-path checks, the metadata JSON beside an artifact, the one place a model subclass (the Hugging Face drop-in)
-becomes the plain module, and the weights record every artifact and report carries. Imports no onnx, onnxruntime or
-tensorrt at import time (dtypes, atomic writes and progress live in vit_fast.util)."""
+"""Shared by every format's build (vit_fast.export.formats), the runners, verification and the bench: the export
+errors, argument and output-path checks, the metadata JSON beside an artifact, the one place a model subclass (the
+Hugging Face drop-in) becomes the plain module, and the weights record every artifact and report carries. Imports no
+format's runtime at import time (dtypes, atomic writes and progress live in vit_fast.util)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,6 @@ from vit_fast.interop.checkpoints import file_sha256
 from vit_fast.util.batches import MAX_BATCH
 from vit_fast.util.files import (
     DIGEST_KEY,
-    ENGINE_SUFFIXES,
-    ONNX_SUFFIXES,
     check_output_file,
     check_report_file,
     claim,
@@ -28,17 +26,14 @@ from vit_fast.util.files import (
     written_by_vit_fast,
 )
 
+from .formats import format_named, format_of
+
 METADATA_SUFFIX = ".json"
 #: native-resolution towers (timm, transformers) that export as they are (vit_fast.export.native), by class name
 NATIVE_CLASSES = ("NaFlexVit", "Siglip2VisionModel")
 REPORT_SUFFIXES = (".json",)
 #: the metadata fields that name a file beside the artifact (kept inside its folder: contained_path)
 METADATA_FILE_FIELDS = ("external_data",)
-#: what an artifact of each kind is called in messages, and the suffixes it may have
-ARTIFACT_KINDS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "onnx": ("ONNX file", ONNX_SUFFIXES),
-    "engine": ("TensorRT engine", ENGINE_SUFFIXES),
-}
 
 
 class ExportError(RuntimeError):
@@ -84,7 +79,7 @@ def is_vit_fast_artifact(path: str | os.PathLike) -> bool:
     path = Path(path)
     if read_head(path, 0) is None:  # not a regular file (or a link to one): never opened
         return False
-    if path.suffix.lower() in ONNX_SUFFIXES:
+    if getattr(format_of(path), "carries_record", False):  # an ONNX file's metadata_props
         try:
             import onnx
 
@@ -102,14 +97,15 @@ def is_vit_fast_artifact(path: str | os.PathLike) -> bool:
 def check_artifact_outputs(
     path: str | os.PathLike, kind: str, overwrite: bool = False, external_data: bool = False
 ) -> Path:
-    """Every check on an artifact's output paths made before any work: the artifact (``kind`` ``"onnx"`` or
-    ``"engine"``: suffix, folder, parent, writable, an existing file vit-fast did not write), its metadata
+    """Every check on an artifact's output paths made before any work: the artifact (``kind``: a format's name or
+    kind, :mod:`.formats`: suffix, folder, parent, writable, an existing file vit-fast did not write), its metadata
     ``PATH.json`` and, with ``external_data``, ``PATH.data``. A ValueError names the path and the fix. An existing
     vit-fast artifact may be replaced, anything else only with ``overwrite``, a folder never; every path is claimed
     (:func:`vit_fast.util.files.claim`). See docs/development.md, section Shared parts."""
-    what, suffixes = ARTIFACT_KINDS[kind]
-    if kind == "onnx":  # onnx.checker and ONNX Runtime (the verification) take UTF-8 paths only
-        refuse_non_utf8(path, what, "onnx.checker or ONNX Runtime")
+    artifact_format = format_named(kind)
+    what, suffixes = artifact_format.what, artifact_format.suffixes
+    if artifact_format.utf8_paths is not None:  # e.g. onnx.checker and ONNX Runtime (the verification)
+        refuse_non_utf8(path, what, artifact_format.utf8_paths)
     path = check_output_file(path, suffixes, what, ours=is_vit_fast_artifact, overwrite=overwrite)
     ours = is_vit_fast_artifact(path) if path.exists() else None
     sidecars = [(metadata_path(path), "metadata")] + (

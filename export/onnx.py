@@ -11,7 +11,8 @@ import copy
 import logging
 import os
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from .graph import DEFAULT_INPUT_NAME, ExportGraph, example_images, image_axes
 from .native import native_family
 from .onnx_checks import (
     GraphSpec,
+    OnnxOptions,
     check_graph_args,
     check_onnx_args,
     finish_graph,
@@ -42,8 +44,8 @@ from .onnx_checks import (
     verifies_on_cpu,
     write_metadata,
 )
-from .onnx_native import check_native_args, native_to_onnx
-from .verify import VerifyOptions, stage_report, verify_options, verify_staged
+from .onnx_native import native_to_onnx
+from .verify import VerifyOptions, record_verification, verify_options, verify_staged
 
 # single-file protobufs must stay below 2 GiB; larger weights go to external data beside the model
 _EXTERNAL_DATA_BYTES = 1_800_000_000
@@ -122,16 +124,11 @@ def _quiet_registration() -> Iterator[None]:
 
 
 def _run_exporter(
-    m: ExportGraph,
-    x: torch.Tensor,
-    out: Path,
-    exporter: str,
-    opset: int,
-    batch: tuple[int, int],
-    dynamic_size: bool,
-    spec: GraphSpec,
-    external_data: bool,
+    m: ExportGraph, x: torch.Tensor, out: Path, options: OnnxOptions, spec: GraphSpec, external_data: bool
 ) -> None:
+    """Trace ``m`` on ``x`` into ``out`` with the exporter, opset, batch range and dynamic size of ``options``
+    (already checked)."""
+    exporter, opset, batch, dynamic_size = options.exporter, options.opset, options.batch, options.dynamic_size
     _, h_axis, w_axis = image_axes(spec.preprocess)
     cfg = m.model.cfg
     with warnings.catch_warnings(), _quiet_registration():  # chatter that says nothing about this model
@@ -233,30 +230,42 @@ def to_onnx(
     published (on by default); returns ``path``. Raises ValueError / TypeError for bad arguments before any work,
     :class:`VerificationError` (nothing published) and :class:`ExportError` when the exporter fails. Each argument,
     and native-resolution towers: docs/deploy.md, section The Python API."""
-    if native_family(model) is not None:
-        check_native_args(model, exporter, attention, preprocess, input_name, max_grid)
-        return native_to_onnx(
-            model,
-            path,
-            batch,
-            dtype,
-            opset,
-            exporter,
-            source,
-            progress,
-            outputs,
-            output_names,
-            verify,
-            report,
-            overwrite,
-            max_grid,
-        )
-    batch, dtype, opset = check_onnx_args(model, batch, dtype, opset, exporter, dynamic_size, attention)
+    options = OnnxOptions(
+        batch=batch,
+        dtype=dtype,
+        opset=opset,
+        exporter=exporter,
+        dynamic_size=dynamic_size,
+        attention=attention,
+        source=source,
+        progress=progress,
+        outputs=outputs,
+        input_name=input_name,
+        output_names=output_names,
+        preprocess=preprocess,
+        verify=verify,
+        report=report,
+        overwrite=overwrite,
+        max_grid=max_grid,
+    )
+    return onnx_builder(model)(model, path, options)
+
+
+def onnx_builder(model: nn.Module) -> Callable[[nn.Module, str | os.PathLike, OnnxOptions], Path]:
+    """The one choice of graph: a native-resolution tower's own (:func:`.onnx_native.native_to_onnx`) for timm's
+    NaFlexVit and transformers' Siglip2VisionModel, else the plain ViT's (:func:`plain_to_onnx`)."""
+    return native_to_onnx if native_family(model) is not None else plain_to_onnx
+
+
+def plain_to_onnx(model: nn.Module, path: str | os.PathLike, options: OnnxOptions) -> Path:
+    """:func:`to_onnx` for a plain ViT (or one ``plain_model`` converts)."""
+    o = options
+    batch, dtype, opset = check_onnx_args(model, o.batch, o.dtype, o.opset, o.exporter, o.dynamic_size, o.attention)
     model = plain_model(model, "to_onnx")
     cfg = model.cfg
-    spec = check_graph_args(cfg, outputs, input_name, output_names, preprocess)
-    options = verify_options(verify, report, batch_range=batch)
-    if options is not None and dtype == torch.bfloat16 and verifies_on_cpu(options.provider):
+    spec = check_graph_args(cfg, o.outputs, o.input_name, o.output_names, o.preprocess)
+    verify_with = verify_options(o.verify, o.report, batch_range=batch)
+    if verify_with is not None and dtype == torch.bfloat16 and verifies_on_cpu(verify_with.provider):
         raise ValueError(
             "bf16 ONNX files cannot be verified on ONNX Runtime's CPU provider (no bf16 Conv, and its Python API "
             "has no bf16 arrays): export fp16 or fp32, or export without verification (verify=False; --no-verify "
@@ -264,52 +273,53 @@ def to_onnx(
         )
     weight_bytes = sum(p.numel() for p in model.parameters()) * torch.empty((), dtype=dtype).element_size()
     external = weight_bytes > _EXTERNAL_DATA_BYTES
-    path = check_artifact_outputs(path, "onnx", overwrite, external_data=external)
-    report_path = check_report_path(report, overwrite, artifact=path) if report is not None else None
+    path = check_artifact_outputs(path, "onnx", o.overwrite, external_data=external)
+    report_path = check_report_path(o.report, o.overwrite, artifact=path) if o.report is not None else None
     import onnx  # noqa: F401  (fail early and clearly where the onnx extra is missing)
 
-    stages = Stages("vit-fast export", progress)
-    m = _export_copy(model, dtype, dynamic_size, attention, spec)
-    x = _example_input(cfg, batch, dynamic_size, dtype, spec)
-    meta = onnx_metadata(model, exporter, opset, dtype, batch, spec.outputs, spec.output_names, source) | {
-        "config": cfg.to_dict() | ({"dynamic_img_size": True} if dynamic_size else {}),
-        "dynamic_size": dynamic_size,
-        "attention": attention,
+    o = replace(o, batch=batch, dtype=dtype, opset=opset)
+    stages = Stages("vit-fast export", o.progress)
+    m = _export_copy(model, dtype, o.dynamic_size, o.attention, spec)
+    x = _example_input(cfg, batch, o.dynamic_size, dtype, spec)
+    meta = onnx_metadata(model, o.exporter, opset, dtype, batch, spec.outputs, spec.output_names, o.source) | {
+        "config": cfg.to_dict() | ({"dynamic_img_size": True} if o.dynamic_size else {}),
+        "dynamic_size": o.dynamic_size,
+        "attention": o.attention,
         "input": spec.input_name,
         "input_dtype": "uint8" if spec.preprocess else DTYPE_NAMES[dtype],
         "input_layout": spec.preprocess["layout"] if spec.preprocess else "NCHW",
         "preprocess": spec.preprocess,
     }
-    other = "torchscript" if exporter == "dynamo" else "dynamo"
-    hint = f"; try exporter={other!r}" if attention != "fused" else ""
+    other = "torchscript" if o.exporter == "dynamo" else "dynamo"
+    hint = f"; try exporter={other!r}" if o.attention != "fused" else ""
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(staging_dir(path))
         traced = tmp / path.name
-        what = f"tracing {_describe(model)} with the {exporter} exporter (opset {opset}, {DTYPE_NAMES[dtype]})"
-        with stages.step(what), trace_errors(exporter, _describe(model), path, hint), torch.no_grad():
-            _run_exporter(m, x, traced, exporter, opset, batch, dynamic_size, spec, external)
+        what = f"tracing {_describe(model)} with the {o.exporter} exporter (opset {opset}, {DTYPE_NAMES[dtype]})"
+        with stages.step(what), trace_errors(o.exporter, _describe(model), path, hint), torch.no_grad():
+            _run_exporter(m, x, traced, o, spec, external)
         del m
         with stages.step("checking the graph and writing metadata"):
-            staged = finish_graph(traced, tmp, path, meta, external, dynamic_size, attention, cfg.depth, spec)
+            staged = finish_graph(traced, tmp, path, meta, external, o.dynamic_size, o.attention, cfg.depth, spec)
         moves = [(f, path.parent / f.name) for f in staged]
-        if options is not None:
+        if verify_with is not None:
             with stages.step(f"verifying {path.name} against eager PyTorch on ONNX Runtime"):
-                result = verify_staged(model, traced, options, path)
-            meta["verification"] = result.record()
-            write_metadata(traced, meta)
-            if report_path is not None:
-                moves.append(stage_report(stack, result, report_path))
+                result = verify_staged(model, traced, verify_with, path)
+            record_verification(stack, result, meta, lambda m: write_metadata(traced, m), report_path, moves)
         publish_to(moves)
     written = f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB) and {metadata_path(path).name}"
-    stages.note(written + ("" if options is None else f"; verified: {meta['verification']['passed']}"))
-    if options is not None and options.on_published is not None:
-        options.on_published(result)
+    stages.note(written + ("" if verify_with is None else f"; verified: {meta['verification']['passed']}"))
+    if verify_with is not None and verify_with.on_published is not None:
+        verify_with.on_published(result)
     return path
 
 
 __all__ = [
     "FusedAttention",
+    "OnnxOptions",
     "check_onnx_args",
+    "onnx_builder",
     "onnx_op_counts",
+    "plain_to_onnx",
     "to_onnx",
 ]

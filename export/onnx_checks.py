@@ -31,7 +31,7 @@ from ._common import (
     vit_fast_version,
     weights_record,
 )
-from .graph import check_io_names, check_outputs, check_preprocess, image_axes
+from .graph import DEFAULT_INPUT_NAME, check_io_names, check_outputs, check_preprocess, image_axes
 
 EXPORTERS = ("dynamo", "torchscript")
 ATTENTION = ("decomposed", "fused")
@@ -39,6 +39,29 @@ MIN_OPSET = 17  # LayerNormalization
 FUSED_ATTENTION_OPSET = 23  # Attention
 TORCHSCRIPT_MAX_OPSET = 20
 METADATA_PROP = "vit_fast"  # metadata_props key holding the whole metadata as JSON
+
+
+@dataclass(frozen=True)
+class OnnxOptions:
+    """:func:`vit_fast.export.to_onnx`'s options, as given (each one: docs/deploy.md, section The Python API);
+    ``to_onnx`` hands them to the one builder it picks for the model's kind."""
+
+    batch: tuple[int, int] = (1, 64)
+    dtype: torch.dtype | str = torch.float32
+    opset: int | None = None
+    exporter: str = "dynamo"
+    dynamic_size: bool = False
+    attention: str = "decomposed"
+    source: str | None = None
+    progress: bool = True
+    outputs: str | Sequence[str] | None = None
+    input_name: str = DEFAULT_INPUT_NAME
+    output_names: str | Sequence[str] | None = None
+    preprocess: dict[str, Any] | None = None
+    verify: Any = True  # bool or VerifyOptions
+    report: str | os.PathLike | None = None
+    overwrite: bool = False
+    max_grid: int | None = None
 
 
 def newest_opset() -> int:
@@ -305,6 +328,7 @@ __all__ = [
     "MIN_OPSET",
     "TORCHSCRIPT_MAX_OPSET",
     "GraphSpec",
+    "OnnxOptions",
     "check_graph_args",
     "check_onnx_args",
     "finish_graph",

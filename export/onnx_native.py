@@ -42,6 +42,7 @@ from .native import (
 from .onnx_checks import (
     MIN_OPSET,
     TORCHSCRIPT_MAX_OPSET,
+    OnnxOptions,
     newest_opset,
     onnx_metadata,
     save_graph,
@@ -49,7 +50,7 @@ from .onnx_checks import (
     trace_errors,
     write_metadata,
 )
-from .verify import VerifyOptions, stage_report, verify_options
+from .verify import record_verification, verify_options
 from .verify_native import check_mixes, verify_native
 
 #: the most tokens (patches) an image of an exported graph may have, the token axis's upper bound for torch.export
@@ -121,6 +122,7 @@ def _trace(
     output_names: Sequence[str],
 ) -> None:
     family = graph.family
+    quiet = [("ignore", DeprecationWarning, "")]
     if exporter == "torchscript":  # a NaFlexVit only (native_refusal): every axis named, the outputs' too
         axes = {"batch": 0, "tokens": 1}
         dynamic = {name: {v: k for k, v in axes.items()} for name in names}
@@ -128,40 +130,29 @@ def _trace(
             name: ({0: "batch", 1: "out_tokens"} if kind == "last_hidden_state" else {0: "batch"})
             for kind, name in zip(graph.outputs, output_names, strict=True)
         }
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            warnings.simplefilter("ignore", torch.jit.TracerWarning)
-            # the gathers' indices are never negative (rows and columns of the resized table)
-            warnings.filterwarnings("ignore", message="Exporting aten::index operator of advanced indexing")
-            torch.onnx.export(
-                graph,
-                inputs,
-                str(out),
-                dynamo=False,
-                opset_version=opset,
-                input_names=list(names),
-                output_names=list(output_names),
-                dynamic_axes=dynamic,
-                do_constant_folding=True,
-            )
-        return
-    b = torch.export.Dim("batch", min=1, max=max(3, batch[1]))  # the example holds 3 images
-    t = torch.export.Dim("tokens", min=1, max=MAX_TOKENS)
-    third = {0: b, 1: t} if family == "naflexvit" else {0: b}  # patch_valid [B, T]; spatial_shapes [B, 2]
-    with warnings.catch_warnings(), transformers_checks_off():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        warnings.simplefilter("ignore", FutureWarning)
-        warnings.filterwarnings("ignore", message="# The axis name")  # batch and tokens shared by the inputs
+        how: dict[str, Any] = dict(dynamo=False, dynamic_axes=dynamic, do_constant_folding=True)
+        # the gathers' indices are never negative (rows and columns of the resized table)
+        quiet += [("ignore", torch.jit.TracerWarning, ""), ("ignore", Warning, "Exporting aten::index operator of")]
+        checks: contextlib.AbstractContextManager = contextlib.nullcontext()
+    else:
+        b = torch.export.Dim("batch", min=1, max=max(3, batch[1]))  # the example holds 3 images
+        t = torch.export.Dim("tokens", min=1, max=MAX_TOKENS)
+        third = {0: b, 1: t} if family == "naflexvit" else {0: b}  # patch_valid [B, T]; spatial_shapes [B, 2]
+        how = dict(dynamo=True, dynamic_shapes=({0: b, 1: t}, {0: b, 1: t}, third), verbose=False)
+        # batch and tokens are shared by the inputs
+        quiet += [("ignore", FutureWarning, ""), ("ignore", Warning, "# The axis name")]
+        checks = transformers_checks_off()
+    with warnings.catch_warnings(), checks:
+        for action, category, message in quiet:
+            warnings.filterwarnings(action, message=message, category=category)
         torch.onnx.export(
             graph,
             inputs,
             str(out),
-            dynamo=True,
             opset_version=opset,
             input_names=list(names),
             output_names=list(output_names),
-            dynamic_shapes=({0: b, 1: t}, {0: b, 1: t}, third),
-            verbose=False,
+            **how,
         )
 
 
@@ -181,26 +172,14 @@ def _finish(traced: Path, tmp: Path, path: Path, meta: dict[str, Any], family: s
     return save_graph(proto, tmp, path, meta)
 
 
-def native_to_onnx(
-    model: nn.Module,
-    path: str | os.PathLike,
-    batch: tuple[int, int],
-    dtype: torch.dtype | str,
-    opset: int | None,
-    exporter: str,
-    source: str | None,
-    progress: bool,
-    outputs: str | Sequence[str] | None,
-    output_names: str | Sequence[str] | None,
-    verify: bool | VerifyOptions,
-    report: str | os.PathLike | None,
-    overwrite: bool,
-    max_grid: int | None,
-) -> Path:
-    """:func:`vit_fast.export.to_onnx` for a native-resolution model (arguments checked by the caller's
-    :func:`check_native_args`); see docs/deploy.md."""
+def native_to_onnx(model: nn.Module, path: str | os.PathLike, options: OnnxOptions) -> Path:
+    """:func:`vit_fast.export.to_onnx` for a native-resolution model, the builder
+    :func:`vit_fast.export.onnx.onnx_builder` picks for one; see docs/deploy.md."""
+    o = options
+    check_native_args(model, o.exporter, o.attention, o.preprocess, o.input_name, o.max_grid)
+    batch, dtype, opset, exporter, output_names = o.batch, o.dtype, o.opset, o.exporter, o.output_names
     family = native_family(model)
-    max_grid = max_grid_of(model, max_grid)
+    max_grid = max_grid_of(model, o.max_grid)
     batch = check_batch_range(batch, ("min", "max"))
     dtype = parse_dtype(dtype)
     if dtype not in (torch.float32, torch.float16):
@@ -210,32 +189,32 @@ def native_to_onnx(
         raise ValueError(f"opset must be an int from {MIN_OPSET} to {newest_opset()}, got {opset!r}")
     if exporter == "torchscript" and opset > TORCHSCRIPT_MAX_OPSET:
         raise ValueError(f"the TorchScript exporter supports opset <= {TORCHSCRIPT_MAX_OPSET}, got {opset}")
-    kinds = check_native_outputs(model, outputs)
+    kinds = check_native_outputs(model, o.outputs)
     names = (
         kinds if output_names is None else ((output_names,) if isinstance(output_names, str) else tuple(output_names))
     )
     if len(names) != len(kinds) or len(set(names)) != len(names) or set(names) & set(INPUTS[family]):
         raise ValueError(f"output_names {names} must give one new name for each of the outputs {kinds}")
-    options = verify_options(verify, report)
-    if options is not None:
-        if options.batches is not None or options.image_sizes is not None:
+    verify_with = verify_options(o.verify, o.report)
+    if verify_with is not None:
+        if verify_with.batches is not None or verify_with.image_sizes is not None:
             raise ValueError(
                 f"a {type(model).__name__} is verified at image-size mixes: give VerifyOptions(size_mixes=...), not "
                 "batches or image_sizes"
             )
-        mixes = check_mixes(model, options.size_mixes, max_grid)
+        mixes = check_mixes(model, verify_with.size_mixes, max_grid)
         if max(len(m) for m in mixes) > batch[1]:
             raise ValueError(f"a size mix of {max(len(m) for m in mixes)} images is past the batch range {batch}")
-    path = check_artifact_outputs(path, "onnx", overwrite)
-    report_path = check_report_path(report, overwrite, artifact=path) if report is not None else None
+    path = check_artifact_outputs(path, "onnx", o.overwrite)
+    report_path = check_report_path(o.report, o.overwrite, artifact=path) if o.report is not None else None
     import onnx  # noqa: F401  (fail early and clearly where the onnx extra is missing)
 
-    stages = Stages("vit-fast export", progress)
+    stages = Stages("vit-fast export", o.progress)
     graph = NativeGraph(plain_copy(model, dtype, max_grid), kinds)
     p = patch_size(model)
     # three images of different sizes, padded: nothing the trace could take for a constant
     example = example_batch(model, [(p, p), (4 * p, 3 * p), (3 * p, 3 * p)], dtype, torch.Generator().manual_seed(0))
-    meta = onnx_metadata(model, exporter, opset, dtype, batch, kinds, names, source) | {
+    meta = onnx_metadata(model, exporter, opset, dtype, batch, kinds, names, o.source) | {
         "family": family,
         "config": _config(model),
         "tokens": [1, MAX_TOKENS],
@@ -249,30 +228,27 @@ def native_to_onnx(
         traced = tmp / path.name
         what = f"tracing {_describe(model)} with the {exporter} exporter (opset {opset}, {DTYPE_NAMES[dtype]})"
         with stages.step(what), trace_errors(exporter, _describe(model), path), torch.no_grad():
-            _trace(exporter, graph, example, traced, opset, batch, INPUTS[family], names)
+            _trace(exporter, graph, example, traced, opset=opset, batch=batch, names=INPUTS[family], output_names=names)
         del graph
         with stages.step("checking the graph and writing metadata"):
             staged = _finish(traced, tmp, path, meta, family)
         moves = [(f, path.parent / f.name) for f in staged]
-        if options is not None:
+        if verify_with is not None:
             with stages.step(f"verifying {path.name} against eager PyTorch on ONNX Runtime at {len(mixes)} size mixes"):
                 result = verify_native(
                     model,
                     traced,
                     mixes,
-                    seed=options.seed,
-                    provider=options.provider,
-                    print_table=options.print_table,
+                    seed=verify_with.seed,
+                    provider=verify_with.provider,
+                    print_table=verify_with.print_table,
                     artifact_name=str(path),
                 )
-            meta["verification"] = result.record()
-            write_metadata(traced, meta)
-            if report_path is not None:
-                moves.append(stage_report(stack, result, report_path))
+            record_verification(stack, result, meta, lambda m: write_metadata(traced, m), report_path, moves)
         publish_to(moves)
-    stages.note(f"wrote {path} and {metadata_path(path).name}" + ("" if options is None else "; verified: True"))
-    if options is not None and options.on_published is not None:
-        options.on_published(result)
+    stages.note(f"wrote {path} and {metadata_path(path).name}" + ("" if verify_with is None else "; verified: True"))
+    if verify_with is not None and verify_with.on_published is not None:
+        verify_with.on_published(result)
     return path
 
 

@@ -6,6 +6,7 @@ artifact"); :func:`open_artifact` picks one from the file's suffix and imports i
 from __future__ import annotations
 
 import copy
+import importlib.util
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -14,17 +15,17 @@ from typing import Any
 import torch
 from torch import nn
 
+from vit_fast.backend.env import install_hint
 from vit_fast.util.dtypes import ONNX_ELEM_TYPES, ORT_TYPES
 from vit_fast.util.files import refuse_non_utf8
 
 from ._common import (
-    ENGINE_SUFFIXES,
-    ONNX_SUFFIXES,
     ArtifactError,
     check_readable_file,
     external_data_files,
     read_metadata,
 )
+from .formats import format_of, suffix_choices
 from .trt_common import (
     check_batch_in_profile,
     check_engine_compat,
@@ -51,6 +52,18 @@ class Runner:
     output_names: list[str] = ["output"]  # noqa: RUF012  (a class default, replaced per instance)
     batch_range: tuple[int, int] | None = None
     threads: int | None = None
+
+    @classmethod
+    def open_file(cls, path: Path, provider: str | None = None, threads: int | None = None) -> Runner:
+        """The runner for the artifact file ``path`` (what :func:`open_artifact` calls); ``provider`` and
+        ``threads`` are for a runtime that takes them."""
+        return cls(path)
+
+    @classmethod
+    def unavailable(cls, cuda: bool, dtype_name: str) -> str | None:
+        """Why this runtime cannot be timed against GPU (``cuda``) or CPU backends in ``dtype_name``, known before
+        any file is opened (a module missing, no GPU); None if it may run."""
+        return None
 
     @property
     def output_name(self) -> str:
@@ -151,6 +164,26 @@ class OrtRunner(Runner):
         threads_note = f" (intra_op_num_threads={threads})" if threads else ""
         self.runtime = f"onnxruntime {ort.__version__} {self.provider}{threads_note}"
 
+    @classmethod
+    def open_file(cls, path: Path, provider: str | None = None, threads: int | None = None) -> Runner:
+        return cls(path, provider, threads)
+
+    @classmethod
+    def unavailable(cls, cuda: bool, dtype_name: str) -> str | None:
+        if importlib.util.find_spec("onnxruntime") is None:
+            return f"onnxruntime is not installed: {install_hint('onnx')}"
+        import onnxruntime as ort
+
+        providers = ort.get_available_providers()
+        if cuda and CUDA_EP not in providers:
+            return (
+                f"onnxruntime has no CUDAExecutionProvider here (providers: {', '.join(providers)}): install "
+                "onnxruntime-gpu; CPU-EP timings would not compare with GPU backends"
+            )
+        if dtype_name == "bf16" and not cuda:
+            return "bf16 cannot be fed to the CPU execution provider (it takes numpy arrays; numpy has no bfloat16)"
+        return None
+
     def _refuse_bf16_on_cpu(self, provider: str) -> None:
         if self.dtype == torch.bfloat16 and provider == CPU_EP:
             raise ArtifactError(
@@ -231,6 +264,14 @@ class EngineRunner(Runner):
     """A serialized TensorRT engine, checked against its metadata and loaded by polygraphy (``EngineFromBytes``).
     ``run_all`` runs it with polygraphy's ``TrtRunner``; ``prepare`` binds torch buffers to an execution context
     of its own (see ``_bind``)."""
+
+    @classmethod
+    def unavailable(cls, cuda: bool, dtype_name: str) -> str | None:
+        if importlib.util.find_spec("tensorrt") is None:
+            return f"tensorrt is not installed ({install_hint('tensorrt')}; needs a CUDA GPU)"
+        if importlib.util.find_spec("polygraphy") is None:
+            return f"polygraphy is not installed ({install_hint('tensorrt')})"
+        return None if cuda else "TensorRT needs a CUDA GPU"
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
@@ -374,29 +415,26 @@ class ModelRunner(Runner):
 def check_artifact_name(artifact: str | os.PathLike) -> None:
     """Refuse, before any work, an artifact whose name its runtime cannot open: ONNX Runtime takes UTF-8 paths
     only (its binding fails on any other with its own text)."""
-    if Path(artifact).suffix.lower() in ONNX_SUFFIXES:
-        refuse_non_utf8(artifact, "artifact", "ONNX Runtime")
+    found = format_of(artifact)
+    if found is not None and found.utf8_paths is not None:
+        refuse_non_utf8(artifact, "artifact", found.verify)
 
 
 def open_artifact(artifact: str | os.PathLike, provider: str | None = None, threads: int | None = None) -> Runner:
-    """A runner for ``artifact``: ONNX Runtime for ``.onnx`` (``provider``, CPU ``threads``), TensorRT for
-    ``.plan`` / ``.engine`` / ``.trt``. A missing or unreadable file, or an unknown suffix, raises naming it."""
+    """A runner for ``artifact``, chosen by its suffix (:mod:`.formats`): ONNX Runtime for ``.onnx`` (``provider``,
+    CPU ``threads``), TensorRT for ``.plan`` / ``.engine`` / ``.trt``. A missing or unreadable file, or an unknown
+    suffix, raises naming it."""
     path = check_readable_file(artifact, "artifact")
-    suffix = path.suffix.lower()
-    if suffix in ENGINE_SUFFIXES:
-        return EngineRunner(path)
-    if suffix in ONNX_SUFFIXES:
-        check_artifact_name(path)
-        return OrtRunner(path, provider, threads)
-    raise ArtifactError(
-        f"cannot tell what {str(path)!r} is from its suffix {suffix!r}: "
-        f"use {', '.join(ONNX_SUFFIXES)} for ONNX or {', '.join(ENGINE_SUFFIXES)} for TensorRT engines"
-    )
+    found = format_of(path)
+    if found is None:
+        raise ArtifactError(
+            f"cannot tell what {str(path)!r} is from its suffix {path.suffix.lower()!r}: use {suffix_choices()}"
+        )
+    check_artifact_name(path)
+    return found.load("runner").open_file(path, provider, threads)
 
 
 __all__ = [
-    "ENGINE_SUFFIXES",
-    "ONNX_SUFFIXES",
     "EngineRunner",
     "ModelRunner",
     "OrtRunner",

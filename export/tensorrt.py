@@ -35,7 +35,7 @@ from ._common import (
 )
 from .graph import image_axes
 from .trt_common import gpu_sm, polygraphy_logging, require_polygraphy, require_tensorrt, trt_dtype_name
-from .verify import VerifyOptions, stage_report, verify_options, verify_staged
+from .verify import VerifyOptions, record_verification, verify_options, verify_staged
 
 #: what an engine's metadata carries over from the ONNX file's: the graph's I/O and where its weights came from
 CARRIED_FROM_ONNX = (
@@ -329,14 +329,16 @@ def to_tensorrt(
         if options is not None:
             with stages.step("verifying the engine against eager PyTorch"):
                 result = verify_staged(model if model is not None else meta["source"], staged, options, engine_path)
-            meta["verification"] = result.record()
-            write_new(metadata_path(staged), json_text(meta), replace=True)
-            if report_path is not None:
-                moves.append(stage_report(stack, result, report_path))
+            record_verification(stack, result, meta, _metadata_writer(staged), report_path, moves)
         publish_to(moves)
     if options is not None and options.on_published is not None:
         options.on_published(result)
     return engine_path
+
+
+def _metadata_writer(engine: Path) -> Callable[[dict[str, Any]], None]:
+    """What rewrites the metadata beside the staged ``engine``."""
+    return lambda meta: write_new(metadata_path(engine), json_text(meta), replace=True)
 
 
 __all__ = [

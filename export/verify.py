@@ -64,6 +64,7 @@ __all__ = [
     "finish_report",
     "format_verification",
     "quicker_check",
+    "record_verification",
     "stage_report",
     "start_report",
     "verify",
@@ -370,6 +371,22 @@ def stage_report(stack: contextlib.ExitStack, report: VerifyReport, path: Path) 
     staged = stack.enter_context(staging_dir(path)) / path.name
     write_new(staged, json_text(report.to_dict()))
     return staged, path
+
+
+def record_verification(
+    stack: contextlib.ExitStack,
+    result: VerifyReport,
+    meta: dict[str, Any],
+    write_meta: Callable[[dict[str, Any]], Any],
+    report: Path | None,
+    moves: list[tuple[Path, Path]],
+) -> None:
+    """Record a staged artifact's passing ``result`` in its metadata ``meta`` (written again by ``write_meta``) and,
+    with a ``report`` path, stage the report (:func:`stage_report`) among the ``moves`` to publish."""
+    meta["verification"] = result.record()
+    write_meta(meta)
+    if report is not None:
+        moves.append(stage_report(stack, result, report))
 
 
 def _accuracy(

@@ -6,8 +6,6 @@ the layout and its all-or-nothing writer (layout), the artifact entries (entries
 
 from __future__ import annotations
 
-from vit_fast.export._common import ENGINE_SUFFIXES, ONNX_SUFFIXES
-
 from .checks import (
     batch_plan,
     check_instances,
@@ -21,9 +19,11 @@ from .checks import (
 from .config import (
     DEFAULT_BATCH,
     DEFAULT_QUEUE_DELAY_US,
+    ENGINE_SUFFIXES,
     INPUT_NAME,
     KINDS,
     MODEL_FILES,
+    ONNX_SUFFIXES,
     PLATFORMS,
     TRITON_TYPES,
     VERSION,

@@ -14,6 +14,7 @@ from torch import nn
 
 from vit_fast.backend.env import git_commit
 from vit_fast.export._common import vit_fast_version
+from vit_fast.export.formats import FORMATS
 
 #: torch dtype -> Triton model-config data type (uint8: the pixels an artifact with a preprocessing front takes)
 TRITON_TYPES: dict[torch.dtype, str] = {
@@ -22,6 +23,8 @@ TRITON_TYPES: dict[torch.dtype, str] = {
     torch.bfloat16: "TYPE_BF16",
     torch.uint8: "TYPE_UINT8",
 }
+#: the suffixes of the artifacts a repository serves, from the export formats' registry
+ONNX_SUFFIXES, ENGINE_SUFFIXES = FORMATS["onnx"].suffixes, FORMATS["tensorrt"].suffixes
 #: artifact format -> Triton platform
 PLATFORMS = {"onnx": "onnxruntime_onnx", "tensorrt": "tensorrt_plan"}
 #: artifact format -> the file name Triton looks for in a version folder

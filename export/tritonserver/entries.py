@@ -13,7 +13,6 @@ import torch
 from torch import nn
 
 from vit_fast.export._common import (
-    ONNX_SUFFIXES,
     ArtifactError,
     check_readable_file,
     external_data_files,
@@ -27,7 +26,15 @@ from vit_fast.util.files import copy_new, make_folders, write_json_atomic
 from vit_fast.util.progress import Stages
 
 from .checks import check_model_name, plan_batching
-from .config import DEFAULT_QUEUE_DELAY_US, MODEL_FILES, PLATFORMS, VERSION, EntryConfig, provenance_comments
+from .config import (
+    DEFAULT_QUEUE_DELAY_US,
+    MODEL_FILES,
+    ONNX_SUFFIXES,
+    PLATFORMS,
+    VERSION,
+    EntryConfig,
+    provenance_comments,
+)
 from .layout import ModelEntry, published_folder
 from .specs import engine_specs, input_layout, onnx_specs
 
@@ -160,17 +167,23 @@ def onnx_entry(
             write_json_atomic(
                 {"passed": None, "note": "not verified (verification was skipped)"}, folder / "verification.json"
             )
-        inputs, outputs = onnx_specs(target, input_layout(meta, path) if path is not None else None)
-        return EntryConfig(
-            name=name,
-            platform=PLATFORMS["onnx"],
-            inputs=inputs,
-            outputs=outputs,
-            batching=plan,
-            comments=provenance_comments(described, record),
-        )
+        specs = onnx_specs(target, input_layout(meta, path) if path is not None else None)
+        return _artifact_config(name, "onnx", specs, plan, provenance_comments(described, record))
 
     return ModelEntry(name, build)
+
+
+def _artifact_config(name: str, artifact_format: str, specs: tuple, plan: Any, comments: list[str]) -> EntryConfig:
+    """The config.pbtxt of an artifact entry: its format's Triton platform, ``specs`` = (inputs, outputs)."""
+    inputs, outputs = specs
+    return EntryConfig(
+        name=name,
+        platform=PLATFORMS[artifact_format],
+        inputs=inputs,
+        outputs=outputs,
+        batching=plan,
+        comments=comments,
+    )
 
 
 def tensorrt_entry(
@@ -210,16 +223,10 @@ def tensorrt_entry(
         note = "verified when the engine was built (vit-fast export tensorrt)"
         data = {**record, "note": note} if record else {"passed": None, "note": "the engine was built unverified"}
         write_json_atomic(data, folder / "verification.json")
-        return EntryConfig(
-            name=name,
-            platform=PLATFORMS["tensorrt"],
-            inputs=inputs,
-            outputs=outputs,
-            batching=plan,
-            comments=[
-                *provenance_comments(str(path.resolve()), record),
-                f"engine: {where}; it loads on that GPU and TensorRT only",
-            ],
-        )
+        comments = [
+            *provenance_comments(str(path.resolve()), record),
+            f"engine: {where}; it loads on that GPU and TensorRT only",
+        ]
+        return _artifact_config(name, "tensorrt", (inputs, outputs), plan, comments)
 
     return ModelEntry(name, build)

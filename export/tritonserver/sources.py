@@ -10,11 +10,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from vit_fast.export._common import ENGINE_SUFFIXES, ONNX_SUFFIXES
-
 from . import python_backend
 from .checks import check_model_name, model_name_for
-from .config import DEFAULT_QUEUE_DELAY_US
+from .config import DEFAULT_QUEUE_DELAY_US, ENGINE_SUFFIXES, ONNX_SUFFIXES
 from .entries import onnx_entry, tensorrt_entry
 from .layout import ModelEntry, check_repository, write_repository
 

@@ -223,8 +223,8 @@ def _raise(*args, **kwargs):
 # the stand-in exporter calls torch.onnx.export directly, outside vit-fast's own warning filter
 @pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::torch.jit.TracerWarning")
 def test_fixed_batch_graph_is_refused(models, tmp_path, monkeypatch):
-    def no_dynamic_axes(m, x, out, exporter, opset, *args):
-        torch.onnx.export(m, (x,), str(out), dynamo=False, opset_version=opset, input_names=["images"])
+    def no_dynamic_axes(m, x, out, options, *args):
+        torch.onnx.export(m, (x,), str(out), dynamo=False, opset_version=options.opset, input_names=["images"])
 
     monkeypatch.setattr(onnx_export, "_run_exporter", no_dynamic_axes)
     with pytest.raises(export.ExportError, match=r"input 'images' has a fixed batch dimension"):

@@ -26,9 +26,9 @@ if TYPE_CHECKING:
 
 def artifact_path(model: Any) -> Path | None:
     """The artifact to time when ``model`` names an ONNX file or a TensorRT engine, else None."""
-    from vit_fast.util.files import ENGINE_SUFFIXES, ONNX_SUFFIXES
+    from vit_fast.export.formats import format_of
 
-    if isinstance(model, (str, Path)) and Path(model).suffix.lower() in (*ONNX_SUFFIXES, *ENGINE_SUFFIXES):
+    if isinstance(model, (str, Path)) and format_of(model) is not None:
         return Path(model)
     return None
 
@@ -37,14 +37,14 @@ def run_artifact(harness: Harness, env: dict[str, Any]) -> dict[str, Any]:
     """Time an existing artifact at every batch, by its own runtime, on inputs its metadata (else its ONNX
     graph) describes; there is no reference model, so no error column."""
     from vit_fast.export import ArtifactError, read_metadata
+    from vit_fast.export.formats import format_of
     from vit_fast.export.runners import CPU_EP, CUDA_EP, open_artifact
     from vit_fast.model.config import ViTConfig
     from vit_fast.model.vit import VisionTransformer
-    from vit_fast.util.files import ENGINE_SUFFIXES
 
     s, device, path = harness.s, harness.device, harness.artifact
     cuda = device.type == "cuda"
-    backend = "tensorrt" if path.suffix.lower() in ENGINE_SUFFIXES else "onnxruntime"
+    backend = format_of(path).bench_backend
     if s.backends is not None and backend not in s.backends:
         raise BenchError(
             f"{str(path)!r} is timed by {backend}, its own runtime; backends {s.backends} do not include it"

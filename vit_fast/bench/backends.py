@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from vit_fast.backend.env import install_hint
+from vit_fast.export.formats import bench_format
 from vit_fast.util.dtypes import DTYPES
 
 from .settings import GRAPHABLE, BenchError, Unavailable
@@ -84,26 +84,9 @@ def static_unavailable(variant: Variant, device: torch.device, dtype_name: str) 
         return "timm is not installed: pip install timm"
     if b == "hf" and importlib.util.find_spec("transformers") is None:
         return "transformers is not installed: pip install transformers"
-    if b == "onnxruntime":
-        if importlib.util.find_spec("onnxruntime") is None:
-            return f"onnxruntime is not installed: {install_hint('onnx')}"
-        import onnxruntime as ort
-
-        providers = ort.get_available_providers()
-        if cuda and "CUDAExecutionProvider" not in providers:
-            return (
-                f"onnxruntime has no CUDAExecutionProvider here (providers: {', '.join(providers)}): install "
-                "onnxruntime-gpu; CPU-EP timings would not compare with GPU backends"
-            )
-        if dtype_name == "bf16" and not cuda:
-            return "bf16 cannot be fed to the CPU execution provider (it takes numpy arrays; numpy has no bfloat16)"
-    if b == "tensorrt":
-        if importlib.util.find_spec("tensorrt") is None:
-            return f"tensorrt is not installed ({install_hint('tensorrt')}; needs a CUDA GPU)"
-        if importlib.util.find_spec("polygraphy") is None:
-            return f"polygraphy is not installed ({install_hint('tensorrt')})"
-        if not cuda:
-            return "TensorRT needs a CUDA GPU"
+    artifact = bench_format(b)
+    if artifact is not None:  # an export format's runtime (vit_fast.export.formats): its runner knows
+        return artifact.load("runner").unavailable(cuda, dtype_name)
     return None
 
 
@@ -204,6 +187,39 @@ class FellBack(Exception):
     """A triton case whose ops fell back to eager PyTorch at their first-use check (the message names them)."""
 
 
+#: transformers' ViTConfig field -> ours, for the fields that carry over as they are
+HF_FIELDS = {
+    "hidden_size": "embed_dim",
+    "num_hidden_layers": "depth",
+    "num_attention_heads": "num_heads",
+    "layer_norm_eps": "layer_norm_eps",
+    "image_size": "img_size",
+    "patch_size": "patch_size",
+    "num_channels": "in_chans",
+    "qkv_bias": "qkv_bias",
+}
+#: the fields of our ViTConfig that timm's VisionTransformer takes under the same names
+TIMM_FIELDS = (
+    "img_size",
+    "patch_size",
+    "in_chans",
+    "num_classes",
+    "global_pool",
+    "embed_dim",
+    "depth",
+    "num_heads",
+    "mlp_ratio",
+    "qkv_bias",
+    "init_values",
+    "class_token",
+    "reg_tokens",
+    "no_embed_class",
+    "pre_norm",
+    "fc_norm",
+    "dynamic_img_size",
+)
+
+
 def build_hf(model: Any) -> Any:
     """transformers' ``ViTForImageClassification`` (``ViTModel`` for a model without a head) with ``model``'s
     weights and SDPA attention: a plain class-token ViT only (no registers, LayerScale or average pooling)."""
@@ -219,16 +235,9 @@ def build_hf(model: Any) -> Any:
     if act is None or not plain or cfg.pre_norm or cfg.fc_norm or cfg.no_embed_class:
         raise Unavailable("transformers' ViT has no counterpart of this model (a plain class-token ViT only)")
     hf_cfg = HFViTConfig(
-        hidden_size=cfg.embed_dim,
-        num_hidden_layers=cfg.depth,
-        num_attention_heads=cfg.num_heads,
+        **{hf_name: getattr(cfg, ours) for hf_name, ours in HF_FIELDS.items()},
         intermediate_size=int(round(cfg.embed_dim * cfg.mlp_ratio)),
         hidden_act=act,
-        layer_norm_eps=cfg.layer_norm_eps,
-        image_size=cfg.img_size,
-        patch_size=cfg.patch_size,
-        num_channels=cfg.in_chans,
-        qkv_bias=cfg.qkv_bias,
         num_labels=max(cfg.num_classes, 1),
     )
     cls = ViTForImageClassification if cfg.num_classes else ViTModel
@@ -268,23 +277,7 @@ def build_timm(model: Any) -> Any:
     cfg = model.cfg
     act = functools.partial(torch.nn.GELU, approximate="tanh") if cfg.act == "gelu_tanh" else torch.nn.GELU
     timm_model = TimmViT(
-        img_size=cfg.img_size,
-        patch_size=cfg.patch_size,
-        in_chans=cfg.in_chans,
-        num_classes=cfg.num_classes,
-        global_pool=cfg.global_pool,
-        embed_dim=cfg.embed_dim,
-        depth=cfg.depth,
-        num_heads=cfg.num_heads,
-        mlp_ratio=cfg.mlp_ratio,
-        qkv_bias=cfg.qkv_bias,
-        init_values=cfg.init_values,
-        class_token=cfg.class_token,
-        reg_tokens=cfg.reg_tokens,
-        no_embed_class=cfg.no_embed_class,
-        pre_norm=cfg.pre_norm,
-        fc_norm=cfg.fc_norm,
-        dynamic_img_size=cfg.dynamic_img_size,
+        **{name: getattr(cfg, name) for name in TIMM_FIELDS},
         act_layer=act,
         norm_layer=functools.partial(torch.nn.LayerNorm, eps=cfg.layer_norm_eps),
     )

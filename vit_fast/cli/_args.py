@@ -279,6 +279,8 @@ def json_file(
     if value is None or value == STDOUT:
         return value
     path = output_file(value, "--json")
+    import vit_fast.export.formats  # noqa: F401  (registers the artifact suffixes the policy refuses reports beside)
+
     return check_report_file(path, "--json", overwrite=overwrite, artifacts=artifacts)
 
 

@@ -29,7 +29,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from vit_fast.util.files import ENGINE_SUFFIXES, ONNX_SUFFIXES, make_folders
+from vit_fast.export.formats import FORMATS
+from vit_fast.util.files import make_folders
 
 from . import _args
 
@@ -39,11 +40,26 @@ TENSORRT_EXAMPLE = "vit-fast export tensorrt vitb16.onnx --out vitb16.plan --bat
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the ``onnx``, ``tensorrt`` and ``tritonserver`` sub-commands to ``vit-fast export``."""
-    from . import add_subcommand
+    """Add a sub-command per export format (vit_fast.export.formats) and ``tritonserver`` to ``vit-fast export``."""
+    from . import add_subcommand, tritonserver
 
     sub = parser.add_subparsers(dest="target", metavar="TARGET", required=True)
-    p = add_subcommand(sub, "onnx", None, "export MODEL to an ONNX file and verify it with ONNX Runtime", ONNX_EXAMPLE)
+    for name, artifact_format in FORMATS.items():
+        add, _ = _COMMANDS.get(name, (_add_generic, _run_generic))
+        example = _EXAMPLES.get(name, f"vit-fast export {name} SOURCE --out model{artifact_format.suffixes[0]}")
+        add(add_subcommand(sub, name, None, artifact_format.summary, example))
+    r = add_subcommand(
+        sub,
+        "tritonserver",
+        tritonserver.__doc__,
+        "write a Triton Inference Server model repository",
+        tritonserver.EXAMPLE,
+    )
+    tritonserver.add_arguments(r)
+
+
+def _add_onnx(p: argparse.ArgumentParser) -> None:
+    """``vit-fast export onnx``'s flags: the model, the graph's options, verification."""
     p.add_argument("model", metavar="MODEL", help=_args.MODEL_HELP)
     p.add_argument("--out", required=True, help="the .onnx file to write (metadata goes to OUT.json)")
     p.add_argument(
@@ -80,53 +96,55 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--std", type=_args.float_list, default=None, metavar="S,S,S", help="per-channel std (0..1 units)")
     p.add_argument("--scale", type=_args.positive_float, default=1 / 255, help="pixel scale before mean/std (1/255)")
     _args.add_model_source(p)
-    p.add_argument("--no-verify", action="store_true", help="publish without verification (recorded as not verified)")
-    _args.add_verify_batch(p)
+    _add_verification(p, "artifact", size_mix=True)
+
+
+def _add_tensorrt(p: argparse.ArgumentParser) -> None:
+    """``vit-fast export tensorrt``'s flags: the ONNX file, the profile and builder options, verification."""
+    p.add_argument("onnx", metavar="ONNX", help="an ONNX file written by vit-fast export onnx")
+    p.add_argument("--out", required=True, help="the engine file to write (.plan; metadata goes to OUT.json)")
     p.add_argument(
-        "--size-mix",
-        type=_args.size_mix,
-        action="append",
-        default=None,
-        metavar="HxW,HxW",
-        help="a native-resolution model (timm naflexvit_*, a SigLIP 2 vision folder): one batch of images of these "
-        "sizes to verify at; repeat for each mix (default: three mixes)",
-    )
-    _args.add_json(p, "write the verification report as JSON here (published only with a passing artifact)")
-    _args.add_seed(p, None, "the random verification inputs (drawn and recorded when not given)")
-    _args.add_overwrite(p)
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
-    t = add_subcommand(
-        sub, "tensorrt", None, "build a TensorRT engine from an ONNX file and verify it", TENSORRT_EXAMPLE
-    )
-    t.add_argument("onnx", metavar="ONNX", help="an ONNX file written by vit-fast export onnx")
-    t.add_argument("--out", required=True, help="the engine file to write (.plan; metadata goes to OUT.json)")
-    t.add_argument(
         "--batch",
         type=_args.batch_list("MIN", "OPT", "MAX"),
         default=[1, 8, 64],
         metavar="MIN,OPT,MAX",
         help="optimization profile (1,8,64)",
     )
-    t.add_argument("--dtype", type=_args.dtype_name, default=None, help="engine precision: fp16, bf16, fp32 (fp16)")
-    t.add_argument("--timing-cache", default=None, help="timing cache file, reused across builds")
-    t.add_argument("--workspace-gib", type=_args.positive_float, default=None, help="builder workspace limit in GiB")
-    t.add_argument("--model", default=None, help="model to verify against (default: the ONNX metadata's source)")
-    t.add_argument("--no-verify", action="store_true", help="publish without verification (recorded as not verified)")
-    _args.add_verify_batch(t)
-    _args.add_json(t, "write the verification report as JSON here (published only with a passing engine)")
-    _args.add_seed(t, None, "the random verification inputs (drawn and recorded when not given)")
-    _args.add_overwrite(t)
-    t.add_argument("--quiet", action="store_true", help="no progress lines")
-    from . import tritonserver
+    p.add_argument("--dtype", type=_args.dtype_name, default=None, help="engine precision: fp16, bf16, fp32 (fp16)")
+    p.add_argument("--timing-cache", default=None, help="timing cache file, reused across builds")
+    p.add_argument("--workspace-gib", type=_args.positive_float, default=None, help="builder workspace limit in GiB")
+    p.add_argument("--model", default=None, help="model to verify against (default: the ONNX metadata's source)")
+    _add_verification(p, "engine")
 
-    r = add_subcommand(
-        sub,
-        "tritonserver",
-        tritonserver.__doc__,
-        "write a Triton Inference Server model repository",
-        tritonserver.EXAMPLE,
+
+def _add_generic(p: argparse.ArgumentParser) -> None:
+    """A format with no flags of its own: SOURCE, --out, --batch and the flags every export has."""
+    p.add_argument("source", metavar="SOURCE", help="what the format is built from (its build's first argument)")
+    p.add_argument("--out", required=True, help="the file to write (metadata goes to OUT.json)")
+    p.add_argument(
+        "--batch", type=_args.batch_list("MIN", "MAX"), default=[1, 64], metavar="MIN,MAX", help="batch range (1,64)"
     )
-    tritonserver.add_arguments(r)
+    _add_verification(p, "artifact")
+
+
+def _add_verification(p: argparse.ArgumentParser, artifact: str, size_mix: bool = False) -> None:
+    """The flags every format's command ends with: verification, the report, replacing, progress."""
+    p.add_argument("--no-verify", action="store_true", help="publish without verification (recorded as not verified)")
+    _args.add_verify_batch(p)
+    if size_mix:
+        p.add_argument(
+            "--size-mix",
+            type=_args.size_mix,
+            action="append",
+            default=None,
+            metavar="HxW,HxW",
+            help="a native-resolution model (timm naflexvit_*, a SigLIP 2 vision folder): one batch of images of "
+            "these sizes to verify at; repeat for each mix (default: three mixes)",
+        )
+    _args.add_json(p, f"write the verification report as JSON here (published only with a passing {artifact})")
+    _args.add_seed(p, None, "the random verification inputs (drawn and recorded when not given)")
+    _args.add_overwrite(p)
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
 def _verify_options(args: argparse.Namespace, json_target: Any) -> Any:
@@ -169,7 +187,7 @@ def _run_onnx(args: argparse.Namespace) -> int:
         preprocess = dict(layout=args.preprocess, mean=tuple(args.mean), std=tuple(args.std), scale=args.scale)
     elif args.mean is not None or args.std is not None:
         raise _args.CommandError("--mean/--std normalise uint8 input inside the graph: give --preprocess NCHW|NHWC too")
-    out = _args.output_file(args.out, "--out", ONNX_SUFFIXES)
+    out = _args.output_file(args.out, "--out", FORMATS["onnx"].suffixes)
     # the one output policy, before any work; never the artifact's own metadata
     json_target = _args.json_file(args.json, overwrite=args.overwrite, artifacts=(out,))
     verify = _verify_options(args, json_target)  # before the model loads: a refused --verify-batch costs nothing
@@ -208,7 +226,7 @@ def _run_onnx(args: argparse.Namespace) -> int:
 def _run_tensorrt(args: argparse.Namespace) -> int:
     from vit_fast.export.tensorrt import to_tensorrt
 
-    out = _args.output_file(args.out, "--out", ENGINE_SUFFIXES)
+    out = _args.output_file(args.out, "--out", FORMATS["tensorrt"].suffixes)
     # the one output policy, before any work; never the artifact's own metadata
     json_target = _args.json_file(args.json, overwrite=args.overwrite, artifacts=(out,))
     verify = _verify_options(args, json_target)
@@ -230,10 +248,36 @@ def _run_tensorrt(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_generic(args: argparse.Namespace) -> int:
+    """A format with no command of its own: its build called as ``build(SOURCE, OUT, batch=..., verify=...,
+    report=..., overwrite=..., progress=...)``."""
+    artifact_format = FORMATS[args.target]
+    out = _args.output_file(args.out, "--out", artifact_format.suffixes)
+    json_target = _args.json_file(args.json, overwrite=args.overwrite, artifacts=(out,))
+    verify = _verify_options(args, json_target)
+    make_folders(out.parent, "--out")
+    artifact_format.load("build")(
+        args.source,
+        out,
+        batch=tuple(args.batch),
+        verify=verify,
+        report=_args.file_only(json_target),
+        overwrite=args.overwrite,
+        progress=not args.quiet,
+    )
+    print(f"wrote {out}" + (" (not verified)" if args.no_verify else ": verified"))
+    return 0
+
+
+#: the formats whose command has flags of its own: name -> (add its arguments, run it)
+_COMMANDS = {"onnx": (_add_onnx, _run_onnx), "tensorrt": (_add_tensorrt, _run_tensorrt)}
+_EXAMPLES = {"onnx": ONNX_EXAMPLE, "tensorrt": TENSORRT_EXAMPLE}
+
+
 def run(args: argparse.Namespace) -> int:
-    """Run ``vit-fast export onnx|tensorrt|tritonserver``; 0 on success (a failure raises)."""
+    """Run ``vit-fast export FORMAT|tritonserver``; 0 on success (a failure raises)."""
     if args.target == "tritonserver":
         from . import tritonserver
 
         return tritonserver.run(args)
-    return _run_onnx(args) if args.target == "onnx" else _run_tensorrt(args)
+    return _COMMANDS.get(args.target, (_add_generic, _run_generic))[1](args)

@@ -43,12 +43,11 @@ from .json_input import JSON_MAX_BYTES, JSON_MAX_DEPTH, JSON_MAX_INT_DIGITS, JSO
 from .manifests import MANIFEST_NAME, foreign_entries, link_entries, write_manifest
 from .paths import contained_path, hold_lock
 from .proof import (
-    ARTIFACT_SUFFIXES,
-    ENGINE_SUFFIXES,
-    ONNX_SUFFIXES,
+    ARTIFACT_FORMATS,
     is_artifact_metadata,
     ownership_note,
     read_json_object,
+    register_artifact_format,
     seal_png,
     written_by_vit_fast,
 )
@@ -68,9 +67,8 @@ from .writing import (
 )
 
 __all__ = [
-    "ARTIFACT_SUFFIXES",
+    "ARTIFACT_FORMATS",
     "DIGEST_KEY",
-    "ENGINE_SUFFIXES",
     "Identity",
     "JSONInputError",
     "JSON_MAX_BYTES",
@@ -81,7 +79,6 @@ __all__ = [
     "MARKDOWN_MARK",
     "MARKER_KEY",
     "NAME_MAX",
-    "ONNX_SUFFIXES",
     "OWNER_FILE",
     "OWNER_TEXT",
     "OutputChanged",
@@ -122,6 +119,7 @@ __all__ = [
     "read_head",
     "read_json",
     "read_json_object",
+    "register_artifact_format",
     "refuse_foreign",
     "refuse_non_utf8",
     "refuse_special",

@@ -163,24 +163,26 @@ def ownership_note(path: str | os.PathLike) -> str:
     return "it was not written by vit-fast"
 
 
-#: the suffixes of the artifacts vit-fast writes (ONNX, TensorRT engines); their metadata goes to ``ARTIFACT.json``
-ONNX_SUFFIXES = (".onnx",)
+#: each artifact format vit-fast writes -> its files' suffixes, as the export formats' registry
+#: (vit_fast.export.formats) registers them; an artifact's metadata goes to ``ARTIFACT.json``
+ARTIFACT_FORMATS: dict[str, tuple[str, ...]] = {}
 
 
-ENGINE_SUFFIXES = (".plan", ".engine", ".trt")
-
-
-ARTIFACT_SUFFIXES = ONNX_SUFFIXES + ENGINE_SUFFIXES
+def register_artifact_format(name: str, suffixes: tuple[str, ...]) -> None:
+    """Make the file policy know an artifact format's suffixes (called by the export formats' registry)."""
+    ARTIFACT_FORMATS[name] = tuple(s.lower() for s in suffixes)
 
 
 def is_artifact_metadata(path: str | os.PathLike) -> bool:
     """Whether ``path`` is (or would be) the metadata JSON of an artifact: its content says so (vit-fast's
-    marker and an artifact ``format``), or it is named ``ARTIFACT.json`` beside an existing artifact."""
+    marker and a ``format`` field, which only an artifact's metadata has), or it is named ``ARTIFACT.json``
+    beside an existing file with a registered artifact suffix."""
     path = Path(path)
     data = read_json_object(path)
-    if data is not None and MARKER_KEY in data and data.get("format") in ("onnx", "tensorrt"):
+    if data is not None and MARKER_KEY in data and isinstance(data.get("format"), str):
         return True
     if not path.name.lower().endswith(".json"):
         return False
     artifact = Path(str(path)[: -len(".json")])
-    return artifact.name.lower().endswith(ARTIFACT_SUFFIXES) and (artifact.is_file() or artifact.is_symlink())
+    suffixes = tuple(s for found in ARTIFACT_FORMATS.values() for s in found)
+    return artifact.name.lower().endswith(suffixes) and (artifact.is_file() or artifact.is_symlink())
