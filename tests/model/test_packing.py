@@ -233,7 +233,7 @@ def test_uint8_images_normalised_inside_the_model():
 def test_layout_groups_images_by_size_and_keeps_their_order():
     model = _model("cls-reg1")
     images = _images([(24, 40), (8, 8), (24, 40), (16, 16)])
-    layout = packing.plan(model, images, packing.check_images(model, images))
+    layout = packing.layout_of(model, images, packing.check_images(model, images))
     assert layout.groups == (((0, 2), (3, 5)), ((1,), (1, 1)), ((3,), (2, 2)))
     assert layout.cu_seqlens == (0, 17, 34, 37, 43)
     assert layout.spans == ((0, 17), (34, 37), (17, 34), (37, 43))
@@ -298,7 +298,7 @@ BAD = {
 def test_bad_input_is_refused_before_any_work(case, backend, monkeypatch):
     make, error, pattern = BAD[case]
     model = tiny_model(dynamic_img_size=True).set_backend(backend)
-    monkeypatch.setattr(packing, "plan", lambda *a: pytest.fail("work started before the input was checked"))
+    monkeypatch.setattr(packing, "layout_of", lambda *a: pytest.fail("work started before the input was checked"))
     with pytest.raises(error, match=pattern):
         model.forward_packed(make())
     with pytest.raises(error, match=pattern):
@@ -324,7 +324,7 @@ def test_a_block_part_it_would_take_apart_wrongly_is_refused(part, monkeypatch):
 
     model = tiny_model(dynamic_img_size=True)
     setattr(model.blocks[0], part, Custom())
-    monkeypatch.setattr(packing, "plan", lambda *a: pytest.fail("work started before the model was checked"))
+    monkeypatch.setattr(packing, "layout_of", lambda *a: pytest.fail("work started before the model was checked"))
     with pytest.raises(
         TypeError, match=r"runs vit_fast.model.layers.Block with its Attention and Mlp, got Block .*Custom"
     ):

@@ -296,6 +296,22 @@ def ops_for(owner: nn.Module, x: torch.Tensor, shape: tuple | None = None) -> _O
     return _CHECKED_DIRECT if first_use.eligible(x) else _DIRECT
 
 
+def choice_state(x: torch.Tensor) -> tuple:
+    """What :func:`ops_for` and :func:`layer_norm_fused` read besides the model and ``x``'s shape, dtype and device,
+    read now: a forward planned in the same state, on a :func:`settled` choice, gets the same ops and fusion."""
+    capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
+    dispatch = torch._C._len_torch_dispatch_stack()
+    grad = torch.is_grad_enabled()
+    flags = (config_mode(), first_use.enabled(), first_use.failed_ops(), fuse_ln_from_env())
+    return grad, x.requires_grad, type(x), dispatch, capturing, *flags
+
+
+def settled(ops: _Ops) -> bool:
+    """Whether :func:`ops_for` picks ``ops`` again in the same state: all but a forward that may clear the first-use
+    net (:func:`forward_done`), after which its shapes run without it."""
+    return ops is not _CHECKED_DIRECT
+
+
 def forward_done(owner: nn.Module, x: torch.Tensor, ops: _Ops, shape: tuple | None = None) -> None:
     """After a forward under the safety net: its shapes are checked, later forwards of them skip the net."""
     if ops is _CHECKED_DIRECT and not first_use.failed_ops():
@@ -390,4 +406,5 @@ def with_lengths(ops: Ops, lengths: torch.Tensor | None):
     return ops if lengths is None else _WithLengths(ops, lengths)
 
 
-__all__ = ["fuse_ln_from_env", "layer_norm_fused", "ops_for", "forward_done", "patched_ops", "with_lengths"]
+__all__ = ["choice_state", "fuse_ln_from_env", "forward_done", "layer_norm_fused", "ops_for", "patched_ops", "settled"]
+__all__ += ["with_lengths"]
