@@ -114,13 +114,13 @@ def test_triton_packed_attention_gets_the_images_offsets(monkeypatch):
     model = _model("cls-reg1").set_backend("triton")
     sizes = [(24, 40), (8, 16), (24, 40)]  # 1 + 1 prefix + 15, 2, 15 patches
     seen = []
-    real = triton_path._Ops.attention
+    real = triton_path._Ops.attend
 
-    def spy(self, qkv, num_heads, scale, lengths=None, cu_seqlens=None, max_seqlen=None):
-        seen.append((tuple(qkv.shape[:2]), cu_seqlens.tolist(), max_seqlen, lengths))
-        return real(self, qkv, num_heads, scale, lengths, cu_seqlens, max_seqlen)
+    def spy(self, qkv, num_heads, scale, masks):
+        seen.append((tuple(qkv.shape[:2]), masks.cu_seqlens.tolist(), masks.max_seqlen, masks.lengths))
+        return real(self, qkv, num_heads, scale, masks)
 
-    monkeypatch.setattr(triton_path._Ops, "attention", spy)
+    monkeypatch.setattr(triton_path._Ops, "attend", spy)
     with torch.no_grad():
         feats = model.forward_features_packed(_images(sizes))
     assert seen == [((1, 17 + 17 + 4), [0, 17, 34, 38], 17, None)] * model.cfg.depth

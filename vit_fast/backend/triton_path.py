@@ -18,7 +18,7 @@ import triton
 from torch import nn
 
 from vit_fast.backend import first_use
-from vit_fast.backend.ops import OP_NAMES, ForwardingOps, Ops
+from vit_fast.backend.ops import OP_NAMES, AttentionMasks, ForwardingOps, Ops
 from vit_fast.base.switches import switch
 from vit_fast.kernels import OPS
 from vit_fast.kernels.attention import attention, attention_ref, launch_attention
@@ -84,28 +84,19 @@ class _Ops(Ops):
             return launch_rms_norm(x, norm.weight, None, norm.eps, checked=True)
         return rms_norm(x, norm.weight, None, norm.eps)
 
-    def attention(
-        self,
-        qkv,
-        num_heads: int,
-        scale: float,
-        lengths: torch.Tensor | None = None,
-        cu_seqlens: torch.Tensor | None = None,
-        max_seqlen: int | None = None,
-        rope: tuple | None = None,
-        first_token: bool = False,
-    ) -> torch.Tensor:
-        """``rope``: ``(cos, sin, num_prefix, layout)``, q and k rotated in the kernel; ``first_token``: every query
-        runs, token 0's row is returned (the kernel has no single-query mode)."""
-        masks = dict(lengths=lengths, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
+    def attend(self, qkv, num_heads: int, scale: float, masks: AttentionMasks) -> torch.Tensor:
+        """``masks.rope``: ``(cos, sin, num_prefix, layout)``, q and k rotated in the kernel; ``masks.first_token``:
+        every query runs, token 0's row is returned (the kernel has no single-query mode)."""
+        lengths, cu_seqlens, max_seqlen, rope, first_token = masks
+        kwargs = dict(lengths=lengths, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
         if rope is not None:
-            masks.update(zip(("rope_cos", "rope_sin", "num_prefix", "rope_layout"), rope, strict=True))
+            kwargs.update(zip(("rope_cos", "rope_sin", "num_prefix", "rope_layout"), rope, strict=True))
         if self.direct:
             if rope is not None:  # the tables come with each forward: their shapes checked here (no device read)
                 check_rope(qkv, num_heads, *rope)
-            out = launch_attention(qkv, num_heads, scale, **masks, checked=True)
+            out = launch_attention(qkv, num_heads, scale, **kwargs, checked=True)
         else:
-            out = attention(qkv, num_heads, scale, **masks)
+            out = attention(qkv, num_heads, scale, **kwargs)
         return out[:, :1] if first_token else out
 
     def diff_attention(self, qkv, lambda_full, norm_weight, num_heads: int, lambda_init, scale, eps) -> torch.Tensor:
@@ -146,18 +137,17 @@ class _Check(NamedTuple):
     reference: Callable
 
 
-def _attention_shape(
-    qkv, num_heads, scale, lengths=None, cu_seqlens=None, max_seqlen=None, rope=None, first_token=False
-):  # noqa: E501
+def _attention_shape(qkv, num_heads, scale, masks: AttentionMasks):
     batch, tokens, width = qkv.shape
+    rope = masks.rope
     rope_class = None if rope is None else (rope[0].dim(), *rope[2:])
-    masks = (rope_class, first_token, lengths is not None, cu_seqlens is not None)  # the two masks last
-    return qkv.dtype, (m_class(batch * tokens), tokens, num_heads, width // (3 * num_heads), *masks)
+    mask_class = (rope_class, masks.first_token, masks.lengths is not None, masks.cu_seqlens is not None)
+    return qkv.dtype, (m_class(batch * tokens), tokens, num_heads, width // (3 * num_heads), *mask_class)
 
 
-def _attention_ref(qkv, num_heads, scale, lengths=None, cu_seqlens=None, max_seqlen=None, rope=None, first_token=False):
-    kwargs = {"lengths": lengths, "cu_seqlens": cu_seqlens, "rope": rope}
-    return (_first_token_ref if first_token else attention_ref), (qkv, num_heads, scale), kwargs
+def _attention_ref(qkv, num_heads, scale, masks: AttentionMasks):
+    kwargs = {"lengths": masks.lengths, "cu_seqlens": masks.cu_seqlens, "rope": masks.rope}
+    return (_first_token_ref if masks.first_token else attention_ref), (qkv, num_heads, scale), kwargs
 
 
 def _patch_embed_shape(x, weight, *args, **kwargs):
@@ -206,7 +196,7 @@ _CHECKS = {
         lambda norm, x: (x.dtype, (_rows(x), x.shape[-1])),
         lambda norm, x: (rms_norm_ref, (x, norm.weight, None, norm.eps), {}),
     ),
-    "attention": _Check("attention", _attention_shape, _attention_ref),
+    "attend": _Check("attention", _attention_shape, _attention_ref),
     "diff_attention": _Check(
         "diff_attention",
         lambda qkv, lambda_full, norm_weight, num_heads, *rest: (
@@ -342,7 +332,7 @@ def attention_with_lengths(ops: Ops, qkv: torch.Tensor, num_heads: int, scale: f
     of a patched layer (timm's NaFlexVit, transformers' SigLIP 2) comes here, to the attention kernel with its
     ``lengths``. ``lengths [B]`` (int32, on qkv's device): sample b's tokens ``[0, lengths[b])`` are its keys and
     queries; the rest is padding, never read (even NaN there reaches no valid row), its output rows zeros."""
-    return ops.attention(qkv, num_heads, scale, lengths, rope=rope)
+    return ops.attend(qkv, num_heads, scale, AttentionMasks(lengths, rope=rope))
 
 
 def _key_padding(k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor) -> tuple:
@@ -378,21 +368,11 @@ class _WithLengths(ForwardingOps):
         super().__init__(ops)
         self.lengths = lengths
 
-    def attention(
-        self,
-        qkv,
-        num_heads: int,
-        scale: float,
-        lengths: torch.Tensor | None = None,
-        cu_seqlens: torch.Tensor | None = None,
-        max_seqlen: int | None = None,
-        rope: tuple | None = None,
-        first_token: bool = False,
-    ) -> torch.Tensor:
-        if lengths is not None or cu_seqlens is not None:
+    def attend(self, qkv, num_heads: int, scale: float, masks: AttentionMasks) -> torch.Tensor:
+        if masks.lengths is not None or masks.cu_seqlens is not None:
             raise TypeError("a padded batch's attention takes its lengths from the batch, no other mask")
-        out = attention_with_lengths(self.ops, qkv, num_heads, scale, self.lengths, rope)
-        return out[:, :1] if first_token else out
+        out = attention_with_lengths(self.ops, qkv, num_heads, scale, self.lengths, masks.rope)
+        return out[:, :1] if masks.first_token else out
 
     def attention_pool(self, q, kv, num_heads: int, scale: float) -> torch.Tensor:
         return attention_pool_with_lengths(self.ops, q, kv, num_heads, scale, self.lengths)

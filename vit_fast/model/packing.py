@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vit_fast.backend.ops import ForwardingOps, Ops
+from vit_fast.backend.ops import AttentionMasks, ForwardingOps, Ops
 from vit_fast.model import stages
 from vit_fast.model.layers import Attention, Block, Mlp, TorchOps, skip_identity
 from vit_fast.model.validation import check_model_input, finite_check, finite_check_from_env, require_finite
@@ -160,22 +160,13 @@ class PackedOps(ForwardingOps):
         self.layout, self.on_torch = layout, isinstance(ops, TorchOps)
         self.cu_seqlens = None if self.on_torch else torch.tensor(layout.cu_seqlens, dtype=torch.int32, device=device)
 
-    def attention(
-        self,
-        qkv,
-        num_heads: int,
-        scale: float,
-        lengths: torch.Tensor | None = None,
-        cu_seqlens: torch.Tensor | None = None,
-        max_seqlen: int | None = None,
-        rope: tuple | None = None,
-        first_token: bool = False,
-    ) -> torch.Tensor:
-        if lengths is not None or cu_seqlens is not None or rope is not None or first_token:
+    def attend(self, qkv, num_heads: int, scale: float, masks: AttentionMasks) -> torch.Tensor:
+        if any(value is not None for value in masks[:4]) or masks.first_token:
             raise TypeError("a packed sequence's attention takes its segments from the layout, no other mask or RoPE")
         if self.on_torch:
             return attention_packed(qkv, num_heads, scale, self.layout)
-        return self.ops.attention(qkv, num_heads, scale, cu_seqlens=self.cu_seqlens, max_seqlen=self.layout.max_seqlen)
+        packed = AttentionMasks(cu_seqlens=self.cu_seqlens, max_seqlen=self.layout.max_seqlen)
+        return self.ops.attend(qkv, num_heads, scale, packed)
 
     def diff_attention(self, qkv, lambda_full, norm_weight, num_heads: int, lambda_init, scale, eps) -> torch.Tensor:
         raise TypeError("differential attention takes no packed sequences")
