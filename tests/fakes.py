@@ -194,7 +194,7 @@ def record_triton_forwards(monkeypatch) -> list[tuple[int, bool]]:
 
     seen: list[tuple[int, bool]] = []
 
-    def features(model, x, grid):
+    def features(model, x, grid, *plan_and_stage):
         seen.append((x.shape[0], autotune.autotune_enabled()))
         return torch.zeros(x.shape[0], model.cfg.num_tokens, model.cfg.embed_dim)
 

@@ -1,6 +1,7 @@
 """The one interface between the model and the kernels (vit_fast/backend/ops.py): every ops class implements each of
-its ops itself, with the interface's parameters (no ``__getattr__`` forwarding), and the checked kernel ops judge
-every one of them."""
+its ops itself, with the interface's parameters (no ``__getattr__`` forwarding), attention's signature is written
+once (each class implements ``attend``, the masks as one ``AttentionMasks``), and the checked kernel ops judge every
+op."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def test_the_interface_names_the_nine_ops():
         "rms_norm_linear",
         "layer_norm",
         "rms_norm",
-        "attention",
+        "attend",
         "diff_attention",
         "attention_pool",
         "patch_embed",
@@ -47,6 +48,25 @@ def test_every_ops_class_implements_every_op_with_its_parameters(cls):
         want = list(inspect.signature(getattr(ops.Ops, name)).parameters)
         got = list(inspect.signature(method).parameters)
         assert got == want, f"{cls.__name__}.{name}{got} is not the interface's {want}"
+    assert cls.attention is ops.Ops.attention, f"{cls.__name__} restates attention's signature"
+
+
+def test_attention_by_name_is_attend_with_the_masks_in_one_tuple():
+    seen = []
+
+    class Recorder(ops.ForwardingOps):
+        def attend(self, qkv, num_heads, scale, masks):
+            seen.append((num_heads, scale, masks))
+            return qkv
+
+    lengths, cos = torch.tensor([3]), torch.ones(1)
+    Recorder(layers.TORCH_FUNCTIONAL).attention("qkv", 2, 0.5, lengths, rope=(cos, cos, 1, "half"), first_token=True)
+    Recorder(layers.TORCH_FUNCTIONAL).attention("qkv", 4, 0.25)
+    assert seen == [
+        (2, 0.5, ops.AttentionMasks(lengths, None, None, (cos, cos, 1, "half"), True)),
+        (4, 0.25, ops.NO_MASKS),
+    ]
+    assert ops.FIRST_TOKEN == ops.AttentionMasks(first_token=True)
 
 
 def test_a_class_that_misses_an_op_cannot_be_made():

@@ -20,7 +20,7 @@ def test_verify_triton_backend_catches_a_wrong_kernel(monkeypatch):
     import vit_fast.model.stages as tp
 
     real = tp.features_triton
-    monkeypatch.setattr(tp, "features_triton", lambda m, x, grid: real(m, x, grid) * 1.01)
+    monkeypatch.setattr(tp, "features_triton", lambda m, x, grid, *rest: real(m, x, grid, *rest) * 1.01)
     with pytest.raises(export.VerificationError, match=r"worst is output 'output' at batch"):
         export.verify(tiny_model(), "triton", batches=[2], seed=0, print_table=False)
 

@@ -115,19 +115,23 @@ def test_tracer_records_only_calls_given_an_activation_and_a_call_back_up(fp):
 
 
 def test_entered_counts_the_modules_stepping_in_not_the_functions(fp):
-    a, a2, b, c = ("vit_fast.a", "f"), ("vit_fast.a", "g"), ("vit_fast.b", "h"), ("vit_fast.c", "k")
+    a, a2, b = ("vit_fast.a", "f"), ("vit_fast.a", "g"), ("vit_fast.b", "h")
     m, m2 = ("vit_fast.m", "x"), ("vit_fast.m", "y")
     edges = [(a, m), (a2, m), (a, m2), (b, m)]
-    height = {name: (0, 0) for name in ("vit_fast.a", "vit_fast.b", "vit_fast.c", "vit_fast.m")}
+    others = [(f"vit_fast.c{i}", "k") for i in range(fp.MAX_ENTERED - 1)]  # with a and b: the most allowed
+    height = {name: (0, 0) for name in ("vit_fast.a", "vit_fast.b", "vit_fast.m", *(c for c, _ in others))}
     path = fp.ForwardPath("triton", fp.Trace(roots=[a], edges=edges, parent=dict.fromkeys(edges, a)), height)
     numbers = path.numbers()
     assert numbers["entered"]["vit_fast.m"] == 2 and numbers["edges_into"]["vit_fast.m"] == 4
     assert numbers["entered_from"]["vit_fast.m"] == ["vit_fast.a", "vit_fast.b"]
-    assert path.offenders() == []
-    edges.append((c, m))
+    edges += [(c, m) for c in others[:-1]]
     path = fp.ForwardPath("triton", fp.Trace(roots=[a], edges=edges, parent=dict.fromkeys(edges, a)), height)
+    assert path.numbers()["entered"]["vit_fast.m"] == fp.MAX_ENTERED and path.offenders() == []
+    edges += [(others[-1], m)]
+    path = fp.ForwardPath("triton", fp.Trace(roots=[a], edges=edges, parent=dict.fromkeys(edges, a)), height)
+    callers = ", ".join(["vit_fast.a", "vit_fast.b", *(c for c, _ in others)])
     assert path.offenders() == [
-        f"triton: vit_fast.m entered from 3 modules (at most {fp.MAX_ENTERED}): vit_fast.a, vit_fast.b, vit_fast.c"
+        f"triton: vit_fast.m entered from {fp.MAX_ENTERED + 1} modules (at most {fp.MAX_ENTERED}): {callers}"
     ]
 
 
@@ -184,10 +188,14 @@ def test_heights_rank_the_layer_first_then_the_level_within_it(fp):
     assert not up.back_up(((k[0], "f"), (k[0], "g")))
 
 
-def test_the_tiny_model_on_torch_has_a_consistent_path(fp):
+@pytest.fixture(scope="module")
+def height(fp):
+    return fp.heights(fp.import_graph(fp.installed_packages()))[0]
+
+
+def test_the_tiny_model_on_torch_has_a_consistent_path(fp, height):
     from vit_fast.model.vit import VisionTransformer
 
-    height, _ = fp.heights(fp.import_graph(fp.installed_packages()))
     assert VisionTransformer.__module__ in height and "vit_fast.base.cards" in height
     assert height[VisionTransformer.__module__][0] == fp.RANK["model"] and height["vit_fast"][0] == fp.RANK["interop"]
     path = fp.tiny_model_path("torch", height)
@@ -201,5 +209,23 @@ def test_the_tiny_model_on_torch_has_a_consistent_path(fp):
     assert sum(numbers["edges_into"].values()) == numbers["steps"]
     assert all(1 <= numbers["entered"][m] <= numbers["edges_into"][m] for m in numbers["entered"])
     assert len(path.tree_lines()) == 1 + numbers["steps"]  # the root, then each edge once
-    # the torch backend's path runs no kernel launcher, and the switches it reads are not on it
-    assert not any(callee[0].startswith(("vit_fast.backend.triton_path", "vit_fast.kernels")) for _, callee in edges)
+    # the torch backend's path runs no kernel launcher (of the kernels' files, only their eager references), and the
+    # switches it reads are not on it
+    assert not any(callee[0].startswith("vit_fast.backend.triton_path") for _, callee in edges)
+    assert all(callee[1].endswith("_ref") for _, callee in edges if callee[0].startswith("vit_fast.kernels"))
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_the_tiny_models_path_meets_the_targets(fp, height, backend):
+    """The targets on the real forward (the triton backend's kernels in the interpreter): at most MAX_BACK_UP steps
+    back up, no module entered from more than MAX_ENTERED modules; and the forward is planned once: the traced
+    forward, the second of its shape, reads the plan the first resolved and picks no ops."""
+    path = fp.tiny_model_path(backend, height)
+    assert path.offenders() == []
+    numbers = path.numbers()
+    assert numbers["back_up"] <= fp.MAX_BACK_UP and max(numbers["entered"].values()) <= fp.MAX_ENTERED
+    callees = {callee for _, callee in path.trace.edges}
+    assert ("vit_fast.backend.triton_path", "ops_for") not in callees
+    assert ("vit_fast.model.vit", "VisionTransformer.backend_for_call") not in callees
+    if backend == "triton":  # the kernels ran, through the plan's ops
+        assert any(module == "vit_fast.backend.triton_path" for module, _ in callees)

@@ -114,13 +114,13 @@ def test_triton_packed_attention_gets_the_images_offsets(monkeypatch):
     model = _model("cls-reg1").set_backend("triton")
     sizes = [(24, 40), (8, 16), (24, 40)]  # 1 + 1 prefix + 15, 2, 15 patches
     seen = []
-    real = triton_path._Ops.attention
+    real = triton_path._Ops.attend
 
-    def spy(self, qkv, num_heads, scale, lengths=None, cu_seqlens=None, max_seqlen=None):
-        seen.append((tuple(qkv.shape[:2]), cu_seqlens.tolist(), max_seqlen, lengths))
-        return real(self, qkv, num_heads, scale, lengths, cu_seqlens, max_seqlen)
+    def spy(self, qkv, num_heads, scale, masks):
+        seen.append((tuple(qkv.shape[:2]), masks.cu_seqlens.tolist(), masks.max_seqlen, masks.lengths))
+        return real(self, qkv, num_heads, scale, masks)
 
-    monkeypatch.setattr(triton_path._Ops, "attention", spy)
+    monkeypatch.setattr(triton_path._Ops, "attend", spy)
     with torch.no_grad():
         feats = model.forward_features_packed(_images(sizes))
     assert seen == [((1, 17 + 17 + 4), [0, 17, 34, 38], 17, None)] * model.cfg.depth
@@ -233,7 +233,7 @@ def test_uint8_images_normalised_inside_the_model():
 def test_layout_groups_images_by_size_and_keeps_their_order():
     model = _model("cls-reg1")
     images = _images([(24, 40), (8, 8), (24, 40), (16, 16)])
-    layout = packing.plan(model, images, packing.check_images(model, images))
+    layout = packing.layout_of(model, images, packing.check_images(model, images))
     assert layout.groups == (((0, 2), (3, 5)), ((1,), (1, 1)), ((3,), (2, 2)))
     assert layout.cu_seqlens == (0, 17, 34, 37, 43)
     assert layout.spans == ((0, 17), (34, 37), (17, 34), (37, 43))
@@ -298,7 +298,7 @@ BAD = {
 def test_bad_input_is_refused_before_any_work(case, backend, monkeypatch):
     make, error, pattern = BAD[case]
     model = tiny_model(dynamic_img_size=True).set_backend(backend)
-    monkeypatch.setattr(packing, "plan", lambda *a: pytest.fail("work started before the input was checked"))
+    monkeypatch.setattr(packing, "layout_of", lambda *a: pytest.fail("work started before the input was checked"))
     with pytest.raises(error, match=pattern):
         model.forward_packed(make())
     with pytest.raises(error, match=pattern):
@@ -324,7 +324,7 @@ def test_a_block_part_it_would_take_apart_wrongly_is_refused(part, monkeypatch):
 
     model = tiny_model(dynamic_img_size=True)
     setattr(model.blocks[0], part, Custom())
-    monkeypatch.setattr(packing, "plan", lambda *a: pytest.fail("work started before the model was checked"))
+    monkeypatch.setattr(packing, "layout_of", lambda *a: pytest.fail("work started before the model was checked"))
     with pytest.raises(
         TypeError, match=r"runs vit_fast.model.layers.Block with its Attention and Mlp, got Block .*Custom"
     ):

@@ -32,10 +32,10 @@ def _spy(monkeypatch, real: bool = False) -> list[tuple[int, torch.dtype, bool]]
     calls = []
     run = stages.features_triton
 
-    def features(model, x, grid):
+    def features(model, x, grid, *plan_and_stage):
         calls.append((x.shape[0], x.dtype, autotune.autotune_enabled()))
         if real:
-            return run(model, x, grid)
+            return run(model, x, grid, *plan_and_stage)
         return torch.zeros(x.shape[0], model.cfg.num_tokens, model.cfg.embed_dim, dtype=model.dtype)
 
     monkeypatch.setattr(stages, "features_triton", features)

@@ -1,15 +1,34 @@
 """The one interface between the model and the kernels: :class:`Ops`, the nine ops a forward calls, which the torch
 ops (``vit_fast.model.layers.TorchOps``) and the kernel ops (:mod:`vit_fast.backend.triton_path`) implement in full,
 and :class:`ForwardingOps`, the base of an ops that changes a few of them (a padded batch's lengths, a packed
-sequence). See docs/kernels.md, "The ops interface".
+sequence). Attention's masks travel as one :class:`AttentionMasks`. See docs/kernels.md, "The ops interface".
 """
 
 from __future__ import annotations
 
 import abc
+from typing import NamedTuple
 
 import torch
 from torch import nn
+
+
+class AttentionMasks(NamedTuple):
+    """What an attention takes besides qkv, its heads and scale: a padded batch's ``lengths [B]``, a packed
+    sequence's ``cu_seqlens [N + 1]`` and ``max_seqlen``, RoPE tables ``(cos, sin, num_prefix, layout)``, and
+    ``first_token`` (token 0's row alone). Meanings: docs/kernels.md, "The ops interface"."""
+
+    lengths: torch.Tensor | None = None
+    cu_seqlens: torch.Tensor | None = None
+    max_seqlen: int | None = None
+    rope: tuple | None = None
+    first_token: bool = False
+
+
+#: attention over every token of every sample, each token's row returned
+NO_MASKS = AttentionMasks()
+#: the same keys, token 0's query alone
+FIRST_TOKEN = AttentionMasks(first_token=True)
 
 
 class Ops(abc.ABC):
@@ -38,7 +57,6 @@ class Ops(abc.ABC):
     def rms_norm(self, norm: nn.Module, x) -> torch.Tensor:
         """``norm(x)`` for a timm RmsNorm (weight or none, no bias)."""
 
-    @abc.abstractmethod
     def attention(
         self,
         qkv,
@@ -50,7 +68,13 @@ class Ops(abc.ABC):
         rope: tuple | None = None,
         first_token: bool = False,
     ) -> torch.Tensor:
-        """``qkv [B, T, 3HDh]`` -> ``[B, T, HDh]``; masks, RoPE tables and ``first_token`` as in docs/kernels.md."""
+        """``qkv [B, T, 3HDh]`` -> ``[B, T, HDh]``, the masks by name: :meth:`attend`, which every ops class
+        implements, with them as one :class:`AttentionMasks`."""
+        return self.attend(qkv, num_heads, scale, AttentionMasks(lengths, cu_seqlens, max_seqlen, rope, first_token))
+
+    @abc.abstractmethod
+    def attend(self, qkv, num_heads: int, scale: float, masks: AttentionMasks) -> torch.Tensor:
+        """``qkv [B, T, 3HDh]`` -> ``[B, T, HDh]`` (``[B, 1, HDh]`` with ``masks.first_token``)."""
 
     @abc.abstractmethod
     def diff_attention(self, qkv, lambda_full, norm_weight, num_heads: int, lambda_init, scale, eps) -> torch.Tensor:
@@ -93,18 +117,8 @@ class ForwardingOps(Ops):
     def rms_norm(self, norm: nn.Module, x) -> torch.Tensor:
         return self.ops.rms_norm(norm, x)
 
-    def attention(
-        self,
-        qkv,
-        num_heads: int,
-        scale: float,
-        lengths: torch.Tensor | None = None,
-        cu_seqlens: torch.Tensor | None = None,
-        max_seqlen: int | None = None,
-        rope: tuple | None = None,
-        first_token: bool = False,
-    ) -> torch.Tensor:
-        return self.ops.attention(qkv, num_heads, scale, lengths, cu_seqlens, max_seqlen, rope, first_token)
+    def attend(self, qkv, num_heads: int, scale: float, masks: AttentionMasks) -> torch.Tensor:
+        return self.ops.attend(qkv, num_heads, scale, masks)
 
     def diff_attention(self, qkv, lambda_full, norm_weight, num_heads: int, lambda_init, scale, eps) -> torch.Tensor:
         return self.ops.diff_attention(qkv, lambda_full, norm_weight, num_heads, lambda_init, scale, eps)
@@ -120,4 +134,4 @@ class ForwardingOps(Ops):
         )
 
 
-__all__ = ["OP_NAMES", "ForwardingOps", "Ops"]
+__all__ = ["FIRST_TOKEN", "NO_MASKS", "OP_NAMES", "AttentionMasks", "ForwardingOps", "Ops"]

@@ -17,7 +17,7 @@ import triton
 from torch import nn
 
 from vit_fast.backend import first_use
-from vit_fast.backend.ops import OP_NAMES, ForwardingOps, Ops
+from vit_fast.backend.ops import OP_NAMES, AttentionMasks, ForwardingOps, Ops
 from vit_fast.base.switches import switch
 from vit_fast.kernels import OPS
 from vit_fast.kernels.attention import attention_ref
@@ -66,19 +66,10 @@ class _Ops(Ops):
     def rms_norm(self, norm: nn.Module, x) -> torch.Tensor:
         return _RMS_NORM(x, norm.weight, None, norm.eps, checked=self.params_checked)
 
-    def attention(
-        self,
-        qkv,
-        num_heads: int,
-        scale: float,
-        lengths: torch.Tensor | None = None,
-        cu_seqlens: torch.Tensor | None = None,
-        max_seqlen: int | None = None,
-        rope: tuple | None = None,
-        first_token: bool = False,
-    ) -> torch.Tensor:
-        """``rope``: ``(cos, sin, num_prefix, layout)``, q and k rotated in the kernel; ``first_token``: every query
-        runs, token 0's row is returned (the kernel has no single-query mode)."""
+    def attend(self, qkv, num_heads: int, scale: float, masks: AttentionMasks) -> torch.Tensor:
+        """``masks.rope``: ``(cos, sin, num_prefix, layout)``, q and k rotated in the kernel; ``masks.first_token``:
+        every query runs, token 0's row is returned (the kernel has no single-query mode)."""
+        lengths, cu_seqlens, max_seqlen, rope, first_token = masks
         if rope is None:
             rope = _NO_ROPE
         elif self.params_checked:  # the tables come with each forward: their shapes checked here (no device read)
@@ -120,18 +111,17 @@ class _Check(NamedTuple):
     reference: Callable
 
 
-def _attention_shape(
-    qkv, num_heads, scale, lengths=None, cu_seqlens=None, max_seqlen=None, rope=None, first_token=False
-):  # noqa: E501
+def _attention_shape(qkv, num_heads, scale, masks: AttentionMasks):
     batch, tokens, width = qkv.shape
+    rope = masks.rope
     rope_class = None if rope is None else (rope[0].dim(), *rope[2:])
-    masks = (rope_class, first_token, lengths is not None, cu_seqlens is not None)  # the two masks last
-    return qkv.dtype, (m_class(batch * tokens), tokens, num_heads, width // (3 * num_heads), *masks)
+    mask_class = (rope_class, masks.first_token, masks.lengths is not None, masks.cu_seqlens is not None)
+    return qkv.dtype, (m_class(batch * tokens), tokens, num_heads, width // (3 * num_heads), *mask_class)
 
 
-def _attention_ref(qkv, num_heads, scale, lengths=None, cu_seqlens=None, max_seqlen=None, rope=None, first_token=False):
-    kwargs = {"lengths": lengths, "cu_seqlens": cu_seqlens, "rope": rope}
-    return (_first_token_ref if first_token else attention_ref), (qkv, num_heads, scale), kwargs
+def _attention_ref(qkv, num_heads, scale, masks: AttentionMasks):
+    kwargs = {"lengths": masks.lengths, "cu_seqlens": masks.cu_seqlens, "rope": masks.rope}
+    return (_first_token_ref if masks.first_token else attention_ref), (qkv, num_heads, scale), kwargs
 
 
 def _patch_embed_shape(x, weight, *args, **kwargs):
@@ -180,7 +170,7 @@ _CHECKS = {
         lambda norm, x: (x.dtype, (_rows(x), x.shape[-1])),
         lambda norm, x: (rms_norm_ref, (x, norm.weight, None, norm.eps), {}),
     ),
-    "attention": _Check("attention", _attention_shape, _attention_ref),
+    "attend": _Check("attention", _attention_shape, _attention_ref),
     "diff_attention": _Check(
         "diff_attention",
         lambda qkv, lambda_full, norm_weight, num_heads, *rest: (
@@ -272,6 +262,22 @@ def ops_for(owner: nn.Module, x: torch.Tensor, shape: tuple | None = None) -> _O
     return _FORWARD_NET if first_use.applies(x) else _FORWARD
 
 
+def choice_state(x: torch.Tensor) -> tuple:
+    """What :func:`ops_for` and :func:`layer_norm_fused` read besides the model and ``x``'s shape, dtype and device,
+    read now: a forward planned in the same state, on a :func:`settled` choice, gets the same ops and fusion."""
+    capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
+    dispatch = torch._C._len_torch_dispatch_stack()
+    grad = torch.is_grad_enabled()
+    flags = (config_mode(), first_use.enabled(), first_use.failed_ops(), fuse_ln_from_env())
+    return grad, x.requires_grad, type(x), dispatch, capturing, *flags
+
+
+def settled(ops: _Ops) -> bool:
+    """Whether :func:`ops_for` picks ``ops`` again in the same state: all but a forward that may clear the first-use
+    net (:func:`forward_done`), after which its shapes run without it."""
+    return ops is not _FORWARD_NET
+
+
 def forward_done(owner: nn.Module, x: torch.Tensor, ops: _Ops, shape: tuple | None = None) -> None:
     """After a forward under the safety net: its shapes are checked, later forwards of them skip the net."""
     if ops is _FORWARD_NET and not first_use.failed_ops():
@@ -302,7 +308,7 @@ def attention_with_lengths(ops: Ops, qkv: torch.Tensor, num_heads: int, scale: f
     of a patched layer (timm's NaFlexVit, transformers' SigLIP 2) comes here, to the attention kernel with its
     ``lengths``. ``lengths [B]`` (int32, on qkv's device): sample b's tokens ``[0, lengths[b])`` are its keys and
     queries; the rest is padding, never read (even NaN there reaches no valid row), its output rows zeros."""
-    return ops.attention(qkv, num_heads, scale, lengths, rope=rope)
+    return ops.attend(qkv, num_heads, scale, AttentionMasks(lengths, rope=rope))
 
 
 def _key_padding(k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor) -> tuple:
@@ -338,21 +344,11 @@ class _WithLengths(ForwardingOps):
         super().__init__(ops)
         self.lengths = lengths
 
-    def attention(
-        self,
-        qkv,
-        num_heads: int,
-        scale: float,
-        lengths: torch.Tensor | None = None,
-        cu_seqlens: torch.Tensor | None = None,
-        max_seqlen: int | None = None,
-        rope: tuple | None = None,
-        first_token: bool = False,
-    ) -> torch.Tensor:
-        if lengths is not None or cu_seqlens is not None:
+    def attend(self, qkv, num_heads: int, scale: float, masks: AttentionMasks) -> torch.Tensor:
+        if masks.lengths is not None or masks.cu_seqlens is not None:
             raise TypeError("a padded batch's attention takes its lengths from the batch, no other mask")
-        out = attention_with_lengths(self.ops, qkv, num_heads, scale, self.lengths, rope)
-        return out[:, :1] if first_token else out
+        out = attention_with_lengths(self.ops, qkv, num_heads, scale, self.lengths, masks.rope)
+        return out[:, :1] if masks.first_token else out
 
     def attention_pool(self, q, kv, num_heads: int, scale: float) -> torch.Tensor:
         return attention_pool_with_lengths(self.ops, q, kv, num_heads, scale, self.lengths)
@@ -366,4 +362,5 @@ def with_lengths(ops: Ops, lengths: torch.Tensor | None):
     return ops if lengths is None else _WithLengths(ops, lengths)
 
 
-__all__ = ["fuse_ln_from_env", "layer_norm_fused", "ops_for", "forward_done", "patched_ops", "with_lengths"]
+__all__ = ["choice_state", "fuse_ln_from_env", "forward_done", "layer_norm_fused", "ops_for", "patched_ops", "settled"]
+__all__ += ["with_lengths"]

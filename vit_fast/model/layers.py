@@ -10,12 +10,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vit_fast.backend.ops import Ops
+from vit_fast.backend.ops import FIRST_TOKEN, NO_MASKS, AttentionMasks, Ops
 from vit_fast.kernels.activations import gate_split
 from vit_fast.kernels.attention import attention_ref
 from vit_fast.kernels.attention_pool import attention_pool_ref
 from vit_fast.kernels.diff_attention import diff_attention_ref
 from vit_fast.kernels.layer_norm import rms_norm_ref
+from vit_fast.kernels.linear import activation_ref
 from vit_fast.kernels.patch_embed import patch_embed_ref
 from vit_fast.model.config import ViTConfig
 from vit_fast.model.stacking import LinearWeights, stacked_for
@@ -200,19 +201,10 @@ class TorchOps(Ops):
     def rms_norm_linear(self, norm: nn.Module, x, lin: nn.Module, act) -> torch.Tensor:
         return self.linear(self.rms_norm(norm, x), lin, act)
 
-    def attention(
-        self,
-        qkv,
-        num_heads: int,
-        scale: float,
-        lengths: torch.Tensor | None = None,
-        cu_seqlens: torch.Tensor | None = None,
-        max_seqlen: int | None = None,
-        rope: tuple | None = None,
-        first_token: bool = False,
-    ) -> torch.Tensor:
+    def attend(self, qkv, num_heads: int, scale: float, masks: AttentionMasks) -> torch.Tensor:
         """``qkv [B, T, 3 * H * Dh]`` -> ``[B, T, H * Dh]`` (``[B, 1, H * Dh]`` with ``first_token``: token 0's query
         alone). Masks or RoPE tables: the attention kernel's eager reference."""
+        lengths, cu_seqlens, _, rope, first_token = masks
         if lengths is not None or cu_seqlens is not None or rope is not None:
             out = attention_ref(qkv, num_heads, scale, lengths=lengths, cu_seqlens=cu_seqlens, rope=rope)
             return out[:, :1] if first_token else out
@@ -256,13 +248,7 @@ def _act(act, x: torch.Tensor) -> torch.Tensor:
     if gate:
         x1, x2 = x.chunk(2, dim=-1)
         return _act(plain, x1) * x2 if gate == 1 else x1 * _act(plain, x2)
-    if plain == "gelu":
-        return F.gelu(x)
-    if plain == "gelu_tanh":
-        return F.gelu(x, approximate="tanh")
-    if plain == "quick_gelu":
-        return x * torch.sigmoid(1.702 * x)
-    return F.silu(x)
+    return activation_ref(plain, x)
 
 
 def is_rms_norm(module: nn.Module) -> bool:
@@ -328,9 +314,9 @@ def attention_branch(ops, norm1, attn, x, residual, ls, fused: bool, first_token
     if type(attn).__name__ == "DiffAttention":
         a = diff_attention(ops, attn, qkv)
     elif first_token:
-        a, residual = ops.attention(qkv, attn.num_heads, attn.scale, first_token=True), residual[:, :1]
+        a, residual = ops.attend(qkv, attn.num_heads, attn.scale, FIRST_TOKEN), residual[:, :1]
     else:
-        a = ops.attention(qkv, attn.num_heads, attn.scale)  # [B, T, H * Dh]
+        a = ops.attend(qkv, attn.num_heads, attn.scale, NO_MASKS)  # [B, T, H * Dh]
     if residual is None:
         return ops.linear(a, attn.proj)
     return ops.linear(a, attn.proj, residual=residual, gamma=_scale(ops, ls))

@@ -9,18 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
-from vit_fast.backend.ops import ForwardingOps, Ops
+from vit_fast.backend.ops import AttentionMasks, ForwardingOps, Ops
 from vit_fast.model import stages
-from vit_fast.model.layers import TORCH_MODULES, Attention, Block, Mlp, TorchOps, skip_identity
-from vit_fast.model.validation import finite_check_from_env, require_finite
-
-if TYPE_CHECKING:
-    from vit_fast.model.vit import VisionTransformer
+from vit_fast.model.layers import Attention, Block, Mlp, TorchOps, skip_identity
+from vit_fast.model.validation import check_model_input, finite_check, finite_check_from_env, require_finite
 
 
 @dataclass(frozen=True)
@@ -50,7 +47,7 @@ class PackedLayout:
             start += len(indices) * length
 
 
-def check_images(model: VisionTransformer, images: Sequence[torch.Tensor]) -> tuple[tuple[int, int], ...]:
+def check_images(model: nn.Module, images: Sequence[torch.Tensor]) -> tuple[tuple[int, int], ...]:
     """Raise a TypeError or ValueError that names what is wrong with ``images`` and how to fix it; return each
     image's patch grid. Runs before any compute. The rules per image are those of an ordinary forward
     (:func:`vit_fast.model.validation.check_image_batch`): channels, a multiple of the patch size (any such size when
@@ -106,7 +103,7 @@ def check_images(model: VisionTransformer, images: Sequence[torch.Tensor]) -> tu
                 f"of {p} on each side)"
             )
         try:
-            grids.append(model.check_input(image[None]))
+            grids.append(check_model_input(model, image[None]))
         except ValueError as error:
             raise ValueError(f"images[{i}] ({H}x{W}): {error}") from None
     for block in model.blocks:
@@ -120,7 +117,7 @@ def check_images(model: VisionTransformer, images: Sequence[torch.Tensor]) -> tu
     return tuple(grids)
 
 
-def plan(model: VisionTransformer, images: Sequence[torch.Tensor], grids: Sequence[tuple[int, int]]) -> PackedLayout:
+def layout_of(model: nn.Module, images: Sequence[torch.Tensor], grids: Sequence[tuple[int, int]]) -> PackedLayout:
     """The packed layout of ``images`` (checked, with their ``grids``): grouped by size, each size group's images in
     their order."""
     by_size: dict[tuple[int, int], list[int]] = {}
@@ -163,81 +160,70 @@ class PackedOps(ForwardingOps):
         self.layout, self.on_torch = layout, isinstance(ops, TorchOps)
         self.cu_seqlens = None if self.on_torch else torch.tensor(layout.cu_seqlens, dtype=torch.int32, device=device)
 
-    def attention(
-        self,
-        qkv,
-        num_heads: int,
-        scale: float,
-        lengths: torch.Tensor | None = None,
-        cu_seqlens: torch.Tensor | None = None,
-        max_seqlen: int | None = None,
-        rope: tuple | None = None,
-        first_token: bool = False,
-    ) -> torch.Tensor:
-        if lengths is not None or cu_seqlens is not None or rope is not None or first_token:
+    def attend(self, qkv, num_heads: int, scale: float, masks: AttentionMasks) -> torch.Tensor:
+        if any(value is not None for value in masks[:4]) or masks.first_token:
             raise TypeError("a packed sequence's attention takes its segments from the layout, no other mask or RoPE")
         if self.on_torch:
             return attention_packed(qkv, num_heads, scale, self.layout)
-        return self.ops.attention(qkv, num_heads, scale, cu_seqlens=self.cu_seqlens, max_seqlen=self.layout.max_seqlen)
+        packed = AttentionMasks(cu_seqlens=self.cu_seqlens, max_seqlen=self.layout.max_seqlen)
+        return self.ops.attend(qkv, num_heads, scale, packed)
 
     def diff_attention(self, qkv, lambda_full, norm_weight, num_heads: int, lambda_init, scale, eps) -> torch.Tensor:
         raise TypeError("differential attention takes no packed sequences")
 
 
 def _run_stages(
-    model: VisionTransformer, images: Sequence[torch.Tensor], layout: PackedLayout, on_stage: stages.OnStage
+    plan: stages.ForwardPlan,
+    model: nn.Module,
+    images: Sequence[torch.Tensor],
+    layout: PackedLayout,
+    on_stage: stages.OnStage,
 ) -> torch.Tensor:
-    """The model's stages (:mod:`vit_fast.model.stages`) on the packed sequence: each size group embedded at its own
-    grid, then every block and the final norm on ``[1, S, D]`` with :class:`PackedOps`."""
+    """The model's stages (:mod:`vit_fast.model.stages`) on the packed sequence as ``plan`` says (its ops carry the
+    layout: :class:`PackedOps`): each size group embedded at its own grid, then every block and the final norm on
+    ``[1, S, D]``."""
     first = images[0]
-    on_kernels = model.backend_for_call(first) == "triton"
-    key = ("packed", *(tuple(image.shape) for image in images))  # what the first-use net knows this forward by
-    # on the torch backend the module calls: hooks on a block's norms, GEMMs and activation see a packed forward
-    ops, fused = stages.kernel_ops(model, first, key) if on_kernels else (TORCH_MODULES, True)
+    if plan.check_params:
+        stages.check_parameters(model, first)
     parts = []
     for indices, grid in layout.groups:
-        tokens = stages.embed(ops, model, torch.stack([images[i] for i in indices]), grid)  # [count, T, D]
+        tokens = stages.embed(plan, model, torch.stack([images[i] for i in indices]), grid)  # [count, T, D]
         parts.append(tokens.reshape(1, -1, tokens.shape[-1]))
     x = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
-    on_stage("patch embedding", x)
-    x = stages.run_blocks(PackedOps(ops, layout, first.device), model, x, fused, on_stage=on_stage)
-    x = stages.final_norm(ops, model, x)
-    if on_kernels:
-        stages.kernels_done(model, first, ops, key)
-    on_stage("final norm", x)
+    if on_stage is not None:
+        on_stage("patch embedding", x)
+    x = stages.final_norm(plan, model, stages.run_blocks(plan, model, x, on_stage))
+    if plan.done is not None:
+        plan.done(model, first)
+    if on_stage is not None:
+        on_stage("final norm", x)
     return x
 
 
 # --------------------------------------------------------------------------- the model's packed forward
-def _packed_tokens(model: VisionTransformer, images: Sequence[torch.Tensor]) -> tuple[torch.Tensor, PackedLayout]:
-    """Tokens ``[S, D]`` after the final norm, and the layout."""
-    if model.autotune and (scope := model.autotune_scope()) is not None:
-        with scope:
-            return _packed_tokens(model, images)
-    grids = check_images(model, images)
-    layout = plan(model, images, grids)
-    checked = model.check_finite or finite_check_from_env()
-    if checked:
+def _packed_tokens(
+    model: nn.Module, images: Sequence[torch.Tensor], plan: stages.ForwardPlan, layout: PackedLayout
+) -> torch.Tensor:
+    """Tokens ``[S, D]`` after the final norm, of ``images`` (checked) laid out as ``layout``."""
+    on_stage = None
+    if model.check_finite or finite_check_from_env():
         for i, image in enumerate(images):
             require_finite(f"input (images[{i}])", image, None)
-    previous = ["input"]
-
-    def check(stage: str, tokens: torch.Tensor) -> None:
-        if checked:
-            require_finite(stage, tokens, previous[0])
-            previous[0] = stage
-
-    tokens = _run_stages(model, images, layout, check)
-    return tokens[0], layout
+        on_stage = finite_check()
+    with stages.tuned(plan.tune):
+        return _run_stages(plan, model, images, layout, on_stage)[0]
 
 
-def packed_features(model: VisionTransformer, images: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Each image's tokens ``[T_i, D]`` after the final norm (views into one packed tensor), in the images' order."""
-    tokens, layout = _packed_tokens(model, images)
+def packed_features(
+    model: nn.Module, images: Sequence[torch.Tensor], plan: stages.ForwardPlan, layout: PackedLayout
+) -> list[torch.Tensor]:
+    """Each image's tokens ``[T_i, D]`` after the final norm (views into one packed tensor), in the images' order:
+    ``images`` checked, run as ``plan`` says, laid out as ``layout`` (what the model resolved for them)."""
+    tokens = _packed_tokens(model, images, plan, layout)
     return [tokens[start:end] for start, end in layout.spans]
 
 
-def pool_packed(model: VisionTransformer, features: Sequence[torch.Tensor]) -> torch.Tensor:
+def pool_packed(model: nn.Module, features: Sequence[torch.Tensor]) -> torch.Tensor:
     """Pooled features ``[N, D]`` of each image's tokens ``[T_i, D]``, as ``forward_head`` pools one image: the class
     token, or the average of the patch tokens (``global_pool="avg"``)."""
     if model.cfg.global_pool == "avg":
@@ -246,14 +232,20 @@ def pool_packed(model: VisionTransformer, features: Sequence[torch.Tensor]) -> t
     return torch.stack([tokens[0] for tokens in features])
 
 
-def packed_forward(model: VisionTransformer, images: Sequence[torch.Tensor], pre_logits: bool = False) -> torch.Tensor:
+def packed_forward(
+    model: nn.Module,
+    images: Sequence[torch.Tensor],
+    plan: stages.ForwardPlan,
+    layout: PackedLayout,
+    pre_logits: bool = False,
+) -> torch.Tensor:
     """Logits ``[N, num_classes]`` (pooled features ``[N, D]`` with ``pre_logits`` or ``num_classes == 0``) of
-    ``images``, one row per image in their order."""
-    x = skip_identity(model.fc_norm, pool_packed(model, packed_features(model, images)))
+    ``images``, one row per image in their order (``plan``, ``layout``: as for :func:`packed_features`)."""
+    x = skip_identity(model.fc_norm, pool_packed(model, packed_features(model, images, plan, layout)))
     out = x if pre_logits else model.head(x)
     if model.check_finite or finite_check_from_env():
         require_finite("head", out, "final norm")
     return out
 
 
-__all__ = ["PackedLayout", "PackedOps", "check_images", "packed_features", "packed_forward", "plan", "pool_packed"]
+__all__ = ["PackedLayout", "PackedOps", "check_images", "layout_of", "packed_features", "packed_forward", "pool_packed"]

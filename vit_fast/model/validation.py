@@ -84,6 +84,12 @@ def check_image_batch(
     return (H // p, W // p)
 
 
+def check_model_input(model: nn.Module, x: torch.Tensor) -> tuple[int, int]:
+    """:func:`check_image_batch` for ``model`` (a ViT with ``cfg``, ``dtype``, ``device`` and ``input_mean``, set where
+    it normalises raw images); returns the patch grid."""
+    return check_image_batch(x, model.cfg, model.dtype, model.device, model.input_mean is not None)
+
+
 class NonFiniteError(ValueError):
     """A forward produced NaN or Inf; the message names the first stage where it appeared."""
 
@@ -109,6 +115,18 @@ def require_finite(stage: str, tensor: torch.Tensor, previous: str | None) -> No
         f"non-finite values first appear at {stage}: {nan} NaN and {inf} Inf of {tensor.numel()} values "
         f"(first at index {first}); {where}"
     )
+
+
+def finite_check(first: str = "input") -> Callable[[str, torch.Tensor], None]:
+    """An ``on_stage(stage, tokens)`` for a forward's stages that raises :class:`NonFiniteError` at the first stage
+    whose tokens hold NaN or Inf, naming the finite stage before it (``first``: what came before the first)."""
+    previous = [first]
+
+    def check(stage: str, tokens: torch.Tensor) -> None:
+        require_finite(stage, tokens, previous[0])
+        previous[0] = stage
+
+    return check
 
 
 #: per module, the fingerprint of its parameters when they last passed :func:`check_kernel_params` (weak: no module

@@ -7,8 +7,10 @@ run one plan of stages (:mod:`vit_fast.model.stages`) with their own ops.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import warnings
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -16,13 +18,14 @@ import torch
 from torch import nn
 
 from vit_fast.backend import runtime
-from vit_fast.backend.pos_embed import pos_embed_for_grid, resample_pos_embed
+from vit_fast.backend.pos_embed import resample_pos_embed
 from vit_fast.base import cards
-from vit_fast.model import stages
+from vit_fast.model import packing, stages
 from vit_fast.model.config import ViTConfig
-from vit_fast.model.layers import Block, PatchEmbed, skip_identity
+from vit_fast.model.layers import TORCH_FUNCTIONAL, TORCH_MODULES, Block, PatchEmbed, skip_identity
+from vit_fast.model.packing import PackedLayout, PackedOps
 from vit_fast.model.timm_api import TimmModelAPI
-from vit_fast.model.validation import check_image_batch, finite_check_from_env, require_finite
+from vit_fast.model.validation import check_model_input, finite_check, finite_check_from_env, require_finite
 from vit_fast.util.dtypes import bf16_native, check_dtype_on_device
 from vit_fast.util.limits import check_model_fits
 
@@ -237,13 +240,12 @@ class VisionTransformer(TimmModelAPI, nn.Module):
 
         Returns the patch grid ``(H / p, W / p)``. Runs before any compute.
         """
-        return check_image_batch(x, self.cfg, self.dtype, self.device, self.input_mean is not None)
+        return check_model_input(self, x)
 
     # ------------------------------------------------------------------ forward
     def pos_embed_at(self, grid: tuple[int, int]) -> torch.Tensor:
         """The position embedding a forward at patch grid ``grid`` adds (resampled off the native grid)."""
-        cfg = self.cfg
-        return pos_embed_for_grid(self.pos_embed, grid, cfg.grid_size, self.num_prefix_tokens, cfg.no_embed_class)
+        return stages.position_embedding(self, grid)
 
     # ------------------------------------------------------------------ raw images
     def set_input_normalization(
@@ -278,19 +280,8 @@ class VisionTransformer(TimmModelAPI, nn.Module):
         norm, on the model's backend: what Hugging Face's ``output_hidden_states`` and the finite check read."""
         grid = self.check_input(x)
         found: list[tuple[str, torch.Tensor]] = []
-        stages.features(self, x, grid, self.backend_for_call(x), on_stage=lambda *stage: found.append(stage))
+        stages.features(self.forward_plan(x), self, x, grid, on_stage=lambda *stage: found.append(stage))
         yield from found
-
-    def _features_checked(self, x: torch.Tensor) -> torch.Tensor:
-        require_finite("input", x, None)
-        previous = ["input"]
-
-        def check(stage: str, tokens: torch.Tensor) -> None:
-            require_finite(stage, tokens, previous[0])
-            previous[0] = stage
-
-        grid = self.check_input(x)
-        return stages.features(self, x, grid, self.backend_for_call(x), on_stage=check)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Tokens ``[B, T, D]`` after the final norm (T = prefix tokens + patches)."""
@@ -299,13 +290,61 @@ class VisionTransformer(TimmModelAPI, nn.Module):
     def _features(self, x: torch.Tensor, first_token: bool = False) -> torch.Tensor:
         """:meth:`forward_features`; with ``first_token`` the torch backend may return token 0 alone
         (``[B, 1, D]``, see :func:`vit_fast.stages.eager_shortcuts`): what pooling on the class token reads."""
-        if self.autotune and (scope := self.autotune_scope()) is not None:
-            with scope:
-                return self._features(x, first_token)
+        on_stage = None
         if self.check_finite or finite_check_from_env():
-            return self._features_checked(x)
+            require_finite("input", x, None)
+            on_stage, first_token = finite_check(), False
         grid = self.check_input(x)
-        return stages.features(self, x, grid, self.backend_for_call(x), first_token)
+        return stages.features(self.forward_plan(x, first_token), self, x, grid, on_stage)
+
+    def forward_plan(
+        self, x: torch.Tensor, first_token: bool = False, packed: tuple[tuple, PackedLayout] | None = None
+    ) -> stages.ForwardPlan:
+        """What a forward on the checked input ``x`` runs (backend, ops, fusion, tuning), resolved once per call shape
+        and kept while nothing that decides it changes; ``packed``: a packed forward's ``(shapes, layout)``, ``x`` its
+        first image. See docs/development.md, "The forward, planned once"."""
+        if torch.compiler.is_compiling():  # a compiler traces the choice; nothing is kept from inside it
+            return self._resolve_plan(x, first_token, packed)
+        shape = x.shape if packed is None else packed[0]
+        weights = self.dtype if x.dtype == torch.uint8 else None  # a checked float input has the weights' dtype
+        key = (shape, x.dtype, x.device, weights, self.backend, self.autotune, self.fuse_layer_norm, first_token)
+        plans = _PLANS.get(self)
+        kept = None if plans is None else plans.get(key)
+        if kept is not None and (kept[1] is None or kept[1] == kept[2](x)):
+            return kept[0]
+        plan = self._resolve_plan(x, first_token, packed)
+        if plan.done is None:  # a forward that may clear the first-use net is planned again on its next call
+            if plans is None or len(plans) >= _MAX_PLANS:
+                plans = _PLANS[self] = {}
+            read_state = None  # the torch backend's plan depends on nothing more than the key
+            if plan.backend == "triton":
+                from vit_fast.backend.triton_path import choice_state as read_state
+
+            plans[key] = (plan, None if read_state is None else read_state(x), read_state)
+        return plan
+
+    def _resolve_plan(self, x: torch.Tensor, first_token: bool, packed) -> stages.ForwardPlan:
+        """The plan :meth:`forward_plan` keeps: the backend for ``x``, then on the kernels the ops and fusion
+        ``vit_fast.backend.triton_path`` picks (inside ``tuning()`` where the model tunes: the pick depends on it)."""
+        backend = self.backend_for_call(x)
+        if backend == "torch":
+            if packed is None:
+                return stages.ForwardPlan("torch", TORCH_FUNCTIONAL, first_token=first_token)
+            # the module calls: hooks on a block's norms, GEMMs and activation see a packed forward
+            return stages.ForwardPlan("torch", PackedOps(TORCH_MODULES, packed[1], x.device), packed=True)
+        from vit_fast.backend import triton_path  # triton is needed now: the kernels run next
+
+        tune = self.autotune and self.autotune_scope() is not None
+        shape = None if packed is None else packed[0]
+        with stages.tuned(tune):
+            ops = triton_path.ops_for(self, x, shape)
+            fused = triton_path.layer_norm_fused(self)
+        done = None if triton_path.settled(ops) else functools.partial(triton_path.forward_done, ops=ops, shape=shape)
+        check_params = ops.params_checked  # the launches skip their own checks: the stages check every parameter once
+        if packed is not None:
+            ops = PackedOps(ops, packed[1], x.device)
+        packed_ops = packed is not None
+        return stages.ForwardPlan("triton", ops, fused, tune, packed=packed_ops, check_params=check_params, done=done)
 
     def forward_head(self, tokens: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """Pool ``[B, T, D]`` tokens (class token or average of patch tokens) and apply the head."""
@@ -330,16 +369,18 @@ class VisionTransformer(TimmModelAPI, nn.Module):
         ``N`` images ``[C, H_i, W_i]`` of any sizes the model takes, in one forward: their tokens packed into one
         sequence, attention within each image (``vit_fast.model.packing``). Row ``i`` is what ``model(images[i][None])``
         computes. ``model(images)`` with a list or tuple comes here."""
-        from vit_fast.model.packing import packed_forward
-
-        return packed_forward(self, images, pre_logits)
+        return packing.packed_forward(self, images, *self._packed_plan(images), pre_logits)
 
     def forward_features_packed(self, images: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Each image's tokens ``[T_i, D]`` after the final norm (T_i = prefix tokens + its patches), from one packed
         forward of ``images`` (see :meth:`forward_packed`), in their order."""
-        from vit_fast.model.packing import packed_features
+        return packing.packed_features(self, images, *self._packed_plan(images))
 
-        return packed_features(self, images)
+    def _packed_plan(self, images: Sequence[torch.Tensor]) -> tuple[stages.ForwardPlan, PackedLayout]:
+        """The plan and the layout of a packed forward of ``images``, after their checks."""
+        layout = packing.layout_of(self, images, packing.check_images(self, images))
+        shapes = ("packed", *(tuple(image.shape) for image in images))  # what the first-use net knows it by
+        return self.forward_plan(images[0], packed=(shapes, layout)), layout
 
     # ------------------------------------------------------------------ warm start
     def warmup(
@@ -369,6 +410,12 @@ class VisionTransformer(TimmModelAPI, nn.Module):
 
     def extra_repr(self) -> str:
         return f"backend={self.backend!r}, tokens={self.cfg.num_tokens}"
+
+
+#: per model, its plans by call: ``key -> (plan, the kernels' state it was made in and how to read it, or None)``
+#: (weak: no model is kept)
+_PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_MAX_PLANS = 64  # call shapes kept per model; one more starts the set afresh
 
 
 #: (what, device) pairs already warned about in this process: each warning is said once, not on every forward
