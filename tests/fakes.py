@@ -238,6 +238,7 @@ def check_first_use_net(monkeypatch, model, x: torch.Tensor, op: str, what: str)
     eager reference with a RuntimeWarning, and the model still meets the numerics rule against itself in float64.
     (Patched timm blocks and heads call the public op, not the direct launcher.)"""
     from vit_fast.backend import first_use, triton_path
+    from vit_fast.kernels import OPS
 
     monkeypatch.setenv(first_use.ENV, "1")
     first_use.reset()
@@ -249,8 +250,10 @@ def check_first_use_net(monkeypatch, model, x: torch.Tensor, op: str, what: str)
         found = [f for f in first_use.report()["checked"] if f["op"] == op]
         assert len(found) == 1 and found[0]["passed"]
         first_use.reset()
-        real_op = getattr(triton_path, op)
-        monkeypatch.setattr(triton_path, op, lambda *a, **k: real_op(*a, **k) + 0.5)
+        # the ops call each kernel op's call through a module global of triton_path's (OPS[op].spec)
+        (where,) = [name for name, value in vars(triton_path).items() if value is OPS[op].spec]
+        real_op = getattr(triton_path, where)
+        monkeypatch.setattr(triton_path, where, lambda *a, **k: real_op(*a, **k) + 0.5)
         with pytest.warns(RuntimeWarning, match=f"'{op}' runs in eager PyTorch"), torch.no_grad():
             ours = model(x)
         assert first_use.failed_ops() == {op}
