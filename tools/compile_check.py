@@ -280,6 +280,11 @@ ATTENTION_HEADS = {32: 12, 64: 12, 80: 16, 96: 12, 128: 16, 256: 4}  # head_dim 
 ATTENTION_MASKS = ("lengths", "packed")
 
 
+#: the attention kernel's rotary variants (its ROPE flag): timm's interleaved pairs with one table for every head
+#: ('cat', EVA-02), the half layout with a table per head ('mixed' with rotate_half); a class token left unrotated
+ATTENTION_ROPES = ("rope", "rope-half")
+
+
 def _attention_case(dtype, head_dim, b, which, mask=None, heads=None):
     label = f"{dtype}{f' H{heads}' if heads else ''} Dh{head_dim} b{b}{f' | {mask}' if mask else ''}"
     params = {"dtype": dtype, "head_dim": head_dim, "B": b, **({"heads": heads} if heads else {})}
@@ -297,7 +302,7 @@ def attention_cases(variant_set: str, full: bool):
             _attention_case(dtype, 64, b, _vit_b16_which(dtype)) for dtype, b in itertools.product(DTYPES, (1, 8))
         ] + [
             _attention_case(dtype, 64, 8, _vit_b16_which(dtype), mask)
-            for dtype, mask in itertools.product(DTYPES, ATTENTION_MASKS)
+            for dtype, mask in itertools.product(DTYPES, (*ATTENTION_MASKS, *ATTENTION_ROPES))
         ]
     cases = []
     for head_dim, dtype in itertools.product(ATTENTION_HEADS, DTYPES):
@@ -306,6 +311,8 @@ def attention_cases(variant_set: str, full: bool):
         cases.append(_attention_case(dtype, head_dim, 8, which))
         # the masked variants: the smallest and largest kept tile (and the pick) unless --full
         cases += [_attention_case(dtype, head_dim, 8, "all" if full else "ends", mask) for mask in ATTENTION_MASKS]
+        if head_dim in (64, 128):  # the rotary variants: every config of the set, so new tiles can be judged
+            cases += [_attention_case(dtype, head_dim, 8, "all", rope) for rope in ATTENTION_ROPES]
     return cases
 
 
@@ -315,10 +322,23 @@ def attention_launch(params):
     B, T, Dh = params.get("B", 8), 197, params["head_dim"]
     H = params.get("heads", ATTENTION_HEADS[Dh])
     mask = params.get("mask")
+    # 196 patch tokens after the class token: one table [T - 1, Dh] for every head, or one per head [H, T - 1, Dh]
+    rope = {
+        "num_prefix": 1,
+        "rope_cos": _empty((T - 1, Dh), params["dtype"]),
+        "rope_sin": _empty((T - 1, Dh), params["dtype"]),
+    }
+    rope_half = {
+        "num_prefix": 1,
+        "rope_layout": "half",
+        **{k: _empty((H, T - 1, Dh), params["dtype"]) for k in ("rope_cos", "rope_sin")},
+    }
     masks = {
         "lengths": {"lengths": _empty((B,), "i32")},
         # four images in each row's 197 tokens; the launcher reads no values (checked=True)
         "packed": {"cu_seqlens": _empty((4 * B + 1,), "i32"), "max_seqlen": 64},
+        "rope": rope,
+        "rope-half": rope_half,
     }
     return _recorded_launch(
         "attention",
