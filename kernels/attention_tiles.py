@@ -111,13 +111,16 @@ def prune_attention_configs(configs, named_args, **kwargs):
     def shared(config: triton.Config) -> int:
         return attention_shared_bytes(config, block_d, elem_bytes, card)
 
-    rope_fp32 = bool(kwargs.get("ROPE", named_args.get("ROPE"))) and elem_bytes == 4 and card.tensor_cores
+    rope = bool(kwargs.get("ROPE", named_args.get("ROPE")))
+    rope_fp32 = rope and elem_bytes == 4 and card.tensor_cores
 
     def fits(config: triton.Config) -> bool:
         kw = config.kwargs
         if rope_fp32:
             return FP32_ROPE_TILES.get(_tile(config), 0) >= block_d and shared(config) <= card.shared_memory
         if card.tensor_cores and block_d > 128 and not (kw["BLOCK_M"] == 64 and kw["BLOCK_N"] <= 64):
+            return False
+        if rope and card.dot == "mma.sync" and kw["BLOCK_N"] > 64:  # 16-bit, Dh 64: 360-992 B spilled on sm_80
             return False
         if not card.tensor_cores and not fma_attention_fits(config, block_d, elem_bytes):
             return False
