@@ -17,13 +17,14 @@ OLDEST_SPEC ?= triton==3.6.0 numpy<2.4
 OLDEST_TESTS ?= tests/kernels/test_kernel_*.py tests/kernels/test_cards.py tests/kernels/test_versions.py tests/kernels/test_triton_seam.py
 
 # timm's own tests/test_models.py (the released file of the installed timm, from its sdist on the package registry)
-# against apply_vit_fast: the tiny test_vit* models and the test_naflexvit_* tests (NaFlexVit; tiny models they
-# build themselves) with backend triton (our kernels in Triton's interpreter on a CPU, their launches counted per
-# model, the test_naflexvit_* tests' together as test_models: a patched suite that launched none fails; in CI), and
-# one model per ViT feature at full size with backend auto (timm's forwards on a CPU; the kernels on a CUDA card;
-# test-peers-timm-full, not in CI). docs/peers.md says what these runs prove and what they do not
+# against apply_vit_fast: the tiny test_vit* models, the test_naflexvit_* tests (NaFlexVit; tiny models they build
+# themselves) and test_eva_reset_classifier_* (an Eva: Perception Encoder's vit_pe_core_tiny_patch16_384 at 64 px,
+# RoPE in our attention kernel) with backend triton (our kernels in Triton's interpreter on a CPU, their launches
+# counted per model, a test without a model parameter under the models it patched: a patched suite that launched
+# none fails; in CI), and one model per ViT feature at full size with backend auto (timm's forwards on a CPU; the
+# kernels on a CUDA card; test-peers-timm-full, not in CI). docs/peers.md says what these runs prove and what not
 PEERS ?= .peers
-TIMM_PEER_TRITON ?= test_vit test_naflexvit
+TIMM_PEER_TRITON ?= test_vit test_naflexvit test_eva_reset_classifier
 TIMM_PEER_AUTO ?= vit_base_patch32_clip_quickgelu_224 vit_base_patch32_siglip_256 deit_tiny_distilled_patch16_224 \
 	vit_small_patch16_18x2_224 vit_base_patch16_rpn_224 vit_tiny_r_s16_p8_224 vit_base_patch16_radio_v3 \
 	vit_pwee_patch16_reg1_gap_256 vit_base_patch16_rope_224 vit_small_patch16_dinov3 aimv2_large_patch14_224
@@ -129,7 +130,7 @@ $(PEERS)/timm/VERSION: $(VENV)/.installed
 	tar xzf $(PEERS)/timm/sdist/timm-$$v.tar.gz -C $(PEERS)/timm --strip-components=1 timm-$$v/tests && \
 	echo $$v > $@
 
-test-peers-timm: $(PEERS)/timm/VERSION  ## timm's tests/test_models.py unpatched and with apply_vit_fast (triton): no test lost, kernels launched
+test-peers-timm: $(PEERS)/timm/VERSION  ## timm's tests/test_models.py (test_vit*, NaFlexVit, an Eva) unpatched and with apply_vit_fast (triton): no test lost, kernels launched
 	$(BIN)/python tools/peer_timm.py --tests $(PEERS)/timm/tests/test_models.py --backend triton $(TIMM_PEER_TRITON)
 
 # not in CI: full-size models on a CPU (timm's own forwards there), for a machine with time or a GPU

@@ -21,21 +21,47 @@ def attention_configs() -> list[triton.Config]:
     if interpreter_enabled():
         # BLOCK_M != BLOCK_N on purpose: a query-tail mask swapped with a key-tail mask fails tests
         return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 64}, num_warps=4, num_stages=1)]
-    return [
-        triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=num_warps, num_stages=num_stages)
-        for block_m in (64, 128)
-        for block_n in (32, 64, 128)
-        for num_stages in (2, 3)
-        for num_warps in (4, 8)
-        if not (block_m == 128 and num_warps == 4)  # 128 rows of fp32 state spill with 4 warps
-    ] + [
-        # cards without tensor cores (sm_75) get only these, and only they run there: the configs above spill up
-        # to 32.6 KB per thread on sm_75 and two need 96 KB of its 64 KB (offline compiles, tools/compile_check.py). Small
-        # tiles, 4 warps, no pipelining (sm_75 has no asynchronous copies to overlap); the prune keeps those not
-        # expected to spill (fma_attention_fits)
-        triton.Config({"BLOCK_M": block_m, "BLOCK_N": 32}, num_warps=4, num_stages=FMA_ATTENTION_STAGES)
-        for block_m in (16, 32)
-    ]
+    return (
+        [
+            triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=num_warps, num_stages=num_stages)
+            for block_m in (64, 128)
+            for block_n in (32, 64, 128)
+            for num_stages in (2, 3)
+            for num_warps in (4, 8)
+            if not (block_m == 128 and num_warps == 4)  # 128 rows of fp32 state spill with 4 warps
+        ]
+        + [
+            # cards without tensor cores (sm_75) get only these, and only they run there: the configs above spill up
+            # to 32.6 KB per thread on sm_75 and two need 96 KB of its 64 KB (offline compiles, tools/compile_check.py). Small
+            # tiles, 4 warps, no pipelining (sm_75 has no asynchronous copies to overlap); the prune keeps those not
+            # expected to spill (fma_attention_fits)
+            triton.Config({"BLOCK_M": block_m, "BLOCK_N": 32}, num_warps=4, num_stages=FMA_ATTENTION_STAGES)
+            for block_m in (16, 32)
+        ]
+        + [  # fp32 with RoPE on cards with tensor cores gets only these, and only it
+            triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in FP32_ROPE_TILES
+        ]
+    )
+
+
+#: fp32 attention with RoPE where ``tl.dot`` has tensor cores (fp32 dots run on FMA there too): (BLOCK_M, BLOCK_N,
+#: num_warps, num_stages) -> the largest ``BLOCK_D`` it compiled for with no spill on sm_80 and sm_90, both layouts
+#: (triton 3.9, 12 heads, 197 tokens). The rotation keeps q's partner lanes and the table rows live: every config of
+#: the set above spilled 1.0-82 KB per thread at Dh 64; at Dh 128 only 16x16 with 8 warps did not. Measured:
+#: benchmarks/results/compile-check/NOTES.md, section "fp32 attention with RoPE".
+FP32_ROPE_TILES = {
+    (64, 16, 8, 2): 64,
+    (64, 16, 8, 3): 64,
+    (32, 32, 8, 2): 64,
+    (32, 16, 8, 2): 64,
+    (32, 16, 4, 2): 64,
+    (16, 16, 8, 2): 128,
+    (16, 16, 8, 3): 128,
+}
+
+
+def _tile(config: triton.Config) -> tuple[int, int, int, int]:
+    return config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], config.num_warps, config.num_stages
 
 
 #: num_stages of the configs meant for cards without tensor cores: every other config has more
@@ -75,10 +101,10 @@ def attention_shared_bytes(config: triton.Config, block_d: int, elem_bytes: int,
 
 def prune_attention_configs(configs, named_args, **kwargs):
     """The candidates for one launch, read only from its autotune key (T, the head dim, the card ``ARCH``, the dtype,
-    ``TUNE``, the mask flags ``HAS_LENGTHS`` / ``PACKED``): the configs for this kind of card (tensor cores or not,
-    :data:`FMA_ATTENTION_STAGES`) that fit its shared memory (:func:`attention_shared_bytes`; a mask adds no tile)
-    and its registers. Without tuning one config, the fitting one nearest 64x64, 4 warps, 2 stages. Each rule and
-    each exception: docs/kernels.md, section Prunes and picks."""
+    ``TUNE``, the mask flags ``HAS_LENGTHS`` / ``PACKED``, ``ROPE``): the configs for this kind of card and launch
+    (:data:`FMA_ATTENTION_STAGES`, :data:`FP32_ROPE_TILES`) that fit its shared memory and registers. Without tuning
+    one config, the fitting one nearest 64x64, 4 warps, 2 stages. Rules and exceptions: docs/kernels.md, section
+    Prunes and picks."""
     block_d = kwargs.get("BLOCK_D", named_args.get("BLOCK_D"))
     if block_d is None:
         return configs
@@ -87,21 +113,34 @@ def prune_attention_configs(configs, named_args, **kwargs):
     def shared(config: triton.Config) -> int:
         return attention_shared_bytes(config, block_d, elem_bytes, card)
 
+    rope = bool(kwargs.get("ROPE", named_args.get("ROPE")))
+    rope_fp32 = rope and elem_bytes == 4 and card.tensor_cores
+
     def fits(config: triton.Config) -> bool:
         kw = config.kwargs
+        if rope_fp32:
+            return FP32_ROPE_TILES.get(_tile(config), 0) >= block_d and shared(config) <= card.shared_memory
         if card.tensor_cores and block_d > 128 and not (kw["BLOCK_M"] == 64 and kw["BLOCK_N"] <= 64):
+            return False
+        if rope and card.dot == "mma.sync" and kw["BLOCK_N"] > 64:  # 16-bit, Dh 64: 360-992 B spilled on sm_80
             return False
         if not card.tensor_cores and not fma_attention_fits(config, block_d, elem_bytes):
             return False
         return shared(config) <= card.shared_memory
 
     # nothing fits (Dh 256 on sm_75): the smallest config for the card, which may spill or fail to launch there
-    same_kind = [c for c in configs if (c.num_stages > FMA_ATTENTION_STAGES) == card.tensor_cores] or configs
+    same_kind = [
+        c
+        for c in configs
+        if (c.num_stages > FMA_ATTENTION_STAGES) == card.tensor_cores and (_tile(c) in FP32_ROPE_TILES) == rope_fp32
+    ] or configs
     kept = [c for c in same_kind if fits(c)] or [min(same_kind, key=shared)]
     if tuning_requested(named_args) or len(kept) == 1:
         return kept
     if not card.tensor_cores:
         return [closest_config(kept, {"BLOCK_M": 32, "BLOCK_N": 32}, 4, FMA_ATTENTION_STAGES)]
+    if rope_fp32:  # the largest rows that did not spill: 64x16 at Dh 64 (3 stages, as without RoPE), else 16x16
+        return [closest_config(kept, {"BLOCK_M": 64, "BLOCK_N": 16}, 8, 3 if block_d <= 64 else 2)]
     if elem_bytes == 4:
         # fp32: 64x64 with 4 warps spilled 4.4-4.7 KB per thread on every target (33 KB on sm_80), 64x32 with 8
         # warps nothing on any, sm_75 to sm_120 (tools/compile_check.py, triton 3.9, Dh 64). On triton 3.6 that
@@ -126,6 +165,10 @@ _ATTENTION_HEADS = {32: 12, 64: 12, 80: 16, 96: 12, 128: 16, 256: 4}  # head_dim
 #: the attention kernel's masked variants (its HAS_LENGTHS / PACKED flags): a padded batch, packed images
 _ATTENTION_MASKS = ("lengths", "packed")
 
+#: the attention kernel's rotary variants (its ROPE flag): timm's interleaved pairs with one table for every head
+#: ('cat', EVA-02), the half layout with a table per head ('mixed' with rotate_half); a class token left unrotated
+_ATTENTION_ROPES = ("rope", "rope-half")
+
 
 def _attention_variant(dtype, head_dim, b, which, mask=None, heads=None):
     label = f"{dtype}{f' H{heads}' if heads else ''} Dh{head_dim} b{b}{f' | {mask}' if mask else ''}"
@@ -144,7 +187,7 @@ def compile_variants(v, variant_set: str, full: bool) -> list[tuple]:
             _attention_variant(dtype, 64, b, v.which(dtype)) for dtype, b in itertools.product(v.DTYPES, (1, 8))
         ] + [
             _attention_variant(dtype, 64, 8, v.which(dtype), mask)
-            for dtype, mask in itertools.product(v.DTYPES, _ATTENTION_MASKS)
+            for dtype, mask in itertools.product(v.DTYPES, (*_ATTENTION_MASKS, *_ATTENTION_ROPES))
         ]
     cases = []
     for head_dim, dtype in itertools.product(_ATTENTION_HEADS, v.DTYPES):
@@ -153,6 +196,8 @@ def compile_variants(v, variant_set: str, full: bool) -> list[tuple]:
         cases.append(_attention_variant(dtype, head_dim, 8, which))
         # the masked variants: the smallest and largest kept tile (and the pick) unless --full
         cases += [_attention_variant(dtype, head_dim, 8, "all" if full else "ends", mask) for mask in _ATTENTION_MASKS]
+        if head_dim in (64, 128):  # the rotary variants: every config of the set, so new tiles can be judged
+            cases += [_attention_variant(dtype, head_dim, 8, "all", rope) for rope in _ATTENTION_ROPES]
     return cases
 
 
@@ -162,10 +207,19 @@ def compile_launch(v, params: dict) -> tuple:
     B, T, Dh = params.get("B", 8), 197, params["head_dim"]
     H = params.get("heads", _ATTENTION_HEADS[Dh])
     mask = params.get("mask")
+    # 196 patch tokens after the class token: one table [T - 1, Dh] for every head, or one per head [H, T - 1, Dh]
+    rope = {"num_prefix": 1, **{k: v.empty((T - 1, Dh), params["dtype"]) for k in ("rope_cos", "rope_sin")}}
+    rope_half = {
+        "num_prefix": 1,
+        "rope_layout": "half",
+        **{k: v.empty((H, T - 1, Dh), params["dtype"]) for k in ("rope_cos", "rope_sin")},
+    }
     masks = {
         "lengths": {"lengths": v.empty((B,), "i32")},
         # four images in each row's 197 tokens; the launcher reads no values (checked=True)
         "packed": {"cu_seqlens": v.empty((4 * B + 1,), "i32"), "max_seqlen": 64},
+        "rope": rope,
+        "rope-half": rope_half,
     }
     return v.record(
         launch_attention,
@@ -177,6 +231,7 @@ def compile_launch(v, params: dict) -> tuple:
 
 __all__ = [
     "FMA_ATTENTION_STAGES",
+    "FP32_ROPE_TILES",
     "attention_configs",
     "attention_shared_bytes",
     "block_d_for",

@@ -9,6 +9,8 @@ card would pass; the prunes then run on the compiled-mode config lists (the inte
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -129,9 +131,10 @@ def test_patch_embed_configs_fit_every_card(monkeypatch, arch, dtype):
 @pytest.mark.parametrize("arch", sorted(cards.CARDS))
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("head_dim", [64, 80])
-@pytest.mark.parametrize("mask", [None, "lengths", "packed"])
+@pytest.mark.parametrize("mask", [None, "lengths", "packed", "rope"])
 def test_attention_configs_fit_every_card(monkeypatch, arch, dtype, head_dim, mask):
-    """The unmasked kernel and its masked variants (a padded batch, packed images): their flags are in the key."""
+    """The unmasked kernel, its masked variants (a padded batch, packed images) and RoPE: their flags are in the key.
+    fp32 with RoPE on cards with tensor cores takes only tiles of ``FP32_ROPE_TILES`` meant for its head dim."""
     card = cards.CARDS[arch]
     configs = _compiled_configs(monkeypatch, attention_tiles, attention_tiles.attention_configs)
     kernel = KERNELS["attention"].kernel
@@ -142,13 +145,24 @@ def test_attention_configs_fit_every_card(monkeypatch, arch, dtype, head_dim, ma
                 None: {},
                 "lengths": {"lengths": _meta((batch,), torch.int32)},
                 "packed": {"cu_seqlens": _meta((3 * batch + 1,), torch.int32)},
+                "rope": {
+                    "num_prefix": 1,
+                    **{t: _meta((tokens - 1, head_dim), dtype) for t in ("rope_cos", "rope_sin")},
+                },
             }[mask]
             named, constexprs = _recorded_on(
                 arch, monkeypatch, "attention", attention.launch_attention, qkv, heads, **masks
             )
-            assert (constexprs["HAS_LENGTHS"], constexprs["PACKED"]) == (mask == "lengths", mask == "packed")
+            flags = (constexprs["HAS_LENGTHS"], constexprs["PACKED"], constexprs["ROPE"])
+            assert flags == (mask == "lengths", mask == "packed", int(mask == "rope"))
             block_d = constexprs["BLOCK_D"]
             for config in _kept_tuned_or_not(monkeypatch, kernel, configs, named, constexprs):
+                tile = (config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], config.num_warps, config.num_stages)
+                rope_fp32 = mask == "rope" and dtype == torch.float32 and card.tensor_cores
+                assert (tile in attention_tiles.FP32_ROPE_TILES) == rope_fp32, (heads, batch, str(config))
+                assert not rope_fp32 or attention_tiles.FP32_ROPE_TILES[tile] >= block_d, str(config)
+                # 16-bit with RoPE on mma.sync cards: 128-key tiles spilled 360-992 bytes per thread on sm_80
+                assert not (mask == "rope" and card.dot == "mma.sync" and config.kwargs["BLOCK_N"] > 64), str(config)
                 shared = attention_tiles.attention_shared_bytes(config, block_d, qkv.element_size(), card)
                 assert shared <= card.shared_memory, (heads, batch, str(config), shared)
                 assert (config.num_stages <= attention_tiles.FMA_ATTENTION_STAGES) == (not card.tensor_cores)
@@ -195,6 +209,53 @@ def test_packed_attention_heuristic_on_mma_sync_takes_8_warps(monkeypatch):
             warps = 8 if packed and block_d > 64 and card.dot == "mma.sync" else 4
             shape = (picked.kwargs["BLOCK_M"], picked.kwargs["BLOCK_N"], picked.num_warps, picked.num_stages)
             assert shape == (64, 64, warps, 2), (arch, flags, shape)
+
+
+#: fp32 attention tiles with RoPE that compiled with no spill on sm_80 and sm_90, both layouts (interleaved with one
+#: table, halves with a table per head), triton 3.9 (tools/compile_check.py --set sweep --filter "fp32 Dh64 b8 | rope"
+#: and Dh128): head dim -> (BLOCK_M, BLOCK_N, warps, stages). Spilled there, and so not listed: every config of the
+#: set without RoPE (Dh 64: 1.0-82 KB per thread), 4-warp 16x32, 32x32 and 64x16 (24 bytes to 8.4 KB); at Dh 128
+#: every tile but 16x16 on 8 warps (444 bytes to 25.3 KB)
+FP32_ROPE_SPILL_FREE = {
+    64: {
+        *itertools.product((16, 32), (16,), (4, 8), (2, 3)),
+        *itertools.product((16, 32), (32,), (8,), (2, 3)),
+        *itertools.product((64,), (16,), (8,), (2, 3)),
+    },
+    128: {(16, 16, 8, 2), (16, 16, 8, 3)},
+}
+
+
+@pytest.mark.parametrize("arch", [80, 90])
+def test_fp32_rope_attention_takes_tiles_that_compiled_without_spilling(monkeypatch, arch):
+    """fp32 attention with RoPE (timm's interleaved pairs with one table, or halves with a table per head) on ViT-S/16
+    and ViT-B/16 shapes (Dh 64) and at Dh 80 and 128: every config the prune keeps for tuning and the heuristic's
+    pick are tiles that compiled spill-free there, the pick 64x16 with 8 warps and 3 stages at Dh 64 and 16x16 with 8
+    warps and 2 stages above; 16-bit with RoPE and fp32 without it keep their tiles (none of the RoPE set)."""
+    configs = _compiled_configs(monkeypatch, attention_tiles, attention_tiles.attention_configs)
+    kernel = KERNELS["attention"].kernel
+    for (heads, head_dim), batch, dtype, layout in itertools.product(
+        ((6, 64), (12, 64), (16, 80), (8, 128)), (1, 8), DTYPES, ("interleaved", "half")
+    ):
+        tokens = 197
+        qkv = _meta((batch, tokens, 3 * heads * head_dim), dtype)
+        shape = (heads, tokens - 1, head_dim) if layout == "half" else (tokens - 1, head_dim)
+        rope = {"rope_cos": _meta(shape, dtype), "rope_sin": _meta(shape, dtype), "num_prefix": 1}
+        for with_rope in (True, False):
+            launch = attention.launch_attention
+            named, constexprs = _recorded_on(
+                arch, monkeypatch, "attention", launch, qkv, heads, rope_layout=layout, **(rope if with_rope else {})
+            )
+            (picked,) = _pruned(monkeypatch, kernel, configs, named, constexprs, tune=False)
+            kept = _pruned(monkeypatch, kernel, configs, named, constexprs, tune=True)
+            tiles = {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in (picked, *kept)}
+            what = (arch, heads, head_dim, batch, str(dtype), layout, with_rope)
+            if with_rope and dtype == torch.float32:
+                assert tiles <= FP32_ROPE_SPILL_FREE[constexprs["BLOCK_D"]], what
+                want = (64, 16, 8, 3) if head_dim <= 64 else (16, 16, 8, 2)
+                assert (picked.kwargs["BLOCK_M"], picked.kwargs["BLOCK_N"], picked.num_warps, picked.num_stages) == want
+            else:
+                assert not tiles & set(attention_tiles.FP32_ROPE_TILES), what
 
 
 def test_fp32_patch_embed_heuristic_for_many_rows_does_not_spill(monkeypatch):

@@ -205,6 +205,25 @@ def test_the_picks_set_is_every_default_pick_of_vit_s_and_vit_b(cc):
     assert [(name, D, heads) for name, D, heads in cc.PICK_MODELS] == [("vit-s16", 384, 6), ("vit-b16", 768, 12)]
 
 
+def test_rope_variants_launch_with_their_tables(cc, monkeypatch):
+    """The attention kernel's RoPE variants in the default set (each dtype, Dh 64) and the sweep (Dh 64 and 128, every
+    config): timm's interleaved pairs with one table for every head, and halves with a table per head, each after one
+    unrotated class token, as the launcher passes them (the ROPE constexpr, the tables' strides and rows)."""
+    default = {case[1]: case for case in cc.CASES["attention"]("vit-b16", False) if "rope" in case[1]}
+    assert set(default) == {f"{d} Dh64 b8 | {r}" for d in ("fp32", "fp16", "bf16") for r in ("rope", "rope-half")}
+    sweep = [case for case in cc.CASES["attention"]("sweep", False) if "rope" in case[1]]
+    assert {case[2]["head_dim"] for case in sweep} == {64, 128} and {case[3] for case in sweep} == {"all"}
+    from vit_fast.kernels import KERNELS
+
+    monkeypatch.setattr(cc, "kernel_fn", lambda kernel: kernel)  # the interpreter's kernel has no JITFunction inside
+    for rope, layout, head_stride in (("rope", 1, 0), ("rope-half", 2, 196 * 64)):
+        _, args, constexprs = cc.LAUNCH["attention"](default[f"fp32 Dh64 b8 | {rope}"][2])
+        named = dict(zip(KERNELS["attention"].kernel.arg_names, args, strict=False))
+        assert constexprs["ROPE"] == layout and constexprs["BLOCK_D"] == 64
+        assert (named["stride_rope_h"], named["stride_rope_t"]) == (head_stride, 64)
+        assert (named["num_prefix"], named["num_rot"]) == (1, 196)
+
+
 def test_refuses_under_the_interpreter(cc, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     with pytest.raises(SystemExit, match="unset TRITON_INTERPRET"):

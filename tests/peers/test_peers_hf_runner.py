@@ -245,12 +245,23 @@ class TestNone:
 def test_model(model_name):
     for _ in range(3 if model_name == "tiny_a" else 0):
         norm()
+
+
+def test_builds_its_own_model():
+    launches.note_patched(model="tiny_c")
+    norm()
+    norm()
+
+
+def test_builds_none():
+    pass
 """
 
 
 def test_the_counter_plugin_counts_each_suites_launches(tmp_path):
-    """The pytest side for real: a run with the plugin loaded counts interpreted launches per class and per
-    ``model_name`` parameter, and writes them where the runner reads them."""
+    """The pytest side for real: a run with the plugin loaded counts interpreted launches per class, per
+    ``model_name`` parameter and, for a test with neither, per model it patched (else its module), and writes them
+    where the runner reads them."""
     import launches
 
     (tmp_path / "test_counted.py").write_text(COUNTED_TESTS)
@@ -265,9 +276,12 @@ def test_the_counter_plugin_counts_each_suites_launches(tmp_path):
         "TestNone": (1, 0, 0),
         "tiny_a": (1, 3, 0),
         "tiny_b": (1, 0, 0),
+        "tiny_c": (1, 2, 1),
+        "test_counted": (1, 0, 0),
     }
     assert suites["TestTwice"]["kernels"] == {"_layer_norm_kernel": 2}
     assert tests["test_counted.py::test_model[tiny_a]"] == "tiny_a"
+    assert tests["test_counted.py::test_builds_its_own_model"] == "tiny_c"
     assert tests["test_counted.py::TestNone::test_nothing"] == "TestNone"
 
 

@@ -5,16 +5,16 @@
 
 ``--vit-fast``: ``off`` (timm as released, the baseline), ``auto`` (patched; on a CPU the blocks keep timm's
 forwards, on a CUDA card with tensor cores they run our kernels) or ``triton`` (patched, the kernels run, in Triton's
-interpreter on a CPU: keep to timm's tiny models there, ``test_vit*`` and the ``test_naflexvit_*`` tests' own). The
+interpreter on a CPU: keep to timm's tiny models there, ``test_vit*`` and the models timm's tests build small). The
 models handed to apply_vit_fast are those of the timm classes it reads (``vit_fast.interop.timm_reading.MODEL_CLASSES``:
-VisionTransformer, VisionTransformerDistilled, NaFlexVit) or refuses by name (Eva's rotary attention, RelPos); one it
-refuses (by name, or for a feature such as RoPE in a NaFlexVit) or that is none of those is left as timm built it,
-and counted in the summary line.
+VisionTransformer, VisionTransformerDistilled, Eva, NaFlexVit) or refuses by name (RelPos, SAM, ...); one it refuses
+(by name, or for a feature such as RoPE in a NaFlexVit) or that is none of those is left as timm built it, and
+counted in the summary line.
 The torchvision stand-in (tests/torchvision_standin.py) is installed where the real torchvision is missing.
 
 The launch counter (tools/peers/launches.py) is registered too, in every mode: with ``VIT_FAST_PEERS_LAUNCHES`` set
-(tools/peer_timm.py sets it) our kernels' launches are counted per model (the tests' ``model_name`` parameter),
-and each model patched here is noted for its suite.
+(tools/peer_timm.py sets it) our kernels' launches are counted per model (the tests' ``model_name`` parameter, else
+the name of the model patched here), and each model patched here is noted for its suite.
 """
 
 from __future__ import annotations
@@ -64,7 +64,8 @@ def _wrap(create_model, backend: str):
         try:
             vit_fast.apply_vit_fast(model, backend=backend)
             _COUNTS["patched"] += 1
-            _launches().note_patched(meta=any(p.is_meta for p in model.parameters()))
+            name = args[0] if args else kwargs.get("model_name")
+            _launches().note_patched(meta=any(p.is_meta for p in model.parameters()), model=name)
         except ValueError:  # refused by name (rotary attention, relative position bias, head dim ...)
             _COUNTS["refused"] += 1
         return model

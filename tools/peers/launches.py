@@ -4,10 +4,11 @@ The pytest side (a plugin; ``make peers-hf`` copies this file into the transform
 ``-p``, tests/peers/timm_plugin.py registers it for timm's tests): every test runs inside
 ``vit_fast.kernels.launches.record_launches``, which sees every launch of our kernels, compiled or in Triton's
 interpreter. The launches are added up per suite: the test's ``model_name`` parameter where it has one (timm's
-tests/test_models.py), else its class (a tester class of transformers' mixin: ViTPeerTest, ...), else the last part
-of its module's name. A patching plugin calls :func:`note_patched` for each model it patches, so a suite says
-whether it had any. At the session's end the counts go to the JSON file named by ``VIT_FAST_PEERS_LAUNCHES``
-(through ``vit_fast.util.files``); without that variable the plugin counts nothing.
+tests/test_models.py), else its class (a tester class of transformers' mixin: ViTPeerTest, ...), else the models
+it patched (timm's tests that build their own, named by the patching plugin), else the last part of its module's
+name. A patching plugin calls :func:`note_patched` for each model it patches, so a suite says whether it had any.
+At the session's end the counts go to the JSON file named by ``VIT_FAST_PEERS_LAUNCHES`` (through
+``vit_fast.util.files``); without that variable the plugin counts nothing.
 
 The runner side: :func:`read_counts` reads that file back, :func:`judge` compares a patched run with the
 unpatched one suite by suite (tests lost, launches) and says what fails the run, :func:`table` prints the rows.
@@ -26,16 +27,19 @@ ENV = "VIT_FAST_PEERS_LAUNCHES"
 
 _suites: dict[str, dict] = {}
 _tests: dict[str, str] = {}  # test node id -> suite
-_current: list[str | None] = [None]
+_current: list[list | None] = [None]  # the running test's patched models: (model name or None, on meta)
 
 
-def suite_of(item) -> str:
-    """The suite a test counts under: its ``model_name`` parameter, else its class, else its module's last name."""
+def suite_of(item, patched: list[str] | tuple = ()) -> str:
+    """The suite a test counts under: its ``model_name`` parameter, else its class, else the names of the models it
+    patched (``patched``, joined by "+"), else its module's last name."""
     params = getattr(getattr(item, "callspec", None), "params", {})
     if isinstance(params.get("model_name"), str):
         return params["model_name"]
     if getattr(item, "cls", None) is not None:
         return item.cls.__name__
+    if patched:
+        return "+".join(patched)
     module = getattr(item, "module", None)
     return module.__name__.rsplit(".", 1)[-1] if module is not None else item.nodeid.split("::")[0]
 
@@ -46,12 +50,12 @@ def _suite(name: str) -> dict:
     )
 
 
-def note_patched(meta: bool = False) -> None:
+def note_patched(meta: bool = False, model: str | None = None) -> None:
     """Called by a patching plugin for each model it patched: the running test's suite had a patched model.
     ``meta``: the model lives on the meta device (timm's config tests build them there), where nothing is computed,
-    so no kernel of ours can launch for it."""
+    so no kernel of ours can launch for it. ``model``: its name, the suite of a test that has no model parameter."""
     if _current[0] is not None:
-        _suite(_current[0])["patched_meta" if meta else "patched"] += 1
+        _current[0].append((model, meta))
 
 
 @pytest.hookimpl(wrapper=True)
@@ -60,14 +64,17 @@ def pytest_runtest_protocol(item, nextitem):
         return (yield)
     from vit_fast.kernels.launches import record_launches
 
-    name = _current[0] = _tests[item.nodeid] = suite_of(item)
+    patched = _current[0] = []
     try:
         with record_launches() as launched:
             result = yield
     finally:
         _current[0] = None
+    name = _tests[item.nodeid] = suite_of(item, sorted({model for model, _ in patched if model}))
     suite = _suite(name)
     suite["tests"] += 1
+    suite["patched"] += sum(not meta for _, meta in patched)
+    suite["patched_meta"] += sum(meta for _, meta in patched)
     suite["launches"] += len(launched)
     suite["kernels"].update(r["kernel"] for r in launched)
     return result
