@@ -1922,10 +1922,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--pipeline-images",
         type=bounded(int, 0, 1000),
-        default=64,
-        help="image files the perf phase's pipeline rows run from disk to top-k (64; 0: no pipeline rows)",
+        default=32,
+        help="image files the perf phase's pipeline rows run from disk to top-k (32; 0: no pipeline rows)",
     )
-    parser.add_argument("--pipeline-batch", type=bounded(int, 1, 1024), default=64, help="the predict row's batch")
+    parser.add_argument("--pipeline-batch", type=bounded(int, 1, 1024), default=32, help="the predict row's batch")
     parser.add_argument("--compile-batches", type=batches, default=[1])
     parser.add_argument(
         "--compile-sources", type=names(("torch", "timm")), default=("torch",), help="torch.compile of these (torch)"

@@ -94,13 +94,14 @@ def test_license_is_an_spdx_string_with_its_file():
 
 #: what each command of the README's command list needs beyond the core install (vit_fast.backend.env.MODULE_EXTRAS
 #: names the extra of each missing module; the demo exports and verifies an ONNX model)
-COMMAND_EXTRAS = {
-    "demo": {"demo", "onnx"},
-    "export onnx": {"onnx"},
-    "bench": set(),
-    "serve": {"serve"},
-    "predict": {"images"},
-}
+COMMAND_EXTRAS = [
+    ("demo", {"demo", "onnx"}),
+    ("export onnx", {"onnx"}),
+    ("bench", set()),
+    ("serve", {"serve"}),
+    ("serve", {"serve", "images"}),  # serve --encoded decodes image files
+    ("predict", {"images"}),
+]
 #: what the core install brings (pyproject.toml's dependencies), as modules
 CORE_MODULES = {"torch", "triton", "numpy", "safetensors", "vit_fast"}
 TAKES_VALUE = {"--index-url", "--extra-index-url", "-i", "-c", "--constraint", "-r", "--requirement"}
@@ -142,9 +143,9 @@ def test_the_readmes_install_brings_what_its_quick_start_and_command_list_need()
     missing = imported - CORE_MODULES - set(sys.stdlib_module_names) - named
     assert not missing, f"the README's quick start imports {sorted(missing)}, which its install does not bring"
     commands = re.findall(r"^vit-fast (export onnx|\w+)(.*)$", quick, re.M)
-    assert [c for c, _ in commands] == list(COMMAND_EXTRAS), "the command list changed: say what each command needs"
-    for command, rest in commands:
-        left = {extra for extra in COMMAND_EXTRAS[command] if f"{extra} extra" not in rest} - extras
+    assert [c for c, _ in commands] == [c for c, _ in COMMAND_EXTRAS], "the command list changed: say what each needs"
+    for (command, rest), (_, needs) in zip(commands, COMMAND_EXTRAS, strict=True):
+        left = {extra for extra in needs if f"{extra} extra" not in rest} - extras
         assert not left, f"`vit-fast {command}` needs the extras {sorted(left)}: install them or name them on its line"
 
 

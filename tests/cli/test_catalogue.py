@@ -424,8 +424,8 @@ CLI: dict[str, tuple[list[str], int, str]] = {
     "predict std zero": (["predict", "default", "notes.txt", "--std", "0"], 1, r"--std must be positive, got 0"),
     "predict crop-pct": (
         ["predict", "default", "notes.txt", "--crop-pct", "1.5"],
-        1,
-        r"--crop-pct must be in \(0, 1\]",
+        2,
+        r"argument --crop-pct: must be a number from 0 to 1, got 1\.5",
     ),
     "predict input size text": (["predict", "default", "notes.txt", "--input-size", "big"], 2, r"expected S or HxW"),
     "predict input size not the model's": (

@@ -72,7 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--interpolation", choices=("bilinear", "bicubic"), default=None, help="the resize filter")
     parser.add_argument(
         "--crop-pct",
-        type=float,
+        type=_args.Number(float, 0, 1, above=True),
         default=None,
         metavar="P",
         help="timm's crop_pct: the shorter side resized to input size / P, then the centre crop (0 < P <= 1)",
@@ -196,10 +196,6 @@ def _overrides(args: argparse.Namespace) -> dict:
             raise _args.CommandError(f"{flag} is in 0..1 pixel units; {_numbers(values)} looks like 0..255: {fixed}")
     if args.std is not None and not all(v > 0 for v in args.std):
         raise _args.CommandError(f"--std must be positive, got {_numbers(args.std)}")
-    if args.crop_pct is not None and not 0 < args.crop_pct <= 1:
-        raise _args.CommandError(
-            f"--crop-pct must be in (0, 1] (0.875: resize to 1/0.875 of the crop), got {args.crop_pct}"
-        )
     names = ("mean", "std", "interpolation", "crop_pct", "input_size")
     return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
 
