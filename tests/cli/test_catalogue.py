@@ -425,7 +425,7 @@ CLI: dict[str, tuple[list[str], int, str]] = {
     "predict crop-pct": (
         ["predict", "default", "notes.txt", "--crop-pct", "1.5"],
         2,
-        r"argument --crop-pct: must be a number from 0 to 1, got 1\.5",
+        r"argument --crop-pct: must be a number above 0, up to 1, got 1\.5",
     ),
     "predict input size text": (["predict", "default", "notes.txt", "--input-size", "big"], 2, r"expected S or HxW"),
     "predict input size not the model's": (

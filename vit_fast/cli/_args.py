@@ -87,8 +87,8 @@ class Number:
     def __init__(self, kind: type, low: int | float, high: int | float | None = None, *, above: bool = False):
         self.kind, self.low, self.high, self.above = kind, low, high, above
         noun = "an int" if kind is int else "a number"
-        if high is not None:
-            self.bound = f"from {low} to {high}"
+        if high is not None:  # an exclusive low end said as such: 0 is refused by "above 0"
+            self.bound = f"above {low}, up to {high}" if above else f"from {low} to {high}"
         else:
             self.bound = f"{'>' if above else '>='} {low}"
         self.allowed = f"{noun} {self.bound}"
