@@ -13,12 +13,11 @@ from typing import Any
 
 import torch
 import triton
-from torch._C import _len_torch_dispatch_stack
 from triton.runtime import _allocation
 
 from vit_fast.base.interpret import interpreter_enabled
 
-from .launches import INTERPRETED
+from .launches import INTERPRETED, launches_directly
 
 
 def cdiv(a: int, b: int) -> int:
@@ -154,10 +153,6 @@ def case_rows(m: dict) -> dict:
     return {key: m[key] for key in ("batch", "tokens", "dim", "eps")}
 
 
-def _needs_grad(x: torch.Tensor, args: tuple, others: tuple[int, ...]) -> bool:
-    return x.requires_grad or any(args[i] is not None and args[i].requires_grad for i in others)
-
-
 def define_op(
     launch: Callable[..., Any],
     *,
@@ -171,8 +166,8 @@ def define_op(
     """Make ``launch`` (``_<name>_op``, typed: ``torch.library`` reads the schema from it) the custom op
     ``vit_fast::<name>``, the one place a kernel's op is written: fake = ``check`` + ``empty``'s outputs, backward
     recomputes through ``reference``. Returns the call every caller makes: ``check`` (skipped with ``checked=True``),
-    ``prepare``, then ``launch`` or the op (its ``op`` attribute), chosen there and nowhere else; it carries the
-    spec (``selfcheck``: :class:`SelfCheck`). More: docs/kernels.md, "Ops, launchers and references"."""
+    ``prepare``, then ``launch`` or the op (its ``op`` attribute) as :func:`.launches.launches_directly` says; it
+    carries the spec (``selfcheck``: :class:`SelfCheck`). More: docs/kernels.md, "Ops, launchers and references"."""
     name = launch.__name__.removeprefix("_").removesuffix("_op")
     op = torch.library.custom_op(f"vit_fast::{name}", mutates_args=())(launch)
 
@@ -191,31 +186,22 @@ def define_op(
     first = tensors[0] if lead is None else lead
     rest = tuple(i for i in tensors if i != first)
 
-    # bound once: every launch asks. Traced by dynamo (torch.compile, strict export) is_dynamo_compiling() is True;
-    # non-strict export and FakeTensorMode are dispatch modes, with tensors of other types
-    compiling, dispatch_modes, grad_enabled = (
-        torch.compiler.is_dynamo_compiling,
-        _len_torch_dispatch_stack,
-        torch.is_grad_enabled,
-    )
-
     def call(*args: Any, checked: bool = False) -> Any:
         # checked=True: the caller checked these inputs (a model's forward checks its parameters once)
         if not checked:
             check(*args)
         if prepare is not None:
             args = prepare(*args)
-        # direct launch or custom op, decided here only: the launcher itself in plain eager with no input that
-        # needs a gradient (the op's dispatch costs about 10 us and buys nothing there); traced, under a dispatch
-        # mode or differentiated, the op (its fake, its recompute backward). Asked of ``lead``, the activation: a
-        # parameter (timm's latent query) is no plain tensor
-        x = args[first]
-        if type(x) is torch.Tensor and not (compiling() or dispatch_modes() or x.is_meta):
-            if not (grad_enabled() and _needs_grad(x, args, rest)):
-                return launch(*args)
-        return op(*args)
+        # direct launch or custom op: launches.launches_directly, asked of ``lead``, the activation (a parameter,
+        # timm's latent query, is no plain tensor)
+        return launch(*args) if launches_directly(args[first], args, rest) else op(*args)
+
+    def direct(*args: Any) -> Any:
+        return launch(*prepare(*args))
 
     call.__name__ = call.__qualname__ = name
+    # what a forward that launches directly calls (launches.forward_launches_directly), its inputs checked by it
+    call.direct = launch if prepare is None else direct
     call.op, call.launch, call.check, call.empty = op, launch, check, empty  # the spec, read by OPS[name].spec
     call.reference, call.prepare, call.selfcheck = reference, prepare, selfcheck
     return call

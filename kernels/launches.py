@@ -1,7 +1,7 @@
 """How our kernels are launched and what a launch records: each kernel's launches resolved once per shape
 (:class:`ResolvedLaunches`: on the tensors' own device, tuning serialised per kernel, fp fusion pinned, the config of
 each launch recorded per thread), :func:`record_launches` for whoever wants to see them, the one lock of interpreted
-launches, and the dtypes every kernel takes. Importing it touches no GPU driver."""
+launches, the dtypes every kernel takes, and direct launch or op (:func:`launches_directly`). No GPU driver touched."""
 
 from __future__ import annotations
 
@@ -223,3 +223,32 @@ def record_launches() -> Iterator[list[dict]]:
     finally:
         _RECORDED = None
         described.extend(launches.describe(entry) for launches, entry in seen)
+
+
+# ---------------------------------------------------------------------------------- direct launch or op
+# bound once: every launch asks. Traced by dynamo (torch.compile, strict export) is_dynamo_compiling() is True;
+# non-strict export and FakeTensorMode are dispatch modes, with tensors of other types
+_compiling, _dispatch_modes, _grad_enabled = (
+    torch.compiler.is_dynamo_compiling,
+    torch._C._len_torch_dispatch_stack,
+    torch.is_grad_enabled,
+)
+
+
+def launches_directly(x: object, args: tuple = (), others: tuple[int, ...] = ()) -> bool:
+    """Direct launch (True) or the ``torch.library`` op (False) for a call whose activation is ``x`` and whose other
+    tensor inputs are ``args[i]`` for ``i`` in ``others``, decided here and nowhere else: the launcher itself in plain
+    eager where no input wants a gradient (the op's dispatch costs about 10 µs and buys nothing there); traced, under
+    a dispatch mode, on meta or differentiated, the op (its fake, its recompute backward). See docs/kernels.md."""
+    if type(x) is not torch.Tensor or _compiling() or _dispatch_modes() or x.is_meta:
+        return False
+    if not _grad_enabled():
+        return True
+    return not (x.requires_grad or any(args[i] is not None and args[i].requires_grad for i in others))
+
+
+def forward_launches_directly(x: torch.Tensor) -> bool:
+    """:func:`launches_directly` asked once for a whole forward on input ``x`` with autograd off, where no input's
+    gradient matters: every call of that forward decides the same. With autograd on (a parameter may want its
+    gradient) False: each call decides for itself."""
+    return not _grad_enabled() and launches_directly(x)

@@ -140,9 +140,9 @@ def test_a_tuned_config_is_checked_after_the_heuristic_one(monkeypatch, tuned_ge
     _triton_forward(model, x)
     assert len(judged) == checked
     with torch.no_grad():
-        assert triton_path.ops_for(model, x) is triton_path._FORWARD  # cleared: one lookup
+        assert triton_path.ops_for(model, x) is triton_path._FORWARD[True]  # cleared: one lookup
         monkeypatch.setenv("VIT_FAST_TMA", "0")  # another switch that decides configs: under the net again
-        assert triton_path.ops_for(model, x) is triton_path._FORWARD_NET
+        assert triton_path.ops_for(model, x) is triton_path._FORWARD_NET[True]
 
 
 def test_a_wrong_tuned_config_falls_back_to_eager(monkeypatch, tuned_gemm):

@@ -156,7 +156,7 @@ def test_first_use_net_judges_the_packed_attention(first_use_net, monkeypatch):
     assert all(finding["passed"] for finding in first_use_net.report()["checked"])
     key = ("packed", *(tuple(image.shape) for image in images))
     with torch.no_grad():
-        assert triton_path.ops_for(model, images[0], key) is triton_path._FORWARD
+        assert triton_path.ops_for(model, images[0], key) is triton_path._FORWARD[True]  # cleared, launching directly
 
 
 def test_a_wrong_packed_attention_falls_back_to_eager(first_use_net, monkeypatch):

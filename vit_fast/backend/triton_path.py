@@ -24,47 +24,63 @@ from vit_fast.kernels.attention import attention_ref
 from vit_fast.kernels.attention_pool import attention_pool_ref
 from vit_fast.kernels.autotune import config_mode, m_class
 from vit_fast.kernels.diff_attention import diff_attention_ref
+from vit_fast.kernels.launches import forward_launches_directly
 from vit_fast.kernels.layer_norm import add_layer_norm_ref, rms_norm_ref
 from vit_fast.kernels.linear import layer_norm_linear_ref, linear_ref, rms_norm_linear_ref
 from vit_fast.kernels.patch_embed import patch_embed_ref
 from vit_fast.kernels.rope import check_rope
 
-#: each kernel op's call (``OPS[name].spec``, what ``kernels._launch.define_op`` made): it checks its inputs unless
-#: told they were, and decides, per call, direct launch or ``torch.library`` op
-_LINEAR, _NORM_LINEAR, _RMS_NORM_LINEAR, _LAYER_NORM, _RMS_NORM, _ATTENTION, _DIFF, _POOL, _PATCH_EMBED = (
-    OPS[name].spec
-    for name in "linear layer_norm_linear rms_norm_linear layer_norm rms_norm attention diff_attention attention_pool "
-    "patch_embed".split()
-)
+#: the attribute of :class:`_Ops` -> the kernel op (``OPS`` name) whose call (``OPS[name].spec``, what
+#: ``kernels._launch.define_op`` made) it holds
+_KERNEL_OPS = {
+    "_linear": "linear",
+    "_norm_linear": "layer_norm_linear",
+    "_rms_norm_linear": "rms_norm_linear",
+    "_layer_norm": "layer_norm",
+    "_rms_norm": "rms_norm",
+    "_attention": "attention",
+    "_diff_attention": "diff_attention",
+    "_pool": "attention_pool",
+    "_patch_embed": "patch_embed",
+}
 _NO_ROPE = (None, None, 0, "interleaved")  # the attention op's rope_cos, rope_sin, num_prefix, rope_layout
 
 
 class _Ops(Ops):
-    """The kernels as one forward calls them (the :class:`~vit_fast.backend.ops.Ops` interface), each op through
-    its kernel op's call, which alone decides direct launch or ``torch.library`` op. ``params_checked``: the
-    forward checked every parameter once (:func:`vit_fast.model.validation.check_kernel_params`, in plain eager),
-    so the calls skip their input checks; otherwise each call checks its inputs. Which of the two:
-    :func:`ops_for` and :func:`patched_ops`, nowhere else in vit_fast."""
+    """The kernels as one forward calls them (the :class:`~vit_fast.backend.ops.Ops` interface). ``params_checked``:
+    the forward checked every parameter once (:func:`vit_fast.model.validation.check_kernel_params`, in plain eager),
+    so the calls skip their input checks; otherwise each call checks its inputs. ``direct``: the forward asked
+    ``kernels.launches.forward_launches_directly`` once and every op is its launcher; otherwise each op is its kernel
+    op's call, which asks per call. Which: :func:`ops_for` and :func:`patched_ops`, nowhere else in vit_fast."""
 
-    def __init__(self, params_checked: bool) -> None:
-        self.params_checked = params_checked
+    def __init__(self, params_checked: bool, direct: bool = False) -> None:
+        if direct and not params_checked:
+            raise ValueError("a forward launches directly only with its parameters checked once")
+        self.params_checked, self.direct = params_checked, direct
+        for attribute, name in _KERNEL_OPS.items():
+            call = OPS[name].spec
+            if direct:
+                call = call.direct
+            elif params_checked:
+                call = functools.partial(call, checked=True)
+            setattr(self, attribute, call)
 
     def linear(self, x, lin: nn.Module, act=None, residual=None, gamma=None) -> torch.Tensor:
-        return _LINEAR(x, lin.weight, lin.bias, act, residual, gamma, checked=self.params_checked)
+        return self._linear(x, lin.weight, lin.bias, act, residual, gamma)
 
     def norm_linear(self, norm: nn.LayerNorm, x, lin: nn.Module, act) -> torch.Tensor:
         args = (x, norm.weight, norm.bias, norm.eps, lin.weight, lin.bias, act)
-        return _NORM_LINEAR(*args, checked=self.params_checked)
+        return self._norm_linear(*args)
 
     def rms_norm_linear(self, norm: nn.Module, x, lin: nn.Module, act) -> torch.Tensor:
         args = (x, norm.weight, None, norm.eps, lin.weight, lin.bias, act)
-        return _RMS_NORM_LINEAR(*args, checked=self.params_checked)
+        return self._rms_norm_linear(*args)
 
     def layer_norm(self, norm: nn.LayerNorm, x) -> torch.Tensor:
-        return _LAYER_NORM(x, norm.weight, norm.bias, norm.eps, checked=self.params_checked)
+        return self._layer_norm(x, norm.weight, norm.bias, norm.eps)
 
     def rms_norm(self, norm: nn.Module, x) -> torch.Tensor:
-        return _RMS_NORM(x, norm.weight, None, norm.eps, checked=self.params_checked)
+        return self._rms_norm(x, norm.weight, None, norm.eps)
 
     def attend(self, qkv, num_heads: int, scale: float, masks: AttentionMasks) -> torch.Tensor:
         """``masks.rope``: ``(cos, sin, num_prefix, layout)``, q and k rotated in the kernel; ``masks.first_token``:
@@ -74,20 +90,20 @@ class _Ops(Ops):
             rope = _NO_ROPE
         elif self.params_checked:  # the tables come with each forward: their shapes checked here (no device read)
             check_rope(qkv, num_heads, *rope)
-        out = _ATTENTION(qkv, num_heads, scale, lengths, cu_seqlens, max_seqlen, *rope, checked=self.params_checked)
+        out = self._attention(qkv, num_heads, scale, lengths, cu_seqlens, max_seqlen, *rope)
         return out[:, :1] if first_token else out
 
     def diff_attention(self, qkv, lambda_full, norm_weight, num_heads: int, lambda_init, scale, eps) -> torch.Tensor:
-        return _DIFF(qkv, lambda_full, norm_weight, num_heads, lambda_init, scale, eps, checked=self.params_checked)
+        return self._diff_attention(qkv, lambda_full, norm_weight, num_heads, lambda_init, scale, eps)
 
     def attention_pool(self, q, kv, num_heads: int, scale: float) -> torch.Tensor:
-        return _POOL(q, kv, num_heads, scale, checked=self.params_checked)
+        return self._pool(q, kv, num_heads, scale)
 
     def patch_embed(
         self, x, weight, bias, pos_embed, cls_token=None, reg_token=None, *, no_embed_class=False, mean=None, std=None
     ) -> torch.Tensor:
         args = (x, weight, bias, pos_embed, cls_token, reg_token, mean, std, no_embed_class)
-        return _PATCH_EMBED(*args, checked=self.params_checked)
+        return self._patch_embed(*args)
 
 
 def _layer_norm_ref(x, weight, bias, eps):
@@ -229,10 +245,11 @@ for _name in OP_NAMES:
     setattr(_CheckedOps, _name, _judged(getattr(_Ops, _name), _CHECKS[_name]))
 
 
-#: a model's forward (its parameters checked once) and a patched layer's (each call checks its inputs); either
-#: under the first-use net
-_FORWARD, _PER_CALL = _Ops(params_checked=True), _Ops(params_checked=False)
-_FORWARD_NET, _PER_CALL_NET = _CheckedOps(params_checked=True), _CheckedOps(params_checked=False)
+#: a model's forward (its parameters checked once), by whether it launches directly, and a patched layer's (each call
+#: checks its inputs); either under the first-use net
+_FORWARD = {direct: _Ops(params_checked=True, direct=direct) for direct in (False, True)}
+_FORWARD_NET = {direct: _CheckedOps(params_checked=True, direct=direct) for direct in (False, True)}
+_PER_CALL, _PER_CALL_NET = _Ops(params_checked=False), _CheckedOps(params_checked=False)
 
 #: per model, the forwards (input shape, dtype, device, LayerNorm folding, config mode) whose every op passed its
 #: first-use check
@@ -250,16 +267,17 @@ def _forward_key(owner: nn.Module, x: torch.Tensor, shape: tuple | None = None) 
 def ops_for(owner: nn.Module, x: torch.Tensor, shape: tuple | None = None) -> _Ops:
     """The ops a forward of ``owner`` (the module whose parameters it reads) on input ``x`` runs. In eager (autograd
     on or off) their calls skip the input checks (``ops.params_checked``: the caller checks the parameters once);
-    traced or captured, each call checks its inputs, as a patched layer's do. Direct launch or custom op is each call's
-    own choice (``kernels._launch.define_op``). Under the first-use safety net until this forward's shapes have all
-    been checked (then one lookup per forward)."""
+    traced or captured, each call checks its inputs, as a patched layer's do. Direct launch or custom op: asked once
+    for the forward (``kernels.launches.forward_launches_directly``), else per call. Under the first-use safety net
+    until this forward's shapes have all been checked (then one lookup per forward)."""
     if not first_use.eligible(x):  # traced, or captured into a CUDA graph
         return patched_ops(x)
+    direct = forward_launches_directly(x)
     if not first_use.enabled():
-        return _FORWARD
+        return _FORWARD[direct]
     if not first_use.failed_ops() and _forward_key(owner, x, shape) in _CLEARED.get(owner, ()):
-        return _FORWARD
-    return _FORWARD_NET if first_use.applies(x) else _FORWARD
+        return _FORWARD[direct]
+    return (_FORWARD_NET if first_use.applies(x) else _FORWARD)[direct]
 
 
 def choice_state(x: torch.Tensor) -> tuple:
@@ -275,12 +293,12 @@ def choice_state(x: torch.Tensor) -> tuple:
 def settled(ops: _Ops) -> bool:
     """Whether :func:`ops_for` picks ``ops`` again in the same state: all but a forward that may clear the first-use
     net (:func:`forward_done`), after which its shapes run without it."""
-    return ops is not _FORWARD_NET
+    return ops not in _FORWARD_NET.values()
 
 
 def forward_done(owner: nn.Module, x: torch.Tensor, ops: _Ops, shape: tuple | None = None) -> None:
     """After a forward under the safety net: its shapes are checked, later forwards of them skip the net."""
-    if ops is _FORWARD_NET and not first_use.failed_ops():
+    if not settled(ops) and not first_use.failed_ops():
         _CLEARED.setdefault(owner, set()).add(_forward_key(owner, x, shape))
 
 

@@ -40,7 +40,7 @@ class ForwardPlan:
     backend: str  # "torch" or "triton"
     ops: Ops  # what embed, the blocks and the final norm call (a packed forward's carry its layout)
     fused: bool = True  # the kernels: LayerNorm folded into the GEMM after it
-    tune: bool = False  # the forward times autotune candidates (inside kernels.autotune.tuning)
+    tune: bool | None = False  # the forward times autotune candidates (inside kernels.autotune.tuning; None: traced)
     first_token: bool = False  # the torch backend may run the last block for token 0 alone
     packed: bool = False  # the ops carry an attention context: every block runs through run_block on them
     check_params: bool = False  # the ops launch unchecked: every parameter is checked once per forward
@@ -187,13 +187,14 @@ def features_triton(
     return tokens
 
 
-def tuned(tune: bool) -> contextlib.AbstractContextManager:
-    """``kernels.autotune.tuning()`` where ``tune`` (a plan that times autotune candidates), else nothing."""
-    if not tune:
+def tuned(tune: bool | None) -> contextlib.AbstractContextManager:
+    """``kernels.autotune.tuning(tune)``: the plan's tuning mode, read once for the forward instead of by each launch;
+    nothing where ``tune`` is None (traced: each launch reads it)."""
+    if tune is None:
         return contextlib.nullcontext()
     from vit_fast.kernels.autotune import tuning  # triton is there: the plan runs the kernels
 
-    return tuning(True)
+    return tuning(tune)
 
 
 def features(

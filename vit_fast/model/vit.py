@@ -6,7 +6,6 @@ run one plan of stages (:mod:`vit_fast.model.stages`) with their own ops.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import threading
 import warnings
@@ -334,7 +333,7 @@ class VisionTransformer(TimmModelAPI, nn.Module):
             return stages.ForwardPlan("torch", PackedOps(TORCH_MODULES, packed[1], x.device), packed=True)
         from vit_fast.backend import triton_path  # triton is needed now: the kernels run next
 
-        tune = self.autotune and self.autotune_scope() is not None
+        tune = self.tuning_mode()
         shape = None if packed is None else packed[0]
         with stages.tuned(tune):
             ops = triton_path.ops_for(self, x, shape)
@@ -399,14 +398,15 @@ class VisionTransformer(TimmModelAPI, nn.Module):
 
         return warmup_model(self, batch_sizes, dtype=dtype, tune=tune, verbose=verbose)
 
-    def autotune_scope(self) -> contextlib.AbstractContextManager | None:
-        """``tuning()`` for a forward of a model that asked for tuning, unless already on or traced (a context
-        variable set inside torch.compile's tracing would break the graph)."""
-        from vit_fast.kernels.autotune import autotune_enabled, tuning
+    def tuning_mode(self) -> bool | None:
+        """Whether a forward times autotune candidates, read once for its plan: on where the model asked for tuning
+        or it is on already (``VIT_FAST_AUTOTUNE``, an enclosing ``tuning()``); None when traced (a context
+        variable set inside torch.compile's tracing would break the graph: each launch reads it then)."""
+        from vit_fast.kernels.autotune import autotune_enabled
 
-        if torch.compiler.is_compiling() or autotune_enabled():
+        if torch.compiler.is_compiling():
             return None
-        return tuning(True)
+        return self.autotune or autotune_enabled()
 
     def extra_repr(self) -> str:
         return f"backend={self.backend!r}, tokens={self.cfg.num_tokens}"
