@@ -14,7 +14,7 @@ import vit_fast
 from vit_fast.backend import env
 from vit_fast.bench.backends import Variant, static_unavailable
 from vit_fast.bench.settings import BACKENDS
-from vit_fast.cli import main
+from vit_fast.cli import main, module_extra
 from vit_fast.export import formats, onnx_checks, runners
 from vit_fast.export import onnx as onnx_export
 from vit_fast.export.onnx_native import native_to_onnx
@@ -30,7 +30,7 @@ def test_every_format_is_one_whole_entry_that_the_lower_layers_know():
         runner = entry.load("runner")
         assert issubclass(runner, runners.Runner) and runner.open_file is not runners.Runner.open_file
         assert files.ARTIFACT_FORMATS[name] == entry.suffixes  # the file policy's suffixes
-        assert entry.extra in env.EXTRAS and all(env.MODULE_EXTRAS[m] == entry.extra for m in entry.modules)
+        assert entry.extra in env.EXTRAS and all(module_extra(m) == entry.extra for m in entry.modules)
         assert entry.bench_backend in BACKENDS and formats.bench_format(entry.bench_backend) is entry
         assert formats.format_named(entry.kind) is entry
         for suffix in entry.suffixes:

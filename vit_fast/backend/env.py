@@ -63,30 +63,42 @@ def importable_version(module: str) -> tuple[str | None, str | None]:
     return version, None
 
 
-#: vit-fast's extras, the keys of pyproject.toml's [project.optional-dependencies] (tests/test_install.py holds
-#: the two to the same names)
-EXTRAS = ("onnx", "tensorrt", "bench", "demo", "serve", "test", "dev", "images")
-#: a module that may be missing -> the extra that installs it, for the one-line error of a missing import
-MODULE_EXTRAS = {
-    "onnx": "onnx",
-    "onnxruntime": "onnx",
-    "onnxscript": "onnx",
-    "sklearn": "demo",
-    "matplotlib": "bench",
-    "tqdm": "bench",
-    "tensorrt": "tensorrt",
-    "polygraphy": "tensorrt",
-    "PIL": "images",
-}
+@functools.cache
+def extras() -> tuple[str, ...]:
+    """vit-fast's extras, in pyproject.toml's order: read from the checkout's pyproject.toml in vit-fast's own
+    checkout on Python >= 3.11 (what a checkout install installs, never stale), else from the installed
+    distribution's metadata (``Provides-Extra``, written from that file). Read once, on first use."""
+    if _is_own_checkout(SOURCE_ROOT) and sys.version_info >= (3, 11):
+        import tomllib
+
+        project = tomllib.loads((SOURCE_ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+        return tuple(project.get("optional-dependencies", {}))
+    from importlib import metadata
+
+    try:
+        return tuple(metadata.metadata("vit-fast").get_all("Provides-Extra") or ())
+    except metadata.PackageNotFoundError:  # neither installed nor a checkout: no extra to name
+        return ()
+
+
+def __getattr__(name: str) -> Any:
+    if name == "EXTRAS":  # the extras as a constant, read on first use
+        return extras()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+#: a module that may be missing -> the extra that installs it, for the one-line error of a missing import; an
+#: export format's modules are its entry's in vit_fast.export.formats (the command line reads both)
+MODULE_EXTRAS = {"sklearn": "demo", "matplotlib": "bench", "tqdm": "bench", "PIL": "images"}
 
 
 def install_hint(extra: str | None = None) -> str:
-    """How to install vit-fast (``extra=None``) or one of its ``EXTRAS`` into the running Python, as every message
+    """How to install vit-fast (``extra=None``) or one of its :func:`extras` into the running Python, as every message
     that names an install says it: ``pip install -e '.[serve]' in a vit-fast checkout``. vit-fast is not on PyPI, so
     the command installs the checkout (or a wheel built from it by ``make wheel``); pip keeps the torch already
     installed there."""
-    if extra is not None and extra not in EXTRAS:
-        raise ValueError(f"vit-fast has no extra {extra!r}; its extras are {', '.join(EXTRAS)}")
+    if extra is not None and extra not in extras():
+        raise ValueError(f"vit-fast has no extra {extra!r}; its extras are {', '.join(extras())}")
     target = "." if extra is None else f"'.[{extra}]'"
     return f"pip install -e {target} in a vit-fast checkout"
 
