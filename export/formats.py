@@ -1,8 +1,8 @@
-"""The export formats, one entry each: name, suffixes, extra, the function that builds one, the runner that runs
-one, what verifies it and the bench backend that times it. What picks by format reads this table: the CLI's
-subcommands, the artifact opener (and with it verify), the output checks, the bench and the file policy's suffixes.
-Importing it imports no runtime (an entry's build and runner are imported when first used). Adding a format:
-docs/development.md, "Adding an export format"."""
+"""The export formats, one entry each: name, suffixes, extra, the modules it installs, the function that builds one,
+the runner that runs one, what verifies it and the bench backend that times it. What picks by format reads this
+table: the CLI's subcommands, the missing-module hint and ``vit-fast info``, the artifact opener (and with it verify),
+the output checks, the bench and the file policy's suffixes. Importing it imports no runtime (an entry's build and
+runner are imported when first used). Adding a format: docs/development.md, "Adding an export format"."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ class ArtifactFormat:
     suffixes: tuple[str, ...]  # the file's suffixes, the first the usual one
     kind: str  # the short word for one file (``check_artifact_outputs``'s kind)
     extra: str  # the pyproject extra that installs its runtime
-    modules: tuple[str, ...]  # the modules that extra installs (vit_fast.backend.env.MODULE_EXTRAS names it for each)
+    modules: tuple[str, ...]  # the modules that extra installs (the missing-module hint, vit-fast info's versions)
     build: str  # the function that writes one, verified before it is published
     runner: str  # the Runner class that runs one (its ``open_file``)
     verify: str  # what runs it when it is verified

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from vit_fast.backend.env import install_hint
+from vit_fast.backend.env import importable_version, install_hint
 from vit_fast.util.dtypes import ONNX_ELEM_TYPES, ORT_TYPES
 from vit_fast.util.files import refuse_non_utf8
 
@@ -64,6 +64,13 @@ class Runner:
         """Why this runtime cannot be timed against GPU (``cuda``) or CPU backends in ``dtype_name``, known before
         any file is opened (a module missing, no GPU); None if it may run."""
         return None
+
+    @classmethod
+    def status(cls) -> tuple[str, dict[str, Any]]:
+        """What ``vit-fast info`` says of this runtime here: its row under ``backends`` (yes, or no and why) and any
+        fields it adds to the report."""
+        why = cls.unavailable(torch.cuda.is_available(), "fp32")
+        return ("yes" if why is None else f"no: {why}"), {}
 
     @property
     def output_name(self) -> str:
@@ -184,6 +191,16 @@ class OrtRunner(Runner):
             return "bf16 cannot be fed to the CPU execution provider (it takes numpy arrays; numpy has no bfloat16)"
         return None
 
+    @classmethod
+    def status(cls) -> tuple[str, dict[str, Any]]:
+        providers: list[str] = []
+        if importable_version("onnxruntime")[0]:
+            import onnxruntime as ort
+
+            providers = list(ort.get_available_providers())
+        row = f"yes ({', '.join(providers)})" if providers else f"no: {install_hint('onnx')}"
+        return row, {"onnxruntime_providers": providers}
+
     def _refuse_bf16_on_cpu(self, provider: str) -> None:
         if self.dtype == torch.bfloat16 and provider == CPU_EP:
             raise ArtifactError(
@@ -272,6 +289,11 @@ class EngineRunner(Runner):
         if importlib.util.find_spec("polygraphy") is None:
             return f"polygraphy is not installed ({install_hint('tensorrt')})"
         return None if cuda else "TensorRT needs a CUDA GPU"
+
+    @classmethod
+    def status(cls) -> tuple[str, dict[str, Any]]:
+        usable = importable_version("tensorrt")[0] and torch.cuda.is_available()
+        return ("yes" if usable else "no: needs the tensorrt package and a CUDA GPU"), {}
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)

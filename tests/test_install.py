@@ -92,7 +92,7 @@ def test_license_is_an_spdx_string_with_its_file():
     assert requires == ["setuptools>=77"]  # the first setuptools that reads a license expression (PEP 639)
 
 
-#: what each command of the README's command list needs beyond the core install (vit_fast.backend.env.MODULE_EXTRAS
+#: what each command of the README's command list needs beyond the core install (vit_fast.cli.module_extra
 #: names the extra of each missing module; the demo exports and verifies an ONNX model)
 COMMAND_EXTRAS = [
     ("demo", {"demo", "onnx"}),

@@ -1,7 +1,7 @@
 """The one environment collector: versions, commit, device and driver, and which backends can run.
 
 ``collect_environment(device)`` is what every report records (export metadata, verify JSON, bench rows, the demo);
-``collect_info`` / ``format_info`` are ``vit-fast info`` (``card_report``: a GPU's card row and auto's backend);
+``collect_info`` / ``format_info`` are ``vit-fast info`` (``runtime.card_report``: a GPU's card and auto's backend);
 ``launcher_needs`` finds, as Triton does, its launcher's C compiler, Python.h and libcuda.so.1 (info and doctor)."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,30 +64,42 @@ def importable_version(module: str) -> tuple[str | None, str | None]:
     return version, None
 
 
-#: vit-fast's extras, the keys of pyproject.toml's [project.optional-dependencies] (tests/test_install.py holds
-#: the two to the same names)
-EXTRAS = ("onnx", "tensorrt", "bench", "demo", "serve", "test", "dev", "images")
-#: a module that may be missing -> the extra that installs it, for the one-line error of a missing import
-MODULE_EXTRAS = {
-    "onnx": "onnx",
-    "onnxruntime": "onnx",
-    "onnxscript": "onnx",
-    "sklearn": "demo",
-    "matplotlib": "bench",
-    "tqdm": "bench",
-    "tensorrt": "tensorrt",
-    "polygraphy": "tensorrt",
-    "PIL": "images",
-}
+@functools.cache
+def extras() -> tuple[str, ...]:
+    """vit-fast's extras, in pyproject.toml's order: read from the checkout's pyproject.toml in vit-fast's own
+    checkout on Python >= 3.11 (what a checkout install installs, never stale), else from the installed
+    distribution's metadata (``Provides-Extra``, written from that file). Read once, on first use."""
+    if _is_own_checkout(SOURCE_ROOT) and sys.version_info >= (3, 11):
+        import tomllib
+
+        project = tomllib.loads((SOURCE_ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+        return tuple(project.get("optional-dependencies", {}))
+    from importlib import metadata
+
+    try:
+        return tuple(metadata.metadata("vit-fast").get_all("Provides-Extra") or ())
+    except metadata.PackageNotFoundError:  # neither installed nor a checkout: no extra to name
+        return ()
+
+
+def __getattr__(name: str) -> Any:
+    if name == "EXTRAS":  # the extras as a constant, read on first use
+        return extras()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+#: a module that may be missing -> the extra that installs it, for the one-line error of a missing import; an
+#: export format's modules are its entry's in vit_fast.export.formats (the command line reads both)
+MODULE_EXTRAS = {"sklearn": "demo", "matplotlib": "bench", "tqdm": "bench", "PIL": "images"}
 
 
 def install_hint(extra: str | None = None) -> str:
-    """How to install vit-fast (``extra=None``) or one of its ``EXTRAS`` into the running Python, as every message
+    """How to install vit-fast (``extra=None``) or one of its :func:`extras` into the running Python, as every message
     that names an install says it: ``pip install -e '.[serve]' in a vit-fast checkout``. vit-fast is not on PyPI, so
     the command installs the checkout (or a wheel built from it by ``make wheel``); pip keeps the torch already
     installed there."""
-    if extra is not None and extra not in EXTRAS:
-        raise ValueError(f"vit-fast has no extra {extra!r}; its extras are {', '.join(EXTRAS)}")
+    if extra is not None and extra not in extras():
+        raise ValueError(f"vit-fast has no extra {extra!r}; its extras are {', '.join(extras())}")
     target = "." if extra is None else f"'.[{extra}]'"
     return f"pip install -e {target} in a vit-fast checkout"
 
@@ -361,11 +374,23 @@ def collect_environment(device: Any = None) -> dict[str, Any]:
     return env
 
 
-#: the optional packages ``vit-fast info`` names, each present only when it imports
-INFO_PACKAGES = ("triton", "onnx", "onnxruntime", "tensorrt", "timm", "transformers")
+#: the optional packages ``vit-fast info`` names, each present only when it imports; an export format's runtime
+#: modules come between triton and timm (:class:`Runtime`)
+INFO_PACKAGES = ("triton", "timm", "transformers")
 
 
-def collect_info() -> dict[str, Any]:
+@dataclass(frozen=True)
+class Runtime:
+    """An artifact format's runtime as ``vit-fast info`` reports it; the command reads one per export format from
+    the formats' table (vit_fast.export.formats), which lies above this module."""
+
+    backend: str  # its row under ``backends`` (the bench backend that times the format)
+    modules: tuple[str, ...]  # the packages whose versions are listed
+    status: Callable[[], tuple[str, dict[str, Any]]]  # its row's text, and any fields it adds to the report
+
+
+def collect_info(runtimes: Sequence[Runtime] = ()) -> dict[str, Any]:
+    """What ``vit-fast info`` reports (:func:`format_info` writes it out), with the ``runtimes`` of the formats."""
     import torch
 
     from vit_fast.util.version import __version__
@@ -379,7 +404,7 @@ def collect_info() -> dict[str, Any]:
         "gpus": [],
         "import_failures": {},  # package -> why it is installed but cannot be imported
     }
-    for module in INFO_PACKAGES:
+    for module in _info_packages(runtimes):
         info[module], failure = importable_version(module)
         if failure is not None:
             if module == "timm" and "torchvision" in failure:
@@ -393,7 +418,7 @@ def collect_info() -> dict[str, Any]:
                     "name": props.name,
                     "capability": f"{props.major}.{props.minor}",
                     "memory_gib": round(props.total_memory / 2**30, 1),
-                    **card_report(torch.device("cuda", i)),
+                    **runtime.card_report(torch.device("cuda", i)),
                 }
             )
     else:
@@ -406,12 +431,6 @@ def collect_info() -> dict[str, Any]:
             "auto_reason": choice.reason,
             "default_dtype": DTYPE_NAMES[native_dtype(cpu)],
         }
-    ort_providers: list[str] = []
-    if info["onnxruntime"]:
-        import onnxruntime
-
-        ort_providers = list(onnxruntime.get_available_providers())
-    info["onnxruntime_providers"] = ort_providers
     backends = {"torch": "yes (CPU and CUDA)"}
     if not runtime.triton_importable():
         backends["triton"] = "no: triton is not installed"
@@ -424,46 +443,25 @@ def collect_info() -> dict[str, Any]:
         backends["triton"] = f"no: {broken}" if broken else "yes, under TRITON_INTERPRET=1 (slow; for tests)"
     else:
         backends["triton"] = "no GPU here: set TRITON_INTERPRET=1 to run the kernels in the interpreter"
-    backends["onnxruntime"] = f"yes ({', '.join(ort_providers)})" if ort_providers else f"no: {install_hint('onnx')}"
-    backends["tensorrt"] = (
-        "yes" if info["tensorrt"] and runtime.cuda_available() else "no: needs the tensorrt package and a CUDA GPU"
-    )
+    for found in runtimes:
+        backends[found.backend], fields = found.status()
+        info.update(fields)  # onnxruntime_providers, before backends as always
     info["backends"] = backends
     cuda = torch.cuda.is_available()
     info["triton_launcher"] = [need.to_dict(cuda) for need in launcher_needs()]
     return info
 
 
-def card_report(device: Any) -> dict[str, Any]:
-    """What ``vit-fast info`` says of one GPU: its row of the cards table (``vit_fast.base.cards``), the
-    backend ``backend="auto"`` picks there and why, and the dtype bench and demo default to there."""
-    from vit_fast.base import cards
-    from vit_fast.util.dtypes import DTYPE_NAMES, native_dtype
-
-    card = cards.card_of(device)
-    choice = runtime.choose_backend(device)
-    return {
-        "device": str(device),
-        "card": {
-            "arch": f"sm_{cards.device_arch(device)}",
-            "row": card.name,
-            "examples": card.examples,
-            "shared_memory_per_block_kb": card.shared_memory // 1024,
-            "tensor_cores": card.tensor_cores,
-            "tl_dot": card.dot,
-            "tma": card.tma,
-            "native_bf16": card.native_bf16,
-            "summary": card.describe(),
-        },
-        "auto_backend": choice.backend,
-        "auto_reason": choice.reason,
-        "default_dtype": DTYPE_NAMES[native_dtype(device)],
-    }
+def _info_packages(runtimes: Sequence[Runtime]) -> list[str]:
+    """:data:`INFO_PACKAGES` with the runtimes' modules after triton, each once."""
+    found = [m for r in runtimes for m in r.modules if m not in INFO_PACKAGES]
+    return [INFO_PACKAGES[0], *dict.fromkeys(found), *INFO_PACKAGES[1:]]
 
 
-def format_info(info: dict[str, Any]) -> str:
+def format_info(info: dict[str, Any], runtimes: Sequence[Runtime] = ()) -> str:
+    """``vit-fast info``'s text: the report of :func:`collect_info` for the same ``runtimes``."""
     lines = [f"vit-fast {info['vit_fast']}  (python {info['python']}, {info['platform']})", "", "versions:"]
-    for key in ("torch", "cuda_runtime", "triton", "onnx", "onnxruntime", "tensorrt", "timm", "transformers"):
+    for key in ("torch", "cuda_runtime", *_info_packages(runtimes)):
         failure = info.get("import_failures", {}).get(key)
         lines.append(f"  {key:<13} {info[key] or ('not usable: ' + failure if failure else 'not installed')}")
     lines.append("")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from vit_fast.base import cards
 from vit_fast.base.interpret import interpreter_enabled, interpreter_version_problem
@@ -227,3 +227,29 @@ def choose_backend(device: torch.device | str, head_dim: int | None = None, aske
             "would be slower than cuBLAS there"
         )
     return BackendChoice("torch", reason)
+
+
+def card_report(device: Any) -> dict[str, Any]:
+    """What ``vit-fast info`` says of one GPU: its row of the cards table (``vit_fast.base.cards``), the
+    backend ``backend="auto"`` picks there and why, and the dtype bench and demo default to there."""
+    from vit_fast.util.dtypes import DTYPE_NAMES, native_dtype
+
+    card = cards.card_of(device)
+    choice = choose_backend(device)
+    return {
+        "device": str(device),
+        "card": {
+            "arch": f"sm_{cards.device_arch(device)}",
+            "row": card.name,
+            "examples": card.examples,
+            "shared_memory_per_block_kb": card.shared_memory // 1024,
+            "tensor_cores": card.tensor_cores,
+            "tl_dot": card.dot,
+            "tma": card.tma,
+            "native_bf16": card.native_bf16,
+            "summary": card.describe(),
+        },
+        "auto_backend": choice.backend,
+        "auto_reason": choice.reason,
+        "default_dtype": DTYPE_NAMES[native_dtype(device)],
+    }

@@ -92,12 +92,22 @@ def error_message(err: BaseException) -> str:
     text = text or (str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err))
     text = " ".join(plain_text(text).split()) or type(err).__name__  # no colour codes of a library's
     missing = getattr(err, "name", None) if isinstance(err, ModuleNotFoundError) else None
-    if missing:
-        from vit_fast.backend.env import MODULE_EXTRAS, install_hint  # only here: vit_fast.backend.env imports torch
+    if missing and (extra := module_extra(missing.split(".")[0])) is not None:
+        from vit_fast.backend.env import install_hint
 
-        if (extra := MODULE_EXTRAS.get(missing.split(".")[0])) is not None:
-            text += f" (the {extra} extra: {install_hint(extra)})"
+        text += f" (the {extra} extra: {install_hint(extra)})"
     return text
+
+
+def module_extra(module: str) -> str | None:
+    """The extra that installs ``module``: an export format's (its entry's ``modules`` in the formats' table), else
+    ``vit_fast.backend.env.MODULE_EXTRAS``'s; None for a module no extra installs."""
+    from vit_fast.backend.env import MODULE_EXTRAS, extras  # only here: vit_fast.backend.env imports torch
+    from vit_fast.export.formats import FORMATS
+
+    formats = {m: f.extra for f in FORMATS.values() for m in f.modules}
+    extra = formats.get(module, MODULE_EXTRAS.get(module))
+    return extra if extra in extras() else None  # a hint that names a missing extra would fail on the error path
 
 
 #: the exit status when the reader of stdout went away (``vit-fast info | head -1``): 128 + SIGPIPE, what the shell
