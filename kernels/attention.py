@@ -14,7 +14,7 @@ import triton.language as tl
 
 from vit_fast.base.cards import tensor_arch
 
-from ._launch import SelfCheck, case_rows, cdiv, define_op, dot_in_fp32, interpret_bf16, output_buffer
+from ._launch import SelfCheck, case_rows, cdiv, define_op, output_buffer
 from ._tl import (
     attend_tile,
     head_tile,
@@ -23,7 +23,14 @@ from ._tl import (
     store_rounded,
 )
 from .attention_checks import check_attention_inputs
-from .attention_tiles import attention_configs, block_d_for, prune_attention_configs
+from .attention_tiles import (
+    attention_configs,
+    block_d_for,
+    dtype_flags,
+    head_split,
+    prune_attention_configs,
+    row_strides,
+)
 from .autotune import autotune_cache_enabled, tune_key
 from .launches import ResolvedLaunches
 from .rope import LAYOUTS, apply_rope_ref, check_rope, rope_rotate, sequence_positions
@@ -269,13 +276,11 @@ def launch_attention(
     if not checked:
         check_attention_inputs(qkv, num_heads, scale, lengths, cu_seqlens, max_seqlen)
         check_rope(qkv, num_heads, rope_cos, rope_sin, num_prefix, rope_layout)
-    batch, tokens, width = qkv.shape
-    embed_dim = width // 3
-    head_dim = embed_dim // num_heads
+    batch, tokens, _ = qkv.shape
+    embed_dim, head_dim, scale = head_split(qkv, 3, num_heads, scale)
     out = output_buffer("attention", out, (batch, tokens, embed_dim), qkv)
     if batch == 0:
         return out
-    scale = head_dim**-0.5 if scale is None else float(scale)
     if cu_seqlens is not None:
         num_seqs = cu_seqlens.shape[0] - 1
         # a segment lies in one row, so T query rows cover the longest; the grid's last "segment" zeroes the
@@ -306,10 +311,7 @@ def launch_attention(
         tokens,
         num_heads,
         head_dim,
-        qkv.stride(0),
-        qkv.stride(1),
-        out.stride(0),
-        out.stride(1),
+        *row_strides(qkv, out),
         batch,
         num_seqs,
         rows,
@@ -318,8 +320,7 @@ def launch_attention(
         0 if rope_cos is None else rope_cos.shape[-2],
         tensor_arch(qkv),
         tune_key(),
-        DOT_IN_FP32=dot_in_fp32(qkv.dtype),
-        ROUND_BF16=interpret_bf16(qkv.dtype),
+        **dtype_flags(qkv.dtype),
         HAS_LENGTHS=lengths is not None,
         PACKED=cu_seqlens is not None,
         ROPE=rope,
@@ -353,8 +354,7 @@ def _check(qkv, num_heads, scale, lengths, cu_seqlens, max_seqlen, rope_cos, rop
 
 
 def _default_scale(qkv, num_heads, scale, *rest) -> tuple:
-    head_dim = qkv.shape[-1] // (3 * num_heads)
-    return (qkv, num_heads, head_dim**-0.5 if scale is None else float(scale), *rest)
+    return (qkv, num_heads, head_split(qkv, 3, num_heads, scale)[2], *rest)
 
 
 _attention = define_op(

@@ -14,7 +14,7 @@ import triton.language as tl
 from vit_fast.base.cards import Card, tensor_arch
 from vit_fast.base.interpret import interpreter_enabled
 
-from ._launch import SelfCheck, check_device, define_op, dot_in_fp32, interpret_bf16, output_buffer
+from ._launch import SelfCheck, check_device, define_op, output_buffer
 from ._tl import (
     attend_tile,
     head_tile,
@@ -24,8 +24,8 @@ from ._tl import (
 )
 from .attention import LOG2E
 from .attention_checks import check_projection, check_scale
-from .attention_tiles import block_d_for
-from .autotune import autotune_cache_enabled, closest_config, prune_target, tune_key, tuning_requested
+from .attention_tiles import block_d_for, dtype_flags, head_prune_target, head_split, row_strides
+from .autotune import autotune_cache_enabled, closest_config, tune_key, tuning_requested
 from .launches import ResolvedLaunches
 
 #: the most latent queries one launch takes (they share one program's 16-row tile; SigLIP heads have 1)
@@ -88,13 +88,10 @@ def _prune_pool_configs(configs, named_args, **kwargs):
     its shared memory; wide heads (Dh > 128) only with key tiles of at most 64 rows; only the tiles not expected
     to spill (:func:`_fma_pool_fits` without tensor cores, :func:`_pool_tile_fits` with). Without tuning one config: the fitting one nearest 64 keys, 4 warps,
     2 stages (a card without tensor cores: its own, nearest 32 keys)."""
-    block_d = kwargs.get("BLOCK_D", named_args.get("BLOCK_D"))
-    if block_d is None:
+    target = head_prune_target(named_args, kwargs, "kv_ptr", _pool_shared_bytes)
+    if target is None:
         return configs
-    card, elem_bytes = prune_target(named_args, "kv_ptr")
-
-    def shared(config: triton.Config) -> int:
-        return _pool_shared_bytes(config, block_d, elem_bytes, card)
+    block_d, card, elem_bytes, shared = target
 
     def fits(config: triton.Config) -> bool:
         if block_d > 128 and config.kwargs["BLOCK_N"] > 64:
@@ -239,14 +236,12 @@ def launch_attention_pool(
     pass a NaN-filled one so an element the kernel leaves unwritten is caught."""
     if not checked:
         _check_pool_inputs(q, kv, num_heads, scale)
-    batch, tokens, width = kv.shape
+    batch, tokens, _ = kv.shape
     queries = q.shape[1]
-    embed_dim = width // 2
-    head_dim = embed_dim // num_heads
+    embed_dim, head_dim, scale = head_split(kv, 2, num_heads, scale)
     out = output_buffer("attention_pool", out, (batch, queries, embed_dim), kv)
     if batch == 0:
         return out
-    scale = head_dim**-0.5 if scale is None else float(scale)
     grid = (batch * num_heads,)
     _attention_pool_launches(
         grid,
@@ -261,14 +256,10 @@ def launch_attention_pool(
         head_dim,
         q.stride(0) if q.shape[0] == batch else 0,  # a batch-1 latent serves every image
         q.stride(1),
-        kv.stride(0),
-        kv.stride(1),
-        out.stride(0),
-        out.stride(1),
+        *row_strides(kv, out),
         tensor_arch(kv),
         tune_key(),
-        DOT_IN_FP32=dot_in_fp32(kv.dtype),
-        ROUND_BF16=interpret_bf16(kv.dtype),
+        **dtype_flags(kv.dtype),
         BLOCK_D=block_d_for(head_dim),
         BLOCK_Q=BLOCK_Q,
     )

@@ -1,16 +1,19 @@
 """The attention kernel's tiles: the autotune candidates, their shared memory on each card, the prune and the
-no-autotune pick (host side, read by the kernel in :mod:`.attention`)."""
+no-autotune pick (host side, read by the kernel in :mod:`.attention`); and what the attention kernels' launchers
+and prunes share (:func:`head_split`, :func:`row_strides`, :func:`dtype_flags`, :func:`head_prune_target`)."""
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
+import torch
 import triton
 
 from vit_fast.base.cards import Card
 from vit_fast.base.interpret import interpreter_enabled
 
-from ._launch import next_power_of_2
+from ._launch import dot_in_fp32, interpret_bf16, next_power_of_2
 from .autotune import closest_config, prune_target, tuning_requested
 
 
@@ -83,6 +86,24 @@ def block_d_for(head_dim: int) -> int:
     return max(16, next_power_of_2(head_dim))
 
 
+def head_split(x: torch.Tensor, parts: int, heads: int, scale: float | None) -> tuple[int, int, float]:
+    """``(embed_dim, head_dim, scale)`` of a fused projection ``x [..., parts * heads * Dh]`` (qkv: 3 parts, kv: 2):
+    ``embed_dim = heads * Dh``; ``scale`` defaults to ``Dh ** -0.5``."""
+    embed_dim = x.shape[-1] // parts
+    head_dim = embed_dim // heads
+    return embed_dim, head_dim, head_dim**-0.5 if scale is None else float(scale)
+
+
+def row_strides(*tensors: torch.Tensor) -> tuple[int, ...]:
+    """The batch and token strides of each ``[B, T, ...]`` tensor, in order: what the attention kernels take."""
+    return tuple(stride for t in tensors for stride in (t.stride(0), t.stride(1)))
+
+
+def dtype_flags(dtype: torch.dtype) -> dict[str, bool]:
+    """The attention kernels' dtype constexprs: ``DOT_IN_FP32`` and ``ROUND_BF16`` (Triton's interpreter)."""
+    return {"DOT_IN_FP32": dot_in_fp32(dtype), "ROUND_BF16": interpret_bf16(dtype)}
+
+
 def attention_shared_bytes(config: triton.Config, block_d: int, elem_bytes: int, card: Card) -> int:
     """Shared memory of a config on ``card``, as the prune compares it with ``card.shared_memory``. On the wgmma /
     tcgen05 cards (sm_90, sm_100): 2 * num_stages - 1 k/v tiles, plus the q tile at 128 rows, as Triton 3.9 lays it
@@ -99,20 +120,26 @@ def attention_shared_bytes(config: triton.Config, block_d: int, elem_bytes: int,
     return kv + block_m * (block_d + 1) * elem_bytes + block_m * (block_n + 1) * elem_bytes
 
 
+def head_prune_target(named_args: dict, kwargs: dict, operand: str, shared_bytes: Callable) -> tuple | None:
+    """``(BLOCK_D, card, elem_bytes, shared)`` an attention prune decides for (:func:`~.autotune.prune_target`),
+    ``shared(config)`` being ``shared_bytes(config, BLOCK_D, elem_bytes, card)``; None where no ``BLOCK_D`` is set."""
+    block_d = kwargs.get("BLOCK_D", named_args.get("BLOCK_D"))
+    if block_d is None:
+        return None
+    card, elem_bytes = prune_target(named_args, operand)
+    return block_d, card, elem_bytes, lambda config: shared_bytes(config, block_d, elem_bytes, card)
+
+
 def prune_attention_configs(configs, named_args, **kwargs):
     """The candidates for one launch, read only from its autotune key (T, the head dim, the card ``ARCH``, the dtype,
     ``TUNE``, the mask flags ``HAS_LENGTHS`` / ``PACKED``, ``ROPE``): the configs for this kind of card and launch
     (:data:`FMA_ATTENTION_STAGES`, :data:`FP32_ROPE_TILES`) that fit its shared memory and registers. Without tuning
     one config, the fitting one nearest 64x64, 4 warps, 2 stages. Rules and exceptions: docs/kernels.md, section
     Prunes and picks."""
-    block_d = kwargs.get("BLOCK_D", named_args.get("BLOCK_D"))
-    if block_d is None:
+    target = head_prune_target(named_args, kwargs, "qkv_ptr", attention_shared_bytes)
+    if target is None:
         return configs
-    card, elem_bytes = prune_target(named_args, "qkv_ptr")
-
-    def shared(config: triton.Config) -> int:
-        return attention_shared_bytes(config, block_d, elem_bytes, card)
-
+    block_d, card, elem_bytes, shared = target
     rope = bool(kwargs.get("ROPE", named_args.get("ROPE")))
     rope_fp32 = rope and elem_bytes == 4 and card.tensor_cores
 
@@ -235,6 +262,10 @@ __all__ = [
     "attention_configs",
     "attention_shared_bytes",
     "block_d_for",
+    "dtype_flags",
     "fma_attention_fits",
+    "head_prune_target",
+    "head_split",
     "prune_attention_configs",
+    "row_strides",
 ]

@@ -128,6 +128,26 @@ def gemm_shared_bytes(card, config: triton.Config, block_m: int, block_n: int, b
     return max(stages, 1) * (block_m + block_n) * block_k * elem_bytes
 
 
+def gemm_prune_target(named_args: dict, operand: str, block_n: str) -> tuple:
+    """``(card, elem_bytes, rows, fits)`` a GEMM-like prune (linear, patch embedding) decides for: its
+    :func:`prune_target`, row class ``m_class(M)`` and ``fits(config)``, the rules both keep: configs for this kind of
+    card (:data:`FMA_STAGES`), no spill on FMA (:func:`fma_tile_fits`), output tiles (``block_n``, the key of their
+    width) narrower than 64 only for few rows, and within shared memory (:func:`gemm_shared_bytes`)."""
+    card, elem_bytes = prune_target(named_args, operand)
+    rows = m_class(named_args["M"])
+
+    def fits(config: triton.Config) -> bool:
+        block_m, width, block_k = config.kwargs["BLOCK_M"], config.kwargs[block_n], config.kwargs["BLOCK_K"]
+        return (
+            (config.num_stages > FMA_STAGES) == card.tensor_cores
+            and (card.tensor_cores or fma_tile_fits(block_m, width, elem_bytes))
+            and (width >= 64 or rows <= SMALL_M or not card.tensor_cores)
+            and gemm_shared_bytes(card, config, block_m, width, block_k, elem_bytes) <= card.shared_memory
+        )
+
+    return card, elem_bytes, rows, fits
+
+
 def closest_config(configs: list[triton.Config], want: dict, num_warps: int, num_stages: int) -> triton.Config:
     """The config of ``configs`` nearest ``want`` (block sizes; then warps and stages): how the heuristic
     of the no-autotune mode stays inside the autotune set (so the offline compile check covers it)."""

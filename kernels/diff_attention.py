@@ -21,13 +21,12 @@ from ._launch import (
     cdiv,
     check_device,
     define_op,
-    dot_in_fp32,
-    interpret_bf16,
     next_power_of_2,
     output_buffer,
 )
 from ._tl import attend_tile, head_tile, online_softmax_start, store_rounded
 from .attention_checks import check_projection
+from .attention_tiles import dtype_flags, head_split, row_strides
 from .autotune import autotune_cache_enabled, closest_config, prune_target, tune_key, tuning_requested
 from .launches import ResolvedLaunches
 
@@ -266,13 +265,11 @@ def launch_diff_attention(
     """
     if not checked:
         _check_diff_attention_inputs(qkv, lambda_full, norm_weight, num_heads, lambda_init, scale, norm_eps)
-    batch, tokens, width = qkv.shape
-    embed_dim = width // 3
-    head_dim = embed_dim // (2 * num_heads)
+    batch, tokens, _ = qkv.shape
+    embed_dim, head_dim, scale = head_split(qkv, 3, 2 * num_heads, scale)  # q and k: two heads per output head
     out = output_buffer("diff_attention", out, (batch, tokens, embed_dim), qkv)
     if batch == 0:
         return out
-    scale = head_dim**-0.5 if scale is None else float(scale)
 
     def grid(meta):
         return (cdiv(tokens, meta["BLOCK_M"]) * batch * num_heads,)
@@ -290,14 +287,10 @@ def launch_diff_attention(
         tokens,
         num_heads,
         head_dim,
-        qkv.stride(0),
-        qkv.stride(1),
-        out.stride(0),
-        out.stride(1),
+        *row_strides(qkv, out),
         tensor_arch(qkv),
         tune_key(),
-        DOT_IN_FP32=dot_in_fp32(qkv.dtype),
-        ROUND_BF16=interpret_bf16(qkv.dtype),
+        **dtype_flags(qkv.dtype),
         BLOCK_D=block_d_for(head_dim),
     )
     return out

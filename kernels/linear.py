@@ -5,6 +5,8 @@ the launcher :func:`launch_linear`, the ``torch.library`` ops and the eager refe
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.nn.functional as F
 import triton
@@ -260,15 +262,12 @@ def _gemm_selfcheck(norm: str | None) -> SelfCheck:
     )
 
 
-def _linear_op(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    activation: str | None,
-    residual: torch.Tensor | None,
-    gamma: torch.Tensor | None,
-) -> torch.Tensor:
-    return launch_linear(x, weight, bias, activation, residual, gamma, checked=True)
+def _linear_op(*args) -> torch.Tensor:
+    return launch_linear(*args, checked=True)
+
+
+# the schema torch.library reads: the checks' typed arguments, as the op takes them
+_linear_op.__signature__ = inspect.signature(check_linear_inputs).replace(return_annotation="torch.Tensor")
 
 
 _linear = define_op(

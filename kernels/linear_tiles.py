@@ -21,10 +21,7 @@ from .autotune import (
     FMA_STAGES,
     SMALL_M,
     closest_config,
-    fma_tile_fits,
-    gemm_shared_bytes,
-    m_class,
-    prune_target,
+    gemm_prune_target,
     tma_enabled,
     tuning_requested,
 )
@@ -99,8 +96,7 @@ def prune_linear_configs(configs, named_args, **kwargs):
     holds for every launch with it. Drops configs for the other kind of card, tiles far larger than the problem or
     past its shared memory, narrow tiles past SMALL_M rows, and TMA tiles where TMA cannot run; without tuning, one
     config: :func:`heuristic_linear_config`. Each rule: docs/kernels.md, section Prunes and picks."""
-    card, elem_bytes = prune_target(named_args, "x_ptr")
-    rows = m_class(named_args["M"])
+    card, elem_bytes, rows, gemm_fits = gemm_prune_target(named_args, "x_ptr", "BLOCK_N")
     operands_ok = named_args.get("TMA_OK")
     operands_ok = tma_enabled() if operands_ok is None else bool(operands_ok)
     # 16-bit only: fp32 TMA tiles spill tens of KB and overflow shared memory (tools/compile_check.py)
@@ -109,15 +105,11 @@ def prune_linear_configs(configs, named_args, **kwargs):
     def fits(config: triton.Config) -> bool:
         kw = config.kwargs
         return (
-            (config.num_stages > FMA_STAGES) == card.tensor_cores
-            and (card.tensor_cores or fma_tile_fits(kw["BLOCK_M"], kw["BLOCK_N"], elem_bytes))
+            gemm_fits(config)
             and (not kw["TMA"] or tma_ok)
-            and (kw["BLOCK_N"] >= 64 or rows <= SMALL_M or not card.tensor_cores)
             and kw["BLOCK_M"] <= max(64, next_power_of_2(rows))
             and kw["BLOCK_N"] <= max(64, next_power_of_2(named_args["N"]))
             and kw["BLOCK_K"] <= max(32, next_power_of_2(named_args["K"]))
-            and gemm_shared_bytes(card, config, kw["BLOCK_M"], kw["BLOCK_N"], kw["BLOCK_K"], elem_bytes)
-            <= card.shared_memory
         )
 
     kept = [c for c in configs if fits(c)] or configs[:1]

@@ -5,6 +5,7 @@ embedding, class and register tokens; a uint8 image normalised on the fly): the 
 
 from __future__ import annotations
 
+import inspect
 import itertools
 from collections.abc import Sequence
 
@@ -238,21 +239,13 @@ def launch_patch_embed(
 
 
 # ---------------------------------------------------------------------------------- custom op
-def _patch_embed_op(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    pos_embed: torch.Tensor,
-    cls_token: torch.Tensor | None,
-    reg_token: torch.Tensor | None,
-    mean: torch.Tensor | None,
-    std: torch.Tensor | None,
-    no_embed_class: bool,
-) -> torch.Tensor:
-    return launch_patch_embed(
-        x, weight, bias, pos_embed, cls_token, reg_token, no_embed_class=no_embed_class, mean=mean, std=std,
-        checked=True,
-    )  # fmt: skip
+def _patch_embed_op(*args) -> torch.Tensor:
+    *inputs, mean, std, no_embed_class = args  # inputs: x, weight, bias, pos_embed, cls_token, reg_token
+    return launch_patch_embed(*inputs, no_embed_class=no_embed_class, mean=mean, std=std, checked=True)
+
+
+# the schema torch.library reads: the checks' typed arguments, as the op takes them
+_patch_embed_op.__signature__ = inspect.signature(check_patch_embed_inputs).replace(return_annotation="torch.Tensor")
 
 
 def _check(x, weight, bias, pos_embed, cls_token, reg_token, mean, std, no_embed_class) -> None:

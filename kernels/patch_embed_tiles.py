@@ -13,10 +13,7 @@ from .autotune import (
     FMA_STAGES,
     SMALL_M,
     closest_config,
-    fma_tile_fits,
-    gemm_shared_bytes,
-    m_class,
-    prune_target,
+    gemm_prune_target,
     tuning_requested,
 )
 
@@ -55,25 +52,13 @@ def patch_embed_configs() -> list[triton.Config]:
 def prune_patch_embed_configs(configs, named_args, **kwargs):
     """The candidates for one launch, read only from its autotune key (row class ``m_class(M)``, D, K, the card
     ``ARCH``, dtypes, ``TUNE``, the device's ``SM_COUNT``): the configs for this kind of card (tensor cores or not,
-    :data:`FMA_STAGES`) that fit its shared memory (:func:`gemm_shared_bytes`), narrow tiles only for few rows.
+    :data:`FMA_STAGES`) that fit its shared memory, narrow tiles only for few rows (:func:`~.autotune.gemm_prune_target`).
     Without tuning one heuristic config (a direct call without ``SM_COUNT`` reads as :data:`~.cards.CPU_SM_COUNT`);
     which one: docs/kernels.md, section Prunes and picks."""
     M, D = named_args.get("M"), named_args.get("D")
     if M is None or D is None or len(configs) == 1:
         return configs
-    card, elem_bytes = prune_target(named_args, "w_ptr")
-    rows = m_class(M)
-
-    def fits(config: triton.Config) -> bool:
-        kw = config.kwargs
-        return (
-            (config.num_stages > FMA_STAGES) == card.tensor_cores
-            and (card.tensor_cores or fma_tile_fits(kw["BLOCK_M"], kw["BLOCK_D"], elem_bytes))
-            and (kw["BLOCK_D"] >= 64 or rows <= SMALL_M or not card.tensor_cores)
-            and gemm_shared_bytes(card, config, kw["BLOCK_M"], kw["BLOCK_D"], kw["BLOCK_K"], elem_bytes)
-            <= card.shared_memory
-        )
-
+    card, elem_bytes, rows, fits = gemm_prune_target(named_args, "w_ptr", "BLOCK_D")
     kept = [c for c in configs if fits(c)] or configs[:1]
     if tuning_requested(named_args) or len(kept) == 1:
         return kept
