@@ -38,6 +38,7 @@ from ._common import (
     read_metadata,
     weights_record,
 )
+from .formats import FORMATS
 from .graph import ExportGraph, example_images
 from .runners import ModelRunner, Runner, open_artifact
 from .verify_checks import (
@@ -74,8 +75,9 @@ __all__ = [
 
 #: names that verify() runs as a backend of the model itself rather than as a file
 BACKEND_ARTIFACTS = ("triton",)
-#: the packages whose versions a verification record names
-RECORDED_VERSIONS = ("torch", "onnx", "onnxruntime", "tensorrt", "triton")
+#: the packages whose versions a verification record names: torch, each export format's runtime modules (its
+#: entry in :mod:`.formats`), triton
+RECORDED_VERSIONS = ("torch", *dict.fromkeys(m for f in FORMATS.values() for m in f.modules), "triton")
 
 
 @dataclass
