@@ -96,7 +96,10 @@ def head_split(x: torch.Tensor, parts: int, heads: int, scale: float | None) -> 
 
 def row_strides(*tensors: torch.Tensor) -> tuple[int, ...]:
     """The batch and token strides of each ``[B, T, ...]`` tensor, in order: what the attention kernels take."""
-    return tuple(stride for t in tensors for stride in (t.stride(0), t.stride(1)))
+    strides: list[int] = []
+    for t in tensors:  # a loop, not a generator: every launch asks (host time)
+        strides += t.stride()[:2]
+    return tuple(strides)
 
 
 def dtype_flags(dtype: torch.dtype) -> dict[str, bool]:

@@ -71,8 +71,10 @@ def tuning(enabled: bool = True) -> Iterator[None]:
 def tune_key() -> int:
     """The kernels' ``TUNE`` argument (never read by the kernel, one of its autotune keys): 1 where
     :func:`autotune_enabled`, else 0. So a cached heuristic pick never answers a later tuned request for the same
-    shape, nor a tuned pick a heuristic one."""
-    return int(autotune_enabled())
+    shape, nor a tuned pick a heuristic one. Every launch asks: inside :func:`tuning` (a planned forward) one
+    context-variable read."""
+    forced = _TUNING.get()
+    return int(autotune_enabled() if forced is None else forced)
 
 
 def tuning_requested(named_args: dict) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
+from operator import attrgetter
 
 import torch
 from torch import nn
@@ -146,6 +147,10 @@ def _parameters(module: nn.Module) -> list[torch.Tensor]:
     return [p for p in found if p is not None]
 
 
+#: a tensor's dtype, read through C (the fingerprint below is taken every forward)
+_DTYPE = attrgetter("dtype")
+
+
 def check_kernel_params(
     owner: nn.Module,
     x: torch.Tensor,
@@ -162,7 +167,7 @@ def check_kernel_params(
         x.device,
         tuple(map(id, params)),
         tuple(map(torch.Tensor.data_ptr, params)),
-        tuple(p.dtype for p in params),
+        tuple(map(_DTYPE, params)),  # attrgetter, not a generator: every forward asks (host time)
         tuple(map(torch.Tensor.size, params)),
         tuple(map(torch.Tensor.stride, params)),
     )
