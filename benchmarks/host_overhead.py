@@ -9,7 +9,8 @@ launcher does in Python's stead runs too: Triton's own ``CompiledKernel.launch_m
 launch asks for metadata, and the launch hooks (``--launch-hook`` registers a trivial one).
 Tensors live on the CPU, with glibc told to keep freed memory (``mallopt``), so a ``torch.empty``
 reuses memory as a CUDA caching-allocator hit does instead of page-faulting fresh pages in.
-Timed: ``forward_features`` (everything the triton path runs; the head is one torch GEMM).
+Timed: ``forward_features`` (everything the triton path runs; the head is one torch GEMM). Counted in one more
+forward: the Python frames entered and C functions called (``sys.setprofile``), which load does not move.
 The stand-in kernel also records each launch's grid, so the same run counts launches
 per forward and programs per launch.
 
@@ -200,6 +201,25 @@ def add_launch_hook() -> list[bool]:
     return calls
 
 
+def count_calls(fn: Callable[[], object]) -> tuple[int, int]:
+    """Python frames entered (functions, and generators each time they resume) and C functions called in one
+    ``fn()``, as ``sys.setprofile`` sees them: host work counted, which no load on the machine moves."""
+    counts = [0, 0]
+
+    def profile(frame, event: str, arg) -> None:
+        if event == "call":
+            counts[0] += 1
+        elif event == "c_call":
+            counts[1] += 1
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return counts[0], counts[1]
+
+
 def measure(model_name: str, batch: int, dtype_name: str, iters: int, launches: list, hook_calls=None) -> dict:
     """Host µs per forward (median and min of ``iters``), launches per forward and programs per launch; with
     ``hook_calls`` (:func:`add_launch_hook`'s list), the hook's calls in the last forward and how many had
@@ -219,6 +239,7 @@ def measure(model_name: str, batch: int, dtype_name: str, iters: int, launches: 
     with torch.no_grad():
         for _ in range(3):  # warm-up: stand-in "compiles", autotuner picks, caches fill
             model.forward_features(x)
+        python_calls, c_calls = count_calls(lambda: model.forward_features(x))  # one more, untimed
         for _ in range(iters):
             del launches[:]
             if hook_calls is not None:
@@ -237,6 +258,8 @@ def measure(model_name: str, batch: int, dtype_name: str, iters: int, launches: 
         "host_us_per_forward": round(per_forward_us, 1),
         "host_us_per_forward_min": round(min(times) * 1e6, 1),  # least disturbed by other load on the machine
         "launches": len(launches),
+        "python_calls_per_forward": python_calls,  # sys.setprofile's "call" events: frames entered
+        "c_calls_per_forward": c_calls,
         "host_us_per_launch": round(per_forward_us / max(len(launches), 1), 1),
         "programs_per_kernel": {name: sorted(set(ns)) for name, ns in programs.items()},
         "launch_sequence": launches[: 2 + 7 * 1],  # the patch embedding and the first block, in order
@@ -280,14 +303,14 @@ def main(argv: list[str] | None = None) -> int:
     launches = install_stub_driver()
     hook_calls = add_launch_hook() if args.launch_hook else None
     rows = [measure(m, args.batch, args.dtype, args.iters, launches, hook_calls) for m in args.models]
-    head = f"{'model':<26} {'batch':>5} {'us/fwd med':>11} {'min':>8} {'launches':>9} {'us/launch':>10}"
+    head = f"{'model':<26} {'batch':>5} {'us/fwd med':>11} {'min':>8} {'launches':>9} {'us/launch':>10} {'py calls':>9}"
     print(head + "  programs per kernel")
     for r in rows:
         progs = ", ".join(f"{k.strip('_')}: {v}" for k, v in r["programs_per_kernel"].items())
         print(
             f"{r['model']:<26} {r['batch']:>5} {r['host_us_per_forward']:>11.1f} {r['host_us_per_forward_min']:>8.1f} "
             f"{r['launches']:>9} "
-            f"{r['host_us_per_launch']:>10.1f}  {progs}"
+            f"{r['host_us_per_launch']:>10.1f} {r['python_calls_per_forward']:>9}  {progs}"
         )
         if hook_calls is not None:
             calls, with_metadata = r["hook_calls"], r["hook_calls_with_metadata"]
