@@ -238,7 +238,6 @@ def check_first_use_net(monkeypatch, model, x: torch.Tensor, op: str, what: str)
     eager reference with a RuntimeWarning, and the model still meets the numerics rule against itself in float64.
     (Patched timm blocks and heads call the public op, not the direct launcher.)"""
     from vit_fast.backend import first_use, triton_path
-    from vit_fast.kernels import OPS
 
     monkeypatch.setenv(first_use.ENV, "1")
     first_use.reset()
@@ -250,10 +249,13 @@ def check_first_use_net(monkeypatch, model, x: torch.Tensor, op: str, what: str)
         found = [f for f in first_use.report()["checked"] if f["op"] == op]
         assert len(found) == 1 and found[0]["passed"]
         first_use.reset()
-        # the ops call each kernel op's call through a module global of triton_path's (OPS[op].spec)
-        (where,) = [name for name, value in vars(triton_path).items() if value is OPS[op].spec]
-        real_op = getattr(triton_path, where)
-        monkeypatch.setattr(triton_path, where, lambda *a, **k: real_op(*a, **k) + 0.5)
+        # each ops instance holds the kernel op's call (or, launching directly, its launcher) as an attribute
+        (attribute,) = [name for name, kernel_op in triton_path._KERNEL_OPS.items() if kernel_op == op]
+        held = [v for v in vars(triton_path).values() if isinstance(v, triton_path._Ops)]
+        held += [o for v in vars(triton_path).values() if isinstance(v, dict) for o in v.values()]
+        for ops in [o for o in held if isinstance(o, triton_path._Ops)]:
+            real_op = getattr(ops, attribute)
+            monkeypatch.setattr(ops, attribute, lambda *a, _real=real_op, **k: _real(*a, **k) + 0.5)
         with pytest.warns(RuntimeWarning, match=f"'{op}' runs in eager PyTorch"), torch.no_grad():
             ours = model(x)
         assert first_use.failed_ops() == {op}
