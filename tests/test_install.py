@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from vit_fast.backend.env import EXTRAS, MODULE_EXTRAS, install_hint
+from vit_fast.backend.env import MODULE_EXTRAS, extras, install_hint
 
 tomllib = pytest.importorskip("tomllib", reason="tomllib (to read pyproject.toml) comes with Python >= 3.11")
 
@@ -39,8 +39,8 @@ def _texts() -> list[tuple[str, str]]:
 
 
 def test_extras_are_pyprojects():
-    assert set(EXTRAS) == set(_pyproject()["project"]["optional-dependencies"])
-    assert set(MODULE_EXTRAS.values()) <= set(EXTRAS)
+    assert set(extras()) == set(_pyproject()["project"]["optional-dependencies"])
+    assert set(MODULE_EXTRAS.values()) <= set(extras())
 
 
 def test_install_hint_names_a_checkout_install():
@@ -80,7 +80,7 @@ def test_every_checkout_install_names_extras_that_exist():
         for extra in group.split(",")
     }
     assert {extra for _, extra in named} >= {"onnx", "serve", "demo", "tensorrt"}  # the scan finds the messages
-    assert not {(name, extra) for name, extra in named if extra not in EXTRAS}
+    assert not {(name, extra) for name, extra in named if extra not in extras()}
 
 
 def test_license_is_an_spdx_string_with_its_file():

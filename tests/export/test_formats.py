@@ -33,7 +33,7 @@ def test_every_format_is_one_whole_entry_that_the_lower_layers_know():
         runner = entry.load("runner")
         assert issubclass(runner, runners.Runner) and runner.open_file is not runners.Runner.open_file
         assert files.ARTIFACT_FORMATS[name] == entry.suffixes  # the file policy's suffixes
-        assert entry.extra in env.EXTRAS and all(module_extra(m) == entry.extra for m in entry.modules)
+        assert entry.extra in env.extras() and all(module_extra(m) == entry.extra for m in entry.modules)
         assert entry.bench_backend in BACKENDS and formats.bench_format(entry.bench_backend) is entry
         assert formats.format_named(entry.kind) is entry
         for suffix in entry.suffixes:
@@ -170,7 +170,7 @@ def test_a_format_is_its_module_its_entry_and_its_extra(toy_format, monkeypatch,
     opened = runners.open_artifact(toy_format / "m.toy")
     assert type(opened).__name__ == "ToyRunner" and opened.path == toy_format / "m.toy"
     assert files.is_artifact_metadata(toy_format / "m.toy.json")  # the file policy knows .toy
-    assert env.EXTRAS == ("onnx", "toy") and "'.[toy]'" in env.install_hint("toy")  # its extra exists
+    assert env.extras() == ("onnx", "toy") and "'.[toy]'" in env.install_hint("toy")  # its extra exists
     out = toy_format / "new.toy"
     assert main(["export", "toy", "src", "--out", str(out), "--no-verify", "--quiet"]) == 1
     hint = f"No module named 'toyrt' (the toy extra: {env.install_hint('toy')})"

@@ -82,12 +82,6 @@ def extras() -> tuple[str, ...]:
         return ()
 
 
-def __getattr__(name: str) -> Any:
-    if name == "EXTRAS":  # the extras as a constant, read on first use
-        return extras()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 #: a module that may be missing -> the extra that installs it, for the one-line error of a missing import; an
 #: export format's modules are its entry's in vit_fast.export.formats (the command line reads both)
 MODULE_EXTRAS = {"sklearn": "demo", "matplotlib": "bench", "tqdm": "bench", "PIL": "images"}
