@@ -250,7 +250,7 @@ def check_first_use_net(monkeypatch, model, x: torch.Tensor, op: str, what: str)
         assert len(found) == 1 and found[0]["passed"]
         first_use.reset()
         # each ops instance holds the kernel op's call (or, launching directly, its launcher) as an attribute
-        (attribute,) = [name for name, kernel_op in triton_path._KERNEL_OPS.items() if kernel_op == op]
+        (attribute,) = [f"_{name}" for name, judged in triton_path._CHECKS.items() if judged.op == op]
         held = [v for v in vars(triton_path).values() if isinstance(v, triton_path._Ops)]
         held += [o for v in vars(triton_path).values() if isinstance(v, dict) for o in v.values()]
         for ops in [o for o in held if isinstance(o, triton_path._Ops)]:

@@ -30,19 +30,6 @@ from vit_fast.kernels.linear import layer_norm_linear_ref, linear_ref, rms_norm_
 from vit_fast.kernels.patch_embed import patch_embed_ref
 from vit_fast.kernels.rope import check_rope
 
-#: the attribute of :class:`_Ops` -> the kernel op (``OPS`` name) whose call (``OPS[name].spec``, what
-#: ``kernels._launch.define_op`` made) it holds
-_KERNEL_OPS = {
-    "_linear": "linear",
-    "_norm_linear": "layer_norm_linear",
-    "_rms_norm_linear": "rms_norm_linear",
-    "_layer_norm": "layer_norm",
-    "_rms_norm": "rms_norm",
-    "_attention": "attention",
-    "_diff_attention": "diff_attention",
-    "_pool": "attention_pool",
-    "_patch_embed": "patch_embed",
-}
 _NO_ROPE = (None, None, 0, "interleaved")  # the attention op's rope_cos, rope_sin, num_prefix, rope_layout
 
 
@@ -57,13 +44,13 @@ class _Ops(Ops):
         if direct and not params_checked:
             raise ValueError("a forward launches directly only with its parameters checked once")
         self.params_checked, self.direct = params_checked, direct
-        for attribute, name in _KERNEL_OPS.items():
-            call = OPS[name].spec
+        for name, judged in _CHECKS.items():  # each interface op's kernel op: ``_<op>``, its call or its launcher
+            call = OPS[judged.op].spec
             if direct:
                 call = call.direct
             elif params_checked:
                 call = functools.partial(call, checked=True)
-            setattr(self, attribute, call)
+            setattr(self, f"_{name}", call)
 
     def linear(self, x, lin: nn.Module, act=None, residual=None, gamma=None) -> torch.Tensor:
         return self._linear(x, lin.weight, lin.bias, act, residual, gamma)
@@ -90,14 +77,14 @@ class _Ops(Ops):
             rope = _NO_ROPE
         elif self.params_checked:  # the tables come with each forward: their shapes checked here (no device read)
             check_rope(qkv, num_heads, *rope)
-        out = self._attention(qkv, num_heads, scale, lengths, cu_seqlens, max_seqlen, *rope)
+        out = self._attend(qkv, num_heads, scale, lengths, cu_seqlens, max_seqlen, *rope)
         return out[:, :1] if first_token else out
 
     def diff_attention(self, qkv, lambda_full, norm_weight, num_heads: int, lambda_init, scale, eps) -> torch.Tensor:
         return self._diff_attention(qkv, lambda_full, norm_weight, num_heads, lambda_init, scale, eps)
 
     def attention_pool(self, q, kv, num_heads: int, scale: float) -> torch.Tensor:
-        return self._pool(q, kv, num_heads, scale)
+        return self._attention_pool(q, kv, num_heads, scale)
 
     def patch_embed(
         self, x, weight, bias, pos_embed, cls_token=None, reg_token=None, *, no_embed_class=False, mean=None, std=None
@@ -144,7 +131,8 @@ def _patch_embed_shape(x, weight, *args, **kwargs):
     return weight.dtype, (m_class(x.shape[0]), tuple(x.shape[1:]), str(x.dtype), tuple(weight.shape))
 
 
-#: each op of the interface as the first-use net judges it (one entry per op; the wrapper is generic)
+#: each op of the interface: the kernel op :class:`_Ops` calls for it (as ``_<op>``) and how the first-use net judges
+#: it (one entry per op; the wrapper is generic)
 _CHECKS = {
     "linear": _Check(
         "linear",
